@@ -1,0 +1,249 @@
+"""`pw-opt`: parse pw IR, run pw passes, print the result (after `mlir-opt`).
+
+    pw-opt input.mlir --pass-pipeline='builtin.module(pw-verify)' -o out.mlir
+    pw-opt input.mlir --pw-verify
+    pw-opt --list-passes
+
+Every problem with the input is reported as `file:line:col: error: message`
+with exit status 1; no Python traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+import click
+
+from pathways_mlir import passes as _passes  # noqa: F401  (registers the passes)
+from pathways_mlir.dialect.context import make_context
+from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, SourceLocation, from_mlir_error
+from pathways_mlir.passes.pipeline import PipelineError, instantiate, parse_pipeline, run_passes, _parse_options
+from pathways_mlir.passes.registry import PASSES, PIPELINES, Pass
+
+from .verify_diagnostics import AnnotationError, parse_expectations, verify
+
+SPLIT_MARKER = re.compile(r"^// -----[ \t]*$", re.MULTILINE)
+
+
+class UsageError(Exception):
+    """A bad command line or input that is not IR."""
+
+
+@dataclass
+class Chunk:
+    """A piece of the input, padded with newlines so that its line numbers are the file's."""
+
+    text: str
+    first_line: int
+
+
+def split_input(text: str, split: bool) -> list[Chunk]:
+    """Splits the input at `// -----` lines when asked."""
+    if not split:
+        return [Chunk(text, 1)]
+    chunks, start = [], 0
+    for marker in SPLIT_MARKER.finditer(text):
+        chunks.append(text[start:marker.start()])
+        start = marker.end()
+    chunks.append(text[start:])
+    # Each piece after the first starts at the end of its marker's line.
+    out, line = [], 1
+    for piece in chunks:
+        out.append(Chunk("\n" * (line - 1) + piece, line))
+        line += piece.count("\n")
+    return out
+
+
+def decode(data: bytes, filename: str) -> str:
+    """Decodes the input as UTF-8, or reports where it is not text."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{_position(data, e.start, filename)}: error: input is not valid UTF-8") from None
+    if "\x00" in text:
+        raise UsageError(f"{_position(data, data.index(0), filename)}: error: input contains a NUL byte")
+    return text
+
+
+def _position(data: bytes, offset: int, filename: str) -> str:
+    line = data.count(b"\n", 0, offset) + 1
+    column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+    return f"{filename}:{line}:{column}"
+
+
+def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool,
+                  generic: bool) -> tuple[str | None, list[Diagnostic]]:
+    """Parses one chunk and runs the passes; returns its printed IR (None on error) and diagnostics."""
+    from mlir import ir
+
+    diagnostics = DiagnosticEngine()
+    with make_context() as context:
+        try:
+            module = ir.Module.parse(chunk.text, context)
+        except ir.MLIRError as error:
+            return None, from_mlir_error(error)
+        if not run_passes(module, passes, diagnostics, print_ir_after_all) or diagnostics.has_errors:
+            return None, diagnostics.diagnostics
+        try:
+            module.operation.verify()
+        except ir.MLIRError as error:
+            return None, diagnostics.diagnostics + from_mlir_error(error)
+        text = module.operation.get_asm(print_generic_op_form=generic)
+        return text, diagnostics.diagnostics
+
+
+def list_passes() -> str:
+    """Returns the `--list-passes` text: every pass and pipeline with its options."""
+    lines = ["Passes:"]
+    for name in sorted(PASSES):
+        lines.extend(_describe(name, PASSES[name].summary, PASSES[name].options))
+    lines.append("Pipelines:")
+    for name in sorted(PIPELINES):
+        lines.extend(_describe(name, PIPELINES[name].summary, PIPELINES[name].options))
+    lines.append("Use --pass-help=NAME for what a pass requires and a before/after example.")
+    return "\n".join(lines)
+
+
+def _describe(name: str, summary: str, options) -> list[str]:
+    lines = [f"  {name}  -  {summary}"]
+    for o in options:
+        default = "" if o.default in (None, "") else f" (default: {o.default})"
+        lines.append(f"      {o.name}=<{o.type.__name__}>  {o.help}{default}")
+    return lines
+
+
+def _pass_flags(args: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Takes `--pw-<name>[=options]` flags out of the arguments, in order."""
+    rest, flags = [], []
+    for arg in args:
+        name, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if name in PASSES or name in PIPELINES:
+            flags.append((name, value))
+        else:
+            rest.append(arg)
+    return rest, flags
+
+
+class _Command(click.Command):
+    """Keeps the `--pw-<pass>` flags, in command-line order, beside click's options."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest, ctx.meta["pass_flags"] = _pass_flags(list(args))
+        return super().parse_args(ctx, rest)
+
+    def format_epilog(self, ctx: click.Context, formatter) -> None:
+        with formatter.section("Passes (also usable as --NAME or --NAME='opt=value ...')"):
+            formatter.write_dl([(n, PASSES[n].summary) for n in sorted(PASSES)]
+                               + [(n, PIPELINES[n].summary) for n in sorted(PIPELINES)])
+
+
+@click.command(cls=_Command, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("input_file", default="-", metavar="INPUT")
+@click.option("-o", "output", default="-", help="Output file (default: stdout).")
+@click.option("--pass-pipeline", default=None, help="Pipeline, e.g. 'builtin.module(pw-verify)'.")
+@click.option("--split-input-file", is_flag=True, help="Process each '// -----' chunk on its own.")
+@click.option("--verify-diagnostics", is_flag=True, help="Check diagnostics against expected-* comments.")
+@click.option("--mlir-print-ir-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
+@click.option("--mlir-print-op-generic", is_flag=True, help="Print ops in generic form.")
+@click.option("--list-passes", is_flag=True, help="List passes and pipelines with their options.")
+@click.option("--pass-help", default=None, metavar="NAME", help="Describe one pass or pipeline.")
+@click.pass_context
+def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | None,
+        split_input_file: bool, verify_diagnostics: bool, mlir_print_ir_after_all: bool,
+        mlir_print_op_generic: bool, list_passes: bool, pass_help: str | None) -> None:
+    """Parse pw IR from INPUT ('-' for stdin), run passes, print the result."""
+    if list_passes:
+        click.echo(globals()["list_passes"]())
+        return
+    if pass_help is not None:
+        click.echo(_pass_help(pass_help))
+        return
+    passes = _build_passes(pass_pipeline, ctx.meta["pass_flags"])
+    filename = "<stdin>" if input_file == "-" else input_file
+    try:
+        data = sys.stdin.buffer.read() if input_file == "-" else open(input_file, "rb").read()
+    except OSError as e:
+        raise UsageError(f"{filename}: error: cannot read input: {e.strerror}") from None
+    text = decode(data, filename)
+    outputs, failed = [], False
+    for chunk in split_input(text, split_input_file):
+        printed, diagnostics = process_chunk(chunk, passes, mlir_print_ir_after_all, mlir_print_op_generic)
+        if verify_diagnostics:
+            try:
+                expectations = parse_expectations(chunk.text)
+            except AnnotationError as e:
+                raise UsageError(f"{filename}:{e}") from None
+            problems = verify(diagnostics, expectations, filename)
+            for problem in problems:
+                click.echo(problem, err=True)
+            failed |= bool(problems)
+        else:
+            for d in diagnostics:
+                click.echo(d.format(filename), err=True)
+            failed |= printed is None
+        if printed is not None:
+            outputs.append(printed)
+    _write(output, "// -----\n".join(outputs))
+    if failed:
+        ctx.exit(1)
+
+
+def _build_passes(pass_pipeline: str | None, flags: list[tuple[str, str]]) -> list[Pass]:
+    try:
+        passes = parse_pipeline(pass_pipeline) if pass_pipeline else []
+        for name, value in flags:
+            given, _ = _parse_options("{" + value + "}", 0, name)
+            passes.extend(instantiate(name, given))
+    except PipelineError as e:
+        raise UsageError(f"pw-opt: error: invalid pass pipeline: {e}") from None
+    return passes
+
+
+def _pass_help(name: str) -> str:
+    if name in PASSES:
+        cls = PASSES[name]
+        return "\n".join([f"{name}: {cls.summary}", "", cls.description(), "",
+                          *(["Options:"] + _describe(name, "", cls.options)[1:] if cls.options else [])])
+    if name in PIPELINES:
+        p = PIPELINES[name]
+        return "\n".join([f"{name}: {p.summary}", "", p.description(), "",
+                          *(["Options:"] + _describe(name, "", p.options)[1:] if p.options else [])])
+    raise UsageError(f"pw-opt: error: no pass or pipeline named '{name}' (see --list-passes)")
+
+
+def _write(output: str, text: str) -> None:
+    if output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        with open(output, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"pw-opt: error: cannot write {output}: {e.strerror}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pw-opt`; returns the exit status."""
+    try:
+        status = cli.main(args=argv, prog_name="pw-opt", standalone_mode=False)
+    except UsageError as e:
+        click.echo(str(e), err=True)
+        return 1
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Abort:
+        return 1
+    except Exception as e:  # a bug in pw-opt itself: report it without a traceback
+        click.echo(f"pw-opt: internal error: {type(e).__name__}: {e}", err=True)
+        return 2
+    return status if isinstance(status, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""`--verify-diagnostics`: check diagnostics against `expected-*` annotations.
+
+Follows `mlir-opt`: a comment `// expected-error {{text}}` expects an error
+whose message contains `text` on the same line; `@+N` / `@-N` shift the line;
+`@below` means the next line that carries no annotation, `@above` the
+previous one. `expected-warning`, `expected-remark` and `expected-note` work
+alike. Every diagnostic must be expected and every expectation met. Notes are
+checked only where the input expects at least one note.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pathways_mlir.dialect.diagnostics import Diagnostic
+
+_ANNOTATION = re.compile(
+    r"expected-(?P<severity>error|warning|remark|note)"
+    r"(?:@(?P<offset>above|below|[+-]\d+))?"
+    r"\s*\{\{(?P<text>.*?)\}\}")
+
+
+@dataclass
+class Expectation:
+    """One `expected-*` annotation."""
+
+    severity: str
+    line: int        # line the diagnostic is expected on
+    text: str
+    annotation_line: int
+    column: int
+    matched: bool = False
+
+
+class AnnotationError(ValueError):
+    """An annotation that cannot be resolved to a line."""
+
+
+def parse_expectations(text: str, first_line: int = 1) -> list[Expectation]:
+    """Returns the expectations written in `text`, whose first line is `first_line`."""
+    lines = text.split("\n")
+    annotated = {i for i, line in enumerate(lines) if _ANNOTATION.search(line)}
+    expectations = []
+    for i, line in enumerate(lines):
+        for match in _ANNOTATION.finditer(line):
+            offset = match.group("offset")
+            if offset is None:
+                target = i
+            elif offset == "below":
+                target = next((j for j in range(i + 1, len(lines)) if j not in annotated), None)
+            elif offset == "above":
+                target = next((j for j in range(i - 1, -1, -1) if j not in annotated), None)
+            else:
+                target = i + int(offset)
+            if target is None or not 0 <= target < len(lines):
+                raise AnnotationError(f"{first_line + i}:{match.start() + 1}: "
+                                      f"'{match.group(0)}' points outside the input")
+            expectations.append(Expectation(match.group("severity"), first_line + target,
+                                            match.group("text"), first_line + i, match.start() + 1))
+    return expectations
+
+
+def _flatten(diagnostics: list[Diagnostic], with_notes: bool) -> list[Diagnostic]:
+    out = []
+    for d in diagnostics:
+        out.append(d)
+        if with_notes:
+            out.extend(_flatten(list(d.notes), with_notes))
+    return out
+
+
+def verify(diagnostics: list[Diagnostic], expectations: list[Expectation], filename: str) -> list[str]:
+    """Matches diagnostics to expectations; returns one error line per mismatch."""
+    with_notes = any(e.severity == "note" for e in expectations)
+    problems = []
+    for d in _flatten(diagnostics, with_notes):
+        match = next((e for e in expectations if not e.matched and e.severity == d.severity
+                      and e.line == d.location.line and e.text in d.message), None)
+        if match is None:
+            problems.append(Diagnostic("error", d.location, f"unexpected {d.severity}: {d.message}")
+                            .format(filename))
+        else:
+            match.matched = True
+    for e in expectations:
+        if not e.matched:
+            problems.append(f"{filename}:{e.annotation_line}:{e.column}: error: expected {e.severity} "
+                            f"\"{e.text}\" was not produced")
+    return problems

@@ -1,0 +1,1 @@
+"""The `pw` dialect: its IRDL definition, contexts, builders and accessors."""

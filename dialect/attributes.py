@@ -1,0 +1,89 @@
+"""Conversion between builtin MLIR attributes and plain Python values.
+
+Every `pw` attribute is a builtin attribute, so that passes written in Python
+can read it. These two functions are the only place that knows how; passes
+work on the Python values they return.
+
+    StringAttr "x"            <-> "x"
+    IntegerAttr 3 : i64       <-> 3
+    BoolAttr true             <-> True
+    FloatAttr 1.5             <-> 1.5
+    UnitAttr                  <-> None (as a value of a dictionary entry)
+    DenseI64ArrayAttr         <-> tuple of ints
+    ArrayAttr [...]           <-> list
+    DictAttr {...}            <-> dict
+    SymbolRefAttr @a          <-> Symbol("a")
+    TypeAttr                  <-> ir.Type (unchanged)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlir import ir
+
+
+class Symbol(str):
+    """A symbol name, read from or written as a `SymbolRefAttr`."""
+
+    def __repr__(self) -> str:
+        return f"@{str(self)}"
+
+
+def to_python(attr: ir.Attribute) -> Any:
+    """Returns the Python value of a builtin attribute (see module docstring)."""
+    attr = attr.maybe_downcast() if hasattr(attr, "maybe_downcast") else attr
+    if isinstance(attr, ir.StringAttr):
+        return attr.value
+    if isinstance(attr, ir.BoolAttr):
+        return bool(attr.value)
+    if isinstance(attr, ir.IntegerAttr):
+        return int(attr.value)
+    if isinstance(attr, ir.FloatAttr):
+        return float(attr.value)
+    if isinstance(attr, ir.UnitAttr):
+        return None
+    if isinstance(attr, ir.DenseI64ArrayAttr):
+        return tuple(int(x) for x in attr)
+    if isinstance(attr, ir.ArrayAttr):
+        return [to_python(a) for a in attr]
+    if isinstance(attr, ir.DictAttr):
+        return {attr[i].name: to_python(attr[i].attr) for i in range(len(attr))}
+    if isinstance(attr, ir.FlatSymbolRefAttr):
+        return Symbol(attr.value)
+    if isinstance(attr, ir.SymbolRefAttr):
+        return Symbol(str(attr)[1:])
+    if isinstance(attr, ir.TypeAttr):
+        return attr.value
+    raise TypeError(f"attribute {attr} is not a builtin attribute pw reads")
+
+
+def to_attribute(value: Any) -> ir.Attribute:
+    """Returns the builtin attribute for a Python value (see module docstring).
+
+    Needs an active `ir.Context`. Integers become i64; tuples of integers
+    become `DenseI64ArrayAttr`; `None` becomes `UnitAttr`.
+    """
+    if isinstance(value, ir.Attribute):
+        return value
+    if isinstance(value, Symbol):
+        return ir.FlatSymbolRefAttr.get(str(value))
+    if isinstance(value, str):
+        return ir.StringAttr.get(value)
+    if isinstance(value, bool):
+        return ir.BoolAttr.get(value)
+    if isinstance(value, int):
+        return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+    if isinstance(value, float):
+        return ir.FloatAttr.get_f64(value)
+    if value is None:
+        return ir.UnitAttr.get()
+    if isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return ir.DenseI64ArrayAttr.get(list(value))
+    if isinstance(value, (list, tuple)):
+        return ir.ArrayAttr.get([to_attribute(v) for v in value])
+    if isinstance(value, dict):
+        return ir.DictAttr.get({str(k): to_attribute(v) for k, v in value.items()})
+    if isinstance(value, ir.Type):
+        return ir.TypeAttr.get(value)
+    raise TypeError(f"cannot make a builtin attribute of {type(value).__name__} {value!r}")

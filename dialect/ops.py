@@ -1,0 +1,259 @@
+"""Python builders and accessors for `pw` ops.
+
+Builders create ops at the current insertion point (`with ir.InsertionPoint`)
+from Python values; accessors read an op's attributes back as Python values
+(see `dialect.attributes`). Module-level helpers find the slices, compiled
+functions and programs of a module.
+
+Marks (discardable attributes) that the dialect defines on other ops:
+    pw.program      (unit, on func.func)         the function is a pw program
+    pw.executable   (unit, on builtin.module)    the module is a compiled function
+    pw.export       (string, on an executable)   base64 of its `jax.export` form
+    pw.island_plan  (dict, on builtin.module)    the module is one island's plan
+    pw.topology     (dict, on the top module)    the physical cluster
+    pw.placement    (dict, on pw.virtual_slice)  island and devices of a slice
+    pw.subgraph     (i64)                        static subgraph of an op
+    pw.order        (i64)                        position in its island's order
+    pw.cost         (dict)                       estimated flops and bytes
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
+
+from mlir import ir
+
+from .attributes import Symbol, to_attribute, to_python
+from .sharding import Sharding
+
+PROGRAM = "pw.program"
+EXECUTABLE = "pw.executable"
+EXPORT = "pw.export"
+ISLAND_PLAN = "pw.island_plan"
+TOPOLOGY = "pw.topology"
+PLACEMENT = "pw.placement"
+SUBGRAPH = "pw.subgraph"
+ORDER = "pw.order"
+COST = "pw.cost"
+
+DATA_MOVEMENT_OPS = ("pw.transfer", "pw.scatter", "pw.gather")
+PLAN_STEP_OPS = ("pw.launch", "pw.send", "pw.recv")
+LINKS = ("ici", "dcn")
+
+
+def attrs(op: ir.Operation | ir.OpView) -> dict[str, Any]:
+    """Returns every attribute of `op` as a Python value."""
+    op = op.operation
+    return {name: to_python(op.attributes[name]) for name in op.attributes}
+
+
+def attr(op: ir.Operation | ir.OpView, name: str, default: Any = None) -> Any:
+    """Returns one attribute of `op` as a Python value, or `default` if absent."""
+    op = op.operation
+    if name not in op.attributes:
+        return default
+    return to_python(op.attributes[name])
+
+
+def set_attr(op: ir.Operation | ir.OpView, name: str, value: Any) -> None:
+    """Sets attribute `name` of `op` from a Python value."""
+    op.operation.attributes[name] = to_attribute(value)
+
+
+def create(name: str, operands: Sequence[ir.Value] = (), result_types: Sequence[ir.Type] = (),
+           attributes: Mapping[str, Any] | None = None, loc: ir.Location | None = None,
+           regions: int = 0) -> ir.Operation:
+    """Creates op `name` at the current insertion point from Python attribute values."""
+    return ir.Operation.create(
+        name,
+        results=list(result_types),
+        operands=list(operands),
+        attributes={k: to_attribute(v) for k, v in (attributes or {}).items()},
+        loc=loc,
+        regions=regions,
+    )
+
+
+def tensor_shape(type_: ir.Type) -> tuple[int, ...]:
+    """Returns the static shape of a ranked tensor type."""
+    return tuple(ir.RankedTensorType(type_).shape)
+
+
+def tensor_bytes(type_: ir.Type) -> int:
+    """Returns the size in bytes of a statically shaped tensor type."""
+    tensor = ir.RankedTensorType(type_)
+    element = tensor.element_type
+    width = 1 if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1 else None
+    if width is None:
+        width = max(1, _element_bits(element) // 8)
+    count = 1
+    for d in tensor.shape:
+        count *= d
+    return count * width
+
+
+def _element_bits(element: ir.Type) -> int:
+    if isinstance(element, ir.IntegerType):
+        return ir.IntegerType(element).width
+    if isinstance(element, ir.FloatType):
+        return ir.FloatType(element).width
+    if isinstance(element, ir.ComplexType):
+        return 2 * _element_bits(ir.ComplexType(element).element_type)
+    raise ValueError(f"element type {element} has no known size")
+
+
+# ===--------------------------------------------------------------------=== #
+# Virtual slices
+# ===--------------------------------------------------------------------=== #
+
+CONSTRAINT_KINDS = {"device_kind": str, "island": str, "min_memory_bytes": int, "same_island": bool}
+
+
+@dataclass(frozen=True)
+class VirtualSlice:
+    """A virtual device mesh: shape, axis names and placement constraints."""
+
+    name: str
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    constraints: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """Returns the number of devices in the slice."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def axis_sizes(self) -> dict[str, int]:
+        """Returns {axis name: size}."""
+        return dict(zip(self.axes, self.shape))
+
+    @staticmethod
+    def from_op(op: ir.Operation | ir.OpView) -> "VirtualSlice":
+        """Reads a `pw.virtual_slice` op."""
+        a = attrs(op)
+        return VirtualSlice(a["sym_name"], tuple(a["shape"]), tuple(a["axes"]), a["constraints"])
+
+    def build(self, loc: ir.Location | None = None) -> ir.Operation:
+        """Creates the `pw.virtual_slice` op for this slice."""
+        return create("pw.virtual_slice", attributes={
+            "sym_name": self.name,
+            "shape": tuple(self.shape),
+            "axes": list(self.axes),
+            "constraints": dict(self.constraints),
+        }, loc=loc)
+
+
+# ===--------------------------------------------------------------------=== #
+# Computations
+# ===--------------------------------------------------------------------=== #
+
+
+def build_compute(callee: str, slice_name: str, inputs: Sequence[ir.Value],
+                  result_types: Sequence[ir.Type], in_shardings: Sequence[Sharding],
+                  out_shardings: Sequence[Sharding], label: str,
+                  loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.compute` calling executable `callee` on slice `slice_name`."""
+    return create("pw.compute", inputs, result_types, {
+        "callee": Symbol(callee),
+        "slice": Symbol(slice_name),
+        "in_shardings": [s.to_python() for s in in_shardings],
+        "out_shardings": [s.to_python() for s in out_shardings],
+        "label": label,
+    }, loc)
+
+
+def in_shardings(op: ir.Operation | ir.OpView) -> list[Sharding]:
+    """Returns the input shardings of a `pw.compute`."""
+    return [Sharding.from_python(s) for s in attr(op, "in_shardings")]
+
+
+def out_shardings(op: ir.Operation | ir.OpView) -> list[Sharding]:
+    """Returns the output shardings of a `pw.compute`."""
+    return [Sharding.from_python(s) for s in attr(op, "out_shardings")]
+
+
+def build_cond(pred: ir.Value, inputs: Sequence[ir.Value], result_types: Sequence[ir.Type],
+               then_program: str, else_program: str, label: str,
+               loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.cond` that runs one of two programs on the host's reading of `pred`."""
+    return create("pw.cond", [pred, *inputs], result_types, {
+        "then_program": Symbol(then_program),
+        "else_program": Symbol(else_program),
+        "label": label,
+    }, loc)
+
+
+# ===--------------------------------------------------------------------=== #
+# Module contents
+# ===--------------------------------------------------------------------=== #
+
+
+def top_level_ops(module: ir.Module | ir.Operation) -> Iterator[ir.Operation]:
+    """Yields the ops directly inside a module."""
+    op = module.operation
+    for child in op.regions[0].blocks[0].operations:
+        yield child.operation
+
+
+def symbol_name(op: ir.Operation) -> str | None:
+    """Returns the `sym_name` of an op, or None."""
+    if "sym_name" not in op.attributes:
+        return None
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def virtual_slices(module: ir.Module | ir.Operation) -> dict[str, VirtualSlice]:
+    """Returns the module's virtual slices by name."""
+    return {VirtualSlice.from_op(op).name: VirtualSlice.from_op(op)
+            for op in top_level_ops(module) if op.name == "pw.virtual_slice"}
+
+
+def is_executable(op: ir.Operation) -> bool:
+    """True for a nested module marked `pw.executable`."""
+    return op.name == "builtin.module" and EXECUTABLE in op.attributes
+
+
+def is_program(op: ir.Operation) -> bool:
+    """True for a `func.func` marked `pw.program`."""
+    return op.name == "func.func" and PROGRAM in op.attributes
+
+
+def executables(module: ir.Module | ir.Operation) -> dict[str, ir.Operation]:
+    """Returns the module's compiled functions by symbol name."""
+    return {symbol_name(op): op for op in top_level_ops(module) if is_executable(op)}
+
+
+def programs(module: ir.Module | ir.Operation) -> dict[str, ir.Operation]:
+    """Returns the module's programs by symbol name."""
+    return {symbol_name(op): op for op in top_level_ops(module) if is_program(op)}
+
+
+def executable_entry(executable: ir.Operation) -> ir.Operation | None:
+    """Returns the public entry function of a compiled function (`main`, or the only one)."""
+    funcs = [op for op in top_level_ops(executable) if op.name == "func.func"]
+    for func in funcs:
+        if symbol_name(func) == "main":
+            return func
+    return funcs[0] if len(funcs) == 1 else None
+
+
+def function_type(func: ir.Operation) -> ir.FunctionType:
+    """Returns the type of a `func.func`."""
+    return ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+
+
+def producer(value: ir.Value) -> ir.Operation | None:
+    """Returns the op that defines `value`, or None for a block argument."""
+    if isinstance(value, ir.OpResult):
+        return ir.OpResult(value).owner.operation
+    return None
+
+
+def program_body(program: ir.Operation) -> ir.Block:
+    """Returns the single block of a program."""
+    return program.regions[0].blocks[0]

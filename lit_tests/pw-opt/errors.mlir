@@ -1,0 +1,14 @@
+// RUN: not pw-opt %s 2>&1 | FileCheck %s --check-prefix=PARSE
+// RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-nope)' 2>&1 | FileCheck %s --check-prefix=PIPELINE
+// RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-verify{bogus=1})' 2>&1 | FileCheck %s --check-prefix=OPTION
+// RUN: not pw-opt %t.missing-input 2>&1 | FileCheck %s --check-prefix=MISSING
+
+// Errors name the file, line and column, and no traceback is printed.
+
+// PARSE: errors.mlir:[[@LINE+2]]:1: error: unregistered operation 'pw.comptue'
+// PARSE-NOT: Traceback
+"pw.comptue"() : () -> ()
+
+// PIPELINE: pw-opt: error: invalid pass pipeline: 'pw-nope' is not a registered pass or pipeline (known: {{.*}}pw-verify
+// OPTION: pw-opt: error: invalid pass pipeline: 'pw-verify' has no option 'bogus'
+// MISSING: missing-input: error: cannot read input: No such file or directory

@@ -1,0 +1,134 @@
+"""Parsing textual pass pipelines and running them in MLIR's pass manager.
+
+The text follows `mlir-opt`: `builtin.module(pw-a{opt=v other="x y"},pw-b)`.
+Names resolve in the `pw` registry (passes and named pipelines); each Python
+pass runs inside MLIR's `PassManager`, which verifies the IR after each one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mlir import ir
+from mlir.passmanager import PassManager
+
+from pathways_mlir.dialect.diagnostics import DiagnosticEngine, from_mlir_error
+
+from .registry import PASSES, PIPELINES, OptionError, Pass
+
+
+class PipelineError(ValueError):
+    """A pipeline string that does not parse or names an unknown pass."""
+
+
+def _parse_options(text: str, start: int, owner: str) -> tuple[dict[str, str], int]:
+    """Parses `{a=1 b="x y"}` starting at the `{`; returns options and the index after `}`."""
+    options: dict[str, str] = {}
+    i = start + 1
+    while True:
+        while i < len(text) and text[i] in " ,":
+            i += 1
+        if i >= len(text):
+            raise PipelineError(f"unterminated option list of '{owner}' at column {start + 1}")
+        if text[i] == "}":
+            return options, i + 1
+        key_start = i
+        while i < len(text) and text[i] not in "= }":
+            i += 1
+        key = text[key_start:i]
+        value = ""
+        if i < len(text) and text[i] == "=":
+            i += 1
+            if i < len(text) and text[i] in "\"'":
+                quote = text[i]
+                end = text.find(quote, i + 1)
+                if end < 0:
+                    raise PipelineError(f"unterminated quoted value of option '{key}' of '{owner}'")
+                value, i = text[i + 1:end], end + 1
+            else:
+                depth, value_start = 0, i
+                while i < len(text) and (depth or text[i] not in " }"):
+                    depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(text[i], 0)
+                    i += 1
+                value = text[value_start:i]
+        if not key:
+            raise PipelineError(f"empty option name in the options of '{owner}' at column {key_start + 1}")
+        options[key] = value
+
+
+def parse_pipeline(text: str) -> list[Pass]:
+    """Returns the pass instances named by a pipeline string.
+
+    Accepts `builtin.module(a,b{x=1})` or the bare list `a,b{x=1}`.
+    """
+    body = text.strip()
+    if body.startswith("builtin.module(") :
+        if not body.endswith(")"):
+            raise PipelineError("missing ')' at the end of 'builtin.module(...)'")
+        body = body[len("builtin.module("):-1]
+    elif "(" in body:
+        raise PipelineError("the pipeline must be 'builtin.module(...)' or a list of pw passes")
+    passes: list[Pass] = []
+    i = 0
+    while i < len(body):
+        while i < len(body) and body[i] in " ,":
+            i += 1
+        if i >= len(body):
+            break
+        name_start = i
+        while i < len(body) and body[i] not in "{, ":
+            i += 1
+        name = body[name_start:i]
+        given: dict[str, str] = {}
+        if i < len(body) and body[i] == "{":
+            given, i = _parse_options(body, i, name)
+        passes.extend(instantiate(name, given))
+    return passes
+
+
+def instantiate(name: str, given: dict[str, str]) -> list[Pass]:
+    """Returns the passes for one registered pass or pipeline name with option texts."""
+    try:
+        if name in PASSES:
+            return [PASSES[name].from_text(given)]
+        if name in PIPELINES:
+            return PIPELINES[name].from_text(given)
+    except OptionError as e:
+        raise PipelineError(str(e)) from None
+    known = ", ".join(sorted([*PASSES, *PIPELINES]))
+    raise PipelineError(f"'{name}' is not a registered pass or pipeline (known: {known})")
+
+
+def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEngine,
+               print_ir_after_all: bool = False) -> bool:
+    """Runs `passes` on `module` in MLIR's pass manager; returns True on success.
+
+    Errors (a pass's own or MLIR's verifier's after a pass) are recorded in
+    `diagnostics`. IR printed after each pass goes to stderr, as `mlir-opt`.
+    """
+    if not passes:
+        return True
+    manager = PassManager("builtin.module", context=module.context)
+    if print_ir_after_all:
+        sys.stderr.flush()
+        manager.enable_ir_printing(print_after_all=True)
+
+    def adapt(instance: Pass):
+        def run(op: ir.Operation, mlir_pass) -> None:
+            before = len([d for d in diagnostics.diagnostics if d.severity == "error"])
+            instance.run(op, diagnostics)
+            after = len([d for d in diagnostics.diagnostics if d.severity == "error"])
+            if after > before:
+                mlir_pass.signal_pass_failure()
+        return run
+
+    for instance in passes:
+        manager.add(adapt(instance), name=instance.name, argument=instance.name,
+                    description=instance.summary)
+    try:
+        manager.run(module.operation)
+    except ir.MLIRError as error:
+        if error.error_diagnostics or not diagnostics.has_errors:
+            diagnostics.diagnostics.extend(from_mlir_error(error))
+        return False
+    return True

@@ -1,0 +1,130 @@
+"""The registry of `pw` passes and named pipelines.
+
+Python passes cannot be named in MLIR's textual pass pipelines, so `pw-opt`
+keeps its own registry. A pass is a subclass of `Pass` registered with
+`@register`; a pipeline is a function registered with `@register_pipeline`
+that expands its options into a list of pass instances.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from mlir import ir
+
+from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+
+
+class OptionError(ValueError):
+    """A pass or pipeline option is unknown or has a bad value."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a pass: `name=value` in a pipeline string."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+
+    def parse(self, owner: str, text: str) -> Any:
+        """Returns the option's value from its text in a pipeline string."""
+        if self.type is bool:
+            if text.lower() in ("", "true", "1"):
+                return True
+            if text.lower() in ("false", "0"):
+                return False
+            raise OptionError(f"option '{self.name}' of '{owner}' takes true or false, not '{text}'")
+        if self.type is int:
+            try:
+                return int(text)
+            except ValueError:
+                raise OptionError(f"option '{self.name}' of '{owner}' takes an integer, not '{text}'") from None
+        if self.type is float:
+            try:
+                return float(text)
+            except ValueError:
+                raise OptionError(f"option '{self.name}' of '{owner}' takes a number, not '{text}'") from None
+        return text
+
+
+def parse_options(owner: str, options: tuple[Option, ...], given: dict[str, str]) -> dict[str, Any]:
+    """Returns every option's value: the given text parsed, else the default."""
+    known = {o.name: o for o in options}
+    for name in given:
+        if name not in known:
+            choices = ", ".join(known) or "none"
+            raise OptionError(f"'{owner}' has no option '{name}' (options: {choices})")
+    return {o.name: o.parse(owner, given[o.name]) if o.name in given else o.default for o in options}
+
+
+class Pass:
+    """Base class of `pw` passes.
+
+    A subclass sets `name`, `summary` and `options`, documents what it requires
+    and shows before/after IR in its docstring, and implements `run`, which
+    changes the module in place and reports problems through `diagnostics`.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    def __init__(self, **options: Any):
+        unknown = set(options) - {o.name for o in self.options}
+        if unknown:
+            raise OptionError(f"'{self.name}' has no option '{sorted(unknown)[0]}'")
+        self.values = {o.name: options.get(o.name, o.default) for o in self.options}
+
+    @classmethod
+    def from_text(cls, given: dict[str, str]) -> "Pass":
+        """Builds the pass from option texts, as written in a pipeline string."""
+        return cls(**parse_options(cls.name, cls.options, given))
+
+    @classmethod
+    def description(cls) -> str:
+        """Returns the pass's docstring, dedented."""
+        return inspect.cleandoc(cls.__doc__ or cls.summary)
+
+    def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A named sequence of passes whose options come from the pipeline's own."""
+
+    name: str
+    summary: str
+    options: tuple[Option, ...]
+    expand: Callable[..., list[Pass]]
+
+    def from_text(self, given: dict[str, str]) -> list[Pass]:
+        """Returns the pass instances for the pipeline's option texts."""
+        return self.expand(**parse_options(self.name, self.options, given))
+
+    def description(self) -> str:
+        return inspect.cleandoc(self.expand.__doc__ or self.summary)
+
+
+PASSES: dict[str, type[Pass]] = {}
+PIPELINES: dict[str, Pipeline] = {}
+
+
+def register(cls: type[Pass]) -> type[Pass]:
+    """Class decorator: adds a pass to the registry under its `name`."""
+    assert cls.name not in PASSES and cls.name not in PIPELINES, cls.name
+    PASSES[cls.name] = cls
+    return cls
+
+
+def register_pipeline(name: str, summary: str, options: tuple[Option, ...] = ()):
+    """Function decorator: adds a named pipeline built by the function."""
+    def wrap(expand: Callable[..., list[Pass]]) -> Callable[..., list[Pass]]:
+        assert name not in PASSES and name not in PIPELINES, name
+        PIPELINES[name] = Pipeline(name, summary, options, expand)
+        return expand
+    return wrap

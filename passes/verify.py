@@ -1,0 +1,297 @@
+"""`pw-verify`: the semantic rules of the `pw` dialect.
+
+MLIR checks structure when it parses (operand counts, attribute kinds); this
+pass checks meaning, reporting each problem at the op at fault:
+
+- slices: one axis name per mesh dimension, unique, sizes positive, known
+  constraints with values of the right kind; placements (`pw.placement`)
+  that name as many devices as the slice has;
+- symbols: every `callee`, `slice`,
+  `then_program`, `else_program`, `src` and `dst` resolves to the right kind;
+- computations: one sharding per operand and result, each naming the slice's
+  axes at most once, of the tensor's rank, splitting every dimension evenly;
+  operand and result types equal to the compiled function's signature;
+- data-dependent steps: a `tensor<i1>` predicate, branch programs whose
+  signature matches;
+- data movement: a known link, shardings valid on both slices, the number of
+  pieces and their shape consistent with the two shardings;
+- placement of values: an operand produced by data movement must arrive on
+  the slice and in the sharding its consumer uses; once transfers have been
+  inserted (the module is marked `pw.lowered`), every operand must live where
+  it is used.
+
+Requires nothing; changes nothing.
+
+    // error: pw.compute splits a dimension of size 6 four ways
+    "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 4>, axes = ["x"], constraints = {}} : () -> ()
+    %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], ...} : (tensor<6xf32>) -> ...
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+
+from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.sharding import Sharding
+
+from .registry import Pass, register
+
+LOWERED = "pw.lowered"
+
+
+def _is_ranked_tensor(type_: ir.Type) -> bool:
+    return isinstance(type_, ir.RankedTensorType) and ir.RankedTensorType(type_).has_static_shape
+
+
+class _Checker:
+    """Walks one module, reporting problems to a diagnostic engine."""
+
+    def __init__(self, module: ir.Operation, diagnostics: DiagnosticEngine):
+        self.module = module
+        self.diagnostics = diagnostics
+        self.slices: dict[str, ops.VirtualSlice] = {}
+        self.symbols: dict[str, ir.Operation] = {}
+        self.lowered = LOWERED in module.attributes
+
+    def error(self, op: ir.Operation, message: str) -> None:
+        self.diagnostics.error(op, f"'{op.name}' op {message}")
+
+    # -- module level ------------------------------------------------------
+
+    def check_module(self) -> None:
+        # MLIR's symbol table has already rejected duplicate names.
+        self.symbols = {ops.symbol_name(op): op for op in ops.top_level_ops(self.module)
+                        if ops.symbol_name(op) is not None}
+        for op in ops.top_level_ops(self.module):
+            if op.name == "pw.virtual_slice":
+                self.check_slice(op)
+        for op in ops.top_level_ops(self.module):
+            if ops.is_executable(op) and ops.executable_entry(op) is None:
+                self.error(op, "is a compiled function without an entry: it needs one func.func, "
+                               "or one named @main")
+            elif ops.is_program(op):
+                self.check_program(op)
+            elif op.name in ("pw.compute", "pw.cond", *ops.DATA_MOVEMENT_OPS):
+                self.error(op, "must be inside a program (a func.func marked pw.program)")
+
+    def check_slice(self, op: ir.Operation) -> None:
+        s = ops.VirtualSlice.from_op(op)
+        if not s.shape:
+            self.error(op, f"slice @{s.name} has an empty shape")
+        if any(d <= 0 for d in s.shape):
+            self.error(op, f"slice @{s.name} has a non-positive mesh dimension in shape {list(s.shape)}")
+        if len(s.axes) != len(s.shape):
+            self.error(op, f"slice @{s.name} has {len(s.shape)} mesh dimensions but "
+                           f"{len(s.axes)} axis names")
+        if not all(isinstance(a, str) and a for a in s.axes):
+            self.error(op, f"slice @{s.name} axis names must be non-empty strings")
+        elif len(set(s.axes)) != len(s.axes):
+            self.error(op, f"slice @{s.name} repeats an axis name in {list(s.axes)}")
+        for key, value in s.constraints.items():
+            kind = ops.CONSTRAINT_KINDS.get(key)
+            if kind is None:
+                self.error(op, f"slice @{s.name} has unknown constraint '{key}' "
+                               f"(known: {', '.join(ops.CONSTRAINT_KINDS)})")
+            elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                self.error(op, f"slice @{s.name} constraint '{key}' must be a {kind.__name__}")
+        placement = ops.attr(op, ops.PLACEMENT)
+        if placement is not None:
+            self.check_placement(op, s, placement)
+        self.slices[s.name] = s
+
+    def check_placement(self, op: ir.Operation, s: ops.VirtualSlice, placement) -> None:
+        if not isinstance(placement, dict) or not isinstance(placement.get("island"), str) \
+                or not isinstance(placement.get("devices"), tuple):
+            self.error(op, f"slice @{s.name} placement must be {{island = \"name\", devices = array<i64: ...>}}")
+            return
+        ranges = placement["devices"]
+        if len(ranges) % 2 or any(b >= e or b < 0 for b, e in zip(ranges[::2], ranges[1::2])):
+            self.error(op, f"slice @{s.name} placement devices must be half-open ranges "
+                           f"[begin, end) with 0 <= begin < end")
+            return
+        count = sum(e - b for b, e in zip(ranges[::2], ranges[1::2]))
+        if count != s.size:
+            self.error(op, f"slice @{s.name} has {s.size} devices but its placement names {count}")
+
+    # -- programs ----------------------------------------------------------
+
+    def check_program(self, program: ir.Operation) -> None:
+        # Where each value lives: (slice name, sharding), or None for host values.
+        homes: dict[ir.Value, tuple[str, Sharding] | None] = {}
+        for arg in ops.program_body(program).arguments:
+            homes[arg] = None
+        for op in ops.program_body(program).operations:
+            op = op.operation
+            if op.name == "pw.compute":
+                self.check_compute(op, homes)
+            elif op.name == "pw.cond":
+                self.check_cond(op)
+                for r in op.results:
+                    homes[r] = None
+            elif op.name in ops.DATA_MOVEMENT_OPS:
+                self.check_movement(op, homes)
+            elif op.name not in ("func.return",):
+                self.error(op, "is not allowed in a pw program")
+
+    def resolve(self, op: ir.Operation, key: str, kind: str):
+        target = ops.attr(op, key)
+        found = self.symbols.get(str(target))
+        wanted = {
+            "slice": lambda o: o.name == "pw.virtual_slice",
+            "executable": ops.is_executable,
+            "program": ops.is_program,
+        }[kind]
+        if found is None or not wanted(found):
+            what = {"slice": "a pw.virtual_slice", "executable": "a compiled function (a module marked pw.executable)",
+                    "program": "a program (a func.func marked pw.program)"}[kind]
+            self.error(op, f"'{key}' refers to @{target}, which is not {what} in this module")
+            return None
+        return found
+
+    def check_sharding_list(self, op: ir.Operation, key: str, types, slice_: ops.VirtualSlice,
+                            what: str) -> list[Sharding] | None:
+        raw = ops.attr(op, key)
+        try:
+            shardings = [Sharding.from_python(s) for s in raw]
+            assert all(all(isinstance(a, str) for a in axes) for s in shardings for axes in s.dims)
+        except (TypeError, AssertionError):
+            self.error(op, f"'{key}' must be a list of shardings, each a list of lists of axis names")
+            return None
+        if len(shardings) != len(types):
+            self.error(op, f"has {len(types)} {what}s but {len(shardings)} entries in '{key}'")
+            return None
+        ok = True
+        for i, (sharding, type_) in enumerate(zip(shardings, types)):
+            if not _is_ranked_tensor(type_):
+                self.error(op, f"{what} #{i} has type {type_}, but pw values are statically shaped tensors")
+                ok = False
+                continue
+            for problem in sharding.problems(ops.tensor_shape(type_), slice_.axis_sizes):
+                self.error(op, f"{what} #{i} on slice @{slice_.name}: {problem}")
+                ok = False
+        return shardings if ok else None
+
+    def check_compute(self, op: ir.Operation, homes) -> None:
+        callee = self.resolve(op, "callee", "executable")
+        slice_op = self.resolve(op, "slice", "slice")
+        results_home = None
+        if slice_op is not None and ops.symbol_name(slice_op) in self.slices:
+            s = self.slices[ops.symbol_name(slice_op)]
+            ins = self.check_sharding_list(op, "in_shardings", [v.type for v in op.operands], s, "operand")
+            outs = self.check_sharding_list(op, "out_shardings", [r.type for r in op.results], s, "result")
+            if ins is not None:
+                for i, (value, sharding) in enumerate(zip(op.operands, ins)):
+                    self.check_operand_home(op, i, homes.get(value), s.name, sharding)
+            if outs is not None:
+                for r, sharding in zip(op.results, outs):
+                    homes[r] = (s.name, sharding)
+                results_home = True
+        if results_home is None:
+            for r in op.results:
+                homes[r] = None
+        if callee is not None:
+            entry = ops.executable_entry(callee)
+            if entry is not None:
+                expected = ops.function_type(entry)
+                actual = ir.FunctionType.get([v.type for v in op.operands], [r.type for r in op.results])
+                if str(expected) != str(actual):
+                    self.error(op, f"has type {actual} but its callee @{ops.symbol_name(callee)} has type {expected}")
+
+    def check_operand_home(self, op: ir.Operation, index: int, home, slice_name: str,
+                           sharding: Sharding) -> None:
+        if home is None:
+            return
+        producer_slice, producer_sharding = home
+        if producer_slice == slice_name and producer_sharding == sharding:
+            return
+        producer = ops.producer(op.operands[index])
+        moved = producer is not None and producer.name in ops.DATA_MOVEMENT_OPS
+        if not (moved or self.lowered):
+            return  # device-agnostic IR: pw-insert-transfers moves it later
+        self.error(op, f"operand #{index} lives on @{producer_slice} with sharding {producer_sharding}, "
+                       f"but the op uses it on @{slice_name} with sharding {sharding}")
+
+    def check_cond(self, op: ir.Operation) -> None:
+        pred = op.operands[0].type
+        if not (isinstance(pred, ir.RankedTensorType) and ir.RankedTensorType(pred).rank == 0
+                and isinstance(ir.RankedTensorType(pred).element_type, ir.IntegerType)
+                and ir.IntegerType(ir.RankedTensorType(pred).element_type).width == 1):
+            self.error(op, f"predicate must be a tensor<i1>, not {pred}")
+        actual = ir.FunctionType.get([v.type for v in list(op.operands)[1:]], [r.type for r in op.results])
+        for key in ("then_program", "else_program"):
+            program = self.resolve(op, key, "program")
+            if program is not None and str(ops.function_type(program)) != str(actual):
+                self.error(op, f"passes {actual} but '{key}' @{ops.symbol_name(program)} "
+                               f"has type {ops.function_type(program)}")
+
+    def check_movement(self, op: ir.Operation, homes) -> None:
+        a = ops.attrs(op)
+        homes[op.results[0]] = None
+        if a["link"] not in ops.LINKS:
+            self.error(op, f"link must be one of {', '.join(ops.LINKS)}, not '{a['link']}'")
+        src_op, dst_op = self.resolve(op, "src", "slice"), self.resolve(op, "dst", "slice")
+        if src_op is None or dst_op is None:
+            return
+        src, dst = self.slices.get(a["src"]), self.slices.get(a["dst"])
+        if src is None or dst is None:
+            return
+        if str(op.operands[0].type) != str(op.results[0].type):
+            self.error(op, f"changes the type from {op.operands[0].type} to {op.results[0].type}")
+            return
+        keys = ("sharding", "sharding") if op.name == "pw.transfer" else ("src_sharding", "dst_sharding")
+        src_sh = self._one_sharding(op, keys[0], op.operands[0].type, src)
+        dst_sh = self._one_sharding(op, keys[1], op.results[0].type, dst)
+        if src_sh is None or dst_sh is None:
+            return
+        self.check_operand_home(op, 0, homes.get(op.operands[0]), src.name, src_sh)
+        homes[op.results[0]] = (dst.name, dst_sh)
+        shape = ops.tensor_shape(op.operands[0].type)
+        src_ways, dst_ways = src_sh.ways(src.axis_sizes), dst_sh.ways(dst.axis_sizes)
+        if op.name == "pw.transfer":
+            if src_sh.shard_shape(shape, src.axis_sizes) != dst_sh.shard_shape(shape, dst.axis_sizes):
+                self.error(op, f"keeps sharding {src_sh}, but its shards differ in shape on @{src.name} "
+                               f"and @{dst.name}: a pw.scatter or pw.gather is needed")
+            return
+        if op.name == "pw.scatter" and not dst_ways > src_ways:
+            self.error(op, f"scatters {src_ways}-way into {dst_ways}-way: a scatter needs more "
+                           f"destination shards than source shards")
+            return
+        if op.name == "pw.gather" and not dst_ways < src_ways:
+            self.error(op, f"gathers {src_ways}-way into {dst_ways}-way: a gather needs fewer "
+                           f"destination shards than source shards")
+            return
+        small = dst_sh.shard_shape(shape, dst.axis_sizes) if op.name == "pw.scatter" \
+            else src_sh.shard_shape(shape, src.axis_sizes)
+        big_ways, small_ways = max(src_ways, dst_ways), min(src_ways, dst_ways)
+        if tuple(a["piece_shape"]) != small:
+            self.error(op, f"has piece_shape {list(a['piece_shape'])} but the pieces are {list(small)}")
+        if big_ways % small_ways == 0 and a["pieces"] != big_ways // small_ways:
+            self.error(op, f"has {a['pieces']} pieces per shard but {src_ways}-way to {dst_ways}-way "
+                           f"needs {big_ways // small_ways}")
+
+    def _one_sharding(self, op: ir.Operation, key: str, type_: ir.Type, s: ops.VirtualSlice):
+        raw = ops.attr(op, key)
+        if not _is_ranked_tensor(type_):
+            self.error(op, f"moves a {type_}, but pw values are statically shaped tensors")
+            return None
+        try:
+            sharding = Sharding.from_python(raw)
+            assert all(isinstance(a, str) for axes in sharding.dims for a in axes)
+        except (TypeError, AssertionError):
+            self.error(op, f"'{key}' must be a list of lists of axis names")
+            return None
+        problems = sharding.problems(ops.tensor_shape(type_), s.axis_sizes)
+        for problem in problems:
+            self.error(op, f"'{key}' on slice @{s.name}: {problem}")
+        return None if problems else sharding
+
+
+@register
+class VerifyPass(Pass):
+    __doc__ = __doc__
+    name = "pw-verify"
+    summary = "Check the semantic rules of the pw dialect (symbols, shardings, placement of values)"
+
+    def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
+        _Checker(module, diagnostics).check_module()

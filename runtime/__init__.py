@@ -1,0 +1,1 @@
+"""The Pathways runtime: client, resource manager, schedulers, executors, object store."""
