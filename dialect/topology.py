@@ -1,0 +1,220 @@
+"""The physical cluster: islands of devices joined by links.
+
+An island is a group of identical devices joined by a fast interconnect (ICI);
+islands are joined by the datacenter network (DCN). Devices are numbered
+inside their island (0 .. hosts * devices_per_host - 1, host-major), so the
+description stays O(islands) in size however many devices there are.
+
+The same structure is read from a JSON file (`pw-opt --pass-pipeline=
+'builtin.module(pw-place{topology=cluster.json})'`), carried in IR as the
+`pw.topology` attribute of the top module, and built by the runtime's
+resource manager from real devices.
+
+    {"islands": [{"name": "island0", "device_kind": "cpu", "hosts": 1,
+                  "devices_per_host": 4, "device_memory_bytes": 1073741824,
+                  "ici": {"latency_us": 1.0, "bandwidth_gbps": 100.0},
+                  "unavailable": [3]}],
+     "dcn": {"latency_us": 100.0, "bandwidth_gbps": 25.0}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class TopologyError(ValueError):
+    """A topology description that is malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A network link's one-way latency and bandwidth."""
+
+    latency_us: float
+    bandwidth_gbps: float
+
+    def transfer_seconds(self, nbytes: int) -> float:
+        """Returns the modelled time to move `nbytes` over this link."""
+        return self.latency_us * 1e-6 + nbytes * 8 / (self.bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class Island:
+    """Identical devices on one or more hosts, joined by ICI."""
+
+    name: str
+    device_kind: str
+    hosts: int
+    devices_per_host: int
+    device_memory_bytes: int
+    ici: Link
+    unavailable: tuple[int, ...] = ()
+
+    @property
+    def num_devices(self) -> int:
+        """Returns the number of devices, available or not."""
+        return self.hosts * self.devices_per_host
+
+    def available(self) -> list[int]:
+        """Returns the island-local ids of the devices that can be used."""
+        down = set(self.unavailable)
+        return [d for d in range(self.num_devices) if d not in down]
+
+    def host_of(self, device: int) -> int:
+        """Returns the host that holds island-local device `device`."""
+        return device // self.devices_per_host
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Islands and the DCN that joins them."""
+
+    islands: tuple[Island, ...]
+    dcn: Link
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def island(self, name: str) -> Island:
+        """Returns the island called `name`."""
+        for island in self.islands:
+            if island.name == name:
+                return island
+        raise TopologyError(f"no island named '{name}' (islands: {', '.join(i.name for i in self.islands)})")
+
+    def link(self, src_island: str, dst_island: str) -> tuple[str, Link]:
+        """Returns the kind ("ici" or "dcn") and the link between two islands."""
+        if src_island == dst_island:
+            return "ici", self.island(src_island).ici
+        return "dcn", self.dcn
+
+    def without_device(self, island: str, device: int) -> "Topology":
+        """Returns this topology with one device marked unavailable."""
+        islands = tuple(
+            Island(i.name, i.device_kind, i.hosts, i.devices_per_host, i.device_memory_bytes, i.ici,
+                   tuple(sorted(set(i.unavailable) | {device}))) if i.name == island else i
+            for i in self.islands)
+        return Topology(islands, self.dcn, self.metadata)
+
+    # -- conversion ---------------------------------------------------------
+
+    def to_python(self) -> dict[str, Any]:
+        """Returns the JSON-ready form (also the value of the `pw.topology` attribute)."""
+        return {
+            "islands": [{
+                "name": i.name, "device_kind": i.device_kind, "hosts": i.hosts,
+                "devices_per_host": i.devices_per_host, "device_memory_bytes": i.device_memory_bytes,
+                "ici": {"latency_us": float(i.ici.latency_us), "bandwidth_gbps": float(i.ici.bandwidth_gbps)},
+                **({"unavailable": tuple(i.unavailable)} if i.unavailable else {}),
+            } for i in self.islands],
+            "dcn": {"latency_us": float(self.dcn.latency_us), "bandwidth_gbps": float(self.dcn.bandwidth_gbps)},
+        }
+
+    def to_json(self) -> str:
+        """Returns the topology as JSON text."""
+        value = self.to_python()
+        for island in value["islands"]:
+            if "unavailable" in island:
+                island["unavailable"] = list(island["unavailable"])
+        return json.dumps(value, indent=2)
+
+    @staticmethod
+    def from_python(value: Any, where: str = "topology") -> "Topology":
+        """Builds a topology from its JSON-ready form, naming what is wrong if malformed."""
+        if not isinstance(value, Mapping):
+            raise TopologyError(f"{where}: expected an object with 'islands' and 'dcn'")
+        islands_raw = _field(value, "islands", list, where)
+        if not islands_raw:
+            raise TopologyError(f"{where}: 'islands' is empty")
+        islands = []
+        for n, raw in enumerate(islands_raw):
+            at = f"{where}: islands[{n}]"
+            if not isinstance(raw, Mapping):
+                raise TopologyError(f"{at}: expected an object")
+            island = Island(
+                name=_field(raw, "name", str, at),
+                device_kind=_field(raw, "device_kind", str, at),
+                hosts=_positive(raw, "hosts", at),
+                devices_per_host=_positive(raw, "devices_per_host", at),
+                device_memory_bytes=_positive(raw, "device_memory_bytes", at),
+                ici=_link(_field(raw, "ici", Mapping, at), f"{at}.ici"),
+                unavailable=tuple(sorted(set(_device_list(raw.get("unavailable", ()), at)))),
+            )
+            bad = [d for d in island.unavailable if not 0 <= d < island.num_devices]
+            if bad:
+                raise TopologyError(f"{at}: unavailable device {bad[0]} is not in 0..{island.num_devices - 1}")
+            islands.append(island)
+        names = [i.name for i in islands]
+        for name in names:
+            if names.count(name) > 1:
+                raise TopologyError(f"{where}: island name '{name}' is used twice")
+        return Topology(tuple(islands), _link(_field(value, "dcn", Mapping, where), f"{where}.dcn"))
+
+    @staticmethod
+    def from_json(text: str, where: str = "topology") -> "Topology":
+        """Parses JSON text (see the module docstring for the format)."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TopologyError(f"{where}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+        return Topology.from_python(value, where)
+
+    @staticmethod
+    def load(path: str) -> "Topology":
+        """Reads a topology JSON file."""
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise TopologyError(f"{path}: cannot read topology: {e.strerror}") from None
+        return Topology.from_json(text, path)
+
+    @staticmethod
+    def uniform(islands: int, devices_per_island: int, device_kind: str = "cpu",
+                device_memory_bytes: int = 1 << 30, hosts_per_island: int = 1,
+                ici: Link = Link(1.0, 100.0), dcn: Link = Link(100.0, 25.0)) -> "Topology":
+        """Returns `islands` identical islands named island0, island1, ..."""
+        if devices_per_island % hosts_per_island:
+            raise TopologyError("devices_per_island must divide evenly over hosts_per_island")
+        return Topology(tuple(
+            Island(f"island{i}", device_kind, hosts_per_island, devices_per_island // hosts_per_island,
+                   device_memory_bytes, ici) for i in range(islands)), dcn)
+
+
+def _field(raw: Mapping, key: str, kind, where: str):
+    if key not in raw:
+        raise TopologyError(f"{where}: missing '{key}'")
+    value = raw[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        kind_name = getattr(kind, "__name__", str(kind))
+        raise TopologyError(f"{where}: '{key}' must be {kind_name}, not {type(value).__name__}")
+    return value
+
+
+def _positive(raw: Mapping, key: str, where: str) -> int:
+    value = _field(raw, key, int, where)
+    if value <= 0:
+        raise TopologyError(f"{where}: '{key}' must be positive, not {value}")
+    return value
+
+
+def _number(raw: Mapping, key: str, where: str, positive: bool) -> float:
+    if key not in raw:
+        raise TopologyError(f"{where}: missing '{key}'")
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TopologyError(f"{where}: '{key}' must be a number")
+    if value < 0 or (positive and value == 0):
+        raise TopologyError(f"{where}: '{key}' must be {'positive' if positive else 'non-negative'}")
+    return float(value)
+
+
+def _link(raw: Mapping, where: str) -> Link:
+    return Link(_number(raw, "latency_us", where, positive=False),
+                _number(raw, "bandwidth_gbps", where, positive=True))
+
+
+def _device_list(raw, where: str) -> list[int]:
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
+        raise TopologyError(f"{where}: 'unavailable' must be a list of device ids")
+    return list(raw)
