@@ -1,0 +1,108 @@
+"""The embedded cluster: JAX devices grouped into islands.
+
+On a machine without accelerators the embedded backend uses JAX CPU devices,
+made with `XLA_FLAGS=--xla_force_host_platform_device_count=N` before JAX
+starts, split evenly into islands. The shape comes from `PW_CLUSTER`
+("ISLANDSxDEVICES", default "2x4") or `pathways_mlir.configure(...)`. On
+accelerators every device of the default backend is used, grouped into
+islands by `slice_index` where the platform reports one, else one island.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from pathways_mlir.dialect.topology import Island, Link, Topology
+
+CLUSTER_ENV = "PW_CLUSTER"
+DEFAULT_SHAPE = (2, 4)
+_FLAG = "--xla_force_host_platform_device_count"
+# The modelled links of the embedded cluster. DCN emulation (off unless asked
+# for) sleeps for the DCN link's modelled time on every cross-island move.
+EMBEDDED_ICI = Link(latency_us=1.0, bandwidth_gbps=100.0)
+EMBEDDED_DCN = Link(latency_us=100.0, bandwidth_gbps=25.0)
+EMBEDDED_DEVICE_MEMORY = 1 << 30
+
+
+class ClusterError(RuntimeError):
+    """The requested cluster cannot be made from the devices JAX has."""
+
+
+def requested_shape() -> tuple[int, int]:
+    """Returns (islands, devices per island) from `PW_CLUSTER`, or the default."""
+    text = os.environ.get(CLUSTER_ENV, "")
+    if not text:
+        return DEFAULT_SHAPE
+    match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ClusterError(f"{CLUSTER_ENV}={text!r}: expected ISLANDSxDEVICES, e.g. 2x4")
+    return int(match.group(1)), int(match.group(2))
+
+
+def prepare_host_devices(count: int | None = None) -> None:
+    """Asks XLA for `count` CPU devices (default: what `PW_CLUSTER` needs).
+
+    Takes effect only before JAX creates its CPU backend; an explicit
+    device-count flag already in `XLA_FLAGS` is kept.
+    """
+    if count is None:
+        islands, per_island = requested_shape()
+        count = islands * per_island
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={count}".strip()
+
+
+@dataclass(frozen=True)
+class DeviceMap:
+    """The topology of a set of JAX devices and where each island-local id lives."""
+
+    topology: Topology
+    devices: dict[str, tuple]   # island name -> JAX devices by island-local id
+
+    def device(self, island: str, local_id: int):
+        """Returns the JAX device of island-local device `local_id`."""
+        return self.devices[island][local_id]
+
+
+def embedded_device_map(islands: int | None = None, per_island: int | None = None,
+                        device_memory_bytes: int = EMBEDDED_DEVICE_MEMORY) -> DeviceMap:
+    """Groups the default backend's JAX devices into islands.
+
+    CPU: `islands` x `per_island` devices (default from `PW_CLUSTER`).
+    Accelerators: islands by `slice_index` (one island if absent).
+    """
+    import jax
+
+    devices = jax.devices()
+    if devices[0].platform == "cpu":
+        if islands is None or per_island is None:
+            islands, per_island = requested_shape()
+        if len(devices) < islands * per_island:
+            raise ClusterError(
+                f"the embedded cluster needs {islands * per_island} CPU devices but JAX has {len(devices)}: "
+                f"import pathways_mlir (or call pathways_mlir.configure) before JAX is first used, or set "
+                f"XLA_FLAGS={_FLAG}={islands * per_island}")
+        groups = [devices[i * per_island:(i + 1) * per_island] for i in range(islands)]
+    else:
+        by_slice: dict[int, list] = {}
+        for d in devices:
+            by_slice.setdefault(getattr(d, "slice_index", 0) or 0, []).append(d)
+        groups = [by_slice[k] for k in sorted(by_slice)]
+    island_list, mapping = [], {}
+    for i, group in enumerate(groups):
+        name = f"island{i}"
+        memory = _device_memory(group[0], device_memory_bytes)
+        island_list.append(Island(name, group[0].device_kind.lower().replace(" ", "_"), 1, len(group),
+                                  memory, EMBEDDED_ICI))
+        mapping[name] = tuple(group)
+    return DeviceMap(Topology(tuple(island_list), EMBEDDED_DCN), mapping)
+
+
+def _device_memory(device, default: int) -> int:
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return default

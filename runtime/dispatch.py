@@ -1,0 +1,221 @@
+"""Dispatching a program plan: parallel or sequential asynchronous dispatch.
+
+Parallel dispatch (the default, the paper's section 4.5): the host work for a
+whole static subgraph is done before any of it runs: every buffer gets its
+future, every executable is compiled or found in the cache, and each island
+receives its part of the subgraph in one message. The client returns at once
+with handles; islands enqueue steps as soon as their inputs' producers have
+been enqueued.
+
+Sequential dispatch (the fallback when resource needs depend on data, and the
+baseline the paper measures against): steps are handled one at a time in
+dependency order, and the host work for a step starts only once its
+predecessors have been enqueued and their outputs exist.
+
+A `cond` host step splits a plan: steps that depend on its results are held
+back until the host has read the predicate and run the chosen branch plan.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from pathways_mlir.dialect.plan import ProgramPlan, Step
+
+from .run import Run
+from .scheduler import Submission
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+MODES = ("parallel", "sequential")
+
+
+def consumed(step: Step) -> tuple[int, ...]:
+    """Returns the buffers a step reads."""
+    if step.kind == "launch":
+        return step.inputs
+    if step.kind in ("copy", "send"):
+        return (step.src_buffer,)
+    if step.kind == "cond":
+        return (step.pred_buffer, *step.inputs)
+    return ()
+
+
+def produced(step: Step) -> tuple[int, ...]:
+    """Returns the buffers a step writes (a send writes its receiver's buffer)."""
+    if step.kind in ("launch", "cond"):
+        return step.outputs
+    if step.kind in ("copy", "send"):
+        return (step.dst_buffer,)
+    return ()
+
+
+def _dependencies(plan: ProgramPlan) -> dict[int, set[int]]:
+    """Returns, for every step id, the step ids it must follow."""
+    steps = [s for ss in plan.islands.values() for s in ss] + list(plan.host_steps)
+    producer = {b: s.id for s in steps for b in produced(s)}
+    deps = {}
+    for s in steps:
+        deps[s.id] = set(s.after) | {producer[b] for b in consumed(s) if b in producer}
+        if s.kind == "recv":
+            deps[s.id].discard(s.id)
+    return deps
+
+
+class Dispatcher:
+    """Runs plans for one client on a runtime."""
+
+    def __init__(self, runtime: "Runtime", client_id: int, weight: float = 1.0):
+        self.runtime = runtime
+        self.client_id = client_id
+        self.weight = weight
+
+    def start(self, plan: ProgramPlan, args: Sequence, mode: str = "parallel") -> Run:
+        """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode."""
+        if mode not in MODES:
+            raise ValueError(f"unknown dispatch mode '{mode}' (choose from {', '.join(MODES)})")
+        if len(args) != len(plan.inputs):
+            raise TypeError(f"program {plan.program} takes {len(plan.inputs)} arrays, got {len(args)}")
+        run = Run(plan, self.client_id)
+        for buffer, value in zip(plan.inputs, args):
+            info = plan.buffers[buffer]
+            value = value if hasattr(value, "sharding") else np.asarray(value)
+            if tuple(value.shape) != info.shape:
+                raise TypeError(f"argument for buffer {buffer} of {plan.program} has shape "
+                                f"{tuple(value.shape)}, expected {info.shape}")
+            run.resolve(buffer, value)
+        deps = _dependencies(plan)
+        if mode == "parallel":
+            self._prepare(plan)
+            waits_on = _conds_before(plan, deps)
+            self._submit(run, [s.id for island in plan.islands.values() for s in island if not waits_on[s.id]])
+            if plan.host_steps:
+                threading.Thread(target=self._after_conds, args=(run, waits_on, mode),
+                                 name="pw-cond", daemon=True).start()
+            else:
+                self._watch(run)
+        else:
+            self._sequential(run, deps, mode)
+        return run
+
+    # -- parallel ------------------------------------------------------------
+
+    def _prepare(self, plan: ProgramPlan) -> None:
+        """Host work up front: compile (or find) every launch's executable."""
+        for island, steps in plan.islands.items():
+            executor = self.runtime.executors[island]
+            for s in steps:
+                if s.kind == "launch":
+                    mesh = executor.mesh(plan, s.slice)
+                    executor.cache.get(s.executable, plan.executables.get(s.executable, ""), mesh,
+                                       [plan.buffers[b] for b in s.inputs], [plan.buffers[b] for b in s.outputs])
+
+    def _submit(self, run: Run, step_ids, on_executed=lambda: None) -> None:
+        wanted = set(step_ids)
+        steps = {island: tuple(s for s in ss if s.id in wanted) for island, ss in run.plan.islands.items()}
+        cost = float(sum(len(v) for v in steps.values()))
+        self.runtime.scheduler.submit(Submission(self.client_id, self.weight, cost, run, steps, on_executed))
+
+    def _after_conds(self, run: Run, waits_on: dict[int, set[int]], mode: str) -> None:
+        """Runs the conds in order; after each, submits the steps it was holding back."""
+        island_steps = [s.id for ss in run.plan.islands.values() for s in ss]
+        done: set[int] = set()
+        try:
+            for cond in run.plan.host_steps:
+                self._run_cond(run, cond, mode)
+                done.add(cond.id)
+                ready = [s for s in island_steps if waits_on[s] and waits_on[s] <= done
+                         and not waits_on[s] <= done - {cond.id}]
+                self._submit(run, ready)
+        except BaseException as error:  # noqa: BLE001  (reported through the run)
+            run.fail(error)
+        self._watch(run)
+
+    def _run_cond(self, run: Run, cond: Step, mode: str) -> None:
+        predicate = bool(np.asarray(run.value(cond.pred_buffer)))
+        branch = cond.then_plan if predicate else cond.else_plan
+        inner = self.start(branch, [run.value(b) for b in cond.inputs], mode)
+        for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
+            run.resolve(buffer, inner.value(inner_buffer))
+        inner.done.add_done_callback(lambda f: self.runtime.store.release_owner(inner.owner))
+
+    # -- sequential ----------------------------------------------------------
+
+    def _sequential(self, run: Run, deps: dict[int, set[int]], mode: str) -> None:
+        by_id = {s.id: s for ss in run.plan.islands.values() for s in ss}
+        by_id.update({s.id: s for s in run.plan.host_steps})
+        try:
+            for step_id in _topological(deps):
+                step = by_id[step_id]
+                for b in consumed(step):
+                    run.futures[b].result()       # predecessors enqueued, outputs exist
+                if step.kind == "cond":
+                    self._run_cond(run, step, mode)
+                    continue
+                if step.kind == "recv":
+                    run.futures[step.dst_buffer].result()
+                executed = Future()
+                self._submit(run, [step_id], lambda f=executed: f.set_result(None))
+                executed.result()                 # the island has enqueued it
+        except BaseException as error:  # noqa: BLE001
+            run.fail(error)
+        self._watch(run)
+
+    # -- completion ----------------------------------------------------------
+
+    def _watch(self, run: Run) -> None:
+        """Completes the run once its outputs are ready: outputs go to the client, intermediates are freed."""
+        def wait():
+            try:
+                for b in run.plan.outputs:
+                    value = run.value(b)
+                    if hasattr(value, "block_until_ready"):
+                        value.block_until_ready()
+            except BaseException as error:  # noqa: BLE001
+                run.fail(error)
+            store = self.runtime.store
+            for b in run.plan.outputs:
+                try:
+                    store.transfer_ownership(run.key(b), ("client", self.client_id))
+                except KeyError:
+                    pass   # an input returned unchanged: not a stored object
+            store.release_owner(run.owner)
+            self.runtime.scheduler.finished(None)
+            if not run.done.done():
+                run.done.set_result(run)
+        self.runtime.watchers.submit(wait)
+
+
+def _conds_before(plan: ProgramPlan, deps: dict[int, set[int]]) -> dict[int, set[int]]:
+    """Returns, for every step, the cond host steps it depends on, directly or not."""
+    conds = {s.id for s in plan.host_steps}
+    memo: dict[int, set[int]] = {}
+    for step in _topological(deps):
+        memo[step] = set()
+        for before in deps[step]:
+            memo[step] |= memo[before] | ({before} & conds)
+    return memo
+
+
+def _topological(deps: dict[int, set[int]]) -> list[int]:
+    order, done, visiting = [], set(), set()
+
+    def visit(n):
+        if n in done:
+            return
+        if n in visiting:
+            raise ValueError(f"plan steps form a cycle through step {n}")
+        visiting.add(n)
+        for m in sorted(deps.get(n, ())):
+            visit(m)
+        visiting.discard(n)
+        done.add(n)
+        order.append(n)
+    for n in sorted(deps):
+        visit(n)
+    return order

@@ -1,0 +1,97 @@
+"""Compiled functions, compiled once per device set.
+
+A plan's executables are `jax.export` serialisations of the user's functions
+with global (unsharded) semantics. To run one on a slice, the cache wraps it
+in `jax.jit` with the launch's input and output shardings over the slice's
+mesh and compiles it ahead of time; the result is kept per (executable,
+devices, shardings), so a program run many times compiles each computation
+once.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from pathways_mlir.dialect.plan import BufferInfo
+
+
+class MissingExecutable(ValueError):
+    """A plan launches an executable that carries no `jax.export` serialisation."""
+
+
+_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
+           "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool",
+           "ui64": "uint64", "ui32": "uint32", "ui16": "uint16", "ui8": "uint8",
+           "complex<f32>": "complex64", "complex<f64>": "complex128"}
+
+
+def numpy_dtype(element_type: str):
+    """Returns the NumPy dtype of an MLIR element type name ("f32", "bf16", "i1", ...)."""
+    import jax.numpy as jnp
+
+    name = _DTYPES.get(element_type)
+    if name is None:
+        raise ValueError(f"element type {element_type} has no NumPy equivalent")
+    return jnp.dtype(name)
+
+
+def named_sharding(mesh, sharding: Sequence[Sequence[str]]):
+    """Returns the `NamedSharding` of a pw sharding over `mesh`."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    spec = [None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in sharding]
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def make_mesh(devices: Sequence, shape: Sequence[int], axes: Sequence[str]):
+    """Returns the JAX mesh of a slice's devices in mesh order."""
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(devices, dtype=object).reshape(tuple(shape)), tuple(axes))
+
+
+class ExecutableCache:
+    """Compiled executables keyed by (name, devices, shardings)."""
+
+    def __init__(self):
+        self._compiled: dict[tuple, Callable] = {}
+        self._lock = threading.Lock()
+        self.compilations = 0
+
+    def get(self, name: str, export: str, mesh, inputs: Sequence[BufferInfo],
+            outputs: Sequence[BufferInfo]) -> Callable:
+        """Returns the compiled function for a launch, compiling it the first time."""
+        key = (name, hash(export), tuple(d.id for d in mesh.devices.flat), mesh.axis_names,
+               tuple(b.sharding for b in inputs), tuple(b.sharding for b in outputs),
+               tuple((b.shape, b.dtype) for b in inputs))
+        with self._lock:
+            compiled = self._compiled.get(key)
+        if compiled is not None:
+            return compiled
+        compiled = self._compile(name, export, mesh, inputs, outputs)
+        with self._lock:
+            self._compiled.setdefault(key, compiled)
+            self.compilations += 1
+            return self._compiled[key]
+
+    @staticmethod
+    def _compile(name: str, export: str, mesh, inputs, outputs) -> Callable:
+        import jax
+
+        if not export:
+            raise MissingExecutable(
+                f"executable @{name} has no pw.export: lower it from JAX (pathways_mlir.jit) to run it")
+        exported = jax.export.deserialize(bytearray(base64.b64decode(export)))
+        in_shardings = tuple(named_sharding(mesh, b.sharding) for b in inputs)
+        out_shardings = tuple(named_sharding(mesh, b.sharding) for b in outputs)
+        jitted = jax.jit(lambda *args: tuple(jax.tree.leaves(exported.call(*args))),
+                         in_shardings=in_shardings, out_shardings=out_shardings)
+        avals = [jax.ShapeDtypeStruct(b.shape, numpy_dtype(b.dtype), sharding=s)
+                 for b, s in zip(inputs, in_shardings)]
+        compiled = jitted.lower(*avals).compile()
+
+        return compiled

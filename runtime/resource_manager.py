@@ -1,0 +1,67 @@
+"""The resource manager: the cluster's topology as devices come and go.
+
+It builds the topology from the real devices (`cluster.embedded_device_map`),
+marks devices unavailable when they are removed and available again when
+they are added back, and bumps a version number on every change. Clients keep
+their programs device-agnostic and lower them again whenever the version they
+lowered against is stale, so affected programs re-place onto the remaining
+devices and continue.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from pathways_mlir.dialect.topology import Island, Topology
+
+from .cluster import DeviceMap
+
+
+class ResourceManager:
+    """The current topology of the cluster, with a version number."""
+
+    def __init__(self, device_map: DeviceMap):
+        self.device_map = device_map
+        self._topology = device_map.topology
+        self._version = 0
+        self._lock = threading.Lock()
+
+    @property
+    def topology(self) -> Topology:
+        with self._lock:
+            return self._topology
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self._version
+
+    def snapshot(self) -> tuple[int, Topology]:
+        """Returns (version, topology) read together."""
+        with self._lock:
+            return self._version, self._topology
+
+    def remove_device(self, island: str, device: int) -> int:
+        """Takes a device out of service; returns the new version."""
+        with self._lock:
+            self._check(island, device)
+            self._topology = self._topology.without_device(island, device)
+            self._version += 1
+            return self._version
+
+    def add_device(self, island: str, device: int) -> int:
+        """Puts a removed device back in service; returns the new version."""
+        with self._lock:
+            self._check(island, device)
+            islands = tuple(
+                Island(i.name, i.device_kind, i.hosts, i.devices_per_host, i.device_memory_bytes, i.ici,
+                       tuple(d for d in i.unavailable if d != device)) if i.name == island else i
+                for i in self._topology.islands)
+            self._topology = Topology(islands, self._topology.dcn, self._topology.metadata)
+            self._version += 1
+            return self._version
+
+    def _check(self, island: str, device: int) -> None:
+        found = self._topology.island(island)
+        if not 0 <= device < found.num_devices:
+            raise ValueError(f"{island} has devices 0..{found.num_devices - 1}, not {device}")
