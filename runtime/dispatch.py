@@ -93,12 +93,13 @@ class Dispatcher:
         if mode == "parallel":
             self._prepare(plan)
             waits_on = _conds_before(plan, deps)
-            self._submit(run, [s.id for island in plan.islands.values() for s in island if not waits_on[s.id]])
+            first = [s.id for island in plan.islands.values() for s in island if not waits_on[s.id]]
             if plan.host_steps:
+                self._submit(run, first)
                 threading.Thread(target=self._after_conds, args=(run, waits_on, mode),
                                  name="pw-cond", daemon=True).start()
             else:
-                self._watch(run)
+                self._submit(run, first, on_executed=lambda: self._watch(run))
         else:
             self._sequential(run, deps, mode)
         return run
@@ -134,7 +135,8 @@ class Dispatcher:
                 self._submit(run, ready)
         except BaseException as error:  # noqa: BLE001  (reported through the run)
             run.fail(error)
-        self._watch(run)
+        # Delivered after everything this run submitted, so the watcher never waits on undelivered work.
+        self._submit(run, [], on_executed=lambda: self._watch(run))
 
     def _run_cond(self, run: Run, cond: Step, mode: str) -> None:
         predicate = bool(np.asarray(run.value(cond.pred_buffer)))
@@ -185,7 +187,6 @@ class Dispatcher:
                 except KeyError:
                     pass   # an input returned unchanged: not a stored object
             store.release_owner(run.owner)
-            self.runtime.scheduler.finished(None)
             if not run.done.done():
                 run.done.set_result(run)
         self.runtime.watchers.submit(wait)

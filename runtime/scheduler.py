@@ -10,10 +10,13 @@ with an earlier or equal ticket.
 Policies:
 - `fifo`: tickets in arrival order, delivered at once.
 - `share`: proportional share across clients by weight. Submissions wait in
-  per-client queues; while fewer than `window` submissions are in flight, the
-  scheduler delivers the one with the smallest virtual finish time
-  (start-time fair queueing: each client's virtual time advances by
-  cost / weight per submission).
+  per-client queues; while fewer than `window` delivered submissions are still
+  waiting for their islands to enqueue them, the scheduler delivers the one
+  with the smallest virtual start time (start-time fair queueing: each
+  client's virtual time advances by cost / weight per submission).
+
+`hold()` stops deliveries (new work queues up) until `release()`; the runtime
+uses it while the cluster is being reconfigured.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class GangScheduler:
         self._virtual: dict[int, float] = {}
         self._in_flight = 0
         self._closed = False
+        self._held = False
+        self._fifo: collections.deque[Submission] = collections.deque()
         self.delivered: list[tuple[int, int]] = []   # (ticket, client id)
         if policy == "share":
             self._thread = threading.Thread(target=self._share_loop, name="pw-gang-scheduler", daemon=True)
@@ -66,15 +71,26 @@ class GangScheduler:
         """Queues a submission (fifo: delivers it at once)."""
         with self._lock:
             if self.policy == "fifo":
-                self._deliver(submission)
+                if self._held:
+                    self._fifo.append(submission)
+                else:
+                    self._deliver(submission)
                 return
             self._queues.setdefault(submission.client_id, collections.deque()).append(submission)
             self._lock.notify_all()
 
-    def finished(self, submission: Submission) -> None:
-        """Tells the scheduler that a delivered submission's run has completed."""
+    def hold(self) -> None:
+        """Stops delivering work until `release()`; submissions queue up meanwhile."""
         with self._lock:
-            self._in_flight -= 1
+            self._held = True
+
+    def release(self) -> None:
+        """Resumes delivering work, in the order the policy gives."""
+        with self._lock:
+            self._held = False
+            if self.policy == "fifo":
+                while self._fifo:
+                    self._deliver(self._fifo.popleft())
             self._lock.notify_all()
 
     def close(self) -> None:
@@ -94,18 +110,22 @@ class GangScheduler:
             with self._lock:
                 remaining[0] -= 1
                 last = remaining[0] == 0
+                if last:
+                    self._in_flight -= 1
+                    self._lock.notify_all()
             if last:
                 submission.on_executed()
         for island in islands:
             self.executors[island].submit(IslandWork(ticket, submission.run, submission.steps[island], executed))
         if not islands:
+            self._in_flight -= 1
             submission.on_executed()
 
     def _share_loop(self) -> None:
         with self._lock:
             while True:
                 self._lock.wait_for(lambda: self._closed or (
-                    self._in_flight < self.window and any(self._queues.values())))
+                    not self._held and self._in_flight < self.window and any(self._queues.values())))
                 if self._closed:
                     return
                 floor = min((self._virtual.get(c, 0.0) for c, q in self._queues.items() if q), default=0.0)

@@ -1,0 +1,200 @@
+"""The embedded runtime on hand-built plans: numerics, dispatch modes, ownership,
+back-pressure, shares, conds and traces (8 CPU devices, 2 islands of 4)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from plan_builder import PlanBuilder
+
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.object_store import OutOfDeviceMemory
+from pathways_mlir.runtime.runtime import Runtime
+
+X = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def device_map():
+    return embedded_device_map(2, 4)
+
+
+@pytest.fixture
+def runtime(device_map):
+    rt = Runtime(device_map)
+    yield rt
+    rt.close()
+
+
+def stage_a(x):
+    return jnp.tanh(x) * 2.0
+
+
+def stage_b(x):
+    return x * x + 1.0
+
+
+def two_island_chain(topology):
+    """island0 (2 devices, 2-way) -> DCN -> island1 (2x2 mesh) -> reshard -> 4-way."""
+    p = PlanBuilder(topology)
+    v0 = p.slice("v0", (2,), ("x",), "island0", (0, 2))
+    v1 = p.slice("v1", (2, 2), ("a", "b"), "island1", (0, 4))
+    v2 = p.slice("v2", (4,), ("y",), "island1", (0, 4))
+    x = p.input((8, 16))
+    a = p.launch(stage_a, [x], v0, [("x",), ()])
+    moved = p.dcn(a, v1, [("a",), ("b",)])
+    b = p.launch(stage_b, [moved], v1, [("a",), ()])
+    resharded = p.copy(b, v2, [("y",), ()])
+    return p.build([resharded]), np.asarray(jax.jit(stage_b)(jax.jit(stage_a)(X)))
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_chain_across_islands_matches_jax(runtime, mode):
+    plan, want = two_island_chain(runtime.resources.topology)
+    with Client(runtime) as client:
+        [h] = client.run(plan, [X], dispatch=mode)
+        np.testing.assert_array_equal(np.asarray(h), want)
+        assert h.shape == (8, 16)
+        assert tuple(h.result().sharding.spec)[0] == "y"
+        assert len(h.result().sharding.device_set) == 4
+
+
+def test_parallel_and_sequential_agree_and_compile_once(runtime):
+    plan, _ = two_island_chain(runtime.resources.topology)
+    with Client(runtime) as client:
+        par = [np.asarray(h) for h in [client.run(plan, [X * i], "parallel")[0] for i in range(4)]]
+        seq = [np.asarray(h) for h in [client.run(plan, [X * i], "sequential")[0] for i in range(4)]]
+    for a, b in zip(par, seq):
+        np.testing.assert_array_equal(a, b)
+    assert runtime.cache.compilations == 2
+
+
+def test_memory_returns_to_baseline_when_client_closes(runtime):
+    plan, _ = two_island_chain(runtime.resources.topology)
+    client = Client(runtime)
+    handles = [client.run(plan, [X], "parallel")[0] for _ in range(3)]
+    for h in handles:
+        h.block_until_ready()
+    runs_done = [client.start(plan, [X]).done for _ in range(2)]
+    for f in runs_done:
+        f.result(timeout=60)
+    assert sum(runtime.store.usage().values()) > 0
+    assert len(client.objects()) >= 3
+    other = Client(runtime)
+    assert other.objects() == []            # a client sees only its own objects
+    client.close()
+    assert client.objects() == []
+    assert sum(runtime.store.usage().values()) == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        client.run(plan, [X])
+
+
+def test_dropping_a_handle_frees_its_buffer(runtime):
+    plan, _ = two_island_chain(runtime.resources.topology)
+    with Client(runtime) as client:
+        run = client.start(plan, [X])
+        [h] = client.handles(run)
+        run.done.result(timeout=60)
+        assert sum(runtime.store.usage().values()) == 8 * 16 * 4   # the 4-way result's shards
+        h.delete()
+        assert sum(runtime.store.usage().values()) == 0
+
+
+def test_back_pressure_waits_for_frees(device_map):
+    p = PlanBuilder(device_map.topology)
+    v = p.slice("v", (1,), ("x",), "island0", (0, 1))
+    x = p.input((8, 16))
+    out = p.launch(stage_a, [x], v, [(), ()])
+    plan = p.build([out])
+    rt = Runtime(device_map, device_memory_bytes=8 * 16 * 4)   # room for one result
+    try:
+        with Client(rt) as client:
+            first = client.run(plan, [X])[0]
+            first.block_until_ready()
+            second_run = client.start(plan, [X])
+            with pytest.raises(TimeoutError):
+                second_run.futures[out].result(timeout=0.5)   # stalled, not failed
+            first.delete()
+            np.testing.assert_array_equal(np.asarray(client.handles(second_run)[0]),
+                                          np.asarray(jax.jit(stage_a)(X)))
+    finally:
+        rt.close()
+
+
+def test_a_launch_that_can_never_fit_fails_clearly(device_map):
+    p = PlanBuilder(device_map.topology)
+    v = p.slice("v", (1,), ("x",), "island0", (0, 1))
+    out = p.launch(stage_a, [p.input((8, 16))], v, [(), ()])
+    rt = Runtime(device_map, device_memory_bytes=100)
+    try:
+        with Client(rt) as client:
+            [h] = client.run(p.build([out]), [X])
+            with pytest.raises(OutOfDeviceMemory, match="needs 512 bytes on device 0 of island0, "
+                                                        "which has only 100 bytes"):
+                np.asarray(h)
+    finally:
+        rt.close()
+
+
+def test_shares_follow_client_weights(device_map):
+    p = PlanBuilder(device_map.topology)
+    v = p.slice("v", (4,), ("x",), "island0", (0, 4))
+    out = p.launch(stage_a, [p.input((8, 16))], v, [("x",), ()])
+    plan = p.build([out])
+    rt = Runtime(device_map, policy="share", window=1)
+    try:
+        light, heavy = Client(rt, weight=1), Client(rt, weight=3)
+        rt.scheduler.hold()                        # both clients queue up before anything runs
+        runs = []
+        for _ in range(40):
+            runs.append(light.start(plan, [X]))
+            runs.append(heavy.start(plan, [X]))
+        rt.scheduler.release()
+        for r in runs:
+            r.done.result(timeout=120)
+        order = [c for _, c in rt.scheduler.delivered[:40]]   # while both were backlogged
+        ratio = order.count(heavy.id) / order.count(light.id)
+        assert 2.5 <= ratio <= 3.5, order
+    finally:
+        rt.close()
+
+
+def test_cond_runs_the_chosen_branch(runtime):
+    topo = runtime.resources.topology
+
+    def branch(fn, name):
+        b = PlanBuilder(topo, name)
+        v = b.slice("w", (2,), ("x",), "island1", (2, 4))
+        out = b.launch(fn, [b.input((8, 16))], v, [("x",), ()], name=name)
+        return b.build([out])
+
+    then_plan, else_plan = branch(lambda x: x + 100.0, "plus"), branch(lambda x: x - 100.0, "minus")
+    p = PlanBuilder(topo)
+    v = p.slice("v", (2,), ("x",), "island0", (0, 2))
+    x = p.input((8, 16))
+    pred = p.launch(lambda x: jnp.sum(x) > 0, [x], v, [], name="positive", out_dtype="i1", out_shape=())
+    [chosen] = p.cond(pred, [x], then_plan, else_plan, [(8, 16)])
+    plan = p.build([chosen])
+    with Client(runtime) as client:
+        for sign in (1.0, -1.0):
+            for mode in ("parallel", "sequential"):
+                data = np.abs(X) * sign
+                [h] = client.run(plan, [data], mode)
+                np.testing.assert_array_equal(np.asarray(h), data + 100.0 * sign)
+
+
+def test_trace_has_a_track_per_device(runtime, tmp_path):
+    plan, _ = two_island_chain(runtime.resources.topology)
+    runtime.start_tracing()
+    with Client(runtime) as client:
+        np.asarray(client.run(plan, [X])[0])
+    path = tmp_path / "trace.json"
+    runtime.stop_tracing().write(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {(e["pid"], e["tid"]) for e in spans if e["name"].startswith("stage_a")} == {(0, 0), (0, 1)}
+    assert {(e["pid"], e["tid"]) for e in spans if e["name"].startswith("stage_b")} == {(1, d) for d in range(4)}
+    assert all(e["dur"] >= 0 for e in spans)
