@@ -18,7 +18,8 @@ import click
 
 from pathways_mlir import passes as _passes  # noqa: F401  (registers the passes)
 from pathways_mlir.dialect.context import make_context
-from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, SourceLocation, from_mlir_error
+from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from_mlir_error
+from pathways_mlir.dialect.structure import verify_structure
 from pathways_mlir.passes.pipeline import PipelineError, instantiate, parse_pipeline, run_passes, _parse_options
 from pathways_mlir.passes.registry import PASSES, PIPELINES, Pass
 
@@ -84,6 +85,9 @@ def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool,
             module = ir.Module.parse(chunk.text, context)
         except ir.MLIRError as error:
             return None, from_mlir_error(error)
+        structural = verify_structure(module)
+        if structural:
+            return None, structural
         if not run_passes(module, passes, diagnostics, print_ir_after_all) or diagnostics.has_errors:
             return None, diagnostics.diagnostics
         try:

@@ -1,8 +1,11 @@
-"""MLIR contexts with the `pw` dialect loaded.
+"""MLIR contexts for pw IR.
 
-The dialect is defined in IRDL (`pw.irdl.mlir`, beside this file) and loaded
-into each new context, so the upstream MLIR Python bindings parse, verify and
-print `pw` ops without any compiled extension.
+The `pw` dialect is defined in IRDL (`pw.irdl.mlir`, beside this file) and
+checked by `dialect.structure`, which reads that file: MLIR's own IRDL loader
+cannot express a variadic operand list of mixed types (see the structure
+module). Contexts therefore allow unregistered dialects, which also lets
+compiled functions carry their StableHLO bodies, whose dialect the upstream
+bindings do not register.
 """
 
 from __future__ import annotations
@@ -10,21 +13,12 @@ from __future__ import annotations
 import pathlib
 
 from mlir import ir
-from mlir.dialects import irdl
 
 IRDL_PATH = pathlib.Path(__file__).with_name("pw.irdl.mlir")
-_IRDL_SOURCE = IRDL_PATH.read_text()
 
 
 def make_context() -> ir.Context:
-    """Returns a new context with the `pw` dialect loaded.
-
-    Unregistered dialects are allowed because compiled functions carry their
-    StableHLO bodies, whose dialect the upstream bindings do not register. The
-    `pw` dialect itself is registered, so a misspelt `pw` op is still an error.
-    """
+    """Returns a new context that parses pw IR (structure is checked by `verify_structure`)."""
     context = ir.Context()
     context.allow_unregistered_dialects = True
-    with context, ir.Location.unknown():
-        irdl.load_dialects(ir.Module.parse(_IRDL_SOURCE))
     return context

@@ -12,7 +12,8 @@ import sys
 from mlir import ir
 from mlir.passmanager import PassManager
 
-from pathways_mlir.dialect.diagnostics import DiagnosticEngine, from_mlir_error
+from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from_mlir_error
+from pathways_mlir.dialect.structure import verify_structure
 
 from .registry import PASSES, PIPELINES, OptionError, Pass
 
@@ -103,8 +104,9 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                print_ir_after_all: bool = False) -> bool:
     """Runs `passes` on `module` in MLIR's pass manager; returns True on success.
 
-    Errors (a pass's own or MLIR's verifier's after a pass) are recorded in
-    `diagnostics`. IR printed after each pass goes to stderr, as `mlir-opt`.
+    After each pass, MLIR's verifier and the pw structural verifier check the
+    IR. Errors (a pass's own or a verifier's) are recorded in `diagnostics`.
+    IR printed after each pass goes to stderr, as `mlir-opt`.
     """
     if not passes:
         return True
@@ -117,6 +119,10 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
         def run(op: ir.Operation, mlir_pass) -> None:
             before = len([d for d in diagnostics.diagnostics if d.severity == "error"])
             instance.run(op, diagnostics)
+            for problem in verify_structure(op):
+                diagnostics.diagnostics.append(
+                    Diagnostic(problem.severity, problem.location,
+                               f"{problem.message} (after {instance.name})"))
             after = len([d for d in diagnostics.diagnostics if d.severity == "error"])
             if after > before:
                 mlir_pass.signal_pass_failure()

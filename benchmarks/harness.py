@@ -1,0 +1,86 @@
+"""Measuring side by side: interleaved repetitions, medians, ratios, records.
+
+The machines are shared and noisy, so a benchmark never reports one absolute
+time: every case (ours and the baselines) runs in the same process, the cases
+are interleaved within each repetition in a shuffled order, and the result of
+a case is the median over repetitions. Headline figures are ratios between
+cases measured this way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import random
+import statistics
+import time
+from typing import Any, Callable, Mapping
+
+
+def measure(cases: Mapping[str, Callable[[], Any]], repetitions: int, seed: int = 0,
+            warmup: int = 1) -> dict[str, list[float]]:
+    """Times each case `repetitions` times, interleaved in a shuffled order.
+
+    A case is a callable that does one unit of work and returns once it is
+    complete (the caller blocks on device results inside it). Returns the
+    seconds of every repetition for each case.
+    """
+    for fn in cases.values():
+        for _ in range(warmup):
+            fn()
+    rng = random.Random(seed)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for _ in range(repetitions):
+        rng.shuffle(names)
+        for name in names:
+            start = time.perf_counter()
+            cases[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(values) -> float:
+    """Returns the median of a non-empty sequence."""
+    return float(statistics.median(values))
+
+
+def spread(values) -> float:
+    """Returns the relative interquartile range of a sequence (0 for fewer than 4 values)."""
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return float((q[2] - q[0]) / q[1]) if q[1] else 0.0
+
+
+def machine_info() -> dict[str, Any]:
+    """Returns what the results depend on: machine, Python and package versions."""
+    versions = {}
+    for package in ("pathways-mlir", "jax", "jaxlib", "numpy", "xtc-mlir-python-bindings", "ray"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "system": platform.platform(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "packages": versions,
+    }
+
+
+def record(benchmark: str, params: Mapping[str, Any], rows: list[Mapping[str, Any]],
+           headline: Mapping[str, float]) -> dict[str, Any]:
+    """Returns the JSON record of one benchmark run."""
+    return {
+        "benchmark": benchmark,
+        "params": dict(params),
+        "rows": [dict(r) for r in rows],
+        "headline": {k: (None if v is None else float(v)) for k, v in headline.items()},
+        "machine": machine_info(),
+    }

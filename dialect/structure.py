@@ -1,0 +1,178 @@
+"""The structural verifier of the `pw` dialect, driven by its IRDL definition.
+
+`pw.irdl.mlir` declares every `pw` op: its operands and results (single or
+variadic) and its attributes with their builtin kinds. MLIR's own IRDL
+loader cannot be used to check them: IRDL binds a constraint variable to the
+first value it meets, so a variadic operand list must be all of one type
+(see `ConstraintVerifier::verify` in LLVM's IRDLVerifiers.cpp), and a
+`pw.compute` taking a matrix and a vector would be rejected. This module
+reads the same IRDL file and checks each operand, result and attribute on
+its own, which is what the `pw` dialect means.
+
+The check runs after parsing and after every pass (`pw-opt` does both), as
+MLIR's verifier does for registered dialects: unknown `pw` ops, wrong operand
+or result counts, missing attributes and attributes of the wrong kind are
+reported at the op.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+from mlir import ir
+
+from .diagnostics import Diagnostic, SourceLocation
+
+DIALECT = "pw"
+
+# IRDL base names -> a check of the builtin attribute or type kind.
+_BASES: dict[str, Callable[[object], bool]] = {
+    "#builtin.string": lambda a: isinstance(a, ir.StringAttr),
+    "#builtin.symbol_ref": lambda a: isinstance(a, (ir.SymbolRefAttr, ir.FlatSymbolRefAttr)),
+    "#builtin.array": lambda a: isinstance(a, ir.ArrayAttr),
+    "#builtin.dense_array": lambda a: isinstance(a, (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr,
+                                                     ir.DenseI16ArrayAttr, ir.DenseI8ArrayAttr,
+                                                     ir.DenseBoolArrayAttr, ir.DenseF32ArrayAttr,
+                                                     ir.DenseF64ArrayAttr)),
+    "#builtin.dictionary": lambda a: isinstance(a, ir.DictAttr),
+    "#builtin.integer": lambda a: isinstance(a, ir.IntegerAttr) and not isinstance(a, ir.BoolAttr),
+    "#builtin.float": lambda a: isinstance(a, ir.FloatAttr),
+    "#builtin.unit": lambda a: isinstance(a, ir.UnitAttr),
+    "#builtin.type": lambda a: isinstance(a, ir.TypeAttr),
+    "!builtin.tensor": lambda t: isinstance(t, ir.RankedTensorType),
+}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What one operand, result or attribute may be."""
+
+    describe: str
+    check: Callable[[object], bool]
+
+
+@dataclass(frozen=True)
+class ValueGroup:
+    """A named operand or result: one value, or any number of them."""
+
+    name: str
+    variadic: bool
+    constraint: Constraint
+
+
+@dataclass(frozen=True)
+class OpDefinition:
+    """The structure IRDL declares for one `pw` op."""
+
+    name: str
+    operands: tuple[ValueGroup, ...]
+    results: tuple[ValueGroup, ...]
+    attributes: dict[str, Constraint]
+
+
+def _constraint(op: ir.Operation) -> Constraint:
+    if op.name == "irdl.any":
+        return Constraint("anything", lambda _: True)
+    if op.name == "irdl.base":
+        base = ir.StringAttr(op.attributes["base_name"]).value
+        if base not in _BASES:
+            raise ValueError(f"pw.irdl.mlir: the structural verifier does not know base {base}")
+        return Constraint(base, _BASES[base])
+    if op.name == "irdl.any_of":
+        options = [_constraint(v.owner) for v in op.operands]
+        return Constraint(" or ".join(o.describe for o in options),
+                          lambda x: any(o.check(x) for o in options))
+    raise ValueError(f"pw.irdl.mlir: the structural verifier does not support {op.name}")
+
+
+def _groups(op: ir.Operation) -> tuple[ValueGroup, ...]:
+    names = [ir.StringAttr(n).value for n in ir.ArrayAttr(op.attributes["names"])]
+    variadicity = str(op.attributes["variadicity"])
+    kinds = variadicity[variadicity.index("[") + 1:variadicity.rindex("]")].replace(" ", "").split(",")
+    if "optional" in kinds or kinds.count("variadic") > 1:
+        raise ValueError("pw.irdl.mlir: the structural verifier supports single operands and at most "
+                         "one variadic group per op")
+    return tuple(ValueGroup(n, k == "variadic", _constraint(v.owner))
+                 for n, k, v in zip(names, kinds, op.operands))
+
+
+@functools.cache
+def definitions() -> dict[str, OpDefinition]:
+    """Returns the IRDL definitions of the `pw` ops, read from `pw.irdl.mlir`."""
+    from .context import IRDL_PATH
+
+    with ir.Context() as context:
+        context.allow_unregistered_dialects = True
+        module = ir.Module.parse(IRDL_PATH.read_text())
+        found = {}
+        for dialect in module.body.operations:
+            for op in dialect.regions[0].blocks[0].operations:
+                if op.name != "irdl.operation":
+                    continue
+                name = f"{DIALECT}.{ir.StringAttr(op.attributes['sym_name']).value}"
+                operands: tuple[ValueGroup, ...] = ()
+                results: tuple[ValueGroup, ...] = ()
+                attributes: dict[str, Constraint] = {}
+                for part in op.regions[0].blocks[0].operations:
+                    if part.name == "irdl.operands":
+                        operands = _groups(part)
+                    elif part.name == "irdl.results":
+                        results = _groups(part)
+                    elif part.name == "irdl.attributes":
+                        names = [ir.StringAttr(n).value for n in ir.ArrayAttr(part.attributes["attributeValueNames"])]
+                        attributes = {n: _constraint(v.owner) for n, v in zip(names, part.operands)}
+                found[name] = OpDefinition(name, operands, results, attributes)
+        return found
+
+
+def _check_values(op: ir.Operation, what: str, groups: tuple[ValueGroup, ...], types: list) -> list[str]:
+    singles = sum(not g.variadic for g in groups)
+    if not any(g.variadic for g in groups) and len(types) != singles:
+        return [f"'{op.name}' op expects exactly {singles} {what}s, but got {len(types)}"]
+    if len(types) < singles:
+        return [f"'{op.name}' op expects at least {singles} {what}s, but got {len(types)}"]
+    problems, index = [], 0
+    for group in groups:
+        for _ in range(len(types) - singles if group.variadic else 1):
+            if not group.constraint.check(types[index]):
+                problems.append(f"'{op.name}' op {what} #{index} ({group.name}) must be "
+                                f"{group.constraint.describe}, not {types[index]}")
+            index += 1
+    return problems
+
+
+def check_op(op: ir.Operation) -> list[str]:
+    """Returns the structural problems of one op (empty for a non-`pw` op)."""
+    if not op.name.startswith(DIALECT + "."):
+        return []
+    definition = definitions().get(op.name)
+    if definition is None:
+        return [f"unregistered operation '{op.name}' found in dialect ('{DIALECT}') that does not "
+                f"allow unknown operations"]
+    problems = _check_values(op, "operand", definition.operands, [v.type for v in op.operands])
+    problems += _check_values(op, "result", definition.results, [r.type for r in op.results])
+    for name, constraint in definition.attributes.items():
+        if name not in op.attributes:
+            problems.append(f"'{op.name}' op attribute '{name}' is expected but not provided")
+        elif not constraint.check(op.attributes[name]):
+            problems.append(f"'{op.name}' op attribute '{name}' must be a {constraint.describe}, "
+                            f"not {op.attributes[name]}")
+    if op.regions and any(len(r.blocks) for r in op.regions):
+        problems.append(f"'{op.name}' op has regions, but pw ops have none")
+    return problems
+
+
+def verify_structure(module: ir.Module | ir.Operation) -> list[Diagnostic]:
+    """Checks every `pw` op in `module` against the IRDL definition; returns the errors."""
+    diagnostics: list[Diagnostic] = []
+
+    def visit(op):
+        op = op.operation
+        for problem in check_op(op):
+            diagnostics.append(Diagnostic("error", SourceLocation.of(op.location), problem))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return diagnostics
