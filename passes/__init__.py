@@ -6,3 +6,6 @@ Importing this package registers every pass and pipeline.
 from . import verify  # noqa: F401  (registers pw-verify)
 from . import place  # noqa: F401  (registers pw-place)
 from . import insert_transfers  # noqa: F401  (registers pw-insert-transfers)
+from . import mark_static_subgraphs  # noqa: F401  (registers pw-mark-static-subgraphs)
+from . import schedule  # noqa: F401  (registers pw-schedule)
+from . import verify_schedule  # noqa: F401  (registers pw-verify-schedule)
