@@ -12,9 +12,11 @@ For every program the pass appends to the module:
   outputs, subgraphs}}`: the buffers of host values and a `pw.branch` step
   per `pw.cond`, which runs the plans of its branch programs.
 
-Every SSA value becomes one buffer id, however many shards it has; step ids
-are unique in the program and follow the schedule, and `after` lists the
-steps that produce a step's inputs (a `pw.recv` waits for its `pw.send`).
+Every SSA value becomes one buffer id, however many shards it has. Step ids
+follow `pw.order` across the whole module, so they are unique and an island
+running steps in increasing id keeps the consistent order even between
+programs; `after` lists the steps that produce a step's inputs (a
+`pw.recv` waits for its `pw.send`).
 Earlier plans of the module are replaced. `program_plans` turns the result
 into `ProgramPlan`s (dialect/plan.py) that serialise to JSON.
 
@@ -39,6 +41,9 @@ pw-schedule; no program may reach itself through branches.
 """
 
 from __future__ import annotations
+
+import itertools
+from typing import Iterator
 
 import networkx as nx
 from mlir import ir
@@ -71,20 +76,26 @@ def _homes(program: ir.Operation) -> dict[ir.Value, Home | None]:
 
 
 class _ProgramEmitter:
-    """Builds the plan modules of one program."""
+    """Builds the plan modules of one program; step ids come from a counter shared by the module."""
 
-    def __init__(self, program: ir.Operation, slices: dict[str, ops.VirtualSlice], placements: dict[str, dict]):
+    def __init__(self, program: ir.Operation, slices: dict[str, ops.VirtualSlice], placements: dict[str, dict],
+                 step_ids: Iterator[int]):
         self.program = program
         self.slices = slices
         self.placements = placements
+        self.step_ids = step_ids
         self.homes = _homes(program)
         self.buffer_ids: dict[ir.Value, int] = {}
         self.buffers: dict[str, list[dict]] = {}      # island (or HOST) -> pw.buffer attributes
         self.steps: dict[str, list[tuple[str, dict, ir.Location]]] = {}
         self.producer: dict[int, int] = {}            # buffer -> step that writes it
-        self.next_step = 0
-        self.inputs: tuple[int, ...] = ()
-        self.outputs: tuple[int, ...] = ()
+        body = ops.program_body(program)
+        self.inputs = tuple(self.buffer(arg) for arg in body.arguments)
+        for op in body.operations:
+            for result in op.results:
+                self.buffer(result)
+            if op.name == "func.return":
+                self.outputs = tuple(self.buffer(v) for v in op.operands)
 
     def island(self, slice_name: str) -> str:
         return self.placements[slice_name]["island"]
@@ -109,44 +120,33 @@ class _ProgramEmitter:
         return tuple(sorted({self.producer[b] for b in buffers if b in self.producer}))
 
     def add(self, where: str, name: str, attributes: dict, loc: ir.Location, writes: tuple[int, ...]) -> int:
-        step = self.next_step
-        self.next_step += 1
+        step = next(self.step_ids)
         self.steps.setdefault(where, []).append((name, {"step": step, **attributes}, loc))
         for b in writes:
             self.producer[b] = step
         return step
 
-    def run(self) -> None:
-        body = ops.program_body(self.program)
-        for arg in body.arguments:
-            self.buffer(arg)
-        for op in body.operations:
-            for result in op.results:
-                self.buffer(result)
-        scheduled = [op.operation for op in body.operations if op.name != "func.return"]
-        for op in sorted(scheduled, key=lambda o: ops.attr(o, ops.ORDER)):
-            inputs = tuple(self.buffer(v) for v in op.operands)
-            outputs = tuple(self.buffer(r) for r in op.results)
-            subgraph = ops.attr(op, ops.SUBGRAPH, 0)
-            if op.name == "pw.compute":
-                slice_name = ops.attr(op, "slice")
-                self.add(self.island(slice_name), "pw.launch", {
-                    "after": self.after(inputs), "executable": Symbol(ops.attr(op, "callee")),
-                    "slice": Symbol(slice_name), "devices": self.placements[slice_name]["devices"],
-                    "inputs": inputs, "outputs": outputs,
-                    "output_bytes": tuple(self.bytes_per_device(r) for r in op.results),
-                    "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
-            elif op.name == "pw.cond":
-                self.add(HOST, "pw.branch", {
-                    "after": self.after(inputs), "pred": inputs[0], "inputs": inputs[1:], "outputs": outputs,
-                    "then_program": Symbol(ops.attr(op, "then_program")),
-                    "else_program": Symbol(ops.attr(op, "else_program")),
-                    "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
-            else:
-                self.add_movement(op, inputs[0], outputs[0], subgraph)
-        return_op = next(op for op in body.operations if op.name == "func.return")
-        self.outputs = tuple(self.buffer(v) for v in return_op.operands)
-        self.inputs = tuple(self.buffer(arg) for arg in body.arguments)
+    def emit(self, op: ir.Operation) -> None:
+        """Adds the steps of one op of the program."""
+        inputs = tuple(self.buffer(v) for v in op.operands)
+        outputs = tuple(self.buffer(r) for r in op.results)
+        subgraph = ops.attr(op, ops.SUBGRAPH, 0)
+        if op.name == "pw.compute":
+            slice_name = ops.attr(op, "slice")
+            self.add(self.island(slice_name), "pw.launch", {
+                "after": self.after(inputs), "executable": Symbol(ops.attr(op, "callee")),
+                "slice": Symbol(slice_name), "devices": self.placements[slice_name]["devices"],
+                "inputs": inputs, "outputs": outputs,
+                "output_bytes": tuple(self.bytes_per_device(r) for r in op.results),
+                "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
+        elif op.name == "pw.cond":
+            self.add(HOST, "pw.branch", {
+                "after": self.after(inputs), "pred": inputs[0], "inputs": inputs[1:], "outputs": outputs,
+                "then_program": Symbol(ops.attr(op, "then_program")),
+                "else_program": Symbol(ops.attr(op, "else_program")),
+                "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
+        else:
+            self.add_movement(op, inputs[0], outputs[0], subgraph)
 
     def add_movement(self, op: ir.Operation, src: int, dst: int, subgraph: int) -> None:
         src_slice, dst_slice = ops.attr(op, "src"), ops.attr(op, "dst")
@@ -228,10 +228,15 @@ class EmitPlansPass(Pass):
         placements = {op_name: ops.attr(op, ops.PLACEMENT) for op in ops.top_level_ops(module)
                       if (op_name := ops.symbol_name(op)) in slices}
         islands = [i.name for i in ops.module_topology(module).islands]
-        for program in ops.programs(module).values():
-            emitter = _ProgramEmitter(program, slices, placements)
-            emitter.run()
-            with ir.InsertionPoint(module.regions[0].blocks[0]):
+        step_ids = itertools.count()
+        emitters = {name: _ProgramEmitter(program, slices, placements, step_ids)
+                    for name, program in ops.programs(module).items()}
+        scheduled = [(name, op.operation) for name, program in ops.programs(module).items()
+                     for op in ops.program_body(program).operations if op.name != "func.return"]
+        for name, op in sorted(scheduled, key=lambda item: ops.attr(item[1], ops.ORDER)):
+            emitters[name].emit(op)
+        with ir.InsertionPoint(module.regions[0].blocks[0]):
+            for emitter in emitters.values():
                 emitter.build(islands)
 
 

@@ -2,6 +2,7 @@
 
 Phases, each ended by a verifier so a bug is caught at the pass that made it:
 
+0. `pw-verify` on the input: the passes below assume well-formed pw IR.
 1. `pw-place` first: every later pass needs to know which island holds each
    slice. `pw-verify` then checks the placements (device counts, ranges).
 2. `pw-insert-transfers` needs placements (links depend on islands) and must
@@ -57,6 +58,7 @@ def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") 
         //   module @<program>_<island> {pw.island_plan} + module @<program>_host {pw.host_plan}
     """
     return [
+        VerifyPass(),
         PlacePass(topology=topology, strategy=strategy, pin=pin), VerifyPass(),
         InsertTransfersPass(), VerifyPass(),
         MarkStaticSubgraphsPass(), SchedulePass(), VerifySchedulePass(),

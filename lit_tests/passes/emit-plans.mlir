@@ -40,21 +40,22 @@ func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}) 
 // Inside one island, a reshard is a copy. A pw.cond is a host step that runs
 // its branch programs' plans; host values (an input only the host reads, a
 // branch result nothing uses on devices) are host buffers. Each program,
-// branches included, gets its own plans, and earlier plans are replaced.
+// branches included, gets its own plans, with step ids that follow pw.order
+// across programs; earlier plans are replaced.
 // CHECK-LABEL: module @then_island0
 // CHECK: "pw.launch"() {{.*}}label = "t#0"
 // CHECK-LABEL: module @then_host attributes {pw.host_plan = {inputs = array<i64: 0>, outputs = array<i64: 1>, program = @then
 // CHECK-LABEL: module @main_island0
 // CHECK: "pw.buffer"() {bytes_per_device = 8 : i64, home = {sharding = {{\[\["x"\]\]}}, slice = @a}, id = 3 : i64
 // CHECK: "pw.buffer"() {bytes_per_device = 32 : i64, home = {sharding = {{\[\[\]\]}}, slice = @a}, id = 4 : i64
-// CHECK: "pw.launch"() {{.*}}label = "p#0"{{.*}}step = 0
-// CHECK-NEXT: "pw.launch"() {{.*}}label = "g#0"{{.*}}outputs = array<i64: 3>{{.*}}step = 1
-// CHECK-NEXT: "pw.copy"() {after = array<i64: 1>, bytes = 32 : i64, dst_buffer = 4 : i64, link = "ici", src_buffer = 3 : i64, step = 2 : i64, subgraph = 0 : i64}
+// CHECK: "pw.launch"() {{.*}}label = "p#0"{{.*}}step = 1
+// CHECK-NEXT: "pw.launch"() {{.*}}label = "g#0"{{.*}}outputs = array<i64: 3>{{.*}}step = 2
+// CHECK-NEXT: "pw.copy"() {after = array<i64: 2>, bytes = 32 : i64, dst_buffer = 4 : i64, link = "ici", src_buffer = 3 : i64, step = 3 : i64, subgraph = 0 : i64}
 // CHECK-NEXT: {{^  }$}}
 // CHECK-LABEL: module @main_host attributes {pw.host_plan = {inputs = array<i64: 0, 1>, outputs = array<i64: 4, 5>, program = @main, subgraphs = [{id = 0 : i64, static = true}, {id = 1 : i64, static = false}]}}
 // CHECK-NEXT: "pw.buffer"() {bytes_per_device = 32 : i64, home = {}, id = 1 : i64, type = tensor<8xf32>}
 // CHECK-NEXT: "pw.buffer"() {bytes_per_device = 32 : i64, home = {}, id = 5 : i64, type = tensor<8xf32>}
-// CHECK-NEXT: "pw.branch"() {after = array<i64: 0>, else_program = @then, inputs = array<i64: 1>, label = "k#0", outputs = array<i64: 5>, pred = 2 : i64, step = 3 : i64, subgraph = 0 : i64, then_program = @then}
+// CHECK-NEXT: "pw.branch"() {after = array<i64: 1>, else_program = @then, inputs = array<i64: 1>, label = "k#0", outputs = array<i64: 5>, pred = 2 : i64, step = 4 : i64, subgraph = 0 : i64, then_program = @then}
 // CHECK-NEXT: {{^  }$}}
 // CHECK-NOT: stale
 module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
