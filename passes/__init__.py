@@ -1,6 +1,9 @@
 """The `pw` passes (one per module) and the registry that names them.
 
-Importing this package registers every pass and pipeline.
+Importing this package registers every pass and pipeline. The lowering API:
+
+    lower(module_or_text, topology, strategy="spread", pin="") -> ir.Module
+    program_plans(lowered_module) -> dict[str, ProgramPlan]
 """
 
 from . import verify  # noqa: F401  (registers pw-verify)
@@ -9,7 +12,7 @@ from . import insert_transfers  # noqa: F401  (registers pw-insert-transfers)
 from . import mark_static_subgraphs  # noqa: F401  (registers pw-mark-static-subgraphs)
 from . import schedule  # noqa: F401  (registers pw-schedule)
 from . import verify_schedule  # noqa: F401  (registers pw-verify-schedule)
-from . import emit_plans  # noqa: F401  (registers pw-emit-plans)
-from . import lower as _lower  # noqa: F401  (registers the pw-lower pipeline)
-from .emit_plans import program_plans  # noqa: E402
-from .lower import LoweringError, lower  # noqa: E402
+from .emit_plans import program_plans  # registers pw-emit-plans
+from .lower import LoweringError, lower  # registers the pw-lower pipeline
+
+__all__ = ["LoweringError", "lower", "program_plans"]

@@ -1,20 +1,4 @@
-"""`pw-lower`: the lowering pipeline, and `lower`, its Python entry point.
-
-Phases, each ended by a verifier so a bug is caught at the pass that made it:
-
-0. `pw-verify` on the input: the passes below assume well-formed pw IR.
-1. `pw-place` first: every later pass needs to know which island holds each
-   slice. `pw-verify` then checks the placements (device counts, ranges).
-2. `pw-insert-transfers` needs placements (links depend on islands) and must
-   come before anything that counts steps or groups ops, since it adds ops.
-   `pw-verify` then holds the module to its lowered rule: every operand
-   lives where it is used.
-3. `pw-mark-static-subgraphs` sees the final set of ops, transfers included,
-   and `pw-schedule` orders static subgraphs first, so it comes after.
-   `pw-verify-schedule` proves the order before plans are cut from it.
-4. `pw-emit-plans` last: it reads placements, subgraphs, orders and costs and
-   writes them out per island. A final `pw-verify` checks the whole module.
-"""
+"""`pw-lower`, the lowering pipeline, and `lower`, its Python entry point."""
 
 from __future__ import annotations
 
@@ -30,7 +14,7 @@ from .insert_transfers import InsertTransfersPass
 from .mark_static_subgraphs import MarkStaticSubgraphsPass
 from .pipeline import run_passes
 from .place import PlacePass
-from .registry import Option, Pass, register_pipeline
+from .registry import Pass, register_pipeline
 from .schedule import SchedulePass
 from .verify import VerifyPass
 from .verify_schedule import VerifySchedulePass
@@ -47,15 +31,28 @@ class LoweringError(ValueError):
 @register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, schedule and emit per-island plans",
                    options=PlacePass.options)
 def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") -> list[Pass]:
-    """pw-place, pw-insert-transfers, pw-mark-static-subgraphs, pw-schedule and
-    pw-emit-plans, with pw-verify / pw-verify-schedule between the phases.
+    """Lowers device-agnostic programs to per-island plans, in four phases,
+    each ended by a verifier so that a bug is caught at the pass that made it:
 
-    Options are pw-place's. Requires a device-agnostic module that passes
-    pw-verify. See passes/lower.py for why each pass sits where it does.
+    0. `pw-verify` on the input: the passes below assume well-formed pw IR.
+    1. `pw-place` first: every later pass needs the island of each slice.
+       `pw-verify` then checks the placements (device counts, ranges).
+    2. `pw-insert-transfers` needs placements (links depend on islands) and
+       comes before anything that groups, orders or counts ops, since it adds
+       ops. `pw-verify` then holds the module to its lowered rule: every
+       operand lives where it is used.
+    3. `pw-mark-static-subgraphs` sees the final ops, transfers included;
+       `pw-schedule` puts static subgraphs first, so it comes after;
+       `pw-verify-schedule` proves the order before plans are cut from it.
+    4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
+       writes them out per island. A final `pw-verify` checks the module.
+
+    Options are pw-place's. Requires a device-agnostic module.
 
         // before: slices, compiled functions and programs
-        // after: placements, transfers, pw.subgraph/pw.order/pw.cost marks, and
-        //   module @<program>_<island> {pw.island_plan} + module @<program>_host {pw.host_plan}
+        // after: placements, transfers, pw.subgraph / pw.order / pw.cost marks,
+        //   module @<program>_<island> {pw.island_plan} per island used, and
+        //   module @<program>_host {pw.host_plan} per program
     """
     return [
         VerifyPass(),
@@ -82,8 +79,7 @@ def lower(module: ir.Module | str, topology: Topology, strategy: str = "spread",
     with source.context, source.operation.location:
         lowered = ir.Module.create(source.operation.location)
         for name in source.operation.attributes:
-            attribute = source.operation.attributes[name]
-            lowered.operation.attributes[attribute.name] = attribute.attr
+            lowered.operation.attributes[name] = source.operation.attributes[name]
         with ir.InsertionPoint(lowered.body):
             for op in source.body.operations:
                 op.clone()

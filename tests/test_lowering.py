@@ -93,6 +93,14 @@ def test_relowering_avoids_a_removed_device_and_leaves_the_source_alone(context)
     assert (slice_b.island, slice_b.devices) != ("island1", (0, 4))
 
 
+def test_lower_keeps_module_attributes_and_replaces_the_topology(context):
+    source = ir.Module.parse(f"module attributes {{pw.origin = \"jax\", pw.topology = "
+                             f"{{islands = [], dcn = {{}}}}}} {{\n{THREE_BLOCKS}\n}}")
+    lowered = lower(source, Topology.uniform(2, 4))
+    assert ops.attr(lowered.operation, "pw.origin") == "jax"
+    assert ops.module_topology(lowered) == Topology.uniform(2, 4)
+
+
 def test_lowering_errors_carry_diagnostics():
     with pytest.raises(LoweringError, match="cannot place slice @slice_b: it needs 4 devices in one island"):
         lower(THREE_BLOCKS, Topology.uniform(2, 2))
@@ -133,3 +141,16 @@ module @f attributes {pw.executable} {
   }
 }""")
     assert executable_cost(module.operation) == Cost(4, 32)
+
+
+def test_lowered_ir_and_plans_do_not_grow_with_the_shard_count():
+    from pathways_mlir.benchmarks.lowering_scale import lower_chain, per_shard_baseline
+
+    sizes = (8, 512, 65536)
+    lowered = [lower_chain(n) for n in sizes]
+    assert len({count for count, _ in lowered}) == 1
+    # Plans differ only in the digits of N (shapes, device ranges, topology).
+    plan_bytes = [nbytes for _, nbytes in lowered]
+    assert max(plan_bytes) - min(plan_bytes) < 64
+    # The per-shard baseline materialises 2N nodes and N edges.
+    assert per_shard_baseline(64)[:2] == (128, 64)

@@ -1,0 +1,1 @@
+"""Benchmarks, each a module with a function returning rows and a script entry point."""
