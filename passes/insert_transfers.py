@@ -114,8 +114,10 @@ class _Inserter:
                 op.operands[index] = moved[key]
             for result, home in zip(op.results, result_homes(op)):
                 homes[result] = home
+        arg_attrs = ops.attr(program, "arg_attrs") or [{} for _ in body.arguments]
         ops.set_attr(program, "arg_attrs", [
-            {ops.HOME: home_attribute(homes[arg])} if homes[arg] is not None else {} for arg in body.arguments])
+            {**old, ops.HOME: home_attribute(homes[arg])} if homes[arg] is not None else old
+            for arg, old in zip(body.arguments, arg_attrs)])
         for op in body.operations:
             if op.name == "pw.cond":
                 ops.set_attr(op, ops.RESULT_HOMES, [home_attribute(homes[r]) for r in op.results])

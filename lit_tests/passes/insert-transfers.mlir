@@ -91,11 +91,12 @@ func.func @intra_slice(%x: tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xf32>
 
 // -----
 
-// Host values: an argument lives where it is first used (pw.home); its other
-// uses move from there. A pw.cond's results likewise (pw.result_homes); its
-// predicate and inputs are read by the host and never moved.
+// Host values: an argument lives where it is first used (pw.home, beside its
+// other attributes); its other uses move from there. A pw.cond's results
+// likewise (pw.result_homes); its predicate and inputs are read by the host
+// and never moved.
 // CHECK-LABEL: func.func @host_values
-// CHECK-SAME: (%arg0: tensor<i1>, %arg1: tensor<8xf32> {pw.home = {sharding = {{\[\["x"\]\]}}, slice = @a}})
+// CHECK-SAME: (%arg0: tensor<i1>, %arg1: tensor<8xf32> {jax.arg_info = "x", pw.home = {sharding = {{\[\["x"\]\]}}, slice = @a}})
 // CHECK: "pw.compute"(%arg1) {{.*}}slice = @a
 // CHECK: %[[T:.*]] = "pw.transfer"(%arg1) {dst = @c, link = "dcn", sharding = {{\[\["x"\]\]}}, src = @a}
 // CHECK: "pw.compute"(%[[T]]) {{.*}}slice = @c
@@ -112,7 +113,7 @@ module @f attributes {pw.executable} {
 func.func @id(%x: tensor<8xf32>, %y: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) attributes {pw.program} {
   return %x, %y : tensor<8xf32>, tensor<8xf32>
 }
-func.func @host_values(%p: tensor<i1>, %x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) attributes {pw.program} {
+func.func @host_values(%p: tensor<i1>, %x: tensor<8xf32> {jax.arg_info = "x"}) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) attributes {pw.program} {
   %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
   %1 = "pw.compute"(%x) {callee = @f, slice = @c, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#1"} : (tensor<8xf32>) -> tensor<8xf32>
   %2:2 = "pw.cond"(%p, %x, %x) {then_program = @id, else_program = @id, label = "k#0"} : (tensor<i1>, tensor<8xf32>, tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>)
