@@ -12,9 +12,17 @@ Marks (discardable attributes) that the dialect defines on other ops:
     pw.island_plan  (dict, on builtin.module)    the module is one island's plan
     pw.topology     (dict, on the top module)    the physical cluster
     pw.placement    (dict, on pw.virtual_slice)  island and devices of a slice
+    pw.lowered      (unit, on the top module)    data movement is explicit
+    pw.home         (dict, on program arguments) slice and sharding the runtime
+                                                 puts a host value on
+    pw.result_homes (array, on pw.cond)          the same for each result
     pw.subgraph     (i64)                        static subgraph of an op
-    pw.order        (i64)                        position in its island's order
+    pw.subgraphs    (array, on a program)        {id, static} of each subgraph
+    pw.order        (i64)                        position in the module's consistent
+                                                 order; each island runs its ops in
+                                                 increasing pw.order
     pw.cost         (dict)                       estimated flops and bytes
+    pw.host_plan    (dict, on builtin.module)    the module is a program's host plan
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from mlir import ir
 
 from .attributes import Symbol, to_attribute, to_python
 from .sharding import Sharding
+from .topology import Topology
 
 PROGRAM = "pw.program"
 EXECUTABLE = "pw.executable"
@@ -33,12 +42,17 @@ EXPORT = "pw.export"
 ISLAND_PLAN = "pw.island_plan"
 TOPOLOGY = "pw.topology"
 PLACEMENT = "pw.placement"
+LOWERED = "pw.lowered"
+HOME = "pw.home"
+RESULT_HOMES = "pw.result_homes"
 SUBGRAPH = "pw.subgraph"
+SUBGRAPHS = "pw.subgraphs"
 ORDER = "pw.order"
 COST = "pw.cost"
+HOST_PLAN = "pw.host_plan"
 
 DATA_MOVEMENT_OPS = ("pw.transfer", "pw.scatter", "pw.gather")
-PLAN_STEP_OPS = ("pw.launch", "pw.send", "pw.recv")
+PLAN_STEP_OPS = ("pw.launch", "pw.copy", "pw.send", "pw.recv", "pw.branch")
 LINKS = ("ici", "dcn")
 
 
@@ -191,6 +205,12 @@ def build_cond(pred: ir.Value, inputs: Sequence[ir.Value], result_types: Sequenc
 # ===--------------------------------------------------------------------=== #
 # Module contents
 # ===--------------------------------------------------------------------=== #
+
+
+def module_topology(module: ir.Module | ir.Operation) -> Topology | None:
+    """Returns the module's `pw.topology`, or None; raises TopologyError if malformed."""
+    value = attr(module.operation, TOPOLOGY)
+    return None if value is None else Topology.from_python(value, TOPOLOGY)
 
 
 def top_level_ops(module: ir.Module | ir.Operation) -> Iterator[ir.Operation]:

@@ -156,20 +156,41 @@ irdl.dialect @pw {
   // ===------------------------------------------------------------------=== //
   // Lowered level: per-island plan steps
   // ===------------------------------------------------------------------=== //
-  // Plan steps live in a nested module marked `pw.island_plan` and name
-  // buffers by integer id, so a plan serialises without SSA. Common fields:
-  //   step  : position in the island's consistent order
-  //   after : steps (in any island, as "island:step" is not needed: ids are
-  //           global to the program) that must complete first
+  // Plan steps live in a nested module marked `pw.island_plan` (one per
+  // island a program uses) or `pw.host_plan` (the program's host side: its
+  // inputs, outputs and data-dependent steps), and name buffers by integer
+  // id, so a plan serialises without SSA. Common fields:
+  //   step  : the step's id, unique in the program; an island runs its steps
+  //           in increasing id, its consistent order
+  //   after : steps (of any island, or the host) that must complete first
   //   devices : island-local device ids as half-open ranges
   //             [begin0, end0, begin1, end1, ...] in mesh order
+  //   bytes, output_bytes : per device, what each device allocates
 
-  // Runs `executable` on `devices`, reading buffers `inputs`, writing buffers
-  // `outputs` whose sizes in bytes are `output_bytes`.
+  // A buffer of the program: one logical, possibly sharded value of `type`,
+  // living on `home` = {slice = @v0, sharding = [[...]]} ({} for a host value,
+  // one the runtime has not put on devices), `bytes_per_device` on each of
+  // the slice's devices. Declared in the plan of the island that holds it.
+  irdl.operation @buffer {
+    %id = irdl.base "#builtin.integer"
+    %type = irdl.base "#builtin.type"
+    %home = irdl.base "#builtin.dictionary"
+    %bytes = irdl.base "#builtin.integer"
+    irdl.attributes {
+      "id" = %id,
+      "type" = %type,
+      "home" = %home,
+      "bytes_per_device" = %bytes
+    }
+  }
+
+  // Runs `executable` on the `devices` of `slice`, reading buffers `inputs`,
+  // writing buffers `outputs` whose sizes in bytes are `output_bytes`.
   irdl.operation @launch {
     %step = irdl.base "#builtin.integer"
     %after = irdl.base "#builtin.dense_array"
     %executable = irdl.base "#builtin.symbol_ref"
+    %slice = irdl.base "#builtin.symbol_ref"
     %devices = irdl.base "#builtin.dense_array"
     %inputs = irdl.base "#builtin.dense_array"
     %outputs = irdl.base "#builtin.dense_array"
@@ -180,6 +201,7 @@ irdl.dialect @pw {
       "step" = %step,
       "after" = %after,
       "executable" = %executable,
+      "slice" = %slice,
       "devices" = %devices,
       "inputs" = %inputs,
       "outputs" = %outputs,
@@ -236,6 +258,53 @@ irdl.dialect @pw {
       "peer" = %peer,
       "devices" = %devices,
       "subgraph" = %subgraph
+    }
+  }
+
+  // Moves (and reshards) buffer `src_buffer` into `dst_buffer` between two
+  // slices of this island, or inside one slice, over `link` ("ici").
+  irdl.operation @copy {
+    %step = irdl.base "#builtin.integer"
+    %after = irdl.base "#builtin.dense_array"
+    %src = irdl.base "#builtin.integer"
+    %dst = irdl.base "#builtin.integer"
+    %bytes = irdl.base "#builtin.integer"
+    %link = irdl.base "#builtin.string"
+    %subgraph = irdl.base "#builtin.integer"
+    irdl.attributes {
+      "step" = %step,
+      "after" = %after,
+      "src_buffer" = %src,
+      "dst_buffer" = %dst,
+      "bytes" = %bytes,
+      "link" = %link,
+      "subgraph" = %subgraph
+    }
+  }
+
+  // A host step (in the `pw.host_plan` module): reads the tensor<i1> buffer
+  // `pred` and runs the plans of `then_program` or `else_program` on buffers
+  // `inputs`, whose results become buffers `outputs`.
+  irdl.operation @branch {
+    %step = irdl.base "#builtin.integer"
+    %after = irdl.base "#builtin.dense_array"
+    %pred = irdl.base "#builtin.integer"
+    %inputs = irdl.base "#builtin.dense_array"
+    %outputs = irdl.base "#builtin.dense_array"
+    %then = irdl.base "#builtin.symbol_ref"
+    %else = irdl.base "#builtin.symbol_ref"
+    %subgraph = irdl.base "#builtin.integer"
+    %label = irdl.base "#builtin.string"
+    irdl.attributes {
+      "step" = %step,
+      "after" = %after,
+      "pred" = %pred,
+      "inputs" = %inputs,
+      "outputs" = %outputs,
+      "then_program" = %then,
+      "else_program" = %else,
+      "subgraph" = %subgraph,
+      "label" = %label
     }
   }
 }

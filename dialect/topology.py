@@ -14,13 +14,21 @@ resource manager from real devices.
                   "devices_per_host": 4, "device_memory_bytes": 1073741824,
                   "ici": {"latency_us": 1.0, "bandwidth_gbps": 100.0},
                   "unavailable": [3]}],
-     "dcn": {"latency_us": 100.0, "bandwidth_gbps": 25.0}}
+     "dcn": {"latency_us": 100.0, "bandwidth_gbps": 25.0},
+     "dcn_pairs": [["island0", "island1"]]}
+
+`dcn_pairs` is optional: without it the DCN joins every pair of islands; with
+it, only the listed pairs (in either direction) can exchange data.
+
+A pass option names a topology either by a JSON file path or, for tests, as
+`<islands>x<devices>` (`2x4`: two CPU islands of four devices each).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 
@@ -74,6 +82,7 @@ class Topology:
     islands: tuple[Island, ...]
     dcn: Link
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    dcn_pairs: tuple[tuple[str, str], ...] | None = None  # None: DCN joins every pair
 
     def island(self, name: str) -> Island:
         """Returns the island called `name`."""
@@ -82,19 +91,25 @@ class Topology:
                 return island
         raise TopologyError(f"no island named '{name}' (islands: {', '.join(i.name for i in self.islands)})")
 
+    def connected(self, src_island: str, dst_island: str) -> bool:
+        """True if data can move directly between two islands (always inside one)."""
+        if src_island == dst_island or self.dcn_pairs is None:
+            return True
+        return (src_island, dst_island) in self.dcn_pairs or (dst_island, src_island) in self.dcn_pairs
+
     def link(self, src_island: str, dst_island: str) -> tuple[str, Link]:
         """Returns the kind ("ici" or "dcn") and the link between two islands."""
         if src_island == dst_island:
             return "ici", self.island(src_island).ici
+        if not self.connected(src_island, dst_island):
+            raise TopologyError(f"no DCN link joins {src_island} and {dst_island}")
         return "dcn", self.dcn
 
     def without_device(self, island: str, device: int) -> "Topology":
         """Returns this topology with one device marked unavailable."""
-        islands = tuple(
-            Island(i.name, i.device_kind, i.hosts, i.devices_per_host, i.device_memory_bytes, i.ici,
-                   tuple(sorted(set(i.unavailable) | {device}))) if i.name == island else i
-            for i in self.islands)
-        return Topology(islands, self.dcn, self.metadata)
+        islands = tuple(replace(i, unavailable=tuple(sorted(set(i.unavailable) | {device})))
+                        if i.name == island else i for i in self.islands)
+        return replace(self, islands=islands)
 
     # -- conversion ---------------------------------------------------------
 
@@ -108,6 +123,7 @@ class Topology:
                 **({"unavailable": tuple(i.unavailable)} if i.unavailable else {}),
             } for i in self.islands],
             "dcn": {"latency_us": float(self.dcn.latency_us), "bandwidth_gbps": float(self.dcn.bandwidth_gbps)},
+            **({"dcn_pairs": [list(p) for p in self.dcn_pairs]} if self.dcn_pairs is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -148,7 +164,11 @@ class Topology:
         for name in names:
             if names.count(name) > 1:
                 raise TopologyError(f"{where}: island name '{name}' is used twice")
-        return Topology(tuple(islands), _link(_field(value, "dcn", Mapping, where), f"{where}.dcn"))
+        dcn_pairs = None
+        if "dcn_pairs" in value:
+            dcn_pairs = _island_pairs(value["dcn_pairs"], names, where)
+        return Topology(tuple(islands), _link(_field(value, "dcn", Mapping, where), f"{where}.dcn"),
+                        dcn_pairs=dcn_pairs)
 
     @staticmethod
     def from_json(text: str, where: str = "topology") -> "Topology":
@@ -168,6 +188,14 @@ class Topology:
         except OSError as e:
             raise TopologyError(f"{path}: cannot read topology: {e.strerror}") from None
         return Topology.from_json(text, path)
+
+    @staticmethod
+    def from_option(text: str) -> "Topology":
+        """Reads a pass option: `<islands>x<devices>` for uniform CPU islands, else a JSON path."""
+        match = re.fullmatch(r"(\d+)x(\d+)", text)
+        if match and int(match[1]) > 0 and int(match[2]) > 0:
+            return Topology.uniform(int(match[1]), int(match[2]))
+        return Topology.load(text)
 
     @staticmethod
     def uniform(islands: int, devices_per_island: int, device_kind: str = "cpu",
@@ -212,6 +240,17 @@ def _number(raw: Mapping, key: str, where: str, positive: bool) -> float:
 def _link(raw: Mapping, where: str) -> Link:
     return Link(_number(raw, "latency_us", where, positive=False),
                 _number(raw, "bandwidth_gbps", where, positive=True))
+
+
+def _island_pairs(raw, names: list[str], where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, (list, tuple)) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(n, str) for n in p) for p in raw):
+        raise TopologyError(f"{where}: 'dcn_pairs' must be a list of [island, island] pairs")
+    for pair in raw:
+        for name in pair:
+            if name not in names:
+                raise TopologyError(f"{where}: 'dcn_pairs' names unknown island '{name}'")
+    return tuple((a, b) for a, b in raw)
 
 
 def _device_list(raw, where: str) -> list[int]:

@@ -1,6 +1,18 @@
 """The `pw` passes (one per module) and the registry that names them.
 
-Importing this package registers every pass and pipeline.
+Importing this package registers every pass and pipeline. The lowering API:
+
+    lower(module_or_text, topology, strategy="spread", pin="") -> ir.Module
+    program_plans(lowered_module) -> dict[str, ProgramPlan]
 """
 
 from . import verify  # noqa: F401  (registers pw-verify)
+from . import place  # noqa: F401  (registers pw-place)
+from . import insert_transfers  # noqa: F401  (registers pw-insert-transfers)
+from . import mark_static_subgraphs  # noqa: F401  (registers pw-mark-static-subgraphs)
+from . import schedule  # noqa: F401  (registers pw-schedule)
+from . import verify_schedule  # noqa: F401  (registers pw-verify-schedule)
+from .emit_plans import program_plans  # registers pw-emit-plans
+from .lower import LoweringError, lower  # registers the pw-lower pipeline
+
+__all__ = ["LoweringError", "lower", "program_plans"]

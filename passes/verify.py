@@ -37,9 +37,6 @@ from pathways_mlir.dialect.sharding import Sharding
 
 from .registry import Pass, register
 
-LOWERED = "pw.lowered"
-
-
 def _is_ranked_tensor(type_: ir.Type) -> bool:
     return isinstance(type_, ir.RankedTensorType) and ir.RankedTensorType(type_).has_static_shape
 
@@ -52,7 +49,7 @@ class _Checker:
         self.diagnostics = diagnostics
         self.slices: dict[str, ops.VirtualSlice] = {}
         self.symbols: dict[str, ir.Operation] = {}
-        self.lowered = LOWERED in module.attributes
+        self.lowered = ops.LOWERED in module.attributes
 
     def error(self, op: ir.Operation, message: str) -> None:
         self.diagnostics.error(op, f"'{op.name}' op {message}")

@@ -169,7 +169,8 @@ def test_no_traceback_for_truncated_or_flipped_inputs(tmp_path):
             path = tmp_path / f"{source.stem}.{k}.mlir"
             path.write_bytes(variant)
             paths.append(str(path))
-    for args in (["--pw-verify", "--split-input-file"], ["--pw-verify"]):
+    for args in (["--pw-verify", "--split-input-file"], ["--pw-verify"],
+                 ["--split-input-file", "--pass-pipeline=builtin.module(pw-lower{topology=2x4})"]):
         result = subprocess.run([sys.executable, "-c", _FUZZ_DRIVER, *args], input="\n".join(paths),
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]

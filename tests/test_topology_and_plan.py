@@ -59,3 +59,26 @@ def test_plan_round_trips_through_json():
     # Default fields are left out: the JSON stays compact.
     assert '"pred_buffer"' not in json.dumps(json.loads(text)["islands"])
     assert plan.slices["v0"].device_ids() == [0, 1]
+
+
+def test_dcn_pairs_limit_connectivity_and_round_trip():
+    text = Topology.uniform(3, 2).to_json()[:-2] + ',\n  "dcn_pairs": [["island0", "island1"]]\n}'
+    topo = Topology.from_json(text)
+    assert topo.connected("island1", "island0") and topo.connected("island2", "island2")
+    assert not topo.connected("island0", "island2")
+    assert topo.link("island0", "island1")[0] == "dcn"
+    with pytest.raises(TopologyError, match="no DCN link joins island0 and island2"):
+        topo.link("island0", "island2")
+    assert Topology.from_json(topo.to_json()) == topo
+    assert Topology.from_python(topo.without_device("island2", 1).to_python()).dcn_pairs == topo.dcn_pairs
+    with pytest.raises(TopologyError, match="'dcn_pairs' names unknown island 'island9'"):
+        Topology.from_json(text.replace('"island1"]]', '"island9"]]'))
+
+
+def test_topology_from_option(tmp_path):
+    assert Topology.from_option("2x4") == Topology.uniform(2, 4)
+    path = tmp_path / "cluster.json"
+    path.write_text(Topology.uniform(1, 8).to_json())
+    assert Topology.from_option(str(path)) == Topology.uniform(1, 8)
+    with pytest.raises(TopologyError, match="cannot read topology"):
+        Topology.from_option("0x4")

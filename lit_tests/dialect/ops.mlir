@@ -59,15 +59,30 @@ func.func @branch_b(%arg0: tensor<8x4xf32>) -> tensor<8x4xf32> attributes {pw.pr
   return %arg0 : tensor<8x4xf32>
 }
 
-// An island plan: launches, sends and receives on buffers named by id.
+// An island plan: buffers, launches, copies, sends and receives on buffers
+// named by id.
 // CHECK-LABEL: module @plan_island0 attributes {pw.island_plan = {island = "island0", program = @main}}
 module @plan_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
-  // CHECK: "pw.launch"() {after = array<i64>, devices = array<i64: 0, 4>, executable = @double, inputs = array<i64: 0>, label = "double#0", output_bytes = array<i64: 128>, outputs = array<i64: 1>, step = 0 : i64, subgraph = 0 : i64}
-  "pw.launch"() {step = 0 : i64, after = array<i64>, executable = @double, devices = array<i64: 0, 4>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 128>, subgraph = 0 : i64, label = "double#0"} : () -> ()
-  // CHECK: "pw.send"() {after = array<i64: 0>, buffer = 1 : i64, bytes = 128 : i64, devices = array<i64: 0, 4>, link = "dcn", peer = "island1", peer_buffer = 2 : i64, step = 1 : i64, subgraph = 0 : i64}
-  "pw.send"() {step = 1 : i64, after = array<i64: 0>, buffer = 1 : i64, peer_buffer = 2 : i64, bytes = 128 : i64, link = "dcn", peer = "island1", devices = array<i64: 0, 4>, subgraph = 0 : i64} : () -> ()
-  // CHECK: "pw.recv"() {after = array<i64>, buffer = 3 : i64, bytes = 128 : i64, devices = array<i64: 0, 4>, link = "dcn", peer = "island1", peer_buffer = 4 : i64, step = 2 : i64, subgraph = 1 : i64}
-  "pw.recv"() {step = 2 : i64, after = array<i64>, buffer = 3 : i64, peer_buffer = 4 : i64, bytes = 128 : i64, link = "dcn", peer = "island1", devices = array<i64: 0, 4>, subgraph = 1 : i64} : () -> ()
+  // CHECK: "pw.buffer"() {bytes_per_device = 64 : i64, home = {sharding = {{\[\["data"\], \[\]\]}}, slice = @v0}, id = 0 : i64, type = tensor<8x4xf32>}
+  "pw.buffer"() {id = 0 : i64, type = tensor<8x4xf32>, home = {slice = @v0, sharding = [["data"], []]}, bytes_per_device = 64 : i64} : () -> ()
+  // CHECK: "pw.launch"() {after = array<i64>, devices = array<i64: 0, 4>, executable = @double, inputs = array<i64: 0>, label = "double#0", output_bytes = array<i64: 128>, outputs = array<i64: 1>, slice = @v0, step = 0 : i64, subgraph = 0 : i64}
+  "pw.launch"() {step = 0 : i64, after = array<i64>, executable = @double, slice = @v0, devices = array<i64: 0, 4>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 128>, subgraph = 0 : i64, label = "double#0"} : () -> ()
+  // CHECK: "pw.copy"() {after = array<i64: 0>, bytes = 128 : i64, dst_buffer = 5 : i64, link = "ici", src_buffer = 1 : i64, step = 1 : i64, subgraph = 0 : i64}
+  "pw.copy"() {step = 1 : i64, after = array<i64: 0>, src_buffer = 1 : i64, dst_buffer = 5 : i64, bytes = 128 : i64, link = "ici", subgraph = 0 : i64} : () -> ()
+  // CHECK: "pw.send"() {after = array<i64: 0>, buffer = 1 : i64, bytes = 128 : i64, devices = array<i64: 0, 4>, link = "dcn", peer = "island1", peer_buffer = 2 : i64, step = 2 : i64, subgraph = 0 : i64}
+  "pw.send"() {step = 2 : i64, after = array<i64: 0>, buffer = 1 : i64, peer_buffer = 2 : i64, bytes = 128 : i64, link = "dcn", peer = "island1", devices = array<i64: 0, 4>, subgraph = 0 : i64} : () -> ()
+  // CHECK: "pw.recv"() {after = array<i64>, buffer = 3 : i64, bytes = 128 : i64, devices = array<i64: 0, 4>, link = "dcn", peer = "island1", peer_buffer = 4 : i64, step = 3 : i64, subgraph = 1 : i64}
+  "pw.recv"() {step = 3 : i64, after = array<i64>, buffer = 3 : i64, peer_buffer = 4 : i64, bytes = 128 : i64, link = "dcn", peer = "island1", devices = array<i64: 0, 4>, subgraph = 1 : i64} : () -> ()
+}
+
+// A host plan: the program's inputs and outputs, host buffers and a
+// data-dependent step.
+// CHECK-LABEL: module @plan_host attributes {pw.host_plan = {inputs = array<i64: 0>, outputs = array<i64: 7>, program = @main, subgraphs = [{id = 0 : i64, static = true}, {id = 1 : i64, static = false}]}}
+module @plan_host attributes {pw.host_plan = {program = @main, inputs = array<i64: 0>, outputs = array<i64: 7>, subgraphs = [{id = 0 : i64, static = true}, {id = 1 : i64, static = false}]}} {
+  // CHECK: "pw.buffer"() {bytes_per_device = 128 : i64, home = {}, id = 7 : i64, type = tensor<8x4xf32>}
+  "pw.buffer"() {id = 7 : i64, type = tensor<8x4xf32>, home = {}, bytes_per_device = 128 : i64} : () -> ()
+  // CHECK: "pw.branch"() {after = array<i64: 3>, else_program = @branch_b, inputs = array<i64: 0>, label = "choose#0", outputs = array<i64: 7>, pred = 6 : i64, step = 4 : i64, subgraph = 0 : i64, then_program = @branch_a}
+  "pw.branch"() {step = 4 : i64, after = array<i64: 3>, pred = 6 : i64, inputs = array<i64: 0>, outputs = array<i64: 7>, then_program = @branch_a, else_program = @branch_b, subgraph = 0 : i64, label = "choose#0"} : () -> ()
 }
 
 }

@@ -1,0 +1,127 @@
+"""Lowering cost as shard counts grow: pw IR against per-shard materialisation.
+
+The program is a two-computation chain, `a` on one N-device slice feeding `b`
+on another (island0 and island1 of a 2 x N topology, so the value crosses DCN).
+For each N the benchmark lowers it with `pw-lower` and measures the IR (pw ops
+in the lowered module), the serialised plans (JSON bytes) and the time of
+parse + pipeline + plan serialisation, median of `reps` runs.
+
+The baseline materialises the program per shard, as TF v1 did (Pathways
+section 4.3): a networkx graph with one node per shard of each computation
+and one edge per communicating shard pair (shard i of `a` feeds shard i of
+`b`), each node placed on the least loaded device of its island, the graph
+topologically sorted into a schedule, and one plan entry per node and edge
+serialised to JSON. Its size and time grow with N; the pw IR's do not.
+
+    python benchmarks/lowering_scale.py [N ...]
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import statistics
+import sys
+import time
+
+import networkx as nx
+
+from pathways_mlir.dialect.topology import Topology
+from pathways_mlir.passes import lower, program_plans
+
+SIZES = (8, 64, 512, 2048, 8192, 65536)
+
+
+def chain_program(n: int) -> str:
+    """Returns the pw IR of the two-computation chain on slices of `n` devices."""
+    t = f"tensor<{n}x128xf32>"
+    slices = "".join(
+        f'"pw.virtual_slice"() {{sym_name = "{s}", shape = array<i64: {n}>, axes = ["x"], constraints = {{}}}} '
+        f': () -> ()\n' for s in ("va", "vb"))
+    computes = "".join(
+        f'  %{r} = "pw.compute"(%{a}) {{callee = @layer, slice = @{s}, in_shardings = [[["x"], []]], '
+        f'out_shardings = [[["x"], []]], label = "{name}#0"}} : ({t}) -> {t}\n'
+        for r, a, s, name in (("0", "x", "va", "a"), ("1", "0", "vb", "b")))
+    return (slices
+            + f'module @layer attributes {{pw.executable}} {{\n  func.func @main(%x: {t}) -> {t} {{\n'
+            + f'    %0 = "stablehlo.tanh"(%x) : ({t}) -> {t}\n    return %0 : {t}\n  }}\n}}\n'
+            + f"func.func @chain(%x: {t}) -> {t} attributes {{pw.program}} {{\n{computes}  return %1 : {t}\n}}\n")
+
+
+def lower_chain(n: int) -> tuple[int, int]:
+    """Lowers the chain on a 2 x n topology; returns (pw ops in the lowered module, plan JSON bytes)."""
+    module = lower(chain_program(n), Topology.uniform(2, n))
+    count = 0
+
+    def walk(op) -> None:
+        nonlocal count
+        count += op.name.startswith("pw.")
+        for region in op.regions:
+            for block in region.blocks:
+                for child in block.operations:
+                    walk(child.operation)
+
+    walk(module.operation)
+    return count, len(program_plans(module)["chain"].to_json())
+
+
+def per_shard_baseline(n: int) -> tuple[int, int, int]:
+    """Materialises the chain per shard; returns (nodes, edges, plan JSON bytes)."""
+    graph = nx.DiGraph()
+    load = {island: [(0, d) for d in range(n)] for island in ("island0", "island1")}
+    for computation, island in (("a", "island0"), ("b", "island1")):
+        for shard in range(n):
+            used, device = heapq.heappop(load[island])
+            heapq.heappush(load[island], (used + 1, device))
+            graph.add_node((computation, shard), island=island, device=device)
+    graph.add_edges_from((("a", shard), ("b", shard)) for shard in range(n))
+    steps = []
+    for order, node in enumerate(nx.topological_sort(graph)):
+        attrs = graph.nodes[node]
+        steps.append({"id": order, "kind": "launch", "island": attrs["island"], "device": attrs["device"],
+                      "executable": "layer", "label": f"{node[0]}#0/{node[1]}"})
+    for src, dst in graph.edges:
+        for kind, node, peer in (("send", src, dst), ("recv", dst, src)):
+            steps.append({"kind": kind, "island": graph.nodes[node]["island"],
+                          "device": graph.nodes[node]["device"], "peer_device": graph.nodes[peer]["device"],
+                          "bytes": 128 * 4})
+    return graph.number_of_nodes(), graph.number_of_edges(), len(json.dumps(steps, separators=(",", ":")))
+
+
+def _median_seconds(fn, n: int, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn(n)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def rows(sizes=SIZES, reps: int = 3) -> list[dict]:
+    """Returns one row per N: pw ops, plan bytes and time, beside the per-shard baseline's."""
+    out = []
+    for n in sizes:
+        ops_count, plan_bytes = lower_chain(n)
+        nodes, edges, baseline_bytes = per_shard_baseline(n)
+        out.append({
+            "N": n, "ops": ops_count, "plan_bytes": plan_bytes,
+            "time_s": _median_seconds(lower_chain, n, reps),
+            "baseline_nodes": nodes, "baseline_edges": edges, "baseline_plan_bytes": baseline_bytes,
+            "baseline_time_s": _median_seconds(per_shard_baseline, n, reps),
+        })
+    return out
+
+
+def format_table(table: list[dict]) -> str:
+    """Formats rows as an aligned text table."""
+    header = ("N", "ops", "plan bytes", "time (ms)", "baseline nodes+edges", "baseline bytes", "baseline (ms)")
+    lines = [header] + [(str(r["N"]), str(r["ops"]), str(r["plan_bytes"]), f"{r['time_s'] * 1e3:.1f}",
+                         str(r["baseline_nodes"] + r["baseline_edges"]), str(r["baseline_plan_bytes"]),
+                         f"{r['baseline_time_s'] * 1e3:.1f}") for r in table]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in lines)
+
+
+if __name__ == "__main__":
+    sizes = tuple(int(a) for a in sys.argv[1:]) or SIZES
+    print(format_table(rows(sizes)))

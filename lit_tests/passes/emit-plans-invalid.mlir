@@ -1,0 +1,38 @@
+// RUN: pw-opt %s --split-input-file --verify-diagnostics --pw-emit-plans
+
+// Each case is a module pw-emit-plans cannot cut into plans.
+
+// Transfers must be explicit first.
+// expected-error@below {{pw-emit-plans needs a lowered module (pw.lowered): run pw-insert-transfers}}
+module {
+}
+
+// -----
+
+// Every op needs its place in the schedule.
+module attributes {pw.lowered} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
+  // expected-error@below {{'pw.compute' op has no pw.order: run pw-schedule}}
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+}
+
+// -----
+
+// A program whose branches lead back to it has no finite plan.
+module attributes {pw.lowered} {
+func.func @main(%p: tensor<i1>) -> tensor<i1> attributes {pw.program} {
+  // expected-error@below {{'pw.cond' op makes program @main reach itself (@main -> @loop -> @main): a plan cannot contain itself}}
+  %0 = "pw.cond"(%p, %p) {then_program = @loop, else_program = @loop, label = "k#0", pw.order = 0} : (tensor<i1>, tensor<i1>) -> tensor<i1>
+  return %0 : tensor<i1>
+}
+func.func @loop(%p: tensor<i1>) -> tensor<i1> attributes {pw.program} {
+  %0 = "pw.cond"(%p, %p) {then_program = @main, else_program = @main, label = "k#1", pw.order = 1} : (tensor<i1>, tensor<i1>) -> tensor<i1>
+  return %0 : tensor<i1>
+}
+}

@@ -1,0 +1,123 @@
+// RUN: pw-opt %s --split-input-file --pw-insert-transfers --pw-verify | FileCheck %s
+
+// pw-insert-transfers makes every change of device set or sharding explicit.
+// Slices are placed by hand: island0 and island1 of 8 devices each.
+
+// The same slice and sharding: nothing moves. A value used on a slice of the
+// same island moves over ICI, on another island over DCN; two uses in the same
+// place share one transfer.
+// CHECK-LABEL: func.func @links
+// CHECK: %[[A:.*]] = "pw.compute"(%arg0) {{.*}}slice = @a
+// CHECK-NEXT: %[[A2:.*]] = "pw.compute"(%[[A]]) {{.*}}slice = @a
+// CHECK-NEXT: %[[T:.*]] = "pw.transfer"(%[[A2]]) {dst = @b, link = "ici", sharding = {{\[\["x"\]\]}}, src = @a}
+// CHECK-NEXT: %[[B:.*]] = "pw.compute"(%[[T]]) {{.*}}slice = @b
+// CHECK-NEXT: %[[D:.*]] = "pw.transfer"(%[[B]]) {dst = @c, link = "dcn", sharding = {{\[\["x"\]\]}}, src = @b}
+// CHECK-NEXT: "pw.compute"(%[[D]]) {{.*}}slice = @c
+// CHECK-NEXT: "pw.compute"(%[[D]]) {{.*}}slice = @c
+// CHECK-NOT: pw.transfer
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
+    {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 2, 4>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "c", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island1", devices = array<i64: 0, 2>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @links(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
+  %1 = "pw.compute"(%0) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#1"} : (tensor<8xf32>) -> tensor<8xf32>
+  %2 = "pw.compute"(%1) {callee = @f, slice = @b, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#2"} : (tensor<8xf32>) -> tensor<8xf32>
+  %3 = "pw.compute"(%2) {callee = @f, slice = @c, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#3"} : (tensor<8xf32>) -> tensor<8xf32>
+  %4 = "pw.compute"(%2) {callee = @f, slice = @c, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#4"} : (tensor<8xf32>) -> tensor<8xf32>
+  return %3, %4 : tensor<8xf32>, tensor<8xf32>
+}
+}
+
+// -----
+
+// 2-way to 4-way: each source shard is cut into 2 destination shards (scatter);
+// 4-way to 2-way: each destination shard is assembled from 2 (gather).
+// CHECK-LABEL: func.func @reshard
+// CHECK: "pw.scatter"(%{{.*}}) {dst = @four, dst_sharding = {{\[\["x"\], \[\]\]}}, link = "dcn", piece_shape = array<i64: 2, 4>, pieces = 2 : i64, src = @two, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK: "pw.gather"(%{{.*}}) {dst = @two, dst_sharding = {{\[\["x"\], \[\]\]}}, link = "dcn", piece_shape = array<i64: 2, 4>, pieces = 2 : i64, src = @four, src_sharding = {{\[\["x"\], \[\]\]}}}
+// 2-way rows into 2x2 tiles on a 2-D mesh: each row block holds 2 tiles.
+// CHECK: "pw.scatter"(%{{.*}}) {dst = @mesh, dst_sharding = {{\[\["r"\], \["c"\]\]}}, link = "ici", piece_shape = array<i64: 4, 2>, pieces = 2 : i64, src = @two, src_sharding = {{\[\["x"\], \[\]\]}}}
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
+    {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "two", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "four", shape = array<i64: 4>, axes = ["x"], constraints = {}, pw.placement = {island = "island1", devices = array<i64: 0, 4>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "mesh", shape = array<i64: 2, 2>, axes = ["r", "c"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 4, 8>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8x4xf32>) -> tensor<8x4xf32> { return %x : tensor<8x4xf32> }
+}
+func.func @reshard(%x: tensor<8x4xf32>) -> tensor<8x4xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @two, in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "f#0"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %1 = "pw.compute"(%0) {callee = @f, slice = @four, in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "f#1"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %2 = "pw.compute"(%1) {callee = @f, slice = @two, in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "f#2"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %3 = "pw.compute"(%2) {callee = @f, slice = @mesh, in_shardings = [[["r"], ["c"]]], out_shardings = [[["r"], ["c"]]], label = "f#3"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  return %3 : tensor<8x4xf32>
+}
+}
+
+// -----
+
+// Same devices, other sharding: resharding inside one slice (src == dst).
+// Tilings that do not nest (rows to columns) go through a replicated copy.
+// CHECK-LABEL: func.func @intra_slice
+// CHECK: %[[R:.*]] = "pw.compute"
+// CHECK: %[[G:.*]] = "pw.gather"(%[[R]]) {dst = @m, dst_sharding = {{\[\[\], \[\]\]}}, link = "ici", piece_shape = array<i64: 4, 4>, pieces = 2 : i64, src = @m, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK: %[[R1:.*]] = "pw.compute"(%[[G]])
+// CHECK: %[[S:.*]] = "pw.scatter"(%[[R1]]) {dst = @m, dst_sharding = {{\[\["x"\], \["y"\]\]}}, link = "ici", piece_shape = array<i64: 4, 2>, pieces = 4 : i64, src = @m, src_sharding = {{\[\[\], \[\]\]}}}
+// CHECK: "pw.compute"(%[[S]])
+// CHECK: %[[W:.*]] = "pw.gather"(%[[R]]) {dst = @m, dst_sharding = {{\[\[\], \[\]\]}}, link = "ici", {{.*}}src = @m, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK: %[[C:.*]] = "pw.scatter"(%[[W]]) {dst = @m, dst_sharding = {{\[\[\], \["x"\]\]}}, link = "ici", piece_shape = array<i64: 8, 2>, pieces = 2 : i64, src = @m, src_sharding = {{\[\[\], \[\]\]}}}
+// CHECK: "pw.compute"(%[[C]])
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "m", shape = array<i64: 2, 2>, axes = ["x", "y"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8x4xf32>) -> tensor<8x4xf32> { return %x : tensor<8x4xf32> }
+}
+func.func @intra_slice(%x: tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @m, in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "f#0"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %1 = "pw.compute"(%0) {callee = @f, slice = @m, in_shardings = [[[], []]], out_shardings = [[[], []]], label = "f#1"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %2 = "pw.compute"(%1) {callee = @f, slice = @m, in_shardings = [[["x"], ["y"]]], out_shardings = [[["x"], ["y"]]], label = "f#2"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %3 = "pw.compute"(%0) {callee = @f, slice = @m, in_shardings = [[[], ["x"]]], out_shardings = [[[], ["x"]]], label = "f#3"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  return %1, %2, %3 : tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>
+}
+}
+
+// -----
+
+// Host values: an argument lives where it is first used (pw.home, beside its
+// other attributes); its other uses move from there. A pw.cond's results
+// likewise (pw.result_homes); its predicate and inputs are read by the host
+// and never moved.
+// CHECK-LABEL: func.func @host_values
+// CHECK-SAME: (%arg0: tensor<i1>, %arg1: tensor<8xf32> {jax.arg_info = "x", pw.home = {sharding = {{\[\["x"\]\]}}, slice = @a}})
+// CHECK: "pw.compute"(%arg1) {{.*}}slice = @a
+// CHECK: %[[T:.*]] = "pw.transfer"(%arg1) {dst = @c, link = "dcn", sharding = {{\[\["x"\]\]}}, src = @a}
+// CHECK: "pw.compute"(%[[T]]) {{.*}}slice = @c
+// CHECK: %[[K:[0-9]+]]:2 = "pw.cond"(%arg0, %arg1, %arg1) {else_program = @id, label = "k#0", pw.result_homes = [{sharding = {{\[\[\]\]}}, slice = @c}, {}], then_program = @id}
+// CHECK: "pw.compute"(%[[K]]#0) {{.*}}slice = @c
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
+    {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "c", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island1", devices = array<i64: 0, 2>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @id(%x: tensor<8xf32>, %y: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) attributes {pw.program} {
+  return %x, %y : tensor<8xf32>, tensor<8xf32>
+}
+func.func @host_values(%p: tensor<i1>, %x: tensor<8xf32> {jax.arg_info = "x"}) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
+  %1 = "pw.compute"(%x) {callee = @f, slice = @c, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#1"} : (tensor<8xf32>) -> tensor<8xf32>
+  %2:2 = "pw.cond"(%p, %x, %x) {then_program = @id, else_program = @id, label = "k#0"} : (tensor<i1>, tensor<8xf32>, tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>)
+  %3 = "pw.compute"(%2#0) {callee = @f, slice = @c, in_shardings = [[[]]], out_shardings = [[["x"]]], label = "f#2"} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0, %1, %3, %2#1 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+}
+}

@@ -1,0 +1,43 @@
+// RUN: pw-opt %s --split-input-file --verify-diagnostics --pw-place
+// RUN: not pw-opt %s --pw-place=strategy=fair 2>&1 | FileCheck %s --check-prefix=STRATEGY
+// RUN: not pw-opt %s --pw-place=pin=a 2>&1 | FileCheck %s --check-prefix=PIN
+// RUN: not pw-opt %s --pw-place=topology=%t.missing.json 2>&1 | FileCheck %s --check-prefix=FILE
+
+// Each case is a slice (or module) pw-place cannot place.
+
+// STRATEGY: option 'strategy' of 'pw-place' takes spread or pack, not 'fair'
+// PIN: pin 'a' of 'pw-place' must be slice=island or slice=island:first_device
+// FILE: missing.json: cannot read topology: No such file or directory
+
+// A slice larger than any island: the error says what it needs and what is free.
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, unavailable = array<i64: 3>}]}} {
+// expected-error@below {{cannot place slice @big: it needs 8 devices in one island; free: island0 has 3 of 4 devices available (cpu, 1024 bytes each)}}
+"pw.virtual_slice"() {sym_name = "big", shape = array<i64: 2, 4>, axes = ["x", "y"], constraints = {}} : () -> ()
+}
+
+// -----
+
+// Constraints no island meets.
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+// expected-error@below {{cannot place slice @t: it needs 2 devices of kind 'tpu' with at least 4096 bytes each in island 'island7'; free: island0 has 4 of 4}}
+"pw.virtual_slice"() {sym_name = "t", shape = array<i64: 2>, axes = ["x"], constraints = {device_kind = "tpu", min_memory_bytes = 4096, island = "island7"}} : () -> ()
+}
+
+// -----
+
+// No topology: neither an option nor the module's pw.topology.
+// expected-error@below {{pw-place needs a topology}}
+module {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+}
+
+// -----
+
+// A malformed pw.topology.
+// expected-error@below {{pw.topology: islands[0]: missing 'hosts'}}
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+}

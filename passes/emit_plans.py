@@ -1,0 +1,324 @@
+"""`pw-emit-plans`: one execution plan per island and program, in schedule order.
+
+For every program the pass appends to the module:
+
+- per island the program uses, `module @<program>_<island> attributes
+  {pw.island_plan = {island, program}}`: a `pw.buffer` for every buffer that
+  lives on the island (shape, home, bytes per device: all allocation is
+  known up front), then the island's steps in increasing `pw.order`:
+  `pw.launch` per computation, `pw.copy` per data movement inside the
+  island, `pw.send` / `pw.recv` per data movement between islands;
+- `module @<program>_host attributes {pw.host_plan = {program, inputs,
+  outputs, subgraphs}}`: the buffers of host values and a `pw.branch` step
+  per `pw.cond`, which runs the plans of its branch programs.
+
+Every SSA value becomes one buffer id, however many shards it has. Step ids
+follow `pw.order` across the whole module, so they are unique and an island
+running steps in increasing id keeps the consistent order even between
+programs; `after` lists the steps that produce a step's inputs (a
+`pw.recv` waits for its `pw.send`).
+Earlier plans of the module are replaced. `program_plans` turns the result
+into `ProgramPlan`s (dialect/plan.py) that serialise to JSON.
+
+Requires: pw-insert-transfers (`pw.lowered`), pw-mark-static-subgraphs and
+pw-schedule; no program may reach itself through branches.
+
+    // before (a on island0, b on island1)
+    %0 = "pw.compute"(%x) {callee = @f, slice = @a, pw.order = 0, ...}
+    %1 = "pw.transfer"(%0) {link = "dcn", src = @a, dst = @b, pw.order = 1, ...}
+    // after, appended
+    module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
+      "pw.buffer"() {id = 0, home = {sharding = [["x"]], slice = @a}, ...}
+      "pw.buffer"() {id = 1, ...}
+      "pw.launch"() {step = 0, after = array<i64>, executable = @f, inputs = array<i64: 0>, outputs = array<i64: 1>, ...}
+      "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer = "island1", peer_buffer = 2, ...}
+    }
+    module @main_island1 attributes {...} {
+      "pw.buffer"() {id = 2, ...}
+      "pw.recv"() {step = 2, after = array<i64: 1>, buffer = 2, peer = "island0", peer_buffer = 1, ...}
+    }
+    module @main_host attributes {pw.host_plan = {inputs = array<i64: 0>, outputs = array<i64: 2>, ...}} {}
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+import networkx as nx
+from mlir import ir
+
+from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.attributes import Symbol
+from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.plan import BufferInfo, ProgramPlan, SlicePlacement, Step, Subgraph
+from pathways_mlir.dialect.sharding import Sharding
+
+from .insert_transfers import Home, home_attribute, result_homes
+from .registry import Pass, register
+
+HOST = "host"
+
+
+def _homes(program: ir.Operation) -> dict[ir.Value, Home | None]:
+    """Returns where every value of a lowered program lives (None: the host)."""
+    def read(value: dict) -> Home | None:
+        return (value["slice"], Sharding.from_python(value["sharding"])) if value else None
+
+    body = ops.program_body(program)
+    arg_attrs = ops.attr(program, "arg_attrs") or [{}] * len(body.arguments)
+    homes = {arg: read(a.get(ops.HOME, {})) for arg, a in zip(body.arguments, arg_attrs)}
+    for op in body.operations:
+        op = op.operation
+        found = [read(h) for h in ops.attr(op, ops.RESULT_HOMES, [])] if op.name == "pw.cond" else result_homes(op)
+        homes.update(zip(op.results, found))
+    return homes
+
+
+class _ProgramEmitter:
+    """Builds the plan modules of one program; step ids come from a counter shared by the module."""
+
+    def __init__(self, program: ir.Operation, slices: dict[str, ops.VirtualSlice], placements: dict[str, dict],
+                 step_ids: Iterator[int]):
+        self.program = program
+        self.slices = slices
+        self.placements = placements
+        self.step_ids = step_ids
+        self.homes = _homes(program)
+        self.buffer_ids: dict[ir.Value, int] = {}
+        self.buffers: dict[str, list[dict]] = {}      # island (or HOST) -> pw.buffer attributes
+        self.steps: dict[str, list[tuple[str, dict, ir.Location]]] = {}
+        self.producer: dict[int, int] = {}            # buffer -> step that writes it
+        body = ops.program_body(program)
+        self.inputs = tuple(self.buffer(arg) for arg in body.arguments)
+        for op in body.operations:
+            for result in op.results:
+                self.buffer(result)
+            if op.name == "func.return":
+                self.outputs = tuple(self.buffer(v) for v in op.operands)
+
+    def island(self, slice_name: str) -> str:
+        return self.placements[slice_name]["island"]
+
+    def bytes_per_device(self, value: ir.Value) -> int:
+        home = self.homes[value]
+        if home is None:
+            return ops.tensor_bytes(value.type)
+        return ops.tensor_bytes(value.type) // home[1].ways(self.slices[home[0]].axis_sizes)
+
+    def buffer(self, value: ir.Value) -> int:
+        """Returns the buffer id of a value, declaring the buffer on first sight."""
+        if value not in self.buffer_ids:
+            self.buffer_ids[value] = len(self.buffer_ids)
+            home = self.homes[value]
+            self.buffers.setdefault(HOST if home is None else self.island(home[0]), []).append({
+                "id": self.buffer_ids[value], "type": value.type, "home": home_attribute(home),
+                "bytes_per_device": self.bytes_per_device(value)})
+        return self.buffer_ids[value]
+
+    def after(self, buffers) -> tuple[int, ...]:
+        return tuple(sorted({self.producer[b] for b in buffers if b in self.producer}))
+
+    def add(self, where: str, name: str, attributes: dict, loc: ir.Location, writes: tuple[int, ...]) -> int:
+        step = next(self.step_ids)
+        self.steps.setdefault(where, []).append((name, {"step": step, **attributes}, loc))
+        for b in writes:
+            self.producer[b] = step
+        return step
+
+    def emit(self, op: ir.Operation) -> None:
+        """Adds the steps of one op of the program."""
+        inputs = tuple(self.buffer(v) for v in op.operands)
+        outputs = tuple(self.buffer(r) for r in op.results)
+        subgraph = ops.attr(op, ops.SUBGRAPH, 0)
+        if op.name == "pw.compute":
+            slice_name = ops.attr(op, "slice")
+            self.add(self.island(slice_name), "pw.launch", {
+                "after": self.after(inputs), "executable": Symbol(ops.attr(op, "callee")),
+                "slice": Symbol(slice_name), "devices": self.placements[slice_name]["devices"],
+                "inputs": inputs, "outputs": outputs,
+                "output_bytes": tuple(self.bytes_per_device(r) for r in op.results),
+                "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
+        elif op.name == "pw.cond":
+            self.add(HOST, "pw.branch", {
+                "after": self.after(inputs), "pred": inputs[0], "inputs": inputs[1:], "outputs": outputs,
+                "then_program": Symbol(ops.attr(op, "then_program")),
+                "else_program": Symbol(ops.attr(op, "else_program")),
+                "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
+        else:
+            self.add_movement(op, inputs[0], outputs[0], subgraph)
+
+    def add_movement(self, op: ir.Operation, src: int, dst: int, subgraph: int) -> None:
+        src_slice, dst_slice = ops.attr(op, "src"), ops.attr(op, "dst")
+        src_island, dst_island = self.island(src_slice), self.island(dst_slice)
+        common = {"bytes": self.bytes_per_device(op.results[0]), "link": ops.attr(op, "link"), "subgraph": subgraph}
+        if src_island == dst_island:
+            self.add(src_island, "pw.copy", {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst,
+                                             **common}, op.location, (dst,))
+            return
+        send = self.add(src_island, "pw.send", {
+            "after": self.after((src,)), "buffer": src, "peer_buffer": dst, "peer": dst_island,
+            "devices": self.placements[src_slice]["devices"], **common}, op.location, ())
+        self.add(dst_island, "pw.recv", {
+            "after": (send,), "buffer": dst, "peer_buffer": src, "peer": src_island,
+            "devices": self.placements[dst_slice]["devices"], **common}, op.location, (dst,))
+
+    def build(self, islands: list[str]) -> None:
+        """Creates the plan modules at the current insertion point."""
+        name = ops.symbol_name(self.program)
+        for island in [i for i in islands if i in self.buffers or i in self.steps]:
+            self.build_module(f"{name}_{island}", ops.ISLAND_PLAN,
+                              {"island": island, "program": Symbol(name)}, island)
+        self.build_module(f"{name}_{HOST}", ops.HOST_PLAN, {
+            "program": Symbol(name), "inputs": self.inputs, "outputs": self.outputs,
+            "subgraphs": ops.attr(self.program, ops.SUBGRAPHS, [])}, HOST)
+
+    def build_module(self, sym_name: str, mark: str, value: dict, where: str) -> None:
+        module = ops.create("builtin.module", attributes={"sym_name": sym_name, mark: value},
+                            loc=self.program.location, regions=1)
+        with ir.InsertionPoint(module.regions[0].blocks.append()):
+            for buffer in self.buffers.get(where, []):
+                ops.create("pw.buffer", attributes=buffer, loc=self.program.location)
+            for op_name, attributes, loc in self.steps.get(where, []):
+                ops.create(op_name, attributes=attributes, loc=loc)
+
+
+def _is_plan(op: ir.Operation) -> bool:
+    return op.name == "builtin.module" and (ops.ISLAND_PLAN in op.attributes or ops.HOST_PLAN in op.attributes)
+
+
+def _check(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
+    """Reports what pw-emit-plans requires and the module lacks; True if nothing."""
+    if ops.LOWERED not in module.attributes:
+        diagnostics.error(module, "pw-emit-plans needs a lowered module (pw.lowered): run pw-insert-transfers")
+        return False
+    calls = nx.DiGraph()
+    for name, program in ops.programs(module).items():
+        for op in ops.program_body(program).operations:
+            op = op.operation
+            if op.name != "func.return" and ops.attr(op, ops.ORDER) is None:
+                diagnostics.error(op, f"'{op.name}' op has no pw.order: run pw-schedule")
+                return False
+            if op.name == "pw.cond":
+                for key in ("then_program", "else_program"):
+                    calls.add_edge(name, ops.attr(op, key), op=op)
+    try:
+        cycle = nx.find_cycle(calls)
+    except nx.NetworkXNoCycle:
+        return True
+    path = " -> ".join(f"@{u}" for u, _ in cycle) + f" -> @{cycle[0][0]}"
+    op = calls.edges[cycle[0]]["op"]
+    diagnostics.error(op, f"'pw.cond' op makes program @{cycle[0][0]} reach itself ({path}): "
+                          f"a plan cannot contain itself")
+    return False
+
+
+@register
+class EmitPlansPass(Pass):
+    __doc__ = __doc__
+    name = "pw-emit-plans"
+    summary = "Emit one plan per island (and a host plan) for every program, in schedule order"
+
+    def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
+        if not _check(module, diagnostics):
+            return
+        for op in [op for op in ops.top_level_ops(module) if _is_plan(op)]:
+            op.erase()
+        slices = ops.virtual_slices(module)
+        placements = {op_name: ops.attr(op, ops.PLACEMENT) for op in ops.top_level_ops(module)
+                      if (op_name := ops.symbol_name(op)) in slices}
+        islands = [i.name for i in ops.module_topology(module).islands]
+        step_ids = itertools.count()
+        emitters = {name: _ProgramEmitter(program, slices, placements, step_ids)
+                    for name, program in ops.programs(module).items()}
+        scheduled = [(name, op.operation) for name, program in ops.programs(module).items()
+                     for op in ops.program_body(program).operations if op.name != "func.return"]
+        for name, op in sorted(scheduled, key=lambda item: ops.attr(item[1], ops.ORDER)):
+            emitters[name].emit(op)
+        with ir.InsertionPoint(module.regions[0].blocks[0]):
+            for emitter in emitters.values():
+                emitter.build(islands)
+
+
+# ===--------------------------------------------------------------------=== #
+# The plan data model
+# ===--------------------------------------------------------------------=== #
+
+
+def _step(op: ir.Operation, plans: dict[str, ProgramPlan]) -> Step:
+    a = ops.attrs(op)
+    common = {"id": a["step"], "after": a["after"], "subgraph": a["subgraph"]}
+    if op.name == "pw.launch":
+        return Step(kind="launch", label=a["label"], executable=a["executable"], slice=a["slice"],
+                    inputs=a["inputs"], outputs=a["outputs"], **common)
+    if op.name == "pw.copy":
+        return Step(kind="copy", src_buffer=a["src_buffer"], dst_buffer=a["dst_buffer"], link=a["link"],
+                    bytes=a["bytes"], **common)
+    if op.name in ("pw.send", "pw.recv"):
+        src, dst = (a["buffer"], a["peer_buffer"]) if op.name == "pw.send" else (a["peer_buffer"], a["buffer"])
+        return Step(kind=op.name[3:], src_buffer=src, dst_buffer=dst, link=a["link"], peer=a["peer"],
+                    bytes=a["bytes"], **common)
+    return Step(kind="cond", label=a["label"], pred_buffer=a["pred"], inputs=a["inputs"], outputs=a["outputs"],
+                then_plan=plans[a["then_program"]], else_plan=plans[a["else_program"]], **common)
+
+
+def _buffer(op: ir.Operation) -> BufferInfo:
+    a = ops.attrs(op)
+    tensor = ir.RankedTensorType(a["type"])
+    home = a["home"]
+    return BufferInfo(a["id"], tuple(tensor.shape), str(tensor.element_type), home.get("slice"),
+                      tuple(tuple(axes) for axes in home.get("sharding", ())), a["bytes_per_device"])
+
+
+def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
+    """Returns the `ProgramPlan` of every program, read from the plans pw-emit-plans wrote.
+
+    A `pw.cond`'s branch programs appear both under their own names and as
+    the `then_plan` / `else_plan` of its host `cond` step.
+    """
+    module = module.operation
+    topology = ops.module_topology(module)
+    slices = {}
+    for op in ops.top_level_ops(module):
+        if op.name == "pw.virtual_slice" and ops.attr(op, ops.PLACEMENT) is not None:
+            s, placement = ops.VirtualSlice.from_op(op), ops.attr(op, ops.PLACEMENT)
+            slices[s.name] = SlicePlacement(s.name, s.shape, s.axes, placement["island"], placement["devices"])
+    exports = {name: ops.attr(exe, ops.EXPORT, "") for name, exe in ops.executables(module).items()}
+    hosts: dict[str, ir.Operation] = {}
+    islands: dict[str, dict[str, ir.Operation]] = {}
+    for op in ops.top_level_ops(module):
+        if ops.HOST_PLAN in op.attributes:
+            hosts[ops.attr(op, ops.HOST_PLAN)["program"]] = op
+        elif ops.ISLAND_PLAN in op.attributes:
+            mark = ops.attr(op, ops.ISLAND_PLAN)
+            islands.setdefault(mark["program"], {})[mark["island"]] = op
+    plans: dict[str, ProgramPlan] = {}
+
+    def build(name: str) -> ProgramPlan:
+        if name in plans:
+            return plans[name]
+        host = hosts[name]
+        parts = [host, *islands.get(name, {}).values()]
+        contents = {id(part): [op.operation for op in part.regions[0].blocks[0].operations] for part in parts}
+        for op in contents[id(host)]:
+            for key in ("then_program", "else_program") if op.name == "pw.branch" else ():
+                build(ops.attr(op, key))
+        buffers = {b.id: b for b in (_buffer(op) for part in parts for op in contents[id(part)]
+                                     if op.name == "pw.buffer")}
+        steps = {island: tuple(_step(op, plans) for op in contents[id(part)] if op.name != "pw.buffer")
+                 for island, part in islands.get(name, {}).items()}
+        mark = ops.attr(host, ops.HOST_PLAN)
+        plans[name] = ProgramPlan(
+            program=name, topology=topology, slices=slices, buffers=dict(sorted(buffers.items())),
+            executables={s.executable: exports[s.executable] for ss in steps.values() for s in ss
+                         if s.kind == "launch"},
+            inputs=mark["inputs"], outputs=mark["outputs"], islands=steps,
+            subgraphs=tuple(Subgraph(g["id"], g["static"], tuple(i for i, ss in steps.items()
+                                                                 if any(s.subgraph == g["id"] for s in ss)))
+                            for g in mark["subgraphs"]),
+            host_steps=tuple(_step(op, plans) for op in contents[id(host)] if op.name == "pw.branch"))
+        return plans[name]
+
+    for name in hosts:
+        build(name)
+    return plans

@@ -1,0 +1,90 @@
+"""`pw-lower`, the lowering pipeline, and `lower`, its Python entry point."""
+
+from __future__ import annotations
+
+from mlir import ir
+
+from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.context import make_context
+from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.topology import Topology
+
+from .emit_plans import EmitPlansPass
+from .insert_transfers import InsertTransfersPass
+from .mark_static_subgraphs import MarkStaticSubgraphsPass
+from .pipeline import run_passes
+from .place import PlacePass
+from .registry import Pass, register_pipeline
+from .schedule import SchedulePass
+from .verify import VerifyPass
+from .verify_schedule import VerifySchedulePass
+
+
+class LoweringError(ValueError):
+    """A program that cannot be lowered; `diagnostics` says where and why."""
+
+    def __init__(self, diagnostics: DiagnosticEngine):
+        self.diagnostics = diagnostics.diagnostics
+        super().__init__("\n".join(d.format() for d in self.diagnostics))
+
+
+@register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, schedule and emit per-island plans",
+                   options=PlacePass.options)
+def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") -> list[Pass]:
+    """Lowers device-agnostic programs to per-island plans, in four phases,
+    each ended by a verifier so that a bug is caught at the pass that made it:
+
+    0. `pw-verify` on the input: the passes below assume well-formed pw IR.
+    1. `pw-place` first: every later pass needs the island of each slice.
+       `pw-verify` then checks the placements (device counts, ranges).
+    2. `pw-insert-transfers` needs placements (links depend on islands) and
+       comes before anything that groups, orders or counts ops, since it adds
+       ops. `pw-verify` then holds the module to its lowered rule: every
+       operand lives where it is used.
+    3. `pw-mark-static-subgraphs` sees the final ops, transfers included;
+       `pw-schedule` puts static subgraphs first, so it comes after;
+       `pw-verify-schedule` proves the order before plans are cut from it.
+    4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
+       writes them out per island. A final `pw-verify` checks the module.
+
+    Options are pw-place's. Requires a device-agnostic module.
+
+        // before: slices, compiled functions and programs
+        // after: placements, transfers, pw.subgraph / pw.order / pw.cost marks,
+        //   module @<program>_<island> {pw.island_plan} per island used, and
+        //   module @<program>_host {pw.host_plan} per program
+    """
+    return [
+        VerifyPass(),
+        PlacePass(topology=topology, strategy=strategy, pin=pin), VerifyPass(),
+        InsertTransfersPass(), VerifyPass(),
+        MarkStaticSubgraphsPass(), SchedulePass(), VerifySchedulePass(),
+        EmitPlansPass(), VerifyPass(),
+    ]
+
+
+def lower(module: ir.Module | str, topology: Topology, strategy: str = "spread", pin: str = "") -> ir.Module:
+    """Lowers a device-agnostic module onto `topology`; returns a new, lowered module.
+
+    `module` (IR text, or a module, which is left unchanged) is copied; the
+    copy gets `topology` as its `pw.topology` and runs `pw-lower`. Lowering the
+    same program again after the topology changes (a device removed, an
+    island added) yields new plans. Raises `LoweringError` with the
+    diagnostics if the program cannot be lowered.
+    """
+    if isinstance(module, str):
+        source = ir.Module.parse(module, make_context())
+    else:
+        source = module
+    with source.context, source.operation.location:
+        lowered = ir.Module.create(source.operation.location)
+        for name in source.operation.attributes:
+            lowered.operation.attributes[name] = source.operation.attributes[name]
+        with ir.InsertionPoint(lowered.body):
+            for op in source.body.operations:
+                op.clone()
+        ops.set_attr(lowered.operation, ops.TOPOLOGY, topology.to_python())
+        diagnostics = DiagnosticEngine()
+        if not run_passes(lowered, lower_pipeline(strategy=strategy, pin=pin), diagnostics):
+            raise LoweringError(diagnostics)
+    return lowered

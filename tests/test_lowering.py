@@ -1,0 +1,156 @@
+"""The lowering pipeline from Python: plans, re-lowering, the cost model."""
+
+import pathlib
+
+import pytest
+from mlir import ir
+
+from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.topology import Topology
+from pathways_mlir.passes import LoweringError, lower, program_plans
+from pathways_mlir.passes.cost import Cost, executable_cost
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+THREE_BLOCKS = (ROOT / "examples" / "three_blocks.mlir").read_text()
+
+BRANCHY = """
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+"pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable, pw.export = "RVhQT1JU"} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+module @positive attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<i1> {
+    %0 = "stablehlo.constant"() {value = dense<true> : tensor<i1>} : () -> tensor<i1>
+    return %0 : tensor<i1>
+  }
+}
+func.func @then(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @b, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "then#0"} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+func.func @else(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
+  return %x : tensor<8xf32>
+}
+func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
+  %p = "pw.compute"(%x) {callee = @positive, slice = @a, in_shardings = [[["x"]]], out_shardings = [[]], label = "p#0"} : (tensor<8xf32>) -> tensor<i1>
+  %y = "pw.cond"(%p, %x) {then_program = @then, else_program = @else, label = "k#0"} : (tensor<i1>, tensor<8xf32>) -> tensor<8xf32>
+  %z = "pw.compute"(%y) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "after#0"} : (tensor<8xf32>) -> tensor<8xf32>
+  return %z : tensor<8xf32>
+}
+"""
+
+
+def test_three_blocks_plans_round_trip_through_json():
+    plan = program_plans(lower(THREE_BLOCKS, Topology.uniform(2, 4)))["three_blocks"]
+    assert ProgramPlan.from_json(plan.to_json()) == plan
+    assert {s.island for s in plan.slices.values()} == {"island0", "island1"}
+    kinds = {island: [s.kind for s in steps] for island, steps in plan.islands.items()}
+    assert kinds == {"island0": ["launch", "send", "recv", "launch"], "island1": ["recv", "launch", "send"]}
+    # Every island runs its steps in increasing id; a recv waits for its send.
+    steps = {s.id: s for ss in plan.islands.values() for s in ss}
+    for ss in plan.islands.values():
+        assert [s.id for s in ss] == sorted(s.id for s in ss)
+    for s in steps.values():
+        if s.kind == "recv":
+            [send] = s.after
+            assert steps[send].kind == "send" and steps[send].dst_buffer == s.dst_buffer
+    # The input is put by the runtime on the first consumer's slice, sharded as it uses it.
+    [arg] = plan.inputs
+    assert (plan.buffers[arg].slice, plan.buffers[arg].sharding) == ("slice_a", (("data",), ()))
+    assert plan.subgraphs[0].static and set(plan.subgraphs[0].islands) == {"island0", "island1"}
+    assert plan.executables == {"block_a": "", "block_b": "", "block_c": ""}
+
+
+def test_branch_programs_are_nested_plans():
+    plans = program_plans(lower(BRANCHY, Topology.uniform(2, 4)))
+    main = plans["main"]
+    [cond] = main.host_steps
+    assert cond.kind == "cond" and cond.then_plan == plans["then"] and cond.else_plan == plans["else"]
+    assert plans["then"].executables == {"f": "RVhQT1JU"}
+    # What follows the branch is a second, non-static subgraph.
+    assert [(g.id, g.static) for g in main.subgraphs] == [(0, True), (1, False)]
+    after = next(s for ss in main.islands.values() for s in ss if s.label == "after#0")
+    assert after.subgraph == 1 and cond.id in after.after
+    assert ProgramPlan.from_json(main.to_json()) == main
+
+
+def test_relowering_avoids_a_removed_device_and_leaves_the_source_alone(context):
+    source = ir.Module.parse(THREE_BLOCKS)
+    before = str(source)
+    topology = Topology.uniform(2, 4)
+    first = lower(source, topology)
+    used = {(p["island"], p["devices"]) for p in
+            (ops.attr(op, ops.PLACEMENT) for op in ops.top_level_ops(first) if op.name == "pw.virtual_slice")}
+    assert ("island1", (0, 4)) in used
+    again = lower(source, topology.without_device("island1", 2))
+    assert str(source) == before
+    plan = program_plans(again)["three_blocks"]
+    for placement in plan.slices.values():
+        assert not (placement.island == "island1" and 2 in placement.device_ids())
+    slice_b = plan.slices["slice_b"]
+    assert (slice_b.island, slice_b.devices) != ("island1", (0, 4))
+
+
+def test_lower_keeps_module_attributes_and_replaces_the_topology(context):
+    source = ir.Module.parse(f"module attributes {{pw.origin = \"jax\", pw.topology = "
+                             f"{{islands = [], dcn = {{}}}}}} {{\n{THREE_BLOCKS}\n}}")
+    lowered = lower(source, Topology.uniform(2, 4))
+    assert ops.attr(lowered.operation, "pw.origin") == "jax"
+    assert ops.module_topology(lowered) == Topology.uniform(2, 4)
+
+
+def test_lowering_errors_carry_diagnostics():
+    with pytest.raises(LoweringError, match="cannot place slice @slice_b: it needs 4 devices in one island"):
+        lower(THREE_BLOCKS, Topology.uniform(2, 2))
+
+
+@pytest.mark.parametrize("body, cost", [
+    # dot_general: 2 * (2*3*5) results * 4 contracted, batched.
+    ('%0 = "stablehlo.dot_general"(%a, %b) <{dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [0], '
+     'rhs_batching_dimensions = [0], lhs_contracting_dimensions = [2], rhs_contracting_dimensions = [1]>}> '
+     ': (tensor<2x3x4xf32>, tensor<2x4x5xf32>) -> tensor<2x3x5xf32>', Cost(240, 96 + 160 + 120)),
+    ('%0 = "stablehlo.dot"(%a, %b) : (tensor<2x3x4xf32>, tensor<2x4x5xf32>) -> tensor<2x3x5xf32>',
+     Cost(240, 96 + 160 + 120)),
+    ('%0 = "stablehlo.constant"() {value = dense<1.0> : tensor<2x3x5xf32>} : () -> tensor<2x3x5xf32>',
+     Cost(0, 96 + 160 + 120)),
+])
+def test_cost_model(context, body, cost):
+    module = ir.Module.parse(
+        "module @f attributes {pw.executable} {\n"
+        "  func.func @main(%a: tensor<2x3x4xf32>, %b: tensor<2x4x5xf32>) -> tensor<2x3x5xf32> {\n"
+        f"    {body}\n    return %0 : tensor<2x3x5xf32>\n  }}\n}}")
+    assert executable_cost(module.operation) == cost
+
+
+def test_cost_model_counts_a_loop_body_once(context):
+    module = ir.Module.parse("""
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = "stablehlo.while"(%a) ({
+    ^bb0(%x: tensor<4xf32>):
+      %c = "stablehlo.constant"() {value = dense<true> : tensor<i1>} : () -> tensor<i1>
+      "stablehlo.return"(%c) : (tensor<i1>) -> ()
+    }, {
+    ^bb0(%x: tensor<4xf32>):
+      %y = "stablehlo.multiply"(%x, %x) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+      "stablehlo.return"(%y) : (tensor<4xf32>) -> ()
+    }) : (tensor<4xf32>) -> tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}""")
+    assert executable_cost(module.operation) == Cost(4, 32)
+
+
+def test_lowered_ir_and_plans_do_not_grow_with_the_shard_count():
+    from pathways_mlir.benchmarks.lowering_scale import lower_chain, per_shard_baseline
+
+    sizes = (8, 512, 65536)
+    lowered = [lower_chain(n) for n in sizes]
+    assert len({count for count, _ in lowered}) == 1
+    # Plans differ only in the digits of N (shapes, device ranges, topology).
+    plan_bytes = [nbytes for _, nbytes in lowered]
+    assert max(plan_bytes) - min(plan_bytes) < 64
+    # The per-shard baseline materialises 2N nodes and N edges.
+    assert per_shard_baseline(64)[:2] == (128, 64)
