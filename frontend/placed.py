@@ -36,7 +36,9 @@ class PlacedFunction:
 
     def lower(self, *example_args: Any) -> Lowered:
         """Exports this function on its own: a program with one computation (op-by-op mode)."""
-        return tracer.lower(self, example_args)
+        site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)
+        return tracer.lower(site, lambda *args: _record(tracer.current_program(), self, args, site),
+                            example_args)
 
     def __call__(self, *args: Any) -> Any:
         """Inside a program trace, records one computation and returns its symbolic results."""
@@ -81,7 +83,7 @@ def jit(fn: Callable | None = None, /, *, slice: Slice, in_specs: Any = None,
     with one entry per positional argument) or of the results; a single spec
     applies to all. Without `fn`, returns a decorator, as `jax.jit` does.
 
-        @functools.partial(pw.jit, slice=s, in_specs=P("data"), out_specs=P("data"))
+        @pw.jit(slice=s, in_specs=P("data"), out_specs=P("data"))
         def block_a(x):
             return jnp.tanh(x)
     """

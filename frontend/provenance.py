@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import re
 from dataclasses import dataclass
 from types import FrameType
 from typing import Callable
 
 from mlir import ir
+
+_FRONTEND = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,13 @@ class Site:
 
     @staticmethod
     def of_call(name: str, frame: FrameType) -> "Site":
-        """Returns the site of the call that `frame` is executing."""
+        """Returns the site of the call that `frame`, or the first user frame above it, is executing.
+
+        Front-end frames are skipped, so a placed function that `cond` calls
+        as a branch is named at the user's `cond` call.
+        """
+        while frame.f_back is not None and frame.f_code.co_filename.startswith(_FRONTEND):
+            frame = frame.f_back
         positions = inspect.getframeinfo(frame, context=0).positions
         column = positions.col_offset + 1 if positions and positions.col_offset is not None else 1
         return Site(name, frame.f_code.co_filename, frame.f_lineno, column)
@@ -48,7 +57,7 @@ def name_of(fn: Callable) -> str:
     """Returns a symbol-friendly name for a Python callable (`<lambda>` becomes `lambda`)."""
     fn = _unwrap(fn)
     name = getattr(fn, "__name__", type(fn).__name__)
-    return re.sub(r"\W+", "_", name).strip("_") or "fn"
+    return re.sub(r"\W", "", name) or "fn"
 
 
 def _unwrap(fn: Callable) -> Callable:

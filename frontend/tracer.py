@@ -199,16 +199,15 @@ def lowering(site: Site, slice_name: str) -> Iterator[None]:
         _LOWERING.reset(token)
 
 
-def lower(fn: Callable, example_args: Sequence[Any]) -> Lowered:
-    """Traces `fn(*example_args)` into a new pw module whose entry program is named after `fn`."""
-    site = Site.of_definition(fn)
+def lower(site: Site, fn: Callable, example_args: Sequence[Any]) -> Lowered:
+    """Traces `fn(*example_args)` into a new pw module whose entry program is named `site.name`."""
     leaves, in_tree = jax.tree_util.tree_flatten_with_path(tuple(example_args))
     in_avals = []
     for path, x in leaves:
         try:
             in_avals.append(aval_of(x))
         except TypeError as e:
-            raise TypeError(f"{site.name}.lower: example argument{jax.tree_util.keystr(path)}: {e}") from None
+            raise TypeError(f"{site}: example argument{jax.tree_util.keystr(path)}: {e}") from None
     module = ModuleBuilder()
     with module.context, ir.Location.unknown():
         program = ProgramBuilder(module, site.name, in_avals, site)
@@ -226,7 +225,7 @@ class Program:
 
     def lower(self, *example_args: Any) -> Lowered:
         """Traces the program for arguments of these shapes (arrays or `jax.ShapeDtypeStruct`s)."""
-        return lower(self._fn, example_args)
+        return lower(Site.of_definition(self._fn), self._fn, example_args)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Inside another program's trace, inlines this one; running it needs the runtime."""
