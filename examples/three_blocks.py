@@ -1,6 +1,4 @@
 """The three-block program of the Pathways-on-Cloud blog: block A on one slice, B on a second, C on a third."""
-from functools import partial
-
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
@@ -11,17 +9,17 @@ slice_b = pw.virtual_slice((2, 2), axes=("data", "model"), name="slice_b")
 slice_c = pw.virtual_slice(2, axes="data", name="slice_c")
 
 
-@partial(pw.jit, slice=slice_a, in_specs=P("data"), out_specs=P("data"))
+@pw.jit(slice=slice_a, in_specs=P("data"), out_specs=P("data"))
 def block_a(x):
     return jnp.tanh(x)
 
 
-@partial(pw.jit, slice=slice_b, in_specs=P("data", "model"), out_specs=P("data", "model"))
+@pw.jit(slice=slice_b, in_specs=P("data", "model"), out_specs=P("data", "model"))
 def block_b(x):
     return x * x
 
 
-@partial(pw.jit, slice=slice_c, in_specs=P("data"), out_specs=P("data"))
+@pw.jit(slice=slice_c, in_specs=P("data"), out_specs=P("data"))
 def block_c(x):
     return -x
 
