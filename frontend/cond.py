@@ -33,7 +33,7 @@ def cond(pred: tracer.Value, true_fn: Callable, false_fn: Callable, *operands: A
     site = Site.of_call("cond", inspect.currentframe().f_back)
     program = tracer.current_program()
     if program is None:
-        raise RuntimeError(f"{site}: pathways_mlir.cond is used inside a @pathways_mlir.program trace")
+        raise RuntimeError(f"{site}: pathways_mlir.cond works only inside a @pathways_mlir.program trace")
     pred = program.own(pred, site, "the predicate")
     if pred.shape != () or pred.dtype != np.bool_:
         raise TypeError(f"{site}: the predicate must be a scalar bool, not {format_aval(pred.aval)}")
