@@ -1,32 +1,34 @@
 // The three-block program of the Pathways-on-Cloud blog, in pw IR: block A on
 // one slice, block B on a second, block C on a third. Each block is one
-// pw.compute however many devices its slice has.
-"pw.virtual_slice"() {sym_name = "slice_a", shape = array<i64: 2>, axes = ["data"], constraints = {}} : () -> ()
-"pw.virtual_slice"() {sym_name = "slice_b", shape = array<i64: 2, 2>, axes = ["data", "model"], constraints = {}} : () -> ()
-"pw.virtual_slice"() {sym_name = "slice_c", shape = array<i64: 2>, axes = ["data"], constraints = {}} : () -> ()
-
-module @block_a attributes {pw.executable} {
-  func.func public @main(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
-    %0 = "stablehlo.tanh"(%x) : (tensor<8x16xf32>) -> tensor<8x16xf32>
-    return %0 : tensor<8x16xf32>
+// pw.compute however many devices its slice has. Generated from
+// examples/three_blocks.py by:
+//   pw-export examples/three_blocks.py:three_blocks --arg 'f32[8,16]'
+module {
+  "pw.virtual_slice"() {axes = ["data"], constraints = {}, shape = array<i64: 2>, sym_name = "slice_a"} : () -> ()
+  "pw.virtual_slice"() {axes = ["data", "model"], constraints = {}, shape = array<i64: 2, 2>, sym_name = "slice_b"} : () -> ()
+  "pw.virtual_slice"() {axes = ["data"], constraints = {}, shape = array<i64: 2>, sym_name = "slice_c"} : () -> ()
+  module @block_a attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32, pw.executable, pw.export = "PAAAADgAYABeAFgAVABQAEwASAAAAEAAPAA4ADQAMAAsACgAJgAgAAAAAABEABwAGAAUABAADAAIAAQAOAAAAFwAAABgAAAAZAAAAGgAAABsAAAAbAAAAGwAAACYAAAAAAAKAJgAAACYBQAAmAUAAJgFAAB8BQAAlAUAAJwFAAABAAAAoAUAAMwFAADMBQAABAYAAFgGAAAAAAMAAQAAAAAAAAABAAAAAAAAAAEAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAAEAAAAEAAAAbPr//wAAAQoEAAAAAgAAABAAAAAEAAAAAgAAADE2AAABAAAAOAAAAAEAAAAAAAAA7gQAAE1M71INU3RhYmxlSExPX3YxLjE1LjAAARkFAQUJAQMLAwcPExcD3b8LAakLBwsLDwsPCyMLDwsLCw8LDwsPDwsbDwsbCw8PCxsPDwsbDw8LGw8PCxsPDwsfDw8LHw8PCx8PDwsbDw8LGw8PCx8PDwsfDw8LHw8PCxsPCxsLDwsDFw8LCw8TCwsLCxcLAQULDwMHFxcHAhIFBQ0fBQ8FEREDBQUTFS01BRUDBxMVFwkZCQUXEQEABRkFGwUdHR8DBR8dIyUFIRUnDR0pKwUjLQsHHRctHS8xBSUtMwdlH18FJxU3PR05OwUpLQEH/UvZFT9FHUFDBSstDweBK4kVR00dSUsFLS0PB2cfYxVPVR1RUwUvLQsHOzdLFVddHVlbBTEtAQe+AiufFV9lHWFjBTMtAQdaAz1xFWdtHWlrBTUtAQeSAx+VFW91HXFzBTctBQeJHz8Vd30deXsFOS0FB6UXWRV/hR2BgwU7LQcHPg4nWRWHjR2JiwU9LQcHGhYndRWPlR2RkwU/LQcHYhgzUxWXnR2ZmwVBLQUHwRGTHZ+hBUMtowcRGycFRR2nDQVHAwOrDQEjBwMDsQ0Ds7UdSR1LHUEdTSkBAQG9JwEBCQECAikFIUEJEQMFAwUJBE8FAVEDEQEHBD0DAQUDUAMDBwQpAwULAwsdAAVGIQUDBQMBBwSlAwMGAwEFAQBOC08PDyEbRRMLGx8fCREdDSsbMREzVSMRJQUZJSk5S1d/R0sVEREPCxFidWlsdGluAHZobG8AbW9kdWxlAGZ1bmNfdjEAdGFuaF92MgByZXR1cm5fdjEAL3dvcmsvd3QvZnJvbnRlbmQvZnJvbnRlbmQvdHJhY2VyLnB5AC93b3JrL3d0L2Zyb250ZW5kL2NsaS9wd19leHBvcnQucHkAL3dvcmsvdmVudi1mcm9udGVuZC9saWIvcHl0aG9uMy4xMS9zaXRlLXBhY2thZ2VzL2NsaWNrL2NvcmUucHkAL3dvcmsvd3QvZnJvbnRlbmQvZXhhbXBsZXMvdGhyZWVfYmxvY2tzLnB5AC93b3JrL3d0L2Zyb250ZW5kL2Zyb250ZW5kL3BsYWNlZC5weQBqYXgudXNlc19zaGFwZV9wb2x5bW9ycGhpc20AbWhsby5udW1fcGFydGl0aW9ucwBtaGxvLm51bV9yZXBsaWNhcwBqaXRfYmxvY2tfYQB4AGppdChibG9ja19hKS90YW5oAGJsb2NrX2EAY29tcGlsZV9mdW5jdGlvbgAvd29yay93dC9mcm9udGVuZC9mcm9udGVuZC9leGVjdXRhYmxlcy5weQBNb2R1bGVCdWlsZGVyLmV4ZWN1dGFibGUAX3JlY29yZABQbGFjZWRGdW5jdGlvbi5fX2NhbGxfXwB0aHJlZV9ibG9ja3MAUHJvZ3JhbUJ1aWxkZXIudHJhY2UAbG93ZXIAUHJvZ3JhbS5sb3dlcgBfZXhwb3J0AGNsaQBDb250ZXh0Lmludm9rZQBDb21tYW5kLmludm9rZQBDb21tYW5kLm1haW4AbWFpbgA8bW9kdWxlPgAvd29yay92ZW52LWZyb250ZW5kL2Jpbi9wdy1leHBvcnQAaml0KGJsb2NrX2EpAGpheC5yZXN1bHRfaW5mbwByZXN1bHQAcHVibGljAAgZBwU3AQupra+3uQO7AAABAAAABAAAAAMAAABjcHUAAAAAAAAAAAAAAAAAAQAAAAQAAAAw////AQAAAAQAAAA8////AQAAAAQAAADM////AAABCgQAAAACAAAAEAAAAAQAAAACAAAAMTYAAAEAAAA4AAAAcP///wEAAAAQAAAADAAMAAAACAAHAAYADAAAAAAAAQoEAAAAAgAAABAAAAAEAAAAAgAAADE2AAABAAAAOAAAAMz///8IAAAAAAAAAgIAAAAsAAAAEAAAAAAACgAMAAsAAAAEAAoAAAAIAAAAAAAABAAAAAAIAAwACwAEAAgAAAAIAAAAAAAAAgEAAAAIAAAABAAEAAQAAAAHAAAAYmxvY2tfYQA="} {
+    func.func public @main(%arg0: tensor<8x16xf32>) -> (tensor<8x16xf32> {jax.result_info = "result"}) {
+      %0 = "stablehlo.tanh"(%arg0) : (tensor<8x16xf32>) -> tensor<8x16xf32>
+      return %0 : tensor<8x16xf32>
+    }
   }
-}
-module @block_b attributes {pw.executable} {
-  func.func public @main(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
-    %0 = "stablehlo.multiply"(%x, %x) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
-    return %0 : tensor<8x16xf32>
+  module @block_b attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32, pw.executable, pw.export = "PAAAADgAYABeAFgAVABQAEwASAAAAEAAPAA4ADQAMAAsACgAJgAgAAAAAABEABwAGAAUABAADAAIAAQAOAAAAFwAAABgAAAAZAAAAGgAAABsAAAAbAAAAGwAAACYAAAAAAAKAJgAAACQBQAAkAUAAJAFAAB0BQAAjAUAAJQFAAABAAAAmAUAAMQFAADEBQAA/AUAAFAGAAAAAAMAAQAAAAAAAAABAAAAAAAAAAEAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAAEAAAAEAAAAdPr//wAAAQoEAAAAAgAAABAAAAAEAAAAAgAAADE2AAABAAAAOAAAAAEAAAAAAAAA5gQAAE1M71INU3RhYmxlSExPX3YxLjE1LjAAARkFAQUJAQMLAwcPExcD2bsLAakLBwsLDwsPCyMLDwsLCw8LDwsPDwsbDwsbCw8PCxsPDwsbDw8LGw8PCxsPDwsfDw8LHw8PCx8PDwsbDw8LGw8PCx8PDwsfDw8LHw8PCxsPCxsLDwsDEw8LCw8TCwsLCwEFCw8DBxcXBwL2BAUNHwUPBRERAwUFExUtNQUVAwcTFRcJGQkFFxEBAAUZBRsFHR0fAwUfHSMlBSEVJw0dKSsFIy0LBycXIR0vMQUlLTMHZR9fBScVNz0dOTsFKS0BB/1L2RU/RR1BQwUrLQ8HgSuJFUdNHUlLBS0tDwdnH2MVT1UdUVMFLy0LBzsnTRVXXR1ZWwUxLQEHvgIrnxVfZR1hYwUzLQEHWgM9cRVnbR1pawU1LQEHkgMflRVvdR1xcwU3LQUHiR8/FXd9HXl7BTktBQelF1kVf4UdgYMFOy0HBz4OJ1kVh40diYsFPS0HBxoWJ3UVj5UdkZMFPy0HB2IYM1MVl50dmZsFQS0FB8ERkx2foQVDLaMHERsnBUUdpw0FRwMDqw0BIwcDA7ENA7O1HUkdSx1BHU0BCQECAikFIUEJEQMFAwUJBE8FAVEDEQEHBD0DAQUDUAMDBwQpAwULAwsdAAUGIQMFBQEBBwSlAwMGAwEFAQBaC08PDyEbRRMLGx8fCREdDSsbMREzVSMRIwUZJSk5S1d/R0sVGREPCxFidWlsdGluAHZobG8AbW9kdWxlAGZ1bmNfdjEAbXVsdGlwbHlfdjEAcmV0dXJuX3YxAC93b3JrL3d0L2Zyb250ZW5kL2Zyb250ZW5kL3RyYWNlci5weQAvd29yay93dC9mcm9udGVuZC9jbGkvcHdfZXhwb3J0LnB5AC93b3JrL3ZlbnYtZnJvbnRlbmQvbGliL3B5dGhvbjMuMTEvc2l0ZS1wYWNrYWdlcy9jbGljay9jb3JlLnB5AC93b3JrL3d0L2Zyb250ZW5kL2V4YW1wbGVzL3RocmVlX2Jsb2Nrcy5weQAvd29yay93dC9mcm9udGVuZC9mcm9udGVuZC9wbGFjZWQucHkAamF4LnVzZXNfc2hhcGVfcG9seW1vcnBoaXNtAG1obG8ubnVtX3BhcnRpdGlvbnMAbWhsby5udW1fcmVwbGljYXMAaml0X2Jsb2NrX2IAeABqaXQoYmxvY2tfYikvbXVsAGJsb2NrX2IAY29tcGlsZV9mdW5jdGlvbgAvd29yay93dC9mcm9udGVuZC9mcm9udGVuZC9leGVjdXRhYmxlcy5weQBNb2R1bGVCdWlsZGVyLmV4ZWN1dGFibGUAX3JlY29yZABQbGFjZWRGdW5jdGlvbi5fX2NhbGxfXwB0aHJlZV9ibG9ja3MAUHJvZ3JhbUJ1aWxkZXIudHJhY2UAbG93ZXIAUHJvZ3JhbS5sb3dlcgBfZXhwb3J0AGNsaQBDb250ZXh0Lmludm9rZQBDb21tYW5kLmludm9rZQBDb21tYW5kLm1haW4AbWFpbgA8bW9kdWxlPgAvd29yay92ZW52LWZyb250ZW5kL2Jpbi9wdy1leHBvcnQAaml0KGJsb2NrX2IpAGpheC5yZXN1bHRfaW5mbwByZXN1bHQAcHVibGljAAgVBQU3AQupra+3uQAAAQAAAAQAAAADAAAAY3B1AAAAAAAAAAAAAAAAAAEAAAAEAAAAMP///wEAAAAEAAAAPP///wEAAAAEAAAAzP///wAAAQoEAAAAAgAAABAAAAAEAAAAAgAAADE2AAABAAAAOAAAAHD///8BAAAAEAAAAAwADAAAAAgABwAGAAwAAAAAAAEKBAAAAAIAAAAQAAAABAAAAAIAAAAxNgAAAQAAADgAAADM////CAAAAAAAAAICAAAALAAAABAAAAAAAAoADAALAAAABAAKAAAACAAAAAAAAAQAAAAACAAMAAsABAAIAAAACAAAAAAAAAIBAAAACAAAAAQABAAEAAAABwAAAGJsb2NrX2IA"} {
+    func.func public @main(%arg0: tensor<8x16xf32>) -> (tensor<8x16xf32> {jax.result_info = "result"}) {
+      %0 = "stablehlo.multiply"(%arg0, %arg0) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+      return %0 : tensor<8x16xf32>
+    }
   }
-}
-module @block_c attributes {pw.executable} {
-  func.func public @main(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
-    %0 = "stablehlo.negate"(%x) : (tensor<8x16xf32>) -> tensor<8x16xf32>
-    return %0 : tensor<8x16xf32>
+  module @block_c attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32, pw.executable, pw.export = "PAAAADgAYABeAFgAVABQAEwASAAAAEAAPAA4ADQAMAAsACgAJgAgAAAAAABEABwAGAAUABAADAAIAAQAOAAAAFwAAABgAAAAZAAAAGgAAABsAAAAbAAAAGwAAACYAAAAAAAKAJgAAACMBQAAjAUAAIwFAABwBQAAiAUAAJAFAAABAAAAlAUAAMAFAADABQAA+AUAAEwGAAAAAAMAAQAAAAAAAAABAAAAAAAAAAEAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAAEAAAAEAAAAePr//wAAAQoEAAAAAgAAABAAAAAEAAAAAgAAADE2AAABAAAAOAAAAAEAAAAAAAAA4wQAAE1M71INU3RhYmxlSExPX3YxLjE1LjAAARkFAQUJAQMLAwcPExcD2bsLAakLBwsLDwsPCyMLDwsLCw8LDwsPDwsbDwsbCw8PCxsPDwsbDw8LGw8PCxsPDwsfDw8LHw8PCx8PDwsbDw8LGw8PCx8PDwsfDw8LHw8PCxsPCxsLDwsDEw8LCw8TCwsLCwEFCw8DBxcXBwL2BAUNHwUPBRERAwUFExUtNQUVAwcTFRcJGQkFFxEBAAUZBRsFHR0fAwUfHSMlBSEVJw0dKSsFIy0LBzEXGx0vMQUlLTMHZR9fBScVNz0dOTsFKS0BB/1L2RU/RR1BQwUrLQ8HgSuJFUdNHUlLBS0tDwdnH2MVT1UdUVMFLy0LBzsXTxVXXR1ZWwUxLQEHvgIrnxVfZR1hYwUzLQEHWgM9cRVnbR1pawU1LQEHkgMflRVvdR1xcwU3LQUHiR8/FXd9HXl7BTktBQelF1kVf4UdgYMFOy0HBz4OJ1kVh40diYsFPS0HBxoWJ3UVj5UdkZMFPy0HB2IYM1MVl50dmZsFQS0FB8ERkx2foQVDLaMHERsnBUUdpw0FRwMDqw0BIwcDA7ENA7O1HUkdSx1BHU0BCQECAikFIUEJEQMFAwUJBE0FAVEDEQEHBDsDAQUDUAMDBwQnAwULAwsdAAUGIQMFAwEHBKUDAwYDAQUBAFILTw8PIRtFEwsbHx8JER0NKxsxETNVIxEjBRklKTlLV39HSxUVEQ8LEWJ1aWx0aW4AdmhsbwBtb2R1bGUAZnVuY192MQBuZWdhdGVfdjEAcmV0dXJuX3YxAC93b3JrL3d0L2Zyb250ZW5kL2Zyb250ZW5kL3RyYWNlci5weQAvd29yay93dC9mcm9udGVuZC9jbGkvcHdfZXhwb3J0LnB5AC93b3JrL3ZlbnYtZnJvbnRlbmQvbGliL3B5dGhvbjMuMTEvc2l0ZS1wYWNrYWdlcy9jbGljay9jb3JlLnB5AC93b3JrL3d0L2Zyb250ZW5kL2V4YW1wbGVzL3RocmVlX2Jsb2Nrcy5weQAvd29yay93dC9mcm9udGVuZC9mcm9udGVuZC9wbGFjZWQucHkAamF4LnVzZXNfc2hhcGVfcG9seW1vcnBoaXNtAG1obG8ubnVtX3BhcnRpdGlvbnMAbWhsby5udW1fcmVwbGljYXMAaml0X2Jsb2NrX2MAeABqaXQoYmxvY2tfYykvbmVnAGJsb2NrX2MAY29tcGlsZV9mdW5jdGlvbgAvd29yay93dC9mcm9udGVuZC9mcm9udGVuZC9leGVjdXRhYmxlcy5weQBNb2R1bGVCdWlsZGVyLmV4ZWN1dGFibGUAX3JlY29yZABQbGFjZWRGdW5jdGlvbi5fX2NhbGxfXwB0aHJlZV9ibG9ja3MAUHJvZ3JhbUJ1aWxkZXIudHJhY2UAbG93ZXIAUHJvZ3JhbS5sb3dlcgBfZXhwb3J0AGNsaQBDb250ZXh0Lmludm9rZQBDb21tYW5kLmludm9rZQBDb21tYW5kLm1haW4AbWFpbgA8bW9kdWxlPgAvd29yay92ZW52LWZyb250ZW5kL2Jpbi9wdy1leHBvcnQAaml0KGJsb2NrX2MpAGpheC5yZXN1bHRfaW5mbwByZXN1bHQAcHVibGljAAgVBQU3AQupra+3uQABAAAABAAAAAMAAABjcHUAAAAAAAAAAAAAAAAAAQAAAAQAAAAw////AQAAAAQAAAA8////AQAAAAQAAADM////AAABCgQAAAACAAAAEAAAAAQAAAACAAAAMTYAAAEAAAA4AAAAcP///wEAAAAQAAAADAAMAAAACAAHAAYADAAAAAAAAQoEAAAAAgAAABAAAAAEAAAAAgAAADE2AAABAAAAOAAAAMz///8IAAAAAAAAAgIAAAAsAAAAEAAAAAAACgAMAAsAAAAEAAoAAAAIAAAAAAAABAAAAAAIAAwACwAEAAgAAAAIAAAAAAAAAgEAAAAIAAAABAAEAAQAAAAHAAAAYmxvY2tfYwA="} {
+    func.func public @main(%arg0: tensor<8x16xf32>) -> (tensor<8x16xf32> {jax.result_info = "result"}) {
+      %0 = "stablehlo.negate"(%arg0) : (tensor<8x16xf32>) -> tensor<8x16xf32>
+      return %0 : tensor<8x16xf32>
+    }
   }
-}
-
-func.func @three_blocks(%x: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {pw.program} {
-  %a = "pw.compute"(%x) {callee = @block_a, slice = @slice_a, in_shardings = [[["data"], []]], out_shardings = [[["data"], []]], label = "block_a#0"} : (tensor<8x16xf32>) -> tensor<8x16xf32>
-  %b = "pw.compute"(%a) {callee = @block_b, slice = @slice_b, in_shardings = [[["data"], ["model"]]], out_shardings = [[["data"], ["model"]]], label = "block_b#0"} : (tensor<8x16xf32>) -> tensor<8x16xf32>
-  %c = "pw.compute"(%b) {callee = @block_c, slice = @slice_c, in_shardings = [[["data"], []]], out_shardings = [[["data"], []]], label = "block_c#0"} : (tensor<8x16xf32>) -> tensor<8x16xf32>
-  return %c : tensor<8x16xf32>
+  func.func @three_blocks(%arg0: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {pw.program} {
+    %0 = "pw.compute"(%arg0) {callee = @block_a, in_shardings = [[["data"], []]], label = "block_a#0", out_shardings = [[["data"], []]], slice = @slice_a} : (tensor<8x16xf32>) -> tensor<8x16xf32>
+    %1 = "pw.compute"(%0) {callee = @block_b, in_shardings = [[["data"], ["model"]]], label = "block_b#0", out_shardings = [[["data"], ["model"]]], slice = @slice_b} : (tensor<8x16xf32>) -> tensor<8x16xf32>
+    %2 = "pw.compute"(%1) {callee = @block_c, in_shardings = [[["data"], []]], label = "block_c#0", out_shardings = [[["data"], []]], slice = @slice_c} : (tensor<8x16xf32>) -> tensor<8x16xf32>
+    return %2 : tensor<8x16xf32>
+  }
 }

@@ -37,5 +37,6 @@ for tool in ("FileCheck", "not", "count"):
 
 config.substitutions.append(("%python", python))
 config.substitutions.append(("pw-opt", f"{python} -m pathways_mlir.cli.pw_opt"))
+config.substitutions.append(("pw-export", f"{python} -m pathways_mlir.cli.pw_export"))
 config.environment["PYTHONUNBUFFERED"] = "1"
 config.environment["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"

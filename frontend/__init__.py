@@ -1,0 +1,19 @@
+"""The client front end: JAX functions placed on virtual slices, traced into pw IR.
+
+    slice_a = virtual_slice((2,), axes=("data",))        # slices.py
+    block_a = jit(fn, slice=slice_a, in_specs=P("data"))  # placed.py
+    @program                                              # tracer.py
+    def step(x): return block_b(block_a(x))
+    step.lower(x).as_text()                               # lowered.py
+
+`cond` (cond.py) adds data-dependent steps; `PlacementError` (errors.py)
+names the Python call of a placement that cannot work.
+"""
+
+from .cond import cond
+from .errors import PlacementError
+from .placed import jit
+from .slices import virtual_slice
+from .tracer import program
+
+__all__ = ["PlacementError", "cond", "jit", "program", "virtual_slice"]

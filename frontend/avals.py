@@ -1,0 +1,69 @@
+"""Abstract values: the global shape and dtype of a program value.
+
+The front end never needs data, only `jax.ShapeDtypeStruct`s; this module
+makes them from example arguments and from text such as `f32[8,16]`, and gives
+their MLIR tensor types.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jax
+import numpy as np
+from mlir import ir
+
+# numpy dtype name -> MLIR element type, as JAX's StableHLO spells it.
+_ELEMENT_TYPES = {
+    "bool": "i1",
+    "int4": "i4", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint4": "ui4", "uint8": "ui8", "uint16": "ui16", "uint32": "ui32", "uint64": "ui64",
+    "float8_e4m3fn": "f8E4M3FN", "float8_e5m2": "f8E5M2",
+    "bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
+    "complex64": "complex<f32>", "complex128": "complex<f64>",
+}
+_DTYPE_NAMES = {element: name for name, element in _ELEMENT_TYPES.items()} | {"pred": "bool"}
+_AVAL_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*([\d\s,]*)\]\s*$")
+
+
+def aval_of(x: Any) -> jax.ShapeDtypeStruct:
+    """Returns the abstract value of an array or `jax.ShapeDtypeStruct`.
+
+    The dtype is canonicalised as JAX would (float64 becomes float32 unless
+    x64 is enabled).
+    """
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"expected an array or jax.ShapeDtypeStruct, not {type(x).__name__} {x!r}")
+    return jax.ShapeDtypeStruct(tuple(x.shape), jax.dtypes.canonicalize_dtype(x.dtype))
+
+
+def parse_aval(text: str) -> jax.ShapeDtypeStruct:
+    """Parses `f32[8,16]`, `bf16[4]`, `i1[]` or `float32[2,2]` into an abstract value."""
+    match = _AVAL_TEXT.match(text)
+    if not match:
+        raise ValueError(f"'{text}' is not a shape such as f32[8,16]")
+    dtype, dims = match.groups()
+    dtype = _DTYPE_NAMES.get(dtype, dtype)
+    if dtype not in _ELEMENT_TYPES:
+        raise ValueError(f"'{text}' has unknown element type '{match.group(1)}' "
+                         f"(use f32, bf16, i32, i1, ui8, ... or a numpy dtype name)")
+    shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+    return aval_of(jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype)))
+
+
+def format_aval(aval: jax.ShapeDtypeStruct) -> str:
+    """Returns `f32[8,16]` for a float32 8x16 abstract value."""
+    return f"{_element_type(aval)}[{','.join(str(d) for d in aval.shape)}]"
+
+
+def tensor_type(aval: jax.ShapeDtypeStruct) -> ir.Type:
+    """Returns the ranked tensor type of an abstract value (needs an active context)."""
+    return ir.Type.parse(f"tensor<{''.join(f'{d}x' for d in aval.shape)}{_element_type(aval)}>")
+
+
+def _element_type(aval: jax.ShapeDtypeStruct) -> str:
+    name = np.dtype(aval.dtype).name
+    if name not in _ELEMENT_TYPES:
+        raise TypeError(f"dtype {name} has no pw element type (known: {', '.join(_ELEMENT_TYPES)})")
+    return _ELEMENT_TYPES[name]

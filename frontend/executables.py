@@ -1,0 +1,67 @@
+"""Compiled functions: a Python function lowered once for each signature.
+
+A placed function called with global argument shapes becomes one executable,
+a nested `module @name attributes {pw.executable, pw.export = "..."}` that
+holds the StableHLO of `jax.jit(fn).lower(*global_avals)` (entry `@main`)
+and, in `pw.export`, base64 of the `jax.export` serialisation of the same
+function. Both are lowered for one device with global shapes: they have
+unsharded semantics and do not depend on any slice, so a runtime runs the
+export on a mesh of any size as
+
+    exported = jax.export.deserialize(base64.b64decode(blob))
+    jax.jit(exported.call, in_shardings=..., out_shardings=...)
+
+The export carries its own pytrees: the operands of a `pw.compute` are the
+leaves of `exported.in_tree` in order, its results those of `exported.out_tree`.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+from mlir import ir
+
+from pathways_mlir.dialect import ops
+
+from .provenance import Site
+
+
+@dataclass(frozen=True)
+class Executable:
+    """One compiled function: its nested module and its result signature."""
+
+    symbol: str
+    op: ir.Operation  # detached until the pw module is assembled
+    out_tree: jax.tree_util.PyTreeDef
+    out_avals: tuple[jax.ShapeDtypeStruct, ...]
+    result_types: tuple[ir.Type, ...]
+
+
+def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
+                     in_avals: list[jax.ShapeDtypeStruct]) -> Executable:
+    """Lowers `fn` for global argument shapes into executable `symbol` (needs an active context)."""
+    args = jax.tree_util.tree_unflatten(in_tree, in_avals)
+    # Unused arguments stay, so the signature is that of the pw.compute.
+    jitted = jax.jit(fn, keep_unused=True)
+    stablehlo = jitted.lower(*args).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
+    exported = jax.export.export(jitted)(*args)
+
+    parsed = ir.Module.parse(stablehlo)
+    op = ir.Operation.create("builtin.module", regions=1, loc=Site.of_definition(fn).location(), ip=False)
+    body = op.regions[0].blocks.append()
+    for name in parsed.operation.attributes:
+        if name != "sym_name":
+            op.attributes[name] = parsed.operation.attributes[name]
+    op.attributes["sym_name"] = ir.StringAttr.get(symbol)
+    ops.set_attr(op, ops.EXECUTABLE, None)
+    ops.set_attr(op, ops.EXPORT, base64.b64encode(exported.serialize()).decode("ascii"))
+    for child in list(parsed.body.operations):
+        child.detach_from_parent()
+        ir.InsertionPoint(body).insert(child)
+
+    entry = ops.function_type(ops.executable_entry(op))
+    out_avals = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals)
+    return Executable(symbol, op, exported.out_tree, out_avals, tuple(entry.results))

@@ -1,0 +1,80 @@
+"""Partition specs: how a placed function shards its inputs and outputs.
+
+`in_specs` and `out_specs` are pytree prefixes of a placed function's
+arguments and results whose leaves are `jax.sharding.PartitionSpec`s over the
+slice's axis names, or None for replicated (a single spec applies to every
+array, as with `jax.jit`'s shardings). A spec entry is an axis name, a tuple
+of axis names (the dimension is split over all of them, major first) or None;
+a spec shorter than the array's rank leaves the remaining dimensions whole.
+This module turns them into one pw `Sharding` per array, checking that every
+axis exists and every split divides its dimension.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+
+from pathways_mlir.dialect.sharding import Sharding
+
+from .avals import format_aval
+from .errors import PlacementError
+from .provenance import Site
+from .slices import Slice
+
+
+def shardings(specs: Any, tree: Any, kind: str, site: Site, slice_: Slice,
+              slice_name: str) -> list[Sharding]:
+    """Returns the sharding of each leaf of `tree`, a pytree of abstract values.
+
+    `kind` is "in" (the leaves are the arguments) or "out" (the results).
+    Raises `PlacementError` naming `site` when the specs do not fit.
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [_sharding(spec, path, aval, kind, site, slice_, slice_name)
+            for spec, (path, aval) in zip(_per_leaf(specs, tree, kind, site), leaves)]
+
+
+def _is_spec(x: Any) -> bool:
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def _per_leaf(specs: Any, tree: Any, kind: str, site: Site) -> list[Any]:
+    """Broadcasts a pytree prefix of specs to one spec per leaf of `tree`."""
+    tree_util = jax.tree_util
+    try:
+        expanded = tree_util.tree_map(lambda spec, sub: [spec] * len(tree_util.tree_leaves(sub)),
+                                      specs, tree, is_leaf=_is_spec)
+    except ValueError:
+        what = "arguments" if kind == "in" else "results"
+        raise PlacementError(
+            f"{site}: {kind}_specs {specs!r} do not match the {what} {tree_util.tree_structure(tree)}: "
+            f"give one spec per {what[:-1]} (a pytree prefix of the {what}) or one PartitionSpec "
+            f"for all") from None
+    return tree_util.tree_leaves(expanded, is_leaf=_is_spec)
+
+
+def _sharding(spec: Any, path: tuple, aval: jax.ShapeDtypeStruct, kind: str, site: Site,
+              slice_: Slice, slice_name: str) -> Sharding:
+    what = f"{'input' if kind == 'in' else 'output'}{jax.tree_util.keystr(path)} {format_aval(aval)}"
+    if not _is_spec(spec):
+        raise PlacementError(f"{site}: {kind}_specs entry for {what} must be a PartitionSpec or None, "
+                             f"not {type(spec).__name__} {spec!r}")
+    entries = tuple(spec or ())
+    if len(entries) > len(aval.shape):
+        raise PlacementError(f"{site}: {what} has rank {len(aval.shape)} but its spec {spec} has "
+                             f"{len(entries)} entries")
+    dims = []
+    for entry in entries:
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        if not isinstance(axes, tuple) or not all(isinstance(a, str) for a in axes):
+            raise PlacementError(f"{site}: {what} has spec {spec} whose entry {entry!r} is not an axis "
+                                 f"name, a tuple of axis names or None")
+        dims.append(axes)
+    sharding = Sharding(tuple(dims) + ((),) * (len(aval.shape) - len(dims)))
+    problems = sharding.problems(aval.shape, slice_.axis_sizes)
+    if problems:
+        raise PlacementError(f"{site}: {what} with spec {spec} on slice @{slice_name}: {problems[0]}")
+    return sharding

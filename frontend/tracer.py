@@ -1,0 +1,248 @@
+"""The program tracer: a Python function that calls placed functions becomes a pw program.
+
+`program.lower(*example_args)` runs the Python function once on `Value`s
+(symbolic global-shape arrays) and records one `pw.compute` per call of a
+placed function, in call order, in a `func.func {pw.program}`: the paper's
+program tracer (its Figure 2). Values flow between calls as SSA values, also
+between slices (`pw-insert-transfers` adds the data movement later). Nothing
+runs and no device is needed.
+
+The pw module is assembled as the trace goes: programs are appended as they
+are traced; slices and compiled functions, named on first use, are put
+before them when the trace ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+from mlir import ir
+from mlir.dialects import func
+
+from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.context import make_context
+
+from .avals import aval_of, format_aval, tensor_type
+from .errors import PlacementError
+from .executables import Executable, compile_function
+from .lowered import Lowered
+from .provenance import Site, name_of
+from .slices import Slice
+
+_TRACING: ContextVar["ProgramBuilder | None"] = ContextVar("pw_tracing", default=None)
+_LOWERING: ContextVar[tuple[Site, str] | None] = ContextVar("pw_lowering", default=None)
+
+
+class Value:
+    """An array inside a program trace: a program argument or a result of a placed function.
+
+    It has a global shape and dtype but no data; pass it to placed functions.
+    """
+
+    def __init__(self, ir_value: ir.Value, aval: jax.ShapeDtypeStruct, program: "ProgramBuilder",
+                 origin: str):
+        self.ir_value = ir_value
+        self.aval = aval
+        self._program = program
+        self._origin = origin
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The global shape."""
+        return self.aval.shape
+
+    @property
+    def dtype(self):
+        """The element type, a numpy dtype."""
+        return self.aval.dtype
+
+    def __repr__(self) -> str:
+        return f"Value({format_aval(self.aval)}, {self._origin} in @{self._program.name})"
+
+    # JAX looks up `__jax_array__` on every object it does not know, so a
+    # value that a placed function closes over, instead of taking it as an
+    # argument, fails here with the call's name.
+    @property
+    def __jax_array__(self):
+        raise PlacementError(self._not_an_array())
+
+    def __array__(self, *args, **kwargs):
+        raise PlacementError(self._not_an_array())
+
+    def _not_an_array(self) -> str:
+        lowering = _LOWERING.get()
+        if lowering is None:
+            return (f"{self!r} is not an array on the host: pass it to a placed function, "
+                    f"or return it from the program")
+        site, slice_name = lowering
+        return (f"{site} uses {self!r} without receiving it as an argument: pass it as an "
+                f"argument so that it is sent to slice @{slice_name}")
+
+
+class ModuleBuilder:
+    """The pw module that one trace builds: its symbols, slices, compiled functions and labels."""
+
+    def __init__(self):
+        self.context = make_context()
+        self.module = ir.Module.create(loc=ir.Location.unknown(self.context))
+        self._symbols: set[str] = set()
+        self._slices: dict[Slice, str] = {}
+        self._executables: dict[tuple, Executable] = {}
+        self._labels: collections.Counter[str] = collections.Counter()
+
+    def symbol(self, base: str) -> str:
+        """Returns a new symbol name: `base`, else `base_1`, `base_2`, ..."""
+        name, n = base, 0
+        while name in self._symbols:
+            n += 1
+            name = f"{base}_{n}"
+        self._symbols.add(name)
+        return name
+
+    def label(self, name: str) -> str:
+        """Returns the next stable label of an op named after `name`: `name#0`, `name#1`, ..."""
+        count = self._labels[name]
+        self._labels[name] += 1
+        return f"{name}#{count}"
+
+    def slice_symbol(self, slice_: Slice) -> str:
+        """Returns the symbol of a slice, naming it on first use."""
+        if slice_ not in self._slices:
+            unnamed = sum(1 for s in self._slices if s.name is None)
+            self._slices[slice_] = self.symbol(slice_.name or f"slice{unnamed}")
+        return self._slices[slice_]
+
+    def executable(self, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
+                   in_avals: Sequence[jax.ShapeDtypeStruct]) -> Executable:
+        """Returns the compiled function `fn` for these arguments, compiling it once."""
+        key = (fn, in_tree, tuple((a.shape, a.dtype) for a in in_avals))
+        if key not in self._executables:
+            self._executables[key] = compile_function(self.symbol(name_of(fn)), fn, in_tree, list(in_avals))
+        return self._executables[key]
+
+    def finish(self) -> None:
+        """Puts the slices and compiled functions before the programs, and verifies the module."""
+        anchor = ir.InsertionPoint(self.module.body.operations[0])
+        with anchor:
+            for s, name in self._slices.items():
+                ops.VirtualSlice(name, s.shape, s.axes, s.constraints).build()
+        for executable in self._executables.values():
+            anchor.insert(executable.op)
+        self.module.operation.verify()
+
+
+class ProgramBuilder:
+    """One pw program being traced: a `func.func {pw.program}` and the values that belong to it."""
+
+    def __init__(self, module: ModuleBuilder, base_name: str, in_avals: Sequence[jax.ShapeDtypeStruct],
+                 site: Site):
+        self.module = module
+        self.name = module.symbol(base_name)
+        self.site = site
+        with ir.InsertionPoint(module.module.body), site.location():
+            self.func = func.FuncOp(self.name, ir.FunctionType.get([tensor_type(a) for a in in_avals], []))
+        ops.set_attr(self.func, ops.PROGRAM, None)
+        self.block = self.func.add_entry_block()
+        self.arguments = self.values(self.block.arguments, in_avals, "argument")
+
+    def values(self, ir_values: Sequence[ir.Value], avals: Sequence[jax.ShapeDtypeStruct],
+               origin: str) -> list[Value]:
+        """Wraps the results of an op (named `origin` in messages) as values of this program."""
+        return [Value(v, a, self, f"{origin} #{i}") for i, (v, a) in enumerate(zip(ir_values, avals))]
+
+    def own(self, x: Any, site: Site, what: str) -> Value:
+        """Returns `x` if it is a value of this program, else raises an error naming `site`."""
+        if not isinstance(x, Value):
+            raise TypeError(f"{site}: {what} is a {type(x).__name__}, not a program value: pass "
+                            f"program arguments or results of placed functions")
+        if x._program is not self:
+            raise PlacementError(
+                f"{site}: {what} is {x!r}, a value of another trace than program @{self.name}: "
+                f"pass values into a program as arguments, and into cond branches as operands")
+        return x
+
+    def trace(self, fn: Callable, in_tree: jax.tree_util.PyTreeDef
+              ) -> tuple[jax.tree_util.PyTreeDef, list[jax.ShapeDtypeStruct]]:
+        """Runs `fn` on the program's arguments, returns its result structure and shapes."""
+        token = _TRACING.set(self)
+        try:
+            result = fn(*jax.tree_util.tree_unflatten(in_tree, self.arguments))
+        finally:
+            _TRACING.reset(token)
+        leaves, out_tree = jax.tree_util.tree_flatten_with_path(result)
+        values = [self.own(x, self.site, f"result{jax.tree_util.keystr(path)}") for path, x in leaves]
+        with ir.InsertionPoint(self.block), self.site.location():
+            func.ReturnOp([v.ir_value for v in values])
+        self.func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [a.type for a in self.block.arguments], [v.ir_value.type for v in values]))
+        return out_tree, [v.aval for v in values]
+
+
+def current_program() -> ProgramBuilder | None:
+    """Returns the program being traced, or None outside a trace."""
+    return _TRACING.get()
+
+
+@contextmanager
+def lowering(site: Site, slice_name: str) -> Iterator[None]:
+    """Marks the call at `site` as being lowered for slice `slice_name` (for error messages)."""
+    token = _LOWERING.set((site, slice_name))
+    try:
+        yield
+    finally:
+        _LOWERING.reset(token)
+
+
+def lower(site: Site, fn: Callable, example_args: Sequence[Any]) -> Lowered:
+    """Traces `fn(*example_args)` into a new pw module whose entry program is named `site.name`."""
+    leaves, in_tree = jax.tree_util.tree_flatten_with_path(tuple(example_args))
+    in_avals = []
+    for path, x in leaves:
+        try:
+            in_avals.append(aval_of(x))
+        except TypeError as e:
+            raise TypeError(f"{site}: example argument{jax.tree_util.keystr(path)}: {e}") from None
+    module = ModuleBuilder()
+    with module.context, ir.Location.unknown():
+        program = ProgramBuilder(module, site.name, in_avals, site)
+        out_tree, out_avals = program.trace(fn, in_tree)
+        module.finish()
+    return Lowered(module.module, program.name, in_tree, tuple(in_avals), out_tree, tuple(out_avals))
+
+
+class Program:
+    """A Python function traced as one pw program; see `program`."""
+
+    def __init__(self, fn: Callable):
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+
+    def lower(self, *example_args: Any) -> Lowered:
+        """Traces the program for arguments of these shapes (arrays or `jax.ShapeDtypeStruct`s)."""
+        return lower(Site.of_definition(self._fn), self._fn, example_args)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Inside another program's trace, inlines this one; running it needs the runtime."""
+        if current_program() is None:
+            site = Site.of_call(name_of(self._fn), inspect.currentframe().f_back)
+            raise RuntimeError(f"{site}: this front end traces and exports programs but does not "
+                               f"run them: use .lower(*example_args)")
+        return self._fn(*args, **kwargs)
+
+
+def program(fn: Callable) -> Program:
+    """Marks `fn` as a Pathways program: its calls of placed functions trace into one pw program.
+
+        @pathways_mlir.program
+        def step(x):
+            return block_b(block_a(x))
+
+        step.lower(jax.ShapeDtypeStruct((8, 16), jnp.float32)).as_text()
+    """
+    return Program(fn)

@@ -1,0 +1,42 @@
+"""The pw-export driver: import a placed function or program, trace it, print pw IR."""
+
+import pathlib
+
+import pytest
+
+from pathways_mlir.cli import pw_export, pw_opt
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLE = str(ROOT / "examples" / "three_blocks.py")
+
+
+def test_exports_the_example_for_pw_opt(tmp_path, capsys):
+    out = tmp_path / "three_blocks.mlir"
+    assert pw_export.main([f"{EXAMPLE}:three_blocks", "--arg", "f32[8,16]", "-o", str(out)]) == 0
+    assert pw_opt.main([str(out), "--pw-verify"]) == 0
+    text = capsys.readouterr().out
+    assert text.count('"pw.compute"') == 3 and "func.func @three_blocks" in text
+
+
+def test_module_targets_and_debug_info(capsys):
+    assert pw_export.main(["json:dumps"]) == 1  # importable, but not exportable
+    assert "json:dumps is a function, not a placed function" in capsys.readouterr().err
+    assert pw_export.main([f"{EXAMPLE}:block_b", "--arg", "f32[4,4]", "--mlir-print-debuginfo"]) == 0
+    assert 'loc("block_b"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nocolon"], "target 'nocolon' is not module:name or path/to/file.py:name"),
+    (["missing.py:f"], "no such file: missing.py"),
+    (["no_such_module_xyz:f"], "cannot import no_such_module_xyz: ModuleNotFoundError"),
+    ([f"{EXAMPLE}:nope"], "has no attribute 'nope'"),
+    ([f"{EXAMPLE}:three_blocks", "--arg", "f32(8)"], "--arg 'f32(8)' is not a shape such as f32[8,16]"),
+    ([f"{EXAMPLE}:three_blocks", "--arg", "q7[8]"], "unknown element type 'q7'"),
+    ([f"{EXAMPLE}:three_blocks", "--arg", "f32[3,16]"], "PlacementError: block_a at "),
+    ([f"{EXAMPLE}:three_blocks"], "TypeError: three_blocks() missing 1 required positional argument"),
+])
+def test_errors_are_one_line(args, message, capsys):
+    assert pw_export.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pw-export: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
