@@ -171,7 +171,7 @@ class Dispatcher:
     # -- completion ----------------------------------------------------------
 
     def _watch(self, run: Run) -> None:
-        """Completes the run once its outputs are ready: outputs go to the client, intermediates are freed."""
+        """Completes the run once its outputs are ready; its intermediates are then freed."""
         def wait():
             try:
                 for b in run.plan.outputs:
@@ -180,13 +180,7 @@ class Dispatcher:
                         value.block_until_ready()
             except BaseException as error:  # noqa: BLE001
                 run.fail(error)
-            store = self.runtime.store
-            for b in run.plan.outputs:
-                try:
-                    store.transfer_ownership(run.key(b), ("client", self.client_id))
-                except KeyError:
-                    pass   # an input returned unchanged: not a stored object
-            store.release_owner(run.owner)
+            self.runtime.store.release_owner(run.owner)
             if not run.done.done():
                 run.done.set_result(run)
         self.runtime.watchers.submit(wait)

@@ -119,7 +119,7 @@ class IslandExecutor:
 
     def _allocate(self, run: Run, buffer: int, local_devices) -> None:
         info = run.plan.buffers[buffer]
-        self.store.add(run.key(buffer), run.owner, [(self.island, d) for d in local_devices],
+        self.store.add(run.key(buffer), run.owner_of(buffer), [(self.island, d) for d in local_devices],
                        info.bytes_per_device, run.futures[buffer])
 
     def mesh(self, plan, slice_name: str):

@@ -98,14 +98,6 @@ class ObjectStore:
         with self._changed:
             return self._objects[key]
 
-    def transfer_ownership(self, key: ObjectKey, owner: Hashable) -> None:
-        """Gives an object to another owner (a run's output becomes its client's)."""
-        with self._changed:
-            obj = self._objects[key]
-            self._by_owner[obj.owner].discard(key)
-            obj.owner = owner
-            self._by_owner.setdefault(owner, set()).add(key)
-
     def release(self, key: ObjectKey) -> None:
         """Drops an object and frees its memory; releasing twice is a no-op."""
         with self._changed:

@@ -37,6 +37,10 @@ class Run:
         """The owner of the run's intermediates in the object store."""
         return ("run", self.client_id, self.id)
 
+    def owner_of(self, buffer: int) -> tuple:
+        """The owner of one buffer: the client for outputs, the run for intermediates."""
+        return ("client", self.client_id) if buffer in self.plan.outputs else self.owner
+
     def key(self, buffer: int) -> tuple[int, int]:
         """The object-store key of one of the run's buffers."""
         return (self.id, buffer)

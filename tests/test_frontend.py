@@ -152,17 +152,13 @@ def test_pytrees_of_arguments_and_results():
 # constraint variable, and IRDL binds a variable to the first type it sees: a
 # pw.compute or pw.cond whose operands (or results) differ in type fails MLIR's
 # verifier. Fixing it is the dialect's job; these cases record it.
-_HETEROGENEOUS = pytest.mark.xfail(raises=ir.MLIRError, strict=True,
-                                   reason="pw.irdl.mlir: variadic operands must share one type")
 
 
-@_HETEROGENEOUS
 def test_operands_of_different_types():
     mix_b = pw.jit(lambda w, x: x @ w, slice=slice_b, in_specs=(P(None, "model"), P("data")))
     verified(mix_b.lower(f32(16, 4), f32(8, 16)))
 
 
-@_HETEROGENEOUS
 def test_results_of_different_types():
     verified(pw.jit(lambda x: (x, jnp.sum(x)), slice=slice_a).lower(f32(8)))
 

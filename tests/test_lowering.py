@@ -60,7 +60,8 @@ def test_three_blocks_plans_round_trip_through_json():
     [arg] = plan.inputs
     assert (plan.buffers[arg].slice, plan.buffers[arg].sharding) == ("slice_a", (("data",), ()))
     assert plan.subgraphs[0].static and set(plan.subgraphs[0].islands) == {"island0", "island1"}
-    assert plan.executables == {"block_a": "", "block_b": "", "block_c": ""}
+    # The example was exported from JAX: every executable carries its jax.export serialisation.
+    assert set(plan.executables) == {"block_a", "block_b", "block_c"} and all(plan.executables.values())
 
 
 def test_branch_programs_are_nested_plans():
