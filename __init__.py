@@ -14,16 +14,28 @@ resource manager, schedulers, executors and object store) and `cli`
     step.lower(jax.ShapeDtypeStruct((8, 16), jnp.float32)).as_text()
 """
 
+from .runtime.cluster import prepare_host_devices as _prepare_host_devices
+
 __version__ = "0.1.0"
 
-__all__ = ["PlacementError", "cond", "jit", "program", "virtual_slice"]
+_FRONTEND = ["PlacementError", "cond", "jit", "program", "virtual_slice"]
+_RUNTIME = {"Client": "client", "configure": "runtime", "get_runtime": "runtime"}
+__all__ = [*_FRONTEND, *_RUNTIME]
+
+# The embedded cluster's CPU devices must be asked of XLA before JAX starts:
+# importing pathways_mlir first does it (PW_CLUSTER, default 2 islands x 4).
+_prepare_host_devices()
 
 
 def __getattr__(name: str):
-    # The front end imports JAX; load it on first use so that tools that only
-    # read IR (`pw-opt`) start fast.
-    if name in __all__:
+    # The front end and the runtime import JAX; load them on first use so that
+    # tools that only read IR (`pw-opt`) start fast.
+    if name in _FRONTEND:
         from . import frontend
 
         return getattr(frontend, name)
+    if name in _RUNTIME:
+        import importlib
+
+        return getattr(importlib.import_module(f".runtime.{_RUNTIME[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,3 +27,17 @@ def block_c(x):
 @pw.program
 def three_blocks(x):
     return block_c(block_b(block_a(x)))
+
+
+if __name__ == "__main__":
+    # Run it on the embedded cluster (2 islands x 4 CPU devices by default)
+    # and check it against plain JAX running the same three functions.
+    import jax
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
+    result = three_blocks(x)
+    expected = jax.jit(block_c.fn)(jax.jit(block_b.fn)(jax.jit(block_a.fn)(x)))
+    print(f"three_blocks on {result!r}")
+    print(np.asarray(result)[:2])
+    print("matches plain JAX:", np.array_equal(np.asarray(result), np.asarray(expected)))

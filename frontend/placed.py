@@ -41,14 +41,18 @@ class PlacedFunction:
                             example_args)
 
     def __call__(self, *args: Any) -> Any:
-        """Inside a program trace, records one computation and returns its symbolic results."""
-        site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)
+        """Runs the function on its slice (op-by-op); inside a program trace, records one computation."""
         program = tracer.current_program()
         if program is None:
-            raise RuntimeError(f"{site}: this front end traces and exports placed functions but does "
-                               f"not run them: call it inside a @pathways_mlir.program, or use "
-                               f".lower(*example_args)")
+            return self.run(*args)
+        site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)
         return _record(program, self, args, site)
+
+    def run(self, *args: Any, dispatch: str = "parallel", client=None) -> Any:
+        """Runs the function as a one-computation program with a chosen dispatch mode and client."""
+        from pathways_mlir.runtime.programs import execute
+
+        return execute(self, args, client, dispatch)
 
 
 def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, args: tuple, site: Site) -> Any:

@@ -228,12 +228,18 @@ class Program:
         return lower(Site.of_definition(self._fn), self._fn, example_args)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Inside another program's trace, inlines this one; running it needs the runtime."""
+        """Runs the program on the cluster (results are handles); inside another trace, inlines it."""
         if current_program() is None:
-            site = Site.of_call(name_of(self._fn), inspect.currentframe().f_back)
-            raise RuntimeError(f"{site}: this front end traces and exports programs but does not "
-                               f"run them: use .lower(*example_args)")
+            if kwargs:
+                raise TypeError(f"{name_of(self._fn)}: programs take positional arguments only")
+            return self.run(*args)
         return self._fn(*args, **kwargs)
+
+    def run(self, *args: Any, dispatch: str = "parallel", client=None) -> Any:
+        """Runs the program with a chosen dispatch mode ("parallel" or "sequential") and client."""
+        from pathways_mlir.runtime.programs import execute
+
+        return execute(self, args, client, dispatch)
 
 
 def program(fn: Callable) -> Program:

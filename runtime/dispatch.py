@@ -26,8 +26,10 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan, Step
 
+from .executables import named_sharding
 from .run import Run
 from .scheduler import Submission
+from .transfers import copy_to
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -84,11 +86,11 @@ class Dispatcher:
         run = Run(plan, self.client_id)
         for buffer, value in zip(plan.inputs, args):
             info = plan.buffers[buffer]
-            value = value if hasattr(value, "sharding") else np.asarray(value)
+            value = value if hasattr(value, "shape") else np.asarray(value)
             if tuple(value.shape) != info.shape:
                 raise TypeError(f"argument for buffer {buffer} of {plan.program} has shape "
                                 f"{tuple(value.shape)}, expected {info.shape}")
-            run.resolve(buffer, value)
+            run.resolve(buffer, self._place_input(run, info, value))
         deps = _dependencies(plan)
         if mode == "parallel":
             self._prepare(plan)
@@ -103,6 +105,17 @@ class Dispatcher:
         else:
             self._sequential(run, deps, mode)
         return run
+
+    def _place_input(self, run: Run, info, value):
+        """Puts an argument on the slice and sharding of its first use (its home in the plan)."""
+        if info.slice is None:
+            return value if hasattr(value, "sharding") else np.asarray(value)
+        placement = run.plan.slices[info.slice]
+        executor = self.runtime.executors[placement.island]
+        self.runtime.store.add(run.key(info.id), run.owner_of(info.id),
+                               [(placement.island, d) for d in placement.device_ids()], info.bytes_per_device,
+                               run.futures[info.id])
+        return copy_to(value, named_sharding(executor.mesh(run.plan, info.slice), info.sharding))
 
     # -- parallel ------------------------------------------------------------
 

@@ -1,0 +1,195 @@
+"""`pw-run`: run a program on the embedded cluster, printing results and timing.
+
+    pw-run examples/three_blocks.py                 # a Python script, as __main__
+    pw-run three_blocks.mlir --program three_blocks # pw IR (lowered here if needed)
+    pw-run plan.json --dispatch sequential --repeat 10 --trace trace.json
+
+For IR and plan files the inputs are seeded random arrays of the program's
+argument shapes. `--trace` writes a Chrome/Perfetto trace with one track per
+device. Errors are one line each; no Python traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import runpy
+import sys
+import time
+import traceback
+
+import click
+
+from pathways_mlir.runtime.cluster import CLUSTER_ENV, prepare_host_devices
+
+
+class RunError(Exception):
+    """A problem with pw-run's input, reported on one line."""
+
+
+def _select_program(plans: dict, wanted: str | None, where: str):
+    branches = {s.then_plan.program for p in plans.values() for s in p.host_steps} | \
+               {s.else_plan.program for p in plans.values() for s in p.host_steps}
+    roots = sorted(name for name in plans if name not in branches)
+    if wanted is not None:
+        if wanted not in plans:
+            raise RunError(f"{where}: no program named '{wanted}' (programs: {', '.join(sorted(plans))})")
+        return plans[wanted]
+    if len(roots) != 1:
+        raise RunError(f"{where}: choose a program with --program (programs: {', '.join(roots)})")
+    return plans[roots[0]]
+
+
+def _plans_of(path: pathlib.Path, topology):
+    from mlir import ir
+
+    from pathways_mlir.dialect import ops
+    from pathways_mlir.dialect.context import make_context
+    from pathways_mlir.dialect.diagnostics import from_mlir_error
+    from pathways_mlir.dialect.plan import ProgramPlan
+    from pathways_mlir.dialect.structure import verify_structure
+    from pathways_mlir.passes import LoweringError, lower, program_plans
+
+    text = path.read_text()
+    if path.suffix == ".json":
+        import json
+
+        try:
+            plan = ProgramPlan.from_python(json.loads(text))
+        except (ValueError, KeyError, TypeError) as e:
+            raise RunError(f"{path}: not a pw plan: {type(e).__name__}: {e}") from None
+        return {plan.program: plan}
+    with make_context() as context:
+        try:
+            module = ir.Module.parse(text, context)
+        except ir.MLIRError as error:
+            raise RunError("\n".join(d.format(str(path)) for d in from_mlir_error(error))) from None
+        problems = verify_structure(module)
+        if problems:
+            raise RunError("\n".join(d.format(str(path)) for d in problems))
+        if ops.LOWERED not in module.operation.attributes:
+            try:
+                module = lower(module, topology)
+            except LoweringError as e:
+                raise RunError("\n".join(d.format(str(path)) for d in e.diagnostics)) from None
+        return program_plans(module)
+
+
+def _inputs(plan, seed: int):
+    import numpy as np
+
+    from pathways_mlir.runtime.executables import numpy_dtype
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for b in plan.inputs:
+        info = plan.buffers[b]
+        dtype = numpy_dtype(info.dtype)
+        if np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16":
+            arrays.append(rng.normal(size=info.shape).astype(dtype))
+        elif dtype == np.bool_:
+            arrays.append(rng.integers(0, 2, size=info.shape).astype(bool))
+        else:
+            arrays.append(rng.integers(-8, 8, size=info.shape).astype(dtype))
+    return arrays
+
+
+def _run_ir(path: pathlib.Path, program: str | None, dispatch: str, repeat: int, seed: int) -> None:
+    import numpy as np
+
+    import pathways_mlir as pw
+    from pathways_mlir.runtime.programs import default_client
+
+    runtime = pw.get_runtime()
+    plan = _select_program(_plans_of(path, runtime.resources.topology), program, str(path))
+    client = default_client(runtime)
+    args = _inputs(plan, seed)
+    start = time.perf_counter()
+    handles = client.run(plan, args, dispatch)
+    values = [np.asarray(h) for h in handles]
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for h in client.run(plan, args, dispatch):
+            h.block_until_ready()
+        times.append(time.perf_counter() - start)
+    islands = sorted(i for i, steps in plan.islands.items() if steps)
+    click.echo(f"program @{plan.program} on {', '.join(islands)} ({dispatch} dispatch)")
+    for n, (h, value) in enumerate(zip(handles, values)):
+        click.echo(f"  result {n}: {value.dtype}{list(value.shape)} on {h._info.slice} "
+                   f"sum={value.astype(np.float64).sum():.6g} first={value.ravel()[:4].tolist()}")
+    click.echo(f"  first run (compiles): {first * 1e3:.2f} ms")
+    if times:
+        click.echo(f"  median of {repeat} runs: {sorted(times)[len(times) // 2] * 1e3:.3f} ms")
+
+
+def _run_script(path: pathlib.Path) -> None:
+    sys.argv = [str(path)]
+    sys.path.insert(0, str(path.parent))
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise RunError(f"{path}: exited with status {e.code}") from None
+    except Exception as e:  # noqa: BLE001  (the user's script failed: say where, briefly)
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+        where = f"{path}:{frames[-1].lineno}" if frames else str(path)
+        raise RunError(f"{where}: {type(e).__name__}: {e}") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", type=click.Path(dir_okay=False, path_type=pathlib.Path))
+@click.option("--program", default=None, help="Program to run from an IR or plan file.")
+@click.option("--dispatch", type=click.Choice(["parallel", "sequential"]), default="parallel",
+              help="Asynchronous dispatch mode.")
+@click.option("--repeat", default=0, show_default=True, help="Timed runs after the first (IR and plans).")
+@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+              help="Write a Chrome/Perfetto trace (one track per device).")
+@click.option("--cluster", default=None, metavar="ISLANDSxDEVICES", help=f"Embedded cluster shape (sets {CLUSTER_ENV}).")
+@click.option("--emulate-dcn", is_flag=True, help="Sleep for the modelled DCN time on cross-island moves.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, seed) -> None:
+    """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the embedded cluster."""
+    if cluster:
+        os.environ[CLUSTER_ENV] = cluster
+    prepare_host_devices()
+    if not target.exists():
+        raise RunError(f"{target}: no such file")
+    import pathways_mlir as pw
+
+    pw.configure(emulate_dcn=emulate_dcn)
+    runtime = pw.get_runtime()
+    if trace_path:
+        runtime.start_tracing()
+    if target.suffix == ".py":
+        _run_script(target)
+    elif target.suffix in (".mlir", ".json"):
+        _run_ir(target, program, dispatch, repeat, seed)
+    else:
+        raise RunError(f"{target}: expected a .py script, a .mlir file or a .json plan")
+    if trace_path:
+        runtime.stop_tracing().write(trace_path)
+        click.echo(f"trace: {trace_path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pw-run`; returns the exit status."""
+    try:
+        status = cli.main(args=argv, prog_name="pw-run", standalone_mode=False)
+    except RunError as e:
+        click.echo(f"pw-run: error: {e}" if not str(e).count(": error:") else str(e), err=True)
+        return 1
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except Exception as e:  # noqa: BLE001  (a bug in pw-run or the runtime: no traceback)
+        click.echo(f"pw-run: error: {type(e).__name__}: {e}", err=True)
+        return 1
+    return status if isinstance(status, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
