@@ -193,11 +193,6 @@ def test_programs_nest_by_inlining():
     assert list(ops.programs(module)) == ["outer"]
 
 
-def test_calling_outside_a_trace_says_to_lower():
-    with pytest.raises(RuntimeError, match=r"_tanh at .*test_frontend.py:\d+: .*\.lower"):
-        tanh_a(jnp.ones((8, 16)))
-
-
 # -- data-dependent steps ----------------------------------------------------
 
 def test_cond_traces_both_branches_into_programs():
