@@ -8,8 +8,8 @@ two islands of four devices) or from the last `configure(...)` call.
 
 from __future__ import annotations
 
+import atexit
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from .cluster import DeviceMap, embedded_device_map
 from .executables import ExecutableCache
@@ -19,6 +19,7 @@ from .resource_manager import ResourceManager
 from .scheduler import GangScheduler
 from .tracing import Tracer
 from .transfers import DcnTransport
+from .workers import Workers
 
 
 class Runtime:
@@ -40,7 +41,7 @@ class Runtime:
                                         lambda: self.tracer)
             for island in topology.islands}
         self.scheduler = GangScheduler(self.executors, policy, window)
-        self.watchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pw-watch")
+        self.watchers = Workers(4, "pw-watch")
 
     def start_tracing(self) -> Tracer:
         """Starts recording a trace of every step executed from now on."""
@@ -52,6 +53,7 @@ class Runtime:
         tracer, self.tracer = self.tracer, None
         if tracer is not None:
             tracer.flush()
+            tracer.close()
         return tracer
 
     def close(self) -> None:
@@ -59,7 +61,7 @@ class Runtime:
         for executor in self.executors.values():
             executor.close()
         self.scheduler.close()
-        self.watchers.shutdown(wait=True)
+        self.watchers.close()
         self.transport.close()
 
 
@@ -84,4 +86,14 @@ def get_runtime() -> Runtime:
     with _default_lock:
         if _default is None:
             _default = Runtime(**_default_options)
+            atexit.register(_close_default)
         return _default
+
+
+def _close_default() -> None:
+    """Stops the default runtime's threads before the interpreter (and JAX) shut down."""
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+            _default = None

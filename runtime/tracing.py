@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+
+from .workers import Workers
 
 
 @dataclass(frozen=True)
@@ -34,28 +35,35 @@ class Tracer:
     def __init__(self):
         self.events: list[TraceEvent] = []
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pw-trace")
-        self._pending: list[Future] = []
+        self._pool = Workers(2, "pw-trace")
+        self._pending: list[threading.Event] = []
         self._origin = time.perf_counter()
 
     def record(self, name: str, kind: str, island: str, devices, arrays) -> None:
         """Records a step enqueued now whose outputs are `arrays` (waited for off-thread)."""
         enqueued = time.perf_counter()
 
+        done = threading.Event()
+
         def wait():
-            for a in arrays:
-                a.block_until_ready()
-            with self._lock:
-                self.events.append(TraceEvent(name, kind, island, tuple(devices), enqueued, time.perf_counter()))
+            try:
+                for a in arrays:
+                    a.block_until_ready()
+                with self._lock:
+                    self.events.append(TraceEvent(name, kind, island, tuple(devices), enqueued,
+                                                  time.perf_counter()))
+            finally:
+                done.set()
         with self._lock:
-            self._pending.append(self._pool.submit(wait))
+            self._pending.append(done)
+        self._pool.submit(wait)
 
     def flush(self) -> list[TraceEvent]:
         """Waits for pending events; returns all events."""
         with self._lock:
             pending, self._pending = self._pending, []
-        for f in pending:
-            f.result()
+        for done in pending:
+            done.wait()
         with self._lock:
             return list(self.events)
 
@@ -79,6 +87,10 @@ class Tracer:
                 out.append({"ph": "M", "name": "thread_name", "pid": islands.index(island), "tid": d,
                             "args": {"name": f"device {d}"}})
         return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+    def close(self) -> None:
+        """Stops the tracer's threads after the events under way."""
+        self._pool.close()
 
     def write(self, path: str) -> None:
         """Writes the Chrome trace JSON to `path`."""

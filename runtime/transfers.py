@@ -11,9 +11,11 @@ on a transport thread pool, never on an island's dispatch thread.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from pathways_mlir.dialect.topology import Link
+
+from .workers import Workers
 
 
 def copy_to(array, sharding):
@@ -30,7 +32,7 @@ class DcnTransport:
 
     def __init__(self, emulate: bool = False, workers: int = 4):
         self.emulate = emulate
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pw-dcn")
+        self._pool = Workers(workers, "pw-dcn")
 
     def send(self, source: Future, sharding, nbytes: int, link: Link, destination: Future,
              on_arrival=None) -> None:
@@ -53,4 +55,4 @@ class DcnTransport:
 
     def close(self) -> None:
         """Stops the transport's threads after the moves under way."""
-        self._pool.shutdown(wait=True)
+        self._pool.close()
