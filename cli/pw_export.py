@@ -21,6 +21,8 @@ from typing import Any
 
 import click
 
+from .entry import run_command
+
 
 class _ExportError(Exception):
     """A problem to report on one line."""
@@ -92,19 +94,7 @@ def cli(target: str, args: tuple[str, ...], output: str, debug_info: bool) -> No
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-export`; returns the exit status."""
-    try:
-        cli.main(args=argv, prog_name="pw-export", standalone_mode=False)
-    except _ExportError as e:
-        click.echo(f"pw-export: error: {e}", err=True)
-        return 1
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    except click.exceptions.Abort:
-        return 1
-    return 0
+    return run_command(cli, argv, "pw-export", (_ExportError,), lambda e: f"pw-export: error: {e}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathways_mlir.dialect.structure import verify_structure
 from pathways_mlir.passes.pipeline import PipelineError, instantiate, parse_pipeline, run_passes, _parse_options
 from pathways_mlir.passes.registry import PASSES, PIPELINES, Pass
 
+from .entry import run_command
 from .verify_diagnostics import AnnotationError, parse_expectations, verify
 
 SPLIT_MARKER = re.compile(r"^// -----[ \t]*$", re.MULTILINE)
@@ -231,22 +232,7 @@ def _write(output: str, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-opt`; returns the exit status."""
-    try:
-        status = cli.main(args=argv, prog_name="pw-opt", standalone_mode=False)
-    except UsageError as e:
-        click.echo(str(e), err=True)
-        return 1
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    except click.exceptions.Abort:
-        return 1
-    except Exception as e:  # a bug in pw-opt itself: report it without a traceback
-        click.echo(f"pw-opt: internal error: {type(e).__name__}: {e}", err=True)
-        return 2
-    return status if isinstance(status, int) else 0
+    return run_command(cli, argv, "pw-opt", (UsageError,), str)
 
 
 if __name__ == "__main__":

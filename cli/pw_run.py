@@ -22,6 +22,8 @@ import click
 
 from pathways_mlir.runtime.cluster import CLUSTER_ENV, prepare_host_devices
 
+from .entry import run_command
+
 
 class RunError(Exception):
     """A problem with pw-run's input, reported on one line."""
@@ -104,16 +106,19 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: str, repeat: int,
     plan = _select_program(_plans_of(path, runtime.resources.topology), program, str(path))
     client = default_client(runtime)
     args = _inputs(plan, seed)
-    start = time.perf_counter()
-    handles = client.run(plan, args, dispatch)
-    values = [np.asarray(h) for h in handles]
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeat):
+    try:
         start = time.perf_counter()
-        for h in client.run(plan, args, dispatch):
-            h.block_until_ready()
-        times.append(time.perf_counter() - start)
+        handles = client.run(plan, args, dispatch)
+        values = [np.asarray(h) for h in handles]
+        first = time.perf_counter() - start
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for h in client.run(plan, args, dispatch):
+                h.block_until_ready()
+            times.append(time.perf_counter() - start)
+    except Exception as e:  # noqa: BLE001  (the program failed on the cluster: say so in one line)
+        raise RunError(f"{path}: running @{plan.program} failed: {type(e).__name__}: {e}") from None
     islands = sorted(i for i, steps in plan.islands.items() if steps)
     click.echo(f"program @{plan.program} on {', '.join(islands)} ({dispatch} dispatch)")
     for n, (h, value) in enumerate(zip(handles, values)):
@@ -175,20 +180,12 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, see
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-run`; returns the exit status."""
-    try:
-        status = cli.main(args=argv, prog_name="pw-run", standalone_mode=False)
-    except RunError as e:
-        click.echo(f"pw-run: error: {e}" if not str(e).count(": error:") else str(e), err=True)
-        return 1
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    except Exception as e:  # noqa: BLE001  (a bug in pw-run or the runtime: no traceback)
-        click.echo(f"pw-run: error: {type(e).__name__}: {e}", err=True)
-        return 1
-    return status if isinstance(status, int) else 0
+    return run_command(cli, argv, "pw-run", (RunError,), _format_error)
+
+
+def _format_error(error: Exception) -> str:
+    text = str(error)
+    return text if ": error: " in text else f"pw-run: error: {text}"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""The entry-point wrapper shared by the command-line tools.
+
+Runs a click command outside click's standalone mode so that every failure
+becomes a one-line message and an exit status, never a Python traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import click
+
+
+def run_command(command: click.Command, argv: list[str] | None, prog: str,
+                user_errors: tuple[type[Exception], ...], format_error: Callable[[Exception], str]) -> int:
+    """Runs `command`; returns 0, 1 for bad input (`user_errors`), click's status, or 2 for a bug."""
+    try:
+        status = command.main(args=argv, prog_name=prog, standalone_mode=False)
+    except user_errors as e:
+        click.echo(format_error(e), err=True)
+        return 1
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Abort:
+        return 1
+    except Exception as e:  # noqa: BLE001  (a bug in the tool itself: reported, no traceback)
+        click.echo(f"{prog}: internal error: {type(e).__name__}: {e}", err=True)
+        return 2
+    return status if isinstance(status, int) else 0
