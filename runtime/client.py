@@ -9,6 +9,7 @@ share when the runtime's scheduler uses the `share` policy.
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Sequence
 
 from pathways_mlir.dialect.plan import ProgramPlan
@@ -32,6 +33,8 @@ class Client:
         self.weight = weight
         self._dispatcher = Dispatcher(self.runtime, self.id, weight)
         self._closed = False
+        self._active: set[Run] = set()
+        self._lock = threading.Lock()
 
     @property
     def owner(self) -> tuple[str, int]:
@@ -43,7 +46,15 @@ class Client:
         if self._closed:
             raise RuntimeError(f"client {self.id} is closed")
         args = [a.result() if isinstance(a, Handle) else a for a in args]
-        return self._dispatcher.start(plan, args, dispatch)
+        run = self._dispatcher.start(plan, args, dispatch)
+        with self._lock:
+            self._active.add(run)
+        run.done.add_done_callback(lambda _: self._finished(run))
+        return run
+
+    def _finished(self, run: Run) -> None:
+        with self._lock:
+            self._active.discard(run)
 
     def run(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel") -> list[Handle]:
         """Runs `plan` on `args`; returns one handle per program output."""
@@ -60,8 +71,18 @@ class Client:
         return self.runtime.store.owned_by(self.owner)
 
     def close(self) -> None:
-        """Releases every object this client owns; the client can no longer run programs."""
+        """Waits for the client's runs under way, then releases every object it owns.
+
+        The client can no longer run programs.
+        """
         self._closed = True
+        with self._lock:
+            active = list(self._active)
+        for run in active:
+            try:
+                run.done.result()
+            except Exception:  # noqa: BLE001  (a failed run owns nothing more)
+                pass
         self.runtime.store.release_owner(self.owner)
 
     def __enter__(self) -> "Client":

@@ -18,7 +18,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 _run_ids = itertools.count()
 
 
-@dataclass
+@dataclass(eq=False)
 class Run:
     """The state of one program run shared by the islands that execute it."""
 

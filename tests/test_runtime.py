@@ -247,3 +247,12 @@ def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path):
         assert sum(runtime.store.usage().values()) == 0   # both clients' objects reclaimed
     finally:
         endpoint.close()
+
+
+def test_closing_a_client_with_runs_in_flight_reclaims_everything(runtime):
+    plan, _ = two_island_chain(runtime.resources.topology)
+    client = Client(runtime)
+    runs = [client.start(plan, [X]) for _ in range(5)]
+    client.close()                         # waits for the runs, then releases what they made
+    assert all(r.done.done() for r in runs)
+    assert sum(runtime.store.usage().values()) == 0 and len(runtime.store) == 0
