@@ -119,15 +119,13 @@ class Dispatcher:
 
     # -- parallel ------------------------------------------------------------
 
-    def _prepare(self, plan: ProgramPlan) -> None:
-        """Host work up front: compile (or find) every launch's executable."""
+    def _prepare(self, plan: ProgramPlan, step_ids=None) -> None:
+        """Host work up front: compile (or find) executables, build shardings, for the given steps."""
         for island, steps in plan.islands.items():
             executor = self.runtime.executors[island]
             for s in steps:
-                if s.kind == "launch":
-                    mesh = executor.mesh(plan, s.slice)
-                    executor.cache.get(s.executable, plan.executables.get(s.executable, ""), mesh,
-                                       [plan.buffers[b] for b in s.inputs], [plan.buffers[b] for b in s.outputs])
+                if step_ids is None or s.id in step_ids:
+                    executor.prepare(plan, s)
 
     def _submit(self, run: Run, step_ids, on_executed=lambda: None) -> None:
         wanted = set(step_ids)
@@ -174,6 +172,7 @@ class Dispatcher:
                     continue
                 if step.kind == "recv":
                     run.futures[step.dst_buffer].result()
+                self._prepare(run.plan, {step_id})  # this step's host work, only now
                 executed = Future()
                 self._submit(run, [step_id], lambda f=executed: f.set_result(None))
                 executed.result()                 # the island has enqueued it

@@ -21,11 +21,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pathways_mlir.dialect.plan import Step
+import jax
+
+from pathways_mlir.dialect.plan import ProgramPlan, Step
+from pathways_mlir.dialect.topology import Link
 
 from .cluster import DeviceMap
 from .executables import ExecutableCache, make_mesh, named_sharding
-from .object_store import ObjectStore
+from .object_store import DeviceKey, ObjectStore
 from .run import Run
 from .tracing import Tracer
 from .transfers import DcnTransport, copy_to
@@ -54,6 +57,7 @@ class IslandExecutor:
         self._tracer = tracer_ref
         self._queue: queue.Queue[IslandWork | None] = queue.Queue()
         self._meshes: dict[tuple, object] = {}
+        self._prepared: dict[tuple[int, int], _Prepared] = {}
         self.executed: list[tuple[int, int, int]] = []   # (ticket, run id, step id), for order checks
         self._thread = threading.Thread(target=self._loop, name=f"pw-{island}", daemon=True)
         self._thread.start()
@@ -82,45 +86,59 @@ class IslandExecutor:
                     work.run.fail(error, [b for b in _produced(step)])
             work.on_executed()
 
-    def _execute(self, run: Run, step: Step) -> None:
-        plan = run.plan
+    def prepare(self, plan: ProgramPlan, step: Step) -> "_Prepared":
+        """Does a step's host work once per plan: compile, build shardings, list devices (cached)."""
+        key = (id(plan), step.id)
+        prepared = self._prepared.get(key)
+        if prepared is not None and prepared.plan is plan:
+            return prepared
         if step.kind == "launch":
-            placement = plan.slices[step.slice]
-            mesh = self.mesh(run.plan, step.slice)
+            mesh = self.mesh(plan, step.slice)
             inputs = [plan.buffers[b] for b in step.inputs]
             outputs = [plan.buffers[b] for b in step.outputs]
             compiled = self.cache.get(step.executable, plan.executables.get(step.executable, ""), mesh,
                                       inputs, outputs)
-            args = [copy_to(run.value(b.id), named_sharding(mesh, b.sharding)) for b in inputs]
-            for b in outputs:
-                self._allocate(run, b.id, placement.device_ids())
-            results = compiled(*args)
-            for b, array in zip(outputs, results):
-                run.resolve(b.id, array)
-            self._trace(step.label or step.executable, "launch", placement.device_ids(), results)
-        elif step.kind == "copy":
+            prepared = _Prepared(plan, self._devices(plan, step.slice), compiled,
+                                 tuple(named_sharding(mesh, b.sharding) for b in inputs))
+        elif step.kind in ("copy", "send", "recv"):
             dst = plan.buffers[step.dst_buffer]
-            placement = plan.slices[dst.slice]
-            self._allocate(run, dst.id, placement.device_ids())
-            moved = copy_to(run.value(step.src_buffer), named_sharding(self.mesh(run.plan, dst.slice), dst.sharding))
-            run.resolve(dst.id, moved)
-            self._trace(step.label or "copy", "copy", placement.device_ids(), [moved])
-        elif step.kind == "send":
-            dst = plan.buffers[step.dst_buffer]
-            sharding = named_sharding(self.mesh(run.plan, dst.slice), dst.sharding)
-            kind, link = plan.topology.link(self.island, step.peer)
-            self.transport.send(run.futures[step.src_buffer], sharding, step.bytes, link,
-                                run.futures[step.dst_buffer])
-        elif step.kind == "recv":
-            dst = plan.buffers[step.dst_buffer]
-            self._allocate(run, dst.id, plan.slices[dst.slice].device_ids())
+            sharding = named_sharding(self.mesh(plan, dst.slice), dst.sharding)
+            prepared = _Prepared(plan, self._devices(plan, dst.slice), None, (sharding,),
+                                 plan.topology.link(self.island, step.peer)[1] if step.kind == "send" else None)
         else:
             raise ValueError(f"island {self.island} cannot execute a '{step.kind}' step")
+        self._prepared[key] = prepared
+        return prepared
 
-    def _allocate(self, run: Run, buffer: int, local_devices) -> None:
-        info = run.plan.buffers[buffer]
-        self.store.add(run.key(buffer), run.owner_of(buffer), [(self.island, d) for d in local_devices],
-                       info.bytes_per_device, run.futures[buffer])
+    def _execute(self, run: Run, step: Step) -> None:
+        prepared = self.prepare(run.plan, step)
+        if step.kind == "launch":
+            args = [v if isinstance(v, jax.Array) else copy_to(v, sharding)
+                    for v, sharding in zip((run.value(b) for b in step.inputs), prepared.shardings)]
+            for b in step.outputs:
+                self._allocate(run, b, prepared.devices)
+            results = prepared.compiled(*args)
+            for b, array in zip(step.outputs, results):
+                run.resolve(b, array)
+            self._trace(step.label or step.executable, "launch", prepared.devices, results)
+        elif step.kind == "copy":
+            self._allocate(run, step.dst_buffer, prepared.devices)
+            moved = copy_to(run.value(step.src_buffer), prepared.shardings[0])
+            run.resolve(step.dst_buffer, moved)
+            self._trace(step.label or "copy", "copy", prepared.devices, [moved])
+        elif step.kind == "send":
+            self.transport.send(run.futures[step.src_buffer], prepared.shardings[0], step.bytes, prepared.link,
+                                run.futures[step.dst_buffer])
+        else:  # recv: the buffer's memory is taken here; the send resolves it on arrival
+            self._allocate(run, step.dst_buffer, prepared.devices)
+
+    def _allocate(self, run: Run, buffer: int, devices: tuple[DeviceKey, ...]) -> None:
+        self.store.add(run.key(buffer), run.owner_of(buffer), devices,
+                       run.plan.buffers[buffer].bytes_per_device, run.futures[buffer])
+
+    def _devices(self, plan: ProgramPlan, slice_name: str) -> tuple[DeviceKey, ...]:
+        placement = plan.slices[slice_name]
+        return tuple((placement.island, d) for d in placement.device_ids())
 
     def mesh(self, plan, slice_name: str):
         """Returns the JAX mesh of a slice of `plan` (cached)."""
@@ -132,10 +150,21 @@ class IslandExecutor:
             mesh = self._meshes[key] = make_mesh(devices, placement.shape, placement.axes)
         return mesh
 
-    def _trace(self, name: str, kind: str, devices, arrays) -> None:
+    def _trace(self, name: str, kind: str, devices: tuple[DeviceKey, ...], arrays) -> None:
         tracer = self._tracer()
         if tracer is not None:
-            tracer.record(name, kind, self.island, devices, arrays)
+            tracer.record(name, kind, self.island, [d for _, d in devices], arrays)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A step's host work, done once per plan (the plan is kept so that its id stays unique)."""
+
+    plan: ProgramPlan
+    devices: tuple[DeviceKey, ...]           # where the step's outputs live
+    compiled: Callable | None = None         # launch: the compiled executable
+    shardings: tuple = ()                    # launch: input shardings; moves: the destination's
+    link: Link | None = None                 # send: the DCN link it uses
 
 
 def _produced(step: Step) -> tuple[int, ...]:
