@@ -16,6 +16,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .dispatch import Dispatcher
 from .handles import Handle
+from .island import client_owner
 from .run import Run
 from .runtime import Runtime, get_runtime
 
@@ -39,7 +40,7 @@ class Client:
     @property
     def owner(self) -> tuple[str, int]:
         """The owner of this client's results in the object store."""
-        return ("client", self.id)
+        return client_owner(self.id)
 
     def start(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel") -> Run:
         """Starts a run of `plan`; returns the run without waiting."""
@@ -63,12 +64,12 @@ class Client:
 
     def handles(self, run: Run) -> list[Handle]:
         """Returns handles to a run's outputs."""
-        store = self.runtime.store
-        return [Handle(store, run.key(b), run.plan.buffers[b], run.futures[b]) for b in run.plan.outputs]
+        return [Handle(self.runtime.islands.get(run.island_of(b)), run.id, b, run.plan.buffers[b], run.outputs[b])
+                for b in run.plan.outputs]
 
     def objects(self) -> list:
         """Returns the keys of the objects this client owns."""
-        return self.runtime.store.owned_by(self.owner)
+        return self.runtime.owned_by(self.owner)
 
     def close(self) -> None:
         """Waits for the client's runs under way, then releases every object it owns.
@@ -83,7 +84,7 @@ class Client:
                 run.done.result()
             except Exception:  # noqa: BLE001  (a failed run owns nothing more)
                 pass
-        self.runtime.store.release_owner(self.owner)
+        self.runtime.release_owner(self.owner)
 
     def __enter__(self) -> "Client":
         return self

@@ -14,6 +14,9 @@ predecessors have been enqueued and their outputs exist.
 
 A `cond` host step splits a plan: steps that depend on its results are held
 back until the host has read the predicate and run the chosen branch plan.
+
+The dispatcher reaches islands only through their messages (`load`,
+`prepare`, `put`, `fetch`, `submit` through the gang scheduler, `release`).
 """
 
 from __future__ import annotations
@@ -26,10 +29,9 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan, Step
 
-from .executables import named_sharding
+from .island import client_owner, run_owner
 from .run import Run
 from .scheduler import Submission
-from .transfers import copy_to
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -70,7 +72,7 @@ def _dependencies(plan: ProgramPlan) -> dict[int, set[int]]:
 
 
 class Dispatcher:
-    """Runs plans for one client on a runtime."""
+    """Runs plans for one client, talking to islands only through their messages."""
 
     def __init__(self, runtime: "Runtime", client_id: int, weight: float = 1.0):
         self.runtime = runtime
@@ -83,99 +85,101 @@ class Dispatcher:
             raise ValueError(f"unknown dispatch mode '{mode}' (choose from {', '.join(MODES)})")
         if len(args) != len(plan.inputs):
             raise TypeError(f"program {plan.program} takes {len(plan.inputs)} arrays, got {len(args)}")
-        run = Run(plan, self.client_id)
+        values = []
         for buffer, value in zip(plan.inputs, args):
-            info = plan.buffers[buffer]
             value = value if hasattr(value, "shape") else np.asarray(value)
-            if tuple(value.shape) != info.shape:
+            if tuple(value.shape) != plan.buffers[buffer].shape:
                 raise TypeError(f"argument for buffer {buffer} of {plan.program} has shape "
-                                f"{tuple(value.shape)}, expected {info.shape}")
-            run.resolve(buffer, self._place_input(run, info, value))
+                                f"{tuple(value.shape)}, expected {plan.buffers[buffer].shape}")
+            values.append(value)
+        run = Run(plan, self.client_id)
+        key = self.runtime.load(plan)
+        for buffer, value in zip(plan.inputs, values):
+            self._put(run, key, buffer, value)
+        run.outputs = {b: self._future(run, key, b) for b in plan.outputs}
         deps = _dependencies(plan)
         if mode == "parallel":
-            self._prepare(plan)
+            for island, steps in plan.islands.items():
+                if steps:
+                    self.runtime.islands[island].prepare(key, [s.id for s in steps])
             waits_on = _conds_before(plan, deps)
             first = [s.id for island in plan.islands.values() for s in island if not waits_on[s.id]]
             if plan.host_steps:
-                self._submit(run, first)
-                threading.Thread(target=self._after_conds, args=(run, waits_on, mode),
+                self._submit(run, key, first)
+                threading.Thread(target=self._after_conds, args=(run, key, waits_on, mode),
                                  name="pw-cond", daemon=True).start()
             else:
-                self._submit(run, first, on_executed=lambda: self._watch(run))
+                self._submit(run, key, first, on_executed=lambda: self._watch(run))
         else:
-            self._sequential(run, deps, mode)
+            self._sequential(run, key, deps, mode)
         return run
 
-    def _place_input(self, run: Run, info, value):
-        """Puts an argument on the slice and sharding of its first use (its home in the plan)."""
-        if info.slice is None:
-            return value if hasattr(value, "sharding") else np.asarray(value)
-        placement = run.plan.slices[info.slice]
-        executor = self.runtime.executors[placement.island]
-        self.runtime.store.add(run.key(info.id), run.owner_of(info.id),
-                               [(placement.island, d) for d in placement.device_ids()], info.bytes_per_device,
-                               run.futures[info.id])
-        return copy_to(value, named_sharding(executor.mesh(run.plan, info.slice), info.sharding))
+    def _put(self, run: Run, key: int, buffer: int, value) -> None:
+        """Places a host value on its home island, or keeps it on the host if it has no home."""
+        island = run.island_of(buffer)
+        if island is None:
+            run.host.setdefault(buffer, Future()).set_result(value)
+            return
+        owner = client_owner(self.client_id) if buffer in run.plan.outputs else run_owner(self.client_id, run.id)
+        self.runtime.islands[island].put(run.id, key, buffer, value, owner)
+
+    def _future(self, run: Run, key: int, buffer: int) -> Future:
+        """Returns the future of a buffer's array (a `fetch` message to its island)."""
+        island = run.island_of(buffer)
+        if island is None:
+            return run.host.setdefault(buffer, Future())
+        return self.runtime.islands[island].fetch(run.id, key, buffer)
+
+    def _submit(self, run: Run, key: int, step_ids, on_executed=lambda: None) -> None:
+        wanted = set(step_ids)
+        steps = {island: tuple(s.id for s in ss if s.id in wanted) for island, ss in run.plan.islands.items()}
+        cost = float(sum(len(v) for v in steps.values()))
+        self.runtime.scheduler.submit(Submission(self.client_id, self.weight, cost, run.id, key, steps, on_executed))
 
     # -- parallel ------------------------------------------------------------
 
-    def _prepare(self, plan: ProgramPlan, step_ids=None) -> None:
-        """Host work up front: compile (or find) executables, build shardings, for the given steps."""
-        for island, steps in plan.islands.items():
-            executor = self.runtime.executors[island]
-            for s in steps:
-                if step_ids is None or s.id in step_ids:
-                    executor.prepare(plan, s)
-
-    def _submit(self, run: Run, step_ids, on_executed=lambda: None) -> None:
-        wanted = set(step_ids)
-        steps = {island: tuple(s for s in ss if s.id in wanted) for island, ss in run.plan.islands.items()}
-        cost = float(sum(len(v) for v in steps.values()))
-        self.runtime.scheduler.submit(Submission(self.client_id, self.weight, cost, run, steps, on_executed))
-
-    def _after_conds(self, run: Run, waits_on: dict[int, set[int]], mode: str) -> None:
+    def _after_conds(self, run: Run, key: int, waits_on: dict[int, set[int]], mode: str) -> None:
         """Runs the conds in order; after each, submits the steps it was holding back."""
         island_steps = [s.id for ss in run.plan.islands.values() for s in ss]
         done: set[int] = set()
         try:
             for cond in run.plan.host_steps:
-                self._run_cond(run, cond, mode)
+                self._run_cond(run, key, cond, mode)
                 done.add(cond.id)
-                ready = [s for s in island_steps if waits_on[s] and waits_on[s] <= done
-                         and not waits_on[s] <= done - {cond.id}]
-                self._submit(run, ready)
+                self._submit(run, key, [s for s in island_steps if cond.id in waits_on[s] and waits_on[s] <= done])
         except BaseException as error:  # noqa: BLE001  (reported through the run)
             run.fail(error)
         # Delivered after everything this run submitted, so the watcher never waits on undelivered work.
-        self._submit(run, [], on_executed=lambda: self._watch(run))
+        self._submit(run, key, [], on_executed=lambda: self._watch(run))
 
-    def _run_cond(self, run: Run, cond: Step, mode: str) -> None:
-        predicate = bool(np.asarray(run.value(cond.pred_buffer)))
+    def _run_cond(self, run: Run, key: int, cond: Step, mode: str) -> None:
+        """The host step: read the predicate, run the chosen branch, place its results."""
+        predicate = bool(np.asarray(self._future(run, key, cond.pred_buffer).result()))
         branch = cond.then_plan if predicate else cond.else_plan
-        inner = self.start(branch, [run.value(b) for b in cond.inputs], mode)
+        inner = self.start(branch, [self._future(run, key, b).result() for b in cond.inputs], mode)
         for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
-            run.resolve(buffer, inner.value(inner_buffer))
-        inner.done.add_done_callback(lambda f: self.runtime.store.release_owner(inner.owner))
+            self._put(run, key, buffer, inner.outputs[inner_buffer].result())
+        inner.done.add_done_callback(lambda _: self._release(inner, final=True))
 
     # -- sequential ----------------------------------------------------------
 
-    def _sequential(self, run: Run, deps: dict[int, set[int]], mode: str) -> None:
-        by_id = {s.id: s for ss in run.plan.islands.values() for s in ss}
-        by_id.update({s.id: s for s in run.plan.host_steps})
+    def _sequential(self, run: Run, key: int, deps: dict[int, set[int]], mode: str) -> None:
+        by_id = {s.id: (island, s) for island, ss in run.plan.islands.items() for s in ss}
+        by_id.update({s.id: (None, s) for s in run.plan.host_steps})
         try:
             for step_id in _topological(deps):
-                step = by_id[step_id]
+                island, step = by_id[step_id]
                 for b in consumed(step):
-                    run.futures[b].result()       # predecessors enqueued, outputs exist
+                    self._future(run, key, b).result()     # predecessors enqueued, outputs exist
                 if step.kind == "cond":
-                    self._run_cond(run, step, mode)
+                    self._run_cond(run, key, step, mode)
                     continue
                 if step.kind == "recv":
-                    run.futures[step.dst_buffer].result()
-                self._prepare(run.plan, {step_id})  # this step's host work, only now
+                    self._future(run, key, step.dst_buffer).result()
+                self.runtime.islands[island].prepare(key, [step_id])   # this step's host work, only now
                 executed = Future()
-                self._submit(run, [step_id], lambda f=executed: f.set_result(None))
-                executed.result()                 # the island has enqueued it
+                self._submit(run, key, [step_id], lambda f=executed: f.set_result(None))
+                executed.result()                       # the island has enqueued it
         except BaseException as error:  # noqa: BLE001
             run.fail(error)
         self._watch(run)
@@ -186,16 +190,24 @@ class Dispatcher:
         """Completes the run once its outputs are ready; its intermediates are then freed."""
         def wait():
             try:
-                for b in run.plan.outputs:
-                    value = run.value(b)
+                for future in run.outputs.values():
+                    value = future.result()
                     if hasattr(value, "block_until_ready"):
                         value.block_until_ready()
             except BaseException as error:  # noqa: BLE001
                 run.fail(error)
-            self.runtime.store.release_owner(run.owner)
+            self._release(run, final=False)
             if not run.done.done():
                 run.done.set_result(run)
         self.runtime.watchers.submit(wait)
+
+    def _release(self, run: Run, final: bool) -> None:
+        """Frees a run's intermediates on every island (and its outputs too if `final`)."""
+        for island in run.islands():
+            self.runtime.islands[island].release_run(run.id, run.client_id)
+            if final:
+                for b in run.plan.outputs:
+                    self.runtime.islands[island].release(run.id, b)
 
 
 def _conds_before(plan: ProgramPlan, deps: dict[int, set[int]]) -> dict[int, set[int]]:

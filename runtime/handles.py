@@ -16,18 +16,17 @@ import numpy as np
 from pathways_mlir.dialect.plan import BufferInfo
 
 from .executables import numpy_dtype
-from .object_store import ObjectStore
 
 
 class Handle:
     """An owned reference to a device buffer."""
 
-    def __init__(self, store: ObjectStore, key, info: BufferInfo, future: Future, owned: bool = True):
-        self._store = store
-        self._key = key
+    def __init__(self, island, run_id: int, buffer: int, info: BufferInfo, future: Future):
+        self._island = island          # None for a host value: nothing to release
+        self._run_id = run_id
+        self._buffer = buffer
         self._info = info
         self._future = future
-        self._owned = owned
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -44,7 +43,7 @@ class Handle:
     def result(self):
         """Returns the JAX array (waiting for its producer to be enqueued)."""
         if self._future is None:
-            raise ValueError(f"handle {self._key} was deleted")
+            raise ValueError(f"handle to buffer {self._buffer} of run {self._run_id} was deleted")
         return self._future.result()
 
     def block_until_ready(self) -> "Handle":
@@ -66,8 +65,8 @@ class Handle:
 
     def delete(self) -> None:
         """Releases the buffer now."""
-        if self._owned and self._future is not None:
-            self._store.release(self._key)
+        if self._island is not None and self._future is not None:
+            self._island.release(self._run_id, self._buffer)
         self._future = None
 
     def __del__(self):

@@ -1,15 +1,13 @@
-"""One run of a program plan: its buffer futures and its owner.
+"""One run of a program plan, as its client sees it.
 
-Every buffer of the plan gets a `Future` when the run is created, so that
-steps can be handed to islands before the steps that produce their inputs
-have executed (parallel asynchronous dispatch): a future resolves to a JAX
-array as soon as its producer has been enqueued on the devices.
+The islands keep the run's buffers; the client keeps the run's id, its plan,
+the futures of its outputs (fetched from the islands when the run starts) and
+the values of host buffers (program arguments the plan keeps on the host).
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -20,46 +18,27 @@ _run_ids = itertools.count()
 
 @dataclass(eq=False)
 class Run:
-    """The state of one program run shared by the islands that execute it."""
+    """A program run started by one client."""
 
     plan: ProgramPlan
     client_id: int
     id: int = field(default_factory=lambda: next(_run_ids))
-    futures: dict[int, Future] = field(default_factory=dict)
     done: Future = field(default_factory=Future)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    outputs: dict[int, Future] = field(default_factory=dict)
+    host: dict[int, Future] = field(default_factory=dict)
 
-    def __post_init__(self):
-        self.futures = {b: Future() for b in self.plan.buffers}
+    def island_of(self, buffer: int) -> str | None:
+        """Returns the island a buffer lives on (None for a host buffer)."""
+        info = self.plan.buffers[buffer]
+        return None if info.slice is None else self.plan.slices[info.slice].island
 
-    @property
-    def owner(self) -> tuple[str, int, int]:
-        """The owner of the run's intermediates in the object store."""
-        return ("run", self.client_id, self.id)
+    def islands(self) -> set[str]:
+        """Returns the islands this run has work or buffers on."""
+        return {i for i, steps in self.plan.islands.items() if steps} | {
+            self.island_of(b) for b in self.plan.inputs if self.island_of(b) is not None}
 
-    def owner_of(self, buffer: int) -> tuple:
-        """The owner of one buffer: the client for outputs, the run for intermediates."""
-        return ("client", self.client_id) if buffer in self.plan.outputs else self.owner
-
-    def key(self, buffer: int) -> tuple[int, int]:
-        """The object-store key of one of the run's buffers."""
-        return (self.id, buffer)
-
-    def value(self, buffer: int):
-        """Waits for a buffer's producer to be enqueued and returns its array."""
-        return self.futures[buffer].result()
-
-    def resolve(self, buffer: int, value) -> None:
-        """Sets a buffer's array (once)."""
-        future = self.futures[buffer]
-        if not future.done():
-            future.set_result(value)
-
-    def fail(self, error: BaseException, buffers=None) -> None:
-        """Fails the given buffers (all if None) and the run itself."""
-        with self._lock:
-            for b in (self.futures if buffers is None else buffers):
-                if not self.futures[b].done():
-                    self.futures[b].set_exception(error)
-            if not self.done.done():
-                self.done.set_exception(error)
+    def fail(self, error: BaseException) -> None:
+        """Marks the run failed (its outputs' waiters see `error`)."""
+        for future in [*self.outputs.values(), self.done]:
+            if not future.done():
+                future.set_exception(error)

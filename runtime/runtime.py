@@ -1,7 +1,8 @@
 """The embedded runtime: every part of Pathways in one process on JAX devices.
 
-A `Runtime` owns the resource manager, the object store, one executor per
-island, the gang scheduler and the DCN transport. `get_runtime()` returns the
+A `Runtime` owns the resource manager, one `Island` per island (its devices,
+object-store shard, compile cache and dispatch thread), the gang scheduler
+and the DCN transport. `get_runtime()` returns the
 process's default runtime, created on first use from `PW_CLUSTER` (default
 two islands of four devices) or from the last `configure(...)` call.
 """
@@ -12,9 +13,9 @@ import atexit
 import threading
 
 from .cluster import DeviceMap, embedded_device_map
-from .executables import ExecutableCache
-from .executor import IslandExecutor
-from .object_store import ObjectStore
+from pathways_mlir.dialect.plan import ProgramPlan
+
+from .island import Island
 from .resource_manager import ResourceManager
 from .scheduler import GangScheduler
 from .tracing import Tracer
@@ -29,19 +30,48 @@ class Runtime:
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None):
         device_map = device_map or embedded_device_map()
         self.resources = ResourceManager(device_map)
-        topology = device_map.topology
-        self.store = ObjectStore({
-            (island.name, d): device_memory_bytes or island.device_memory_bytes
-            for island in topology.islands for d in range(island.num_devices)})
         self.transport = DcnTransport(emulate=emulate_dcn)
-        self.cache = ExecutableCache()
         self.tracer: Tracer | None = None
-        self.executors = {
-            island.name: IslandExecutor(island.name, device_map, self.store, self.transport, self.cache,
-                                        lambda: self.tracer)
-            for island in topology.islands}
-        self.scheduler = GangScheduler(self.executors, policy, window)
+        self.islands = {
+            island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name],
+                                device_memory_bytes, lambda: self.tracer)
+            for island in device_map.topology.islands}
+        self.scheduler = GangScheduler(self.islands, policy, window)
         self.watchers = Workers(4, "pw-watch")
+        self._loaded: dict[int, ProgramPlan] = {}
+        self._lock = threading.Lock()
+
+    def load(self, plan: ProgramPlan) -> int:
+        """Sends a plan to the islands it uses (once); returns its key for later messages."""
+        key = id(plan)
+        with self._lock:
+            if self._loaded.get(key) is plan:
+                return key
+            self._loaded[key] = plan      # kept, so that the key stays unique
+        for island in {*plan.islands, *(p.island for p in plan.slices.values())}:
+            if island in self.islands:
+                self.islands[island].load(key, plan)
+        return key
+
+    def usage(self) -> dict:
+        """Returns the bytes in use on every device, by (island, device)."""
+        return {d: n for island in self.islands.values() for d, n in island.store.usage().items()}
+
+    def object_count(self) -> int:
+        """Returns how many buffers the islands hold."""
+        return sum(len(island.store) for island in self.islands.values())
+
+    def owned_by(self, owner) -> list:
+        """Returns the keys of every buffer `owner` holds, on any island."""
+        return [key for island in self.islands.values() for key in island.store.owned_by(owner)]
+
+    def release_owner(self, owner) -> int:
+        """Releases every buffer of `owner` on every island; returns how many."""
+        return sum(island.release_owner(owner) for island in self.islands.values())
+
+    def compilations(self) -> int:
+        """Returns how many executables the islands have compiled."""
+        return sum(island.cache.compilations for island in self.islands.values())
 
     def start_tracing(self) -> Tracer:
         """Starts recording a trace of every step executed from now on."""
@@ -58,8 +88,8 @@ class Runtime:
 
     def close(self) -> None:
         """Stops the runtime's threads after the work already queued."""
-        for executor in self.executors.values():
-            executor.close()
+        for island in self.islands.values():
+            island.close()
         self.scheduler.close()
         self.watchers.close()
         self.transport.close()

@@ -1,8 +1,8 @@
 """The gang scheduler: one consistent order of work for every island.
 
 Clients submit work (a run's steps, split by island); the scheduler gives
-each submission a ticket and delivers its island items to the island
-executors in ticket order. Every island therefore sees every client's work in
+each submission a ticket and delivers its island items to the islands in
+ticket order. Every island therefore sees every client's work in
 the same relative order, which is what lets computations that span devices
 (and programs that span islands) never deadlock: any step waits only on work
 with an earlier or equal ticket.
@@ -27,8 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .executor import IslandExecutor, IslandWork
-from .run import Run
+from .island import Island, IslandWork
 
 POLICIES = ("fifo", "share")
 
@@ -40,18 +39,19 @@ class Submission:
     client_id: int
     weight: float
     cost: float
-    run: Run
-    steps: dict[str, tuple]   # island -> steps in island order
+    run_id: int
+    plan_key: int
+    steps: dict[str, tuple[int, ...]]   # island -> step ids in island order
     on_executed: Callable[[], None] = field(default=lambda: None)
 
 
 class GangScheduler:
     """Orders submissions from all clients and delivers them to islands."""
 
-    def __init__(self, executors: dict[str, IslandExecutor], policy: str = "fifo", window: int = 4):
+    def __init__(self, islands: dict[str, Island], policy: str = "fifo", window: int = 4):
         if policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy '{policy}' (choose from {', '.join(POLICIES)})")
-        self.executors = executors
+        self.islands = islands
         self.policy = policy
         self.window = window
         self._tickets = itertools.count()
@@ -106,7 +106,7 @@ class GangScheduler:
         islands = [i for i, steps in submission.steps.items() if steps]
         remaining = [len(islands)]
 
-        def executed():
+        def executed(_reply=None):
             with self._lock:
                 remaining[0] -= 1
                 last = remaining[0] == 0
@@ -116,7 +116,9 @@ class GangScheduler:
             if last:
                 submission.on_executed()
         for island in islands:
-            self.executors[island].submit(IslandWork(ticket, submission.run, submission.steps[island], executed))
+            work = IslandWork(ticket, submission.run_id, submission.client_id, submission.plan_key,
+                              submission.steps[island])
+            self.islands[island].submit(work).add_done_callback(executed)
         if not islands:
             self._in_flight -= 1
             submission.on_executed()

@@ -5,13 +5,15 @@ destination sharding, which also reshards). Between islands the embedded
 backend emulates the datacenter network: the move waits until the source
 buffer is ready, sleeps for the DCN link's modelled time (latency plus bytes
 over bandwidth) when emulation is on, then makes the real copy. DCN moves run
-on a transport thread pool, never on an island's dispatch thread.
+on a transport thread pool, never on an island's dispatch thread, and end in
+the receiving island's `deliver` message.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future
+from typing import Callable
 
 from pathways_mlir.dialect.topology import Link
 
@@ -34,23 +36,23 @@ class DcnTransport:
         self.emulate = emulate
         self._pool = Workers(workers, "pw-dcn")
 
-    def send(self, source: Future, sharding, nbytes: int, link: Link, destination: Future,
-             on_arrival=None) -> None:
-        """Moves the array of `source` to `sharding`, then resolves `destination`."""
+    def send(self, source: Future, nbytes: int, link: Link, deliver: Callable[[object], None],
+             fail: Callable[[BaseException], None]) -> None:
+        """Once `source` holds an array, waits out the link (if emulating) and hands it to `deliver`.
+
+        The receiving island places it on its devices; if the source fails,
+        `fail` tells the receiver.
+        """
         def move():
             try:
                 array = source.result()
                 if self.emulate:
                     array.block_until_ready()
                     time.sleep(link.transfer_seconds(nbytes))
-                moved = copy_to(array, sharding)
-                if on_arrival is not None:
-                    on_arrival(moved)
-                if not destination.done():
-                    destination.set_result(moved)
             except BaseException as error:  # noqa: BLE001  (delivered to the receiver)
-                if not destination.done():
-                    destination.set_exception(error)
+                fail(error)
+                return
+            deliver(array)
         self._pool.submit(move)
 
     def close(self) -> None:

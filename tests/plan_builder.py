@@ -45,8 +45,9 @@ class PlanBuilder:
         self.buffers[b] = BufferInfo(b, tuple(shape), dtype, slice, sharding, nbytes)
         return b
 
-    def input(self, shape, dtype="f32"):
-        b = self.buffer(shape, dtype)
+    def input(self, shape, slice, sharding=None, dtype="f32"):
+        """A program argument, put by the runtime on `slice` with `sharding` (its home)."""
+        b = self.buffer(shape, dtype, slice, sharding)
         self.inputs.append(b)
         return b
 
