@@ -67,6 +67,13 @@ class DeviceMap:
         return self.devices[island][local_id]
 
 
+def embedded_topology(islands: int, per_island: int,
+                      device_memory_bytes: int = EMBEDDED_DEVICE_MEMORY) -> Topology:
+    """Returns the topology of `islands` islands of `per_island` CPU devices each."""
+    return Topology(tuple(Island(f"island{i}", "cpu", 1, per_island, device_memory_bytes, EMBEDDED_ICI)
+                          for i in range(islands)), EMBEDDED_DCN)
+
+
 def embedded_device_map(islands: int | None = None, per_island: int | None = None,
                         device_memory_bytes: int = EMBEDDED_DEVICE_MEMORY) -> DeviceMap:
     """Groups the default backend's JAX devices into islands.
@@ -85,12 +92,13 @@ def embedded_device_map(islands: int | None = None, per_island: int | None = Non
                 f"the embedded cluster needs {islands * per_island} CPU devices but JAX has {len(devices)}: "
                 f"import pathways_mlir (or call pathways_mlir.configure) before JAX is first used, or set "
                 f"XLA_FLAGS={_FLAG}={islands * per_island}")
-        groups = [devices[i * per_island:(i + 1) * per_island] for i in range(islands)]
-    else:
-        by_slice: dict[int, list] = {}
-        for d in devices:
-            by_slice.setdefault(getattr(d, "slice_index", 0) or 0, []).append(d)
-        groups = [by_slice[k] for k in sorted(by_slice)]
+        topology = embedded_topology(islands, per_island, device_memory_bytes)
+        return DeviceMap(topology, {island.name: tuple(devices[i * per_island:(i + 1) * per_island])
+                                    for i, island in enumerate(topology.islands)})
+    by_slice: dict[int, list] = {}
+    for d in devices:
+        by_slice.setdefault(getattr(d, "slice_index", 0) or 0, []).append(d)
+    groups = [by_slice[k] for k in sorted(by_slice)]
     island_list, mapping = [], {}
     for i, group in enumerate(groups):
         name = f"island{i}"

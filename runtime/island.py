@@ -20,7 +20,8 @@ another process (as a Ray actor, say) without a rewrite:
     deliver(run_id, plan_key, buffer, array), fail(run_id, plan_key, buffer, error)
                                       a peer island's send arriving, or failing
     fetch(run_id, buffer) -> Future   a buffer's array, once produced
-    release(run_id, buffer), release_run(run_id), release_owner(owner)
+    release(run_id, buffer), release_run(run_id, client_id), release_owner(owner)
+    usage(), owned_by(owner), object_count(), compilations()
 """
 
 from __future__ import annotations
@@ -174,6 +175,22 @@ class Island:
     def release_owner(self, owner: Hashable) -> int:
         """Drops every buffer of `owner`; returns how many."""
         return self.store.release_owner(owner)
+
+    def usage(self) -> dict[DeviceKey, int]:
+        """Returns the bytes in use on each of the island's devices."""
+        return self.store.usage()
+
+    def owned_by(self, owner: Hashable) -> list:
+        """Returns the keys of the buffers `owner` holds here."""
+        return self.store.owned_by(owner)
+
+    def object_count(self) -> int:
+        """Returns how many buffers the island holds."""
+        return len(self.store)
+
+    def compilations(self) -> int:
+        """Returns how many executables the island has compiled."""
+        return self.cache.compilations
 
     def close(self) -> None:
         """Stops the dispatch thread after the work already queued."""

@@ -1,4 +1,4 @@
-"""The embedded runtime: every part of Pathways in one process on JAX devices.
+"""The runtime: every part of Pathways, on JAX devices.
 
 A `Runtime` owns the resource manager, one `Island` per island (its devices,
 object-store shard, compile cache and dispatch thread), the gang scheduler
@@ -12,8 +12,9 @@ from __future__ import annotations
 import atexit
 import threading
 
-from .cluster import DeviceMap, embedded_device_map
 from pathways_mlir.dialect.plan import ProgramPlan
+
+from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 
 from .island import Island
 from .resource_manager import ResourceManager
@@ -23,19 +24,40 @@ from .transfers import DcnTransport
 from .workers import Workers
 
 
+BACKENDS = ("embedded", "ray")
+
+
 class Runtime:
-    """An embedded Pathways cluster: islands of JAX devices in this process."""
+    """A Pathways cluster: islands of JAX devices, in this process or in Ray actors.
+
+    `backend="embedded"` (the default) runs every island in this process on
+    its JAX devices; `backend="ray"` runs each island in its own Ray actor
+    (`runtime/ray_backend.py`), with `islands` x `per_island` CPU devices
+    each here. Both run the same plans through the same island messages.
+    """
 
     def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int = 4,
-                 emulate_dcn: bool = False, device_memory_bytes: int | None = None):
-        device_map = device_map or embedded_device_map()
-        self.resources = ResourceManager(device_map)
-        self.transport = DcnTransport(emulate=emulate_dcn)
+                 emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
+                 islands: int | None = None, per_island: int | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
+        self.backend = backend
         self.tracer: Tracer | None = None
-        self.islands = {
-            island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name],
-                                device_memory_bytes, lambda: self.tracer)
-            for island in device_map.topology.islands}
+        self.transport: DcnTransport | None = None
+        if backend == "ray":
+            from .ray_backend import start_islands
+
+            topology = embedded_topology(*(requested_shape() if islands is None else (islands, per_island)))
+            device_map = DeviceMap(topology, {})
+            self.islands = start_islands(topology, emulate_dcn, device_memory_bytes)
+        else:
+            device_map = device_map or embedded_device_map(islands, per_island)
+            self.transport = DcnTransport(emulate=emulate_dcn)
+            self.islands = {
+                island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name],
+                                    device_memory_bytes, lambda: self.tracer)
+                for island in device_map.topology.islands}
+        self.resources = ResourceManager(device_map)
         self.scheduler = GangScheduler(self.islands, policy, window)
         self.watchers = Workers(4, "pw-watch")
         self._loaded: dict[int, ProgramPlan] = {}
@@ -55,15 +77,15 @@ class Runtime:
 
     def usage(self) -> dict:
         """Returns the bytes in use on every device, by (island, device)."""
-        return {d: n for island in self.islands.values() for d, n in island.store.usage().items()}
+        return {d: n for island in self.islands.values() for d, n in island.usage().items()}
 
     def object_count(self) -> int:
         """Returns how many buffers the islands hold."""
-        return sum(len(island.store) for island in self.islands.values())
+        return sum(island.object_count() for island in self.islands.values())
 
     def owned_by(self, owner) -> list:
         """Returns the keys of every buffer `owner` holds, on any island."""
-        return [key for island in self.islands.values() for key in island.store.owned_by(owner)]
+        return [key for island in self.islands.values() for key in island.owned_by(owner)]
 
     def release_owner(self, owner) -> int:
         """Releases every buffer of `owner` on every island; returns how many."""
@@ -71,10 +93,12 @@ class Runtime:
 
     def compilations(self) -> int:
         """Returns how many executables the islands have compiled."""
-        return sum(island.cache.compilations for island in self.islands.values())
+        return sum(island.compilations() for island in self.islands.values())
 
     def start_tracing(self) -> Tracer:
-        """Starts recording a trace of every step executed from now on."""
+        """Starts recording a trace of every step executed from now on (embedded backend)."""
+        if self.backend != "embedded":
+            raise RuntimeError("traces are recorded by the embedded backend only")
         self.tracer = Tracer()
         return self.tracer
 
@@ -92,7 +116,8 @@ class Runtime:
             island.close()
         self.scheduler.close()
         self.watchers.close()
-        self.transport.close()
+        if self.transport is not None:
+            self.transport.close()
 
 
 _default: Runtime | None = None

@@ -1,0 +1,200 @@
+"""The Ray backend: each island is a long-running Ray actor that owns its devices.
+
+The actor process starts its own JAX with the island's devices (CPU devices
+made with `XLA_FLAGS` in the actor's environment here; an accelerator host's
+own devices elsewhere) and runs an `Island` inside: the same dispatch thread,
+object-store shard and compile cache as the embedded backend. The driver
+holds a proxy per island that turns each island message into an actor call:
+plans travel as JSON, arrays as NumPy arrays through Ray's object store, and
+replies come back as futures. A send between islands goes straight from one
+actor to the other (`deliver`), never through the driver.
+
+Ray runs actor calls concurrently (the actors are threaded), so the proxy
+numbers the work items it submits and the actor admits them to its island in
+that order: the gang scheduler's consistent order survives the hop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.topology import Topology
+
+from .island import IslandWork
+
+
+class _IslandActor:
+    """The body of an island actor (made a Ray actor class by `start_islands`)."""
+
+    def __init__(self, name: str, topology_json: str, emulate_dcn: bool, device_memory_bytes: int | None):
+        import jax
+
+        from .cluster import DeviceMap
+        from .island import Island
+        from .transfers import DcnTransport
+
+        topology = Topology.from_json(topology_json)
+        count = topology.island(name).num_devices
+        devices = jax.devices()
+        if len(devices) < count:
+            raise RuntimeError(f"island {name} needs {count} devices but its process has {len(devices)}")
+        self._peers: dict[str, object] = {}
+        self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
+                              DcnTransport(emulate=emulate_dcn), self._peer, device_memory_bytes)
+        self._next = 0
+        self._turn = threading.Condition()
+
+    def connect(self, peers: dict) -> None:
+        self._peers = dict(peers)
+
+    def _peer(self, name: str) -> "_PeerSender":
+        return _PeerSender(self._peers[name])
+
+    def load(self, key: int, plan_json: str) -> None:
+        self._island.load(key, ProgramPlan.from_json(plan_json))
+
+    def prepare(self, key: int, step_ids) -> None:
+        self._island.prepare(key, step_ids)
+
+    def put(self, run_id: int, key: int, buffer: int, array, owner) -> None:
+        self._island.put(run_id, key, buffer, array, owner)
+
+    def submit(self, seq: int, work: IslandWork) -> None:
+        with self._turn:
+            self._turn.wait_for(lambda: self._next == seq)
+            executed = self._island.submit(work)
+            self._next += 1
+            self._turn.notify_all()
+        executed.result()
+
+    def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
+        self._island.deliver(run_id, key, buffer, array)
+
+    def fail(self, run_id: int, key: int, buffer: int, error: BaseException) -> None:
+        self._island.fail(run_id, key, buffer, error)
+
+    def fetch(self, run_id: int, key: int, buffer: int):
+        return np.asarray(self._island.fetch(run_id, key, buffer).result())
+
+    def release(self, run_id: int, buffer: int) -> None:
+        self._island.release(run_id, buffer)
+
+    def release_run(self, run_id: int, client_id: int) -> None:
+        self._island.release_run(run_id, client_id)
+
+    def release_owner(self, owner) -> int:
+        return self._island.release_owner(owner)
+
+    def usage(self) -> dict:
+        return self._island.usage()
+
+    def owned_by(self, owner) -> list:
+        return self._island.owned_by(owner)
+
+    def object_count(self) -> int:
+        return self._island.object_count()
+
+    def compilations(self) -> int:
+        return self._island.compilations()
+
+    def close(self) -> None:
+        self._island.close()
+
+
+class _PeerSender:
+    """Inside an actor: sends a buffer to a peer island's actor as a NumPy array."""
+
+    def __init__(self, actor):
+        self._actor = actor
+
+    def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
+        self._actor.deliver.remote(run_id, key, buffer, np.asarray(array))
+
+    def fail(self, run_id: int, key: int, buffer: int, error: BaseException) -> None:
+        self._actor.fail.remote(run_id, key, buffer, error)
+
+
+class RayIsland:
+    """The driver's proxy for an island actor: the island messages, as actor calls."""
+
+    def __init__(self, name: str, actor):
+        self.name = name
+        self._actor = actor
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+
+    def load(self, key: int, plan: ProgramPlan) -> None:
+        _get(self._actor.load.remote(key, plan.to_json()))
+
+    def prepare(self, key: int, step_ids) -> None:
+        _get(self._actor.prepare.remote(key, list(step_ids)))
+
+    def put(self, run_id: int, key: int, buffer: int, array, owner) -> None:
+        _get(self._actor.put.remote(run_id, key, buffer, np.asarray(array), owner))
+
+    def submit(self, work: IslandWork) -> Future:
+        with self._lock:   # the gang scheduler calls in ticket order; number the calls in that order
+            return self._actor.submit.remote(next(self._seq), work).future()
+
+    def fetch(self, run_id: int, key: int, buffer: int) -> Future:
+        return self._actor.fetch.remote(run_id, key, buffer).future()
+
+    def release(self, run_id: int, buffer: int) -> None:
+        self._actor.release.remote(run_id, buffer)
+
+    def release_run(self, run_id: int, client_id: int) -> None:
+        self._actor.release_run.remote(run_id, client_id)
+
+    def release_owner(self, owner) -> int:
+        return _get(self._actor.release_owner.remote(owner))
+
+    def usage(self) -> dict:
+        return _get(self._actor.usage.remote())
+
+    def owned_by(self, owner) -> list:
+        return _get(self._actor.owned_by.remote(owner))
+
+    def object_count(self) -> int:
+        return _get(self._actor.object_count.remote())
+
+    def compilations(self) -> int:
+        return _get(self._actor.compilations.remote())
+
+    def close(self) -> None:
+        import ray
+
+        _get(self._actor.close.remote())
+        ray.kill(self._actor)
+
+
+def _get(ref):
+    import ray
+
+    return ray.get(ref)
+
+
+def start_islands(topology: Topology, emulate_dcn: bool = False,
+                  device_memory_bytes: int | None = None) -> dict[str, RayIsland]:
+    """Starts one actor per island of `topology` (on a local Ray instance unless one is running)."""
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("the Ray backend needs Ray: pip install 'pathways-mlir[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(num_cpus=max(2, len(topology.islands)), include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    actor_class = ray.remote(_IslandActor)
+    actors = {}
+    for island in topology.islands:
+        flags = f"--xla_force_host_platform_device_count={island.num_devices}"
+        actors[island.name] = actor_class.options(
+            num_cpus=0, max_concurrency=64,
+            runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": ""}},
+        ).remote(island.name, topology.to_json(), emulate_dcn, device_memory_bytes)
+    ray.get([a.connect.remote(actors) for a in actors.values()])
+    return {name: RayIsland(name, actor) for name, actor in actors.items()}
