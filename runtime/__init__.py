@@ -1,1 +1,1 @@
-"""The Pathways runtime: client, resource manager, schedulers, executors, object store."""
+"""The Pathways runtime: resource manager, gang scheduler, islands, object store, clients, backends."""
