@@ -70,13 +70,6 @@ class ObjectStore:
         with self._changed:
             return dict(self._used)
 
-    def set_capacity(self, device: DeviceKey, nbytes: int) -> None:
-        """Changes a device's memory limit (for tests and experiments)."""
-        with self._changed:
-            self._capacity[device] = nbytes
-            self._used.setdefault(device, 0)
-            self._changed.notify_all()
-
     # -- objects -----------------------------------------------------------
 
     def add(self, key: ObjectKey, owner: Hashable, devices: Iterable[DeviceKey], bytes_per_device: int,

@@ -255,3 +255,29 @@ def test_closing_a_client_with_runs_in_flight_reclaims_everything(runtime):
     client.close()                         # waits for the runs, then releases what they made
     assert all(r.done.done() for r in runs)
     assert sum(runtime.usage().values()) == 0 and runtime.object_count() == 0
+
+
+def test_clients_in_threads_get_one_consistent_order_on_every_island(runtime):
+    import threading
+
+    plan, want = two_island_chain(runtime.resources.topology)
+    results: dict[int, list] = {}
+
+    def work(n):
+        with Client(runtime) as client:
+            results[n] = [np.asarray(h) for h in [client.run(plan, [X])[0] for _ in range(5)]]
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for values in results.values():
+        for v in values:
+            np.testing.assert_array_equal(v, want)
+    # Every island executed the submissions in ticket order, so any two that
+    # share islands are in the same relative order on all of them.
+    orders = {name: [ticket for ticket, _, _ in island.executed] for name, island in runtime.islands.items()}
+    for order in orders.values():
+        assert order == sorted(order)
+    assert set(orders["island0"]) & set(orders["island1"])
