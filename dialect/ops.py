@@ -52,7 +52,6 @@ COST = "pw.cost"
 HOST_PLAN = "pw.host_plan"
 
 DATA_MOVEMENT_OPS = ("pw.transfer", "pw.scatter", "pw.gather")
-PLAN_STEP_OPS = ("pw.launch", "pw.copy", "pw.send", "pw.recv", "pw.branch")
 LINKS = ("ici", "dcn")
 
 
