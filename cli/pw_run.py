@@ -20,7 +20,7 @@ import traceback
 
 import click
 
-from pathways_mlir.runtime.cluster import CLUSTER_ENV, prepare_host_devices
+from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
 
 from .entry import run_command
 
@@ -180,7 +180,7 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, see
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-run`; returns the exit status."""
-    return run_command(cli, argv, "pw-run", (RunError,), _format_error)
+    return run_command(cli, argv, "pw-run", (RunError, ClusterError), _format_error)
 
 
 def _format_error(error: Exception) -> str:

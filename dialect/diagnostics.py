@@ -63,7 +63,8 @@ class Diagnostic:
         loc = self.location
         if filename is not None and loc.filename in ("-", ""):
             loc = SourceLocation(filename, loc.line, loc.column)
-        text = f"{loc}: {self.severity}: {self.message}"
+        where = f"{loc}: " if loc.line or loc.filename else ""
+        text = f"{where}{self.severity}: {self.message}"
         return "\n".join([text] + [n.format(filename) for n in self.notes])
 
 

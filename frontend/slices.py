@@ -8,11 +8,14 @@ same program can be exported for 8 devices or 2048.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from pathways_mlir.dialect import ops
+
+from .provenance import Site
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,6 +26,7 @@ class Slice:
     axes: tuple[str, ...]
     constraints: Mapping[str, Any] = field(default_factory=dict)
     name: str | None = None
+    site: Site | None = None      # where it was requested: errors about the slice point there
 
     @property
     def size(self) -> int:
@@ -62,4 +66,5 @@ def virtual_slice(shape: int | Sequence[int], axes: Sequence[str], *, name: str 
             raise TypeError(f"unknown slice constraint '{key}' (known: {', '.join(ops.CONSTRAINT_KINDS)})")
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TypeError(f"slice constraint '{key}' must be a {kind.__name__}, not {value!r}")
-    return Slice(shape, axes, dict(constraints), name)
+    return Slice(shape, axes, dict(constraints), name,
+                 Site.of_call("virtual_slice", inspect.currentframe().f_back))

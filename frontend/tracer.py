@@ -131,7 +131,8 @@ class ModuleBuilder:
         anchor = ir.InsertionPoint(self.module.body.operations[0])
         with anchor:
             for s, name in self._slices.items():
-                ops.VirtualSlice(name, s.shape, s.axes, s.constraints).build()
+                ops.VirtualSlice(name, s.shape, s.axes, s.constraints).build(
+                    loc=s.site.location() if s.site else None)
         for executable in self._executables.values():
             anchor.insert(executable.op)
         self.module.operation.verify()
