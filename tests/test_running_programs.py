@@ -1,4 +1,4 @@
-"""A program run on several runtimes gets a plan for each runtime's own topology."""
+"""Running traced programs on runtimes: plans per runtime, placed functions over pytrees."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -32,3 +32,19 @@ def test_each_runtime_lowers_for_its_own_topology():
     finally:
         two_islands.close()
         four_islands.close()
+
+
+def test_placed_functions_take_and_return_pytrees():
+    s = pw.virtual_slice(2, axes="x")
+    scale = pw.jit(lambda params, x: {"y": params["w"] * x + params["b"], "w": params["w"]},
+                   slice=s, in_specs=(None, P("x")), out_specs=None)
+    params = {"w": np.float32(3.0) * np.ones(4, np.float32), "b": np.ones(4, np.float32)}
+    x = np.arange(4, dtype=np.float32)
+    rt = Runtime(embedded_device_map(2, 4))
+    try:
+        with Client(rt) as client:
+            out = scale.run(params, x, client=client)
+            np.testing.assert_allclose(np.asarray(out["y"]), 3 * x + 1)
+            np.testing.assert_allclose(np.asarray(out["w"]), params["w"])
+    finally:
+        rt.close()
