@@ -134,7 +134,7 @@ def cases(client: Client, ray, n: int, k: int) -> dict:
 
 def run(quick: bool) -> dict:
     """Measures computations per second for every case and slice size; ratios at 8 devices."""
-    k, repetitions = (32, 3) if quick else (128, 7)
+    k, repetitions = (32, 3) if quick else (128, 11)
     rows = []
     with harness.local_ray() as ray:      # before JAX starts its threads: Ray forks
         runtime = Runtime(embedded_device_map(1, max(DEVICES)))

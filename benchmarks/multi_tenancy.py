@@ -103,7 +103,7 @@ def shares(program, x, weights: tuple[int, ...], queued: int) -> list[dict]:
 
 def run(quick: bool) -> dict:
     """Measures aggregate throughput for each client count and size, then the weighted shares."""
-    total, queued, repetitions = (16, 40, 3) if quick else (48, 100, 7)
+    total, queued, repetitions = (16, 40, 3) if quick else (48, 100, 11)
     sharding = NamedSharding(Mesh(np.array(jax.devices()[:DEVICES]), ("x",)), P("x"))
     x = jax.device_put(np.zeros(DEVICES * WIDTH, np.float32), sharding)
     programs = sized_programs(x, sharding)

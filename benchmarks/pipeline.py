@@ -128,7 +128,7 @@ def pipeline_program(stages: int, islands: int):
 
 def run(quick: bool) -> dict:
     """Measures training steps per second of SPMD and each pipeline, interleaved."""
-    steps, repetitions = (1, 3) if quick else (2, 7)
+    steps, repetitions = (1, 3) if quick else (4, 11)
     rng = np.random.default_rng(1)
     x = rng.normal(size=(BATCH, WIDTH)).astype(np.float32)
     target = np.tanh(rng.normal(size=(BATCH, WIDTH))).astype(np.float32)
