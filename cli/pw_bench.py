@@ -135,7 +135,11 @@ def report(results: pathlib.Path, out: pathlib.Path) -> None:
         raise BenchError(f"{results}: not a pw-bench record: {type(e).__name__}: {e}") from None
     if not records:
         raise BenchError(f"{results}: no JSON records (run pw-bench all first)")
-    for path in write_report(records, out):
+    try:
+        written = write_report(records, out)
+    except ImportError as e:
+        raise BenchError(f"report: {e} (pip install 'pathways-mlir[bench]')") from None
+    for path in written:
         click.echo(str(path))
 
 
