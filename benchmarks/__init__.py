@@ -1,7 +1,28 @@
 """`pw-bench`: the Pathways paper's experiments as side-by-side benchmarks.
 
 Each benchmark module has `NAME`, `HEADLINE` (the names of its headline
-ratios) and `run(quick: bool) -> dict`, returning a record made by
-`harness.record`. Our system and its baselines run in the same process,
-interleaved, several times; the results are medians and ratios.
+ratios), `run(quick: bool) -> dict`, returning a record made by
+`harness.record`, and `plot(record, ax)`, drawing its figure of the paper on
+a matplotlib axes. Our system and its baselines run in the same process,
+interleaved, several times; the results are medians and ratios. `report`
+turns records into `RESULTS.md` and plots.
 """
+
+import importlib
+from types import ModuleType
+
+# Benchmark names (part of `pw-bench`'s interface) and their modules, in report order.
+BENCHMARKS = {
+    "dispatch": "dispatch",
+    "crossover": "crossover",
+    "parallel-dispatch": "parallel_dispatch",
+    "multi-tenancy": "multi_tenancy",
+    "pipeline": "pipeline",
+    "lowering-scale": "lowering_scale",
+    "object-store": "object_store",
+}
+
+
+def load(name: str) -> ModuleType:
+    """Returns the module of benchmark `name` (it imports JAX, so only when needed)."""
+    return importlib.import_module(f"{__name__}.{BENCHMARKS[name]}")

@@ -9,6 +9,7 @@ cases measured this way.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import os
@@ -16,7 +17,14 @@ import platform
 import random
 import statistics
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+# XLA CPU devices every benchmark process asks for (`pw-bench` sets it before
+# JAX starts). 16 gives the 16 one-device islands of `parallel-dispatch`, and
+# it is also what an 8-way collective needs here: with 8 to 12 host devices on
+# this 2-core machine, an all-reduce over 8 of them waits forever for its last
+# participant; with 14 or 16 it runs.
+HOST_DEVICES = 16
 
 
 def measure(cases: Mapping[str, Callable[[], Any]], repetitions: int, seed: int = 0,
@@ -84,3 +92,18 @@ def record(benchmark: str, params: Mapping[str, Any], rows: list[Mapping[str, An
         "headline": {k: (None if v is None else float(v)) for k, v in headline.items()},
         "machine": machine_info(),
     }
+
+
+@contextlib.contextmanager
+def local_ray() -> Iterator[Any]:
+    """Starts a private Ray instance on this machine only (2 CPUs, no dashboard); shuts it down after."""
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("this benchmark's baseline needs Ray: pip install 'pathways-mlir[bench]'") from None
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -13,6 +13,7 @@ and one edge per communicating shard pair (shard i of `a` feeds shard i of
 topologically sorted into a schedule, and one plan entry per node and edge
 serialised to JSON. Its size and time grow with N; the pw IR's do not.
 
+    pw-bench lowering-scale
     python benchmarks/lowering_scale.py [N ...]
 """
 
@@ -29,6 +30,10 @@ import networkx as nx
 from pathways_mlir.dialect.topology import Topology
 from pathways_mlir.passes import lower, program_plans
 
+from . import harness
+
+NAME = "lowering-scale"
+HEADLINE = ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048")
 SIZES = (8, 64, 512, 2048, 8192, 65536)
 
 
@@ -120,6 +125,32 @@ def format_table(table: list[dict]) -> str:
                          f"{r['baseline_time_s'] * 1e3:.1f}") for r in table]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in lines)
+
+
+def run(quick: bool) -> dict:
+    """Measures pw IR size and lowering time against the per-shard baseline for every N."""
+    reps = 3 if quick else 7
+    table = rows(SIZES, reps)
+    by_n = {r["N"]: r for r in table}
+    headline = {"ops_65536_over_8": by_n[65536]["ops"] / by_n[8]["ops"],
+                "time_65536_over_8": by_n[65536]["time_s"] / by_n[8]["time_s"],
+                "baseline_over_ours_2048": by_n[2048]["baseline_time_s"] / by_n[2048]["time_s"]}
+    return harness.record(NAME, {"sizes": SIZES, "repetitions": reps, "program": "a -> b over DCN, 2 x N"},
+                          table, headline)
+
+
+def plot(record: dict, ax) -> None:
+    """Section 4.3: lowering time and program size against shard count, ours and per shard."""
+    table = record["rows"]
+    n = [r["N"] for r in table]
+    ax.plot(n, [r["time_s"] * 1e3 for r in table], marker="o", label="ours: lowering time (ms)")
+    ax.plot(n, [r["baseline_time_s"] * 1e3 for r in table], marker="o", linestyle="--",
+            label="per shard: time (ms)")
+    ax.plot(n, [r["ops"] for r in table], marker="s", label="ours: pw ops")
+    ax.plot(n, [r["baseline_nodes"] + r["baseline_edges"] for r in table], marker="s", linestyle="--",
+            label="per shard: nodes + edges")
+    ax.set(xscale="log", yscale="log", xlabel="shards per computation (N)", title="Lowering cost vs shard count")
+    ax.legend(fontsize="small")
 
 
 if __name__ == "__main__":

@@ -88,8 +88,12 @@ class ExecutableCache:
         exported = jax.export.deserialize(bytearray(base64.b64decode(export)))
         in_shardings = tuple(named_sharding(mesh, b.sharding) for b in inputs)
         out_shardings = tuple(named_sharding(mesh, b.sharding) for b in outputs)
-        jitted = jax.jit(lambda *args: tuple(jax.tree.leaves(exported.call(*args))),
-                         in_shardings=in_shardings, out_shardings=out_shardings)
+        def call(*leaves):
+            # A launch passes the leaves of the export's (args, kwargs) pytree, in order.
+            args, kwargs = jax.tree.unflatten(exported.in_tree, leaves)
+            return tuple(jax.tree.leaves(exported.call(*args, **kwargs)))
+
+        jitted = jax.jit(call, in_shardings=in_shardings, out_shardings=out_shardings)
         avals = [jax.ShapeDtypeStruct(b.shape, numpy_dtype(b.dtype), sharding=s)
                  for b, s in zip(inputs, in_shardings)]
         compiled = jitted.lower(*avals).compile()

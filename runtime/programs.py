@@ -27,10 +27,10 @@ from .runtime import Runtime, get_runtime
 
 @dataclass
 class _Signature:
-    """One traced signature of a program and its plans per topology version."""
+    """One traced signature of a program and its plan per runtime, for that runtime's topology version."""
 
     lowered: Any                     # frontend.lowered.Lowered
-    plans: dict[int, ProgramPlan]
+    plans: "weakref.WeakKeyDictionary[Any, tuple[int, ProgramPlan]]"   # resource manager -> (version, plan)
 
 
 _signatures: "weakref.WeakKeyDictionary[Any, dict[tuple, _Signature]]" = weakref.WeakKeyDictionary()
@@ -59,14 +59,16 @@ def plan_for(traceable, args: tuple, runtime: Runtime) -> tuple[ProgramPlan, Any
         signature = _signatures.setdefault(traceable, {}).get(key)
         if signature is None:
             avals = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
-            signature = _Signature(traceable.lower(*avals), {})
+            signature = _Signature(traceable.lower(*avals), weakref.WeakKeyDictionary())
             _signatures[traceable][key] = signature
         version, topology = runtime.resources.snapshot()
-        plan = signature.plans.get(version)
-        if plan is None:
-            lowered_module = lower(signature.lowered.module, topology)
-            plan = program_plans(lowered_module)[signature.lowered.program]
-            signature.plans = {version: plan}     # plans for older topologies are stale
+        cached = signature.plans.get(runtime.resources)
+        if cached is not None and cached[0] == version:
+            return cached[1], signature.lowered
+        # A runtime's plan for an older topology is stale; other runtimes keep theirs.
+        lowered_module = lower(signature.lowered.module, topology)
+        plan = program_plans(lowered_module)[signature.lowered.program]
+        signature.plans[runtime.resources] = (version, plan)
         return plan, signature.lowered
 
 

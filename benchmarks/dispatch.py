@@ -1,0 +1,168 @@
+"""Dispatch throughput of tiny computations (the paper's Figure 5).
+
+The computation is the paper's trivial gang-scheduled one: a scalar
+all-reduce across the slice followed by a scalar add (each of the N devices
+holds one float; every device gets the mean of all of them plus one). Each
+case runs a chain of K such computations, the next consuming the previous
+result, and reports computations per second, on slices of 1, 2, 4 and 8
+devices of one island:
+
+- ours OpByOp: K calls of the placed function, each one program run;
+- ours Chained: one traced program of K calls, one run;
+- ours Fused: the K steps fused into one compiled function (a `fori_loop`),
+  one run of a one-computation program;
+- JAX OpByOp / JAX Fused: the same two with `jax.jit` on the same devices;
+- Ray actor: K method calls on an actor that owns the N devices and runs
+  the jitted computation on them (as a Ray-based island host would);
+- Ray task: K chained tasks, each running the jitted computation in a Ray
+  worker on its input fetched from Ray's object store.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.runtime import Runtime
+
+from . import harness
+
+NAME = "dispatch"
+HEADLINE = ("chained_over_jax_opbyop_8dev", "fused_over_jax_fused_8dev", "opbyop_over_ray_8dev")
+DEVICES = (1, 2, 4, 8)
+CASES = ("ours OpByOp", "ours Chained", "ours Fused", "JAX OpByOp", "JAX Fused", "Ray actor", "Ray task")
+
+
+def allreduce_add(x):
+    """One computation: the all-reduced mean of the slice's scalars, plus one, on every device."""
+    return jnp.broadcast_to(jnp.mean(x), x.shape) + 1.0
+
+
+def fused(k: int):
+    """Returns the chain of `k` computations as one function (a loop XLA cannot simplify away)."""
+    return lambda x: jax.lax.fori_loop(0, k, lambda _, y: allreduce_add(y), x)
+
+
+def sharding(n: int) -> NamedSharding:
+    """The layout of the slice's vector: one scalar on each of the first `n` devices."""
+    return NamedSharding(Mesh(np.array(jax.devices()[:n]), ("x",)), P("x"))
+
+
+@lru_cache(maxsize=None)
+def _jitted(n: int):
+    return jax.jit(allreduce_add, out_shardings=sharding(n))
+
+
+class RayIsland:
+    """A Ray actor that owns `n` devices and runs the computation on them, one call each."""
+
+    def __init__(self, n: int):
+        self.step_fn = _jitted(n)
+        self.x = jax.device_put(np.zeros(n, np.float32), sharding(n))
+
+    def step(self) -> None:
+        self.x = self.step_fn(self.x)
+
+    def ready(self) -> None:
+        self.x.block_until_ready()
+
+
+def ray_task_step(x: np.ndarray) -> np.ndarray:
+    """A Ray task: one computation on the worker's first `len(x)` devices, result back in the store."""
+    return np.asarray(_jitted(len(x))(jax.device_put(x, sharding(len(x)))))
+
+
+def cases(client: Client, ray, n: int, k: int) -> dict:
+    """Returns the seven cases on `n` devices, each running `k` computations and waiting for the last."""
+    s = pw.virtual_slice(n, axes="x")
+    step = pw.jit(allreduce_add, slice=s, in_specs=P("x"), out_specs=P("x"))
+    fused_step = pw.jit(fused(k), slice=s, in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def chained(x):
+        for _ in range(k):
+            x = step(x)
+        return x
+
+    x = jax.device_put(np.zeros(n, np.float32), sharding(n))
+    jax_step, jax_fused = _jitted(n), jax.jit(fused(k), out_shardings=sharding(n))
+    actor = ray.remote(RayIsland).options(num_cpus=0).remote(n)
+    task = ray.remote(ray_task_step)
+    ray.get(actor.ready.remote())
+    host_x = np.zeros(n, np.float32)
+
+    def ours_opbyop():
+        y = x
+        for _ in range(k):
+            y = step.run(y, client=client)
+        y.block_until_ready()
+
+    def jax_opbyop():
+        y = x
+        for _ in range(k):
+            y = jax_step(y)
+        y.block_until_ready()
+
+    def ray_actor():
+        for _ in range(k):
+            actor.step.remote()
+        ray.get(actor.ready.remote())
+
+    def ray_task():
+        ref = ray.put(host_x)
+        for _ in range(k):
+            ref = task.remote(ref)
+        ray.get(ref)
+
+    return {
+        "ours OpByOp": ours_opbyop,
+        "ours Chained": lambda: chained.run(x, client=client).block_until_ready(),
+        "ours Fused": lambda: fused_step.run(x, client=client).block_until_ready(),
+        "JAX OpByOp": jax_opbyop,
+        "JAX Fused": lambda: jax_fused(x).block_until_ready(),
+        "Ray actor": ray_actor,
+        "Ray task": ray_task,
+    }
+
+
+def run(quick: bool) -> dict:
+    """Measures computations per second for every case and slice size; ratios at 8 devices."""
+    k, repetitions = (32, 3) if quick else (128, 11)
+    rows = []
+    with harness.local_ray() as ray:      # before JAX starts its threads: Ray forks
+        runtime = Runtime(embedded_device_map(1, max(DEVICES)))
+        client = Client(runtime)
+        try:
+            for n in DEVICES:
+                times = harness.measure(cases(client, ray, n, k), repetitions, seed=n)
+                rows += [{"devices": n, "case": case, "computations_per_s": k / harness.median(times[case]),
+                          "spread": harness.spread(times[case])} for case in CASES]
+        finally:
+            client.close()
+            runtime.close()
+    rate = {(r["devices"], r["case"]): r["computations_per_s"] for r in rows}
+    headline = {
+        "chained_over_jax_opbyop_8dev": rate[8, "ours Chained"] / rate[8, "JAX OpByOp"],
+        "fused_over_jax_fused_8dev": rate[8, "ours Fused"] / rate[8, "JAX Fused"],
+        "opbyop_over_ray_8dev": rate[8, "ours OpByOp"] / rate[8, "Ray actor"],
+    }
+    return harness.record(NAME, {"chain_length": k, "repetitions": repetitions, "devices": DEVICES,
+                                 "computation": "scalar all-reduce (mean) + add"}, rows, headline)
+
+
+def plot(record: dict, ax) -> None:
+    """Figure 5: computations per second against devices, one line per case (log scale)."""
+    for case in CASES:
+        points = [(r["devices"], r["computations_per_s"]) for r in record["rows"] if r["case"] == case]
+        ax.plot(*zip(*points), marker="o", linestyle="-" if case.startswith("ours") else "--", label=case)
+    ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="computations / s",
+           title="Dispatch throughput of a scalar all-reduce + add")
+    ax.set_xticks(DEVICES, [str(d) for d in DEVICES])
+    ax.legend(fontsize="small")

@@ -1,0 +1,181 @@
+"""Pipelining a training step across islands (the paper's Table 2).
+
+The model is an MLP of 8 tanh layers (width 256) trained with SGD on a mean
+squared error, a batch of 256. SPMD, the baseline: one computation on an
+8-device slice, the batch split over the devices. Pipelines of S = 2, 4, 8
+stages: stage s holds 8/S layers on its own slice of 8/S devices, on its own
+island of a cluster of S islands (so stage hops cross the emulated DCN,
+100 us + bytes at 25 Gb/s); the batch is cut into 8 micro-batches that
+flow forward through the stages and back (GPipe), then each stage sums its
+gradients and updates its layers. Every variant does the same arithmetic
+(the backward pass reuses the forward activations; no recomputation), all
+traced into one program and run with parallel dispatch. Throughput is
+training steps per second; ratios are to SPMD, and the loss per added stage
+is the throughput lost divided by the stages added. Last, the 4-stage
+pipeline on 1 island of 8 devices against 2 islands of 4.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.runtime import Runtime
+
+from . import harness
+
+NAME = "pipeline"
+HEADLINE = ("pipeline4_over_spmd", "pipeline8_over_pipeline4", "two_islands_over_one")
+DEVICES = 8
+LAYERS = 8
+WIDTH = 256
+BATCH = 256
+MICRO_BATCHES = 8
+LEARNING_RATE = 0.01
+STAGES = (2, 4, 8)
+
+
+def forward(params, x):
+    """Runs layers `params` on `x`; returns the input and every layer's output."""
+    activations = [x]
+    for w, b in params:
+        activations.append(jnp.tanh(activations[-1] @ w + b))
+    return activations
+
+
+def backward(params, activations, grad_out):
+    """Backpropagates `grad_out` through layers `params`; returns their gradients and the input's."""
+    grads = []
+    for (w, _), x, y in reversed(list(zip(params, activations[:-1], activations[1:]))):
+        grad_z = grad_out * (1.0 - y * y)
+        grads.append((x.T @ grad_z, grad_z.sum(0)))
+        grad_out = grad_z @ w.T
+    return grads[::-1], grad_out
+
+
+def loss_grad(output, target):
+    """The gradient of the mean squared error over the whole batch, for one micro-batch's output."""
+    return 2.0 * (output - target) / (BATCH * WIDTH)
+
+
+def add(a, b):
+    """Sums two gradient pytrees."""
+    return jax.tree.map(jnp.add, a, b)
+
+
+def update(params, grads):
+    """One SGD step."""
+    return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads)
+
+
+def spmd_step(params, x, target):
+    """The whole training step as one computation."""
+    activations = forward(params, x)
+    grads, _ = backward(params, activations, loss_grad(activations[-1], target))
+    return update(params, grads)
+
+
+def init_params(seed: int = 0):
+    """The model's layers: (weight, bias) pairs."""
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32), np.zeros(WIDTH, np.float32))
+            for _ in range(LAYERS)]
+
+
+def spmd_program():
+    """Returns the SPMD training step: one computation on all devices."""
+    s = pw.virtual_slice(DEVICES, axes="data")
+    step = pw.jit(spmd_step, slice=s, in_specs=(None, P("data"), P("data")), out_specs=None)
+    return pw.program(lambda params, x, target: step(params, x, target))
+
+
+def pipeline_program(stages: int, islands: int):
+    """Returns the GPipe training step over `stages` stages spread evenly over `islands` islands."""
+    per_stage = DEVICES // stages
+    slices = [pw.virtual_slice(per_stage, axes="data", island=f"island{s * islands // stages}")
+              for s in range(stages)]
+    fwd = [pw.jit(forward, slice=s, in_specs=(None, P("data")), out_specs=P("data")) for s in slices]
+    bwd = [pw.jit(backward, slice=s, in_specs=(None, P("data"), P("data")), out_specs=(None, P("data")))
+           for s in slices]
+    grad = pw.jit(loss_grad, slice=slices[-1], in_specs=P("data"), out_specs=P("data"))
+    acc = [pw.jit(add, slice=s, in_specs=None, out_specs=None) for s in slices]
+    upd = [pw.jit(update, slice=s, in_specs=None, out_specs=None) for s in slices]
+    layers = LAYERS // stages
+
+    def step(params, xs, targets):
+        params = [params[s * layers:(s + 1) * layers] for s in range(stages)]
+        activations = []
+        for x in xs:                                      # forward, micro-batch by micro-batch
+            per_stage_acts = []
+            for s in range(stages):
+                per_stage_acts.append(fwd[s](params[s], x))
+                x = per_stage_acts[-1][-1]
+            activations.append(per_stage_acts)
+        sums = [None] * stages
+        for acts, target in zip(activations, targets):    # backward
+            g = grad(acts[-1][-1], target)
+            for s in reversed(range(stages)):
+                grads, g = bwd[s](params[s], acts[s], g)
+                sums[s] = grads if sums[s] is None else acc[s](sums[s], grads)
+        return [layer for s in range(stages) for layer in upd[s](params[s], sums[s])]
+    return pw.program(step)
+
+
+def run(quick: bool) -> dict:
+    """Measures training steps per second of SPMD and each pipeline, interleaved."""
+    steps, repetitions = (1, 3) if quick else (4, 11)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(BATCH, WIDTH)).astype(np.float32)
+    target = np.tanh(rng.normal(size=(BATCH, WIDTH))).astype(np.float32)
+    xs, targets = np.split(x, MICRO_BATCHES), np.split(target, MICRO_BATCHES)
+    variants = {"SPMD": (spmd_program(), 1, (x, target))}
+    variants.update({f"{s} stages": (pipeline_program(s, s), s, (xs, targets)) for s in STAGES})
+    variants["4 stages, 2 islands"] = (pipeline_program(4, 2), 2, (xs, targets))
+    variants["4 stages, 1 island"] = (pipeline_program(4, 1), 1, (xs, targets))
+    runtimes = {islands: Runtime(embedded_device_map(islands, DEVICES // islands), emulate_dcn=True)
+                for islands in sorted({v[1] for v in variants.values()})}
+    clients = {islands: Client(rt) for islands, rt in runtimes.items()}
+
+    def case(program, islands, data):
+        def train():
+            params = init_params()
+            for _ in range(steps):
+                params = program.run(params, *data, client=clients[islands])
+            for p in jax.tree.leaves(params):
+                p.block_until_ready()
+        return train
+
+    try:
+        times = harness.measure({name: case(*v) for name, v in variants.items()}, repetitions)
+    finally:
+        for islands in runtimes:
+            clients[islands].close()
+            runtimes[islands].close()
+    rate = {name: steps / harness.median(t) for name, t in times.items()}
+    rows = [{"variant": name, "islands": variants[name][1], "steps_per_s": rate[name],
+             "over_spmd": rate[name] / rate["SPMD"], "spread": harness.spread(times[name])} for name in variants]
+    for row in rows:
+        if row["variant"] in ("4 stages", "8 stages"):
+            previous = {"4 stages": "2 stages", "8 stages": "4 stages"}[row["variant"]]
+            added = int(row["variant"][0]) - int(previous[0])
+            row["loss_per_added_stage"] = (1 - rate[row["variant"]] / rate[previous]) / added
+    headline = {"pipeline4_over_spmd": rate["4 stages"] / rate["SPMD"],
+                "pipeline8_over_pipeline4": rate["8 stages"] / rate["4 stages"],
+                "two_islands_over_one": rate["4 stages, 2 islands"] / rate["4 stages, 1 island"]}
+    return harness.record(NAME, {"devices": DEVICES, "layers": LAYERS, "width": WIDTH, "batch": BATCH,
+                                 "micro_batches": MICRO_BATCHES, "steps_per_case": steps,
+                                 "repetitions": repetitions}, rows, headline)
+
+
+def plot(record: dict, ax) -> None:
+    """Table 2 as bars: training throughput of each variant relative to SPMD."""
+    names = [r["variant"] for r in record["rows"]]
+    ax.bar(names, [r["over_spmd"] for r in record["rows"]])
+    ax.axhline(1.0, color="grey", linestyle=":")
+    ax.set(ylabel="steps / s relative to SPMD", title=f"Training step on {DEVICES} devices: SPMD vs pipelines")
+    ax.tick_params(axis="x", labelrotation=20, labelsize="small")

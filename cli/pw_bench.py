@@ -1,0 +1,165 @@
+"""`pw-bench`: the Pathways paper's experiments, ours beside the baselines, as ratios.
+
+    pw-bench list                              # benchmarks and their headline ratios
+    pw-bench dispatch --quick                  # one benchmark: table and headline
+    pw-bench dispatch --json dispatch.json     # ... and its JSON record
+    pw-bench all --quick                       # every benchmark, records in benchmarks/results/
+    pw-bench report                            # records -> benchmarks/RESULTS.md + plots/*.png
+
+Every benchmark process asks XLA for `harness.HOST_DEVICES` CPU devices before
+JAX starts; `all` runs each benchmark in its own process, so one's threads,
+caches and Ray instance never touch the next one's figures. Errors are one
+line each; no Python traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import click
+
+from pathways_mlir.benchmarks import BENCHMARKS, harness, load
+
+RESULTS = pathlib.Path("benchmarks/results")
+REPORT = pathlib.Path("benchmarks/RESULTS.md")
+
+
+class BenchError(Exception):
+    """A problem reported on one line."""
+
+
+def _use_host_devices(count: int) -> None:
+    """Sets the XLA CPU device count (replacing any other) before JAX starts."""
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def run_benchmark(name: str, quick: bool) -> dict:
+    """Runs benchmark `name` in this process (XLA's device count already set); returns its record."""
+    module = load(name)
+    try:
+        record = module.run(quick)
+    except ImportError as e:
+        raise BenchError(f"{name}: {e} (pip install 'pathways-mlir[bench]')") from None
+    except Exception as e:  # noqa: BLE001  (a benchmark failed: one line, no traceback)
+        raise BenchError(f"{name}: {type(e).__name__}: {e}") from None
+    record["params"]["quick"] = quick
+    return record
+
+
+def _summary(record: dict) -> str:
+    from pathways_mlir.benchmarks.report import format_value
+
+    rows = record["rows"]
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    table = [columns] + [[format_value(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in table]
+    lines += [f"{key} = {format_value(value)}" for key, value in record["headline"].items()]
+    return "\n".join(lines)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Run the Pathways paper's experiments side by side with their baselines."""
+    _use_host_devices(harness.HOST_DEVICES)
+
+
+def _benchmark_command(name: str) -> click.Command:
+    @click.command(name, help=f"Run the {name} benchmark (see pw-bench list).")
+    @click.option("--quick", is_flag=True, help="Fewer repetitions and sizes: under a minute.")
+    @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+                  help="Write the JSON record here.")
+    def command(quick: bool, json_path: pathlib.Path | None) -> None:
+        record = run_benchmark(name, quick)
+        click.echo(_summary(record))
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(record, indent=1) + "\n")
+    return command
+
+
+for _name in BENCHMARKS:
+    cli.add_command(_benchmark_command(_name))
+
+
+@cli.command("all")
+@click.option("--quick", is_flag=True, help="Fewer repetitions and sizes: each under a minute.")
+@click.option("--json-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=RESULTS,
+              show_default=True, help="Where to write one JSON record per benchmark.")
+def run_all(quick: bool, json_dir: pathlib.Path) -> None:
+    """Run every benchmark, each in its own process."""
+    failed = []
+    start = time.perf_counter()
+    for name in BENCHMARKS:
+        click.echo(f"== {name}", err=True)
+        began = time.perf_counter()
+        command = [sys.executable, "-m", "pathways_mlir.cli.pw_bench", name, "--json",
+                   str(json_path := json_dir / f"{name}.json")] + (["--quick"] if quick else [])
+        if subprocess.run(command).returncode != 0:
+            failed.append(name)
+        else:
+            click.echo(f"   {json_path} ({time.perf_counter() - began:.0f} s)", err=True)
+    click.echo(f"all benchmarks: {time.perf_counter() - start:.0f} s", err=True)
+    if failed:
+        raise BenchError(f"failed: {', '.join(failed)}")
+
+
+@cli.command("list")
+def list_benchmarks() -> None:
+    """List the benchmarks and their headline ratios."""
+    for name in BENCHMARKS:
+        click.echo(f"{name}: {', '.join(load(name).HEADLINE)}")
+
+
+@cli.command("report")
+@click.option("--results", type=click.Path(file_okay=False, path_type=pathlib.Path), default=RESULTS,
+              show_default=True, help="Folder of JSON records.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=pathlib.Path), default=REPORT,
+              show_default=True, help="Markdown report; plots go to plots/ beside it.")
+def report(results: pathlib.Path, out: pathlib.Path) -> None:
+    """Write RESULTS.md (tables) and PNG plots from the JSON records."""
+    from pathways_mlir.benchmarks.report import load_records, write_report
+
+    if not results.is_dir():
+        raise BenchError(f"{results}: no such folder (run pw-bench all first)")
+    try:
+        records = load_records(results)
+    except (ValueError, KeyError) as e:
+        raise BenchError(f"{results}: not a pw-bench record: {type(e).__name__}: {e}") from None
+    if not records:
+        raise BenchError(f"{results}: no JSON records (run pw-bench all first)")
+    try:
+        written = write_report(records, out)
+    except ImportError as e:
+        raise BenchError(f"report: {e} (pip install 'pathways-mlir[bench]')") from None
+    for path in written:
+        click.echo(str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pw-bench`; returns the exit status."""
+    try:
+        status = cli.main(args=argv, prog_name="pw-bench", standalone_mode=False)
+    except BenchError as e:
+        click.echo(f"pw-bench: error: {e}", err=True)
+        return 1
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except Exception as e:  # noqa: BLE001  (a bug in pw-bench: no traceback)
+        click.echo(f"pw-bench: error: {type(e).__name__}: {e}", err=True)
+        return 1
+    return status if isinstance(status, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
