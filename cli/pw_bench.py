@@ -26,6 +26,8 @@ import click
 
 from pathways_mlir.benchmarks import BENCHMARKS, harness, load
 
+from .entry import run_command
+
 RESULTS = pathlib.Path("benchmarks/results")
 REPORT = pathlib.Path("benchmarks/RESULTS.md")
 
@@ -145,20 +147,7 @@ def report(results: pathlib.Path, out: pathlib.Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-bench`; returns the exit status."""
-    try:
-        status = cli.main(args=argv, prog_name="pw-bench", standalone_mode=False)
-    except BenchError as e:
-        click.echo(f"pw-bench: error: {e}", err=True)
-        return 1
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    except Exception as e:  # noqa: BLE001  (a bug in pw-bench: no traceback)
-        click.echo(f"pw-bench: error: {type(e).__name__}: {e}", err=True)
-        return 1
-    return status if isinstance(status, int) else 0
+    return run_command(cli, argv, "pw-bench", (BenchError,), lambda e: f"pw-bench: error: {e}")
 
 
 if __name__ == "__main__":
