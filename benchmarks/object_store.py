@@ -1,15 +1,14 @@
-"""Object store handles against Ray's object store.
+"""Objects in our store against objects in Ray's store.
 
-Ours: M times, register a device array already on a device of the embedded
-cluster in the object store under a new key and owner, wrap it in a handle,
-read the array back through the handle and delete the handle (which frees
-its memory accounting). Baseline: M times `ray.put` of the same array's host
-copy, `ray.get` of it and dropping the reference, on a local Ray instance.
-Both are rates in objects per second, for a 32-byte and a 1 MiB array. The
-designs differ, and the figure shows what that costs: our buffers stay on
-their devices and a handle is bookkeeping, while Ray serialises each object
-into its shared-memory store. Reclaim latency (ours only): the time to
-release all M objects of one owner at once, per object, as when a client
+Ours: M times, a host array is put into an island of the embedded cluster
+(the `put` message: memory accounted, the array copied onto its device),
+fetched back as a device array (`fetch`) and released (`release`), as a
+program argument is. Baseline: M times `ray.put` of the same host array,
+`ray.get` of it and dropping the reference, on a local Ray instance. Both
+copy the host array into their store once; ours reads back a device array,
+Ray a host array (zero-copy from its shared memory). Rates are objects per
+second for a 32-byte and a 1 MiB array. Reclaim latency (ours only): the time
+to release all M objects of one owner at once, per object, as when a client
 ends.
 """
 
@@ -17,34 +16,35 @@ from __future__ import annotations
 
 import itertools
 
-import jax
 import numpy as np
 
-from pathways_mlir.dialect.plan import BufferInfo
-from pathways_mlir.runtime.handles import Handle
-from pathways_mlir.runtime.object_store import ObjectStore
+from pathways_mlir.dialect.plan import BufferInfo, ProgramPlan, SlicePlacement
+from pathways_mlir.runtime.island import Island
+from pathways_mlir.runtime.runtime import Runtime
 
 from . import harness
 
 NAME = "object-store"
 HEADLINE = ("handles_per_s_over_ray_put",)
 SIZES = (32, 1 << 20)   # bytes
-DEVICE = ("island0", 0)
 
 
-def ours_case(store: ObjectStore, array, count: int):
-    """Returns a case that creates, reads and releases `count` handles to `array`."""
-    info = BufferInfo(0, tuple(array.shape), "f32", None, (), array.nbytes)
-    keys = itertools.count()
+def one_buffer_plan(runtime: Runtime, host: np.ndarray) -> ProgramPlan:
+    """A plan with one buffer on one device of island0, for `put` to place arrays in."""
+    placement = SlicePlacement("s", (1,), ("x",), "island0", (0, 1))
+    buffer = BufferInfo(0, tuple(host.shape), "f32", "s", ((),), host.nbytes)
+    return ProgramPlan("objects", runtime.resources.topology, {"s": placement}, {0: buffer}, {}, (0,), (), {})
 
+
+def ours_case(island: Island, key: int, host: np.ndarray, count: int, run_ids):
+    """Returns a case that puts, fetches and releases `count` objects holding `host`."""
     def case():
         for _ in range(count):
-            key = next(keys)
-            obj = store.add(key, ("client", 0), [DEVICE], array.nbytes)
-            obj.future.set_result(array)
-            handle = Handle(store, key, info, obj.future)
-            handle.result()
-            handle.delete()
+            run_id = next(run_ids)
+            island.put(run_id, key, 0, host, ("client", 0))
+            island.fetch(run_id, key, 0).result()
+            island.release(run_id, 0)
+            island.release_run(run_id, 0)
     return case
 
 
@@ -56,39 +56,41 @@ def ray_case(ray, array: np.ndarray, count: int):
     return case
 
 
-def reclaim_seconds(store: ObjectStore, array, count: int, repetitions: int) -> list[float]:
+def reclaim_seconds(island: Island, key: int, host: np.ndarray, count: int, repetitions: int,
+                    run_ids) -> list[float]:
     """Times releasing `count` objects of one owner at once, `repetitions` times."""
     import time
 
     times = []
     for r in range(repetitions):
         owner = ("client", r + 1)
-        for i in range(count):
-            store.add((owner, i), owner, [DEVICE], array.nbytes).future.set_result(array)
+        for _ in range(count):
+            island.put(next(run_ids), key, 0, host, owner)
         start = time.perf_counter()
-        store.release_owner(owner)
+        island.release_owner(owner)
         times.append(time.perf_counter() - start)
     return times
 
 
 def run(quick: bool) -> dict:
-    """Measures handle and Ray put/get rates for each size, interleaved, and our reclaim latency."""
+    """Measures our put/fetch/release and Ray put/get rates for each size, interleaved, and our reclaim latency."""
     count, repetitions = (500, 3) if quick else (2000, 7)
     rows = []
     with harness.local_ray() as ray:      # before JAX starts its threads: Ray forks
-        store = ObjectStore({DEVICE: 1 << 40})
-        device = jax.devices()[0]
+        runtime = Runtime(islands=1, per_island=1, device_memory_bytes=1 << 40)
+        island, run_ids = runtime.islands["island0"], itertools.count()
         for size in SIZES:
             host = np.zeros(size // 4, np.float32)
-            array = jax.device_put(host, device)
-            times = harness.measure({"ours": ours_case(store, array, count), "Ray": ray_case(ray, host, count)},
-                                    repetitions, seed=size)
+            key = runtime.load(one_buffer_plan(runtime, host))
+            times = harness.measure({"ours": ours_case(island, key, host, count, run_ids),
+                                     "Ray": ray_case(ray, host, count)}, repetitions, seed=size)
             rows += [{"bytes": size, "case": case, "objects_per_s": count / harness.median(times[case]),
                       "spread": harness.spread(times[case])} for case in ("ours", "Ray")]
-            reclaim = reclaim_seconds(store, array, count, repetitions)
+            reclaim = reclaim_seconds(island, key, host, count, repetitions, run_ids)
             rows.append({"bytes": size, "case": "ours reclaim (release_owner)",
                          "reclaim_us_per_object": harness.median(reclaim) / count * 1e6,
                          "spread": harness.spread(reclaim)})
+        runtime.close()
     rate = {(r["bytes"], r["case"]): r.get("objects_per_s") for r in rows}
     headline = {"handles_per_s_over_ray_put": rate[32, "ours"] / rate[32, "Ray"]}
     return harness.record(NAME, {"objects_per_case": count, "repetitions": repetitions, "sizes": SIZES},
@@ -102,5 +104,5 @@ def plot(record: dict, ax) -> None:
         values = [r["objects_per_s"] for r in record["rows"] if r["case"] == case]
         ax.bar([j + 0.4 * i for j in range(len(values))], values, width=0.4, label=case)
     ax.set_xticks([j + 0.2 for j in range(len(SIZES))], [f"{s} B" for s in SIZES])
-    ax.set(yscale="log", ylabel="objects created, read, released / s", title="Object store handles vs Ray")
+    ax.set(yscale="log", ylabel="objects put, read, released / s", title="Object store vs Ray")
     ax.legend(fontsize="small")

@@ -3,7 +3,7 @@
     pw-bench list                              # benchmarks and their headline ratios
     pw-bench dispatch --quick                  # one benchmark: table and headline
     pw-bench dispatch --json dispatch.json     # ... and its JSON record
-    pw-bench all --quick                       # every benchmark, records in benchmarks/results/
+    pw-bench all --quick                       # every benchmark, records in benchmarks/results-quick/
     pw-bench report                            # records -> benchmarks/RESULTS.md + plots/*.png
 
 Every benchmark process asks XLA for `harness.HOST_DEVICES` CPU devices before
@@ -29,6 +29,7 @@ from pathways_mlir.benchmarks import BENCHMARKS, harness, load
 from .entry import run_command
 
 RESULTS = pathlib.Path("benchmarks/results")
+QUICK_RESULTS = pathlib.Path("benchmarks/results-quick")
 REPORT = pathlib.Path("benchmarks/RESULTS.md")
 
 
@@ -93,10 +94,13 @@ for _name in BENCHMARKS:
 
 @cli.command("all")
 @click.option("--quick", is_flag=True, help="Fewer repetitions and sizes: each under a minute.")
-@click.option("--json-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=RESULTS,
-              show_default=True, help="Where to write one JSON record per benchmark.")
-def run_all(quick: bool, json_dir: pathlib.Path) -> None:
+@click.option("--json-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=None,
+              help=f"Where to write one JSON record per benchmark (default: {RESULTS}, or "
+                   f"{QUICK_RESULTS} with --quick, so a quick run never replaces a full run's records).")
+def run_all(quick: bool, json_dir: pathlib.Path | None) -> None:
     """Run every benchmark, each in its own process."""
+    json_dir = json_dir or (QUICK_RESULTS if quick else RESULTS)
+    json_dir.mkdir(parents=True, exist_ok=True)
     failed = []
     start = time.perf_counter()
     for name in BENCHMARKS:

@@ -100,3 +100,20 @@ def test_report_writes_tables_and_plots(tmp_path):
 def test_markdown_table_formats_cells():
     table = markdown_table([{"a": 1, "b": 0.123456}, {"a": 2, "c": None}])
     assert table.splitlines() == ["| a | b | c |", "|---|---|---|", "| 1 | 0.1235 | – |", "| 2 | – | – |"]
+
+
+def test_pw_bench_all_quick_runs_green(tmp_path):
+    """Every benchmark runs end to end in quick mode and writes its headline ratios (no timing checks)."""
+    import json
+    import subprocess
+    import sys
+
+    from pathways_mlir.benchmarks import BENCHMARKS, load
+
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_bench", "all", "--quick",
+                             "--json-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in BENCHMARKS:
+        record = json.loads((tmp_path / f"{name}.json").read_text())
+        assert record["benchmark"] == name and record["rows"]
+        assert set(record["headline"]) == set(load(name).HEADLINE)
