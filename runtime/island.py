@@ -71,12 +71,15 @@ class _RunState:
 
     plan: ProgramPlan
     futures: dict[int, Future] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def future(self, buffer: int) -> Future:
-        found = self.futures.get(buffer)
-        if found is None:
-            found = self.futures[buffer] = Future()
-        return found
+        """Returns the buffer's future; the island thread, clients and peers all get the same one."""
+        with self.lock:
+            found = self.futures.get(buffer)
+            if found is None:
+                found = self.futures[buffer] = Future()
+            return found
 
 
 @dataclass(frozen=True)
