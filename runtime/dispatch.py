@@ -66,8 +66,6 @@ def _dependencies(plan: ProgramPlan) -> dict[int, set[int]]:
     deps = {}
     for s in steps:
         deps[s.id] = set(s.after) | {producer[b] for b in consumed(s) if b in producer}
-        if s.kind == "recv":
-            deps[s.id].discard(s.id)
     return deps
 
 
