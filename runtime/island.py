@@ -26,6 +26,7 @@ another process (as a Ray actor, say) without a rewrite:
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from concurrent.futures import Future
@@ -42,6 +43,9 @@ from .executables import ExecutableCache, make_mesh, named_sharding
 from .object_store import DeviceKey, ObjectStore
 from .tracing import Tracer
 from .transfers import DcnTransport, copy_to
+
+
+HISTORY = 100_000   # how many executed steps an island remembers
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ class Island:
         self._runs: dict[int, _RunState] = {}
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[IslandWork, Future] | None] = queue.Queue()
-        self.executed: list[tuple[int, int, int]] = []   # (ticket, run id, step id), for order checks
+        # The latest (ticket, run id, step id) executed, for order checks; bounded for long runs.
+        self.executed: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=HISTORY)
         self._thread = threading.Thread(target=self._loop, name=f"pw-{name}", daemon=True)
         self._thread.start()
 

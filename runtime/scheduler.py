@@ -62,7 +62,8 @@ class GangScheduler:
         self._closed = False
         self._held = False
         self._fifo: collections.deque[Submission] = collections.deque()
-        self.delivered: list[tuple[int, int]] = []   # (ticket, client id)
+        # The latest (ticket, client id) delivered, for share checks; bounded for long runs.
+        self.delivered: collections.deque[tuple[int, int]] = collections.deque(maxlen=100_000)
         if policy == "share":
             self._thread = threading.Thread(target=self._share_loop, name="pw-gang-scheduler", daemon=True)
             self._thread.start()

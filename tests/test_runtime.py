@@ -154,7 +154,7 @@ def test_shares_follow_client_weights(device_map):
         rt.scheduler.release()
         for r in runs:
             r.done.result(timeout=120)
-        order = [c for _, c in rt.scheduler.delivered[:40]]   # while both were backlogged
+        order = [c for _, c in list(rt.scheduler.delivered)[:40]]   # while both were backlogged
         ratio = order.count(heavy.id) / order.count(light.id)
         assert 2.5 <= ratio <= 3.5, order
     finally:
