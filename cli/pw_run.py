@@ -3,6 +3,7 @@
     pw-run examples/three_blocks.py                 # a Python script, as __main__
     pw-run three_blocks.mlir --program three_blocks # pw IR (lowered here if needed)
     pw-run plan.json --dispatch sequential --repeat 10 --trace trace.json
+    pw-run examples/three_blocks.py --backend ray     # each island a Ray actor
 
 For IR and plan files the inputs are seeded random arrays of the program's
 argument shapes. `--trace` writes a Chrome/Perfetto trace with one track per
@@ -153,8 +154,10 @@ def _run_script(path: pathlib.Path) -> None:
               help="Write a Chrome/Perfetto trace (one track per device).")
 @click.option("--cluster", default=None, metavar="ISLANDSxDEVICES", help=f"Embedded cluster shape (sets {CLUSTER_ENV}).")
 @click.option("--emulate-dcn", is_flag=True, help="Sleep for the modelled DCN time on cross-island moves.")
+@click.option("--backend", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
+              help="Run the islands in this process, or each in a Ray actor on a local Ray instance.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
-def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, seed) -> None:
+def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, backend, seed) -> None:
     """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the embedded cluster."""
     if cluster:
         os.environ[CLUSTER_ENV] = cluster
@@ -163,7 +166,9 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, see
         raise RunError(f"{target}: no such file")
     import pathways_mlir as pw
 
-    pw.configure(emulate_dcn=emulate_dcn)
+    if trace_path and backend != "embedded":
+        raise RunError("--trace records the embedded backend only")
+    pw.configure(emulate_dcn=emulate_dcn, backend=backend)
     runtime = pw.get_runtime()
     if trace_path:
         runtime.start_tracing()

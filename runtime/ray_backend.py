@@ -127,6 +127,7 @@ class RayIsland:
         self._actor = actor
         self._seq = itertools.count()
         self._lock = threading.Lock()
+        self._closed = False
 
     def load(self, key: int, plan: ProgramPlan) -> None:
         _get(self._actor.load.remote(key, plan.to_json()))
@@ -145,10 +146,17 @@ class RayIsland:
         return self._actor.fetch.remote(run_id, key, buffer).future()
 
     def release(self, run_id: int, buffer: int) -> None:
-        self._actor.release.remote(run_id, buffer)
+        if self._live():       # handles dropped at exit, after the actors are gone, release nothing
+            self._actor.release.remote(run_id, buffer)
 
     def release_run(self, run_id: int, client_id: int) -> None:
-        self._actor.release_run.remote(run_id, client_id)
+        if self._live():
+            self._actor.release_run.remote(run_id, client_id)
+
+    def _live(self) -> bool:
+        import ray
+
+        return not self._closed and ray.is_initialized()
 
     def release_owner(self, owner) -> int:
         return _get(self._actor.release_owner.remote(owner))
@@ -168,8 +176,10 @@ class RayIsland:
     def close(self) -> None:
         import ray
 
-        _get(self._actor.close.remote())
-        ray.kill(self._actor)
+        self._closed = True
+        if ray.is_initialized():
+            _get(self._actor.close.remote())
+            ray.kill(self._actor)
 
 
 def _get(ref):

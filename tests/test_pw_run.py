@@ -56,3 +56,13 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
         result = pw_run(path)
         assert result.returncode == 1, (path, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_runs_the_example_on_the_ray_backend():
+    import pytest
+
+    pytest.importorskip("ray")
+    result = pw_run(ROOT / "examples" / "three_blocks.py", "--backend", "ray")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "matches plain JAX: True" in result.stdout
+    assert "Traceback" not in result.stderr
