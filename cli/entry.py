@@ -6,9 +6,23 @@ becomes a one-line message and an exit status, never a Python traceback.
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import click
+
+
+def write_output(output: str, text: str, error: Callable[[str], Exception]) -> None:
+    """Writes `text` to the file `output`, or to stdout for "-"; a failure raises `error(message)`."""
+    if output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        with open(output, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise error(f"cannot write {output}: {e.strerror}") from None
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog: str,

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from .entry import run_command
+from .entry import run_command, write_output
 
 
 class _ExportError(Exception):
@@ -81,15 +81,7 @@ def _export(target: str, args: tuple[str, ...], debug_info: bool) -> str:
               help="Print locations: the Python call site of every op.")
 def cli(target: str, args: tuple[str, ...], output: str, debug_info: bool) -> None:
     """Trace TARGET (module:name or file.py:name) for --arg shapes and print its pw IR."""
-    text = _export(target, args, debug_info)
-    if output == "-":
-        click.echo(text, nl=False)
-        return
-    try:
-        with open(output, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise _ExportError(f"cannot write {output}: {e.strerror}") from None
+    write_output(output, _export(target, args, debug_info), _ExportError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from pathways_mlir.dialect.structure import verify_structure
 from pathways_mlir.passes.pipeline import PipelineError, instantiate, parse_pipeline, run_passes, _parse_options
 from pathways_mlir.passes.registry import PASSES, PIPELINES, Pass
 
-from .entry import run_command
+from .entry import run_command, write_output
 from .verify_diagnostics import AnnotationError, parse_expectations, verify
 
 SPLIT_MARKER = re.compile(r"^// -----[ \t]*$", re.MULTILINE)
@@ -190,7 +190,7 @@ def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | N
             failed |= printed is None
         if printed is not None:
             outputs.append(printed)
-    _write(output, "// -----\n".join(outputs))
+    write_output(output, "// -----\n".join(outputs), lambda m: UsageError(f"pw-opt: error: {m}"))
     if failed:
         ctx.exit(1)
 
@@ -216,18 +216,6 @@ def _pass_help(name: str) -> str:
         return "\n".join([f"{name}: {p.summary}", "", p.description(), "",
                           *(["Options:"] + _describe(name, "", p.options)[1:] if p.options else [])])
     raise UsageError(f"pw-opt: error: no pass or pipeline named '{name}' (see --list-passes)")
-
-
-def _write(output: str, text: str) -> None:
-    if output == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    try:
-        with open(output, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"pw-opt: error: cannot write {output}: {e.strerror}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

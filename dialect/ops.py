@@ -34,7 +34,8 @@ from mlir import ir
 
 from .attributes import Symbol, to_attribute, to_python
 from .sharding import Sharding
-from .topology import Topology
+from .diagnostics import DiagnosticEngine
+from .topology import Topology, TopologyError
 
 PROGRAM = "pw.program"
 EXECUTABLE = "pw.executable"
@@ -210,6 +211,19 @@ def module_topology(module: ir.Module | ir.Operation) -> Topology | None:
     """Returns the module's `pw.topology`, or None; raises TopologyError if malformed."""
     value = attr(module.operation, TOPOLOGY)
     return None if value is None else Topology.from_python(value, TOPOLOGY)
+
+
+def required_topology(module: ir.Module | ir.Operation, diagnostics: DiagnosticEngine,
+                      missing: str) -> Topology | None:
+    """Returns the module's `pw.topology`; reports `missing`, or what is malformed, and returns None."""
+    try:
+        topology = module_topology(module)
+    except TopologyError as e:
+        diagnostics.error(module, str(e))
+        return None
+    if topology is None:
+        diagnostics.error(module, missing)
+    return topology
 
 
 def top_level_ops(module: ir.Module | ir.Operation) -> Iterator[ir.Operation]:

@@ -178,13 +178,9 @@ class InsertTransfersPass(Pass):
             slices[s.name], islands[s.name] = s, placement["island"]
         if unplaced:
             return
-        try:
-            topology = ops.module_topology(module)
-        except TopologyError as e:
-            diagnostics.error(module, str(e))
-            return
+        topology = ops.required_topology(
+            module, diagnostics, "pw-insert-transfers needs the module's pw.topology: run pw-place first")
         if topology is None:
-            diagnostics.error(module, "pw-insert-transfers needs the module's pw.topology: run pw-place first")
             return
         inserter = _Inserter(topology, slices, islands)
         for program in ops.programs(module).values():

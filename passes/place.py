@@ -170,16 +170,10 @@ class PlacePass(Pass):
                 raise OptionError(str(e)) from None
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        topology = self.topology
+        topology = self.topology or ops.required_topology(
+            module, diagnostics, "pw-place needs a topology: give option topology=<file.json or "
+                                 "<islands>x<devices>> or set pw.topology on the module")
         if topology is None:
-            try:
-                topology = ops.module_topology(module)
-            except TopologyError as e:
-                diagnostics.error(module, str(e))
-                return
-        if topology is None:
-            diagnostics.error(module, "pw-place needs a topology: give option topology=<file.json or "
-                                      "<islands>x<devices>> or set pw.topology on the module")
             return
         ops.set_attr(module, ops.TOPOLOGY, topology.to_python())
         slice_ops = {ops.symbol_name(op): op for op in ops.top_level_ops(module) if op.name == "pw.virtual_slice"}
