@@ -23,6 +23,10 @@ Marks (discardable attributes) that the dialect defines on other ops:
                                                  increasing pw.order
     pw.cost         (dict)                       estimated flops and bytes
     pw.host_plan    (dict, on builtin.module)    the module is a program's host plan
+    pw.peak_bytes   (array, on an island plan)   a run's static peak: (begin, end, bytes)
+                                                 per island-local device range
+    pw.fused        (dict, on an executable)     {calls = [{callee, operands, results}],
+                                                 results}: executables called in order
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ SUBGRAPHS = "pw.subgraphs"
 ORDER = "pw.order"
 COST = "pw.cost"
 HOST_PLAN = "pw.host_plan"
+FUSED = "pw.fused"
 
 DATA_MOVEMENT_OPS = ("pw.transfer", "pw.scatter", "pw.gather")
 LINKS = ("ici", "dcn")

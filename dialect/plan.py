@@ -1,33 +1,52 @@
 """Execution plans: what each island's executors do for one lowered program.
 
 `pw-emit-plans` writes one `builtin.module {pw.island_plan}` per island into
-the IR (readable in lit tests); this module is the same content as plain
-Python data, serialised to compact JSON for a runtime in another process.
+the IR (readable in lit tests) and `pw-plan-memory` adds the frees and each
+island's static peak; this module is the same content as plain Python data,
+serialised to compact JSON for a runtime in another process.
 
 A `ProgramPlan` is self-contained: the topology, every slice's placement,
 every buffer's shape, dtype, sharding and home, every compiled function's
-`jax.export` serialisation, and per island the steps in the island's
-consistent order. Steps name buffers by integer id and have ids unique in
-the program, so `after` can name a step of another island (a `recv` waits
-for its `send`).
+`jax.export` serialisation (or, for a fused launch, the calls it makes), and
+per island the steps in the island's consistent order with the island's
+peak bytes per device. Steps name buffers by integer id and have ids unique
+in the program, so `after` can name a step of another island (a `Recv`
+waits for its `Send`).
 
-Step kinds:
-    launch  run an executable on a slice's devices: inputs -> outputs
-    copy    move/reshard a buffer between two slices of the same island (ICI)
-    send    hand a buffer to another island over DCN (pairs with a recv)
-    recv    receive a buffer from another island (pairs with a send)
-    cond    host step: read a tensor<i1> buffer, run `then` or `else` plan
+Steps are a tagged union, one class per kind; each knows the buffers it
+reads (`consumed`) and writes on its own island (`produced`):
+
+    Launch  run an executable on a slice's devices: inputs -> outputs
+    Copy    move/reshard a buffer between two slices of the same island (ICI)
+    Send    hand a buffer to another island over DCN (pairs with a Recv)
+    Recv    receive a buffer from another island (pairs with a Send)
+    Free    drop buffers after their last use
+    Branch  host step: read a tensor<i1> buffer, run the `then` or `else` plan
+
+`ProgramPlan.from_python` checks what it reads and `validate()` checks that
+the plan can run (ids exist, every read has a writer, orders respect the
+dependencies, sizes match shapes): a plan from a file or another process is
+rejected with one `PlanError` line before any host or device work.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
 
-from .topology import Topology
+from .topology import Topology, TopologyError
 
-StepKind = Literal["launch", "copy", "send", "recv", "cond"]
+# Element types a plan may name, with their size in bytes (i1 takes a byte).
+ELEMENT_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "i1": 1,
+                 "ui64": 8, "ui32": 4, "ui16": 2, "ui8": 1, "complex<f32>": 8, "complex<f64>": 16}
+MAX_ELEMENTS = 1 << 40     # a larger buffer is a malformed plan, not a big one
+MAX_DEPTH = 16             # branch plans nested deeper than this are rejected
+
+
+class PlanError(ValueError):
+    """A plan that is malformed or cannot run; the message names the part at fault."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,11 @@ class SlicePlacement:
         """Returns the island-local device ids in mesh order (O(size): runtime use only)."""
         return [d for b, e in zip(self.devices[::2], self.devices[1::2]) for d in range(b, e)]
 
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """Returns the device ranges as (begin, end) pairs."""
+        return list(zip(self.devices[::2], self.devices[1::2]))
+
 
 @dataclass(frozen=True)
 class BufferInfo:
@@ -57,30 +81,143 @@ class BufferInfo:
     bytes_per_device: int             # the size of one shard, for memory accounting
 
 
+# ===--------------------------------------------------------------------=== #
+# Steps
+# ===--------------------------------------------------------------------=== #
+
+
 @dataclass(frozen=True)
 class Step:
-    """One entry of an island's plan, in the island's consistent order."""
+    """The fields every step has; see the subclasses for the kinds."""
 
+    kind: ClassVar[str] = ""
     id: int
-    kind: StepKind
     after: tuple[int, ...] = ()
     subgraph: int = 0
     label: str = ""
-    # launch
+
+    def consumed(self) -> tuple[int, ...]:
+        """Returns the buffers the step reads."""
+        return ()
+
+    def produced(self) -> tuple[int, ...]:
+        """Returns the buffers the step writes on its own island (or the host)."""
+        return ()
+
+
+@dataclass(frozen=True)
+class Launch(Step):
+    """Runs `executable` on the devices of `slice`: buffers `inputs` -> `outputs`."""
+
+    kind: ClassVar[str] = "launch"
     executable: str = ""
     slice: str = ""
     inputs: tuple[int, ...] = ()
     outputs: tuple[int, ...] = ()
-    # copy / send / recv
+
+    def consumed(self):
+        return self.inputs
+
+    def produced(self):
+        return self.outputs
+
+
+@dataclass(frozen=True)
+class _Move(Step):
+    """A data movement from `src_buffer` to `dst_buffer` over `link`, `bytes` per device."""
+
     src_buffer: int = -1
     dst_buffer: int = -1
     link: str = ""
-    peer: str = ""                    # the other island of a send or recv
     bytes: int = 0
-    # cond
+
+
+@dataclass(frozen=True)
+class Copy(_Move):
+    """Moves (and reshards) a buffer between slices of one island (ICI)."""
+
+    kind: ClassVar[str] = "copy"
+
+    def consumed(self):
+        return (self.src_buffer,)
+
+    def produced(self):
+        return (self.dst_buffer,)
+
+
+@dataclass(frozen=True)
+class Send(_Move):
+    """Hands `src_buffer` to island `peer`, where it becomes `dst_buffer` (a `Recv`)."""
+
+    kind: ClassVar[str] = "send"
+    peer: str = ""
+
+    def consumed(self):
+        return (self.src_buffer,)
+
+
+@dataclass(frozen=True)
+class Recv(_Move):
+    """Receives `dst_buffer` from island `peer`'s `src_buffer`; `after` names the `Send`."""
+
+    kind: ClassVar[str] = "recv"
+    peer: str = ""
+
+    def produced(self):
+        return (self.dst_buffer,)
+
+
+@dataclass(frozen=True)
+class Free(Step):
+    """Drops `buffers` from the island's devices: their last reader has run."""
+
+    kind: ClassVar[str] = "free"
+    buffers: tuple[int, ...] = ()
+
+    def consumed(self):
+        return self.buffers
+
+
+@dataclass(frozen=True)
+class Branch(Step):
+    """Host step: reads `pred_buffer`, runs `then_plan` or `else_plan` on `inputs` into `outputs`."""
+
+    kind: ClassVar[str] = "cond"
     pred_buffer: int = -1
+    inputs: tuple[int, ...] = ()
+    outputs: tuple[int, ...] = ()
     then_plan: "ProgramPlan | None" = None
     else_plan: "ProgramPlan | None" = None
+
+    def consumed(self):
+        return (self.pred_buffer, *self.inputs)
+
+    def produced(self):
+        return self.outputs
+
+
+STEP_KINDS: dict[str, type[Step]] = {cls.kind: cls for cls in (Launch, Copy, Send, Recv, Free, Branch)}
+
+
+@dataclass(frozen=True)
+class FusedCall:
+    """One call inside a fused executable: `callee` on values `operands`.
+
+    Values are numbered: the fused executable's arguments first, then the
+    results of each call in order.
+    """
+
+    callee: str
+    operands: tuple[int, ...]
+    results: int
+
+
+@dataclass(frozen=True)
+class FusedExecutable:
+    """An executable made of several in order (`pw-fuse-launches`); `results` picks its outputs."""
+
+    calls: tuple[FusedCall, ...]
+    results: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -105,7 +242,26 @@ class ProgramPlan:
     outputs: tuple[int, ...]          # buffers returned, in result order
     islands: dict[str, tuple[Step, ...]]
     subgraphs: tuple[Subgraph, ...] = ()
-    host_steps: tuple[Step, ...] = ()  # cond steps, run by the client between subgraphs
+    host_steps: tuple[Branch, ...] = ()  # run by the client between subgraphs
+    # island -> flat (begin, end, bytes) triples: a run's static peak on each device range
+    peak_bytes: dict[str, tuple[int, ...]] = None  # type: ignore[assignment]
+    fused: dict[str, FusedExecutable] = None       # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.peak_bytes is None:
+            object.__setattr__(self, "peak_bytes", {})
+        if self.fused is None:
+            object.__setattr__(self, "fused", {})
+
+    def island_of(self, buffer: int) -> str | None:
+        """Returns the island a buffer lives on (None for a host buffer)."""
+        info = self.buffers[buffer]
+        return None if info.slice is None else self.slices[info.slice].island
+
+    def peak(self, island: str) -> list[tuple[int, int, int]]:
+        """Returns a run's static peak on `island` as (begin, end, bytes per device) ranges."""
+        flat = self.peak_bytes.get(island, ())
+        return [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
 
     # -- serialisation ----------------------------------------------------
 
@@ -117,9 +273,11 @@ class ProgramPlan:
             "slices": {k: _jsonable(asdict(v)) for k, v in self.slices.items()},
             "buffers": [_jsonable(asdict(b)) for b in self.buffers.values()],
             "executables": dict(self.executables),
+            "fused": {k: _jsonable(asdict(v)) for k, v in self.fused.items()},
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             "islands": {k: [_step_to_python(s) for s in v] for k, v in self.islands.items()},
+            "peak_bytes": {k: list(v) for k, v in self.peak_bytes.items()},
             "subgraphs": [_jsonable(asdict(s)) for s in self.subgraphs],
             "host_steps": [_step_to_python(s) for s in self.host_steps],
         }
@@ -129,57 +287,278 @@ class ProgramPlan:
         return json.dumps(self.to_python(), separators=(",", ":"))
 
     @staticmethod
-    def from_python(value: dict[str, Any]) -> "ProgramPlan":
-        """Rebuilds a plan from `to_python` output."""
-        return ProgramPlan(
-            program=value["program"],
-            topology=Topology.from_python(value["topology"]),
-            slices={k: SlicePlacement(v["name"], tuple(v["shape"]), tuple(v["axes"]), v["island"],
-                                      tuple(v["devices"])) for k, v in value["slices"].items()},
-            buffers={b["id"]: BufferInfo(b["id"], tuple(b["shape"]), b["dtype"], b["slice"],
-                                         tuple(tuple(a) for a in b["sharding"]), b["bytes_per_device"])
-                     for b in value["buffers"]},
-            executables=dict(value["executables"]),
-            inputs=tuple(value["inputs"]),
-            outputs=tuple(value["outputs"]),
-            islands={k: tuple(_step_from_python(s) for s in v) for k, v in value["islands"].items()},
-            subgraphs=tuple(Subgraph(s["id"], s["static"], tuple(s["islands"])) for s in value["subgraphs"]),
-            host_steps=tuple(_step_from_python(s) for s in value["host_steps"]),
-        )
+    def from_python(value: Any, where: str = "plan", depth: int = 0) -> "ProgramPlan":
+        """Rebuilds and validates a plan from `to_python` output; PlanError names what is wrong."""
+        if depth > MAX_DEPTH:
+            raise PlanError(f"{where}: branch plans nested more than {MAX_DEPTH} deep")
+        r = _Reader(value, where)
+        try:
+            topology = Topology.from_python(r.get("topology", dict), f"{where}.topology")
+        except TopologyError as e:
+            raise PlanError(str(e)) from None
+        slices = {}
+        for name, s in r.get("slices", dict).items():
+            sr = r.sub(s, f"slices.{name}", dict)
+            slices[name] = SlicePlacement(sr.str("name"), sr.ints("shape"), sr.strs("axes"), sr.str("island"),
+                                          sr.ints("devices"))
+        buffers = {}
+        for i, b in enumerate(r.get("buffers", list)):
+            br = r.sub(b, f"buffers[{i}]", dict)
+            slice_name = br.get("slice", (str, type(None)))
+            sharding = tuple(br.sub(a, f"sharding[{j}]", list).strs_of(a)
+                             for j, a in enumerate(br.get("sharding", list)))
+            info = BufferInfo(br.int("id"), br.ints("shape"), br.str("dtype"), slice_name, sharding,
+                              br.int("bytes_per_device"))
+            if info.id in buffers:
+                raise PlanError(f"{br.where}: buffer id {info.id} is declared twice")
+            buffers[info.id] = info
+        executables = {k: r.sub(v, f"executables.{k}", str).value for k, v in r.get("executables", dict).items()}
+        fused = {}
+        for name, f in r.get("fused", dict, {}).items():
+            fr = r.sub(f, f"fused.{name}", dict)
+            calls = tuple(FusedCall(cr.str("callee"), cr.ints("operands"), cr.int("results"))
+                          for cr in (fr.sub(c, f"calls[{j}]", dict) for j, c in enumerate(fr.get("calls", list))))
+            fused[name] = FusedExecutable(calls, fr.ints("results"))
+        islands = {k: tuple(_step_from_python(s, f"{where}.islands.{k}[{j}]", depth)
+                            for j, s in enumerate(r.sub(v, f"islands.{k}", list).value))
+                   for k, v in r.get("islands", dict).items()}
+        host_steps = tuple(_step_from_python(s, f"{where}.host_steps[{j}]", depth)
+                           for j, s in enumerate(r.get("host_steps", list)))
+        if any(not isinstance(s, Branch) for s in host_steps):
+            raise PlanError(f"{where}.host_steps: only 'cond' steps run on the host")
+        subgraphs = tuple(Subgraph(sr.int("id"), sr.get("static", bool), sr.strs("islands"))
+                          for sr in (r.sub(s, f"subgraphs[{j}]", dict)
+                                     for j, s in enumerate(r.get("subgraphs", list))))
+        plan = ProgramPlan(
+            program=r.str("program"), topology=topology, slices=slices, buffers=buffers,
+            executables=executables, inputs=r.ints("inputs"), outputs=r.ints("outputs"), islands=islands,
+            subgraphs=subgraphs, host_steps=host_steps,
+            peak_bytes={k: r.sub(v, f"peak_bytes.{k}", list).ints_of(v)
+                        for k, v in r.get("peak_bytes", dict, {}).items()},
+            fused=fused)
+        plan.validate(where)
+        return plan
 
     @staticmethod
     def from_json(text: str) -> "ProgramPlan":
-        """Parses `to_json` output."""
-        return ProgramPlan.from_python(json.loads(text))
+        """Parses and validates `to_json` output."""
+        try:
+            value = json.loads(text)
+        except RecursionError:
+            raise PlanError("plan: JSON nested too deeply") from None
+        except ValueError as e:
+            raise PlanError(f"plan: not JSON: {e}") from None
+        return ProgramPlan.from_python(value)
+
+    # -- validation ---------------------------------------------------------
+
+    def validate(self, where: str = "plan") -> None:
+        """Checks that the plan can run; raises PlanError naming the first step or buffer at fault."""
+        topology = self.topology
+        for name, s in self.slices.items():
+            if s.island not in {i.name for i in topology.islands}:
+                raise PlanError(f"{where}: slice {name} is on unknown island '{s.island}'")
+            island = topology.island(s.island)
+            if len(s.devices) % 2 or any(not 0 <= b < e <= island.num_devices for b, e in s.ranges):
+                raise PlanError(f"{where}: slice {name}: device ranges {list(s.devices)} are not within "
+                                f"{s.island}'s {island.num_devices} devices")
+            if len(s.shape) != len(s.axes) or any(n < 1 for n in s.shape) or \
+                    math.prod(s.shape) != sum(e - b for b, e in s.ranges):
+                raise PlanError(f"{where}: slice {name}: mesh {list(s.shape)} over axes {list(s.axes)} does not "
+                                f"match its devices")
+        for b in self.buffers.values():
+            what = f"{where}: buffer {b.id}"
+            if b.dtype not in ELEMENT_BYTES:
+                raise PlanError(f"{what}: unknown element type '{b.dtype}'")
+            if any(d < 0 for d in b.shape) or math.prod(b.shape) > MAX_ELEMENTS:
+                raise PlanError(f"{what}: shape {list(b.shape)} is negative or larger than {MAX_ELEMENTS} elements")
+            if len(b.sharding) != len(b.shape):
+                raise PlanError(f"{what}: sharding has {len(b.sharding)} entries for {len(b.shape)} dimensions")
+            ways = 1
+            if b.slice is not None:
+                placement = self.slices.get(b.slice)
+                if placement is None:
+                    raise PlanError(f"{what}: unknown slice '{b.slice}'")
+                sizes = dict(zip(placement.axes, placement.shape))
+                for dim, axes in zip(b.shape, b.sharding):
+                    if any(a not in sizes for a in axes):
+                        raise PlanError(f"{what}: sharding names an axis that slice {b.slice} lacks")
+                    split = math.prod(sizes[a] for a in axes)
+                    if dim % split:
+                        raise PlanError(f"{what}: dimension {dim} does not split {split} ways")
+                    ways *= split
+            expected = math.prod(b.shape) * ELEMENT_BYTES[b.dtype] // ways
+            if b.bytes_per_device != expected:
+                raise PlanError(f"{what}: bytes_per_device is {b.bytes_per_device}, but its shape, type and "
+                                f"sharding give {expected}")
+        for ids, what in ((self.inputs, "input"), (self.outputs, "output")):
+            for b in ids:
+                if b not in self.buffers:
+                    raise PlanError(f"{where}: {what} buffer {b} is not declared")
+        self._validate_steps(where)
+
+    def _validate_steps(self, where: str) -> None:
+        steps = {}
+        for island, island_steps in self.islands.items():
+            if island not in {i.name for i in self.topology.islands}:
+                raise PlanError(f"{where}: steps for unknown island '{island}'")
+            for s in island_steps:
+                if s.id in steps:
+                    raise PlanError(f"{where}: step id {s.id} is used twice")
+                if isinstance(s, Branch):
+                    raise PlanError(f"{where}: step {s.id}: a 'cond' step runs on the host, not on {island}")
+                steps[s.id] = (island, s)
+        for s in self.host_steps:
+            if s.id in steps:
+                raise PlanError(f"{where}: step id {s.id} is used twice")
+            steps[s.id] = (None, s)
+        # Where each buffer is written: program inputs first, then by steps.
+        written: dict[int, tuple[str | None, int]] = {b: (self.island_of(b), -1) for b in self.inputs}
+        for step_id, (island, s) in steps.items():
+            for b in (*s.consumed(), *s.produced()):
+                if b not in self.buffers:
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) names buffer {b}, which is not declared")
+            for b in s.produced():
+                if b in written:
+                    raise PlanError(f"{where}: buffer {b} is written twice (step {step_id})")
+                written[b] = (island, step_id)
+            for a in s.after:
+                if a not in steps:
+                    raise PlanError(f"{where}: step {step_id} comes after step {a}, which does not exist")
+            if isinstance(s, Launch):
+                if s.slice not in self.slices or self.slices[s.slice].island != island:
+                    raise PlanError(f"{where}: step {step_id} launches on slice '{s.slice}', not one of {island}")
+                if s.executable not in self.executables and s.executable not in self.fused:
+                    raise PlanError(f"{where}: step {step_id} launches unknown executable '{s.executable}'")
+            if isinstance(s, (Send, Recv)):
+                if s.peer not in {i.name for i in self.topology.islands} or s.peer == island:
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) has peer '{s.peer}', not another island")
+        for step_id, (island, s) in steps.items():
+            for b in s.consumed():
+                if b not in written:
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) reads buffer {b}, which nothing writes")
+                home, producer = written[b]
+                if island is not None and home is not None and home != island:
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) on {island} reads buffer {b}, "
+                                    f"which lives on {home}")
+            if isinstance(s, Recv):
+                sends = [t for _, t in steps.values() if isinstance(t, Send) and t.dst_buffer == s.dst_buffer]
+                if len(sends) != 1 or sends[0].id not in s.after:
+                    raise PlanError(f"{where}: step {step_id} (recv) of buffer {s.dst_buffer} has no matching send "
+                                    f"in its 'after'")
+        # Each island's list must be a valid order of the dependencies among its own steps.
+        for island, island_steps in self.islands.items():
+            position = {s.id: i for i, s in enumerate(island_steps)}
+            for i, s in enumerate(island_steps):
+                before = set(s.after) | {written[b][1] for b in s.consumed() if written[b][0] == island}
+                late = sorted(a for a in before if position.get(a, -1) > i)
+                if late:
+                    raise PlanError(f"{where}: on {island}, step {s.id} ({s.kind}) is ordered before step "
+                                    f"{late[0]}, which it depends on")
+        for island, flat in self.peak_bytes.items():
+            if island not in self.islands or len(flat) % 3 or any(v < 0 for v in flat):
+                raise PlanError(f"{where}: peak_bytes of '{island}' are not (begin, end, bytes) triples of an "
+                                f"island with steps")
 
 
+# ===--------------------------------------------------------------------=== #
+# JSON helpers
+# ===--------------------------------------------------------------------=== #
 
 
 def _step_to_python(step: Step) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, f in Step.__dataclass_fields__.items():
-        value = getattr(step, name)
-        if name in ("then_plan", "else_plan"):
+    out: dict[str, Any] = {"kind": step.kind}
+    for f in fields(step):
+        value = getattr(step, f.name)
+        if f.name in ("then_plan", "else_plan"):
             if value is not None:
-                out[name] = value.to_python()
-        elif name in ("id", "kind") or value != f.default:
-            out[name] = list(value) if isinstance(value, tuple) else value
+                out[f.name] = value.to_python()
+        elif f.name == "id" or value != f.default:
+            out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
 
 
-def _step_from_python(value: dict[str, Any]) -> Step:
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()
-              if k not in ("then_plan", "else_plan")}
-    for key in ("then_plan", "else_plan"):
-        if key in value:
-            kwargs[key] = ProgramPlan.from_python(value[key])
-    return Step(**kwargs)
+def _step_from_python(value: Any, where: str, depth: int) -> Step:
+    r = _Reader(value, where)
+    kind = r.str("kind")
+    cls = STEP_KINDS.get(kind)
+    if cls is None:
+        raise PlanError(f"{where}: unknown step kind '{kind}' (one of {', '.join(STEP_KINDS)})")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in value:
+            if f.name == "id":
+                raise PlanError(f"{where}: missing 'id'")
+            continue
+        if f.name in ("then_plan", "else_plan"):
+            kwargs[f.name] = ProgramPlan.from_python(value[f.name], f"{where}.{f.name}", depth + 1)
+        elif isinstance(f.default, tuple):
+            kwargs[f.name] = r.ints(f.name)
+        elif isinstance(f.default, str):
+            kwargs[f.name] = r.str(f.name)
+        else:
+            kwargs[f.name] = r.int(f.name)
+    unknown = set(value) - {f.name for f in fields(cls)} - {"kind"}
+    if unknown:
+        raise PlanError(f"{where}: a '{kind}' step has no field '{sorted(unknown)[0]}'")
+    if cls is Branch and ("then_plan" not in kwargs or "else_plan" not in kwargs):
+        raise PlanError(f"{where}: a 'cond' step needs then_plan and else_plan")
+    return cls(**kwargs)
+
+
+class _Reader:
+    """Reads typed fields out of untrusted JSON, naming the path of whatever is wrong."""
+
+    def __init__(self, value: Any, where: str, kind: type = dict):
+        if not isinstance(value, kind):
+            raise PlanError(f"{where}: expected {_KIND_NAMES.get(kind, kind.__name__)}, got "
+                            f"{type(value).__name__}")
+        self.value = value
+        self.where = where
+
+    def sub(self, value: Any, key: str, kind: type) -> "_Reader":
+        return _Reader(value, f"{self.where}.{key}", kind)
+
+    def get(self, key: str, kind, default: Any = ...):
+        if key not in self.value:
+            if default is not ...:
+                return default
+            raise PlanError(f"{self.where}: missing '{key}'")
+        value = self.value[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise PlanError(f"{self.where}.{key}: expected {_KIND_NAMES.get(kinds[0], kinds[0].__name__)}, got "
+                            f"{type(value).__name__}")
+        return value
+
+    def str(self, key: str) -> str:
+        return self.get(key, str)
+
+    def int(self, key: str) -> int:
+        return self.get(key, int)
+
+    def ints(self, key: str) -> tuple[int, ...]:
+        return self.sub(self.get(key, list), key, list).ints_of(self.value[key])
+
+    def strs(self, key: str) -> tuple[str, ...]:
+        return self.strs_of(self.get(key, list), key)
+
+    def ints_of(self, items: list) -> tuple[int, ...]:
+        if any(not isinstance(i, int) or isinstance(i, bool) for i in items):
+            raise PlanError(f"{self.where}: expected a list of integers")
+        return tuple(items)
+
+    def strs_of(self, items: list, key: str = "") -> tuple[str, ...]:
+        if any(not isinstance(i, str) for i in items):
+            raise PlanError(f"{self.where}{'.' + key if key else ''}: expected a list of strings")
+        return tuple(items)
+
+
+_KIND_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "a boolean"}
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, list):
+    if isinstance(value, (tuple, list)):
         return [_jsonable(v) for v in value]
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}

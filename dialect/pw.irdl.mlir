@@ -161,7 +161,7 @@ irdl.dialect @pw {
   // inputs, outputs and data-dependent steps), and name buffers by integer
   // id, so a plan serialises without SSA. Common fields:
   //   step  : the step's id, unique in the program; an island runs its steps
-  //           in increasing id, its consistent order
+  //           in the order listed, its consistent order
   //   after : steps (of any island, or the host) that must complete first
   //   devices : island-local device ids as half-open ranges
   //             [begin0, end0, begin1, end1, ...] in mesh order
@@ -278,6 +278,21 @@ irdl.dialect @pw {
       "dst_buffer" = %dst,
       "bytes" = %bytes,
       "link" = %link,
+      "subgraph" = %subgraph
+    }
+  }
+
+  // Drops `buffers` from the island's devices once the steps in `after`
+  // (their last readers) have run (`pw-plan-memory`).
+  irdl.operation @free {
+    %step = irdl.base "#builtin.integer"
+    %after = irdl.base "#builtin.dense_array"
+    %buffers = irdl.base "#builtin.dense_array"
+    %subgraph = irdl.base "#builtin.integer"
+    irdl.attributes {
+      "step" = %step,
+      "after" = %after,
+      "buffers" = %buffers,
       "subgraph" = %subgraph
     }
   }

@@ -51,10 +51,12 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
-from pathways_mlir.dialect.plan import BufferInfo, ProgramPlan, SlicePlacement, Step, Subgraph
+from pathways_mlir.dialect.plan import (Branch, BufferInfo, Copy, Free, FusedCall, FusedExecutable, Launch,
+                                        ProgramPlan, Recv, Send, SlicePlacement, Step, Subgraph)
 from pathways_mlir.dialect.sharding import Sharding
 
 from .insert_transfers import Home, home_attribute, result_homes
+from .plan_memory import PEAK_BYTES
 from .registry import Pass, register
 
 HOST = "host"
@@ -249,17 +251,19 @@ def _step(op: ir.Operation, plans: dict[str, ProgramPlan]) -> Step:
     a = ops.attrs(op)
     common = {"id": a["step"], "after": a["after"], "subgraph": a["subgraph"]}
     if op.name == "pw.launch":
-        return Step(kind="launch", label=a["label"], executable=a["executable"], slice=a["slice"],
-                    inputs=a["inputs"], outputs=a["outputs"], **common)
+        return Launch(label=a["label"], executable=a["executable"], slice=a["slice"], inputs=a["inputs"],
+                      outputs=a["outputs"], **common)
     if op.name == "pw.copy":
-        return Step(kind="copy", src_buffer=a["src_buffer"], dst_buffer=a["dst_buffer"], link=a["link"],
-                    bytes=a["bytes"], **common)
+        return Copy(src_buffer=a["src_buffer"], dst_buffer=a["dst_buffer"], link=a["link"], bytes=a["bytes"],
+                    **common)
     if op.name in ("pw.send", "pw.recv"):
         src, dst = (a["buffer"], a["peer_buffer"]) if op.name == "pw.send" else (a["peer_buffer"], a["buffer"])
-        return Step(kind=op.name[3:], src_buffer=src, dst_buffer=dst, link=a["link"], peer=a["peer"],
-                    bytes=a["bytes"], **common)
-    return Step(kind="cond", label=a["label"], pred_buffer=a["pred"], inputs=a["inputs"], outputs=a["outputs"],
-                then_plan=plans[a["then_program"]], else_plan=plans[a["else_program"]], **common)
+        kind = Send if op.name == "pw.send" else Recv
+        return kind(src_buffer=src, dst_buffer=dst, link=a["link"], peer=a["peer"], bytes=a["bytes"], **common)
+    if op.name == "pw.free":
+        return Free(buffers=a["buffers"], **common)
+    return Branch(label=a["label"], pred_buffer=a["pred"], inputs=a["inputs"], outputs=a["outputs"],
+                  then_plan=plans[a["then_program"]], else_plan=plans[a["else_program"]], **common)
 
 
 def _buffer(op: ir.Operation) -> BufferInfo:
@@ -283,7 +287,8 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
         if op.name == "pw.virtual_slice" and ops.attr(op, ops.PLACEMENT) is not None:
             s, placement = ops.VirtualSlice.from_op(op), ops.attr(op, ops.PLACEMENT)
             slices[s.name] = SlicePlacement(s.name, s.shape, s.axes, placement["island"], placement["devices"])
-    exports = {name: ops.attr(exe, ops.EXPORT, "") for name, exe in ops.executables(module).items()}
+    module_executables = ops.executables(module)
+    exports = {name: ops.attr(exe, ops.EXPORT, "") for name, exe in module_executables.items()}
     hosts: dict[str, ir.Operation] = {}
     islands: dict[str, dict[str, ir.Operation]] = {}
     for op in ops.top_level_ops(module):
@@ -308,10 +313,20 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
         steps = {island: tuple(_step(op, plans) for op in contents[id(part)] if op.name != "pw.buffer")
                  for island, part in islands.get(name, {}).items()}
         mark = ops.attr(host, ops.HOST_PLAN)
+        executables, fused = {}, {}
+        for launch in (s for ss in steps.values() for s in ss if isinstance(s, Launch)):
+            calls = ops.attr(module_executables[launch.executable], ops.FUSED)
+            if calls is None:
+                executables[launch.executable] = exports[launch.executable]
+                continue
+            fused[launch.executable] = FusedExecutable(
+                tuple(FusedCall(c["callee"], c["operands"], c["results"]) for c in calls["calls"]),
+                calls["results"])
+            executables.update({c["callee"]: exports[c["callee"]] for c in calls["calls"]})
         plans[name] = ProgramPlan(
             program=name, topology=topology, slices=slices, buffers=dict(sorted(buffers.items())),
-            executables={s.executable: exports[s.executable] for ss in steps.values() for s in ss
-                         if s.kind == "launch"},
+            executables=executables, fused=fused,
+            peak_bytes={island: ops.attr(part, PEAK_BYTES, ()) for island, part in islands.get(name, {}).items()},
             inputs=mark["inputs"], outputs=mark["outputs"], islands=steps,
             subgraphs=tuple(Subgraph(g["id"], g["static"], tuple(i for i, ss in steps.items()
                                                                  if any(s.subgraph == g["id"] for s in ss)))

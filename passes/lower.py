@@ -13,6 +13,7 @@ from .emit_plans import EmitPlansPass
 from .insert_transfers import InsertTransfersPass
 from .mark_static_subgraphs import MarkStaticSubgraphsPass
 from .pipeline import run_passes
+from .plan_memory import PlanMemoryPass
 from .place import PlacePass
 from .registry import Pass, register_pipeline
 from .schedule import SchedulePass
@@ -45,7 +46,9 @@ def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") 
        `pw-schedule` puts static subgraphs first, so it comes after;
        `pw-verify-schedule` proves the order before plans are cut from it.
     4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
-       writes them out per island. A final `pw-verify` checks the module.
+       writes them out per island; `pw-plan-memory` then frees each buffer
+       after its last use and records each island's static peak, which the
+       runtime admits runs against. A final `pw-verify` checks the module.
 
     Options are pw-place's. Requires a device-agnostic module.
 
@@ -59,7 +62,7 @@ def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") 
         PlacePass(topology=topology, strategy=strategy, pin=pin), VerifyPass(),
         InsertTransfersPass(), VerifyPass(),
         MarkStaticSubgraphsPass(), SchedulePass(), VerifySchedulePass(),
-        EmitPlansPass(), VerifyPass(),
+        EmitPlansPass(), PlanMemoryPass(), VerifyPass(),
     ]
 
 

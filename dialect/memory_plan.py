@@ -1,0 +1,115 @@
+"""A plan's memory: frees after last use, and each island's static peak per device.
+
+One analysis, used by the `pw-plan-memory` pass (which writes its result
+into the IR) and by the runtime for plans built by hand without it.
+
+A buffer that is not a program result is freed right after its last reader
+(a host `Branch` counts: the buffer is then freed after that branch; a
+buffer nobody reads is freed right after its writer; an unused input
+before the first step). The peak walks each island's steps in order:
+program inputs and values a branch puts on the island count from the start
+of the run, results to its end. It is kept as (begin, end, bytes) triples
+over island-local device ranges, merged where neighbours agree, so it grows
+with the number of slices, never with the number of devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Iterator
+
+from .plan import Free, ProgramPlan, Step
+
+
+def frees(plan: ProgramPlan, island: str, step_ids: Iterator[int]) -> dict[int | None, Free]:
+    """Returns the Free to place after each island step id (None: before the first step)."""
+    steps = plan.islands.get(island, ())
+    local = [s.id for s in steps]
+    outputs = set(plan.outputs)
+    readers: dict[int, set[int]] = {}
+    writer: dict[int, int] = {}
+    for s in (*steps, *plan.host_steps):
+        for b in s.consumed():
+            readers.setdefault(b, set()).add(s.id)
+        for b in s.produced():
+            writer[b] = s.id
+    dying: dict[int | None, list[int]] = {}
+    last_users: dict[int | None, set[int]] = {}
+    subgraph: dict[int | None, int] = {}
+    by_id = {s.id: s for s in (*steps, *plan.host_steps)}
+    for b in sorted(plan.buffers):
+        if b in outputs or plan.island_of(b) != island:
+            continue
+        users = readers.get(b) or ({writer[b]} if b in writer else set())
+        last = max(users, default=None)
+        position = None if last is None else max((i for i in local if i <= last), default=None)
+        dying.setdefault(position, []).append(b)
+        last_users.setdefault(position, set()).update(users)
+        subgraph[position] = max([subgraph.get(position, 0), *(by_id[u].subgraph for u in users)])
+    return {position: Free(next(step_ids), tuple(sorted(last_users[position])), subgraph[position],
+                           buffers=tuple(buffers))
+            for position, buffers in dying.items()}
+
+
+def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...]) -> tuple[int, ...]:
+    """Returns the largest live bytes per device range of `steps` (frees included) as flat triples."""
+    mine = {b: plan.buffers[b] for b in plan.buffers if plan.island_of(b) == island}
+    ranges = {b: plan.slices[info.slice].ranges for b, info in mine.items()}
+    points = sorted({p for rs in ranges.values() for r in rs for p in r})
+    segments = list(zip(points, points[1:]))
+    covers = {b: [i for i, (lo, hi) in enumerate(segments) if any(b0 <= lo and hi <= e0 for b0, e0 in rs)]
+              for b, rs in ranges.items()}
+    live = [0] * len(segments)
+
+    def add(buffers, sign: int) -> None:
+        for b in buffers:
+            for i in covers[b]:
+                live[i] += sign * mine[b].bytes_per_device
+
+    branch_results = {b for s in plan.host_steps for b in s.produced()}
+    alive = {b for b in mine if b in set(plan.inputs) | branch_results}
+    add(alive, 1)
+    high = list(live)
+    for s in steps:
+        if isinstance(s, Free):
+            gone = [b for b in s.buffers if b in alive]
+            add(gone, -1)
+            alive -= set(gone)
+            continue
+        fresh = [b for b in s.produced() if b in mine and b not in alive]
+        add(fresh, 1)
+        alive |= set(fresh)
+        high = [max(h, v) for h, v in zip(high, live)]
+    merged: list[list[int]] = []
+    for (lo, hi), nbytes in zip(segments, high):
+        if nbytes == 0:
+            continue
+        if merged and merged[-1][1] == lo and merged[-1][2] == nbytes:
+            merged[-1][1] = hi
+        else:
+            merged.append([lo, hi, nbytes])
+    return tuple(v for triple in merged for v in triple)
+
+
+def with_memory_plan(plan: ProgramPlan, step_ids: Iterator[int] | None = None) -> ProgramPlan:
+    """Returns `plan` with Free steps after last uses and its islands' peaks (if it has neither yet).
+
+    Free step ids come from `step_ids` (default: after the plan's largest id).
+    """
+    if plan.peak_bytes or any(isinstance(s, Free) for ss in plan.islands.values() for s in ss):
+        return plan
+    if step_ids is None:
+        ids = [s.id for ss in plan.islands.values() for s in ss] + [s.id for s in plan.host_steps]
+        step_ids = itertools.count(max(ids, default=-1) + 1)
+    islands, peaks = {}, {}
+    for island, steps in plan.islands.items():
+        placed = frees(plan, island, step_ids)
+        ordered: list[Step] = [placed[None]] if None in placed else []
+        for s in steps:
+            ordered.append(s)
+            if s.id in placed:
+                ordered.append(placed[s.id])
+        islands[island] = tuple(ordered)
+        peaks[island] = peak(plan, island, islands[island])
+    return dataclasses.replace(plan, islands=islands, peak_bytes=peaks)
