@@ -8,6 +8,7 @@ share when the runtime's scheduler uses the `share` policy.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from typing import Sequence
@@ -21,6 +22,7 @@ from .run import Run
 from .runtime import Runtime, get_runtime
 
 _client_ids = itertools.count(1)
+_CLOSE_TIMEOUT = 60.0    # seconds close() waits for the client's runs before releasing anyway
 
 
 class Client:
@@ -32,9 +34,9 @@ class Client:
         self.runtime = runtime or get_runtime()
         self.id = next(_client_ids)
         self.weight = weight
+        self.closed = False
         self._dispatcher = Dispatcher(self.runtime, self.id, weight)
-        self._closed = False
-        self._active: set[Run] = set()
+        self._active: collections.deque[Run] = collections.deque()
         self._lock = threading.Lock()
 
     @property
@@ -44,47 +46,60 @@ class Client:
 
     def start(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel") -> Run:
         """Starts a run of `plan`; returns the run without waiting."""
-        if self._closed:
-            raise RuntimeError(f"client {self.id} is closed")
         args = [a.result() if isinstance(a, Handle) else a for a in args]
-        run = self._dispatcher.start(plan, args, dispatch)
-        with self._lock:
-            self._active.add(run)
-        run.done.add_done_callback(lambda _: self._finished(run))
+        with self._lock:      # close() cannot slip between the check and the run's registration
+            if self.closed:
+                raise RuntimeError(f"client {self.id} is closed")
+            run = self._dispatcher.start(plan, args, dispatch)
+            self._active.append(run)
+            if len(self._active) > 64 and self.runtime.run_done(self._active[0]):
+                self._active.popleft()
         return run
-
-    def _finished(self, run: Run) -> None:
-        with self._lock:
-            self._active.discard(run)
 
     def run(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel") -> list[Handle]:
         """Runs `plan` on `args`; returns one handle per program output."""
-        run = self.start(plan, args, dispatch)
-        return self.handles(run)
+        return self.handles(self.start(plan, args, dispatch))
 
     def handles(self, run: Run) -> list[Handle]:
         """Returns handles to a run's outputs."""
-        return [Handle(self.runtime.islands.get(run.island_of(b)), run.id, b, run.plan.buffers[b], run.outputs[b])
-                for b in run.plan.outputs]
+        return [Handle(self, run, b) for b in run.plan.outputs]
+
+    def wait(self, run: Run, timeout: float | None = None) -> None:
+        """Waits until a run's work is over; raises its error if it failed."""
+        self.runtime.wait(run, timeout)
+
+    def fetch(self, run: Run, buffer: int, timeout: float | None = None):
+        """Returns the array of one of a run's buffers once it exists."""
+        return self._dispatcher.fetch(run, buffer, timeout)
+
+    def release(self, run: Run, buffer: int) -> None:
+        """Releases one result of a run (a handle was deleted)."""
+        if self.closed:
+            return                       # closing released everything already
+        island = run.island_of(buffer)
+        if island is not None:
+            self.runtime.islands[island].release(run.id, buffer)
+        self.runtime.scheduler.release_result(run, buffer)
 
     def objects(self) -> list:
         """Returns the keys of the objects this client owns."""
         return self.runtime.owned_by(self.owner)
 
     def close(self) -> None:
-        """Waits for the client's runs under way, then releases every object it owns.
+        """Waits (boundedly) for the client's runs under way, then releases every object it owns.
 
-        The client can no longer run programs.
+        The client can no longer run programs, and its handles raise.
         """
-        self._closed = True
         with self._lock:
+            self.closed = True
             active = list(self._active)
+            self._active.clear()
         for run in active:
             try:
-                run.done.result()
+                self.runtime.wait(run, _CLOSE_TIMEOUT)
             except Exception:  # noqa: BLE001  (a failed run owns nothing more)
                 pass
-        self.runtime.release_owner(self.owner)
+        self.runtime.release_client(self.id)
 
     def __enter__(self) -> "Client":
         return self

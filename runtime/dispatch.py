@@ -1,37 +1,40 @@
 """Dispatching a program plan: parallel or sequential asynchronous dispatch.
 
-Parallel dispatch (the default, the paper's section 4.5): the host work for a
-whole static subgraph is done before any of it runs: every buffer gets its
-future, every executable is compiled or found in the cache, and each island
-receives its part of the subgraph in one message. The client returns at once
-with handles; islands enqueue steps as soon as their inputs' producers have
-been enqueued.
+Parallel dispatch (the default, the paper's section 4.5): the host work for
+a whole static subgraph is done once, when the plan is loaded: every
+island builds its island program (executables compiled, shardings and
+slots resolved). A run is then one `start` message per island, delivered
+by the gang scheduler once the run is admitted; the client returns at once
+with handles.
 
-Sequential dispatch (the fallback when resource needs depend on data, and the
-baseline the paper measures against): steps are handled one at a time in
-dependency order, and the host work for a step starts only once its
-predecessors have been enqueued and their outputs exist.
+Sequential dispatch (the fallback when resource needs depend on data, and
+the baseline the paper measures against): steps are sent one at a time in
+dependency order, each only once the buffers it reads exist, from the
+caller's thread.
 
-A `cond` host step splits a plan: steps that depend on its results are held
-back until the host has read the predicate and run the chosen branch plan.
+A host `cond` splits a plan: the steps that depend on it are held back
+until the host has read the predicate, run the chosen branch plan and put
+its results on their islands; they then go out as one more message per
+island.
 
-The dispatcher reaches islands only through their messages (`load`,
-`prepare`, `put`, `fetch`, `submit` through the gang scheduler, `release`).
+The dispatcher reaches islands only through their messages and the gang
+scheduler.
 """
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from pathways_mlir.dialect.plan import ProgramPlan, Step
+from pathways_mlir.dialect.memory_plan import with_memory_plan
+from pathways_mlir.dialect.plan import Branch, Free, ProgramPlan, Recv
 
-from .island import client_owner, run_owner
+from .admission import Need, run_need
 from .run import Run
-from .scheduler import Submission
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -39,34 +42,40 @@ if TYPE_CHECKING:
 MODES = ("parallel", "sequential")
 
 
-def consumed(step: Step) -> tuple[int, ...]:
-    """Returns the buffers a step reads."""
-    if step.kind == "launch":
-        return step.inputs
-    if step.kind in ("copy", "send"):
-        return (step.src_buffer,)
-    if step.kind == "cond":
-        return (step.pred_buffer, *step.inputs)
-    return ()
-
-
-def produced(step: Step) -> tuple[int, ...]:
-    """Returns the buffers a step writes (a send writes its receiver's buffer)."""
-    if step.kind in ("launch", "cond"):
-        return step.outputs
-    if step.kind in ("copy", "send"):
-        return (step.dst_buffer,)
-    return ()
-
-
 def _dependencies(plan: ProgramPlan) -> dict[int, set[int]]:
     """Returns, for every step id, the step ids it must follow."""
     steps = [s for ss in plan.islands.values() for s in ss] + list(plan.host_steps)
-    producer = {b: s.id for s in steps for b in produced(s)}
-    deps = {}
-    for s in steps:
-        deps[s.id] = set(s.after) | {producer[b] for b in consumed(s) if b in producer}
-    return deps
+    producer = {b: s.id for s in steps for b in s.produced()}
+    return {s.id: set(s.after) | {producer[b] for b in s.consumed() if b in producer} for s in steps}
+
+
+@dataclass(frozen=True)
+class LoadedPlan:
+    """A plan as a runtime holds it: host work done once, so a run costs a lookup and a message."""
+
+    key: int
+    source: ProgramPlan                        # the plan as given (its identity is the cache key)
+    plan: ProgramPlan                          # with frees and peaks
+    islands: tuple[str, ...]                   # every island with steps or buffers
+    need: Need
+    inputs: tuple[tuple[int, str | None, tuple[int, ...]], ...]   # (buffer, island, shape) per argument
+    first: dict[str, tuple[int, ...]]          # island -> steps that no host step holds back
+    deps: dict[int, set[int]]
+    cost: float
+
+    @staticmethod
+    def build(key: int, source: ProgramPlan) -> "LoadedPlan":
+        """Adds frees and peaks if the plan lacks them and works out what every run reuses."""
+        plan = with_memory_plan(source)
+        deps = _dependencies(plan)
+        held = _conds_before(plan, deps)
+        islands = {i for i, steps in plan.islands.items() if steps}
+        islands |= {plan.island_of(b) for b in plan.buffers} - {None}
+        return LoadedPlan(
+            key, source, plan, tuple(sorted(islands)), run_need(plan),
+            tuple((b, plan.island_of(b), plan.buffers[b].shape) for b in plan.inputs),
+            {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
+            deps, float(sum(len(v) for v in plan.islands.values())))
 
 
 class Dispatcher:
@@ -81,131 +90,109 @@ class Dispatcher:
         """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode."""
         if mode not in MODES:
             raise ValueError(f"unknown dispatch mode '{mode}' (choose from {', '.join(MODES)})")
-        if len(args) != len(plan.inputs):
-            raise TypeError(f"program {plan.program} takes {len(plan.inputs)} arrays, got {len(args)}")
-        values = []
-        for buffer, value in zip(plan.inputs, args):
+        loaded = self.runtime.load(plan)
+        if len(args) != len(loaded.inputs):
+            raise TypeError(f"program {plan.program} takes {len(loaded.inputs)} arrays, got {len(args)}")
+        run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need, self.weight, loaded.cost)
+        inputs: dict[str, list[tuple[int, Any]]] = {}
+        for (buffer, island, shape), value in zip(loaded.inputs, args):
             value = value if hasattr(value, "shape") else np.asarray(value)
-            if tuple(value.shape) != plan.buffers[buffer].shape:
+            if tuple(value.shape) != shape:
                 raise TypeError(f"argument for buffer {buffer} of {plan.program} has shape "
-                                f"{tuple(value.shape)}, expected {plan.buffers[buffer].shape}")
-            values.append(value)
-        run = Run(plan, self.client_id)
-        key = self.runtime.load(plan)
-        for buffer, value in zip(plan.inputs, values):
-            self._put(run, key, buffer, value)
-        run.outputs = {b: self._future(run, key, b) for b in plan.outputs}
-        deps = _dependencies(plan)
-        if mode == "parallel":
-            for island, steps in plan.islands.items():
-                if steps:
-                    self.runtime.islands[island].prepare(key, [s.id for s in steps])
-            waits_on = _conds_before(plan, deps)
-            first = [s.id for island in plan.islands.values() for s in island if not waits_on[s.id]]
-            if plan.host_steps:
-                self._submit(run, key, first)
-                threading.Thread(target=self._after_conds, args=(run, key, waits_on, mode),
-                                 name="pw-cond", daemon=True).start()
+                                f"{tuple(value.shape)}, expected {shape}")
+            if island is None:
+                run.host[buffer] = _done(value)
             else:
-                self._submit(run, key, first, on_executed=lambda: self._watch(run))
+                inputs.setdefault(island, []).append((buffer, value))
+        has_conds = bool(loaded.plan.host_steps)
+        if mode == "parallel":
+            works = {i: (loaded.first[i], tuple(inputs.get(i, ())), not has_conds) for i in loaded.islands}
+            self.runtime.scheduler.submit(run, works)
+            if has_conds:
+                threading.Thread(target=self._after_conds, args=(run, loaded, mode), name="pw-cond",
+                                 daemon=True).start()
         else:
-            self._sequential(run, key, deps, mode)
+            stepped = {i for i, steps in loaded.plan.islands.items() if steps}
+            self.runtime.scheduler.submit(run, {i: ((), tuple(inputs.get(i, ())), i not in stepped)
+                                                for i in loaded.islands})
+            self._sequential(run, loaded, mode)
         return run
 
-    def _put(self, run: Run, key: int, buffer: int, value) -> None:
-        """Places a host value on its home island, or keeps it on the host if it has no home."""
+    def fetch(self, run: Run, buffer: int, timeout: float | None = None):
+        """Returns a buffer's array once it exists (a `fetch` message to its island)."""
         island = run.island_of(buffer)
         if island is None:
-            run.host.setdefault(buffer, Future()).set_result(value)
-            return
-        owner = client_owner(self.client_id) if buffer in run.plan.outputs else run_owner(self.client_id, run.id)
-        self.runtime.islands[island].put(run.id, key, buffer, value, owner)
+            return run.host.setdefault(buffer, Future()).result(timeout)
+        return self.runtime.islands[island].fetch(run.id, buffer, timeout)
 
-    def _future(self, run: Run, key: int, buffer: int) -> Future:
-        """Returns the future of a buffer's array (a `fetch` message to its island)."""
-        island = run.island_of(buffer)
-        if island is None:
-            return run.host.setdefault(buffer, Future())
-        return self.runtime.islands[island].fetch(run.id, key, buffer)
+    # -- host steps ----------------------------------------------------------
 
-    def _submit(self, run: Run, key: int, step_ids, on_executed=lambda: None) -> None:
-        wanted = set(step_ids)
-        steps = {island: tuple(s.id for s in ss if s.id in wanted) for island, ss in run.plan.islands.items()}
-        cost = float(sum(len(v) for v in steps.values()))
-        self.runtime.scheduler.submit(Submission(self.client_id, self.weight, cost, run.id, key, steps, on_executed))
-
-    # -- parallel ------------------------------------------------------------
-
-    def _after_conds(self, run: Run, key: int, waits_on: dict[int, set[int]], mode: str) -> None:
-        """Runs the conds in order; after each, submits the steps it was holding back."""
-        island_steps = [s.id for ss in run.plan.islands.values() for s in ss]
+    def _after_conds(self, run: Run, loaded: LoadedPlan, mode: str) -> None:
+        """Runs the conds in order; after each, sends the steps it was holding back."""
+        plan = loaded.plan
+        held = _conds_before(plan, loaded.deps)
+        sent = {s for steps in loaded.first.values() for s in steps}
         done: set[int] = set()
         try:
-            for cond in run.plan.host_steps:
-                self._run_cond(run, key, cond, mode)
+            for cond in plan.host_steps:
+                inputs = self._run_cond(run, cond, mode)
                 done.add(cond.id)
-                self._submit(run, key, [s for s in island_steps if cond.id in waits_on[s] and waits_on[s] <= done])
+                ready = {i: tuple(s.id for s in steps if s.id not in sent and held[s.id] <= done)
+                         for i, steps in plan.islands.items()}
+                sent |= {s for steps in ready.values() for s in steps}
+                works = {i: (ready.get(i, ()), tuple(inputs.get(i, ())), False)
+                         for i in run.islands if ready.get(i) or inputs.get(i)}
+                if works:
+                    self.runtime.scheduler.continue_run(run, works)
+            self.runtime.scheduler.continue_run(run, {i: ((), (), True) for i in run.islands})
         except BaseException as error:  # noqa: BLE001  (reported through the run)
-            run.fail(error)
-        # Delivered after everything this run submitted, so the watcher never waits on undelivered work.
-        self._submit(run, key, [], on_executed=lambda: self._watch(run))
+            self.runtime.fail_run(run, error)
 
-    def _run_cond(self, run: Run, key: int, cond: Step, mode: str) -> None:
-        """The host step: read the predicate, run the chosen branch, place its results."""
-        predicate = bool(np.asarray(self._future(run, key, cond.pred_buffer).result()))
+    def _run_cond(self, run: Run, cond: Branch, mode: str) -> dict[str, list[tuple[int, Any]]]:
+        """The host step: read the predicate, run the chosen branch; returns its results by island."""
+        predicate = bool(np.asarray(self.fetch(run, cond.pred_buffer)))
         branch = cond.then_plan if predicate else cond.else_plan
-        inner = self.start(branch, [self._future(run, key, b).result() for b in cond.inputs], mode)
+        inner = self.start(branch, [self.fetch(run, b) for b in cond.inputs], mode)
+        inputs: dict[str, list[tuple[int, Any]]] = {}
         for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
-            self._put(run, key, buffer, inner.outputs[inner_buffer].result())
-        inner.done.add_done_callback(lambda _: self._release(inner, final=True))
+            value = self.fetch(inner, inner_buffer)
+            island = run.island_of(buffer)
+            if island is None:
+                run.host.setdefault(buffer, Future()).set_result(value)
+            else:
+                inputs.setdefault(island, []).append((buffer, value))
+        self.runtime.release_results(inner)
+        return inputs
 
     # -- sequential ----------------------------------------------------------
 
-    def _sequential(self, run: Run, key: int, deps: dict[int, set[int]], mode: str) -> None:
-        by_id = {s.id: (island, s) for island, ss in run.plan.islands.items() for s in ss}
-        by_id.update({s.id: (None, s) for s in run.plan.host_steps})
+    def _sequential(self, run: Run, loaded: LoadedPlan, mode: str) -> None:
+        plan = loaded.plan
+        by_id = {s.id: (island, s) for island, steps in plan.islands.items() for s in steps}
+        by_id.update({s.id: (None, s) for s in plan.host_steps})
+        order = _topological(loaded.deps)
+        last = {island: step_id for step_id in order for island in [by_id[step_id][0]] if island is not None}
         try:
-            for step_id in _topological(deps):
+            for step_id in order:
                 island, step = by_id[step_id]
-                for b in consumed(step):
-                    self._future(run, key, b).result()     # predecessors enqueued, outputs exist
-                if step.kind == "cond":
-                    self._run_cond(run, key, step, mode)
+                if not isinstance(step, Free):
+                    for b in step.consumed():
+                        self.fetch(run, b)                  # predecessors enqueued, their outputs exist
+                if isinstance(step, Branch):
+                    inputs = self._run_cond(run, step, mode)
+                    self.runtime.scheduler.continue_run(run, {i: ((), tuple(v), False) for i, v in inputs.items()})
                     continue
-                if step.kind == "recv":
-                    self._future(run, key, step.dst_buffer).result()
-                self.runtime.islands[island].prepare(key, [step_id])   # this step's host work, only now
-                executed = Future()
-                self._submit(run, key, [step_id], lambda f=executed: f.set_result(None))
-                executed.result()                       # the island has enqueued it
+                if isinstance(step, Recv):
+                    self.fetch(run, step.dst_buffer)          # the peer's send has arrived
+                self.runtime.scheduler.continue_run(run, {island: ((step_id,), (), last[island] == step_id)})
         except BaseException as error:  # noqa: BLE001
-            run.fail(error)
-        self._watch(run)
+            self.runtime.fail_run(run, error)
 
-    # -- completion ----------------------------------------------------------
 
-    def _watch(self, run: Run) -> None:
-        """Completes the run once its outputs are ready; its intermediates are then freed."""
-        def wait():
-            try:
-                for future in run.outputs.values():
-                    value = future.result()
-                    if hasattr(value, "block_until_ready"):
-                        value.block_until_ready()
-            except BaseException as error:  # noqa: BLE001
-                run.fail(error)
-            self._release(run, final=False)
-            if not run.done.done():
-                run.done.set_result(run)
-        self.runtime.watchers.submit(wait)
-
-    def _release(self, run: Run, final: bool) -> None:
-        """Frees a run's intermediates on every island (and its outputs too if `final`)."""
-        for island in run.islands():
-            self.runtime.islands[island].release_run(run.id, run.client_id)
-            if final:
-                for b in run.plan.outputs:
-                    self.runtime.islands[island].release(run.id, b)
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def _conds_before(plan: ProgramPlan, deps: dict[int, set[int]]) -> dict[int, set[int]]:

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pathways_mlir.dialect.plan import BufferInfo
+from pathways_mlir.dialect.plan import ProgramPlan
 
 
 class MissingExecutable(ValueError):
@@ -55,47 +55,72 @@ def make_mesh(devices: Sequence, shape: Sequence[int], axes: Sequence[str]):
 
 
 class ExecutableCache:
-    """Compiled executables keyed by (name, devices, shardings)."""
+    """Compiled executables keyed by (name, devices, shardings, shapes)."""
 
     def __init__(self):
         self._compiled: dict[tuple, Callable] = {}
         self._lock = threading.Lock()
         self.compilations = 0
 
-    def get(self, name: str, export: str, mesh, inputs: Sequence[BufferInfo],
-            outputs: Sequence[BufferInfo]) -> Callable:
-        """Returns the compiled function for a launch, compiling it the first time."""
-        key = (name, hash(export), tuple(d.id for d in mesh.devices.flat), mesh.axis_names,
-               tuple(b.sharding for b in inputs), tuple(b.sharding for b in outputs),
-               tuple((b.shape, b.dtype) for b in inputs))
+    def get(self, name: str, plan: ProgramPlan, mesh, inputs: Sequence[int], outputs: Sequence[int]) -> Callable:
+        """Returns the compiled function of a launch of `name` in `plan`, compiling it the first time.
+
+        A fused executable (`plan.fused`) compiles to one function that calls
+        its parts in order, so XLA optimises across their boundaries.
+        """
+        ins = [plan.buffers[b] for b in inputs]
+        outs = [plan.buffers[b] for b in outputs]
+        fused = plan.fused.get(name)
+        parts = [c.callee for c in fused.calls] if fused else [name]
+        key = (name, fused, tuple(hash(plan.executables.get(p, "")) for p in parts),
+               tuple(d.id for d in mesh.devices.flat), mesh.axis_names,
+               tuple(b.sharding for b in ins), tuple(b.sharding for b in outs),
+               tuple((b.shape, b.dtype) for b in ins))
         with self._lock:
             compiled = self._compiled.get(key)
         if compiled is not None:
             return compiled
-        compiled = self._compile(name, export, mesh, inputs, outputs)
+        compiled = self._compile(name, plan, mesh, ins, outs)
         with self._lock:
-            self._compiled.setdefault(key, compiled)
-            self.compilations += 1
+            if key not in self._compiled:
+                self._compiled[key] = compiled
+                self.compilations += 1
             return self._compiled[key]
 
     @staticmethod
-    def _compile(name: str, export: str, mesh, inputs, outputs) -> Callable:
+    def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs) -> Callable:
         import jax
 
-        if not export:
-            raise MissingExecutable(
-                f"executable @{name} has no pw.export: lower it from JAX (pathways_mlir.jit) to run it")
-        exported = jax.export.deserialize(bytearray(base64.b64decode(export)))
+        fused = plan.fused.get(name)
+        if fused is None:
+            body = _exported_call(name, plan.executables.get(name, ""))
+        else:
+            called = [(_exported_call(c.callee, plan.executables.get(c.callee, "")), c) for c in fused.calls]
+
+            def body(*leaves):
+                values = list(leaves)
+                for call, c in called:
+                    values.extend(call(*[values[i] for i in c.operands]))
+                return tuple(values[i] for i in fused.results)
         in_shardings = tuple(named_sharding(mesh, b.sharding) for b in inputs)
         out_shardings = tuple(named_sharding(mesh, b.sharding) for b in outputs)
-        def call(*leaves):
-            # A launch passes the leaves of the export's (args, kwargs) pytree, in order.
-            args, kwargs = jax.tree.unflatten(exported.in_tree, leaves)
-            return tuple(jax.tree.leaves(exported.call(*args, **kwargs)))
-
-        jitted = jax.jit(call, in_shardings=in_shardings, out_shardings=out_shardings)
+        jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=out_shardings)
         avals = [jax.ShapeDtypeStruct(b.shape, numpy_dtype(b.dtype), sharding=s)
                  for b, s in zip(inputs, in_shardings)]
-        compiled = jitted.lower(*avals).compile()
+        jitted.lower(*avals).compile()     # compile now: errors surface when the plan is loaded
+        return jitted                      # called through JAX's C++ dispatch fast path
 
-        return compiled
+
+def _exported_call(name: str, export: str) -> Callable:
+    """Returns a function of the export's flat argument leaves that returns its flat result leaves."""
+    import jax
+
+    if not export:
+        raise MissingExecutable(
+            f"executable @{name} has no pw.export: lower it from JAX (pathways_mlir.jit) to run it")
+    exported = jax.export.deserialize(bytearray(base64.b64decode(export)))
+
+    def call(*leaves):
+        args, kwargs = jax.tree.unflatten(exported.in_tree, leaves)
+        return tuple(jax.tree.leaves(exported.call(*args, **kwargs)))
+    return call

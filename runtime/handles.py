@@ -1,50 +1,58 @@
 """Handles: what a client holds for a buffer that lives on devices.
 
-A handle names one logical (possibly sharded) buffer in the object store,
+A handle names one logical (possibly sharded) result in the object store,
 however many shards it has. It behaves like an array for the user:
 `np.asarray(h)`, `h.block_until_ready()`, `h.shape`, `h.dtype`, and JAX
 functions accept it. Dropping the last reference to a handle, or calling
-`delete()`, releases the buffer.
+`delete()`, releases the result, even if it has not been produced yet (it
+is then dropped when it is). A released handle, or one of a closed client,
+raises instead of returning data.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pathways_mlir.dialect.plan import BufferInfo
-
 from .executables import numpy_dtype
+from .run import Run
+
+if TYPE_CHECKING:
+    from .client import Client
 
 
 class Handle:
-    """An owned reference to a device buffer."""
+    """An owned reference to a result on devices."""
 
-    def __init__(self, island, run_id: int, buffer: int, info: BufferInfo, future: Future):
-        self._island = island          # None for a host value: nothing to release
-        self._run_id = run_id
+    __slots__ = ("_client", "_run", "_buffer", "_deleted", "__weakref__")
+
+    def __init__(self, client: "Client", run: Run, buffer: int):
+        self._client = client
+        self._run = run
         self._buffer = buffer
-        self._info = info
-        self._future = future
+        self._deleted = False
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self._info.shape
+        return self._run.plan.buffers[self._buffer].shape
 
     @property
     def dtype(self):
-        return numpy_dtype(self._info.dtype)
+        return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)
 
     @property
     def ndim(self) -> int:
-        return len(self._info.shape)
+        return len(self.shape)
 
-    def result(self):
-        """Returns the JAX array (waiting for its producer to be enqueued)."""
-        if self._future is None:
-            raise ValueError(f"handle to buffer {self._buffer} of run {self._run_id} was deleted")
-        return self._future.result()
+    def result(self, timeout: float | None = None):
+        """Returns the JAX array, waiting until it is produced; raises if the run failed."""
+        if self._deleted:
+            raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} was released")
+        if self._client.closed:
+            raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} belongs to closed "
+                             f"client {self._client.id}: its result was released")
+        return self._client.fetch(self._run, self._buffer, timeout)
 
     def block_until_ready(self) -> "Handle":
         """Waits until the buffer's value has been computed."""
@@ -64,10 +72,10 @@ class Handle:
         return np.asarray(self)[index]
 
     def delete(self) -> None:
-        """Releases the buffer now."""
-        if self._island is not None and self._future is not None:
-            self._island.release(self._run_id, self._buffer)
-        self._future = None
+        """Releases the result now."""
+        if not self._deleted:
+            self._deleted = True
+            self._client.release(self._run, self._buffer)
 
     def __del__(self):
         try:
@@ -76,4 +84,5 @@ class Handle:
             pass
 
     def __repr__(self) -> str:
-        return f"Handle(shape={self.shape}, dtype={self._info.dtype}, slice={self._info.slice})"
+        info = self._run.plan.buffers[self._buffer]
+        return f"Handle(shape={info.shape}, dtype={info.dtype}, slice={info.slice})"

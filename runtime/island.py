@@ -1,67 +1,76 @@
 """Islands: each runs its part of every plan on its own devices, behind messages.
 
-An island owns its devices, its shard of the object store, its cache of
-compiled executables and one dispatch thread that feeds all of its devices
-from one queue, so every device of the island sees the island's computations
-in one consistent order. Executing a launch enqueues it through JAX's
-asynchronous dispatch and resolves its output futures at once, so later steps
-(here or on other islands) can be enqueued before it finishes.
+An island owns its devices, its shard of the object store (the results
+runs leave behind) and its cache of compiled executables. For each plan and
+set of steps it builds an island program once (`island_program.py`); a
+`start` message then places the run's inputs and executes the program's
+instructions right away, which only enqueues work through JAX's
+asynchronous dispatch. Work is executed in the order `start` messages
+arrive, which the gang scheduler makes the same ticket order on every
+island.
 
-The rest of the runtime talks to an island only through the messages below,
+Nothing here ever blocks: a `Recv` whose array has not arrived parks the
+run (its slots and program counter are kept) and the island goes on with
+other runs; the peer's `deliver` resumes it. Memory was reserved for the
+whole run before its first `start` (per-run admission), so no step waits
+for memory either. A failing step fails its run alone, on every island the
+run uses; other runs and clients go on.
+
+The rest of the runtime talks to an island only through these messages,
 whose arguments are plans, integer ids, work items and arrays, never shared
-Python objects; replies are futures. That is what lets an island live in
-another process (as a Ray actor, say) without a rewrite:
+Python objects:
 
-    load(plan_key, plan)              keep a plan for later messages
-    prepare(plan_key, step_ids)       host work up front: compile, shardings
-    put(run_id, plan_key, buffer, array, owner)
-                                      a host value placed on its home slice
-    submit(work) -> Future            queue a run's steps; resolves once enqueued
-    deliver(run_id, plan_key, buffer, array), fail(run_id, plan_key, buffer, error)
-                                      a peer island's send arriving, or failing
-    fetch(run_id, buffer) -> Future   a buffer's array, once produced
-    release(run_id, buffer), release_run(run_id, client_id), release_owner(owner)
-    usage(), owned_by(owner), object_count(), compilations()
+    load(plan_key, plan)                      keep a plan, check it, build its layout
+    start(work)                               place inputs, run the steps (see IslandWork)
+    deliver(run_id, plan_key, buffer, array)  a peer island's send arriving
+    fail_run(run_id, error)                   the run failed elsewhere
+    fetch(run_id, buffer, timeout) -> array   a result or intermediate, once produced
+    release(run_id, buffer), release_owner(owner)
+    run_done(run_id), wait_run(run_id, timeout)  whether the run's device work is over
+    object_count(), owned_by(owner), compilations(), close()
 """
 
 from __future__ import annotations
 
 import collections
-import queue
 import threading
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Callable, Hashable
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
 
-import jax
-
-from pathways_mlir.dialect.plan import ProgramPlan, Step
-from pathways_mlir.dialect.topology import Link
+from pathways_mlir.dialect.memory_plan import with_memory_plan
+from pathways_mlir.dialect.plan import ProgramPlan
 
 from .cluster import DeviceMap
-from .executables import ExecutableCache, make_mesh, named_sharding
-from .object_store import DeviceKey, ObjectStore
+from .executables import ExecutableCache, make_mesh
+from .island_program import Instruction, IslandLayout, compile_steps
+from .object_store import ObjectStore
 from .tracing import Tracer
 from .transfers import DcnTransport, copy_to
 
+HISTORY = 100_000   # how many work items (and failed runs) an island remembers
 
-HISTORY = 100_000   # how many executed steps an island remembers
+
+class RunFailed(RuntimeError):
+    """A run failed; raised by whatever reads its buffers."""
 
 
 @dataclass(frozen=True)
 class IslandWork:
-    """Steps of one run for one island, delivered as one message in ticket order."""
+    """One run's steps for one island, delivered as one message in ticket order.
+
+    `inputs` are (buffer, array) pairs placed on their home sharding first:
+    program arguments, or values a host branch produced. `last` says no
+    more work of this run will come to this island.
+    """
 
     ticket: int
     run_id: int
     client_id: int
     plan_key: int
     step_ids: tuple[int, ...]
-
-
-def run_owner(client_id: int, run_id: int) -> tuple[str, int, int]:
-    """The owner of a run's intermediates in the object store."""
-    return ("run", client_id, run_id)
+    inputs: tuple[tuple[int, Any], ...] = ()
+    last: bool = True
 
 
 def client_owner(client_id: int) -> tuple[str, int]:
@@ -69,230 +78,302 @@ def client_owner(client_id: int) -> tuple[str, int]:
     return ("client", client_id)
 
 
-@dataclass
-class _RunState:
-    """What an island knows of one run: its buffers' futures, made on first mention."""
+class IslandRun:
+    """What an island holds of one run under way: slots, queued programs, where it stopped."""
 
-    plan: ProgramPlan
-    futures: dict[int, Future] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    __slots__ = ("id", "client_id", "plan_key", "layout", "slots", "queue", "pc", "tracked", "last", "executing")
 
-    def future(self, buffer: int) -> Future:
-        """Returns the buffer's future; the island thread, clients and peers all get the same one."""
-        with self.lock:
-            found = self.futures.get(buffer)
-            if found is None:
-                found = self.futures[buffer] = Future()
-            return found
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A step's host work, done once per plan."""
-
-    devices: tuple[DeviceKey, ...]           # where the step's outputs live
-    compiled: Callable | None = None         # launch: the compiled executable
-    shardings: tuple = ()                    # launch: input shardings; moves: the destination's
-    link: Link | None = None                 # send: the DCN link it uses
+    def __init__(self, run_id: int, client_id: int, plan_key: int, layout: IslandLayout):
+        self.id, self.client_id, self.plan_key, self.layout = run_id, client_id, plan_key, layout
+        self.slots: list = [None] * len(layout.slot)
+        self.queue: collections.deque[tuple[Instruction, ...]] = collections.deque()
+        self.pc = 0
+        self.tracked: list = []          # arrays whose readiness means the run's device work is done
+        self.last = False
+        self.executing = False
 
 
 class Island:
     """One island of devices and the work it is given."""
 
-    def __init__(self, name: str, device_map: DeviceMap, transport: DcnTransport,
-                 peer: Callable[[str], "Island"], device_memory_bytes: int | None = None,
-                 tracer_ref: Callable[[], Tracer | None] = lambda: None):
+    def __init__(self, name: str, device_map: DeviceMap, transport: DcnTransport | None,
+                 peer: Callable[[str], "Island"], lock: threading.RLock | None = None):
         self.name = name
         self.device_map = device_map
-        island = device_map.topology.island(name)
-        self.store = ObjectStore({(name, d): device_memory_bytes or island.device_memory_bytes
-                                  for d in range(island.num_devices)})
         self.cache = ExecutableCache()
+        self.store = ObjectStore()
+        self.lock = lock or threading.RLock()   # embedded: one lock for all islands (see Runtime)
+        self._changed = threading.Condition(self.lock)
+        self._waiting = 0
         self._transport = transport
         self._peer = peer
-        self._tracer = tracer_ref
-        self._plans: dict[int, ProgramPlan] = {}
-        self._steps: dict[int, dict[int, Step]] = {}
-        self._prepared: dict[tuple[int, int], _Prepared] = {}
+        self.tracer: Tracer | None = None    # set while the runtime records a trace
+        self._plans: dict[int, tuple[ProgramPlan, IslandLayout | None]] = {}
+        self._programs: dict[tuple[int, tuple[int, ...]], tuple[Instruction, ...]] = {}
         self._meshes: dict[tuple, object] = {}
-        self._runs: dict[int, _RunState] = {}
-        self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[IslandWork, Future] | None] = queue.Queue()
-        # The latest (ticket, run id, step id) executed, for order checks; bounded for long runs.
+        self._runs: dict[int, IslandRun] = {}
+        self._early: dict[int, dict[int, Any]] = {}      # run -> deliveries before its first start
+        self._in_flight: dict[int, list] = {}            # run -> tracked arrays, dispatch over
+        self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+        self._dropped: set[tuple[int, int]] = set()      # results released before they existed
+        self._closed = False
+        # The latest (ticket, run id, step count) started, for order checks; bounded for long runs.
         self.executed: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=HISTORY)
-        self._thread = threading.Thread(target=self._loop, name=f"pw-{name}", daemon=True)
-        self._thread.start()
 
     # -- messages ------------------------------------------------------------
 
     def load(self, plan_key: int, plan: ProgramPlan) -> None:
-        """Keeps `plan` under `plan_key` for later messages."""
-        with self._lock:
+        """Keeps `plan` under `plan_key` (with frees and peaks added if it was built without them)."""
+        with self.lock:
             if plan_key not in self._plans:
-                self._plans[plan_key] = plan
-                self._steps[plan_key] = {s.id: s for s in plan.islands.get(self.name, ())}
+                self._plans[plan_key] = (with_memory_plan(plan), None)
 
-    def prepare(self, plan_key: int, step_ids) -> None:
-        """Does the host work of the given steps now: compile, build shardings (cached)."""
-        for step_id in step_ids:
-            self._prepare(plan_key, self._steps[plan_key][step_id])
+    def plan(self, plan_key: int) -> ProgramPlan:
+        """Returns the plan kept under `plan_key`."""
+        return self._plans[plan_key][0]
 
-    def put(self, run_id: int, plan_key: int, buffer: int, array, owner: Hashable) -> None:
-        """Places a host value (a program argument, a branch's result) on its home slice."""
-        plan = self._plans[plan_key]
-        info = plan.buffers[buffer]
-        future = self._run(run_id, plan).future(buffer)
-        self.store.add((run_id, buffer), owner, self._devices(plan, info.slice), info.bytes_per_device, future)
-        future.set_result(copy_to(array, named_sharding(self.mesh(plan, info.slice), info.sharding)))
-
-    def submit(self, work: IslandWork) -> Future:
-        """Queues a run's steps behind everything already delivered; the reply resolves once enqueued."""
-        executed: Future = Future()
-        self._queue.put((work, executed))
-        return executed
+    def start(self, work: IslandWork) -> None:
+        """Places the work's inputs and executes its steps now (parking at a Recv not yet arrived)."""
+        with self.lock:
+            self.executed.append((work.ticket, work.run_id, len(work.step_ids)))
+            if work.run_id in self._failed:
+                return
+            if self._closed:
+                self._fail(work.run_id, RunFailed(f"{self.name} is closed"))
+                return
+            try:
+                run = self._runs.get(work.run_id)
+                if run is None:
+                    run = self._runs[work.run_id] = IslandRun(work.run_id, work.client_id, work.plan_key,
+                                                              self._layout(work.plan_key))
+                    for buffer, array in self._early.pop(work.run_id, {}).items():
+                        run.slots[run.layout.slot[buffer]] = array
+                for buffer, value in work.inputs:
+                    run.slots[run.layout.slot[buffer]] = copy_to(value, run.layout.shardings[buffer])
+                if work.step_ids:
+                    run.queue.append(self._program(work.plan_key, work.step_ids))
+                run.last = work.last
+            except BaseException as error:  # noqa: BLE001  (the run fails alone)
+                self._fail(work.run_id, error)
+                return
+            self._advance(run)
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
-        """Receives a buffer sent by a peer island, placing it on its home sharding."""
-        plan = self._plans[plan_key]
-        info = plan.buffers[buffer]
-        moved = copy_to(array, named_sharding(self.mesh(plan, info.slice), info.sharding))
-        future = self._run(run_id, plan).future(buffer)
-        if not future.done():
-            future.set_result(moved)
+        """Receives a buffer a peer island sent, on its home sharding; resumes a run parked on it."""
+        with self.lock:
+            if run_id in self._failed or self._closed:
+                return
+            try:
+                layout = self._layout(plan_key)
+                moved = copy_to(array, layout.shardings[buffer])
+            except BaseException as error:  # noqa: BLE001
+                self._fail(run_id, error)
+                return
+            run = self._runs.get(run_id)
+            if run is None:
+                self._early.setdefault(run_id, {})[buffer] = moved
+                self._notify()
+                return
+            run.slots[run.layout.slot[buffer]] = moved
+            if not run.executing:
+                self._advance(run)
+            else:
+                self._notify()
 
-    def fail(self, run_id: int, plan_key: int, buffer: int, error: BaseException) -> None:
-        """Receives the failure of a peer's send: whatever waits on the buffer raises `error`."""
-        future = self._run(run_id, self._plans[plan_key]).future(buffer)
-        if not future.done():
-            future.set_exception(error)
+    def fail_run(self, run_id: int, error: BaseException) -> None:
+        """Fails a run here because it failed elsewhere (or was cancelled)."""
+        with self.lock:
+            if run_id not in self._failed:
+                self._fail(run_id, error, tell_peers=False)
 
-    def fetch(self, run_id: int, plan_key: int, buffer: int) -> Future:
-        """Returns the future of a buffer's array, resolved once its producer is enqueued."""
-        return self._run(run_id, self._plans[plan_key]).future(buffer)
+    def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
+        """Returns the array of a run's buffer, waiting until it is produced; raises if the run failed."""
+        with self.lock:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                found = self.store.get((run_id, buffer))
+                if found is not None:
+                    return found
+                if run_id in self._failed:
+                    raise self._failed[run_id]
+                if (run_id, buffer) in self._dropped:
+                    raise ValueError(f"buffer {buffer} of run {run_id} was released")
+                run = self._runs.get(run_id)
+                if run is not None and buffer in run.layout.slot and run.slots[run.layout.slot[buffer]] is not None:
+                    return run.slots[run.layout.slot[buffer]]
+                early = self._early.get(run_id, {}).get(buffer)
+                if early is not None:
+                    return early
+                if run is None and run_id in self._in_flight:
+                    raise ValueError(f"buffer {buffer} of run {run_id} is not kept: the run is over and the "
+                                     f"buffer was no result, or its result was released")
+                if self._closed:
+                    raise RunFailed(f"{self.name} is closed")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
+                self._waiting += 1
+                try:
+                    self._changed.wait(remaining)
+                finally:
+                    self._waiting -= 1
 
     def release(self, run_id: int, buffer: int) -> None:
-        """Drops one buffer (a handle was deleted)."""
-        self.store.release((run_id, buffer))
-
-    def release_run(self, run_id: int, client_id: int) -> None:
-        """Drops a finished run's intermediates and its bookkeeping."""
-        self.store.release_owner(run_owner(client_id, run_id))
-        with self._lock:
-            self._runs.pop(run_id, None)
+        """Drops a result (its handle was deleted); one not produced yet is dropped when it is."""
+        with self.lock:
+            if not self.store.release((run_id, buffer)) and run_id not in self._failed and \
+                    run_id not in self._in_flight:
+                self._dropped.add((run_id, buffer))
 
     def release_owner(self, owner: Hashable) -> int:
-        """Drops every buffer of `owner`; returns how many."""
-        return self.store.release_owner(owner)
+        """Drops every result of `owner`; returns how many."""
+        with self.lock:
+            return self.store.release_owner(owner)
 
-    def usage(self) -> dict[DeviceKey, int]:
-        """Returns the bytes in use on each of the island's devices."""
-        return self.store.usage()
+    def run_done(self, run_id: int) -> bool:
+        """Returns whether the run's work here is over (dispatched, and its device work finished)."""
+        with self.lock:
+            if run_id in self._runs:
+                return False
+            tracked = self._in_flight.get(run_id)
+            if tracked is None:
+                return True
+            if all(a.is_ready() for a in tracked):
+                del self._in_flight[run_id]
+                return True
+            return False
+
+    def wait_run(self, run_id: int, timeout: float | None = None) -> None:
+        """Waits until the run's work here is over; TimeoutError after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            while run_id in self._runs:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"run {run_id} is still under way on {self.name}")
+                self._waiting += 1
+                try:
+                    self._changed.wait(remaining)
+                finally:
+                    self._waiting -= 1
+            tracked = self._in_flight.get(run_id, ())
+        for array in tracked:
+            array.block_until_ready()
+        with self.lock:
+            self._in_flight.pop(run_id, None)
 
     def owned_by(self, owner: Hashable) -> list:
-        """Returns the keys of the buffers `owner` holds here."""
-        return self.store.owned_by(owner)
+        """Returns the keys of the results `owner` holds here."""
+        with self.lock:
+            return self.store.owned_by(owner)
 
     def object_count(self) -> int:
-        """Returns how many buffers the island holds."""
-        return len(self.store)
+        """Returns how many results the island holds."""
+        with self.lock:
+            return len(self.store)
 
     def compilations(self) -> int:
         """Returns how many executables the island has compiled."""
         return self.cache.compilations
 
     def close(self) -> None:
-        """Stops the dispatch thread after the work already queued."""
-        self._queue.put(None)
-        self._thread.join()
+        """Fails every run still under way here (a run parked forever cannot hold up closing)."""
+        with self.lock:
+            self._closed = True
+            for run_id in list(self._runs):
+                self._fail(run_id, RunFailed(f"{self.name} closed while run {run_id} was under way"),
+                           tell_peers=False)
+            self._changed.notify_all()
 
-    # -- dispatch thread -----------------------------------------------------
+    # -- execution -----------------------------------------------------------
 
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            work, executed = item
-            state = self._run(work.run_id, self._plans[work.plan_key])
-            steps = self._steps[work.plan_key]
-            for step_id in work.step_ids:
-                step = steps[step_id]
-                try:
-                    self._execute(work, state, step)
-                    self.executed.append((work.ticket, work.run_id, step.id))
-                except BaseException as error:  # noqa: BLE001  (reported through the buffers' futures)
-                    for b in _produced(step):
-                        f = state.future(b)
-                        if not f.done():
-                            f.set_exception(error)
-            executed.set_result(None)
+    def _advance(self, run: IslandRun) -> None:
+        """Executes the run's queued programs from where it stopped, until done or parked."""
+        run.executing = True
+        try:
+            while run.queue:
+                program = run.queue[0]
+                pc, end = run.pc, len(program)
+                while pc < end:
+                    if not program[pc].execute(self, run):
+                        run.pc = pc
+                        return
+                    pc += 1
+                run.queue.popleft()
+                run.pc = 0
+            if run.last:
+                self._finish(run)
+        except BaseException as error:  # noqa: BLE001  (the run fails alone)
+            self._fail(run.id, error)
+        finally:
+            run.executing = False
+            self._notify()
 
-    def _execute(self, work: IslandWork, state: _RunState, step: Step) -> None:
-        prepared = self._prepare(work.plan_key, step)
-        if step.kind == "launch":
-            args = [v if isinstance(v, jax.Array) else copy_to(v, sharding)
-                    for v, sharding in zip((state.future(b).result() for b in step.inputs), prepared.shardings)]
-            for b in step.outputs:
-                self._allocate(work, state, b, prepared.devices)
-            results = prepared.compiled(*args)
-            for b, array in zip(step.outputs, results):
-                state.future(b).set_result(array)
-            self._trace(step.label or step.executable, "launch", prepared.devices, results)
-        elif step.kind == "copy":
-            self._allocate(work, state, step.dst_buffer, prepared.devices)
-            moved = copy_to(state.future(step.src_buffer).result(), prepared.shardings[0])
-            state.future(step.dst_buffer).set_result(moved)
-            self._trace(step.label or "copy", "copy", prepared.devices, [moved])
-        elif step.kind == "send":
-            peer = self._peer(step.peer)
-            self._transport.send(
-                state.future(step.src_buffer), step.bytes, prepared.link,
-                lambda array: peer.deliver(work.run_id, work.plan_key, step.dst_buffer, array),
-                lambda error: peer.fail(work.run_id, work.plan_key, step.dst_buffer, error))
-        else:  # recv: the buffer's memory is taken here; the peer's send resolves it on arrival
-            self._allocate(work, state, step.dst_buffer, prepared.devices)
+    def _finish(self, run: IslandRun) -> None:
+        """The run's work here is dispatched: keep its results, remember what marks it done."""
+        del self._runs[run.id]
+        owner = client_owner(run.client_id)
+        for buffer, slot in run.layout.outputs:
+            key = (run.id, buffer)
+            if key in self._dropped:
+                self._dropped.discard(key)
+            else:
+                self.store.add(key, owner, run.slots[slot])
+        self._in_flight[run.id] = run.tracked
 
-    def _allocate(self, work: IslandWork, state: _RunState, buffer: int, devices: tuple[DeviceKey, ...]) -> None:
-        owner = client_owner(work.client_id) if buffer in state.plan.outputs else run_owner(work.client_id,
-                                                                                          work.run_id)
-        self.store.add((work.run_id, buffer), owner, devices, state.plan.buffers[buffer].bytes_per_device,
-                       state.future(buffer))
+    def _fail(self, run_id: int, error: BaseException, tell_peers: bool = True) -> None:
+        run = self._runs.pop(run_id, None)
+        self._early.pop(run_id, None)
+        self._dropped = {k for k in self._dropped if k[0] != run_id}
+        self._failed[run_id] = error if isinstance(error, RunFailed) else RunFailed(
+            f"run {run_id} failed on {self.name}: {type(error).__name__}: {error}")
+        self._failed[run_id].__cause__ = error if not isinstance(error, RunFailed) else error.__cause__
+        while len(self._failed) > HISTORY:
+            self._failed.popitem(last=False)
+        self._notify()
+        if tell_peers and run is not None:
+            plan = self._plans[run.plan_key][0]
+            for island in plan.islands:
+                if island != self.name:
+                    self._peer(island).fail_run(run_id, self._failed[run_id])
 
-    def _prepare(self, plan_key: int, step: Step) -> _Prepared:
-        key = (plan_key, step.id)
-        prepared = self._prepared.get(key)
-        if prepared is not None:
-            return prepared
-        plan = self._plans[plan_key]
-        if step.kind == "launch":
-            mesh = self.mesh(plan, step.slice)
-            inputs = [plan.buffers[b] for b in step.inputs]
-            outputs = [plan.buffers[b] for b in step.outputs]
-            compiled = self.cache.get(step.executable, plan.executables.get(step.executable, ""), mesh,
-                                      inputs, outputs)
-            prepared = _Prepared(self._devices(plan, step.slice), compiled,
-                                 tuple(named_sharding(mesh, b.sharding) for b in inputs))
-        elif step.kind in ("copy", "recv"):
-            dst = plan.buffers[step.dst_buffer]
-            prepared = _Prepared(self._devices(plan, dst.slice), None,
-                                 (named_sharding(self.mesh(plan, dst.slice), dst.sharding),))
-        elif step.kind == "send":
-            prepared = _Prepared((), link=plan.topology.link(self.name, step.peer)[1])
-        else:
-            raise ValueError(f"island {self.name} cannot execute a '{step.kind}' step")
-        self._prepared[key] = prepared
-        return prepared
+    def _notify(self) -> None:
+        if self._waiting:
+            self._changed.notify_all()
 
-    def _run(self, run_id: int, plan: ProgramPlan) -> _RunState:
-        with self._lock:
-            state = self._runs.get(run_id)
-            if state is None:
-                state = self._runs[run_id] = _RunState(plan)
-            return state
+    def send(self, run: IslandRun, peer: str, peer_buffer: int, array, nbytes: int, link) -> None:
+        """Hands `array` to `peer` as its `peer_buffer` of the run (DCN), emulating the link if asked."""
+        target = self._peer(peer)
+        if self._transport is None or self._transport.inline:
+            target.deliver(run.id, run.plan_key, peer_buffer, array)
+            return
+        self._transport.send(array, nbytes, link, lambda moved: target.deliver(run.id, run.plan_key, peer_buffer,
+                                                                               moved),
+                             lambda error: target.fail_run(run.id, error))
 
-    def _devices(self, plan: ProgramPlan, slice_name: str) -> tuple[DeviceKey, ...]:
-        placement = plan.slices[slice_name]
-        return tuple((placement.island, d) for d in placement.device_ids())
+    # -- host work, once per plan --------------------------------------------
+
+    def _layout(self, plan_key: int) -> IslandLayout:
+        plan, layout = self._plans[plan_key]
+        if layout is None:
+            layout = IslandLayout.build(self, plan)
+            self._plans[plan_key] = (plan, layout)
+        return layout
+
+    def _program(self, plan_key: int, step_ids: tuple[int, ...]) -> tuple[Instruction, ...]:
+        program = self._programs.get((plan_key, step_ids))
+        if program is None:
+            plan = self._plans[plan_key][0]
+            wanted = set(step_ids)
+            steps = tuple(s for s in plan.islands.get(self.name, ()) if s.id in wanted)
+            program = self._programs[(plan_key, step_ids)] = compile_steps(self, plan, self._layout(plan_key),
+                                                                           steps)
+        return program
+
+    def prepare(self, plan_key: int, step_ids: tuple[int, ...]) -> None:
+        """Builds the island program of these steps now (compiling its executables)."""
+        with self.lock:
+            self._program(plan_key, tuple(step_ids))
 
     def mesh(self, plan: ProgramPlan, slice_name: str):
         """Returns the JAX mesh of one of this island's slices (cached)."""
@@ -304,15 +385,7 @@ class Island:
             mesh = self._meshes[key] = make_mesh(devices, placement.shape, placement.axes)
         return mesh
 
-    def _trace(self, name: str, kind: str, devices: tuple[DeviceKey, ...], arrays) -> None:
-        tracer = self._tracer()
-        if tracer is not None:
-            tracer.record(name, kind, self.name, [d for _, d in devices], arrays)
-
-
-def _produced(step: Step) -> tuple[int, ...]:
-    if step.kind == "launch":
-        return step.outputs
-    if step.kind in ("copy", "recv"):
-        return (step.dst_buffer,)
-    return ()
+    def trace(self, name: str, kind: str, devices, arrays) -> None:
+        """Records a step in the trace being taken (see `Runtime.start_tracing`)."""
+        if self.tracer is not None:
+            self.tracer.record(name, kind, self.name, devices, arrays)

@@ -2,7 +2,7 @@
 
 The actor process starts its own JAX with the island's devices (CPU devices
 made with `XLA_FLAGS` in the actor's environment here; an accelerator host's
-own devices elsewhere) and runs an `Island` inside: the same dispatch thread,
+own devices elsewhere) and runs an `Island` inside: the same island programs,
 object-store shard and compile cache as the embedded backend. The driver
 holds a proxy per island that turns each island message into an actor call:
 plans travel as JSON, arrays as NumPy arrays through Ray's object store, and
@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import itertools
 import threading
-from concurrent.futures import Future
+from dataclasses import replace
 
 import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from .island import IslandWork
+from .island import IslandWork, RunFailed
 
 
 class _IslandActor:
     """The body of an island actor (made a Ray actor class by `start_islands`)."""
 
-    def __init__(self, name: str, topology_json: str, emulate_dcn: bool, device_memory_bytes: int | None):
+    def __init__(self, name: str, topology_json: str, emulate_dcn: bool):
         import jax
 
         from .cluster import DeviceMap
@@ -44,8 +44,9 @@ class _IslandActor:
         if len(devices) < count:
             raise RuntimeError(f"island {name} needs {count} devices but its process has {len(devices)}")
         self._peers: dict[str, object] = {}
+        # Sends always go through the transport: a peer is another process.
         self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
-                              DcnTransport(emulate=emulate_dcn), self._peer, device_memory_bytes)
+                              DcnTransport(emulate=emulate_dcn, always=True), self._peer)
         self._next = 0
         self._turn = threading.Condition()
 
@@ -59,39 +60,37 @@ class _IslandActor:
         self._island.load(key, ProgramPlan.from_json(plan_json))
 
     def prepare(self, key: int, step_ids) -> None:
-        self._island.prepare(key, step_ids)
+        self._island.prepare(key, tuple(step_ids))
 
-    def put(self, run_id: int, key: int, buffer: int, array, owner) -> None:
-        self._island.put(run_id, key, buffer, array, owner)
-
-    def submit(self, seq: int, work: IslandWork) -> None:
+    def start(self, seq: int, work: IslandWork) -> None:
         with self._turn:
             self._turn.wait_for(lambda: self._next == seq)
-            executed = self._island.submit(work)
-            self._next += 1
-            self._turn.notify_all()
-        executed.result()
+            try:
+                self._island.start(work)
+            finally:
+                self._next += 1
+                self._turn.notify_all()
 
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
         self._island.deliver(run_id, key, buffer, array)
 
-    def fail(self, run_id: int, key: int, buffer: int, error: BaseException) -> None:
-        self._island.fail(run_id, key, buffer, error)
+    def fail_run(self, run_id: int, message: str) -> None:
+        self._island.fail_run(run_id, RunFailed(message))
 
-    def fetch(self, run_id: int, key: int, buffer: int):
-        return np.asarray(self._island.fetch(run_id, key, buffer).result())
+    def fetch(self, run_id: int, buffer: int, timeout: float | None):
+        return np.asarray(self._island.fetch(run_id, buffer, timeout))
 
     def release(self, run_id: int, buffer: int) -> None:
         self._island.release(run_id, buffer)
 
-    def release_run(self, run_id: int, client_id: int) -> None:
-        self._island.release_run(run_id, client_id)
-
     def release_owner(self, owner) -> int:
         return self._island.release_owner(owner)
 
-    def usage(self) -> dict:
-        return self._island.usage()
+    def run_done(self, run_id: int) -> bool:
+        return self._island.run_done(run_id)
+
+    def wait_run(self, run_id: int, timeout: float | None) -> None:
+        self._island.wait_run(run_id, timeout)
 
     def owned_by(self, owner) -> list:
         return self._island.owned_by(owner)
@@ -107,7 +106,7 @@ class _IslandActor:
 
 
 class _PeerSender:
-    """Inside an actor: sends a buffer to a peer island's actor as a NumPy array."""
+    """Inside an actor: sends a buffer (or a run's failure) to a peer island's actor."""
 
     def __init__(self, actor):
         self._actor = actor
@@ -115,8 +114,8 @@ class _PeerSender:
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
         self._actor.deliver.remote(run_id, key, buffer, np.asarray(array))
 
-    def fail(self, run_id: int, key: int, buffer: int, error: BaseException) -> None:
-        self._actor.fail.remote(run_id, key, buffer, error)
+    def fail_run(self, run_id: int, error: BaseException) -> None:
+        self._actor.fail_run.remote(run_id, str(error))
 
 
 class RayIsland:
@@ -128,6 +127,7 @@ class RayIsland:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self._started: dict[int, object] = {}   # run -> its latest start call, so later calls follow it
 
     def load(self, key: int, plan: ProgramPlan) -> None:
         _get(self._actor.load.remote(key, plan.to_json()))
@@ -135,34 +135,55 @@ class RayIsland:
     def prepare(self, key: int, step_ids) -> None:
         _get(self._actor.prepare.remote(key, list(step_ids)))
 
-    def put(self, run_id: int, key: int, buffer: int, array, owner) -> None:
-        _get(self._actor.put.remote(run_id, key, buffer, np.asarray(array), owner))
-
-    def submit(self, work: IslandWork) -> Future:
+    def start(self, work: IslandWork) -> None:
+        inputs = tuple((b, np.asarray(v)) for b, v in work.inputs)
         with self._lock:   # the gang scheduler calls in ticket order; number the calls in that order
-            return self._actor.submit.remote(next(self._seq), work).future()
+            ref = self._actor.start.remote(next(self._seq), replace(work, inputs=inputs))
+            self._started[work.run_id] = ref
 
-    def fetch(self, run_id: int, key: int, buffer: int) -> Future:
-        return self._actor.fetch.remote(run_id, key, buffer).future()
+    def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
+        self._actor.deliver.remote(run_id, key, buffer, np.asarray(array))
+
+    def fail_run(self, run_id: int, error: BaseException) -> None:
+        if self._live():
+            self._actor.fail_run.remote(run_id, str(error))
+
+    def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
+        self._after_start(run_id)
+        try:
+            return self._actor.fetch.remote(run_id, buffer, timeout).future().result(timeout)
+        except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
+            cause = getattr(error, "cause", None)
+            raise (cause if isinstance(cause, BaseException) else error) from None
 
     def release(self, run_id: int, buffer: int) -> None:
         if self._live():       # handles dropped at exit, after the actors are gone, release nothing
             self._actor.release.remote(run_id, buffer)
-
-    def release_run(self, run_id: int, client_id: int) -> None:
-        if self._live():
-            self._actor.release_run.remote(run_id, client_id)
 
     def _live(self) -> bool:
         import ray
 
         return not self._closed and ray.is_initialized()
 
+    def _after_start(self, run_id: int) -> None:
+        ref = self._started.get(run_id)
+        if ref is not None:
+            _get(ref)
+
     def release_owner(self, owner) -> int:
         return _get(self._actor.release_owner.remote(owner))
 
-    def usage(self) -> dict:
-        return _get(self._actor.usage.remote())
+    def run_done(self, run_id: int) -> bool:
+        self._after_start(run_id)
+        done = _get(self._actor.run_done.remote(run_id))
+        if done:
+            self._started.pop(run_id, None)
+        return done
+
+    def wait_run(self, run_id: int, timeout: float | None = None) -> None:
+        self._after_start(run_id)
+        _get(self._actor.wait_run.remote(run_id, timeout))
+        self._started.pop(run_id, None)
 
     def owned_by(self, owner) -> list:
         return _get(self._actor.owned_by.remote(owner))
@@ -188,8 +209,7 @@ def _get(ref):
     return ray.get(ref)
 
 
-def start_islands(topology: Topology, emulate_dcn: bool = False,
-                  device_memory_bytes: int | None = None) -> dict[str, RayIsland]:
+def start_islands(topology: Topology, emulate_dcn: bool = False) -> dict[str, RayIsland]:
     """Starts one actor per island of `topology` (on a local Ray instance unless one is running)."""
     try:
         import ray
@@ -205,6 +225,6 @@ def start_islands(topology: Topology, emulate_dcn: bool = False,
         actors[island.name] = actor_class.options(
             num_cpus=0, max_concurrency=64,
             runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": ""}},
-        ).remote(island.name, topology.to_json(), emulate_dcn, device_memory_bytes)
+        ).remote(island.name, topology.to_json(), emulate_dcn)
     ray.get([a.connect.remote(actors) for a in actors.values()])
     return {name: RayIsland(name, actor) for name, actor in actors.items()}

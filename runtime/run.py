@@ -1,15 +1,17 @@
-"""One run of a program plan, as its client sees it.
+"""One run of a program plan, as the client and the gang scheduler see it.
 
-The islands keep the run's buffers; the client keeps the run's id, its plan,
-the futures of its outputs (fetched from the islands when the run starts) and
-the values of host buffers (program arguments the plan keeps on the host).
+The islands keep the run's buffers; the run keeps its id, its plan (with
+frees and peaks), what it needs of device memory, the islands it uses, the
+values of host buffers (program arguments the plan keeps on the host) and,
+once something went wrong, its error.
 """
 
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import Future
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
@@ -21,24 +23,18 @@ class Run:
     """A program run started by one client."""
 
     plan: ProgramPlan
+    key: int                          # the plan's key on the islands
     client_id: int
+    islands: tuple[str, ...]          # every island the run has work or buffers on
+    need: dict                        # admission.Need: its static peak per island
+    weight: float = 1.0
+    cost: float = 1.0
     id: int = field(default_factory=lambda: next(_run_ids))
-    done: Future = field(default_factory=Future)
-    outputs: dict[int, Future] = field(default_factory=dict)
-    host: dict[int, Future] = field(default_factory=dict)
+    admitted: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    released: set[int] = field(default_factory=set)     # results released before the run was over
+    host: dict[int, Any] = field(default_factory=dict)  # host buffers' values
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""
-        info = self.plan.buffers[buffer]
-        return None if info.slice is None else self.plan.slices[info.slice].island
-
-    def islands(self) -> set[str]:
-        """Returns the islands this run has work or buffers on."""
-        return {i for i, steps in self.plan.islands.items() if steps} | {
-            self.island_of(b) for b in self.plan.inputs if self.island_of(b) is not None}
-
-    def fail(self, error: BaseException) -> None:
-        """Marks the run failed (its outputs' waiters see `error`)."""
-        for future in [*self.outputs.values(), self.done]:
-            if not future.done():
-                future.set_exception(error)
+        return self.plan.island_of(buffer)

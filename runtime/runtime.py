@@ -1,8 +1,8 @@
 """The runtime: every part of Pathways, on JAX devices.
 
 A `Runtime` owns the resource manager, one `Island` per island (its devices,
-object-store shard, compile cache and dispatch thread), the gang scheduler
-and the DCN transport. `get_runtime()` returns the
+object-store shard and compile cache), the gang scheduler with its memory
+ledger, and the DCN transport. `get_runtime()` returns the
 process's default runtime, created on first use from `PW_CLUSTER` (default
 two islands of four devices) or from the last `configure(...)` call.
 """
@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
+from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
-
-from .island import Island
+from .dispatch import LoadedPlan
+from .island import Island, client_owner
 from .resource_manager import ResourceManager
+from .run import Run
 from .scheduler import GangScheduler
 from .tracing import Tracer
 from .transfers import DcnTransport
-from .workers import Workers
 
 
 BACKENDS = ("embedded", "ray")
@@ -34,6 +36,7 @@ class Runtime:
     its JAX devices; `backend="ray"` runs each island in its own Ray actor
     (`runtime/ray_backend.py`), with `islands` x `per_island` CPU devices
     each here. Both run the same plans through the same island messages.
+    `device_memory_bytes` overrides each device's memory for admission.
     """
 
     def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int = 4,
@@ -49,47 +52,87 @@ class Runtime:
 
             topology = embedded_topology(*(requested_shape() if islands is None else (islands, per_island)))
             device_map = DeviceMap(topology, {})
-            self.islands = start_islands(topology, emulate_dcn, device_memory_bytes)
+            self.islands = start_islands(topology, emulate_dcn)
         else:
             device_map = device_map or embedded_device_map(islands, per_island)
             self.transport = DcnTransport(emulate=emulate_dcn)
+            lock = threading.RLock()   # islands share one lock: execution only enqueues, so it is short
             self.islands = {
-                island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name],
-                                    device_memory_bytes, lambda: self.tracer)
+                island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name], lock)
                 for island in device_map.topology.islands}
         self.resources = ResourceManager(device_map)
-        self.scheduler = GangScheduler(self.islands, policy, window)
-        self.watchers = Workers(4, "pw-watch")
-        self._loaded: dict[int, ProgramPlan] = {}
+        self.scheduler = GangScheduler(self.islands, MemoryLedger(device_map.topology, device_memory_bytes),
+                                       policy, window)
+        self._loaded: dict[int, LoadedPlan] = {}
         self._lock = threading.Lock()
 
-    def load(self, plan: ProgramPlan) -> int:
-        """Sends a plan to the islands it uses (once); returns its key for later messages."""
-        key = id(plan)
+    def load(self, plan: ProgramPlan) -> LoadedPlan:
+        """Loads a plan on the islands it uses (once: later calls are a lookup)."""
+        loaded = self._loaded.get(id(plan))
+        if loaded is not None and loaded.source is plan:
+            return loaded
         with self._lock:
-            if self._loaded.get(key) is plan:
-                return key
-            self._loaded[key] = plan      # kept, so that the key stays unique
-        for island in {*plan.islands, *(p.island for p in plan.slices.values())}:
-            if island in self.islands:
-                self.islands[island].load(key, plan)
-        return key
+            loaded = self._loaded.get(id(plan))
+            if loaded is not None and loaded.source is plan:
+                return loaded
+            plan.validate()
+            loaded = LoadedPlan.build(id(plan), plan)
+            for island in loaded.islands:
+                self.islands[island].load(loaded.key, loaded.plan)
+            for island, steps in loaded.first.items():
+                if steps:
+                    self.islands[island].prepare(loaded.key, steps)
+            self._loaded[id(plan)] = loaded      # keeps `plan` alive, so that its id stays unique
+            return loaded
+
+    def release_results(self, run: Run) -> None:
+        """Releases every result of a run (no handle will be made for them)."""
+        for buffer in run.plan.outputs:
+            island = run.island_of(buffer)
+            if island is not None:
+                self.islands[island].release(run.id, buffer)
+            self.scheduler.release_result(run, buffer)
+
+    def fail_run(self, run: Run, error: BaseException) -> None:
+        """Fails a run on every island it uses: whatever reads its buffers raises `error`."""
+        run.error = error
+        for island in run.islands:
+            self.islands[island].fail_run(run.id, error)
+
+    def run_done(self, run: Run) -> bool:
+        """Returns whether a run's work is over on every island."""
+        return run.admitted.is_set() and all(self.islands[island].run_done(run.id) for island in run.islands)
+
+    def wait(self, run: Run, timeout: float | None = None) -> None:
+        """Waits until a run's work is over on every island; raises its error if it failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not run.admitted.wait(timeout):
+            raise TimeoutError(f"run {run.id} of {run.plan.program} was not admitted within {timeout} s")
+        for island in run.islands:
+            self.islands[island].wait_run(run.id, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if run.error is not None:
+            raise run.error
+        for buffer in run.plan.outputs:
+            if buffer not in run.released and run.island_of(buffer) is not None:
+                self.islands[run.island_of(buffer)].fetch(run.id, buffer, timeout=0)
 
     def usage(self) -> dict:
-        """Returns the bytes in use on every device, by (island, device)."""
-        return {d: n for island in self.islands.values() for d, n in island.usage().items()}
+        """Returns the bytes reserved on every device, by (island, device)."""
+        return self.scheduler.usage()
 
     def object_count(self) -> int:
-        """Returns how many buffers the islands hold."""
+        """Returns how many results the islands hold."""
         return sum(island.object_count() for island in self.islands.values())
 
     def owned_by(self, owner) -> list:
-        """Returns the keys of every buffer `owner` holds, on any island."""
+        """Returns the keys of every result `owner` holds, on any island."""
         return [key for island in self.islands.values() for key in island.owned_by(owner)]
 
-    def release_owner(self, owner) -> int:
-        """Releases every buffer of `owner` on every island; returns how many."""
-        return sum(island.release_owner(owner) for island in self.islands.values())
+    def release_client(self, client_id: int) -> int:
+        """Releases every result of a client on every island; returns how many."""
+        count = sum(island.release_owner(client_owner(client_id)) for island in self.islands.values())
+        self.scheduler.release_client(client_id)
+        return count
 
     def compilations(self) -> int:
         """Returns how many executables the islands have compiled."""
@@ -100,22 +143,25 @@ class Runtime:
         if self.backend != "embedded":
             raise RuntimeError("traces are recorded by the embedded backend only")
         self.tracer = Tracer()
+        for island in self.islands.values():
+            island.tracer = self.tracer
         return self.tracer
 
     def stop_tracing(self) -> Tracer | None:
         """Stops recording; returns the trace."""
         tracer, self.tracer = self.tracer, None
+        for island in self.islands.values():
+            island.tracer = None
         if tracer is not None:
             tracer.flush()
             tracer.close()
         return tracer
 
     def close(self) -> None:
-        """Stops the runtime's threads after the work already queued."""
+        """Stops the runtime in bounded time: runs still queued or under way fail."""
+        self.scheduler.close()
         for island in self.islands.values():
             island.close()
-        self.scheduler.close()
-        self.watchers.close()
         if self.transport is not None:
             self.transport.close()
 

@@ -12,7 +12,6 @@ the receiving island's `deliver` message.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
 from typing import Callable
 
 from pathways_mlir.dialect.topology import Link
@@ -32,20 +31,19 @@ def copy_to(array, sharding):
 class DcnTransport:
     """Moves buffers between islands, emulating the DCN link when asked."""
 
-    def __init__(self, emulate: bool = False, workers: int = 4):
+    def __init__(self, emulate: bool = False, workers: int = 4, always: bool = False):
         self.emulate = emulate
+        # Inline: hand the array over at once (JAX copies asynchronously); else on a transport thread.
+        self.inline = not (emulate or always)
         self._pool = Workers(workers, "pw-dcn")
 
-    def send(self, source: Future, nbytes: int, link: Link, deliver: Callable[[object], None],
+    def send(self, array, nbytes: int, link: Link, deliver: Callable[[object], None],
              fail: Callable[[BaseException], None]) -> None:
-        """Once `source` holds an array, waits out the link (if emulating) and hands it to `deliver`.
-
-        The receiving island places it on its devices; if the source fails,
-        `fail` tells the receiver.
+        """On a transport thread, waits until `array` is computed and the link's time has passed
+        (if emulating), then hands it to `deliver`; if computing it failed, `fail` tells the receiver.
         """
         def move():
             try:
-                array = source.result()
                 if self.emulate:
                     array.block_until_ready()
                     time.sleep(link.transfer_seconds(nbytes))

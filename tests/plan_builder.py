@@ -6,7 +6,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from pathways_mlir.dialect.plan import BufferInfo, ProgramPlan, SlicePlacement, Step, Subgraph
+from pathways_mlir.dialect.plan import STEP_KINDS, BufferInfo, ProgramPlan, SlicePlacement, Subgraph
 from pathways_mlir.dialect.topology import Topology
 
 
@@ -51,8 +51,8 @@ class PlanBuilder:
         self.inputs.append(b)
         return b
 
-    def _step(self, island, **fields):
-        step = Step(self._steps, **fields)
+    def _step(self, island, kind, **fields):
+        step = STEP_KINDS[kind](self._steps, **fields)
         self._steps += 1
         (self.host_steps if island is None else self.islands[island]).append(step)
         return step.id

@@ -11,7 +11,7 @@ from plan_builder import PlanBuilder
 
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.object_store import OutOfDeviceMemory
+from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.runtime import Runtime
 
 X = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
@@ -78,9 +78,8 @@ def test_memory_returns_to_baseline_when_client_closes(runtime):
     handles = [client.run(plan, [X], "parallel")[0] for _ in range(3)]
     for h in handles:
         h.block_until_ready()
-    runs_done = [client.start(plan, [X]).done for _ in range(2)]
-    for f in runs_done:
-        f.result(timeout=60)
+    for run in [client.start(plan, [X]) for _ in range(2)]:
+        client.wait(run, timeout=60)
     assert sum(runtime.usage().values()) > 0
     assert len(client.objects()) >= 3
     other = Client(runtime)
@@ -97,7 +96,7 @@ def test_dropping_a_handle_frees_its_buffer(runtime):
     with Client(runtime) as client:
         run = client.start(plan, [X])
         [h] = client.handles(run)
-        run.done.result(timeout=60)
+        client.wait(run, timeout=60)
         assert sum(runtime.usage().values()) == 8 * 16 * 4   # the 4-way result's shards
         h.delete()
         assert sum(runtime.usage().values()) == 0
@@ -116,7 +115,7 @@ def test_back_pressure_waits_for_frees(device_map):
             first.block_until_ready()
             second_run = client.start(plan, [X])
             with pytest.raises(TimeoutError):
-                second_run.outputs[out].result(timeout=0.5)   # stalled, not failed
+                client.fetch(second_run, out, timeout=0.5)   # stalled, not failed
             first.delete()
             np.testing.assert_array_equal(np.asarray(client.handles(second_run)[0]),
                                           np.asarray(jax.jit(stage_a)(X)))
@@ -131,7 +130,7 @@ def test_a_launch_that_can_never_fit_fails_clearly(device_map):
     rt = Runtime(device_map, device_memory_bytes=100)
     try:
         with Client(rt) as client:
-            with pytest.raises(OutOfDeviceMemory, match="needs 512 bytes on device 0 of island0, "
+            with pytest.raises(OutOfDeviceMemory, match="main needs 1024 bytes on device 0 of island0, "
                                                         "which has only 100 bytes"):
                 client.run(p.build([out]), [X])
     finally:
@@ -153,7 +152,7 @@ def test_shares_follow_client_weights(device_map):
             runs.append(heavy.start(plan, [X]))
         rt.scheduler.release()
         for r in runs:
-            r.done.result(timeout=120)
+            rt.wait(r, timeout=120)
         order = [c for _, c in list(rt.scheduler.delivered)[:40]]   # while both were backlogged
         ratio = order.count(heavy.id) / order.count(light.id)
         assert 2.5 <= ratio <= 3.5, order
@@ -253,7 +252,7 @@ def test_closing_a_client_with_runs_in_flight_reclaims_everything(runtime):
     client = Client(runtime)
     runs = [client.start(plan, [X]) for _ in range(5)]
     client.close()                         # waits for the runs, then releases what they made
-    assert all(r.done.done() for r in runs)
+    assert all(runtime.run_done(r) for r in runs)
     assert sum(runtime.usage().values()) == 0 and runtime.object_count() == 0
 
 

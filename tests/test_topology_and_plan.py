@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from pathways_mlir.dialect.plan import BufferInfo, ProgramPlan, SlicePlacement, Step, Subgraph
+from pathways_mlir.dialect.plan import (Branch, BufferInfo, Copy, Launch, PlanError, ProgramPlan, SlicePlacement,
+                                        Subgraph)
 from pathways_mlir.dialect.topology import Link, Topology, TopologyError
 
 
@@ -40,25 +41,65 @@ def test_link_model():
     assert Link(100.0, 8.0).transfer_seconds(1_000_000) == pytest.approx(100e-6 + 1e-3)
 
 
-def test_plan_round_trips_through_json():
+def _plan():
     topo = Topology.uniform(2, 4)
     inner = ProgramPlan("branch", topo, {}, {}, {}, (), (), {})
-    plan = ProgramPlan(
+    return ProgramPlan(
         program="main", topology=topo,
         slices={"v0": SlicePlacement("v0", (2,), ("x",), "island0", (0, 2))},
-        buffers={0: BufferInfo(0, (8, 4), "f32", None, ((), ()), 128),
-                 1: BufferInfo(1, (8, 4), "f32", "v0", (("x",), ()), 64)},
+        buffers={0: BufferInfo(0, (8, 4), "f32", "v0", (("x",), ()), 64),
+                 1: BufferInfo(1, (8, 4), "f32", "v0", (("x",), ()), 64),
+                 2: BufferInfo(2, (8, 4), "f32", "v0", (("x",), ()), 64)},
         executables={"f": "AAAA"}, inputs=(0,), outputs=(1,),
-        islands={"island0": (Step(0, "copy", src_buffer=0, dst_buffer=2, link="ici"),
-                             Step(1, "launch", after=(0,), executable="f", slice="v0", inputs=(2,),
-                                  outputs=(1,), label="f#0"))},
+        islands={"island0": (Copy(0, src_buffer=0, dst_buffer=2, link="ici"),
+                             Launch(1, after=(0,), executable="f", slice="v0", inputs=(2,), outputs=(1,),
+                                    label="f#0"))},
         subgraphs=(Subgraph(0, True, ("island0",)),),
-        host_steps=(Step(2, "cond", after=(1,), pred_buffer=1, then_plan=inner, else_plan=inner),))
+        host_steps=(Branch(2, after=(1,), pred_buffer=1, then_plan=inner, else_plan=inner),))
+
+
+def test_plan_round_trips_through_json():
+    plan = _plan()
     text = plan.to_json()
     assert ProgramPlan.from_json(text) == plan
     # Default fields are left out: the JSON stays compact.
     assert '"pred_buffer"' not in json.dumps(json.loads(text)["islands"])
     assert plan.slices["v0"].device_ids() == [0, 1]
+    assert [s.kind for s in plan.islands["island0"]] == ["copy", "launch"]
+    assert plan.islands["island0"][1].consumed() == (2,) and plan.host_steps[0].produced() == ()
+
+
+def _mutated(change):
+    value = _plan().to_python()
+    change(value)
+    return json.dumps(value)
+
+
+def _deep(depth):
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "not JSON"),
+    (_deep(100_000), "nested too deeply"),
+    (_mutated(lambda v: v["buffers"][0].update(shape=[1 << 40, 16])), "larger than"),
+    (_mutated(lambda v: v["buffers"][0].update(shape=[-8, 4])), "negative"),
+    (_mutated(lambda v: v["buffers"][0].update(dtype="f7")), "unknown element type 'f7'"),
+    (_mutated(lambda v: v["buffers"][0].update(bytes_per_device=-1)), "bytes_per_device is -1"),
+    (_mutated(lambda v: v["islands"]["island0"][1].update(inputs=[42])), "names buffer 42, which is not declared"),
+    (_mutated(lambda v: (v["islands"]["island0"][1].pop("after"), v["islands"]["island0"].pop(0))),
+     "reads buffer 2, which nothing writes"),
+    (_mutated(lambda v: v["islands"]["island0"].reverse()), "ordered before step 0"),
+    (_mutated(lambda v: v["islands"]["island0"][0].update(kind="teleport")), "unknown step kind 'teleport'"),
+    (_mutated(lambda v: v["slices"]["v0"].update(devices=[0, 9])), "not within island0's 4 devices"),
+    (_mutated(lambda v: v["islands"]["island0"][1].update(executable="g")), "unknown executable 'g'"),
+    (_mutated(lambda v: v["islands"]["island0"][1].update(inputs="2")), "expected a list"),
+    (_mutated(lambda v: v["islands"]["island0"].append({"kind": "recv", "id": 9, "dst_buffer": 0,
+                                                         "peer": "island1"})), "written twice"),
+])
+def test_hostile_plan_json_is_one_clear_error(text, message):
+    with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("'", "'")):
+        ProgramPlan.from_json(text)
 
 
 def test_dcn_pairs_limit_connectivity_and_round_trip():

@@ -1,0 +1,76 @@
+"""Per-run admission: the device memory ledger the gang scheduler admits runs against.
+
+A run needs, on each island it uses, its plan's static peak (`pw.peak_bytes`:
+bytes per device over device ranges). The ledger reserves that whole peak
+when the run is admitted and gives it back once the run's device work is
+over, keeping only the bytes of the results still held by handles, which
+it gives back when they are released. Admission happens in ticket order on
+the scheduler's side, so every island agrees, and no step ever waits for
+memory on an island.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.topology import Topology
+
+# island -> (begin, end, bytes per device) ranges
+Need = dict[str, list[tuple[int, int, int]]]
+
+
+class OutOfDeviceMemory(MemoryError):
+    """A run whose static peak can never fit a device's memory."""
+
+
+def run_need(plan: ProgramPlan) -> Need:
+    """Returns a run's static peak per island, from its plan."""
+    return {island: plan.peak(island) for island in plan.islands if plan.peak(island)}
+
+
+def result_need(plan: ProgramPlan, buffer: int) -> Need:
+    """Returns what one result keeps on its devices once the run is over."""
+    info = plan.buffers[buffer]
+    if info.slice is None:
+        return {}
+    placement = plan.slices[info.slice]
+    return {placement.island: [(b, e, info.bytes_per_device) for b, e in placement.ranges]}
+
+
+class MemoryLedger:
+    """Bytes reserved on every device of every island. Not thread-safe: the scheduler locks around it."""
+
+    def __init__(self, topology: Topology, device_memory_bytes: int | None = None):
+        self.capacity = {i.name: device_memory_bytes or i.device_memory_bytes for i in topology.islands}
+        self.used = {i.name: np.zeros(i.num_devices, np.int64) for i in topology.islands}
+
+    def never_fits(self, need: Need) -> str | None:
+        """Returns why `need` could never fit, even on empty devices, or None if it could."""
+        for island, ranges in need.items():
+            for begin, end, nbytes in ranges:
+                if nbytes > self.capacity[island]:
+                    return (f"needs {nbytes} bytes on device {begin} of {island}, which has only "
+                            f"{self.capacity[island]} bytes: it can never fit")
+        return None
+
+    def fits(self, need: Need) -> bool:
+        """Returns whether `need` fits next to what is reserved now."""
+        return all((self.used[island][begin:end] + nbytes <= self.capacity[island]).all()
+                   for island, ranges in need.items() for begin, end, nbytes in ranges)
+
+    def take(self, need: Need) -> None:
+        """Reserves `need`."""
+        for island, ranges in need.items():
+            for begin, end, nbytes in ranges:
+                self.used[island][begin:end] += nbytes
+
+    def give(self, need: Need) -> None:
+        """Gives `need` back."""
+        for island, ranges in need.items():
+            for begin, end, nbytes in ranges:
+                self.used[island][begin:end] -= nbytes
+
+    def usage(self) -> dict[tuple[str, int], int]:
+        """Returns the bytes reserved on each device, by (island, device)."""
+        return {(island, d): int(n) for island, used in self.used.items() for d, n in enumerate(used)}

@@ -1,0 +1,178 @@
+"""Island programs: a plan's steps for one island, compiled to a flat instruction list.
+
+All host work a step needs (its compiled executable, the shardings of its
+outputs, its buffer slots, its DCN link) is done once, when the program is
+built; executing an instruction then resolves slot indices and makes one
+call. A run's buffers live in a list of slots, one per buffer of the island;
+`Free` instructions clear slots after their last use. There are no futures
+and no locks per buffer: a `Recv` whose value has not arrived tells the
+executor to park the run (see `island.py`), which resumes when it arrives.
+
+One instruction class per kind of plan step:
+
+    LaunchInstruction  slots[outputs] = executable(*slots[inputs])
+    CopyInstruction    slots[dst] = device_put(slots[src], destination sharding)
+    SendInstruction    hand slots[src] to the peer island (DCN)
+    RecvInstruction    continue only once slots[dst] has arrived
+    FreeInstruction    slots[buffers] = None
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
+
+from .executables import named_sharding
+from .transfers import copy_to
+
+if TYPE_CHECKING:
+    from .island import Island, IslandRun
+
+
+class LaunchInstruction:
+    """Runs a compiled executable on slots, writing its results to slots."""
+
+    __slots__ = ("call", "inputs", "outputs", "label", "devices", "track")
+
+    def __init__(self, call: Callable, inputs: tuple[int, ...], outputs: tuple[int, ...], label: str, devices):
+        self.call, self.inputs, self.outputs, self.label, self.devices = call, inputs, outputs, label, devices
+        self.track = False
+
+    def execute(self, island: "Island", run: "IslandRun") -> bool:
+        slots = run.slots
+        results = self.call(*[slots[i] for i in self.inputs])
+        for slot, array in zip(self.outputs, results):
+            slots[slot] = array
+        if self.track:
+            run.tracked.extend(results)
+        if island.tracer is not None:
+            island.trace(self.label, "launch", self.devices, results)
+        return True
+
+
+class CopyInstruction:
+    """Moves (and reshards) a slot's array to another slice of the island (ICI)."""
+
+    __slots__ = ("src", "dst", "sharding", "label", "devices", "track")
+
+    def __init__(self, src: int, dst: int, sharding, label: str, devices):
+        self.src, self.dst, self.sharding, self.label, self.devices = src, dst, sharding, label, devices
+        self.track = False
+
+    def execute(self, island: "Island", run: "IslandRun") -> bool:
+        moved = copy_to(run.slots[self.src], self.sharding)
+        run.slots[self.dst] = moved
+        if self.track:
+            run.tracked.append(moved)
+        if island.tracer is not None:
+            island.trace(self.label, "copy", self.devices, [moved])
+        return True
+
+
+class SendInstruction:
+    """Hands a slot's array to a peer island, which receives it as `peer_buffer`."""
+
+    __slots__ = ("src", "peer", "peer_buffer", "nbytes", "link")
+
+    def __init__(self, src: int, peer: str, peer_buffer: int, nbytes: int, link):
+        self.src, self.peer, self.peer_buffer, self.nbytes, self.link = src, peer, peer_buffer, nbytes, link
+
+    def execute(self, island: "Island", run: "IslandRun") -> bool:
+        island.send(run, self.peer, self.peer_buffer, run.slots[self.src], self.nbytes, self.link)
+        return True
+
+
+class RecvInstruction:
+    """Continues only once the peer's array is in the slot; otherwise the run parks here."""
+
+    __slots__ = ("dst", "track")
+
+    def __init__(self, dst: int):
+        self.dst = dst
+        self.track = False
+
+    def execute(self, island: "Island", run: "IslandRun") -> bool:
+        array = run.slots[self.dst]
+        if array is None:
+            return False
+        if self.track:
+            run.tracked.append(array)
+        return True
+
+
+class FreeInstruction:
+    """Drops the island's references to arrays after their last use."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slots: tuple[int, ...]):
+        self.slots = slots
+
+    def execute(self, island: "Island", run: "IslandRun") -> bool:
+        for slot in self.slots:
+            run.slots[slot] = None
+        return True
+
+
+Instruction = LaunchInstruction | CopyInstruction | SendInstruction | RecvInstruction | FreeInstruction
+
+
+@dataclass(frozen=True)
+class IslandLayout:
+    """Where a plan's buffers live on one island: a slot per buffer, and home shardings."""
+
+    slot: dict[int, int]                 # buffer id -> slot index
+    shardings: dict[int, object]         # buffer id -> its home NamedSharding
+    outputs: tuple[tuple[int, int], ...]  # (buffer, slot) of the program's results on this island
+
+    @staticmethod
+    def build(island: "Island", plan: ProgramPlan) -> "IslandLayout":
+        """Numbers the island's buffers and builds their home shardings (once per plan)."""
+        mine = [b for b in plan.buffers if plan.island_of(b) == island.name]
+        slot = {b: i for i, b in enumerate(mine)}
+        shardings = {b: named_sharding(island.mesh(plan, plan.buffers[b].slice), plan.buffers[b].sharding)
+                     for b in mine}
+        return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot))
+
+
+def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
+                  steps: tuple[Step, ...]) -> tuple[Instruction, ...]:
+    """Compiles steps into instructions (compiling executables and building shardings now).
+
+    The last instruction that writes on each slice keeps its arrays in the
+    run's `tracked` list: once they are ready, every device of the island
+    has finished the run's work, which is when its memory is given back.
+    """
+    instructions: list[Instruction] = []
+    last_on_slice: dict[str, Instruction] = {}
+    slot = layout.slot
+    for step in steps:
+        if isinstance(step, Launch):
+            placement = plan.slices[step.slice]
+            call = island.cache.get(step.executable, plan, island.mesh(plan, step.slice), step.inputs,
+                                    step.outputs)
+            instructions.append(LaunchInstruction(call, tuple(slot[b] for b in step.inputs),
+                                                  tuple(slot[b] for b in step.outputs),
+                                                  step.label or step.executable, placement.device_ids()))
+            last_on_slice[step.slice] = instructions[-1]
+        elif isinstance(step, Copy):
+            dst = plan.buffers[step.dst_buffer]
+            instructions.append(CopyInstruction(slot[step.src_buffer], slot[step.dst_buffer],
+                                                layout.shardings[step.dst_buffer], step.label or "copy",
+                                                plan.slices[dst.slice].device_ids()))
+            last_on_slice[dst.slice] = instructions[-1]
+        elif isinstance(step, Send):
+            instructions.append(SendInstruction(slot[step.src_buffer], step.peer, step.dst_buffer, step.bytes,
+                                                plan.topology.link(island.name, step.peer)[1]))
+        elif isinstance(step, Recv):
+            instructions.append(RecvInstruction(slot[step.dst_buffer]))
+            last_on_slice[plan.buffers[step.dst_buffer].slice] = instructions[-1]
+        elif isinstance(step, Free):
+            instructions.append(FreeInstruction(tuple(slot[b] for b in step.buffers)))
+        else:
+            raise ValueError(f"island {island.name} cannot execute a '{step.kind}' step")
+    for instruction in last_on_slice.values():
+        instruction.track = True
+    return tuple(instructions)
