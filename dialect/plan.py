@@ -372,7 +372,7 @@ class ProgramPlan:
                 raise PlanError(f"{what}: unknown element type '{b.dtype}'")
             if any(d < 0 for d in b.shape) or math.prod(b.shape) > MAX_ELEMENTS:
                 raise PlanError(f"{what}: shape {list(b.shape)} is negative or larger than {MAX_ELEMENTS} elements")
-            if len(b.sharding) != len(b.shape):
+            if b.slice is not None and len(b.sharding) != len(b.shape):
                 raise PlanError(f"{what}: sharding has {len(b.sharding)} entries for {len(b.shape)} dimensions")
             ways = 1
             if b.slice is not None:

@@ -70,10 +70,10 @@ class PlanMemoryPass(Pass):
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         from .emit_plans import program_plans
 
-        modules = [op for op in ops.top_level_ops(module) if op.name == "builtin.module"]
-        if not any(ops.HOST_PLAN in op.attributes for op in modules):
-            diagnostics.error(module, "pw-plan-memory needs plans: run pw-emit-plans")
+        if ops.LOWERED not in module.attributes:
+            diagnostics.error(module, "pw-plan-memory needs a lowered module with plans: run pw-emit-plans")
             return
+        modules = [op for op in ops.top_level_ops(module) if op.name == "builtin.module"]
         island_plans = [op for op in modules if ops.ISLAND_PLAN in op.attributes]
         if any(op.name == "pw.free" for plan in island_plans for op in _plan_ops(plan)):
             diagnostics.error(module, "pw-plan-memory has already run on this module")

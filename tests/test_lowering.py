@@ -47,11 +47,17 @@ def test_three_blocks_plans_round_trip_through_json():
     assert ProgramPlan.from_json(plan.to_json()) == plan
     assert {s.island for s in plan.slices.values()} == {"island0", "island1"}
     kinds = {island: [s.kind for s in steps] for island, steps in plan.islands.items()}
-    assert kinds == {"island0": ["launch", "send", "recv", "launch"], "island1": ["recv", "launch", "send"]}
-    # Every island runs its steps in increasing id; a recv waits for its send.
+    assert kinds == {"island0": ["launch", "free", "send", "free", "recv", "launch", "free"],
+                     "island1": ["recv", "launch", "free", "send", "free"]}
+    # Every island runs its compute and transfer steps in increasing id (frees are numbered after
+    # them); a recv waits for its send.
     steps = {s.id: s for ss in plan.islands.values() for s in ss}
     for ss in plan.islands.values():
-        assert [s.id for s in ss] == sorted(s.id for s in ss)
+        ids = [s.id for s in ss if s.kind != "free"]
+        assert ids == sorted(ids)
+    # Each island's static peak: slice_a holds the argument and block_a's result, slice_c block_b's
+    # result (received) and the program's result; island1 block_b's input and output, 4-way.
+    assert plan.peak_bytes == {"island0": (0, 4, 512), "island1": (0, 4, 256)}
     for s in steps.values():
         if s.kind == "recv":
             [send] = s.after

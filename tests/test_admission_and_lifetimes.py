@@ -1,0 +1,226 @@
+"""Per-run admission and object lifetimes: nothing leaks, nothing deadlocks, a bad run fails alone.
+
+Every wait here has a timeout: a run that would hang fails the test instead.
+"""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from plan_builder import PlanBuilder
+
+from pathways_mlir.dialect.plan import Launch, PlanError, ProgramPlan
+from pathways_mlir.runtime.admission import OutOfDeviceMemory
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.runtime import Runtime
+
+X = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
+ONE_RUN = 2 * 8 * 16 * 4     # a one-device run's peak: its argument and its result
+
+
+@pytest.fixture(scope="module")
+def device_map():
+    return embedded_device_map(2, 4)
+
+
+def tanh2(x):
+    return jnp.tanh(x) * 2.0
+
+
+def one_step(topology):
+    p = PlanBuilder(topology)
+    v = p.slice("v", (1,), ("x",), "island0", (0, 1))
+    out = p.launch(tanh2, [p.input((8, 16), v)], v, [(), ()])
+    return p.build([out]), np.asarray(jax.jit(tanh2)(X))
+
+
+def cross_island(topology):
+    p = PlanBuilder(topology)
+    v0 = p.slice("v0", (2,), ("x",), "island0", (0, 2))
+    v1 = p.slice("v1", (2,), ("x",), "island1", (0, 2))
+    a = p.launch(tanh2, [p.input((8, 16), v0, [("x",), ()])], v0, [("x",), ()])
+    b = p.launch(tanh2, [p.dcn(a, v1, [("x",), ()])], v1, [("x",), ()])
+    return p.build([b]), np.asarray(jax.jit(tanh2)(jax.jit(tanh2)(X)))
+
+
+@pytest.fixture
+def runtime(device_map):
+    rt = Runtime(device_map)
+    yield rt
+    rt.close()
+
+
+def settle(runtime, runs, client):
+    for run in runs:
+        client.wait(run, timeout=60)
+    return sum(runtime.usage().values()), runtime.object_count()
+
+
+def test_results_dropped_at_once_leave_nothing(runtime):
+    plan, _ = cross_island(runtime.resources.topology)
+    with Client(runtime) as client:
+        runs = []
+        for _ in range(20):
+            run = client.start(plan, [X])
+            for h in client.handles(run):
+                h.delete()               # before the result exists, most of the time
+            runs.append(run)
+        assert settle(runtime, runs, client) == (0, 0)
+
+
+def test_a_released_handle_raises_instead_of_returning_data(runtime):
+    plan, want = one_step(runtime.resources.topology)
+    client = Client(runtime)
+    [h] = client.run(plan, [X])
+    np.testing.assert_array_equal(np.asarray(h), want)
+    h.delete()
+    with pytest.raises(ValueError, match="released"):
+        np.asarray(h)
+    [kept] = client.run(plan, [X])
+    kept.block_until_ready()
+    client.close()
+    with pytest.raises(ValueError, match="closed client"):
+        np.asarray(kept)
+
+
+@pytest.mark.parametrize("capacity", [ONE_RUN, ONE_RUN + ONE_RUN // 2, 4 * ONE_RUN])
+def test_runs_complete_or_fail_clearly_under_any_capacity(device_map, capacity):
+    """Room for one run, for one and a half, or for several: back-to-back runs all complete."""
+    rt = Runtime(device_map, device_memory_bytes=capacity)
+    try:
+        plan, want = one_step(rt.resources.topology)
+        with Client(rt) as client:
+            handles = [client.run(plan, [X * 1.0])[0] for _ in range(6)]
+            results = []
+            for h in handles:
+                results.append(np.asarray(h.result(timeout=60)))
+                h.delete()               # a result held would keep the next run out
+            for r in results:
+                np.testing.assert_array_equal(r, want)
+        with Client(rt) as other:          # another client still runs afterwards
+            np.testing.assert_array_equal(np.asarray(other.run(plan, [X])[0].result(timeout=60)), want)
+    finally:
+        rt.close()
+
+
+def test_a_run_that_can_never_fit_fails_at_once_and_others_go_on(device_map):
+    rt = Runtime(device_map, device_memory_bytes=ONE_RUN - 1)
+    try:
+        plan, _ = one_step(rt.resources.topology)
+        with Client(rt) as client:
+            with pytest.raises(OutOfDeviceMemory, match=f"needs {ONE_RUN} bytes on device 0 of island0, which "
+                                                        f"has only {ONE_RUN - 1} bytes"):
+                client.run(plan, [X])
+        small = PlanBuilder(rt.resources.topology)
+        v = small.slice("v", (1,), ("x",), "island1", (0, 1))
+        out = small.launch(tanh2, [small.input((2, 2), v)], v, [(), ()])
+        with Client(rt) as other:
+            [h] = other.run(small.build([out]), [np.ones((2, 2), np.float32)])
+            np.testing.assert_allclose(np.asarray(h.result(timeout=60)), np.tanh(np.ones((2, 2))) * 2, rtol=1e-6)
+    finally:
+        rt.close()
+
+
+def test_a_run_behind_held_memory_waits_then_runs(device_map):
+    rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 8 * 16 * 4 - 1)   # not one run beside a held result
+    try:
+        plan, want = one_step(rt.resources.topology)
+        with Client(rt) as client:
+            [first] = client.run(plan, [X])
+            first.block_until_ready()
+            second = client.start(plan, [X])
+            with pytest.raises(TimeoutError):
+                client.fetch(second, plan.outputs[0], timeout=0.5)   # queued for memory, not failed
+            first.delete()
+            np.testing.assert_array_equal(np.asarray(client.handles(second)[0].result(timeout=60)), want)
+    finally:
+        rt.close()
+
+
+def test_a_plan_reading_a_buffer_nothing_writes_is_rejected_when_loaded(runtime):
+    plan, want = one_step(runtime.resources.topology)
+    bad = plan.to_python()
+    bad["islands"]["island0"][0]["inputs"] = [7]
+    bad["buffers"].append({**bad["buffers"][0], "id": 7})
+    with pytest.raises(PlanError, match="step 0 \\(launch\\) reads buffer 7, which nothing writes"):
+        ProgramPlan.from_python(bad)
+
+
+def test_a_bad_run_of_one_client_does_not_stop_another(runtime):
+    """A recv whose send never comes parks its run; other clients' runs still complete."""
+    p = PlanBuilder(runtime.resources.topology)
+    v0 = p.slice("v0", (1,), ("x",), "island0", (0, 1))
+    v1 = p.slice("v1", (1,), ("x",), "island1", (0, 1))
+    moved = p.dcn(p.launch(tanh2, [p.input((8, 16), v0)], v0, [(), ()]), v1, [(), ()])
+    out = p.launch(tanh2, [moved], v1, [(), ()])
+    stuck = p.build([out])
+    # Only island1's half is started: its recv waits for a send that is never made.
+    island1 = {"island1": stuck.islands["island1"]}
+    stuck = ProgramPlan(stuck.program, stuck.topology, stuck.slices, stuck.buffers, stuck.executables, (),
+                        stuck.outputs, island1)
+    good, want = cross_island(runtime.resources.topology)
+    bad_client, good_client = Client(runtime), Client(runtime)
+    with pytest.raises(PlanError):
+        bad_client.start(stuck, [])             # its recv has no send: rejected before any work
+    [h] = good_client.run(good, [X])
+    np.testing.assert_allclose(np.asarray(h.result(timeout=60)), want, rtol=1e-6)
+    bad_client.close()
+    good_client.close()
+
+
+def test_a_failing_launch_fails_its_run_alone(runtime):
+    plan, want = cross_island(runtime.resources.topology)
+    broken = plan.to_python()
+    broken["executables"]["tanh2"] = "AAAA"                    # not a jax.export serialisation
+    with Client(runtime) as client:
+        with pytest.raises(Exception):
+            client.run(ProgramPlan.from_python(broken), [X])[0].result(timeout=60)
+        np.testing.assert_allclose(np.asarray(client.run(plan, [X])[0].result(timeout=60)), want, rtol=1e-6)
+
+
+def test_close_racing_start_leaves_nothing(runtime):
+    plan, _ = cross_island(runtime.resources.topology)
+    for _ in range(5):
+        client = Client(runtime)
+        started = threading.Event()
+
+        def spin():
+            started.set()
+            try:
+                while True:
+                    client.start(plan, [X])
+            except RuntimeError:
+                pass                                    # the client closed under it
+
+        thread = threading.Thread(target=spin)
+        thread.start()
+        started.wait(10)
+        client.close()
+        thread.join(60)
+        assert not thread.is_alive()
+    deadline_usage = sum(runtime.usage().values())
+    assert (deadline_usage, runtime.object_count()) == (0, 0)
+
+
+def test_closing_the_runtime_with_a_stuck_run_is_bounded(device_map):
+    rt = Runtime(device_map, device_memory_bytes=ONE_RUN)
+    plan, _ = one_step(rt.resources.topology)
+    client = Client(rt)
+    [held] = client.run(plan, [X])
+    held.block_until_ready()
+    queued = client.start(plan, [X])          # can never be admitted while `held` is kept
+    closer = threading.Thread(target=rt.close)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive()
+    with pytest.raises(Exception, match="closed"):
+        client.fetch(queued, plan.outputs[0], timeout=10)
+
+
+def test_launch_steps_are_a_tagged_union(runtime):
+    plan, _ = one_step(runtime.resources.topology)
+    [launch] = [s for s in plan.islands["island0"] if isinstance(s, Launch)]
+    assert launch.consumed() == plan.inputs and launch.produced() == plan.outputs
