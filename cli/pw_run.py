@@ -101,7 +101,7 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: str, repeat: int,
     import numpy as np
 
     import pathways_mlir as pw
-    from pathways_mlir.runtime.programs import default_client
+    from pathways_mlir.runtime.client import default_client
 
     runtime = pw.get_runtime()
     plan = _select_program(_plans_of(path, runtime.resources.topology), program, str(path))
@@ -123,7 +123,7 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: str, repeat: int,
     islands = sorted(i for i, steps in plan.islands.items() if steps)
     click.echo(f"program @{plan.program} on {', '.join(islands)} ({dispatch} dispatch)")
     for n, (h, value) in enumerate(zip(handles, values)):
-        click.echo(f"  result {n}: {value.dtype}{list(value.shape)} on {h._info.slice} "
+        click.echo(f"  result {n}: {value.dtype}{list(value.shape)} on {h.slice} "
                    f"sum={value.astype(np.float64).sum():.6g} first={value.ravel()[:4].tolist()}")
     click.echo(f"  first run (compiles): {first * 1e3:.2f} ms")
     if times:

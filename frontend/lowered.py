@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import jax
 from mlir import ir
+
+if TYPE_CHECKING:
+    from .compiled import Compiled
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,3 +39,11 @@ class Lowered:
         """Writes the pw IR to `path`, for `pw-opt` to read."""
         with open(path, "w") as f:
             f.write(self.as_text(debug_info=debug_info))
+
+    def compile(self, runtime=None) -> "Compiled":
+        """Lowers the program for `runtime`'s cluster (default: the process's) and loads its plans there."""
+        from pathways_mlir.runtime.runtime import get_runtime
+
+        from .compiled import Compiled
+
+        return Compiled(self, runtime or get_runtime())

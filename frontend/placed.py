@@ -17,6 +17,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 
 from . import specs, tracer
+from .compiled import Compiled, StageCache
 from .lowered import Lowered
 from .provenance import Site, name_of
 from .slices import Slice
@@ -33,6 +34,7 @@ class PlacedFunction:
         self.slice = slice_
         self.in_specs = in_specs
         self.out_specs = out_specs
+        self._stages = StageCache(self.lower)
 
     def lower(self, *example_args: Any) -> Lowered:
         """Exports this function on its own: a program with one computation (op-by-op mode)."""
@@ -50,9 +52,14 @@ class PlacedFunction:
 
     def run(self, *args: Any, dispatch: str = "parallel", client=None) -> Any:
         """Runs the function as a one-computation program with a chosen dispatch mode and client."""
-        from pathways_mlir.runtime.programs import execute
+        return self.compiled(*args, runtime=client.runtime if client else None)(*args, client=client,
+                                                                                  dispatch=dispatch)
 
-        return execute(self, args, client, dispatch)
+    def compiled(self, *args: Any, runtime=None) -> Compiled:
+        """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
+        from pathways_mlir.runtime.runtime import get_runtime
+
+        return self._stages.get(args, runtime or get_runtime())
 
 
 def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, args: tuple, site: Site) -> Any:

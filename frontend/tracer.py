@@ -31,6 +31,7 @@ from pathways_mlir.dialect.context import make_context
 from .avals import aval_of, format_aval, tensor_type
 from .errors import PlacementError
 from .executables import Executable, compile_function
+from .compiled import Compiled, StageCache
 from .lowered import Lowered
 from .provenance import Site, name_of
 from .slices import Slice
@@ -223,6 +224,7 @@ class Program:
     def __init__(self, fn: Callable):
         functools.update_wrapper(self, fn)
         self._fn = fn
+        self._stages = StageCache(self.lower)
 
     def lower(self, *example_args: Any) -> Lowered:
         """Traces the program for arguments of these shapes (arrays or `jax.ShapeDtypeStruct`s)."""
@@ -238,9 +240,14 @@ class Program:
 
     def run(self, *args: Any, dispatch: str = "parallel", client=None) -> Any:
         """Runs the program with a chosen dispatch mode ("parallel" or "sequential") and client."""
-        from pathways_mlir.runtime.programs import execute
+        return self.compiled(*args, runtime=client.runtime if client else None)(*args, client=client,
+                                                                                  dispatch=dispatch)
 
-        return execute(self, args, client, dispatch)
+    def compiled(self, *args: Any, runtime=None) -> Compiled:
+        """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
+        from pathways_mlir.runtime.runtime import get_runtime
+
+        return self._stages.get(args, runtime or get_runtime())
 
 
 def program(fn: Callable) -> Program:

@@ -11,8 +11,6 @@ memory on an island.
 
 from __future__ import annotations
 
-import numpy as np
-
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
@@ -43,10 +41,18 @@ class MemoryLedger:
 
     def __init__(self, topology: Topology, device_memory_bytes: int | None = None):
         self.capacity = {i.name: device_memory_bytes or i.device_memory_bytes for i in topology.islands}
-        self.used = {i.name: np.zeros(i.num_devices, np.int64) for i in topology.islands}
+        # Plain lists: a slice's max is one C call, and the few devices of a range are cheap to add to.
+        self.used = {i.name: [0] * i.num_devices for i in topology.islands}
+        self._never: dict[int, str | None] = {}
 
     def never_fits(self, need: Need) -> str | None:
-        """Returns why `need` could never fit, even on empty devices, or None if it could."""
+        """Returns why `need` could never fit, even on empty devices, or None if it could (cached per need)."""
+        key = id(need)
+        if key not in self._never:
+            self._never[key] = self._never_fits(need)
+        return self._never[key]
+
+    def _never_fits(self, need: Need) -> str | None:
         for island, ranges in need.items():
             for begin, end, nbytes in ranges:
                 if nbytes > self.capacity[island]:
@@ -56,20 +62,26 @@ class MemoryLedger:
 
     def fits(self, need: Need) -> bool:
         """Returns whether `need` fits next to what is reserved now."""
-        return all((self.used[island][begin:end] + nbytes <= self.capacity[island]).all()
-                   for island, ranges in need.items() for begin, end, nbytes in ranges)
+        for island, ranges in need.items():
+            used, capacity = self.used[island], self.capacity[island]
+            for begin, end, nbytes in ranges:
+                if max(used[begin:end]) + nbytes > capacity:
+                    return False
+        return True
 
     def take(self, need: Need) -> None:
         """Reserves `need`."""
         for island, ranges in need.items():
+            used = self.used[island]
             for begin, end, nbytes in ranges:
-                self.used[island][begin:end] += nbytes
+                used[begin:end] = [u + nbytes for u in used[begin:end]]
 
     def give(self, need: Need) -> None:
         """Gives `need` back."""
         for island, ranges in need.items():
+            used = self.used[island]
             for begin, end, nbytes in ranges:
-                self.used[island][begin:end] -= nbytes
+                used[begin:end] = [u - nbytes for u in used[begin:end]]
 
     def usage(self) -> dict[tuple[str, int], int]:
         """Returns the bytes reserved on each device, by (island, device)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import weakref
 from typing import Sequence
 
 from pathways_mlir.dialect.plan import ProgramPlan
@@ -106,3 +107,19 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_default_clients: "weakref.WeakKeyDictionary[Runtime, Client]" = weakref.WeakKeyDictionary()
+_default_lock = threading.Lock()
+
+
+def default_client(runtime: Runtime | None = None) -> Client:
+    """Returns the client that calls without an explicit client use (one per runtime)."""
+    runtime = runtime or get_runtime()
+    client = _default_clients.get(runtime)
+    if client is None:
+        with _default_lock:
+            client = _default_clients.get(runtime)
+            if client is None:
+                client = _default_clients[runtime] = Client(runtime)
+    return client

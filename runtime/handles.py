@@ -42,6 +42,11 @@ class Handle:
         return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)
 
     @property
+    def slice(self) -> str | None:
+        """The virtual slice the result lives on (None for a host value)."""
+        return self._run.plan.buffers[self._buffer].slice
+
+    @property
     def ndim(self) -> int:
         return len(self.shape)
 

@@ -35,8 +35,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, NamedTuple
 
 from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import ProgramPlan
@@ -55,8 +54,7 @@ class RunFailed(RuntimeError):
     """A run failed; raised by whatever reads its buffers."""
 
 
-@dataclass(frozen=True)
-class IslandWork:
+class IslandWork(NamedTuple):
     """One run's steps for one island, delivered as one message in ticket order.
 
     `inputs` are (buffer, array) pairs placed on their home sharding first:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import replace
 
 import numpy as np
 
@@ -138,7 +137,7 @@ class RayIsland:
     def start(self, work: IslandWork) -> None:
         inputs = tuple((b, np.asarray(v)) for b, v in work.inputs)
         with self._lock:   # the gang scheduler calls in ticket order; number the calls in that order
-            ref = self._actor.start.remote(next(self._seq), replace(work, inputs=inputs))
+            ref = self._actor.start.remote(next(self._seq), work._replace(inputs=inputs))
             self._started[work.run_id] = ref
 
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:

@@ -9,8 +9,6 @@ once something went wrong, its error.
 from __future__ import annotations
 
 import itertools
-import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from pathways_mlir.dialect.plan import ProgramPlan
@@ -18,22 +16,26 @@ from pathways_mlir.dialect.plan import ProgramPlan
 _run_ids = itertools.count()
 
 
-@dataclass(eq=False)
 class Run:
-    """A program run started by one client."""
+    """A program run started by one client (a plain class: one is made per call, so it is cheap)."""
 
-    plan: ProgramPlan
-    key: int                          # the plan's key on the islands
-    client_id: int
-    islands: tuple[str, ...]          # every island the run has work or buffers on
-    need: dict                        # admission.Need: its static peak per island
-    weight: float = 1.0
-    cost: float = 1.0
-    id: int = field(default_factory=lambda: next(_run_ids))
-    admitted: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    released: set[int] = field(default_factory=set)     # results released before the run was over
-    host: dict[int, Any] = field(default_factory=dict)  # host buffers' values
+    __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
+                 "released", "host")
+
+    def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
+                 weight: float = 1.0, cost: float = 1.0):
+        self.plan = plan                  # with frees and peaks
+        self.key = key                    # the plan's key on the islands
+        self.client_id = client_id
+        self.islands = islands            # every island the run has work or buffers on
+        self.need = need                  # admission.Need: its static peak per island
+        self.weight = weight
+        self.cost = cost
+        self.id = next(_run_ids)
+        self.admitted = False             # set by the gang scheduler, under its lock
+        self.error: BaseException | None = None
+        self.released: set[int] = set()   # results released before the run was over
+        self.host: dict[int, Any] = {}    # host buffers' values (futures)
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""

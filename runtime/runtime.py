@@ -101,12 +101,12 @@ class Runtime:
 
     def run_done(self, run: Run) -> bool:
         """Returns whether a run's work is over on every island."""
-        return run.admitted.is_set() and all(self.islands[island].run_done(run.id) for island in run.islands)
+        return run.admitted and all(self.islands[island].run_done(run.id) for island in run.islands)
 
     def wait(self, run: Run, timeout: float | None = None) -> None:
         """Waits until a run's work is over on every island; raises its error if it failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not run.admitted.wait(timeout):
+        if not self.scheduler.wait_admitted(run, timeout):
             raise TimeoutError(f"run {run.id} of {run.plan.program} was not admitted within {timeout} s")
         for island in run.islands:
             self.islands[island].wait_run(run.id, None if deadline is None else max(0.0, deadline - time.monotonic()))

@@ -90,11 +90,16 @@ class GangScheduler:
 
     def continue_run(self, run: Run, works: Works) -> None:
         """Delivers more work of an admitted run (after a cond, or a sequential step) with a new ticket."""
-        run.admitted.wait()
-        if run.error is not None:
-            raise run.error
         with self._lock:
+            self._lock.wait_for(lambda: run.admitted)
+            if run.error is not None:
+                raise run.error
             self._deliver(run, works)
+
+    def wait_admitted(self, run: Run, timeout: float | None = None) -> bool:
+        """Waits until `run` is admitted (or cancelled); returns False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: run.admitted, timeout)
 
     def release_result(self, run: Run, buffer: int) -> None:
         """A result's handle was released: its bytes go back once the run is over."""
@@ -192,7 +197,8 @@ class GangScheduler:
         self.ledger.take(run.need)
         self._in_flight.append(run)
         self._deliver(run, works)
-        run.admitted.set()
+        run.admitted = True
+        self._lock.notify_all()
 
     def _deliver(self, run: Run, works: Works) -> None:
         ticket = next(self._tickets)
@@ -224,7 +230,9 @@ class GangScheduler:
         run.error = error
         for island in run.islands:
             self.islands[island].fail_run(run.id, error)
-        run.admitted.set()
+        with self._lock:
+            run.admitted = True
+            self._lock.notify_all()
 
     def _admission_loop(self) -> None:
         """While a queued run cannot be admitted, waits for the oldest admitted run to finish."""

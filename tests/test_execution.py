@@ -15,7 +15,6 @@ from jax.sharding import PartitionSpec as P
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.programs import plan_for
 from pathways_mlir.runtime.runtime import Runtime
 
 X = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
@@ -84,7 +83,7 @@ def test_resharding_two_way_to_four_way_and_back(client, runtime):
     def there_and_back(x):
         return scale(square(scale(x)))     # 2-way -> 4-way (scatter, across islands) -> 2-way (gather)
 
-    plan, _ = plan_for(there_and_back, (X,), runtime)
+    plan = there_and_back.compiled(X, runtime=runtime).plan
     kinds = sorted(s.kind for steps in plan.islands.values() for s in steps)
     assert kinds.count("launch") == 3 and "send" in kinds and "recv" in kinds
     out = there_and_back.run(X, client=client)
@@ -122,7 +121,7 @@ def test_four_stage_pipeline_across_two_islands_with_microbatches(client, runtim
 
     microbatches = [X * (k + 1) for k in range(3)]
     ws = [weights[i] for i in range(4)]
-    plan, _ = plan_for(pipeline, (microbatches, ws), runtime)
+    plan = pipeline.compiled(microbatches, ws, runtime=runtime).plan
     used = {plan.slices[s.slice].island for steps in plan.islands.values() for s in steps if s.kind == "launch"}
     assert used == {"island0", "island1"}
     outs = pipeline.run(microbatches, ws, client=client)
@@ -159,7 +158,7 @@ def test_removing_a_device_mid_run_relowers_and_continues(client):
         return double(scale(x))
 
     want = [np.asarray(jitted(double)(jitted(scale)(X * k))) for k in range(3)]
-    plan, _ = plan_for(movable, (X,), rt)
+    plan = movable.compiled(X, runtime=rt).plan
     placement = plan.slices["anywhere"]
     removed = (placement.island, placement.device_ids()[0])
     in_flight = [movable.run(X * k, client=client) for k in range(3)]   # running when the device goes
@@ -169,7 +168,7 @@ def test_removing_a_device_mid_run_relowers_and_continues(client):
         for k in range(3):
             np.testing.assert_array_equal(np.asarray(in_flight[k]), want[k])
             np.testing.assert_array_equal(np.asarray(after[k]), want[k])
-        new_plan, _ = plan_for(movable, (X,), rt)
+        new_plan = movable.compiled(X, runtime=rt).plan
         moved = new_plan.slices["anywhere"]
         assert removed[1] not in moved.device_ids() or moved.island != removed[0]
     finally:

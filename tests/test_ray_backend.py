@@ -14,7 +14,6 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.programs import plan_for
 from pathways_mlir.runtime.runtime import Runtime
 
 pytest.importorskip("ray")
@@ -55,7 +54,7 @@ def ray_runtime():
 @pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
 def test_program_across_island_actors_matches_jax(ray_runtime, dispatch):
     with Client(ray_runtime) as client:
-        plan, _ = plan_for(across, (X,), ray_runtime)
+        plan = across.compiled(X, runtime=ray_runtime).plan
         assert {s.kind for steps in plan.islands.values() for s in steps} >= {"send", "recv"}
         out = across.run(X, dispatch=dispatch, client=client)
         np.testing.assert_array_equal(np.asarray(out), expected(X))

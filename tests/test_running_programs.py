@@ -7,7 +7,6 @@ from jax.sharding import PartitionSpec as P
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.programs import plan_for
 from pathways_mlir.runtime.runtime import Runtime
 
 
@@ -23,7 +22,7 @@ def test_each_runtime_lowers_for_its_own_topology():
     x = np.arange(4, dtype=np.float32)
     two_islands, four_islands = Runtime(embedded_device_map(2, 4)), Runtime(embedded_device_map(4, 2))
     try:
-        plans = [plan_for(chain, (x,), rt)[0] for rt in (two_islands, four_islands, two_islands)]
+        plans = [chain.compiled(x, runtime=rt).plan for rt in (two_islands, four_islands, two_islands)]
         assert [len(p.topology.islands) for p in plans] == [2, 4, 2]
         assert plans[2] is plans[0]                       # still cached per runtime
         for rt in (two_islands, four_islands):
