@@ -117,3 +117,10 @@ def compute_cost(compute: ir.Operation, whole: Cost, slice_: ops.VirtualSlice) -
     ways = max(results, key=lambda r: _elements(r[0]))[1].ways(sizes) if results else 1
     nbytes = sum(ops.tensor_bytes(t) // s.ways(sizes) for t, s in operands + results)
     return Cost(whole.flops // ways, nbytes)
+
+
+def fused_cost(executable: ir.Operation, parts: dict[str, Cost]) -> Cost:
+    """Returns the cost of a fused executable (`pw.fused`): its parts' work, its own signature's bytes."""
+    signature = ops.function_type(ops.executable_entry(executable))
+    nbytes = sum(ops.tensor_bytes(t) for t in [*signature.inputs, *signature.results])
+    return Cost(sum(parts[c["callee"]].flops for c in ops.attr(executable, ops.FUSED)["calls"]), nbytes)

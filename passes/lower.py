@@ -10,12 +10,13 @@ from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.topology import Topology
 
 from .emit_plans import EmitPlansPass
+from .fuse_launches import FuseLaunchesPass
 from .insert_transfers import InsertTransfersPass
 from .mark_static_subgraphs import MarkStaticSubgraphsPass
 from .pipeline import run_passes
 from .plan_memory import PlanMemoryPass
 from .place import PlacePass
-from .registry import Pass, register_pipeline
+from .registry import Option, Pass, register_pipeline
 from .schedule import SchedulePass
 from .verify import VerifyPass
 from .verify_schedule import VerifySchedulePass
@@ -29,9 +30,10 @@ class LoweringError(ValueError):
         super().__init__("\n".join(d.format() for d in self.diagnostics))
 
 
-@register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, schedule and emit per-island plans",
-                   options=PlacePass.options)
-def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") -> list[Pass]:
+@register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, fuse launches, schedule and emit "
+                   "per-island plans", options=PlacePass.options + (
+                       Option("fuse", bool, True, "fuse consecutive launches on one slice (pw-fuse-launches)"),))
+def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "", fuse: bool = True) -> list[Pass]:
     """Lowers device-agnostic programs to per-island plans, in four phases,
     each ended by a verifier so that a bug is caught at the pass that made it:
 
@@ -43,6 +45,8 @@ def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") 
        ops. `pw-verify` then holds the module to its lowered rule: every
        operand lives where it is used.
     3. `pw-mark-static-subgraphs` sees the final ops, transfers included;
+       `pw-fuse-launches` (unless `fuse=false`) needs the static subgraphs
+       and must come before anything that orders or costs ops;
        `pw-schedule` puts static subgraphs first, so it comes after;
        `pw-verify-schedule` proves the order before plans are cut from it.
     4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
@@ -61,12 +65,13 @@ def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") 
         VerifyPass(),
         PlacePass(topology=topology, strategy=strategy, pin=pin), VerifyPass(),
         InsertTransfersPass(), VerifyPass(),
-        MarkStaticSubgraphsPass(), SchedulePass(), VerifySchedulePass(),
+        MarkStaticSubgraphsPass(), *([FuseLaunchesPass()] if fuse else []), SchedulePass(), VerifySchedulePass(),
         EmitPlansPass(), PlanMemoryPass(), VerifyPass(),
     ]
 
 
-def lower(module: ir.Module | str, topology: Topology, strategy: str = "spread", pin: str = "") -> ir.Module:
+def lower(module: ir.Module | str, topology: Topology, strategy: str = "spread", pin: str = "",
+          fuse: bool = True) -> ir.Module:
     """Lowers a device-agnostic module onto `topology`; returns a new, lowered module.
 
     `module` (IR text, or a module, which is left unchanged) is copied; the
@@ -88,6 +93,6 @@ def lower(module: ir.Module | str, topology: Topology, strategy: str = "spread",
                 op.clone()
         ops.set_attr(lowered.operation, ops.TOPOLOGY, topology.to_python())
         diagnostics = DiagnosticEngine()
-        if not run_passes(lowered, lower_pipeline(strategy=strategy, pin=pin), diagnostics):
+        if not run_passes(lowered, lower_pipeline(strategy=strategy, pin=pin, fuse=fuse), diagnostics):
             raise LoweringError(diagnostics)
     return lowered

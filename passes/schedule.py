@@ -38,7 +38,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 
-from .cost import compute_cost, executable_cost
+from .cost import compute_cost, executable_cost, fused_cost
 from .registry import Pass, register
 
 
@@ -50,8 +50,10 @@ class SchedulePass(Pass):
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         costs = {}
-        for name, executable in ops.executables(module).items():
-            costs[name] = executable_cost(executable)
+        # Fused executables last: their cost is their parts'.
+        for name, executable in sorted(ops.executables(module).items(), key=lambda e: ops.FUSED in e[1].attributes):
+            fused = ops.FUSED in executable.attributes
+            costs[name] = fused_cost(executable, costs) if fused else executable_cost(executable)
             ops.set_attr(executable, ops.COST, costs[name].to_python())
         slices = ops.virtual_slices(module)
         order = 0

@@ -53,8 +53,9 @@ class Client:
                 raise RuntimeError(f"client {self.id} is closed")
             run = self._dispatcher.start(plan, args, dispatch)
             self._active.append(run)
-            if len(self._active) > 64 and self.runtime.run_done(self._active[0]):
-                self._active.popleft()
+            if len(self._active) % 64 == 0:       # forget the runs that are over, now and then
+                while self._active and self.runtime.run_done(self._active[0]):
+                    self._active.popleft()
         return run
 
     def run(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel") -> list[Handle]:

@@ -40,7 +40,7 @@ from .run import Run
 
 POLICIES = ("fifo", "share")
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
-_POLL_AFTER = 32     # admitted runs kept before the oldest is checked for completion on submit
+_POLL_AFTER = 32     # every so many submissions, so many of the oldest admitted runs are checked
 
 
 class GangScheduler:
@@ -54,7 +54,10 @@ class GangScheduler:
         self.policy = policy
         self.window = window
         self._tickets = itertools.count()
-        self._lock = threading.Condition()
+        self._lock = threading.RLock()
+        self._unblocked = threading.Condition(self._lock)   # the admission thread waits on it
+        self._admissions = threading.Condition(self._lock)  # continue_run and wait_admitted wait on it
+        self._submits = 0
         self._fifo: collections.deque[tuple[Run, Works]] = collections.deque()
         self._queues: dict[int, collections.deque[tuple[Run, Works]]] = {}
         self._virtual: dict[int, float] = {}
@@ -79,9 +82,10 @@ class GangScheduler:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the runtime is closed")
+            self._submits += 1
             if self.policy == "fifo" and not self._fifo and not self._held:
-                if len(self._in_flight) > _POLL_AFTER:
-                    self._poll(2)
+                if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
+                    self._poll(_POLL_AFTER)
                 if self.ledger.fits(run.need) or (self._poll(len(self._in_flight)) and self.ledger.fits(run.need)):
                     self._admit(run, works)
                     return
@@ -91,7 +95,7 @@ class GangScheduler:
     def continue_run(self, run: Run, works: Works) -> None:
         """Delivers more work of an admitted run (after a cond, or a sequential step) with a new ticket."""
         with self._lock:
-            self._lock.wait_for(lambda: run.admitted)
+            self._admissions.wait_for(lambda: run.admitted)
             if run.error is not None:
                 raise run.error
             self._deliver(run, works)
@@ -99,7 +103,7 @@ class GangScheduler:
     def wait_admitted(self, run: Run, timeout: float | None = None) -> bool:
         """Waits until `run` is admitted (or cancelled); returns False on timeout."""
         with self._lock:
-            return self._lock.wait_for(lambda: run.admitted, timeout)
+            return self._admissions.wait_for(lambda: run.admitted, timeout)
 
     def release_result(self, run: Run, buffer: int) -> None:
         """A result's handle was released: its bytes go back once the run is over."""
@@ -143,7 +147,7 @@ class GangScheduler:
             queued = list(self._fifo) + [item for q in self._queues.values() for item in q]
             self._fifo.clear()
             self._queues.clear()
-            self._lock.notify_all()
+            self._unblocked.notify_all()
         for run, _ in queued:
             self._cancel(run, RunFailed(f"the runtime closed before run {run.id} of {run.plan.program} was "
                                         f"admitted"))
@@ -183,7 +187,7 @@ class GangScheduler:
                 room = self.policy == "fifo" or len(self._in_flight) < self.window
                 if not (room and self.ledger.fits(run.need)):
                     self._blocked = True
-                    self._lock.notify_all()
+                    self._unblocked.notify_all()
                     return
             queue.popleft()
             if self.policy == "share":
@@ -198,7 +202,7 @@ class GangScheduler:
         self._in_flight.append(run)
         self._deliver(run, works)
         run.admitted = True
-        self._lock.notify_all()
+        self._admissions.notify_all()
 
     def _deliver(self, run: Run, works: Works) -> None:
         ticket = next(self._tickets)
@@ -232,18 +236,18 @@ class GangScheduler:
             self.islands[island].fail_run(run.id, error)
         with self._lock:
             run.admitted = True
-            self._lock.notify_all()
+            self._admissions.notify_all()
 
     def _admission_loop(self) -> None:
         """While a queued run cannot be admitted, waits for the oldest admitted run to finish."""
         while True:
             with self._lock:
-                self._lock.wait_for(lambda: self._closed or (self._blocked and not self._held))
+                self._unblocked.wait_for(lambda: self._closed or (self._blocked and not self._held))
                 if self._closed:
                     return
                 oldest = self._in_flight[0] if self._in_flight else None
                 if oldest is None:
-                    self._lock.wait(0.5)       # only held results block it: wait for a release
+                    self._unblocked.wait(0.5)   # only held results block it: wait for a release
                     self._pump()
                     continue
             try:
