@@ -4,15 +4,21 @@
 
 // The blog's three-block program on two islands of four devices: A and C
 // share island0, B (2x2) takes island1; A -> B scatters 2-way into 4-way over
-// DCN, B -> C gathers back.
-// CHECK-LABEL: module @three_blocks_island0 attributes {pw.island_plan = {island = "island0", program = @three_blocks}}
+// DCN, B -> C gathers back. Each buffer is freed after its last use; each
+// island's plan records its static peak (island0: the argument and A's result
+// on slice_a's devices, C's input and result on slice_c's).
+// CHECK-LABEL: module @three_blocks_island0 attributes {pw.island_plan = {island = "island0", program = @three_blocks}, pw.peak_bytes = array<i64: 0, 4, 512>}
 // CHECK: "pw.launch"() {after = array<i64>, devices = array<i64: 0, 2>, executable = @block_a, inputs = array<i64: 0>, label = "block_a#0", output_bytes = array<i64: 256>, outputs = array<i64: 1>, slice = @slice_a, step = 0 : i64, subgraph = 0 : i64}
+// CHECK-NEXT: "pw.free"() {after = array<i64: 0>, buffers = array<i64: 0>, step = 7 : i64, subgraph = 0 : i64}
 // CHECK-NEXT: "pw.send"() {after = array<i64: 0>, buffer = 1 : i64, bytes = 128 : i64, devices = array<i64: 0, 2>, link = "dcn", peer = "island1", peer_buffer = 2 : i64, step = 1 : i64, subgraph = 0 : i64}
+// CHECK-NEXT: "pw.free"() {after = array<i64: 1>, buffers = array<i64: 1>, step = 8 : i64, subgraph = 0 : i64}
 // CHECK-NEXT: "pw.recv"() {after = array<i64: 4>, buffer = 4 : i64, bytes = 256 : i64, devices = array<i64: 2, 4>, link = "dcn", peer = "island1", peer_buffer = 3 : i64, step = 5 : i64, subgraph = 0 : i64}
 // CHECK-NEXT: "pw.launch"() {after = array<i64: 5>, devices = array<i64: 2, 4>, executable = @block_c, inputs = array<i64: 4>, label = "block_c#0", output_bytes = array<i64: 256>, outputs = array<i64: 5>, slice = @slice_c, step = 6 : i64, subgraph = 0 : i64}
-// CHECK-LABEL: module @three_blocks_island1 attributes {pw.island_plan = {island = "island1", program = @three_blocks}}
+// CHECK-NEXT: "pw.free"() {after = array<i64: 6>, buffers = array<i64: 4>, step = 9 : i64, subgraph = 0 : i64}
+// CHECK-LABEL: module @three_blocks_island1 attributes {pw.island_plan = {island = "island1", program = @three_blocks}, pw.peak_bytes = array<i64: 0, 4, 256>}
 // CHECK: "pw.recv"() {after = array<i64: 1>, buffer = 2 : i64, bytes = 128 : i64, devices = array<i64: 0, 4>, link = "dcn", peer = "island0", peer_buffer = 1 : i64, step = 2 : i64, subgraph = 0 : i64}
 // CHECK-NEXT: "pw.launch"() {after = array<i64: 2>, devices = array<i64: 0, 4>, executable = @block_b, inputs = array<i64: 2>, label = "block_b#0", output_bytes = array<i64: 128>, outputs = array<i64: 3>, slice = @slice_b, step = 3 : i64, subgraph = 0 : i64}
+// CHECK-NEXT: "pw.free"() {after = array<i64: 3>, buffers = array<i64: 2>, step = 10 : i64, subgraph = 0 : i64}
 // CHECK-NEXT: "pw.send"() {after = array<i64: 3>, buffer = 3 : i64, bytes = 256 : i64, devices = array<i64: 0, 4>, link = "dcn", peer = "island0", peer_buffer = 4 : i64, step = 4 : i64, subgraph = 0 : i64}
 // CHECK-LABEL: module @three_blocks_host attributes {pw.host_plan = {inputs = array<i64: 0>, outputs = array<i64: 5>, program = @three_blocks, subgraphs = [{id = 0 : i64, static = true}]}}
 "pw.virtual_slice"() {sym_name = "slice_a", shape = array<i64: 2>, axes = ["data"], constraints = {}} : () -> ()
@@ -50,14 +56,14 @@ func.func @three_blocks(%x: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {pw
 // send/recv pair across.
 // CHECK-LABEL: module @pipeline_island0
 // CHECK: "pw.launch"() {{.*}}label = "stage0#0"{{.*}}slice = @stage0, step = 0
-// CHECK-NEXT: "pw.copy"() {after = array<i64: 0>, bytes = 1024 : i64, dst_buffer = 2 : i64, link = "ici", src_buffer = 1 : i64, step = 1
-// CHECK-NEXT: "pw.launch"() {after = array<i64: 1>, {{.*}}label = "stage1#0"{{.*}}slice = @stage1, step = 2
-// CHECK-NEXT: "pw.send"() {after = array<i64: 2>, buffer = 3 : i64, bytes = 1024 : i64, devices = array<i64: 2, 4>, link = "dcn", peer = "island1", peer_buffer = 4 : i64, step = 3
+// CHECK: "pw.copy"() {after = array<i64: 0>, bytes = 1024 : i64, dst_buffer = 2 : i64, link = "ici", src_buffer = 1 : i64, step = 1
+// CHECK: "pw.launch"() {after = array<i64: 1>, {{.*}}label = "stage1#0"{{.*}}slice = @stage1, step = 2
+// CHECK: "pw.send"() {after = array<i64: 2>, buffer = 3 : i64, bytes = 1024 : i64, devices = array<i64: 2, 4>, link = "dcn", peer = "island1", peer_buffer = 4 : i64, step = 3
 // CHECK-LABEL: module @pipeline_island1
 // CHECK: "pw.recv"() {after = array<i64: 3>, buffer = 4 : i64, bytes = 1024 : i64, devices = array<i64: 0, 2>, link = "dcn", peer = "island0", peer_buffer = 3 : i64, step = 4
 // CHECK-NEXT: "pw.launch"() {after = array<i64: 4>, {{.*}}label = "stage2#0"{{.*}}slice = @stage2, step = 5
-// CHECK-NEXT: "pw.copy"() {after = array<i64: 5>, bytes = 1024 : i64, dst_buffer = 6 : i64, link = "ici", src_buffer = 5 : i64, step = 6
-// CHECK-NEXT: "pw.launch"() {after = array<i64: 6>, {{.*}}label = "stage3#0"{{.*}}slice = @stage3, step = 7
+// CHECK: "pw.copy"() {after = array<i64: 5>, bytes = 1024 : i64, dst_buffer = 6 : i64, link = "ici", src_buffer = 5 : i64, step = 6
+// CHECK: "pw.launch"() {after = array<i64: 6>, {{.*}}label = "stage3#0"{{.*}}slice = @stage3, step = 7
 // CHECK-LABEL: module @pipeline_host attributes {pw.host_plan = {inputs = array<i64: 0>, outputs = array<i64: 7>
 "pw.virtual_slice"() {sym_name = "stage0", shape = array<i64: 2>, axes = ["x"], constraints = {island = "island0"}} : () -> ()
 "pw.virtual_slice"() {sym_name = "stage1", shape = array<i64: 2>, axes = ["x"], constraints = {island = "island0"}} : () -> ()
@@ -120,7 +126,7 @@ func.func @eval(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 // CHECK-LABEL: module @keep_host attributes {pw.host_plan = {inputs = array<i64: 0>, outputs = array<i64: 0>, program = @keep, subgraphs = []}}
 // CHECK-LABEL: module @main_island0
 // CHECK: label = "positive#0"{{.*}}outputs = array<i64: 1>{{.*}}step = 1 : i64, subgraph = 0 : i64
-// CHECK-NEXT: "pw.launch"() {after = array<i64: 2>, {{.*}}label = "after#0"{{.*}}step = 3 : i64, subgraph = 1 : i64
+// CHECK: "pw.launch"() {after = array<i64: 2>, {{.*}}label = "after#0"{{.*}}step = 3 : i64, subgraph = 1 : i64
 // CHECK-LABEL: module @main_host
 // CHECK: "pw.branch"() {after = array<i64: 1>, else_program = @keep, inputs = array<i64: 0>, label = "choose#0", outputs = array<i64: 2>, pred = 1 : i64, step = 2 : i64, subgraph = 0 : i64, then_program = @negate}
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
