@@ -53,6 +53,7 @@ from .client import Client
 from .runtime import Runtime
 
 HOST = "127.0.0.1"
+HANDSHAKE_TIMEOUT = 10.0            # seconds a connection has to prove it holds the key
 MAX_HEADER_BYTES = 256 << 20        # a plan carries its compiled functions
 MAX_ARRAY_BYTES = 4 << 30           # all the arrays of one message together
 MAX_DIMS = 32
@@ -223,7 +224,7 @@ class Endpoint:
     """Serves a runtime on 127.0.0.1 to other processes that hold its key (read from `key_path`)."""
 
     def __init__(self, runtime: Runtime, port: int = 0, key_path: str | None = None,
-                 handshake_timeout: float = 5.0):
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT):
         self.runtime = runtime
         self.handshake_timeout = handshake_timeout
         self._listener = socket.create_server((HOST, port))
@@ -442,21 +443,24 @@ class RemoteClient:
     """A client of a cluster served by an `Endpoint` in another process.
 
     `address` is the endpoint's `(host, port)`; the key comes from the endpoint's
-    `key_path` or is given as bytes (`key`).
+    `key_path` or is given as bytes (`key`). `timeout` bounds the wait for each
+    reply (None: as long as a run takes); connecting and the handshake wait at
+    most `HANDSHAKE_TIMEOUT`.
     """
 
     def __init__(self, address, key_path: str | None = None, key: bytes | None = None,
-                 timeout: float = 30.0):
+                 timeout: float | None = None):
         if (key_path is None) == (key is None):
             raise ValueError("RemoteClient needs the endpoint's key_path or its key (one of them)")
         key = read_key(key_path) if key is None else key
-        self._socket = socket.create_connection(tuple(address), timeout=timeout)
+        self._socket = socket.create_connection(tuple(address), timeout=HANDSHAKE_TIMEOUT)
         try:
             _client_handshake(self._socket, key)
         except BaseException:
             self._socket.close()
             raise
-        self._socket.settimeout(None)
+        self._socket.settimeout(timeout)
+        self._timeout = timeout
         self._lock = threading.Lock()
 
     def load(self, name: str, plan: ProgramPlan) -> None:
@@ -494,6 +498,10 @@ class RemoteClient:
                 reply, values = recv_message(self._socket)
             except EOFError:
                 raise ConnectionError("the endpoint closed the connection") from None
+            except TimeoutError:
+                self._socket.close()   # a late reply would answer the next request
+                raise TimeoutError(f"no reply from the endpoint in {self._timeout} s; "
+                                   "the connection is closed") from None
         if reply.get("ok") is not True:
             raise RemoteError(str(reply.get("error", "the endpoint sent a malformed reply")))
         return reply, values

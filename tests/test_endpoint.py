@@ -29,6 +29,7 @@ from pathways_mlir.runtime.endpoint import (
     RemoteClient,
     RemoteError,
     recv_message,
+    _server_handshake,
     send_message,
 )
 from pathways_mlir.runtime.runtime import Runtime
@@ -78,7 +79,7 @@ import sys, numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.runtime.endpoint import RemoteClient
 plan_path, port, key_path, x_path, out_path, ending = sys.argv[1:]
-client = RemoteClient(("127.0.0.1", int(port)), key_path=key_path)
+client = RemoteClient(("127.0.0.1", int(port)), key_path=key_path, timeout=120)
 client.load("program", ProgramPlan.from_json(open(plan_path).read()))
 [h] = client.run("program", [np.load(x_path)])
 np.save(out_path, np.asarray(h))
@@ -188,7 +189,7 @@ def test_key_is_random_per_service_private_and_removed_on_close(runtime, tmp_pat
             assert os.stat(endpoint.key_path).st_uid == os.getuid()
         keys = [open(e.key_path).read() for e in (one, two)]
         assert keys[0] != keys[1] and len(bytes.fromhex(keys[0])) == 32
-        with RemoteClient(two.address, key=bytes.fromhex(keys[1])) as client:
+        with RemoteClient(two.address, key=bytes.fromhex(keys[1]), timeout=TIMEOUT) as client:
             assert client.object_count() == 0
         with pytest.raises(ValueError, match="key_path or its key"):
             RemoteClient(one.address)
@@ -203,6 +204,34 @@ def test_key_is_random_per_service_private_and_removed_on_close(runtime, tmp_pat
         socket.create_connection(one.address, timeout=10)
 
 
+def test_clients_check_the_endpoint_and_time_out_waiting():
+    key, timed_out = secrets.token_bytes(32), threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)
+
+        def impostor_then_silent():
+            with server.accept()[0] as first:            # does not hold the key
+                first.sendall(b"PWE1" + secrets.token_bytes(32))
+                first.recv(64)
+                first.sendall(secrets.token_bytes(32))
+            with server.accept()[0] as second:           # holds it, then never replies
+                _server_handshake(second, key)
+                timed_out.wait(30)
+
+        thread = threading.Thread(target=impostor_then_silent, daemon=True)
+        thread.start()
+        with pytest.raises(AuthenticationError, match="does not hold the key"):
+            RemoteClient(server.getsockname(), key=key)
+        client = RemoteClient(server.getsockname(), key=key, timeout=0.5)
+        with pytest.raises(TimeoutError, match="no reply from the endpoint in 0.5 s"):
+            client.object_count()
+        timed_out.set()
+        with pytest.raises(OSError):
+            client.object_count()                        # closed: a late reply cannot answer it
+        thread.join(30)
+        assert not thread.is_alive()
+
+
 def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path):
     plan, want = program(runtime.resources.topology)
     control, target = tmp_path / "control", tmp_path / "pwned"
@@ -212,7 +241,7 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path):
     endpoint = Endpoint(runtime, handshake_timeout=1.0)
     opened, procs = [], []
     try:
-        live = RemoteClient(endpoint.address, key_path=endpoint.key_path)   # served all along
+        live = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)   # served all along
         opened.append(live._socket)
         for first_bytes in (b"", b"PWE1" + bytes(10)):                       # half-open connections
             s = socket.create_connection(endpoint.address, timeout=10)
@@ -242,8 +271,7 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path):
                              (raw_frame(b'{"op":"run","name":"p","dispatch":"parallel",'
                                         b'"arrays":[["float32",[1099511627776]]]}'), "over the limit"),
                              (raw_frame(b'{"op":"run","arrays":[["object",[1]]]}'), "not allowed")]:
-            insider = RemoteClient(endpoint.address, key_path=endpoint.key_path)
-            insider._socket.settimeout(30)
+            insider = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
             insider._socket.sendall(frame)
             reply, _ = recv_message(insider._socket)
             assert reply["ok"] is False and error in reply["error"]
