@@ -364,9 +364,10 @@ class _Session:
                     send_message(self.connection, {"ok": True})
                     return
                 try:
-                    if op not in self.requests:
+                    handler = self.requests.get(op) if isinstance(op, str) else None
+                    if handler is None:
                         raise ValueError(f"unknown request {str(op)[:40]!r}")
-                    reply, out = self.requests[op](request, arrays)
+                    reply, out = handler(request, arrays)
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
                     reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}"}, []

@@ -279,6 +279,7 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path):
             insider._socket.close()
 
         for request, error in [({"op": "exec", "code": "print(1)"}, "unknown request 'exec'"),
+                               ({"op": ["run"]}, r"unknown request \"\['run'\]\""),
                                ({"op": "fetch", "handle": "0"}, "needs 'handle' as int"),
                                ({"op": "fetch", "handle": 7}, "no handle 7"),
                                ({"op": "load", "name": "p", "plan": "{}"}, "KeyError"),
