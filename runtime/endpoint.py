@@ -1,23 +1,50 @@
 """A local endpoint: clients in other processes share this process's cluster.
 
-`serve(runtime, address)` listens on a loopback socket; every connection is
+`Endpoint(runtime)` listens on 127.0.0.1; every authenticated connection is
 one `Client` of the shared runtime, so each remote process sees only its own
 objects, and everything it owns is released when it disconnects, cleanly or
 not (a crashed process is an owner that failed). `RemoteClient` is the other
 end: it sends plans (as JSON) and host arrays, and gets back handles that
 fetch their values on demand.
 
-Messages are plain Python data (dicts, strings, NumPy arrays) pickled by
-`multiprocessing.connection`, authenticated with a shared key.
+Authentication: each endpoint draws a random key and writes it, as hex, to a
+file only its owner can read (`Endpoint.key_path`). A client proves it holds
+the key, and the endpoint proves it back, by HMAC-SHA256 over fresh nonces
+from both sides; the key never crosses the socket. Each connection does its
+handshake in its own thread within `handshake_timeout` seconds; a wrong key,
+a silent peer or garbage only drops that connection.
+
+Wire format, no pickle: every message is one frame,
+
+    u32 header length (big-endian) | JSON object | raw bytes of each array
+
+where the header's "arrays" lists `[dtype, shape]` per array. Dtypes are
+numeric only (`DTYPES`), in this machine's byte order (both ends share it),
+and sizes are checked against `MAX_HEADER_BYTES` and `MAX_ARRAY_BYTES` before
+anything is allocated. Requests: `load` (a plan as `ProgramPlan.to_json`),
+`run`, `fetch`, `release`, `objects`, `close`; every reply is
+`{"ok": true, ...}` or `{"ok": false, "error": "..."}`. A request the endpoint
+cannot serve gets an error reply; a frame that breaks the format gets one and
+the connection is dropped.
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
+import json
+import math
+import os
+import secrets
+import selectors
+import shutil
+import socket
+import struct
+import tempfile
 import threading
-from multiprocessing.connection import Client as _Connect
-from multiprocessing.connection import Listener
+import time
 
+import jax.numpy as jnp
 import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
@@ -25,87 +52,377 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .client import Client
 from .runtime import Runtime
 
-DEFAULT_AUTHKEY = b"pathways-mlir"
+HOST = "127.0.0.1"
+HANDSHAKE_TIMEOUT = 10.0            # seconds a connection has to prove it holds the key
+MAX_HEADER_BYTES = 256 << 20        # a plan carries its compiled functions
+MAX_ARRAY_BYTES = 4 << 30           # all the arrays of one message together
+MAX_DIMS = 32
+MAX_PENDING_HANDSHAKES = 256        # connections past this are dropped unread
+DTYPES = {name: np.dtype(name) for name in (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128")}
+DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
+
+_MAGIC = b"PWE1"
+_NONCE = 32
+_LENGTH = struct.Struct(">I")
 
 
-class Endpoint:
-    """Serves a runtime to other processes on a loopback address."""
+class ProtocolError(ValueError):
+    """A frame that breaks the wire format; the connection is dropped."""
 
-    def __init__(self, runtime: Runtime, address=("127.0.0.1", 0), authkey: bytes = DEFAULT_AUTHKEY):
-        if address[0] not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError(f"the endpoint serves loopback addresses only, not {address[0]}")
-        self.runtime = runtime
-        self._listener = Listener(address, authkey=authkey)
-        self.address = self._listener.address
-        self._thread = threading.Thread(target=self._accept, name="pw-endpoint", daemon=True)
-        self._closed = False
-        self._thread.start()
 
-    def close(self) -> None:
-        """Stops accepting connections."""
-        self._closed = True
-        try:
-            _Connect(self.address, authkey=DEFAULT_AUTHKEY).close()   # wake the accept loop
-        except OSError:
-            pass
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                connection = self._listener.accept()
-            except OSError:
-                return
-            if self._closed:
-                connection.close()
-                return
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
-
-    def _serve(self, connection) -> None:
-        client = Client(self.runtime)
-        plans: dict[str, ProgramPlan] = {}
-        handles: dict[int, object] = {}
-        ids = itertools.count()
-        try:
-            while True:
-                request = connection.recv()
-                op = request["op"]
-                try:
-                    if op == "load":
-                        plans[request["name"]] = ProgramPlan.from_json(request["plan"])
-                        reply = {"ok": True}
-                    elif op == "run":
-                        results = client.run(plans[request["name"]], request["args"], request["dispatch"])
-                        reply = {"ok": True, "handles": []}
-                        for h in results:
-                            key = next(ids)
-                            handles[key] = h
-                            reply["handles"].append((key, h.shape, str(h.dtype)))
-                    elif op == "fetch":
-                        reply = {"ok": True, "value": np.asarray(handles[request["handle"]])}
-                    elif op == "release":
-                        handles.pop(request["handle"]).delete()
-                        reply = {"ok": True}
-                    elif op == "objects":
-                        reply = {"ok": True, "count": len(client.objects())}
-                    elif op == "close":
-                        connection.send({"ok": True})
-                        return
-                    else:
-                        reply = {"ok": False, "error": f"unknown request '{op}'"}
-                except Exception as error:  # noqa: BLE001  (sent back to the remote client)
-                    reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
-                connection.send(reply)
-        except (EOFError, OSError):
-            pass   # the remote process went away: its objects are released below
-        finally:
-            handles.clear()
-            client.close()
-            connection.close()
+class AuthenticationError(ConnectionError):
+    """One end of a connection does not hold the endpoint's key."""
 
 
 class RemoteError(RuntimeError):
     """An error the endpoint reported for a request."""
+
+
+# -- frames -----------------------------------------------------------------
+
+
+def send_message(sock: socket.socket, header: dict, arrays=()) -> None:
+    """Sends one frame: `header` as JSON, then the raw bytes of `arrays` (numeric dtypes only)."""
+    arrays = [_wire_array(a) for a in arrays]
+    total = sum(a.nbytes for a in arrays)
+    if total > MAX_ARRAY_BYTES:
+        raise ValueError(f"arrays of {total} bytes are over the endpoint's limit of {MAX_ARRAY_BYTES}")
+    data = json.dumps({**header, "arrays": [[a.dtype.name, list(a.shape)] for a in arrays]},
+                      separators=(",", ":")).encode()
+    if len(data) > MAX_HEADER_BYTES:
+        raise ValueError(f"a header of {len(data)} bytes is over the endpoint's limit of {MAX_HEADER_BYTES}")
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+    for a in arrays:
+        sock.sendall(a.reshape(-1).view(np.uint8))
+
+
+def recv_message(sock: socket.socket) -> tuple[dict, list[np.ndarray]]:
+    """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left."""
+    (size,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))
+    if size > MAX_HEADER_BYTES:
+        raise ProtocolError(f"a header of {size} bytes is over the limit of {MAX_HEADER_BYTES}")
+    try:
+        header = json.loads(_recv_exact(sock, size))
+    except (ValueError, RecursionError) as error:
+        raise ProtocolError(f"the header is not JSON: {error}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("the header is not a JSON object")
+    arrays = []
+    for dtype, shape, nbytes in _array_specs(header.pop("arrays", [])):
+        data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
+        _recv_into(sock, memoryview(data))
+        arrays.append(data.view(dtype).reshape(shape))
+    return header, arrays
+
+
+def _wire_array(value) -> np.ndarray:
+    array = np.asarray(value)
+    dtype = DTYPES.get(array.dtype.name)
+    if dtype is None:
+        raise ValueError(f"arrays of dtype {array.dtype} cannot be sent: only {', '.join(DTYPES)}")
+    return array.astype(dtype, order="C", copy=False)
+
+
+def _array_specs(specs) -> list[tuple[np.dtype, tuple[int, ...], int]]:
+    """Checks a header's array list against the allow-list and the size limit."""
+    if not isinstance(specs, list):
+        raise ProtocolError("'arrays' must be a list of [dtype, shape]")
+    out, total = [], 0
+    for spec in specs:
+        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], list)):
+            raise ProtocolError(f"an array must be described as [dtype, shape], not {str(spec)[:80]}")
+        name, shape = spec
+        dtype = DTYPES.get(name) if isinstance(name, str) else None
+        if dtype is None:
+            raise ProtocolError(f"dtype {str(name)[:40]!r} is not allowed: only {', '.join(DTYPES)}")
+        if len(shape) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in shape):
+            raise ProtocolError(f"a shape must be at most {MAX_DIMS} non-negative integers, not {str(shape)[:80]}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        total += nbytes
+        if total > MAX_ARRAY_BYTES:
+            raise ProtocolError(f"arrays of {total} bytes are over the limit of {MAX_ARRAY_BYTES}")
+        out.append((dtype, tuple(shape), nbytes))
+    return out
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytearray:
+    data = bytearray(size)
+    _recv_into(sock, memoryview(data))
+    return data
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    while view:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise EOFError("the connection was closed")
+        view = view[n:]
+
+
+# -- keys and the handshake ---------------------------------------------------
+
+
+def _write_key(path: str, key: bytes) -> None:
+    """Writes `key` as hex to `path`, readable by its owner only (mode 0600), replacing any file there."""
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".pw-key-")  # 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(key.hex() + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def read_key(path: str) -> bytes:
+    """Returns the key an endpoint wrote to `path`."""
+    with open(path) as f:
+        text = f.read().strip()
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"{path} does not hold an endpoint key") from None
+
+
+def _proof(key: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.digest(key, role + server_nonce + client_nonce, "sha256")
+
+
+def _server_handshake(sock: socket.socket, key: bytes) -> None:
+    server_nonce = secrets.token_bytes(_NONCE)
+    sock.sendall(_MAGIC + server_nonce)
+    answer = _recv_exact(sock, 2 * _NONCE)
+    client_nonce, proof = bytes(answer[:_NONCE]), bytes(answer[_NONCE:])
+    if not hmac.compare_digest(proof, _proof(key, b"client", server_nonce, client_nonce)):
+        raise AuthenticationError("the client does not hold the endpoint's key")
+    sock.sendall(_proof(key, b"server", server_nonce, client_nonce))
+
+
+def _client_handshake(sock: socket.socket, key: bytes) -> None:
+    try:
+        hello = _recv_exact(sock, len(_MAGIC) + _NONCE)
+    except EOFError:
+        raise AuthenticationError("the endpoint closed the connection before the handshake") from None
+    if hello[:len(_MAGIC)] != _MAGIC:
+        raise AuthenticationError("the address is not a pathways-mlir endpoint")
+    server_nonce, client_nonce = bytes(hello[len(_MAGIC):]), secrets.token_bytes(_NONCE)
+    sock.sendall(client_nonce + _proof(key, b"client", server_nonce, client_nonce))
+    try:
+        proof = bytes(_recv_exact(sock, _NONCE))
+    except (EOFError, ConnectionResetError):
+        raise AuthenticationError("the endpoint refused the key") from None
+    if not hmac.compare_digest(proof, _proof(key, b"server", server_nonce, client_nonce)):
+        raise AuthenticationError("the endpoint does not hold the key")
+
+
+# -- the server ---------------------------------------------------------------
+
+
+class Endpoint:
+    """Serves a runtime on 127.0.0.1 to other processes that hold its key (read from `key_path`)."""
+
+    def __init__(self, runtime: Runtime, port: int = 0, key_path: str | None = None,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT):
+        self.runtime = runtime
+        self.handshake_timeout = handshake_timeout
+        self._listener = socket.create_server((HOST, port))
+        self.address = self._listener.getsockname()
+        self._key = secrets.token_bytes(32)
+        self._key_dir = None if key_path else tempfile.mkdtemp(prefix="pw-endpoint-")   # mode 0700
+        self.key_path = str(key_path or os.path.join(self._key_dir, "key"))
+        _write_key(self.key_path, self._key)
+        self._wake, self._waker = socket.socketpair()
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+        self._pending = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="pw-endpoint", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops accepting, drops every connection (their objects are released), waits for the
+        endpoint's threads and deletes the key file."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._waker.send(b"x")
+        self._thread.join(timeout)
+        with self._lock:
+            connections, threads = list(self._connections), list(self._threads)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass   # already gone
+        for thread in threads:
+            thread.join(timeout)
+        for s in (self._listener, self._wake, self._waker):
+            s.close()
+        self._remove_key()
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _remove_key(self) -> None:
+        try:
+            if read_key(self.key_path) == self._key:   # not a later endpoint's key at the same path
+                os.unlink(self.key_path)
+        except (OSError, ValueError):
+            pass
+        if self._key_dir:
+            shutil.rmtree(self._key_dir, ignore_errors=True)
+
+    def _accept(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._listener, selectors.EVENT_READ)
+            selector.register(self._wake, selectors.EVENT_READ)
+            while True:
+                selector.select()
+                if self._closed:
+                    return
+                try:
+                    connection, _ = self._listener.accept()
+                except OSError:
+                    time.sleep(0.01)   # the peer left before it was accepted, or no file descriptors are free
+                    continue
+                if not self._admit(connection):
+                    connection.close()
+
+    def _admit(self, connection: socket.socket) -> bool:
+        """Starts a connection's thread; False when closed, too many handshakes are pending,
+        or no thread can be started."""
+        thread = threading.Thread(target=self._serve, args=(connection,), name="pw-endpoint-connection",
+                                  daemon=True)
+        with self._lock:
+            if self._closed or self._pending >= MAX_PENDING_HANDSHAKES:
+                return False
+            self._pending += 1
+            self._connections.add(connection)
+            self._threads.add(thread)
+        try:
+            thread.start()
+        except RuntimeError:
+            with self._lock:
+                self._pending -= 1
+                self._connections.discard(connection)
+                self._threads.discard(thread)
+            return False
+        return True
+
+    def _serve(self, connection: socket.socket) -> None:
+        client = None
+        try:
+            connection.settimeout(self.handshake_timeout)
+            try:
+                _server_handshake(connection, self._key)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+            connection.settimeout(None)
+            client = Client(self.runtime)
+            _Session(client, connection).serve()
+        except Exception:  # noqa: BLE001  (a bad, silent or vanished peer ends only its own connection)
+            pass
+        finally:
+            if client is not None:
+                client.close()   # the remote process's objects are released here
+            connection.close()
+            with self._lock:
+                self._connections.discard(connection)
+                self._threads.discard(threading.current_thread())
+
+
+class _Session:
+    """One authenticated connection: its client, its loaded plans and its handles."""
+
+    def __init__(self, client: Client, connection: socket.socket):
+        self.client, self.connection = client, connection
+        self.plans: dict[str, ProgramPlan] = {}
+        self.handles: dict[int, object] = {}
+        self.ids = itertools.count()
+        self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch,
+                         "release": self.release, "objects": self.objects}
+
+    def serve(self) -> None:
+        """Answers requests until the peer closes or sends a malformed frame."""
+        try:
+            while True:
+                try:
+                    request, arrays = recv_message(self.connection)
+                except ProtocolError as error:
+                    send_message(self.connection, {"ok": False, "error": str(error)})
+                    return
+                op = request.get("op")
+                if op == "close":
+                    send_message(self.connection, {"ok": True})
+                    return
+                try:
+                    handler = self.requests.get(op) if isinstance(op, str) else None
+                    if handler is None:
+                        raise ValueError(f"unknown request {str(op)[:40]!r}")
+                    reply, out = handler(request, arrays)
+                    reply["ok"] = True
+                except Exception as error:  # noqa: BLE001  (sent back to the remote client)
+                    reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}"}, []
+                send_message(self.connection, reply, out)
+        finally:
+            self.handles.clear()
+
+    def load(self, request: dict, arrays) -> tuple[dict, list]:
+        """Parses a plan's JSON and keeps it under a name."""
+        self.plans[_field(request, "name", str)] = ProgramPlan.from_json(_field(request, "plan", str))
+        return {}, []
+
+    def run(self, request: dict, arrays) -> tuple[dict, list]:
+        """Runs a loaded plan on the frame's arrays; replies with one handle per output."""
+        name = _field(request, "name", str)
+        if name not in self.plans:
+            raise ValueError(f"no plan is loaded as {name[:40]!r}")
+        results = self.client.run(self.plans[name], arrays, _field(request, "dispatch", str))
+        reply = []
+        for handle in results:
+            key = next(self.ids)
+            self.handles[key] = handle
+            reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
+        return {"handles": reply}, []
+
+    def fetch(self, request: dict, arrays) -> tuple[dict, list]:
+        """Sends a handle's value."""
+        return {}, [np.asarray(self._handle(request))]
+
+    def release(self, request: dict, arrays) -> tuple[dict, list]:
+        """Releases a handle's buffer."""
+        handle = self._handle(request)
+        del self.handles[request["handle"]]
+        handle.delete()
+        return {}, []
+
+    def objects(self, request: dict, arrays) -> tuple[dict, list]:
+        """Counts the objects this connection's client owns."""
+        return {"count": len(self.client.objects())}, []
+
+    def _handle(self, request: dict):
+        key = _field(request, "handle", int)
+        if key not in self.handles:
+            raise ValueError(f"no handle {key}")
+        return self.handles[key]
+
+
+def _field(request: dict, name: str, kind: type):
+    value = request.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"request {str(request.get('op'))[:40]!r} needs {name!r} as {kind.__name__}")
+    return value
+
+
+# -- the client ---------------------------------------------------------------
 
 
 class RemoteHandle:
@@ -115,7 +432,7 @@ class RemoteHandle:
         self._client, self._key, self.shape, self.dtype = client, key, tuple(shape), dtype
 
     def __array__(self, dtype=None, copy=None):
-        value = self._client._call({"op": "fetch", "handle": self._key})["value"]
+        [value] = self._client._call({"op": "fetch", "handle": self._key})[1]
         return value.astype(dtype) if dtype is not None else value
 
     def delete(self) -> None:
@@ -124,10 +441,27 @@ class RemoteHandle:
 
 
 class RemoteClient:
-    """A client of a cluster served by an `Endpoint` in another process."""
+    """A client of a cluster served by an `Endpoint` in another process.
 
-    def __init__(self, address, authkey: bytes = DEFAULT_AUTHKEY):
-        self._connection = _Connect(tuple(address), authkey=authkey)
+    `address` is the endpoint's `(host, port)`; the key comes from the endpoint's
+    `key_path` or is given as bytes (`key`). `timeout` bounds the wait for each
+    reply (None: as long as a run takes); connecting and the handshake wait at
+    most `HANDSHAKE_TIMEOUT`.
+    """
+
+    def __init__(self, address, key_path: str | None = None, key: bytes | None = None,
+                 timeout: float | None = None):
+        if (key_path is None) == (key is None):
+            raise ValueError("RemoteClient needs the endpoint's key_path or its key (one of them)")
+        key = read_key(key_path) if key is None else key
+        self._socket = socket.create_connection(tuple(address), timeout=HANDSHAKE_TIMEOUT)
+        try:
+            _client_handshake(self._socket, key)
+        except BaseException:
+            self._socket.close()
+            raise
+        self._socket.settimeout(timeout)
+        self._timeout = timeout
         self._lock = threading.Lock()
 
     def load(self, name: str, plan: ProgramPlan) -> None:
@@ -136,23 +470,39 @@ class RemoteClient:
 
     def run(self, name: str, args, dispatch: str = "parallel") -> list[RemoteHandle]:
         """Runs a loaded plan on host arrays; returns remote handles."""
-        reply = self._call({"op": "run", "name": name, "args": [np.asarray(a) for a in args],
-                            "dispatch": dispatch})
+        reply, _ = self._call({"op": "run", "name": name, "dispatch": dispatch}, args)
         return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
 
     def object_count(self) -> int:
         """Returns how many objects this client owns on the cluster."""
-        return self._call({"op": "objects"})["count"]
+        return self._call({"op": "objects"})[0]["count"]
 
     def close(self) -> None:
         """Disconnects; the cluster releases everything this client owns."""
-        self._call({"op": "close"})
-        self._connection.close()
+        try:
+            self._call({"op": "close"})
+        except OSError:
+            pass   # the endpoint is gone, and with it everything this client owned
+        finally:
+            self._socket.close()
 
-    def _call(self, request: dict) -> dict:
+    def __enter__(self) -> "RemoteClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, request: dict, arrays=()) -> tuple[dict, list[np.ndarray]]:
         with self._lock:
-            self._connection.send(request)
-            reply = self._connection.recv()
-        if not reply["ok"]:
-            raise RemoteError(reply["error"])
-        return reply
+            send_message(self._socket, request, arrays)
+            try:
+                reply, values = recv_message(self._socket)
+            except EOFError:
+                raise ConnectionError("the endpoint closed the connection") from None
+            except TimeoutError:
+                self._socket.close()   # a late reply would answer the next request
+                raise TimeoutError(f"no reply from the endpoint in {self._timeout} s; "
+                                   "the connection is closed") from None
+        if reply.get("ok") is not True:
+            raise RemoteError(str(reply.get("error", "the endpoint sent a malformed reply")))
+        return reply, values

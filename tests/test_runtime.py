@@ -198,55 +198,6 @@ def test_trace_has_a_track_per_device(runtime, tmp_path):
     assert all(e["dur"] >= 0 for e in spans)
 
 
-_REMOTE = """
-import sys, numpy as np
-sys.path.insert(0, {tests!r})
-from pathways_mlir.dialect.plan import ProgramPlan
-from pathways_mlir.runtime.endpoint import RemoteClient
-plan = ProgramPlan.from_json(open({plan!r}).read())
-client = RemoteClient(({host!r}, {port}))
-client.load("chain", plan)
-x = np.load({x!r})
-[h] = client.run("chain", [x * {scale}])
-np.save({out!r}, np.asarray(h))
-print(client.object_count())
-{ending}
-"""
-
-
-def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path):
-    import pathlib
-    import subprocess
-    import sys
-
-    from pathways_mlir.runtime.endpoint import Endpoint
-
-    plan, want = two_island_chain(runtime.resources.topology)
-    (tmp_path / "plan.json").write_text(plan.to_json())
-    np.save(tmp_path / "x.npy", X)
-    endpoint = Endpoint(runtime)
-    try:
-        host, port = endpoint.address
-        procs = []
-        for n, ending in enumerate(["client.close()", "import os; os._exit(0)  # dies holding objects"]):
-            code = _REMOTE.format(tests=str(pathlib.Path(__file__).parent), plan=str(tmp_path / "plan.json"),
-                                  host=host, port=port, x=str(tmp_path / "x.npy"), scale=1.0,
-                                  out=str(tmp_path / f"out{n}.npy"), ending=ending)
-            procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True))
-        outputs = [p.communicate(timeout=120)[0] for p in procs]
-        assert [p.returncode for p in procs] == [0, 0]
-        assert [o.split() for o in outputs] == [["1"], ["1"]]   # each sees only its own object
-        for n in range(2):
-            np.testing.assert_array_equal(np.load(tmp_path / f"out{n}.npy"), want)
-        import time
-        deadline = time.monotonic() + 30
-        while sum(runtime.usage().values()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sum(runtime.usage().values()) == 0   # both clients' objects reclaimed
-    finally:
-        endpoint.close()
-
-
 def test_closing_a_client_with_runs_in_flight_reclaims_everything(runtime):
     plan, _ = two_island_chain(runtime.resources.topology)
     client = Client(runtime)

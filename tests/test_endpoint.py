@@ -1,0 +1,331 @@
+"""The loopback endpoint: framed JSON and raw arrays (never pickle), an HMAC handshake
+with a per-service key, and an accept loop that outlives bad and half-open connections."""
+
+import multiprocessing.connection as mpc
+import os
+import pickle
+import secrets
+import select
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from plan_builder import PlanBuilder
+
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.endpoint import (
+    MAX_ARRAY_BYTES,
+    AuthenticationError,
+    Endpoint,
+    ProtocolError,
+    RemoteClient,
+    RemoteError,
+    recv_message,
+    _server_handshake,
+    send_message,
+)
+from pathways_mlir.runtime.runtime import Runtime
+
+X = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
+TIMEOUT = 120
+
+
+@pytest.fixture
+def runtime():
+    rt = Runtime(embedded_device_map(2, 4))
+    yield rt
+    rt.close()
+
+
+def affine(x):
+    return x * 3.0 - 1.0
+
+
+def sine_squared(x):
+    return jnp.sin(x) ** 2
+
+
+def program(topology):
+    """island0 (2-way) -> DCN -> island1 (4-way): the plan remote clients run."""
+    p = PlanBuilder(topology)
+    a = p.slice("a", (2,), ("x",), "island0", (0, 2))
+    b = p.slice("b", (4,), ("y",), "island1", (0, 4))
+    x = p.input((8, 16), a, [("x",), ()])
+    y = p.launch(affine, [x], a, [("x",), ()])
+    z = p.launch(sine_squared, [p.dcn(y, b, [("y",), ()])], b, [("y",), ()])
+    return p.build([z]), np.asarray(jax.jit(sine_squared)(jax.jit(affine)(X)))
+
+
+class Payload:
+    """Creates a file when unpickled: what an attacker would send."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+_REMOTE = """
+import sys, numpy as np
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.runtime.endpoint import RemoteClient
+plan_path, port, key_path, x_path, out_path, ending = sys.argv[1:]
+client = RemoteClient(("127.0.0.1", int(port)), key_path=key_path, timeout=120)
+client.load("program", ProgramPlan.from_json(open(plan_path).read()))
+[h] = client.run("program", [np.load(x_path)])
+np.save(out_path, np.asarray(h))
+print(client.object_count(), flush=True)
+if ending == "close":
+    client.close()
+else:
+    sys.stdin.read()   # holds its objects until it is killed
+"""
+
+
+def start_remote(endpoint, tmp_path, plan, name, ending):
+    """Starts a client process that runs `plan` on X through `endpoint`."""
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    np.save(tmp_path / "x.npy", X)
+    return subprocess.Popen(
+        [sys.executable, "-c", _REMOTE, str(tmp_path / "plan.json"), str(endpoint.address[1]),
+         endpoint.key_path, str(tmp_path / "x.npy"), str(tmp_path / f"{name}.npy"), ending],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def read_line(proc, timeout=TIMEOUT):
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "the client process printed nothing in time"
+    return proc.stdout.readline()
+
+
+def wait_dropped(sock, timeout=30):
+    """Reads until the endpoint closes `sock`; fails if it is still open after `timeout`."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+
+
+def wait_released(runtime, timeout=30):
+    deadline = time.monotonic() + timeout
+    while sum(runtime.usage().values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sum(runtime.usage().values())
+
+
+def endpoint_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("pw-endpoint")]
+
+
+def raw_frame(header: bytes) -> bytes:
+    return struct.pack(">I", len(header)) + header
+
+
+def test_frames_carry_numeric_arrays_only():
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(10), b.settimeout(10)
+        arrays = [np.arange(6, dtype=d).reshape(2, 3) for d in ("int8", "uint16", "int64", "float16", "float64")]
+        arrays += [np.array(True), np.zeros((0, 4), np.complex64), np.ones(5, jnp.bfloat16),
+                   np.arange(12, dtype=">i4")[::2]]
+        send_message(a, {"op": "x", "n": [1, "two"]}, arrays)
+        header, got = recv_message(b)
+        assert header == {"op": "x", "n": [1, "two"]}
+        for want, value in zip(arrays, got):
+            assert value.dtype == want.dtype.newbyteorder("=") and value.shape == want.shape
+            np.testing.assert_array_equal(value, want)
+        with pytest.raises(ValueError, match="dtype object cannot be sent"):
+            send_message(a, {}, [np.array([Payload("x")])])
+        with pytest.raises(ValueError, match="dtype <U3 cannot be sent"):
+            send_message(a, {}, [np.array(["abc"])])
+
+        bad = {
+            b'{"arrays": [["float32", [1099511627776]]]}': "over the limit",   # 2^40 elements
+            b'{"arrays": [["float32", [65536, 65536]], ["int8", [1]]]}': "over the limit",
+            b'{"arrays": [["object", [1]]]}': "dtype 'object' is not allowed",
+            b'{"arrays": [["O", [1]]]}': "dtype 'O' is not allowed",
+            b'{"arrays": [["float32", [-1]]]}': "non-negative integers",
+            b'{"arrays": [["float32", [true]]]}': "non-negative integers",
+            b'{"arrays": [["float32", [' + b",".join([b"1"] * 33) + b"]]]}": "non-negative integers",
+            b'{"arrays": [["float32"]]}': r"\[dtype, shape\]",
+            b'{"arrays": 3}': "must be a list",
+            b"[1, 2]": "not a JSON object",
+            b"{" * 100000: "not JSON",
+            b"\xff\xfe": "not JSON",
+            pickle.dumps(Payload("never")): "not JSON",
+        }
+        for header, error in bad.items():
+            a.sendall(raw_frame(header))
+            start = time.monotonic()
+            with pytest.raises(ProtocolError, match=error):
+                recv_message(b)
+            assert time.monotonic() - start < 5      # rejected before allocating or reading
+        assert MAX_ARRAY_BYTES < 1 << 40
+        a.sendall(struct.pack(">I", 1 << 31))
+        with pytest.raises(ProtocolError, match="header of 2147483648 bytes"):
+            recv_message(b)
+
+
+def test_key_is_random_per_service_private_and_removed_on_close(runtime, tmp_path):
+    chosen = tmp_path / "service.key"
+    chosen.write_text("stale\n")
+    one, two = Endpoint(runtime), Endpoint(runtime, key_path=str(chosen))
+    try:
+        assert two.key_path == str(chosen)
+        for endpoint in (one, two):
+            assert endpoint.address[0] == "127.0.0.1"
+            assert stat.S_IMODE(os.stat(endpoint.key_path).st_mode) == 0o600
+            assert os.stat(endpoint.key_path).st_uid == os.getuid()
+        keys = [open(e.key_path).read() for e in (one, two)]
+        assert keys[0] != keys[1] and len(bytes.fromhex(keys[0])) == 32
+        with RemoteClient(two.address, key=bytes.fromhex(keys[1]), timeout=TIMEOUT) as client:
+            assert client.object_count() == 0
+        with pytest.raises(ValueError, match="key_path or its key"):
+            RemoteClient(one.address)
+    finally:
+        one.close()
+        two.close()
+    assert not os.path.exists(one.key_path) and not os.path.exists(os.path.dirname(one.key_path))
+    assert not chosen.exists() and not list(tmp_path.iterdir())
+    one.close()                                     # closing twice is harmless
+    assert not endpoint_threads()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(one.address, timeout=10)
+
+
+def test_clients_check_the_endpoint_and_time_out_waiting():
+    key, timed_out = secrets.token_bytes(32), threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)
+
+        def impostor_then_silent():
+            with server.accept()[0] as first:            # does not hold the key
+                first.sendall(b"PWE1" + secrets.token_bytes(32))
+                first.recv(64)
+                first.sendall(secrets.token_bytes(32))
+            with server.accept()[0] as second:           # holds it, then never replies
+                _server_handshake(second, key)
+                timed_out.wait(30)
+
+        thread = threading.Thread(target=impostor_then_silent, daemon=True)
+        thread.start()
+        with pytest.raises(AuthenticationError, match="does not hold the key"):
+            RemoteClient(server.getsockname(), key=key)
+        client = RemoteClient(server.getsockname(), key=key, timeout=0.5)
+        with pytest.raises(TimeoutError, match="no reply from the endpoint in 0.5 s"):
+            client.object_count()
+        timed_out.set()
+        with pytest.raises(OSError):
+            client.object_count()                        # closed: a late reply cannot answer it
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path):
+    plan, want = program(runtime.resources.topology)
+    control, target = tmp_path / "control", tmp_path / "pwned"
+    pickle.loads(pickle.dumps(Payload(control))).close()
+    assert control.exists()                          # the payload is live: unpickling it creates a file
+    payload = pickle.dumps(Payload(target))
+    endpoint = Endpoint(runtime, handshake_timeout=1.0)
+    opened, procs = [], []
+    try:
+        live = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)   # served all along
+        opened.append(live._socket)
+        for first_bytes in (b"", b"PWE1" + bytes(10)):                       # half-open connections
+            s = socket.create_connection(endpoint.address, timeout=10)
+            s.sendall(first_bytes)
+            opened.append(s)
+
+        old = mpc.Client(endpoint.address)           # the old multiprocessing-connection style
+        old.send(Payload(target))
+        wait_dropped(socket.socket(fileno=os.dup(old.fileno())))
+        old.close()
+        with pytest.raises((OSError, EOFError, mpc.AuthenticationError)):
+            mpc.Client(endpoint.address, authkey=b"pathways-mlir")            # the old public key
+
+        raw = socket.create_connection(endpoint.address, timeout=10)
+        raw.sendall(payload)
+        wait_dropped(raw)
+        raw.close()
+
+        with pytest.raises(AuthenticationError, match="refused the key"):
+            RemoteClient(endpoint.address, key=secrets.token_bytes(32))
+        (tmp_path / "wrong.key").write_text(secrets.token_hex(32))
+        with pytest.raises(AuthenticationError):
+            RemoteClient(endpoint.address, key_path=str(tmp_path / "wrong.key"))
+
+        # Even with the key: pickle is not a frame, and oversized or object arrays are refused.
+        for frame, error in [(raw_frame(payload), "not JSON"),
+                             (raw_frame(b'{"op":"run","name":"p","dispatch":"parallel",'
+                                        b'"arrays":[["float32",[1099511627776]]]}'), "over the limit"),
+                             (raw_frame(b'{"op":"run","arrays":[["object",[1]]]}'), "not allowed")]:
+            insider = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+            insider._socket.sendall(frame)
+            reply, _ = recv_message(insider._socket)
+            assert reply["ok"] is False and error in reply["error"]
+            wait_dropped(insider._socket)
+            insider._socket.close()
+
+        for request, error in [({"op": "exec", "code": "print(1)"}, "unknown request 'exec'"),
+                               ({"op": ["run"]}, r"unknown request \"\['run'\]\""),
+                               ({"op": "fetch", "handle": "0"}, "needs 'handle' as int"),
+                               ({"op": "fetch", "handle": 7}, "no handle 7"),
+                               ({"op": "load", "name": "p", "plan": "{}"}, "KeyError"),
+                               ({"op": "run", "name": "p", "dispatch": "parallel"}, "no plan is loaded")]:
+            with pytest.raises(RemoteError, match=error):
+                live._call(request)
+        assert live.object_count() == 0              # bad requests leave the connection serving
+
+        assert not target.exists()
+        procs.append(start_remote(endpoint, tmp_path, plan, "later", "close"))
+        out, _ = procs[0].communicate(timeout=TIMEOUT)
+        assert procs[0].returncode == 0 and out.split() == ["1"]
+        np.testing.assert_allclose(np.load(tmp_path / "later.npy"), want, rtol=1e-6)
+        live.close()
+        for s in opened[1:]:
+            wait_dropped(s)                          # the handshake timeout dropped the half-open ones
+        assert not target.exists()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
+        endpoint.close()
+        for s in opened:
+            s.close()
+    assert not endpoint_threads()
+    assert wait_released(runtime) == 0
+
+
+def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path):
+    plan, want = program(runtime.resources.topology)
+    endpoint = Endpoint(runtime)
+    procs = []
+    try:
+        procs = [start_remote(endpoint, tmp_path, plan, "clean", "close"),
+                 start_remote(endpoint, tmp_path, plan, "killed", "hold")]
+        assert read_line(procs[1]).split() == ["1"]          # each sees only its own object
+        out, _ = procs[0].communicate(timeout=TIMEOUT)
+        assert procs[0].returncode == 0 and out.split() == ["1"]
+        for name in ("clean", "killed"):
+            np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), want, rtol=1e-6)
+        assert runtime.object_count() >= 1                   # the second process still holds its result
+        procs[1].kill()                                      # dies mid-session
+        procs[1].wait(timeout=30)
+        assert wait_released(runtime) == 0 and runtime.object_count() == 0
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
+        endpoint.close()
