@@ -1,4 +1,4 @@
-// RUN: pw-opt %s --split-input-file --pass-pipeline='builtin.module(pw-lower{topology=2x4})' | FileCheck %s
+// RUN: pw-opt %s --split-input-file --pass-pipeline='builtin.module(pw-lower{topology=2x4 strategy=spread})' | FileCheck %s
 
 // pw-lower turns device-agnostic programs into verified per-island plans.
 
