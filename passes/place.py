@@ -46,13 +46,16 @@ The model (passes/placement_cost.py) estimates a step:
   receives);
 - host values (program arguments, `pw.cond` results) start where they are
   first used, free; a `pw.cond`'s branches count as programs of their own;
-  a loop inside a compiled function counts once (passes/cost.py).
+  a loop inside a compiled function counts once per trip where its trip
+  count is static, else once (passes/cost.py).
 
 `explain=true` writes, per slice, `pw.placement_cost = {compute_ns,
 transfer_ns, step_ns, runner_up = {island, devices, step_ns}}`: its computes'
 time, the time of the transfers into it, the estimated step, and the best
 other candidate for this slice with the others where they are (absent if it
-had none).
+had none); `unknown_trip_counts = n` says that n loops of its computations
+were counted once, their trip count not being static. A step of -1 ns is a
+placement that cannot run (islands the DCN does not join).
 
 `pin="v0=island1:4,v1=island0"` forces slice @v0 onto devices [4, 4+size) of
 island1 and slice @v1 onto island0 (devices chosen by the strategy); a pin
@@ -287,6 +290,8 @@ class _Search:
         self.place(plan, name, old)
         value = {"compute_ns": _ns(estimate.compute_s[name]), "transfer_ns": _ns(estimate.transfer_s[name]),
                  "step_ns": _ns(estimate.step_s)}
+        if name in self.model.unknown_trip_counts:
+            value["unknown_trip_counts"] = self.model.unknown_trip_counts[name]
         if others:
             cost, window = min(others)
             value["runner_up"] = {"island": window.island, "step_ns": _ns(cost),

@@ -162,6 +162,7 @@ class Model:
         self.programs: list[list[_Node]] = []
         self.values: list[tuple[tuple[int, ...], int]] = []  # (shape, bytes) by value id
         self.needs: dict[str, Need] = {}
+        self.unknown_trip_counts: dict[str, int] = {}  # per slice: loops its computations count once
         costs = {name: executable_cost(e) for name, e in ops.executables(module).items()}
         for program in ops.programs(module).values():
             self.programs.append(self._read(program, costs))
@@ -186,6 +187,8 @@ class Model:
                 if s is None or ops.attr(op, "callee") not in costs:
                     continue  # pw-verify reports it
                 cost = compute_cost(op, costs[ops.attr(op, "callee")], s)
+                if cost.unknown_trip_counts:
+                    self.unknown_trip_counts[name] = self.unknown_trip_counts.get(name, 0) + cost.unknown_trip_counts
                 inputs = [(self._value(v, ids), (name, sh)) for v, sh in zip(op.operands, ops.in_shardings(op))]
                 outputs = [(self._value(v, ids), (name, sh)) for v, sh in zip(op.results, ops.out_shardings(op))]
                 nodes.append(_Node(name, cost.flops, cost.bytes, inputs, outputs))

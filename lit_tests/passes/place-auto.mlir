@@ -126,3 +126,32 @@ func.func @big(%x: tensor<64x16xf32>) -> tensor<64x16xf32> attributes {pw.progra
   return %a : tensor<64x16xf32>
 }
 }
+
+// -----
+
+// A loop whose trip count is not static is counted once, and explain says so.
+// CHECK-LABEL: module attributes {pw.topology
+// CHECK: pw.placement_cost = {{{.*}}unknown_trip_counts = 1 : i64}, {{.*}}sym_name = "a"
+// SPREAD-LABEL: module attributes {pw.topology
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1073741824, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @until attributes {pw.executable} {
+  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = "stablehlo.while"(%a) ({
+    ^bb0(%x: tensor<4xf32>):
+      %c = "stablehlo.constant"() {value = dense<true> : tensor<i1>} : () -> tensor<i1>
+      "stablehlo.return"(%c) : (tensor<i1>) -> ()
+    }, {
+    ^bb0(%x: tensor<4xf32>):
+      %y = "stablehlo.multiply"(%x, %x) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+      "stablehlo.return"(%y) : (tensor<4xf32>) -> ()
+    }) : (tensor<4xf32>) -> tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}
+func.func @loop(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @until, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "a#0"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+}
