@@ -39,7 +39,7 @@ from .registry import Pass, register
 class AliasSlicesPass(Pass):
     __doc__ = __doc__
     name = "pw-alias-slices"
-    summary = "Move the computations of slices placed on the same devices onto one slice, so no copy moves nothing"
+    summary = "Move the computations of slices placed on the same devices onto one slice, so their values need no copy"
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if ops.LOWERED in module.attributes:

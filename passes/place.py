@@ -162,6 +162,7 @@ class _Placer:
                          f"({i.device_kind}, {i.device_memory_bytes} bytes each)" for i in self.topology.islands)
 
     def mismatch(self, s: ops.VirtualSlice, island: Island) -> str | None:
+        """Returns why `island` cannot hold slice `s`, or None if it can."""
         return _mismatch(s, island, self.loads.devices[island.name].count, self.needs.get(s.name))
 
     def ranked(self, s: ops.VirtualSlice, islands: list[Island]) -> list[Window]:
@@ -200,6 +201,7 @@ class _Search:
         return out
 
     def cost(self, plan: dict[str, Window]) -> float:
+        """Returns the estimated step time of a (partial) plan."""
         return self.model.estimate(plan).step_s
 
     def run(self) -> dict[str, Window]:
@@ -212,10 +214,12 @@ class _Search:
         return self.exact() if combinations <= EXACT_COMBINATIONS else self.local(self.greedy())
 
     def place(self, plan: dict[str, Window], name: str, window: Window) -> None:
+        """Puts slice `name` on `window` in `plan` and in the loads."""
         plan[name] = window
         self.placer.loads.add(window)
 
     def unplace(self, plan: dict[str, Window], name: str) -> Window:
+        """Takes slice `name` out of `plan` and the loads; returns its window."""
         window = plan.pop(name)
         self.placer.loads.remove(window)
         return window

@@ -37,6 +37,7 @@ class Window:
 
     @property
     def end(self) -> int:
+        """Returns the position after the window's last device."""
         return self.start + self.size
 
 
@@ -80,9 +81,11 @@ class Loads:
         self.windows: dict[str, list[Window]] = {i.name: [] for i in topology.islands}
 
     def add(self, window: Window) -> None:
+        """Records a placed window."""
         self.windows[window.island].append(window)
 
     def remove(self, window: Window) -> None:
+        """Forgets one placed window."""
         self.windows[window.island].remove(window)
 
     def total(self, island: str) -> int:
@@ -120,7 +123,7 @@ class Need:
 
 @dataclass
 class _Node:
-    slice: str | None              # None: a host step (pw.cond)
+    slice: str | None              # None: a host step (pw.cond, or data movement already inserted)
     flops: int
     bytes: int
     inputs: list[tuple[int, Home | None]]   # (value id, where it is used; None: the host reads it)
@@ -160,7 +163,7 @@ class Model:
         self.slices = slices
         self.islands = {i.name: i for i in topology.islands}
         self.programs: list[list[_Node]] = []
-        self.values: list[tuple[tuple[int, ...], int]] = []  # (shape, bytes) by value id
+        self.values: list[int] = []  # bytes by value id
         self.needs: dict[str, Need] = {}
         self.unknown_trip_counts: dict[str, int] = {}  # per slice: loops its computations count once
         costs = {name: executable_cost(e) for name, e in ops.executables(module).items()}
@@ -170,9 +173,7 @@ class Model:
     def _value(self, value: ir.Value, ids: dict[ir.Value, int]) -> int:
         if value not in ids:
             ids[value] = len(self.values)
-            shape = ops.tensor_shape(value.type) if isinstance(value.type, ir.RankedTensorType) else ()
-            nbytes = ops.tensor_bytes(value.type) if isinstance(value.type, ir.RankedTensorType) else 0
-            self.values.append((shape, nbytes))
+            self.values.append(ops.tensor_bytes(value.type) if isinstance(value.type, ir.RankedTensorType) else 0)
         return ids[value]
 
     def _read(self, program: ir.Operation, costs) -> list[_Node]:
@@ -193,13 +194,7 @@ class Model:
                 outputs = [(self._value(v, ids), (name, sh)) for v, sh in zip(op.results, ops.out_shardings(op))]
                 nodes.append(_Node(name, cost.flops, cost.bytes, inputs, outputs))
                 self._note_need(op, s, state)
-            elif op.name in ops.DATA_MOVEMENT_OPS:
-                key = ("sharding", "sharding") if op.name == "pw.transfer" else ("src_sharding", "dst_sharding")
-                src, dst = (ops.attr(op, "src"), Sharding.from_python(ops.attr(op, key[0]))), \
-                    (ops.attr(op, "dst"), Sharding.from_python(ops.attr(op, key[1])))
-                nodes.append(_Node(None, 0, 0, [(self._value(op.operands[0], ids), src)],
-                                   [(self._value(op.results[0], ids), dst)]))
-            elif op.name != "func.return":
+            elif op.name != "func.return":  # a host step: it reads its operands, its results start on the host
                 nodes.append(_Node(None, 0, 0, [(self._value(v, ids), None) for v in op.operands],
                                    [(self._value(v, ids), None) for v in op.results]))
         return nodes
@@ -221,6 +216,7 @@ class Model:
     # -- estimates ---------------------------------------------------------
 
     def compute_seconds(self, node: _Node, island: str) -> float:
+        """Returns one computation's time on each device of its slice, on `island`'s kind of device."""
         flops_rate, bytes_rate = _rates(self.islands[island])
         return node.flops / flops_rate + node.bytes / bytes_rate
 
@@ -231,7 +227,7 @@ class Model:
         a, b = plan[have[0]], plan[want[0]]
         if a == b and same_layout(have, want, self.slices):
             return 0.0, False
-        shape, nbytes = self.values[value]
+        nbytes = self.values[value]
         if a.island == b.island:
             ici = self.islands[a.island].ici
             dst = self.slices[want[0]]

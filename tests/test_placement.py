@@ -89,3 +89,15 @@ def test_buffers_larger_than_any_device_are_a_placement_error():
     with pytest.raises(LoweringError, match=r"cannot place slice @slice_a: computation 'block_a#0' needs "
                                             r"70368744177664 bytes per device .*value %arg0 "):
         lower(huge, Topology.uniform(2, 4))
+
+
+def test_a_pin_to_devices_too_small_says_what_the_buffers_need():
+    big = THREE_BLOCKS.replace("8x16xf32", "8192x16384xf32")  # 512 MiB, 256 MiB per device of slice_a
+    topology = Topology((Island("small", "cpu", 1, 4, 1 << 28, Link(1.0, 100.0)),
+                         Island("large", "cpu", 1, 4, 1 << 30, Link(1.0, 100.0))), Link(100.0, 25.0))
+    with pytest.raises(LoweringError, match=r"slice @slice_a is pinned to small, which cannot hold it: its devices "
+                                            r"have 268435456 bytes, but computation 'block_a#0' needs 536870912 bytes"):
+        lower(big, topology, pin="slice_a=small")
+    placed = lower(big, topology)
+    assert {ops.attr(op, ops.PLACEMENT)["island"] for op in ops.top_level_ops(placed)
+            if op.name == "pw.virtual_slice"} == {"large"}
