@@ -180,7 +180,7 @@ class _Placer:
 
 
 class _Search:
-    """strategy=auto: the placement with the least estimated step time (see the pass's docstring)."""
+    """Each slice's candidate windows, and strategy=auto's search among them (see the pass's docstring)."""
 
     def __init__(self, placer: _Placer, model: Model, slices: dict[str, ops.VirtualSlice],
                  allowed: dict[str, Window | list[Island]]):
