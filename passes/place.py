@@ -11,10 +11,10 @@ largest value. Slices may share devices (their computations are then
 time-multiplexed by the island's scheduler). Strategies:
 
 - `strategy=auto` (default): the placement with the least estimated step
-  time of the module's programs (the model below). With few choices
-  (at most 4096 combinations of each slice's candidates) every combination is
-  tried; beyond, slices are placed greedily in module order, then moved one
-  at a time while that helps (at most 4 rounds). A slice's candidates are,
+  time of the module's programs (the model below). With few choices (the
+  combinations of each slice's candidates, times the module's ops, at most
+  200,000) every combination is tried; beyond, slices are placed greedily in
+  module order, then moved one at a time while that helps (at most 4 rounds). A slice's candidates are,
   per island, its least loaded window, and the devices of every slice
   already placed with its mesh shape (sharing them lets values stay put):
   O(slices + islands) candidates per slice, never O(devices). Ties go to
@@ -95,7 +95,7 @@ from .placement_cost import Estimate, Loads, Model, Need, Window
 from .registry import Option, OptionError, Pass, register
 
 STRATEGIES = ("auto", "spread", "pack")
-EXACT_COMBINATIONS = 4096
+EXACT_WORK = 200_000  # combinations x ops estimated, at most, by the exhaustive search
 LOCAL_ROUNDS = 4
 _PIN = re.compile(r"(?P<slice>[\w.$-]+)=(?P<island>[\w.$-]+)(?::(?P<first>\d+))?")
 
@@ -211,7 +211,7 @@ class _Search:
             allowed = self.allowed[name]
             same = sum(self.slices[o].shape == self.slices[name].shape for o in self.order[:n])
             combinations *= 1 if isinstance(allowed, Window) else len(allowed) + same
-        return self.exact() if combinations <= EXACT_COMBINATIONS else self.local(self.greedy())
+        return self.exact() if combinations * max(1, self.model.ops) <= EXACT_WORK else self.local(self.greedy())
 
     def place(self, plan: dict[str, Window], name: str, window: Window) -> None:
         """Puts slice `name` on `window` in `plan` and in the loads."""

@@ -169,6 +169,7 @@ class Model:
         costs = {name: executable_cost(e) for name, e in ops.executables(module).items()}
         for program in ops.programs(module).values():
             self.programs.append(self._read(program, costs))
+        self.ops = sum(len(nodes) for nodes in self.programs)  # what one estimate walks
 
     def _value(self, value: ir.Value, ids: dict[ir.Value, int]) -> int:
         if value not in ids:
