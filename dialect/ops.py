@@ -12,6 +12,10 @@ Marks (discardable attributes) that the dialect defines on other ops:
     pw.island_plan  (dict, on builtin.module)    the module is one island's plan
     pw.topology     (dict, on the top module)    the physical cluster
     pw.placement    (dict, on pw.virtual_slice)  island and devices of a slice
+    pw.placement_cost (dict, on pw.virtual_slice) pw-place{explain}: estimated
+                                                 costs and the runner-up
+    pw.alias        (symbol, on pw.virtual_slice) the slice's computations moved
+                                                 to this slice on the same devices
     pw.lowered      (unit, on the top module)    data movement is explicit
     pw.home         (dict, on program arguments) slice and sharding the runtime
                                                  puts a host value on
@@ -47,6 +51,8 @@ EXPORT = "pw.export"
 ISLAND_PLAN = "pw.island_plan"
 TOPOLOGY = "pw.topology"
 PLACEMENT = "pw.placement"
+PLACEMENT_COST = "pw.placement_cost"
+ALIAS = "pw.alias"
 LOWERED = "pw.lowered"
 HOME = "pw.home"
 RESULT_HOMES = "pw.result_homes"

@@ -65,11 +65,6 @@ class Island:
         """Returns the number of devices, available or not."""
         return self.hosts * self.devices_per_host
 
-    def available(self) -> list[int]:
-        """Returns the island-local ids of the devices that can be used."""
-        down = set(self.unavailable)
-        return [d for d in range(self.num_devices) if d not in down]
-
     def host_of(self, device: int) -> int:
         """Returns the host that holds island-local device `device`."""
         return device // self.devices_per_host

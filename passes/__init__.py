@@ -2,12 +2,13 @@
 
 Importing this package registers every pass and pipeline. The lowering API:
 
-    lower(module_or_text, topology, strategy="spread", pin="") -> ir.Module
+    lower(module_or_text, topology, strategy="auto", pin="") -> ir.Module
     program_plans(lowered_module) -> dict[str, ProgramPlan]
 """
 
 from . import verify  # noqa: F401  (registers pw-verify)
 from . import place  # noqa: F401  (registers pw-place)
+from . import alias_slices  # noqa: F401  (registers pw-alias-slices)
 from . import insert_transfers  # noqa: F401  (registers pw-insert-transfers)
 from . import mark_static_subgraphs  # noqa: F401  (registers pw-mark-static-subgraphs)
 from . import schedule  # noqa: F401  (registers pw-schedule)

@@ -10,9 +10,13 @@ FLOPs count the arithmetic the ops ask for, not what a backend fuses away:
   result element;
 - everything else (constants, reshapes, broadcasts, slices, ...): none.
 
-Every function of the compiled module counts once, and so does the body of
-a loop (trip counts are not known statically); the combiner regions of
-reductions, scatters and sorts are part of their op's count.
+Counting starts at the entry function and follows `func.call`s, so a
+function counts once per call. A `stablehlo.while` counts its condition and
+body once per trip when the trip count is static (a counter that starts at a
+constant, is compared `LT` with a constant and grows by a constant step, as
+`jax.lax.fori_loop` writes it); otherwise they count once, and the cost says
+how many loops it could not count (`unknown_trip_counts`). The combiner
+regions of reductions, scatters and sorts are part of their op's count.
 
 Bytes are the compiled function's argument and result bytes: the memory
 traffic it cannot avoid. Shapes must be static.
@@ -43,10 +47,14 @@ class Cost:
 
     flops: int
     bytes: int
+    unknown_trip_counts: int = 0  # loops counted once because their trip count is not static
 
     def to_python(self) -> dict[str, int]:
-        """Returns the `pw.cost` attribute value."""
-        return {"flops": self.flops, "bytes": self.bytes}
+        """Returns the `pw.cost` attribute value (`unknown_trip_counts` only when there are some)."""
+        value = {"flops": self.flops, "bytes": self.bytes}
+        if self.unknown_trip_counts:
+            value["unknown_trip_counts"] = self.unknown_trip_counts
+        return value
 
 
 def _elements(type_: ir.Type) -> int:
@@ -86,22 +94,71 @@ def op_flops(op: ir.Operation) -> int:
     return 0
 
 
-def _walk(op: ir.Operation):
+def _constant(value: ir.Value) -> int | None:
+    """Returns the integer a scalar `stablehlo.constant` holds, or None."""
+    op = ops.producer(value)
+    if op is None or op.name != "stablehlo.constant":
+        return None
+    attr = op.attributes["value"]
+    if not isinstance(attr, ir.DenseIntElementsAttr) or len(ir.DenseIntElementsAttr(attr)) != 1:
+        return None
+    return int(ir.DenseIntElementsAttr(attr)[0])
+
+
+def trip_count(loop: ir.Operation) -> int | None:
+    """Returns the static trip count of a `stablehlo.while`, or None (see the module docstring)."""
+    cond, body = (region.blocks[0] for region in loop.regions)
+    compare = ops.producer(list(cond.operations)[-1].operands[0])
+    if compare is None or compare.name != "stablehlo.compare" \
+            or "LT" not in _attr_text(compare, "comparison_direction"):
+        return None
+    counter, limit = compare.operands
+    if not isinstance(counter, ir.BlockArgument) or _constant(limit) is None:
+        return None
+    index = ir.BlockArgument(counter).arg_number
+    start = _constant(loop.operands[index])
+    step_op = ops.producer(list(body.operations)[-1].operands[index])
+    if start is None or step_op is None or step_op.name != "stablehlo.add":
+        return None
+    steps = [_constant(v) for v in step_op.operands
+             if not (isinstance(v, ir.BlockArgument) and ir.BlockArgument(v).arg_number == index)]
+    if len(steps) != 1 or steps[0] is None or steps[0] <= 0:
+        return None
+    return max(0, -(-(_constant(limit) - start) // steps[0]))
+
+
+def _flops(op: ir.Operation, functions: dict[str, ir.Operation], seen: tuple[str, ...]) -> tuple[int, int]:
+    """Returns (FLOPs, loops of unknown trip count) of the ops inside `op`'s regions."""
+    flops = unknown = 0
     for region in op.regions:
         for block in region.blocks:
             for child in block.operations:
-                yield child.operation
-                if child.operation.name not in COMBINERS:
-                    yield from _walk(child.operation)
+                child = child.operation
+                if child.name == "func.call":
+                    callee = ops.attr(child, "callee")
+                    if callee in functions and callee not in seen:
+                        f, u = _flops(functions[callee], functions, (*seen, callee))
+                        flops, unknown = flops + f, unknown + u
+                    continue
+                flops += op_flops(child)
+                if child.name in COMBINERS:
+                    continue
+                f, u = _flops(child, functions, seen)
+                if child.name == "stablehlo.while":
+                    trips = trip_count(child)
+                    f, u = (f, u + 1) if trips is None else (f * trips, u * min(trips, 1))
+                flops, unknown = flops + f, unknown + u
+    return flops, unknown
 
 
 def executable_cost(executable: ir.Operation) -> Cost:
     """Returns the cost of a compiled function (a module marked `pw.executable`)."""
-    flops = sum(op_flops(op) for op in _walk(executable))
     entry = ops.executable_entry(executable)
+    functions = {ops.symbol_name(op): op for op in ops.top_level_ops(executable) if op.name == "func.func"}
+    flops, unknown = _flops(entry, functions, (ops.symbol_name(entry),))
     signature = ops.function_type(entry)
     nbytes = sum(ops.tensor_bytes(t) for t in [*signature.inputs, *signature.results])
-    return Cost(flops, nbytes)
+    return Cost(flops, nbytes, unknown)
 
 
 def compute_cost(compute: ir.Operation, whole: Cost, slice_: ops.VirtualSlice) -> Cost:
@@ -116,11 +173,12 @@ def compute_cost(compute: ir.Operation, whole: Cost, slice_: ops.VirtualSlice) -
     operands = list(zip([v.type for v in compute.operands], ops.in_shardings(compute)))
     ways = max(results, key=lambda r: _elements(r[0]))[1].ways(sizes) if results else 1
     nbytes = sum(ops.tensor_bytes(t) // s.ways(sizes) for t, s in operands + results)
-    return Cost(whole.flops // ways, nbytes)
+    return Cost(whole.flops // ways, nbytes, whole.unknown_trip_counts)
 
 
 def fused_cost(executable: ir.Operation, parts: dict[str, Cost]) -> Cost:
     """Returns the cost of a fused executable (`pw.fused`): its parts' work, its own signature's bytes."""
     signature = ops.function_type(ops.executable_entry(executable))
     nbytes = sum(ops.tensor_bytes(t) for t in [*signature.inputs, *signature.results])
-    return Cost(sum(parts[c["callee"]].flops for c in ops.attr(executable, ops.FUSED)["calls"]), nbytes)
+    called = [parts[c["callee"]] for c in ops.attr(executable, ops.FUSED)["calls"]]
+    return Cost(sum(c.flops for c in called), nbytes, sum(c.unknown_trip_counts for c in called))

@@ -9,6 +9,7 @@ from pathways_mlir.dialect.context import make_context
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.topology import Topology
 
+from .alias_slices import AliasSlicesPass
 from .emit_plans import EmitPlansPass
 from .fuse_launches import FuseLaunchesPass
 from .insert_transfers import InsertTransfersPass
@@ -33,13 +34,16 @@ class LoweringError(ValueError):
 @register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, fuse launches, schedule and emit "
                    "per-island plans", options=PlacePass.options + (
                        Option("fuse", bool, True, "fuse consecutive launches on one slice (pw-fuse-launches)"),))
-def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "", fuse: bool = True) -> list[Pass]:
+def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", explain: bool = False,
+                   fuse: bool = True) -> list[Pass]:
     """Lowers device-agnostic programs to per-island plans, in four phases,
     each ended by a verifier so that a bug is caught at the pass that made it:
 
     0. `pw-verify` on the input: the passes below assume well-formed pw IR.
     1. `pw-place` first: every later pass needs the island of each slice.
-       `pw-verify` then checks the placements (device counts, ranges).
+       `pw-alias-slices` right after, so that slices placed on the same
+       devices share buffers before any transfer is inserted. `pw-verify`
+       then checks the placements (device counts, ranges).
     2. `pw-insert-transfers` needs placements (links depend on islands) and
        comes before anything that groups, orders or counts ops, since it adds
        ops. `pw-verify` then holds the module to its lowered rule: every
@@ -63,14 +67,14 @@ def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "", 
     """
     return [
         VerifyPass(),
-        PlacePass(topology=topology, strategy=strategy, pin=pin), VerifyPass(),
+        PlacePass(topology=topology, strategy=strategy, pin=pin, explain=explain), AliasSlicesPass(), VerifyPass(),
         InsertTransfersPass(), VerifyPass(),
         MarkStaticSubgraphsPass(), *([FuseLaunchesPass()] if fuse else []), SchedulePass(), VerifySchedulePass(),
         EmitPlansPass(), PlanMemoryPass(), VerifyPass(),
     ]
 
 
-def lower(module: ir.Module | str, topology: Topology, strategy: str = "spread", pin: str = "",
+def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", pin: str = "",
           fuse: bool = True) -> ir.Module:
     """Lowers a device-agnostic module onto `topology`; returns a new, lowered module.
 

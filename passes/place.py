@@ -1,19 +1,61 @@
 """`pw-place`: maps every virtual slice to physical devices of one island.
 
 The resource manager's map, as a pass. Each slice gets `size` distinct
-devices (one physical device per virtual device) of one island that meets
-its constraints: `device_kind`, `island`, `min_memory_bytes` (per device);
-`same_island` always holds, since a slice never spans islands. Unavailable
-devices are skipped. Slices may share devices (their computations are then
-time-multiplexed by the island's scheduler), so the heuristic balances the
-number of virtual devices each physical device serves, as the paper's
-resource manager does. Slices are placed in module order:
+devices (one physical device per virtual device), consecutive among the
+available devices of one island that meets its constraints: `device_kind`,
+`island`, `min_memory_bytes` (per device); `same_island` always holds, since
+a slice never spans islands. Its devices must also hold, per device, the
+operands and results of each of its computations (shards of them): a slice
+no island can hold is an error naming the bytes, the computation and its
+largest value. Slices may share devices (their computations are then
+time-multiplexed by the island's scheduler). Strategies:
 
-- `strategy=spread` (default): the window of consecutive available devices
-  with the least load, ties broken towards the least loaded island, then the
-  first island, then the first window;
-- `strategy=pack`: the first island that still has a window of idle devices,
-  else the least loaded window anywhere.
+- `strategy=auto` (default): the placement with the least estimated step
+  time of the module's programs (the model below). With few choices (the
+  combinations of each slice's candidates, times the module's ops, at most
+  200,000) every combination is tried; beyond, slices are placed greedily in
+  module order, then moved one at a time while that helps (at most 4 rounds). A slice's candidates are,
+  per island, its least loaded window, and the devices of every slice
+  already placed with its mesh shape (sharing them lets values stay put):
+  O(slices + islands) candidates per slice, never O(devices). Ties go to
+  the `spread` placement.
+- `strategy=spread`: slices in module order, each on the window of
+  consecutive available devices with the least load (the number of virtual
+  devices each serves), ties broken towards the least loaded island, then
+  the first island, then the first window; it ignores communication.
+- `strategy=pack`: the first island that still has a window of idle
+  devices, else the least loaded window anywhere.
+
+The model (passes/placement_cost.py) estimates a step:
+
+- compute: each `pw.compute` takes flops / F + bytes / B seconds on each
+  device (its cost from pw-schedule's model: the work over its slice's
+  shards), with (F, B) per device kind: cpu (1e11 flop/s, 2e10 B/s), gpu
+  (1e14, 2e12), tpu (1e14, 1e12), other (1e12, 1e11);
+- transfers: a value used on another slice or in another sharding moves once
+  per (value, slice, sharding), as pw-insert-transfers moves it: inside an
+  island each device receives its shard over ICI (latency + shard bytes /
+  bandwidth); between islands the whole value crosses the DCN (latency +
+  bytes / bandwidth); islands the DCN does not join cost infinity. Slices on
+  the same devices with the same mesh shape alias (pw-alias-slices), so a
+  value in the same layout moves nothing;
+- the step time is the largest of: each program's critical path (computes
+  and transfers along its dataflow; programs run side by side), each
+  device's busy time (the compute of every slice sharing it, from every
+  program: contention), and each island's DCN time (what it sends and
+  receives);
+- host values (program arguments, `pw.cond` results) start where they are
+  first used, free; a `pw.cond`'s branches count as programs of their own;
+  a loop inside a compiled function counts once per trip where its trip
+  count is static, else once (passes/cost.py).
+
+`explain=true` writes, per slice, `pw.placement_cost = {compute_ns,
+transfer_ns, step_ns, runner_up = {island, devices, step_ns}}`: its computes'
+time, the time of the transfers into it, the estimated step, and the best
+other candidate for this slice with the others where they are (absent if it
+had none); `unknown_trip_counts = n` says that n loops of its computations
+were counted once, their trip count not being static. A step of -1 ns is a
+placement that cannot run (islands the DCN does not join).
 
 `pin="v0=island1:4,v1=island0"` forces slice @v0 onto devices [4, 4+size) of
 island1 and slice @v1 onto island0 (devices chosen by the strategy); a pin
@@ -21,14 +63,15 @@ must still meet the slice's constraints.
 
 The placement is written as `pw.placement = {island, devices}` with devices
 as half-open ranges of island-local ids in mesh order, so its size does not
-grow with the device count. The topology comes from option `topology`
-(a JSON file, or `<islands>x<devices>`) or else from the module's
-`pw.topology`; the one used is written to the module's `pw.topology`.
-Existing placements are replaced.
+grow with the device count; placing costs O(slices) per island whatever the
+number of devices. The topology comes from option `topology` (a JSON file,
+or `<islands>x<devices>`) or else from the module's `pw.topology`; the one
+used is written to the module's `pw.topology`. Existing placements are
+replaced.
 
 Requires: a module whose slices pass pw-verify.
 
-    // before (topology=2x4)
+    // before (topology=2x4, strategy=spread)
     "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}}
     "pw.virtual_slice"() {sym_name = "b", shape = array<i64: 4>, axes = ["x"], constraints = {}}
     // after
@@ -39,18 +82,21 @@ Requires: a module whose slices pass pw-verify.
 
 from __future__ import annotations
 
+import math
 import re
 
-import numpy as np
 from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.topology import Island, Topology, TopologyError
 
+from .placement_cost import Estimate, Loads, Model, Need, Window
 from .registry import Option, OptionError, Pass, register
 
-STRATEGIES = ("spread", "pack")
+STRATEGIES = ("auto", "spread", "pack")
+EXACT_WORK = 200_000  # combinations x ops estimated, at most, by the exhaustive search
+LOCAL_ROUNDS = 4
 _PIN = re.compile(r"(?P<slice>[\w.$-]+)=(?P<island>[\w.$-]+)(?::(?P<first>\d+))?")
 
 
@@ -66,14 +112,6 @@ def parse_pins(text: str) -> dict[str, tuple[str, int | None]]:
     return pins
 
 
-def device_ranges(ids: np.ndarray) -> tuple[int, ...]:
-    """Compresses sorted device ids into half-open ranges (b0, e0, b1, e1, ...)."""
-    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [len(ids)]))
-    return tuple(int(v) for pair in zip(ids[starts], ids[ends - 1] + 1) for v in pair)
-
-
 def _needs(s: ops.VirtualSlice) -> str:
     """Says in words what a slice needs, for error messages."""
     c = s.constraints
@@ -86,7 +124,13 @@ def _needs(s: ops.VirtualSlice) -> str:
     return " ".join(words)
 
 
-def _mismatch(s: ops.VirtualSlice, island: Island, available: int) -> str | None:
+def _memory(need: Need) -> str:
+    """Says in words what a slice's buffers need, for error messages."""
+    return (f"computation '{need.compute}' needs {need.bytes} bytes per device for its operands and results "
+            f"(value {need.value} alone is {need.value_bytes} bytes per device)")
+
+
+def _mismatch(s: ops.VirtualSlice, island: Island, available: int, need: Need | None) -> str | None:
     """Returns why `island` cannot hold slice `s`, or None if it can."""
     c = s.constraints
     if "island" in c and c["island"] != island.name:
@@ -95,72 +139,192 @@ def _mismatch(s: ops.VirtualSlice, island: Island, available: int) -> str | None
         return f"its devices are of kind '{island.device_kind}'"
     if c.get("min_memory_bytes", 0) > island.device_memory_bytes:
         return f"its devices have {island.device_memory_bytes} bytes"
+    if need is not None and need.bytes > island.device_memory_bytes:
+        return f"its devices have {island.device_memory_bytes} bytes, but {_memory(need)}"
     if available < s.size:
         return f"it has {available} available devices"
     return None
 
 
 class _Placer:
-    """Load per device and the choice of devices for one slice at a time."""
+    """The load of every island's devices and the candidate windows of one slice at a time."""
 
-    def __init__(self, topology: Topology, strategy: str):
+    def __init__(self, topology: Topology, strategy: str, needs: dict[str, Need]):
         self.topology = topology
         self.strategy = strategy
-        self.available = {i.name: np.array(i.available(), dtype=np.int64) for i in topology.islands}
-        self.load = {i.name: np.zeros(i.num_devices, dtype=np.int64) for i in topology.islands}
+        self.needs = needs
+        self.loads = Loads(topology)
+        self.index = {i.name: n for n, i in enumerate(topology.islands)}
 
     def free(self) -> str:
         """Describes every island's available devices, for error messages."""
-        return ", ".join(f"{i.name} has {len(self.available[i.name])} of {i.num_devices} devices available "
+        return ", ".join(f"{i.name} has {self.loads.devices[i.name].count} of {i.num_devices} devices available "
                          f"({i.device_kind}, {i.device_memory_bytes} bytes each)" for i in self.topology.islands)
 
     def mismatch(self, s: ops.VirtualSlice, island: Island) -> str | None:
-        return _mismatch(s, island, len(self.available[island.name]))
+        """Returns why `island` cannot hold slice `s`, or None if it can."""
+        return _mismatch(s, island, self.loads.devices[island.name].count, self.needs.get(s.name))
 
-    def best_window(self, island: str, size: int) -> tuple[int, int]:
-        """Returns (load, start) of the least loaded window of `size` available devices."""
-        loads = self.load[island][self.available[island]]
-        sums = np.concatenate(([0], np.cumsum(loads)))
-        windows = sums[size:] - sums[:-size]
-        start = int(np.argmin(windows))
-        return int(windows[start]), start
-
-    def choose(self, s: ops.VirtualSlice, islands: list[Island]) -> tuple[str, np.ndarray]:
-        """Picks the island and devices of slice `s` among islands that can hold it."""
-        candidates = []
-        for index, island in enumerate(islands):
-            load, start = self.best_window(island.name, s.size)
-            total = int(self.load[island.name].sum())
-            if self.strategy == "spread":
-                key = (load, total, index)
-            else:
+    def ranked(self, s: ops.VirtualSlice, islands: list[Island]) -> list[Window]:
+        """Returns the least loaded window of each island, in the strategy's order of preference."""
+        keyed = []
+        for island in islands:
+            load, window = self.loads.best_window(island.name, s.size)
+            index = self.index[island.name]
+            if self.strategy == "pack":
                 key = (0, index) if load == 0 else (1, load, index)
-            candidates.append((key, island.name, start))
-        _, name, start = min(candidates)
-        return name, self.available[name][start:start + s.size]
+            else:
+                key = (load, self.loads.total(island.name), index)
+            keyed.append((key, window))
+        return [w for _, w in sorted(keyed)]
 
-    def take(self, island: str, devices: np.ndarray) -> tuple[int, ...]:
-        """Records the load of a placement and returns its device ranges."""
-        self.load[island][devices] += 1
-        return device_ranges(devices)
+
+class _Search:
+    """Each slice's candidate windows, and strategy=auto's search among them (see the pass's docstring)."""
+
+    def __init__(self, placer: _Placer, model: Model, slices: dict[str, ops.VirtualSlice],
+                 allowed: dict[str, Window | list[Island]]):
+        self.placer, self.model, self.slices, self.allowed = placer, model, slices, allowed
+        self.order = list(allowed)
+
+    def candidates(self, name: str, plan: dict[str, Window]) -> list[Window]:
+        """Returns a slice's candidate windows given the others in `plan`, the strategy's choice first."""
+        allowed = self.allowed[name]
+        if isinstance(allowed, Window):
+            return [allowed]
+        out = self.placer.ranked(self.slices[name], allowed)
+        islands = {i.name for i in allowed}
+        for other, window in plan.items():
+            if window.island in islands and self.slices[other].shape == self.slices[name].shape \
+                    and window not in out:
+                out.append(window)
+        return out
+
+    def cost(self, plan: dict[str, Window]) -> float:
+        """Returns the estimated step time of a (partial) plan."""
+        return self.model.estimate(plan).step_s
+
+    def run(self) -> dict[str, Window]:
+        """Returns the chosen window of every allowed slice."""
+        combinations = 1
+        for n, name in enumerate(self.order):
+            allowed = self.allowed[name]
+            same = sum(self.slices[o].shape == self.slices[name].shape for o in self.order[:n])
+            combinations *= 1 if isinstance(allowed, Window) else len(allowed) + same
+        return self.exact() if combinations * max(1, self.model.ops) <= EXACT_WORK else self.local(self.greedy())
+
+    def place(self, plan: dict[str, Window], name: str, window: Window) -> None:
+        """Puts slice `name` on `window` in `plan` and in the loads."""
+        plan[name] = window
+        self.placer.loads.add(window)
+
+    def unplace(self, plan: dict[str, Window], name: str) -> Window:
+        """Takes slice `name` out of `plan` and the loads; returns its window."""
+        window = plan.pop(name)
+        self.placer.loads.remove(window)
+        return window
+
+    def exact(self) -> dict[str, Window]:
+        """Tries every combination of candidates, depth first; the first cheapest wins."""
+        best: list = [math.inf, None]
+
+        def visit(depth: int, plan: dict[str, Window]) -> None:
+            if depth == len(self.order):
+                cost = self.cost(plan)
+                if best[1] is None or cost < best[0] * (1 - 1e-9):
+                    best[:] = [cost, dict(plan)]
+                return
+            name = self.order[depth]
+            for window in self.candidates(name, plan):
+                self.place(plan, name, window)
+                visit(depth + 1, plan)
+                self.unplace(plan, name)
+
+        visit(0, {})
+        for window in best[1].values():
+            self.placer.loads.add(window)
+        return best[1]
+
+    def best_move(self, name: str, plan: dict[str, Window], current: float) -> tuple[float, Window | None]:
+        """Returns the cheapest candidate of an unplaced slice if it costs less than `current`."""
+        best: tuple[float, Window | None] = (current, None)
+        for window in self.candidates(name, plan):
+            self.place(plan, name, window)
+            cost = self.cost(plan)
+            self.unplace(plan, name)
+            if cost < best[0] * (1 - 1e-9):
+                best = (cost, window)
+        return best
+
+    def greedy(self) -> dict[str, Window]:
+        """Places slices in module order, each on its cheapest candidate given those before it."""
+        plan: dict[str, Window] = {}
+        for name in self.order:
+            first = self.candidates(name, plan)[0]
+            self.place(plan, name, first)
+            current = self.cost(plan)
+            self.unplace(plan, name)
+            _, window = self.best_move(name, plan, current)
+            self.place(plan, name, window or first)
+        return plan
+
+    def local(self, plan: dict[str, Window]) -> dict[str, Window]:
+        """Moves one slice at a time to a cheaper candidate, for at most LOCAL_ROUNDS rounds."""
+        for _ in range(LOCAL_ROUNDS):
+            moved = False
+            for name in self.order:
+                current = self.cost(plan)
+                old = self.unplace(plan, name)
+                _, window = self.best_move(name, plan, current)
+                self.place(plan, name, window or old)
+                moved |= window is not None
+            if not moved:
+                break
+        return plan
+
+    def explain(self, name: str, plan: dict[str, Window], estimate: Estimate) -> dict:
+        """Returns the `pw.placement_cost` of one slice of a finished plan."""
+        old = self.unplace(plan, name)
+        others = []
+        for window in self.candidates(name, plan):
+            if window != old:
+                self.place(plan, name, window)
+                others.append((self.cost(plan), window))
+                self.unplace(plan, name)
+        self.place(plan, name, old)
+        value = {"compute_ns": _ns(estimate.compute_s[name]), "transfer_ns": _ns(estimate.transfer_s[name]),
+                 "step_ns": _ns(estimate.step_s)}
+        if name in self.model.unknown_trip_counts:
+            value["unknown_trip_counts"] = self.model.unknown_trip_counts[name]
+        if others:
+            cost, window = min(others)
+            value["runner_up"] = {"island": window.island, "step_ns": _ns(cost),
+                                  "devices": self.placer.loads.devices[window.island].ranges(window)}
+        return value
+
+
+def _ns(seconds: float) -> int:
+    """Returns seconds as whole nanoseconds (-1 for a plan that cannot run)."""
+    return -1 if math.isinf(seconds) else round(seconds * 1e9)
 
 
 @register
 class PlacePass(Pass):
     __doc__ = __doc__
     name = "pw-place"
-    summary = "Map every virtual slice to devices of one island, spreading load"
+    summary = "Map every virtual slice to devices of one island, minimising the estimated step time"
     options = (
         Option("topology", str, "", "a JSON file or <islands>x<devices>; default: the module's pw.topology"),
-        Option("strategy", str, "spread", "spread (balance load over islands and devices) or pack"),
+        Option("strategy", str, "auto", "auto (least estimated step time), spread (balance load) or pack"),
         Option("pin", str, "", "slice=island[:first_device],... placements to force"),
+        Option("explain", bool, False, "attach pw.placement_cost (estimated costs, runner-up) to every slice"),
     )
 
     def __init__(self, **options):
         super().__init__(**options)
         if self.values["strategy"] not in STRATEGIES:
-            raise OptionError(f"option 'strategy' of 'pw-place' takes {' or '.join(STRATEGIES)}, "
-                              f"not '{self.values['strategy']}'")
+            raise OptionError(f"option 'strategy' of 'pw-place' takes {', '.join(STRATEGIES[:-1])} or "
+                              f"{STRATEGIES[-1]}, not '{self.values['strategy']}'")
         self.pins = parse_pins(self.values["pin"])
         self.topology = None
         if self.values["topology"]:
@@ -180,25 +344,47 @@ class PlacePass(Pass):
         for name in self.pins:
             if name not in slice_ops:
                 diagnostics.error(module, f"pin names slice @{name}, which is not in this module")
-        placer = _Placer(topology, self.values["strategy"])
-        for op in slice_ops.values():
-            s = ops.VirtualSlice.from_op(op)
-            placed = self.place_pinned(op, s, placer, diagnostics) if s.name in self.pins \
-                else self.place_free(op, s, placer, diagnostics)
-            if placed is not None:
-                island, devices = placed
-                ops.set_attr(op, ops.PLACEMENT, {"island": island, "devices": placer.take(island, devices)})
+        slices = {name: ops.VirtualSlice.from_op(op) for name, op in slice_ops.items()}
+        model = Model(module, topology, slices)
+        placer = _Placer(topology, self.values["strategy"], model.needs)
+        allowed = {}
+        for name, op in slice_ops.items():
+            choice = self.pinned(op, slices[name], placer, diagnostics) if name in self.pins \
+                else self.fitting(op, slices[name], placer, diagnostics)
+            if choice is not None:
+                allowed[name] = choice
+        search = _Search(placer, model, slices, allowed)
+        if self.values["strategy"] == "auto":
+            plan = search.run()
+        else:
+            plan = {}
+            for name in allowed:
+                search.place(plan, name, search.candidates(name, {})[0])
+        estimate = model.estimate(plan) if self.values["explain"] else None
+        for name, window in list(plan.items()):
+            devices = placer.loads.devices[window.island].ranges(window)
+            ops.set_attr(slice_ops[name], ops.PLACEMENT, {"island": window.island, "devices": devices})
+            if estimate is not None:
+                ops.set_attr(slice_ops[name], ops.PLACEMENT_COST, search.explain(name, plan, estimate))
 
-    def place_free(self, op: ir.Operation, s: ops.VirtualSlice, placer: _Placer,
-                   diagnostics: DiagnosticEngine) -> tuple[str, np.ndarray] | None:
+    def fitting(self, op: ir.Operation, s: ops.VirtualSlice, placer: _Placer,
+                diagnostics: DiagnosticEngine) -> list[Island] | None:
+        """Returns the islands that can hold slice `s`, or reports that none can."""
         fits = [i for i in placer.topology.islands if placer.mismatch(s, i) is None]
-        if not fits:
+        if fits:
+            return fits
+        need = placer.needs.get(s.name)
+        if need is not None and all(need.bytes > i.device_memory_bytes for i in placer.topology.islands):
+            most = max(i.device_memory_bytes for i in placer.topology.islands)
+            diagnostics.error(op, f"cannot place slice @{s.name}: {_memory(need)}, but no island's devices "
+                                  f"have more than {most} bytes")
+        else:
             diagnostics.error(op, f"cannot place slice @{s.name}: it needs {_needs(s)}; free: {placer.free()}")
-            return None
-        return placer.choose(s, fits)
+        return None
 
-    def place_pinned(self, op: ir.Operation, s: ops.VirtualSlice, placer: _Placer,
-                     diagnostics: DiagnosticEngine) -> tuple[str, np.ndarray] | None:
+    def pinned(self, op: ir.Operation, s: ops.VirtualSlice, placer: _Placer,
+               diagnostics: DiagnosticEngine) -> Window | list[Island] | None:
+        """Returns the pinned island (or window) of slice `s`, or reports why it cannot hold it."""
         island_name, first = self.pins[s.name]
         try:
             island = placer.topology.island(island_name)
@@ -211,12 +397,12 @@ class PlacePass(Pass):
                                   f"(the slice needs {_needs(s)})")
             return None
         if first is None:
-            return placer.choose(s, [island])
-        devices = np.arange(first, first + s.size, dtype=np.int64)
-        down = sorted(set(island.unavailable) & set(range(first, first + s.size)))
+            return [island]
+        devices = placer.loads.devices[island.name]
+        down = [d for d in devices.down if first <= d < first + s.size]
         if first + s.size > island.num_devices or down:
             problem = f"device {down[0]} is unavailable" if down else f"{island.name} has {island.num_devices} devices"
             diagnostics.error(op, f"slice @{s.name} is pinned to devices [{first}, {first + s.size}) of "
                                   f"{island.name}, but {problem}")
             return None
-        return island.name, devices
+        return Window(island.name, devices.position(first), s.size)

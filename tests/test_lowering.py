@@ -43,7 +43,8 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 
 
 def test_three_blocks_plans_round_trip_through_json():
-    plan = program_plans(lower(THREE_BLOCKS, Topology.uniform(2, 4)))["three_blocks"]
+    # Spread places B on island1, so the plan has DCN sends and receives (auto keeps all on island0).
+    plan = program_plans(lower(THREE_BLOCKS, Topology.uniform(2, 4), strategy="spread"))["three_blocks"]
     assert ProgramPlan.from_json(plan.to_json()) == plan
     assert {s.island for s in plan.slices.values()} == {"island0", "island1"}
     kinds = {island: [s.kind for s in steps] for island, steps in plan.islands.items()}
@@ -87,11 +88,11 @@ def test_relowering_avoids_a_removed_device_and_leaves_the_source_alone(context)
     source = ir.Module.parse(THREE_BLOCKS)
     before = str(source)
     topology = Topology.uniform(2, 4)
-    first = lower(source, topology)
+    first = lower(source, topology, strategy="spread")
     used = {(p["island"], p["devices"]) for p in
             (ops.attr(op, ops.PLACEMENT) for op in ops.top_level_ops(first) if op.name == "pw.virtual_slice")}
     assert ("island1", (0, 4)) in used
-    again = lower(source, topology.without_device("island1", 2))
+    again = lower(source, topology.without_device("island1", 2), strategy="spread")
     assert str(source) == before
     plan = program_plans(again)["three_blocks"]
     for placement in plan.slices.values():
@@ -131,7 +132,7 @@ def test_cost_model(context, body, cost):
     assert executable_cost(module.operation) == cost
 
 
-def test_cost_model_counts_a_loop_body_once(context):
+def test_cost_model_counts_a_loop_of_unknown_trip_count_once_and_says_so(context):
     module = ir.Module.parse("""
 module @f attributes {pw.executable} {
   func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
@@ -147,7 +148,38 @@ module @f attributes {pw.executable} {
     return %0 : tensor<4xf32>
   }
 }""")
-    assert executable_cost(module.operation) == Cost(4, 32)
+    assert executable_cost(module.operation) == Cost(4, 32, unknown_trip_counts=1)
+    assert Cost(4, 32, 1).to_python() == {"flops": 4, "bytes": 32, "unknown_trip_counts": 1}
+
+
+def test_cost_model_multiplies_static_loops_and_repeated_calls(context):
+    """A fori_loop(0, 10) as JAX writes it, whose body calls a function twice: 10 x 2 x 4 flops."""
+    module = ir.Module.parse("""
+module @f attributes {pw.executable} {
+  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = "stablehlo.constant"() <{value = dense<0> : tensor<i32>}> : () -> tensor<i32>
+    %1:2 = "stablehlo.while"(%0, %a) ({
+    ^bb0(%i: tensor<i32>, %x: tensor<4xf32>):
+      %n = "stablehlo.constant"() <{value = dense<10> : tensor<i32>}> : () -> tensor<i32>
+      %c = "stablehlo.compare"(%i, %n) <{compare_type = #stablehlo<comparison_type SIGNED>, comparison_direction = #stablehlo<comparison_direction LT>}> : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      "stablehlo.return"(%c) : (tensor<i1>) -> ()
+    }, {
+    ^bb0(%i: tensor<i32>, %x: tensor<4xf32>):
+      %y = "func.call"(%x) <{callee = @square}> : (tensor<4xf32>) -> tensor<4xf32>
+      %z = "func.call"(%y) <{callee = @square}> : (tensor<4xf32>) -> tensor<4xf32>
+      %one = "stablehlo.constant"() <{value = dense<1> : tensor<i32>}> : () -> tensor<i32>
+      %j = "stablehlo.add"(%i, %one) : (tensor<i32>, tensor<i32>) -> tensor<i32>
+      "stablehlo.return"(%j, %z) : (tensor<i32>, tensor<4xf32>) -> ()
+    }) : (tensor<i32>, tensor<4xf32>) -> (tensor<i32>, tensor<4xf32>)
+    return %1#1 : tensor<4xf32>
+  }
+  func.func private @square(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = "stablehlo.multiply"(%x, %x) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}""")
+    # Per trip: the compare (1 flop), two calls of 4 flops, the counter's add (1 flop).
+    assert executable_cost(module.operation) == Cost(10 * (1 + 2 * 4 + 1), 32)
 
 
 def test_lowered_ir_and_plans_do_not_grow_with_the_shard_count():

@@ -27,7 +27,8 @@ def test_runs_pw_ir_and_plans_with_a_trace(tmp_path):
     trace = tmp_path / "trace.json"
     result = pw_run(ir_file, "--repeat", "2", "--trace", trace, "--dispatch", "sequential")
     assert result.returncode == 0, result.stderr
-    assert "program @three_blocks on island0, island1 (sequential dispatch)" in result.stdout
+    # strategy=auto keeps the three small blocks on island0: DCN would cost more than sharing devices.
+    assert "program @three_blocks on island0 (sequential dispatch)" in result.stdout
     assert "result 0: float32[8, 16] on slice_c" in result.stdout
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["ph"] == "X"} >= {"block_a#0", "block_b#0", "block_c#0"}

@@ -3,7 +3,7 @@
 
 // pw-lower stops at the first phase that fails, with that pass's diagnostic.
 
-// OPTION: invalid pass pipeline: option 'strategy' of 'pw-place' takes spread or pack, not 'random'
+// OPTION: invalid pass pipeline: option 'strategy' of 'pw-place' takes auto, spread or pack, not 'random'
 
 // A slice that cannot be placed: more devices than any island has.
 // expected-error@below {{cannot place slice @wide: it needs 8 devices in one island; free: island0 has 4 of 4 devices available (cpu, 1073741824 bytes each), island1 has 4 of 4 devices available}}

@@ -1,8 +1,11 @@
 // RUN: pw-opt %s --split-input-file --pw-place | FileCheck %s
+// RUN: pw-opt %s --split-input-file --pw-place=strategy=spread | FileCheck %s
 // RUN: pw-opt %s --split-input-file --pw-place=strategy=pack | FileCheck %s --check-prefix=PACK
 
 // pw-place maps every slice to devices of one island, writing compact device
-// ranges; each case carries its topology as the module's pw.topology.
+// ranges; each case carries its topology as the module's pw.topology. These
+// modules have no programs, so every placement costs the same and
+// strategy=auto (the default) places as spread.
 
 // Spread: slices go to the least loaded island and devices.
 // CHECK-LABEL: module attributes {pw.topology
@@ -69,4 +72,19 @@ module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "big", device_kind = "tpu", hosts = 16384, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "huge", shape = array<i64: 256, 256>, axes = ["x", "y"], constraints = {}} : () -> ()
+}
+
+// -----
+
+// 10^12 devices with a few down: placing costs O(slices) per island, not
+// O(devices), and a window around the unavailable devices is still a few ranges.
+// CHECK-LABEL: module attributes {pw.topology
+// CHECK: pw.placement = {devices = array<i64: 0, 1, 2, 5>, island = "vast"}, {{.*}}sym_name = "a"
+// CHECK: pw.placement = {devices = array<i64: 5, 7>, island = "vast"}, {{.*}}sym_name = "b"
+// CHECK: pw.placement = {devices = array<i64: 7, 1048583>, island = "vast"}, {{.*}}sym_name = "c"
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "vast", device_kind = "tpu", hosts = 250000000000, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, unavailable = array<i64: 1>}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 4>, axes = ["x"], constraints = {}} : () -> ()
+"pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+"pw.virtual_slice"() {sym_name = "c", shape = array<i64: 1024, 1024>, axes = ["x", "y"], constraints = {}} : () -> ()
 }

@@ -1,0 +1,71 @@
+"""`pw-alias-slices`: slices placed on the same devices share one mesh, so nothing moves between them.
+
+Two slices that pw-place put on the same devices of one island, in the same
+order, with the same mesh shape, are one device mesh under two names: a
+value made on one and used on the other in the same layout is already where
+it is needed. The pass moves every `pw.compute` of the later slice (in
+module order) onto the first, writing its shardings with the first slice's
+axis names (axis by axis), and marks the later slice `pw.alias = @first`.
+pw-insert-transfers then uses the same buffer where the layouts agree, and
+still reshards (over ICI, inside the one slice) where they differ. Slices on
+the same devices with different mesh shapes keep their copies.
+
+Requires: placed slices (pw-place), and data movement not yet inserted
+(before pw-insert-transfers).
+
+    // before: @a and @c both placed on devices [0, 2) of island0
+    "pw.virtual_slice"() {axes = ["data"], ..., pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, sym_name = "a"}
+    "pw.virtual_slice"() {axes = ["x"], ..., pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, sym_name = "c"}
+    %1 = "pw.compute"(%0) {in_shardings = [[["x"]]], out_shardings = [[["x"]]], slice = @c, ...}
+    // after
+    "pw.virtual_slice"() {axes = ["x"], ..., pw.alias = @a, pw.placement = {...}, sym_name = "c"}
+    %1 = "pw.compute"(%0) {in_shardings = [[["data"]]], out_shardings = [[["data"]]], slice = @a, ...}
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+
+from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.attributes import Symbol
+from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.sharding import Sharding
+
+from .placement_cost import rename_axes
+from .registry import Pass, register
+
+
+@register
+class AliasSlicesPass(Pass):
+    __doc__ = __doc__
+    name = "pw-alias-slices"
+    summary = "Move the computations of slices placed on the same devices onto one slice, so their values need no copy"
+
+    def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
+        if ops.LOWERED in module.attributes:
+            diagnostics.error(module, "pw-alias-slices runs before pw-insert-transfers, on a module not yet lowered")
+            return
+        first: dict[tuple, str] = {}
+        alias: dict[str, str] = {}
+        slices = {}
+        for op in ops.top_level_ops(module):
+            if op.name != "pw.virtual_slice" or ops.attr(op, ops.PLACEMENT) is None:
+                continue
+            s = ops.VirtualSlice.from_op(op)
+            slices[s.name] = s
+            placement = ops.attr(op, ops.PLACEMENT)
+            key = (placement["island"], tuple(placement["devices"]), s.shape)
+            if key in first:
+                alias[s.name] = first[key]
+                ops.set_attr(op, ops.ALIAS, Symbol(first[key]))
+            else:
+                first[key] = s.name
+        for program in ops.programs(module).values():
+            for op in ops.program_body(program).operations:
+                if op.name == "pw.compute" and ops.attr(op, "slice") in alias:
+                    src = slices[ops.attr(op, "slice")]
+                    dst = slices[alias[src.name]]
+                    for key in ("in_shardings", "out_shardings"):
+                        ops.set_attr(op, key, [rename_axes(Sharding.from_python(sh), src, dst).to_python()
+                                               for sh in ops.attr(op, key)])
+                    ops.set_attr(op, "slice", Symbol(dst.name))
