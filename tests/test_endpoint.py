@@ -282,7 +282,7 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path):
                                ({"op": ["run"]}, r"unknown request \"\['run'\]\""),
                                ({"op": "fetch", "handle": "0"}, "needs 'handle' as int"),
                                ({"op": "fetch", "handle": 7}, "no handle 7"),
-                               ({"op": "load", "name": "p", "plan": "{}"}, "KeyError"),
+                               ({"op": "load", "name": "p", "plan": "{}"}, "PlanError: plan: missing .topology."),
                                ({"op": "run", "name": "p", "dispatch": "parallel"}, "no plan is loaded")]:
             with pytest.raises(RemoteError, match=error):
                 live._call(request)
