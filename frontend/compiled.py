@@ -71,12 +71,15 @@ class StageCache:
         self._lower = lower
         self._by_runtime: "weakref.WeakKeyDictionary[Any, dict[tuple, Compiled]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._last: tuple = (None, {})      # the runtime of the latest call and its stages: a fast lookup
 
     def get(self, args: tuple, runtime) -> Compiled:
         """Returns the stage for `args` on `runtime`, tracing and lowering only the first time."""
         key = _signature(args)
-        found = self._by_runtime.get(runtime, {}).get(key)
+        per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, {})
+        found = per_runtime.get(key)
         if found is not None:
+            self._last = (runtime, per_runtime)
             return found
         with self._lock:
             per_runtime = self._by_runtime.setdefault(runtime, {})
