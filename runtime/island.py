@@ -207,14 +207,7 @@ class Island:
                                      f"buffer was no result, or its result was released")
                 if self._closed:
                     raise RunFailed(f"{self.name} is closed")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
-                self._waiting += 1
-                try:
-                    self._changed.wait(remaining)
-                finally:
-                    self._waiting -= 1
+                self._wait(deadline, f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
 
     def release(self, run_id: int, buffer: int) -> None:
         """Drops a result (its handle was deleted); one not produced yet is dropped when it is."""
@@ -246,14 +239,7 @@ class Island:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
             while run_id in self._runs:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"run {run_id} is still under way on {self.name}")
-                self._waiting += 1
-                try:
-                    self._changed.wait(remaining)
-                finally:
-                    self._waiting -= 1
+                self._wait(deadline, f"run {run_id} is still under way on {self.name}")
             tracked = self._in_flight.get(run_id, ())
         for array in tracked:
             array.block_until_ready()
@@ -334,6 +320,17 @@ class Island:
             for island in plan.islands:
                 if island != self.name:
                     self._peer(island).fail_run(run_id, self._failed[run_id])
+
+    def _wait(self, deadline: float | None, late: str) -> None:
+        """Waits (holding the lock) until something changes; TimeoutError(`late`) once `deadline` passed."""
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError(late)
+        self._waiting += 1
+        try:
+            self._changed.wait(remaining)
+        finally:
+            self._waiting -= 1
 
     def _notify(self) -> None:
         if self._waiting:
