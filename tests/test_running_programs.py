@@ -47,3 +47,37 @@ def test_placed_functions_take_and_return_pytrees():
             np.testing.assert_allclose(np.asarray(out["w"]), params["w"])
     finally:
         rt.close()
+
+
+def test_repeat_calls_trace_and_lower_once():
+    s = pw.virtual_slice(2, axes="x")
+    double = pw.jit(lambda x: x * 2.0, slice=s, in_specs=P("x"), out_specs=P("x"))
+    traced = []
+
+    @pw.program
+    def twice(x):
+        traced.append(x.shape)                  # runs only while tracing
+        return double(double(x))
+
+    rt = Runtime(embedded_device_map(2, 4))
+    try:
+        with Client(rt) as client:
+            x = np.arange(4, dtype=np.float32)
+            results = [np.asarray(twice.run(x * k, client=client)) for k in range(3)]
+            stage = twice.compiled(x, runtime=rt)
+            plan = stage.plan
+            assert traced == [(4,)] and twice.compiled(x * 5, runtime=rt) is stage
+            for k, r in enumerate(results):
+                np.testing.assert_allclose(r, x * k * 4.0)
+            # A new topology lowers the same trace again on the next call; it never traces again.
+            [placement] = plan.slices.values()
+            removed = (placement.island, placement.device_ids()[0])
+            rt.resources.remove_device(*removed)
+            np.testing.assert_allclose(np.asarray(twice.run(x, client=client)), x * 4.0)
+            assert traced == [(4,)] and stage.plan is not plan
+            rt.resources.add_device(*removed)
+            # Another signature is another stage.
+            twice.run(np.arange(6, dtype=np.float32), client=client)
+            assert traced == [(4,), (6,)]
+    finally:
+        rt.close()
