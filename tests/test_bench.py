@@ -1,6 +1,7 @@
 """pw-bench's machinery: the harness, the report and the CLI listing (no benchmark is run)."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -117,3 +118,13 @@ def test_pw_bench_all_quick_runs_green(tmp_path):
         record = json.loads((tmp_path / f"{name}.json").read_text())
         assert record["benchmark"] == name and record["rows"]
         assert set(record["headline"]) == set(load(name).HEADLINE)
+
+
+def test_default_paths_are_anchored_to_the_package(tmp_path, monkeypatch):
+    """pw-bench's default folders do not depend on the working directory."""
+    import pathways_mlir.benchmarks as package
+
+    monkeypatch.chdir(tmp_path)
+    root = pathlib.Path(package.__file__).resolve().parent
+    for path in (pw_bench.RESULTS, pw_bench.QUICK_RESULTS, pw_bench.REPORT):
+        assert path.is_absolute() and path.parent == root
