@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.metadata
+import math
 import os
 import platform
 import random
@@ -48,6 +49,50 @@ def measure(cases: Mapping[str, Callable[[], Any]], repetitions: int, seed: int 
             cases[name]()
             times[name].append(time.perf_counter() - start)
     return times
+
+
+# The one place benchmarks name pw-lower's launch-fusion option (issue 9's
+# `pw-fuse-launches`, on by default once it lands, `fuse=false` turning it
+# off). Until `lower()` accepts it, cases that need fusion are unavailable and
+# the others lower as today, which never fuses.
+FUSE_OPTION = "fuse"
+
+
+class Unavailable(Exception):
+    """A case this runtime cannot run yet; its row is kept with a note instead of a figure."""
+
+
+def compile_program(traceable, args: tuple, runtime, fuse: bool | None = None) -> Callable[..., Any]:
+    """Lowers a program (or placed function) for `args` on `runtime`'s topology, with launch fusion
+    on, off, or (None) as `pw-lower` defaults; returns `run(client, *args)`, which starts one run
+    and returns its outputs as handles. Raises `Unavailable` if fusion is asked for and `pw-lower`
+    has no such option."""
+    import jax
+
+    from pathways_mlir.passes import lower, program_plans
+
+    lowered = traceable.lower(*jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args))
+    topology = runtime.resources.snapshot()[1]
+    try:
+        module = lower(lowered.module, topology, **({} if fuse is None else {FUSE_OPTION: fuse}))
+    except TypeError as e:
+        if FUSE_OPTION not in str(e):
+            raise
+        if fuse:
+            raise Unavailable(f"pw-lower has no '{FUSE_OPTION}' option yet") from None
+        module = lower(lowered.module, topology)          # no fusion pass exists: nothing is fused
+    plan = program_plans(module)[lowered.program]
+
+    def run(client, *call_args):
+        handles = client.run(plan, jax.tree_util.tree_leaves(call_args))
+        return jax.tree_util.tree_unflatten(lowered.out_tree, handles)
+    return run
+
+
+def worst(ratios) -> float | None:
+    """Returns the smallest of some ours-over-baseline ratios (None when any is missing)."""
+    ratios = list(ratios)
+    return None if not ratios or any(r is None or math.isnan(r) for r in ratios) else float(min(ratios))
 
 
 def median(values) -> float:
