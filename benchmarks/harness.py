@@ -89,6 +89,17 @@ def compile_program(traceable, args: tuple, runtime, fuse: bool | None = None) -
     return run
 
 
+def same_results(ours, baseline, rtol: float = 1e-4) -> bool:
+    """Whether two pytrees of arrays (handles or JAX arrays) hold the same numbers, within `rtol`:
+    a check that a baseline does the same work as ours."""
+    import jax
+    import numpy as np
+
+    a, b = jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(baseline)
+    return len(a) == len(b) and all(
+        np.allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol) for x, y in zip(a, b))
+
+
 def worst(ratios) -> float | None:
     """Returns the smallest of some ours-over-baseline ratios (None when any is missing)."""
     ratios = list(ratios)
