@@ -10,11 +10,15 @@ from pathways_mlir.benchmarks.report import load_records, markdown_table, write_
 from pathways_mlir.cli import pw_bench
 
 HEADLINES = {
-    "dispatch": ("chained_over_jax_opbyop_8dev", "fused_over_jax_fused_8dev", "opbyop_over_ray_8dev"),
+    "dispatch": tuple(f"{ratio}_{where}" for where in ("worst", "1dev", "8dev") for ratio in (
+        "chained_over_jax_opbyop", "opbyop_over_jax_opbyop", "chained_fused_over_jax_opbyop", "fused_over_jax_fused"))
+    + ("opbyop_over_ray_8dev",),
     "crossover": ("crossover_ms_95", "crossover_ms_99"),
     "parallel-dispatch": ("parallel_over_sequential_k16_1ms", "parallel_k16_over_k1_1ms"),
     "multi-tenancy": ("aggregate_4clients_over_1", "share_error_1248"),
-    "pipeline": ("pipeline4_over_spmd", "pipeline8_over_pipeline4", "two_islands_over_one"),
+    "pipeline": ("pipeline4_over_jax_pipeline4", "spmd_over_jax_spmd", "pipeline4_over_jax_spmd",
+                 "pipeline8_over_pipeline4", "two_islands_over_one"),
+    "three-blocks": ("three_blocks_over_jax",),
     "lowering-scale": ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048"),
     "object-store": ("handles_per_s_over_ray_put",),
 }
