@@ -14,7 +14,10 @@ HEADLINES = {
         "chained_over_jax_opbyop", "opbyop_over_jax_opbyop", "chained_fused_over_jax_opbyop", "fused_over_jax_fused"))
     + ("opbyop_over_ray_8dev",),
     "crossover": ("crossover_ms_95", "crossover_ms_99"),
-    "parallel-dispatch": ("parallel_over_sequential_k16_1ms", "parallel_k16_over_k1_1ms"),
+    "parallel-dispatch": ("parallel_over_sequential_latency_k16_1ms", "parallel_over_sequential_throughput_k16_1ms",
+                          "parallel_over_sequential_latency_k16_1ms_heavy",
+                          "parallel_over_sequential_throughput_k16_1ms_heavy", "parallel_over_sequential_worst",
+                          "parallel_k16_over_k1_1ms"),
     "multi-tenancy": ("aggregate_4clients_over_1", "share_error_1248"),
     "pipeline": ("pipeline4_over_jax_pipeline4", "spmd_over_jax_spmd", "pipeline4_over_jax_spmd",
                  "pipeline8_over_pipeline4", "two_islands_over_one"),
