@@ -24,7 +24,7 @@ HEADLINES = {
                  "pipeline8_over_pipeline4", "two_islands_over_one"),
     "three-blocks": ("three_blocks_over_jax",),
     "lowering-scale": ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048"),
-    "object-store": ("handles_per_s_over_ray_put",),
+    "object-store": ("embedded_over_ray_put_worst", "ray_backend_over_ray_put_worst"),
 }
 
 
