@@ -28,6 +28,11 @@ from typing import Any, Callable, Iterator, Mapping
 HOST_DEVICES = 16
 
 
+# `pw-bench all` names its run in this variable for the processes it starts, so
+# that a report can tell records of one run from a mix.
+RUN_ID_VARIABLE = "PW_BENCH_RUN"
+
+
 def measure(cases: Mapping[str, Callable[[], Any]], repetitions: int, seed: int = 0,
             warmup: int = 1) -> dict[str, list[float]]:
     """Times each case `repetitions` times, interleaved in a shuffled order.
@@ -134,6 +139,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "system": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "run": os.environ.get(RUN_ID_VARIABLE),
         "packages": versions,
     }
 

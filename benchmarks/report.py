@@ -65,6 +65,10 @@ def write_report(records: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
         packages = ", ".join(f"{k} {v}" for k, v in machine["packages"].items() if v)
         lines += [f"Machine: {machine['cpus']} CPUs, {machine['system']}, Python {machine['python']}; "
                   f"{packages}; run {machine['date']}.", ""]
+        runs = sorted({str(r["machine"].get("run")) for r in records})
+        lines += [f"All records come from one `pw-bench all` run ({runs[0]})." if len(runs) == 1 and runs[0] != "None"
+                  else f"Warning: these records do not come from one `pw-bench all` run (runs: {', '.join(runs)}).",
+                  ""]
     lines += ["## Headline ratios", "", markdown_table(
         [{"benchmark": r["benchmark"], "ratio": key, "value": value}
          for r in records for key, value in r["headline"].items()]), ""]

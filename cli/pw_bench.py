@@ -110,12 +110,13 @@ def run_all(quick: bool, json_dir: pathlib.Path | None) -> None:
     json_dir.mkdir(parents=True, exist_ok=True)
     failed = []
     start = time.perf_counter()
+    env = {**os.environ, harness.RUN_ID_VARIABLE: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for name in BENCHMARKS:
         click.echo(f"== {name}", err=True)
         began = time.perf_counter()
         command = [sys.executable, "-m", "pathways_mlir.cli.pw_bench", name, "--json",
                    str(json_path := json_dir / f"{name}.json")] + (["--quick"] if quick else [])
-        if subprocess.run(command).returncode != 0:
+        if subprocess.run(command, env=env).returncode != 0:
             failed.append(name)
         else:
             click.echo(f"   {json_path} ({time.perf_counter() - began:.0f} s)", err=True)

@@ -173,9 +173,19 @@ def test_report_writes_tables_and_plots(tmp_path):
     assert "| dispatch | chained_over_jax_opbyop_8dev | 1.5 |" in text
     assert "| crossover | crossover_ms_99 | – |" in text
     assert "![dispatch](plots/dispatch.png)" in text
+    assert "Warning: these records do not come from one `pw-bench all` run" in text   # made outside `all`
     plots = [p for p in written if p.suffix == ".png"]
     assert sorted(p.name for p in plots) == ["crossover.png", "dispatch.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots)
+
+
+def test_report_says_when_records_come_from_one_run(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv(harness.RUN_ID_VARIABLE, "run-1")
+    records = _synthetic_records()
+    out = tmp_path / "RESULTS.md"
+    write_report(records, out)
+    assert "All records come from one `pw-bench all` run (run-1)." in out.read_text()
 
 
 def test_markdown_table_formats_cells():

@@ -122,7 +122,8 @@ def test_dropping_a_handle_frees_its_buffer(runtime):
 # (issue 9) keeps a finished run's buffer futures, so they fail there; strict, so
 # that the marker goes once they pass.
 _KEEPS_RUN_ARRAYS = pytest.mark.xfail(
-    strict=True, reason="issue 9: islands keep finished runs' buffer futures (and their JAX arrays)")
+    strict=True, raises=AssertionError,
+    reason="issue 9: islands keep finished runs' buffer futures (and their JAX arrays)")
 
 
 @_KEEPS_RUN_ARRAYS
