@@ -18,6 +18,7 @@ BENCHMARKS = {
     "parallel-dispatch": "parallel_dispatch",
     "multi-tenancy": "multi_tenancy",
     "pipeline": "pipeline",
+    "three-blocks": "three_blocks",
     "lowering-scale": "lowering_scale",
     "object-store": "object_store",
 }

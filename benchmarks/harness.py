@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.metadata
+import math
 import os
 import platform
 import random
@@ -25,6 +26,11 @@ from typing import Any, Callable, Iterator, Mapping
 # this 2-core machine, an all-reduce over 8 of them waits forever for its last
 # participant; with 14 or 16 it runs.
 HOST_DEVICES = 16
+
+
+# `pw-bench all` names its run in this variable for the processes it starts, so
+# that a report can tell records of one run from a mix.
+RUN_ID_VARIABLE = "PW_BENCH_RUN"
 
 
 def measure(cases: Mapping[str, Callable[[], Any]], repetitions: int, seed: int = 0,
@@ -48,6 +54,61 @@ def measure(cases: Mapping[str, Callable[[], Any]], repetitions: int, seed: int 
             cases[name]()
             times[name].append(time.perf_counter() - start)
     return times
+
+
+# The one place benchmarks name pw-lower's launch-fusion option (issue 9's
+# `pw-fuse-launches`, on by default once it lands, `fuse=false` turning it
+# off). Until `lower()` accepts it, cases that need fusion are unavailable and
+# the others lower as today, which never fuses.
+FUSE_OPTION = "fuse"
+
+
+class Unavailable(Exception):
+    """A case this runtime cannot run yet; its row is kept with a note instead of a figure."""
+
+
+def compile_program(traceable, args: tuple, runtime, fuse: bool | None = None) -> Callable[..., Any]:
+    """Lowers a program (or placed function) for `args` on `runtime`'s topology, with launch fusion
+    on, off, or (None) as `pw-lower` defaults; returns `run(client, *args)`, which starts one run
+    and returns its outputs as handles. Raises `Unavailable` if fusion is asked for and `pw-lower`
+    has no such option."""
+    import jax
+
+    from pathways_mlir.passes import lower, program_plans
+
+    lowered = traceable.lower(*jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args))
+    topology = runtime.resources.snapshot()[1]
+    try:
+        module = lower(lowered.module, topology, **({} if fuse is None else {FUSE_OPTION: fuse}))
+    except TypeError as e:
+        if FUSE_OPTION not in str(e):
+            raise
+        if fuse:
+            raise Unavailable(f"pw-lower has no '{FUSE_OPTION}' option yet") from None
+        module = lower(lowered.module, topology)          # no fusion pass exists: nothing is fused
+    plan = program_plans(module)[lowered.program]
+
+    def run(client, *call_args):
+        handles = client.run(plan, jax.tree_util.tree_leaves(call_args))
+        return jax.tree_util.tree_unflatten(lowered.out_tree, handles)
+    return run
+
+
+def same_results(ours, baseline, rtol: float = 1e-4) -> bool:
+    """Whether two pytrees of arrays (handles or JAX arrays) hold the same numbers, within `rtol`:
+    a check that a baseline does the same work as ours."""
+    import jax
+    import numpy as np
+
+    a, b = jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(baseline)
+    return len(a) == len(b) and all(
+        np.allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol) for x, y in zip(a, b))
+
+
+def worst(ratios) -> float | None:
+    """Returns the smallest of some ours-over-baseline ratios (None when any is missing)."""
+    ratios = list(ratios)
+    return None if not ratios or any(r is None or math.isnan(r) for r in ratios) else float(min(ratios))
 
 
 def median(values) -> float:
@@ -78,6 +139,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "system": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "run": os.environ.get(RUN_ID_VARIABLE),
         "packages": versions,
     }
 

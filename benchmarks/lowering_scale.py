@@ -4,7 +4,8 @@ The program is a two-computation chain, `a` on one N-device slice feeding `b`
 on another (island0 and island1 of a 2 x N topology, so the value crosses DCN).
 For each N the benchmark lowers it with `pw-lower` and measures the IR (pw ops
 in the lowered module), the serialised plans (JSON bytes) and the time of
-parse + pipeline + plan serialisation, median of `reps` runs.
+parse + pipeline + plan serialisation, median of `reps` runs,
+every size's and the baseline's cases interleaved.
 
 The baseline materialises the program per shard, as TF v1 did (Pathways
 section 4.3): a networkx graph with one node per shard of each computation
@@ -21,9 +22,7 @@ from __future__ import annotations
 
 import heapq
 import json
-import statistics
 import sys
-import time
 
 import networkx as nx
 
@@ -93,26 +92,19 @@ def per_shard_baseline(n: int) -> tuple[int, int, int]:
     return graph.number_of_nodes(), graph.number_of_edges(), len(json.dumps(steps, separators=(",", ":")))
 
 
-def _median_seconds(fn, n: int, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn(n)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def rows(sizes=SIZES, reps: int = 3) -> list[dict]:
-    """Returns one row per N: pw ops, plan bytes and time, beside the per-shard baseline's."""
+    """Returns one row per N: pw ops, plan bytes and time, beside the per-shard baseline's; the
+    times are medians of `reps` repetitions of every (N, side) case, interleaved."""
+    sizes_of = {n: (lower_chain(n), per_shard_baseline(n)) for n in sizes}     # also the warm-up
+    cases = {(side, n): (lambda fn=fn, n=n: fn(n)) for n in sizes
+             for side, fn in (("ours", lower_chain), ("baseline", per_shard_baseline))}
+    times = harness.measure(cases, reps, warmup=0)
     out = []
-    for n in sizes:
-        ops_count, plan_bytes = lower_chain(n)
-        nodes, edges, baseline_bytes = per_shard_baseline(n)
+    for n, ((ops_count, plan_bytes), (nodes, edges, baseline_bytes)) in sizes_of.items():
         out.append({
-            "N": n, "ops": ops_count, "plan_bytes": plan_bytes,
-            "time_s": _median_seconds(lower_chain, n, reps),
+            "N": n, "ops": ops_count, "plan_bytes": plan_bytes, "time_s": harness.median(times["ours", n]),
             "baseline_nodes": nodes, "baseline_edges": edges, "baseline_plan_bytes": baseline_bytes,
-            "baseline_time_s": _median_seconds(per_shard_baseline, n, reps),
+            "baseline_time_s": harness.median(times["baseline", n]),
         })
     return out
 

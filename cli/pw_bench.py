@@ -6,6 +6,9 @@
     pw-bench all --quick                       # every benchmark, records in benchmarks/results-quick/
     pw-bench report                            # records -> benchmarks/RESULTS.md + plots/*.png
 
+The default folders are the package's own `benchmarks/` (wherever `pw-bench`
+is run from); `--json-dir`, `--results` and `--out` name others.
+
 Every benchmark process asks XLA for `harness.HOST_DEVICES` CPU devices before
 JAX starts; `all` runs each benchmark in its own process, so one's threads,
 caches and Ray instance never touch the next one's figures. Errors are one
@@ -24,13 +27,16 @@ import time
 
 import click
 
+from pathways_mlir import benchmarks
 from pathways_mlir.benchmarks import BENCHMARKS, harness, load
 
 from .entry import run_command
 
-RESULTS = pathlib.Path("benchmarks/results")
-QUICK_RESULTS = pathlib.Path("benchmarks/results-quick")
-REPORT = pathlib.Path("benchmarks/RESULTS.md")
+# Anchored to the package, not the working directory.
+BENCHMARKS_DIR = pathlib.Path(benchmarks.__file__).resolve().parent
+RESULTS = BENCHMARKS_DIR / "results"
+QUICK_RESULTS = BENCHMARKS_DIR / "results-quick"
+REPORT = BENCHMARKS_DIR / "RESULTS.md"
 
 
 class BenchError(Exception):
@@ -94,7 +100,8 @@ for _name in BENCHMARKS:
 
 @cli.command("all")
 @click.option("--quick", is_flag=True, help="Fewer repetitions and sizes: each under a minute.")
-@click.option("--json-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=None,
+@click.option("--json-dir", "--out", "json_dir", type=click.Path(file_okay=False, path_type=pathlib.Path),
+              default=None,
               help=f"Where to write one JSON record per benchmark (default: {RESULTS}, or "
                    f"{QUICK_RESULTS} with --quick, so a quick run never replaces a full run's records).")
 def run_all(quick: bool, json_dir: pathlib.Path | None) -> None:
@@ -103,12 +110,13 @@ def run_all(quick: bool, json_dir: pathlib.Path | None) -> None:
     json_dir.mkdir(parents=True, exist_ok=True)
     failed = []
     start = time.perf_counter()
+    env = {**os.environ, harness.RUN_ID_VARIABLE: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for name in BENCHMARKS:
         click.echo(f"== {name}", err=True)
         began = time.perf_counter()
         command = [sys.executable, "-m", "pathways_mlir.cli.pw_bench", name, "--json",
                    str(json_path := json_dir / f"{name}.json")] + (["--quick"] if quick else [])
-        if subprocess.run(command).returncode != 0:
+        if subprocess.run(command, env=env).returncode != 0:
             failed.append(name)
         else:
             click.echo(f"   {json_path} ({time.perf_counter() - began:.0f} s)", err=True)

@@ -1,6 +1,9 @@
 """pw-bench's machinery: the harness, the report and the CLI listing (no benchmark is run)."""
 
 import json
+import math
+import pathlib
+import types
 
 import pytest
 
@@ -9,14 +12,28 @@ from pathways_mlir.benchmarks.report import load_records, markdown_table, write_
 from pathways_mlir.cli import pw_bench
 
 HEADLINES = {
-    "dispatch": ("chained_over_jax_opbyop_8dev", "fused_over_jax_fused_8dev", "opbyop_over_ray_8dev"),
+    "dispatch": tuple(f"{ratio}_{where}" for where in ("worst", "1dev", "8dev") for ratio in (
+        "chained_over_jax_opbyop", "opbyop_over_jax_opbyop", "chained_fused_over_jax_opbyop", "fused_over_jax_fused"))
+    + ("opbyop_over_ray_8dev",),
     "crossover": ("crossover_ms_95", "crossover_ms_99"),
-    "parallel-dispatch": ("parallel_over_sequential_k16_1ms", "parallel_k16_over_k1_1ms"),
-    "multi-tenancy": ("aggregate_4clients_over_1", "share_error_1248"),
-    "pipeline": ("pipeline4_over_spmd", "pipeline8_over_pipeline4", "two_islands_over_one"),
+    "parallel-dispatch": ("parallel_over_sequential_latency_k16_1ms", "parallel_over_sequential_throughput_k16_1ms",
+                          "parallel_over_sequential_latency_k16_1ms_heavy",
+                          "parallel_over_sequential_throughput_k16_1ms_heavy", "parallel_over_sequential_worst",
+                          "parallel_k16_over_k1_1ms"),
+    "multi-tenancy": ("aggregate_4clients_over_1", "aggregate_4clients_over_1_worst", "share_error_1111",
+                      "share_error_1248"),
+    "pipeline": ("pipeline4_over_jax_pipeline4", "spmd_over_jax_spmd", "pipeline4_over_jax_spmd",
+                 "pipeline8_over_pipeline4", "two_islands_over_one"),
+    "three-blocks": ("three_blocks_over_jax",),
     "lowering-scale": ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048"),
-    "object-store": ("handles_per_s_over_ray_put",),
+    "object-store": ("embedded_over_ray_put_worst", "ray_backend_over_ray_put_worst"),
 }
+
+
+# Headlines that may be None in a record: fused dispatch until pw-lower can fuse launches, and a
+# crossover that the measured durations never reach.
+MAY_BE_MISSING = {"chained_fused_over_jax_opbyop_worst", "chained_fused_over_jax_opbyop_1dev",
+                  "chained_fused_over_jax_opbyop_8dev", "crossover_ms_95", "crossover_ms_99"}
 
 
 def test_measure_interleaves_cases_in_shuffled_order():
@@ -36,6 +53,68 @@ def test_median_and_spread():
     assert harness.spread([1.0, 1.0, 1.0, 1.0]) == 0.0
     assert harness.spread([1.0, 2.0]) == 0.0               # too few values to say
     assert harness.spread([1.0, 2.0, 3.0, 4.0, 5.0]) > 0
+
+
+def test_worst_is_the_smallest_ratio_and_none_if_any_is_missing():
+    assert harness.worst([1.5, 0.25, 0.9]) == 0.25
+    assert harness.worst([1.0, None]) is None
+    assert harness.worst([1.0, float("nan")]) is None
+    assert harness.worst([]) is None
+
+
+def test_same_results_compares_whole_trees():
+    import numpy as np
+
+    a = [np.arange(6.0).reshape(2, 3), np.ones(2)]
+    assert harness.same_results(a, [x.copy() for x in a])
+    b = [a[0].copy(), a[1].copy()]
+    b[0][1, 2] += 1.0                          # a difference outside row 0 is seen
+    assert not harness.same_results(a, b)
+    assert not harness.same_results(a, a[:1])
+
+
+class _FakeProgram:
+    """Stands for a traced program: `lower` gives a module, a program name and an output tree."""
+
+    def lower(self, *avals):
+        import jax
+
+        return types.SimpleNamespace(module="module", program="p", out_tree=jax.tree_util.tree_structure(0))
+
+
+def _fake_runtime():
+    return types.SimpleNamespace(resources=types.SimpleNamespace(snapshot=lambda: (0, "topology")))
+
+
+@pytest.mark.parametrize("has_option", [False, True])
+def test_fusion_is_asked_for_in_one_place(monkeypatch, has_option):
+    """`compile_program` passes `fuse` to pw-lower under FUSE_OPTION; without that option a fused
+    case is unavailable and an unfused one lowers as before."""
+    import numpy as np
+
+    import pathways_mlir.passes as passes
+
+    calls = []
+
+    def lower(module, topology, **options):
+        if options and not has_option:
+            raise TypeError(f"lower() got an unexpected keyword argument '{next(iter(options))}'")
+        calls.append(options)
+        return module
+
+    monkeypatch.setattr(passes, "lower", lower)
+    monkeypatch.setattr(passes, "program_plans", lambda module: {"p": "plan"})
+    x = np.zeros(2, np.float32)
+    client = types.SimpleNamespace(run=lambda plan, leaves: ["handle"])
+    run = harness.compile_program(_FakeProgram(), (x,), _fake_runtime(), fuse=False)
+    assert run(client, x) == "handle"
+    if has_option:
+        harness.compile_program(_FakeProgram(), (x,), _fake_runtime(), fuse=True)
+        assert calls == [{harness.FUSE_OPTION: False}, {harness.FUSE_OPTION: True}]
+    else:
+        with pytest.raises(harness.Unavailable, match=harness.FUSE_OPTION):
+            harness.compile_program(_FakeProgram(), (x,), _fake_runtime(), fuse=True)
+        assert calls == [{}]
 
 
 def test_record_has_the_interface_keys():
@@ -68,6 +147,8 @@ def test_pw_bench_errors_are_one_line(tmp_path, capsys, monkeypatch):
 
 def _synthetic_records() -> list[dict]:
     dispatch_rows = [{"devices": n, "case": case, "computations_per_s": 1000.0 * n, "spread": 0.1}
+                     if case != "ours Chained+fusion" else
+                     {"devices": n, "case": case, "computations_per_s": None, "note": "unavailable"}
                      for n in (1, 2, 4, 8) for case in load("dispatch").CASES]
     crossover_rows = [{"iterations": i, "duration_ms": 0.1 * i, "ours_chained_per_s": 1.0,
                        "jax_opbyop_per_s": 1.0, "ratio": min(1.0, 0.8 + 0.05 * i), "spread": 0.0}
@@ -92,9 +173,19 @@ def test_report_writes_tables_and_plots(tmp_path):
     assert "| dispatch | chained_over_jax_opbyop_8dev | 1.5 |" in text
     assert "| crossover | crossover_ms_99 | – |" in text
     assert "![dispatch](plots/dispatch.png)" in text
+    assert "Warning: these records do not come from one `pw-bench all` run" in text   # made outside `all`
     plots = [p for p in written if p.suffix == ".png"]
     assert sorted(p.name for p in plots) == ["crossover.png", "dispatch.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots)
+
+
+def test_report_says_when_records_come_from_one_run(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv(harness.RUN_ID_VARIABLE, "run-1")
+    records = _synthetic_records()
+    out = tmp_path / "RESULTS.md"
+    write_report(records, out)
+    assert "All records come from one `pw-bench all` run (run-1)." in out.read_text()
 
 
 def test_markdown_table_formats_cells():
@@ -116,4 +207,28 @@ def test_pw_bench_all_quick_runs_green(tmp_path):
     for name in BENCHMARKS:
         record = json.loads((tmp_path / f"{name}.json").read_text())
         assert record["benchmark"] == name and record["rows"]
-        assert set(record["headline"]) == set(load(name).HEADLINE)
+        assert list(record["headline"]) == list(load(name).HEADLINE)
+        for key, value in record["headline"].items():
+            if value is None:
+                assert key in MAY_BE_MISSING, f"{name}: {key} is missing"
+            else:
+                assert math.isfinite(value) and value > 0, f"{name}: {key} = {value}"
+    dispatch = json.loads((tmp_path / "dispatch.json").read_text())
+    assert {(r["devices"], r["case"]) for r in dispatch["rows"]} == {
+        (n, case) for n in load("dispatch").DEVICES for case in load("dispatch").CASES}
+    for row in dispatch["rows"]:       # a case not measured says why
+        assert (row["computations_per_s"] is None) == ("note" in row)
+    for name in ("pipeline", "three-blocks"):       # the baselines do the same work as ours
+        params = json.loads((tmp_path / f"{name}.json").read_text())["params"]
+        matches = params.get("baselines_match_ours", params.get("baseline_matches_ours"))
+        assert matches is True or (isinstance(matches, dict) and all(matches.values()))
+
+
+def test_default_paths_are_anchored_to_the_package(tmp_path, monkeypatch):
+    """pw-bench's default folders do not depend on the working directory."""
+    import pathways_mlir.benchmarks as package
+
+    monkeypatch.chdir(tmp_path)
+    root = pathlib.Path(package.__file__).resolve().parent
+    for path in (pw_bench.RESULTS, pw_bench.QUICK_RESULTS, pw_bench.REPORT):
+        assert path.is_absolute() and path.parent == root

@@ -72,6 +72,20 @@ def test_parallel_and_sequential_agree_and_compile_once(runtime):
     assert runtime.compilations() == 2
 
 
+def _live_array_count(expected: int, timeout: float = 5.0) -> int:
+    """Returns how many JAX arrays are alive, once it is `expected` or the timeout has passed."""
+    import gc
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        count = len(jax.live_arrays())
+        if count == expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.01)
+
+
 def test_memory_returns_to_baseline_when_client_closes(runtime):
     plan, _ = two_island_chain(runtime.resources.topology)
     client = Client(runtime)
@@ -100,6 +114,41 @@ def test_dropping_a_handle_frees_its_buffer(runtime):
         assert sum(runtime.usage().values()) == 8 * 16 * 4   # the 4-way result's shards
         h.delete()
         assert sum(runtime.usage().values()) == 0
+
+
+# The store's accounting above can reach zero while JAX arrays stay alive; these
+# check the arrays themselves. The runtime before the island-programs rewrite
+# (issue 9) keeps a finished run's buffer futures, so they fail there; strict, so
+# that the marker goes once they pass.
+_KEEPS_RUN_ARRAYS = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="issue 9: islands keep finished runs' buffer futures (and their JAX arrays)")
+
+
+@_KEEPS_RUN_ARRAYS
+def test_a_deleted_handle_releases_its_jax_arrays(runtime):
+    plan, _ = two_island_chain(runtime.resources.topology)
+    with Client(runtime) as client:
+        before = _live_array_count(-1, timeout=0)
+        run = client.start(plan, [X])
+        [h] = client.handles(run)
+        run.done.result(timeout=60)
+        h.delete()
+        del run, h
+        assert _live_array_count(before) == before
+
+
+@_KEEPS_RUN_ARRAYS
+def test_closing_a_client_releases_its_jax_arrays(runtime):
+    plan, _ = two_island_chain(runtime.resources.topology)
+    before = _live_array_count(-1, timeout=0)
+    client = Client(runtime)
+    handles = [client.run(plan, [X])[0] for _ in range(3)]
+    for handle in handles:
+        handle.block_until_ready()
+    client.close()
+    del handles, handle
+    assert _live_array_count(before) == before
 
 
 def test_back_pressure_waits_for_frees(device_map):
@@ -212,16 +261,21 @@ def test_clients_in_threads_get_one_consistent_order_on_every_island(runtime):
 
     plan, want = two_island_chain(runtime.resources.topology)
     results: dict[int, list] = {}
+    errors: list[BaseException] = []
 
     def work(n):
-        with Client(runtime) as client:
-            results[n] = [np.asarray(h) for h in [client.run(plan, [X])[0] for _ in range(5)]]
+        try:
+            with Client(runtime) as client:
+                results[n] = [np.asarray(h) for h in [client.run(plan, [X])[0] for _ in range(5)]]
+        except BaseException as e:  # noqa: BLE001  (a thread's failure fails the test below)
+            errors.append(e)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=120)
+    assert errors == [] and sorted(results) == [0, 1, 2]
     for values in results.values():
         for v in values:
             np.testing.assert_array_equal(v, want)

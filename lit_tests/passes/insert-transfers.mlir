@@ -38,11 +38,17 @@ func.func @links(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) attributes
 
 // 2-way to 4-way: each source shard is cut into 2 destination shards (scatter);
 // 4-way to 2-way: each destination shard is assembled from 2 (gather).
+// Exactly one exchange per change: each line must follow the last, so a duplicate fails.
 // CHECK-LABEL: func.func @reshard
-// CHECK: "pw.scatter"(%{{.*}}) {dst = @four, dst_sharding = {{\[\["x"\], \[\]\]}}, link = "dcn", piece_shape = array<i64: 2, 4>, pieces = 2 : i64, src = @two, src_sharding = {{\[\["x"\], \[\]\]}}}
-// CHECK: "pw.gather"(%{{.*}}) {dst = @two, dst_sharding = {{\[\["x"\], \[\]\]}}, link = "dcn", piece_shape = array<i64: 2, 4>, pieces = 2 : i64, src = @four, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK: %[[C0:.*]] = "pw.compute"(%arg0) {{.*}}slice = @two
+// CHECK-NEXT: %[[S:.*]] = "pw.scatter"(%[[C0]]) {dst = @four, dst_sharding = {{\[\["x"\], \[\]\]}}, link = "dcn", piece_shape = array<i64: 2, 4>, pieces = 2 : i64, src = @two, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK-NEXT: %[[C1:.*]] = "pw.compute"(%[[S]]) {{.*}}slice = @four
+// CHECK-NEXT: %[[G:.*]] = "pw.gather"(%[[C1]]) {dst = @two, dst_sharding = {{\[\["x"\], \[\]\]}}, link = "dcn", piece_shape = array<i64: 2, 4>, pieces = 2 : i64, src = @four, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK-NEXT: %[[C2:.*]] = "pw.compute"(%[[G]]) {{.*}}slice = @two
 // 2-way rows into 2x2 tiles on a 2-D mesh: each row block holds 2 tiles.
-// CHECK: "pw.scatter"(%{{.*}}) {dst = @mesh, dst_sharding = {{\[\["r"\], \["c"\]\]}}, link = "ici", piece_shape = array<i64: 4, 2>, pieces = 2 : i64, src = @two, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK-NEXT: %[[M:.*]] = "pw.scatter"(%[[C2]]) {dst = @mesh, dst_sharding = {{\[\["r"\], \["c"\]\]}}, link = "ici", piece_shape = array<i64: 4, 2>, pieces = 2 : i64, src = @two, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK-NEXT: "pw.compute"(%[[M]]) {{.*}}slice = @mesh
+// CHECK-NEXT: return
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
@@ -67,13 +73,14 @@ func.func @reshard(%x: tensor<8x4xf32>) -> tensor<8x4xf32> attributes {pw.progra
 // Tilings that do not nest (rows to columns) go through a replicated copy.
 // CHECK-LABEL: func.func @intra_slice
 // CHECK: %[[R:.*]] = "pw.compute"
-// CHECK: %[[G:.*]] = "pw.gather"(%[[R]]) {dst = @m, dst_sharding = {{\[\[\], \[\]\]}}, link = "ici", piece_shape = array<i64: 4, 4>, pieces = 2 : i64, src = @m, src_sharding = {{\[\["x"\], \[\]\]}}}
-// CHECK: %[[R1:.*]] = "pw.compute"(%[[G]])
-// CHECK: %[[S:.*]] = "pw.scatter"(%[[R1]]) {dst = @m, dst_sharding = {{\[\["x"\], \["y"\]\]}}, link = "ici", piece_shape = array<i64: 4, 2>, pieces = 4 : i64, src = @m, src_sharding = {{\[\[\], \[\]\]}}}
-// CHECK: "pw.compute"(%[[S]])
-// CHECK: %[[W:.*]] = "pw.gather"(%[[R]]) {dst = @m, dst_sharding = {{\[\[\], \[\]\]}}, link = "ici", {{.*}}src = @m, src_sharding = {{\[\["x"\], \[\]\]}}}
-// CHECK: %[[C:.*]] = "pw.scatter"(%[[W]]) {dst = @m, dst_sharding = {{\[\[\], \["x"\]\]}}, link = "ici", piece_shape = array<i64: 8, 2>, pieces = 2 : i64, src = @m, src_sharding = {{\[\[\], \[\]\]}}}
-// CHECK: "pw.compute"(%[[C]])
+// CHECK-NEXT: %[[G:.*]] = "pw.gather"(%[[R]]) {dst = @m, dst_sharding = {{\[\[\], \[\]\]}}, link = "ici", piece_shape = array<i64: 4, 4>, pieces = 2 : i64, src = @m, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK-NEXT: %[[R1:.*]] = "pw.compute"(%[[G]])
+// CHECK-NEXT: %[[S:.*]] = "pw.scatter"(%[[R1]]) {dst = @m, dst_sharding = {{\[\["x"\], \["y"\]\]}}, link = "ici", piece_shape = array<i64: 4, 2>, pieces = 4 : i64, src = @m, src_sharding = {{\[\[\], \[\]\]}}}
+// CHECK-NEXT: "pw.compute"(%[[S]])
+// CHECK-NEXT: %[[W:.*]] = "pw.gather"(%[[R]]) {dst = @m, dst_sharding = {{\[\[\], \[\]\]}}, link = "ici", {{.*}}src = @m, src_sharding = {{\[\["x"\], \[\]\]}}}
+// CHECK-NEXT: %[[C:.*]] = "pw.scatter"(%[[W]]) {dst = @m, dst_sharding = {{\[\[\], \["x"\]\]}}, link = "ici", piece_shape = array<i64: 8, 2>, pieces = 2 : i64, src = @m, src_sharding = {{\[\[\], \[\]\]}}}
+// CHECK-NEXT: "pw.compute"(%[[C]])
+// CHECK-NEXT: return
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "m", shape = array<i64: 2, 2>, axes = ["x", "y"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()

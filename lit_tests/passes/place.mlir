@@ -88,3 +88,18 @@ module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100
 "pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
 "pw.virtual_slice"() {sym_name = "c", shape = array<i64: 1024, 1024>, axes = ["x", "y"], constraints = {}} : () -> ()
 }
+
+// -----
+
+// Two slices of 2 on 2x4 tell the strategies apart: spread uses both islands,
+// pack fills island0 first. (No label: the PACK prefix has none in the cases above.)
+// CHECK: pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, {{.*}}sym_name = "a"
+// CHECK-NEXT: pw.placement = {devices = array<i64: 0, 2>, island = "island1"}, {{.*}}sym_name = "b"
+// PACK: pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, {{.*}}sym_name = "a"
+// PACK-NEXT: pw.placement = {devices = array<i64: 2, 4>, island = "island0"}, {{.*}}sym_name = "b"
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
+    {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+"pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+}

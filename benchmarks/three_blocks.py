@@ -1,0 +1,98 @@
+"""The README's three-block program against plain JAX doing the same.
+
+The program is `examples/three_blocks.py`: block A (tanh) on a 2-device
+slice, block B (a square) on a 2x2 slice, block C (a negation) on a second
+2-device slice, run on the default embedded cluster (2 islands of 4 CPU
+devices, no emulated DCN) from a host array of 8x16 floats, as
+`three_blocks(x)` would be. The baseline is what a JAX user writes for the
+same work: the same three functions, each `jax.jit`ted on its own devices
+(2, 2x2 and 2 of the 8), `jax.device_put` between them, from the same host
+array, waiting for the last result. The headline is our runs per second over
+JAX's (above 1: ours is faster); the results are checked to be equal.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.runtime import Runtime
+
+from . import harness
+
+NAME = "three-blocks"
+HEADLINE = ("three_blocks_over_jax",)
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "three_blocks.py"
+SHAPE = (8, 16)
+
+
+def load_example():
+    """Imports `examples/three_blocks.py` (shipped with the checkout, not as a package)."""
+    if not EXAMPLE.is_file():
+        raise FileNotFoundError(f"{EXAMPLE}: the example is not here (run pw-bench from a checkout)")
+    spec = importlib.util.spec_from_file_location("three_blocks_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def jax_three_blocks(example):
+    """Returns the baseline: the example's three functions jitted on 2, 2x2 and 2 devices of their
+    own, with `jax.device_put` between them."""
+    devices = np.array(jax.devices()[:8])
+    layouts = [NamedSharding(Mesh(devices[0:2], ("data",)), P("data")),
+               NamedSharding(Mesh(devices[2:6].reshape(2, 2), ("data", "model")), P("data", "model")),
+               NamedSharding(Mesh(devices[6:8], ("data",)), P("data"))]
+    blocks = [jax.jit(block.fn, in_shardings=layout, out_shardings=layout)
+              for block, layout in zip((example.block_a, example.block_b, example.block_c), layouts)]
+
+    def run(x):
+        for block, layout in zip(blocks, layouts):
+            x = block(jax.device_put(x, layout))
+        return x
+    return run
+
+
+def run(quick: bool) -> dict:
+    """Measures runs per second of the three-block program, ours and plain JAX, interleaved."""
+    runs, repetitions = (20, 5) if quick else (100, 15)
+    example = load_example()
+    x = np.random.default_rng(0).normal(size=SHAPE).astype(np.float32)
+    baseline = jax_three_blocks(example)
+    runtime = Runtime(embedded_device_map(2, 4))
+    client = Client(runtime)
+
+    def ours():
+        for _ in range(runs):
+            example.three_blocks.run(x, client=client).block_until_ready()
+
+    def theirs():
+        for _ in range(runs):
+            baseline(x).block_until_ready()
+
+    try:
+        times = harness.measure({"ours": ours, "JAX": theirs}, repetitions)
+        same = harness.same_results(example.three_blocks.run(x, client=client), baseline(x))
+    finally:
+        client.close()
+        runtime.close()
+    rows = [{"case": case, "runs_per_s": runs / harness.median(times[case]),
+             "ms_per_run": harness.median(times[case]) / runs * 1e3, "spread": harness.spread(times[case])}
+            for case in ("ours", "JAX")]
+    headline = {"three_blocks_over_jax": harness.median(times["JAX"]) / harness.median(times["ours"])}
+    return harness.record(NAME, {"shape": SHAPE, "runs_per_case": runs, "repetitions": repetitions,
+                                 "cluster": "2 islands x 4 devices", "baseline_matches_ours": same},
+                          rows, headline)
+
+
+def plot(record: dict, ax) -> None:
+    """Milliseconds per run of the three-block program, ours and plain JAX (bars)."""
+    rows = record["rows"]
+    ax.bar([r["case"] for r in rows], [r["ms_per_run"] for r in rows], color=["tab:blue", "tab:orange"])
+    ax.set(ylabel="ms per run", title="The README's three-block program")
