@@ -212,8 +212,11 @@ class Island:
     def release(self, run_id: int, buffer: int) -> None:
         """Drops a result (its handle was deleted); one not produced yet is dropped when it is."""
         with self.lock:
-            if not self.store.release((run_id, buffer)) and run_id not in self._failed and \
-                    run_id not in self._in_flight:
+            if self.store.release((run_id, buffer)):
+                tracked = self._in_flight.get(run_id)
+                if tracked is not None and all(a.is_ready() for a in tracked):
+                    del self._in_flight[run_id]        # nothing of the run needs to stay alive now
+            elif run_id not in self._failed and run_id not in self._in_flight:
                 self._dropped.add((run_id, buffer))
 
     def release_owner(self, owner: Hashable) -> int:

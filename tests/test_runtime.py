@@ -116,29 +116,20 @@ def test_dropping_a_handle_frees_its_buffer(runtime):
         assert sum(runtime.usage().values()) == 0
 
 
-# The store's accounting above can reach zero while JAX arrays stay alive; these
-# check the arrays themselves. The runtime before the island-programs rewrite
-# (issue 9) keeps a finished run's buffer futures, so they fail there; strict, so
-# that the marker goes once they pass.
-_KEEPS_RUN_ARRAYS = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="issue 9: islands keep finished runs' buffer futures (and their JAX arrays)")
-
-
-@_KEEPS_RUN_ARRAYS
+# The accounting above can reach zero while JAX arrays stay alive; these check
+# the arrays themselves.
 def test_a_deleted_handle_releases_its_jax_arrays(runtime):
     plan, _ = two_island_chain(runtime.resources.topology)
     with Client(runtime) as client:
         before = _live_array_count(-1, timeout=0)
         run = client.start(plan, [X])
         [h] = client.handles(run)
-        run.done.result(timeout=60)
+        client.wait(run, timeout=60)
         h.delete()
         del run, h
         assert _live_array_count(before) == before
 
 
-@_KEEPS_RUN_ARRAYS
 def test_closing_a_client_releases_its_jax_arrays(runtime):
     plan, _ = two_island_chain(runtime.resources.topology)
     before = _live_array_count(-1, timeout=0)
