@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlir import ir
 
 from pathways_mlir.dialect import ops
-from pathways_mlir.dialect.context import make_context
+from pathways_mlir.dialect.context import make_context, parse_module
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.topology import Topology
 
@@ -73,7 +73,7 @@ def lower(module: ir.Module | str, topology: Topology, strategy: str = "spread",
     diagnostics if the program cannot be lowered.
     """
     if isinstance(module, str):
-        source = ir.Module.parse(module, make_context())
+        source = parse_module(module, make_context())
     else:
         source = module
     with source.context, source.operation.location:
