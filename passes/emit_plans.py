@@ -205,7 +205,8 @@ def _check(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
     try:
         cycle = nx.find_cycle(calls)
     except nx.NetworkXNoCycle:
-        return True
+        return ops.required_topology(
+            module, diagnostics, "pw-emit-plans needs the module's pw.topology: run pw-place first") is not None
     path = " -> ".join(f"@{u}" for u, _ in cycle) + f" -> @{cycle[0][0]}"
     op = calls.edges[cycle[0]]["op"]
     diagnostics.error(op, f"'pw.cond' op makes program @{cycle[0][0]} reach itself ({path}): "
@@ -218,6 +219,7 @@ class EmitPlansPass(Pass):
     __doc__ = __doc__
     name = "pw-emit-plans"
     summary = "Emit one plan per island (and a host plan) for every program, in schedule order"
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if not _check(module, diagnostics):

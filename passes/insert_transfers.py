@@ -163,6 +163,7 @@ class InsertTransfersPass(Pass):
     __doc__ = __doc__
     name = "pw-insert-transfers"
     summary = "Insert transfers (ICI/DCN) and scatter/gather wherever a value changes device set or sharding"
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         slices, islands, unplaced = {}, {}, False

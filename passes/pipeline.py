@@ -16,6 +16,7 @@ from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from
 from pathways_mlir.dialect.structure import verify_structure
 
 from .registry import PASSES, PIPELINES, OptionError, Pass
+from .verify import verify_module
 
 
 class PipelineError(ValueError):
@@ -104,7 +105,8 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                print_ir_after_all: bool = False) -> bool:
     """Runs `passes` on `module` in MLIR's pass manager; returns True on success.
 
-    After each pass, MLIR's verifier and the pw structural verifier check the
+    A pass that needs verified input runs only if pw-verify's checks pass
+    (their errors are reported instead). After each pass, MLIR's verifier and the pw structural verifier check the
     IR. Errors (a pass's own or a verifier's) are recorded in `diagnostics`.
     IR printed after each pass goes to stderr, as `mlir-opt`.
     """
@@ -118,6 +120,9 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     def adapt(instance: Pass):
         def run(op: ir.Operation, mlir_pass) -> None:
             before = len([d for d in diagnostics.diagnostics if d.severity == "error"])
+            if instance.needs_verified_input and not verify_module(op, diagnostics):
+                mlir_pass.signal_pass_failure()
+                return
             instance.run(op, diagnostics)
             for problem in verify_structure(op):
                 diagnostics.diagnostics.append(

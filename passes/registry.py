@@ -64,7 +64,7 @@ def parse_options(owner: str, options: tuple[Option, ...], given: dict[str, str]
 class Pass:
     """Base class of `pw` passes.
 
-    A subclass sets `name`, `summary` and `options`, documents what it requires
+    A subclass sets `name`, `summary`, `options` and `needs_verified_input`, documents what it requires
     and shows before/after IR in its docstring, and implements `run`, which
     changes the module in place and reports problems through `diagnostics`.
     """
@@ -72,6 +72,9 @@ class Pass:
     name: ClassVar[str]
     summary: ClassVar[str]
     options: ClassVar[tuple[Option, ...]] = ()
+    # True for a pass that reads pw IR as pw-verify defines it: the driver
+    # runs pw-verify's checks first and runs the pass only on IR that passes.
+    needs_verified_input: ClassVar[bool] = False
 
     def __init__(self, **options: Any):
         unknown = set(options) - {o.name for o in self.options}

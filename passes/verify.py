@@ -130,6 +130,9 @@ class _Checker:
                 self.check_movement(op, homes)
             elif op.name not in ("func.return",):
                 self.error(op, "is not allowed in a pw program")
+        last = ops.program_body(program).operations
+        if not len(last) or last[len(last) - 1].operation.name != "func.return":
+            self.error(program, "is a program whose body does not end with func.return")
 
     def resolve(self, op: ir.Operation, key: str, kind: str):
         target = ops.attr(op, key)
@@ -284,6 +287,13 @@ class _Checker:
         return None if problems else sharding
 
 
+def verify_module(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
+    """Checks the semantic rules of pw IR (see the module docstring); True if no error was reported."""
+    errors = len([d for d in diagnostics.diagnostics if d.severity == "error"])
+    _Checker(module, diagnostics).check_module()
+    return len([d for d in diagnostics.diagnostics if d.severity == "error"]) == errors
+
+
 @register
 class VerifyPass(Pass):
     __doc__ = __doc__
@@ -291,4 +301,4 @@ class VerifyPass(Pass):
     summary = "Check the semantic rules of the pw dialect (symbols, shardings, placement of values)"
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        _Checker(module, diagnostics).check_module()
+        verify_module(module, diagnostics)

@@ -353,3 +353,15 @@ func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
   return %2 : tensor<4xf32>
 }
 }
+
+// -----
+
+// A program ends with func.return (MLIR takes an unregistered last op for a terminator).
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
+}
+// expected-error@below {{'func.func' op is a program whose body does not end with func.return}}
+func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+}
