@@ -51,28 +51,12 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.homes import bytes_per_device, home_attribute, program_homes
 from pathways_mlir.dialect.plan import BufferInfo, ProgramPlan, SlicePlacement, Step, Subgraph
-from pathways_mlir.dialect.sharding import Sharding
 
-from .insert_transfers import Home, home_attribute, result_homes
 from .registry import Pass, register
 
 HOST = "host"
-
-
-def _homes(program: ir.Operation) -> dict[ir.Value, Home | None]:
-    """Returns where every value of a lowered program lives (None: the host)."""
-    def read(value: dict) -> Home | None:
-        return (value["slice"], Sharding.from_python(value["sharding"])) if value else None
-
-    body = ops.program_body(program)
-    arg_attrs = ops.attr(program, "arg_attrs") or [{}] * len(body.arguments)
-    homes = {arg: read(a.get(ops.HOME, {})) for arg, a in zip(body.arguments, arg_attrs)}
-    for op in body.operations:
-        op = op.operation
-        found = [read(h) for h in ops.attr(op, ops.RESULT_HOMES, [])] if op.name == "pw.cond" else result_homes(op)
-        homes.update(zip(op.results, found))
-    return homes
 
 
 class _ProgramEmitter:
@@ -84,7 +68,7 @@ class _ProgramEmitter:
         self.slices = slices
         self.placements = placements
         self.step_ids = step_ids
-        self.homes = _homes(program)
+        self.homes = program_homes(program)
         self.buffer_ids: dict[ir.Value, int] = {}
         self.buffers: dict[str, list[dict]] = {}      # island (or HOST) -> pw.buffer attributes
         self.steps: dict[str, list[tuple[str, dict, ir.Location]]] = {}
@@ -101,17 +85,14 @@ class _ProgramEmitter:
         return self.placements[slice_name]["island"]
 
     def bytes_per_device(self, value: ir.Value) -> int:
-        home = self.homes[value]
-        if home is None:
-            return ops.tensor_bytes(value.type)
-        return ops.tensor_bytes(value.type) // home[1].ways(self.slices[home[0]].axis_sizes)
+        return bytes_per_device(value.type, self.homes[value], self.slices)
 
     def buffer(self, value: ir.Value) -> int:
         """Returns the buffer id of a value, declaring the buffer on first sight."""
         if value not in self.buffer_ids:
             self.buffer_ids[value] = len(self.buffer_ids)
             home = self.homes[value]
-            self.buffers.setdefault(HOST if home is None else self.island(home[0]), []).append({
+            self.buffers.setdefault(HOST if home is None else self.island(home.slice), []).append({
                 "id": self.buffer_ids[value], "type": value.type, "home": home_attribute(home),
                 "bytes_per_device": self.bytes_per_device(value)})
         return self.buffer_ids[value]

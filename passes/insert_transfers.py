@@ -47,39 +47,11 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.homes import Home, home_attribute, operand_homes, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import Topology, TopologyError
 
 from .registry import Pass, register
-
-Home = tuple[str, Sharding]
-
-
-def home_attribute(home: Home | None) -> dict:
-    """Returns the `pw.home` value of a home: {slice, sharding}, or {} for the host."""
-    return {} if home is None else {"slice": Symbol(home[0]), "sharding": home[1].to_python()}
-
-
-def needs(op: ir.Operation) -> list[tuple[int, Home]]:
-    """Returns (operand index, (slice, sharding)) for each operand an op uses on devices."""
-    if op.name == "pw.compute":
-        slice_name = ops.attr(op, "slice")
-        return [(i, (slice_name, s)) for i, s in enumerate(ops.in_shardings(op))]
-    if op.name in ops.DATA_MOVEMENT_OPS:
-        key = "sharding" if op.name == "pw.transfer" else "src_sharding"
-        return [(0, (ops.attr(op, "src"), Sharding.from_python(ops.attr(op, key))))]
-    return []
-
-
-def result_homes(op: ir.Operation) -> list[Home | None]:
-    """Returns where each result of an op lives (None: a host value)."""
-    if op.name == "pw.compute":
-        return [(ops.attr(op, "slice"), s) for s in ops.out_shardings(op)]
-    if op.name in ops.DATA_MOVEMENT_OPS:
-        key = "sharding" if op.name == "pw.transfer" else "dst_sharding"
-        return [(ops.attr(op, "dst"), Sharding.from_python(ops.attr(op, key)))]
-    return [None] * len(op.results)
-
 
 class _Inserter:
     """Inserts the data movement of one module."""
@@ -95,7 +67,7 @@ class _Inserter:
         moved: dict[tuple[ir.Value, str, Sharding], ir.Value] = {}
         for op in list(body.operations):
             op = op.operation
-            for index, want in needs(op):
+            for index, want in operand_homes(op):
                 value = op.operands[index]
                 have = homes.get(value)
                 if have is None:  # a host value: the runtime puts it where it is first used
@@ -137,7 +109,7 @@ class _Inserter:
             return self.reshard("pw.scatter", value, have, want, link, loc)
         if math.prod(src_ways) > math.prod(dst_ways) and all(s % d == 0 for s, d in zip(src_ways, dst_ways)):
             return self.reshard("pw.gather", value, have, want, link, loc)
-        whole = (src_name, Sharding.replicated(len(shape)))
+        whole = Home(src_name, Sharding.replicated(len(shape)))
         gathered = self.reshard("pw.gather", value, have, whole, "ici", loc)
         return self.reshard("pw.scatter", gathered, whole, want, link, loc)
 

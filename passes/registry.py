@@ -119,7 +119,8 @@ PIPELINES: dict[str, Pipeline] = {}
 
 def register(cls: type[Pass]) -> type[Pass]:
     """Class decorator: adds a pass to the registry under its `name`."""
-    assert cls.name not in PASSES and cls.name not in PIPELINES, cls.name
+    if cls.name in PASSES or cls.name in PIPELINES:
+        raise ValueError(f"a pass or pipeline named {cls.name!r} is already registered")
     PASSES[cls.name] = cls
     return cls
 
@@ -127,7 +128,8 @@ def register(cls: type[Pass]) -> type[Pass]:
 def register_pipeline(name: str, summary: str, options: tuple[Option, ...] = ()):
     """Function decorator: adds a named pipeline built by the function."""
     def wrap(expand: Callable[..., list[Pass]]) -> Callable[..., list[Pass]]:
-        assert name not in PASSES and name not in PIPELINES, name
+        if name in PASSES or name in PIPELINES:
+            raise ValueError(f"a pass or pipeline named {name!r} is already registered")
         PIPELINES[name] = Pipeline(name, summary, options, expand)
         return expand
     return wrap

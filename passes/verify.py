@@ -33,12 +33,22 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.homes import Home, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 
 from .registry import Pass, register
 
+
 def _is_ranked_tensor(type_: ir.Type) -> bool:
     return isinstance(type_, ir.RankedTensorType) and ir.RankedTensorType(type_).has_static_shape
+
+
+def _sharding(raw) -> Sharding | None:
+    """Returns the sharding of an attribute value, or None unless it is a list of lists of axis names."""
+    if not isinstance(raw, list) or not all(isinstance(axes, list) and all(isinstance(a, str) for a in axes)
+                                            for axes in raw):
+        return None
+    return Sharding.from_python(raw)
 
 
 class _Checker:
@@ -114,8 +124,9 @@ class _Checker:
     # -- programs ----------------------------------------------------------
 
     def check_program(self, program: ir.Operation) -> None:
-        # Where each value lives: (slice name, sharding), or None for host values.
-        homes: dict[ir.Value, tuple[str, Sharding] | None] = {}
+        # Where each value lives (dialect.homes), for the ops whose attributes
+        # are valid; program arguments and cond results are host values.
+        homes: dict[ir.Value, Home | None] = {}
         for arg in ops.program_body(program).arguments:
             homes[arg] = None
         for op in ops.program_body(program).operations:
@@ -152,10 +163,8 @@ class _Checker:
     def check_sharding_list(self, op: ir.Operation, key: str, types, slice_: ops.VirtualSlice,
                             what: str) -> list[Sharding] | None:
         raw = ops.attr(op, key)
-        try:
-            shardings = [Sharding.from_python(s) for s in raw]
-            assert all(all(isinstance(a, str) for a in axes) for s in shardings for axes in s.dims)
-        except (TypeError, AssertionError):
+        shardings = [_sharding(s) for s in raw] if isinstance(raw, list) else [None]
+        if None in shardings:
             self.error(op, f"'{key}' must be a list of shardings, each a list of lists of axis names")
             return None
         if len(shardings) != len(types):
@@ -184,8 +193,7 @@ class _Checker:
                 for i, (value, sharding) in enumerate(zip(op.operands, ins)):
                     self.check_operand_home(op, i, homes.get(value), s.name, sharding)
             if outs is not None:
-                for r, sharding in zip(op.results, outs):
-                    homes[r] = (s.name, sharding)
+                homes.update(zip(op.results, result_homes(op)))
                 results_home = True
         if results_home is None:
             for r in op.results:
@@ -195,7 +203,7 @@ class _Checker:
             if entry is not None:
                 expected = ops.function_type(entry)
                 actual = ir.FunctionType.get([v.type for v in op.operands], [r.type for r in op.results])
-                if str(expected) != str(actual):
+                if expected != actual:
                     self.error(op, f"has type {actual} but its callee @{ops.symbol_name(callee)} has type {expected}")
 
     def check_operand_home(self, op: ir.Operation, index: int, home, slice_name: str,
@@ -221,7 +229,7 @@ class _Checker:
         actual = ir.FunctionType.get([v.type for v in list(op.operands)[1:]], [r.type for r in op.results])
         for key in ("then_program", "else_program"):
             program = self.resolve(op, key, "program")
-            if program is not None and str(ops.function_type(program)) != str(actual):
+            if program is not None and ops.function_type(program) != actual:
                 self.error(op, f"passes {actual} but '{key}' @{ops.symbol_name(program)} "
                                f"has type {ops.function_type(program)}")
 
@@ -236,7 +244,7 @@ class _Checker:
         src, dst = self.slices.get(a["src"]), self.slices.get(a["dst"])
         if src is None or dst is None:
             return
-        if str(op.operands[0].type) != str(op.results[0].type):
+        if op.operands[0].type != op.results[0].type:
             self.error(op, f"changes the type from {op.operands[0].type} to {op.results[0].type}")
             return
         keys = ("sharding", "sharding") if op.name == "pw.transfer" else ("src_sharding", "dst_sharding")
@@ -245,7 +253,7 @@ class _Checker:
         if src_sh is None or dst_sh is None:
             return
         self.check_operand_home(op, 0, homes.get(op.operands[0]), src.name, src_sh)
-        homes[op.results[0]] = (dst.name, dst_sh)
+        homes.update(zip(op.results, result_homes(op)))
         shape = ops.tensor_shape(op.operands[0].type)
         src_ways, dst_ways = src_sh.ways(src.axis_sizes), dst_sh.ways(dst.axis_sizes)
         if op.name == "pw.transfer":
@@ -275,10 +283,8 @@ class _Checker:
         if not _is_ranked_tensor(type_):
             self.error(op, f"moves a {type_}, but pw values are statically shaped tensors")
             return None
-        try:
-            sharding = Sharding.from_python(raw)
-            assert all(isinstance(a, str) for axes in sharding.dims for a in axes)
-        except (TypeError, AssertionError):
+        sharding = _sharding(raw)
+        if sharding is None:
             self.error(op, f"'{key}' must be a list of lists of axis names")
             return None
         problems = sharding.problems(ops.tensor_shape(type_), s.axis_sizes)
