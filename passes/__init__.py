@@ -13,6 +13,7 @@ from . import mark_static_subgraphs  # noqa: F401  (registers pw-mark-static-sub
 from . import schedule  # noqa: F401  (registers pw-schedule)
 from . import verify_schedule  # noqa: F401  (registers pw-verify-schedule)
 from .emit_plans import program_plans  # registers pw-emit-plans
+from . import verify_plans  # noqa: F401  (registers pw-verify-plans)
 from .lower import LoweringError, lower  # registers the pw-lower pipeline
 
 __all__ = ["LoweringError", "lower", "program_plans"]

@@ -17,6 +17,7 @@ from .place import PlacePass
 from .registry import Pass, register_pipeline
 from .schedule import SchedulePass
 from .verify import VerifyPass
+from .verify_plans import VerifyPlansPass
 from .verify_schedule import VerifySchedulePass
 
 
@@ -45,7 +46,8 @@ def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") 
        `pw-schedule` puts static subgraphs first, so it comes after;
        `pw-verify-schedule` proves the order before plans are cut from it.
     4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
-       writes them out per island. A final `pw-verify` checks the module.
+       writes them out per island. A final `pw-verify` checks the module,
+       and `pw-verify-plans` the plans the runtime will trust.
 
     Options are pw-place's. Requires a device-agnostic module.
 
@@ -59,7 +61,7 @@ def lower_pipeline(topology: str = "", strategy: str = "spread", pin: str = "") 
         PlacePass(topology=topology, strategy=strategy, pin=pin), VerifyPass(),
         InsertTransfersPass(), VerifyPass(),
         MarkStaticSubgraphsPass(), SchedulePass(), VerifySchedulePass(),
-        EmitPlansPass(), VerifyPass(),
+        EmitPlansPass(), VerifyPass(), VerifyPlansPass(),
     ]
 
 
