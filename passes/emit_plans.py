@@ -43,7 +43,7 @@ pw-schedule; no program may reach itself through branches.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Callable, Iterator
 
 import networkx as nx
 from mlir import ir
@@ -71,7 +71,7 @@ class _ProgramEmitter:
         self.homes = program_homes(program)
         self.buffer_ids: dict[ir.Value, int] = {}
         self.buffers: dict[str, list[dict]] = {}      # island (or HOST) -> pw.buffer attributes
-        self.steps: dict[str, list[tuple[str, dict, ir.Location]]] = {}
+        self.steps: dict[str, list[tuple[Callable[..., ir.Operation], dict, ir.Location]]] = {}
         self.producer: dict[int, int] = {}            # buffer -> step that writes it
         body = ops.program_body(program)
         self.inputs = tuple(self.buffer(arg) for arg in body.arguments)
@@ -100,9 +100,10 @@ class _ProgramEmitter:
     def after(self, buffers) -> tuple[int, ...]:
         return tuple(sorted({self.producer[b] for b in buffers if b in self.producer}))
 
-    def add(self, where: str, name: str, attributes: dict, loc: ir.Location, writes: tuple[int, ...]) -> int:
+    def add(self, where: str, build, attributes: dict, loc: ir.Location, writes: tuple[int, ...]) -> int:
+        """Records a step to create with `build` (an `ops.build_*`); returns its id."""
         step = next(self.step_ids)
-        self.steps.setdefault(where, []).append((name, {"step": step, **attributes}, loc))
+        self.steps.setdefault(where, []).append((build, {"step": step, **attributes}, loc))
         for b in writes:
             self.producer[b] = step
         return step
@@ -114,17 +115,16 @@ class _ProgramEmitter:
         subgraph = ops.attr(op, ops.SUBGRAPH, 0)
         if op.name == "pw.compute":
             slice_name = ops.attr(op, "slice")
-            self.add(self.island(slice_name), "pw.launch", {
-                "after": self.after(inputs), "executable": Symbol(ops.attr(op, "callee")),
-                "slice": Symbol(slice_name), "devices": self.placements[slice_name]["devices"],
+            self.add(self.island(slice_name), ops.build_launch, {
+                "after": self.after(inputs), "executable": ops.attr(op, "callee"),
+                "slice": slice_name, "devices": self.placements[slice_name]["devices"],
                 "inputs": inputs, "outputs": outputs,
                 "output_bytes": tuple(self.bytes_per_device(r) for r in op.results),
                 "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
         elif op.name == "pw.cond":
-            self.add(HOST, "pw.branch", {
+            self.add(HOST, ops.build_branch, {
                 "after": self.after(inputs), "pred": inputs[0], "inputs": inputs[1:], "outputs": outputs,
-                "then_program": Symbol(ops.attr(op, "then_program")),
-                "else_program": Symbol(ops.attr(op, "else_program")),
+                "then_program": ops.attr(op, "then_program"), "else_program": ops.attr(op, "else_program"),
                 "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
         else:
             self.add_movement(op, inputs[0], outputs[0], subgraph)
@@ -134,13 +134,13 @@ class _ProgramEmitter:
         src_island, dst_island = self.island(src_slice), self.island(dst_slice)
         common = {"bytes": self.bytes_per_device(op.results[0]), "link": ops.attr(op, "link"), "subgraph": subgraph}
         if src_island == dst_island:
-            self.add(src_island, "pw.copy", {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst,
+            self.add(src_island, ops.build_copy, {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst,
                                              **common}, op.location, (dst,))
             return
-        send = self.add(src_island, "pw.send", {
+        send = self.add(src_island, ops.build_send, {
             "after": self.after((src,)), "buffer": src, "peer_buffer": dst, "peer": dst_island,
             "devices": self.placements[src_slice]["devices"], **common}, op.location, ())
-        self.add(dst_island, "pw.recv", {
+        self.add(dst_island, ops.build_recv, {
             "after": (send,), "buffer": dst, "peer_buffer": src, "peer": src_island,
             "devices": self.placements[dst_slice]["devices"], **common}, op.location, (dst,))
 
@@ -159,9 +159,9 @@ class _ProgramEmitter:
                             loc=self.program.location, regions=1)
         with ir.InsertionPoint(module.regions[0].blocks.append()):
             for buffer in self.buffers.get(where, []):
-                ops.create("pw.buffer", attributes=buffer, loc=self.program.location)
-            for op_name, attributes, loc in self.steps.get(where, []):
-                ops.create(op_name, attributes=attributes, loc=loc)
+                ops.build_buffer(**buffer, loc=self.program.location)
+            for build, attributes, loc in self.steps.get(where, []):
+                build(**attributes, loc=loc)
 
 
 def _is_plan(op: ir.Operation) -> bool:

@@ -45,7 +45,6 @@ import math
 from mlir import ir
 
 from pathways_mlir.dialect import ops
-from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.homes import Home, home_attribute, operand_homes, result_homes
 from pathways_mlir.dialect.sharding import Sharding
@@ -102,32 +101,27 @@ class _Inserter:
         shape = ops.tensor_shape(value.type)
         src_ways, dst_ways = src_sh.dim_ways(src.axis_sizes), dst_sh.dim_ways(dst.axis_sizes)
         if src_sh == dst_sh and src_ways == dst_ways:
-            return ops.create("pw.transfer", [value], [value.type], {
-                "link": link, "src": Symbol(src_name), "dst": Symbol(dst_name),
-                "sharding": src_sh.to_python()}, loc).result
+            return ops.build_transfer(value, src_name, dst_name, src_sh, link, loc).result
         if math.prod(dst_ways) > math.prod(src_ways) and all(d % s == 0 for s, d in zip(src_ways, dst_ways)):
-            return self.reshard("pw.scatter", value, have, want, link, loc)
+            return self.reshard(ops.build_scatter, value, have, want, link, loc)
         if math.prod(src_ways) > math.prod(dst_ways) and all(s % d == 0 for s, d in zip(src_ways, dst_ways)):
-            return self.reshard("pw.gather", value, have, want, link, loc)
+            return self.reshard(ops.build_gather, value, have, want, link, loc)
         whole = Home(src_name, Sharding.replicated(len(shape)))
-        gathered = self.reshard("pw.gather", value, have, whole, "ici", loc)
-        return self.reshard("pw.scatter", gathered, whole, want, link, loc)
+        gathered = self.reshard(ops.build_gather, value, have, whole, "ici", loc)
+        return self.reshard(ops.build_scatter, gathered, whole, want, link, loc)
 
-    def reshard(self, name: str, value: ir.Value, have: Home, want: Home, link: str,
+    def reshard(self, build, value: ir.Value, have: Home, want: Home, link: str,
                 loc: ir.Location) -> ir.Value:
-        """Creates a `pw.scatter` or `pw.gather` whose pieces are whole shards of the finer side."""
+        """Creates a `pw.scatter` or `pw.gather` (`build`) whose pieces are whole shards of the finer side."""
         (src_name, src_sh), (dst_name, dst_sh) = have, want
         src, dst = self.slices[src_name], self.slices[dst_name]
         shape = ops.tensor_shape(value.type)
         src_ways, dst_ways = src_sh.ways(src.axis_sizes), dst_sh.ways(dst.axis_sizes)
-        if name == "pw.scatter":
+        if build is ops.build_scatter:
             pieces, piece_shape = dst_ways // src_ways, dst_sh.shard_shape(shape, dst.axis_sizes)
         else:
             pieces, piece_shape = src_ways // dst_ways, src_sh.shard_shape(shape, src.axis_sizes)
-        return ops.create(name, [value], [value.type], {
-            "link": link, "src": Symbol(src_name), "dst": Symbol(dst_name),
-            "src_sharding": src_sh.to_python(), "dst_sharding": dst_sh.to_python(),
-            "pieces": pieces, "piece_shape": tuple(piece_shape)}, loc).result
+        return build(value, src_name, dst_name, src_sh, dst_sh, pieces, piece_shape, link, loc).result
 
 
 @register
