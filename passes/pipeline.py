@@ -119,7 +119,7 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
 
     def adapt(instance: Pass):
         def run(op: ir.Operation, mlir_pass) -> None:
-            before = len([d for d in diagnostics.diagnostics if d.severity == "error"])
+            before = diagnostics.error_count
             if instance.needs_verified_input and not verify_module(op, diagnostics):
                 mlir_pass.signal_pass_failure()
                 return
@@ -128,8 +128,7 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                 diagnostics.diagnostics.append(
                     Diagnostic(problem.severity, problem.location,
                                f"{problem.message} (after {instance.name})"))
-            after = len([d for d in diagnostics.diagnostics if d.severity == "error"])
-            if after > before:
+            if diagnostics.error_count > before:
                 mlir_pass.signal_pass_failure()
         return run
 

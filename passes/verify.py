@@ -295,9 +295,9 @@ class _Checker:
 
 def verify_module(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
     """Checks the semantic rules of pw IR (see the module docstring); True if no error was reported."""
-    errors = len([d for d in diagnostics.diagnostics if d.severity == "error"])
+    errors = diagnostics.error_count
     _Checker(module, diagnostics).check_module()
-    return len([d for d in diagnostics.diagnostics if d.severity == "error"]) == errors
+    return diagnostics.error_count == errors
 
 
 @register

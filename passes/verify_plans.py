@@ -307,9 +307,8 @@ class _Checker:
 
     def check_step(self, program: _Program, step: _Step) -> None:
         a, op = step.attrs, step.op
-        for key in ("inputs", "outputs", "src_buffer", "dst_buffer", "pred"):
-            for b in (a[key] if isinstance(a.get(key), tuple) else (a[key],) if key in a else ()):
-                self.buffer(program, step, b)
+        for b in _buffers(step, ("inputs", "outputs", "src_buffer", "dst_buffer", "pred")):
+            self.buffer(program, step, b)
         if op.name == "pw.launch":
             self.check_launch(program, step)
         elif op.name in ("pw.send", "pw.recv"):
@@ -367,13 +366,13 @@ class _Checker:
     def check_dataflow(self, program: _Program) -> None:
         writer: dict[int, int] = {}
         for step in program.steps.values():
-            for b in _buffers(step, WRITES):
+            for b in _buffers(step, WRITES.get(step.op.name, ())):
                 if b in writer:
                     self.error(step.op, f"step {step.id} writes buffer {b}, which step {writer[b]} writes too")
                 writer.setdefault(b, step.id)
         inputs = set(program.host_mark["inputs"])
         for step in program.steps.values():
-            for b in _buffers(step, READS):
+            for b in _buffers(step, READS.get(step.op.name, ())):
                 if b in writer:
                     if writer[b] not in step.after:
                         self.error(step.op, f"step {step.id} reads buffer {b} but does not wait for "
@@ -416,10 +415,11 @@ class _Checker:
                                                    f"the island orders and 'after' deadlock")
 
 
-def _buffers(step: _Step, table: dict[str, tuple[str, ...]]) -> list[int]:
+def _buffers(step: _Step, keys: tuple[str, ...]) -> list[int]:
+    """Returns the buffer ids a step names under `keys` (single ids or arrays)."""
     found = []
-    for key in table.get(step.op.name, ()):
-        value = step.attrs[key]
+    for key in keys:
+        value = step.attrs.get(key, ())
         found.extend(value if isinstance(value, tuple) else (value,))
     return found
 
