@@ -166,7 +166,7 @@ class _Checker:
         mark = self.value(op, ops.ISLAND_PLAN, dict, "a dictionary {island, program}")
         program = self.program(op, mark)
         island = mark.get("island")
-        if island not in self.islands:
+        if not isinstance(island, str) or island not in self.islands:
             self.error(op, f"is a plan of @{program.name} for island '{island}', which the topology does not have "
                            f"(islands: {', '.join(self.islands)})")
             raise _Invalid

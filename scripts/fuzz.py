@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                     with pool.lock:
                         outcomes[str(outcome["status"]) if outcome["bad"] else f"exit {outcome['status']}"] += 1
                         per_kind[kind] += 1
+                        done = sum(outcomes.values())
+                        if done % 1000 == 0:
+                            print(f"{done} cases, {len(failures)} failures, {time.monotonic() - start:.0f} s",
+                                  file=sys.stderr, flush=True)
                         if outcome["bad"]:
                             saved = keep / f"case{index}-{source.stem}-{kind}.mlir"
                             saved.write_bytes(data)

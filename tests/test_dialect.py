@@ -143,3 +143,14 @@ def test_every_pw_op_has_a_typed_builder_that_makes_it_well_formed(context):
     assert sorted(op.name for op in built) == sorted(definitions())
     assert {op.name: check_op(op) for op in built} == {op.name: [] for op in built}
     assert str(built[7].attributes["after"]) == "array<i64>"
+
+
+def test_structure_wants_i64_dense_arrays(context):
+    # Passes read every dense array of a pw op as integers; f32 once escaped as a TypeError.
+    from pathways_mlir.dialect.structure import verify_structure
+
+    module = ir.Module.parse('"pw.virtual_slice"() {sym_name = "a", shape = array<f32: 2.0>, axes = ["x"], '
+                             'constraints = {}} : () -> ()')
+    [problem] = verify_structure(module)
+    assert problem.message == ("'pw.virtual_slice' op attribute 'shape' must be a #builtin.dense_array of i64, "
+                               "not array<f32: 2.000000e+00>")
