@@ -113,7 +113,8 @@ class _Checker:
             self.error(op, f"slice @{s.name} placement must be {{island = \"name\", devices = array<i64: ...>}}")
             return
         ranges = placement["devices"]
-        if len(ranges) % 2 or any(b >= e or b < 0 for b, e in zip(ranges[::2], ranges[1::2])):
+        if len(ranges) % 2 or not all(isinstance(d, int) and not isinstance(d, bool) for d in ranges) \
+                or any(b >= e or b < 0 for b, e in zip(ranges[::2], ranges[1::2])):
             self.error(op, f"slice @{s.name} placement devices must be half-open ranges "
                            f"[begin, end) with 0 <= begin < end")
             return

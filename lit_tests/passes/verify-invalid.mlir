@@ -50,6 +50,12 @@
 
 // -----
 
+// Placement ranges are integers.
+// expected-error@below {{placement devices must be half-open ranges}}
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 4>, axes = ["x"], constraints = {}, pw.placement = {island = "i0", devices = array<f32: 0.0, 2.0>}} : () -> ()
+
+// -----
+
 // Symbols are unique across kinds of op (MLIR's symbol table checks this on parse).
 "pw.virtual_slice"() {sym_name = "f", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
 // expected-error@below {{redefinition of symbol named 'f'}}
