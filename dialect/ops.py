@@ -142,6 +142,13 @@ class VirtualSlice:
         return n
 
     @property
+    def well_formed(self) -> bool:
+        """True if the shape is positive integers, one distinct non-empty axis name each."""
+        return (bool(self.shape) and len(self.axes) == len(self.shape)
+                and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in self.shape)
+                and all(isinstance(a, str) and a for a in self.axes) and len(set(self.axes)) == len(self.axes))
+
+    @property
     def axis_sizes(self) -> dict[str, int]:
         """Returns {axis name: size}."""
         return dict(zip(self.axes, self.shape))

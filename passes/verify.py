@@ -105,7 +105,8 @@ class _Checker:
         placement = ops.attr(op, ops.PLACEMENT)
         if placement is not None:
             self.check_placement(op, s, placement)
-        self.slices[s.name] = s
+        if s.well_formed:  # what uses a malformed slice is not checked against it
+            self.slices[s.name] = s
 
     def check_placement(self, op: ir.Operation, s: ops.VirtualSlice, placement) -> None:
         if not isinstance(placement, dict) or not isinstance(placement.get("island"), str) \

@@ -106,8 +106,8 @@ class _Checker:
         self.slices: dict[str, tuple[ops.VirtualSlice, dict]] = {}
         for op in ops.top_level_ops(module):
             placement = ops.attr(op, ops.PLACEMENT) if op.name == "pw.virtual_slice" else None
-            if isinstance(placement, dict):
-                s = ops.VirtualSlice.from_op(op)
+            s = ops.VirtualSlice.from_op(op) if isinstance(placement, dict) else None
+            if s is not None and s.well_formed:
                 self.slices[s.name] = (s, placement)
         self.executables = ops.executables(module)
         self.program_names = set(ops.programs(module))

@@ -371,3 +371,16 @@ module @f attributes {pw.executable} {
 func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
   %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
 }
+
+// -----
+
+// A computation on a malformed slice is not checked against it (nor does it crash the checker).
+// expected-error@below {{slice @v0 axis names must be non-empty strings}}
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = [["x"]], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
+}
+func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
