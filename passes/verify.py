@@ -43,14 +43,6 @@ def _is_ranked_tensor(type_: ir.Type) -> bool:
     return isinstance(type_, ir.RankedTensorType) and ir.RankedTensorType(type_).has_static_shape
 
 
-def _sharding(raw) -> Sharding | None:
-    """Returns the sharding of an attribute value, or None unless it is a list of lists of axis names."""
-    if not isinstance(raw, list) or not all(isinstance(axes, list) and all(isinstance(a, str) for a in axes)
-                                            for axes in raw):
-        return None
-    return Sharding.from_python(raw)
-
-
 class _Checker:
     """Walks one module, reporting problems to a diagnostic engine."""
 
@@ -143,8 +135,8 @@ class _Checker:
                 self.check_movement(op, homes)
             elif op.name not in ("func.return",):
                 self.error(op, "is not allowed in a pw program")
-        last = ops.program_body(program).operations
-        if not len(last) or last[len(last) - 1].operation.name != "func.return":
+        body = ops.program_body(program).operations
+        if not len(body) or body[len(body) - 1].operation.name != "func.return":
             self.error(program, "is a program whose body does not end with func.return")
 
     def resolve(self, op: ir.Operation, key: str, kind: str):
@@ -165,7 +157,7 @@ class _Checker:
     def check_sharding_list(self, op: ir.Operation, key: str, types, slice_: ops.VirtualSlice,
                             what: str) -> list[Sharding] | None:
         raw = ops.attr(op, key)
-        shardings = [_sharding(s) for s in raw] if isinstance(raw, list) else [None]
+        shardings = [Sharding.checked(s) for s in raw] if isinstance(raw, list) else [None]
         if None in shardings:
             self.error(op, f"'{key}' must be a list of shardings, each a list of lists of axis names")
             return None
@@ -285,7 +277,7 @@ class _Checker:
         if not _is_ranked_tensor(type_):
             self.error(op, f"moves a {type_}, but pw values are statically shaped tensors")
             return None
-        sharding = _sharding(raw)
+        sharding = Sharding.checked(raw)
         if sharding is None:
             self.error(op, f"'{key}' must be a list of lists of axis names")
             return None

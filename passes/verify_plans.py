@@ -43,7 +43,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
-from pathways_mlir.dialect.homes import bytes_per_device, read_home
+from pathways_mlir.dialect.homes import Home, bytes_per_device
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import Topology
 
@@ -227,7 +227,8 @@ class _Checker:
             raise _Invalid
         return size
 
-    def home(self, op: ir.Operation, buffer: int, value: dict, type_: ir.Type, where: str):
+    def home(self, op: ir.Operation, buffer: int, value: dict, type_: ir.Type, where: str) -> Home | None:
+        """Returns a buffer's checked home (None on the host); reports and raises _Invalid if wrong."""
         if not value:
             if where != HOST:
                 self.error(op, f"buffer {buffer} has no home slice, but only host buffers have none")
@@ -237,7 +238,7 @@ class _Checker:
             self.error(op, f"buffer {buffer} of the host plan has a home on a slice")
             raise _Invalid
         slice_name, sharding = value.get("slice"), value.get("sharding")
-        if slice_name not in self.slices:
+        if not isinstance(slice_name, str) or slice_name not in self.slices:
             self.error(op, f"buffer {buffer} lives on @{slice_name}, which is not a placed slice of this module")
             raise _Invalid
         s, placement = self.slices[slice_name]
@@ -245,15 +246,15 @@ class _Checker:
             self.error(op, f"buffer {buffer} lives on @{slice_name} in {placement.get('island')}, "
                            f"but is declared in the plan of {where}")
             raise _Invalid
-        if not (isinstance(sharding, list) and all(isinstance(axes, list) and all(isinstance(a, str) for a in axes)
-                                                   for axes in sharding)):
+        checked = Sharding.checked(sharding)
+        if checked is None:
             self.error(op, f"buffer {buffer} has a sharding that is not a list of lists of axis names")
             raise _Invalid
-        problems = Sharding.from_python(sharding).problems(ops.tensor_shape(type_), s.axis_sizes)
+        problems = checked.problems(ops.tensor_shape(type_), s.axis_sizes)
         if problems:
             self.error(op, f"buffer {buffer} on @{slice_name}: {problems[0]}")
             raise _Invalid
-        return read_home(value)
+        return Home(slice_name, checked)
 
     def read_step(self, op: ir.Operation, program: _Program, where: str) -> None:
         step = self.value(op, "step", int, "an integer step id")
