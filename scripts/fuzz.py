@@ -128,9 +128,14 @@ class _Pool:
         self.lock = threading.Lock()
 
     def start(self) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                env={**os.environ, "PYTHONFAULTHANDLER": ""})
+        # stderr goes to a file: MLIR writes to it directly (--mlir-print-ir-after-all), and an
+        # unread pipe would fill up and stall the worker. faulthandler says where a crash was.
+        errors = tempfile.TemporaryFile()
+        proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=errors, text=True, bufsize=1,
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        proc.errors = errors
+        return proc
 
     def run(self, proc: subprocess.Popen, path: pathlib.Path, args: list[str]) -> tuple[subprocess.Popen, dict]:
         """Runs one case on `proc`; returns the worker to use next and the outcome."""
@@ -146,9 +151,17 @@ class _Pool:
         else:
             proc.wait(timeout=30)
             outcome = {"status": f"signal {-proc.returncode}" if proc.returncode < 0 else proc.returncode,
-                       "bad": True, "stderr": proc.stderr.read()[-1500:]}
+                       "bad": True, "stderr": _tail(proc.errors)}
         proc.wait(timeout=30)
+        proc.errors.close()
         return self.start(), outcome
+
+
+def _tail(errors, size: int = 1500) -> str:
+    """Returns the end of what a worker wrote to its stderr file."""
+    errors.seek(0, os.SEEK_END)
+    errors.seek(max(0, errors.tell() - size))
+    return errors.read().decode("utf-8", "replace")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 proc.stdin.close()
                 proc.wait(timeout=60)
+                proc.errors.close()
 
         def guarded(slot: int) -> None:
             try:
