@@ -11,6 +11,7 @@ work on the Python values they return.
     UnitAttr                  <-> None (as a value of a dictionary entry)
     DenseI64ArrayAttr         <-> tuple of ints
     other dense arrays         -> tuple of their values (read only)
+    any other attribute        -> the attribute itself (read only)
     ArrayAttr [...]           <-> list
     DictAttr {...}            <-> dict
     SymbolRefAttr @a          <-> Symbol("a")
@@ -62,7 +63,7 @@ def to_python(attr: ir.Attribute) -> Any:
         return Symbol(str(attr)[1:])
     if isinstance(attr, ir.TypeAttr):
         return attr.value
-    raise TypeError(f"attribute {attr} is not a builtin attribute pw reads")
+    return attr  # not one pw writes: left as it is, for a checker to reject
 
 
 def to_attribute(value: Any) -> ir.Attribute:

@@ -39,6 +39,10 @@ from pathways_mlir.dialect.sharding import Sharding
 from .registry import Pass, register
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_ranked_tensor(type_: ir.Type) -> bool:
     return isinstance(type_, ir.RankedTensorType) and ir.RankedTensorType(type_).has_static_shape
 
@@ -123,8 +127,10 @@ class _Checker:
         homes: dict[ir.Value, Home | None] = {}
         for arg in ops.program_body(program).arguments:
             homes[arg] = None
+        self.check_program_marks(program)
         for op in ops.program_body(program).operations:
             op = op.operation
+            self.check_op_marks(op)
             if op.name == "pw.compute":
                 self.check_compute(op, homes)
             elif op.name == "pw.cond":
@@ -138,6 +144,34 @@ class _Checker:
         body = ops.program_body(program).operations
         if not len(body) or body[len(body) - 1].operation.name != "func.return":
             self.error(program, "is a program whose body does not end with func.return")
+
+    # -- marks that later passes read -------------------------------------
+
+    def check_program_marks(self, program: ir.Operation) -> None:
+        subgraphs = ops.attr(program, ops.SUBGRAPHS, [])
+        if not (isinstance(subgraphs, list) and all(
+                isinstance(g, dict) and _is_int(g.get("id")) and isinstance(g.get("static"), bool) for g in subgraphs)):
+            self.error(program, f"'{ops.SUBGRAPHS}' must be a list of {{id = <integer>, static = <bool>}}")
+        arg_attrs = ops.attr(program, "arg_attrs") or []
+        for i, a in enumerate(arg_attrs):
+            if isinstance(a, dict) and ops.HOME in a and not self.is_home(a[ops.HOME]):
+                self.error(program, f"argument #{i} has a '{ops.HOME}' that is not {{}} or {{slice, sharding}} "
+                                    f"on a slice of this module")
+
+    def check_op_marks(self, op: ir.Operation) -> None:
+        for mark in (ops.ORDER, ops.SUBGRAPH):
+            if mark in op.attributes and not (_is_int(ops.attr(op, mark)) and ops.attr(op, mark) >= 0):
+                self.error(op, f"'{mark}' must be a non-negative integer")
+        if ops.RESULT_HOMES in op.attributes:
+            homes = ops.attr(op, ops.RESULT_HOMES)
+            if not (isinstance(homes, list) and len(homes) == len(op.results) and all(map(self.is_home, homes))):
+                self.error(op, f"'{ops.RESULT_HOMES}' must hold one {{}} or {{slice, sharding}} per result")
+
+    def is_home(self, value) -> bool:
+        """True for a `pw.home` value: {} (the host) or {slice, sharding} on a slice of this module."""
+        return isinstance(value, dict) and (not value or (
+            set(value) == {"slice", "sharding"} and isinstance(value["slice"], str)
+            and value["slice"] in self.slices and Sharding.checked(value["sharding"]) is not None))
 
     def resolve(self, op: ir.Operation, key: str, kind: str):
         target = ops.attr(op, key)

@@ -119,13 +119,12 @@ class _Checker:
 
     def value(self, op: ir.Operation, key: str, kind: type, what: str) -> Any:
         """Returns attribute `key` as a Python value of `kind`; reports and raises _Invalid otherwise."""
-        try:
-            value = ops.attr(op, key)
-        except TypeError:
-            value = None
-        ints = kind is tuple and isinstance(value, tuple) and all(isinstance(v, int) for v in value)
-        if (kind is tuple and not ints) or (kind is not tuple and (not isinstance(value, kind) or
-                                                                   (kind is int and isinstance(value, bool)))):
+        value = ops.attr(op, key)
+        if kind is tuple:
+            ok = isinstance(value, tuple) and all(type(v) is int for v in value)
+        else:
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
             self.error(op, f"attribute '{key}' must be {what}")
             raise _Invalid
         return value
