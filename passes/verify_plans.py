@@ -106,7 +106,9 @@ class _Checker:
         self.slices: dict[str, tuple[ops.VirtualSlice, dict]] = {}
         for op in ops.top_level_ops(module):
             placement = ops.attr(op, ops.PLACEMENT) if op.name == "pw.virtual_slice" else None
-            s = ops.VirtualSlice.from_op(op) if isinstance(placement, dict) else None
+            placed = isinstance(placement, dict) and isinstance(placement.get("island"), str) \
+                and isinstance(placement.get("devices"), tuple)
+            s = ops.VirtualSlice.from_op(op) if placed else None
             if s is not None and s.well_formed:
                 self.slices[s.name] = (s, placement)
         self.executables = ops.executables(module)
