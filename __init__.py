@@ -14,7 +14,7 @@ resource manager, schedulers, executors and object store) and `cli`
     step.lower(jax.ShapeDtypeStruct((8, 16), jnp.float32)).as_text()
 """
 
-from .runtime.cluster import prepare_host_devices as _prepare_host_devices
+from .runtime.cluster import prepare_host_devices_before_jax as _prepare_host_devices_before_jax
 
 __version__ = "0.1.0"
 
@@ -23,8 +23,10 @@ _RUNTIME = {"Client": "client", "configure": "runtime", "get_runtime": "runtime"
 __all__ = [*_FRONTEND, *_RUNTIME]
 
 # The embedded cluster's CPU devices must be asked of XLA before JAX starts:
-# importing pathways_mlir first does it (PW_CLUSTER, default 2 islands x 4).
-_prepare_host_devices()
+# importing pathways_mlir first arranges it for JAX's first import (PW_CLUSTER,
+# default 2 islands x 4). Nothing here can fail: a bad PW_CLUSTER is an error
+# where the cluster is made, and tools that never start JAX never read it.
+_prepare_host_devices_before_jax()
 
 
 def __getattr__(name: str):

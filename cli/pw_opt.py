@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import click
 
 from pathways_mlir import passes as _passes  # noqa: F401  (registers the passes)
-from pathways_mlir.dialect.context import make_context
+from pathways_mlir.dialect.context import ParseError, make_context, parse_module
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from_mlir_error
 from pathways_mlir.dialect.structure import verify_structure
 from pathways_mlir.passes.pipeline import PipelineError, instantiate, parse_pipeline, run_passes, _parse_options
@@ -83,9 +83,9 @@ def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool,
     diagnostics = DiagnosticEngine()
     with make_context() as context:
         try:
-            module = ir.Module.parse(chunk.text, context)
-        except ir.MLIRError as error:
-            return None, from_mlir_error(error)
+            module = parse_module(chunk.text, context)
+        except ParseError as error:
+            return None, error.diagnostics
         structural = verify_structure(module)
         if structural:
             return None, structural

@@ -44,14 +44,14 @@ def _select_program(plans: dict, wanted: str | None, where: str):
 
 
 def _plans_of(path: pathlib.Path, topology):
-    from mlir import ir
-
     from pathways_mlir.dialect import ops
-    from pathways_mlir.dialect.context import make_context
-    from pathways_mlir.dialect.diagnostics import from_mlir_error
+    from pathways_mlir.dialect.context import ParseError, make_context, parse_module
     from pathways_mlir.dialect.plan import ProgramPlan
     from pathways_mlir.dialect.structure import verify_structure
+    from pathways_mlir.dialect.diagnostics import DiagnosticEngine
     from pathways_mlir.passes import LoweringError, lower, program_plans
+    from pathways_mlir.passes.pipeline import run_passes
+    from pathways_mlir.passes.verify_plans import VerifyPlansPass
 
     text = path.read_text()
     if path.suffix == ".json":
@@ -64,9 +64,9 @@ def _plans_of(path: pathlib.Path, topology):
         return {plan.program: plan}
     with make_context() as context:
         try:
-            module = ir.Module.parse(text, context)
-        except ir.MLIRError as error:
-            raise RunError("\n".join(d.format(str(path)) for d in from_mlir_error(error))) from None
+            module = parse_module(text, context)
+        except ParseError as error:
+            raise RunError("\n".join(d.format(str(path)) for d in error.diagnostics)) from None
         problems = verify_structure(module)
         if problems:
             raise RunError("\n".join(d.format(str(path)) for d in problems))
@@ -75,6 +75,10 @@ def _plans_of(path: pathlib.Path, topology):
                 module = lower(module, topology)
             except LoweringError as e:
                 raise RunError("\n".join(d.format(str(path)) for d in e.diagnostics)) from None
+        else:  # plans written elsewhere are checked before the runtime trusts them
+            diagnostics = DiagnosticEngine()
+            if not run_passes(module, [VerifyPlansPass()], diagnostics):
+                raise RunError("\n".join(d.format(str(path)) for d in diagnostics.diagnostics))
         return program_plans(module)
 
 

@@ -10,6 +10,8 @@ work on the Python values they return.
     FloatAttr 1.5             <-> 1.5
     UnitAttr                  <-> None (as a value of a dictionary entry)
     DenseI64ArrayAttr         <-> tuple of ints
+    other dense arrays         -> tuple of their values (read only)
+    any other attribute        -> the attribute itself (read only)
     ArrayAttr [...]           <-> list
     DictAttr {...}            <-> dict
     SymbolRefAttr @a          <-> Symbol("a")
@@ -30,6 +32,10 @@ class Symbol(str):
         return f"@{str(self)}"
 
 
+_OTHER_DENSE_ARRAYS = (ir.DenseI32ArrayAttr, ir.DenseI16ArrayAttr, ir.DenseI8ArrayAttr, ir.DenseBoolArrayAttr,
+                       ir.DenseF32ArrayAttr, ir.DenseF64ArrayAttr)
+
+
 def to_python(attr: ir.Attribute) -> Any:
     """Returns the Python value of a builtin attribute (see module docstring)."""
     attr = attr.maybe_downcast() if hasattr(attr, "maybe_downcast") else attr
@@ -45,6 +51,8 @@ def to_python(attr: ir.Attribute) -> Any:
         return None
     if isinstance(attr, ir.DenseI64ArrayAttr):
         return tuple(int(x) for x in attr)
+    if isinstance(attr, _OTHER_DENSE_ARRAYS):
+        return tuple(attr)  # read, so that a checker can say it is not array<i64: ...>
     if isinstance(attr, ir.ArrayAttr):
         return [to_python(a) for a in attr]
     if isinstance(attr, ir.DictAttr):
@@ -55,7 +63,7 @@ def to_python(attr: ir.Attribute) -> Any:
         return Symbol(str(attr)[1:])
     if isinstance(attr, ir.TypeAttr):
         return attr.value
-    raise TypeError(f"attribute {attr} is not a builtin attribute pw reads")
+    return attr  # not one pw writes: left as it is, for a checker to reject
 
 
 def to_attribute(value: Any) -> ir.Attribute:

@@ -1,4 +1,4 @@
-"""MLIR contexts for pw IR.
+"""MLIR contexts for pw IR, and parsing pw IR text safely.
 
 The `pw` dialect is defined in IRDL (`pw.irdl.mlir`, beside this file) and
 checked by `dialect.structure`, which reads that file: MLIR's own IRDL loader
@@ -6,6 +6,17 @@ cannot express a variadic operand list of mixed types (see the structure
 module). Contexts therefore allow unregistered dialects, which also lets
 compiled functions carry their StableHLO bodies, whose dialect the upstream
 bindings do not register.
+
+Two things about MLIR abort the process instead of raising, and both are
+guarded here:
+
+- Diagnostics emitted from MLIR's worker threads (parallel verification of
+  sibling modules and functions) reach the bindings' Python diagnostic
+  handlers without the GIL, and nanobind aborts. Contexts are therefore
+  single-threaded.
+- MLIR's parser recurses once per level of nesting and overflows the stack
+  (SIGSEGV) a few thousand levels deep. `parse_module` refuses text nested
+  deeper than `MAX_NESTING` before MLIR sees it.
 """
 
 from __future__ import annotations
@@ -14,11 +25,72 @@ import pathlib
 
 from mlir import ir
 
+from .diagnostics import Diagnostic, SourceLocation, from_mlir_error
+
 IRDL_PATH = pathlib.Path(__file__).with_name("pw.irdl.mlir")
+
+# Real pw IR nests a few tens of levels; MLIR's parser overflows its stack a
+# few thousand deep, and attribute readers recurse once per level too.
+MAX_NESTING = 256
+_OPENERS = "{([<"
+_CLOSERS = "})]>"
+
+
+class ParseError(ValueError):
+    """IR text that does not parse; `diagnostics` says where and why."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = diagnostics
+        super().__init__("\n".join(d.format() for d in diagnostics))
 
 
 def make_context() -> ir.Context:
-    """Returns a new context that parses pw IR (structure is checked by `verify_structure`)."""
+    """Returns a new single-threaded context that parses pw IR (structure is checked by `verify_structure`)."""
     context = ir.Context()
     context.allow_unregistered_dialects = True
+    context.enable_multithreading(False)
     return context
+
+
+def nesting_error(text: str, limit: int = MAX_NESTING) -> Diagnostic | None:
+    """Returns an error at the first bracket nested deeper than `limit`, or None.
+
+    Counts `{ ( [ <` against their closers, skipping string literals, `//`
+    comments and the `>` of `->`. Unbalanced text is left for the parser.
+    """
+    depth, line, line_start, i, n = 0, 1, 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line, line_start = line + 1, i + 1
+        elif c == '"':
+            i += 1
+            while i < n and text[i] != '"' and text[i] != "\n":
+                i += 2 if text[i] == "\\" else 1
+            if i < n and text[i] == '"':
+                i += 1
+            continue
+        elif c == "/" and text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in _OPENERS:
+            depth += 1
+            if depth > limit:
+                return Diagnostic("error", SourceLocation("", line, i - line_start + 1),
+                                  f"'{c}' nests deeper than {limit} levels")
+        elif c in _CLOSERS and depth and not (c == ">" and i and text[i - 1] == "-"):
+            depth -= 1
+        i += 1
+    return None
+
+
+def parse_module(text: str, context: ir.Context) -> ir.Module:
+    """Parses IR text in `context`; raises `ParseError` (deep nesting or MLIR's diagnostics)."""
+    too_deep = nesting_error(text)
+    if too_deep is not None:
+        raise ParseError([too_deep])
+    try:
+        return ir.Module.parse(text, context)
+    except ir.MLIRError as error:
+        raise ParseError(from_mlir_error(error)) from None

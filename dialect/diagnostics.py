@@ -100,8 +100,13 @@ class DiagnosticEngine:
         return self.emit("remark", where, message)
 
     @property
+    def error_count(self) -> int:
+        """The number of errors recorded so far."""
+        return sum(d.severity == "error" for d in self.diagnostics)
+
+    @property
     def has_errors(self) -> bool:
-        return any(d.severity == "error" for d in self.diagnostics)
+        return self.error_count > 0
 
 
 def from_mlir_error(error: ir.MLIRError) -> list[Diagnostic]:

@@ -153,6 +153,13 @@ class VirtualSlice:
         return n
 
     @property
+    def well_formed(self) -> bool:
+        """True if the shape is positive integers, one distinct non-empty axis name each."""
+        return (bool(self.shape) and len(self.axes) == len(self.shape)
+                and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in self.shape)
+                and all(isinstance(a, str) and a for a in self.axes) and len(set(self.axes)) == len(self.axes))
+
+    @property
     def axis_sizes(self) -> dict[str, int]:
         """Returns {axis name: size}."""
         return dict(zip(self.axes, self.shape))
@@ -211,6 +218,109 @@ def build_cond(pred: ir.Value, inputs: Sequence[ir.Value], result_types: Sequenc
         "else_program": Symbol(else_program),
         "label": label,
     }, loc)
+
+
+# ===--------------------------------------------------------------------=== #
+# Data movement
+# ===--------------------------------------------------------------------=== #
+
+
+def build_transfer(value: ir.Value, src: str, dst: str, sharding: Sharding, link: str,
+                   loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.transfer` moving `value`'s shards unchanged from slice `src` to slice `dst`."""
+    return create("pw.transfer", [value], [value.type], {
+        "link": link, "src": Symbol(src), "dst": Symbol(dst), "sharding": sharding.to_python()}, loc)
+
+
+def build_scatter(value: ir.Value, src: str, dst: str, src_sharding: Sharding, dst_sharding: Sharding,
+                  pieces: int, piece_shape: Sequence[int], link: str, loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.scatter` cutting each source shard into `pieces` destination shards."""
+    return _reshard("pw.scatter", value, src, dst, src_sharding, dst_sharding, pieces, piece_shape, link, loc)
+
+
+def build_gather(value: ir.Value, src: str, dst: str, src_sharding: Sharding, dst_sharding: Sharding,
+                 pieces: int, piece_shape: Sequence[int], link: str, loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.gather` assembling each destination shard from `pieces` source shards."""
+    return _reshard("pw.gather", value, src, dst, src_sharding, dst_sharding, pieces, piece_shape, link, loc)
+
+
+def _reshard(name: str, value: ir.Value, src: str, dst: str, src_sharding: Sharding, dst_sharding: Sharding,
+             pieces: int, piece_shape: Sequence[int], link: str, loc: ir.Location | None) -> ir.Operation:
+    return create(name, [value], [value.type], {
+        "link": link, "src": Symbol(src), "dst": Symbol(dst),
+        "src_sharding": src_sharding.to_python(), "dst_sharding": dst_sharding.to_python(),
+        "pieces": pieces, "piece_shape": tuple(piece_shape)}, loc)
+
+
+# ===--------------------------------------------------------------------=== #
+# Plans (inside `builtin.module {pw.island_plan}` / `{pw.host_plan}`)
+# ===--------------------------------------------------------------------=== #
+
+
+def build_buffer(*, id: int, type: ir.Type, home: Mapping[str, Any], bytes_per_device: int,
+                 loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.buffer`: buffer `id` of `type`, its home ({slice, sharding} or {}) and size per device."""
+    return create("pw.buffer", attributes={"id": id, "type": type, "home": dict(home),
+                                           "bytes_per_device": bytes_per_device}, loc=loc)
+
+
+def build_launch(*, step: int, after: Sequence[int], executable: str, slice: str, devices: Sequence[int],
+                 inputs: Sequence[int], outputs: Sequence[int], output_bytes: Sequence[int], subgraph: int,
+                 label: str, loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.launch` of `executable` on `slice`'s `devices`, from buffers `inputs` to `outputs`."""
+    return create("pw.launch", attributes={
+        "step": step, "after": _ids(after), "executable": Symbol(executable), "slice": Symbol(slice),
+        "devices": _ids(devices), "inputs": _ids(inputs), "outputs": _ids(outputs),
+        "output_bytes": _ids(output_bytes), "subgraph": subgraph, "label": label}, loc=loc)
+
+
+def build_copy(*, step: int, after: Sequence[int], src_buffer: int, dst_buffer: int, bytes: int, link: str,
+               subgraph: int, loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.copy` of `bytes` per device from `src_buffer` to `dst_buffer` inside one island."""
+    return create("pw.copy", attributes={
+        "step": step, "after": _ids(after), "src_buffer": src_buffer, "dst_buffer": dst_buffer,
+        "bytes": bytes, "link": link, "subgraph": subgraph}, loc=loc)
+
+
+def build_send(*, step: int, after: Sequence[int], buffer: int, peer_buffer: int, peer: str, bytes: int,
+               link: str, devices: Sequence[int], subgraph: int, loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.send` of `buffer` to island `peer`, where it is received as `peer_buffer`."""
+    return _exchange("pw.send", step, after, buffer, peer_buffer, peer, bytes, link, devices, subgraph, loc)
+
+
+def build_recv(*, step: int, after: Sequence[int], buffer: int, peer_buffer: int, peer: str, bytes: int,
+               link: str, devices: Sequence[int], subgraph: int, loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.recv` into `buffer` of what island `peer` sends from its `peer_buffer`."""
+    return _exchange("pw.recv", step, after, buffer, peer_buffer, peer, bytes, link, devices, subgraph, loc)
+
+
+def _exchange(name: str, step: int, after: Sequence[int], buffer: int, peer_buffer: int, peer: str, nbytes: int,
+              link: str, devices: Sequence[int], subgraph: int, loc: ir.Location | None) -> ir.Operation:
+    return create(name, attributes={
+        "step": step, "after": _ids(after), "buffer": buffer, "peer_buffer": peer_buffer, "peer": peer,
+        "bytes": nbytes, "link": link, "devices": _ids(devices), "subgraph": subgraph}, loc=loc)
+
+
+def build_free(*, step: int, after: Sequence[int], buffers: Sequence[int], subgraph: int,
+               loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a `pw.free` of `buffers` once the steps in `after` (their last readers) have run."""
+    return create("pw.free", attributes={"step": step, "after": _ids(after), "buffers": _ids(buffers),
+                                         "subgraph": subgraph}, loc=loc)
+
+
+def build_branch(*, step: int, after: Sequence[int], pred: int, inputs: Sequence[int], outputs: Sequence[int],
+                 then_program: str, else_program: str, subgraph: int, label: str,
+                 loc: ir.Location | None = None) -> ir.Operation:
+    """Creates a host `pw.branch`: reads buffer `pred`, runs the plans of one of two programs."""
+    return create("pw.branch", attributes={
+        "step": step, "after": _ids(after), "pred": pred, "inputs": _ids(inputs), "outputs": _ids(outputs),
+        "then_program": Symbol(then_program), "else_program": Symbol(else_program),
+        "subgraph": subgraph, "label": label}, loc=loc)
+
+
+def _ids(values: Sequence[int]) -> tuple[int, ...]:
+    """Integers as a tuple, which `to_attribute` makes a `DenseI64ArrayAttr` (also when empty)."""
+    return tuple(int(v) for v in values)
 
 
 # ===--------------------------------------------------------------------=== #

@@ -29,6 +29,14 @@ class Sharding:
         """Builds a sharding from its attribute value, e.g. `[["data"], []]`."""
         return Sharding(tuple(tuple(axes) for axes in value))
 
+    @staticmethod
+    def checked(value) -> "Sharding | None":
+        """Builds a sharding from an attribute value, or returns None unless it is a list of lists of axis names."""
+        if not isinstance(value, list) or not all(
+                isinstance(axes, list) and all(isinstance(a, str) for a in axes) for axes in value):
+            return None
+        return Sharding.from_python(value)
+
     def to_python(self) -> list[list[str]]:
         """Returns the attribute value of this sharding."""
         return [list(axes) for axes in self.dims]

@@ -32,10 +32,8 @@ _BASES: dict[str, Callable[[object], bool]] = {
     "#builtin.string": lambda a: isinstance(a, ir.StringAttr),
     "#builtin.symbol_ref": lambda a: isinstance(a, (ir.SymbolRefAttr, ir.FlatSymbolRefAttr)),
     "#builtin.array": lambda a: isinstance(a, ir.ArrayAttr),
-    "#builtin.dense_array": lambda a: isinstance(a, (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr,
-                                                     ir.DenseI16ArrayAttr, ir.DenseI8ArrayAttr,
-                                                     ir.DenseBoolArrayAttr, ir.DenseF32ArrayAttr,
-                                                     ir.DenseF64ArrayAttr)),
+    # Every dense array of a pw op holds i64 (shapes, ids, device ranges, sizes).
+    "#builtin.dense_array": lambda a: isinstance(a, ir.DenseI64ArrayAttr),
     "#builtin.dictionary": lambda a: isinstance(a, ir.DictAttr),
     "#builtin.integer": lambda a: isinstance(a, ir.IntegerAttr) and not isinstance(a, ir.BoolAttr),
     "#builtin.float": lambda a: isinstance(a, ir.FloatAttr),
@@ -79,7 +77,7 @@ def _constraint(op: ir.Operation) -> Constraint:
         base = ir.StringAttr(op.attributes["base_name"]).value
         if base not in _BASES:
             raise ValueError(f"pw.irdl.mlir: the structural verifier does not know base {base}")
-        return Constraint(base, _BASES[base])
+        return Constraint("#builtin.dense_array of i64" if base == "#builtin.dense_array" else base, _BASES[base])
     if op.name == "irdl.any_of":
         options = [_constraint(v.owner) for v in op.operands]
         return Constraint(" or ".join(o.describe for o in options),

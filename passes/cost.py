@@ -50,15 +50,23 @@ class Cost:
     unknown_trip_counts: int = 0  # loops counted once because their trip count is not static
 
     def to_python(self) -> dict[str, int]:
-        """Returns the `pw.cost` attribute value (`unknown_trip_counts` only when there are some)."""
-        value = {"flops": self.flops, "bytes": self.bytes}
+        """Returns the `pw.cost` attribute value, each estimate held within an i64
+        (`unknown_trip_counts` only when there are some)."""
+        value = {"flops": min(self.flops, _I64_MAX), "bytes": min(self.bytes, _I64_MAX)}
         if self.unknown_trip_counts:
             value["unknown_trip_counts"] = self.unknown_trip_counts
         return value
 
 
+_I64_MAX = (1 << 63) - 1
+
+
+def _static(type_: ir.Type) -> bool:
+    return isinstance(type_, ir.RankedTensorType) and ir.RankedTensorType(type_).has_static_shape
+
+
 def _elements(type_: ir.Type) -> int:
-    return math.prod(ops.tensor_shape(type_)) if isinstance(type_, ir.RankedTensorType) else 0
+    return math.prod(ops.tensor_shape(type_)) if _static(type_) else 0
 
 
 def _attr_text(op: ir.Operation, name: str) -> str:
@@ -80,17 +88,24 @@ def op_flops(op: ir.Operation) -> int:
         return sum(_elements(r.type) for r in op.results)
     if name == "stablehlo.reduce":
         return sum(_elements(v.type) for v in list(op.operands)[:len(op.operands) // 2])
+    if name in ("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution") and not (
+            len(op.operands) >= 2 and len(op.results) == 1
+            and all(_static(t) for t in (op.operands[0].type, op.operands[1].type, op.results[0].type))):
+        return 0  # malformed: left for the op's own verifier
     if name in ("stablehlo.dot_general", "stablehlo.dot"):
         lhs = ops.tensor_shape(op.operands[0].type)
         contracting = _dims(_attr_text(op, "dot_dimension_numbers"), "lhs_contracting_dimensions") \
             if name == "stablehlo.dot_general" else [len(lhs) - 1]
+        if not all(0 <= d < len(lhs) for d in contracting):
+            return 0
         return 2 * _elements(op.results[0].type) * math.prod(lhs[d] for d in contracting)
     if name == "stablehlo.convolution":
         kernel = ops.tensor_shape(op.operands[1].type)
         spec = re.search(r"x\[([^\]]*)\]->", _attr_text(op, "dimension_numbers"))
         layout = [d.strip() for d in spec[1].split(",")] if spec else []
-        out_features = kernel[layout.index("o")] if "o" in layout else kernel[-1]
-        return 2 * _elements(op.results[0].type) * (math.prod(kernel) // out_features)
+        out_features = kernel[layout.index("o")] if "o" in layout and len(layout) == len(kernel) else \
+            (kernel[-1] if kernel else 0)
+        return 2 * _elements(op.results[0].type) * (math.prod(kernel) // out_features) if out_features > 0 else 0
     return 0
 
 
@@ -157,7 +172,7 @@ def executable_cost(executable: ir.Operation) -> Cost:
     functions = {ops.symbol_name(op): op for op in ops.top_level_ops(executable) if op.name == "func.func"}
     flops, unknown = _flops(entry, functions, (ops.symbol_name(entry),))
     signature = ops.function_type(entry)
-    nbytes = sum(ops.tensor_bytes(t) for t in [*signature.inputs, *signature.results])
+    nbytes = sum(ops.tensor_bytes(t) for t in [*signature.inputs, *signature.results] if _static(t))
     return Cost(flops, nbytes, unknown)
 
 

@@ -43,7 +43,7 @@ pw-schedule; no program may reach itself through branches.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Callable, Iterator
 
 import networkx as nx
 from mlir import ir
@@ -51,30 +51,14 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.homes import bytes_per_device, home_attribute, program_homes
 from pathways_mlir.dialect.plan import (Branch, BufferInfo, Copy, Free, FusedCall, FusedExecutable, Launch,
                                         ProgramPlan, Recv, Send, SlicePlacement, Step, Subgraph)
-from pathways_mlir.dialect.sharding import Sharding
 
-from .insert_transfers import Home, home_attribute, result_homes
 from .plan_memory import PEAK_BYTES
 from .registry import Pass, register
 
 HOST = "host"
-
-
-def _homes(program: ir.Operation) -> dict[ir.Value, Home | None]:
-    """Returns where every value of a lowered program lives (None: the host)."""
-    def read(value: dict) -> Home | None:
-        return (value["slice"], Sharding.from_python(value["sharding"])) if value else None
-
-    body = ops.program_body(program)
-    arg_attrs = ops.attr(program, "arg_attrs") or [{}] * len(body.arguments)
-    homes = {arg: read(a.get(ops.HOME, {})) for arg, a in zip(body.arguments, arg_attrs)}
-    for op in body.operations:
-        op = op.operation
-        found = [read(h) for h in ops.attr(op, ops.RESULT_HOMES, [])] if op.name == "pw.cond" else result_homes(op)
-        homes.update(zip(op.results, found))
-    return homes
 
 
 class _ProgramEmitter:
@@ -86,10 +70,10 @@ class _ProgramEmitter:
         self.slices = slices
         self.placements = placements
         self.step_ids = step_ids
-        self.homes = _homes(program)
+        self.homes = program_homes(program)
         self.buffer_ids: dict[ir.Value, int] = {}
         self.buffers: dict[str, list[dict]] = {}      # island (or HOST) -> pw.buffer attributes
-        self.steps: dict[str, list[tuple[str, dict, ir.Location]]] = {}
+        self.steps: dict[str, list[tuple[Callable[..., ir.Operation], dict, ir.Location]]] = {}
         self.producer: dict[int, int] = {}            # buffer -> step that writes it
         body = ops.program_body(program)
         self.inputs = tuple(self.buffer(arg) for arg in body.arguments)
@@ -103,17 +87,14 @@ class _ProgramEmitter:
         return self.placements[slice_name]["island"]
 
     def bytes_per_device(self, value: ir.Value) -> int:
-        home = self.homes[value]
-        if home is None:
-            return ops.tensor_bytes(value.type)
-        return ops.tensor_bytes(value.type) // home[1].ways(self.slices[home[0]].axis_sizes)
+        return bytes_per_device(value.type, self.homes[value], self.slices)
 
     def buffer(self, value: ir.Value) -> int:
         """Returns the buffer id of a value, declaring the buffer on first sight."""
         if value not in self.buffer_ids:
             self.buffer_ids[value] = len(self.buffer_ids)
             home = self.homes[value]
-            self.buffers.setdefault(HOST if home is None else self.island(home[0]), []).append({
+            self.buffers.setdefault(HOST if home is None else self.island(home.slice), []).append({
                 "id": self.buffer_ids[value], "type": value.type, "home": home_attribute(home),
                 "bytes_per_device": self.bytes_per_device(value)})
         return self.buffer_ids[value]
@@ -121,9 +102,10 @@ class _ProgramEmitter:
     def after(self, buffers) -> tuple[int, ...]:
         return tuple(sorted({self.producer[b] for b in buffers if b in self.producer}))
 
-    def add(self, where: str, name: str, attributes: dict, loc: ir.Location, writes: tuple[int, ...]) -> int:
+    def add(self, where: str, build, attributes: dict, loc: ir.Location, writes: tuple[int, ...]) -> int:
+        """Records a step to create with `build` (an `ops.build_*`); returns its id."""
         step = next(self.step_ids)
-        self.steps.setdefault(where, []).append((name, {"step": step, **attributes}, loc))
+        self.steps.setdefault(where, []).append((build, {"step": step, **attributes}, loc))
         for b in writes:
             self.producer[b] = step
         return step
@@ -135,17 +117,16 @@ class _ProgramEmitter:
         subgraph = ops.attr(op, ops.SUBGRAPH, 0)
         if op.name == "pw.compute":
             slice_name = ops.attr(op, "slice")
-            self.add(self.island(slice_name), "pw.launch", {
-                "after": self.after(inputs), "executable": Symbol(ops.attr(op, "callee")),
-                "slice": Symbol(slice_name), "devices": self.placements[slice_name]["devices"],
+            self.add(self.island(slice_name), ops.build_launch, {
+                "after": self.after(inputs), "executable": ops.attr(op, "callee"),
+                "slice": slice_name, "devices": self.placements[slice_name]["devices"],
                 "inputs": inputs, "outputs": outputs,
                 "output_bytes": tuple(self.bytes_per_device(r) for r in op.results),
                 "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
         elif op.name == "pw.cond":
-            self.add(HOST, "pw.branch", {
+            self.add(HOST, ops.build_branch, {
                 "after": self.after(inputs), "pred": inputs[0], "inputs": inputs[1:], "outputs": outputs,
-                "then_program": Symbol(ops.attr(op, "then_program")),
-                "else_program": Symbol(ops.attr(op, "else_program")),
+                "then_program": ops.attr(op, "then_program"), "else_program": ops.attr(op, "else_program"),
                 "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
         else:
             self.add_movement(op, inputs[0], outputs[0], subgraph)
@@ -155,13 +136,13 @@ class _ProgramEmitter:
         src_island, dst_island = self.island(src_slice), self.island(dst_slice)
         common = {"bytes": self.bytes_per_device(op.results[0]), "link": ops.attr(op, "link"), "subgraph": subgraph}
         if src_island == dst_island:
-            self.add(src_island, "pw.copy", {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst,
+            self.add(src_island, ops.build_copy, {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst,
                                              **common}, op.location, (dst,))
             return
-        send = self.add(src_island, "pw.send", {
+        send = self.add(src_island, ops.build_send, {
             "after": self.after((src,)), "buffer": src, "peer_buffer": dst, "peer": dst_island,
             "devices": self.placements[src_slice]["devices"], **common}, op.location, ())
-        self.add(dst_island, "pw.recv", {
+        self.add(dst_island, ops.build_recv, {
             "after": (send,), "buffer": dst, "peer_buffer": src, "peer": src_island,
             "devices": self.placements[dst_slice]["devices"], **common}, op.location, (dst,))
 
@@ -180,9 +161,9 @@ class _ProgramEmitter:
                             loc=self.program.location, regions=1)
         with ir.InsertionPoint(module.regions[0].blocks.append()):
             for buffer in self.buffers.get(where, []):
-                ops.create("pw.buffer", attributes=buffer, loc=self.program.location)
-            for op_name, attributes, loc in self.steps.get(where, []):
-                ops.create(op_name, attributes=attributes, loc=loc)
+                ops.build_buffer(**buffer, loc=self.program.location)
+            for build, attributes, loc in self.steps.get(where, []):
+                build(**attributes, loc=loc)
 
 
 def _is_plan(op: ir.Operation) -> bool:
@@ -207,7 +188,8 @@ def _check(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
     try:
         cycle = nx.find_cycle(calls)
     except nx.NetworkXNoCycle:
-        return True
+        return ops.required_topology(
+            module, diagnostics, "pw-emit-plans needs the module's pw.topology: run pw-place first") is not None
     path = " -> ".join(f"@{u}" for u, _ in cycle) + f" -> @{cycle[0][0]}"
     op = calls.edges[cycle[0]]["op"]
     diagnostics.error(op, f"'pw.cond' op makes program @{cycle[0][0]} reach itself ({path}): "
@@ -220,6 +202,7 @@ class EmitPlansPass(Pass):
     __doc__ = __doc__
     name = "pw-emit-plans"
     summary = "Emit one plan per island (and a host plan) for every program, in schedule order"
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if not _check(module, diagnostics):

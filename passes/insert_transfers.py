@@ -45,41 +45,12 @@ import math
 from mlir import ir
 
 from pathways_mlir.dialect import ops
-from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.homes import Home, home_attribute, operand_homes, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import Topology, TopologyError
 
 from .registry import Pass, register
-
-Home = tuple[str, Sharding]
-
-
-def home_attribute(home: Home | None) -> dict:
-    """Returns the `pw.home` value of a home: {slice, sharding}, or {} for the host."""
-    return {} if home is None else {"slice": Symbol(home[0]), "sharding": home[1].to_python()}
-
-
-def needs(op: ir.Operation) -> list[tuple[int, Home]]:
-    """Returns (operand index, (slice, sharding)) for each operand an op uses on devices."""
-    if op.name == "pw.compute":
-        slice_name = ops.attr(op, "slice")
-        return [(i, (slice_name, s)) for i, s in enumerate(ops.in_shardings(op))]
-    if op.name in ops.DATA_MOVEMENT_OPS:
-        key = "sharding" if op.name == "pw.transfer" else "src_sharding"
-        return [(0, (ops.attr(op, "src"), Sharding.from_python(ops.attr(op, key))))]
-    return []
-
-
-def result_homes(op: ir.Operation) -> list[Home | None]:
-    """Returns where each result of an op lives (None: a host value)."""
-    if op.name == "pw.compute":
-        return [(ops.attr(op, "slice"), s) for s in ops.out_shardings(op)]
-    if op.name in ops.DATA_MOVEMENT_OPS:
-        key = "sharding" if op.name == "pw.transfer" else "dst_sharding"
-        return [(ops.attr(op, "dst"), Sharding.from_python(ops.attr(op, key)))]
-    return [None] * len(op.results)
-
 
 class _Inserter:
     """Inserts the data movement of one module."""
@@ -95,7 +66,7 @@ class _Inserter:
         moved: dict[tuple[ir.Value, str, Sharding], ir.Value] = {}
         for op in list(body.operations):
             op = op.operation
-            for index, want in needs(op):
+            for index, want in operand_homes(op):
                 value = op.operands[index]
                 have = homes.get(value)
                 if have is None:  # a host value: the runtime puts it where it is first used
@@ -130,32 +101,27 @@ class _Inserter:
         shape = ops.tensor_shape(value.type)
         src_ways, dst_ways = src_sh.dim_ways(src.axis_sizes), dst_sh.dim_ways(dst.axis_sizes)
         if src_sh == dst_sh and src_ways == dst_ways:
-            return ops.create("pw.transfer", [value], [value.type], {
-                "link": link, "src": Symbol(src_name), "dst": Symbol(dst_name),
-                "sharding": src_sh.to_python()}, loc).result
+            return ops.build_transfer(value, src_name, dst_name, src_sh, link, loc).result
         if math.prod(dst_ways) > math.prod(src_ways) and all(d % s == 0 for s, d in zip(src_ways, dst_ways)):
-            return self.reshard("pw.scatter", value, have, want, link, loc)
+            return self.reshard(ops.build_scatter, value, have, want, link, loc)
         if math.prod(src_ways) > math.prod(dst_ways) and all(s % d == 0 for s, d in zip(src_ways, dst_ways)):
-            return self.reshard("pw.gather", value, have, want, link, loc)
-        whole = (src_name, Sharding.replicated(len(shape)))
-        gathered = self.reshard("pw.gather", value, have, whole, "ici", loc)
-        return self.reshard("pw.scatter", gathered, whole, want, link, loc)
+            return self.reshard(ops.build_gather, value, have, want, link, loc)
+        whole = Home(src_name, Sharding.replicated(len(shape)))
+        gathered = self.reshard(ops.build_gather, value, have, whole, "ici", loc)
+        return self.reshard(ops.build_scatter, gathered, whole, want, link, loc)
 
-    def reshard(self, name: str, value: ir.Value, have: Home, want: Home, link: str,
+    def reshard(self, build, value: ir.Value, have: Home, want: Home, link: str,
                 loc: ir.Location) -> ir.Value:
-        """Creates a `pw.scatter` or `pw.gather` whose pieces are whole shards of the finer side."""
+        """Creates a `pw.scatter` or `pw.gather` (`build`) whose pieces are whole shards of the finer side."""
         (src_name, src_sh), (dst_name, dst_sh) = have, want
         src, dst = self.slices[src_name], self.slices[dst_name]
         shape = ops.tensor_shape(value.type)
         src_ways, dst_ways = src_sh.ways(src.axis_sizes), dst_sh.ways(dst.axis_sizes)
-        if name == "pw.scatter":
+        if build is ops.build_scatter:
             pieces, piece_shape = dst_ways // src_ways, dst_sh.shard_shape(shape, dst.axis_sizes)
         else:
             pieces, piece_shape = src_ways // dst_ways, src_sh.shard_shape(shape, src.axis_sizes)
-        return ops.create(name, [value], [value.type], {
-            "link": link, "src": Symbol(src_name), "dst": Symbol(dst_name),
-            "src_sharding": src_sh.to_python(), "dst_sharding": dst_sh.to_python(),
-            "pieces": pieces, "piece_shape": tuple(piece_shape)}, loc).result
+        return build(value, src_name, dst_name, src_sh, dst_sh, pieces, piece_shape, link, loc).result
 
 
 @register
@@ -163,6 +129,7 @@ class InsertTransfersPass(Pass):
     __doc__ = __doc__
     name = "pw-insert-transfers"
     summary = "Insert transfers (ICI/DCN) and scatter/gather wherever a value changes device set or sharding"
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         slices, islands, unplaced = {}, {}, False

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlir import ir
 
 from pathways_mlir.dialect import ops
-from pathways_mlir.dialect.context import make_context
+from pathways_mlir.dialect.context import make_context, parse_module
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.topology import Topology
 
@@ -20,6 +20,7 @@ from .place import PlacePass
 from .registry import Option, Pass, register_pipeline
 from .schedule import SchedulePass
 from .verify import VerifyPass
+from .verify_plans import VerifyPlansPass
 from .verify_schedule import VerifySchedulePass
 
 
@@ -56,7 +57,8 @@ def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", ex
     4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
        writes them out per island; `pw-plan-memory` then frees each buffer
        after its last use and records each island's static peak, which the
-       runtime admits runs against. A final `pw-verify` checks the module.
+       runtime admits runs against. A final `pw-verify` checks the module,
+       and `pw-verify-plans` the plans the runtime will trust.
 
     Options are pw-place's. Requires a device-agnostic module.
 
@@ -70,7 +72,7 @@ def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", ex
         PlacePass(topology=topology, strategy=strategy, pin=pin, explain=explain), AliasSlicesPass(), VerifyPass(),
         InsertTransfersPass(), VerifyPass(),
         MarkStaticSubgraphsPass(), *([FuseLaunchesPass()] if fuse else []), SchedulePass(), VerifySchedulePass(),
-        EmitPlansPass(), PlanMemoryPass(), VerifyPass(),
+        EmitPlansPass(), PlanMemoryPass(), VerifyPass(), VerifyPlansPass(),
     ]
 
 
@@ -85,7 +87,7 @@ def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", p
     diagnostics if the program cannot be lowered.
     """
     if isinstance(module, str):
-        source = ir.Module.parse(module, make_context())
+        source = parse_module(module, make_context())
     else:
         source = module
     with source.context, source.operation.location:

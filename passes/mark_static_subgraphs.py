@@ -61,6 +61,7 @@ class MarkStaticSubgraphsPass(Pass):
     __doc__ = __doc__
     name = "pw-mark-static-subgraphs"
     summary = "Mark maximal static subgraphs (parallel dispatch) and what follows data-dependent steps"
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         for program in ops.programs(module).values():

@@ -16,6 +16,7 @@ from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from
 from pathways_mlir.dialect.structure import verify_structure
 
 from .registry import PASSES, PIPELINES, OptionError, Pass
+from .verify import VerifyPass, verify_module
 
 
 class PipelineError(ValueError):
@@ -104,9 +105,13 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                print_ir_after_all: bool = False) -> bool:
     """Runs `passes` on `module` in MLIR's pass manager; returns True on success.
 
-    After each pass, MLIR's verifier and the pw structural verifier check the
-    IR. Errors (a pass's own or a verifier's) are recorded in `diagnostics`.
-    IR printed after each pass goes to stderr, as `mlir-opt`.
+    The first pass that needs verified input runs only if pw-verify's checks
+    pass (their errors are reported instead), unless pw-verify already ran:
+    bad input must not crash a pass, and passes keep valid IR valid (the
+    pipelines' own verifier phases check that). After each pass, MLIR's
+    verifier and the pw structural verifier check the IR. Errors (a pass's
+    own or a verifier's) are recorded in `diagnostics`. IR printed after
+    each pass goes to stderr, as `mlir-opt`.
     """
     if not passes:
         return True
@@ -115,16 +120,24 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
         sys.stderr.flush()
         manager.enable_ir_printing(print_after_all=True)
 
+    verified = []  # holds True once the input passed pw-verify's checks
+
     def adapt(instance: Pass):
         def run(op: ir.Operation, mlir_pass) -> None:
-            before = len([d for d in diagnostics.diagnostics if d.severity == "error"])
+            before = diagnostics.error_count
+            if instance.needs_verified_input and not verified:
+                if not verify_module(op, diagnostics):
+                    mlir_pass.signal_pass_failure()
+                    return
+                verified.append(True)
             instance.run(op, diagnostics)
+            if isinstance(instance, VerifyPass) and diagnostics.error_count == before:
+                verified.append(True)
             for problem in verify_structure(op):
                 diagnostics.diagnostics.append(
                     Diagnostic(problem.severity, problem.location,
                                f"{problem.message} (after {instance.name})"))
-            after = len([d for d in diagnostics.diagnostics if d.severity == "error"])
-            if after > before:
+            if diagnostics.error_count > before:
                 mlir_pass.signal_pass_failure()
         return run
 

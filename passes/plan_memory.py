@@ -57,8 +57,7 @@ def _plan_ops(plan: ir.Operation) -> list[ir.Operation]:
 
 def _create_free(free: Free, where: ir.InsertionPoint, loc: ir.Location) -> None:
     with where:
-        ops.create("pw.free", attributes={"step": free.id, "after": free.after, "buffers": free.buffers,
-                                          "subgraph": free.subgraph}, loc=loc)
+        ops.build_free(step=free.id, after=free.after, buffers=free.buffers, subgraph=free.subgraph, loc=loc)
 
 
 @register

@@ -64,7 +64,7 @@ def parse_options(owner: str, options: tuple[Option, ...], given: dict[str, str]
 class Pass:
     """Base class of `pw` passes.
 
-    A subclass sets `name`, `summary` and `options`, documents what it requires
+    A subclass sets `name`, `summary`, `options` and `needs_verified_input`, documents what it requires
     and shows before/after IR in its docstring, and implements `run`, which
     changes the module in place and reports problems through `diagnostics`.
     """
@@ -72,6 +72,9 @@ class Pass:
     name: ClassVar[str]
     summary: ClassVar[str]
     options: ClassVar[tuple[Option, ...]] = ()
+    # True for a pass that reads pw IR as pw-verify defines it: the driver
+    # runs pw-verify's checks first and runs the pass only on IR that passes.
+    needs_verified_input: ClassVar[bool] = False
 
     def __init__(self, **options: Any):
         unknown = set(options) - {o.name for o in self.options}
@@ -116,7 +119,8 @@ PIPELINES: dict[str, Pipeline] = {}
 
 def register(cls: type[Pass]) -> type[Pass]:
     """Class decorator: adds a pass to the registry under its `name`."""
-    assert cls.name not in PASSES and cls.name not in PIPELINES, cls.name
+    if cls.name in PASSES or cls.name in PIPELINES:
+        raise ValueError(f"a pass or pipeline named {cls.name!r} is already registered")
     PASSES[cls.name] = cls
     return cls
 
@@ -124,7 +128,8 @@ def register(cls: type[Pass]) -> type[Pass]:
 def register_pipeline(name: str, summary: str, options: tuple[Option, ...] = ()):
     """Function decorator: adds a named pipeline built by the function."""
     def wrap(expand: Callable[..., list[Pass]]) -> Callable[..., list[Pass]]:
-        assert name not in PASSES and name not in PIPELINES, name
+        if name in PASSES or name in PIPELINES:
+            raise ValueError(f"a pass or pipeline named {name!r} is already registered")
         PIPELINES[name] = Pipeline(name, summary, options, expand)
         return expand
     return wrap

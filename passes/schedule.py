@@ -47,6 +47,7 @@ class SchedulePass(Pass):
     __doc__ = __doc__
     name = "pw-schedule"
     summary = "Give every op one module-wide consistent order (pw.order) and estimate costs (pw.cost)"
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         costs = {}

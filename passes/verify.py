@@ -33,9 +33,15 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.homes import Home, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 
 from .registry import Pass, register
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 def _is_ranked_tensor(type_: ir.Type) -> bool:
     return isinstance(type_, ir.RankedTensorType) and ir.RankedTensorType(type_).has_static_shape
@@ -95,7 +101,8 @@ class _Checker:
         placement = ops.attr(op, ops.PLACEMENT)
         if placement is not None:
             self.check_placement(op, s, placement)
-        self.slices[s.name] = s
+        if s.well_formed:  # what uses a malformed slice is not checked against it
+            self.slices[s.name] = s
 
     def check_placement(self, op: ir.Operation, s: ops.VirtualSlice, placement) -> None:
         if not isinstance(placement, dict) or not isinstance(placement.get("island"), str) \
@@ -103,7 +110,8 @@ class _Checker:
             self.error(op, f"slice @{s.name} placement must be {{island = \"name\", devices = array<i64: ...>}}")
             return
         ranges = placement["devices"]
-        if len(ranges) % 2 or any(b >= e or b < 0 for b, e in zip(ranges[::2], ranges[1::2])):
+        if len(ranges) % 2 or not all(isinstance(d, int) and not isinstance(d, bool) for d in ranges) \
+                or any(b >= e or b < 0 for b, e in zip(ranges[::2], ranges[1::2])):
             self.error(op, f"slice @{s.name} placement devices must be half-open ranges "
                            f"[begin, end) with 0 <= begin < end")
             return
@@ -114,12 +122,15 @@ class _Checker:
     # -- programs ----------------------------------------------------------
 
     def check_program(self, program: ir.Operation) -> None:
-        # Where each value lives: (slice name, sharding), or None for host values.
-        homes: dict[ir.Value, tuple[str, Sharding] | None] = {}
+        # Where each value lives (dialect.homes), for the ops whose attributes
+        # are valid; program arguments and cond results are host values.
+        homes: dict[ir.Value, Home | None] = {}
         for arg in ops.program_body(program).arguments:
             homes[arg] = None
+        self.check_program_marks(program)
         for op in ops.program_body(program).operations:
             op = op.operation
+            self.check_op_marks(op)
             if op.name == "pw.compute":
                 self.check_compute(op, homes)
             elif op.name == "pw.cond":
@@ -130,6 +141,37 @@ class _Checker:
                 self.check_movement(op, homes)
             elif op.name not in ("func.return",):
                 self.error(op, "is not allowed in a pw program")
+        body = ops.program_body(program).operations
+        if not len(body) or body[len(body) - 1].operation.name != "func.return":
+            self.error(program, "is a program whose body does not end with func.return")
+
+    # -- marks that later passes read -------------------------------------
+
+    def check_program_marks(self, program: ir.Operation) -> None:
+        subgraphs = ops.attr(program, ops.SUBGRAPHS, [])
+        if not (isinstance(subgraphs, list) and all(
+                isinstance(g, dict) and _is_int(g.get("id")) and isinstance(g.get("static"), bool) for g in subgraphs)):
+            self.error(program, f"'{ops.SUBGRAPHS}' must be a list of {{id = <integer>, static = <bool>}}")
+        arg_attrs = ops.attr(program, "arg_attrs") or []
+        for i, a in enumerate(arg_attrs):
+            if isinstance(a, dict) and ops.HOME in a and not self.is_home(a[ops.HOME]):
+                self.error(program, f"argument #{i} has a '{ops.HOME}' that is not {{}} or {{slice, sharding}} "
+                                    f"on a slice of this module")
+
+    def check_op_marks(self, op: ir.Operation) -> None:
+        for mark in (ops.ORDER, ops.SUBGRAPH):
+            if mark in op.attributes and not (_is_int(ops.attr(op, mark)) and ops.attr(op, mark) >= 0):
+                self.error(op, f"'{mark}' must be a non-negative integer")
+        if ops.RESULT_HOMES in op.attributes:
+            homes = ops.attr(op, ops.RESULT_HOMES)
+            if not (isinstance(homes, list) and len(homes) == len(op.results) and all(map(self.is_home, homes))):
+                self.error(op, f"'{ops.RESULT_HOMES}' must hold one {{}} or {{slice, sharding}} per result")
+
+    def is_home(self, value) -> bool:
+        """True for a `pw.home` value: {} (the host) or {slice, sharding} on a slice of this module."""
+        return isinstance(value, dict) and (not value or (
+            set(value) == {"slice", "sharding"} and isinstance(value["slice"], str)
+            and value["slice"] in self.slices and Sharding.checked(value["sharding"]) is not None))
 
     def resolve(self, op: ir.Operation, key: str, kind: str):
         target = ops.attr(op, key)
@@ -149,10 +191,8 @@ class _Checker:
     def check_sharding_list(self, op: ir.Operation, key: str, types, slice_: ops.VirtualSlice,
                             what: str) -> list[Sharding] | None:
         raw = ops.attr(op, key)
-        try:
-            shardings = [Sharding.from_python(s) for s in raw]
-            assert all(all(isinstance(a, str) for a in axes) for s in shardings for axes in s.dims)
-        except (TypeError, AssertionError):
+        shardings = [Sharding.checked(s) for s in raw] if isinstance(raw, list) else [None]
+        if None in shardings:
             self.error(op, f"'{key}' must be a list of shardings, each a list of lists of axis names")
             return None
         if len(shardings) != len(types):
@@ -181,8 +221,7 @@ class _Checker:
                 for i, (value, sharding) in enumerate(zip(op.operands, ins)):
                     self.check_operand_home(op, i, homes.get(value), s.name, sharding)
             if outs is not None:
-                for r, sharding in zip(op.results, outs):
-                    homes[r] = (s.name, sharding)
+                homes.update(zip(op.results, result_homes(op)))
                 results_home = True
         if results_home is None:
             for r in op.results:
@@ -192,7 +231,7 @@ class _Checker:
             if entry is not None:
                 expected = ops.function_type(entry)
                 actual = ir.FunctionType.get([v.type for v in op.operands], [r.type for r in op.results])
-                if str(expected) != str(actual):
+                if expected != actual:
                     self.error(op, f"has type {actual} but its callee @{ops.symbol_name(callee)} has type {expected}")
 
     def check_operand_home(self, op: ir.Operation, index: int, home, slice_name: str,
@@ -218,7 +257,7 @@ class _Checker:
         actual = ir.FunctionType.get([v.type for v in list(op.operands)[1:]], [r.type for r in op.results])
         for key in ("then_program", "else_program"):
             program = self.resolve(op, key, "program")
-            if program is not None and str(ops.function_type(program)) != str(actual):
+            if program is not None and ops.function_type(program) != actual:
                 self.error(op, f"passes {actual} but '{key}' @{ops.symbol_name(program)} "
                                f"has type {ops.function_type(program)}")
 
@@ -233,7 +272,7 @@ class _Checker:
         src, dst = self.slices.get(a["src"]), self.slices.get(a["dst"])
         if src is None or dst is None:
             return
-        if str(op.operands[0].type) != str(op.results[0].type):
+        if op.operands[0].type != op.results[0].type:
             self.error(op, f"changes the type from {op.operands[0].type} to {op.results[0].type}")
             return
         keys = ("sharding", "sharding") if op.name == "pw.transfer" else ("src_sharding", "dst_sharding")
@@ -242,7 +281,7 @@ class _Checker:
         if src_sh is None or dst_sh is None:
             return
         self.check_operand_home(op, 0, homes.get(op.operands[0]), src.name, src_sh)
-        homes[op.results[0]] = (dst.name, dst_sh)
+        homes.update(zip(op.results, result_homes(op)))
         shape = ops.tensor_shape(op.operands[0].type)
         src_ways, dst_ways = src_sh.ways(src.axis_sizes), dst_sh.ways(dst.axis_sizes)
         if op.name == "pw.transfer":
@@ -272,16 +311,21 @@ class _Checker:
         if not _is_ranked_tensor(type_):
             self.error(op, f"moves a {type_}, but pw values are statically shaped tensors")
             return None
-        try:
-            sharding = Sharding.from_python(raw)
-            assert all(isinstance(a, str) for axes in sharding.dims for a in axes)
-        except (TypeError, AssertionError):
+        sharding = Sharding.checked(raw)
+        if sharding is None:
             self.error(op, f"'{key}' must be a list of lists of axis names")
             return None
         problems = sharding.problems(ops.tensor_shape(type_), s.axis_sizes)
         for problem in problems:
             self.error(op, f"'{key}' on slice @{s.name}: {problem}")
         return None if problems else sharding
+
+
+def verify_module(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
+    """Checks the semantic rules of pw IR (see the module docstring); True if no error was reported."""
+    errors = diagnostics.error_count
+    _Checker(module, diagnostics).check_module()
+    return diagnostics.error_count == errors
 
 
 @register
@@ -291,4 +335,4 @@ class VerifyPass(Pass):
     summary = "Check the semantic rules of the pw dialect (symbols, shardings, placement of values)"
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        _Checker(module, diagnostics).check_module()
+        verify_module(module, diagnostics)

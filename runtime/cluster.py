@@ -10,8 +10,10 @@ islands by `slice_index` where the platform reports one, else one island.
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from pathways_mlir.dialect.topology import Island, Link, Topology
@@ -53,6 +55,39 @@ def prepare_host_devices(count: int | None = None) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if _FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={count}".strip()
+
+
+class _BeforeJax(importlib.abc.MetaPathFinder):
+    """Prepares the host devices when `jax` is first imported; finds nothing itself."""
+
+    done = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "jax" and not self.done:
+            self.done = True
+            _prepare_if_valid()
+        return None
+
+
+def prepare_host_devices_before_jax() -> None:
+    """Asks XLA for `PW_CLUSTER`'s CPU devices before JAX starts; never raises.
+
+    Runs now if JAX is already imported, else when it first is, so that a
+    process that never uses JAX (`pw-opt`) never reads `PW_CLUSTER`. A
+    malformed `PW_CLUSTER` is left alone here: it is an error where the
+    cluster is made.
+    """
+    if "jax" in sys.modules:
+        _prepare_if_valid()
+    elif not any(isinstance(f, _BeforeJax) for f in sys.meta_path):
+        sys.meta_path.insert(0, _BeforeJax())
+
+
+def _prepare_if_valid() -> None:
+    try:
+        prepare_host_devices()
+    except ClusterError:
+        pass  # reported by requested_shape() where the cluster is made
 
 
 @dataclass(frozen=True)

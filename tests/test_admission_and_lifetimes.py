@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from plan_builder import PlanBuilder
 
 from pathways_mlir.dialect.plan import Launch, PlanError, ProgramPlan
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
@@ -30,15 +29,15 @@ def tanh2(x):
     return jnp.tanh(x) * 2.0
 
 
-def one_step(topology):
-    p = PlanBuilder(topology)
+def one_step(plan_builder, topology):
+    p = plan_builder(topology)
     v = p.slice("v", (1,), ("x",), "island0", (0, 1))
     out = p.launch(tanh2, [p.input((8, 16), v)], v, [(), ()])
     return p.build([out]), np.asarray(jax.jit(tanh2)(X))
 
 
-def cross_island(topology):
-    p = PlanBuilder(topology)
+def cross_island(plan_builder, topology):
+    p = plan_builder(topology)
     v0 = p.slice("v0", (2,), ("x",), "island0", (0, 2))
     v1 = p.slice("v1", (2,), ("x",), "island1", (0, 2))
     a = p.launch(tanh2, [p.input((8, 16), v0, [("x",), ()])], v0, [("x",), ()])
@@ -59,8 +58,8 @@ def settle(runtime, runs, client):
     return sum(runtime.usage().values()), runtime.object_count()
 
 
-def test_results_dropped_at_once_leave_nothing(runtime):
-    plan, _ = cross_island(runtime.resources.topology)
+def test_results_dropped_at_once_leave_nothing(runtime, plan_builder):
+    plan, _ = cross_island(plan_builder, runtime.resources.topology)
     with Client(runtime) as client:
         runs = []
         for _ in range(20):
@@ -71,8 +70,8 @@ def test_results_dropped_at_once_leave_nothing(runtime):
         assert settle(runtime, runs, client) == (0, 0)
 
 
-def test_a_released_handle_raises_instead_of_returning_data(runtime):
-    plan, want = one_step(runtime.resources.topology)
+def test_a_released_handle_raises_instead_of_returning_data(runtime, plan_builder):
+    plan, want = one_step(plan_builder, runtime.resources.topology)
     client = Client(runtime)
     [h] = client.run(plan, [X])
     np.testing.assert_array_equal(np.asarray(h), want)
@@ -87,11 +86,11 @@ def test_a_released_handle_raises_instead_of_returning_data(runtime):
 
 
 @pytest.mark.parametrize("capacity", [ONE_RUN, ONE_RUN + ONE_RUN // 2, 4 * ONE_RUN])
-def test_runs_complete_or_fail_clearly_under_any_capacity(device_map, capacity):
+def test_runs_complete_or_fail_clearly_under_any_capacity(device_map, capacity, plan_builder):
     """Room for one run, for one and a half, or for several: back-to-back runs all complete."""
     rt = Runtime(device_map, device_memory_bytes=capacity)
     try:
-        plan, want = one_step(rt.resources.topology)
+        plan, want = one_step(plan_builder, rt.resources.topology)
         with Client(rt) as client:
             handles = [client.run(plan, [X * 1.0])[0] for _ in range(6)]
             results = []
@@ -106,15 +105,15 @@ def test_runs_complete_or_fail_clearly_under_any_capacity(device_map, capacity):
         rt.close()
 
 
-def test_a_run_that_can_never_fit_fails_at_once_and_others_go_on(device_map):
+def test_a_run_that_can_never_fit_fails_at_once_and_others_go_on(device_map, plan_builder):
     rt = Runtime(device_map, device_memory_bytes=ONE_RUN - 1)
     try:
-        plan, _ = one_step(rt.resources.topology)
+        plan, _ = one_step(plan_builder, rt.resources.topology)
         with Client(rt) as client:
             with pytest.raises(OutOfDeviceMemory, match=f"needs {ONE_RUN} bytes on device 0 of island0, which "
                                                         f"has only {ONE_RUN - 1} bytes"):
                 client.run(plan, [X])
-        small = PlanBuilder(rt.resources.topology)
+        small = plan_builder(rt.resources.topology)
         v = small.slice("v", (1,), ("x",), "island1", (0, 1))
         out = small.launch(tanh2, [small.input((2, 2), v)], v, [(), ()])
         with Client(rt) as other:
@@ -124,10 +123,10 @@ def test_a_run_that_can_never_fit_fails_at_once_and_others_go_on(device_map):
         rt.close()
 
 
-def test_a_run_behind_held_memory_waits_then_runs(device_map):
+def test_a_run_behind_held_memory_waits_then_runs(device_map, plan_builder):
     rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 8 * 16 * 4 - 1)   # not one run beside a held result
     try:
-        plan, want = one_step(rt.resources.topology)
+        plan, want = one_step(plan_builder, rt.resources.topology)
         with Client(rt) as client:
             [first] = client.run(plan, [X])
             first.block_until_ready()
@@ -140,8 +139,8 @@ def test_a_run_behind_held_memory_waits_then_runs(device_map):
         rt.close()
 
 
-def test_a_plan_reading_a_buffer_nothing_writes_is_rejected_when_loaded(runtime):
-    plan, want = one_step(runtime.resources.topology)
+def test_a_plan_reading_a_buffer_nothing_writes_is_rejected_when_loaded(runtime, plan_builder):
+    plan, want = one_step(plan_builder, runtime.resources.topology)
     bad = plan.to_python()
     bad["islands"]["island0"][0]["inputs"] = [7]
     bad["buffers"].append({**bad["buffers"][0], "id": 7})
@@ -149,9 +148,9 @@ def test_a_plan_reading_a_buffer_nothing_writes_is_rejected_when_loaded(runtime)
         ProgramPlan.from_python(bad)
 
 
-def test_a_bad_run_of_one_client_does_not_stop_another(runtime):
+def test_a_bad_run_of_one_client_does_not_stop_another(runtime, plan_builder):
     """A recv whose send never comes parks its run; other clients' runs still complete."""
-    p = PlanBuilder(runtime.resources.topology)
+    p = plan_builder(runtime.resources.topology)
     v0 = p.slice("v0", (1,), ("x",), "island0", (0, 1))
     v1 = p.slice("v1", (1,), ("x",), "island1", (0, 1))
     moved = p.dcn(p.launch(tanh2, [p.input((8, 16), v0)], v0, [(), ()]), v1, [(), ()])
@@ -161,7 +160,7 @@ def test_a_bad_run_of_one_client_does_not_stop_another(runtime):
     island1 = {"island1": stuck.islands["island1"]}
     stuck = ProgramPlan(stuck.program, stuck.topology, stuck.slices, stuck.buffers, stuck.executables, (),
                         stuck.outputs, island1)
-    good, want = cross_island(runtime.resources.topology)
+    good, want = cross_island(plan_builder, runtime.resources.topology)
     bad_client, good_client = Client(runtime), Client(runtime)
     with pytest.raises(PlanError):
         bad_client.start(stuck, [])             # its recv has no send: rejected before any work
@@ -171,8 +170,8 @@ def test_a_bad_run_of_one_client_does_not_stop_another(runtime):
     good_client.close()
 
 
-def test_a_failing_launch_fails_its_run_alone(runtime):
-    plan, want = cross_island(runtime.resources.topology)
+def test_a_failing_launch_fails_its_run_alone(runtime, plan_builder):
+    plan, want = cross_island(plan_builder, runtime.resources.topology)
     broken = plan.to_python()
     broken["executables"]["tanh2"] = "AAAA"                    # not a jax.export serialisation
     with Client(runtime) as client:
@@ -181,8 +180,8 @@ def test_a_failing_launch_fails_its_run_alone(runtime):
         np.testing.assert_allclose(np.asarray(client.run(plan, [X])[0].result(timeout=60)), want, rtol=1e-6)
 
 
-def test_close_racing_start_leaves_nothing(runtime):
-    plan, _ = cross_island(runtime.resources.topology)
+def test_close_racing_start_leaves_nothing(runtime, plan_builder):
+    plan, _ = cross_island(plan_builder, runtime.resources.topology)
     for _ in range(5):
         client = Client(runtime)
         started = threading.Event()
@@ -205,9 +204,9 @@ def test_close_racing_start_leaves_nothing(runtime):
     assert (deadline_usage, runtime.object_count()) == (0, 0)
 
 
-def test_closing_the_runtime_with_a_stuck_run_is_bounded(device_map):
+def test_closing_the_runtime_with_a_stuck_run_is_bounded(device_map, plan_builder):
     rt = Runtime(device_map, device_memory_bytes=ONE_RUN)
-    plan, _ = one_step(rt.resources.topology)
+    plan, _ = one_step(plan_builder, rt.resources.topology)
     client = Client(rt)
     [held] = client.run(plan, [X])
     held.block_until_ready()
@@ -220,7 +219,7 @@ def test_closing_the_runtime_with_a_stuck_run_is_bounded(device_map):
         client.fetch(queued, plan.outputs[0], timeout=10)
 
 
-def test_launch_steps_are_a_tagged_union(runtime):
-    plan, _ = one_step(runtime.resources.topology)
+def test_launch_steps_are_a_tagged_union(runtime, plan_builder):
+    plan, _ = one_step(plan_builder, runtime.resources.topology)
     [launch] = [s for s in plan.islands["island0"] if isinstance(s, Launch)]
     assert launch.consumed() == plan.inputs and launch.produced() == plan.outputs

@@ -111,3 +111,47 @@ def test_tensor_bytes(context):
     assert ops.tensor_bytes(ir.Type.parse("tensor<3xbf16>")) == 6
     assert ops.tensor_bytes(ir.Type.parse("tensor<5xi1>")) == 5
     assert ops.tensor_bytes(ir.Type.parse("tensor<i64>")) == 8
+
+
+def test_every_pw_op_has_a_typed_builder_that_makes_it_well_formed(context):
+    from pathways_mlir.dialect.structure import check_op, definitions
+
+    t = ir.RankedTensorType.get([8], ir.F32Type.get())
+    pred = ir.RankedTensorType.get([], ir.IntegerType.get_signless(1))
+    x, s = Sharding.from_python([["x"]]), Sharding.replicated(1)
+    holder = ops.create("func.func", regions=1)   # a detached op whose block gives the operands
+    block = holder.regions[0].blocks.append(t, pred)
+    a, p = block.arguments
+    with ir.InsertionPoint(block):
+        step = {"step": 0, "after": (), "subgraph": 0}
+        built = [
+            ops.VirtualSlice("v", (2,), ("x",)).build(),
+            ops.build_compute("f", "v", [a], [t], [x], [x], "f#0"),
+            ops.build_cond(p, [a], [t], "then", "else", "k#0"),
+            ops.build_transfer(a, "v", "w", x, "dcn"),
+            ops.build_scatter(a, "v", "w", s, x, 2, (4,), "ici"),
+            ops.build_gather(a, "v", "w", x, s, 2, (4,), "ici"),
+            ops.build_buffer(id=0, type=t, home={}, bytes_per_device=32),
+            ops.build_launch(**step, executable="f", slice="v", devices=(0, 2), inputs=(0,), outputs=(1,),
+                             output_bytes=(16,), label="f#0"),
+            ops.build_copy(**step, src_buffer=0, dst_buffer=1, bytes=16, link="ici"),
+            ops.build_send(**step, buffer=0, peer_buffer=1, peer="island1", bytes=16, link="dcn", devices=(0, 2)),
+            ops.build_recv(**step, buffer=1, peer_buffer=0, peer="island0", bytes=16, link="dcn", devices=(0, 2)),
+            ops.build_branch(**step, pred=0, inputs=(1,), outputs=(2,), then_program="t", else_program="e",
+                             label="k#0"),
+            ops.build_free(**step, buffers=(0, 1)),
+        ]
+    assert sorted(op.name for op in built) == sorted(definitions())
+    assert {op.name: check_op(op) for op in built} == {op.name: [] for op in built}
+    assert str(built[7].attributes["after"]) == "array<i64>"
+
+
+def test_structure_wants_i64_dense_arrays(context):
+    # Passes read every dense array of a pw op as integers; f32 once escaped as a TypeError.
+    from pathways_mlir.dialect.structure import verify_structure
+
+    module = ir.Module.parse('"pw.virtual_slice"() {sym_name = "a", shape = array<f32: 2.0>, axes = ["x"], '
+                             'constraints = {}} : () -> ()')
+    [problem] = verify_structure(module)
+    assert problem.message == ("'pw.virtual_slice' op attribute 'shape' must be a #builtin.dense_array of i64, "
+                               "not array<f32: 2.000000e+00>")

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from plan_builder import PlanBuilder
 
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.endpoint import (
@@ -53,9 +52,9 @@ def sine_squared(x):
     return jnp.sin(x) ** 2
 
 
-def program(topology):
+def program(plan_builder, topology):
     """island0 (2-way) -> DCN -> island1 (4-way): the plan remote clients run."""
-    p = PlanBuilder(topology)
+    p = plan_builder(topology)
     a = p.slice("a", (2,), ("x",), "island0", (0, 2))
     b = p.slice("b", (4,), ("y",), "island1", (0, 4))
     x = p.input((8, 16), a, [("x",), ()])
@@ -232,8 +231,8 @@ def test_clients_check_the_endpoint_and_time_out_waiting():
         assert not thread.is_alive()
 
 
-def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path):
-    plan, want = program(runtime.resources.topology)
+def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, plan_builder):
+    plan, want = program(plan_builder, runtime.resources.topology)
     control, target = tmp_path / "control", tmp_path / "pwned"
     pickle.loads(pickle.dumps(Payload(control))).close()
     assert control.exists()                          # the payload is live: unpickling it creates a file
@@ -308,8 +307,8 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path):
     assert wait_released(runtime) == 0
 
 
-def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path):
-    plan, want = program(runtime.resources.topology)
+def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path, plan_builder):
+    plan, want = program(plan_builder, runtime.resources.topology)
     endpoint = Endpoint(runtime)
     procs = []
     try:

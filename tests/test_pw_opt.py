@@ -129,50 +129,50 @@ def test_verify_diagnostics_exit_status(tmp_path, capsys):
     assert "points outside the input" in capsys.readouterr().err
 
 
-# -- robustness: no traceback, whatever the input ----------------------------
+# -- robustness: no traceback, no signal, whatever the input ------------------
 
-_FUZZ_DRIVER = textwrap.dedent("""\
-    import contextlib, io, sys
-    from pathways_mlir.cli import pw_opt
-    args = sys.argv[1:]
-    for path in sys.stdin.read().split():
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            status = pw_opt.main([path, *args])
-        text = err.getvalue()
-        if status not in (0, 1) or "Traceback" in text or "internal error" in text:
-            print("FAIL", path, status, text[-2000:])
-    print("DONE")
-    """)
-
-
-def _variants(data: bytes, seed: int):
-    import random
-
-    rng = random.Random(seed)
-    yield data[: len(data) // 2]
-    yield data[: len(data) // 3]
-    yield data[: rng.randrange(1, len(data))]
-    for _ in range(12):
-        flipped = bytearray(data)
-        for _ in range(rng.randint(1, 6)):
-            i = rng.randrange(len(flipped))
-            flipped[i] = rng.choice([ord('"'), ord("{"), ord("}"), ord("%"), ord("@"), 0xFF, 0,
-                                     ord("["), ord(">"), ord("1"), flipped[i] ^ (1 << rng.randrange(8))])
-        yield bytes(flipped)
+def test_errors_from_many_nested_modules_do_not_abort(tmp_path):
+    # MLIR verifies sibling modules in worker threads; their diagnostics once
+    # reached Python without the GIL and aborted the process (rc 134).
+    dup = "\n".join(f"module @m{i} attributes {{pw.executable}} {{\n  func.func @main() {{ return }}\n"
+                    f"  func.func @main() {{ return }}\n}}" for i in range(8))
+    path = tmp_path / "dup.mlir"
+    path.write_text(dup)
+    for _ in range(5):
+        result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", str(path)],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1, result.stderr[-2000:]
+        assert f"{path}:3:3: error: redefinition of symbol named 'main'" in result.stderr
 
 
-def test_no_traceback_for_truncated_or_flipped_inputs(tmp_path):
-    paths = []
-    for n, source in enumerate(sorted((ROOT / "lit_tests").rglob("*.mlir"))):
-        for k, variant in enumerate(_variants(source.read_bytes(), seed=n)):
-            path = tmp_path / f"{source.stem}.{k}.mlir"
-            path.write_bytes(variant)
-            paths.append(str(path))
-    for args in (["--pw-verify", "--split-input-file"], ["--pw-verify"],
-                 ["--split-input-file", "--pass-pipeline=builtin.module(pw-lower{topology=2x4})"]):
-        result = subprocess.run([sys.executable, "-c", _FUZZ_DRIVER, *args], input="\n".join(paths),
-                                capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "FAIL" not in result.stdout, result.stdout[-3000:]
-        assert result.stdout.strip().endswith("DONE")
+@pytest.mark.parametrize("text", [
+    "module {" * 5000 + "}" * 5000,
+    '"pw.x"() {a = ' + "[" * 5000 + "]" * 5000 + "} : () -> ()",
+    "func.func private @f(" + "tuple<" * 5000 + "i32" + ">" * 5000 + ")",
+])
+def test_deep_nesting_is_an_error_before_parsing(tmp_path, text):
+    path = tmp_path / "deep.mlir"
+    path.write_text(text)
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"{path}:1:")
+    assert "nests deeper than 256 levels" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_nesting_scan_skips_strings_comments_and_arrows():
+    from pathways_mlir.dialect.context import nesting_error
+
+    assert nesting_error('"' + "{" * 300 + '"\n// ' + "(" * 300 + "\n" + "() -> ()\n" * 300, 256) is None
+    error = nesting_error("a\n  " + "<" * 3, 2)
+    assert (error.location.line, error.location.column) == (2, 5)
+
+
+def test_fuzzed_lit_inputs_exit_0_or_1():
+    # A short run of scripts/fuzz.py: mutated lit inputs through pw-opt with
+    # each file's own RUN arguments and the pw-lower pipeline.
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--count", "400", "--seed", "7"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "400 cases in" in result.stdout and "0 failures" in result.stdout

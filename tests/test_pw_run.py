@@ -47,7 +47,14 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
     (tmp_path / "bad.mlir").write_text('"pw.compute"() : () -> ()\n')
     (tmp_path / "bad.json").write_text('{"program": 1}')
     (tmp_path / "boom.py").write_text("x = 1\nraise ValueError('boom')\n")
+    (tmp_path / "deep.mlir").write_text("module {" * 5000 + "}" * 5000)
+    # A lowered module whose plan reads a buffer nothing writes (it would hang the runtime).
+    valid_plan = (ROOT / "lit_tests" / "passes" / "verify-plans.mlir").read_text().split("// -----")[0]
+    (tmp_path / "hostile.mlir").write_text(valid_plan.replace("@main, inputs = array<i64: 0>", "@main, inputs = array<i64>"))
     cases = {
+        tmp_path / "deep.mlir": "deep.mlir:1:2056: error: '{' nests deeper than 256 levels",
+        tmp_path / "hostile.mlir": "error: 'pw.launch' op step 0 reads buffer 0, which no step writes and which is not "
+                                   "an input of @main",
         tmp_path / "missing.mlir": "no such file",
         tmp_path / "bad.mlir": "bad.mlir:1:1: error: 'pw.compute' op attribute 'callee' is expected",
         tmp_path / "bad.json": "not a pw plan",

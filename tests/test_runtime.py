@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from plan_builder import PlanBuilder
 
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
@@ -37,9 +36,9 @@ def stage_b(x):
     return x * x + 1.0
 
 
-def two_island_chain(topology):
+def two_island_chain(plan_builder, topology):
     """island0 (2 devices, 2-way) -> DCN -> island1 (2x2 mesh) -> reshard -> 4-way."""
-    p = PlanBuilder(topology)
+    p = plan_builder(topology)
     v0 = p.slice("v0", (2,), ("x",), "island0", (0, 2))
     v1 = p.slice("v1", (2, 2), ("a", "b"), "island1", (0, 4))
     v2 = p.slice("v2", (4,), ("y",), "island1", (0, 4))
@@ -52,8 +51,8 @@ def two_island_chain(topology):
 
 
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
-def test_chain_across_islands_matches_jax(runtime, mode):
-    plan, want = two_island_chain(runtime.resources.topology)
+def test_chain_across_islands_matches_jax(runtime, mode, plan_builder):
+    plan, want = two_island_chain(plan_builder, runtime.resources.topology)
     with Client(runtime) as client:
         [h] = client.run(plan, [X], dispatch=mode)
         np.testing.assert_array_equal(np.asarray(h), want)
@@ -62,8 +61,8 @@ def test_chain_across_islands_matches_jax(runtime, mode):
         assert len(h.result().sharding.device_set) == 4
 
 
-def test_parallel_and_sequential_agree_and_compile_once(runtime):
-    plan, _ = two_island_chain(runtime.resources.topology)
+def test_parallel_and_sequential_agree_and_compile_once(runtime, plan_builder):
+    plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
     with Client(runtime) as client:
         par = [np.asarray(h) for h in [client.run(plan, [X * i], "parallel")[0] for i in range(4)]]
         seq = [np.asarray(h) for h in [client.run(plan, [X * i], "sequential")[0] for i in range(4)]]
@@ -86,8 +85,8 @@ def _live_array_count(expected: int, timeout: float = 5.0) -> int:
         time.sleep(0.01)
 
 
-def test_memory_returns_to_baseline_when_client_closes(runtime):
-    plan, _ = two_island_chain(runtime.resources.topology)
+def test_memory_returns_to_baseline_when_client_closes(runtime, plan_builder):
+    plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
     client = Client(runtime)
     handles = [client.run(plan, [X], "parallel")[0] for _ in range(3)]
     for h in handles:
@@ -105,8 +104,8 @@ def test_memory_returns_to_baseline_when_client_closes(runtime):
         client.run(plan, [X])
 
 
-def test_dropping_a_handle_frees_its_buffer(runtime):
-    plan, _ = two_island_chain(runtime.resources.topology)
+def test_dropping_a_handle_frees_its_buffer(runtime, plan_builder):
+    plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
     with Client(runtime) as client:
         run = client.start(plan, [X])
         [h] = client.handles(run)
@@ -118,8 +117,8 @@ def test_dropping_a_handle_frees_its_buffer(runtime):
 
 # The accounting above can reach zero while JAX arrays stay alive; these check
 # the arrays themselves.
-def test_a_deleted_handle_releases_its_jax_arrays(runtime):
-    plan, _ = two_island_chain(runtime.resources.topology)
+def test_a_deleted_handle_releases_its_jax_arrays(runtime, plan_builder):
+    plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
     with Client(runtime) as client:
         before = _live_array_count(-1, timeout=0)
         run = client.start(plan, [X])
@@ -130,8 +129,8 @@ def test_a_deleted_handle_releases_its_jax_arrays(runtime):
         assert _live_array_count(before) == before
 
 
-def test_closing_a_client_releases_its_jax_arrays(runtime):
-    plan, _ = two_island_chain(runtime.resources.topology)
+def test_closing_a_client_releases_its_jax_arrays(runtime, plan_builder):
+    plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
     before = _live_array_count(-1, timeout=0)
     client = Client(runtime)
     handles = [client.run(plan, [X])[0] for _ in range(3)]
@@ -142,8 +141,8 @@ def test_closing_a_client_releases_its_jax_arrays(runtime):
     assert _live_array_count(before) == before
 
 
-def test_back_pressure_waits_for_frees(device_map):
-    p = PlanBuilder(device_map.topology)
+def test_back_pressure_waits_for_frees(device_map, plan_builder):
+    p = plan_builder(device_map.topology)
     v = p.slice("v", (1,), ("x",), "island0", (0, 1))
     x = p.input((8, 16), v)
     out = p.launch(stage_a, [x], v, [(), ()])
@@ -163,8 +162,8 @@ def test_back_pressure_waits_for_frees(device_map):
         rt.close()
 
 
-def test_a_launch_that_can_never_fit_fails_clearly(device_map):
-    p = PlanBuilder(device_map.topology)
+def test_a_launch_that_can_never_fit_fails_clearly(device_map, plan_builder):
+    p = plan_builder(device_map.topology)
     v = p.slice("v", (1,), ("x",), "island0", (0, 1))
     out = p.launch(stage_a, [p.input((8, 16), v)], v, [(), ()])
     rt = Runtime(device_map, device_memory_bytes=100)
@@ -177,8 +176,8 @@ def test_a_launch_that_can_never_fit_fails_clearly(device_map):
         rt.close()
 
 
-def test_shares_follow_client_weights(device_map):
-    p = PlanBuilder(device_map.topology)
+def test_shares_follow_client_weights(device_map, plan_builder):
+    p = plan_builder(device_map.topology)
     v = p.slice("v", (4,), ("x",), "island0", (0, 4))
     out = p.launch(stage_a, [p.input((8, 16), v, [("x",), ()])], v, [("x",), ()])
     plan = p.build([out])
@@ -200,17 +199,17 @@ def test_shares_follow_client_weights(device_map):
         rt.close()
 
 
-def test_cond_runs_the_chosen_branch(runtime):
+def test_cond_runs_the_chosen_branch(runtime, plan_builder):
     topo = runtime.resources.topology
 
     def branch(fn, name):
-        b = PlanBuilder(topo, name)
+        b = plan_builder(topo, name)
         v = b.slice("w", (2,), ("x",), "island1", (2, 4))
         out = b.launch(fn, [b.input((8, 16), v, [("x",), ()])], v, [("x",), ()], name=name)
         return b.build([out])
 
     then_plan, else_plan = branch(lambda x: x + 100.0, "plus"), branch(lambda x: x - 100.0, "minus")
-    p = PlanBuilder(topo)
+    p = plan_builder(topo)
     v = p.slice("v", (2,), ("x",), "island0", (0, 2))
     x = p.input((8, 16), v, [("x",), ()])
     pred = p.launch(lambda x: jnp.sum(x) > 0, [x], v, [], name="positive", out_dtype="i1", out_shape=())
@@ -224,8 +223,8 @@ def test_cond_runs_the_chosen_branch(runtime):
                 np.testing.assert_array_equal(np.asarray(h), data + 100.0 * sign)
 
 
-def test_trace_has_a_track_per_device(runtime, tmp_path):
-    plan, _ = two_island_chain(runtime.resources.topology)
+def test_trace_has_a_track_per_device(runtime, tmp_path, plan_builder):
+    plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
     runtime.start_tracing()
     with Client(runtime) as client:
         np.asarray(client.run(plan, [X])[0])
@@ -238,8 +237,8 @@ def test_trace_has_a_track_per_device(runtime, tmp_path):
     assert all(e["dur"] >= 0 for e in spans)
 
 
-def test_closing_a_client_with_runs_in_flight_reclaims_everything(runtime):
-    plan, _ = two_island_chain(runtime.resources.topology)
+def test_closing_a_client_with_runs_in_flight_reclaims_everything(runtime, plan_builder):
+    plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
     client = Client(runtime)
     runs = [client.start(plan, [X]) for _ in range(5)]
     client.close()                         # waits for the runs, then releases what they made
@@ -247,10 +246,10 @@ def test_closing_a_client_with_runs_in_flight_reclaims_everything(runtime):
     assert sum(runtime.usage().values()) == 0 and runtime.object_count() == 0
 
 
-def test_clients_in_threads_get_one_consistent_order_on_every_island(runtime):
+def test_clients_in_threads_get_one_consistent_order_on_every_island(runtime, plan_builder):
     import threading
 
-    plan, want = two_island_chain(runtime.resources.topology)
+    plan, want = two_island_chain(plan_builder, runtime.resources.topology)
     results: dict[int, list] = {}
     errors: list[BaseException] = []
 

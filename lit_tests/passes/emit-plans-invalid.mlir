@@ -36,3 +36,18 @@ func.func @loop(%p: tensor<i1>) -> tensor<i1> attributes {pw.program} {
   return %0 : tensor<i1>
 }
 }
+
+// -----
+
+// Plans name islands of the module's topology, which pw-place records.
+// expected-error@below {{pw-emit-plans needs the module's pw.topology: run pw-place first}}
+module attributes {pw.lowered} {
+}
+
+// -----
+
+// A malformed topology is reported, not trusted.
+// expected-error@below {{pw.topology: islands[0].ici: missing 'bandwidth_gbps'}}
+module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {latency_us = 1.0}}]}} {
+}

@@ -22,10 +22,13 @@ module @positive attributes {pw.executable} {
 }
 func.func @branchy(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) attributes {pw.program} {
   %p = "pw.compute"(%x) {callee = @positive, slice = @a, in_shardings = [[["x"]]], out_shardings = [[]], label = "pred#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<i1>
-  %y = "pw.cond"(%p, %x) {then_program = @branchy, else_program = @branchy, label = "k#0", pw.subgraph = 0} : (tensor<i1>, tensor<8xf32>) -> tensor<8xf32>
+  %y = "pw.cond"(%p, %x) {then_program = @branch, else_program = @branch, label = "k#0", pw.subgraph = 0} : (tensor<i1>, tensor<8xf32>) -> tensor<8xf32>
   %z = "pw.compute"(%y) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "after#0", pw.subgraph = 1} : (tensor<8xf32>) -> tensor<8xf32>
   %w = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "other#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
   return %z, %w : tensor<8xf32>, tensor<8xf32>
+}
+func.func @branch(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
+  return %x : tensor<8xf32>
 }
 
 // -----

@@ -50,6 +50,12 @@
 
 // -----
 
+// Placement ranges are integers.
+// expected-error@below {{placement devices must be half-open ranges}}
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 4>, axes = ["x"], constraints = {}, pw.placement = {island = "i0", devices = array<f32: 0.0, 2.0>}} : () -> ()
+
+// -----
+
 // Symbols are unique across kinds of op (MLIR's symbol table checks this on parse).
 "pw.virtual_slice"() {sym_name = "f", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
 // expected-error@below {{redefinition of symbol named 'f'}}
@@ -352,4 +358,59 @@ func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
   %2 = "pw.compute"(%1) {callee = @f, slice = @v1, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#2"} : (tensor<4xf32>) -> tensor<4xf32>
   return %2 : tensor<4xf32>
 }
+}
+
+// -----
+
+// A program ends with func.return (MLIR takes an unregistered last op for a terminator).
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
+}
+// expected-error@below {{'func.func' op is a program whose body does not end with func.return}}
+func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+}
+
+// -----
+
+// A computation on a malformed slice is not checked against it (nor does it crash the checker).
+// expected-error@below {{slice @v0 axis names must be non-empty strings}}
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = [["x"]], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
+}
+func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// The marks later passes read have their kinds: an attribute pw does not know
+// (here an opaque #rray<...>) is reported, not trusted.
+// expected-error@below {{slice @v0 placement must be {island = "name", devices = array<i64: ...>}}}
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "i0", devices = #rray<i64: 0, 2>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
+}
+// expected-error@below {{argument #0 has a 'pw.home' that is not {} or {slice, sharding} on a slice of this module}}
+func.func @main(%a: tensor<4xf32> {pw.home = {slice = @nowhere, sharding = [["x"]]}}) -> tensor<4xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  // expected-error@below {{'pw.order' must be a non-negative integer}}
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0", pw.order = "first"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// A program's subgraphs and a cond's result homes have their shapes too.
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+// expected-error@below {{'pw.subgraphs' must be a list of {id = <integer>, static = <bool>}}}
+func.func @main(%p: tensor<i1>, %a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program, pw.subgraphs = [{id = 0}]} {
+  // expected-error@below {{'pw.result_homes' must hold one {} or {slice, sharding} per result}}
+  %0 = "pw.cond"(%p, %a) {then_program = @id, else_program = @id, label = "k#0", pw.result_homes = []} : (tensor<i1>, tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+func.func @id(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  return %a : tensor<4xf32>
 }

@@ -2,6 +2,8 @@
 // RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-nope)' 2>&1 | FileCheck %s --check-prefix=PIPELINE
 // RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-verify{bogus=1})' 2>&1 | FileCheck %s --check-prefix=OPTION
 // RUN: not pw-opt %t.missing-input 2>&1 | FileCheck %s --check-prefix=MISSING
+// RUN: %python -c "print('module {' * 300 + '}' * 300)" > %t.deep.mlir
+// RUN: not pw-opt %t.deep.mlir 2>&1 | FileCheck %s --check-prefix=DEEP
 
 // Errors name the file, line and column, and no traceback is printed.
 
@@ -12,3 +14,7 @@
 // PIPELINE: pw-opt: error: invalid pass pipeline: 'pw-nope' is not a registered pass or pipeline (known: {{.*}}pw-verify
 // OPTION: pw-opt: error: invalid pass pipeline: 'pw-verify' has no option 'bogus'
 // MISSING: missing-input: error: cannot read input: No such file or directory
+
+// Nesting deep enough to overflow MLIR's parser is refused before parsing.
+// DEEP: deep.mlir:1:2056: error: '{' nests deeper than 256 levels
+// DEEP-NOT: Traceback
