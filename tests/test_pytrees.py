@@ -113,3 +113,29 @@ def test_flax_optax_data_parallel_training_matches_jax(client):
     assert_trees_close(ours, expected)
     assert isinstance(ours[1][0], optax.ScaleByAdamState)
 
+
+def test_flax_optax_pipeline_across_two_islands_matches_jax(client):
+    first, second, optimizer = MLP(16, 12), MLP(16, 4), adamw()
+    x, y = data()
+    params = [first.init(jax.random.key(1), x), second.init(jax.random.key(2), np.zeros((1, 12), np.float32))]
+
+    def mse(out, target):
+        return jnp.mean((out - target) ** 2)
+
+    slices = [pw.virtual_slice(2, axes="x", island=f"island{i}") for i in range(2)]
+    step = pw.pipeline([first.apply, second.apply], slices, loss=mse, micro_batches=4, optimizer=optimizer)
+
+    def train_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(lambda p: mse(second.apply(p[1], first.apply(p[0], x)), y))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    ours = (params, [optimizer.init(p) for p in params])
+    expected = (params, optimizer.init(params))
+    for _ in range(3):
+        *ours, loss = step.run(*ours, x, y, client=client)
+        *expected, expected_loss = jax.jit(train_step)(*expected, x, y)
+        np.testing.assert_allclose(np.asarray(loss), expected_loss, rtol=1e-5)
+    assert_trees_close(ours[0], expected[0], rtol=1e-4, atol=1e-6)
+    plan = step.compiled(*ours, x, y, runtime=client.runtime).plan
+    assert {p.island for p in plan.slices.values()} == {"island0", "island1"}

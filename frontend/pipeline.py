@@ -1,0 +1,203 @@
+"""Pipeline schedules: a training step built from per-stage forward functions.
+
+`pipeline(stages, slices, loss=..., schedule=..., micro_batches=M)` returns a
+`Program` whose trace is one pipelined training step. Stage `s` runs
+`stages[s](params[s], x)` on `slices[s]`; the batch is cut into M equal
+micro-batches along its first axis. Per micro-batch, stage s runs
+
+- F (forward): `jax.vjp` of the stage; it keeps only the residuals that are
+  not its own inputs (those are passed again), so nothing is stored twice;
+- B (backward): the stage's vjp applied to the gradient from stage s+1,
+  its parameter gradients summed into the stage's running sum. (B traces
+  `jax.vjp` once more to rebuild the vjp from the saved residuals; XLA drops
+  that recomputation, as nothing reads it.)
+
+The last stage does F, the loss and B at once (its activations need not
+wait). The loss is the mean of `loss(y, target)` over micro-batches, which
+equals the whole batch's when `loss` is a mean over rows; so loss and
+gradients equal the unpipelined step's.
+
+A schedule is the order of F and B on each stage; the program's trace order,
+hence every island's order, follows it tick by tick (each tick, every stage
+whose next step's inputs exist runs it):
+
+- "gpipe": all forwards, then all backwards. Stage s keeps the residuals of
+  all M micro-batches.
+- "1f1b": S-1-s warm-up forwards, then one forward, one backward, and the
+  remaining backwards. Stage s keeps at most S-s micro-batches' residuals,
+  which is what `compiled.plan.peak(island)` shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from .placed import jit
+from .provenance import name_of
+from .slices import Slice
+from .tracer import Program, program
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def schedule_steps(schedule: str, stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
+    """Returns each stage's steps in order: ("F", m), ("B", m), or ("FB", m) on the last stage."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+    steps = []
+    for s in range(stages):
+        if s == stages - 1:
+            steps.append([("FB", m) for m in range(micro_batches)])
+            continue
+        warmup = micro_batches if schedule == "gpipe" else min(stages - 1 - s, micro_batches)
+        order = [("F", m) for m in range(warmup)]
+        for m in range(micro_batches - warmup):
+            order += [("F", warmup + m), ("B", m)]
+        order += [("B", m) for m in range(micro_batches - warmup, micro_batches)]
+        steps.append(order)
+    return steps
+
+
+def tick_order(steps: list[list[tuple[str, int]]]) -> list[list[tuple[int, str, int]]]:
+    """Returns the ticks of a schedule: each the (stage, kind, micro-batch) steps that run together.
+
+    A stage runs its next step in a tick when what it reads was made in an
+    earlier tick: F(s, m) needs F(s-1, m), B(s, m) needs B or FB(s+1, m).
+    """
+    last = len(steps) - 1
+    position = [0] * len(steps)
+    done: set[tuple[int, str, int]] = set()
+    ticks = []
+    while any(p < len(s) for p, s in zip(position, steps)):
+        tick = []
+        for s, order in enumerate(steps):
+            if position[s] == len(order):
+                continue
+            kind, m = order[position[s]]
+            needs = (s - 1, "F", m) if kind != "B" else (s + 1, "FB" if s + 1 == last else "B", m)
+            if s == 0 and kind != "B" or needs in done:
+                tick.append((s, kind, m))
+        if not tick:
+            raise ValueError(f"pipeline schedule deadlocks after {len(done)} steps")
+        for s, kind, m in tick:
+            done.add((s, kind, m))
+            position[s] += 1
+        ticks.append(tick)
+    return ticks
+
+
+def _inputs(primals: Any) -> set[int]:
+    return {id(leaf) for leaf in jax.tree.leaves(primals)}
+
+
+def _forward(stage: Callable) -> Callable:
+    def forward(params, x):
+        y, vjp = jax.vjp(stage, params, x)
+        own = _inputs((params, x))
+        return y, [leaf for leaf in jax.tree.leaves(vjp) if id(leaf) not in own]
+    forward.__name__ = f"{name_of(stage)}_forward"
+    return forward
+
+
+def _backward(stage: Callable, first: bool) -> Callable:
+    def backward(params, x, saved, grad_y, grad_sum):
+        _, vjp = jax.vjp(stage, params, x)
+        leaves, tree = jax.tree.flatten(vjp)
+        own, rest = _inputs((params, x)), iter(saved)
+        grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(grad_y)
+        grad_sum = grad_params if grad_sum is None else jax.tree.map(jnp.add, grad_sum, grad_params)
+        return grad_sum if first else (grad_sum, grad_x)
+    backward.__name__ = f"{name_of(stage)}_backward"
+    return backward
+
+
+def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
+    def mean_loss(params, x, target):
+        return loss(stage(params, x), target) / micro_batches
+
+    def forward_backward(params, x, target, sums):
+        value, (grad_params, grad_x) = jax.value_and_grad(mean_loss, argnums=(0, 1))(params, x, target)
+        if sums is not None:
+            value, grad_params = jax.tree.map(jnp.add, (value, grad_params), sums)
+        return (value, grad_params), grad_x
+    forward_backward.__name__ = f"{name_of(stage)}_forward_backward"
+    return forward_backward
+
+
+def _split(micro_batches: int) -> Callable:
+    def split(batch):
+        def cut(a):
+            if a.shape[0] % micro_batches:
+                raise ValueError(f"a batch of {a.shape[0]} rows does not split into {micro_batches} "
+                                 f"micro-batches")
+            return a.reshape(micro_batches, a.shape[0] // micro_batches, *a.shape[1:])
+        stacked = jax.tree.map(cut, batch)
+        return [jax.tree.map(lambda a: a[m], stacked) for m in range(micro_batches)]
+    return split
+
+
+def _update(optimizer) -> Callable:
+    def update(params, grads, state):
+        updates, state = optimizer.update(grads, state, params)
+        return jax.tree.map(lambda p, u: (p + u).astype(p.dtype), params, updates), state
+    return update
+
+
+def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Callable,
+             schedule: str = "1f1b", micro_batches: int, optimizer=None) -> Program:
+    """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
+
+    `loss(y, target)` is a mean over the rows of the last stage's output.
+    Without `optimizer` the program is `step(params, batch, targets) ->
+    (loss, grads)`; with an optax `optimizer` it is `step(params, opt_states,
+    batch, targets) -> (params, opt_states, loss)`, one optimizer state per
+    stage (`[optimizer.init(p) for p in params]`), each stage updated on its
+    slice. `params` is a sequence of one pytree per stage; `batch` and
+    `targets` are pytrees whose leaves have the batch on their first axis.
+    """
+    if len(stages) != len(slices) or not stages:
+        raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
+    ticks = tick_order(schedule_steps(schedule, len(stages), micro_batches))
+    last = len(stages) - 1
+    forward = [jit(_forward(f), slice=s) for f, s in zip(stages[:-1], slices)]
+    backward = [jit(_backward(f, first=i == 0), slice=s) for i, (f, s) in enumerate(zip(stages[:-1], slices))]
+    forward_backward = jit(_last(stages[-1], loss, micro_batches), slice=slices[-1])
+    split_batch, split_targets = jit(_split(micro_batches), slice=slices[0]), jit(_split(micro_batches),
+                                                                                 slice=slices[-1])
+    update = [jit(_update(optimizer), slice=s) for s in slices] if optimizer is not None else None
+
+    def loss_and_grads(params, batch, targets):
+        if len(params) != len(stages):
+            raise ValueError(f"params has {len(params)} entries for {len(stages)} stages")
+        inputs = {(0, m): x for m, x in enumerate(split_batch(batch))}
+        targets = split_targets(targets)
+        saved, grad_in, sums = {}, {}, [None] * len(stages)
+        for tick in ticks:
+            for s, kind, m in tick:
+                if kind == "F":
+                    y, saved[s, m] = forward[s](params[s], inputs[s, m])
+                    inputs[s + 1, m] = y
+                elif kind == "FB":
+                    sums[s], grad_in[s, m] = forward_backward(params[s], inputs[s, m], targets[m], sums[s])
+                else:
+                    result = backward[s](params[s], inputs.pop((s, m)), saved.pop((s, m)),
+                                         grad_in.pop((s + 1, m)), sums[s])
+                    if s == 0:
+                        sums[s] = result
+                    else:
+                        sums[s], grad_in[s, m] = result
+        value, sums[last] = sums[last]
+        return value, sums
+
+    if optimizer is None:
+        step = loss_and_grads
+    else:
+        def step(params, opt_states, batch, targets):
+            value, grads = loss_and_grads(params, batch, targets)
+            new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
+            return [p for p, _ in new], [o for _, o in new], value
+    step.__name__ = f"pipeline_{schedule}"
+    return program(step)
