@@ -47,3 +47,27 @@ def test_rl_loop_equals_sequential_plain_jax_with_the_same_staleness(three_islan
                 (policy, rl.OPTIMIZER.init(policy), *rollout, rl.score(reward_model, *rollout))]
     plans = [f.compiled(*args, runtime=three_islands.runtime).plan for f, args in zip(functions, examples)]
     assert [set(plan.islands) for plan in plans] == [{"island0"}, {"island1"}, {"island2"}]
+
+
+def test_moe_layer_equals_dense_jax_for_kept_tokens_and_moves_only_buckets():
+    moe = example("moe")
+    router, experts = moe.init()
+    tokens = np.random.default_rng(1).normal(size=(moe.TOKENS, moe.WIDTH)).astype(np.float32)
+    expected, choice = jax.jit(moe.dense_reference)(router, experts, tokens)
+    kept = moe.kept_tokens(choice)
+    assert 0 < (~kept).sum() < moe.TOKENS // 4                # some tokens overflow their expert
+    runtime = Runtime(embedded_device_map(2, 4))
+    try:
+        with Client(runtime) as client:
+            layer = moe.layer()
+            outputs, dropped = layer.run(router, experts, tokens, client=client)
+            outputs = np.asarray(outputs)
+            np.testing.assert_allclose(outputs[kept], np.asarray(expected)[kept], rtol=1e-5, atol=1e-6)
+            assert not outputs[~kept].any() and int(np.asarray(dropped)) == (~kept).sum()
+            plan = layer.compiled(router, experts, tokens, runtime=runtime).plan
+    finally:
+        runtime.close()
+    # Between slices only buckets move: each expert's there and back, over DCN to island1's.
+    moves = [s for steps in plan.islands.values() for s in steps if type(s).__name__ in ("Copy", "Send")]
+    assert sorted(s.bytes for s in moves) == [moe.CAPACITY * moe.WIDTH * 4] * 2 * moe.EXPERTS
+    assert {plan.slices[f"expert{e}"].island for e in range(moe.EXPERTS)} == {"island0", "island1"}
