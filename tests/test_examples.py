@@ -71,3 +71,25 @@ def test_moe_layer_equals_dense_jax_for_kept_tokens_and_moves_only_buckets():
     moves = [s for steps in plan.islands.values() for s in steps if type(s).__name__ in ("Copy", "Send")]
     assert sorted(s.bytes for s in moves) == [moe.CAPACITY * moe.WIDTH * 4] * 2 * moe.EXPERTS
     assert {plan.slices[f"expert{e}"].island for e in range(moe.EXPERTS)} == {"island0", "island1"}
+
+
+def test_transformer_pipeline_trains_like_plain_jax():
+    lm = example("transformer_pipeline")
+    steps = 3
+    runtime = Runtime(embedded_device_map(2, 4))
+    try:
+        with Client(runtime) as client:
+            params, losses = lm.train(steps, client=client)
+            params = jax.tree.map(np.asarray, params)
+    finally:
+        runtime.close()
+    reference = lm.reference_step(steps)
+    expected, opt_state, expected_losses = lm.init(), lm.optimizer(steps).init(lm.init()), []
+    data = lm.batches(lm.corpus())
+    for _ in range(steps):
+        expected, opt_state, loss = reference(expected, opt_state, *next(data))
+        expected_losses.append(float(loss))
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-4)
+    for ours, theirs in zip(jax.tree.leaves(params), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-3, atol=1e-5)
+    assert losses[-1] < losses[0]
