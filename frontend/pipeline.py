@@ -30,6 +30,7 @@ whose next step's inputs exist runs it):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
@@ -146,6 +147,58 @@ def _update(optimizer) -> Callable:
     return update
 
 
+@dataclass(frozen=True)
+class StageFunctions:
+    """A pipeline's functions: plain JAX functions, or the same placed on the stages' slices."""
+
+    split_batch: Callable          # batch -> one pytree per micro-batch (on the first stage)
+    split_targets: Callable        # targets -> one pytree per micro-batch (on the last stage)
+    forward: list[Callable]        # per stage but the last: (params, x) -> (y, saved)
+    backward: list[Callable]       # (params, x, saved, grad_y, grad_sum) -> grad_sum[, grad_x]
+    forward_backward: Callable     # last stage: (params, x, target, sums) -> ((loss, grad_sum), grad_x)
+
+    def map(self, place: Callable[[Callable, int], Callable]) -> "StageFunctions":
+        """Returns `place(fn, stage)` of every function."""
+        last = len(self.forward)
+        return StageFunctions(place(self.split_batch, 0), place(self.split_targets, last),
+                              [place(f, s) for s, f in enumerate(self.forward)],
+                              [place(f, s) for s, f in enumerate(self.backward)],
+                              place(self.forward_backward, last))
+
+
+def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: int) -> StageFunctions:
+    """Returns the forward, backward and split functions of a pipeline of `stages` (unplaced)."""
+    return StageFunctions(_split(micro_batches), _split(micro_batches),
+                          [_forward(f) for f in stages[:-1]],
+                          [_backward(f, first=s == 0) for s, f in enumerate(stages[:-1])],
+                          _last(stages[-1], loss, micro_batches))
+
+
+def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any):
+    """Calls `functions` tick by tick (see `tick_order`); returns the loss and each stage's gradients."""
+    last = len(functions.forward)
+    if len(params) != last + 1:
+        raise ValueError(f"params has {len(params)} entries for {last + 1} stages")
+    inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
+    targets = functions.split_targets(targets)
+    saved, grad_in, sums = {}, {}, [None] * (last + 1)
+    for tick in ticks:
+        for s, kind, m in tick:
+            if kind == "F":
+                inputs[s + 1, m], saved[s, m] = functions.forward[s](params[s], inputs[s, m])
+            elif kind == "FB":
+                sums[s], grad_in[s, m] = functions.forward_backward(params[s], inputs[s, m], targets[m], sums[s])
+            else:
+                result = functions.backward[s](params[s], inputs.pop((s, m)), saved.pop((s, m)),
+                                               grad_in.pop((s + 1, m)), sums[s])
+                if s == 0:
+                    sums[s] = result
+                else:
+                    sums[s], grad_in[s, m] = result
+    value, sums[last] = sums[last]
+    return value, sums
+
+
 def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Callable,
              schedule: str = "1f1b", micro_batches: int, optimizer=None) -> Program:
     """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
@@ -161,36 +214,11 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     if len(stages) != len(slices) or not stages:
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
     ticks = tick_order(schedule_steps(schedule, len(stages), micro_batches))
-    last = len(stages) - 1
-    forward = [jit(_forward(f), slice=s) for f, s in zip(stages[:-1], slices)]
-    backward = [jit(_backward(f, first=i == 0), slice=s) for i, (f, s) in enumerate(zip(stages[:-1], slices))]
-    forward_backward = jit(_last(stages[-1], loss, micro_batches), slice=slices[-1])
-    split_batch, split_targets = jit(_split(micro_batches), slice=slices[0]), jit(_split(micro_batches),
-                                                                                 slice=slices[-1])
+    placed = stage_functions(stages, loss, micro_batches).map(lambda f, s: jit(f, slice=slices[s]))
     update = [jit(_update(optimizer), slice=s) for s in slices] if optimizer is not None else None
 
     def loss_and_grads(params, batch, targets):
-        if len(params) != len(stages):
-            raise ValueError(f"params has {len(params)} entries for {len(stages)} stages")
-        inputs = {(0, m): x for m, x in enumerate(split_batch(batch))}
-        targets = split_targets(targets)
-        saved, grad_in, sums = {}, {}, [None] * len(stages)
-        for tick in ticks:
-            for s, kind, m in tick:
-                if kind == "F":
-                    y, saved[s, m] = forward[s](params[s], inputs[s, m])
-                    inputs[s + 1, m] = y
-                elif kind == "FB":
-                    sums[s], grad_in[s, m] = forward_backward(params[s], inputs[s, m], targets[m], sums[s])
-                else:
-                    result = backward[s](params[s], inputs.pop((s, m)), saved.pop((s, m)),
-                                         grad_in.pop((s + 1, m)), sums[s])
-                    if s == 0:
-                        sums[s] = result
-                    else:
-                        sums[s], grad_in[s, m] = result
-        value, sums[last] = sums[last]
-        return value, sums
+        return run_schedule(ticks, placed, params, batch, targets)
 
     if optimizer is None:
         step = loss_and_grads
