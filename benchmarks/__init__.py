@@ -18,8 +18,11 @@ BENCHMARKS = {
     "parallel-dispatch": "parallel_dispatch",
     "multi-tenancy": "multi_tenancy",
     "pipeline": "pipeline",
+    "pipeline-schedules": "pipeline_schedules",
     "lowering-scale": "lowering_scale",
     "object-store": "object_store",
+    "rl": "rl",
+    "moe": "moe",
 }
 
 

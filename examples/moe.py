@@ -70,7 +70,7 @@ def combine(placement, outputs):
 def layer(islands=("island0", "island0", "island1", "island1")):
     """Returns the MoE layer as a program `moe(router, experts, tokens) -> (outputs, dropped)`."""
     router_slice = pw.virtual_slice(2, axes="tokens", island="island0", name="router")
-    routing = pw.jit(route, slice=router_slice, in_specs=(None, P("tokens")), out_specs=None)
+    routing = pw.jit(route, slice=router_slice, in_specs=None, out_specs=None)
     combining = pw.jit(combine, slice=router_slice, in_specs=None, out_specs=P("tokens"))
     experts = [pw.jit(expert, slice=pw.virtual_slice(1, axes="rows", island=island, name=f"expert{e}"))
                for e, island in enumerate(islands)]

@@ -14,8 +14,11 @@ HEADLINES = {
     "parallel-dispatch": ("parallel_over_sequential_k16_1ms", "parallel_k16_over_k1_1ms"),
     "multi-tenancy": ("aggregate_4clients_over_1", "share_error_1248"),
     "pipeline": ("pipeline4_over_spmd", "pipeline8_over_pipeline4", "two_islands_over_one"),
+    "pipeline-schedules": ("onef1b_peak_over_gpipe_stage0", "gpipe_over_plain_jax", "onef1b_over_plain_jax"),
     "lowering-scale": ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048"),
     "object-store": ("handles_per_s_over_ray_put",),
+    "rl": ("rl_overlap_over_sequential", "rl_over_plain_jax"),
+    "moe": ("moe_bytes_over_dense", "moe_time_over_dense"),
 }
 
 

@@ -1,24 +1,13 @@
 """The bundled workload examples compute what plain JAX computes."""
 
-import importlib.util
-import pathlib
-
 import jax
 import numpy as np
 import pytest
 
+from pathways_mlir.benchmarks.examples import load_example as example
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.runtime import Runtime
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
-
-
-def example(name):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
