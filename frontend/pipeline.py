@@ -26,6 +26,10 @@ whose next step's inputs exist runs it):
 - "1f1b": S-1-s warm-up forwards, then one forward, one backward, and the
   remaining backwards. Stage s keeps at most S-s micro-batches' residuals,
   which is what `compiled.plan.peak(island)` shows.
+- "interleaved-1f1b" (Megatron-LM's virtual stages): S stages on D slices,
+  stage s on slice s % D, each slice running its V = S/D stages' steps in
+  the interleaved 1F1B order; M must be a multiple of D. Its ideal bubble is
+  V times smaller than 1F1B's, for more micro-batches in flight.
 """
 
 from __future__ import annotations
@@ -41,52 +45,85 @@ from .provenance import name_of
 from .slices import Slice
 from .tracer import Program, program
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+Step = tuple[int, str, int]    # (stage, "F" | "B" | "FB", micro-batch)
 
 
-def schedule_steps(schedule: str, stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
-    """Returns each stage's steps in order: ("F", m), ("B", m), or ("FB", m) on the last stage."""
+def schedule_steps(schedule: str, stages: int, micro_batches: int, slices: int | None = None) -> list[list[Step]]:
+    """Returns each worker's steps in order; a worker is a stage, or a slice for "interleaved-1f1b".
+
+    Steps are (stage, kind, micro-batch): kind "F", "B", or "FB" on the last
+    stage. For "interleaved-1f1b", stage s runs on slice s % `slices`.
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+    if schedule == "interleaved-1f1b":
+        return _interleaved(stages, micro_batches, slices or stages)
     steps = []
     for s in range(stages):
-        if s == stages - 1:
-            steps.append([("FB", m) for m in range(micro_batches)])
-            continue
+        forwards = [(s, "F", m) for m in range(micro_batches)]
+        backwards = [(s, "B", m) for m in range(micro_batches)]
         warmup = micro_batches if schedule == "gpipe" else min(stages - 1 - s, micro_batches)
-        order = [("F", m) for m in range(warmup)]
-        for m in range(micro_batches - warmup):
-            order += [("F", warmup + m), ("B", m)]
-        order += [("B", m) for m in range(micro_batches - warmup, micro_batches)]
-        steps.append(order)
+        steps.append(_one_forward_one_backward(forwards, backwards, warmup, stages - 1))
     return steps
 
 
-def tick_order(steps: list[list[tuple[str, int]]]) -> list[list[tuple[int, str, int]]]:
-    """Returns the ticks of a schedule: each the (stage, kind, micro-batch) steps that run together.
+def _interleaved(stages: int, micro_batches: int, slices: int) -> list[list[Step]]:
+    """Megatron-LM's interleaved 1F1B: slice d runs stages d, d + D, ... (V = S / D virtual stages)."""
+    if stages % slices or micro_batches % slices:
+        raise ValueError(f"interleaved-1f1b needs stages ({stages}) and micro-batches ({micro_batches}) "
+                         f"that are multiples of the slices ({slices})")
+    virtual = stages // slices
+    steps = []
+    for d in range(slices):
+        def order(kind, chunks):
+            return [(v * slices + d, kind, g * slices + i) for g in range(micro_batches // slices)
+                    for v in chunks for i in range(slices)]
+        forwards, backwards = order("F", range(virtual)), order("B", range(virtual - 1, -1, -1))
+        warmup = min(2 * (slices - d - 1) + (virtual - 1) * slices, len(forwards))
+        steps.append(_one_forward_one_backward(forwards, backwards, warmup, stages - 1))
+    return steps
 
-    A stage runs its next step in a tick when what it reads was made in an
-    earlier tick: F(s, m) needs F(s-1, m), B(s, m) needs B or FB(s+1, m).
+
+def _one_forward_one_backward(forwards: list[Step], backwards: list[Step], warmup: int, last: int) -> list[Step]:
+    """`warmup` forwards, then one forward and one backward in turn, then the rest of the backwards.
+
+    The last stage's forward becomes its "FB" (forward, loss and backward) and its backward goes.
     """
-    last = len(steps) - 1
+    order = forwards[:warmup]
+    for f, b in zip(forwards[warmup:], backwards):
+        order += [f, b]
+    order += backwards[len(forwards) - warmup:]
+    return [(s, "FB" if s == last else kind, m) for s, kind, m in order if not (s == last and kind == "B")]
+
+
+def tick_order(steps: list[list[Step]]) -> list[list[Step]]:
+    """Returns the ticks of a schedule: each the steps, one per worker at most, that run together.
+
+    A worker runs its next step in a tick when what it reads was made in an
+    earlier tick: F(s, m) and FB(s, m) need F(s-1, m), B(s, m) needs B or
+    FB(s+1, m).
+    """
+    last = max(s for order in steps for s, _, _ in order)
     position = [0] * len(steps)
-    done: set[tuple[int, str, int]] = set()
+    done: set[Step] = set()
     ticks = []
-    while any(p < len(s) for p, s in zip(position, steps)):
+    while any(p < len(order) for p, order in zip(position, steps)):
         tick = []
-        for s, order in enumerate(steps):
-            if position[s] == len(order):
+        for w, order in enumerate(steps):
+            if position[w] == len(order):
                 continue
-            kind, m = order[position[s]]
+            s, kind, m = order[position[w]]
             needs = (s - 1, "F", m) if kind != "B" else (s + 1, "FB" if s + 1 == last else "B", m)
             if s == 0 and kind != "B" or needs in done:
-                tick.append((s, kind, m))
+                tick.append((w, (s, kind, m)))
         if not tick:
             raise ValueError(f"pipeline schedule deadlocks after {len(done)} steps")
-        for s, kind, m in tick:
-            done.add((s, kind, m))
-            position[s] += 1
-        ticks.append(tick)
+        for w, step in tick:
+            done.add(step)
+            position[w] += 1
+        ticks.append([step for _, step in tick])
     return ticks
 
 
@@ -210,10 +247,16 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     stage (`[optimizer.init(p) for p in params]`), each stage updated on its
     slice. `params` is a sequence of one pytree per stage; `batch` and
     `targets` are pytrees whose leaves have the batch on their first axis.
+    `schedule` is "gpipe", "1f1b" or "interleaved-1f1b" (virtual stages:
+    slices repeat round-robin, stage s on the (s % D)-th of D slices).
     """
     if len(stages) != len(slices) or not stages:
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
-    ticks = tick_order(schedule_steps(schedule, len(stages), micro_batches))
+    distinct = list(dict.fromkeys(slices))
+    if schedule == "interleaved-1f1b" and any(s is not distinct[i % len(distinct)] for i, s in enumerate(slices)):
+        raise ValueError("interleaved-1f1b places stage s on slice s % D of D distinct slices: pass "
+                         "slices as [a, b, ..., a, b, ...]")
+    ticks = tick_order(schedule_steps(schedule, len(stages), micro_batches, len(distinct)))
     placed = stage_functions(stages, loss, micro_batches).map(lambda f, s: jit(f, slice=slices[s]))
     update = [jit(_update(optimizer), slice=s) for s in slices] if optimizer is not None else None
 
