@@ -153,7 +153,7 @@ def plot(record: dict, ax) -> None:
     names = [r["schedule"] for r in rows]
     positions = np.arange(len(rows))
     ax.bar(positions - 0.2, [r["bubble"] for r in rows], 0.4, label="measured bubble")
-    ax.bar(positions + 0.2, [r["textbook_bubble"] for r in rows], 0.4, label="textbook (S-1)/(M+S-1)")
+    ax.bar(positions + 0.2, [r["textbook_bubble"] for r in rows], 0.4, label="textbook (D-1)/(VM+D-1)")
     ax.set_xticks(positions, [f"{n}\npeak {r['stage0_peak_bytes'] / 1024:.0f} KiB" for n, r in zip(names, rows)])
     ax.set(ylabel="idle fraction of the slices", title=f"Pipeline schedules (S={STAGES}, M={MICRO_BATCHES})")
     ax.legend(fontsize="small")
