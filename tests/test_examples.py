@@ -2,22 +2,8 @@
 
 import jax
 import numpy as np
-import pytest
 
 from pathways_mlir.benchmarks.examples import load_example as example
-from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.runtime import Runtime
-
-
-@pytest.fixture(scope="module")
-def three_islands():
-    runtime = Runtime(embedded_device_map(3, 2), emulate_dcn=True)
-    try:
-        with Client(runtime) as client:
-            yield client
-    finally:
-        runtime.close()
 
 
 def test_rl_loop_equals_sequential_plain_jax_with_the_same_staleness(three_islands):
@@ -38,40 +24,29 @@ def test_rl_loop_equals_sequential_plain_jax_with_the_same_staleness(three_islan
     assert [set(plan.islands) for plan in plans] == [{"island0"}, {"island1"}, {"island2"}]
 
 
-def test_moe_layer_equals_dense_jax_for_kept_tokens_and_moves_only_buckets():
+def test_moe_layer_equals_dense_jax_for_kept_tokens_and_moves_only_buckets(two_islands):
     moe = example("moe")
     router, experts = moe.init()
     tokens = np.random.default_rng(1).normal(size=(moe.TOKENS, moe.WIDTH)).astype(np.float32)
     expected, choice = jax.jit(moe.dense_reference)(router, experts, tokens)
     kept = moe.kept_tokens(choice)
     assert 0 < (~kept).sum() < moe.TOKENS // 4                # some tokens overflow their expert
-    runtime = Runtime(embedded_device_map(2, 4))
-    try:
-        with Client(runtime) as client:
-            layer = moe.layer()
-            outputs, dropped = layer.run(router, experts, tokens, client=client)
-            outputs = np.asarray(outputs)
-            np.testing.assert_allclose(outputs[kept], np.asarray(expected)[kept], rtol=1e-5, atol=1e-6)
-            assert not outputs[~kept].any() and int(np.asarray(dropped)) == (~kept).sum()
-            plan = layer.compiled(router, experts, tokens, runtime=runtime).plan
-    finally:
-        runtime.close()
+    layer = moe.layer()
+    outputs, dropped = layer.run(router, experts, tokens, client=two_islands)
+    outputs = np.asarray(outputs)
+    np.testing.assert_allclose(outputs[kept], np.asarray(expected)[kept], rtol=1e-5, atol=1e-6)
+    assert not outputs[~kept].any() and int(np.asarray(dropped)) == (~kept).sum()
+    plan = layer.compiled(router, experts, tokens, runtime=two_islands.runtime).plan
     # Between slices only buckets move: each expert's there and back, over DCN to island1's.
     moves = [s for steps in plan.islands.values() for s in steps if type(s).__name__ in ("Copy", "Send")]
     assert sorted(s.bytes for s in moves) == [moe.CAPACITY * moe.WIDTH * 4] * 2 * moe.EXPERTS
     assert {plan.slices[f"expert{e}"].island for e in range(moe.EXPERTS)} == {"island0", "island1"}
 
 
-def test_transformer_pipeline_trains_like_plain_jax():
+def test_transformer_pipeline_trains_like_plain_jax(two_islands):
     lm = example("transformer_pipeline")
     steps = 3
-    runtime = Runtime(embedded_device_map(2, 4))
-    try:
-        with Client(runtime) as client:
-            params, losses = lm.train(steps, client=client)
-            params = jax.tree.map(np.asarray, params)
-    finally:
-        runtime.close()
+    params, losses = lm.train(steps, client=two_islands)
     reference = lm.reference_step(steps)
     expected, opt_state, expected_losses = lm.init(), lm.optimizer(steps).init(lm.init()), []
     data = lm.batches(lm.corpus())

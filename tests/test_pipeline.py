@@ -7,9 +7,6 @@ import pytest
 
 import pathways_mlir as pw
 from pathways_mlir.frontend.pipeline import schedule_steps, tick_order
-from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.runtime import Runtime
 
 STAGES, MICRO_BATCHES, WIDTH, ROWS = 4, 8, 32, 512
 
@@ -80,16 +77,6 @@ def unpipelined(params, x, target):
             y = stage(p, y)
         return mse(y, target)
     return jax.value_and_grad(loss)(params)
-
-
-@pytest.fixture(scope="module")
-def four_islands():
-    runtime = Runtime(embedded_device_map(STAGES, 8 // STAGES))
-    try:
-        with Client(runtime) as client:
-            yield client
-    finally:
-        runtime.close()
 
 
 def test_schedules_equal_the_unpipelined_step_and_1f1b_peaks_below_gpipe(four_islands):

@@ -14,23 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
-from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.runtime import Runtime
-
-
-@pytest.fixture(scope="module")
-def client():
-    runtime = Runtime(embedded_device_map(2, 4))
-    try:
-        with Client(runtime) as c:
-            yield c
-    finally:
-        runtime.close()
 
 
 class Pair(NamedTuple):
@@ -52,7 +38,7 @@ def assert_trees_close(actual, expected, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol)
 
 
-def test_custom_pytree_nodes_cross_slices_and_islands(client):
+def test_custom_pytree_nodes_cross_slices_and_islands(two_islands):
     def swap(state):
         return State(Pair(state.pair.second * state.scale, state.pair.first), state.scale + 1, name="swapped")
 
@@ -65,7 +51,7 @@ def test_custom_pytree_nodes_cross_slices_and_islands(client):
         return on_b(on_a(state)), (extra, None)
 
     state = State(Pair(np.arange(4, dtype=np.float32), np.ones(4, np.float32)), np.float32(2))
-    result, (extra, nothing) = twice.run(state, {"k": np.zeros(2, np.int32)}, client=client)
+    result, (extra, nothing) = twice.run(state, {"k": np.zeros(2, np.int32)}, client=two_islands)
     expected = jax.jit(swap)(jax.jit(swap)(state))
     assert isinstance(result, State) and isinstance(result.pair, Pair) and result.name == "swapped"
     assert nothing is None and result.missing is None
@@ -93,7 +79,7 @@ def data(rows=32, features=8, outputs=4):
             rng.normal(size=(rows, outputs)).astype(np.float32))
 
 
-def test_flax_optax_data_parallel_training_matches_jax(client):
+def test_flax_optax_data_parallel_training_matches_jax(two_islands):
     model, optimizer = MLP(16, 4), adamw()
 
     def train_step(params, opt_state, x, y):
@@ -107,14 +93,14 @@ def test_flax_optax_data_parallel_training_matches_jax(client):
     params = model.init(jax.random.key(0), x)
     ours = expected = (params, optimizer.init(params))
     for _ in range(4):
-        *ours, loss = step.run(*ours, x, y, client=client)
+        *ours, loss = step.run(*ours, x, y, client=two_islands)
         *expected, expected_loss = jax.jit(train_step)(*expected, x, y)
         np.testing.assert_allclose(np.asarray(loss), expected_loss, rtol=1e-5)
     assert_trees_close(ours, expected)
     assert isinstance(ours[1][0], optax.ScaleByAdamState)
 
 
-def test_flax_optax_pipeline_across_two_islands_matches_jax(client):
+def test_flax_optax_pipeline_across_two_islands_matches_jax(two_islands):
     first, second, optimizer = MLP(16, 12), MLP(16, 4), adamw()
     x, y = data()
     params = [first.init(jax.random.key(1), x), second.init(jax.random.key(2), np.zeros((1, 12), np.float32))]
@@ -133,9 +119,9 @@ def test_flax_optax_pipeline_across_two_islands_matches_jax(client):
     ours = (params, [optimizer.init(p) for p in params])
     expected = (params, optimizer.init(params))
     for _ in range(3):
-        *ours, loss = step.run(*ours, x, y, client=client)
+        *ours, loss = step.run(*ours, x, y, client=two_islands)
         *expected, expected_loss = jax.jit(train_step)(*expected, x, y)
         np.testing.assert_allclose(np.asarray(loss), expected_loss, rtol=1e-5)
     assert_trees_close(ours[0], expected[0], rtol=1e-4, atol=1e-6)
-    plan = step.compiled(*ours, x, y, runtime=client.runtime).plan
+    plan = step.compiled(*ours, x, y, runtime=two_islands.runtime).plan
     assert {p.island for p in plan.slices.values()} == {"island0", "island1"}
