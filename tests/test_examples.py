@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+from fetching import fetch
 
 from pathways_mlir.benchmarks.examples import load_example as example
 
@@ -13,8 +14,8 @@ def test_rl_loop_equals_sequential_plain_jax_with_the_same_staleness(three_islan
     final, history = rl.loop(functions, policy, reward_model, steps=6, client=three_islands)
     expected_final, expected = rl.reference_loop(policy, reward_model, steps=6)
     np.testing.assert_allclose(history, expected, rtol=1e-4, atol=1e-6)
-    for ours, theirs in zip(jax.tree.leaves(final), jax.tree.leaves(expected_final)):
-        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-6)
+    for ours, theirs in zip(jax.tree.leaves(fetch(final)), jax.tree.leaves(expected_final)):
+        np.testing.assert_allclose(ours, np.asarray(theirs), rtol=1e-4, atol=1e-6)
     assert history[-1] > history[0] + 0.1                  # the policy learns
     # Each of the three programs runs on its own island.
     rollout = rl.sample(policy, np.int32(0))
@@ -32,10 +33,9 @@ def test_moe_layer_equals_dense_jax_for_kept_tokens_and_moves_only_buckets(two_i
     kept = moe.kept_tokens(choice)
     assert 0 < (~kept).sum() < moe.TOKENS // 4                # some tokens overflow their expert
     layer = moe.layer()
-    outputs, dropped = layer.run(router, experts, tokens, client=two_islands)
-    outputs = np.asarray(outputs)
+    outputs, dropped = fetch(layer.run(router, experts, tokens, client=two_islands))
     np.testing.assert_allclose(outputs[kept], np.asarray(expected)[kept], rtol=1e-5, atol=1e-6)
-    assert not outputs[~kept].any() and int(np.asarray(dropped)) == (~kept).sum()
+    assert not outputs[~kept].any() and int(dropped) == (~kept).sum()
     plan = layer.compiled(router, experts, tokens, runtime=two_islands.runtime).plan
     # Between slices only buckets move: each expert's there and back, over DCN to island1's.
     moves = [s for steps in plan.islands.values() for s in steps if type(s).__name__ in ("Copy", "Send")]
@@ -54,6 +54,6 @@ def test_transformer_pipeline_trains_like_plain_jax(two_islands):
         expected, opt_state, loss = reference(expected, opt_state, *next(data))
         expected_losses.append(float(loss))
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-4)
-    for ours, theirs in zip(jax.tree.leaves(params), jax.tree.leaves(expected)):
-        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-3, atol=1e-5)
+    for ours, theirs in zip(jax.tree.leaves(fetch(params)), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(ours, np.asarray(theirs), rtol=1e-3, atol=1e-5)
     assert losses[-1] < losses[0]

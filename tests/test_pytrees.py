@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from fetching import fetch
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
@@ -51,7 +52,7 @@ def test_custom_pytree_nodes_cross_slices_and_islands(two_islands):
         return on_b(on_a(state)), (extra, None)
 
     state = State(Pair(np.arange(4, dtype=np.float32), np.ones(4, np.float32)), np.float32(2))
-    result, (extra, nothing) = twice.run(state, {"k": np.zeros(2, np.int32)}, client=two_islands)
+    result, (extra, nothing) = fetch(twice.run(state, {"k": np.zeros(2, np.int32)}, client=two_islands))
     expected = jax.jit(swap)(jax.jit(swap)(state))
     assert isinstance(result, State) and isinstance(result.pair, Pair) and result.name == "swapped"
     assert nothing is None and result.missing is None
@@ -95,8 +96,8 @@ def test_flax_optax_data_parallel_training_matches_jax(two_islands):
     for _ in range(4):
         *ours, loss = step.run(*ours, x, y, client=two_islands)
         *expected, expected_loss = jax.jit(train_step)(*expected, x, y)
-        np.testing.assert_allclose(np.asarray(loss), expected_loss, rtol=1e-5)
-    assert_trees_close(ours, expected)
+        np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
+    assert_trees_close(fetch(ours), expected)
     assert isinstance(ours[1][0], optax.ScaleByAdamState)
 
 
@@ -121,7 +122,7 @@ def test_flax_optax_pipeline_across_two_islands_matches_jax(two_islands):
     for _ in range(3):
         *ours, loss = step.run(*ours, x, y, client=two_islands)
         *expected, expected_loss = jax.jit(train_step)(*expected, x, y)
-        np.testing.assert_allclose(np.asarray(loss), expected_loss, rtol=1e-5)
-    assert_trees_close(ours[0], expected[0], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
+    assert_trees_close(fetch(ours[0]), expected[0], rtol=1e-4, atol=1e-6)
     plan = step.compiled(*ours, x, y, runtime=two_islands.runtime).plan
     assert {p.island for p in plan.slices.values()} == {"island0", "island1"}
