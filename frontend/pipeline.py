@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from .placed import jit
 from .provenance import name_of
@@ -237,7 +238,7 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
 
 
 def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Callable,
-             schedule: str = "1f1b", micro_batches: int, optimizer=None) -> Program:
+             schedule: str = "1f1b", micro_batches: int, optimizer=None, batch_axis: str | None = None) -> Program:
     """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
 
     `loss(y, target)` is a mean over the rows of the last stage's output.
@@ -249,6 +250,10 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     `targets` are pytrees whose leaves have the batch on their first axis.
     `schedule` is "gpipe", "1f1b" or "interleaved-1f1b" (virtual stages:
     slices repeat round-robin, stage s on the (s % D)-th of D slices).
+    With `batch_axis`, an axis every slice has, each stage is data parallel:
+    micro-batches, activations and their gradients are split over that axis
+    (saved residuals, parameters and gradient sums are replicated); without,
+    a stage's steps run replicated over its slice.
     """
     if len(stages) != len(slices) or not stages:
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
@@ -257,7 +262,16 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
         raise ValueError("interleaved-1f1b places stage s on slice s % D of D distinct slices: pass "
                          "slices as [a, b, ..., a, b, ...]")
     ticks = tick_order(schedule_steps(schedule, len(stages), micro_batches, len(distinct)))
-    placed = stage_functions(stages, loss, micro_batches).map(lambda f, s: jit(f, slice=slices[s]))
+    rows, last = (None if batch_axis is None else PartitionSpec(batch_axis)), len(stages) - 1
+    raw = stage_functions(stages, loss, micro_batches)
+
+    def place(fn, s, in_specs, out_specs):
+        return jit(fn, slice=slices[s], in_specs=in_specs, out_specs=out_specs)
+    placed = StageFunctions(place(raw.split_batch, 0, rows, rows), place(raw.split_targets, last, rows, rows),
+                            [place(f, s, (None, rows), (rows, None)) for s, f in enumerate(raw.forward)],
+                            [place(f, s, (None, rows, None, rows, None), None if s == 0 else (None, rows))
+                             for s, f in enumerate(raw.backward)],
+                            place(raw.forward_backward, last, (None, rows, rows, None), (None, rows)))
     update = [jit(_update(optimizer), slice=s) for s in slices] if optimizer is not None else None
 
     def loss_and_grads(params, batch, targets):

@@ -106,3 +106,24 @@ def test_schedules_equal_the_unpipelined_step_and_1f1b_peaks_below_gpipe(four_is
     for s in range(STAGES - 1):
         assert peaks["gpipe"][s] - peaks["1f1b"][s] >= (MICRO_BATCHES - (STAGES - s)) * activation, peaks
     assert peaks["gpipe"][-1] == peaks["1f1b"][-1]      # the last stage runs F and B together
+
+
+def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step(two_islands):
+    rng = np.random.default_rng(1)
+    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
+               "b": rng.normal(0, 0.1, WIDTH).astype(np.float32)} for _ in range(2)]
+    x = rng.normal(size=(64, WIDTH)).astype(np.float32)
+    target = rng.normal(size=(64, WIDTH)).astype(np.float32)
+    slices = [pw.virtual_slice(2, axes="rows", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=4, batch_axis="rows")
+    loss, grads = fetch(step.run(params, x, target, client=two_islands))
+    expected_loss, expected_grads = jax.jit(unpipelined)(params, x, target)
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    for ours, theirs in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)
+    plan = step.compiled(params, x, target, runtime=two_islands.runtime).plan
+    # Micro-batches and activations are split in two on both islands; residuals saved whole.
+    split = {plan.slices[b.slice].island for b in plan.buffers.values()
+             if b.slice is not None and b.shape == (16, WIDTH) and b.sharding == (("rows",), ())
+             and b.bytes_per_device == 8 * WIDTH * 4}
+    assert split == {"island0", "island1"}
