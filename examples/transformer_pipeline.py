@@ -91,10 +91,10 @@ def init(seed: int = 0):
 
 
 def pipelined_step(steps: int, islands=("island0", "island1")):
-    """The training step: 1F1B over two stages, one 2-device slice on each island."""
+    """The training step: 1F1B over two stages, one 2-device slice on each island, each stage data parallel."""
     slices = [pw.virtual_slice(2, axes="batch", island=island) for island in islands]
     return pw.pipeline([Embed().apply, Head().apply], slices, loss=cross_entropy, schedule="1f1b",
-                       micro_batches=MICRO_BATCHES, optimizer=optimizer(steps))
+                       micro_batches=MICRO_BATCHES, optimizer=optimizer(steps), batch_axis="batch")
 
 
 def reference_step(steps: int):
