@@ -19,8 +19,11 @@ BENCHMARKS = {
     "multi-tenancy": "multi_tenancy",
     "pipeline": "pipeline",
     "three-blocks": "three_blocks",
+    "pipeline-schedules": "pipeline_schedules",
     "lowering-scale": "lowering_scale",
     "object-store": "object_store",
+    "rl": "rl",
+    "moe": "moe",
 }
 
 

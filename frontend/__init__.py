@@ -6,14 +6,16 @@
     def step(x): return block_b(block_a(x))
     step.lower(x).as_text()                               # lowered.py
 
-`cond` (cond.py) adds data-dependent steps; `PlacementError` (errors.py)
-names the Python call of a placement that cannot work.
+`cond` (cond.py) adds data-dependent steps; `pipeline` (pipeline.py) builds
+a pipelined training step from per-stage forward functions; `PlacementError`
+(errors.py) names the Python call of a placement that cannot work.
 """
 
 from .cond import cond
 from .errors import PlacementError
+from .pipeline import pipeline
 from .placed import jit
 from .slices import virtual_slice
 from .tracer import program
 
-__all__ = ["PlacementError", "cond", "jit", "program", "virtual_slice"]
+__all__ = ["PlacementError", "cond", "jit", "pipeline", "program", "virtual_slice"]

@@ -11,8 +11,12 @@ export on a mesh of any size as
     exported = jax.export.deserialize(base64.b64decode(blob))
     jax.jit(exported.call, in_shardings=..., out_shardings=...)
 
-The export carries its own pytrees: the operands of a `pw.compute` are the
-leaves of `exported.in_tree` in order, its results those of `exported.out_tree`.
+Executables take and return flat leaves: the export is of `fn` wrapped to
+take its arguments' leaves and return its results' leaves, so the operands of
+a `pw.compute` are the export's positional arguments in order and its results
+the export's results. The tree structures (optax states, flax structs,
+dataclasses, NamedTuples, None) stay on the client, in `Executable.out_tree`
+and the program's `Lowered`, and nothing about them is serialised.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import jax
+from jax._src import config as jax_config  # the location option has no public context manager
 from mlir import ir
 
 from pathways_mlir.dialect import ops
@@ -43,11 +48,20 @@ class Executable:
 def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
                      in_avals: list[jax.ShapeDtypeStruct]) -> Executable:
     """Lowers `fn` for global argument shapes into executable `symbol` (needs an active context)."""
-    args = jax.tree_util.tree_unflatten(in_tree, in_avals)
-    # Unused arguments stay, so the signature is that of the pw.compute.
-    jitted = jax.jit(fn, keep_unused=True)
-    stablehlo = jitted.lower(*args).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
-    exported = jax.export.export(jitted)(*args)
+    out_trees = []
+
+    def flat(*leaves):
+        result_leaves, out_tree = jax.tree_util.tree_flatten(fn(*jax.tree_util.tree_unflatten(in_tree, leaves)))
+        out_trees.append(out_tree)
+        return tuple(result_leaves)
+
+    # Unused arguments stay, so the signature is that of the pw.compute. Ops
+    # are located at their line in `fn` only, not the whole Python stack of the
+    # trace, so the same function exports to the same bytes wherever it is traced.
+    jitted = jax.jit(flat, keep_unused=True)
+    with jax_config.include_full_tracebacks_in_locations(False):
+        stablehlo = jitted.lower(*in_avals).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
+        exported = jax.export.export(jitted)(*in_avals)
 
     parsed = ir.Module.parse(stablehlo)
     op = ir.Operation.create("builtin.module", regions=1, loc=Site.of_definition(fn).location(), ip=False)
@@ -64,4 +78,4 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
 
     entry = ops.function_type(ops.executable_entry(op))
     out_avals = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals)
-    return Executable(symbol, op, exported.out_tree, out_avals, tuple(entry.results))
+    return Executable(symbol, op, out_trees[0], out_avals, tuple(entry.results))

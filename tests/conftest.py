@@ -121,3 +121,35 @@ class PlanBuilder:
 
 def _np(dtype):
     return {"f32": jnp.float32, "i32": jnp.int32, "i1": jnp.bool_}[dtype]
+
+
+def _client_of_new_runtime(islands: int, per_island: int, emulate_dcn: bool = False):
+    """Yields a client of a fresh embedded runtime of `islands` x `per_island` devices; closes both."""
+    from pathways_mlir.runtime.client import Client
+    from pathways_mlir.runtime.cluster import embedded_device_map
+    from pathways_mlir.runtime.runtime import Runtime
+
+    runtime = Runtime(embedded_device_map(islands, per_island), emulate_dcn=emulate_dcn)
+    try:
+        with Client(runtime) as client:
+            yield client
+    finally:
+        runtime.close()
+
+
+@pytest.fixture(scope="module")
+def two_islands():
+    """A client of a 2 x 4 embedded runtime of its own."""
+    yield from _client_of_new_runtime(2, 4)
+
+
+@pytest.fixture(scope="module")
+def three_islands():
+    """A client of a 3 x 2 embedded runtime of its own, DCN emulated."""
+    yield from _client_of_new_runtime(3, 2, emulate_dcn=True)
+
+
+@pytest.fixture(scope="module")
+def four_islands():
+    """A client of a 4 x 2 embedded runtime of its own."""
+    yield from _client_of_new_runtime(4, 2)

@@ -25,8 +25,11 @@ HEADLINES = {
     "pipeline": ("pipeline4_over_jax_pipeline4", "spmd_over_jax_spmd", "pipeline4_over_jax_spmd",
                  "pipeline8_over_pipeline4", "two_islands_over_one"),
     "three-blocks": ("three_blocks_over_jax",),
+    "pipeline-schedules": ("onef1b_peak_over_gpipe_stage0", "gpipe_over_plain_jax", "onef1b_over_plain_jax"),
     "lowering-scale": ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048"),
     "object-store": ("embedded_over_ray_put_worst", "ray_backend_over_ray_put_worst"),
+    "rl": ("rl_overlap_over_sequential", "rl_over_plain_jax"),
+    "moe": ("moe_bytes_over_dense", "moe_time_over_dense"),
 }
 
 

@@ -379,15 +379,17 @@ def test_exports_run_like_jax_jit_on_one_device_and_sharded_on_a_mesh():
     for op in computes(lowered.module, "chain"):
         blob = ops.attr(ops.executables(lowered.module)[ops.attr(op, "callee")], ops.EXPORT)
         exported = jax.export.deserialize(base64.b64decode(blob))
-        args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, [x])
+        # Executables take and return flat leaves: one array in, a tuple of one out.
+        assert exported.in_tree == jax.tree_util.tree_structure(((x,), {}))
         with jax.default_device(jax.devices()[0]):
-            np.testing.assert_allclose(exported.call(*args, **kwargs), expected[ops.attr(op, "callee")])
+            (result,) = exported.call(x)
+            np.testing.assert_allclose(result, expected[ops.attr(op, "callee")])
         # As the runtime will: on a mesh of the slice's shape, with the recorded shardings.
         s = slices[ops.attr(op, "slice")]
         mesh = jax.make_mesh(s.shape, s.axes, devices=jax.devices()[:s.size])
         spec = lambda sharding: NamedSharding(mesh, P(*(axes or None for axes in sharding.dims)))
-        sharded = jax.jit(exported.call, in_shardings=[spec(h) for h in ops.in_shardings(op)],
-                          out_shardings=spec(ops.out_shardings(op)[0]))(x)
+        (sharded,) = jax.jit(exported.call, in_shardings=[spec(h) for h in ops.in_shardings(op)],
+                             out_shardings=spec(ops.out_shardings(op)[0]))(x)
         np.testing.assert_allclose(sharded, expected[ops.attr(op, "callee")])
         assert len(sharded.sharding.device_set) == s.size
 

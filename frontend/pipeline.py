@@ -1,0 +1,288 @@
+"""Pipeline schedules: a training step built from per-stage forward functions.
+
+`pipeline(stages, slices, loss=..., schedule=..., micro_batches=M)` returns a
+`Program` whose trace is one pipelined training step. Stage `s` runs
+`stages[s](params[s], x)` on `slices[s]`; the batch is cut into M equal
+micro-batches along its first axis. Per micro-batch, stage s runs
+
+- F (forward): `jax.vjp` of the stage; it keeps only the residuals that are
+  not its own inputs (those are passed again), so nothing is stored twice;
+- B (backward): the stage's vjp applied to the gradient from stage s+1,
+  its parameter gradients summed into the stage's running sum. (B traces
+  `jax.vjp` once more to rebuild the vjp from the saved residuals; XLA drops
+  that recomputation, as nothing reads it.)
+
+The last stage does F, the loss and B at once (its activations need not
+wait). The loss is the mean of `loss(y, target)` over micro-batches, which
+equals the whole batch's when `loss` is a mean over rows; so loss and
+gradients equal the unpipelined step's.
+
+A schedule is the order of F and B on each stage; the program's trace order,
+hence every island's order, follows it tick by tick (each tick, every stage
+whose next step's inputs exist runs it):
+
+- "gpipe": all forwards, then all backwards. Stage s keeps the residuals of
+  all M micro-batches.
+- "1f1b": S-1-s warm-up forwards, then one forward, one backward, and the
+  remaining backwards. Stage s keeps at most S-s micro-batches' residuals,
+  which is what `compiled.plan.peak(island)` shows.
+- "interleaved-1f1b" (Megatron-LM's virtual stages): S stages on D slices,
+  stage s on slice s % D, each slice running its V = S/D stages' steps in
+  the interleaved 1F1B order; M must be a multiple of D. Its ideal bubble is
+  V times smaller than 1F1B's, for more micro-batches in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from .placed import jit
+from .provenance import name_of
+from .slices import Slice
+from .tracer import Program, program
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+Step = tuple[int, str, int]    # (stage, "F" | "B" | "FB", micro-batch)
+
+
+def schedule_steps(schedule: str, stages: int, micro_batches: int, slices: int | None = None) -> list[list[Step]]:
+    """Returns each worker's steps in order; a worker is a stage, or a slice for "interleaved-1f1b".
+
+    Steps are (stage, kind, micro-batch): kind "F", "B", or "FB" on the last
+    stage. For "interleaved-1f1b", stage s runs on slice s % `slices`.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+    if schedule == "interleaved-1f1b":
+        return _interleaved(stages, micro_batches, slices or stages)
+    steps = []
+    for s in range(stages):
+        forwards = [(s, "F", m) for m in range(micro_batches)]
+        backwards = [(s, "B", m) for m in range(micro_batches)]
+        warmup = micro_batches if schedule == "gpipe" else min(stages - 1 - s, micro_batches)
+        steps.append(_one_forward_one_backward(forwards, backwards, warmup, stages - 1))
+    return steps
+
+
+def _interleaved(stages: int, micro_batches: int, slices: int) -> list[list[Step]]:
+    """Megatron-LM's interleaved 1F1B: slice d runs stages d, d + D, ... (V = S / D virtual stages)."""
+    if stages % slices or micro_batches % slices:
+        raise ValueError(f"interleaved-1f1b needs stages ({stages}) and micro-batches ({micro_batches}) "
+                         f"that are multiples of the slices ({slices})")
+    virtual = stages // slices
+    steps = []
+    for d in range(slices):
+        def order(kind, chunks):
+            return [(v * slices + d, kind, g * slices + i) for g in range(micro_batches // slices)
+                    for v in chunks for i in range(slices)]
+        forwards, backwards = order("F", range(virtual)), order("B", range(virtual - 1, -1, -1))
+        warmup = min(2 * (slices - d - 1) + (virtual - 1) * slices, len(forwards))
+        steps.append(_one_forward_one_backward(forwards, backwards, warmup, stages - 1))
+    return steps
+
+
+def _one_forward_one_backward(forwards: list[Step], backwards: list[Step], warmup: int, last: int) -> list[Step]:
+    """`warmup` forwards, then one forward and one backward in turn, then the rest of the backwards.
+
+    The last stage's forward becomes its "FB" (forward, loss and backward) and its backward goes.
+    """
+    order = forwards[:warmup]
+    for f, b in zip(forwards[warmup:], backwards):
+        order += [f, b]
+    order += backwards[len(forwards) - warmup:]
+    return [(s, "FB" if s == last else kind, m) for s, kind, m in order if not (s == last and kind == "B")]
+
+
+def tick_order(steps: list[list[Step]]) -> list[list[Step]]:
+    """Returns the ticks of a schedule: each the steps, one per worker at most, that run together.
+
+    A worker runs its next step in a tick when what it reads was made in an
+    earlier tick: F(s, m) and FB(s, m) need F(s-1, m), B(s, m) needs B or
+    FB(s+1, m).
+    """
+    last = max(s for order in steps for s, _, _ in order)
+    position = [0] * len(steps)
+    done: set[Step] = set()
+    ticks = []
+    while any(p < len(order) for p, order in zip(position, steps)):
+        tick = []
+        for w, order in enumerate(steps):
+            if position[w] == len(order):
+                continue
+            s, kind, m = order[position[w]]
+            needs = (s - 1, "F", m) if kind != "B" else (s + 1, "FB" if s + 1 == last else "B", m)
+            if s == 0 and kind != "B" or needs in done:
+                tick.append((w, (s, kind, m)))
+        if not tick:
+            raise ValueError(f"pipeline schedule deadlocks after {len(done)} steps")
+        for w, step in tick:
+            done.add(step)
+            position[w] += 1
+        ticks.append([step for _, step in tick])
+    return ticks
+
+
+def _inputs(primals: Any) -> set[int]:
+    return {id(leaf) for leaf in jax.tree.leaves(primals)}
+
+
+def _forward(stage: Callable) -> Callable:
+    def forward(params, x):
+        y, vjp = jax.vjp(stage, params, x)
+        own = _inputs((params, x))
+        return y, [leaf for leaf in jax.tree.leaves(vjp) if id(leaf) not in own]
+    forward.__name__ = f"{name_of(stage)}_forward"
+    return forward
+
+
+def _backward(stage: Callable, first: bool) -> Callable:
+    def backward(params, x, saved, grad_y, grad_sum):
+        _, vjp = jax.vjp(stage, params, x)
+        leaves, tree = jax.tree.flatten(vjp)
+        own, rest = _inputs((params, x)), iter(saved)
+        grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(grad_y)
+        grad_sum = grad_params if grad_sum is None else jax.tree.map(jnp.add, grad_sum, grad_params)
+        return grad_sum if first else (grad_sum, grad_x)
+    backward.__name__ = f"{name_of(stage)}_backward"
+    return backward
+
+
+def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
+    def mean_loss(params, x, target):
+        return loss(stage(params, x), target) / micro_batches
+
+    def forward_backward(params, x, target, sums):
+        value, (grad_params, grad_x) = jax.value_and_grad(mean_loss, argnums=(0, 1))(params, x, target)
+        if sums is not None:
+            value, grad_params = jax.tree.map(jnp.add, (value, grad_params), sums)
+        return (value, grad_params), grad_x
+    forward_backward.__name__ = f"{name_of(stage)}_forward_backward"
+    return forward_backward
+
+
+def _split(micro_batches: int) -> Callable:
+    def split(batch):
+        def cut(a):
+            if a.shape[0] % micro_batches:
+                raise ValueError(f"a batch of {a.shape[0]} rows does not split into {micro_batches} "
+                                 f"micro-batches")
+            return a.reshape(micro_batches, a.shape[0] // micro_batches, *a.shape[1:])
+        stacked = jax.tree.map(cut, batch)
+        return [jax.tree.map(lambda a: a[m], stacked) for m in range(micro_batches)]
+    return split
+
+
+def _update(optimizer) -> Callable:
+    def update(params, grads, state):
+        updates, state = optimizer.update(grads, state, params)
+        return jax.tree.map(lambda p, u: (p + u).astype(p.dtype), params, updates), state
+    return update
+
+
+@dataclass(frozen=True)
+class StageFunctions:
+    """A pipeline's functions: plain JAX functions, or the same placed on the stages' slices."""
+
+    split_batch: Callable          # batch -> one pytree per micro-batch (on the first stage)
+    split_targets: Callable        # targets -> one pytree per micro-batch (on the last stage)
+    forward: list[Callable]        # per stage but the last: (params, x) -> (y, saved)
+    backward: list[Callable]       # (params, x, saved, grad_y, grad_sum) -> grad_sum[, grad_x]
+    forward_backward: Callable     # last stage: (params, x, target, sums) -> ((loss, grad_sum), grad_x)
+
+    def map(self, place: Callable[[Callable, int], Callable]) -> "StageFunctions":
+        """Returns `place(fn, stage)` of every function."""
+        last = len(self.forward)
+        return StageFunctions(place(self.split_batch, 0), place(self.split_targets, last),
+                              [place(f, s) for s, f in enumerate(self.forward)],
+                              [place(f, s) for s, f in enumerate(self.backward)],
+                              place(self.forward_backward, last))
+
+
+def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: int) -> StageFunctions:
+    """Returns the forward, backward and split functions of a pipeline of `stages` (unplaced)."""
+    return StageFunctions(_split(micro_batches), _split(micro_batches),
+                          [_forward(f) for f in stages[:-1]],
+                          [_backward(f, first=s == 0) for s, f in enumerate(stages[:-1])],
+                          _last(stages[-1], loss, micro_batches))
+
+
+def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any):
+    """Calls `functions` tick by tick (see `tick_order`); returns the loss and each stage's gradients."""
+    last = len(functions.forward)
+    if len(params) != last + 1:
+        raise ValueError(f"params has {len(params)} entries for {last + 1} stages")
+    inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
+    targets = functions.split_targets(targets)
+    saved, grad_in, sums = {}, {}, [None] * (last + 1)
+    for tick in ticks:
+        for s, kind, m in tick:
+            if kind == "F":
+                inputs[s + 1, m], saved[s, m] = functions.forward[s](params[s], inputs[s, m])
+            elif kind == "FB":
+                sums[s], grad_in[s, m] = functions.forward_backward(params[s], inputs[s, m], targets[m], sums[s])
+            else:
+                result = functions.backward[s](params[s], inputs.pop((s, m)), saved.pop((s, m)),
+                                               grad_in.pop((s + 1, m)), sums[s])
+                if s == 0:
+                    sums[s] = result
+                else:
+                    sums[s], grad_in[s, m] = result
+    value, sums[last] = sums[last]
+    return value, sums
+
+
+def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Callable,
+             schedule: str = "1f1b", micro_batches: int, optimizer=None, batch_axis: str | None = None) -> Program:
+    """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
+
+    `loss(y, target)` is a mean over the rows of the last stage's output.
+    Without `optimizer` the program is `step(params, batch, targets) ->
+    (loss, grads)`; with an optax `optimizer` it is `step(params, opt_states,
+    batch, targets) -> (params, opt_states, loss)`, one optimizer state per
+    stage (`[optimizer.init(p) for p in params]`), each stage updated on its
+    slice. `params` is a sequence of one pytree per stage; `batch` and
+    `targets` are pytrees whose leaves have the batch on their first axis.
+    `schedule` is "gpipe", "1f1b" or "interleaved-1f1b" (virtual stages:
+    slices repeat round-robin, stage s on the (s % D)-th of D slices).
+    With `batch_axis`, an axis every slice has, each stage is data parallel:
+    micro-batches, activations and their gradients are split over that axis
+    (saved residuals, parameters and gradient sums are replicated); without,
+    a stage's steps run replicated over its slice.
+    """
+    if len(stages) != len(slices) or not stages:
+        raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
+    distinct = list(dict.fromkeys(slices))
+    if schedule == "interleaved-1f1b" and any(s is not distinct[i % len(distinct)] for i, s in enumerate(slices)):
+        raise ValueError("interleaved-1f1b places stage s on slice s % D of D distinct slices: pass "
+                         "slices as [a, b, ..., a, b, ...]")
+    ticks = tick_order(schedule_steps(schedule, len(stages), micro_batches, len(distinct)))
+    rows, last = (None if batch_axis is None else PartitionSpec(batch_axis)), len(stages) - 1
+    raw = stage_functions(stages, loss, micro_batches)
+
+    def place(fn, s, in_specs, out_specs):
+        return jit(fn, slice=slices[s], in_specs=in_specs, out_specs=out_specs)
+    placed = StageFunctions(place(raw.split_batch, 0, rows, rows), place(raw.split_targets, last, rows, rows),
+                            [place(f, s, (None, rows), (rows, None)) for s, f in enumerate(raw.forward)],
+                            [place(f, s, (None, rows, None, rows, None), None if s == 0 else (None, rows))
+                             for s, f in enumerate(raw.backward)],
+                            place(raw.forward_backward, last, (None, rows, rows, None), (None, rows)))
+    update = [jit(_update(optimizer), slice=s) for s in slices] if optimizer is not None else None
+
+    def loss_and_grads(params, batch, targets):
+        return run_schedule(ticks, placed, params, batch, targets)
+
+    if optimizer is None:
+        step = loss_and_grads
+    else:
+        def step(params, opt_states, batch, targets):
+            value, grads = loss_and_grads(params, batch, targets)
+            new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
+            return [p for p, _ in new], [o for _, o in new], value
+    step.__name__ = f"pipeline_{schedule}"
+    return program(step)

@@ -1,0 +1,59 @@
+"""The bundled workload examples compute what plain JAX computes."""
+
+import jax
+import numpy as np
+from fetching import fetch
+
+from pathways_mlir.benchmarks.examples import load_example as example
+
+
+def test_rl_loop_equals_sequential_plain_jax_with_the_same_staleness(three_islands):
+    rl = example("rl_loop")
+    policy, reward_model = rl.init()
+    functions = rl.placed()
+    final, history = rl.loop(functions, policy, reward_model, steps=6, client=three_islands)
+    expected_final, expected = rl.reference_loop(policy, reward_model, steps=6)
+    np.testing.assert_allclose(history, expected, rtol=1e-4, atol=1e-6)
+    for ours, theirs in zip(jax.tree.leaves(fetch(final)), jax.tree.leaves(expected_final)):
+        np.testing.assert_allclose(ours, np.asarray(theirs), rtol=1e-4, atol=1e-6)
+    assert history[-1] > history[0] + 0.1                  # the policy learns
+    # Each of the three programs runs on its own island.
+    rollout = rl.sample(policy, np.int32(0))
+    examples = [(policy, np.int32(0)), (reward_model, *rollout),
+                (policy, rl.OPTIMIZER.init(policy), *rollout, rl.score(reward_model, *rollout))]
+    plans = [f.compiled(*args, runtime=three_islands.runtime).plan for f, args in zip(functions, examples)]
+    assert [set(plan.islands) for plan in plans] == [{"island0"}, {"island1"}, {"island2"}]
+
+
+def test_moe_layer_equals_dense_jax_for_kept_tokens_and_moves_only_buckets(two_islands):
+    moe = example("moe")
+    router, experts = moe.init()
+    tokens = np.random.default_rng(1).normal(size=(moe.TOKENS, moe.WIDTH)).astype(np.float32)
+    expected, choice = jax.jit(moe.dense_reference)(router, experts, tokens)
+    kept = moe.kept_tokens(choice)
+    assert 0 < (~kept).sum() < moe.TOKENS // 4                # some tokens overflow their expert
+    layer = moe.layer()
+    outputs, dropped = fetch(layer.run(router, experts, tokens, client=two_islands))
+    np.testing.assert_allclose(outputs[kept], np.asarray(expected)[kept], rtol=1e-5, atol=1e-6)
+    assert not outputs[~kept].any() and int(dropped) == (~kept).sum()
+    plan = layer.compiled(router, experts, tokens, runtime=two_islands.runtime).plan
+    # Between slices only buckets move: each expert's there and back, over DCN to island1's.
+    moves = [s for steps in plan.islands.values() for s in steps if type(s).__name__ in ("Copy", "Send")]
+    assert sorted(s.bytes for s in moves) == [moe.CAPACITY * moe.WIDTH * 4] * 2 * moe.EXPERTS
+    assert {plan.slices[f"expert{e}"].island for e in range(moe.EXPERTS)} == {"island0", "island1"}
+
+
+def test_transformer_pipeline_trains_like_plain_jax(two_islands):
+    lm = example("transformer_pipeline")
+    steps = 3
+    params, losses = lm.train(steps, client=two_islands)
+    reference = lm.reference_step(steps)
+    expected, opt_state, expected_losses = lm.init(), lm.optimizer(steps).init(lm.init()), []
+    data = lm.batches(lm.corpus())
+    for _ in range(steps):
+        expected, opt_state, loss = reference(expected, opt_state, *next(data))
+        expected_losses.append(float(loss))
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-4)
+    for ours, theirs in zip(jax.tree.leaves(fetch(params)), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(ours, np.asarray(theirs), rtol=1e-3, atol=1e-5)
+    assert losses[-1] < losses[0]

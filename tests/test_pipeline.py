@@ -1,0 +1,129 @@
+"""`pw.pipeline`: GPipe, 1F1B and interleaved 1F1B steps equal the unpipelined step; 1F1B needs less memory than GPipe."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from fetching import fetch
+
+import pathways_mlir as pw
+from pathways_mlir.frontend.pipeline import schedule_steps, tick_order
+
+STAGES, MICRO_BATCHES, WIDTH, ROWS = 4, 8, 32, 512
+
+
+def in_flight(order):
+    """The most micro-batches a worker has run forward but not yet backward."""
+    live = peak = 0
+    for _, kind, _ in order:
+        live += {"F": 1, "B": -1, "FB": 0}[kind]
+        peak = max(peak, live)
+    return peak
+
+
+def every_step(steps):
+    return sorted(step for order in steps for step in order)
+
+
+@pytest.mark.parametrize("stages,micro_batches", [(1, 3), (2, 2), (4, 8), (3, 7)])
+def test_schedules_run_every_step_once_in_dependency_order(stages, micro_batches):
+    expected = sorted([(s, "F", m) for s in range(stages - 1) for m in range(micro_batches)]
+                      + [(s, "B", m) for s in range(stages - 1) for m in range(micro_batches)]
+                      + [(stages - 1, "FB", m) for m in range(micro_batches)])
+    for schedule in ("gpipe", "1f1b"):
+        steps = schedule_steps(schedule, stages, micro_batches)
+        assert every_step(steps) == expected == every_step([[s for tick in tick_order(steps) for s in tick]])
+        # 1F1B keeps at most S - s micro-batches on stage s; GPipe all of them.
+        assert [in_flight(order) for order in steps[:-1]] == [
+            micro_batches if schedule == "gpipe" else min(stages - s, micro_batches) for s in range(stages - 1)]
+
+
+@pytest.mark.parametrize("slices,virtual,micro_batches", [(2, 2, 4), (2, 3, 6), (4, 2, 8), (3, 2, 3)])
+def test_interleaved_1f1b_runs_every_step_once_on_its_slice(slices, virtual, micro_batches):
+    stages = slices * virtual
+    steps = schedule_steps("interleaved-1f1b", stages, micro_batches, slices)
+    ticks = tick_order(steps)                 # raises if the order deadlocks
+    assert every_step(steps) == every_step(schedule_steps("1f1b", stages, micro_batches))
+    assert every_step(steps) == every_step([[s for tick in ticks for s in tick]])
+    assert all(s % slices == d for d, order in enumerate(steps) for s, _, _ in order)
+    # Megatron-LM's bound: slice d keeps at most 2(D-d-1) + (V-1)D + 1 stage steps' residuals.
+    assert all(in_flight(order) <= 2 * (slices - d - 1) + (virtual - 1) * slices + 1
+               for d, order in enumerate(steps))
+
+
+def test_unknown_schedules_and_mismatched_slices_are_errors():
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'zigzag'"):
+        schedule_steps("zigzag", 2, 4)
+    with pytest.raises(ValueError, match="one slice per stage: 2 stages, 1 slices"):
+        pw.pipeline([jnp.tanh, jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=2)
+    a, b = pw.virtual_slice(1, axes="x"), pw.virtual_slice(1, axes="x")
+    with pytest.raises(ValueError, match="stage s on slice s % D"):
+        pw.pipeline([jnp.tanh] * 4, [a, a, b, b], loss=jnp.mean, schedule="interleaved-1f1b", micro_batches=2)
+    with pytest.raises(ValueError, match=r"micro-batches \(3\) that are multiples of the slices \(2\)"):
+        schedule_steps("interleaved-1f1b", 4, 3, 2)
+
+
+def stage(params, x):
+    return jnp.tanh(x @ params["w"] + params["b"])
+
+
+def mse(y, target):
+    return jnp.mean((y - target) ** 2)
+
+
+def unpipelined(params, x, target):
+    def loss(params):
+        y = x
+        for p in params:
+            y = stage(p, y)
+        return mse(y, target)
+    return jax.value_and_grad(loss)(params)
+
+
+def test_schedules_equal_the_unpipelined_step_and_1f1b_peaks_below_gpipe(four_islands):
+    rng = np.random.default_rng(0)
+    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
+               "b": rng.normal(0, 0.1, WIDTH).astype(np.float32)} for _ in range(STAGES)]
+    x = rng.normal(size=(ROWS, WIDTH)).astype(np.float32)
+    target = rng.normal(size=(ROWS, WIDTH)).astype(np.float32)
+    expected_loss, expected_grads = jax.jit(unpipelined)(params, x, target)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b", "interleaved-1f1b"):
+        slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(STAGES)]
+        if schedule == "interleaved-1f1b":          # two virtual stages on each of two slices
+            slices = slices[:2] * 2
+        step = pw.pipeline([stage] * STAGES, slices, loss=mse, schedule=schedule, micro_batches=MICRO_BATCHES)
+        compiled = step.lower(params, x, target).compile(four_islands.runtime)
+        loss, grads = fetch(compiled(params, x, target, client=four_islands))
+        np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+        for ours, theirs in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)
+        peaks[schedule] = [max((b for _, _, b in compiled.plan.peak(f"island{s}")), default=0)
+                           for s in range(STAGES)]
+    # Stage s keeps S - s micro-batches' residuals under 1F1B, M under GPipe: at
+    # least one activation (rows x width floats) each.
+    activation = ROWS // MICRO_BATCHES * WIDTH * 4
+    for s in range(STAGES - 1):
+        assert peaks["gpipe"][s] - peaks["1f1b"][s] >= (MICRO_BATCHES - (STAGES - s)) * activation, peaks
+    assert peaks["gpipe"][-1] == peaks["1f1b"][-1]      # the last stage runs F and B together
+
+
+def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step(two_islands):
+    rng = np.random.default_rng(1)
+    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
+               "b": rng.normal(0, 0.1, WIDTH).astype(np.float32)} for _ in range(2)]
+    x = rng.normal(size=(64, WIDTH)).astype(np.float32)
+    target = rng.normal(size=(64, WIDTH)).astype(np.float32)
+    slices = [pw.virtual_slice(2, axes="rows", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=4, batch_axis="rows")
+    loss, grads = fetch(step.run(params, x, target, client=two_islands))
+    expected_loss, expected_grads = jax.jit(unpipelined)(params, x, target)
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    for ours, theirs in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)
+    plan = step.compiled(params, x, target, runtime=two_islands.runtime).plan
+    # Micro-batches and activations are split in two on both islands; residuals saved whole.
+    split = {plan.slices[b.slice].island for b in plan.buffers.values()
+             if b.slice is not None and b.shape == (16, WIDTH) and b.sharding == (("rows",), ())
+             and b.bytes_per_device == 8 * WIDTH * 4}
+    assert split == {"island0", "island1"}
