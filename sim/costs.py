@@ -41,6 +41,7 @@ def module_flops(lowered: ir.Module) -> dict[str, int]:
 
 def plan_flops(plan: ProgramPlan) -> dict[str, int]:
     """Returns each executable's whole flops, counted on its serialised StableHLO."""
+    import jax
     from jax import export
 
     flops: dict[str, int] = {}
@@ -49,7 +50,10 @@ def plan_flops(plan: ProgramPlan) -> dict[str, int]:
         if not blob:
             flops[name] = 0
             continue
-        text = export.deserialize(bytearray(base64.b64decode(blob))).mlir_module()
+        exported = export.deserialize(bytearray(base64.b64decode(blob)))
+        # Re-lowered through JAX to print in generic form, which these bindings parse without StableHLO.
+        text = jax.jit(exported.call).lower(*exported.in_avals).compiler_ir("stablehlo").operation.get_asm(
+            print_generic_op_form=True)
         with context:
             flops[name] = executable_cost(ir.Module.parse(text).operation).flops
     for name, fused in plan.fused.items():

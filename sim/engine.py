@@ -13,8 +13,10 @@ scheduler.py, island_program.py), with times from the profile:
    (`message_us` each, arriving `message_latency_us` later). Sequential
    dispatch: one message per island with the inputs, then, in dependency
    order, one message per step, each sent only once the buffers the step
-   reads exist (the controller learns that one message latency after) and
-   costing `sequential_step_us`; the next call waits for it.
+   reads exist, that is once their producers are enqueued (asynchronous
+   dispatch: not computed) or their data has arrived, which the controller
+   learns one message latency after; each costs `sequential_step_us`, and
+   the next call waits for the last.
 3. Each island has one host thread. A run's message costs it `per_host_us`
    for each host the run uses on the island (the fan-out) and `input_us`
    per program input it puts on its devices (the data then crosses PCIe),
@@ -144,7 +146,8 @@ class _Run:
         self.prep = prep
         self.sub = sub
         self.record = record
-        self.ready: dict[int, float] = {}                  # buffer -> time it exists
+        self.ready: dict[int, float] = {}                  # buffer -> time its value is computed
+        self.exists: dict[int, float] = {}                 # buffer -> time its handle exists (enqueued)
         self.waiters: dict[int, list[Callable[[], None]]] = {}
         self.delivered: dict[str, list[Step]] = {i: [] for i in prep.islands}
         self.cursor: dict[str, int] = {i: 0 for i in prep.islands}
@@ -153,8 +156,8 @@ class _Run:
         self.remaining = sum(len(prep.plan.islands[i]) for i in prep.islands)
         self.last_end = 0.0
 
-    def set_ready(self, buffer: int, time: float) -> None:
-        self.ready[buffer] = time
+    def set_exists(self, buffer: int, time: float) -> None:
+        self.exists[buffer] = time
         for wake in self.waiters.pop(buffer, ()):
             wake()
 
@@ -279,12 +282,12 @@ class Simulator:
             return
         step = order[position]
         needs = () if isinstance(step, Free) else (*step.consumed(), *((step.dst_buffer,) if isinstance(step, Recv) else ()))
-        missing = [b for b in needs if b not in run.ready]
+        missing = [b for b in needs if b not in run.exists]
         if missing:
             run.waiters.setdefault(missing[0], []).append(lambda: self._sequential(run, position, index))
             return
         host = self.profile.host
-        known = max([self.now, *((run.ready[b] + host.message_latency_us * 1e-6) for b in needs)])
+        known = max([self.now, *((run.exists[b] + host.message_latency_us * 1e-6) for b in needs)])
         if known > self.now:
             self._at(known, lambda: self._sequential(run, position, index))
             return
@@ -309,7 +312,8 @@ class Simulator:
                 start, arrival = self.links.transfer(self.now + run.fanout[island], keys,
                                                      plan.buffers[b].bytes_per_device, self.profile.pcie)
                 self._span(f"input {b}", "input", island, f"pcie {plan.buffers[b].slice}", start, arrival)
-                run.set_ready(b, arrival)
+                run.ready[b] = arrival
+                run.set_exists(b, self.now + run.fanout[island])
             runs = self.island_runs.setdefault(island, [])
             runs.append(run)
             runs.sort(key=lambda r: r.ticket)
@@ -355,7 +359,7 @@ class Simulator:
             for k in keys:
                 self.device_free[k] = end
             for b in step.outputs:
-                run.set_ready(b, end)
+                run.ready[b] = end
             self._span(step.label or step.executable, "launch", island, _devices(ranges), start, end)
             run.last_end = max(run.last_end, end)
         elif isinstance(step, (Copy, Send)):
@@ -369,10 +373,13 @@ class Simulator:
                        f"{link} out {src}", start, arrival)
             run.last_end = max(run.last_end, arrival)
             if isinstance(step, Copy):
-                run.set_ready(step.dst_buffer, arrival)
+                run.ready[step.dst_buffer] = arrival
             else:
                 recv = prep.recv_of_send[step.id]
                 self._at(arrival, lambda: self._arrive(run, step.peer, recv, arrival))
+        if not isinstance(step, Recv):
+            for b in step.produced():
+                run.set_exists(b, now)
         self._finish_step(run, island)
         self._pump(island)
 
@@ -390,7 +397,8 @@ class Simulator:
 
     def _arrive(self, run: _Run, island: str, recv: Recv, arrival: float) -> None:
         run.arrived.add(recv.id)
-        run.set_ready(recv.dst_buffer, arrival)
+        run.ready[recv.dst_buffer] = arrival
+        run.set_exists(recv.dst_buffer, arrival)
         self._pump(island)
 
     def _finish_step(self, run: _Run, island: str) -> None:
@@ -455,12 +463,12 @@ def _topological(plan: ProgramPlan) -> list[Step]:
 
 
 def _check_describes(plan: ProgramPlan, profile: Profile) -> None:
-    """Raises ProfileError if the plan's topology has devices the profile does not describe."""
+    """Raises ProfileError if the plan's topology has devices the profile does not describe.
+
+    Runs are admitted against the profile's device memory, whatever the topology says.
+    """
     for island in plan.topology.islands:
         if island.device_kind not in profile.device_kinds:
             raise ProfileError(f"@{plan.program}: {island.name} has device kind '{island.device_kind}', which "
                                f"profile {profile.name} does not describe (it describes: "
                                f"{', '.join(profile.device_kinds)})")
-        if island.device_memory_bytes > profile.accelerator.memory_bytes:
-            raise ProfileError(f"@{plan.program}: {island.name} has {island.device_memory_bytes} bytes per device, "
-                               f"more than profile {profile.name}'s {profile.accelerator.memory_bytes}")

@@ -1,8 +1,8 @@
 """The paper's results at scale, simulated (never measured) on TPU-v4-like islands.
 
 Every program here is a real `@pw.program`, traced with abstract inputs and
-lowered by `pw-lower` for a topology built from the profile (pipelines with
-`strategy=spread`, so that stages get devices of their own); the simulator
+lowered by `pw-lower` for a topology built from the profile (pipeline
+stages pinned to devices of their own, in order); the simulator
 then times the plans. Each layer is `tanh(x @ w)` in bf16, repeated with a
 `fori_loop` (the cost model counts every trip), rows split over the slice.
 
@@ -22,6 +22,7 @@ then times the plans. Each layer is `tanh(x @ w)` in bf16, repeated with a
 
 from __future__ import annotations
 
+import sys
 import time
 
 from .engine import Simulator, Submission
@@ -39,13 +40,20 @@ def _layer(trips: int):
     return lambda x, w: jax.lax.fori_loop(0, trips, lambda i, y: jnp.tanh(y @ w), x)
 
 
-def _lowered(traced, args, topology, strategy: str = "auto"):
+def _lowered(traced, args, topology, pin: str = ""):
     from pathways_mlir.passes import lower, program_plans
 
     from .costs import module_flops
 
     lowered = traced.lower(*args)
-    module = lower(lowered.module, topology, strategy=strategy)
+    # pw-place's exhaustive search recurses once per slice; a 1,000-stage pipeline (1,000 pinned
+    # slices) needs more than Python's default depth (reported; passes/place.py is not ours to change).
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20 * len(pin.split(","))))
+    try:
+        module = lower(lowered.module, topology, pin=pin)
+    finally:
+        sys.setrecursionlimit(limit)
     return program_plans(module)[lowered.program], module_flops(module)
 
 
@@ -77,7 +85,9 @@ def pipeline(stages: int, devices: int, islands: int, profile: Profile, micro: i
     import pathways_mlir as pw
     from jax.sharding import PartitionSpec as P
 
-    per_island = devices // islands
+    per_island, per_stage = devices // islands, devices // stages
+    pins = ",".join(f"stage{s}=island{s * islands // stages}:{(s % (stages // islands)) * per_stage}"
+                    for s in range(stages))
     fns = []
     for s in range(stages):
         sl = pw.virtual_slice(devices // stages, axes="x", name=f"stage{s}", island=f"island{s * islands // stages}")
@@ -92,7 +102,7 @@ def pipeline(stages: int, devices: int, islands: int, profile: Profile, micro: i
             outs.append(x)
         return outs
     args = ([_bf16(tokens, width)] * micro, [_bf16(width, width)] * stages)
-    return _lowered(step, args, profile_topology(f"{islands}x{per_island}", profile), strategy="spread")
+    return _lowered(step, args, profile_topology(f"{islands}x{per_island}", profile), pin=pins)
 
 
 def throughput(plan, flops, profile: Profile, runs: int, dispatch: str = "parallel") -> float:
