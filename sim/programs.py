@@ -107,31 +107,40 @@ def three_blocks() -> Program:
     return Program("three_blocks", build)
 
 
+def forward_pipeline(stages: int, per_stage: int, islands: int, layer: Callable):
+    """Returns a `@pw.program` taking (microbatches, weights): each microbatch through every stage.
+
+    Stage `s` is `layer(x, w_s)` on a slice `stage<s>` of `per_stage` devices (rows split), on
+    island `s * islands // stages`.
+    """
+    import pathways_mlir as pw
+    from jax.sharding import PartitionSpec as P
+
+    fns = []
+    for s in range(stages):
+        sl = pw.virtual_slice(per_stage, axes="x", name=f"stage{s}", island=f"island{s * islands // stages}")
+        fns.append(pw.jit(layer, slice=sl, in_specs=(P("x"), P()), out_specs=P("x")))
+
+    @pw.program
+    def step(xs, ws):
+        outs = []
+        for x in xs:
+            for fn, w in zip(fns, ws):
+                x = fn(x, w)
+            outs.append(x)
+        return outs
+    return step
+
+
 def pipeline(stages: int, micro: int, width: int) -> Program:
     """Returns a forward pipeline: `stages` stages of 2 devices (half on each island), `micro` microbatches."""
     def build():
         import jax.numpy as jnp
-        import pathways_mlir as pw
-        from jax.sharding import PartitionSpec as P
 
-        fns = []
-        for s in range(stages):
-            sl = pw.virtual_slice(2, axes="data", name=f"stage{s}", island=f"island{s * 2 // stages}")
-            fns.append(pw.jit(lambda x, w: jnp.tanh(x @ w), slice=sl, in_specs=(P("data"), P()),
-                              out_specs=P("data")))
-
-        @pw.program
-        def run(xs, ws):
-            outs = []
-            for x in xs:
-                for fn, w in zip(fns, ws):
-                    x = fn(x, w)
-                outs.append(x)
-            return outs
         rng = _rng()
         xs = [rng.normal(size=(16, width)).astype(np.float32) for _ in range(micro)]
         ws = [(rng.normal(size=(width, width)) / np.sqrt(width)).astype(np.float32) for _ in range(stages)]
-        return run, (xs, ws)
+        return forward_pipeline(stages, 2, 2, lambda x, w: jnp.tanh(x @ w)), (xs, ws)
     return Program(f"pipeline{stages}x{micro}_w{width}", build, strategy="spread")
 
 
