@@ -67,6 +67,8 @@ def run(target, profile_name, topology, program, dispatch, runs, closed_loop, tr
     profile = load_profile(profile_name)
     if not target.exists():
         raise SimCliError(f"{target}: no such file")
+    if topology and target.suffix == ".json":
+        raise SimCliError(f"{target}: a plan is lowered already; --topology applies to pw IR only")
     loaded = inputs.load(target, inputs.profile_topology(topology, profile) if topology else None)
     plan = loaded.program(program, str(target))
     sim = Simulator(profile, loaded.flops, record_spans=bool(trace_path))

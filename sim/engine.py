@@ -58,12 +58,11 @@ class SimError(ValueError):
 
 @dataclass(frozen=True)
 class Submission:
-    """One call of a program: its plan, dispatch mode, and when the client makes it."""
+    """One call of a program: its plan, dispatch mode, and the earliest time the client makes it."""
 
     plan: ProgramPlan
     dispatch: str = "parallel"
     at: float = 0.0
-    client: str = "client0"
 
 
 @dataclass(frozen=True)
@@ -119,6 +118,7 @@ class _Prepared:
     def __init__(self, plan: ProgramPlan, profile: Profile, flops: dict[str, int]):
         if plan.host_steps:
             raise SimError(f"@{plan.program} has host branch steps (pw.cond): pw-sim simulates static plans only")
+        self.source = plan          # held, so that the id the simulator caches it by stays its own
         self.plan = with_memory_plan(plan)
         self.need = run_need(self.plan)
         accel = profile.accelerator
@@ -181,6 +181,9 @@ class Simulator:
             if sub.dispatch not in MODES:
                 raise SimError(f"unknown dispatch mode '{sub.dispatch}' (one of {', '.join(MODES)})")
             self._prepare(sub.plan)
+            if sub.plan.topology != submissions[0].plan.topology:
+                raise SimError(f"@{sub.plan.program} was lowered for another topology than "
+                               f"@{submissions[0].plan.program}: simulate one cluster at a time")
         self._reset(submissions[0].plan)
         self.closed_loop = closed_loop
         self.pending = list(submissions)

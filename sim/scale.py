@@ -109,7 +109,7 @@ def device_seconds(plan, flops, profile: Profile) -> float:
     """Returns the device time of a one-launch plan's launch."""
     from .costs import launch_costs
 
-    (step_id, cost), = launch_costs(plan, flops).items()
+    (cost,) = launch_costs(plan, flops).values()
     return profile.accelerator.launch_seconds(cost.flops, cost.bytes, 1)
 
 
