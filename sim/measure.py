@@ -1,13 +1,16 @@
 """Timing real runs of programs on this machine: interleaved medians.
 
-The machine is shared and noisy, so every case is run once per round, the
-rounds repeat, and each case's figure is the median of its rounds. A run is
+The machine is shared and noisy, so every case is run once per round, in
+a new (seeded) random order each round so that no case always follows the
+same one (a run can leave work behind for the next), the rounds repeat, and
+each case's figure is the median of its rounds. A run is
 timed from the call to every result being ready, as a client sees it; each
 wait has a timeout.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -51,10 +54,11 @@ def time_run(client, case: Case) -> float:
 
 
 def measure(client, cases: list[Case], rounds: int, warmup: int = 3) -> dict[str, float]:
-    """Returns each case's median run time over `rounds` interleaved rounds (after `warmup` rounds)."""
+    """Returns each case's median run time over `rounds` shuffled rounds (after `warmup` rounds)."""
     times: dict[str, list[float]] = {c.name: [] for c in cases}
+    order = random.Random(0)
     for r in range(warmup + rounds):
-        for case in cases[r % len(cases):] + cases[:r % len(cases)]:
+        for case in order.sample(cases, len(cases)):
             elapsed = time_run(client, case)
             if r >= warmup:
                 times[case.name].append(elapsed)
