@@ -1,0 +1,18 @@
+"""pw-sim: a discrete-event simulator of the plans `pw-lower` emits.
+
+Everything here is simulation: figures it produces are computed from plans,
+the cost model and an accelerator profile, never measured, and are labelled
+so. One concept per module:
+
+    profile     accelerator, link and host descriptions (data files in profiles/)
+    costs       each launch's per-device flops and bytes, from the cost model
+    network     ICI and DCN links with per-link contention
+    engine      the event loop: host dispatch, gang order, devices, admission
+    trace       the simulated timeline as a Chrome/Perfetto trace
+    inputs      plans from plan JSON or .mlir lowered on the fly
+    programs    small real programs (in-repo drivers) for calibration and validation
+    measure     timing real runs on this machine (interleaved medians)
+    calibrate   fitting the `cpu-here` profile to measured calibration programs
+    validate    measured against simulated on programs calibration never saw
+    scale       the paper-scale experiments, simulated on TPU-v4-like islands
+"""

@@ -1,0 +1,477 @@
+"""The discrete-event simulation of plans on a profile's machine.
+
+What happens to one run, as the runtime does it (runtime/dispatch.py,
+scheduler.py, island_program.py), with times from the profile:
+
+1. The controller (one host thread) spends `run_us` on the call, then the
+   run waits for admission: in ticket order, once its plan's whole static
+   peak fits every device it uses (the runtime's own `MemoryLedger`); a
+   run that does not fit holds back every run after it. Memory comes back
+   when the run's device work is over (results are taken to be released
+   then).
+2. Parallel dispatch: the controller sends one message per island
+   (`message_us` each, arriving `message_latency_us` later). Sequential
+   dispatch: one message per island with the inputs, then, in dependency
+   order, one message per step, each sent only once the buffers the step
+   reads exist, that is once their producers are enqueued (asynchronous
+   dispatch: not computed) or their data has arrived, which the controller
+   learns one message latency after; each costs `sequential_step_us`, and
+   the next call waits for the last.
+3. Each island has one host thread. A run's message costs it `per_host_us`
+   for each host the run uses on the island (the fan-out) and `input_us`
+   per program input it puts on its devices (the data then crosses PCIe),
+   then `step_us` per launch, copy and send. It takes runs in ticket order, one step at a
+   time; a recv whose data has not arrived parks that run and the thread
+   goes on with later runs: the gang scheduler's single order per island.
+4. Devices run what is enqueued in order: a launch starts once it is
+   enqueued, its inputs exist and its slice's devices are free, and takes
+   the accelerator's launch time (sim/costs.py). Copies and sends go over
+   their links (sim/network.py); a recv's data exists when it arrives.
+   Where the devices share cores (a CPU), launches, copies and input puts
+   all hold those cores, one at a time.
+
+Branches (`pw.cond`) need a predicate's value, so plans with host steps are
+refused.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pathways_mlir.dialect.memory_plan import with_memory_plan
+from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
+from pathways_mlir.runtime.admission import MemoryLedger, run_need
+
+from .costs import launch_costs
+from .network import Links
+from .profile import Profile, ProfileError
+
+MODES = ("parallel", "sequential")
+
+
+class SimError(ValueError):
+    """A plan or workload the simulator cannot run; the message says why."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One call of a program: its plan, dispatch mode, and the earliest time the client makes it."""
+
+    plan: ProgramPlan
+    dispatch: str = "parallel"
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Span:
+    """One interval of simulated work, for traces: on an island's devices, host thread or link."""
+
+    name: str
+    kind: str          # launch, copy, send, host, controller
+    island: str        # "" for the controller
+    track: str         # "devices 0-3", "host", "dcn out slice_a", ...
+    start: float
+    end: float
+
+
+@dataclass
+class RunRecord:
+    """Simulated times of one run (seconds from the start of the simulation)."""
+
+    program: str
+    dispatch: str
+    submitted: float
+    admitted: float = -1.0
+    done: float = -1.0
+
+
+@dataclass
+class SimResult:
+    """A simulation's runs and, when asked for, its spans."""
+
+    runs: list[RunRecord]
+    spans: list[Span] = field(default_factory=list)
+
+    def latency(self) -> float:
+        """Returns the median run latency: from the call to the client seeing the results."""
+        times = sorted(r.done - r.submitted for r in self.runs)
+        return times[len(times) // 2]
+
+    def throughput(self) -> float:
+        """Returns runs per second in steady state (between the first and the last run's end)."""
+        ends = sorted(r.done for r in self.runs)
+        if len(ends) < 2:
+            return 1.0 / (ends[0] - self.runs[0].submitted)
+        return (len(ends) - 1) / (ends[-1] - ends[0])
+
+    def makespan(self) -> float:
+        """Returns the time from the first call to the last run's end."""
+        return max(r.done for r in self.runs) - min(r.submitted for r in self.runs)
+
+
+class _Prepared:
+    """What the simulator needs of a plan, computed once per plan."""
+
+    def __init__(self, plan: ProgramPlan, profile: Profile, flops: dict[str, int]):
+        if plan.host_steps:
+            raise SimError(f"@{plan.program} has host branch steps (pw.cond): pw-sim simulates static plans only")
+        self.source = plan          # held, so that the id the simulator caches it by stays its own
+        self.plan = with_memory_plan(plan)
+        self.need = run_need(self.plan)
+        accel = profile.accelerator
+        launches = {s.id: s for steps in self.plan.islands.values() for s in steps if isinstance(s, Launch)}
+        self.duration = {sid: accel.launch_seconds(c.flops, c.bytes, _size(self.plan, launches[sid].slice))
+                         for sid, c in launch_costs(self.plan, flops).items()}
+        self.islands = tuple(i for i, steps in self.plan.islands.items() if steps)
+        self.hosts = {i: _hosts_used(self.plan, i, accel.devices_per_host) for i in self.islands}
+        self.island_of_step = {s.id: i for i, steps in self.plan.islands.items() for s in steps}
+        self.inputs: dict[str, list[int]] = {}
+        for b in self.plan.inputs:
+            self.inputs.setdefault(self.plan.island_of(b), []).append(b)
+        self.order = _topological(self.plan)
+        sends = {s.dst_buffer: s.id for steps in self.plan.islands.values() for s in steps if isinstance(s, Send)}
+        self.recv_of_send = {sends[r.dst_buffer]: r for steps in self.plan.islands.values() for r in steps
+                             if isinstance(r, Recv)}
+
+
+class _Run:
+    """The state of one run in flight."""
+
+    def __init__(self, index: int, ticket: int, prep: _Prepared, sub: Submission, record: RunRecord):
+        self.index = index
+        self.ticket = ticket
+        self.prep = prep
+        self.sub = sub
+        self.record = record
+        self.ready: dict[int, float] = {}                  # buffer -> time its value is computed
+        self.exists: dict[int, float] = {}                 # buffer -> time its handle exists (enqueued)
+        self.waiters: dict[int, list[Callable[[], None]]] = {}
+        self.delivered: dict[str, list[Step]] = {i: [] for i in prep.islands}
+        self.cursor: dict[str, int] = {i: 0 for i in prep.islands}
+        self.fanout: dict[str, float] = {}                 # island -> fan-out work still to do
+        self.arrived: set[int] = set()                     # recv step ids whose data arrived
+        self.remaining = sum(len(prep.plan.islands[i]) for i in prep.islands)
+        self.last_end = 0.0
+
+    def set_exists(self, buffer: int, time: float) -> None:
+        self.exists[buffer] = time
+        for wake in self.waiters.pop(buffer, ()):
+            wake()
+
+
+class Simulator:
+    """Simulates submissions of plans on one profile's machine (see the module docstring)."""
+
+    def __init__(self, profile: Profile, flops: dict[str, int] | None = None, record_spans: bool = False):
+        self.profile = profile
+        self.flops = flops or {}
+        self.record_spans = record_spans
+        self._prepared: dict[int, _Prepared] = {}
+
+    # -- public -------------------------------------------------------------
+
+    def simulate(self, submissions: list[Submission], closed_loop: bool = False) -> SimResult:
+        """Runs `submissions` in order; with `closed_loop`, each call waits for the previous results."""
+        if not submissions:
+            raise SimError("nothing to simulate")
+        for sub in submissions:
+            if sub.dispatch not in MODES:
+                raise SimError(f"unknown dispatch mode '{sub.dispatch}' (one of {', '.join(MODES)})")
+            self._prepare(sub.plan)
+            if sub.plan.topology != submissions[0].plan.topology:
+                raise SimError(f"@{sub.plan.program} was lowered for another topology than "
+                               f"@{submissions[0].plan.program}: simulate one cluster at a time")
+        self._reset(submissions[0].plan)
+        self.closed_loop = closed_loop
+        self.pending = list(submissions)
+        self.records = [RunRecord(s.plan.program, s.dispatch, s.at) for s in submissions]
+        self._at(submissions[0].at, lambda: self._call(0))
+        while self.events:
+            self.now, _, action = heapq.heappop(self.events)
+            action()
+        unfinished = [r for r in self.records if r.done < 0]
+        if unfinished:
+            raise SimError(f"run of @{unfinished[0].program} never finished (a recv without its send?)")
+        return SimResult(self.records, self.spans)
+
+    # -- setup --------------------------------------------------------------
+
+    def _prepare(self, plan: ProgramPlan) -> _Prepared:
+        key = id(plan)
+        if key not in self._prepared:
+            _check_describes(plan, self.profile)
+            self._prepared[key] = _Prepared(plan, self.profile, self.flops)
+        return self._prepared[key]
+
+    def _reset(self, plan: ProgramPlan) -> None:
+        self.now = 0.0
+        self.events: list = []
+        self.seq = itertools.count()
+        self.spans: list[Span] = []
+        self.links = Links()
+        self.ledger = MemoryLedger(plan.topology, self.profile.accelerator.memory_bytes)
+        self.controller_free = 0.0
+        self.admission: list[_Run] = []
+        self.island_runs: dict[str, list[_Run]] = {}
+        self.island_busy: dict[str, bool] = {}
+        self.device_free: dict[tuple, float] = {}   # (island, segment start), or the shared cores -> free at
+        self.tickets = itertools.count()
+        points: dict[str, set[int]] = {}
+        for prep in self._prepared.values():
+            for s in prep.plan.slices.values():
+                points.setdefault(s.island, set()).update(p for r in s.ranges for p in r)
+        self.points = {i: sorted(p) for i, p in points.items()}
+        self.covers: dict[tuple[str, tuple], list[int]] = {}
+
+    def _at(self, time: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self.events, (max(time, self.now), next(self.seq), action))
+
+    def _span(self, name, kind, island, track, start, end) -> None:
+        if self.record_spans:
+            self.spans.append(Span(name, kind, island, track, start, end))
+
+    # -- controller ---------------------------------------------------------
+
+    def _call(self, index: int) -> None:
+        sub, record = self.pending[index], self.records[index]
+        record.submitted = max(record.submitted, self.now)
+        start = max(self.now, self.controller_free)
+        self.controller_free = start + self.profile.host.run_us * 1e-6
+        self._span(f"call @{sub.plan.program}", "controller", "", "controller", start, self.controller_free)
+        run = _Run(index, next(self.tickets), self._prepared[id(sub.plan)], sub, record)
+        never = self.ledger.never_fits(run.prep.need)
+        if never:
+            raise SimError(f"run of @{sub.plan.program} {never}")
+        self.admission.append(run)
+        self._at(self.controller_free, self._admit)
+
+    def _next_call(self, index: int) -> None:
+        """Makes call `index` once the client may: at once, or after the previous results (closed loop)."""
+        if index >= len(self.pending):
+            return
+        if not self.closed_loop:
+            self._at(max(self.pending[index].at, self.controller_free), lambda: self._call(index))
+
+    def _admit(self) -> None:
+        while self.admission and self.ledger.fits(self.admission[0].prep.need):
+            run = self.admission.pop(0)
+            self.ledger.take(run.prep.need)
+            run.record.admitted = self.now
+            self._dispatch(run)
+
+    def _dispatch(self, run: _Run) -> None:
+        host = self.profile.host
+        index = run.index
+        if not run.remaining:
+            self._at(self.now, lambda: self._done(run))
+        for island in run.prep.islands:
+            self.controller_free = max(self.controller_free, self.now) + host.message_us * 1e-6
+            arrive = self.controller_free + host.message_latency_us * 1e-6
+            steps = run.prep.plan.islands[island] if run.sub.dispatch == "parallel" else ()
+            self._at(arrive, lambda i=island, s=steps: self._receive(run, i, s, first=True))
+        if run.sub.dispatch == "parallel":
+            self._next_call(index + 1)
+        else:
+            self._sequential(run, 0, index)
+
+    def _sequential(self, run: _Run, position: int, index: int) -> None:
+        """Sends step `position` of the run's dependency order once the buffers it reads exist."""
+        order = run.prep.order
+        if position == len(order):
+            self._next_call(index + 1)
+            return
+        step = order[position]
+        needs = () if isinstance(step, Free) else (*step.consumed(), *((step.dst_buffer,) if isinstance(step, Recv) else ()))
+        missing = [b for b in needs if b not in run.exists]
+        if missing:
+            run.waiters.setdefault(missing[0], []).append(lambda: self._sequential(run, position, index))
+            return
+        host = self.profile.host
+        known = max([self.now, *((run.exists[b] + host.message_latency_us * 1e-6) for b in needs)])
+        if known > self.now:
+            self._at(known, lambda: self._sequential(run, position, index))
+            return
+        start = max(self.now, self.controller_free)
+        self.controller_free = start + host.sequential_step_us * 1e-6
+        self._span(f"send step {step.id}", "controller", "", "controller", start, self.controller_free)
+        island = run.prep.island_of_step[step.id]
+        self._at(self.controller_free + host.message_latency_us * 1e-6,
+                 lambda: self._receive(run, island, (step,), first=False))
+        self._at(self.controller_free, lambda: self._sequential(run, position + 1, index))
+
+    # -- islands ------------------------------------------------------------
+
+    def _receive(self, run: _Run, island: str, steps, first: bool) -> None:
+        if first:
+            host = self.profile.host
+            inputs = run.prep.inputs.get(island, ())
+            run.fanout[island] = (host.per_host_us * run.prep.hosts[island] + host.input_us * len(inputs)) * 1e-6
+            plan = run.prep.plan
+            for b in inputs:
+                keys = ("pcie", island, plan.buffers[b].slice), *self._cores()
+                start, arrival = self.links.transfer(self.now + run.fanout[island], keys,
+                                                     plan.buffers[b].bytes_per_device, self.profile.pcie)
+                self._span(f"input {b}", "input", island, f"pcie {plan.buffers[b].slice}", start, arrival)
+                run.ready[b] = arrival
+                run.set_exists(b, self.now + run.fanout[island])
+            runs = self.island_runs.setdefault(island, [])
+            runs.append(run)
+            runs.sort(key=lambda r: r.ticket)
+        run.delivered[island].extend(steps)
+        self._pump(island)
+
+    def _available(self, run: _Run, island: str) -> Step | None:
+        position = run.cursor[island]
+        if position >= len(run.delivered[island]):
+            return None
+        step = run.delivered[island][position]
+        if isinstance(step, Recv) and step.id not in run.arrived:
+            return None
+        return step
+
+    def _pump(self, island: str) -> None:
+        """Lets the island's host thread take the next step, in ticket order, if it is idle."""
+        if self.island_busy.get(island):
+            return
+        for run in self.island_runs.get(island, ()):
+            step = self._available(run, island)
+            if step is None:
+                continue
+            host = self.profile.host
+            cost = run.fanout.pop(island, 0.0)
+            cost += 0.0 if isinstance(step, (Free, Recv)) else host.step_us * 1e-6
+            self.island_busy[island] = True
+            run.cursor[island] += 1
+            if cost:
+                self._span(f"prepare step {step.id}", "host", island, "host", self.now, self.now + cost)
+            self._at(self.now + cost, lambda r=run, s=step: self._enqueue(r, island, s))
+            return
+
+    def _enqueue(self, run: _Run, island: str, step: Step) -> None:
+        self.island_busy[island] = False
+        prep, plan = run.prep, run.prep.plan
+        now = self.now
+        if isinstance(step, Launch):
+            ranges = plan.slices[step.slice].ranges
+            keys = self._cores() or [(island, p) for p in self._segments(island, ranges)]
+            start = max([now, *(run.ready[b] for b in step.inputs), *(self.device_free.get(k, 0.0) for k in keys)])
+            end = start + prep.duration[step.id]
+            for k in keys:
+                self.device_free[k] = end
+            for b in step.outputs:
+                run.ready[b] = end
+            self._span(step.label or step.executable, "launch", island, _devices(ranges), start, end)
+            run.last_end = max(run.last_end, end)
+        elif isinstance(step, (Copy, Send)):
+            src, dst = plan.buffers[step.src_buffer].slice, plan.buffers[step.dst_buffer].slice
+            link = "ici" if isinstance(step, Copy) else "dcn"
+            spec = self.profile.ici if link == "ici" else self.profile.dcn
+            peer = island if isinstance(step, Copy) else step.peer
+            keys = ((link, "out", island, src), (link, "in", peer, dst), *(self._cores() if link == "ici" else ()))
+            start, arrival = self.links.transfer(max(now, run.ready[step.src_buffer]), keys, step.bytes, spec)
+            self._span(step.label or f"{step.kind} {step.src_buffer}->{step.dst_buffer}", step.kind, island,
+                       f"{link} out {src}", start, arrival)
+            run.last_end = max(run.last_end, arrival)
+            if isinstance(step, Copy):
+                run.ready[step.dst_buffer] = arrival
+            else:
+                recv = prep.recv_of_send[step.id]
+                self._at(arrival, lambda: self._arrive(run, step.peer, recv, arrival))
+        if not isinstance(step, Recv):
+            for b in step.produced():
+                run.set_exists(b, now)
+        self._finish_step(run, island)
+        self._pump(island)
+
+    def _cores(self) -> list[tuple]:
+        """Returns the key of the cores every device shares, if they share them (a CPU), else nothing."""
+        return [("shared cores", 0)] if self.profile.accelerator.shared_cores else []
+
+    def _segments(self, island: str, ranges) -> list[int]:
+        """Returns the starts of the device segments (between any slices' bounds) that `ranges` cover."""
+        key = (island, tuple(ranges))
+        if key not in self.covers:
+            points = self.points[island]
+            self.covers[key] = [p for b, e in ranges for p in points if b <= p < e]
+        return self.covers[key]
+
+    def _arrive(self, run: _Run, island: str, recv: Recv, arrival: float) -> None:
+        run.arrived.add(recv.id)
+        run.ready[recv.dst_buffer] = arrival
+        run.set_exists(recv.dst_buffer, arrival)
+        self._pump(island)
+
+    def _finish_step(self, run: _Run, island: str) -> None:
+        run.remaining -= 1
+        if run.remaining == 0:
+            self._at(max(self.now, run.last_end), lambda: self._done(run))
+
+    def _done(self, run: _Run) -> None:
+        run.record.done = self.now + self.profile.host.message_latency_us * 1e-6
+        for island in run.prep.islands:
+            self.island_runs[island].remove(run)
+        self.ledger.give(run.prep.need)
+        self._admit()
+        if self.closed_loop:
+            index = run.index + 1
+            if index < len(self.pending):
+                self._at(max(run.record.done, self.pending[index].at), lambda: self._call(index))
+
+
+def _size(plan: ProgramPlan, slice_name: str) -> int:
+    return sum(e - b for b, e in plan.slices[slice_name].ranges)
+
+
+def _devices(ranges) -> str:
+    return ", ".join(f"devices {b}-{e - 1}" for b, e in ranges)
+
+
+def _hosts_used(plan: ProgramPlan, island: str, per_host: int) -> int:
+    """Returns how many hosts of `island` hold a device of a slice the plan uses there (O(slices))."""
+    ranges = sorted(r for s in plan.slices.values() if s.island == island for r in s.ranges)
+    hosts, last = 0, -1
+    for begin, end in ranges:
+        first = max(begin // per_host, last + 1)
+        final = (end - 1) // per_host
+        if final >= first:
+            hosts += final - first + 1
+            last = final
+    return hosts
+
+
+def _topological(plan: ProgramPlan) -> list[Step]:
+    """Returns the plan's island steps in dependency order (smallest id first among the ready)."""
+    steps = {s.id: s for ss in plan.islands.values() for s in ss}
+    producer = {b: s.id for s in steps.values() for b in s.produced()}
+    deps = {sid: set(s.after) | {producer[b] for b in s.consumed() if b in producer} - {sid}
+            for sid, s in steps.items()}
+    users: dict[int, list[int]] = {}
+    for sid, before in deps.items():
+        for b in before:
+            users.setdefault(b, []).append(sid)
+    ready = [sid for sid, before in deps.items() if not before]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        sid = heapq.heappop(ready)
+        order.append(steps[sid])
+        for user in users.get(sid, ()):
+            deps[user].discard(sid)
+            if not deps[user]:
+                heapq.heappush(ready, user)
+    return order
+
+
+def _check_describes(plan: ProgramPlan, profile: Profile) -> None:
+    """Raises ProfileError if the plan's topology has devices the profile does not describe.
+
+    Runs are admitted against the profile's device memory, whatever the topology says.
+    """
+    for island in plan.topology.islands:
+        if island.device_kind not in profile.device_kinds:
+            raise ProfileError(f"@{plan.program}: {island.name} has device kind '{island.device_kind}', which "
+                               f"profile {profile.name} does not describe (it describes: "
+                               f"{', '.join(profile.device_kinds)})")

@@ -1,0 +1,103 @@
+"""Plans to simulate: a plan JSON as the runtime loads it, or pw IR lowered here.
+
+A `.mlir` file that is not lowered yet is lowered with `pw-lower` for a
+topology: `<islands>x<devices>` builds islands of the profile's device kind
+(its memory, its devices per host), or a topology JSON file is used as is.
+Flops come from the lowered module's `pw.cost` marks, or, for a plan JSON,
+from its executables' StableHLO (sim/costs.py).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from dataclasses import dataclass
+
+from pathways_mlir.dialect.plan import PlanError, ProgramPlan
+from pathways_mlir.dialect.topology import Island, Link, Topology, TopologyError
+
+from .costs import module_flops, plan_flops
+from .profile import Profile
+
+
+class InputError(ValueError):
+    """A file or option that does not give plans to simulate; one line naming it."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The plans of a file, by program, and each executable's whole flops."""
+
+    plans: dict[str, ProgramPlan]
+    flops: dict[str, int]
+
+    def program(self, name: str | None, where: str) -> ProgramPlan:
+        """Returns the plan of program `name`, or the only one."""
+        if name is None:
+            if len(self.plans) != 1:
+                raise InputError(f"{where}: choose a program with --program (programs: {', '.join(sorted(self.plans))})")
+            return next(iter(self.plans.values()))
+        if name not in self.plans:
+            raise InputError(f"{where}: no program named '{name}' (programs: {', '.join(sorted(self.plans))})")
+        return self.plans[name]
+
+
+def profile_topology(text: str, profile: Profile) -> Topology:
+    """Reads `--topology`: `<islands>x<devices>` of the profile's devices and links, or a JSON path."""
+    match = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not match:
+        try:
+            return Topology.load(text)
+        except TopologyError as e:
+            raise InputError(str(e)) from None
+    islands, devices = int(match[1]), int(match[2])
+    per_host = min(profile.accelerator.devices_per_host, devices)
+    if islands < 1 or devices % per_host:
+        raise InputError(f"--topology {text}: need at least one island, and devices a multiple of "
+                         f"{per_host} per host")
+    ici = Link(profile.ici.latency_us, profile.ici.bandwidth_gbps)
+    return Topology(tuple(Island(f"island{i}", profile.device_kinds[0], devices // per_host, per_host,
+                                 profile.accelerator.memory_bytes, ici) for i in range(islands)),
+                    Link(profile.dcn.latency_us, profile.dcn.bandwidth_gbps))
+
+
+def load(path: pathlib.Path, topology: Topology | None) -> Loaded:
+    """Reads plans from a plan JSON or a (lowered or not) `.mlir` file."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    if path.suffix == ".json":
+        try:
+            plan = ProgramPlan.from_python(json.loads(text))
+        except (ValueError, PlanError) as e:
+            raise InputError(f"{path}: not a pw plan: {e}") from None
+        return Loaded({plan.program: plan}, plan_flops(plan))
+    if path.suffix != ".mlir":
+        raise InputError(f"{path}: expected a plan .json or pw IR .mlir")
+    return lower_text(text, topology, str(path))
+
+
+def lower_text(text: str, topology: Topology | None, where: str = "input") -> Loaded:
+    """Parses pw IR, lowers it for `topology` unless it is lowered already, and returns its plans."""
+    from mlir import ir
+
+    from pathways_mlir.dialect import ops
+    from pathways_mlir.dialect.context import make_context
+    from pathways_mlir.dialect.diagnostics import from_mlir_error
+    from pathways_mlir.passes import LoweringError, lower, program_plans
+
+    with make_context() as context:
+        try:
+            module = ir.Module.parse(text, context)
+        except ir.MLIRError as error:
+            raise InputError("\n".join(d.format(where) for d in from_mlir_error(error))) from None
+        if ops.LOWERED not in module.operation.attributes:
+            if topology is None:
+                raise InputError(f"{where}: pw IR that is not lowered needs --topology")
+            try:
+                module = lower(module, topology)
+            except LoweringError as e:
+                raise InputError("\n".join(d.format(where) for d in e.diagnostics)) from None
+        return Loaded(program_plans(module), module_flops(module))

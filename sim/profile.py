@@ -1,0 +1,179 @@
+"""Accelerator, link and host descriptions the simulator times plans with.
+
+A profile is a JSON file (`sim/profiles/<name>.json`, or any path):
+
+    {"name": "tpu-v4", "device_kinds": ["tpu-v4"],
+     "accelerator": {"peak_tflops": 275, "memory_gbytes_per_s": 1200,
+                     "memory_bytes": 34359738368, "launch_us": 5, "devices_per_host": 4},
+     "ici": {"latency_us": 1, "bandwidth_gbps": 400},
+     "dcn": {"latency_us": 10, "bandwidth_gbps": 50},
+     "pcie": {"latency_us": 5, "bandwidth_gbps": 128},
+     "host": {"run_us": 40, "input_us": 10, "message_us": 10, "message_latency_us": 10,
+              "per_host_us": 2, "step_us": 10, "sequential_step_us": 60},
+     "sources": {"accelerator": "...", ...}}
+
+- accelerator: a launch takes `launch_us` plus the larger of its flops over
+  the peak and its bytes over the memory bandwidth (a roofline); a run is
+  admitted against `memory_bytes` per device. `shared_cores` (optional, 0
+  by default) says all devices share that many cores, as CPU devices do:
+  a launch's per-device work then queues for them, and launches on
+  different slices do not overlap.
+- ici / dcn / pcie: one-way latency and bandwidth in Gbit/s, per device
+  (DCN: a host's NICs shared by its devices; PCIe: host to device, which
+  program inputs cross).
+- host: the controller's work per run (`run_us`) and per message
+  (`message_us`), a message's flight time (`message_latency_us`), an
+  island's fan-out of a run to each of its hosts (`per_host_us`), its work
+  per program input it puts on devices (`input_us`) and per step (`step_us`), and the controller's work per step when dispatch is
+  sequential (`sequential_step_us`).
+
+`sources` cites where each figure comes from; a figure that is assumed or
+fitted says so there.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+PROFILE_DIR = pathlib.Path(__file__).parent / "profiles"
+
+
+class ProfileError(ValueError):
+    """A profile file that is missing, malformed, or cannot describe a plan."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One device: its rates, fixed cost per launch, memory, and devices per host."""
+
+    peak_tflops: float
+    memory_gbytes_per_s: float
+    memory_bytes: int
+    launch_us: float
+    devices_per_host: int
+    shared_cores: int = 0       # 0: every device computes on its own; k: all devices share k cores (CPU)
+
+    def launch_seconds(self, flops: float, nbytes: float, devices: int) -> float:
+        """Returns a launch's time on `devices` devices, each doing `flops` and `nbytes`.
+
+        Each device takes the fixed cost plus the roofline of its work; they
+        run side by side, or, with shared cores, `shared_cores` at a time.
+        """
+        one = self.launch_us * 1e-6 + max(flops / (self.peak_tflops * 1e12),
+                                          nbytes / (self.memory_gbytes_per_s * 1e9))
+        return one * devices / min(devices, self.shared_cores) if self.shared_cores else one
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link's one-way latency and bandwidth (Gbit/s)."""
+
+    latency_us: float
+    bandwidth_gbps: float
+
+    def serialise_seconds(self, nbytes: float) -> float:
+        """Returns the time `nbytes` occupy the link (latency excluded)."""
+        return nbytes * 8 / (self.bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class Host:
+    """Host-side dispatch costs, in microseconds (see the module docstring)."""
+
+    run_us: float
+    input_us: float
+    message_us: float
+    message_latency_us: float
+    per_host_us: float
+    step_us: float
+    sequential_step_us: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A simulated machine: device kinds it describes, accelerator, links, host."""
+
+    name: str
+    device_kinds: tuple[str, ...]
+    accelerator: Accelerator
+    ici: LinkSpec
+    dcn: LinkSpec
+    pcie: LinkSpec
+    host: Host
+    sources: dict[str, str]
+
+    def to_python(self) -> dict[str, Any]:
+        """Returns the profile's JSON-ready form."""
+        return {"name": self.name, "device_kinds": list(self.device_kinds),
+                "accelerator": _values(self.accelerator), "ici": _values(self.ici), "dcn": _values(self.dcn),
+                "pcie": _values(self.pcie),
+                "host": _values(self.host), "sources": dict(self.sources)}
+
+    @staticmethod
+    def from_python(value: Any, where: str) -> "Profile":
+        """Builds a profile from its JSON form; ProfileError names the field at fault."""
+        if not isinstance(value, dict):
+            raise ProfileError(f"{where}: expected a JSON object")
+        kinds = value.get("device_kinds")
+        if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) for k in kinds):
+            raise ProfileError(f"{where}: 'device_kinds' must be a non-empty list of strings")
+        sources = value.get("sources", {})
+        if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+            raise ProfileError(f"{where}: 'sources' must map names to citations")
+        name = value.get("name")
+        if not isinstance(name, str) or not name:
+            raise ProfileError(f"{where}: 'name' must be a non-empty string")
+        return Profile(name, tuple(kinds), _record(Accelerator, value, "accelerator", where),
+                       _record(LinkSpec, value, "ici", where), _record(LinkSpec, value, "dcn", where),
+                       _record(LinkSpec, value, "pcie", where),
+                       _record(Host, value, "host", where), dict(sources))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Reads a profile by name (`tpu-v4`, `cpu-here`, ...) or from a JSON file path."""
+    path = pathlib.Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            raise ProfileError(f"no profile named '{name_or_path}' (profiles: {', '.join(profile_names())})")
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    return Profile.from_python(value, str(path))
+
+
+def profile_names() -> list[str]:
+    """Returns the names of the bundled profiles."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def _values(record) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+def _record(cls, value: dict, key: str, where: str):
+    raw = value.get(key)
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: missing object '{key}'")
+    kwargs = {}
+    for f in fields(cls):
+        v = raw.get(f.name, f.default if f.default is not MISSING else None)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise ProfileError(f"{where}: {key}.{f.name} must be a non-negative number")
+        kwargs[f.name] = int(v) if f.type == "int" else float(v)
+    for f in fields(cls):
+        if f.name in ("peak_tflops", "memory_gbytes_per_s", "bandwidth_gbps", "devices_per_host",
+                      "memory_bytes") and kwargs[f.name] <= 0:
+            raise ProfileError(f"{where}: {key}.{f.name} must be positive")
+    unknown = set(raw) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ProfileError(f"{where}: {key} has no field '{sorted(unknown)[0]}'")
+    return cls(**kwargs)

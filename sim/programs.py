@@ -1,0 +1,184 @@
+"""Small real programs for calibrating and validating the simulator (in-repo drivers).
+
+Each builds a `@pw.program` and its example inputs for the embedded 2 x 4
+cluster; `plan_of` lowers it for the runtime's topology, giving the plan
+both the runtime runs and the simulator times, with its executables' flops.
+
+- chain: `k` elementwise computations on one slice of `n` devices (the
+  dispatch chain, lowered without fusion so that each is its own launch);
+- matmul: one sharded matrix product (flops);
+- hop: two computations on two slices, of one island (an ICI copy) or two
+  (a DCN send and recv);
+- three_blocks: the README's example, slices of 2, 2x2 and 2 devices;
+- pipeline: `stages` stages of 2 devices over both islands, `micro`
+  microbatches, each stage `tanh(x @ w)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Program:
+    """A named real program: builds (traced program, example inputs)."""
+
+    name: str
+    build: Callable[[], tuple[Any, tuple]]
+    fuse: bool = True          # False keeps a chain's launches apart (pw-lower fuse=false)
+    strategy: str = "auto"     # pw-place strategy; "spread" gives pipeline stages devices of their own
+
+
+def _rng():
+    return np.random.default_rng(0)
+
+
+def chain(k: int, n: int, shape: tuple[int, int]) -> Program:
+    """Returns the chain of `k` computations `x * 0.5 + 1` on a slice of `n` devices."""
+    def build():
+        import pathways_mlir as pw
+        from jax.sharding import PartitionSpec as P
+
+        s = pw.virtual_slice(n, axes="data", name=f"chain{n}", island="island0")
+        step = pw.jit(lambda x: x * 0.5 + 1.0, slice=s, in_specs=P("data"), out_specs=P("data"))
+
+        @pw.program
+        def run(x):
+            for _ in range(k):
+                x = step(x)
+            return x
+        return run, (_rng().normal(size=shape).astype(np.float32),)
+    return Program(f"chain{k}_n{n}_{shape[0]}x{shape[1]}", build, fuse=False)
+
+
+def matmul(size: int, n: int = 4) -> Program:
+    """Returns one `x @ w` of `size`-square matrices, rows split over `n` devices."""
+    def build():
+        import pathways_mlir as pw
+        from jax.sharding import PartitionSpec as P
+
+        s = pw.virtual_slice(n, axes="data", name=f"mm{n}", island="island0")
+        mm = pw.jit(lambda x, w: x @ w, slice=s, in_specs=(P("data"), P()), out_specs=P("data"))
+
+        @pw.program
+        def run(x, w):
+            return mm(x, w)
+        rng = _rng()
+        return run, (rng.normal(size=(size, size)).astype(np.float32),
+                     rng.normal(size=(size, size)).astype(np.float32))
+    return Program(f"matmul{size}_n{n}", build)
+
+
+def hop(shape: tuple[int, int], cross_island: bool) -> Program:
+    """Returns `tanh` on one slice of 2 devices, then `-x` on another (island1 if `cross_island`)."""
+    def build():
+        import jax.numpy as jnp
+        import pathways_mlir as pw
+        from jax.sharding import PartitionSpec as P
+
+        a = pw.virtual_slice(2, axes="data", name="hop_a", island="island0")
+        b = pw.virtual_slice((2, 2) if not cross_island else 2, axes=("data", "model") if not cross_island
+                             else "data", name="hop_b", island="island1" if cross_island else "island0")
+        spec_b = P("data", "model") if not cross_island else P("data")
+        first = pw.jit(jnp.tanh, slice=a, in_specs=P("data"), out_specs=P("data"))
+        second = pw.jit(lambda x: -x, slice=b, in_specs=spec_b, out_specs=spec_b)
+
+        @pw.program
+        def run(x):
+            return second(first(x))
+        return run, (_rng().normal(size=shape).astype(np.float32),)
+    return Program(f"{'dcn' if cross_island else 'ici'}_hop_{shape[0]}x{shape[1]}", build)
+
+
+def three_blocks() -> Program:
+    """Returns the README's three-block program on an 8 x 16 input."""
+    def build():
+        import importlib.util
+        import pathlib
+
+        path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "three_blocks.py"
+        spec = importlib.util.spec_from_file_location("pw_sim_three_blocks", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.three_blocks, (_rng().normal(size=(8, 16)).astype(np.float32),)
+    return Program("three_blocks", build)
+
+
+def forward_pipeline(stages: int, per_stage: int, islands: int, layer: Callable):
+    """Returns a `@pw.program` taking (microbatches, weights): each microbatch through every stage.
+
+    Stage `s` is `layer(x, w_s)` on a slice `stage<s>` of `per_stage` devices (rows split), on
+    island `s * islands // stages`.
+    """
+    import pathways_mlir as pw
+    from jax.sharding import PartitionSpec as P
+
+    fns = []
+    for s in range(stages):
+        sl = pw.virtual_slice(per_stage, axes="x", name=f"stage{s}", island=f"island{s * islands // stages}")
+        fns.append(pw.jit(layer, slice=sl, in_specs=(P("x"), P()), out_specs=P("x")))
+
+    @pw.program
+    def step(xs, ws):
+        outs = []
+        for x in xs:
+            for fn, w in zip(fns, ws):
+                x = fn(x, w)
+            outs.append(x)
+        return outs
+    return step
+
+
+def pipeline(stages: int, micro: int, width: int) -> Program:
+    """Returns a forward pipeline: `stages` stages of 2 devices (half on each island), `micro` microbatches."""
+    def build():
+        import jax.numpy as jnp
+
+        rng = _rng()
+        xs = [rng.normal(size=(16, width)).astype(np.float32) for _ in range(micro)]
+        ws = [(rng.normal(size=(width, width)) / np.sqrt(width)).astype(np.float32) for _ in range(stages)]
+        return forward_pipeline(stages, 2, 2, lambda x, w: jnp.tanh(x @ w)), (xs, ws)
+    return Program(f"pipeline{stages}x{micro}_w{width}", build, strategy="spread")
+
+
+def plan_of(program: Program, topology):
+    """Lowers `program` for `topology`; returns (plan, flops by executable, flat inputs)."""
+    import jax
+
+    from pathways_mlir.passes import lower, program_plans
+
+    from .costs import module_flops
+
+    traced, args = program.build()
+    lowered = traced.lower(*args)
+    module = lower(lowered.module, topology, strategy=program.strategy, fuse=program.fuse)
+    return program_plans(module)[lowered.program], module_flops(module), jax.tree_util.tree_leaves(args)
+
+
+# Calibration and validation use different programs or sizes (issue 13).
+CALIBRATION = (
+    ("chain2_parallel", chain(2, 2, (8, 16)), "parallel"),
+    ("chain8_parallel", chain(8, 2, (8, 16)), "parallel"),
+    ("chain8_sequential", chain(8, 2, (8, 16)), "sequential"),
+    ("chain4_n4_parallel", chain(4, 4, (64, 64)), "parallel"),
+    ("chain2_big", chain(2, 4, (1024, 1024)), "parallel"),
+    ("matmul128", matmul(128), "parallel"),
+    ("matmul384", matmul(384), "parallel"),
+    ("ici_hop", hop((8, 16), cross_island=False), "parallel"),
+    ("ici_hop_big", hop((512, 512), cross_island=False), "parallel"),
+    ("matmul384_sequential", matmul(384), "sequential"),
+    ("dcn_hop", hop((8, 16), cross_island=True), "parallel"),
+    ("dcn_hop_sequential", hop((8, 16), cross_island=True), "sequential"),
+)
+VALIDATION = (
+    ("chain16_parallel", chain(16, 4, (16, 32)), "parallel"),
+    ("chain16_sequential", chain(16, 4, (16, 32)), "sequential"),
+    ("three_blocks_parallel", three_blocks(), "parallel"),
+    ("three_blocks_sequential", three_blocks(), "sequential"),
+    ("pipeline4x4_parallel", pipeline(4, 4, 64), "parallel"),
+    ("pipeline4x4_sequential", pipeline(4, 4, 64), "sequential"),
+    ("matmul256_parallel", matmul(256), "parallel"),
+)

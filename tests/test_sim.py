@@ -1,0 +1,212 @@
+"""pw-sim: the simulator's invariants, its trace, its errors, and a short validation run."""
+
+import dataclasses
+import json
+import pathlib
+import time
+
+import pytest
+
+from pathways_mlir.cli.pw_sim import main as pw_sim
+from pathways_mlir.sim import inputs, network, trace
+from pathways_mlir.sim.engine import SimError, Simulator, Submission
+from pathways_mlir.sim.profile import Host, LinkSpec, ProfileError, load_profile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+US = 1e-6
+
+
+def chain_ir(k: int, n: int = 4, island_b: str = "island0") -> str:
+    """A chain of `k` tanh computations, the first half on slice @va, the rest on @vb."""
+    t = f"tensor<{n}x128xf32>"
+    slices = "".join(
+        f'"pw.virtual_slice"() {{sym_name = "{s}", shape = array<i64: {n}>, axes = ["x"], '
+        f'constraints = {{island = "{i}"}}}} : () -> ()\n' for s, i in (("va", "island0"), ("vb", island_b)))
+    body = "".join(
+        f'  %{j + 1} = "pw.compute"(%{j if j else "x"}) {{callee = @layer, slice = @{"va" if j < k // 2 else "vb"}, '
+        f'in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "l{j}"}} : ({t}) -> {t}\n'
+        for j in range(k))
+    body = body.replace("(%0)", "(%x)")
+    return (slices + f'module @layer attributes {{pw.executable}} {{\n  func.func @main(%x: {t}) -> {t} {{\n'
+            f'    %0 = "stablehlo.tanh"(%x) : ({t}) -> {t}\n    return %0 : {t}\n  }}\n}}\n'
+            f"func.func @chain(%x: {t}) -> {t} attributes {{pw.program}} {{\n{body}  return %{k} : {t}\n}}\n")
+
+
+def simple_profile(**host):
+    """tpu-v4 with every fixed cost zero except 10 us per launch and what `host` sets; links free."""
+    p = load_profile("tpu-v4")
+    zero_host = Host(**{f.name: 0.0 for f in dataclasses.fields(Host)})
+    accel = dataclasses.replace(p.accelerator, launch_us=10.0, peak_tflops=1e9, memory_gbytes_per_s=1e9)
+    free = LinkSpec(0.0, 1e9)
+    return dataclasses.replace(p, accelerator=accel, ici=free, dcn=free, pcie=free,
+                               host=dataclasses.replace(zero_host, **host))
+
+
+def plan_of(text: str, profile, topology: str = "2x4", fuse: bool = False):
+    from pathways_mlir.passes import lower, program_plans
+    from pathways_mlir.sim.costs import module_flops
+
+    lowered = lower(text, inputs.profile_topology(topology, profile), fuse=fuse)
+    return program_plans(lowered)["chain"], module_flops(lowered)
+
+
+def test_a_chain_takes_its_launches_one_after_another():
+    profile = simple_profile(step_us=2.0)
+    plan, flops = plan_of(chain_ir(6), profile)
+    result = Simulator(profile, flops).simulate([Submission(plan)], closed_loop=True)
+    # The island prepares the first launch (2 us); the devices then run 6 launches of 10 us back to back
+    # (copies are free), while the host prepares the rest ahead of them.
+    assert result.latency() == pytest.approx((2 + 6 * 10) * US)
+
+
+def test_host_bound_chain_pays_every_step_on_the_island_thread():
+    profile = simple_profile(step_us=30.0)
+    plan, flops = plan_of(chain_ir(4, island_b="island0"), profile)
+    steps = sum(1 for s in plan.islands["island0"] if s.kind in ("launch", "copy", "send"))
+    result = Simulator(profile, flops).simulate([Submission(plan)], closed_loop=True)
+    assert result.latency() == pytest.approx((steps * 30 + 10) * US)
+
+
+def test_transfers_on_one_link_contend_and_on_two_links_do_not():
+    links = network.Links()
+    spec = LinkSpec(latency_us=5.0, bandwidth_gbps=8.0)    # 1 GB/s: 1000 bytes take 1 us
+    first = links.transfer(0.0, (("dcn", "out", "i0", "a"),), 1000, spec)
+    second = links.transfer(0.0, (("dcn", "out", "i0", "a"),), 1000, spec)
+    other = links.transfer(0.0, (("dcn", "out", "i0", "b"),), 1000, spec)
+    assert first == pytest.approx((0.0, 6 * US))
+    assert second == pytest.approx((1 * US, 7 * US))
+    assert other == pytest.approx((0.0, 6 * US))
+
+
+def test_a_run_that_does_not_fit_waits_for_the_one_before():
+    def with_memory(nbytes):
+        profile = simple_profile()
+        return dataclasses.replace(profile, accelerator=dataclasses.replace(profile.accelerator, memory_bytes=nbytes))
+
+    def simulate(profile, runs):
+        plan, flops = plan_of(chain_ir(4), simple_profile())      # placed for roomy devices
+        return Simulator(profile, flops).simulate([Submission(plan) for _ in range(runs)])
+
+    plan, _ = plan_of(chain_ir(4), simple_profile())
+    peak = max(b for i in plan.islands for (_, _, b) in plan.peak(i))
+    roomy = simulate(with_memory(1 << 30), 2)
+    assert roomy.runs[1].admitted < roomy.runs[0].done
+    stalled = simulate(with_memory(peak + peak // 2), 2)
+    assert stalled.runs[1].admitted >= stalled.runs[0].done
+    with pytest.raises(SimError, match="can never fit"):
+        simulate(with_memory(peak - 1), 1)
+
+
+def test_sequential_dispatch_pays_a_round_trip_per_step_and_parallel_does_not():
+    profile = simple_profile(step_us=1.0, sequential_step_us=20.0, message_latency_us=50.0)
+    latencies = {}
+    for k in (4, 8):
+        plan, flops = plan_of(chain_ir(k, island_b="island1"), profile)
+        sim = Simulator(profile, flops)
+        latencies[k] = {mode: sim.simulate([Submission(plan, mode)], closed_loop=True).latency()
+                        for mode in ("parallel", "sequential")}
+    for k in (4, 8):
+        assert latencies[k]["sequential"] > latencies[k]["parallel"]
+    gap = {k: latencies[k]["sequential"] - latencies[k]["parallel"] for k in (4, 8)}
+    assert gap[8] > gap[4] + 4 * 50 * US          # at least one message latency more per extra step
+
+
+def test_parallel_dispatch_overlaps_runs_on_one_island_in_ticket_order():
+    profile = simple_profile(step_us=1.0)
+    plan, flops = plan_of(chain_ir(4), profile)
+    result = Simulator(profile, flops).simulate([Submission(plan) for _ in range(5)])
+    done = [r.done for r in result.runs]
+    assert done == sorted(done)
+    # Device-bound: 4 launches of 10 us per run, back to back.
+    assert result.throughput() == pytest.approx(1 / (40 * US), rel=1e-6)
+
+
+def test_trace_is_chrome_json_with_a_process_per_island():
+    profile = simple_profile(step_us=1.0)
+    plan, flops = plan_of(chain_ir(4, island_b="island1"), profile)
+    result = Simulator(profile, flops, record_spans=True).simulate([Submission(plan)])
+    chrome = json.loads(json.dumps(trace.to_chrome(result)))
+    assert chrome["displayTimeUnit"] == "ms"
+    names = {e["args"]["name"] for e in chrome["traceEvents"] if e["name"] == "process_name"}
+    assert {"island0 (simulated)", "island1 (simulated)", "controller (simulated)"} <= names
+    spans = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
+    assert {e["cat"] for e in spans} >= {"launch", "send", "host"}
+    assert all(e["args"]["simulated"] and e["dur"] >= 0 for e in spans)
+
+
+def test_plan_json_and_ir_give_the_same_times(tmp_path):
+    profile = load_profile("tpu-v4")
+    ir_path = ROOT / "examples" / "three_blocks.mlir"
+    from_ir = inputs.load(ir_path, inputs.profile_topology("2x8", profile))
+    plan = from_ir.program(None, "three_blocks")
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    from_json = inputs.load(path, None)
+    assert from_json.flops == from_ir.flops
+    times = [Simulator(profile, loaded.flops).simulate([Submission(loaded.program(None, "x"))]).latency()
+             for loaded in (from_ir, from_json)]
+    assert times[0] == pytest.approx(times[1])
+
+
+def test_a_plan_whose_devices_the_profile_cannot_describe_is_one_line(tmp_path, capsys):
+    cpu = load_profile("cpu-here")
+    plan = inputs.load(ROOT / "examples" / "three_blocks.mlir", inputs.profile_topology("2x8", cpu)).program(None, "")
+    path = tmp_path / "cpu_plan.json"
+    path.write_text(plan.to_json())
+    assert pw_sim(["run", str(path), "--profile", "tpu-v4"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "device kind 'cpu', which profile tpu-v4 does not describe" in err
+    with pytest.raises(ProfileError):
+        Simulator(load_profile("tpu-v4")).simulate([Submission(plan)])
+
+
+def test_bad_profiles_and_inputs_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x", "device_kinds": ["x"], "accelerator": {"peak_tflops": -1}}')
+    ir_path = str(ROOT / "examples" / "three_blocks.mlir")
+    for argv, message in (
+            (["run", ir_path, "--profile", str(bad), "--topology", "2x8"], "must be a non-negative number"),
+            (["run", ir_path, "--profile", "no-such"], "no profile named 'no-such'"),
+            (["run", ir_path], "needs --topology"),
+            (["run", str(tmp_path / "missing.json")], "no such file"),
+            (["run", ir_path, "--topology", "2x6"], "multiple of 4")):
+        assert pw_sim(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, (argv, err)
+
+
+def test_pw_sim_run_writes_a_labelled_record_and_a_trace(tmp_path, capsys):
+    out, trace_path = tmp_path / "r.json", tmp_path / "t.json"
+    assert pw_sim(["run", str(ROOT / "examples" / "three_blocks.mlir"), "--topology", "2x8", "--runs", "3",
+                   "--trace", str(trace_path), "-o", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["kind"].startswith("SIMULATED") and record["runs_per_s"] > 0
+    assert json.loads(trace_path.read_text())["traceEvents"]
+    assert "SIMULATED" in capsys.readouterr().out
+
+
+def test_one_step_of_a_65536_device_plan_simulates_in_under_10_s():
+    from pathways_mlir.sim import scale
+
+    profile = load_profile("tpu-v4")
+    plan, flops = scale.pipeline(16, 65536, 16, profile, micro=2)
+    start = time.perf_counter()
+    scale.latency(plan, flops, profile)
+    assert time.perf_counter() - start < 10
+
+
+def test_short_validation_reports_an_error_per_program():
+    import pathways_mlir as pw
+    from pathways_mlir.sim.validate import run_validation
+
+    try:
+        record, profile = run_validation(rounds=3)
+    finally:
+        pw.configure()
+    assert profile.name == "cpu-here" and "fitted" in profile.sources["host"]
+    names = set(record["validation"])
+    assert names and not names & set(record["calibration"])
+    for r in record["validation"].values():
+        assert r["measured_ms"] > 0 and r["simulated_ms"] > 0
+    assert record["median_abs_error"] == sorted(abs(r["error"]) for r in record["validation"].values())[
+        len(names) // 2]
