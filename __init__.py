@@ -19,7 +19,7 @@ from .runtime.cluster import prepare_host_devices as _prepare_host_devices
 __version__ = "0.1.0"
 
 _FRONTEND = ["PlacementError", "cond", "jit", "program", "virtual_slice"]
-_RUNTIME = {"Client": "client", "configure": "runtime", "get_runtime": "runtime"}
+_RUNTIME = {"Client": "client", "configure": "runtime", "get_runtime": "runtime", "status": "runtime"}
 __all__ = [*_FRONTEND, *_RUNTIME]
 
 # The embedded cluster's CPU devices must be asked of XLA before JAX starts:

@@ -17,7 +17,10 @@ that order: the gang scheduler's consistent order survives the hop.
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 import threading
+import time
 
 import numpy as np
 
@@ -99,6 +102,11 @@ class _IslandActor:
 
     def compilations(self) -> int:
         return self._island.compilations()
+
+    def status(self) -> dict:
+        import ray
+
+        return {**self._island.status(), "node": ray.get_runtime_context().get_node_id()}
 
     def close(self) -> None:
         self._island.close()
@@ -193,37 +201,126 @@ class RayIsland:
     def compilations(self) -> int:
         return _get(self._actor.compilations.remote())
 
+    def status(self) -> dict:
+        """Returns the island's status (see `Island.status`) and its node, or why it did not answer."""
+        try:
+            return _get(self._actor.status.remote(), STATUS_TIMEOUT)
+        except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
+            return {"unreachable": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+
     def close(self) -> None:
         import ray
 
         self._closed = True
         if ray.is_initialized():
-            _get(self._actor.close.remote())
+            try:
+                _get(self._actor.close.remote(), STATUS_TIMEOUT)
+            except Exception:  # noqa: BLE001  (a dead or stuck island is killed all the same)
+                pass
             ray.kill(self._actor)
 
 
-def _get(ref):
+def _get(ref, timeout: float | None = None):
     import ray
 
-    return ray.get(ref)
+    return ray.get(ref, timeout=timeout)
 
 
-def start_islands(topology: Topology, emulate_dcn: bool = False) -> dict[str, RayIsland]:
-    """Starts one actor per island of `topology` (on a local Ray instance unless one is running)."""
+NAMESPACE = "pathways"
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
+STATUS_TIMEOUT = 10.0   # seconds an island has to answer a status request
+START_TIMEOUT = 120.0   # seconds for every island actor to start (its JAX included)
+
+
+def island_name(island: str) -> str:
+    """The Ray name of an island's actor, and the custom resource of the node holding its devices."""
+    return f"pw-island-{island}"
+
+
+class RayIslands(dict):
+    """The island proxies of a runtime on Ray (by island name), and what stops them."""
+
+    def __init__(self, islands: dict[str, RayIsland], started_ray: bool):
+        super().__init__(islands)
+        self.started_ray = started_ray
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Waits until the island actors' names are free; stops Ray if the runtime started it."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        if self.started_ray:
+            ray.shutdown()
+            return
+        deadline = time.monotonic() + timeout
+        for island in self:
+            while time.monotonic() < deadline:
+                try:
+                    ray.get_actor(island_name(island), namespace=NAMESPACE)
+                except ValueError:
+                    break
+                time.sleep(0.05)
+
+
+def use_loopback() -> None:
+    """Makes Ray in this process, and the processes it starts, take 127.0.0.1 as this node's address.
+
+    Ray otherwise replaces a loopback address (in `ray.init(address=...)`
+    and `_node_ip_address`) with the machine's outward address, so a local
+    instance would listen there and a cluster bound to 127.0.0.1 could not
+    be reached.
+    """
+    os.environ[_LOOPBACK_ENV] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | None = None) -> RayIslands:
+    """Starts one actor per island of `topology`, each on the node that offers its island's resource.
+
+    `address` is an existing Ray cluster ("auto" or "host:port"); without
+    it, a Ray instance already running in this process is used, else a local
+    one is started on 127.0.0.1 with every island's resource. On a cluster,
+    the node holding island `I`'s devices must offer the custom resource
+    `pw-island-I` (`ray start --resources='{"pw-island-I": 1}'`).
+    """
     try:
         import ray
     except ImportError:
         raise RuntimeError("the Ray backend needs Ray: pip install 'pathways-mlir[ray]'") from None
-    if not ray.is_initialized():
-        ray.init(num_cpus=max(2, len(topology.islands)), include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    actor_class = ray.remote(_IslandActor)
-    actors = {}
-    for island in topology.islands:
-        flags = f"--xla_force_host_platform_device_count={island.num_devices}"
-        actors[island.name] = actor_class.options(
-            num_cpus=0, max_concurrency=64,
-            runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": ""}},
-        ).remote(island.name, topology.to_json(), emulate_dcn)
-    ray.get([a.connect.remote(actors) for a in actors.values()])
-    return {name: RayIsland(name, actor) for name, actor in actors.items()}
+    started = not ray.is_initialized()
+    loopback = address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+    if started and loopback:
+        use_loopback()
+    options = dict(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if started and address is None:
+        ray.init(address="local", num_cpus=max(2, len(topology.islands)), _node_ip_address="127.0.0.1",
+                 resources={island_name(i.name): 1 for i in topology.islands}, **options)
+    elif started:
+        options.pop("include_dashboard")
+        ray.init(address=address, **({"_node_ip_address": "127.0.0.1"} if loopback else {}), **options)
+    actors: dict = {}
+    try:
+        missing = [i.name for i in topology.islands if island_name(i.name) not in ray.cluster_resources()]
+        if missing:
+            raise RuntimeError("no node of the Ray cluster offers the resource of island(s) " +
+                               ", ".join(missing) + ": start the node holding island I's devices with "
+                               "ray start --resources='{\"pw-island-I\": 1}'")
+        actor_class = ray.remote(_IslandActor)
+        for island in topology.islands:
+            flags = f"--xla_force_host_platform_device_count={island.num_devices}"
+            actors[island.name] = actor_class.options(
+                name=island_name(island.name), namespace=NAMESPACE, resources={island_name(island.name): 1},
+                num_cpus=0, max_concurrency=64,
+                runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": ""}},
+            ).remote(island.name, topology.to_json(), emulate_dcn)
+        ray.get([a.connect.remote(actors) for a in actors.values()], timeout=START_TIMEOUT)
+    except BaseException:
+        for actor in actors.values():
+            ray.kill(actor)
+        if started:
+            ray.shutdown()
+        raise
+    return RayIslands({name: RayIsland(name, actor) for name, actor in actors.items()}, started)
