@@ -20,6 +20,7 @@ BENCHMARKS = {
     "pipeline": "pipeline",
     "lowering-scale": "lowering_scale",
     "object-store": "object_store",
+    "ray": "ray_backend",
 }
 
 

@@ -12,10 +12,17 @@ actor to the other (`deliver`), never through the driver.
 Ray runs actor calls concurrently (the actors are threaded), so the proxy
 numbers the work items it submits and the actor admits them to its island in
 that order: the gang scheduler's consistent order survives the hop.
+
+On a Ray cluster (`address=`), island `I`'s actor is named `pw-island-I` in
+the namespace `pathways` and needs the custom resource `pw-island-I`, which
+only the node holding that island's devices offers: each island runs where
+its devices are. A run costs one `start` call per island it uses, whatever
+its number of steps (`RayIsland.calls` counts the calls by message).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import sys
@@ -28,6 +35,11 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
 from .island import IslandWork, RunFailed
+
+NAMESPACE = "pathways"
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
+STATUS_TIMEOUT = 10.0   # seconds an island has to answer a status request
+START_TIMEOUT = 120.0   # seconds for every island actor to start (its JAX included)
 
 
 class _IslandActor:
@@ -135,37 +147,48 @@ class RayIsland:
         self._lock = threading.Lock()
         self._closed = False
         self._started: dict[int, object] = {}   # run -> its latest start call, so later calls follow it
+        self.calls: collections.Counter[str] = collections.Counter()   # actor calls made, by message
+
+    def _call(self, message: str, *args):
+        """Calls the actor's `message` method; returns the reply's object reference.
+
+        After `close` it raises instead: a Ray call would start a new Ray session.
+        """
+        if self._closed:
+            raise RunFailed(f"{self.name} is closed")
+        self.calls[message] += 1
+        return getattr(self._actor, message).remote(*args)
 
     def load(self, key: int, plan: ProgramPlan) -> None:
-        _get(self._actor.load.remote(key, plan.to_json()))
+        _get(self._call("load", key, plan.to_json()))
 
     def prepare(self, key: int, step_ids) -> None:
-        _get(self._actor.prepare.remote(key, list(step_ids)))
+        _get(self._call("prepare", key, list(step_ids)))
 
     def start(self, work: IslandWork) -> None:
         inputs = tuple((b, np.asarray(v)) for b, v in work.inputs)
         with self._lock:   # the gang scheduler calls in ticket order; number the calls in that order
-            ref = self._actor.start.remote(next(self._seq), work._replace(inputs=inputs))
+            ref = self._call("start", next(self._seq), work._replace(inputs=inputs))
             self._started[work.run_id] = ref
 
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
-        self._actor.deliver.remote(run_id, key, buffer, np.asarray(array))
+        self._call("deliver", run_id, key, buffer, np.asarray(array))
 
     def fail_run(self, run_id: int, error: BaseException) -> None:
         if self._live():
-            self._actor.fail_run.remote(run_id, str(error))
+            self._call("fail_run", run_id, str(error))
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
         self._after_start(run_id)
         try:
-            return self._actor.fetch.remote(run_id, buffer, timeout).future().result(timeout)
+            return self._call("fetch", run_id, buffer, timeout).future().result(timeout)
         except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
             cause = getattr(error, "cause", None)
             raise (cause if isinstance(cause, BaseException) else error) from None
 
     def release(self, run_id: int, buffer: int) -> None:
         if self._live():       # handles dropped at exit, after the actors are gone, release nothing
-            self._actor.release.remote(run_id, buffer)
+            self._call("release", run_id, buffer)
 
     def _live(self) -> bool:
         import ray
@@ -178,46 +201,48 @@ class RayIsland:
             _get(ref)
 
     def release_owner(self, owner) -> int:
-        return _get(self._actor.release_owner.remote(owner))
+        return 0 if self._closed else _get(self._call("release_owner", owner))
 
     def run_done(self, run_id: int) -> bool:
         self._after_start(run_id)
-        done = _get(self._actor.run_done.remote(run_id))
+        done = _get(self._call("run_done", run_id))
         if done:
             self._started.pop(run_id, None)
         return done
 
     def wait_run(self, run_id: int, timeout: float | None = None) -> None:
         self._after_start(run_id)
-        _get(self._actor.wait_run.remote(run_id, timeout))
+        _get(self._call("wait_run", run_id, timeout))
         self._started.pop(run_id, None)
 
     def owned_by(self, owner) -> list:
-        return _get(self._actor.owned_by.remote(owner))
+        return [] if self._closed else _get(self._call("owned_by", owner))
 
     def object_count(self) -> int:
-        return _get(self._actor.object_count.remote())
+        return 0 if self._closed else _get(self._call("object_count"))
 
     def compilations(self) -> int:
-        return _get(self._actor.compilations.remote())
+        return _get(self._call("compilations"))
 
     def status(self) -> dict:
         """Returns the island's status (see `Island.status`) and its node, or why it did not answer."""
         try:
-            return _get(self._actor.status.remote(), STATUS_TIMEOUT)
+            return _get(self._call("status"), STATUS_TIMEOUT)
         except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
             return {"unreachable": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
 
     def close(self) -> None:
         import ray
 
-        self._closed = True
+        if self._closed:
+            return
         if ray.is_initialized():
             try:
-                _get(self._actor.close.remote(), STATUS_TIMEOUT)
+                _get(self._call("close"), STATUS_TIMEOUT)
             except Exception:  # noqa: BLE001  (a dead or stuck island is killed all the same)
                 pass
             ray.kill(self._actor)
+        self._closed = True
 
 
 def _get(ref, timeout: float | None = None):
@@ -226,10 +251,6 @@ def _get(ref, timeout: float | None = None):
     return ray.get(ref, timeout=timeout)
 
 
-NAMESPACE = "pathways"
-_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
-STATUS_TIMEOUT = 10.0   # seconds an island has to answer a status request
-START_TIMEOUT = 120.0   # seconds for every island actor to start (its JAX included)
 
 
 def island_name(island: str) -> str:
