@@ -37,6 +37,7 @@ from typing import Any
 from .admission import MemoryLedger, OutOfDeviceMemory, result_need
 from .island import IslandWork, RunFailed
 from .run import Run
+from .status import shortfall
 
 POLICIES = ("fifo", "share")
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
@@ -132,8 +133,6 @@ class GangScheduler:
     def status(self) -> dict:
         """Returns the queued runs, each with why it is not admitted yet, and the admitted runs still on
         the devices."""
-        from .status import shortfall
-
         with self._lock:
             head = self._next()
             queued = []

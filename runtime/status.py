@@ -13,7 +13,7 @@ gathers, as plain data that travels through Ray:
   objects and bytes; an island that does not answer says why;
 - every client, summed over the islands: its objects and bytes.
 
-`str()` of a `Status` is the report `pw-run`-style tools print.
+`str()` of a `Status` is the same report as text.
 """
 
 from __future__ import annotations

@@ -64,6 +64,11 @@ def test_each_island_is_a_named_actor_on_the_node_holding_its_devices(runtime):
     assert status["islands"]["island0"]["node"] != status["islands"]["island1"]["node"]
 
 
+def test_a_cluster_without_an_islands_resource_is_refused(runtime):
+    with pytest.raises(RuntimeError, match="offers the resource of island.* island2"):
+        Runtime(backend="ray", islands=3, per_island=2)
+
+
 def test_three_blocks_and_a_4_stage_pipeline_equal_the_embedded_backend(runtime, embedded):
     three_plan = workloads.three_blocks.compiled(*THREE, runtime=runtime).plan
     assert {s.kind for steps in three_plan.islands.values() for s in steps} >= {"send", "recv"}

@@ -1,4 +1,6 @@
-"""One place to see it all (embedded backend): queued runs and why, parked runs and what they wait for.
+"""One place to see it all (embedded backend): parked runs and what they wait for, the report as text.
+
+A run queued for memory and its reason are checked in test_admission_and_lifetimes.py.
 
 Every wait has a timeout; every runtime made here is closed.
 """
@@ -6,7 +8,7 @@ Every wait has a timeout; every runtime made here is closed.
 import jax
 import numpy as np
 import pytest
-from test_admission_and_lifetimes import ONE_RUN, X, cross_island, one_step
+from test_admission_and_lifetimes import X, cross_island
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
@@ -17,28 +19,6 @@ from pathways_mlir.runtime.runtime import Runtime
 @pytest.fixture(scope="module")
 def device_map():
     return embedded_device_map(2, 4)
-
-
-def test_a_run_queued_for_memory_names_the_device_and_bytes(device_map):
-    rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 8 * 16 * 4 - 1)   # not one run beside a held result
-    try:
-        plan, want = one_step(rt.resources.topology)
-        with Client(rt) as client:
-            [first] = client.run(plan, [X])
-            first.block_until_ready()
-            second = client.start(plan, [X])
-            status = rt.status()
-            [queued] = status["scheduler"]["queued"]
-            assert queued["run"] == second.id
-            assert queued["waits_for"] == (f"memory: {ONE_RUN} bytes on device 0 of island0, which has "
-                                           f"{8 * 16 * 4} of {ONE_RUN + 8 * 16 * 4 - 1} bytes reserved")
-            assert status["clients"] == {client.id: {"objects": 1, "bytes": 8 * 16 * 4}}
-            assert f"queued run {second.id} (main, client {client.id}) waits for memory" in str(status)
-            first.delete()
-            np.testing.assert_array_equal(np.asarray(client.handles(second)[0].result(timeout=60)), want)
-            assert rt.status()["scheduler"]["queued"] == []
-    finally:
-        rt.close()
 
 
 def test_a_run_waiting_forever_on_a_send_names_it(device_map):
@@ -58,6 +38,7 @@ def test_a_run_waiting_forever_on_a_send_names_it(device_map):
         assert parked["waits_for"] == (f"recv of buffer {recv.dst_buffer} from island0 (send step {send.id}): "
                                        f"its buffer {send.src_buffer}, the result of launch step {launch.id} "
                                        f"'{launch.label or launch.executable}'")
+        assert f"run {run.id} (main, client {client.id}) waits for recv of buffer" in str(rt.status())
     finally:
         rt.close()          # fails the parked run, so the client closes at once
         client.close()
