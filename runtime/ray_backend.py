@@ -34,7 +34,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from .island import IslandWork, RunFailed
+from .island import HISTORY, IslandWork, RunFailed
 
 NAMESPACE = "pathways"
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
@@ -100,8 +100,8 @@ class _IslandActor:
     def release_owner(self, owner) -> int:
         return self._island.release_owner(owner)
 
-    def run_done(self, run_id: int) -> bool:
-        return self._island.run_done(run_id)
+    def runs_done(self, run_ids) -> list:
+        return [r for r in run_ids if self._island.run_done(r)]
 
     def wait_run(self, run_id: int, timeout: float | None) -> None:
         self._island.wait_run(run_id, timeout)
@@ -148,6 +148,7 @@ class RayIsland:
         self._closed = False
         self._started: dict[int, object] = {}   # run -> its latest start call, so later calls follow it
         self.calls: collections.Counter[str] = collections.Counter()   # actor calls made, by message
+        self._done: collections.OrderedDict[int, None] = collections.OrderedDict()   # runs known to be over
 
     def _call(self, message: str, *args):
         """Calls the actor's `message` method; returns the reply's object reference.
@@ -179,8 +180,7 @@ class RayIsland:
             self._call("fail_run", run_id, str(error))
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
-        self._after_start(run_id)
-        try:
+        try:          # no wait for the start call first: the island's fetch waits for the value itself
             return self._call("fetch", run_id, buffer, timeout).future().result(timeout)
         except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
             cause = getattr(error, "cause", None)
@@ -196,7 +196,8 @@ class RayIsland:
         return not self._closed and ray.is_initialized()
 
     def _after_start(self, run_id: int) -> None:
-        ref = self._started.get(run_id)
+        with self._lock:
+            ref = self._started.get(run_id)
         if ref is not None:
             _get(ref)
 
@@ -204,16 +205,33 @@ class RayIsland:
         return 0 if self._closed else _get(self._call("release_owner", owner))
 
     def run_done(self, run_id: int) -> bool:
+        """Returns whether the run's work here is over. One actor call also asks about every other run
+        whose start call has been taken, and the answers are kept: the scheduler and the clients poll
+        runs in order, so the next questions are answered here."""
+        import ray
+
+        if run_id in self._done:
+            return True
         self._after_start(run_id)
-        done = _get(self._call("run_done", run_id))
-        if done:
-            self._started.pop(run_id, None)
-        return done
+        with self._lock:
+            others = {ref: r for r, ref in self._started.items() if r != run_id}
+        taken, _ = ray.wait(list(others), num_returns=len(others), timeout=0) if others else ([], [])
+        self._over(_get(self._call("runs_done", [run_id] + [others[ref] for ref in taken])))
+        return run_id in self._done
+
+    def _over(self, run_ids) -> None:
+        """Remembers runs whose work here is over (the latest `HISTORY` of them)."""
+        with self._lock:
+            for run_id in run_ids:
+                self._started.pop(run_id, None)
+                self._done[run_id] = None
+            while len(self._done) > HISTORY:
+                self._done.popitem(last=False)
 
     def wait_run(self, run_id: int, timeout: float | None = None) -> None:
         self._after_start(run_id)
         _get(self._call("wait_run", run_id, timeout))
-        self._started.pop(run_id, None)
+        self._over([run_id])
 
     def owned_by(self, owner) -> list:
         return [] if self._closed else _get(self._call("owned_by", owner))
