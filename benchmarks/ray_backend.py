@@ -157,8 +157,8 @@ def handwritten_chains(ray, pipeline_args):
     blocks = [actor.remote(fn) for fn in BLOCKS]
     weights, _ = pipeline_args
     pipeline = [actor.remote(stage, w) for w in weights]
-    ray.get([a.apply.remote(np.zeros((MICRO_BATCH, WIDTH) if a in pipeline else (8, 16), np.float32))
-             for a in blocks + pipeline], timeout=120)
+    ray.get([a.apply.remote(np.zeros((8, 16), np.float32)) for a in blocks] +
+            [a.apply.remote(np.zeros((MICRO_BATCH, WIDTH), np.float32)) for a in pipeline], timeout=120)
     return blocks, pipeline
 
 

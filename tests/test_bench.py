@@ -16,6 +16,7 @@ HEADLINES = {
     "pipeline": ("pipeline4_over_spmd", "pipeline8_over_pipeline4", "two_islands_over_one"),
     "lowering-scale": ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048"),
     "object-store": ("handles_per_s_over_ray_put",),
+    "ray": ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_two_nodes_over_one"),
 }
 
 
