@@ -35,6 +35,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
 from .island import HISTORY, IslandWork, RunFailed
+from .status import Status, gather
 
 NAMESPACE = "pathways"
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
@@ -247,7 +248,7 @@ class RayIsland:
         try:
             return _get(self._call("status"), STATUS_TIMEOUT)
         except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
-            return {"unreachable": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+            return _unreachable(error)
 
     def close(self) -> None:
         import ray
@@ -261,6 +262,11 @@ class RayIsland:
                 pass
             ray.kill(self._actor)
         self._closed = True
+
+
+def _unreachable(error: BaseException) -> dict:
+    """An island's report when it did not answer."""
+    return {"unreachable": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
 
 
 def _get(ref, timeout: float | None = None):
@@ -316,6 +322,48 @@ def use_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
+def connect(address: str | None, num_cpus: int = 2, resources: dict | None = None) -> bool:
+    """Connects this process to Ray in the namespace `pathways`: to the cluster at `address`, or to a
+    new local instance on 127.0.0.1 with `num_cpus` and `resources`. Returns whether it connected
+    (False: Ray was already up in this process, and is used as it is)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    loopback = address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+    if loopback:
+        use_loopback()
+    options = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
+    if address is None:
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", resources=resources,
+                 include_dashboard=False, **options)
+    else:
+        ray.init(address=address, **({"_node_ip_address": "127.0.0.1"} if loopback else {}), **options)
+    return True
+
+
+def cluster_status(address: str) -> Status:
+    """Returns the report of every island actor on the Ray cluster at `address`, found by name, from
+    any process (the scheduler's queue stays with the process that owns the islands)."""
+    import ray
+
+    started = connect(address)
+    try:
+        names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                       if a["namespace"] == NAMESPACE and a["name"].startswith(island_name("")))
+        islands = {}
+        for name in names:
+            try:
+                islands[name.removeprefix(island_name(""))] = ray.get(
+                    ray.get_actor(name, namespace=NAMESPACE).status.remote(), timeout=STATUS_TIMEOUT)
+            except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
+                islands[name.removeprefix(island_name(""))] = _unreachable(error)
+        return gather(None, islands)
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | None = None) -> RayIslands:
     """Starts one actor per island of `topology`, each on the node that offers its island's resource.
 
@@ -329,17 +377,8 @@ def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | 
         import ray
     except ImportError:
         raise RuntimeError("the Ray backend needs Ray: pip install 'pathways-mlir[ray]'") from None
-    started = not ray.is_initialized()
-    loopback = address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
-    if started and loopback:
-        use_loopback()
-    options = dict(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    if started and address is None:
-        ray.init(address="local", num_cpus=max(2, len(topology.islands)), _node_ip_address="127.0.0.1",
-                 resources={island_name(i.name): 1 for i in topology.islands}, **options)
-    elif started:
-        options.pop("include_dashboard")
-        ray.init(address=address, **({"_node_ip_address": "127.0.0.1"} if loopback else {}), **options)
+    started = connect(address, num_cpus=max(2, len(topology.islands)),
+                      resources={island_name(i.name): 1 for i in topology.islands})
     actors: dict = {}
     try:
         missing = [i.name for i in topology.islands if island_name(i.name) not in ray.cluster_resources()]

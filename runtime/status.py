@@ -37,10 +37,14 @@ class Status(dict):
     """A runtime's status (see the module docstring); prints as a report."""
 
     def __str__(self) -> str:
-        lines = [f"scheduler ({self['scheduler']['policy']}): admitted runs on the devices: "
-                 f"{self['scheduler']['admitted'] or 'none'}"]
-        lines += [f"  queued run {q['run']} ({q['program']}, client {q['client']}) waits for {q['waits_for']}"
-                  for q in self["scheduler"]["queued"]]
+        scheduler = self["scheduler"]
+        if scheduler is None:
+            lines = ["scheduler: in the process that owns the islands (pw.status() there)"]
+        else:
+            lines = [f"scheduler ({scheduler['policy']}): admitted runs on the devices: "
+                     f"{scheduler['admitted'] or 'none'}"]
+            lines += [f"  queued run {q['run']} ({q['program']}, client {q['client']}) waits for {q['waits_for']}"
+                      for q in scheduler["queued"]]
         for name, island in self["islands"].items():
             if "unreachable" in island:
                 lines.append(f"{name}: unreachable: {island['unreachable']}")
@@ -54,8 +58,9 @@ class Status(dict):
         return "\n".join(lines)
 
 
-def gather(scheduler_status: dict, island_status: dict[str, dict]) -> Status:
-    """Builds a `Status` from the scheduler's and the islands' reports, summing each client's objects."""
+def gather(scheduler_status: dict | None, island_status: dict[str, dict]) -> Status:
+    """Builds a `Status` from the scheduler's report (None where it is out of reach) and the islands',
+    summing each client's objects."""
     clients: dict[int, dict[str, int]] = {}
     for island in island_status.values():
         for client, entry in island.get("clients", {}).items():

@@ -9,6 +9,8 @@ never sends, its peer waits and the status names what it waits for. Every wait h
 and the cluster is shut down at the end. Skipped where Ray is not installed.
 """
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -126,7 +128,15 @@ def test_two_clients_at_once_see_only_their_objects(runtime, embedded):
     assert runtime.object_count() == 0
 
 
-def test_zz_a_step_waiting_forever_is_named_by_the_status(runtime):
+def test_pw_serve_without_status_says_what_is_missing():
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_serve"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("pw-serve: error: only --status is available: a long-running shared service "
+                                     "is not built yet")
+
+
+def test_zz_a_step_waiting_forever_is_named_by_the_status(cluster, runtime):
     """Last in the module: an operator closes island0's actor (found by name) on purpose, so it never sends."""
     plan = workloads.three_blocks.compiled(*THREE, runtime=runtime).plan
     ray.get(ray.get_actor(island_name("island0"), namespace=NAMESPACE).close.remote(), timeout=30)
@@ -144,6 +154,11 @@ def test_zz_a_step_waiting_forever_is_named_by_the_status(runtime):
         assert parked["waits_for"].startswith(f"recv of buffer {recv.dst_buffer} from island0 (send step ")
         assert parked["waits_for"].endswith(f"the result of launch step {launch.id} '{launch.label}'")
         assert f"waits for recv of buffer {recv.dst_buffer} from island0" in str(status)
+        serve = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_serve", "--status", "--address",
+                                cluster.address], capture_output=True, text=True, timeout=120)
+        assert serve.returncode == 0, serve.stderr[-2000:]
+        assert f"island1 on node {status['islands']['island1']['node']}: 1 run(s) under way" in serve.stdout
+        assert f"waits for {parked['waits_for']}" in serve.stdout
     finally:
         runtime.close()       # fails the parked run, so the client closes at once
         client.close()
