@@ -52,7 +52,8 @@ def embedded():
 
 
 def values(out):
-    return jax.tree.map(np.asarray, out)
+    """The arrays of a program's result handles, each waited for at most a minute."""
+    return jax.tree.map(lambda handle: np.asarray(handle.result(timeout=60)), out)
 
 
 def test_each_island_is_a_named_actor_on_the_node_holding_its_devices(runtime):
@@ -113,9 +114,9 @@ def test_two_clients_at_once_see_only_their_objects(runtime, embedded):
         assert not errors and not any(t.is_alive() for t in threads)
         with Client(embedded) as reference:
             for k, outs in results.items():
-                want = np.asarray(workloads.three_blocks.run(THREE[0] * k, client=reference))
+                want = values(workloads.three_blocks.run(THREE[0] * k, client=reference))
                 for out in outs:
-                    np.testing.assert_array_equal(np.asarray(out), want)
+                    np.testing.assert_array_equal(values(out), want)
         assert len(first.objects()) == 3 and len(second.objects()) == 3
         assert not set(first.objects()) & set(second.objects())
         clients = runtime.status()["clients"]

@@ -49,7 +49,7 @@ def test_pw_status_reports_the_default_runtime():
     try:
         f = pw.jit(jax.numpy.tanh, slice=pw.virtual_slice(2, axes="x"), in_specs=None, out_specs=None)
         y = f(X)
-        np.asarray(y)
+        y.result(timeout=60)
         status = pw.status()
         assert status["scheduler"]["queued"] == [] and sum(c["objects"] for c in status["clients"].values()) == 1
         assert set(status["islands"]) == {"island0", "island1"} and "island0: 0 run(s) under way" in str(status)
