@@ -323,14 +323,16 @@ def use_loopback() -> None:
 
 
 def connect(address: str | None, num_cpus: int = 2, resources: dict | None = None) -> bool:
-    """Connects this process to Ray in the namespace `pathways`: to the cluster at `address`, or to a
-    new local instance on 127.0.0.1 with `num_cpus` and `resources`. Returns whether it connected
-    (False: Ray was already up in this process, and is used as it is)."""
+    """Connects this process to Ray in the namespace `pathways`: to the cluster at `address` ("auto":
+    `RAY_ADDRESS`, else the latest cluster started on this machine), or to a new local instance on
+    127.0.0.1 with `num_cpus` and `resources`. Returns whether it connected (False: Ray was already
+    up in this process, and is used as it is)."""
     import ray
 
     if ray.is_initialized():
         return False
-    loopback = address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+    named = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address or ""
+    loopback = address is None or named.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
     if loopback:
         use_loopback()
     options = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)

@@ -9,6 +9,7 @@ never sends, its peer waits and the status names what it waits for. Every wait h
 and the cluster is shut down at the end. Skipped where Ray is not installed.
 """
 
+import os
 import subprocess
 import sys
 import threading
@@ -155,8 +156,9 @@ def test_zz_a_step_waiting_forever_is_named_by_the_status(cluster, runtime):
         assert parked["waits_for"].startswith(f"recv of buffer {recv.dst_buffer} from island0 (send step ")
         assert parked["waits_for"].endswith(f"the result of launch step {launch.id} '{launch.label}'")
         assert f"waits for recv of buffer {recv.dst_buffer} from island0" in str(status)
-        serve = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_serve", "--status", "--address",
-                                cluster.address], capture_output=True, text=True, timeout=120)
+        serve = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_serve", "--status"],   # address auto
+                               env={**os.environ, "RAY_ADDRESS": cluster.address}, capture_output=True, text=True,
+                               timeout=120)
         assert serve.returncode == 0, serve.stderr[-2000:]
         assert f"island1 on node {status['islands']['island1']['node']}: 1 run(s) under way" in serve.stdout
         assert f"waits for {parked['waits_for']}" in serve.stdout
