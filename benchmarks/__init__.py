@@ -24,6 +24,7 @@ BENCHMARKS = {
     "object-store": "object_store",
     "rl": "rl",
     "moe": "moe",
+    "ray": "ray_backend",
 }
 
 

@@ -27,7 +27,7 @@ Python objects:
     fetch(run_id, buffer, timeout) -> array   a result or intermediate, once produced
     release(run_id, buffer), release_owner(owner)
     run_done(run_id), wait_run(run_id, timeout)  whether the run's device work is over
-    object_count(), owned_by(owner), compilations(), close()
+    object_count(), owned_by(owner), compilations(), status(), close()
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .cluster import DeviceMap
 from .executables import ExecutableCache, make_mesh
-from .island_program import Instruction, IslandLayout, compile_steps
+from .island_program import Instruction, IslandLayout, RecvInstruction, compile_steps
 from .object_store import ObjectStore
 from .tracing import Tracer
 from .transfers import DcnTransport, copy_to
@@ -89,6 +89,17 @@ class IslandRun:
         self.tracked: list = []          # arrays whose readiness means the run's device work is done
         self.last = False
         self.executing = False
+
+
+def _waits_for(run: IslandRun) -> str:
+    """Says what a run under way on an island waits for."""
+    if run.executing:
+        return "nothing: its steps are being enqueued"
+    if run.queue:
+        instruction = run.queue[0][run.pc]
+        if isinstance(instruction, RecvInstruction) and run.slots[instruction.dst] is None:
+            return f"recv of {instruction.what}"
+    return "more work of this run from the scheduler (after a host cond, or the next sequential step)"
 
 
 class Island:
@@ -262,6 +273,20 @@ class Island:
     def compilations(self) -> int:
         """Returns how many executables the island has compiled."""
         return self.cache.compilations
+
+    def status(self) -> dict:
+        """Returns each run under way here with what it waits for, the runs whose device work is not
+        over yet, and each client's objects and bytes."""
+        with self.lock:
+            runs = [{"run": run.id, "client": run.client_id, "program": self._plans[run.plan_key][0].program,
+                     "waits_for": _waits_for(run)} for run in self._runs.values()]
+            clients: dict[int, dict[str, int]] = {}
+            for owner, array in self.store.owners():
+                entry = clients.setdefault(owner[1], {"objects": 0, "bytes": 0})
+                entry["objects"] += 1
+                entry["bytes"] += int(getattr(array, "nbytes", 0))
+            busy = sorted(r for r, tracked in self._in_flight.items() if not all(a.is_ready() for a in tracked))
+            return {"runs": runs, "device_work": busy, "clients": clients}
 
     def close(self) -> None:
         """Fails every run still under way here (a run parked forever cannot hold up closing)."""

@@ -87,11 +87,12 @@ class SendInstruction:
 class RecvInstruction:
     """Continues only once the peer's array is in the slot; otherwise the run parks here."""
 
-    __slots__ = ("dst", "track")
+    __slots__ = ("dst", "track", "what")
 
-    def __init__(self, dst: int):
+    def __init__(self, dst: int, what: str = ""):
         self.dst = dst
         self.track = False
+        self.what = what        # the value awaited, by name (for status reports)
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
         array = run.slots[self.dst]
@@ -137,6 +138,17 @@ class IslandLayout:
         return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot))
 
 
+def _awaited(plan: ProgramPlan, recv: Recv) -> str:
+    """Names what a recv waits for: the peer's send and the step that produced the value sent."""
+    sender = next((s for s in plan.islands.get(recv.peer, ()) if isinstance(s, Send) and
+                   s.dst_buffer == recv.dst_buffer), None)
+    producer = next((s for s in plan.islands.get(recv.peer, ()) if recv.src_buffer in s.produced()), None)
+    made_by = "" if producer is None else f", the result of {producer.kind} step {producer.id}" + (
+        f" '{producer.label or getattr(producer, 'executable', '')}'" if isinstance(producer, Launch) else "")
+    send = "" if sender is None else f" (send step {sender.id})"
+    return f"buffer {recv.dst_buffer} from {recv.peer}{send}: its buffer {recv.src_buffer}{made_by}"
+
+
 def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
                   steps: tuple[Step, ...]) -> tuple[Instruction, ...]:
     """Compiles steps into instructions (compiling executables and building shardings now).
@@ -167,7 +179,7 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
             instructions.append(SendInstruction(slot[step.src_buffer], step.peer, step.dst_buffer, step.bytes,
                                                 plan.topology.link(island.name, step.peer)[1]))
         elif isinstance(step, Recv):
-            instructions.append(RecvInstruction(slot[step.dst_buffer]))
+            instructions.append(RecvInstruction(slot[step.dst_buffer], _awaited(plan, step)))
             last_on_slice[plan.buffers[step.dst_buffer].slice] = instructions[-1]
         elif isinstance(step, Free):
             instructions.append(FreeInstruction(tuple(slot[b] for b in step.buffers)))

@@ -51,5 +51,9 @@ class ObjectStore:
         """Returns the keys of the objects `owner` holds."""
         return sorted(self._by_owner.get(owner, ()))
 
+    def owners(self) -> list[tuple[Hashable, Any]]:
+        """Returns (owner, array) for every object."""
+        return list(self._objects.values())
+
     def __len__(self) -> int:
         return len(self._objects)

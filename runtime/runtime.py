@@ -22,6 +22,7 @@ from .island import Island, client_owner
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
+from .status import Status, gather
 from .tracing import Tracer
 from .transfers import DcnTransport
 
@@ -36,14 +37,19 @@ class Runtime:
     its JAX devices; `backend="ray"` runs each island in its own Ray actor
     (`runtime/ray_backend.py`), with `islands` x `per_island` CPU devices
     each here. Both run the same plans through the same island messages.
+    `address` runs the Ray backend on an existing Ray cluster ("auto" or
+    "host:port"; none: a local Ray instance), where each island's actor
+    goes to the node offering the resource `pw-island-<island>`.
     `device_memory_bytes` overrides each device's memory for admission.
     """
 
     def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int = 4,
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
-                 islands: int | None = None, per_island: int | None = None):
+                 islands: int | None = None, per_island: int | None = None, address: str | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
+        if address is not None and backend != "ray":
+            raise ValueError("address= names a Ray cluster: it needs backend='ray'")
         self.backend = backend
         self.tracer: Tracer | None = None
         self.transport: DcnTransport | None = None
@@ -52,7 +58,7 @@ class Runtime:
 
             topology = embedded_topology(*(requested_shape() if islands is None else (islands, per_island)))
             device_map = DeviceMap(topology, {})
-            self.islands = start_islands(topology, emulate_dcn)
+            self.islands = start_islands(topology, emulate_dcn, address)
         else:
             device_map = device_map or embedded_device_map(islands, per_island)
             self.transport = DcnTransport(emulate=emulate_dcn)
@@ -134,6 +140,10 @@ class Runtime:
         self.scheduler.release_client(client_id)
         return count
 
+    def status(self) -> Status:
+        """Returns what is queued, what every waiting run waits for, and each client's objects."""
+        return gather(self.scheduler.status(), {name: island.status() for name, island in self.islands.items()})
+
     def compilations(self) -> int:
         """Returns how many executables the islands have compiled."""
         return sum(island.compilations() for island in self.islands.values())
@@ -164,6 +174,8 @@ class Runtime:
             island.close()
         if self.transport is not None:
             self.transport.close()
+        else:
+            self.islands.shutdown()
 
 
 _default: Runtime | None = None
@@ -189,6 +201,11 @@ def get_runtime() -> Runtime:
             _default = Runtime(**_default_options)
             atexit.register(_close_default)
         return _default
+
+
+def status() -> Status:
+    """Returns the default runtime's status (see `Runtime.status`); prints as a report."""
+    return get_runtime().status()
 
 
 def _close_default() -> None:

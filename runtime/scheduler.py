@@ -37,6 +37,7 @@ from typing import Any
 from .admission import MemoryLedger, OutOfDeviceMemory, result_need
 from .island import IslandWork, RunFailed
 from .run import Run
+from .status import shortfall
 
 POLICIES = ("fifo", "share")
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
@@ -128,6 +129,28 @@ class GangScheduler:
         with self._lock:
             self._poll(len(self._in_flight))
             return self.ledger.usage()
+
+    def status(self) -> dict:
+        """Returns the queued runs, each with why it is not admitted yet, and the admitted runs still on
+        the devices."""
+        with self._lock:
+            head = self._next()
+            queued = []
+            for queue in ([self._fifo] if self.policy == "fifo" else list(self._queues.values())):
+                for position, (run, _) in enumerate(queue):
+                    if position:
+                        why = f"run {queue[0][0].id} (admission is in ticket order)"
+                    elif queue is not head:
+                        why = f"client {run.client_id}'s turn (proportional share)"
+                    elif self._held:
+                        why = "admission, which is held"
+                    elif self.policy == "share" and len(self._in_flight) >= self.window:
+                        why = f"a place in the share window ({self.window} runs on the devices)"
+                    else:
+                        why = shortfall(self.ledger, run.need) or "admission (it fits now)"
+                    queued.append({"run": run.id, "client": run.client_id, "program": run.plan.program,
+                                   "waits_for": why})
+            return {"policy": self.policy, "queued": queued, "admitted": [r.id for r in self._in_flight]}
 
     def hold(self) -> None:
         """Stops admitting work until `release()`; submissions queue up meanwhile."""

@@ -133,8 +133,15 @@ def test_a_run_behind_held_memory_waits_then_runs(device_map, plan_builder):
             second = client.start(plan, [X])
             with pytest.raises(TimeoutError):
                 client.fetch(second, plan.outputs[0], timeout=0.5)   # queued for memory, not failed
+            status = rt.status()                                      # which says why, by device and bytes
+            assert status["scheduler"]["queued"] == [{
+                "run": second.id, "client": client.id, "program": "main",
+                "waits_for": f"memory: {ONE_RUN} bytes on device 0 of island0, which has {8 * 16 * 4} of "
+                             f"{ONE_RUN + 8 * 16 * 4 - 1} bytes reserved"}]
+            assert status["clients"] == {client.id: {"objects": 1, "bytes": 8 * 16 * 4}}
             first.delete()
             np.testing.assert_array_equal(np.asarray(client.handles(second)[0].result(timeout=60)), want)
+            assert rt.status()["scheduler"]["queued"] == []
     finally:
         rt.close()
 

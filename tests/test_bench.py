@@ -30,6 +30,7 @@ HEADLINES = {
     "object-store": ("embedded_over_ray_put_worst", "ray_backend_over_ray_put_worst"),
     "rl": ("rl_overlap_over_sequential", "rl_over_plain_jax"),
     "moe": ("moe_bytes_over_dense", "moe_time_over_dense"),
+    "ray": ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_two_nodes_over_one"),
 }
 
 

@@ -1,0 +1,277 @@
+"""The Ray backend against a hand-written chain of Ray actors, the embedded backend, and one node.
+
+Two workloads, each on 2 islands of 4 CPU devices: the three-block program
+(A on island0, B on island1, C on island0: two DCN hops, actor to actor),
+and a 4-stage forward pipeline (stage s on a 2-device slice of island s % 2,
+4 micro-batches flowing through all stages). Each is timed per run (start
+one run, fetch its result) and in flight (start 8 runs, then fetch them
+all), as milliseconds per run.
+
+- `ray_three_blocks_over_handwritten`: a hand-written chain of Ray actors
+  (one actor per block or stage, each holding its jitted function; object
+  references passed from actor to actor, the driver only fetching the end)
+  against our Ray backend on the same local Ray instance, interleaved.
+- `ray_over_embedded`: our embedded backend (every island in this process)
+  against our Ray backend, interleaved with the above.
+- `ray_two_nodes_over_one`: our Ray backend on a `ray.cluster_utils.Cluster`
+  of 2 nodes (one island each) against one node holding both islands. Only
+  one cluster can be connected at a time, so the two alternate in blocks.
+
+Ratios are speeds (the other case's time over ours: above 1 means ours is
+faster) and each headline is the worst case over the workloads and modes.
+Everything binds to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.runtime import Runtime
+
+from . import harness
+
+NAME = "ray"
+HEADLINE = ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_two_nodes_over_one")
+ISLANDS, PER_ISLAND = 2, 4
+IN_FLIGHT = 8
+STAGES, MICRO_BATCHES, WIDTH, MICRO_BATCH = 4, 4, 64, 16
+LOOPBACK = "127.0.0.1"
+
+slice_a = pw.virtual_slice(2, axes="data", name="ray_a", island="island0")
+slice_b = pw.virtual_slice((2, 2), axes=("data", "model"), name="ray_b", island="island1")
+slice_c = pw.virtual_slice(2, axes="data", name="ray_c", island="island0")
+
+
+def _block_a(x):
+    return jnp.tanh(x)
+
+
+def _block_b(x):
+    return x * x
+
+
+def _block_c(x):
+    return -x
+
+
+BLOCKS = (_block_a, _block_b, _block_c)
+block_a = pw.jit(_block_a, slice=slice_a, in_specs=P("data"), out_specs=P("data"))
+block_b = pw.jit(_block_b, slice=slice_b, in_specs=P("data", "model"), out_specs=P("data", "model"))
+block_c = pw.jit(_block_c, slice=slice_c, in_specs=P("data"), out_specs=P("data"))
+
+
+@pw.program
+def three_blocks(x):
+    """The three-block program across both islands."""
+    return block_c(block_b(block_a(x)))
+
+
+def stage(w, h):
+    """One pipeline stage: a tanh layer."""
+    return jnp.tanh(h @ w)
+
+
+stage_slices = [pw.virtual_slice(2, axes="data", name=f"ray_stage{s}", island=f"island{s % ISLANDS}")
+                for s in range(STAGES)]
+stages = [pw.jit(stage, slice=s, in_specs=(P(), P("data")), out_specs=P("data")) for s in stage_slices]
+
+
+@pw.program
+def pipeline4(weights, micro_batches):
+    """A 4-stage forward pipeline: every micro-batch through every stage, stages alternating islands."""
+    outputs = []
+    for h in micro_batches:
+        for s in range(STAGES):
+            h = stages[s](weights[s], h)
+        outputs.append(h)
+    return outputs
+
+
+def inputs(seed: int = 0):
+    """Returns the arguments of the two workloads: `(x,)` and `(weights, micro_batches)`."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(8, 16)).astype(np.float32)
+    weights = [rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32) for _ in range(STAGES)]
+    micro_batches = [rng.normal(size=(MICRO_BATCH, WIDTH)).astype(np.float32) for _ in range(MICRO_BATCHES)]
+    return (x,), (weights, micro_batches)
+
+
+def expected(three_args, pipeline_args):
+    """Returns what plain JAX computes for both workloads."""
+    (x,), (weights, micro_batches) = three_args, pipeline_args
+    y = x
+    for fn in BLOCKS:
+        y = jax.jit(fn)(y)
+    outs = []
+    for h in micro_batches:
+        for w in weights:
+            h = jax.jit(stage)(w, h)
+        outs.append(np.asarray(h))
+    return np.asarray(y), outs
+
+
+def start_cluster(nodes: int, num_cpus: int = 1):
+    """Starts a `ray.cluster_utils.Cluster` on 127.0.0.1: one island per node, or both on one node."""
+    from ray.cluster_utils import Cluster
+
+    from pathways_mlir.runtime.ray_backend import island_name, use_loopback
+
+    use_loopback()
+    per_node = [[f"island{i}"] for i in range(ISLANDS)] if nodes == ISLANDS else [[f"island{i}" for i in
+                                                                                     range(ISLANDS)]]
+    cluster = Cluster()
+    try:
+        for names in per_node:
+            cluster.add_node(num_cpus=num_cpus, node_ip_address=LOOPBACK, include_dashboard=False,
+                             resources={island_name(n): 1 for n in names})
+        cluster.wait_for_nodes(timeout=60)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster
+
+
+class _Actor:
+    """A hand-written Ray actor: holds one jitted function (and its constant operand) and applies it."""
+
+    def __init__(self, fn, constant=None):
+        import jax as actor_jax
+
+        self._fn = actor_jax.jit(fn)
+        self._constant = constant
+
+    def apply(self, x):
+        """Applies the function to `x` (after the constant, if any); returns a NumPy array."""
+        args = (x,) if self._constant is None else (self._constant, x)
+        return np.asarray(self._fn(*args))
+
+
+def handwritten_chains(ray, pipeline_args):
+    """Returns the hand-written actor chains of both workloads: (three-block chain, pipeline chain)."""
+    actor = ray.remote(_Actor).options(num_cpus=0, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}})
+    blocks = [actor.remote(fn) for fn in BLOCKS]
+    weights, _ = pipeline_args
+    pipeline = [actor.remote(stage, w) for w in weights]
+    ray.get([a.apply.remote(np.zeros((8, 16), np.float32)) for a in blocks] +
+            [a.apply.remote(np.zeros((MICRO_BATCH, WIDTH), np.float32)) for a in pipeline], timeout=120)
+    return blocks, pipeline
+
+
+def _chain(actors, x):
+    ref = x
+    for a in actors:
+        ref = a.apply.remote(ref)
+    return ref
+
+
+def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_args, pipeline_args,
+          prefix: str = ""):
+    """Returns the timed cases (per run and in flight) of both workloads on `runtime` and the chains."""
+    def ours(program, args, count):
+        def case():
+            outs = [program.run(*args, client=client) for _ in range(count)]
+            for out in outs:
+                jax.tree.map(np.asarray, out)
+        return case
+
+    def chained(three, count):
+        blocks, pipeline = chains
+
+        def case():
+            if three:
+                refs = [_chain(blocks, three_args[0]) for _ in range(count)]
+            else:
+                refs = [_chain(pipeline, h) for _ in range(count) for h in pipeline_args[1]]
+            ray.get(refs, timeout=120)
+        return case
+
+    out = {}
+    for mode, count in (("per run", 1), ("in flight", IN_FLIGHT)):
+        if runtime is not None:
+            out[(prefix, "three blocks", mode)] = ours(three_blocks, three_args, count)
+            out[(prefix, "4-stage pipeline", mode)] = ours(pipeline4, pipeline_args, count)
+        if chains is not None:
+            out[("handwritten", "three blocks", mode)] = chained(True, count)
+            out[("handwritten", "4-stage pipeline", mode)] = chained(False, count)
+    return out
+
+
+def _times(cases_: dict, repetitions: int) -> dict:
+    """Times cases keyed by (backend, workload, mode), interleaved; returns their seconds by key."""
+    names = {" / ".join(key): key for key in cases_}
+    times = harness.measure({name: cases_[key] for name, key in names.items()}, repetitions, warmup=2)
+    return {names[name]: values for name, values in times.items()}
+
+
+def run(quick: bool) -> dict:
+    """Measures both workloads on our Ray backend, the hand-written chains, embedded, and 1 vs 2 nodes."""
+    import ray
+
+    repetitions, blocks = (5, 1) if quick else (21, 3)
+    three_args, pipeline_args = inputs()
+    times: dict[tuple, list[float]] = {}
+    embedded = Runtime(islands=ISLANDS, per_island=PER_ISLAND)
+    try:
+        with Client(embedded) as embedded_client:
+            our_ray = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND)
+            try:
+                with Client(our_ray) as client:
+                    chains = handwritten_chains(ray, pipeline_args)
+                    all_cases = cases(ray, our_ray, client, chains, three_args, pipeline_args, "ray")
+                    all_cases.update(cases(ray, embedded, embedded_client, None, three_args, pipeline_args,
+                                           "embedded"))
+                    times.update(_times(all_cases, repetitions))
+            finally:
+                our_ray.close()
+    finally:
+        embedded.close()
+    for _ in range(blocks):
+        for nodes in (ISLANDS, 1):
+            cluster = start_cluster(nodes)
+            try:
+                runtime = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND, address=cluster.address)
+                try:
+                    with Client(runtime) as client:
+                        block = _times(cases(ray, runtime, client, None, three_args, pipeline_args,
+                                             f"ray, {nodes} node{'s' if nodes > 1 else ''}"), repetitions)
+                finally:
+                    runtime.close()
+            finally:
+                cluster.shutdown()
+            for key, values in block.items():
+                times.setdefault(key, []).extend(values)
+    ms = {key: harness.median(v) * 1e3 / (1 if key[2] == "per run" else IN_FLIGHT) for key, v in times.items()}
+    rows = [{"backend": b, "workload": w, "mode": m, "ms_per_run": t, "spread": harness.spread(times[(b, w, m)])}
+            for (b, w, m), t in sorted(ms.items())]
+    pairs = {"ray_three_blocks_over_handwritten": ("handwritten", "ray"), "ray_over_embedded": ("embedded", "ray"),
+             "ray_two_nodes_over_one": ("ray, 1 node", "ray, 2 nodes")}
+    headline = {}
+    for name, (other, ours_) in pairs.items():
+        ratios = {(w, m): ms[(other, w, m)] / ms[(ours_, w, m)] for (b, w, m) in ms if b == ours_}
+        worst = min(ratios, key=ratios.get)
+        headline[name] = ratios[worst]
+        for (w, m), r in ratios.items():
+            rows.append({"ratio": name, "workload": w, "mode": m, "value": r, "worst": (w, m) == worst})
+    return harness.record(NAME, {"islands": ISLANDS, "per_island": PER_ISLAND, "in_flight": IN_FLIGHT,
+                                 "repetitions": repetitions, "cluster_blocks": blocks}, rows, headline)
+
+
+def plot(record: dict, ax) -> None:
+    """Milliseconds per run of each backend, per workload and mode."""
+    rows = [r for r in record["rows"] if "ms_per_run" in r]
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    groups = list(dict.fromkeys((r["workload"], r["mode"]) for r in rows))
+    width = 0.8 / len(backends)
+    for i, backend in enumerate(backends):
+        values = {(r["workload"], r["mode"]): r["ms_per_run"] for r in rows if r["backend"] == backend}
+        ax.bar([g + i * width for g in range(len(groups))], [values.get(k, 0) for k in groups], width,
+               label=backend)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{w}\n{m}" for w, m in groups],
+                  fontsize="small")
+    ax.set(ylabel="ms per run", title="Ray backend: ours, hand-written actor chains, embedded, 1 vs 2 nodes")
+    ax.legend(fontsize="small")

@@ -1,0 +1,70 @@
+"""One place to see it all: what is queued, and what every waiting run waits for.
+
+`Runtime.status()` (and `pathways_mlir.status()` for the default runtime)
+gathers, as plain data that travels through Ray:
+
+- the gang scheduler: the runs queued for admission, each with what it
+  waits for (memory, naming the device, the bytes it needs and what is
+  reserved; an earlier run; its client's turn; a held admission), and the
+  admitted runs still on the devices;
+- every island: the runs under way there, each with what it waits for (a
+  recv names the value by buffer, the peer's send step and the step that
+  produced it), the runs whose device work is not over, and each client's
+  objects and bytes; an island that does not answer says why;
+- every client, summed over the islands: its objects and bytes.
+
+`str()` of a `Status` is the same report as text.
+"""
+
+from __future__ import annotations
+
+from .admission import MemoryLedger, Need
+
+
+def shortfall(ledger: MemoryLedger, need: Need) -> str | None:
+    """Names the first device where `need` does not fit now, or None if it fits everywhere."""
+    for island, ranges in need.items():
+        used, capacity = ledger.used[island], ledger.capacity[island]
+        for begin, end, nbytes in ranges:
+            device = max(range(begin, end), key=lambda d: used[d])
+            if used[device] + nbytes > capacity:
+                return (f"memory: {nbytes} bytes on device {device} of {island}, which has {used[device]} of "
+                        f"{capacity} bytes reserved")
+    return None
+
+
+class Status(dict):
+    """A runtime's status (see the module docstring); prints as a report."""
+
+    def __str__(self) -> str:
+        scheduler = self["scheduler"]
+        if scheduler is None:
+            lines = ["scheduler: in the process that owns the islands (pw.status() there)"]
+        else:
+            lines = [f"scheduler ({scheduler['policy']}): admitted runs on the devices: "
+                     f"{scheduler['admitted'] or 'none'}"]
+            lines += [f"  queued run {q['run']} ({q['program']}, client {q['client']}) waits for {q['waits_for']}"
+                      for q in scheduler["queued"]]
+        for name, island in self["islands"].items():
+            if "unreachable" in island:
+                lines.append(f"{name}: unreachable: {island['unreachable']}")
+                continue
+            where = f" on node {island['node']}" if island.get("node") else ""
+            lines.append(f"{name}{where}: {len(island['runs'])} run(s) under way, device work of "
+                         f"{island['device_work'] or 'none'} not over")
+            lines += [f"  run {r['run']} ({r['program']}, client {r['client']}) waits for {r['waits_for']}"
+                      for r in island["runs"]]
+        lines += [f"client {c}: {v['objects']} object(s), {v['bytes']} bytes" for c, v in self["clients"].items()]
+        return "\n".join(lines)
+
+
+def gather(scheduler_status: dict | None, island_status: dict[str, dict]) -> Status:
+    """Builds a `Status` from the scheduler's report (None where it is out of reach) and the islands',
+    summing each client's objects."""
+    clients: dict[int, dict[str, int]] = {}
+    for island in island_status.values():
+        for client, entry in island.get("clients", {}).items():
+            total = clients.setdefault(int(client), {"objects": 0, "bytes": 0})
+            total["objects"] += entry["objects"]
+            total["bytes"] += entry["bytes"]
+    return Status(scheduler=scheduler_status, islands=island_status, clients=dict(sorted(clients.items())))

@@ -1,0 +1,57 @@
+"""One place to see it all (embedded backend): parked runs and what they wait for, the report as text.
+
+A run queued for memory and its reason are checked in test_admission_and_lifetimes.py.
+
+Every wait has a timeout; every runtime made here is closed.
+"""
+
+import jax
+import numpy as np
+import pytest
+from test_admission_and_lifetimes import X, cross_island
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.runtime import Runtime
+
+
+@pytest.fixture(scope="module")
+def device_map():
+    return embedded_device_map(2, 4)
+
+
+def test_a_run_waiting_forever_on_a_send_names_it(device_map, plan_builder):
+    rt = Runtime(device_map)
+    client = Client(rt)
+    try:
+        plan, _ = cross_island(plan_builder, rt.resources.topology)
+        rt.islands["island0"].close()      # on purpose: island0 will never send
+        run = client.start(plan, [X])
+        with pytest.raises(TimeoutError):
+            client.wait(run, timeout=0.5)
+        [parked] = rt.status()["islands"]["island1"]["runs"]
+        recv = next(s for s in plan.islands["island1"] if s.kind == "recv")
+        send = next(s for s in plan.islands["island0"] if s.kind == "send")
+        launch = next(s for s in plan.islands["island0"] if s.kind == "launch")
+        assert parked["run"] == run.id
+        assert parked["waits_for"] == (f"recv of buffer {recv.dst_buffer} from island0 (send step {send.id}): "
+                                       f"its buffer {send.src_buffer}, the result of launch step {launch.id} "
+                                       f"'{launch.label or launch.executable}'")
+        assert f"run {run.id} (main, client {client.id}) waits for recv of buffer" in str(rt.status())
+    finally:
+        rt.close()          # fails the parked run, so the client closes at once
+        client.close()
+
+
+def test_pw_status_reports_the_default_runtime():
+    pw.configure(islands=2, per_island=4)
+    try:
+        f = pw.jit(jax.numpy.tanh, slice=pw.virtual_slice(2, axes="x"), in_specs=None, out_specs=None)
+        y = f(X)
+        y.result(timeout=60)
+        status = pw.status()
+        assert status["scheduler"]["queued"] == [] and sum(c["objects"] for c in status["clients"].values()) == 1
+        assert set(status["islands"]) == {"island0", "island1"} and "island0: 0 run(s) under way" in str(status)
+    finally:
+        pw.configure()
