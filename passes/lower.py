@@ -77,13 +77,14 @@ def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", ex
 
 
 def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", pin: str = "",
-          fuse: bool = True) -> ir.Module:
+          fuse: bool = True, explain: bool = False) -> ir.Module:
     """Lowers a device-agnostic module onto `topology`; returns a new, lowered module.
 
     `module` (IR text, or a module, which is left unchanged) is copied; the
     copy gets `topology` as its `pw.topology` and runs `pw-lower`. Lowering the
     same program again after the topology changes (a device removed, an
-    island added) yields new plans. Raises `LoweringError` with the
+    island added) yields new plans. `explain=True` leaves pw-place's
+    `pw.placement_cost` on every slice. Raises `LoweringError` with the
     diagnostics if the program cannot be lowered.
     """
     if isinstance(module, str):
@@ -99,6 +100,7 @@ def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", p
                 op.clone()
         ops.set_attr(lowered.operation, ops.TOPOLOGY, topology.to_python())
         diagnostics = DiagnosticEngine()
-        if not run_passes(lowered, lower_pipeline(strategy=strategy, pin=pin, fuse=fuse), diagnostics):
+        passes = lower_pipeline(strategy=strategy, pin=pin, explain=explain, fuse=fuse)
+        if not run_passes(lowered, passes, diagnostics):
             raise LoweringError(diagnostics)
     return lowered

@@ -31,6 +31,7 @@ HEADLINES = {
     "rl": ("rl_overlap_over_sequential", "rl_over_plain_jax"),
     "moe": ("moe_bytes_over_dense", "moe_time_over_dense"),
     "ray": ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_two_nodes_over_one"),
+    "placement": ("auto_over_spread", "model_rank_agreement"),
 }
 
 

@@ -54,6 +54,14 @@ def test_auto_keeps_the_three_blocks_off_the_dcn():
     assert _links(auto) == ["ici", "ici"]
 
 
+def test_lower_explains_only_when_asked():
+    def costs(lowered):
+        return [ops.attr(op, ops.PLACEMENT_COST) for op in ops.top_level_ops(lowered) if op.name == "pw.virtual_slice"]
+    assert set(costs(lower(THREE_BLOCKS, Topology.uniform(2, 4)))) == {None}
+    explained = costs(lower(THREE_BLOCKS, Topology.uniform(2, 4), strategy="spread", explain=True))
+    assert len({c["step_ns"] for c in explained}) == 1 and all(c["step_ns"] > 0 for c in explained)
+
+
 def test_a_long_chain_is_placed_greedily_and_stays_in_one_island():
     """Twelve 2-device stages on four islands: too many combinations to try, so greedy and local search."""
     slices = "\n".join(f'"pw.virtual_slice"() {{sym_name = "s{i}", shape = array<i64: 2>, axes = ["x"], '
