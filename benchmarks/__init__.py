@@ -25,6 +25,7 @@ BENCHMARKS = {
     "rl": "rl",
     "moe": "moe",
     "ray": "ray_backend",
+    "sim": "sim",
 }
 
 
