@@ -26,6 +26,7 @@ BENCHMARKS = {
     "moe": "moe",
     "ray": "ray_backend",
     "placement": "placement",
+    "sim": "sim",
 }
 
 

@@ -61,7 +61,10 @@ def write_report(records: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
              "median over interleaved repetitions in one process; the headline figures are ratios of",
              "our system to a baseline measured in the same run (above 1: ours is faster, or larger),",
              "except `share_error_*` (relative error of a share, lower is better), `crossover_ms_*`",
-             "(milliseconds, lower is better) and `*_65536_over_8` (growth from 8 to 65,536 shards).",
+             "(milliseconds, lower is better), `*_65536_over_8` (growth from 8 to 65,536 shards) and `sim`'s:",
+             "its `*_abs_error` (simulated against measured here, lower is better), its scale figures",
+             "(SIMULATED, never measured, the paper's figure beside each in its table) and",
+             "`seconds_to_simulate_*` (the simulator's measured wall time).",
              "A `_worst` headline is the smallest ratio over every size and device count measured.", ""]
     if records:
         machine = records[0]["machine"]

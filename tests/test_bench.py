@@ -32,6 +32,9 @@ HEADLINES = {
     "moe": ("moe_bytes_over_dense", "moe_time_over_dense"),
     "ray": ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_two_nodes_over_one"),
     "placement": ("auto_over_spread", "model_rank_agreement"),
+    "sim": ("median_abs_error", "worst_abs_error", "crossover_2048_over_128", "stages16_over_stages4",
+            "stages16_over_stages4_one_step", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
+            "seconds_to_simulate_65536_devices"),
 }
 
 

@@ -1,0 +1,95 @@
+"""pw-sim: the simulator checked against measurement here, then the paper's scale results SIMULATED.
+Validation (measured against simulated): the pw-sim validation programs run for real on this
+machine (2 islands x 4 CPU devices, DCN emulated), the `cpu-here` profile is fitted to the
+calibration programs only, and the same plans are simulated. `median_abs_error` and
+`worst_abs_error` are the median and largest |simulated - measured| / measured over the validation
+programs (fractions, lower is better; targets 0.10 and 0.20). Scale (SIMULATED on `tpu-v4`, never
+measured; the paper's figure beside each in the rows): `crossover_2048_over_128`, the computation
+size that reaches 95% of ideal throughput at 2,048 devices over that at 128 (Figure 6; paper about
+15); `stages16_over_stages4`, 128-device pipeline throughput at 16 stages over 4, steps back to back
+(Table 2; paper 0.983), and `stages16_over_stages4_one_step`, the same for one step alone, bubble
+included; `two_islands_over_one_sim`, an 8-stage pipeline split over two islands against one (paper
+about 0.97); `parallel_over_sequential_dispatch`, sequential over parallel dispatch step time of a
+chain of 1,000 one-host stages (100 with --quick). `seconds_to_simulate_65536_devices` is the
+measured wall time of simulating one step of a 16-island, 65,536-device pipeline (target under 10 s).
+"""
+
+from __future__ import annotations
+
+from . import harness
+
+NAME = "sim"
+HEADLINE = ("median_abs_error", "worst_abs_error", "crossover_2048_over_128", "stages16_over_stages4",
+            "stages16_over_stages4_one_step", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
+            "seconds_to_simulate_65536_devices")
+SCALE_PROFILE = "tpu-v4"
+
+
+def run(quick: bool) -> dict:
+    """Validates the simulator against real runs here, then simulates the paper's scale results."""
+    from pathways_mlir.sim.profile import load_profile
+    from pathways_mlir.sim.scale import run_scale
+    from pathways_mlir.sim.validate import run_validation
+
+    rounds = 5 if quick else 120
+    validation, fitted = run_validation(rounds)
+    scale = run_scale(load_profile(SCALE_PROFILE), quick)
+    stages = scale["experiments"]["dispatch_stages"]["stages"]
+    source = f"measured here vs simulated ({fitted.name}, fitted)"
+    rows = [{"name": name, "source": source, "measured_ms": r["measured_ms"], "simulated_ms": r["simulated_ms"],
+             "error": r["error"]} for name, r in validation["validation"].items()]
+    rows += [{"name": key, "source": source, "value": validation[key], "target": validation["targets"][key]}
+             for key in ("median_abs_error", "worst_abs_error")]
+    renamed = {f"parallel_over_sequential_{stages}_stages": "parallel_over_sequential_dispatch"}
+    rows += [{"name": renamed.get(key, key), "source": f"{h['kind']} ({SCALE_PROFILE})", "value": h["value"],
+              "paper": h.get("paper")} for key, h in scale["headline"].items()]
+    rows += _scale_points(scale["experiments"], f"{scale['kind']} ({SCALE_PROFILE})")
+    headline = {row["name"]: row["value"] for row in rows if row["name"] in HEADLINE}
+    return harness.record(NAME, {"validation_rounds": rounds, "validation_cluster": validation["cluster"],
+                                 "validation_targets_met": validation["met"], "scale_profile": SCALE_PROFILE,
+                                 "dispatch_stages": stages},
+                          rows, {key: headline[key] for key in HEADLINE})
+
+
+def _scale_points(exps: dict, source: str) -> list[dict]:
+    """Rows of the plotted points: Figure 6's crossover (ms) per device count, and Table 2's
+    throughput per stage count relative to 4 stages (back to back, and one step alone)."""
+    fig6, table2 = exps["figure6_crossover"], exps["table2_stages"]
+    rows = [{"name": f"figure6_crossover_ms_{d}", "source": source, "value": fig6[d]["computation_ms"],
+             "paper": fig6["paper_ms"][d]} for d in ("128", "2048")]
+    by = {str(s): point for s, point in table2["by_stages"].items()}
+    paper = table2["paper_tokens_per_s"]
+    for s, point in by.items():
+        rows.append({"name": f"table2_throughput_{s}_over_4_stages", "source": source,
+                     "value": point["steps_per_s"] / by["4"]["steps_per_s"],
+                     "paper": paper[s] / paper["4"] if s in paper else None})
+        rows.append({"name": f"table2_one_step_{s}_over_4_stages", "source": source + "; bubble included",
+                     "value": by["4"]["one_step_ms"] / point["one_step_ms"]})
+    return rows
+
+
+def plot(record: dict, ax) -> None:
+    """Figure 6's crossover against devices, simulated, with the paper's points; Table 2's throughput
+    against stages in an inset."""
+    rows = {row["name"]: row for row in record["rows"]}
+    devices = [128, 2048]
+    points = [rows[f"figure6_crossover_ms_{d}"] for d in devices]
+    ax.plot(devices, [p["value"] for p in points], marker="o", label=f"SIMULATED ({record['params']['scale_profile']})")
+    ax.plot(devices, [p["paper"] for p in points], marker="s", linestyle="--", color="black", label="paper (Figure 6)")
+    ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="computation for 95% of ideal throughput (ms)",
+           title="pw-sim at scale (simulated)")
+    ax.set_xticks(devices, [str(d) for d in devices])
+    ax.set_xticks([], minor=True)
+    ax.legend(fontsize="small", loc="lower right")
+    stages = [4, 8, 16]
+    inset = ax.inset_axes([0.1, 0.55, 0.35, 0.35])
+    for kind, marker in (("throughput", "o"), ("one_step", "^")):
+        inset.plot(stages, [rows[f"table2_{kind}_{s}_over_4_stages"]["value"] for s in stages], marker=marker,
+                   label=f"simulated, {kind.replace('_', ' ')}")
+    paper = [(s, rows[f"table2_throughput_{s}_over_4_stages"]["paper"]) for s in stages]
+    inset.plot(*zip(*[(s, p) for s, p in paper if p is not None]), marker="s", linestyle="--", color="black",
+               label="paper (Table 2)")
+    inset.set_xticks(stages)
+    inset.set_title("throughput over 4 stages", fontsize="x-small")
+    inset.tick_params(labelsize="x-small")
+    inset.legend(fontsize="xx-small")
