@@ -154,7 +154,10 @@ class Island:
             if work.run_id in self._failed:
                 return
             if self._closed:
-                self._fail(work.run_id, self.lost or RunFailed(f"{self.name} is closed"), plan_key=work.plan_key)
+                if self.lost is not None:        # a lost island's peers learn of it; a closed one stays silent
+                    self._fail(work.run_id, self.lost, plan_key=work.plan_key)
+                else:
+                    self._fail(work.run_id, RunFailed(f"{self.name} is closed"))
                 return
             try:
                 run = self._runs.get(work.run_id)
