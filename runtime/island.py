@@ -24,6 +24,7 @@ Python objects:
     start(work)                               place inputs, run the steps (see IslandWork)
     deliver(run_id, plan_key, buffer, array)  a peer island's send arriving
     fail_run(run_id, error)                   the run failed elsewhere
+    lose(), restored()                        fail as a dead host would; a fresh island in its place
     fetch(run_id, buffer, timeout) -> array   a result or intermediate, once produced
     release(run_id, buffer), release_owner(owner)
     run_done(run_id), wait_run(run_id, timeout)  whether the run's device work is over
@@ -52,6 +53,10 @@ HISTORY = 100_000   # how many work items (and failed runs) an island remembers
 
 class RunFailed(RuntimeError):
     """A run failed; raised by whatever reads its buffers."""
+
+
+class IslandLost(RunFailed):
+    """An island was lost (its host died): raised for its runs in flight and the results that lived there."""
 
 
 class IslandWork(NamedTuple):
@@ -126,6 +131,7 @@ class Island:
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
         self._dropped: set[tuple[int, int]] = set()      # results released before they existed
         self._closed = False
+        self.lost: IslandLost | None = None     # set once the island was lost
         # The latest (ticket, run id, step count) started, for order checks; bounded for long runs.
         self.executed: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=HISTORY)
 
@@ -148,7 +154,10 @@ class Island:
             if work.run_id in self._failed:
                 return
             if self._closed:
-                self._fail(work.run_id, RunFailed(f"{self.name} is closed"))
+                if self.lost is not None:        # a lost island's peers learn of it; a closed one stays silent
+                    self._fail(work.run_id, self.lost, plan_key=work.plan_key)
+                else:
+                    self._fail(work.run_id, RunFailed(f"{self.name} is closed"))
                 return
             try:
                 run = self._runs.get(work.run_id)
@@ -217,7 +226,7 @@ class Island:
                     raise ValueError(f"buffer {buffer} of run {run_id} is not kept: the run is over and the "
                                      f"buffer was no result, or its result was released")
                 if self._closed:
-                    raise RunFailed(f"{self.name} is closed")
+                    raise self.lost or RunFailed(f"{self.name} is closed")
                 self._wait(deadline, f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
 
     def release(self, run_id: int, buffer: int) -> None:
@@ -297,6 +306,32 @@ class Island:
                            tell_peers=False)
             self._changed.notify_all()
 
+    def lose(self) -> None:
+        """Fails this island as a dead host would: its runs fail (and their peers), its results are gone,
+        and both raise `IslandLost`; it accepts no more work."""
+        with self.lock:
+            self._closed = True
+            self.lost = IslandLost(f"island {self.name} was lost")
+            for run_id, run in list(self._runs.items()):
+                program = self._plans[run.plan_key][0].program
+                self._fail(run_id, IslandLost(f"island {self.name} was lost while run {run_id} of {program} "
+                                              f"was under way there"))
+            for run_id in ({key[0] for key in self.store.keys()} | set(self._in_flight)) - set(self._failed):
+                self._failed[run_id] = IslandLost(f"island {self.name} was lost, with the results of run {run_id} "
+                                                  f"that lived there")
+            self.store = ObjectStore()
+            self._in_flight.clear()
+            self._early.clear()
+            self._changed.notify_all()
+
+    def restored(self) -> "Island":
+        """Returns a fresh island in place of this lost one; the results lost here still raise `IslandLost`."""
+        fresh = Island(self.name, self.device_map, self._transport, self._peer, self.lock)
+        fresh.tracer = self.tracer
+        with self.lock:
+            fresh._failed.update(self._failed)
+        return fresh
+
     # -- execution -----------------------------------------------------------
 
     def _advance(self, run: IslandRun) -> None:
@@ -333,8 +368,9 @@ class Island:
                 self.store.add(key, owner, run.slots[slot])
         self._in_flight[run.id] = run.tracked
 
-    def _fail(self, run_id: int, error: BaseException, tell_peers: bool = True) -> None:
+    def _fail(self, run_id: int, error: BaseException, tell_peers: bool = True, plan_key: int | None = None) -> None:
         run = self._runs.pop(run_id, None)
+        plan_key = run.plan_key if run is not None else plan_key
         self._early.pop(run_id, None)
         self._dropped = {k for k in self._dropped if k[0] != run_id}
         self._failed[run_id] = error if isinstance(error, RunFailed) else RunFailed(
@@ -343,8 +379,8 @@ class Island:
         while len(self._failed) > HISTORY:
             self._failed.popitem(last=False)
         self._notify()
-        if tell_peers and run is not None:
-            plan = self._plans[run.plan_key][0]
+        if tell_peers and plan_key is not None:
+            plan = self._plans[plan_key][0]
             for island in plan.islands:
                 if island != self.name:
                     self._peer(island).fail_run(run_id, self._failed[run_id])

@@ -51,6 +51,10 @@ class ObjectStore:
         """Returns the keys of the objects `owner` holds."""
         return sorted(self._by_owner.get(owner, ()))
 
+    def keys(self) -> list[ObjectKey]:
+        """Returns the key of every object."""
+        return list(self._objects)
+
     def owners(self) -> list[tuple[Hashable, Any]]:
         """Returns (owner, array) for every object."""
         return list(self._objects.values())

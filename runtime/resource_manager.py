@@ -2,7 +2,8 @@
 
 It builds the topology from the real devices (`cluster.embedded_device_map`),
 marks devices unavailable when they are removed and available again when
-they are added back, and bumps a version number on every change. Clients keep
+they are added back, takes a lost island out whole and puts it back when it
+returns, and bumps a version number on every change. Clients keep
 their programs device-agnostic and lower them again whenever the version they
 lowered against is stale, so affected programs re-place onto the remaining
 devices and continue.
@@ -11,6 +12,7 @@ devices and continue.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from pathways_mlir.dialect.topology import Island, Topology
 
@@ -24,6 +26,7 @@ class ResourceManager:
         self.device_map = device_map
         self._topology = device_map.topology
         self._version = 0
+        self._removed: dict[str, Island] = {}     # islands taken out whole, as they were
         self._lock = threading.Lock()
 
     @property
@@ -58,6 +61,26 @@ class ResourceManager:
                        tuple(d for d in i.unavailable if d != device)) if i.name == island else i
                 for i in self._topology.islands)
             self._topology = Topology(islands, self._topology.dcn, self._topology.metadata)
+            self._version += 1
+            return self._version
+
+    def remove_island(self, island: str) -> int:
+        """Takes a whole island out of the topology (its host was lost); returns the new version."""
+        with self._lock:
+            self._removed[island] = self._topology.island(island)
+            self._topology = replace(self._topology, islands=tuple(i for i in self._topology.islands
+                                                                   if i.name != island))
+            self._version += 1
+            return self._version
+
+    def add_island(self, island: str) -> int:
+        """Puts an island taken out by `remove_island` back, in its place; returns the new version."""
+        with self._lock:
+            if island not in self._removed:
+                raise ValueError(f"island '{island}' was not removed")
+            order = [i.name for i in self.device_map.topology.islands]
+            islands = sorted((*self._topology.islands, self._removed.pop(island)), key=lambda i: order.index(i.name))
+            self._topology = replace(self._topology, islands=tuple(islands))
             self._version += 1
             return self._version
 

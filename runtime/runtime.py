@@ -18,7 +18,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 from .dispatch import LoadedPlan
-from .island import Island, client_owner
+from .island import Island, IslandLost, client_owner
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
@@ -105,15 +105,50 @@ class Runtime:
         for island in run.islands:
             self.islands[island].fail_run(run.id, error)
 
+    def lose_island(self, name: str) -> int:
+        """Fails island `name` as a dead host would (embedded backend); returns the new topology version.
+
+        Runs in flight or queued that use it fail with `IslandLost`, and so do the handles of results that
+        lived only there; other runs go on. Its devices leave the topology: programs lower again on their
+        next call, onto the remaining islands.
+        """
+        if self.backend != "embedded":
+            raise RuntimeError("lose_island fails islands of the embedded backend only")
+        if self.islands[name].lost is not None:
+            raise ValueError(f"island '{name}' is already lost")
+        version = self.resources.remove_island(name)
+
+        def lost(run: Run) -> IslandLost:
+            return IslandLost(f"island {name} was lost: run {run.id} of {run.plan.program} used it")
+
+        for run in self.scheduler.fail_island(name, lost):
+            if not self.run_done(run):
+                self.fail_run(run, lost(run))
+        self.islands[name].lose()
+        return version
+
+    def restore_island(self, name: str) -> int:
+        """Brings a lost island back, fresh and empty; programs use it from their next lowering.
+        Returns the new topology version."""
+        if self.islands[name].lost is None:
+            raise ValueError(f"island '{name}' is not lost")
+        with self._lock:
+            self._loaded = {k: v for k, v in self._loaded.items() if name not in v.islands}
+            self.islands[name] = self.islands[name].restored()
+        return self.resources.add_island(name)
+
     def run_done(self, run: Run) -> bool:
         """Returns whether a run's work is over on every island."""
         return run.admitted and all(self.islands[island].run_done(run.id) for island in run.islands)
 
     def wait(self, run: Run, timeout: float | None = None) -> None:
-        """Waits until a run's work is over on every island; raises its error if it failed."""
+        """Waits until a run's work is over on every island; raises its error if it failed (one that lost
+        an island at once)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.scheduler.wait_admitted(run, timeout):
             raise TimeoutError(f"run {run.id} of {run.plan.program} was not admitted within {timeout} s")
+        if isinstance(run.error, IslandLost):
+            raise run.error          # at once: its work left on other islands is not waited for
         for island in run.islands:
             self.islands[island].wait_run(run.id, None if deadline is None else max(0.0, deadline - time.monotonic()))
         if run.error is not None:

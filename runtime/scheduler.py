@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from .admission import MemoryLedger, OutOfDeviceMemory, result_need
 from .island import IslandWork, RunFailed
@@ -151,6 +151,23 @@ class GangScheduler:
                     queued.append({"run": run.id, "client": run.client_id, "program": run.plan.program,
                                    "waits_for": why})
             return {"policy": self.policy, "queued": queued, "admitted": [r.id for r in self._in_flight]}
+
+    def fail_island(self, island: str, error: Callable[[Run], BaseException]) -> list[Run]:
+        """Fails the queued runs that need a lost island with `error(run)`; returns the admitted runs still
+        on the devices that use it."""
+        with self._lock:
+            queues = [self._fifo, *self._queues.values()]
+            doomed = [item for queue in queues for item in queue if island in item[0].islands]
+            for queue in queues:
+                kept = [item for item in queue if island not in item[0].islands]
+                queue.clear()
+                queue.extend(kept)
+            admitted = [run for run in self._in_flight if island in run.islands]
+        for run, _ in doomed:
+            self._cancel(run, error(run))
+        with self._lock:
+            self._pump()
+        return admitted
 
     def hold(self) -> None:
         """Stops admitting work until `release()`; submissions queue up meanwhile."""
