@@ -94,7 +94,8 @@ class PlanMemoryPass(Pass):
                 free = placed.get(ops.attr(op, "step"))
                 if free is not None:
                     _create_free(free, ir.InsertionPoint.after(op), plan_op.location)
+        freed = program_plans(module)      # read back once, frees included
         for plan_op in island_plans:
             mark = ops.attr(plan_op, ops.ISLAND_PLAN)
-            plan = program_plans(module)[mark["program"]]
+            plan = freed[mark["program"]]
             ops.set_attr(plan_op, PEAK_BYTES, peak(plan, mark["island"], plan.islands[mark["island"]]))

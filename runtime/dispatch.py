@@ -61,6 +61,7 @@ class LoadedPlan:
     inputs: tuple[tuple[int, str | None, tuple[int, ...]], ...]   # (buffer, island, shape) per argument
     first: dict[str, tuple[int, ...]]          # island -> steps that no host step holds back
     deps: dict[int, set[int]]
+    held: dict[int, set[int]]                  # step -> the host conds it waits for
     cost: float
 
     @staticmethod
@@ -75,7 +76,7 @@ class LoadedPlan:
             key, source, plan, tuple(sorted(islands)), run_need(plan),
             tuple((b, plan.island_of(b), plan.buffers[b].shape) for b in plan.inputs),
             {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
-            deps, float(sum(len(v) for v in plan.islands.values())))
+            deps, held, float(sum(len(v) for v in plan.islands.values())))
 
 
 class Dispatcher:
@@ -130,7 +131,7 @@ class Dispatcher:
     def _after_conds(self, run: Run, loaded: LoadedPlan, mode: str) -> None:
         """Runs the conds in order; after each, sends the steps it was holding back."""
         plan = loaded.plan
-        held = _conds_before(plan, loaded.deps)
+        held = loaded.held
         sent = {s for steps in loaded.first.values() for s in steps}
         done: set[int] = set()
         try:
