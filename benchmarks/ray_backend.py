@@ -115,8 +115,12 @@ def expected(three_args, pipeline_args):
     return np.asarray(y), outs
 
 
-def start_cluster(nodes: int, num_cpus: int = 1):
-    """Starts a `ray.cluster_utils.Cluster` on 127.0.0.1: one island per node, or both on one node."""
+def start_cluster(nodes: int, num_cpus: int = 1, spare_head: bool = False):
+    """Starts a `ray.cluster_utils.Cluster` on 127.0.0.1: one island per node, or both on one node.
+
+    With `spare_head`, the head node (the one this process connects to) holds no island, so every
+    island's node can be removed.
+    """
     from ray.cluster_utils import Cluster
 
     from pathways_mlir.runtime.ray_backend import island_name, use_loopback
@@ -124,6 +128,7 @@ def start_cluster(nodes: int, num_cpus: int = 1):
     use_loopback()
     per_node = [[f"island{i}"] for i in range(ISLANDS)] if nodes == ISLANDS else [[f"island{i}" for i in
                                                                                      range(ISLANDS)]]
+    per_node = [[]] * spare_head + per_node
     cluster = Cluster()
     try:
         for names in per_node:

@@ -41,6 +41,8 @@ class Runtime:
     "host:port"; none: a local Ray instance), where each island's actor
     goes to the node offering the resource `pw-island-<island>`.
     `device_memory_bytes` overrides each device's memory for admission.
+    On Ray, a monitor takes out an island whose actor dies and brings it
+    back when a node offering its resource joins (see `lose_island`).
     """
 
     def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int = 4,
@@ -71,6 +73,9 @@ class Runtime:
                                        policy, window)
         self._loaded: dict[int, LoadedPlan] = {}
         self._lock = threading.Lock()
+        self._membership = threading.Lock()     # islands are lost and restored one at a time
+        if backend == "ray":
+            self.islands.watch(self.lose_island, self.restore_island)
 
     def load(self, plan: ProgramPlan) -> LoadedPlan:
         """Loads a plan on the islands it uses (once: later calls are a lookup)."""
@@ -106,36 +111,39 @@ class Runtime:
             self.islands[island].fail_run(run.id, error)
 
     def lose_island(self, name: str) -> int:
-        """Fails island `name` as a dead host would (embedded backend); returns the new topology version.
+        """Fails island `name` as a dead host would; returns the new topology version.
 
         Runs in flight or queued that use it fail with `IslandLost`, and so do the handles of results that
         lived only there; other runs go on. Its devices leave the topology: programs lower again on their
-        next call, onto the remaining islands.
+        next call, onto the remaining islands. On Ray it kills the island's actor; the monitor calls it
+        when an actor dies.
         """
-        if self.backend != "embedded":
-            raise RuntimeError("lose_island fails islands of the embedded backend only")
-        if self.islands[name].lost is not None:
-            raise ValueError(f"island '{name}' is already lost")
-        version = self.resources.remove_island(name)
+        with self._membership:
+            if self.islands[name].lost is not None:
+                raise ValueError(f"island '{name}' is already lost")
+            version = self.resources.remove_island(name)
 
-        def lost(run: Run) -> IslandLost:
-            return IslandLost(f"island {name} was lost: run {run.id} of {run.plan.program} used it")
+            def lost(run: Run) -> IslandLost:
+                return IslandLost(f"island {name} was lost: run {run.id} of {run.plan.program} used it")
 
-        for run in self.scheduler.fail_island(name, lost):
-            if not self.run_done(run):
-                self.fail_run(run, lost(run))
-        self.islands[name].lose()
-        return version
+            for run in self.scheduler.fail_island(name, lost):
+                if not self.run_done(run):
+                    self.fail_run(run, lost(run))
+            self.islands[name].lose()
+            return version
 
     def restore_island(self, name: str) -> int:
         """Brings a lost island back, fresh and empty; programs use it from their next lowering.
-        Returns the new topology version."""
-        if self.islands[name].lost is None:
-            raise ValueError(f"island '{name}' is not lost")
-        with self._lock:
-            self._loaded = {k: v for k, v in self._loaded.items() if name not in v.islands}
-            self.islands[name] = self.islands[name].restored()
-        return self.resources.add_island(name)
+        Returns the new topology version. On Ray it starts a new actor, waiting (boundedly) for a node
+        that offers the island's resource."""
+        with self._membership:
+            if self.islands[name].lost is None:
+                raise ValueError(f"island '{name}' is not lost")
+            fresh = self.islands[name].restored()
+            with self._lock:
+                self._loaded = {k: v for k, v in self._loaded.items() if name not in v.islands}
+                self.islands[name] = fresh
+            return self.resources.add_island(name)
 
     def run_done(self, run: Run) -> bool:
         """Returns whether a run's work is over on every island."""
@@ -204,6 +212,8 @@ class Runtime:
 
     def close(self) -> None:
         """Stops the runtime in bounded time: runs still queued or under way fail."""
+        if self.backend == "ray":
+            self.islands.unwatch()          # islands closed on purpose are not lost
         self.scheduler.close()
         for island in self.islands.values():
             island.close()

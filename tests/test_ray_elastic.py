@@ -1,0 +1,222 @@
+"""Losing an island on the Ray backend, on a real Ray cluster on this machine (`ray.cluster_utils.Cluster`).
+
+Three nodes, all on 127.0.0.1: a head holding no island (this process
+connects to it) and one node per island of 4 CPU devices, so either
+island's node can be removed. The runtime's monitor notices an island
+actor that dies (killed by name, or its node removed) and takes the island
+out through the same path as `Runtime.lose_island` on the embedded
+backend; a node offering the island's resource that joins in place of
+the lost one brings it back. Every wait has a timeout, every runtime is
+closed and the cluster is shut down at the end. Skipped where Ray is not
+installed.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.runtime import Runtime
+
+ray = pytest.importorskip("ray")
+
+from pathways_mlir.benchmarks import ray_backend as workloads  # noqa: E402
+from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
+
+WAIT = 60          # seconds: every wait is bounded
+X = np.full((256, 256), 0.01, np.float32)
+THREE, _ = workloads.inputs()
+OTHER = {"island0": "island1", "island1": "island0"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if ray.is_initialized():
+        ray.shutdown()      # an earlier module's runtime left this process connected to its own cluster
+    c = workloads.start_cluster(nodes=2, spare_head=True)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture
+def rt(cluster):
+    runtime = Runtime(backend="ray", islands=2, per_island=4, address=cluster.address)
+    yield runtime
+    runtime.close()
+
+
+def value(handle):
+    """A handle's array on the host, waiting at most WAIT seconds."""
+    return np.asarray(handle.result(timeout=WAIT))
+
+
+def until(condition, what: str) -> None:
+    """Waits until `condition()` holds, at most WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {WAIT} s"
+        time.sleep(0.02)
+
+
+def islands(rt) -> list[str]:
+    return [i.name for i in rt.resources.topology.islands]
+
+
+def settled(rt) -> bool:
+    """Whether, within WAIT seconds, the islands hold no results and no device memory is reserved."""
+    deadline = time.monotonic() + WAIT
+    while rt.object_count() or sum(rt.usage().values()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def heavy(x):
+    """A few seconds of device work on a CPU slice of 4."""
+    return jax.lax.fori_loop(0, 1500, lambda i, y: jnp.tanh(y @ y.T * 0.01), x)
+
+
+def pinned(island, name):
+    return pw.virtual_slice(4, axes="x", island=island, name=name)
+
+
+slow = {i: pw.program(pw.jit(heavy, slice=pinned(i, f"ray_slow_{i}"), in_specs=P("x"), out_specs=P("x")))
+        for i in ("island0", "island1")}
+plus1 = {i: pw.program(pw.jit(lambda x: x + 1.0, slice=pinned(i, f"ray_plus1_{i}"), in_specs=P("x"),
+                              out_specs=P("x")))
+         for i in ("island0", "island1")}
+free = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(4, axes="x", name="ray_free"), in_specs=P("x"),
+              out_specs=P("x"))
+
+
+@pw.program
+def anywhere(x):
+    return free(x)
+
+
+def test_an_island_actor_killed_by_name_is_lost_then_restored(rt):
+    want = np.asarray(jax.jit(heavy)(X))
+    with Client(rt) as client:
+        np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
+        victim = anywhere.compiled(X, runtime=rt).plan.slices["ray_free"].island
+        survivor = OTHER[victim]
+        kept = plus1[victim].run(X, client=client)          # a result that lives only on the victim
+        value(kept)
+        value(slow[victim].run(X, client=client)), value(slow[survivor].run(X, client=client))   # compiled
+        doomed = client.start(slow[victim].compiled(X, runtime=rt).plan, [X])
+        other = client.start(slow[survivor].compiled(X, runtime=rt).plan, [X])
+        assert not rt.run_done(doomed)
+        version = rt.resources.version
+        ray.kill(ray.get_actor(island_name(victim), namespace=NAMESPACE))
+        until(lambda: rt.resources.version > version, "the monitor takes the island out")   # no call needed
+        assert islands(rt) == [survivor]
+        with pytest.raises(pw.IslandLost, match=f"island {victim} was lost: run {doomed.id} of "):
+            client.wait(doomed, timeout=WAIT)
+        client.wait(other, timeout=WAIT)
+        np.testing.assert_allclose(value(client.handles(other)[0]), want, rtol=1e-5)
+        with pytest.raises(pw.IslandLost, match=f"island {victim} was lost"):
+            value(kept)
+        status = rt.status()
+        assert status["islands"][victim]["unreachable"].startswith(f"IslandLost: island {victim} was lost")
+        assert f"{victim}: unreachable: IslandLost: island {victim} was lost (ActorDiedError" in str(status)
+        assert status["islands"][survivor]["runs"] == []
+        # The next call lowers again, onto the survivor.
+        np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
+        assert anywhere.compiled(X, runtime=rt).plan.slices["ray_free"].island == survivor
+        with pytest.raises(ValueError, match=f"cannot place slice .* in island '{victim}'; free: island"):
+            plus1[victim].run(X, client=client)
+        # Brought back by hand (its node is alive): a fresh actor, which its peer sends to and receives from.
+        rt.restore_island(victim)
+        assert islands(rt) == ["island0", "island1"]
+        np.testing.assert_allclose(value(plus1[victim].run(X, client=client)), X + 1)
+        want_three, _ = workloads.expected(THREE, workloads.inputs()[1])
+        np.testing.assert_allclose(value(workloads.three_blocks.run(*THREE, client=client)), want_three, rtol=1e-6)
+        with pytest.raises(pw.IslandLost, match=f"island {victim} was lost"):
+            value(kept)                                    # a restored island does not bring results back
+    assert settled(rt)
+
+
+# -- training that loses a node, resumes from a host snapshot, and gets the node back ------------------------
+
+def loss(params, x, y):
+    hidden = jnp.tanh(x @ params["w1"] + params["b1"])
+    return jnp.mean((hidden @ params["w2"] + params["b2"] - y) ** 2)
+
+
+sgd = pw.jit(lambda params, x, y: jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params,
+                                                         jax.grad(loss)(params, x, y)),
+             slice=pw.virtual_slice(4, axes="x", name="ray_train"), in_specs=(None, P("x"), P("x")),
+             out_specs=None)
+
+
+@pw.program
+def train_step(params, x, y):
+    return sgd(params, x, y)
+
+
+def batch(step):
+    x = np.random.default_rng(step).normal(size=(8, 4)).astype(np.float32)
+    return x, np.sin(x.sum(axis=1, keepdims=True))
+
+
+def init():
+    rng = np.random.default_rng(0)
+    return {"w1": rng.normal(size=(4, 16)).astype(np.float32) * 0.5, "b1": np.zeros(16, np.float32),
+            "w2": rng.normal(size=(16, 1)).astype(np.float32) * 0.5, "b2": np.zeros(1, np.float32)}
+
+
+def train(client, steps, at=None, every=3):
+    """Trains `steps` steps keeping a host snapshot every `every` steps; on IslandLost resumes from it.
+    `at` maps a step to what happens just before it (once)."""
+    params, step, snapshot, recoveries, events = init(), 0, (0, init()), 0, dict(at or {})
+    while step < steps:
+        try:
+            if step in events:
+                events.pop(step)()
+            params = train_step.run(params, *batch(step), client=client)
+            step += 1
+            if step % every == 0:
+                snapshot = (step, jax.tree_util.tree_map(value, params))
+        except pw.IslandLost:
+            (step, params), recoveries = snapshot, recoveries + 1
+    return jax.tree_util.tree_map(value, params), recoveries
+
+
+def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cluster, rt):
+    with Client(rt) as client:
+        want, recoveries = train(client, 12)
+        assert recoveries == 0
+        home = train_step.compiled(init(), *batch(0), runtime=rt).plan.slices["ray_train"].island
+        [node] = [n for n in cluster.worker_nodes if n.node_id == rt.status()["islands"][home]["node"]]
+        joined = []
+
+        def remove():
+            version = rt.resources.version
+            cluster.remove_node(node)
+            until(lambda: rt.resources.version > version, "the monitor takes the island out")
+            assert islands(rt) == [OTHER[home]]
+            with pytest.raises(RuntimeError, match=f"no node of the Ray cluster offers the resource of island "
+                                                   f"{home}: start one with ray start"):
+                rt.restore_island(home)
+
+        def join():
+            joined.append(cluster.add_node(num_cpus=1, node_ip_address=workloads.LOOPBACK, include_dashboard=False,
+                                           resources={island_name(home): 1}))
+            until(lambda: home in islands(rt), "the monitor brings the island back")
+
+        got, recoveries = train(client, 12, at={7: remove, 9: join})
+        assert recoveries == 1
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+        # The island is back, on the new node, and a later program uses it.
+        assert islands(rt) == ["island0", "island1"]
+        assert rt.status()["islands"][home]["node"] == joined[0].node_id
+        np.testing.assert_allclose(value(plus1[home].run(X, client=client)), X + 1)
+    assert settled(rt)
