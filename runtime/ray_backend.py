@@ -182,6 +182,7 @@ class RayIsland:
         self._lock = threading.Lock()
         self._closed = False
         self._started: dict[int, object] = {}   # run -> its latest start call, so later calls follow it
+        self._keys: dict[int, int] = {}          # run -> its plan's key, while not known to be over
         self.calls: collections.Counter[str] = collections.Counter()   # actor calls made, by message
         self._done: collections.OrderedDict[int, None] = collections.OrderedDict()   # runs known to be over
         self._plans: dict[int, ProgramPlan] = {}   # plans loaded, by key: a run failing here names its program
@@ -210,19 +211,37 @@ class RayIsland:
             raise self._died(error) from None
 
     def _died(self, error: BaseException) -> IslandLost:
-        """Marks the actor dead (Ray said so with `error`) and tells the monitor, which takes the island out;
-        returns the `IslandLost` that stands for it."""
+        """Marks the actor dead (Ray said so with `error`): the runs under way here fail, and the monitor
+        takes the island out. Returns the `IslandLost` that stands for it."""
         if self._dead is None:
             self._dead = IslandLost(f"island {self.name} was lost ({type(error).__name__}: "
                                     f"{(str(error).splitlines() or [''])[0]})")
+            self._fail_under_way()
             self._group.report(self.name)
         return self._dead
 
+    def _fail_under_way(self) -> None:
+        """Fails every run started here and not known to be over, as a lost embedded island does."""
+        with self._lock:
+            runs = list(self._keys.items())
+        for run_id, key in runs:
+            self._lose_run(run_id, key)
+
+    def _lose_run(self, run_id: int, key: int) -> None:
+        """Fails a run with `IslandLost` here and on its peers (a peer parked on a recv from here included)."""
+        plan = self._plans[key]
+        error = IslandLost(f"island {self.name} was lost: run {run_id} of {plan.program} used it")
+        self._failed_here(run_id, error)
+        for island in plan.islands:
+            if island != self.name:
+                self._group[island].fail_run(run_id, error)
+
     def _failed_here(self, run_id: int, error: BaseException) -> None:
         """Remembers that a run failed (the latest `HISTORY` of them)."""
-        self._failed.setdefault(run_id, error)
-        while len(self._failed) > HISTORY:
-            self._failed.popitem(last=False)
+        with self._lock:
+            self._failed.setdefault(run_id, error)
+            while len(self._failed) > HISTORY:
+                self._failed.popitem(last=False)
 
     def load(self, key: int, plan: ProgramPlan) -> None:
         if self._dead is not None:
@@ -237,20 +256,12 @@ class RayIsland:
 
     def start(self, work: IslandWork) -> None:
         if self._dead is not None:
-            return self._refuse(work)
+            return self._lose_run(work.run_id, work.plan_key)
         inputs = tuple((b, np.asarray(v)) for b, v in work.inputs)
         with self._lock:   # the gang scheduler calls in ticket order; number the calls in that order
             ref = self._call("start", next(self._seq), work._replace(inputs=inputs))
             self._started[work.run_id] = ref
-
-    def _refuse(self, work: IslandWork) -> None:
-        """Work for a dead actor: the run fails here and on its peers, as on a lost embedded island."""
-        plan = self._plans[work.plan_key]
-        error = IslandLost(f"island {self.name} was lost: run {work.run_id} of {plan.program} used it")
-        self._failed_here(work.run_id, error)
-        for island in plan.islands:
-            if island != self.name:
-                self._group[island].fail_run(work.run_id, error)
+            self._keys[work.run_id] = work.plan_key
 
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
         self._call("deliver", run_id, key, buffer, np.asarray(array))
@@ -329,6 +340,7 @@ class RayIsland:
         with self._lock:
             for run_id in run_ids:
                 self._started.pop(run_id, None)
+                self._keys.pop(run_id, None)
                 self._done[run_id] = None
             while len(self._done) > HISTORY:
                 self._done.popitem(last=False)
@@ -368,8 +380,9 @@ class RayIsland:
 
         if self._dead is None:
             self._dead = IslandLost(f"island {self.name} was lost")
+            self._fail_under_way()
         with self._lock:
-            runs = [*self._started, *self._done]
+            runs = list(self._done)
         for run_id in runs:
             self._failed_here(run_id, IslandLost(f"island {self.name} was lost, with the results of run {run_id} "
                                                  f"that lived there"))
@@ -380,7 +393,8 @@ class RayIsland:
         """Returns the proxy of a fresh actor in place of this lost island's (see `RayIslands.restart`); the
         results lost here still raise `IslandLost`."""
         fresh = self._group.restart(self.name)
-        fresh._failed.update(self._failed)
+        with self._lock:
+            fresh._failed.update(self._failed)
         return fresh
 
     def close(self) -> None:
@@ -441,6 +455,7 @@ class RayIslands(dict):
         """Makes the proxy of a started and connected actor, and watches the actor; returns the proxy."""
         proxy = RayIsland(island, actor, self)
         self.nodes[island] = node
+        self._tried.pop(island, None)
         with self._lock:
             self._watches[actor.watch.remote()] = proxy
         return proxy
@@ -487,8 +502,8 @@ class RayIslands(dict):
 
     def watch(self, lose: Callable[[str], object], restore: Callable[[str], object]) -> None:
         """Starts the monitor thread: it calls `lose(island)` for an island whose actor died, within
-        `WATCH_PERIOD` of Ray knowing it, and `restore(island)` for a lost island whose node is gone once
-        another node offering its resource is alive (checked every `JOIN_PERIOD` while an island is lost)."""
+        `WATCH_PERIOD` of Ray knowing it, and `restore(island)` for a lost island once a node other than the
+        one it was lost on offers its resource (checked every `JOIN_PERIOD` while an island is lost)."""
         self._monitor = threading.Thread(target=self._watch, args=(lose, restore), name="pw-ray-monitor",
                                          daemon=True)
         self._monitor.start()
@@ -531,7 +546,8 @@ class RayIslands(dict):
                             log.warning("island %s is back (node %s): programs use it from their next lowering",
                                         island, self.nodes[island])
                         except Exception:   # noqa: BLE001  (tried again when the nodes offering it change)
-                            self._tried[island] = offering
+                            if self[island].lost is not None:
+                                self._tried[island] = offering
                             raise
             except Exception as error:  # noqa: BLE001  (the monitor outlives any one failure)
                 if self._stop.is_set() or not ray.is_initialized():
@@ -540,8 +556,8 @@ class RayIslands(dict):
                 self._stop.wait(WATCH_PERIOD)
 
     def _joinable(self) -> list[tuple[str, frozenset]]:
-        """The lost islands whose node is gone and which an alive node offers the resource of (not nodes that
-        failed to bring it back already), with the nodes offering it."""
+        """The lost islands whose resource an alive node other than the one it was lost on offers (unless
+        bringing it back failed with the same nodes offering it), each with those nodes."""
         import ray
 
         if self.one_machine:
@@ -549,9 +565,9 @@ class RayIslands(dict):
         alive = [node for node in ray.nodes() if node["Alive"]]
         joinable = []
         for island, proxy in self.items():
-            offering = frozenset(n["NodeID"] for n in alive if n["Resources"].get(island_name(island)))
-            if proxy.lost is not None and not proxy._closed and offering and self._tried.get(island) != offering \
-                    and self.nodes[island] not in {n["NodeID"] for n in alive}:
+            offering = frozenset(n["NodeID"] for n in alive if n["Resources"].get(island_name(island))) - \
+                {self.nodes[island]}
+            if proxy.lost is not None and not proxy._closed and offering and self._tried.get(island) != offering:
                 joinable.append((island, offering))
         return joinable
 
