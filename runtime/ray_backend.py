@@ -476,7 +476,7 @@ class RayIslands(dict):
             try:
                 actor = self.launch(island)
                 break
-            except ValueError:             # the name is not free yet (ActorAlreadyExistsError)
+            except ray.exceptions.ActorAlreadyExistsError:     # the name is not free yet
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
@@ -522,7 +522,11 @@ class RayIslands(dict):
             try:
                 with self._lock:
                     watches = dict(self._watches)
-                ready, _ = ray.wait(list(watches), num_returns=1, timeout=WATCH_PERIOD) if watches else ([], [])
+                if watches:
+                    ready, _ = ray.wait(list(watches), num_returns=1, timeout=WATCH_PERIOD)
+                else:
+                    ready = []
+                    self._stop.wait(WATCH_PERIOD)
                 for ref in ready:
                     with self._lock:
                         proxy = self._watches.pop(ref)
