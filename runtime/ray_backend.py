@@ -439,14 +439,17 @@ class RayIslands(dict):
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
 
-    def launch(self, island: str):
-        """Starts island `island`'s actor (on a node offering its resource); returns its handle."""
+    def launch(self, island: str, node: str | None = None):
+        """Starts island `island`'s actor on a node offering its resource (on `node`, if given); returns its
+        handle."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         flags = f"--xla_force_host_platform_device_count={self.topology.island(island).num_devices}"
         return ray.remote(_IslandActor).options(
             name=island_name(island), namespace=NAMESPACE,
             resources={} if self.one_machine else {island_name(island): 1},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT",
             num_cpus=0, max_concurrency=64,
             runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": ""}},
         ).remote(island, self.topology.to_json(), self.emulate_dcn)
@@ -461,20 +464,24 @@ class RayIslands(dict):
         return proxy
 
     def restart(self, island: str, timeout: float = START_TIMEOUT) -> RayIsland:
-        """Starts a fresh actor for lost island `island` on a node offering its resource (refused at once if
-        no alive node does; the actor has `timeout` seconds to start) and connects every island's actor to
-        it; returns its proxy (the runtime puts it in place)."""
+        """Starts a fresh actor for lost island `island` on a node offering its resource, another than the
+        one it was lost on if there is one (refused at once if no alive node offers it; the actor has
+        `timeout` seconds to start), and connects every island's actor to it; returns its proxy (the runtime
+        puts it in place)."""
         import ray
 
-        if not self.one_machine and not any(n["Alive"] and n["Resources"].get(island_name(island))
-                                            for n in ray.nodes()):
+        offering = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(island_name(island)))
+        if not self.one_machine and not offering:
             raise RuntimeError(f"no node of the Ray cluster offers the resource of island {island}: start one "
                                f"with ray start --resources='{{\"{island_name(island)}\": 1}}'")
+        # A node killed hard counts as alive until Ray's health checks fail, and killing its dead actor
+        # frees its resource there: go elsewhere when another node offers it.
+        elsewhere = [node for node in offering if node != self.nodes[island]]
         ray.kill(self[island]._actor)      # frees the name: Ray keeps a dead actor's name while handles to it live
         deadline = time.monotonic() + timeout
         while True:
             try:
-                actor = self.launch(island)
+                actor = self.launch(island, elsewhere[0] if elsewhere else None)
                 break
             except ray.exceptions.ActorAlreadyExistsError:     # the name is not free yet
                 if time.monotonic() > deadline:

@@ -11,6 +11,8 @@ closed and the cluster is shut down at the end. Skipped where Ray is not
 installed.
 """
 
+import os
+import signal
 import time
 
 import jax
@@ -113,7 +115,17 @@ def anywhere(x):
     return free(x)
 
 
-def test_an_island_actor_killed_by_name_is_lost_then_restored(rt):
+def kill_by_name(island):
+    ray.kill(ray.get_actor(island_name(island), namespace=NAMESPACE))
+
+
+def kill_its_process(island):
+    actor = ray.get_actor(island_name(island), namespace=NAMESPACE)
+    os.kill(ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=WAIT), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kill", [kill_by_name, kill_its_process], ids=["by name", "its process"])
+def test_an_island_actor_killed_is_lost_then_restored(rt, kill):
     want = np.asarray(jax.jit(heavy)(X))
     with Client(rt) as client:
         np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
@@ -127,7 +139,7 @@ def test_an_island_actor_killed_by_name_is_lost_then_restored(rt):
         parked = client.start(there_and_back[victim].compiled(X, runtime=rt).plan, [X])   # both islands wait
         other = client.start(slow[survivor].compiled(X, runtime=rt).plan, [X])
         version = rt.resources.version
-        ray.kill(ray.get_actor(island_name(victim), namespace=NAMESPACE))     # well within parked's first second
+        kill(victim)                                    # well within parked's first second
         until(lambda: rt.resources.version > version, "the monitor takes the island out")   # no call needed
         assert islands(rt) == [survivor]
         with pytest.raises(pw.IslandLost, match=f"island {victim} was lost: run {parked.id} of there_and_back"):
@@ -212,7 +224,8 @@ def train(client, steps, at=None, every=3):
     return jax.tree_util.tree_map(value, params), recoveries
 
 
-def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cluster, rt):
+@pytest.mark.parametrize("graceful", [True, False], ids=["stopped", "killed"])
+def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cluster, rt, graceful):
     with Client(rt) as client:
         want, recoveries = train(client, 12)
         assert recoveries == 0
@@ -222,12 +235,13 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
 
         def remove():
             version = rt.resources.version
-            cluster.remove_node(node)
+            cluster.remove_node(node, allow_graceful=graceful)
             until(lambda: rt.resources.version > version, "the monitor takes the island out")
             assert islands(rt) == [OTHER[home]]
-            with pytest.raises(RuntimeError, match=f"no node of the Ray cluster offers the resource of island "
-                                                   f"{home}: start one with ray start"):
-                rt.restore_island(home)
+            if graceful:           # a node killed hard counts as alive (offering the resource) for a while
+                with pytest.raises(RuntimeError, match=f"no node of the Ray cluster offers the resource of "
+                                                       f"island {home}: start one with ray start"):
+                    rt.restore_island(home)
 
         def join():
             joined.append(cluster.add_node(num_cpus=1, node_ip_address=workloads.LOOPBACK, include_dashboard=False,
