@@ -434,7 +434,7 @@ class RayIslands(dict):
         self.nodes: dict[str, str] = {}         # island -> the node its actor runs on
         self._watches: dict = {}                # each actor's `watch` call -> its proxy
         self._reported: set[str] = set()        # islands whose actor a call saw dead
-        self._tried: dict[str, frozenset] = {}  # island -> the nodes offering it when bringing it back failed
+        self._failed_nodes: set[str] = set()    # nodes a restarted actor failed on (dead ones Ray counted alive)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -458,16 +458,15 @@ class RayIslands(dict):
         """Makes the proxy of a started and connected actor, and watches the actor; returns the proxy."""
         proxy = RayIsland(island, actor, self)
         self.nodes[island] = node
-        self._tried.pop(island, None)
         with self._lock:
             self._watches[actor.watch.remote()] = proxy
         return proxy
 
     def restart(self, island: str, timeout: float = START_TIMEOUT) -> RayIsland:
         """Starts a fresh actor for lost island `island` on a node offering its resource, another than the
-        one it was lost on if there is one (refused at once if no alive node offers it; the actor has
-        `timeout` seconds to start), and connects every island's actor to it; returns its proxy (the runtime
-        puts it in place)."""
+        one it was lost on (or one a restart failed on) if there is one; refused at once if no alive node
+        offers it; the actor has `timeout` seconds to start. Connects every island's actor to it and returns
+        its proxy (the runtime puts it in place)."""
         import ray
 
         offering = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(island_name(island)))
@@ -476,12 +475,13 @@ class RayIslands(dict):
                                f"with ray start --resources='{{\"{island_name(island)}\": 1}}'")
         # A node killed hard counts as alive until Ray's health checks fail, and killing its dead actor
         # frees its resource there: go elsewhere when another node offers it.
-        elsewhere = [node for node in offering if node != self.nodes[island]]
+        elsewhere = [node for node in offering if node != self.nodes[island] and node not in self._failed_nodes]
+        target = elsewhere[0] if elsewhere else None
         ray.kill(self[island]._actor)      # frees the name: Ray keeps a dead actor's name while handles to it live
         deadline = time.monotonic() + timeout
         while True:
             try:
-                actor = self.launch(island, elsewhere[0] if elsewhere else None)
+                actor = self.launch(island, target)
                 break
             except ray.exceptions.ActorAlreadyExistsError:     # the name is not free yet
                 if time.monotonic() > deadline:
@@ -494,10 +494,12 @@ class RayIslands(dict):
                      if name != island and proxy._dead is None], timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
+            self._failed_nodes |= {target} - {None}
             raise TimeoutError(f"island {island} was not restored: its actor did not start within {timeout} s "
                                f"(on a node offering the resource {island_name(island)})") from None
         except ray.exceptions.RayError as error:
             ray.kill(actor)
+            self._failed_nodes |= {target} - {None}
             raise RuntimeError(f"island {island} was not restored: {type(error).__name__}: "
                                f"{(str(error).splitlines() or [''])[0]}") from None
         return self.add(island, actor, node)
@@ -510,7 +512,8 @@ class RayIslands(dict):
     def watch(self, lose: Callable[[str], object], restore: Callable[[str], object]) -> None:
         """Starts the monitor thread: it calls `lose(island)` for an island whose actor died, within
         `WATCH_PERIOD` of Ray knowing it, and `restore(island)` for a lost island once a node other than the
-        one it was lost on offers its resource (checked every `JOIN_PERIOD` while an island is lost)."""
+        one it was lost on (or one a restart failed on) offers its resource (checked every `JOIN_PERIOD`
+        while an island is lost)."""
         self._monitor = threading.Thread(target=self._watch, args=(lose, restore), name="pw-ray-monitor",
                                          daemon=True)
         self._monitor.start()
@@ -551,36 +554,27 @@ class RayIslands(dict):
                         lose(island)
                 if time.monotonic() >= next_join and any(p.lost is not None for p in self.values()):
                     next_join = time.monotonic() + JOIN_PERIOD
-                    for island, offering in self._joinable():
-                        try:
-                            restore(island)
-                            log.warning("island %s is back (node %s): programs use it from their next lowering",
-                                        island, self.nodes[island])
-                        except Exception:   # noqa: BLE001  (tried again when the nodes offering it change)
-                            if self[island].lost is not None:
-                                self._tried[island] = offering
-                            raise
+                    for island in self._joinable():
+                        restore(island)
+                        log.warning("island %s is back (node %s): programs use it from their next lowering",
+                                    island, self.nodes[island])
             except Exception as error:  # noqa: BLE001  (the monitor outlives any one failure)
                 if self._stop.is_set() or not ray.is_initialized():
                     return
                 log.warning("the island monitor: %s: %s", type(error).__name__, error)
                 self._stop.wait(WATCH_PERIOD)
 
-    def _joinable(self) -> list[tuple[str, frozenset]]:
-        """The lost islands whose resource an alive node other than the one it was lost on offers (unless
-        bringing it back failed with the same nodes offering it), each with those nodes."""
+    def _joinable(self) -> list[str]:
+        """The lost islands whose resource an alive node offers, other than the node each was lost on and
+        the nodes a restart failed on."""
         import ray
 
         if self.one_machine:
             return []
         alive = [node for node in ray.nodes() if node["Alive"]]
-        joinable = []
-        for island, proxy in self.items():
-            offering = frozenset(n["NodeID"] for n in alive if n["Resources"].get(island_name(island))) - \
-                {self.nodes[island]}
-            if proxy.lost is not None and not proxy._closed and offering and self._tried.get(island) != offering:
-                joinable.append((island, offering))
-        return joinable
+        return [island for island, proxy in self.items() if proxy.lost is not None and not proxy._closed and
+                {n["NodeID"] for n in alive if n["Resources"].get(island_name(island))} - {self.nodes[island]} -
+                self._failed_nodes]
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Waits until the island actors' names are free; stops Ray if the runtime started it."""
