@@ -119,7 +119,7 @@ class Runtime:
         when an actor dies.
         """
         with self._membership:
-            if self.islands[name].lost is not None:
+            if self._island(name).lost is not None:
                 raise ValueError(f"island '{name}' is already lost")
             version = self.resources.remove_island(name)
 
@@ -137,13 +137,18 @@ class Runtime:
         Returns the new topology version. On Ray it starts a new actor, waiting (boundedly) for a node
         that offers the island's resource."""
         with self._membership:
-            if self.islands[name].lost is None:
+            if self._island(name).lost is None:
                 raise ValueError(f"island '{name}' is not lost")
             fresh = self.islands[name].restored()
             with self._lock:
                 self._loaded = {k: v for k, v in self._loaded.items() if name not in v.islands}
                 self.islands[name] = fresh
             return self.resources.add_island(name)
+
+    def _island(self, name: str):
+        if name not in self.islands:
+            raise ValueError(f"there is no island '{name}' (islands: {', '.join(self.islands)})")
+        return self.islands[name]
 
     def run_done(self, run: Run) -> bool:
         """Returns whether a run's work is over on every island."""

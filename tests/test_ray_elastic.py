@@ -170,6 +170,10 @@ def test_an_island_actor_killed_is_lost_then_restored(rt, kill):
         with pytest.raises(pw.IslandLost, match=f"island {victim} was lost"):
             value(kept)                                    # a restored island does not bring results back
         # Lost by hand, as on the embedded backend: the actor is killed, and programs move.
+        with pytest.raises(ValueError, match="there is no island 'island9' \\(islands: island0, island1\\)"):
+            rt.lose_island("island9")
+        with pytest.raises(ValueError, match=f"island '{victim}' is not lost"):
+            rt.restore_island(victim)
         rt.lose_island(survivor)
         with pytest.raises(ValueError, match=f"Failed to look up actor with name '{island_name(survivor)}'"):
             ray.get_actor(island_name(survivor), namespace=NAMESPACE)
