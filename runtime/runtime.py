@@ -176,8 +176,13 @@ class Runtime:
         return count
 
     def status(self) -> Status:
-        """Returns what is queued, what every waiting run waits for, and each client's objects."""
-        return gather(self.scheduler.status(), {name: island.status() for name, island in self.islands.items()})
+        """Returns what is queued, what every waiting run waits for, each client's objects, and the bytes
+        reserved on every device."""
+        reserved: dict[str, list[int]] = {}
+        for (island, _), nbytes in sorted(self.usage().items()):
+            reserved.setdefault(island, []).append(nbytes)
+        return gather(self.scheduler.status(), {name: island.status() for name, island in self.islands.items()},
+                      reserved)
 
     def compilations(self) -> int:
         """Returns how many executables the islands have compiled."""
@@ -215,7 +220,7 @@ class Runtime:
 
 _default: Runtime | None = None
 _default_options: dict = {}
-_default_lock = threading.Lock()
+_default_lock = threading.RLock()    # reentrant: closing a connection (pw.connect) forgets it as the default
 
 
 def configure(**options) -> None:
@@ -226,6 +231,25 @@ def configure(**options) -> None:
             _default.close()
             _default = None
         _default_options = dict(options)
+
+
+def connect_default(runtime) -> None:
+    """Makes `runtime` (a service's connection, see `runtime/service.py`) the process's default runtime,
+    closing the one there."""
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+        _default = runtime
+        atexit.register(_close_default)
+
+
+def release_default(runtime) -> None:
+    """Forgets `runtime` as the default runtime if it is (it closed); the next use makes a new one."""
+    global _default
+    with _default_lock:
+        if _default is runtime:
+            _default = None
 
 
 def get_runtime() -> Runtime:
