@@ -2,10 +2,14 @@
 
 `Endpoint(runtime)` listens on 127.0.0.1; every authenticated connection is
 one `Client` of the shared runtime, so each remote process sees only its own
-objects, and everything it owns is released when it disconnects, cleanly or
-not (a crashed process is an owner that failed). `RemoteClient` is the other
-end: it sends plans (as JSON) and host arrays, and gets back handles that
-fetch their values on demand.
+objects, its runs go through the runtime's gang scheduler, and everything it
+owns is released when it disconnects, cleanly or not (a crashed process is
+an owner that failed; a request waiting for a result notices within
+half a second). `RemoteClient` is the other end: it sends plans (as JSON)
+and host arrays, and gets back `RemoteHandle`s that fetch their values on
+demand and are released when dropped. To the front end a `RemoteClient` is
+also a runtime: programs are lowered in the client's process for the
+endpoint's topology and run there (`pw.connect`, `runtime/service.py`).
 
 Authentication: each endpoint draws a random key and writes it, as hex, to a
 file only its owner can read (`Endpoint.key_path`). A client proves it holds
@@ -21,11 +25,24 @@ Wire format, no pickle: every message is one frame,
 where the header's "arrays" lists `[dtype, shape]` per array. Dtypes are
 numeric only (`DTYPES`), in this machine's byte order (both ends share it),
 and sizes are checked against `MAX_HEADER_BYTES` and `MAX_ARRAY_BYTES` before
-anything is allocated. Requests: `load` (a plan as `ProgramPlan.to_json`),
-`run`, `fetch`, `release`, `objects`, `close`; every reply is
-`{"ok": true, ...}` or `{"ok": false, "error": "..."}`. A request the endpoint
-cannot serve gets an error reply; a frame that breaks the format gets one and
-the connection is dropped.
+anything is allocated. Requests:
+
+- `load` {plan}: a plan as `ProgramPlan.to_json`; the reply names it by the
+  SHA-256 of its JSON, and every connection loading the same plan shares it;
+- `run` {name, dispatch, args}: each argument `["array", i]` (the frame's
+  i-th array) or `["handle", k]` (one of this connection's results); the
+  reply has `[key, shape, dtype]` per output and the topology's version;
+- `fetch` {handle, timeout, value}: waits for a result (at most `timeout`
+  seconds, null: as long as it takes) and sends it unless `value` is false;
+- `topology`: the cluster's topology (`Topology.to_json`) and its version;
+- `status`: `Endpoint.status()` and this connection's client id;
+- `objects`: how many objects this connection owns; `release`; `close`.
+
+Any request may carry `release`, a list of this connection's handles to
+release before it is served (dropped handles travel this way). Every reply
+is `{"ok": true, ...}` or `{"ok": false, "error": "...", "timeout": bool}`.
+A request the endpoint cannot serve gets an error reply; a frame that breaks
+the format gets one and the connection is dropped.
 """
 
 from __future__ import annotations

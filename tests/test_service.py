@@ -47,25 +47,37 @@ def stop(proc) -> None:
             stream.close()
 
 
+def serve(procs, *args, env=None):
+    """Starts `pw-serve ARGS` (2 islands of 2 devices, any free port); returns it once it says it listens."""
+    proc = subprocess.Popen([*SERVE, "--islands", "2", "--per-island", "2", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs.append(proc)
+    ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
+    line = proc.stdout.readline() if ready else ""
+    assert line.startswith("pw-serve: serving 2 island(s) (island0: 2 devices, island1: 2 devices, embedded "
+                           "backend) on 127.0.0.1:"), line + (proc.stderr.read()[-3000:] if proc.poll() else "")
+    return proc
+
+
 @pytest.fixture
-def service(tmp_path):
-    """A running `pw-serve`: (its process, its service file, a list to add the test's processes to)."""
+def procs():
+    """The processes a test starts; all are stopped at its end."""
+    started = []
+    try:
+        yield started
+    finally:
+        for p in reversed(started):
+            stop(p)
+
+
+@pytest.fixture
+def service(tmp_path, procs):
+    """A running `pw-serve`: (its process, its service file, the test's processes)."""
     directory = tmp_path / "service"
     directory.mkdir(mode=0o700)
     service_file = directory / "service.json"
-    proc = subprocess.Popen([*SERVE, "--islands", "2", "--per-island", "2", "--port", "0", "--device-memory-bytes",
-                             str(MEMORY), "--service-file", str(service_file)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs = [proc]
-    try:
-        ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
-        line = proc.stdout.readline() if ready else ""
-        assert line.startswith("pw-serve: serving 2 island(s) (island0: 2 devices, island1: 2 devices, embedded "
-                               "backend) on 127.0.0.1:"), line + proc.stderr.read()[-3000:] if proc.poll() else line
-        yield proc, service_file, procs
-    finally:
-        for p in reversed(procs):
-            stop(p)
+    proc = serve(procs, "--device-memory-bytes", str(MEMORY), "--service-file", str(service_file))
+    return proc, service_file, procs
 
 
 def client(service_file, role, procs):
@@ -190,3 +202,21 @@ def test_service_errors_are_one_line(service, tmp_path):
     with open_connection(f"127.0.0.1:{port}", key_path=key_path, timeout=TIMEOUT) as direct:
         assert direct.object_count() == 0
     assert proc.poll() is None                                                  # still serving
+
+
+def test_readme_two_terminals(tmp_path, procs):
+    """The README's shared-service example: `pw-serve` in one process, the snippet in another."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## A shared service"):]
+    [snippet] = re.findall(r"```py\n# terminal 2.*?\n(.*?)```", section, re.S)[:1]
+    directory = tmp_path / "service"
+    directory.mkdir(mode=0o700)
+    env = {**os.environ, "PW_SERVICE_DIR": str(directory)}       # where pw-serve and pw.connect() look
+    proc = serve(procs, env=env)
+    result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("[1.8185034 1.8185034]\n")
+    assert re.search(r"^client \d+: 1 object\(s\), 512 bytes$", result.stdout, re.M)
+    assert "island1: bytes reserved per device: [256, 256]" in result.stdout
+    proc.send_signal(signal.SIGINT)                              # Ctrl-C
+    assert proc.wait(TIMEOUT) == 0 and list(directory.iterdir()) == []
