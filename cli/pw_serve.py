@@ -83,21 +83,20 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
     except (ValueError, ConnectionError, ClusterError) as e:
         raise ServeError(str(e)) from None
     try:
-        try:
-            service = Service(runtime, DEFAULT_PORT if port is None else port, service_file)
-        except ServiceError as e:
-            raise ServeError(str(e)) from None
-        try:
-            shape = {i.name: i.num_devices for i in runtime.resources.topology.islands}
-            click.echo(f"pw-serve: serving {len(shape)} island(s) ({', '.join(f'{k}: {v} devices' for k, v in shape.items())}, "
-                       f"{backend} backend) on {service.address}; service file {service.service_file}")
-            sys.stdout.flush()
-            received = signal.sigwait(stop)
-            click.echo(f"pw-serve: {signal.Signals(received).name}: stopping")
-        finally:
-            service.close()
-    finally:
+        service = Service(runtime, DEFAULT_PORT if port is None else port, service_file)
+    except ServiceError as e:
         runtime.close()
+        raise ServeError(str(e)) from None
+    try:
+        shape = ", ".join(f"{i.name}: {i.num_devices} devices" for i in runtime.resources.topology.islands)
+        click.echo(f"pw-serve: serving {len(runtime.islands)} island(s) ({shape}, {backend} backend) on "
+                   f"{service.address}; service file {service.service_file}")
+        sys.stdout.flush()
+        received = signal.sigwait(stop)
+        click.echo(f"pw-serve: {signal.Signals(received).name}: stopping")
+    finally:
+        runtime.close()      # first: runs still queued or parked fail, so no connection waits for them
+        service.close()      # drops every connection, removes the service file and the key
 
 
 def _status(service_file: str | None, address: str | None) -> None:

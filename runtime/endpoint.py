@@ -381,7 +381,10 @@ class Endpoint:
             pass
         finally:
             if client is not None:
-                client.close()   # the remote process's objects are released here
+                try:
+                    client.close()   # the remote process's objects are released here
+                except Exception:  # noqa: BLE001  (the runtime closed first: nothing is left to release)
+                    pass
             connection.close()
             with self._lock:
                 if client is not None:

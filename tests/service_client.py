@@ -9,7 +9,10 @@ in this process, then prints one JSON line per stage and:
 - `close`: disconnects;
 - `hold`: runs `big` (half of island0's device memory) and keeps its result until it is killed;
 - `park`: runs `big` while a `hold` client keeps its result, so that the run waits for memory; checks that
-  `result(timeout)` times out, says so, then waits for the result (a `hold` client is killed meanwhile).
+  `result(timeout)` times out, says so, then waits for the result (a `hold` client is killed meanwhile);
+- `stuck`: after a line on stdin (island0 has been closed meanwhile), runs `step`, whose island1 part
+  then waits forever for island0's send; says so once `result(timeout)` times out, and holds on until
+  it is killed.
 
 Every wait is bounded.
 """
@@ -102,6 +105,15 @@ def main(service_file: str, role: str) -> None:
         check(parked, value * 3.0 + 1.0)
         client.close()
         say(stage="done")
+    elif role == "stuck":
+        sys.stdin.readline()
+        stuck = step(x)
+        try:
+            jax.tree.leaves(stuck)[0].result(timeout=1.0)
+            raise AssertionError("island1 got island0's value although island0 is closed")
+        except TimeoutError:
+            say(stage="stuck")
+        sys.stdin.read()
 
 
 if __name__ == "__main__":

@@ -47,14 +47,14 @@ def stop(proc) -> None:
             stream.close()
 
 
-def serve(procs, *args, env=None):
+def serve(procs, *args, env=None, backend="embedded"):
     """Starts `pw-serve ARGS` (2 islands of 2 devices, any free port); returns it once it says it listens."""
     proc = subprocess.Popen([*SERVE, "--islands", "2", "--per-island", "2", "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     procs.append(proc)
     ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
     line = proc.stdout.readline() if ready else ""
-    assert line.startswith("pw-serve: serving 2 island(s) (island0: 2 devices, island1: 2 devices, embedded "
+    assert line.startswith(f"pw-serve: serving 2 island(s) (island0: 2 devices, island1: 2 devices, {backend} "
                            "backend) on 127.0.0.1:"), line + (proc.stderr.read()[-3000:] if proc.poll() else "")
     return proc
 
