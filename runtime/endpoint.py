@@ -73,6 +73,7 @@ from pathways_mlir.dialect.topology import Topology
 
 from .client import Client
 from .handles import Handle
+from .island import RunFailed
 from .runtime import Runtime, release_default
 from .status import Status
 
@@ -382,6 +383,8 @@ class Endpoint:
         finally:
             if client is not None:
                 try:
+                    self.runtime.scheduler.cancel_client(client.id, lambda run: RunFailed(
+                        f"run {run.id} of {run.plan.program} was queued when client {client.id} disconnected"))
                     client.close()   # the remote process's objects are released here
                 except Exception:  # noqa: BLE001  (the runtime closed first: nothing is left to release)
                     pass

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 
 from .endpoint import Endpoint, RemoteClient, write_private
@@ -121,7 +122,8 @@ def open_connection(address: str | None = None, key_path: str | None = None,
     except FileNotFoundError:
         raise ServiceError(f"no key file at {key_path}: is the service at {where} running?") from None
     except (OSError, ValueError) as error:     # refused, not an endpoint, a wrong key, no key in the file
-        raise ServiceError(f"cannot reach the service at {where}: {getattr(error, 'strerror', None) or error}") from None
+        reason = getattr(error, "strerror", None) or error
+        raise ServiceError(f"cannot reach the service at {where}: {reason}") from None
 
 
 def _private_directory(directory: str) -> None:
@@ -134,7 +136,8 @@ def _private_directory(directory: str) -> None:
 
 
 def _refuse_live(service_file: str) -> None:
-    """Raises if the process named by an existing service file is alive (a stale file is replaced)."""
+    """Raises if the process named by an existing service file is alive and its port accepts connections
+    (a stale file is replaced)."""
     try:
         found = read_service_file(service_file)
     except ServiceError:
@@ -145,5 +148,9 @@ def _refuse_live(service_file: str) -> None:
         return
     except PermissionError:
         pass   # alive, someone else's
+    try:
+        socket.create_connection((found["host"], found["port"]), timeout=5).close()
+    except OSError:
+        return   # nothing listens there: the pid is another process's now
     raise ServiceError(f"a service is already running (pid {found['pid']}, {found['host']}:{found['port']}, "
                        f"service file {service_file}); stop it first or choose another --service-file")

@@ -2,8 +2,9 @@
 client processes that attach with `pw.connect` (tests/service_client.py).
 
 Two clients run programs and check them against plain JAX; a run waits for memory a client holds, and the
-service's status names it; the holder is killed with SIGKILL, its objects and memory come back, the parked
-run finishes, and `pw-serve --status` shows the baseline again. Every wait has a timeout; every process
+service's status names it; a client killed while its run is queued has that run dropped; the holder is
+killed with SIGKILL, its objects and memory come back, the parked run finishes, and `pw-serve --status`
+shows the baseline again. Every wait has a timeout; every process
 started here is stopped.
 """
 
@@ -144,6 +145,16 @@ def test_clients_share_the_service_and_a_killed_one_is_reclaimed(service, tmp_pa
         assert (f"queued run {queued['run']} (big, client {queued['client']}) waits for memory: 262144 bytes on "
                 f"device 0 of island0") in text
         assert f"client {holder_id}: 4 object(s), " in text and "island0: bytes reserved per device: [131072" in text
+
+        late = client(service_file, "close", procs)                             # its first run queues behind
+        status = wait_status(observer, lambda s: len(s["scheduler"]["queued"]) == 2)
+        late_run = status["scheduler"]["queued"][1]
+        assert late_run["waits_for"] == f"run {queued['run']} (admission is in ticket order)"
+        late.kill()                                                             # dies waiting for its result:
+        late.wait(TIMEOUT)                                                      # its queued run is dropped
+        status = wait_status(observer, lambda s: late_run["client"] not in s["service"]["connections"], timeout=30)
+        assert [q["run"] for q in status["scheduler"]["queued"]] == [queued["run"]]
+        assert late_run["client"] not in status["service"]["connections"]
 
         holder.kill()                                                           # dies holding its results
         holder.wait(TIMEOUT)
