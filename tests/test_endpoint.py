@@ -1,6 +1,7 @@
 """The loopback endpoint: framed JSON and raw arrays (never pickle), an HMAC handshake
 with a per-service key, and an accept loop that outlives bad and half-open connections."""
 
+import hashlib
 import multiprocessing.connection as mpc
 import os
 import pickle
@@ -336,3 +337,52 @@ def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path, plan_bu
             proc.kill()
             proc.wait(timeout=30)
         endpoint.close()
+
+
+def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_builder):
+    plan, want = program(plan_builder, runtime.resources.topology)
+    endpoint = Endpoint(runtime)
+    one = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+    two = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+    try:
+        name = one.load(plan)
+        assert name == hashlib.sha256(plan.to_json().encode()).hexdigest() == two.load(plan) == one.load(plan)
+        assert len(endpoint._plans) == 1                   # one parsed, loaded plan for every connection
+        runtime.scheduler.hold()
+        [h] = one.run(plan, [X])
+        assert (h.shape, h.dtype, h.ndim) == ((8, 16), np.float32, 2)
+        with pytest.raises(TimeoutError, match="not ready within 0.2 s"):
+            h.result(timeout=0.2)
+        runtime.scheduler.release()
+        value = h.result(timeout=TIMEOUT)
+        assert isinstance(value, jax.Array)
+        np.testing.assert_allclose(value, want, rtol=1e-6)
+        assert h.block_until_ready() is h
+        np.testing.assert_allclose(h[1], want[1], rtol=1e-6)
+
+        [again] = one.run(plan, [h])                       # a result as an argument stays on the cluster
+        np.testing.assert_allclose(np.asarray(again), np.sin(np.asarray(want) * 3 - 1) ** 2, rtol=1e-5)
+        with pytest.raises(ValueError, match="another connection"):
+            two.run(plan, [h])
+        with pytest.raises(RemoteError, match="'timeout' as a non-negative number or null"):
+            one._call({"op": "fetch", "handle": h._key, "timeout": -1})
+        assert (one.object_count(), two.object_count()) == (2, 0)
+
+        del again                                          # dropped: released at once, the connection is free
+        assert one.object_count() == 1
+        h.delete()
+        h.delete()                                         # twice is harmless
+        with pytest.raises(ValueError, match="was released"):
+            np.asarray(h)
+        assert one.object_count() == 0
+        [kept] = one.run(plan, [X])
+        one.close()
+        kept.delete()                                      # after closing: closing released it already
+        with pytest.raises(ConnectionError, match="the connection to the endpoint is closed"):
+            one.run(plan, [X])
+    finally:
+        runtime.scheduler.release()
+        one.close()
+        two.close()
+        endpoint.close()
+    assert wait_released(runtime) == 0 and runtime.object_count() == 0
