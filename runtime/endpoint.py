@@ -29,9 +29,11 @@ anything is allocated. Requests:
 
 - `load` {plan}: a plan as `ProgramPlan.to_json`; the reply names it by the
   SHA-256 of its JSON, and every connection loading the same plan shares it;
-- `run` {name, dispatch, args}: each argument `["array", i]` (the frame's
-  i-th array) or `["handle", k]` (one of this connection's results); the
-  reply has `[key, shape, dtype]` per output and the topology's version;
+- `run` {name, version, dispatch, args}: each argument `["array", i]` (the
+  frame's i-th array) or `["handle", k]` (one of this connection's
+  results); the reply has `[key, shape, dtype]` per output. A plan lowered
+  for another topology `version` than the cluster's is refused
+  (`TopologyChanged`), and the client lowers it again;
 - `fetch` {handle, timeout, value}: waits for a result (at most `timeout`
   seconds, null: as long as it takes) and sends it unless `value` is false;
 - `topology`: the cluster's topology (`Topology.to_json`) and its version;
@@ -40,7 +42,8 @@ anything is allocated. Requests:
 
 Any request may carry `release`, a list of this connection's handles to
 release before it is served (dropped handles travel this way). Every reply
-is `{"ok": true, ...}` or `{"ok": false, "error": "...", "timeout": bool}`.
+is `{"ok": true, ...}` or `{"ok": false, "error": "...", "kind": "..."}`
+(`timeout`, `topology` or `error`).
 A request the endpoint cannot serve gets an error reply; a frame that breaks
 the format gets one and the connection is dropped.
 """
@@ -74,6 +77,7 @@ from pathways_mlir.dialect.topology import Topology
 from .client import Client
 from .handles import Handle
 from .island import RunFailed
+from .resource_manager import TopologyChanged
 from .runtime import Runtime, release_default
 from .status import Status
 
@@ -428,8 +432,8 @@ class _Session:
                     reply, out = handler(request, arrays)
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
-                    reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}",
-                                  "timeout": isinstance(error, TimeoutError)}, []
+                    kind = next((k for k in _KINDS if isinstance(error, _KINDS[k])), "error")
+                    reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind}, []
                 send_message(self.connection, reply, out)
         finally:
             self.handles.clear()
@@ -441,11 +445,15 @@ class _Session:
         return {"name": name}, []
 
     def run(self, request: dict, arrays) -> tuple[dict, list]:
-        """Runs a plan this connection loaded on `args` (each `["array", i]`, the frame's i-th array, or
-        `["handle", k]`, one of its handles); replies with one handle per output and the topology version."""
+        """Runs a plan this connection loaded, lowered for topology `version`, on `args` (each `["array", i]`,
+        the frame's i-th array, or `["handle", k]`, one of its handles); replies with one handle per output."""
         name = _field(request, "name", str)
         if name not in self.plans:
             raise ValueError(f"no plan is loaded as {name[:40]!r}")
+        version, current = _field(request, "version", int), self.client.runtime.resources.version
+        if version != current:
+            raise TopologyChanged(f"the plan was lowered for topology version {version}; the cluster's is "
+                                  f"{current}")
         args = []
         for arg in _field(request, "args", list):
             if not (isinstance(arg, list) and len(arg) == 2 and arg[0] in ("array", "handle")
@@ -463,7 +471,7 @@ class _Session:
             key = next(self.ids)
             self.handles[key] = handle
             reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
-        return {"handles": reply, "version": self.client.runtime.resources.version}, []
+        return {"handles": reply}, []
 
     def fetch(self, request: dict, arrays) -> tuple[dict, list]:
         """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists; sends
@@ -597,7 +605,7 @@ class ServiceTopology:
 
     def __init__(self, client: "RemoteClient"):
         self._client = client
-        self.version = -1        # as of the latest reply that carried it
+        self.version = -1        # as last read: a run of a plan lowered for an older one raises TopologyChanged
 
     def snapshot(self) -> tuple[int, Topology]:
         """Asks the endpoint for (version, topology) read together."""
@@ -635,9 +643,9 @@ class RemoteClient:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._dropped: collections.deque[int] = collections.deque()   # handles to release with the next request
-        self._names: dict[int, tuple[ProgramPlan, str]] = {}           # id(plan) -> (plan, its name there)
-        self.resources = ServiceTopology(self)
+        self._names: dict[int, tuple[ProgramPlan, str, int]] = {}      # id(plan) -> (plan, name there, version)
         self.closed = False
+        self.resources = ServiceTopology(self)
 
     @property
     def runtime(self) -> "RemoteClient":
@@ -648,14 +656,18 @@ class RemoteClient:
         """Sends a plan to the cluster (once per plan); returns its name there."""
         found = self._names.get(id(plan))
         if found is None or found[0] is not plan:
+            if self.resources.version < 0:
+                self.resources.snapshot()        # a plan made without reading the topology: for the current one
+            version = self.resources.version     # what the plan was lowered for: the latest topology read
             reply, _ = self._call({"op": "load", "plan": plan.to_json()})
-            found = self._names[id(plan)] = (plan, reply["name"])   # keeps `plan` alive: its id stays unique
+            found = self._names[id(plan)] = (plan, reply["name"], version)   # keeps `plan` alive, its id unique
         return found[1]
 
     def run(self, plan: ProgramPlan, args, dispatch: str = "parallel") -> list[RemoteHandle]:
         """Runs `plan` on `args` (arrays, or this client's remote handles); returns one remote handle per
-        output, at once."""
+        output, at once. Raises TopologyChanged if the cluster's topology changed since `plan` was sent."""
         name = self.load(plan)
+        version = self._names[id(plan)][2]
         spec, arrays = [], []
         for arg in args:
             if isinstance(arg, RemoteHandle):
@@ -665,8 +677,8 @@ class RemoteClient:
             else:
                 spec.append(["array", len(arrays)])
                 arrays.append(arg)
-        reply, _ = self._call({"op": "run", "name": name, "dispatch": dispatch, "args": spec}, arrays)
-        self.resources.version = reply["version"]
+        reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec},
+                              arrays)
         return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
 
     def object_count(self) -> int:
@@ -735,8 +747,11 @@ class RemoteClient:
                                "the connection is closed") from None
         if reply.get("ok") is not True:
             error = str(reply.get("error", "the endpoint sent a malformed reply"))
-            raise (TimeoutError if reply.get("timeout") is True else RemoteError)(error)
+            raise _KINDS.get(reply.get("kind"), RemoteError)(error)
         return reply, values
+
+
+_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged}    # errors a client raises as themselves
 
 
 def _status(data: dict) -> Status:

@@ -19,7 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
+import pathways_mlir as pw
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.endpoint import (
     MAX_ARRAY_BYTES,
@@ -32,6 +34,7 @@ from pathways_mlir.runtime.endpoint import (
     _server_handshake,
     send_message,
 )
+from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
 
 X = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
@@ -283,9 +286,12 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
                                ({"op": "fetch", "handle": 7}, "no handle 7"),
                                ({"op": "load", "plan": "{}"}, "PlanError: plan: missing .topology."),
                                ({"op": "run", "name": "p", "dispatch": "parallel"}, "no plan is loaded"),
-                               ({"op": "run", "name": live.load(plan), "dispatch": "parallel", "args": [["file", 0]]},
-                                r"an argument must be \[\"array\", index\] or \[\"handle\", key\]"),
-                               ({"op": "run", "name": live.load(plan), "dispatch": "parallel", "args": [["array", 0]]},
+                               ({"op": "run", "name": live.load(plan), "dispatch": "parallel"},
+                                "needs 'version' as int"),
+                               ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
+                                 "args": [["file", 0]]}, r"an argument must be \[\"array\", index\] or \[\"handle\", key\]"),
+                               ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
+                                 "args": [["array", 0]]},
                                 "argument array 0 is not in the request's 0 arrays"),
                                ({"op": "objects", "release": ["0"]}, "'release' must be a list of handle keys"),
                                ({"op": "status", "release": [5, 6]}, None)]:
@@ -294,6 +300,8 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
                 continue
             with pytest.raises(RemoteError, match=error):
                 live._call(request)
+        with pytest.raises(TopologyChanged, match="lowered for topology version 5; the cluster's is 0"):
+            live._call({"op": "run", "name": live.load(plan), "version": 5, "dispatch": "parallel", "args": []})
         assert live.object_count() == 0              # bad requests leave the connection serving
 
         assert not target.exists()
@@ -386,3 +394,25 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
         two.close()
         endpoint.close()
     assert wait_released(runtime) == 0 and runtime.object_count() == 0
+
+
+def test_programs_are_lowered_for_the_endpoint_and_again_when_its_topology_changes(runtime):
+    s = pw.virtual_slice(2, axes="d")
+    block = pw.jit(lambda x: jnp.tanh(x) * 2.0, slice=s, in_specs=P("d"), out_specs=P("d"))
+
+    @pw.program
+    def step(x):
+        return block(block(x))
+
+    want = np.tanh(np.tanh(X) * 2.0) * 2.0
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        compiled = step.compiled(X, runtime=remote)
+        assert compiled.runtime is remote and compiled.plan.topology == runtime.resources.topology
+        np.testing.assert_allclose(np.asarray(step.run(X, client=remote)), want, rtol=1e-6)
+        first = compiled.plan
+        [used] = [island for island, steps in first.islands.items() if steps]
+        runtime.lose_island(used)                          # the service's topology changes under the client
+        np.testing.assert_allclose(np.asarray(step.run(X, client=remote)), want, rtol=1e-6)
+        assert compiled.plan is not first and used not in [i.name for i in compiled.plan.topology.islands]
+        assert step.compiled(X, runtime=remote) is compiled
