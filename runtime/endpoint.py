@@ -37,7 +37,8 @@ anything is allocated. Requests:
 - `fetch` {handle, timeout, value}: waits for a result (at most `timeout`
   seconds, null: as long as it takes) and sends it unless `value` is false;
 - `topology`: the cluster's topology (`Topology.to_json`) and its version;
-- `status`: `Endpoint.status()` and this connection's client id;
+- `status`: `Endpoint.status()`, the runtime's status with the service's
+  address and the clients connected;
 - `objects`: how many objects this connection owns; `release`; `close`.
 
 Any request may carry `release`, a list of this connection's handles to
@@ -508,8 +509,8 @@ class _Session:
         return {"topology": topology.to_json(), "version": version}, []
 
     def status(self, request: dict, arrays) -> tuple[dict, list]:
-        """Sends the service's status (`Endpoint.status`) and this connection's client id."""
-        return {"status": self.endpoint.status(), "client": self.client.id}, []
+        """Sends the service's status (`Endpoint.status`)."""
+        return {"status": self.endpoint.status()}, []
 
     def _release(self, keys) -> None:
         if not isinstance(keys, list) or not all(type(k) is int for k in keys):
