@@ -372,6 +372,7 @@ class Endpoint:
     def _serve(self, connection: socket.socket) -> None:
         client = None
         try:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # a frame's parts go out at once
             connection.settimeout(self.handshake_timeout)
             try:
                 _server_handshake(connection, self._key)
@@ -635,6 +636,7 @@ class RemoteClient:
         key = read_key(key_path) if key is None else key
         self.address = tuple(address)
         self._socket = socket.create_connection(self.address, timeout=HANDSHAKE_TIMEOUT)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             _client_handshake(self._socket, key)
         except BaseException:
