@@ -25,6 +25,7 @@ BENCHMARKS = {
     "rl": "rl",
     "moe": "moe",
     "ray": "ray_backend",
+    "service": "service",
     "placement": "placement",
     "sim": "sim",
 }
