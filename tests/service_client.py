@@ -6,7 +6,7 @@ Every role connects with `pw.connect(SERVICE_FILE)`, runs programs across both i
 a result passed back in, `f.compiled`, a placed function alone) and checks each result against plain JAX
 in this process, then prints one JSON line per stage and:
 
-- `close`: disconnects;
+- `close`: disconnects by `pw.configure()`;
 - `hold`: runs `big` (half of island0's device memory) and keeps its result until it is killed;
 - `park`: runs `big` while a `hold` client keeps its result, so that the run waits for memory; checks that
   `result(timeout)` times out, says so, then waits for the result (a `hold` client is killed meanwhile);
@@ -87,7 +87,8 @@ def main(service_file: str, role: str) -> None:
     say(stage="checked", objects=mine)
 
     if role == "close":
-        client.close()
+        pw.configure()                                       # back to an embedded runtime: disconnects
+        assert client.closed
         say(stage="closed")
     elif role == "hold":
         held = big(np.ones(BIG, np.float32))
