@@ -27,6 +27,7 @@ BENCHMARKS = {
     "ray": "ray_backend",
     "placement": "placement",
     "sim": "sim",
+    "elastic": "elastic",
 }
 
 

@@ -195,15 +195,15 @@ class ElasticTrainer:
         manager = self._checkpoint_manager(start)
         self._snapshots = _Snapshots(start, host, manager, self.timeout)
         try:
-            return self._loop(state, treedef, start, steps)
+            return self._loop(state, [_shape_dtype(leaf) for leaf in leaves], treedef, start, steps)
         finally:
             self._snapshots.close()
             if manager is not None:
                 manager.wait_until_finished()
                 manager.close()
 
-    def _loop(self, state, treedef, done: int, steps: int):
-        snapshots, pending = self._snapshots, None
+    def _loop(self, state, specs: list, treedef, done: int, steps: int):
+        snapshots, pending, checked = self._snapshots, None, False
         while True:
             try:
                 if snapshots.failed():
@@ -222,7 +222,8 @@ class ElasticTrainer:
                 if pending is not None:
                     self._recovered(*pending, began)
                     pending = None
-                state, metrics = self._split(out, treedef)
+                state, metrics = self._split(out, treedef, None if checked else specs)
+                checked = True
                 done += 1
                 if done % self.snapshot_every == 0:
                     snapshots.settle()                       # at most one copy in flight
@@ -238,13 +239,21 @@ class ElasticTrainer:
     def _resolve(self, leaf):
         return leaf.result(self.timeout) if isinstance(leaf, Handle) else leaf
 
-    def _split(self, out, treedef) -> tuple[Any, tuple]:
+    @staticmethod
+    def _split(out, treedef, specs: list | None) -> tuple[Any, tuple]:
+        """Splits a step's result into (state, metrics); with `specs`, checks the state's shapes and dtypes
+        (a state whose dtype changes after a step would compile twice and not match its checkpoints)."""
         if not isinstance(out, (tuple, list)) or not out:
             raise TypeError(f"step must return (state, *metrics), not {type(out).__name__}")
         state, metrics = out[0], tuple(out[1:])
         if jax.tree_util.tree_structure(state) != treedef:
             raise TypeError(f"step returned a state of structure {jax.tree_util.tree_structure(state)}, "
                             f"not the structure it was given, {treedef}")
+        for i, (leaf, (shape, dtype)) in enumerate(zip(jax.tree_util.tree_leaves(state), specs or ())):
+            got = _shape_dtype(leaf)
+            if got != (shape, dtype):
+                raise TypeError(f"step returned a state whose array {i} is {got[1]}{list(got[0])}, the state given "
+                                f"{dtype}{list(shape)}: give the initial state the dtypes the step returns")
         return state, metrics
 
     def _lost(self, error: IslandLost, done: int) -> tuple[Recovery, float]:

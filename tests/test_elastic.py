@@ -355,4 +355,8 @@ def test_bad_arguments_are_one_line_errors(rt):
         trainer = pw.ElasticTrainer(loss_first, batch, snapshot_every=3, client=client)
         with pytest.raises(TypeError, match="^step returned a state of structure"):
             trainer.run(init(), 2)
+        trainer = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client)
+        with pytest.raises(TypeError, match=r"^step returned a state whose array 0 is float32\[16\], the state "
+                                            r"given float64\[16\]: give the initial state the dtypes"):
+            trainer.run(dict(init(), b1=np.zeros(16)), 2)
     assert settled(rt)
