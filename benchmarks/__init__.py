@@ -28,6 +28,7 @@ BENCHMARKS = {
     "service": "service",
     "placement": "placement",
     "sim": "sim",
+    "elastic": "elastic",
 }
 
 

@@ -36,6 +36,7 @@ HEADLINES = {
     "sim": ("median_abs_error", "worst_abs_error", "crossover_2048_over_128", "stages16_over_stages4",
             "stages16_over_stages4_one_step", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
             "seconds_to_simulate_65536_devices"),
+    "elastic": ("recovery_s", "recovery_s_cached", "elastic_after_over_before", "trainer_over_plain_loop"),
 }
 
 
