@@ -18,7 +18,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 from .dispatch import LoadedPlan
-from .island import Island, IslandLost, client_owner
+from .island import Island, IslandLost, Islands, client_owner
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
@@ -40,16 +40,19 @@ class Runtime:
     `address` runs the Ray backend on an existing Ray cluster ("auto" or
     "host:port"; none: a local Ray instance), where each island's actor
     goes to the node offering the resource `pw-island-<island>`.
+    `compiled_graph` (Ray) sends each run's start messages through a Ray
+    Compiled Graph (the default) rather than as one actor call per island.
     `device_memory_bytes` overrides each device's memory for admission.
     """
 
     def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int = 4,
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
-                 islands: int | None = None, per_island: int | None = None, address: str | None = None):
+                 islands: int | None = None, per_island: int | None = None, address: str | None = None,
+                 compiled_graph: bool = True):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
-        if address is not None and backend != "ray":
-            raise ValueError("address= names a Ray cluster: it needs backend='ray'")
+        if (address is not None or not compiled_graph) and backend != "ray":
+            raise ValueError("address= and compiled_graph= are options of the Ray backend: they need backend='ray'")
         self.backend = backend
         self.tracer: Tracer | None = None
         self.transport: DcnTransport | None = None
@@ -58,14 +61,14 @@ class Runtime:
 
             topology = embedded_topology(*(requested_shape() if islands is None else (islands, per_island)))
             device_map = DeviceMap(topology, {})
-            self.islands = start_islands(topology, emulate_dcn, address)
+            self.islands = start_islands(topology, emulate_dcn, address, compiled_graph)
         else:
             device_map = device_map or embedded_device_map(islands, per_island)
             self.transport = DcnTransport(emulate=emulate_dcn)
             lock = threading.RLock()   # islands share one lock: execution only enqueues, so it is short
-            self.islands = {
+            self.islands = Islands({
                 island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name], lock)
-                for island in device_map.topology.islands}
+                for island in device_map.topology.islands})
         self.resources = ResourceManager(device_map)
         self.scheduler = GangScheduler(self.islands, MemoryLedger(device_map.topology, device_memory_bytes),
                                        policy, window)
@@ -210,12 +213,9 @@ class Runtime:
     def close(self) -> None:
         """Stops the runtime in bounded time: runs still queued or under way fail."""
         self.scheduler.close()
-        for island in self.islands.values():
-            island.close()
+        self.islands.close()
         if self.transport is not None:
             self.transport.close()
-        else:
-            self.islands.shutdown()
 
 
 _default: Runtime | None = None

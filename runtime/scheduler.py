@@ -257,8 +257,8 @@ class GangScheduler:
     def _deliver(self, run: Run, works: Works) -> None:
         ticket = next(self._tickets)
         self.delivered.append((ticket, run.client_id))
-        for island, (steps, inputs, last) in works.items():
-            self.islands[island].start(IslandWork(ticket, run.id, run.client_id, run.key, steps, inputs, last))
+        self.islands.start(run, {island: IslandWork(ticket, run.id, run.client_id, run.key, steps, inputs, last)
+                                 for island, (steps, inputs, last) in works.items()})
 
     def _poll(self, limit: int) -> bool:
         """Retires the oldest admitted runs whose device work is over (at most `limit`); True if any."""

@@ -1,7 +1,9 @@
 """The Ray backend on a local Ray instance: each island a Ray actor with its own JAX devices.
 
 The same programs and plans as the embedded backend; arrays cross between
-islands actor to actor. Skipped where Ray is not installed.
+islands actor to actor. Every test runs with start messages through a Ray
+Compiled Graph (the default on one node) and as actor calls. Skipped where
+Ray is not installed.
 """
 
 from functools import partial
@@ -17,6 +19,8 @@ from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.runtime import Runtime
 
 pytest.importorskip("ray")
+
+from pathways_mlir.runtime.ray_backend import _CompiledStarts  # noqa: E402
 
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
@@ -44,11 +48,23 @@ def expected(x):
     return np.asarray(g(b(g(x))))
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    rt = Runtime(backend="ray", islands=2, per_island=4)
+@pytest.fixture(scope="module", params=[True, False], ids=["compiled-graph", "actor-calls"])
+def ray_runtime(request):
+    rt = Runtime(backend="ray", islands=2, per_island=4, compiled_graph=request.param)
     yield rt
     rt.close()
+
+
+def test_start_messages_take_the_path_asked_for_one_per_island_per_run(ray_runtime, request):
+    compiled = request.node.callspec.params["ray_runtime"]      # one node: the graph is used when asked for
+    assert isinstance(ray_runtime.islands._starts, _CompiledStarts) is compiled
+    before = {name: island.calls["start"] for name, island in ray_runtime.islands.items()}
+    with Client(ray_runtime) as client:
+        outs = [across.run(X, client=client) for _ in range(5)]
+        for out in outs:
+            np.testing.assert_array_equal(np.asarray(out), expected(X))
+    assert {name: island.calls["start"] - before[name] for name, island in ray_runtime.islands.items()} == \
+        {"island0": 5, "island1": 5}
 
 
 @pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
