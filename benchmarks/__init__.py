@@ -25,8 +25,10 @@ BENCHMARKS = {
     "rl": "rl",
     "moe": "moe",
     "ray": "ray_backend",
+    "service": "service",
     "placement": "placement",
     "sim": "sim",
+    "elastic": "elastic",
 }
 
 

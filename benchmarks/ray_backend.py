@@ -13,6 +13,11 @@ all), as milliseconds per run.
   against our Ray backend on the same local Ray instance, interleaved.
 - `ray_over_embedded`: our embedded backend (every island in this process)
   against our Ray backend, interleaved with the above.
+- `ray_compiled_graph_over_actor_calls`: our Ray backend with start
+  messages through a Ray Compiled Graph (the default on one node) against
+  the same with one actor call per island per run. Island actors have
+  unique names, so the two runtimes alternate in blocks, each interleaved
+  with the hand-written chains and the embedded backend.
 - `ray_two_nodes_over_one`: our Ray backend on a `ray.cluster_utils.Cluster`
   of 2 nodes (one island each) against one node holding both islands. Only
   one cluster can be connected at a time, so the two alternate in blocks.
@@ -36,7 +41,8 @@ from pathways_mlir.runtime.runtime import Runtime
 from . import harness
 
 NAME = "ray"
-HEADLINE = ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_two_nodes_over_one")
+HEADLINE = ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_compiled_graph_over_actor_calls",
+            "ray_two_nodes_over_one")
 ISLANDS, PER_ISLAND = 2, 4
 IN_FLIGHT = 8
 STAGES, MICRO_BATCHES, WIDTH, MICRO_BATCH = 4, 4, 64, 16
@@ -214,27 +220,36 @@ def _times(cases_: dict, repetitions: int) -> dict:
 
 
 def run(quick: bool) -> dict:
-    """Measures both workloads on our Ray backend, the hand-written chains, embedded, and 1 vs 2 nodes."""
+    """Measures both workloads on our Ray backend (start messages through a compiled graph, and as actor
+    calls), the hand-written chains, embedded, and 1 vs 2 nodes."""
     import ray
+
+    from pathways_mlir.runtime.ray_backend import connect
 
     repetitions, blocks = (5, 1) if quick else (21, 3)
     three_args, pipeline_args = inputs()
     times: dict[tuple, list[float]] = {}
+    connect(None, num_cpus=ISLANDS)      # one local Ray for our runtimes and the hand-written chains
     embedded = Runtime(islands=ISLANDS, per_island=PER_ISLAND)
     try:
         with Client(embedded) as embedded_client:
-            our_ray = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND)
-            try:
-                with Client(our_ray) as client:
-                    chains = handwritten_chains(ray, pipeline_args)
-                    all_cases = cases(ray, our_ray, client, chains, three_args, pipeline_args, "ray")
-                    all_cases.update(cases(ray, embedded, embedded_client, None, three_args, pipeline_args,
-                                           "embedded"))
-                    times.update(_times(all_cases, repetitions))
-            finally:
-                our_ray.close()
+            chains = handwritten_chains(ray, pipeline_args)
+            for _ in range(blocks):
+                for compiled in (True, False):   # one runtime at a time: island actors have unique names
+                    our_ray = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND, compiled_graph=compiled)
+                    try:
+                        with Client(our_ray) as client:
+                            all_cases = cases(ray, our_ray, client, chains, three_args, pipeline_args,
+                                              "ray" if compiled else "ray, actor calls")
+                            all_cases.update(cases(ray, embedded, embedded_client, None, three_args, pipeline_args,
+                                                   "embedded"))
+                            for key, values in _times(all_cases, repetitions).items():
+                                times.setdefault(key, []).extend(values)
+                    finally:
+                        our_ray.close()
     finally:
         embedded.close()
+        ray.shutdown()
     for _ in range(blocks):
         for nodes in (ISLANDS, 1):
             cluster = start_cluster(nodes)
@@ -254,6 +269,7 @@ def run(quick: bool) -> dict:
     rows = [{"backend": b, "workload": w, "mode": m, "ms_per_run": t, "spread": harness.spread(times[(b, w, m)])}
             for (b, w, m), t in sorted(ms.items())]
     pairs = {"ray_three_blocks_over_handwritten": ("handwritten", "ray"), "ray_over_embedded": ("embedded", "ray"),
+             "ray_compiled_graph_over_actor_calls": ("ray, actor calls", "ray"),
              "ray_two_nodes_over_one": ("ray, 1 node", "ray, 2 nodes")}
     headline = {}
     for name, (other, ours_) in pairs.items():

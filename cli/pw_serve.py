@@ -1,21 +1,37 @@
-"""`pw-serve --status`: what every island of a Ray cluster is doing, from any process.
+"""`pw-serve`: a shared service that other processes attach to, and reports on what it is doing.
 
-    pw-serve --status --address 127.0.0.1:6379   # or --address auto
+    pw-serve                                        # serve 2 islands x 4 CPU devices on 127.0.0.1:7107
+    pw-serve --islands 2 --per-island 2 --port 0    # another shape, any free port
+    pw-serve --backend ray --address HOST:6379      # own the islands on an existing Ray cluster
+    pw-serve --status --service-file PATH           # ask a service for its full report
+    pw-serve --status --address 127.0.0.1:6379      # the islands of a Ray cluster (or --address auto)
 
-Connects to the Ray cluster, finds the island actors by name (`pw-island-*`
-in the namespace `pathways`), and prints each island's report: its node, its
-runs under way and what each waits for, the runs whose device work is not
-over, and each client's objects and bytes. The gang scheduler's queue lives
-in the process that owns the islands: `pw.status()` there shows it. Serving
-the cluster as a long-running shared service (`pw-serve` without
-`--status`) is not built yet. Errors are one line each; no traceback.
+Serving (`runtime/service.py`): one `Runtime` and an `Endpoint` on 127.0.0.1,
+found through a service file (host, port, key path, pid; default
+`$PW_SERVICE_DIR/service.json`, else `~/.cache/pathways-mlir/service.json`)
+that `pw.connect()` reads. It prints one line saying where it listens, runs
+until SIGINT or SIGTERM, then drops every connection (their objects are
+released) and removes the service file and its key.
+
+`--status --service-file PATH` asks that service over its endpoint: the
+scheduler's queue and what each queued run waits for, each island's runs
+and what each waits for, each client's objects and bytes, the bytes
+reserved per device, and the connected clients. `--status` without it asks
+a Ray cluster (`--address`, default auto): it finds the island actors by
+name (`pw-island-*` in the namespace `pathways`) and prints each island's
+report; the scheduler's queue lives in the process that owns those islands.
+Errors are one line each; no traceback.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import click
+
+from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
 
 from .entry import run_command
 
@@ -25,14 +41,80 @@ class ServeError(Exception):
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--status", "status", is_flag=True, help="Print what every island of the cluster is doing.")
-@click.option("--address", default="auto", show_default=True, help="The Ray cluster: host:port or auto.")
-def cli(status: bool, address: str) -> None:
-    """Report on the islands of a Ray cluster (serving is not built yet)."""
-    if not status:
-        raise ServeError("only --status is available: a long-running shared service is not built yet")
+@click.option("--status", "status", is_flag=True, help="Print what a service, or a Ray cluster's islands, are doing.")
+@click.option("--service-file", default=None, type=click.Path(dir_okay=False),
+              help="The service file to write (serving) or read (--status). [default: "
+                   "$PW_SERVICE_DIR/service.json, else ~/.cache/pathways-mlir/service.json]")
+@click.option("--address", default=None, help="The Ray cluster, host:port or auto: the islands' home with "
+                                                "--backend ray; asked by --status without --service-file.")
+@click.option("--backend", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
+              help="Run the islands in the service's process, or each in a Ray actor.")
+@click.option("--islands", type=click.IntRange(min=1), default=None, help=f"Islands (default from {CLUSTER_ENV}).")
+@click.option("--per-island", type=click.IntRange(min=1), default=None, help="CPU devices per island.")
+@click.option("--device-memory-bytes", type=click.IntRange(min=1), default=None,
+              help="Each device's memory for admission (default: the device's).")
+@click.option("--policy", type=click.Choice(["fifo", "share"]), default="fifo", show_default=True,
+              help="The gang scheduler's policy.")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="The port on 127.0.0.1 (0: any free port). [default: 7107]")
+def cli(status, service_file, address, backend, islands, per_island, device_memory_bytes, policy, port) -> None:
+    """Serve a cluster to other processes (pw.connect), or report on one (--status)."""
+    if status:
+        _status(service_file, address)
+        return
+    if (islands is None) != (per_island is None):
+        raise ServeError("--islands and --per-island go together")
+    if address is not None and backend != "ray":
+        raise ServeError("--address names a Ray cluster to own islands on: it needs --backend ray")
+    if islands is not None:
+        os.environ[CLUSTER_ENV] = f"{islands}x{per_island}"
+    prepare_host_devices()            # before JAX starts: the embedded islands' CPU devices
+    from pathways_mlir.runtime.runtime import Runtime
+    from pathways_mlir.runtime.service import DEFAULT_PORT, Service, ServiceError
+
+    # Signals wait for the main thread's sigwait; every thread started from here on inherits the mask.
+    stop = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        runtime = Runtime(policy=policy, backend=backend, address=address, islands=islands, per_island=per_island,
+                          device_memory_bytes=device_memory_bytes)
+    except ImportError:
+        raise ServeError("--backend ray needs Ray: pip install 'pathways-mlir[ray]'") from None
+    except (ValueError, ConnectionError, ClusterError) as e:
+        raise ServeError(str(e)) from None
+    try:
+        service = Service(runtime, DEFAULT_PORT if port is None else port, service_file)
+    except ServiceError as e:
+        runtime.close()
+        raise ServeError(str(e)) from None
+    try:
+        shape = ", ".join(f"{i.name}: {i.num_devices} devices" for i in runtime.resources.topology.islands)
+        click.echo(f"pw-serve: serving {len(runtime.islands)} island(s) ({shape}, {backend} backend) on "
+                   f"{service.address}; service file {service.service_file}")
+        sys.stdout.flush()
+        received = signal.sigwait(stop)
+        click.echo(f"pw-serve: {signal.Signals(received).name}: stopping")
+    finally:
+        runtime.close()      # first: runs still queued or parked fail, so no connection waits for them
+        service.close()      # drops every connection, removes the service file and the key
+
+
+def _status(service_file: str | None, address: str | None) -> None:
+    """Prints a service's report (`service_file`), else the report of a Ray cluster's islands (`address`)."""
+    if service_file is not None and address is not None:
+        raise ServeError("--status asks a service (--service-file) or a Ray cluster (--address), not both")
+    if service_file is not None:
+        from pathways_mlir.runtime.service import ServiceError, open_connection
+
+        try:
+            with open_connection(service_file, timeout=60) as client:
+                click.echo(str(client.status()))
+        except ServiceError as e:
+            raise ServeError(str(e)) from None
+        return
     from pathways_mlir.runtime.ray_backend import cluster_status
 
+    address = address or "auto"
     try:
         report = cluster_status(address)
     except ImportError:
@@ -46,7 +128,7 @@ def cli(status: bool, address: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-serve`; returns the exit status."""
-    return run_command(cli, argv, "pw-serve", (ServeError,), lambda e: f"pw-serve: error: {e}")
+    return run_command(cli, argv, "pw-serve", (ServeError, ClusterError), lambda e: f"pw-serve: error: {e}")
 
 
 if __name__ == "__main__":

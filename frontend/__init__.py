@@ -7,15 +7,18 @@
     step.lower(x).as_text()                               # lowered.py
 
 `cond` (cond.py) adds data-dependent steps; `pipeline` (pipeline.py) builds
-a pipelined training step from per-stage forward functions; `PlacementError`
-(errors.py) names the Python call of a placement that cannot work.
+a pipelined training step from per-stage forward functions; `ElasticTrainer`
+(elastic.py) runs a training loop that snapshots its state and survives a
+lost island; `PlacementError` (errors.py) names the Python call of a
+placement that cannot work.
 """
 
 from .cond import cond
+from .elastic import ElasticTrainer
 from .errors import PlacementError
 from .pipeline import pipeline
 from .placed import jit
 from .slices import virtual_slice
 from .tracer import program
 
-__all__ = ["PlacementError", "cond", "jit", "pipeline", "program", "virtual_slice"]
+__all__ = ["ElasticTrainer", "PlacementError", "cond", "jit", "pipeline", "program", "virtual_slice"]

@@ -8,7 +8,8 @@ JAX's stages are traced -> lowered -> compiled; ours are the same:
 
 A `Compiled` belongs to one runtime. It lowers again, on its next call,
 when the runtime's topology has changed since (a device removed or added),
-so programs follow the cluster. Calling a program or placed function
+so programs follow the cluster; on a service (`pw.connect`), when the
+service refuses a run as lowered for an older topology. Calling a program or placed function
 directly uses `StageCache`: one `Compiled` per runtime and argument
 signature, kept on the function itself, so a repeated call never traces,
 lowers or parses a plan again.
@@ -47,6 +48,7 @@ class Compiled:
     def __call__(self, *args: Any, client=None, dispatch: str = "parallel") -> Any:
         """Runs the program on `args` (a pytree like the example arguments); returns handles."""
         from pathways_mlir.runtime.client import default_client
+        from pathways_mlir.runtime.resource_manager import TopologyChanged
 
         if self.runtime.resources.version != self._version:
             with self._lock:
@@ -55,7 +57,13 @@ class Compiled:
         client = client or default_client(self.runtime)
         if client.runtime is not self.runtime:
             raise ValueError("this program was compiled for another runtime than the client's")
-        handles = client.run(self.plan, jax.tree_util.tree_leaves(args), dispatch)
+        leaves = jax.tree_util.tree_leaves(args)
+        try:
+            handles = client.run(self.plan, leaves, dispatch)
+        except TopologyChanged:       # a service's topology changed since this process read it (pw.connect)
+            with self._lock:
+                self._refresh()
+            handles = client.run(self.plan, leaves, dispatch)
         return jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)
 
 

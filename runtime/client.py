@@ -33,6 +33,9 @@ class Client:
         if weight <= 0:
             raise ValueError(f"a client's weight must be positive, not {weight}")
         self.runtime = runtime or get_runtime()
+        if not isinstance(self.runtime, Runtime):
+            raise ValueError("this process is a client of a service (pw.connect): its connection is its "
+                             "client; connect again for another")
         self.id = next(_client_ids)
         self.weight = weight
         self.closed = False
@@ -115,8 +118,11 @@ _default_lock = threading.Lock()
 
 
 def default_client(runtime: Runtime | None = None) -> Client:
-    """Returns the client that calls without an explicit client use (one per runtime)."""
+    """Returns the client that calls without an explicit client use (one per runtime; for a service this
+    process is connected to, the connection)."""
     runtime = runtime or get_runtime()
+    if not isinstance(runtime, Runtime):
+        return runtime        # a `RemoteClient` (pw.connect) is its own runtime and this process's one client
     client = _default_clients.get(runtime)
     if client is None:
         with _default_lock:

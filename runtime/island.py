@@ -76,6 +76,20 @@ class IslandWork(NamedTuple):
     last: bool = True
 
 
+class Islands(dict):
+    """A runtime's islands by name, and how a run's work reaches them."""
+
+    def start(self, run, works: dict[str, IslandWork]) -> None:
+        """Delivers one run's work to its islands: one `start` message each, in ticket order."""
+        for name, work in works.items():
+            self[name].start(work)
+
+    def close(self) -> None:
+        """Closes every island (runs still under way there fail)."""
+        for island in self.values():
+            island.close()
+
+
 def client_owner(client_id: int) -> tuple[str, int]:
     """The owner of a client's results in the object store."""
     return ("client", client_id)

@@ -4,20 +4,23 @@ The actor process starts its own JAX with the island's devices (CPU devices
 made with `XLA_FLAGS` in the actor's environment here; an accelerator host's
 own devices elsewhere) and runs an `Island` inside: the same island programs,
 object-store shard and compile cache as the embedded backend. The driver
-holds a proxy per island that turns each island message into an actor call:
-plans travel as JSON, arrays as NumPy arrays through Ray's object store, and
-replies come back as futures. A send between islands goes straight from one
-actor to the other (`deliver`), never through the driver.
+holds a proxy per island (`RayIsland`) that turns island messages into actor
+calls: plans travel as JSON, arrays as NumPy arrays through Ray's object
+store, and replies come back as futures. A send between islands goes
+straight from one actor to the other (`deliver_many`), never through the
+driver.
 
-Ray runs actor calls concurrently (the actors are threaded), so the proxy
-numbers the work items it submits and the actor admits them to its island in
-that order: the gang scheduler's consistent order survives the hop.
+A run costs one `start` message per island it uses, whatever its number of
+steps, sent in the gang scheduler's ticket order: through a Ray Compiled
+Graph (`_CompiledStarts`) when every island actor is on the driver's node,
+else as numbered actor calls (`_CalledStarts`: Ray runs an actor's calls
+concurrently, so the actor takes them in number order). `RayIsland.calls`
+counts the messages by kind.
 
 On a Ray cluster (`address=`), island `I`'s actor is named `pw-island-I` in
 the namespace `pathways` and needs the custom resource `pw-island-I`, which
 only the node holding that island's devices offers: each island runs where
-its devices are. A run costs one `start` call per island it uses, whatever
-its number of steps (`RayIsland.calls` counts the calls by message).
+its devices are.
 
 A monitor thread in the driver (`RayIslands.watch`) notices an island whose
 actor died (killed, its process gone, or its node removed) from Ray itself:
@@ -28,6 +31,8 @@ the island out through `Runtime.lose_island`, the path the embedded backend
 uses. When a node offering a lost island's resource joins the cluster in
 place of the node that died, the monitor brings the island back
 (`Runtime.restore_island`: a fresh actor, which every island connects to).
+After a loss, start messages go as actor calls (a compiled graph holds the
+dead actor).
 """
 
 from __future__ import annotations
@@ -46,13 +51,17 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from .island import HISTORY, IslandLost, IslandWork, RunFailed
+from .island import HISTORY, IslandLost, Islands, IslandWork, RunFailed
 from .status import Status, gather
 
 NAMESPACE = "pathways"
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
 STATUS_TIMEOUT = 10.0   # seconds an island has to answer a status request
-START_TIMEOUT = 120.0   # seconds for every island actor to start (its JAX included)
+START_TIMEOUT = 120.0   # seconds for every island actor to start (its JAX included), or to take a start
+SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the island up to this size each
+RELEASE_BATCH = 64      # queued releases sent in a call of their own once this many wait
+RUNS_DONE_BATCH = 256   # earlier runs asked about with each `runs_done` call
+PENDING = 32            # compiled start executions whose acknowledgement may stay unread
 WATCH_PERIOD = 0.2      # seconds: how often the monitor looks at islands a call saw dead
 JOIN_PERIOD = 1.0       # seconds: how often the monitor looks for a node offering a lost island's resource
 
@@ -74,20 +83,21 @@ class _IslandActor:
         devices = jax.devices()
         if len(devices) < count:
             raise RuntimeError(f"island {name} needs {count} devices but its process has {len(devices)}")
-        self._peers: dict[str, object] = {}
-        # Sends always go through the transport: a peer is another process.
+        self._name = name
+        self._senders: dict[str, _PeerSender] = {}
+        # Without emulation a send is handed to the peer's sender at once (it batches and waits for the value).
         self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
-                              DcnTransport(emulate=emulate_dcn, always=True), self._peer)
+                              DcnTransport(emulate=emulate_dcn), self._peer)
         self._next = 0
         self._turn = threading.Condition()
         self._closing = threading.Event()
 
-    def connect(self, peers: dict) -> str:
-        """Takes the actors of every island (this one's peers); returns the node this actor runs on."""
-        import ray
+    def connect(self, peers: dict) -> None:
+        self._senders = {name: _PeerSender(actor) for name, actor in peers.items() if name != self._name}
 
-        self._peers = dict(peers)
-        return ray.get_runtime_context().get_node_id()
+    def reconnect(self, name: str, actor) -> None:
+        """Island `name` has a new actor (it was lost and restored): sends go there from now on."""
+        self._senders[name] = _PeerSender(actor)
 
     def watch(self) -> None:
         """Returns when the island closes: the driver's monitor keeps one call in flight, which Ray fails
@@ -95,7 +105,7 @@ class _IslandActor:
         self._closing.wait()
 
     def _peer(self, name: str) -> "_PeerSender":
-        return _PeerSender(self._peers[name])
+        return self._senders[name]
 
     def load(self, key: int, plan_json: str) -> None:
         self._island.load(key, ProgramPlan.from_json(plan_json))
@@ -103,26 +113,56 @@ class _IslandActor:
     def prepare(self, key: int, step_ids) -> None:
         self._island.prepare(key, tuple(step_ids))
 
-    def start(self, seq: int, work: IslandWork) -> None:
+    def start(self, seq: int, work: IslandWork, releases) -> None:
+        """One run's work (after the releases made since the last message), in the order `seq` numbers."""
         with self._turn:
             self._turn.wait_for(lambda: self._next == seq)
             try:
+                self._release(releases)
                 self._island.start(work)
             finally:
                 self._next += 1
                 self._turn.notify_all()
 
-    def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
-        self._island.deliver(run_id, key, buffer, array)
+    def start_compiled(self, message: dict) -> None:
+        """One execution of the compiled start graph: this island's releases, then its work of the run (if any).
+        Executions arrive in the order the driver made them."""
+        self._release(message["releases"].get(self._name, ()))
+        work = message["works"].get(self._name)
+        if work is not None:
+            self._island.start(work)
+
+    def deliver_many(self, items) -> None:
+        """A peer's sends and failures, in the order it made them."""
+        for item in items:
+            if len(item) == 4:
+                self._island.deliver(*item)
+            else:
+                self._island.fail_run(item[0], RunFailed(item[1]))
 
     def fail_run(self, run_id: int, message: str, lost: bool = False) -> None:
         self._island.fail_run(run_id, (IslandLost if lost else RunFailed)(message))
 
-    def fetch(self, run_id: int, buffer: int, timeout: float | None):
-        return np.asarray(self._island.fetch(run_id, buffer, timeout))
+    def fetch(self, run_id: int, buffer: int, timeout: float | None, siblings):
+        """Returns a buffer's value, and those of the `siblings` (other results of its run) already produced
+        that are at most `SIBLING_BYTES` each."""
+        value = np.asarray(self._island.fetch(run_id, buffer, timeout))
+        ready = {}
+        for other in siblings:
+            try:
+                array = self._island.fetch(run_id, other, timeout=0)
+            except Exception:  # noqa: BLE001  (not produced yet, released or failed: fetched on its own)
+                continue
+            if array.nbytes <= SIBLING_BYTES:
+                ready[other] = np.asarray(array)
+        return value, ready
 
-    def release(self, run_id: int, buffer: int) -> None:
-        self._island.release(run_id, buffer)
+    def release_many(self, pairs) -> None:
+        self._release(pairs)
+
+    def _release(self, pairs) -> None:
+        for run_id, buffer in pairs:
+            self._island.release(run_id, buffer)
 
     def release_owner(self, owner) -> int:
         return self._island.release_owner(owner)
@@ -143,9 +183,13 @@ class _IslandActor:
         return self._island.compilations()
 
     def status(self) -> dict:
+        return {**self._island.status(), "node": self.node()}
+
+    def node(self) -> str:
+        """The id of the Ray node this actor runs on."""
         import ray
 
-        return {**self._island.status(), "node": ray.get_runtime_context().get_node_id()}
+        return ray.get_runtime_context().get_node_id()
 
     def close(self) -> None:
         self._island.close()
@@ -153,20 +197,58 @@ class _IslandActor:
 
 
 class _PeerSender:
-    """Inside an actor: sends a buffer (or a run's failure) to a peer island's actor."""
+    """Inside an actor: sends buffers (and run failures) to one peer island's actor, from one thread.
+
+    Sends made while the previous batch is on its way queue up and leave
+    together as one `deliver_many` call, in the order they were made: a
+    burst of sends (a pipeline's micro-batches) costs one actor call, and a
+    lone send leaves at once. The thread waits for each array's value, so
+    the island that sent it never blocks.
+    """
 
     def __init__(self, actor):
         self._actor = actor
+        self._queue: list = []
+        self._ready = threading.Condition()
+        threading.Thread(target=self._send_batches, name="pw-peer-sender", daemon=True).start()
 
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
-        self._actor.deliver.remote(run_id, key, buffer, np.asarray(array))
+        self._put((run_id, key, buffer, array))
 
     def fail_run(self, run_id: int, error: BaseException) -> None:
-        self._actor.fail_run.remote(run_id, str(error), isinstance(error, IslandLost))
+        self._put((run_id, str(error)))
+
+    def _put(self, item: tuple) -> None:
+        with self._ready:
+            self._queue.append(item)
+            self._ready.notify()
+
+    def _send_batches(self) -> None:
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._queue)
+                batch, self._queue = self._queue, []
+            items = []
+            for item in batch:
+                if len(item) == 4:
+                    try:
+                        item = (*item[:3], np.asarray(item[3]))
+                    except Exception as error:  # noqa: BLE001  (computing the value failed: the run fails)
+                        item = (item[0], f"run {item[0]} failed computing a sent buffer: {error}")
+                items.append(item)
+            self._actor.deliver_many.remote(items)
 
 
 class RayIsland:
     """The driver's proxy for an island actor: the island messages, as actor calls.
+
+    `start` goes through the runtime's start channel (`RayIslands.start`).
+    Releases are queued and travel with the island's next start message (or
+    in one call once `RELEASE_BATCH` have queued, or before any question
+    about objects), so dropping a result costs no call of its own; the ledger
+    of device memory is the driver's and frees the bytes at once. A fetch
+    brings back the run's other small results on the island too, so reading
+    a run's outputs one by one costs one call.
 
     Once its actor is dead (the monitor saw it, or Ray failed a call with
     `RayActorError`), the proxy answers for it as a lost island would: work
@@ -178,13 +260,15 @@ class RayIsland:
         self.name = name
         self._actor = actor
         self._group = group
-        self._seq = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
-        self._started: dict[int, object] = {}   # run -> its latest start call, so later calls follow it
-        self._keys: dict[int, int] = {}          # run -> its plan's key, while not known to be over
-        self.calls: collections.Counter[str] = collections.Counter()   # actor calls made, by message
+        self.received: Callable[[int], None] = lambda run_id: None   # set by `RayIslands`: a start was taken
+        self.calls: collections.Counter[str] = collections.Counter()   # messages sent, by kind
         self._done: collections.OrderedDict[int, None] = collections.OrderedDict()   # runs known to be over
+        self._outputs: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()  # run -> results here
+        self._fetched: dict[tuple[int, int], np.ndarray] = {}   # results brought back with a sibling, not read yet
+        self._releases: list[tuple[int, int]] = []
+        self._keys: collections.OrderedDict[int, int] = collections.OrderedDict()   # run started here -> plan key
         self._plans: dict[int, ProgramPlan] = {}   # plans loaded, by key: a run failing here names its program
         self._dead: IslandLost | None = None       # set once the actor is known to be dead
         self.lost: IslandLost | None = None        # set once the runtime took the island out (`lose`)
@@ -223,11 +307,11 @@ class RayIsland:
     def _fail_under_way(self) -> None:
         """Fails every run started here and not known to be over, as a lost embedded island does."""
         with self._lock:
-            runs = list(self._keys.items())
+            runs = [(run_id, key) for run_id, key in self._keys.items() if run_id not in self._done]
         for run_id, key in runs:
-            self._lose_run(run_id, key)
+            self.lose_run(run_id, key)
 
-    def _lose_run(self, run_id: int, key: int) -> None:
+    def lose_run(self, run_id: int, key: int) -> None:
         """Fails a run with `IslandLost` here and on its peers (a peer parked on a recv from here included)."""
         plan = self._plans[key]
         error = IslandLost(f"island {self.name} was lost: run {run_id} of {plan.program} used it")
@@ -254,17 +338,25 @@ class RayIsland:
             raise self._dead
         self._get(self._call("prepare", key, list(step_ids)))
 
-    def start(self, work: IslandWork) -> None:
-        if self._dead is not None:
-            return self._lose_run(work.run_id, work.plan_key)
-        inputs = tuple((b, np.asarray(v)) for b, v in work.inputs)
-        with self._lock:   # the gang scheduler calls in ticket order; number the calls in that order
-            ref = self._call("start", next(self._seq), work._replace(inputs=inputs))
-            self._started[work.run_id] = ref
+    def started(self, work: IslandWork, outputs: tuple[int, ...]) -> IslandWork:
+        """Notes a run's start here (its results on this island); returns the work as it travels."""
+        with self._lock:
+            self._outputs[work.run_id] = outputs
             self._keys[work.run_id] = work.plan_key
+            while len(self._outputs) > HISTORY:
+                self._outputs.popitem(last=False)
+            while len(self._keys) > HISTORY:
+                self._keys.popitem(last=False)
+        return work._replace(inputs=tuple((b, np.asarray(v)) for b, v in work.inputs))
+
+    def take_releases(self) -> list[tuple[int, int]]:
+        """Returns (and forgets) the releases queued since the last message."""
+        with self._lock:
+            releases, self._releases = self._releases, []
+        return releases
 
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
-        self._call("deliver", run_id, key, buffer, np.asarray(array))
+        self._call("deliver_many", [(run_id, key, buffer, np.asarray(array))])
 
     def fail_run(self, run_id: int, error: BaseException) -> None:
         if self._dead is not None:
@@ -273,63 +365,83 @@ class RayIsland:
             self._call("fail_run", run_id, str(error), isinstance(error, IslandLost))
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
-        if self._dead is None and run_id not in self._failed:
-            try:      # no wait for the start call first: the island's fetch waits for the value itself
-                reply = self._call("fetch", run_id, buffer, timeout).future()   # the island waits `timeout`,
-                return reply.result(None if timeout is None else timeout + STATUS_TIMEOUT)   # the reply travels
-            except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
-                import ray
+        if self._dead is not None or run_id in self._failed:
+            raise self._failed.get(run_id) or IslandLost(f"island {self.name} was lost, with the results of run "
+                                                         f"{run_id} that lived there")
+        with self._lock:
+            value = self._fetched.pop((run_id, buffer), None)
+            siblings = [b for b in self._outputs.get(run_id, ()) if b != buffer and (run_id, b) not in self._fetched]
+        if value is not None:
+            return value
+        try:          # no wait for the start first: the island's fetch waits for the value itself
+            reply = self._call("fetch", run_id, buffer, timeout, siblings).future()   # the island waits `timeout`,
+            value, ready = reply.result(None if timeout is None else timeout + STATUS_TIMEOUT)   # the reply travels
+        except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
+            import ray
 
-                if not isinstance(error, ray.exceptions.RayActorError):
-                    cause = getattr(error, "cause", None)
-                    raise (cause if isinstance(cause, BaseException) else error) from None
+            if isinstance(error, ray.exceptions.RayActorError):
                 self._died(error)
-        raise self._failed.get(run_id) or IslandLost(f"island {self.name} was lost, with the results of run "
-                                                     f"{run_id} that lived there")
+                return self.fetch(run_id, buffer, timeout)
+            cause = getattr(error, "cause", None)
+            raise (cause if isinstance(cause, BaseException) else error) from None
+        with self._lock:
+            released = set(self._releases)
+            self._fetched.update(((run_id, b), v) for b, v in ready.items() if (run_id, b) not in released)
+        return value
 
     def release(self, run_id: int, buffer: int) -> None:
-        if self._live() and self._dead is None and run_id not in self._failed:
-            self._call("release", run_id, buffer)   # handles dropped at exit, after the actors are gone, do nothing
+        if not self._live() or self._dead is not None or run_id in self._failed:
+            return       # handles dropped at exit, after the actors are gone, or of results gone: nothing to do
+        with self._lock:
+            self._fetched.pop((run_id, buffer), None)
+            self._releases.append((run_id, buffer))
+            full = len(self._releases) >= RELEASE_BATCH
+        if full:
+            self.flush_releases()
+
+    def flush_releases(self) -> None:
+        """Sends the queued releases now."""
+        releases = self.take_releases()
+        if releases and self._live() and self._dead is None:
+            self._call("release_many", releases)
 
     def _live(self) -> bool:
         import ray
 
         return not self._closed and ray.is_initialized()
 
-    def _after_start(self, run_id: int) -> None:
-        with self._lock:
-            ref = self._started.get(run_id)
-        if ref is not None:
-            self._get(ref)
-
     def _ask(self, message: str, *args, otherwise=None):
-        """Calls the actor and returns its reply; `otherwise` once the island is closed or its actor dead."""
+        """Calls the actor (after the queued releases) and returns its reply; `otherwise` once the island is
+        closed or its actor dead."""
         if self._closed or self._dead is not None:
             return otherwise
         try:
+            self.flush_releases()
             return self._get(self._call(message, *args))
         except IslandLost:
             return otherwise
 
     def release_owner(self, owner) -> int:
+        if self._closed or self._dead is not None:
+            return 0
+        self.flush_releases()
+        with self._lock:
+            self._fetched = {k: v for k, v in self._fetched.items() if k not in set(self._releases)}
         return self._ask("release_owner", owner, otherwise=0)
 
     def run_done(self, run_id: int) -> bool:
-        """Returns whether the run's work here is over. One actor call also asks about every other run
-        whose start call has been taken, and the answers are kept: the scheduler and the clients poll
+        """Returns whether the run's work here is over. One actor call also asks about every run started
+        earlier that is not known to be over, and the answers are kept: the scheduler and the clients poll
         runs in order, so the next questions are answered here. Once the actor is dead, a run is over
         here if it was known to be, or failed, or the island was taken out."""
-        import ray
-
         if run_id in self._done:
             return True
         if self._dead is None:
             try:
-                self._after_start(run_id)
+                self.received(run_id)
                 with self._lock:
-                    others = {ref: r for r, ref in self._started.items() if r != run_id}
-                taken, _ = ray.wait(list(others), num_returns=len(others), timeout=0) if others else ([], [])
-                self._over(self._get(self._call("runs_done", [run_id] + [others[ref] for ref in taken])))
+                    others = [r for r in self._outputs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
+                self._over(self._get(self._call("runs_done", [run_id] + others)))
                 return run_id in self._done
             except IslandLost:
                 pass
@@ -339,8 +451,6 @@ class RayIsland:
         """Remembers runs whose work here is over (the latest `HISTORY` of them)."""
         with self._lock:
             for run_id in run_ids:
-                self._started.pop(run_id, None)
-                self._keys.pop(run_id, None)
                 self._done[run_id] = None
             while len(self._done) > HISTORY:
                 self._done.popitem(last=False)
@@ -349,7 +459,7 @@ class RayIsland:
         if self._dead is not None:
             return              # its work here ended with the actor
         try:
-            self._after_start(run_id)
+            self.received(run_id)
             self._get(self._call("wait_run", run_id, timeout))
         except IslandLost:
             return
@@ -369,6 +479,7 @@ class RayIsland:
         if self._dead is not None:
             return _unreachable(self._dead)
         try:
+            self.flush_releases()
             return self._get(self._call("status"), STATUS_TIMEOUT)
         except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
             return _unreachable(error)
@@ -417,50 +528,194 @@ def _unreachable(error: BaseException) -> dict:
     return {"unreachable": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
 
 
+def _get(ref, timeout: float | None = None):
+    import ray
+
+    return ray.get(ref, timeout=timeout)
+
+
+class _CompiledStarts:
+    """Start messages through a Ray Compiled Graph: one execution per run, whatever the program.
+
+    The graph is the same for every program and client: one node per island
+    actor (`start_compiled`), all reading the driver's message (each run's
+    work by island, and the releases queued for each). An execution writes
+    to shared-memory channels instead of submitting actor tasks (about
+    50-200 us against about 1 ms a call here), and executions reach every
+    actor in the order they were made, which is the gang scheduler's ticket
+    order. Each execution's acknowledgement is read later, in order: before
+    asking an island about a run (`received`), or when `PENDING` are unread.
+    """
+
+    def __init__(self, islands: dict[str, RayIsland]):
+        from ray.dag import InputNode, MultiOutputNode
+
+        with InputNode() as message:
+            graph = MultiOutputNode([island._actor.start_compiled.bind(message) for island in islands.values()])
+        self._graph = graph.experimental_compile(_max_inflight_executions=2 * PENDING)
+        self._islands = islands
+        self._pending: collections.deque[tuple[int, tuple, list]] = collections.deque()   # (run, islands, acks)
+        self._lock = threading.Lock()
+        self.broken = False     # an island actor died: the graph delivers nothing more (see `_take`)
+
+    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list]) -> None:
+        """Sends one run's work (and the queued releases) to every island; called in ticket order."""
+        refs = self._graph.execute({"works": works, "releases": releases})
+        for name in works:
+            self._islands[name].calls["start"] += 1
+        with self._lock:
+            self._pending.append((run_id, tuple(works), refs))
+            while len(self._pending) > PENDING:
+                self._take(*self._pending.popleft())
+
+    def received(self, run_id: int) -> None:
+        """Returns once every island has taken the execution carrying `run_id`'s work (if it is pending)."""
+        with self._lock:
+            if not any(r == run_id for r, _, _ in self._pending):
+                return
+            while self._pending:
+                taken, names, refs = self._pending.popleft()
+                self._take(taken, names, refs)
+                if taken == run_id:
+                    return
+
+    def _take(self, run_id: int, names: tuple, refs) -> None:
+        """Reads one execution's acknowledgements. Once an island actor died, every acknowledgement fails and
+        which islands took the run's start is unknown: the run fails on all its islands (the monitor finds
+        the dead actor)."""
+        import ray
+
+        try:
+            if not self.broken:
+                _get(refs, START_TIMEOUT)
+                return
+        except ray.exceptions.RayActorError:
+            self.broken = True
+        for name in names:
+            self._islands[name].fail_run(run_id, IslandLost(f"an island actor died while the start of run "
+                                                            f"{run_id} was on its way"))
+
+    def close(self) -> None:
+        """Reads the acknowledgements still pending and tears the graph down (the actors stay)."""
+        with self._lock:
+            try:
+                while self._pending:
+                    self._take(*self._pending.popleft())
+            except Exception:  # noqa: BLE001  (a stuck island: tear down all the same)
+                pass
+            self._graph.teardown()
+
+
+class _CalledStarts:
+    """Start messages as actor calls: one `start` call per island per run, numbered in ticket order
+    (Ray runs an actor's calls concurrently, so each actor takes them in number order)."""
+
+    def __init__(self, islands: dict[str, RayIsland]):
+        self._islands = islands
+        self._seq = {name: itertools.count() for name in islands}
+        self._refs: collections.OrderedDict[int, list] = collections.OrderedDict()   # run -> (proxy, start call)s
+        self._lock = threading.Lock()
+
+    def restart(self, name: str) -> None:
+        """Island `name` has a fresh actor: its start calls are numbered from 0 again."""
+        self._seq[name] = itertools.count()
+
+    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list]) -> None:
+        """Calls `start` on every island of the run; called in ticket order."""
+        refs = [(self._islands[name], self._islands[name]._call("start", next(self._seq[name]), work,
+                                                                 releases.pop(name, [])))
+                for name, work in works.items()]
+        with self._lock:
+            self._refs[run_id] = refs
+            while len(self._refs) > HISTORY:
+                self._refs.popitem(last=False)
+        for name, pairs in releases.items():
+            if pairs:
+                self._islands[name]._call("release_many", pairs)
+
+    def received(self, run_id: int) -> None:
+        """Returns once the run's start calls were taken (or their actors died)."""
+        import ray
+
+        with self._lock:
+            refs = self._refs.pop(run_id, None)
+        for island, ref in refs or ():
+            try:
+                _get(ref, START_TIMEOUT)
+            except ray.exceptions.RayActorError as error:
+                island._died(error)
+
+    def close(self) -> None:
+        """Nothing to tear down."""
+
+
 def island_name(island: str) -> str:
     """The Ray name of an island's actor, and the custom resource of the node holding its devices."""
     return f"pw-island-{island}"
 
 
-class RayIslands(dict):
-    """The island proxies of a runtime on Ray (by island name); what starts, watches and stops their actors."""
+class RayIslands(Islands):
+    """The island proxies of a runtime on Ray (by island name), their start channel, and what starts,
+    watches and stops their actors.
 
-    def __init__(self, topology: Topology, emulate_dcn: bool, one_machine: bool, started_ray: bool):
-        super().__init__()
+    `compiled_graph=True` sends start messages through a Ray Compiled Graph
+    (`_CompiledStarts`), else as actor calls (`_CalledStarts`). The graph is
+    used only when every island actor runs on the driver's node: across
+    nodes, Ray's compiled-graph channels (Ray 2.60) stopped delivering
+    executions after the first few in our tests on a `Cluster` of 2 nodes,
+    so a cluster of several nodes gets actor calls. Once an actor dies, the
+    graph gives way to actor calls for good.
+    """
+
+    def __init__(self, topology: Topology, emulate_dcn: bool, one_machine: bool, started_ray: bool,
+                 actors: dict, nodes: dict[str, str], compiled_graph: bool):
+        super().__init__({name: RayIsland(name, actor, self) for name, actor in actors.items()})
         self.topology = topology
         self.emulate_dcn = emulate_dcn
         self.one_machine = one_machine          # every island on the one node of a Ray without island resources
         self.started_ray = started_ray
-        self.nodes: dict[str, str] = {}         # island -> the node its actor runs on
+        self.compiled_graph = compiled_graph
+        self.nodes = dict(nodes)                # island -> the node its actor runs on
+        self._starts = (_CompiledStarts if compiled_graph else _CalledStarts)(self)
+        self._outputs: dict[int, dict[str, tuple[int, ...]]] = {}   # plan key -> results by island
         self._watches: dict = {}                # each actor's `watch` call -> its proxy
         self._reported: set[str] = set()        # islands whose actor a call saw dead
         self._failed_nodes: set[str] = set()    # nodes a restarted actor failed on (dead ones Ray counted alive)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+        for island in self.values():
+            self._watch_actor(island)
 
-    def launch(self, island: str, node: str | None = None):
-        """Starts island `island`'s actor on a node offering its resource (on `node`, if given); returns its
-        handle."""
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        flags = f"--xla_force_host_platform_device_count={self.topology.island(island).num_devices}"
-        return ray.remote(_IslandActor).options(
-            name=island_name(island), namespace=NAMESPACE,
-            resources={} if self.one_machine else {island_name(island): 1},
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT",
-            num_cpus=0, max_concurrency=64,
-            runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": ""}},
-        ).remote(island, self.topology.to_json(), self.emulate_dcn)
-
-    def add(self, island: str, actor, node: str) -> RayIsland:
-        """Makes the proxy of a started and connected actor, and watches the actor; returns the proxy."""
-        proxy = RayIsland(island, actor, self)
-        self.nodes[island] = node
+    def _watch_actor(self, island: RayIsland) -> None:
+        """Hands the proxy its start channel and keeps the actor's `watch` call in flight."""
+        island.received = self._starts.received
         with self._lock:
-            self._watches[actor.watch.remote()] = proxy
-        return proxy
+            self._watches[island._actor.watch.remote()] = island
+
+    def start(self, run, works: dict[str, IslandWork]) -> None:
+        """Sends one run's work to its islands as one start message each, with the releases queued; the run
+        fails at once on an island whose actor is dead."""
+        outputs = self._outputs.get(run.key)
+        if outputs is None:
+            outputs = self._outputs[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
+                                                for name in self}
+        if self.compiled_graph and (self._starts.broken or any(p._dead is not None for p in self.values())):
+            self._use_calls()
+        dead = [name for name in works if self[name]._dead is not None]
+        for name in dead:
+            self[name].lose_run(run.id, works[name].plan_key)
+        sent = {name: self[name].started(work, outputs[name]) for name, work in works.items() if name not in dead}
+        if sent:
+            self._starts.send(run.id, sent, {name: island.take_releases() for name, island in self.items()})
+
+    def _use_calls(self) -> None:
+        """Replaces the compiled graph (it holds a dead actor) with actor calls."""
+        graph, self._starts = self._starts, _CalledStarts(self)
+        self.compiled_graph = False
+        for island in self.values():
+            island.received = self._starts.received
+        graph.close()
 
     def restart(self, island: str, timeout: float = START_TIMEOUT) -> RayIsland:
         """Starts a fresh actor for lost island `island` on a node offering its resource, another than the
@@ -477,11 +732,13 @@ class RayIslands(dict):
         # frees its resource there: go elsewhere when another node offers it.
         elsewhere = [node for node in offering if node != self.nodes[island] and node not in self._failed_nodes]
         target = elsewhere[0] if elsewhere else None
+        if self.compiled_graph:
+            self._use_calls()
         ray.kill(self[island]._actor)      # frees the name: Ray keeps a dead actor's name while handles to it live
         deadline = time.monotonic() + timeout
         while True:
             try:
-                actor = self.launch(island, target)
+                actor = _launch(self.topology, island, self.emulate_dcn, self.one_machine, target)
                 break
             except ray.exceptions.ActorAlreadyExistsError:     # the name is not free yet
                 if time.monotonic() > deadline:
@@ -489,8 +746,9 @@ class RayIslands(dict):
                 time.sleep(0.05)
         actors = {**{name: proxy._actor for name, proxy in self.items()}, island: actor}
         try:
-            node = ray.get(actor.connect.remote(actors), timeout=max(0.0, deadline - time.monotonic()))
-            ray.get([actors[name].connect.remote(actors) for name, proxy in self.items()
+            ray.get(actor.connect.remote(actors), timeout=max(0.0, deadline - time.monotonic()))
+            node = ray.get(actor.node.remote(), timeout=max(0.0, deadline - time.monotonic()))
+            ray.get([proxy._actor.reconnect.remote(island, actor) for name, proxy in self.items()
                      if name != island and proxy._dead is None], timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
@@ -502,7 +760,11 @@ class RayIslands(dict):
             self._failed_nodes |= {target} - {None}
             raise RuntimeError(f"island {island} was not restored: {type(error).__name__}: "
                                f"{(str(error).splitlines() or [''])[0]}") from None
-        return self.add(island, actor, node)
+        proxy = RayIsland(island, actor, self)
+        self.nodes[island] = node
+        self._starts.restart(island)
+        self._watch_actor(proxy)
+        return proxy
 
     def report(self, island: str) -> None:
         """A call saw island `island`'s actor dead: the monitor takes the island out."""
@@ -576,12 +838,15 @@ class RayIslands(dict):
                 {n["NodeID"] for n in alive if n["Resources"].get(island_name(island))} - {self.nodes[island]} -
                 self._failed_nodes]
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Waits until the island actors' names are free; stops Ray if the runtime started it."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Tears the start channel down, closes the island actors, waits until their names are free, and
+        stops Ray if the runtime started it."""
         import ray
 
         if not ray.is_initialized():
             return
+        self._starts.close()
+        super().close()
         if self.started_ray:
             ray.shutdown()
             return
@@ -593,6 +858,22 @@ class RayIslands(dict):
                 except ValueError:
                     break
                 time.sleep(0.05)
+
+
+def _launch(topology: Topology, island: str, emulate_dcn: bool, one_machine: bool, node: str | None = None):
+    """Starts island `island`'s actor on a node offering its resource (on `node`, if given; on the one node
+    with `one_machine`); returns its handle."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    flags = f"--xla_force_host_platform_device_count={topology.island(island).num_devices}"
+    return ray.remote(_IslandActor).options(
+        name=island_name(island), namespace=NAMESPACE,
+        resources={} if one_machine else {island_name(island): 1},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT",
+        num_cpus=0, max_concurrency=64,
+        runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": ""}},
+    ).remote(island, topology.to_json(), emulate_dcn)
 
 
 def use_loopback() -> None:
@@ -653,7 +934,8 @@ def cluster_status(address: str) -> Status:
             ray.shutdown()
 
 
-def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | None = None) -> RayIslands:
+def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | None = None,
+                  compiled_graph: bool = True) -> RayIslands:
     """Starts one actor per island of `topology`, each on the node that offers its island's resource.
 
     `address` is an existing Ray cluster ("auto" or "host:port"); without
@@ -678,16 +960,16 @@ def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | 
             raise RuntimeError("no node of the Ray cluster offers the resource of island(s) " +
                                ", ".join(missing) + ": start the node holding island I's devices with "
                                "ray start --resources='{\"pw-island-I\": 1}'")
-        islands = RayIslands(topology, emulate_dcn, one_machine, started)
         for island in topology.islands:
-            actors[island.name] = islands.launch(island.name)
-        nodes = ray.get([a.connect.remote(actors) for a in actors.values()], timeout=START_TIMEOUT)
+            actors[island.name] = _launch(topology, island.name, emulate_dcn, one_machine)
+        ray.get([a.connect.remote(actors) for a in actors.values()], timeout=START_TIMEOUT)
+        nodes = dict(zip(actors, ray.get([a.node.remote() for a in actors.values()], timeout=START_TIMEOUT)))
+        islands = RayIslands(topology, emulate_dcn, one_machine, started, actors, nodes,
+                             compiled_graph and set(nodes.values()) == {ray.get_runtime_context().get_node_id()})
     except BaseException:
         for actor in actors.values():
             ray.kill(actor)
         if started:
             ray.shutdown()
         raise
-    for (name, actor), node in zip(actors.items(), nodes):
-        islands[name] = islands.add(name, actor, node)
     return islands

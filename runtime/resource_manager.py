@@ -19,6 +19,10 @@ from pathways_mlir.dialect.topology import Island, Topology
 from .cluster import DeviceMap
 
 
+class TopologyChanged(RuntimeError):
+    """A plan was lowered for an older version of the topology than the cluster's; lower it again."""
+
+
 class ResourceManager:
     """The current topology of the cluster, with a version number."""
 

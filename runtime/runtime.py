@@ -18,7 +18,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 from .dispatch import LoadedPlan
-from .island import Island, IslandLost, client_owner
+from .island import Island, IslandLost, Islands, client_owner
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
@@ -40,6 +40,8 @@ class Runtime:
     `address` runs the Ray backend on an existing Ray cluster ("auto" or
     "host:port"; none: a local Ray instance), where each island's actor
     goes to the node offering the resource `pw-island-<island>`.
+    `compiled_graph` (Ray) sends each run's start messages through a Ray
+    Compiled Graph (the default) rather than as one actor call per island.
     `device_memory_bytes` overrides each device's memory for admission.
     On Ray, a monitor takes out an island whose actor dies and brings it
     back when a node offering its resource joins (see `lose_island`).
@@ -47,11 +49,12 @@ class Runtime:
 
     def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int = 4,
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
-                 islands: int | None = None, per_island: int | None = None, address: str | None = None):
+                 islands: int | None = None, per_island: int | None = None, address: str | None = None,
+                 compiled_graph: bool = True):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
-        if address is not None and backend != "ray":
-            raise ValueError("address= names a Ray cluster: it needs backend='ray'")
+        if (address is not None or not compiled_graph) and backend != "ray":
+            raise ValueError("address= and compiled_graph= are options of the Ray backend: they need backend='ray'")
         self.backend = backend
         self.tracer: Tracer | None = None
         self.transport: DcnTransport | None = None
@@ -60,14 +63,14 @@ class Runtime:
 
             topology = embedded_topology(*(requested_shape() if islands is None else (islands, per_island)))
             device_map = DeviceMap(topology, {})
-            self.islands = start_islands(topology, emulate_dcn, address)
+            self.islands = start_islands(topology, emulate_dcn, address, compiled_graph)
         else:
             device_map = device_map or embedded_device_map(islands, per_island)
             self.transport = DcnTransport(emulate=emulate_dcn)
             lock = threading.RLock()   # islands share one lock: execution only enqueues, so it is short
-            self.islands = {
+            self.islands = Islands({
                 island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name], lock)
-                for island in device_map.topology.islands}
+                for island in device_map.topology.islands})
         self.resources = ResourceManager(device_map)
         self.scheduler = GangScheduler(self.islands, MemoryLedger(device_map.topology, device_memory_bytes),
                                        policy, window)
@@ -189,8 +192,13 @@ class Runtime:
         return count
 
     def status(self) -> Status:
-        """Returns what is queued, what every waiting run waits for, and each client's objects."""
-        return gather(self.scheduler.status(), {name: island.status() for name, island in self.islands.items()})
+        """Returns what is queued, what every waiting run waits for, each client's objects, and the bytes
+        reserved on every device."""
+        reserved: dict[str, list[int]] = {}
+        for (island, _), nbytes in sorted(self.usage().items()):
+            reserved.setdefault(island, []).append(nbytes)
+        return gather(self.scheduler.status(), {name: island.status() for name, island in self.islands.items()},
+                      reserved)
 
     def compilations(self) -> int:
         """Returns how many executables the islands have compiled."""
@@ -220,17 +228,14 @@ class Runtime:
         if self.backend == "ray":
             self.islands.unwatch()          # islands closed on purpose are not lost
         self.scheduler.close()
-        for island in self.islands.values():
-            island.close()
+        self.islands.close()
         if self.transport is not None:
             self.transport.close()
-        else:
-            self.islands.shutdown()
 
 
 _default: Runtime | None = None
 _default_options: dict = {}
-_default_lock = threading.Lock()
+_default_lock = threading.RLock()    # reentrant: closing a connection (pw.connect) forgets it as the default
 
 
 def configure(**options) -> None:
@@ -241,6 +246,25 @@ def configure(**options) -> None:
             _default.close()
             _default = None
         _default_options = dict(options)
+
+
+def connect_default(runtime) -> None:
+    """Makes `runtime` (a service's connection, see `runtime/service.py`) the process's default runtime,
+    closing the one there."""
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+        _default = runtime
+        atexit.register(_close_default)
+
+
+def release_default(runtime) -> None:
+    """Forgets `runtime` as the default runtime if it is (it closed); the next use makes a new one."""
+    global _default
+    with _default_lock:
+        if _default is runtime:
+            _default = None
 
 
 def get_runtime() -> Runtime:

@@ -155,19 +155,29 @@ class GangScheduler:
     def fail_island(self, island: str, error: Callable[[Run], BaseException]) -> list[Run]:
         """Fails the queued runs that need a lost island with `error(run)`; returns the admitted runs still
         on the devices that use it."""
+        self._cancel_queued(lambda run: island in run.islands, error)
+        with self._lock:
+            return [run for run in self._in_flight if island in run.islands]
+
+    def cancel_client(self, client_id: int, error: Callable[[Run], BaseException]) -> int:
+        """Fails the queued runs of a client that left with `error(run)`; returns how many. Its admitted runs
+        go on."""
+        return self._cancel_queued(lambda run: run.client_id == client_id, error)
+
+    def _cancel_queued(self, doomed: Callable[[Run], bool], error: Callable[[Run], BaseException]) -> int:
+        """Takes the queued runs that `doomed` picks out of their queues and fails each with `error(run)`."""
         with self._lock:
             queues = [self._fifo, *self._queues.values()]
-            doomed = [item for queue in queues for item in queue if island in item[0].islands]
+            taken = [item for queue in queues for item in queue if doomed(item[0])]
             for queue in queues:
-                kept = [item for item in queue if island not in item[0].islands]
+                kept = [item for item in queue if not doomed(item[0])]
                 queue.clear()
                 queue.extend(kept)
-            admitted = [run for run in self._in_flight if island in run.islands]
-        for run, _ in doomed:
+        for run, _ in taken:
             self._cancel(run, error(run))
         with self._lock:
             self._pump()
-        return admitted
+        return len(taken)
 
     def hold(self) -> None:
         """Stops admitting work until `release()`; submissions queue up meanwhile."""
@@ -247,8 +257,8 @@ class GangScheduler:
     def _deliver(self, run: Run, works: Works) -> None:
         ticket = next(self._tickets)
         self.delivered.append((ticket, run.client_id))
-        for island, (steps, inputs, last) in works.items():
-            self.islands[island].start(IslandWork(ticket, run.id, run.client_id, run.key, steps, inputs, last))
+        self.islands.start(run, {island: IslandWork(ticket, run.id, run.client_id, run.key, steps, inputs, last)
+                                 for island, (steps, inputs, last) in works.items()})
 
     def _poll(self, limit: int) -> bool:
         """Retires the oldest admitted runs whose device work is over (at most `limit`); True if any."""

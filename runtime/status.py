@@ -11,7 +11,10 @@ gathers, as plain data that travels through Ray:
   recv names the value by buffer, the peer's send step and the step that
   produced it), the runs whose device work is not over, and each client's
   objects and bytes; an island that does not answer says why;
-- every client, summed over the islands: its objects and bytes.
+- every client, summed over the islands: its objects and bytes;
+- the bytes the scheduler reserves on every device (runs admitted, results held);
+- served by `pw-serve` (`runtime/service.py`): the service's address and the
+  clients connected to it.
 
 `str()` of a `Status` is the same report as text.
 """
@@ -54,17 +57,25 @@ class Status(dict):
                          f"{island['device_work'] or 'none'} not over")
             lines += [f"  run {r['run']} ({r['program']}, client {r['client']}) waits for {r['waits_for']}"
                       for r in island["runs"]]
+        lines += [f"{island}: bytes reserved per device: {nbytes}" for island, nbytes in self["reserved"].items()]
         lines += [f"client {c}: {v['objects']} object(s), {v['bytes']} bytes" for c, v in self["clients"].items()]
+        service = self.get("service")
+        if service is not None:
+            connected = ", ".join(map(str, service["connections"])) or "none"
+            lines.append(f"service on {service['address']}: connected clients {connected}")
         return "\n".join(lines)
 
 
-def gather(scheduler_status: dict | None, island_status: dict[str, dict]) -> Status:
-    """Builds a `Status` from the scheduler's report (None where it is out of reach) and the islands',
-    summing each client's objects."""
+def gather(scheduler_status: dict | None, island_status: dict[str, dict],
+           reserved: dict[str, list[int]] | None = None) -> Status:
+    """Builds a `Status` from the scheduler's report (None where it is out of reach), the islands', and the
+    bytes the scheduler reserves per device of each island (None: out of reach), summing each client's
+    objects."""
     clients: dict[int, dict[str, int]] = {}
     for island in island_status.values():
         for client, entry in island.get("clients", {}).items():
             total = clients.setdefault(int(client), {"objects": 0, "bytes": 0})
             total["objects"] += entry["objects"]
             total["bytes"] += entry["bytes"]
-    return Status(scheduler=scheduler_status, islands=island_status, clients=dict(sorted(clients.items())))
+    return Status(scheduler=scheduler_status, islands=island_status, clients=dict(sorted(clients.items())),
+                  reserved=reserved or {})

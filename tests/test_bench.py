@@ -30,11 +30,14 @@ HEADLINES = {
     "object-store": ("embedded_over_ray_put_worst", "ray_backend_over_ray_put_worst"),
     "rl": ("rl_overlap_over_sequential", "rl_over_plain_jax"),
     "moe": ("moe_bytes_over_dense", "moe_time_over_dense"),
-    "ray": ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_two_nodes_over_one"),
+    "ray": ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_compiled_graph_over_actor_calls",
+            "ray_two_nodes_over_one"),
+    "service": ("service_over_embedded", "service_over_embedded_8_in_flight"),
     "placement": ("auto_over_spread", "model_rank_agreement"),
     "sim": ("median_abs_error", "worst_abs_error", "crossover_2048_over_128", "stages16_over_stages4",
             "stages16_over_stages4_one_step", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
             "seconds_to_simulate_65536_devices"),
+    "elastic": ("recovery_s", "recovery_s_cached", "elastic_after_over_before", "trainer_over_plain_loop"),
 }
 
 
@@ -226,7 +229,7 @@ def test_pw_bench_all_quick_runs_green(tmp_path):
         (n, case) for n in load("dispatch").DEVICES for case in load("dispatch").CASES}
     for row in dispatch["rows"]:       # a case not measured says why
         assert (row["computations_per_s"] is None) == ("note" in row)
-    for name in ("pipeline", "three-blocks"):       # the baselines do the same work as ours
+    for name in ("pipeline", "three-blocks", "service"):       # the baselines do the same work as ours
         params = json.loads((tmp_path / f"{name}.json").read_text())["params"]
         matches = params.get("baselines_match_ours", params.get("baseline_matches_ours"))
         assert matches is True or (isinstance(matches, dict) and all(matches.values()))

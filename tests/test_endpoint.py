@@ -1,6 +1,7 @@
 """The loopback endpoint: framed JSON and raw arrays (never pickle), an HMAC handshake
 with a per-service key, and an accept loop that outlives bad and half-open connections."""
 
+import hashlib
 import multiprocessing.connection as mpc
 import os
 import pickle
@@ -18,7 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
+import pathways_mlir as pw
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.endpoint import (
     MAX_ARRAY_BYTES,
@@ -31,6 +34,7 @@ from pathways_mlir.runtime.endpoint import (
     _server_handshake,
     send_message,
 )
+from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
 
 X = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
@@ -79,8 +83,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.runtime.endpoint import RemoteClient
 plan_path, port, key_path, x_path, out_path, ending = sys.argv[1:]
 client = RemoteClient(("127.0.0.1", int(port)), key_path=key_path, timeout=120)
-client.load("program", ProgramPlan.from_json(open(plan_path).read()))
-[h] = client.run("program", [np.load(x_path)])
+[h] = client.run(ProgramPlan.from_json(open(plan_path).read()), [np.load(x_path)])
 np.save(out_path, np.asarray(h))
 print(client.object_count(), flush=True)
 if ending == "close":
@@ -281,10 +284,24 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
                                ({"op": ["run"]}, r"unknown request \"\['run'\]\""),
                                ({"op": "fetch", "handle": "0"}, "needs 'handle' as int"),
                                ({"op": "fetch", "handle": 7}, "no handle 7"),
-                               ({"op": "load", "name": "p", "plan": "{}"}, "PlanError: plan: missing .topology."),
-                               ({"op": "run", "name": "p", "dispatch": "parallel"}, "no plan is loaded")]:
+                               ({"op": "load", "plan": "{}"}, "PlanError: plan: missing .topology."),
+                               ({"op": "run", "name": "p", "dispatch": "parallel"}, "no plan is loaded"),
+                               ({"op": "run", "name": live.load(plan), "dispatch": "parallel"},
+                                "needs 'version' as int"),
+                               ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
+                                 "args": [["file", 0]]}, r"an argument must be \[\"array\", index\] or \[\"handle\", key\]"),
+                               ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
+                                 "args": [["array", 0]]},
+                                "argument array 0 is not in the request's 0 arrays"),
+                               ({"op": "objects", "release": ["0"]}, "'release' must be a list of handle keys"),
+                               ({"op": "status", "release": [5, 6]}, None)]:
+            if error is None:
+                assert live._call(request)[0]["status"]["scheduler"]["queued"] == []   # unknown keys: ignored
+                continue
             with pytest.raises(RemoteError, match=error):
                 live._call(request)
+        with pytest.raises(TopologyChanged, match="lowered for topology version 5; the cluster's is 0"):
+            live._call({"op": "run", "name": live.load(plan), "version": 5, "dispatch": "parallel", "args": []})
         assert live.object_count() == 0              # bad requests leave the connection serving
 
         assert not target.exists()
@@ -328,3 +345,74 @@ def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path, plan_bu
             proc.kill()
             proc.wait(timeout=30)
         endpoint.close()
+
+
+def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_builder):
+    plan, want = program(plan_builder, runtime.resources.topology)
+    endpoint = Endpoint(runtime)
+    one = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+    two = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+    try:
+        name = one.load(plan)
+        assert name == hashlib.sha256(plan.to_json().encode()).hexdigest() == two.load(plan) == one.load(plan)
+        assert len(endpoint._plans) == 1                   # one parsed, loaded plan for every connection
+        runtime.scheduler.hold()
+        [h] = one.run(plan, [X])
+        assert (h.shape, h.dtype, h.ndim) == ((8, 16), np.float32, 2)
+        with pytest.raises(TimeoutError, match="not ready within 0.2 s"):
+            h.result(timeout=0.2)
+        runtime.scheduler.release()
+        value = h.result(timeout=TIMEOUT)
+        assert isinstance(value, jax.Array)
+        np.testing.assert_allclose(value, want, rtol=1e-6)
+        assert h.block_until_ready() is h
+        np.testing.assert_allclose(h[1], want[1], rtol=1e-6)
+
+        [again] = one.run(plan, [h])                       # a result as an argument stays on the cluster
+        np.testing.assert_allclose(np.asarray(again), np.sin(np.asarray(want) * 3 - 1) ** 2, rtol=1e-5)
+        with pytest.raises(ValueError, match="another connection"):
+            two.run(plan, [h])
+        with pytest.raises(RemoteError, match="'timeout' as a non-negative number or null"):
+            one._call({"op": "fetch", "handle": h._key, "timeout": -1})
+        assert (one.object_count(), two.object_count()) == (2, 0)
+
+        del again                                          # dropped: released at once, the connection is free
+        assert one.object_count() == 1
+        h.delete()
+        h.delete()                                         # twice is harmless
+        with pytest.raises(ValueError, match="was released"):
+            np.asarray(h)
+        assert one.object_count() == 0
+        [kept] = one.run(plan, [X])
+        one.close()
+        kept.delete()                                      # after closing: closing released it already
+        with pytest.raises(ConnectionError, match="the connection to the endpoint is closed"):
+            one.run(plan, [X])
+    finally:
+        runtime.scheduler.release()
+        one.close()
+        two.close()
+        endpoint.close()
+    assert wait_released(runtime) == 0 and runtime.object_count() == 0
+
+
+def test_programs_are_lowered_for_the_endpoint_and_again_when_its_topology_changes(runtime):
+    s = pw.virtual_slice(2, axes="d")
+    block = pw.jit(lambda x: jnp.tanh(x) * 2.0, slice=s, in_specs=P("d"), out_specs=P("d"))
+
+    @pw.program
+    def step(x):
+        return block(block(x))
+
+    want = np.tanh(np.tanh(X) * 2.0) * 2.0
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        compiled = step.compiled(X, runtime=remote)
+        assert compiled.runtime is remote and compiled.plan.topology == runtime.resources.topology
+        np.testing.assert_allclose(np.asarray(step.run(X, client=remote)), want, rtol=1e-6)
+        first = compiled.plan
+        [used] = [island for island, steps in first.islands.items() if steps]
+        runtime.lose_island(used)                          # the service's topology changes under the client
+        np.testing.assert_allclose(np.asarray(step.run(X, client=remote)), want, rtol=1e-6)
+        assert compiled.plan is not first and used not in [i.name for i in compiled.plan.topology.islands]
+        assert step.compiled(X, runtime=remote) is compiled

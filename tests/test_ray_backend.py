@@ -1,9 +1,12 @@
 """The Ray backend on a local Ray instance: each island a Ray actor with its own JAX devices.
 
 The same programs and plans as the embedded backend; arrays cross between
-islands actor to actor. Skipped where Ray is not installed.
+islands actor to actor. Every test runs with start messages through a Ray
+Compiled Graph (the default on one node) and as actor calls. Skipped where
+Ray is not installed.
 """
 
+import time
 from functools import partial
 
 import jax
@@ -16,7 +19,9 @@ import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.runtime import Runtime
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
+
+from pathways_mlir.runtime.ray_backend import NAMESPACE, _CompiledStarts, island_name  # noqa: E402
 
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
@@ -44,11 +49,23 @@ def expected(x):
     return np.asarray(g(b(g(x))))
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    rt = Runtime(backend="ray", islands=2, per_island=4)
+@pytest.fixture(scope="module", params=[True, False], ids=["compiled-graph", "actor-calls"])
+def ray_runtime(request):
+    rt = Runtime(backend="ray", islands=2, per_island=4, compiled_graph=request.param)
     yield rt
     rt.close()
+
+
+def test_start_messages_take_the_path_asked_for_one_per_island_per_run(ray_runtime, request):
+    compiled = request.node.callspec.params["ray_runtime"]      # one node: the graph is used when asked for
+    assert isinstance(ray_runtime.islands._starts, _CompiledStarts) is compiled
+    before = {name: island.calls["start"] for name, island in ray_runtime.islands.items()}
+    with Client(ray_runtime) as client:
+        outs = [across.run(X, client=client) for _ in range(5)]
+        for out in outs:
+            np.testing.assert_array_equal(np.asarray(out), expected(X))
+    assert {name: island.calls["start"] - before[name] for name, island in ray_runtime.islands.items()} == \
+        {"island0": 5, "island1": 5}
 
 
 @pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
@@ -89,3 +106,27 @@ def test_objects_are_reclaimed_on_the_actors_when_the_client_closes(ray_runtime)
     assert sum(ray_runtime.usage().values()) > 0
     client.close()
     assert sum(ray_runtime.usage().values()) == 0 and ray_runtime.object_count() == 0
+
+
+def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
+    """Last for each runtime: island1's actor is killed. Programs move to island0 (the compiled graph, which
+    held the dead actor, gives way to actor calls), and restore_island brings a fresh actor back."""
+    double = pw.program(pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(2, axes="x", name="anywhere"),
+                               in_specs=P("x"), out_specs=P("x")))
+    with Client(ray_runtime) as client:
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+        version = ray_runtime.resources.version
+        ray.kill(ray.get_actor(island_name("island1"), namespace=NAMESPACE))
+        deadline = time.monotonic() + 60
+        while ray_runtime.resources.version == version:
+            assert time.monotonic() < deadline, "the monitor takes island1 out within 60 s"
+            time.sleep(0.02)
+        assert [i.name for i in ray_runtime.resources.topology.islands] == ["island0"]
+        with pytest.raises(ValueError, match="cannot place slice .* in island 'island1'; free: island0"):
+            across.run(X, client=client)
+        np.testing.assert_array_equal(np.asarray(double.run(X, client=client)), X * 2)
+        assert not ray_runtime.islands.compiled_graph
+        ray_runtime.restore_island("island1")
+        for k in range(3):
+            np.testing.assert_array_equal(np.asarray(across.run(X * k, client=client)), expected(X * k))
+    assert ray_runtime.object_count() == 0

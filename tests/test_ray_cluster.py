@@ -130,14 +130,6 @@ def test_two_clients_at_once_see_only_their_objects(runtime, embedded):
     assert runtime.object_count() == 0
 
 
-def test_pw_serve_without_status_says_what_is_missing():
-    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_serve"], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 1
-    assert result.stderr.strip() == ("pw-serve: error: only --status is available: a long-running shared service "
-                                     "is not built yet")
-
-
 def test_zz_a_step_waiting_forever_is_named_by_the_status(cluster, runtime):
     """Last in the module: an operator closes island0's actor (found by name) on purpose, so it never sends."""
     plan = workloads.three_blocks.compiled(*THREE, runtime=runtime).plan

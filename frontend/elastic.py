@@ -1,0 +1,351 @@
+"""Elastic training: a loop that keeps host snapshots of its state and survives a lost island.
+
+    trainer = ElasticTrainer(train_step, batch, snapshot_every=3, checkpoint_dir="ckpt")
+    params = trainer.run(init_params, steps=100)      # handles; trainer.recoveries says what happened
+
+`train_step(state, batch) -> (state, *metrics)` is a `@pw.program` or a
+`pw.jit` function and `batch(i)` gives step i's batch, the same every time it
+is asked. Every `snapshot_every` steps the state's arrays are copied to host
+memory on a background thread while the loop dispatches the next steps (one
+copy in flight at most); with `checkpoint_dir` each snapshot is also written
+as an Orbax checkpoint (asynchronously, `max_to_keep` kept). When the run
+raises `pw.IslandLost` (a call, a result, a snapshot), the loop takes the
+latest snapshot and replays the steps since it: its next call lowers the
+program onto the islands that remain. `run(state, steps, resume_from=dir)`
+starts from the newest checkpoint in `dir` instead (a new process).
+Logger `pathways_mlir.elastic` says one line per loss, per recovery and per
+resume.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from pathways_mlir.runtime.handles import Handle
+from pathways_mlir.runtime.island import IslandLost
+
+log = logging.getLogger("pathways_mlir.elastic")
+
+
+@dataclasses.dataclass
+class Recovery:
+    """One lost island and what it took to carry on.
+
+    `step`: steps done when the loss was seen; `snapshot_step`: the step of
+    the snapshot restored (`replayed` = the difference). `detected_at`:
+    `time.monotonic()` when the loss reached the trainer (it cannot know
+    when the host died; a test that loses an island can). `restore_s`:
+    settling the snapshot copy in flight and taking the latest snapshot.
+    `relower_s`: the first call after the loss, which lowers the program
+    onto the remaining islands, loads its plans (XLA compiles there unless
+    that island compiled them before) and dispatches the first replayed
+    step with the snapshot as its input. `recovery_s`: from detection to
+    that step dispatched. The last two are None until the call succeeds.
+    """
+
+    step: int
+    snapshot_step: int
+    error: str
+    detected_at: float
+    restore_s: float
+    relower_s: float | None = None
+    recovery_s: float | None = None
+
+    @property
+    def replayed(self) -> int:
+        """How many steps the recovery runs again."""
+        return self.step - self.snapshot_step
+
+
+class _Snapshots:
+    """The latest host snapshot of the state, and the copy of the next one (at most one in flight).
+
+    The copy runs on one background thread: it reads the handles of one
+    step's state into numpy arrays, dropping each handle once read, then
+    makes them the latest snapshot and, with a checkpoint manager, starts
+    writing them to disk.
+    """
+
+    def __init__(self, step: int, leaves: list[np.ndarray], manager, timeout: float):
+        self.step, self.leaves = step, leaves
+        self._manager = manager
+        self._timeout = timeout
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pw-elastic-snapshot")
+        self._pending: tuple[int, concurrent.futures.Future] | None = None
+        self._lock = threading.Lock()
+
+    def latest(self) -> tuple[int, list[np.ndarray]]:
+        """Returns the step and arrays of the latest complete snapshot."""
+        with self._lock:
+            return self.step, self.leaves
+
+    def take(self, step: int, handles: list) -> None:
+        """Starts copying one step's state to the host; the copy before it must be settled."""
+        assert self._pending is None, "settle() the copy in flight first"
+        self._pending = step, self._pool.submit(self._copy, step, list(handles))
+
+    def failed(self) -> bool:
+        """Returns whether the copy in flight has failed (without waiting)."""
+        return self._pending is not None and self._pending[1].done() and self._pending[1].exception() is not None
+
+    def settle(self) -> None:
+        """Waits (at most the timeout) for the copy in flight; raises its error."""
+        if self._pending is None:
+            return
+        (step, copy), self._pending = self._pending, None
+        try:
+            error = copy.exception(self._timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the host snapshot of step {step} was not copied within {self._timeout} s") from None
+        if error is not None:
+            # Without the copy thread's frames: they hold the handle it was reading.
+            raise error.with_traceback(None)
+
+    def close(self) -> None:
+        """Stops the copy thread (after the copy in flight)."""
+        self._pool.shutdown(wait=True)
+
+    def _copy(self, step: int, handles: list) -> None:
+        try:
+            arrays = []
+            while handles:
+                arrays.append(_to_host(handles.pop(0), self._timeout))
+        finally:
+            handles.clear()          # a failed copy keeps no handle alive through its traceback
+        with self._lock:
+            self.step, self.leaves = step, arrays
+        if self._manager is not None:
+            import orbax.checkpoint as ocp
+
+            self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)))
+
+
+class ElasticTrainer:
+    """Runs `step` for a number of steps, snapshotting its state, and carries on when an island is lost.
+
+    `step(state, batch) -> (state, *metrics)`: a `@pw.program` or `pw.jit`
+    function returning the new state (same structure as `state`) first.
+    `batch(i)`: step i's batch, deterministic (replayed steps ask again).
+    `snapshot_every`: steps between host snapshots. `checkpoint_dir`: also
+    write each snapshot there as an Orbax checkpoint, keeping `max_to_keep`.
+    `on_step(n, metrics)`: called after the n-th step is dispatched (again
+    for replayed steps) with its metrics as handles. `max_losses`: how many
+    losses in a row, with no newer snapshot between them, before giving up.
+    `timeout`: seconds any one wait (a result, a snapshot copy) may take.
+    """
+
+    def __init__(self, step, batch: Callable[[int], Any], *, snapshot_every: int, client=None,
+                 checkpoint_dir: str | os.PathLike | None = None, max_to_keep: int = 2,
+                 on_step: Callable[[int, tuple], None] | None = None, max_losses: int = 3,
+                 timeout: float = 60.0):
+        if not callable(getattr(step, "run", None)):
+            raise TypeError(f"step must be a @pw.program or pw.jit function, not {type(step).__name__}")
+        if not callable(batch):
+            raise TypeError(f"batch must be a function of the step number, not {type(batch).__name__}")
+        for name, value in (("snapshot_every", snapshot_every), ("max_to_keep", max_to_keep),
+                            ("max_losses", max_losses)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, not {timeout!r}")
+        self.step = step
+        self.batch = batch
+        self.snapshot_every = snapshot_every
+        self.client = client
+        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self.max_to_keep = max_to_keep
+        self.on_step = on_step
+        self.max_losses = max_losses
+        self.timeout = timeout
+        self.recoveries: list[Recovery] = []
+        self.start_step = 0
+        self._snapshots: _Snapshots | None = None
+
+    @property
+    def snapshot_step(self) -> int | None:
+        """The step of the latest complete host snapshot of the run under way (None before a run)."""
+        return None if self._snapshots is None else self._snapshots.latest()[0]
+
+    def run(self, state, steps: int, resume_from: str | os.PathLike | None = None):
+        """Trains from `state` (or from the newest checkpoint in `resume_from`, `state` then giving the
+        structure, shapes and dtypes) until `steps` steps are done; returns the final state as handles,
+        its device work complete (as host arrays when the loss of the final state was recovered from a
+        snapshot of that very step). Raises `RuntimeError` after `max_losses` losses in a row."""
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"steps must be a non-negative integer, not {steps!r}")
+        leaves, treedef = jax.tree_util.tree_flatten(state)
+        if resume_from is not None:
+            start, host = _read_checkpoint(os.fspath(resume_from), leaves)
+            if start >= steps:
+                raise ValueError(f"the checkpoint in {os.fspath(resume_from)} is of step {start}: "
+                                 f"nothing is left to run for steps={steps}")
+            state = jax.tree_util.tree_unflatten(treedef, host)
+        else:
+            start, host = 0, [_to_host(leaf, self.timeout) for leaf in leaves]
+        self.start_step, self.recoveries = start, []
+        manager = self._checkpoint_manager(start)
+        self._snapshots = _Snapshots(start, host, manager, self.timeout)
+        try:
+            return self._loop(state, [_shape_dtype(leaf) for leaf in leaves], treedef, start, steps)
+        finally:
+            self._snapshots.close()
+            if manager is not None:
+                manager.wait_until_finished()
+                manager.close()
+
+    def _loop(self, state, specs: list, treedef, done: int, steps: int):
+        snapshots, pending, checked = self._snapshots, None, False
+        while True:
+            try:
+                if snapshots.failed():
+                    snapshots.settle()                       # raises its error
+                if done == steps:
+                    snapshots.settle()
+                    for leaf in jax.tree_util.tree_leaves(state):
+                        if isinstance(leaf, Handle):
+                            leaf.result(self.timeout).block_until_ready()
+                    return state
+                # Read the handles here, as the call would: a loss shows before the call lowers again.
+                args = jax.tree_util.tree_map(self._resolve, state)
+                began = time.perf_counter()
+                out = self.step.run(args, self.batch(done), client=self.client)
+                del args
+                if pending is not None:
+                    self._recovered(*pending, began)
+                    pending = None
+                state, metrics = self._split(out, treedef, None if checked else specs)
+                checked = True
+                done += 1
+                if done % self.snapshot_every == 0:
+                    snapshots.settle()                       # at most one copy in flight
+                    snapshots.take(done, jax.tree_util.tree_leaves(state))
+                if self.on_step is not None:
+                    self.on_step(done, metrics)
+                del out, metrics
+            except IslandLost as error:
+                pending = self._lost(error, done)
+                done, leaves = snapshots.latest()
+                state = jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def _resolve(self, leaf):
+        return leaf.result(self.timeout) if isinstance(leaf, Handle) else leaf
+
+    @staticmethod
+    def _split(out, treedef, specs: list | None) -> tuple[Any, tuple]:
+        """Splits a step's result into (state, metrics); with `specs`, checks the state's shapes and dtypes
+        (a state whose dtype changes after a step would compile twice and not match its checkpoints)."""
+        if not isinstance(out, (tuple, list)) or not out:
+            raise TypeError(f"step must return (state, *metrics), not {type(out).__name__}")
+        state, metrics = out[0], tuple(out[1:])
+        if jax.tree_util.tree_structure(state) != treedef:
+            raise TypeError(f"step returned a state of structure {jax.tree_util.tree_structure(state)}, "
+                            f"not the structure it was given, {treedef}")
+        for i, (leaf, (shape, dtype)) in enumerate(zip(jax.tree_util.tree_leaves(state), specs or ())):
+            got = _shape_dtype(leaf)
+            if got != (shape, dtype):
+                raise TypeError(f"step returned a state whose array {i} is {got[1]}{list(got[0])}, the state given "
+                                f"{dtype}{list(shape)}: give the initial state the dtypes the step returns")
+        return state, metrics
+
+    def _lost(self, error: IslandLost, done: int) -> tuple[Recovery, float]:
+        """Settles the snapshot in flight and starts a recovery from the latest snapshot (or gives up);
+        returns the recovery and when it began."""
+        detected_at, began = time.monotonic(), time.perf_counter()
+        try:
+            self._snapshots.settle()
+        except IslandLost:
+            pass                            # that copy read a lost result: the snapshot before it stands
+        snapshot_step = self._snapshots.latest()[0]
+        in_a_row = 1
+        for recovery in reversed(self.recoveries):
+            if recovery.snapshot_step != snapshot_step:
+                break
+            in_a_row += 1
+        if in_a_row > self.max_losses:
+            raise RuntimeError(f"gave up after {in_a_row} island losses in a row with no newer snapshot than "
+                               f"step {snapshot_step}; the last: {error}") from error
+        log.warning("lost an island at step %d (%s): restoring the snapshot of step %d", done, str(error),
+                    snapshot_step)    # the message, not the error: a kept log record would keep its frames
+        recovery = Recovery(done, snapshot_step, str(error), detected_at, time.perf_counter() - began)
+        self.recoveries.append(recovery)
+        return recovery, began
+
+    @staticmethod
+    def _recovered(recovery: Recovery, began: float, call_began: float) -> None:
+        now = time.perf_counter()
+        recovery.relower_s, recovery.recovery_s = now - call_began, now - began
+        log.info("recovered in %.2f s (lowering %.2f s, restore %.2f s): replaying %d step%s",
+                 recovery.recovery_s, recovery.relower_s, recovery.restore_s, recovery.replayed,
+                 "" if recovery.replayed == 1 else "s")
+
+    def _checkpoint_manager(self, start: int):
+        if self.checkpoint_dir is None:
+            return None
+        import orbax.checkpoint as ocp
+
+        manager = ocp.CheckpointManager(os.path.abspath(self.checkpoint_dir), options=ocp.CheckpointManagerOptions(
+            max_to_keep=self.max_to_keep, enable_async_checkpointing=True))
+        newest = manager.latest_step()
+        if newest is not None and newest > start:
+            manager.close()
+            raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints up to step {newest}: "
+                             f"resume from it (resume_from=) or use an empty directory")
+        return manager
+
+
+def _to_host(leaf, timeout: float) -> np.ndarray:
+    """A copy of one state leaf in host memory (a handle is waited for, at most `timeout` s)."""
+    if isinstance(leaf, Handle):
+        leaf = leaf.result(timeout)
+    return np.array(leaf, copy=True)
+
+
+def _shape_dtype(leaf) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of a state leaf (an array, a handle or a Python number), without reading it."""
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        return tuple(leaf.shape), np.dtype(leaf.dtype)
+    return np.shape(leaf), np.result_type(leaf)
+
+
+def _as_item(arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """The Orbax item of a snapshot: its leaves by position (the state's structure stays with the caller)."""
+    return {f"leaf{i:05d}": array for i, array in enumerate(arrays)}
+
+
+def _read_checkpoint(directory: str, like: Sequence) -> tuple[int, list[np.ndarray]]:
+    """Returns the step and leaves of the newest checkpoint in `directory`, checked against `like`."""
+    import orbax.checkpoint as ocp
+
+    if not os.path.isdir(directory):
+        raise ValueError(f"resume_from: {directory} is not a directory")
+    manager = ocp.CheckpointManager(os.path.abspath(directory))
+    try:
+        step = manager.latest_step()
+        if step is None:
+            raise ValueError(f"resume_from: {directory} holds no checkpoint")
+        began = time.perf_counter()
+        item = manager.restore(step, args=ocp.args.StandardRestore())
+    finally:
+        manager.close()
+    keys = list(_as_item(like))
+    if sorted(item) != keys:
+        raise ValueError(f"resume_from: the checkpoint of step {step} in {directory} holds {len(item)} arrays, "
+                         f"the state {len(keys)}")
+    leaves = [np.asarray(item[key]) for key in keys]
+    for i, (leaf, x) in enumerate(zip(leaves, like)):
+        shape, dtype = _shape_dtype(x)
+        if leaf.shape != shape or leaf.dtype != dtype:
+            raise ValueError(f"resume_from: array {i} of the checkpoint of step {step} in {directory} is "
+                             f"{leaf.dtype}{list(leaf.shape)}, the state's {dtype}{list(shape)}")
+    log.info("resuming from the checkpoint of step %d in %s (read in %.2f s)", step, directory,
+             time.perf_counter() - began)
+    return step, leaves

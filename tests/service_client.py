@@ -1,0 +1,121 @@
+"""A client process of a `pw-serve` service, for tests/test_service.py.
+
+    python service_client.py SERVICE_FILE ROLE
+
+Every role connects with `pw.connect(SERVICE_FILE)`, runs programs across both islands (pytree outputs,
+a result passed back in, `f.compiled`, a placed function alone) and checks each result against plain JAX
+in this process, then prints one JSON line per stage and:
+
+- `close`: disconnects by `pw.configure()`;
+- `hold`: runs `big` (half of island0's device memory) and keeps its result until it is killed;
+- `park`: runs `big` while a `hold` client keeps its result, so that the run waits for memory; checks that
+  `result(timeout)` times out, says so, then waits for the result (a `hold` client is killed meanwhile);
+- `stuck`: after a line on stdin (island0 has been closed meanwhile), runs `step`, whose island1 part
+  then waits forever for island0's send; says so once `result(timeout)` times out, and holds on until
+  it is killed.
+
+Every wait is bounded.
+"""
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.endpoint import RemoteHandle
+
+TIMEOUT = 120.0
+BIG = (2, 32768)       # float32, split over island0's 2 devices: 128 KiB per device in, 128 KiB out
+
+island0 = pw.virtual_slice(2, axes="d", island="island0")
+island1 = pw.virtual_slice(2, axes="d", island="island1")
+
+
+@pw.jit(slice=island0, in_specs=P("d"), out_specs=P("d"))
+def encode(x):
+    return jnp.tanh(x) * 2.0
+
+
+@pw.jit(slice=island1, in_specs=P("d"), out_specs=({"square": P("d"), "total": None}, None))
+def summarize(x):
+    return {"square": x * x, "total": jnp.sum(x)}, jnp.mean(x, axis=0)
+
+
+@pw.program
+def step(x):
+    return summarize(encode(x))
+
+
+@pw.jit(slice=island0, in_specs=P("d"), out_specs=P("d"))
+def big(x):
+    return x * 3.0 + 1.0
+
+
+def say(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def check(got, want) -> None:
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert isinstance(g, RemoteHandle), type(g)
+        np.testing.assert_allclose(np.asarray(g.result(TIMEOUT)), np.asarray(w), rtol=1e-6)
+
+
+def main(service_file: str, role: str) -> None:
+    client = pw.connect(service_file, timeout=TIMEOUT)
+    seed = int.from_bytes(role.encode(), "little") % 1000
+    x = np.random.default_rng(seed).normal(size=(8, 4)).astype(np.float32)
+    reference = jax.jit(lambda v: summarize.fn(encode.fn(v)))
+
+    out = step(x)                                            # a program over both islands; a pytree of handles
+    assert jax.tree.structure(out) == jax.tree.structure(reference(x))
+    check(out, reference(x))
+    again = step.compiled(x)(x)                              # the cached stage, lowered for the service
+    check(again, reference(x))
+    twice = encode(encode(x))                                # op by op; a result passed back stays there
+    check(twice, jnp.tanh(jnp.tanh(x) * 2.0) * 2.0)
+    assert twice.shape == (8, 4) and twice.dtype == np.float32
+    twice.delete()
+    del again                                                # dropped: released with the next request
+    status = pw.status()
+    mine = client.object_count()
+    assert mine == 3 and mine in [c["objects"] for c in status["clients"].values()]
+    say(stage="checked", objects=mine)
+
+    if role == "close":
+        pw.configure()                                       # back to an embedded runtime: disconnects
+        assert client.closed
+        say(stage="closed")
+    elif role == "hold":
+        held = big(np.ones(BIG, np.float32))
+        check(held, np.full(BIG, 4.0, np.float32))
+        say(stage="holding", objects=client.object_count())
+        sys.stdin.read()                                     # holds its results until it is killed
+    elif role == "park":
+        value = np.arange(np.prod(BIG), dtype=np.float32).reshape(BIG)
+        parked = big(value)
+        try:
+            parked.result(timeout=1.0)
+            raise AssertionError("the run was admitted although memory is held")
+        except TimeoutError:
+            say(stage="parked")
+        check(parked, value * 3.0 + 1.0)
+        client.close()
+        say(stage="done")
+    elif role == "stuck":
+        sys.stdin.readline()
+        stuck = step(x)
+        try:
+            jax.tree.leaves(stuck)[0].result(timeout=1.0)
+            raise AssertionError("island1 got island0's value although island0 is closed")
+        except TimeoutError:
+            say(stage="stuck")
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,233 @@
+"""The shared service with real processes: `pw-serve` (embedded backend, 2 islands of 2 CPU devices) and
+client processes that attach with `pw.connect` (tests/service_client.py).
+
+Two clients run programs and check them against plain JAX; a run waits for memory a client holds, and the
+service's status names it; a client killed while its run is queued has that run dropped; the holder is
+killed with SIGKILL, its objects and memory come back, the parked run finishes, and `pw-serve --status`
+shows the baseline again. Every wait has a timeout; every process
+started here is stopped.
+"""
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pathways_mlir.runtime.service import ServiceError, open_connection
+
+SERVE = [sys.executable, "-m", "pathways_mlir.cli.pw_serve"]
+CLIENT = str(Path(__file__).with_name("service_client.py"))
+TIMEOUT = 120
+# Per device: a `big` run (256 KiB per device at its peak) fits alone, but not beside a held result of
+# `big` (128 KiB per device).
+MEMORY = 327680
+
+
+def read_json(proc) -> dict:
+    """Reads one JSON line that `proc` prints (waits at most TIMEOUT)."""
+    ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
+    assert ready, "the process printed nothing in time"
+    line = proc.stdout.readline()
+    assert line, f"the process exited ({proc.wait(TIMEOUT)}): {proc.stderr.read()[-3000:]}"
+    return json.loads(line)
+
+
+def stop(proc) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream:
+            stream.close()
+
+
+def serve(procs, *args, env=None, backend="embedded"):
+    """Starts `pw-serve ARGS` (2 islands of 2 devices, any free port); returns it once it says it listens."""
+    proc = subprocess.Popen([*SERVE, "--islands", "2", "--per-island", "2", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs.append(proc)
+    ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
+    line = proc.stdout.readline() if ready else ""
+    assert line.startswith(f"pw-serve: serving 2 island(s) (island0: 2 devices, island1: 2 devices, {backend} "
+                           "backend) on 127.0.0.1:"), line + (proc.stderr.read()[-3000:] if proc.poll() else "")
+    return proc
+
+
+@pytest.fixture
+def procs():
+    """The processes a test starts; all are stopped at its end."""
+    started = []
+    try:
+        yield started
+    finally:
+        for p in reversed(started):
+            stop(p)
+
+
+@pytest.fixture
+def service(tmp_path, procs):
+    """A running `pw-serve`: (its process, its service file, the test's processes)."""
+    directory = tmp_path / "service"
+    directory.mkdir(mode=0o700)
+    service_file = directory / "service.json"
+    proc = serve(procs, "--device-memory-bytes", str(MEMORY), "--service-file", str(service_file))
+    return proc, service_file, procs
+
+
+def client(service_file, role, procs):
+    """Starts a client process (see service_client.py)."""
+    proc = subprocess.Popen([sys.executable, CLIENT, str(service_file), role], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs.append(proc)
+    return proc
+
+
+def status_text(service_file) -> str:
+    result = subprocess.run([*SERVE, "--status", "--service-file", str(service_file)], capture_output=True,
+                            text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def wait_status(observer, done, timeout=60):
+    """Polls the service's status until `done(status)`; returns the last status."""
+    deadline = time.monotonic() + timeout
+    status = observer.status()
+    while not done(status) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = observer.status()
+    return status
+
+
+def baseline(status) -> bool:
+    return (status["clients"] == {} and status["scheduler"]["queued"] == []
+            and all(n == 0 for per_device in status["reserved"].values() for n in per_device))
+
+
+def test_clients_share_the_service_and_a_killed_one_is_reclaimed(service, tmp_path):
+    proc, service_file, procs = service
+    found = json.loads(service_file.read_text())
+    assert found["host"] == "127.0.0.1" and found["pid"] == proc.pid
+    assert oct(service_file.stat().st_mode & 0o777) == oct(0o600)
+    assert oct(Path(found["key_path"]).stat().st_mode & 0o777) == oct(0o600)
+    observer = open_connection(str(service_file), timeout=TIMEOUT)
+    try:
+        start = observer.status()
+        assert baseline(start) and start["reserved"] == {"island0": [0, 0], "island1": [0, 0]}
+
+        closer, holder = client(service_file, "close", procs), client(service_file, "hold", procs)
+        assert read_json(closer) == {"stage": "checked", "objects": 3}          # each sees only its own objects
+        assert read_json(holder) == {"stage": "checked", "objects": 3}
+        assert read_json(closer) == {"stage": "closed"}
+        assert closer.wait(TIMEOUT) == 0
+        assert read_json(holder) == {"stage": "holding", "objects": 4}
+        held = wait_status(observer, lambda s: len(s["clients"]) == 1)
+        [(holder_id, objects)] = held["clients"].items()
+        assert objects["objects"] == 4 and held["reserved"]["island0"] == [131072, 131072]
+
+        parker = client(service_file, "park", procs)                            # big does not fit beside it
+        assert read_json(parker) == {"stage": "checked", "objects": 3}
+        assert read_json(parker) == {"stage": "parked"}
+        status = observer.status()
+        [queued] = status["scheduler"]["queued"]
+        assert queued["program"] == "big" and queued["client"] != holder_id
+        assert queued["waits_for"] == ("memory: 262144 bytes on device 0 of island0, which has 131072 of "
+                                       f"{MEMORY} bytes reserved")
+        assert holder_id in status["service"]["connections"] and queued["client"] in status["service"]["connections"]
+        text = status_text(service_file)
+        assert (f"queued run {queued['run']} (big, client {queued['client']}) waits for memory: 262144 bytes on "
+                f"device 0 of island0") in text
+        assert f"client {holder_id}: 4 object(s), " in text and "island0: bytes reserved per device: [131072" in text
+
+        late = client(service_file, "close", procs)                             # its first run queues behind
+        status = wait_status(observer, lambda s: len(s["scheduler"]["queued"]) == 2)
+        late_run = status["scheduler"]["queued"][1]
+        assert late_run["waits_for"] == f"run {queued['run']} (admission is in ticket order)"
+        late.kill()                                                             # dies waiting for its result:
+        late.wait(TIMEOUT)                                                      # its queued run is dropped
+        status = wait_status(observer, lambda s: late_run["client"] not in s["service"]["connections"], timeout=30)
+        assert [q["run"] for q in status["scheduler"]["queued"]] == [queued["run"]]
+        assert late_run["client"] not in status["service"]["connections"]
+
+        holder.kill()                                                           # dies holding its results
+        holder.wait(TIMEOUT)
+        assert read_json(parker) == {"stage": "done"}                           # its memory came back
+        assert parker.wait(TIMEOUT) == 0
+        end = wait_status(observer, baseline)
+        assert baseline(end) and end["service"]["connections"] == [max(end["service"]["connections"])]
+    finally:
+        observer.close()
+    text = status_text(service_file)
+    assert "island0: bytes reserved per device: [0, 0]" in text and "island1: bytes reserved per device: [0, 0]" in text
+    assert not re.search(r"^client \d+:", text, re.M) and "queued run" not in text
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(TIMEOUT) == 0
+    assert proc.stdout.read().strip() == "pw-serve: SIGTERM: stopping"
+    assert list(service_file.parent.iterdir()) == []                            # service file and key removed
+
+
+def test_service_errors_are_one_line(service, tmp_path):
+    proc, service_file, procs = service
+    port = json.loads(service_file.read_text())["port"]
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    public = tmp_path / "public"
+    public.mkdir(mode=0o755)
+    (other / "bad.json").write_text('{"host": "127.0.0.1"}')
+    cases = [
+        (["--port", "0", "--service-file", str(service_file)],
+         f"a service is already running (pid {proc.pid}, 127.0.0.1:{port}, service file {service_file}); "
+         "stop it first or choose another --service-file"),
+        (["--port", str(port), "--service-file", str(other / "service.json")],
+         f"cannot listen on 127.0.0.1:{port}: Address already in use (another pw-serve? --port 0 picks a free port)"),
+        (["--port", "0", "--service-file", str(public / "service.json")],
+         f"{public} must belong to you and be private for the service's key (chmod 700 {public})"),
+        (["--status", "--service-file", str(other / "none.json")],
+         f"no service file at {other / 'none.json'}: is pw-serve running?"),
+        (["--status", "--service-file", str(other / "bad.json")],
+         f"{other / 'bad.json'} is not a service file: it needs host (str), port (int), key_path (str), pid (int)"),
+        (["--status", "--service-file", str(service_file), "--address", "auto"],
+         "--status asks a service (--service-file) or a Ray cluster (--address), not both"),
+        (["--islands", "2"], "--islands and --per-island go together"),
+        (["--address", "auto"], "--address names a Ray cluster to own islands on: it needs --backend ray"),
+    ]
+    for args, error in cases:
+        result = subprocess.run([*SERVE, *args], capture_output=True, text=True, timeout=TIMEOUT)
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", f"pw-serve: error: {error}\n"), args
+    assert list(other.iterdir()) == [other / "bad.json"] and list(public.iterdir()) == []
+
+    with pytest.raises(ServiceError, match=f"connecting to 127.0.0.1:{port} needs key_path"):
+        open_connection(f"127.0.0.1:{port}")
+    (other / "wrong.key").write_text(os.urandom(32).hex())
+    with pytest.raises(ServiceError, match=f"cannot reach the service at 127.0.0.1:{port}: the endpoint refused"):
+        open_connection(f"127.0.0.1:{port}", key_path=str(other / "wrong.key"))
+    key_path = json.loads(service_file.read_text())["key_path"]
+    with open_connection(f"127.0.0.1:{port}", key_path=key_path, timeout=TIMEOUT) as direct:
+        assert direct.object_count() == 0
+    assert proc.poll() is None                                                  # still serving
+
+
+def test_readme_two_terminals(tmp_path, procs):
+    """The README's shared-service example: `pw-serve` in one process, the snippet in another."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## A shared service"):]
+    [snippet] = re.findall(r"```py\n# terminal 2.*?\n(.*?)```", section, re.S)[:1]
+    directory = tmp_path / "service"
+    directory.mkdir(mode=0o700)
+    env = {**os.environ, "PW_SERVICE_DIR": str(directory)}       # where pw-serve and pw.connect() look
+    proc = serve(procs, env=env)
+    result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("[1.8185034 1.8185034]\n")
+    assert re.search(r"^client \d+: 1 object\(s\), 512 bytes$", result.stdout, re.M)
+    assert "island1: bytes reserved per device: [256, 256]" in result.stdout
+    proc.send_signal(signal.SIGINT)                              # Ctrl-C
+    assert proc.wait(TIMEOUT) == 0 and list(directory.iterdir()) == []
