@@ -399,11 +399,14 @@ class RayIsland:
         if full:
             self.flush_releases()
 
-    def flush_releases(self) -> None:
-        """Sends the queued releases now."""
+    def flush_releases(self, wait: bool = False) -> None:
+        """Sends the queued releases now; with `wait`, returns once the island took them (before a question
+        about objects: the actor runs calls concurrently)."""
         releases = self.take_releases()
         if releases and self._live() and self._dead is None:
-            self._call("release_many", releases)
+            ref = self._call("release_many", releases)
+            if wait:
+                self._get(ref)
 
     def _live(self) -> bool:
         import ray
@@ -416,7 +419,7 @@ class RayIsland:
         if self._closed or self._dead is not None:
             return otherwise
         try:
-            self.flush_releases()
+            self.flush_releases(wait=True)
             return self._get(self._call(message, *args))
         except IslandLost:
             return otherwise
@@ -424,7 +427,7 @@ class RayIsland:
     def release_owner(self, owner) -> int:
         if self._closed or self._dead is not None:
             return 0
-        self.flush_releases()
+        self.flush_releases(wait=True)
         with self._lock:
             self._fetched = {k: v for k, v in self._fetched.items() if k not in set(self._releases)}
         return self._ask("release_owner", owner, otherwise=0)
@@ -479,7 +482,7 @@ class RayIsland:
         if self._dead is not None:
             return _unreachable(self._dead)
         try:
-            self.flush_releases()
+            self.flush_releases(wait=True)
             return self._get(self._call("status"), STATUS_TIMEOUT)
         except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
             return _unreachable(error)
