@@ -32,8 +32,10 @@ import numpy as np
 
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.island import IslandLost
+from pathways_mlir.runtime.runtime import Runtime, get_runtime
 
 log = logging.getLogger("pathways_mlir.elastic")
+TOPOLOGY_WAIT = 5.0    # seconds a replay waits for the runtime to take a lost island out
 
 
 @dataclasses.dataclass
@@ -204,6 +206,9 @@ class ElasticTrainer:
 
     def _loop(self, state, specs: list, treedef, done: int, steps: int):
         snapshots, pending, checked = self._snapshots, None, False
+        runtime = self.client.runtime if self.client is not None else get_runtime()
+        resources = runtime.resources if isinstance(runtime, Runtime) else None    # a service re-lowers on refusal
+        version = None                     # the cluster's topology when the latest step was called
         while True:
             try:
                 if snapshots.failed():
@@ -212,11 +217,13 @@ class ElasticTrainer:
                     snapshots.settle()
                     for leaf in jax.tree_util.tree_leaves(state):
                         if isinstance(leaf, Handle):
-                            leaf.result(self.timeout).block_until_ready()
+                            value = leaf.result(self.timeout)   # a JAX array in process; NumPy from Ray
+                            if hasattr(value, "block_until_ready"):
+                                value.block_until_ready()
                     return state
                 # Read the handles here, as the call would: a loss shows before the call lowers again.
                 args = jax.tree_util.tree_map(self._resolve, state)
-                began = time.perf_counter()
+                began, version = time.perf_counter(), resources and resources.version
                 out = self.step.run(args, self.batch(done), client=self.client)
                 del args
                 if pending is not None:
@@ -233,6 +240,8 @@ class ElasticTrainer:
                 del out, metrics
             except IslandLost as error:
                 pending = self._lost(error, done)
+                if resources is not None:
+                    _await_change(resources, version, min(self.timeout, TOPOLOGY_WAIT))
                 done, leaves = snapshots.latest()
                 state = jax.tree_util.tree_unflatten(treedef, leaves)
 
@@ -300,6 +309,15 @@ class ElasticTrainer:
             raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints up to step {newest}: "
                              f"resume from it (resume_from=) or use an empty directory")
         return manager
+
+
+def _await_change(resources, version: int, timeout: float) -> None:
+    """Waits, at most `timeout` s, until the cluster's topology is newer than `version`: on Ray the runtime's
+    monitor takes a dead island out moments after a run sees it dead, and a replay before that would be
+    placed on it again (the embedded backend takes it out before the error is raised)."""
+    deadline = time.monotonic() + timeout
+    while resources.version == version and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _to_host(leaf, timeout: float) -> np.ndarray:

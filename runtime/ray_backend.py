@@ -537,6 +537,11 @@ def _get(ref, timeout: float | None = None):
     return ray.get(ref, timeout=timeout)
 
 
+class GraphBroken(RuntimeError):
+    """The compiled start graph lost an actor before the monitor saw it die; nothing of the execution was
+    sent."""
+
+
 class _CompiledStarts:
     """Start messages through a Ray Compiled Graph: one execution per run, whatever the program.
 
@@ -563,7 +568,13 @@ class _CompiledStarts:
 
     def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list]) -> None:
         """Sends one run's work (and the queued releases) to every island; called in ticket order."""
-        refs = self._graph.execute({"works": works, "releases": releases})
+        import ray
+
+        try:
+            refs = self._graph.execute({"works": works, "releases": releases})
+        except (ray.exceptions.RayChannelError, ray.exceptions.RayActorError):
+            self.broken = True          # an island actor died before the monitor saw it: nothing was sent
+            raise GraphBroken("an island actor of the compiled start graph died") from None
         for name in works:
             self._islands[name].calls["start"] += 1
         with self._lock:
@@ -710,7 +721,12 @@ class RayIslands(Islands):
             self[name].lose_run(run.id, works[name].plan_key)
         sent = {name: self[name].started(work, outputs[name]) for name, work in works.items() if name not in dead}
         if sent:
-            self._starts.send(run.id, sent, {name: island.take_releases() for name, island in self.items()})
+            releases = {name: island.take_releases() for name, island in self.items()}
+            try:
+                self._starts.send(run.id, sent, releases)
+            except GraphBroken:
+                self._use_calls()
+                self._starts.send(run.id, sent, releases)
 
     def _use_calls(self) -> None:
         """Replaces the compiled graph (it holds a dead actor) with actor calls."""

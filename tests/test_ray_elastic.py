@@ -182,22 +182,25 @@ def test_an_island_actor_killed_is_lost_then_restored(rt, kill):
     assert settled(rt)
 
 
-# -- training that loses a node, resumes from a host snapshot, and gets the node back ------------------------
+# -- training (pw.ElasticTrainer) that loses a node, resumes from a host snapshot, and gets the node back -----
 
 def loss(params, x, y):
     hidden = jnp.tanh(x @ params["w1"] + params["b1"])
     return jnp.mean((hidden @ params["w2"] + params["b2"] - y) ** 2)
 
 
-sgd = pw.jit(lambda params, x, y: jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params,
-                                                         jax.grad(loss)(params, x, y)),
-             slice=pw.virtual_slice(4, axes="x", name="ray_train"), in_specs=(None, P("x"), P("x")),
+def sgd_step(params, batch):
+    value_, grads = jax.value_and_grad(loss)(params, *batch)
+    return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), value_
+
+
+sgd = pw.jit(sgd_step, slice=pw.virtual_slice(4, axes="x", name="ray_train"), in_specs=(None, (P("x"), P("x"))),
              out_specs=None)
 
 
 @pw.program
-def train_step(params, x, y):
-    return sgd(params, x, y)
+def train_step(params, batch):
+    return sgd(params, batch)
 
 
 def batch(step):
@@ -211,21 +214,19 @@ def init():
             "w2": rng.normal(size=(16, 1)).astype(np.float32) * 0.5, "b2": np.zeros(1, np.float32)}
 
 
-def train(client, steps, at=None, every=3):
-    """Trains `steps` steps keeping a host snapshot every `every` steps; on IslandLost resumes from it.
-    `at` maps a step to what happens just before it (once)."""
-    params, step, snapshot, recoveries, events = init(), 0, (0, init()), 0, dict(at or {})
-    while step < steps:
-        try:
-            if step in events:
-                events.pop(step)()
-            params = train_step.run(params, *batch(step), client=client)
-            step += 1
-            if step % every == 0:
-                snapshot = (step, jax.tree_util.tree_map(value, params))
-        except pw.IslandLost:
-            (step, params), recoveries = snapshot, recoveries + 1
-    return jax.tree_util.tree_map(value, params), recoveries
+def train(client, steps, at=None):
+    """Trains `steps` steps with `pw.ElasticTrainer` (a host snapshot every 3 steps); `at` maps a step to what
+    happens just after it is dispatched (once). Returns the final parameters on the host and the recoveries."""
+    events = dict(at or {})
+
+    def on_step(n, metrics):
+        if n in events:
+            events.pop(n)()
+
+    trainer = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, on_step=on_step, timeout=WAIT)
+    final = trainer.run(init(), steps)
+    return jax.tree_util.tree_map(lambda leaf: np.asarray(leaf.result(WAIT) if hasattr(leaf, "result") else leaf),
+                                  final), len(trainer.recoveries)
 
 
 @pytest.mark.parametrize("graceful", [True, False], ids=["stopped", "killed"])
@@ -233,7 +234,7 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
     with Client(rt) as client:
         want, recoveries = train(client, 12)
         assert recoveries == 0
-        home = train_step.compiled(init(), *batch(0), runtime=rt).plan.slices["ray_train"].island
+        home = train_step.compiled(init(), batch(0), runtime=rt).plan.slices["ray_train"].island
         [node] = [n for n in cluster.worker_nodes if n.node_id == rt.status()["islands"][home]["node"]]
         joined = []
 
@@ -260,4 +261,19 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
         assert islands(rt) == ["island0", "island1"]
         assert rt.status()["islands"][home]["node"] == joined[0].node_id
         np.testing.assert_allclose(value(plus1[home].run(X, client=client)), X + 1)
+    assert settled(rt)
+
+
+def test_training_survives_its_island_actor_killed_by_name(rt):
+    with Client(rt) as client:
+        want, _ = train(client, 9)
+        home = train_step.compiled(init(), batch(0), runtime=rt).plan.slices["ray_train"].island
+        kill = lambda: ray.kill(ray.get_actor(island_name(home), namespace=NAMESPACE))  # noqa: E731
+        got, recoveries = train(client, 9, at={4: kill})
+        assert recoveries == 1
+        assert islands(rt) == [OTHER[home]]
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    rt.restore_island(home)                 # its node is alive: the island comes back by hand
+    assert islands(rt) == ["island0", "island1"]
     assert settled(rt)
