@@ -28,6 +28,7 @@ steps/s over the plain loop's.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 
@@ -162,9 +163,7 @@ def run(quick: bool) -> dict:
 
     steady = Client(steady_runtime)
     cases = {"recompiled": recompiled, "cached": cached}
-    try:
-        import ray  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("ray") is None:
         ray_runtime = None
     else:
         ray_runtime = Runtime(backend="ray", islands=2, per_island=4)

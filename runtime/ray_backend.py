@@ -247,8 +247,10 @@ class RayIsland:
     in one call once `RELEASE_BATCH` have queued, or before any question
     about objects), so dropping a result costs no call of its own; the ledger
     of device memory is the driver's and frees the bytes at once. A fetch
-    brings back the run's other small results on the island too, so reading
-    a run's outputs one by one costs one call.
+    brings back the run's other small results on the island that were read
+    of an earlier run of the same plan, so reading a run's outputs one by one
+    costs one call, while results never read (a training state kept on the
+    devices) never travel.
 
     Once its actor is dead (the monitor saw it, or Ray failed a call with
     `RayActorError`), the proxy answers for it as a lost island would: work
@@ -267,6 +269,7 @@ class RayIsland:
         self._done: collections.OrderedDict[int, None] = collections.OrderedDict()   # runs known to be over
         self._outputs: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()  # run -> results here
         self._fetched: dict[tuple[int, int], np.ndarray] = {}   # results brought back with a sibling, not read yet
+        self._read: dict[int | None, set[int]] = {}   # plan key -> the results here ever read of its runs
         self._releases: list[tuple[int, int]] = []
         self._keys: collections.OrderedDict[int, int] = collections.OrderedDict()   # run started here -> plan key
         self._plans: dict[int, ProgramPlan] = {}   # plans loaded, by key: a run failing here names its program
@@ -370,7 +373,10 @@ class RayIsland:
                                                          f"{run_id} that lived there")
         with self._lock:
             value = self._fetched.pop((run_id, buffer), None)
-            siblings = [b for b in self._outputs.get(run_id, ()) if b != buffer and (run_id, b) not in self._fetched]
+            read = self._read.setdefault(self._keys.get(run_id), set())
+            read.add(buffer)
+            siblings = [b for b in self._outputs.get(run_id, ())
+                        if b != buffer and b in read and (run_id, b) not in self._fetched]
         if value is not None:
             return value
         try:          # no wait for the start first: the island's fetch waits for the value itself

@@ -16,6 +16,7 @@ from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.runtime import Runtime
+from training import batch, init, sgd, sgd_step, train_step, training_island
 
 X = np.full((512, 512), 0.01, np.float32)
 WAIT = 30       # seconds: every wait is bounded
@@ -154,36 +155,6 @@ def test_programs_move_off_a_lost_island_and_back_when_it_returns(rt):
 
 # -- ElasticTrainer: a training loop that loses an island and carries on --------------------------------
 
-def loss(params, x, y):
-    hidden = jnp.tanh(x @ params["w1"] + params["b1"])
-    return jnp.mean((hidden @ params["w2"] + params["b2"] - y) ** 2)
-
-
-def sgd_step(params, batch):
-    value, grads = jax.value_and_grad(loss)(params, *batch)
-    return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), value
-
-
-sgd = pw.jit(sgd_step, slice=pw.virtual_slice(4, axes="x", name="train"), in_specs=(None, (P("x"), P("x"))),
-             out_specs=None)
-
-
-@pw.program
-def train_step(params, batch):
-    return sgd(params, batch)
-
-
-def batch(step):
-    x = np.random.default_rng(step).normal(size=(8, 4)).astype(np.float32)
-    return x, np.sin(x.sum(axis=1, keepdims=True))
-
-
-def init():
-    rng = np.random.default_rng(0)
-    return {"w1": rng.normal(size=(4, 16)).astype(np.float32) * 0.5, "b1": np.zeros(16, np.float32),
-            "w2": rng.normal(size=(16, 1)).astype(np.float32) * 0.5, "b2": np.zeros(1, np.float32)}
-
-
 def plain_jax(steps):
     """The same training in plain JAX on one device: what every run below must end with."""
     params, step = init(), jax.jit(sgd_step)
@@ -195,11 +166,6 @@ def plain_jax(steps):
 def assert_same_params(got, want):
     for name in want:     # allclose: the mean is reduced over 4 devices, or 1
         np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5, atol=1e-6)
-
-
-def training_island(rt):
-    """The island the training step is placed on now."""
-    return train_step.compiled(init(), batch(0), runtime=rt).plan.slices["train"].island
 
 
 def within(predicate, what):

@@ -29,6 +29,7 @@ ray = pytest.importorskip("ray")
 
 from pathways_mlir.benchmarks import ray_backend as workloads  # noqa: E402
 from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
+from training import batch, init, train_step, training_island  # noqa: E402
 
 WAIT = 60          # seconds: every wait is bounded
 X = np.full((256, 256), 0.01, np.float32)
@@ -184,36 +185,6 @@ def test_an_island_actor_killed_is_lost_then_restored(rt, kill):
 
 # -- training (pw.ElasticTrainer) that loses a node, resumes from a host snapshot, and gets the node back -----
 
-def loss(params, x, y):
-    hidden = jnp.tanh(x @ params["w1"] + params["b1"])
-    return jnp.mean((hidden @ params["w2"] + params["b2"] - y) ** 2)
-
-
-def sgd_step(params, batch):
-    value_, grads = jax.value_and_grad(loss)(params, *batch)
-    return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), value_
-
-
-sgd = pw.jit(sgd_step, slice=pw.virtual_slice(4, axes="x", name="ray_train"), in_specs=(None, (P("x"), P("x"))),
-             out_specs=None)
-
-
-@pw.program
-def train_step(params, batch):
-    return sgd(params, batch)
-
-
-def batch(step):
-    x = np.random.default_rng(step).normal(size=(8, 4)).astype(np.float32)
-    return x, np.sin(x.sum(axis=1, keepdims=True))
-
-
-def init():
-    rng = np.random.default_rng(0)
-    return {"w1": rng.normal(size=(4, 16)).astype(np.float32) * 0.5, "b1": np.zeros(16, np.float32),
-            "w2": rng.normal(size=(16, 1)).astype(np.float32) * 0.5, "b2": np.zeros(1, np.float32)}
-
-
 def train(client, steps, at=None):
     """Trains `steps` steps with `pw.ElasticTrainer` (a host snapshot every 3 steps); `at` maps a step to what
     happens just after it is dispatched (once). Returns the final parameters on the host and the recoveries."""
@@ -234,7 +205,7 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
     with Client(rt) as client:
         want, recoveries = train(client, 12)
         assert recoveries == 0
-        home = train_step.compiled(init(), batch(0), runtime=rt).plan.slices["ray_train"].island
+        home = training_island(rt)
         [node] = [n for n in cluster.worker_nodes if n.node_id == rt.status()["islands"][home]["node"]]
         joined = []
 
@@ -267,7 +238,7 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
 def test_training_survives_its_island_actor_killed_by_name(rt):
     with Client(rt) as client:
         want, _ = train(client, 9)
-        home = train_step.compiled(init(), batch(0), runtime=rt).plan.slices["ray_train"].island
+        home = training_island(rt)
         kill = lambda: ray.kill(ray.get_actor(island_name(home), namespace=NAMESPACE))  # noqa: E731
         got, recoveries = train(client, 9, at={4: kill})
         assert recoveries == 1
