@@ -51,7 +51,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from .island import HISTORY, IslandLost, Islands, IslandWork, RunFailed
+from .island import HISTORY, IslandLost, Islands, IslandWork, RunFailed, client_owner
 from .status import Status, gather
 
 NAMESPACE = "pathways"
@@ -267,11 +267,11 @@ class RayIsland:
         self.received: Callable[[int], None] = lambda run_id: None   # set by `RayIslands`: a start was taken
         self.calls: collections.Counter[str] = collections.Counter()   # messages sent, by kind
         self._done: collections.OrderedDict[int, None] = collections.OrderedDict()   # runs known to be over
-        self._outputs: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()  # run -> results here
         self._fetched: dict[tuple[int, int], np.ndarray] = {}   # results brought back with a sibling, not read yet
         self._read: dict[int | None, set[int]] = {}   # plan key -> the results here ever read of its runs
         self._releases: list[tuple[int, int]] = []
-        self._keys: collections.OrderedDict[int, int] = collections.OrderedDict()   # run started here -> plan key
+        # Runs started here -> (plan key, client id), the latest `HISTORY` of them.
+        self._runs: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
         self._plans: dict[int, ProgramPlan] = {}   # plans loaded, by key: a run failing here names its program
         self._dead: IslandLost | None = None       # set once the actor is known to be dead
         self.lost: IslandLost | None = None        # set once the runtime took the island out (`lose`)
@@ -310,7 +310,7 @@ class RayIsland:
     def _fail_under_way(self) -> None:
         """Fails every run started here and not known to be over, as a lost embedded island does."""
         with self._lock:
-            runs = [(run_id, key) for run_id, key in self._keys.items() if run_id not in self._done]
+            runs = [(run_id, key) for run_id, (key, _) in self._runs.items() if run_id not in self._done]
         for run_id, key in runs:
             self.lose_run(run_id, key)
 
@@ -341,15 +341,12 @@ class RayIsland:
             raise self._dead
         self._get(self._call("prepare", key, list(step_ids)))
 
-    def started(self, work: IslandWork, outputs: tuple[int, ...]) -> IslandWork:
-        """Notes a run's start here (its results on this island); returns the work as it travels."""
+    def started(self, work: IslandWork) -> IslandWork:
+        """Notes a run's start here; returns the work as it travels."""
         with self._lock:
-            self._outputs[work.run_id] = outputs
-            self._keys[work.run_id] = work.plan_key
-            while len(self._outputs) > HISTORY:
-                self._outputs.popitem(last=False)
-            while len(self._keys) > HISTORY:
-                self._keys.popitem(last=False)
+            self._runs[work.run_id] = (work.plan_key, work.client_id)
+            while len(self._runs) > HISTORY:
+                self._runs.popitem(last=False)
         return work._replace(inputs=tuple((b, np.asarray(v)) for b, v in work.inputs))
 
     def take_releases(self) -> list[tuple[int, int]]:
@@ -357,9 +354,6 @@ class RayIsland:
         with self._lock:
             releases, self._releases = self._releases, []
         return releases
-
-    def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
-        self._call("deliver_many", [(run_id, key, buffer, np.asarray(array))])
 
     def fail_run(self, run_id: int, error: BaseException) -> None:
         if self._dead is not None:
@@ -373,9 +367,10 @@ class RayIsland:
                                                          f"{run_id} that lived there")
         with self._lock:
             value = self._fetched.pop((run_id, buffer), None)
-            read = self._read.setdefault(self._keys.get(run_id), set())
+            key = self._runs.get(run_id, (None, None))[0]
+            read = self._read.setdefault(key, set())
             read.add(buffer)
-            siblings = [b for b in self._outputs.get(run_id, ())
+            siblings = [b for b in self._group.results(key, self.name)
                         if b != buffer and b in read and (run_id, b) not in self._fetched]
         if value is not None:
             return value
@@ -433,9 +428,9 @@ class RayIsland:
     def release_owner(self, owner) -> int:
         if self._closed or self._dead is not None:
             return 0
-        self.flush_releases(wait=True)
-        with self._lock:
-            self._fetched = {k: v for k, v in self._fetched.items() if k not in set(self._releases)}
+        with self._lock:        # the owner's results brought back with a sibling and not read go too
+            self._fetched = {k: v for k, v in self._fetched.items()
+                             if client_owner(self._runs.get(k[0], (None, None))[1]) != owner}
         return self._ask("release_owner", owner, otherwise=0)
 
     def run_done(self, run_id: int) -> bool:
@@ -449,7 +444,7 @@ class RayIsland:
             try:
                 self.received(run_id)
                 with self._lock:
-                    others = [r for r in self._outputs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
+                    others = [r for r in self._runs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
                 self._over(self._get(self._call("runs_done", [run_id] + others)))
                 return run_id in self._done
             except IslandLost:
@@ -697,7 +692,7 @@ class RayIslands(Islands):
         self.compiled_graph = compiled_graph
         self.nodes = dict(nodes)                # island -> the node its actor runs on
         self._starts = (_CompiledStarts if compiled_graph else _CalledStarts)(self)
-        self._outputs: dict[int, dict[str, tuple[int, ...]]] = {}   # plan key -> results by island
+        self._results: dict[int, dict[str, tuple[int, ...]]] = {}   # plan key -> the results on each island
         self._watches: dict = {}                # each actor's `watch` call -> its proxy
         self._reported: set[str] = set()        # islands whose actor a call saw dead
         self._failed_nodes: set[str] = set()    # nodes a restarted actor failed on (dead ones Ray counted alive)
@@ -713,19 +708,22 @@ class RayIslands(Islands):
         with self._lock:
             self._watches[island._actor.watch.remote()] = island
 
+    def results(self, key: int | None, island: str) -> tuple[int, ...]:
+        """The results a plan's runs leave on `island` (known once one of its runs started)."""
+        return self._results.get(key, {}).get(island, ())
+
     def start(self, run, works: dict[str, IslandWork]) -> None:
         """Sends one run's work to its islands as one start message each, with the releases queued; the run
         fails at once on an island whose actor is dead."""
-        outputs = self._outputs.get(run.key)
-        if outputs is None:
-            outputs = self._outputs[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
-                                                for name in self}
+        if run.key not in self._results:
+            self._results[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
+                                      for name in self}
         if self.compiled_graph and (self._starts.broken or any(p._dead is not None for p in self.values())):
             self._use_calls()
         dead = [name for name in works if self[name]._dead is not None]
         for name in dead:
             self[name].lose_run(run.id, works[name].plan_key)
-        sent = {name: self[name].started(work, outputs[name]) for name, work in works.items() if name not in dead}
+        sent = {name: self[name].started(work) for name, work in works.items() if name not in dead}
         if sent:
             releases = {name: island.take_releases() for name, island in self.items()}
             try:
