@@ -16,6 +16,7 @@ from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.runtime import Runtime
+from fetching import settled, until
 from training import batch, init, sgd, sgd_step, train_step, training_island
 
 X = np.full((512, 512), 0.01, np.float32)
@@ -30,17 +31,6 @@ def value(handle):
 def heavy(x):
     """About half a second of device work on a CPU slice of 4."""
     return jax.lax.fori_loop(0, 300, lambda i, y: jnp.tanh(y @ y.T * 0.01), x)
-
-
-def settled(rt):
-    """Whether, within WAIT seconds, the islands hold no results and no device memory is reserved (the
-    device work of failed runs may still be finishing)."""
-    deadline = time.monotonic() + WAIT
-    while rt.object_count() or sum(rt.usage().values()):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def pinned(island, name):
@@ -101,7 +91,7 @@ def test_runs_in_flight_on_a_lost_island_fail_and_others_finish(rt):
             value(client.handles(doomed[-1])[0])
         client.wait(other, timeout=WAIT)
         np.testing.assert_allclose(value(client.handles(other)[0]), want, rtol=1e-5)
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 def test_results_that_lived_only_on_the_lost_island_raise(rt):
@@ -117,7 +107,7 @@ def test_results_that_lived_only_on_the_lost_island_raise(rt):
         rt.restore_island("island0")
         with pytest.raises(pw.IslandLost):             # a restored island does not bring results back
             value(there)
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 def test_queued_runs_that_need_the_lost_island_fail(rt):
@@ -130,7 +120,7 @@ def test_queued_runs_that_need_the_lost_island_fail(rt):
             client.wait(queued0, timeout=10)
         rt.scheduler.release()
         client.wait(queued1, timeout=WAIT)
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 def test_programs_move_off_a_lost_island_and_back_when_it_returns(rt):
@@ -150,7 +140,7 @@ def test_programs_move_off_a_lost_island_and_back_when_it_returns(rt):
         assert anywhere.compiled(X, runtime=rt).plan.slices["free"].island == home
         np.testing.assert_allclose(value(pinned_there.run(X, client=client)), np.asarray(jax.jit(heavy)(X)),
                                    rtol=1e-5)
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 # -- ElasticTrainer: a training loop that loses an island and carries on --------------------------------
@@ -166,14 +156,6 @@ def plain_jax(steps):
 def assert_same_params(got, want):
     for name in want:     # allclose: the mean is reduced over 4 devices, or 1
         np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5, atol=1e-6)
-
-
-def within(predicate, what):
-    """Waits at most WAIT seconds for `predicate()`; fails naming `what` otherwise."""
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} within {WAIT} s"
-        time.sleep(0.01)
 
 
 def holds_only(rt, state):
@@ -197,7 +179,7 @@ def test_training_loses_an_island_and_carries_on(rt, caplog):
 
     def lose_at_step_7(n, metrics):
         if n == 7 and not lost:
-            within(lambda: trainer.snapshot_step == 6, "the snapshot of step 6 was copied")
+            until(lambda: trainer.snapshot_step == 6, "the snapshot of step 6 was copied", WAIT)
             lost.append(training_island(rt))
             rt.lose_island(lost[0])
 
@@ -217,7 +199,7 @@ def test_training_loses_an_island_and_carries_on(rt, caplog):
         assert re.fullmatch(r"recovered in \d+\.\d\d s \(lowering \d+\.\d\d s, restore \d+\.\d\d s\): "
                             r"replaying 1 step", recovery_line), recovery_line
         del got
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 def test_a_loss_from_another_thread_at_any_moment(rt):
@@ -226,7 +208,7 @@ def test_a_loss_from_another_thread_at_any_moment(rt):
     lost = threading.Event()
 
     def lose_after_the_first_snapshot():
-        within(lambda: (trainer.snapshot_step or 0) >= 2, "the first snapshot was copied")
+        until(lambda: (trainer.snapshot_step or 0) >= 2, "the first snapshot was copied", WAIT)
         rt.lose_island(training_island(rt))
         lost.set()
 
@@ -249,7 +231,7 @@ def test_a_loss_from_another_thread_at_any_moment(rt):
         assert_same_params(got, plain_jax(20))
         assert holds_only(rt, got)
         del got
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 def test_orbax_checkpoints_resume_a_new_trainer(rt, tmp_path, caplog):
@@ -282,7 +264,7 @@ def test_orbax_checkpoints_resume_a_new_trainer(rt, tmp_path, caplog):
         with pytest.raises(ValueError, match=r"is of step 12: nothing is left to run for steps=12$"):
             second.run(init(), 12, resume_from=tmp_path)
         del got
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 def test_gives_up_after_losses_in_a_row(rt):
@@ -303,7 +285,7 @@ def test_gives_up_after_losses_in_a_row(rt):
             trainer.run(init(), 6)
         assert [r.replayed for r in trainer.recoveries] == [2, 2]
     rt.restore_island(lost[-1])
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 @pw.program
@@ -325,4 +307,4 @@ def test_bad_arguments_are_one_line_errors(rt):
         with pytest.raises(TypeError, match=r"^step returned a state whose array 0 is float32\[16\], the state "
                                             r"given float64\[16\]: give the initial state the dtypes"):
             trainer.run(dict(init(), b1=np.zeros(16)), 2)
-    assert settled(rt)
+    assert settled(rt, WAIT)

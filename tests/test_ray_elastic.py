@@ -13,7 +13,6 @@ installed.
 
 import os
 import signal
-import time
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +28,7 @@ ray = pytest.importorskip("ray")
 
 from pathways_mlir.benchmarks import ray_backend as workloads  # noqa: E402
 from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
+from fetching import settled, until  # noqa: E402
 from training import batch, init, train_step, training_island  # noqa: E402
 
 WAIT = 60          # seconds: every wait is bounded
@@ -59,26 +59,8 @@ def value(handle):
     return np.asarray(handle.result(timeout=WAIT))
 
 
-def until(condition, what: str) -> None:
-    """Waits until `condition()` holds, at most WAIT seconds."""
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {WAIT} s"
-        time.sleep(0.02)
-
-
 def islands(rt) -> list[str]:
     return [i.name for i in rt.resources.topology.islands]
-
-
-def settled(rt) -> bool:
-    """Whether, within WAIT seconds, the islands hold no results and no device memory is reserved."""
-    deadline = time.monotonic() + WAIT
-    while rt.object_count() or sum(rt.usage().values()):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def heavy(x):
@@ -141,7 +123,7 @@ def test_an_island_actor_killed_is_lost_then_restored(rt, kill):
         other = client.start(slow[survivor].compiled(X, runtime=rt).plan, [X])
         version = rt.resources.version
         kill(victim)                                    # well within parked's first second
-        until(lambda: rt.resources.version > version, "the monitor takes the island out")   # no call needed
+        until(lambda: rt.resources.version > version, "the monitor takes the island out", WAIT)   # no call needed
         assert islands(rt) == [survivor]
         with pytest.raises(pw.IslandLost, match=f"island {victim} was lost: run {parked.id} of there_and_back"):
             client.wait(parked, timeout=WAIT)
@@ -180,7 +162,7 @@ def test_an_island_actor_killed_is_lost_then_restored(rt, kill):
             ray.get_actor(island_name(survivor), namespace=NAMESPACE)
         np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
         assert anywhere.compiled(X, runtime=rt).plan.slices["ray_free"].island == victim
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 # -- training (pw.ElasticTrainer) that loses a node, resumes from a host snapshot, and gets the node back -----
@@ -212,7 +194,7 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
         def remove():
             version = rt.resources.version
             cluster.remove_node(node, allow_graceful=graceful)
-            until(lambda: rt.resources.version > version, "the monitor takes the island out")
+            until(lambda: rt.resources.version > version, "the monitor takes the island out", WAIT)
             assert islands(rt) == [OTHER[home]]
             if graceful:           # a node killed hard counts as alive (offering the resource) for a while
                 with pytest.raises(RuntimeError, match=f"no node of the Ray cluster offers the resource of "
@@ -222,7 +204,7 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
         def join():
             joined.append(cluster.add_node(num_cpus=1, node_ip_address=workloads.LOOPBACK, include_dashboard=False,
                                            resources={island_name(home): 1}))
-            until(lambda: home in islands(rt), "the monitor brings the island back")
+            until(lambda: home in islands(rt), "the monitor brings the island back", WAIT)
 
         got, recoveries = train(client, 12, at={7: remove, 9: join})
         assert recoveries == 1
@@ -232,7 +214,7 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
         assert islands(rt) == ["island0", "island1"]
         assert rt.status()["islands"][home]["node"] == joined[0].node_id
         np.testing.assert_allclose(value(plus1[home].run(X, client=client)), X + 1)
-    assert settled(rt)
+    assert settled(rt, WAIT)
 
 
 def test_training_survives_its_island_actor_killed_by_name(rt):
@@ -247,4 +229,4 @@ def test_training_survives_its_island_actor_killed_by_name(rt):
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
     rt.restore_island(home)                 # its node is alive: the island comes back by hand
     assert islands(rt) == ["island0", "island1"]
-    assert settled(rt)
+    assert settled(rt, WAIT)
