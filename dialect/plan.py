@@ -246,12 +246,15 @@ class ProgramPlan:
     # island -> flat (begin, end, bytes) triples: a run's static peak on each device range
     peak_bytes: dict[str, tuple[int, ...]] = None  # type: ignore[assignment]
     fused: dict[str, FusedExecutable] = None       # type: ignore[assignment]
+    flops: dict[str, int] = None                   # type: ignore[assignment]  # executable -> its pw.cost flops
 
     def __post_init__(self):
         if self.peak_bytes is None:
             object.__setattr__(self, "peak_bytes", {})
         if self.fused is None:
             object.__setattr__(self, "fused", {})
+        if self.flops is None:
+            object.__setattr__(self, "flops", {})
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""
@@ -274,6 +277,7 @@ class ProgramPlan:
             "buffers": [_jsonable(asdict(b)) for b in self.buffers.values()],
             "executables": dict(self.executables),
             "fused": {k: _jsonable(asdict(v)) for k, v in self.fused.items()},
+            "flops": dict(self.flops),
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             "islands": {k: [_step_to_python(s) for s in v] for k, v in self.islands.items()},
@@ -335,7 +339,7 @@ class ProgramPlan:
             subgraphs=subgraphs, host_steps=host_steps,
             peak_bytes={k: r.sub(v, f"peak_bytes.{k}", list).ints_of(v)
                         for k, v in r.get("peak_bytes", dict, {}).items()},
-            fused=fused)
+            fused=fused, flops={k: r.sub(v, f"flops.{k}", int).value for k, v in r.get("flops", dict, {}).items()})
         plan.validate(where)
         return plan
 

@@ -272,6 +272,8 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
             slices[s.name] = SlicePlacement(s.name, s.shape, s.axes, placement["island"], placement["devices"])
     module_executables = ops.executables(module)
     exports = {name: ops.attr(exe, ops.EXPORT, "") for name, exe in module_executables.items()}
+    flops = {name: int(ops.attr(exe, ops.COST)["flops"]) for name, exe in module_executables.items()
+             if ops.COST in exe.attributes}
     hosts: dict[str, ir.Operation] = {}
     islands: dict[str, dict[str, ir.Operation]] = {}
     for op in ops.top_level_ops(module):
@@ -306,9 +308,13 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
                 tuple(FusedCall(c["callee"], c["operands"], c["results"]) for c in calls["calls"]),
                 calls["results"])
             executables.update({c["callee"]: exports[c["callee"]] for c in calls["calls"]})
+        launched = {*executables, *fused}
+        plan_flops = {e: flops[e] for e in sorted(launched) if e in flops}
+        plan_flops.update({e: sum(flops.get(c.callee, 0) for c in f.calls) for e, f in fused.items()
+                           if e not in plan_flops})
         plans[name] = ProgramPlan(
             program=name, topology=topology, slices=slices, buffers=dict(sorted(buffers.items())),
-            executables=executables, fused=fused,
+            executables=executables, fused=fused, flops=plan_flops,
             peak_bytes={island: ops.attr(part, PEAK_BYTES, ()) for island, part in islands.get(name, {}).items()},
             inputs=mark["inputs"], outputs=mark["outputs"], islands=steps,
             subgraphs=tuple(Subgraph(g["id"], g["static"], tuple(i for i, ss in steps.items()

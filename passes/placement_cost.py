@@ -15,14 +15,12 @@ from dataclasses import dataclass, field
 from mlir import ir
 
 from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.device_time import device_rates
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import Island, Topology
 
 from .cost import compute_cost, executable_cost
 
-# (flops per second, memory bytes per second) of one device, by device kind.
-DEVICE_RATES = {"cpu": (1e11, 2e10), "gpu": (1e14, 2e12), "tpu": (1e14, 1e12)}
-DEFAULT_RATES = (1e12, 1e11)
 
 Home = tuple[str, Sharding]
 
@@ -139,10 +137,6 @@ class Estimate:
     transfer_s: dict[str, float] = field(default_factory=dict)
 
 
-def _rates(island: Island) -> tuple[float, float]:
-    return DEVICE_RATES.get(island.device_kind, DEFAULT_RATES)
-
-
 def rename_axes(sharding: Sharding, src: ops.VirtualSlice, dst: ops.VirtualSlice) -> Sharding:
     """Returns `sharding` over `src`'s axes written with `dst`'s axes (same mesh shape, axis by axis)."""
     names = dict(zip(src.axes, dst.axes))
@@ -218,7 +212,7 @@ class Model:
 
     def compute_seconds(self, node: _Node, island: str) -> float:
         """Returns one computation's time on each device of its slice, on `island`'s kind of device."""
-        flops_rate, bytes_rate = _rates(self.islands[island])
+        flops_rate, bytes_rate = device_rates(self.islands[island].device_kind)
         return node.flops / flops_rate + node.bytes / bytes_rate
 
     def move_seconds(self, value: int, have: Home, want: Home, plan: dict[str, Window]) -> tuple[float, bool]:

@@ -5,7 +5,7 @@ the cost model and an accelerator profile, never measured, and are labelled
 so. One concept per module:
 
     profile     accelerator, link and host descriptions (data files in profiles/)
-    costs       each launch's per-device flops and bytes, from the cost model
+    costs       each executable's whole flops, from the cost model (launch costs: dialect/device_time.py)
     network     ICI and DCN links with per-link contention
     engine      the event loop: host dispatch, gang order, devices, admission
     trace       the simulated timeline as a Chrome/Perfetto trace

@@ -41,11 +41,11 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
+from pathways_mlir.dialect.device_time import launch_costs
 from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
 from pathways_mlir.runtime.admission import MemoryLedger, run_need
 
-from .costs import launch_costs
 from .network import Links
 from .profile import Profile, ProfileError
 

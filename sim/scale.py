@@ -107,7 +107,7 @@ def latency(plan, flops, profile: Profile, dispatch: str = "parallel") -> float:
 
 def device_seconds(plan, flops, profile: Profile) -> float:
     """Returns the device time of a one-launch plan's launch."""
-    from .costs import launch_costs
+    from pathways_mlir.dialect.device_time import launch_costs
 
     (cost,) = launch_costs(plan, flops).values()
     return profile.accelerator.launch_seconds(cost.flops, cost.bytes, 1)
