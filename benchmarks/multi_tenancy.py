@@ -14,11 +14,16 @@ per unit of weight). A client's achieved share is its part of the device
 time (programs delivered times their measured duration) while every client
 still had work queued; its error is the relative difference from its
 weight's share. The share in programs delivered is reported beside it.
+Islands on their own: on two islands, client B's latency for a 0.05 or
+0.5 ms program on island0 while client A's long computation (about
+`LOAD_MS`) keeps island1 busy, over B's latency with island1 idle, in
+interleaved rounds (`other_island_latency_under_load`: the worst size).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -33,13 +38,16 @@ from pathways_mlir.runtime.runtime import Runtime
 from . import harness
 
 NAME = "multi-tenancy"
-HEADLINE = ("aggregate_4clients_over_1", "aggregate_4clients_over_1_worst", "share_error_1111", "share_error_1248")
+HEADLINE = ("aggregate_4clients_over_1", "aggregate_4clients_over_1_worst", "share_error_1111", "share_error_1248",
+            "other_island_latency_under_load")
 DEVICES = 4
 WIDTH = 1024                       # floats per device
 DURATIONS_MS = (0.05, 0.5, 2.0)
 CLIENTS = (1, 2, 4, 8)
 WEIGHTS = ((1, 1, 1, 1), (1, 2, 4, 8))
 SHARE_PROGRAM_MS = (2.0, 0.5, 2.0, 0.5)          # each client's program length in the share runs
+LOAD_MS = 400.0                                  # client A's computation on the other island
+LATENCY_MS = (0.05, 0.5)                         # client B's programs
 
 
 def work(iterations: int):
@@ -47,8 +55,9 @@ def work(iterations: int):
     return lambda x: jax.lax.fori_loop(0, iterations, lambda _, y: jnp.sin(y) * 0.5 + 0.25, x)
 
 
-def sized_programs(x, sharding) -> dict[float, tuple[object, float]]:
-    """Returns, per target duration, a one-computation program and `jax.jit`'s median ms for it."""
+def sized_programs(x, sharding, durations=DURATIONS_MS, island=None) -> dict[float, tuple[object, float]]:
+    """Returns, per target duration, a one-computation program (on `island`, if given) and `jax.jit`'s
+    median ms for it."""
     def jax_ms(iterations):
         fn = jax.jit(work(iterations), out_shardings=sharding)
         times = harness.measure({"jax": lambda: fn(x).block_until_ready()}, repetitions=20, warmup=3)
@@ -56,13 +65,51 @@ def sized_programs(x, sharding) -> dict[float, tuple[object, float]]:
 
     base, reference = jax_ms(1), jax_ms(1025)
     per_iteration = max((reference - base) / 1024, 1e-6)
-    s = pw.virtual_slice(DEVICES, axes="x")
+    s = pw.virtual_slice(DEVICES, axes="x", **({} if island is None else {"island": island}))
     programs = {}
-    for target in DURATIONS_MS:
+    for target in durations:
         iterations = max(1, round((target - base) / per_iteration))
         programs[target] = (pw.jit(work(iterations), slice=s, in_specs=P("x"), out_specs=P("x")),
                             jax_ms(iterations))
     return programs
+
+
+def other_island_latency(x, sharding, rounds: int, samples: int = 20) -> list[dict]:
+    """B's program latency on island0, with island1 idle and while A's long computation runs there."""
+    runtime = Runtime(embedded_device_map(2, DEVICES))
+    a, b = Client(runtime), Client(runtime)
+    try:
+        small = sized_programs(x, sharding, LATENCY_MS, island="island0")
+        [(load, _)] = sized_programs(x, sharding, (LOAD_MS,), island="island1").values()
+        load.run(x, client=a).block_until_ready()
+        times: dict[tuple[float, bool], list[float]] = {(ms, loaded): [] for ms in LATENCY_MS for loaded in (0, 1)}
+
+        def sample(ms, loaded):
+            program = small[ms][0]
+            busy = load.run(x, client=a) if loaded else None
+            for _ in range(samples):
+                began = time.perf_counter()
+                program.run(x, client=b).block_until_ready()
+                elapsed = time.perf_counter() - began
+                if busy is None or not runtime.run_done(busy._run):     # only samples taken under load count
+                    times[ms, loaded].append(elapsed)
+            if busy is not None:
+                busy.block_until_ready()
+        for ms in LATENCY_MS:
+            small[ms][0].run(x, client=b).block_until_ready()
+        for _ in range(rounds):
+            for ms in LATENCY_MS:
+                for loaded in (0, 1):
+                    sample(ms, loaded)
+    finally:
+        a.close()
+        b.close()
+        runtime.close()
+    return [{"latency_program_ms": ms, "idle_ms": harness.median(times[ms, 0]) * 1e3,
+             "under_load_ms": harness.median(times[ms, 1]) * 1e3, "samples_under_load": len(times[ms, 1]),
+             "under_load_over_idle": harness.median(times[ms, 1]) / harness.median(times[ms, 0]),
+             "spread_idle": harness.spread(times[ms, 0]), "spread_under_load": harness.spread(times[ms, 1])}
+            for ms in LATENCY_MS]
 
 
 def clients_case(program, clients: list[Client], x, total: int):
@@ -134,15 +181,17 @@ def run(quick: bool) -> dict:
              "over_one_client": harness.median(times[d, 1]) / harness.median(times[d, n]),
              "spread": harness.spread(times[d, n])} for d, n in cases]
     share_rows = [row for w in WEIGHTS for row in shares(programs, x, w, base)]
+    latency_rows = other_island_latency(x, sharding, 2 if quick else 5)
     aggregate = {(r["program_ms"], r["clients"]): r["over_one_client"] for r in rows}
     headline = {"aggregate_4clients_over_1": aggregate[0.5, 4],
                 "aggregate_4clients_over_1_worst": harness.worst(aggregate[d, 4] for d in DURATIONS_MS),
                 "share_error_1111": max(r["error"] for r in share_rows if r["weights"] == "1:1:1:1"),
-                "share_error_1248": max(r["error"] for r in share_rows if r["weights"] == "1:2:4:8")}
+                "share_error_1248": max(r["error"] for r in share_rows if r["weights"] == "1:2:4:8"),
+                "other_island_latency_under_load": max(r["under_load_over_idle"] for r in latency_rows)}
     return harness.record(NAME, {"devices": DEVICES, "programs_per_case": total,
                                  "queued_per_unit_weight_of_2ms": base, "repetitions": repetitions,
                                  "headline_program_ms": 0.5, "share_program_ms": SHARE_PROGRAM_MS},
-                          rows + share_rows, headline)
+                          rows + share_rows + latency_rows, headline)
 
 
 def plot(record: dict, ax) -> None:

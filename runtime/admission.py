@@ -6,7 +6,8 @@ when the run is admitted and gives it back once the run's device work is
 over, keeping only the bytes of the results still held by handles, which
 it gives back when they are released. Admission happens in ticket order on
 the scheduler's side, so every island agrees, and no step ever waits for
-memory on an island.
+memory on an island. A run that would not fit even once every run in flight
+is over fails at once (see `runtime/scheduler.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ Need = dict[str, list[tuple[int, int, int]]]
 
 
 class OutOfDeviceMemory(MemoryError):
-    """A run whose static peak can never fit a device's memory."""
+    """A run whose static peak can never fit a device's memory, or not while results held by handles stay."""
 
 
 def run_need(plan: ProgramPlan) -> Need:
@@ -82,6 +83,31 @@ class MemoryLedger:
             used = self.used[island]
             for begin, end, nbytes in ranges:
                 used[begin:end] = [u - nbytes for u in used[begin:end]]
+
+    def fits_beside(self, need: Need, other: Need) -> bool:
+        """Returns whether `need` fits next to what is reserved now plus `other`."""
+        combined = self.copy()
+        combined.take(other)
+        return combined.fits(need)
+
+    def first_short(self, need: Need) -> tuple[str, int, int, int] | None:
+        """Returns (island, device, bytes needed, bytes reserved) of the first device where `need` does not
+        fit now, or None if it fits everywhere."""
+        for island, ranges in need.items():
+            used, capacity = self.used[island], self.capacity[island]
+            for begin, end, nbytes in ranges:
+                device = max(range(begin, end), key=lambda d: used[d])
+                if used[device] + nbytes > capacity:
+                    return island, device, nbytes, used[device]
+        return None
+
+    def copy(self) -> "MemoryLedger":
+        """Returns a ledger with the same capacities and reservations, to reason about without changing this one."""
+        other = MemoryLedger.__new__(MemoryLedger)
+        other.capacity = self.capacity
+        other.used = {island: list(used) for island, used in self.used.items()}
+        other._never = self._never
+        return other
 
     def usage(self) -> dict[tuple[str, int], int]:
         """Returns the bytes reserved on each device, by (island, device)."""

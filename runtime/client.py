@@ -20,7 +20,7 @@ from .dispatch import Dispatcher
 from .handles import Handle
 from .island import client_owner
 from .run import Run
-from .runtime import Runtime, get_runtime
+from .runtime import RunCancelled, Runtime, get_runtime
 
 _client_ids = itertools.count(1)
 _CLOSE_TIMEOUT = 60.0    # seconds close() waits for the client's runs before releasing anyway
@@ -48,22 +48,35 @@ class Client:
         """The owner of this client's results in the object store."""
         return client_owner(self.id)
 
-    def start(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel") -> Run:
-        """Starts a run of `plan`; returns the run without waiting."""
+    def start(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
+              timeout: float | None = None) -> Run:
+        """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
+        cancelled if it is not over by then, and its handles raise `RunCancelled`."""
         args = [a.result() if isinstance(a, Handle) else a for a in args]
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")
-            run = self._dispatcher.start(plan, args, dispatch)
+            run = self._dispatcher.start(plan, args, dispatch, timeout)
             self._active.append(run)
             if len(self._active) % 64 == 0:       # forget the runs that are over, now and then
                 while self._active and self.runtime.run_done(self._active[0]):
                     self._active.popleft()
         return run
 
-    def run(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel") -> list[Handle]:
-        """Runs `plan` on `args`; returns one handle per program output."""
-        return self.handles(self.start(plan, args, dispatch))
+    def run(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
+            timeout: float | None = None) -> list[Handle]:
+        """Runs `plan` on `args`; returns one handle per program output (see `start` for `timeout`)."""
+        return self.handles(self.start(plan, args, dispatch, timeout))
+
+    def cancel(self, target: "Handle | Run") -> bool:
+        """Cancels the run of a handle (or a run): queued, it leaves the queue; admitted, it fails on every
+        island, and its memory comes back once its device work is over. Its handles raise `RunCancelled`.
+        Returns False if the run was already over."""
+        run = target._run if isinstance(target, Handle) else target
+        if run.client_id != self.id:
+            raise ValueError(f"run {run.id} belongs to client {run.client_id}, not to client {self.id}")
+        return self.runtime.cancel(run, RunCancelled(f"run {run.id} of {run.plan.program} was cancelled by "
+                                                     f"client {self.id}"))
 
     def handles(self, run: Run) -> list[Handle]:
         """Returns handles to a run's outputs."""

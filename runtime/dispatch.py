@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from pathways_mlir.dialect.device_time import device_seconds
 from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import Branch, Free, ProgramPlan, Recv
 
@@ -62,7 +63,7 @@ class LoadedPlan:
     first: dict[str, tuple[int, ...]]          # island -> steps that no host step holds back
     deps: dict[int, set[int]]
     held: dict[int, set[int]]                  # step -> the host conds it waits for
-    cost: float
+    cost: float                                # estimated device-seconds of a run (dialect/device_time.py)
 
     @staticmethod
     def build(key: int, source: ProgramPlan) -> "LoadedPlan":
@@ -76,7 +77,7 @@ class LoadedPlan:
             key, source, plan, tuple(sorted(islands)), run_need(plan),
             tuple((b, plan.island_of(b), plan.buffers[b].shape) for b in plan.inputs),
             {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
-            deps, held, float(sum(len(v) for v in plan.islands.values())))
+            deps, held, device_seconds(plan))
 
 
 class Dispatcher:
@@ -87,14 +88,18 @@ class Dispatcher:
         self.client_id = client_id
         self.weight = weight
 
-    def start(self, plan: ProgramPlan, args: Sequence, mode: str = "parallel") -> Run:
-        """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode."""
+    def start(self, plan: ProgramPlan, args: Sequence, mode: str = "parallel", timeout: float | None = None,
+              parent: Run | None = None) -> Run:
+        """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode.
+        With `timeout`, the run is cancelled if it is not over within that many seconds. `parent`: the run
+        whose host cond starts this branch run (it stays in flight until the branch is over)."""
         if mode not in MODES:
             raise ValueError(f"unknown dispatch mode '{mode}' (choose from {', '.join(MODES)})")
         loaded = self.runtime.load(plan)
         if len(args) != len(loaded.inputs):
             raise TypeError(f"program {plan.program} takes {len(loaded.inputs)} arrays, got {len(args)}")
-        run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need, self.weight, loaded.cost)
+        run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need, self.weight, loaded.cost,
+                  parent)
         inputs: dict[str, list[tuple[int, Any]]] = {}
         for (buffer, island, shape), value in zip(loaded.inputs, args):
             value = value if hasattr(value, "shape") else np.asarray(value)
@@ -106,6 +111,8 @@ class Dispatcher:
             else:
                 inputs.setdefault(island, []).append((buffer, value))
         has_conds = bool(loaded.plan.host_steps)
+        if timeout is not None:
+            self.runtime.set_deadline(run, timeout)
         if mode == "parallel":
             works = {i: (loaded.first[i], tuple(inputs.get(i, ())), not has_conds) for i in loaded.islands}
             self.runtime.scheduler.submit(run, works)
@@ -141,6 +148,9 @@ class Dispatcher:
                 ready = {i: tuple(s.id for s in steps if s.id not in sent and held[s.id] <= done)
                          for i, steps in plan.islands.items()}
                 sent |= {s for steps in ready.values() for s in steps}
+                for island, steps in ready.items():
+                    if steps:
+                        self.runtime.islands[island].prepare(run.key, steps)    # built here, not on the island
                 works = {i: (ready.get(i, ()), tuple(inputs.get(i, ())), False)
                          for i in run.islands if ready.get(i) or inputs.get(i)}
                 if works:
@@ -153,7 +163,7 @@ class Dispatcher:
         """The host step: read the predicate, run the chosen branch; returns its results by island."""
         predicate = bool(np.asarray(self.fetch(run, cond.pred_buffer)))
         branch = cond.then_plan if predicate else cond.else_plan
-        inner = self.start(branch, [self.fetch(run, b) for b in cond.inputs], mode)
+        inner = self.start(branch, [self.fetch(run, b) for b in cond.inputs], mode, parent=run)
         inputs: dict[str, list[tuple[int, Any]]] = {}
         for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
             value = self.fetch(inner, inner_buffer)
@@ -185,6 +195,7 @@ class Dispatcher:
                     continue
                 if isinstance(step, Recv):
                     self.fetch(run, step.dst_buffer)          # the peer's send has arrived
+                self.runtime.islands[island].prepare(run.key, (step_id,))
                 self.runtime.scheduler.continue_run(run, {island: ((step_id,), (), last[island] == step_id)})
         except BaseException as error:  # noqa: BLE001
             self.runtime.fail_run(run, error)

@@ -1,39 +1,57 @@
-"""Islands: each runs its part of every plan on its own devices, behind messages.
+"""Islands: each runs its part of every plan on its own devices, on its own thread.
 
 An island owns its devices, its shard of the object store (the results
-runs leave behind) and its cache of compiled executables. For each plan and
-set of steps it builds an island program once (`island_program.py`); a
-`start` message then places the run's inputs and executes the program's
-instructions right away, which only enqueues work through JAX's
-asynchronous dispatch. Work is executed in the order `start` messages
-arrive, which the gang scheduler makes the same ticket order on every
-island.
+runs leave behind), its cache of compiled executables and one executor
+thread. For each plan and set of steps it builds an island program once
+(`island_program.py`), on the caller's thread (`prepare`), so no compile
+ever runs on the executor. A `start` message only registers the run and
+enqueues its work; the executor takes work items and peers' deliveries off
+its queue in the order they came and executes the instructions. Work is
+executed in the order `start` messages arrive, which the gang scheduler
+makes the same ticket order on every island.
 
-Nothing here ever blocks: a `Recv` whose array has not arrived parks the
-run (its slots and program counter are kept) and the island goes on with
-other runs; the peer's `deliver` resumes it. Memory was reserved for the
-whole run before its first `start` (per-run admission), so no step waits
-for memory either. A failing step fails its run alone, on every island the
-run uses; other runs and clients go on.
+XLA's CPU client computes on the thread that launches a computation, so
+the executor thread is where an island's computations run: a long one
+delays only the work of its own island, and nothing else in the process
+(the scheduler, other islands, clients, status reports) waits for it. The
+executor holds the island's lock only for bookkeeping, never while it
+executes an instruction.
+
+Nothing here waits for memory or for peers: a `Recv` whose array has not
+arrived parks the run (its slots and program counter are kept) and the
+executor goes on with other work; the peer's delivery resumes it. Memory
+was reserved for the whole run before its first `start` (per-run
+admission). A failing step fails its run alone, on every island the run
+uses; other runs and clients go on. A failed run's error is kept without
+its traceback (whose frames would hold the run's arrays), for the latest
+`FAILED_HISTORY` runs.
+
+An island whose executor has run one instruction for longer than the
+runtime's `wedge_timeout` is wedged (`wedge`): the runs under way there
+fail with `IslandWedged`, naming the run and program it is stuck in, and
+so does new work, until the instruction returns; other islands go on.
 
 The rest of the runtime talks to an island only through these messages,
 whose arguments are plans, integer ids, work items and arrays, never shared
 Python objects:
 
     load(plan_key, plan)                      keep a plan, check it, build its layout
+    prepare(plan_key, step_ids)               build (compile) an island program now
     start(work)                               place inputs, run the steps (see IslandWork)
     deliver(run_id, plan_key, buffer, array)  a peer island's send arriving
-    fail_run(run_id, error)                   the run failed elsewhere
+    fail_run(run_id, error)                   the run failed elsewhere (or was cancelled)
     lose(), restored()                        fail as a dead host would; a fresh island in its place
     fetch(run_id, buffer, timeout) -> array   a result or intermediate, once produced
     release(run_id, buffer), release_owner(owner)
     run_done(run_id), wait_run(run_id, timeout)  whether the run's device work is over
+    device_seconds(run_id)                    the device time a finished run took here (once)
     object_count(), owned_by(owner), compilations(), status(), close()
 """
 
 from __future__ import annotations
 
 import collections
+import queue
 import threading
 import time
 from typing import Any, Callable, Hashable, NamedTuple
@@ -48,7 +66,9 @@ from .object_store import ObjectStore
 from .tracing import Tracer
 from .transfers import DcnTransport, copy_to
 
-HISTORY = 100_000   # how many work items (and failed runs) an island remembers
+HISTORY = 100_000        # how many work items (and, on Ray, runs) an island remembers
+FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
+CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
 
 
 class RunFailed(RuntimeError):
@@ -57,6 +77,10 @@ class RunFailed(RuntimeError):
 
 class IslandLost(RunFailed):
     """An island was lost (its host died): raised for its runs in flight and the results that lived there."""
+
+
+class IslandWedged(RunFailed):
+    """An island's executor has been stuck in one instruction for longer than the runtime's `wedge_timeout`."""
 
 
 class IslandWork(NamedTuple):
@@ -95,42 +119,66 @@ def client_owner(client_id: int) -> tuple[str, int]:
     return ("client", client_id)
 
 
+def without_traceback(error: BaseException) -> BaseException:
+    """Returns `error` with its traceback (and its causes' tracebacks) dropped: frames hold arrays."""
+    seen = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return error
+
+
+def raised(error: BaseException) -> BaseException:
+    """Returns a copy of a kept error to raise: raising the kept one would attach a traceback to it, whose
+    frames would keep a failed run's arrays alive as long as the error is kept."""
+    copy = type(error)(*error.args)
+    copy.__cause__ = error.__cause__
+    return copy
+
+
 class IslandRun:
     """What an island holds of one run under way: slots, queued programs, where it stopped."""
 
-    __slots__ = ("id", "client_id", "plan_key", "layout", "slots", "queue", "pc", "tracked", "last", "executing")
+    __slots__ = ("id", "client_id", "plan_key", "program", "layout", "slots", "queue", "pc", "tracked", "last",
+                 "executing", "began")
 
-    def __init__(self, run_id: int, client_id: int, plan_key: int, layout: IslandLayout):
-        self.id, self.client_id, self.plan_key, self.layout = run_id, client_id, plan_key, layout
+    def __init__(self, run_id: int, client_id: int, plan_key: int, program: str, layout: IslandLayout):
+        self.id, self.client_id, self.plan_key, self.program, self.layout = run_id, client_id, plan_key, program, layout
         self.slots: list = [None] * len(layout.slot)
         self.queue: collections.deque[tuple[Instruction, ...]] = collections.deque()
         self.pc = 0
         self.tracked: list = []          # arrays whose readiness means the run's device work is done
         self.last = False
         self.executing = False
+        self.began: float | None = None  # when the executor first ran its instructions (monotonic)
 
 
 def _waits_for(run: IslandRun) -> str:
     """Says what a run under way on an island waits for."""
     if run.executing:
-        return "nothing: its steps are being enqueued"
+        return "nothing: its steps are executing"
     if run.queue:
         instruction = run.queue[0][run.pc]
         if isinstance(instruction, RecvInstruction) and run.slots[instruction.dst] is None:
             return f"recv of {instruction.what}"
-    return "more work of this run from the scheduler (after a host cond, or the next sequential step)"
+        return "its turn on the island's executor"
+    if not run.last:
+        return "more work of this run from the scheduler (after a host cond, or the next sequential step)"
+    return "its turn on the island's executor"
 
 
 class Island:
-    """One island of devices and the work it is given."""
+    """One island of devices, its executor thread and the work it is given."""
 
     def __init__(self, name: str, device_map: DeviceMap, transport: DcnTransport | None,
-                 peer: Callable[[str], "Island"], lock: threading.RLock | None = None):
+                 peer: Callable[[str], "Island"]):
         self.name = name
         self.device_map = device_map
         self.cache = ExecutableCache()
         self.store = ObjectStore()
-        self.lock = lock or threading.RLock()   # embedded: one lock for all islands (see Runtime)
+        self.lock = threading.Lock()
         self._changed = threading.Condition(self.lock)
         self._waiting = 0
         self._transport = transport
@@ -144,90 +192,87 @@ class Island:
         self._in_flight: dict[int, list] = {}            # run -> tracked arrays, dispatch over
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
         self._dropped: set[tuple[int, int]] = set()      # results released before they existed
+        self._seconds: collections.OrderedDict[int, float] = collections.OrderedDict()  # finished run -> s
         self._closed = False
         self.lost: IslandLost | None = None     # set once the island was lost
+        self._executing: tuple[IslandRun, float] | None = None   # the run whose instructions run, since when
+        self._awaited: tuple[IslandRun, float] | None = None     # the run whose device work is awaited, since
+        self.wedged: IslandWedged | None = None  # set while the island is stuck (see `wedge`)
+        self.on_done: Callable[[], None] | None = None   # told whenever a run's device work is over
         # The latest (ticket, run id, step count) started, for order checks; bounded for long runs.
         self.executed: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=HISTORY)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._completions: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=f"pw-{name}", daemon=True)
+        self._thread.start()
+        self._tracker = threading.Thread(target=self._track, name=f"pw-{name}-done", daemon=True)
+        self._tracker.start()
 
     # -- messages ------------------------------------------------------------
 
     def load(self, plan_key: int, plan: ProgramPlan) -> None:
         """Keeps `plan` under `plan_key` (with frees and peaks added if it was built without them)."""
         with self.lock:
-            if plan_key not in self._plans:
-                self._plans[plan_key] = (with_memory_plan(plan), None)
+            if plan_key in self._plans:
+                return
+        planned = with_memory_plan(plan)
+        with self.lock:
+            self._plans.setdefault(plan_key, (planned, None))
 
     def plan(self, plan_key: int) -> ProgramPlan:
         """Returns the plan kept under `plan_key`."""
         return self._plans[plan_key][0]
 
     def start(self, work: IslandWork) -> None:
-        """Places the work's inputs and executes its steps now (parking at a Recv not yet arrived)."""
+        """Registers the run (so it is under way from now on) and queues its work for the executor."""
         with self.lock:
             self.executed.append((work.ticket, work.run_id, len(work.step_ids)))
             if work.run_id in self._failed:
                 return
-            if self._closed:
+            if self._closed or self.wedged is not None:
                 if self.lost is not None:        # a lost island's peers learn of it; a closed one stays silent
-                    self._fail(work.run_id, self.lost, plan_key=work.plan_key)
+                    peers = self._fail(work.run_id, self.lost, plan_key=work.plan_key)
+                elif self.wedged is not None:
+                    peers = self._fail(work.run_id, IslandWedged(f"{self.wedged}; run {work.run_id} was not "
+                                                                 f"started"), plan_key=work.plan_key)
                 else:
-                    self._fail(work.run_id, RunFailed(f"{self.name} is closed"))
-                return
-            try:
-                run = self._runs.get(work.run_id)
-                if run is None:
-                    run = self._runs[work.run_id] = IslandRun(work.run_id, work.client_id, work.plan_key,
-                                                              self._layout(work.plan_key))
-                    for buffer, array in self._early.pop(work.run_id, {}).items():
-                        run.slots[run.layout.slot[buffer]] = array
-                for buffer, value in work.inputs:
-                    run.slots[run.layout.slot[buffer]] = copy_to(value, run.layout.shardings[buffer])
-                if work.step_ids:
-                    run.queue.append(self._program(work.plan_key, work.step_ids))
-                run.last = work.last
-            except BaseException as error:  # noqa: BLE001  (the run fails alone)
-                self._fail(work.run_id, error)
-                return
-            self._advance(run)
+                    peers = self._fail(work.run_id, RunFailed(f"{self.name} is closed"))
+            else:
+                try:
+                    if work.run_id not in self._runs:
+                        plan = self._plans[work.plan_key][0]
+                        run = self._runs[work.run_id] = IslandRun(work.run_id, work.client_id, work.plan_key,
+                                                                  plan.program, self._layout(work.plan_key))
+                        for buffer, array in self._early.pop(work.run_id, {}).items():
+                            run.slots[run.layout.slot[buffer]] = array
+                    self._inbox.put((self._started, work))
+                    return
+                except BaseException as error:  # noqa: BLE001  (the run fails alone)
+                    peers = self._fail(work.run_id, error, plan_key=work.plan_key)
+        self._tell(peers, work.run_id)
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
-        """Receives a buffer a peer island sent, on its home sharding; resumes a run parked on it."""
-        with self.lock:
-            if run_id in self._failed or self._closed:
-                return
-            try:
-                layout = self._layout(plan_key)
-                moved = copy_to(array, layout.shardings[buffer])
-            except BaseException as error:  # noqa: BLE001
-                self._fail(run_id, error)
-                return
-            run = self._runs.get(run_id)
-            if run is None:
-                self._early.setdefault(run_id, {})[buffer] = moved
-                self._notify()
-                return
-            run.slots[run.layout.slot[buffer]] = moved
-            if not run.executing:
-                self._advance(run)
-            else:
-                self._notify()
+        """A buffer a peer island sent: the executor puts it on its home sharding and resumes the run."""
+        self._inbox.put((self._delivered, (run_id, plan_key, buffer, array)))
 
     def fail_run(self, run_id: int, error: BaseException) -> None:
-        """Fails a run here because it failed elsewhere (or was cancelled)."""
+        """Fails a run here because it failed elsewhere (or was cancelled); takes effect at once."""
         with self.lock:
             if run_id not in self._failed:
-                self._fail(run_id, error, tell_peers=False)
+                self._fail(run_id, error)
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
         """Returns the array of a run's buffer, waiting until it is produced; raises if the run failed."""
         with self.lock:
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
+                if self._closed:
+                    raise raised(self.lost) if self.lost is not None else RunFailed(f"{self.name} is closed")
                 found = self.store.get((run_id, buffer))
                 if found is not None:
                     return found
                 if run_id in self._failed:
-                    raise self._failed[run_id]
+                    raise raised(self._failed[run_id])
                 if (run_id, buffer) in self._dropped:
                     raise ValueError(f"buffer {buffer} of run {run_id} was released")
                 run = self._runs.get(run_id)
@@ -239,8 +284,6 @@ class Island:
                 if run is None and run_id in self._in_flight:
                     raise ValueError(f"buffer {buffer} of run {run_id} is not kept: the run is over and the "
                                      f"buffer was no result, or its result was released")
-                if self._closed:
-                    raise self.lost or RunFailed(f"{self.name} is closed")
                 self._wait(deadline, f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
 
     def release(self, run_id: int, buffer: int) -> None:
@@ -283,6 +326,13 @@ class Island:
         with self.lock:
             self._in_flight.pop(run_id, None)
 
+    def device_seconds(self, run_id: int) -> float | None:
+        """Returns (once) the device time a finished run took here: from when its instructions began (or the
+        run before it here was over, if later) until its device work was over, times the devices its slices
+        cover here. None until it is over."""
+        with self.lock:
+            return self._seconds.pop(run_id, None)
+
     def owned_by(self, owner: Hashable) -> list:
         """Returns the keys of the results `owner` holds here."""
         with self.lock:
@@ -297,11 +347,20 @@ class Island:
         """Returns how many executables the island has compiled."""
         return self.cache.compilations
 
+    def busy(self) -> tuple[IslandRun, str, float] | None:
+        """Returns (run, what, seconds) for the oldest thing the island is busy with: the run whose
+        instructions the executor runs now, or else the run whose device work is awaited; None if idle."""
+        for current, what in ((self._executing, "executing its steps"), (self._awaited, "its device work")):
+            if current is not None:
+                run, since = current
+                return run, what, time.monotonic() - since
+        return None
+
     def status(self) -> dict:
         """Returns each run under way here with what it waits for, the runs whose device work is not
-        over yet, and each client's objects and bytes."""
+        over yet, each client's objects and bytes, and what the executor is busy with."""
         with self.lock:
-            runs = [{"run": run.id, "client": run.client_id, "program": self._plans[run.plan_key][0].program,
+            runs = [{"run": run.id, "client": run.client_id, "program": run.program,
                      "waits_for": _waits_for(run)} for run in self._runs.values()]
             clients: dict[int, dict[str, int]] = {}
             for owner, array in self.store.owners():
@@ -309,27 +368,59 @@ class Island:
                 entry["objects"] += 1
                 entry["bytes"] += int(getattr(array, "nbytes", 0))
             busy = sorted(r for r, tracked in self._in_flight.items() if not all(a.is_ready() for a in tracked))
-            return {"runs": runs, "device_work": busy, "clients": clients}
+            report = {"runs": runs, "device_work": busy, "clients": clients}
+            busy = self.busy()
+            if busy is not None:
+                run, what, seconds = busy
+                report["busy"] = {"run": run.id, "program": run.program, "with": what, "seconds": round(seconds, 3)}
+            if self.wedged is not None:
+                report["wedged"] = str(self.wedged)
+            return report
+
+    def wedge(self, timeout: float) -> bool:
+        """Declares the island wedged if it has been busy with one run (executing its steps, or waiting for
+        its device work) for more than `timeout` seconds: that run and the runs under way here fail (and on
+        their other islands), and so does new work until the stuck run's work is over. Returns whether it is
+        wedged now."""
+        busy = self.busy()
+        if busy is None or busy[2] <= timeout:
+            return self.wedged is not None
+        stuck, what, seconds = busy
+        told = []
+        with self.lock:
+            if self.wedged is None:
+                since = time.strftime("%H:%M:%S", time.localtime(time.time() - seconds))
+                self.wedged = IslandWedged(f"island {self.name} is wedged since {since}: run {stuck.id} of "
+                                           f"{stuck.program} has been busy with {what} for more than {timeout:g} s")
+                for other in [stuck, *(r for r in self._runs.values() if r is not stuck)]:
+                    error = IslandWedged(f"{self.wedged}; run {other.id} of {other.program} failed with it")
+                    for buffer, _ in other.layout.outputs:
+                        self.store.release((other.id, buffer))      # its results raise instead of waiting
+                    told.append((self._fail(other.id, error, other.plan_key), other.id))
+        for peers, failed in told:
+            self._tell(peers, failed)
+        return True
 
     def close(self) -> None:
-        """Fails every run still under way here (a run parked forever cannot hold up closing)."""
+        """Fails every run still under way here (a run parked forever cannot hold up closing) and stops the
+        executor (waiting at most `CLOSE_JOIN` seconds for one stuck in a computation)."""
         with self.lock:
             self._closed = True
             for run_id in list(self._runs):
-                self._fail(run_id, RunFailed(f"{self.name} closed while run {run_id} was under way"),
-                           tell_peers=False)
+                self._fail(run_id, RunFailed(f"{self.name} closed while run {run_id} was under way"))
             self._changed.notify_all()
+        self._stop()
 
     def lose(self) -> None:
         """Fails this island as a dead host would: its runs fail (and their peers), its results are gone,
         and both raise `IslandLost`; it accepts no more work."""
+        told = []
         with self.lock:
             self._closed = True
             self.lost = IslandLost(f"island {self.name} was lost")
             for run_id, run in list(self._runs.items()):
-                program = self._plans[run.plan_key][0].program
-                self._fail(run_id, IslandLost(f"island {self.name} was lost while run {run_id} of {program} "
-                                              f"was under way there"))
+                told.append((self._fail(run_id, IslandLost(f"island {self.name} was lost while run {run_id} of "
+                                                           f"{run.program} was under way there")), run_id))
             for run_id in ({key[0] for key in self.store.keys()} | set(self._in_flight)) - set(self._failed):
                 self._failed[run_id] = IslandLost(f"island {self.name} was lost, with the results of run {run_id} "
                                                   f"that lived there")
@@ -337,20 +428,113 @@ class Island:
             self._in_flight.clear()
             self._early.clear()
             self._changed.notify_all()
+        for peers, run_id in told:
+            self._tell(peers, run_id)
+        self._stop()
 
     def restored(self) -> "Island":
         """Returns a fresh island in place of this lost one; the results lost here still raise `IslandLost`."""
-        fresh = Island(self.name, self.device_map, self._transport, self._peer, self.lock)
-        fresh.tracer = self.tracer
+        fresh = Island(self.name, self.device_map, self._transport, self._peer)
+        fresh.tracer, fresh.on_done = self.tracer, self.on_done
         with self.lock:
             fresh._failed.update(self._failed)
         return fresh
 
-    # -- execution -----------------------------------------------------------
+    # -- the executor --------------------------------------------------------
+
+    def _serve(self) -> None:
+        """The executor: takes work and deliveries off the queue, in order, until the island stops."""
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            handle, message = item
+            del item
+            handle(message)
+            del handle, message          # a waiting executor keeps no arrays of the last message alive
+
+    def _stop(self) -> None:
+        self._inbox.put(None)
+        self._completions.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(CLOSE_JOIN)
+
+    def _track(self) -> None:
+        """The completion tracker: waits, run after run in the order their dispatch ended, until each run's
+        device work is over; records its device time and tells `on_done`."""
+        previous_end = 0.0
+        while True:
+            run = self._completions.get()
+            if run is None:
+                return
+            since = max(run.began or 0.0, previous_end)
+            self._awaited = (run, since)
+            for array in run.tracked:
+                try:
+                    array.block_until_ready()
+                except Exception:  # noqa: BLE001  (a failed computation is over too; its reader raises)
+                    pass
+                del array                        # a waiting tracker keeps no arrays alive
+            previous_end = time.monotonic()
+            self._awaited = None
+            with self.lock:
+                if self.wedged is not None and self._executing is None:
+                    self.wedged = None           # what was stuck is over: the island serves again
+                self._seconds[run.id] = (previous_end - since) * run.layout.devices
+                while len(self._seconds) > HISTORY:
+                    self._seconds.popitem(last=False)
+                self._notify()
+            del run
+            if self.on_done is not None:
+                self.on_done()
+
+    def _started(self, work: IslandWork) -> None:
+        """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived)."""
+        with self.lock:
+            run = self._runs.get(work.run_id)
+        if run is None:
+            return                              # it failed (or was cancelled) meanwhile
+        try:
+            for buffer, value in work.inputs:
+                run.slots[run.layout.slot[buffer]] = copy_to(value, run.layout.shardings[buffer])
+            if work.step_ids:
+                run.queue.append(self._program(work.plan_key, work.step_ids))
+            run.last = work.last
+        except BaseException as error:  # noqa: BLE001  (the run fails alone)
+            self._fail_and_tell(run.id, error)
+            return
+        self._advance(run)
+
+    def _delivered(self, message) -> None:
+        """A peer's send: moved to its home sharding here; the run resumes if it was parked on it."""
+        run_id, plan_key, buffer, array = message
+        with self.lock:
+            if run_id in self._failed or self._closed:
+                return
+        try:
+            moved = copy_to(array, self._layout(plan_key).shardings[buffer])
+        except BaseException as error:  # noqa: BLE001
+            self._fail_and_tell(run_id, error, plan_key)
+            return
+        with self.lock:
+            if run_id in self._failed:
+                return
+            run = self._runs.get(run_id)
+            if run is None:
+                self._early.setdefault(run_id, {})[buffer] = moved
+                self._notify()
+                return
+            run.slots[run.layout.slot[buffer]] = moved
+            self._notify()
+        self._advance(run)
 
     def _advance(self, run: IslandRun) -> None:
-        """Executes the run's queued programs from where it stopped, until done or parked."""
+        """Executes the run's queued programs from where it stopped, until done or parked (no lock held)."""
         run.executing = True
+        now = time.monotonic()
+        if run.began is None:
+            run.began = now
+        self._executing = (run, now)
         try:
             while run.queue:
                 program = run.queue[0]
@@ -362,16 +546,23 @@ class Island:
                     pc += 1
                 run.queue.popleft()
                 run.pc = 0
-            if run.last:
-                self._finish(run)
+                if self._waiting:
+                    with self.lock:
+                        self._changed.notify_all()      # a fetch may wait for what this program made
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
-            self._fail(run.id, error)
+            self._fail_and_tell(run.id, error)
         finally:
+            self._executing = None
             run.executing = False
-            self._notify()
+            with self.lock:
+                if self.wedged is not None and self._awaited is None:
+                    self.wedged = None           # the stuck instruction returned: the island serves again
+                if self._runs.get(run.id) is run and run.last and not run.queue:
+                    self._finish(run)
+                self._notify()
 
     def _finish(self, run: IslandRun) -> None:
-        """The run's work here is dispatched: keep its results, remember what marks it done."""
+        """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""
         del self._runs[run.id]
         owner = client_owner(run.client_id)
         for buffer, slot in run.layout.outputs:
@@ -381,23 +572,41 @@ class Island:
             else:
                 self.store.add(key, owner, run.slots[slot])
         self._in_flight[run.id] = run.tracked
+        run.slots = []                       # what is kept lives in the store now
+        self._completions.put(run)
 
-    def _fail(self, run_id: int, error: BaseException, tell_peers: bool = True, plan_key: int | None = None) -> None:
+    def _fail(self, run_id: int, error: BaseException, plan_key: int | None = None) -> tuple[str, ...]:
+        """Fails a run here (under the lock); returns the other islands of its plan, to be told."""
         run = self._runs.pop(run_id, None)
         plan_key = run.plan_key if run is not None else plan_key
         self._early.pop(run_id, None)
-        self._dropped = {k for k in self._dropped if k[0] != run_id}
-        self._failed[run_id] = error if isinstance(error, RunFailed) else RunFailed(
-            f"run {run_id} failed on {self.name}: {type(error).__name__}: {error}")
-        self._failed[run_id].__cause__ = error if not isinstance(error, RunFailed) else error.__cause__
-        while len(self._failed) > HISTORY:
+        if self._dropped:
+            self._dropped = {k for k in self._dropped if k[0] != run_id}
+        if not isinstance(error, RunFailed):
+            failed = RunFailed(f"run {run_id} failed on {self.name}: {type(error).__name__}: {error}")
+            failed.__cause__ = without_traceback(error)
+            error = failed
+        self._failed[run_id] = without_traceback(error)
+        while len(self._failed) > FAILED_HISTORY:
             self._failed.popitem(last=False)
         self._notify()
-        if tell_peers and plan_key is not None:
-            plan = self._plans[plan_key][0]
-            for island in plan.islands:
-                if island != self.name:
-                    self._peer(island).fail_run(run_id, self._failed[run_id])
+        if plan_key is None or plan_key not in self._plans:
+            return ()
+        return tuple(island for island in self._plans[plan_key][0].islands if island != self.name)
+
+    def _fail_and_tell(self, run_id: int, error: BaseException, plan_key: int | None = None) -> None:
+        """Fails a run here and on the other islands of its plan (called with no lock held)."""
+        with self.lock:
+            if run_id in self._failed:
+                return
+            peers = self._fail(run_id, error, plan_key)
+        self._tell(peers, run_id)
+
+    def _tell(self, peers: tuple[str, ...], run_id: int) -> None:
+        """Tells the peer islands that a run failed here (no lock held: peers take their own)."""
+        error = self._failed.get(run_id)
+        for island in peers:
+            self._peer(island).fail_run(run_id, error)
 
     def _wait(self, deadline: float | None, late: str) -> None:
         """Waits (holding the lock) until something changes; TimeoutError(`late`) once `deadline` passed."""
@@ -434,19 +643,21 @@ class Island:
         return layout
 
     def _program(self, plan_key: int, step_ids: tuple[int, ...]) -> tuple[Instruction, ...]:
+        """Returns the island program of these steps, building it (and compiling) the first time, with no
+        lock held: a compile delays only whoever needs its program."""
         program = self._programs.get((plan_key, step_ids))
         if program is None:
             plan = self._plans[plan_key][0]
             wanted = set(step_ids)
             steps = tuple(s for s in plan.islands.get(self.name, ()) if s.id in wanted)
-            program = self._programs[(plan_key, step_ids)] = compile_steps(self, plan, self._layout(plan_key),
-                                                                           steps)
+            built = compile_steps(self, plan, self._layout(plan_key), steps)
+            program = self._programs.setdefault((plan_key, step_ids), built)
         return program
 
     def prepare(self, plan_key: int, step_ids: tuple[int, ...]) -> None:
-        """Builds the island program of these steps now (compiling its executables)."""
-        with self.lock:
-            self._program(plan_key, tuple(step_ids))
+        """Builds the island program of these steps now, on the caller's thread (compiling its
+        executables), so that the island's executor never compiles them."""
+        self._program(plan_key, tuple(step_ids))
 
     def mesh(self, plan: ProgramPlan, slice_name: str):
         """Returns the JAX mesh of one of this island's slices (cached)."""

@@ -127,6 +127,7 @@ class IslandLayout:
     slot: dict[int, int]                 # buffer id -> slot index
     shardings: dict[int, object]         # buffer id -> its home NamedSharding
     outputs: tuple[tuple[int, int], ...]  # (buffer, slot) of the program's results on this island
+    devices: int                         # how many of the island's devices the plan's slices here cover
 
     @staticmethod
     def build(island: "Island", plan: ProgramPlan) -> "IslandLayout":
@@ -135,7 +136,8 @@ class IslandLayout:
         slot = {b: i for i, b in enumerate(mine)}
         shardings = {b: named_sharding(island.mesh(plan, plan.buffers[b].slice), plan.buffers[b].sharding)
                      for b in mine}
-        return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot))
+        covered = {d for s in plan.slices.values() if s.island == island.name for d in s.device_ids()}
+        return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot), len(covered))
 
 
 def _awaited(plan: ProgramPlan, recv: Recv) -> str:

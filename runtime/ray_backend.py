@@ -469,6 +469,10 @@ class RayIsland:
             return
         self._over([run_id])
 
+    def device_seconds(self, run_id: int) -> None:
+        """The actor does not report measured device time: on Ray, `share` charges plans' estimates."""
+        return None
+
     def owned_by(self, owner) -> list:
         return self._ask("owned_by", owner, otherwise=[])
 

@@ -10,15 +10,17 @@ two islands of four devices) or from the last `configure(...)` call.
 from __future__ import annotations
 
 import atexit
+import heapq
 import threading
 import time
+from concurrent.futures import Future, InvalidStateError
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 from .dispatch import LoadedPlan
-from .island import Island, IslandLost, Islands, client_owner
+from .island import Island, IslandLost, Islands, RunFailed, client_owner, raised
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
@@ -28,6 +30,11 @@ from .transfers import DcnTransport
 
 
 BACKENDS = ("embedded", "ray")
+_WATCH_PERIOD = 0.1      # seconds between the watchdog's looks at deadlines and busy islands
+
+
+class RunCancelled(RunFailed):
+    """A run was cancelled by its client, or passed its deadline (`timeout=`)."""
 
 
 class Runtime:
@@ -43,6 +50,12 @@ class Runtime:
     `compiled_graph` (Ray) sends each run's start messages through a Ray
     Compiled Graph (the default) rather than as one actor call per island.
     `device_memory_bytes` overrides each device's memory for admission.
+    `policy` ("fifo" or "share") and `window` (share: how many admitted runs
+    may be on the devices) are the gang scheduler's (`scheduler.py`).
+    `emulate_dcn` makes transfers between islands take the modelled DCN
+    time. `wedge_timeout` (seconds; None: never) declares an island wedged
+    once its executor has run one step for longer: its runs fail with
+    `IslandWedged` and the other islands go on (see `island.py`).
     On Ray, a monitor takes out an island whose actor dies and brings it
     back when a node offering its resource joins (see `lose_island`).
     """
@@ -50,11 +63,14 @@ class Runtime:
     def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int = 4,
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
                  islands: int | None = None, per_island: int | None = None, address: str | None = None,
-                 compiled_graph: bool = True):
+                 compiled_graph: bool = True, wedge_timeout: float | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
         if (address is not None or not compiled_graph) and backend != "ray":
             raise ValueError("address= and compiled_graph= are options of the Ray backend: they need backend='ray'")
+        if wedge_timeout is not None and backend != "embedded":
+            raise ValueError("wedge_timeout= is an option of the embedded backend (a Ray island is a process of "
+                             "its own)")
         self.backend = backend
         self.tracer: Tracer | None = None
         self.transport: DcnTransport | None = None
@@ -67,25 +83,39 @@ class Runtime:
         else:
             device_map = device_map or embedded_device_map(islands, per_island)
             self.transport = DcnTransport(emulate=emulate_dcn)
-            lock = threading.RLock()   # islands share one lock: execution only enqueues, so it is short
             self.islands = Islands({
-                island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name], lock)
+                island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name])
                 for island in device_map.topology.islands})
         self.resources = ResourceManager(device_map)
         self.scheduler = GangScheduler(self.islands, MemoryLedger(device_map.topology, device_memory_bytes),
                                        policy, window)
+        if backend == "embedded":
+            for island in self.islands.values():
+                island.on_done = self.scheduler.wake
         self._loaded: dict[int, LoadedPlan] = {}
         self._lock = threading.Lock()
+        self._loading: dict[int, threading.Lock] = {}   # plan id -> held while it loads (compiles)
         self._membership = threading.Lock()     # islands are lost and restored one at a time
+        self.wedge_timeout = wedge_timeout
+        self._deadlines: list[tuple[float, int, Run]] = []
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="pw-watchdog", daemon=True)
+        self._watchdog.start()
         if backend == "ray":
             self.islands.watch(self.lose_island, self.restore_island)
 
     def load(self, plan: ProgramPlan) -> LoadedPlan:
-        """Loads a plan on the islands it uses (once: later calls are a lookup)."""
+        """Loads a plan on the islands it uses (once: later calls are a lookup).
+
+        Its executables compile here, on the caller's thread, under a lock of this plan alone: a run
+        whose plan is still compiling waits alone, and no island, client or scheduler waits for it.
+        """
         loaded = self._loaded.get(id(plan))
         if loaded is not None and loaded.source is plan:
             return loaded
         with self._lock:
+            loading = self._loading.setdefault(id(plan), threading.Lock())
+        with loading:
             loaded = self._loaded.get(id(plan))
             if loaded is not None and loaded.source is plan:
                 return loaded
@@ -94,10 +124,46 @@ class Runtime:
             for island in loaded.islands:
                 self.islands[island].load(loaded.key, loaded.plan)
             for island, steps in loaded.first.items():
-                if steps:
-                    self.islands[island].prepare(loaded.key, steps)
-            self._loaded[id(plan)] = loaded      # keeps `plan` alive, so that its id stays unique
+                everything = tuple(s.id for s in loaded.plan.islands.get(island, ()))
+                for step_ids in {steps, everything} - {()}:    # held steps' executables compile now too
+                    self.islands[island].prepare(loaded.key, step_ids)
+            with self._lock:
+                self._loaded[id(plan)] = loaded      # keeps `plan` alive, so that its id stays unique
+                self._loading.pop(id(plan), None)
             return loaded
+
+    def cancel(self, run: Run, error: BaseException | None = None) -> bool:
+        """Cancels a run: a queued one leaves its queue, an admitted one fails on every island (a parked one
+        at once, one executing after its current step), and its memory comes back once its device work is
+        over. Returns False if the run was already over."""
+        error = error or RunCancelled(f"run {run.id} of {run.plan.program} was cancelled")
+        if self.scheduler.cancel(run, error):
+            return True
+        if run.error is not None or self.run_done(run):
+            return False
+        self.fail_run(run, error)
+        return True
+
+    def set_deadline(self, run: Run, timeout: float) -> None:
+        """Cancels `run` if it is not over within `timeout` seconds (its handles then raise `RunCancelled`)."""
+        with self._lock:
+            heapq.heappush(self._deadlines, (time.monotonic() + timeout, run.id, run))
+
+    def _watch(self) -> None:
+        """The watchdog: cancels runs past their deadline and declares islands wedged (`wedge_timeout`)."""
+        while not self._closed.wait(_WATCH_PERIOD):
+            now = time.monotonic()
+            expired = []
+            with self._lock:
+                while self._deadlines and self._deadlines[0][0] <= now:
+                    expired.append(heapq.heappop(self._deadlines)[2])
+            for run in expired:
+                if run.error is None and not self.run_done(run):
+                    self.cancel(run, RunCancelled(f"run {run.id} of {run.plan.program} did not finish within "
+                                                  f"its deadline: cancelled"))
+            if self.wedge_timeout is not None:
+                for island in list(self.islands.values()):
+                    island.wedge(self.wedge_timeout)
 
     def release_results(self, run: Run) -> None:
         """Releases every result of a run (no handle will be made for them)."""
@@ -108,10 +174,18 @@ class Runtime:
             self.scheduler.release_result(run, buffer)
 
     def fail_run(self, run: Run, error: BaseException) -> None:
-        """Fails a run on every island it uses: whatever reads its buffers raises `error`."""
+        """Fails a run on every island it uses: whatever reads its buffers (host ones too) raises `error`."""
         run.error = error
         for island in run.islands:
             self.islands[island].fail_run(run.id, error)
+        for buffer, info in run.plan.buffers.items():
+            if info.slice is None:
+                future = run.host.setdefault(buffer, Future())
+                if not future.done():
+                    try:
+                        future.set_exception(raised(error))
+                    except InvalidStateError:   # set by the branch meanwhile
+                        pass
 
     def lose_island(self, name: str) -> int:
         """Fails island `name` as a dead host would; returns the new topology version.
@@ -164,11 +238,11 @@ class Runtime:
         if not self.scheduler.wait_admitted(run, timeout):
             raise TimeoutError(f"run {run.id} of {run.plan.program} was not admitted within {timeout} s")
         if isinstance(run.error, IslandLost):
-            raise run.error          # at once: its work left on other islands is not waited for
+            raise raised(run.error)  # at once: its work left on other islands is not waited for
         for island in run.islands:
             self.islands[island].wait_run(run.id, None if deadline is None else max(0.0, deadline - time.monotonic()))
         if run.error is not None:
-            raise run.error
+            raise raised(run.error)
         for buffer in run.plan.outputs:
             if buffer not in run.released and run.island_of(buffer) is not None:
                 self.islands[run.island_of(buffer)].fetch(run.id, buffer, timeout=0)
@@ -224,7 +298,9 @@ class Runtime:
         return tracer
 
     def close(self) -> None:
-        """Stops the runtime in bounded time: runs still queued or under way fail."""
+        """Stops the runtime in bounded time: runs still queued or under way fail (an island stuck in a
+        computation is left to finish it on its own thread)."""
+        self._closed.set()
         if self.backend == "ray":
             self.islands.unwatch()          # islands closed on purpose are not lost
         self.scheduler.close()

@@ -3,28 +3,47 @@
 Clients submit runs (their work split by island); the scheduler admits each
 run once its whole static peak fits in device memory (`admission.py`),
 gives it a ticket and starts its work on every island it uses, in ticket
-order, under one lock. Every island therefore sees every client's work in
-the same relative order, and no island ever waits for memory.
+order, under one lock. Starting only enqueues work on each island's
+executor, so the lock is held briefly. Every island therefore sees every
+client's work in the same relative order (tickets are given at admission),
+and no island ever waits for memory.
 
-A run that can never fit fails at once with `OutOfDeviceMemory`. One that
-does not fit now waits in the scheduler's queue (back-pressure), and so does
-everything submitted after it (admission is in ticket order: no run
-overtakes another); the admission thread waits for the oldest run still on
-the devices to finish, gives its memory back and admits what then fits.
+Admission never holds others back and cannot deadlock:
+
+- A run that could never fit a device, even empty, fails at once with
+  `OutOfDeviceMemory`.
+- A run that does not fit now waits only for memory that runs in flight
+  will give back. If it would not fit even once every run in flight is
+  over (what blocks it is held by live handles alone, or by the runs whose
+  host `cond` started it, which wait for it), it fails at once with
+  `OutOfDeviceMemory`, naming the device, the bytes it needs and who holds
+  what there.
+- Each client's runs are admitted in its order, but a run waiting for
+  memory never blocks another client's run that fits: the scheduler looks
+  at every client's oldest queued run, in the policy's order, and admits
+  each that fits. A run that has been overtaken `OVERTAKES` times holds a
+  reservation: from then on only runs that fit beside it are admitted, so
+  it waits at most until enough of the runs in flight are over.
+
 The rest of a run already admitted (the steps after a host `cond`, or the
 steps of a sequential dispatch) is delivered at once with a new ticket: it
 needs no more memory.
 
-Policies:
-- `fifo`: runs in arrival order; the submitting thread starts a run itself
-  when nothing is queued and it fits.
-- `share`: proportional share across clients by weight. Runs wait in
-  per-client queues; while fewer than `window` admitted runs are still on the
-  devices, the admission thread admits the run with the smallest virtual
-  start time (start-time fair queueing: each client's virtual time advances
-  by cost / weight per run).
+Policies (the order in which clients' oldest queued runs are looked at):
 
-`hold()` stops admissions (new work queues up) until `release()`.
+- `fifo`: arrival order. The submitting thread admits a run itself when
+  its client has nothing queued and it fits.
+- `share`: proportional share of device time across clients by weight.
+  While fewer than `window` admitted runs are on the devices, the run with
+  the smallest virtual start time goes first (start-time fair queueing:
+  each client's virtual time advances by the run's device time over its
+  weight). A run's device time is its plan's estimate (`pw.cost` at the
+  device rates, `dialect/device_time.py`) until runs of the plan have
+  finished; from then on the mean of their measured device time (a moving
+  average of the islands' reports).
+
+`hold()` stops admissions (new work queues up) until `release()`; `cancel`
+takes a queued run out or fails an admitted one on every island.
 """
 
 from __future__ import annotations
@@ -35,17 +54,29 @@ import threading
 from typing import Any, Callable
 
 from .admission import MemoryLedger, OutOfDeviceMemory, result_need
-from .island import IslandWork, RunFailed
+from .island import IslandWork, RunFailed, raised
 from .run import Run
 from .status import shortfall
 
 POLICIES = ("fifo", "share")
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
-_POLL_AFTER = 32     # every so many submissions, so many of the oldest admitted runs are checked
+OVERTAKES = 64        # how many runs may overtake a run waiting for memory before it holds a reservation
+_POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
+_MEASURED_WEIGHT = 0.25   # the weight of a run's measured device time in its plan's moving average
+_WAIT_SLICE = 0.02    # seconds the admission thread waits on one run before looking at the others
+
+
+class _Queued:
+    """A run waiting for admission, with its arrival number and how often it was overtaken."""
+
+    __slots__ = ("run", "works", "arrival", "overtaken")
+
+    def __init__(self, run: Run, works: Works, arrival: int):
+        self.run, self.works, self.arrival, self.overtaken = run, works, arrival, 0
 
 
 class GangScheduler:
-    """Admits runs from all clients in ticket order and delivers their work to islands."""
+    """Admits runs from all clients and delivers their work to islands, in ticket order."""
 
     def __init__(self, islands: dict[str, Any], ledger: MemoryLedger, policy: str = "fifo", window: int = 4):
         if policy not in POLICIES:
@@ -55,14 +86,17 @@ class GangScheduler:
         self.policy = policy
         self.window = window
         self._tickets = itertools.count()
+        self._arrivals = itertools.count()
         self._lock = threading.RLock()
         self._unblocked = threading.Condition(self._lock)   # the admission thread waits on it
         self._admissions = threading.Condition(self._lock)  # continue_run and wait_admitted wait on it
         self._submits = 0
-        self._fifo: collections.deque[tuple[Run, Works]] = collections.deque()
-        self._queues: dict[int, collections.deque[tuple[Run, Works]]] = {}
+        self._queues: dict[int, collections.deque[_Queued]] = {}   # client -> its queued runs, in order
+        self._queued = 0
+        self._reserved: _Queued | None = None
         self._virtual: dict[int, float] = {}
-        self._in_flight: collections.deque[Run] = collections.deque()
+        self._measured: dict[int, float] = {}          # plan key -> moving average of measured device time
+        self._in_flight: dict[int, Run] = {}           # admitted runs still on the devices, by admission
         self._held_results: dict[tuple[int, int], tuple[int, dict]] = {}
         self._gone: set[int] = set()      # closed clients: results of their runs are not kept
         self._held = False
@@ -76,7 +110,8 @@ class GangScheduler:
     # -- submissions ---------------------------------------------------------
 
     def submit(self, run: Run, works: Works) -> None:
-        """Admits `run` now if it fits and nothing is queued, else queues it; raises if it never fits."""
+        """Admits `run` now if it fits and its client has nothing queued, else queues it; raises
+        `OutOfDeviceMemory` if it can never fit, or not until handles are released."""
         why = self.ledger.never_fits(run.need)
         if why is not None:
             raise OutOfDeviceMemory(f"program {run.plan.program} {why}")
@@ -84,13 +119,21 @@ class GangScheduler:
             if self._closed:
                 raise RuntimeError("the runtime is closed")
             self._submits += 1
-            if self.policy == "fifo" and not self._fifo and not self._held:
+            queue = self._queues.get(run.client_id)
+            if not queue and not self._held and (self.policy == "fifo" or len(self._in_flight) < self.window):
                 if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
                     self._poll(_POLL_AFTER)
-                if self.ledger.fits(run.need) or (self._poll(len(self._in_flight)) and self.ledger.fits(run.need)):
-                    self._admit(run, works)
-                    return
-            self._queue(run).append((run, works))
+                if self._reserved is None or self.ledger.fits_beside(run.need, self._reserved.run.need):
+                    if self.ledger.fits(run.need) or (self._poll(len(self._in_flight)) and
+                                                      self.ledger.fits(run.need)):
+                        self._admit(run, works)
+                        return
+                    held = self._held_by_handles(run)
+                    if held is not None:
+                        raise OutOfDeviceMemory(held)
+            self._queues.setdefault(run.client_id, collections.deque()).append(
+                _Queued(run, works, next(self._arrivals)))
+            self._queued += 1
             self._pump()
 
     def continue_run(self, run: Run, works: Works) -> None:
@@ -98,13 +141,17 @@ class GangScheduler:
         with self._lock:
             self._admissions.wait_for(lambda: run.admitted)
             if run.error is not None:
-                raise run.error
+                raise raised(run.error)
             self._deliver(run, works)
 
     def wait_admitted(self, run: Run, timeout: float | None = None) -> bool:
         """Waits until `run` is admitted (or cancelled); returns False on timeout."""
         with self._lock:
             return self._admissions.wait_for(lambda: run.admitted, timeout)
+
+    def cancel(self, run: Run, error: BaseException) -> bool:
+        """Takes `run` out of its queue and fails it with `error`; returns False if it was not queued."""
+        return self._cancel_queued(lambda r: r is run, lambda r: error) > 0
 
     def release_result(self, run: Run, buffer: int) -> None:
         """A result's handle was released: its bytes go back once the run is over."""
@@ -124,6 +171,23 @@ class GangScheduler:
                 self.ledger.give(self._held_results.pop(key)[1])
             self._pump()
 
+    def wake(self) -> None:
+        """A run's device work is over somewhere: a run waiting for memory may fit now."""
+        with self._lock:
+            if self._blocked:
+                self._unblocked.notify_all()
+
+    def record_device_seconds(self, plan_key: int, seconds: float) -> None:
+        """Folds one run's measured device time into its plan's moving average (what `share` charges)."""
+        with self._lock:
+            before = self._measured.get(plan_key)
+            self._measured[plan_key] = seconds if before is None else \
+                before + _MEASURED_WEIGHT * (seconds - before)
+
+    def device_seconds(self, run: Run) -> float:
+        """Returns the device time `share` charges a run of this plan: measured if known, else estimated."""
+        return self._measured.get(run.key, run.cost)
+
     def usage(self) -> dict[tuple[str, int], int]:
         """Returns the bytes reserved on every device, after retiring the runs that are over."""
         with self._lock:
@@ -134,30 +198,32 @@ class GangScheduler:
         """Returns the queued runs, each with why it is not admitted yet, and the admitted runs still on
         the devices."""
         with self._lock:
-            head = self._next()
             queued = []
-            for queue in ([self._fifo] if self.policy == "fifo" else list(self._queues.values())):
-                for position, (run, _) in enumerate(queue):
+            for queue in self._queues.values():
+                for position, item in enumerate(queue):
+                    run = item.run
                     if position:
-                        why = f"run {queue[0][0].id} (admission is in ticket order)"
-                    elif queue is not head:
-                        why = f"client {run.client_id}'s turn (proportional share)"
+                        why = f"run {queue[0].run.id} of its client (a client's runs are admitted in order)"
                     elif self._held:
                         why = "admission, which is held"
                     elif self.policy == "share" and len(self._in_flight) >= self.window:
                         why = f"a place in the share window ({self.window} runs on the devices)"
+                    elif self._reserved is not None and item is not self._reserved and \
+                            not self.ledger.fits_beside(run.need, self._reserved.run.need):
+                        why = f"run {self._reserved.run.id}, which holds a reservation (it was overtaken " \
+                              f"{OVERTAKES} times)"
                     else:
                         why = shortfall(self.ledger, run.need) or "admission (it fits now)"
                     queued.append({"run": run.id, "client": run.client_id, "program": run.plan.program,
                                    "waits_for": why})
-            return {"policy": self.policy, "queued": queued, "admitted": [r.id for r in self._in_flight]}
+            return {"policy": self.policy, "queued": queued, "admitted": list(self._in_flight)}
 
     def fail_island(self, island: str, error: Callable[[Run], BaseException]) -> list[Run]:
         """Fails the queued runs that need a lost island with `error(run)`; returns the admitted runs still
         on the devices that use it."""
         self._cancel_queued(lambda run: island in run.islands, error)
         with self._lock:
-            return [run for run in self._in_flight if island in run.islands]
+            return [run for run in self._in_flight.values() if island in run.islands]
 
     def cancel_client(self, client_id: int, error: Callable[[Run], BaseException]) -> int:
         """Fails the queued runs of a client that left with `error(run)`; returns how many. Its admitted runs
@@ -167,14 +233,17 @@ class GangScheduler:
     def _cancel_queued(self, doomed: Callable[[Run], bool], error: Callable[[Run], BaseException]) -> int:
         """Takes the queued runs that `doomed` picks out of their queues and fails each with `error(run)`."""
         with self._lock:
-            queues = [self._fifo, *self._queues.values()]
-            taken = [item for queue in queues for item in queue if doomed(item[0])]
-            for queue in queues:
-                kept = [item for item in queue if not doomed(item[0])]
-                queue.clear()
-                queue.extend(kept)
-        for run, _ in taken:
-            self._cancel(run, error(run))
+            taken = []
+            for client, queue in list(self._queues.items()):
+                kept = collections.deque()
+                for item in queue:
+                    (taken if doomed(item.run) else kept).append(item)
+                self._queues[client] = kept
+            self._queued -= len(taken)
+            if self._reserved in taken:
+                self._reserved = None
+        for item in taken:
+            self._cancel(item.run, error(item.run))
         with self._lock:
             self._pump()
         return len(taken)
@@ -194,62 +263,117 @@ class GangScheduler:
         """Fails every queued run and stops the admission thread."""
         with self._lock:
             self._closed = True
-            queued = list(self._fifo) + [item for q in self._queues.values() for item in q]
-            self._fifo.clear()
+            queued = [item for q in self._queues.values() for item in q]
             self._queues.clear()
+            self._queued = 0
+            self._reserved = None
             self._unblocked.notify_all()
-        for run, _ in queued:
-            self._cancel(run, RunFailed(f"the runtime closed before run {run.id} of {run.plan.program} was "
-                                        f"admitted"))
-        self._thread.join(timeout=10)
+        for item in queued:
+            self._cancel(item.run, RunFailed(f"the runtime closed before run {item.run.id} of "
+                                             f"{item.run.plan.program} was admitted"))
+        self._thread.join(timeout=2)
 
     # -- admission -------------------------------------------------------------
 
-    def _queue(self, run: Run) -> collections.deque:
-        if self.policy == "fifo":
-            return self._fifo
-        return self._queues.setdefault(run.client_id, collections.deque())
-
-    def _next(self) -> collections.deque | None:
-        """Returns the queue whose head is admitted next (None if nothing is queued)."""
-        if self.policy == "fifo":
-            return self._fifo or None
-        waiting = [c for c, q in self._queues.items() if q]
-        if not waiting:
-            return None
-        floor = min(self._virtual.get(c, 0.0) for c in waiting)
-        client = min(waiting, key=lambda c: (max(self._virtual.get(c, 0.0), floor), c))
-        return self._queues[client]
+    def _heads(self) -> list[_Queued]:
+        """Returns every client's oldest queued run, in the order the policy looks at them."""
+        heads = [q[0] for q in self._queues.values() if q]
+        if self.policy == "fifo" or len(heads) < 2:
+            return sorted(heads, key=lambda item: item.arrival)
+        floor = min(self._virtual.get(item.run.client_id, 0.0) for item in heads)
+        return sorted(heads, key=lambda item: (max(self._virtual.get(item.run.client_id, 0.0), floor),
+                                               item.run.client_id))
 
     def _pump(self) -> None:
-        """Admits queued runs while the head fits (and the share window allows); under the lock."""
-        while not self._held and not self._closed:
-            queue = self._next()
-            if queue is None:
-                self._blocked = False
-                return
-            run, works = queue[0]
+        """Admits queued runs that fit, in the policy's order; fails those that never will. Under the lock."""
+        polled = False
+        while self._queued and not self._held and not self._closed:
             if self.policy == "share" and len(self._in_flight) >= self.window:
-                self._poll(len(self._in_flight))
-            room = self.policy == "fifo" or len(self._in_flight) < self.window
-            if not (room and self.ledger.fits(run.need)):
-                self._poll(len(self._in_flight))
-                room = self.policy == "fifo" or len(self._in_flight) < self.window
-                if not (room and self.ledger.fits(run.need)):
-                    self._blocked = True
-                    self._unblocked.notify_all()
+                if polled or not self._poll(len(self._in_flight)):
+                    self._block()
                     return
-            queue.popleft()
-            if self.policy == "share":
-                floor = min([self._virtual.get(run.client_id, 0.0)] +
-                            [self._virtual.get(c, 0.0) for c, q in self._queues.items() if q])
-                self._virtual[run.client_id] = max(self._virtual.get(run.client_id, 0.0), floor) + \
-                    run.cost / run.weight
-            self._admit(run, works)
+                polled = True
+            progress = False
+            for item in self._heads():
+                run = item.run
+                if self._reserved is not None and item is not self._reserved and \
+                        not self.ledger.fits_beside(run.need, self._reserved.run.need):
+                    continue
+                if not self.ledger.fits(run.need) and not polled:
+                    polled = True
+                    self._poll(len(self._in_flight))
+                if self.ledger.fits(run.need):
+                    self._take(item)
+                    self._admit(run, item.works)
+                    progress = True
+                    break
+                held = self._held_by_handles(run)
+                if held is not None:
+                    self._take(item)
+                    self._cancel(run, OutOfDeviceMemory(held))
+                    progress = True
+                    break
+            if not progress:
+                self._block()
+                return
+        self._blocked = False
+
+    def _block(self) -> None:
+        self._blocked = True
+        self._unblocked.notify_all()
+
+    def _take(self, item: _Queued) -> None:
+        """Takes an item off its client's queue, counting it as overtaking older runs that wait."""
+        self._queues[item.run.client_id].popleft()
+        self._queued -= 1
+        if self._reserved is item:
+            self._reserved = None
+            return
+        for queue in self._queues.values():
+            if queue and queue[0].arrival < item.arrival:
+                queue[0].overtaken += 1
+                if queue[0].overtaken >= OVERTAKES and self._reserved is None:
+                    self._reserved = queue[0]
+
+    def _held_by_handles(self, run: Run) -> str | None:
+        """Says why `run` cannot fit even once every run in flight is over, or None if it could then."""
+        floor = self.ledger.copy()
+        holders: dict[tuple[str, int], dict[int, list[int]]] = {}
+        ancestors = set()
+        parent = run.parent
+        while parent is not None:                   # a branch's parents wait for it: they free nothing first
+            ancestors.add(parent.id)
+            parent = parent.parent
+        for other in self._in_flight.values():
+            if other.id in ancestors:
+                continue
+            floor.give(other.need)
+            for buffer in other.plan.outputs:
+                if buffer not in other.released and other.error is None and other.client_id not in self._gone:
+                    need = result_need(other.plan, buffer)
+                    floor.take(need)
+                    _count(holders, other.client_id, need)
+        for client, need in self._held_results.values():
+            _count(holders, client, need)
+        where = floor.first_short(run.need)
+        if where is None:
+            return None
+        island, device, nbytes, used = where
+        held = holders.get((island, device), {})
+        who = "; ".join(f"client {c} holds {n} object(s), {b} bytes" for c, (n, b) in sorted(held.items())) or \
+            "nothing is held by handles"
+        return (f"program {run.plan.program} needs {nbytes} bytes on device {device} of {island}, which has "
+                f"{floor.capacity[island]} bytes, {used} of them held by live handles that nothing in flight "
+                f"will free ({who}): release results (handle.delete()) or use less memory")
 
     def _admit(self, run: Run, works: Works) -> None:
         self.ledger.take(run.need)
-        self._in_flight.append(run)
+        self._in_flight[run.id] = run
+        if self.policy == "share":
+            waiting = [self._virtual.get(c, 0.0) for c, q in self._queues.items() if q]
+            floor = min([self._virtual.get(run.client_id, 0.0)] + waiting)
+            self._virtual[run.client_id] = max(self._virtual.get(run.client_id, 0.0), floor) + \
+                self.device_seconds(run) / run.weight
         self._deliver(run, works)
         run.admitted = True
         self._admissions.notify_all()
@@ -261,24 +385,25 @@ class GangScheduler:
                                  for island, (steps, inputs, last) in works.items()})
 
     def _poll(self, limit: int) -> bool:
-        """Retires the oldest admitted runs whose device work is over (at most `limit`); True if any."""
-        retired = False
-        for run in list(itertools.islice(self._in_flight, limit)):
-            if not all(self.islands[i].run_done(run.id) for i in run.islands):
-                break
+        """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any."""
+        done = [run for run in itertools.islice(self._in_flight.values(), limit)
+                if all(self.islands[i].run_done(run.id) for i in run.islands)]
+        for run in done:
             self._retire(run)
-            retired = True
-        return retired
+        return bool(done)
 
     def _retire(self, run: Run) -> None:
-        """Gives back a run's peak, keeping the bytes of the results still held."""
-        self._in_flight.remove(run)
+        """Gives back a run's peak, keeping the bytes of the results still held; records its device time."""
+        del self._in_flight[run.id]
         self.ledger.give(run.need)
         for buffer in run.plan.outputs:
             need = result_need(run.plan, buffer)
             if need and buffer not in run.released and run.error is None and run.client_id not in self._gone:
                 self.ledger.take(need)
                 self._held_results[(run.id, buffer)] = (run.client_id, need)
+        seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
+        if run.error is None and all(s is not None for s in seconds):
+            self.record_device_seconds(run.key, sum(seconds))
 
     def _cancel(self, run: Run, error: BaseException) -> None:
         run.error = error
@@ -289,23 +414,23 @@ class GangScheduler:
             self._admissions.notify_all()
 
     def _admission_loop(self) -> None:
-        """While a queued run cannot be admitted, waits for the oldest admitted run to finish."""
-        while True:
-            with self._lock:
+        """While a queued run cannot be admitted, waits for admitted runs to finish (an island's `wake`, or
+        every `_WAIT_SLICE` seconds for islands that do not tell) and admits again."""
+        with self._lock:
+            while True:
                 self._unblocked.wait_for(lambda: self._closed or (self._blocked and not self._held))
                 if self._closed:
                     return
-                oldest = self._in_flight[0] if self._in_flight else None
-                if oldest is None:
-                    self._unblocked.wait(0.5)   # only held results block it: wait for a release
-                    self._pump()
-                    continue
-            try:
-                for island in oldest.islands:
-                    self.islands[island].wait_run(oldest.id, timeout=0.5)
-            except TimeoutError:
-                continue
-            with self._lock:
-                if oldest in self._in_flight:
-                    self._retire(oldest)
+                self._unblocked.wait(_WAIT_SLICE)
+                self._poll(len(self._in_flight))
                 self._pump()
+
+
+def _count(holders: dict, client: int, need: dict) -> None:
+    """Adds one object of `client` with `need` to the holders of each device it covers."""
+    for island, ranges in need.items():
+        for begin, end, nbytes in ranges:
+            for device in range(begin, end):
+                entry = holders.setdefault((island, device), {}).setdefault(client, [0, 0])
+                entry[0] += 1
+                entry[1] += nbytes

@@ -26,14 +26,12 @@ from .admission import MemoryLedger, Need
 
 def shortfall(ledger: MemoryLedger, need: Need) -> str | None:
     """Names the first device where `need` does not fit now, or None if it fits everywhere."""
-    for island, ranges in need.items():
-        used, capacity = ledger.used[island], ledger.capacity[island]
-        for begin, end, nbytes in ranges:
-            device = max(range(begin, end), key=lambda d: used[d])
-            if used[device] + nbytes > capacity:
-                return (f"memory: {nbytes} bytes on device {device} of {island}, which has {used[device]} of "
-                        f"{capacity} bytes reserved")
-    return None
+    short = ledger.first_short(need)
+    if short is None:
+        return None
+    island, device, nbytes, used = short
+    return f"memory: {nbytes} bytes on device {device} of {island}, which has {used} of " \
+           f"{ledger.capacity[island]} bytes reserved"
 
 
 class Status(dict):

@@ -87,18 +87,20 @@ def test_a_released_handle_raises_instead_of_returning_data(runtime, plan_builde
 
 @pytest.mark.parametrize("capacity", [ONE_RUN, ONE_RUN + ONE_RUN // 2, 4 * ONE_RUN])
 def test_runs_complete_or_fail_clearly_under_any_capacity(device_map, capacity, plan_builder):
-    """Room for one run, for one and a half, or for several: back-to-back runs all complete."""
+    """Room for one run, for one and a half, or for several: back-to-back runs all complete, each
+    submitted while the one before may still be in flight (a result held would keep the next run out:
+    that fails at once, see below)."""
     rt = Runtime(device_map, device_memory_bytes=capacity)
     try:
         plan, want = one_step(plan_builder, rt.resources.topology)
         with Client(rt) as client:
-            handles = [client.run(plan, [X * 1.0])[0] for _ in range(6)]
             results = []
-            for h in handles:
-                results.append(np.asarray(h.result(timeout=60)))
-                h.delete()               # a result held would keep the next run out
+            for _ in range(6):
+                [h] = client.run(plan, [X * 1.0])
+                results.append(h.result(timeout=60))
+                h.delete()
             for r in results:
-                np.testing.assert_array_equal(r, want)
+                np.testing.assert_array_equal(np.asarray(r), want)
         with Client(rt) as other:          # another client still runs afterwards
             np.testing.assert_array_equal(np.asarray(other.run(plan, [X])[0].result(timeout=60)), want)
     finally:
@@ -123,25 +125,21 @@ def test_a_run_that_can_never_fit_fails_at_once_and_others_go_on(device_map, pla
         rt.close()
 
 
-def test_a_run_behind_held_memory_waits_then_runs(device_map, plan_builder):
+def test_a_run_behind_memory_only_handles_hold_fails_at_once_naming_the_holder(device_map, plan_builder):
     rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 8 * 16 * 4 - 1)   # not one run beside a held result
     try:
         plan, want = one_step(plan_builder, rt.resources.topology)
         with Client(rt) as client:
-            [first] = client.run(plan, [X])
-            first.block_until_ready()
-            second = client.start(plan, [X])
-            with pytest.raises(TimeoutError):
-                client.fetch(second, plan.outputs[0], timeout=0.5)   # queued for memory, not failed
-            status = rt.status()                                      # which says why, by device and bytes
-            assert status["scheduler"]["queued"] == [{
-                "run": second.id, "client": client.id, "program": "main",
-                "waits_for": f"memory: {ONE_RUN} bytes on device 0 of island0, which has {8 * 16 * 4} of "
-                             f"{ONE_RUN + 8 * 16 * 4 - 1} bytes reserved"}]
-            assert status["clients"] == {client.id: {"objects": 1, "bytes": 8 * 16 * 4}}
-            first.delete()
-            np.testing.assert_array_equal(np.asarray(client.handles(second)[0].result(timeout=60)), want)
+            first = client.run(plan, [X])[0]              # `a, b = f(x), f(x)`: `a` is still held
+            with pytest.raises(OutOfDeviceMemory, match=(
+                    f"program main needs {ONE_RUN} bytes on device 0 of island0, which has {ONE_RUN + 8 * 16 * 4 - 1} "
+                    f"bytes, {8 * 16 * 4} of them held by live handles that nothing in flight will free "
+                    rf"\(client {client.id} holds 1 object\(s\), {8 * 16 * 4} bytes\)")):
+                client.run(plan, [X])
             assert rt.status()["scheduler"]["queued"] == []
+            np.testing.assert_array_equal(np.asarray(first.result(timeout=60)), want)
+            first.delete()
+            np.testing.assert_array_equal(np.asarray(client.run(plan, [X])[0].result(timeout=60)), want)
     finally:
         rt.close()
 
@@ -212,12 +210,15 @@ def test_close_racing_start_leaves_nothing(runtime, plan_builder):
 
 
 def test_closing_the_runtime_with_a_stuck_run_is_bounded(device_map, plan_builder):
-    rt = Runtime(device_map, device_memory_bytes=ONE_RUN)
-    plan, _ = one_step(plan_builder, rt.resources.topology)
+    rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 300)    # one run, or the parked run and its result
+    parked_plan, _ = cross_island(plan_builder, rt.resources.topology)
+    p = plan_builder(rt.resources.topology)
+    v = p.slice("v", (1,), ("x",), "island1", (0, 1))
+    plan = p.build([p.launch(tanh2, [p.input((8, 16), v)], v, [(), ()])])
     client = Client(rt)
-    [held] = client.run(plan, [X])
-    held.block_until_ready()
-    queued = client.start(plan, [X])          # can never be admitted while `held` is kept
+    rt.islands["island0"].close()             # on purpose: the run parks on island1 for ever
+    client.start(parked_plan, [X])
+    queued = client.start(plan, [X])          # can never be admitted while the parked run is in flight
     closer = threading.Thread(target=rt.close)
     closer.start()
     closer.join(30)

@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_admission_and_lifetimes import X, cross_island
 
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
-from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.runtime.runtime import RunCancelled, Runtime
 
 X = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
 
@@ -141,22 +142,26 @@ def test_closing_a_client_releases_its_jax_arrays(runtime, plan_builder):
     assert _live_array_count(before) == before
 
 
-def test_back_pressure_waits_for_frees(device_map, plan_builder):
+def test_back_pressure_waits_for_a_run_in_flight_and_a_cancel_frees_it(device_map, plan_builder):
+    parked_plan, _ = cross_island(plan_builder, device_map.topology)     # parks on island1: island0 is closed
     p = plan_builder(device_map.topology)
-    v = p.slice("v", (1,), ("x",), "island0", (0, 1))
-    x = p.input((8, 16), v)
-    out = p.launch(stage_a, [x], v, [(), ()])
+    v = p.slice("v", (1,), ("x",), "island1", (0, 1))
+    out = p.launch(stage_a, [p.input((8, 16), v)], v, [(), ()])
     plan = p.build([out])
-    rt = Runtime(device_map, device_memory_bytes=2 * 8 * 16 * 4)   # room for one argument and one result
+    rt = Runtime(device_map, device_memory_bytes=2 * 8 * 16 * 4 + 511)   # one run, not two side by side
     try:
+        rt.islands["island0"].close()
         with Client(rt) as client:
-            first = client.run(plan, [X])[0]
-            first.block_until_ready()
+            [parked] = client.run(parked_plan, [X])
             second_run = client.start(plan, [X])
             with pytest.raises(TimeoutError):
-                client.fetch(second_run, out, timeout=0.5)   # stalled, not failed
-            first.delete()
-            np.testing.assert_array_equal(np.asarray(client.handles(second_run)[0]),
+                client.fetch(second_run, out, timeout=0.5)   # stalled behind the parked run, not failed
+            [queued] = rt.status()["scheduler"]["queued"]
+            assert queued["run"] == second_run.id and queued["waits_for"].startswith("memory: 1024 bytes")
+            assert client.cancel(parked)
+            with pytest.raises(RunCancelled, match=f"run {parked._run.id} of main was cancelled by client"):
+                parked.result(timeout=60)
+            np.testing.assert_array_equal(np.asarray(client.handles(second_run)[0].result(timeout=60)),
                                           np.asarray(jax.jit(stage_a)(X)))
     finally:
         rt.close()

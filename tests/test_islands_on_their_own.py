@@ -1,0 +1,355 @@
+"""Islands that run on their own: an executor per island, admission that never holds others back, shares on
+device time, cancellation, deadlines and wedged islands, failed runs that keep nothing.
+
+Every wait here has a timeout; every runtime made here is closed. Long computations are sized by a short
+calibration run first, so that the checks are about order (one island's run finished while another's was
+still computing), never about how fast this machine is.
+"""
+
+import gc
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_admission_and_lifetimes import X, cross_island, tanh2
+
+from pathways_mlir.dialect.memory_plan import with_memory_plan
+from pathways_mlir.runtime.admission import OutOfDeviceMemory
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.island import FAILED_HISTORY, IslandWedged, RunFailed
+from pathways_mlir.runtime.runtime import RunCancelled, Runtime
+
+LONG_S = 3.0            # how long the long computations are sized to run
+V = np.ones(1024, np.float32)
+
+
+@pytest.fixture(scope="module")
+def device_map():
+    return embedded_device_map(2, 4)
+
+
+def spin(x, n):
+    return jax.lax.fori_loop(0, n, lambda _, y: jnp.sin(y) * 0.5 + 0.25, x)
+
+
+def spin_plan(plan_builder, topology, island="island1"):
+    """A one-launch plan whose computation runs `n` (an argument) loop trips on one device of `island`."""
+    p = plan_builder(topology, program="spin")
+    v = p.slice("v", (1,), ("x",), island, (0, 1))
+    out = p.launch(spin, [p.input((1024,), v), p.input((), v, dtype="i32")], v, [()])
+    return p.build([out])
+
+
+def small_plan(plan_builder, topology, island="island0", shape=(8, 16)):
+    p = plan_builder(topology, program="small")
+    v = p.slice("v", (1,), ("x",), island, (0, 1))
+    return p.build([p.launch(tanh2, [p.input(shape, v)], v, [(), ()])])
+
+
+def trips_for(client, plan, seconds):
+    """Returns the loop trips that make `spin` run about `seconds` here (a calibration, not a check)."""
+    trips = 20_000
+    client.run(plan, [V, np.int32(1)])[0].result(timeout=60).block_until_ready()      # compiled first
+    began = time.perf_counter()
+    client.run(plan, [V, np.int32(trips)])[0].result(timeout=60).block_until_ready()
+    return int(trips * seconds / max(time.perf_counter() - began, 1e-4))
+
+
+def test_another_islands_runs_complete_while_one_island_computes(device_map, plan_builder):
+    rt = Runtime(device_map)
+    try:
+        long_plan, small = spin_plan(plan_builder, device_map.topology), small_plan(plan_builder, device_map.topology)
+        with Client(rt) as a, Client(rt) as b:
+            trips = trips_for(a, long_plan, LONG_S)
+            b.run(small, [X])[0].result(timeout=60)                       # loaded and compiled before
+            [long_result] = a.run(long_plan, [V, np.int32(trips)])
+            long_run = long_result._run
+            for _ in range(20):
+                np.testing.assert_array_equal(np.asarray(b.run(small, [X])[0].result(timeout=60)),
+                                              np.asarray(jax.jit(tanh2)(X)))
+            assert not rt.run_done(long_run)          # all 20 came back while island1 still computed
+            busy = rt.status()["islands"]["island1"]["busy"]
+            assert busy["run"] == long_run.id and busy["program"] == "spin" and busy["seconds"] > 0
+            long_result.result(timeout=120).block_until_ready()
+    finally:
+        rt.close()
+
+
+def heavy(x):
+    for i in range(150):                      # many distinct matrix products: a compile of a few seconds
+        x = jnp.sin(x @ x.T * (1.0 + i * 1e-3))
+    return x
+
+
+def test_runs_complete_while_another_plan_compiles(device_map, plan_builder):
+    rt = Runtime(device_map)
+    try:
+        p = plan_builder(device_map.topology, program="heavy")
+        v = p.slice("v", (1,), ("x",), "island1", (0, 1))
+        heavy_plan = p.build([p.launch(heavy, [p.input((16, 16), v)], v, [(), ()])])
+        on0, on1 = small_plan(plan_builder, device_map.topology), small_plan(plan_builder, device_map.topology,
+                                                                              "island1")
+        with Client(rt) as client:
+            for plan in (on0, on1):
+                client.run(plan, [X])[0].result(timeout=60)
+            compiling = threading.Thread(target=rt.load, args=(heavy_plan,))
+            compiling.start()
+            done = 0
+            while done < 10:
+                for plan in (on0, on1):                           # both islands, the compiling plan's too
+                    client.run(plan, [X])[0].result(timeout=60)
+                done += 1
+            assert compiling.is_alive()               # ten runs on each island came back during the compile
+            compiling.join(300)
+            assert not compiling.is_alive()
+            out = client.run(heavy_plan, [np.eye(16, dtype=np.float32)])[0].result(timeout=60)
+            np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(heavy)(np.eye(16, dtype=np.float32))),
+                                       rtol=1e-5)
+    finally:
+        rt.close()
+
+
+def step_plan(plan_builder, topology):
+    """`state = step(state)`: one launch whose result has the shape of its argument."""
+    p = plan_builder(topology, program="step")
+    v = p.slice("v", (1,), ("x",), "island0", (0, 1))
+    return p.build([p.launch(lambda s: s * 0.5 + 1.0, [p.input((8, 16), v)], v, [(), ()], name="step")])
+
+
+def test_a_state_loop_at_a_tight_capacity_runs_on(device_map, plan_builder):
+    state_bytes = 8 * 16 * 4
+    rt = Runtime(device_map, device_memory_bytes=state_bytes + 2 * state_bytes)   # one state + the step's peak
+    try:
+        plan = step_plan(plan_builder, device_map.topology)
+        with Client(rt) as client:
+            state = client.run(plan, [X])[0]
+            want = X * 0.5 + 1.0
+            for _ in range(200):
+                state = client.run(plan, [state])[0]
+                want = want * 0.5 + 1.0
+            np.testing.assert_allclose(np.asarray(state.result(timeout=60)), want, rtol=1e-6)
+    finally:
+        rt.close()
+
+
+def test_a_run_waiting_for_memory_does_not_hold_back_another_clients(device_map, plan_builder):
+    rt = Runtime(device_map, device_memory_bytes=2 * 8 * 16 * 4 + 511)    # the parked run, or one more run
+    try:
+        parked_plan, _ = cross_island(plan_builder, device_map.topology)
+        wide = small_plan(plan_builder, device_map.topology, "island1")
+        narrow = small_plan(plan_builder, device_map.topology, "island1", shape=(2, 2))
+        rt.islands["island0"].close()                  # on purpose: island0 never sends, the run parks
+        with Client(rt) as a, Client(rt) as b:
+            [parked] = a.run(parked_plan, [X])
+            waiting = a.start(wide, [X])              # waits for the parked run's memory
+            [queued] = rt.status()["scheduler"]["queued"]
+            assert queued["run"] == waiting.id and queued["waits_for"].startswith("memory: 1024 bytes on device 0")
+            for _ in range(3):                        # another client's run that fits goes past it
+                np.testing.assert_allclose(np.asarray(b.run(narrow, [np.ones((2, 2), np.float32)])[0]
+                                                      .result(timeout=60)), np.tanh(np.ones((2, 2))) * 2, rtol=1e-6)
+            assert [q["run"] for q in rt.status()["scheduler"]["queued"]] == [waiting.id]
+            a.cancel(parked)                          # its memory comes back: the waiting run goes
+            np.testing.assert_array_equal(np.asarray(a.handles(waiting)[0].result(timeout=60)),
+                                          np.asarray(jax.jit(tanh2)(X)))
+    finally:
+        rt.close()
+
+
+def test_a_second_result_that_cannot_fit_beside_the_first_fails_within_a_second(device_map, plan_builder):
+    one_result = 8 * 16 * 4
+    rt = Runtime(device_map, device_memory_bytes=2 * one_result + one_result // 2)   # a run, not a run + a result
+    try:
+        plan = small_plan(plan_builder, device_map.topology)
+        elsewhere = small_plan(plan_builder, device_map.topology, "island1")
+        with Client(rt) as client, Client(rt) as other:
+            a = client.run(plan, [X])[0]
+            done = threading.Event()
+            errors = []
+
+            def second():
+                try:
+                    client.run(plan, [X])
+                except OutOfDeviceMemory as error:
+                    errors.append(error)
+                done.set()
+            threading.Thread(target=second).start()
+            assert done.wait(1.0) and errors, "the second call neither failed nor returned within a second"
+            assert f"client {client.id} holds 1 object(s), {one_result} bytes" in str(errors[0])
+            np.testing.assert_array_equal(np.asarray(other.run(elsewhere, [X])[0].result(timeout=60)),
+                                          np.asarray(jax.jit(tanh2)(X)))     # meanwhile another client runs
+            a.delete()
+    finally:
+        rt.close()
+
+
+def test_a_thousand_failed_runs_keep_no_arrays(device_map, plan_builder):
+    rt = Runtime(device_map)
+    try:
+        plan = small_plan(plan_builder, device_map.topology, shape=(256, 1024))      # 1 MiB arguments
+        wrong = np.ones((256, 1024), np.int32)                                         # the wrong dtype
+        with Client(rt) as client:
+            client.run(plan, [wrong.astype(np.float32)])[0].result(timeout=60)
+            gc.collect()
+            before = len(jax.live_arrays())
+            for _ in range(1000):
+                [h] = client.run(plan, [wrong])
+                with pytest.raises(RunFailed):
+                    h.result(timeout=60)
+                del h
+            gc.collect()
+            assert len(jax.live_arrays()) <= before
+            assert len(rt.islands["island0"]._failed) <= FAILED_HISTORY
+            assert sum(rt.usage().values()) == 0 and rt.object_count() == 0
+    finally:
+        rt.close()
+
+
+def test_a_cancelled_or_late_run_frees_its_memory(device_map, plan_builder):
+    rt = Runtime(device_map)
+    try:
+        parked_plan, _ = cross_island(plan_builder, device_map.topology)
+        rt.islands["island0"].close()                  # runs of this plan park on island1 for ever
+        with Client(rt) as client:
+            [cancelled] = client.run(parked_plan, [X])
+            assert sum(rt.usage().values()) > 0
+            assert client.cancel(cancelled)
+            with pytest.raises(RunCancelled, match="was cancelled by client"):
+                cancelled.result(timeout=60)
+            [late] = client.run(parked_plan, [X], timeout=0.3)
+            with pytest.raises(RunCancelled, match="did not finish within its deadline"):
+                late.result(timeout=60)
+            deadline = time.monotonic() + 30
+            while sum(rt.usage().values()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sum(rt.usage().values()) == 0
+            assert not client.cancel(late)             # already over
+    finally:
+        rt.close()
+
+
+def test_a_wedged_island_fails_its_runs_and_the_others_go_on(device_map, plan_builder):
+    rt = Runtime(device_map, wedge_timeout=0.5)
+    try:
+        long_plan, small = spin_plan(plan_builder, device_map.topology), small_plan(plan_builder, device_map.topology)
+        small1 = small_plan(plan_builder, device_map.topology, "island1")
+        with Client(rt) as client:
+            trips = trips_for(client, long_plan, LONG_S)
+            client.run(small1, [X])[0].result(timeout=60)
+            [stuck] = client.run(long_plan, [V, np.int32(trips)])
+            deadline = time.monotonic() + 60
+            while rt.islands["island1"].wedged is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            with pytest.raises(IslandWedged, match=rf"island island1 is wedged since .*: run {stuck._run.id} of spin "
+                                                   r"has been busy with .* for more than 0.5 s"):
+                stuck.result(timeout=60)
+            assert "wedged since" in rt.status()["islands"]["island1"]["wedged"]
+            with pytest.raises(IslandWedged, match="was not started"):
+                client.run(small1, [X])[0].result(timeout=60)
+            np.testing.assert_array_equal(np.asarray(client.run(small, [X])[0].result(timeout=60)),
+                                          np.asarray(jax.jit(tanh2)(X)))     # island0 goes on
+            deadline = time.monotonic() + 120
+            while rt.islands["island1"].wedged is not None and time.monotonic() < deadline:
+                time.sleep(0.05)                       # the computation ends: the island serves again
+            np.testing.assert_array_equal(np.asarray(client.run(small1, [X])[0].result(timeout=60)),
+                                          np.asarray(jax.jit(tanh2)(X)))
+    finally:
+        rt.close()
+
+
+def test_closing_is_bounded_while_an_island_computes(device_map, plan_builder):
+    rt = Runtime(device_map)
+    long_plan = spin_plan(plan_builder, device_map.topology)
+    client = Client(rt)
+    trips = trips_for(client, long_plan, LONG_S)
+    [result] = client.run(long_plan, [V, np.int32(trips)])
+    closer = threading.Thread(target=rt.close)
+    closer.start()
+    closer.join(5)
+    assert not closer.is_alive()
+    with pytest.raises(RunFailed):
+        result.result(timeout=10)
+
+
+def reference_share_order(costs: dict[int, float], weights: dict[int, float], queued: dict[int, int]) -> list[int]:
+    """Start-time fair queueing, written plainly: the client of least virtual time goes next (ties: lower id),
+    and its virtual time grows by its run's device time over its weight."""
+    virtual = {c: 0.0 for c in queued}
+    left = dict(queued)
+    order = []
+    while any(left.values()):
+        client = min((c for c in left if left[c]), key=lambda c: (virtual[c], c))
+        order.append(client)
+        virtual[client] += costs[client] / weights[client]
+        left[client] -= 1
+    return order
+
+
+def test_share_delivers_in_device_time_order_with_injected_durations(device_map, plan_builder):
+    rt = Runtime(device_map, policy="share", window=10_000)     # every run admitted at release, in one pass
+    try:
+        plans = [small_plan(plan_builder, device_map.topology) for _ in range(4)]
+        clients = [Client(rt, weight=w) for w in (1, 2, 4, 8)]
+        seconds = (2.0, 0.5, 2.0, 0.5)               # each client's program length, injected as measured
+        for plan, s in zip(plans, seconds):
+            rt.scheduler.record_device_seconds(rt.load(plan).key, s)
+        queued = {c.id: int(8 * c.weight / s) for c, s in zip(clients, seconds)}
+        rt.scheduler.hold()
+        runs = []
+        for i in range(max(queued.values())):
+            for client, plan in zip(clients, plans):
+                if i < queued[client.id]:
+                    runs.append(client.start(plan, [X]))
+        rt.scheduler.release()
+        for run in runs:
+            rt.wait(run, timeout=120)
+        order = [c for _, c in list(rt.scheduler.delivered)[-len(runs):]]
+        assert order == reference_share_order({c.id: s for c, s in zip(clients, seconds)},
+                                              {c.id: c.weight for c in clients}, queued)
+        for c in clients:
+            c.close()
+    finally:
+        rt.close()
+
+
+def test_measured_device_time_replaces_the_estimate(device_map, plan_builder):
+    rt = Runtime(device_map)
+    try:
+        plan = spin_plan(plan_builder, device_map.topology)
+        with Client(rt) as client:
+            estimate = rt.load(plan).cost
+            for _ in range(3):
+                client.wait(client.start(plan, [V, np.int32(20_000)]), timeout=60)
+            rt.usage()                                    # retires the runs: their device time is recorded
+            run = client.start(plan, [V, np.int32(1)])
+            client.wait(run, timeout=60)
+            measured = rt.scheduler.device_seconds(run)
+            assert measured > 0 and measured != estimate
+    finally:
+        rt.close()
+
+
+def test_a_branch_that_cannot_fit_beside_its_parent_fails_instead_of_waiting_for_ever(device_map, plan_builder):
+    topo = device_map.topology
+    b = plan_builder(topo, "plus")
+    w = b.slice("w", (2,), ("x",), "island0", (0, 2))
+    then_plan = b.build([b.launch(lambda x: x + 100.0, [b.input((8, 16), w, [("x",), ()])], w, [("x",), ()],
+                                  name="plus")])
+    p = plan_builder(topo)
+    v = p.slice("v", (2,), ("x",), "island0", (0, 2))
+    x = p.input((8, 16), v, [("x",), ()])
+    pred = p.launch(lambda x: jnp.sum(x) > 0, [x], v, [], name="positive", out_dtype="i1", out_shape=())
+    [chosen] = p.cond(pred, [x], then_plan, then_plan, [(8, 16)])
+    plan = p.build([chosen])
+    parent_peak = max(n for (_, _, n) in with_memory_plan(plan).peak("island0"))
+    rt = Runtime(device_map, device_memory_bytes=parent_peak + 511)      # the branch needs 512 beside it
+    try:
+        with Client(rt) as client:
+            [h] = client.run(plan, [np.abs(X)])
+            with pytest.raises(OutOfDeviceMemory, match="program plus needs 512 bytes on device 0 of island0"):
+                h.result(timeout=60)
+    finally:
+        rt.close()
