@@ -69,6 +69,7 @@ from .transfers import DcnTransport, copy_to
 HISTORY = 100_000        # how many work items (and, on Ray, runs) an island remembers
 FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
 CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
+_AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
 
 
 class RunFailed(RuntimeError):
@@ -453,11 +454,25 @@ class Island:
             handle(message)
             del handle, message          # a waiting executor keeps no arrays of the last message alive
 
+    def _await(self, array) -> None:
+        """Waits until `array` is computed (or the island closes), polling with a growing pause: a thread
+        blocked inside XLA when the interpreter exits would abort the process."""
+        pause = 1e-5
+        while not self._closed:
+            try:
+                if array.is_ready():
+                    return
+            except Exception:  # noqa: BLE001  (a failed computation is over too; its reader raises)
+                return
+            time.sleep(pause)
+            pause = min(2 * pause, _AWAIT_PAUSE)
+
     def _stop(self) -> None:
         self._inbox.put(None)
         self._completions.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join(CLOSE_JOIN)
+            self._tracker.join(CLOSE_JOIN)
 
     def _track(self) -> None:
         """The completion tracker: waits, run after run in the order their dispatch ended, until each run's
@@ -470,11 +485,8 @@ class Island:
             since = max(run.began or 0.0, previous_end)
             self._awaited = (run, since)
             for array in run.tracked:
-                try:
-                    array.block_until_ready()
-                except Exception:  # noqa: BLE001  (a failed computation is over too; its reader raises)
-                    pass
-                del array                        # a waiting tracker keeps no arrays alive
+                self._await(array)
+            array = None                         # a waiting tracker keeps no arrays alive
             previous_end = time.monotonic()
             self._awaited = None
             with self.lock:

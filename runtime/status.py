@@ -9,8 +9,9 @@ gathers, as plain data that travels through Ray:
   admitted runs still on the devices;
 - every island: the runs under way there, each with what it waits for (a
   recv names the value by buffer, the peer's send step and the step that
-  produced it), the runs whose device work is not over, and each client's
-  objects and bytes; an island that does not answer says why;
+  produced it), the runs whose device work is not over, what it is busy
+  with and for how long, whether it is wedged, and each client's objects
+  and bytes; an island that does not answer says why;
 - every client, summed over the islands: its objects and bytes;
 - the bytes the scheduler reserves on every device (runs admitted, results held);
 - served by `pw-serve` (`runtime/service.py`): the service's address and the
@@ -55,6 +56,11 @@ class Status(dict):
                          f"{island['device_work'] or 'none'} not over")
             lines += [f"  run {r['run']} ({r['program']}, client {r['client']}) waits for {r['waits_for']}"
                       for r in island["runs"]]
+            if "busy" in island:
+                busy = island["busy"]
+                lines.append(f"  busy with run {busy['run']} ({busy['program']}): {busy['with']}, for {busy['seconds']} s")
+            if "wedged" in island:
+                lines.append(f"  {island['wedged']}")
         lines += [f"{island}: bytes reserved per device: {nbytes}" for island, nbytes in self["reserved"].items()]
         lines += [f"client {c}: {v['objects']} object(s), {v['bytes']} bytes" for c, v in self["clients"].items()]
         service = self.get("service")

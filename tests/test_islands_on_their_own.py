@@ -74,6 +74,7 @@ def test_another_islands_runs_complete_while_one_island_computes(device_map, pla
             assert not rt.run_done(long_run)          # all 20 came back while island1 still computed
             busy = rt.status()["islands"]["island1"]["busy"]
             assert busy["run"] == long_run.id and busy["program"] == "spin" and busy["seconds"] > 0
+            assert f"busy with run {long_run.id} (spin): its device work, for" in str(rt.status())
             long_result.result(timeout=120).block_until_ready()
     finally:
         rt.close()
