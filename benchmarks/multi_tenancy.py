@@ -16,8 +16,9 @@ still had work queued; its error is the relative difference from its
 weight's share. The share in programs delivered is reported beside it.
 Islands on their own: on two islands, client B's latency for a 0.05 or
 0.5 ms program on island0 while client A's long computation (about
-`LOAD_MS`) keeps island1 busy, over B's latency with island1 idle, in
-interleaved rounds (`other_island_latency_under_load`: the worst size).
+`LOAD_MS`, on one device) keeps island1 busy, over B's latency with island1
+idle, in interleaved rounds (`other_island_latency_under_load`: the worst
+size); plain JAX doing the same beside it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
@@ -55,9 +56,10 @@ def work(iterations: int):
     return lambda x: jax.lax.fori_loop(0, iterations, lambda _, y: jnp.sin(y) * 0.5 + 0.25, x)
 
 
-def sized_programs(x, sharding, durations=DURATIONS_MS, island=None) -> dict[float, tuple[object, float]]:
-    """Returns, per target duration, a one-computation program (on `island`, if given) and `jax.jit`'s
-    median ms for it."""
+def sized_programs(x, sharding, durations=DURATIONS_MS, island=None,
+                   devices=DEVICES) -> dict[float, tuple[object, float]]:
+    """Returns, per target duration, a one-computation program on a slice of `devices` (on `island`, if
+    given) and `jax.jit`'s median ms for it at `sharding`."""
     def jax_ms(iterations):
         fn = jax.jit(work(iterations), out_shardings=sharding)
         times = harness.measure({"jax": lambda: fn(x).block_until_ready()}, repetitions=20, warmup=3)
@@ -65,7 +67,7 @@ def sized_programs(x, sharding, durations=DURATIONS_MS, island=None) -> dict[flo
 
     base, reference = jax_ms(1), jax_ms(1025)
     per_iteration = max((reference - base) / 1024, 1e-6)
-    s = pw.virtual_slice(DEVICES, axes="x", **({} if island is None else {"island": island}))
+    s = pw.virtual_slice(devices, axes="x", **({} if island is None else {"island": island}))
     programs = {}
     for target in durations:
         iterations = max(1, round((target - base) / per_iteration))
@@ -75,41 +77,68 @@ def sized_programs(x, sharding, durations=DURATIONS_MS, island=None) -> dict[flo
 
 
 def other_island_latency(x, sharding, rounds: int, samples: int = 20) -> list[dict]:
-    """B's program latency on island0, with island1 idle and while A's long computation runs there."""
+    """B's program latency on island0, with island1 idle and while A's long computation runs there; the same
+    for plain JAX on the same devices (its work on island0's devices while A's `jax.jit` runs on island1's).
+
+    A's computation takes one device: on these CPU machines a computation on several devices fills XLA's
+    shared thread pool, which stops every other computation in the process, plain JAX's too (XLA's floor,
+    not an island's)."""
     runtime = Runtime(embedded_device_map(2, DEVICES))
     a, b = Client(runtime), Client(runtime)
+    load_device = jax.devices()[DEVICES]                      # island1's first device
+    load_x = jax.device_put(np.zeros(WIDTH, np.float32), load_device)
     try:
         small = sized_programs(x, sharding, LATENCY_MS, island="island0")
-        [(load, _)] = sized_programs(x, sharding, (LOAD_MS,), island="island1").values()
-        load.run(x, client=a).block_until_ready()
-        times: dict[tuple[float, bool], list[float]] = {(ms, loaded): [] for ms in LATENCY_MS for loaded in (0, 1)}
+        [(load, _)] = sized_programs(load_x, SingleDeviceSharding(load_device), (LOAD_MS,), island="island1",
+                                     devices=1).values()
+        jax_load = jax.jit(load.fn, out_shardings=SingleDeviceSharding(load_device))
+        jax_small = {ms: jax.jit(small[ms][0].fn, out_shardings=sharding) for ms in LATENCY_MS}
+        load.run(load_x, client=a).block_until_ready()
+        jax_load(load_x).block_until_ready()
+        times: dict[tuple, list[float]] = {(side, ms, loaded): [] for side in ("ours", "jax")
+                                           for ms in LATENCY_MS for loaded in (0, 1)}
 
-        def sample(ms, loaded):
-            program = small[ms][0]
-            busy = load.run(x, client=a) if loaded else None
+        def sample(side, ms, loaded):
+            if side == "ours":
+                call, busy_call, done = (lambda: small[ms][0].run(x, client=b).block_until_ready(),
+                                         lambda: load.run(load_x, client=a), lambda h: runtime.run_done(h._run))
+            else:
+                call, busy_call, done = (lambda: jax_small[ms](x).block_until_ready(), lambda: jax_load(load_x),
+                                         lambda h: h.is_ready())
+            busy = busy_call() if loaded else None
             for _ in range(samples):
                 began = time.perf_counter()
-                program.run(x, client=b).block_until_ready()
+                call()
                 elapsed = time.perf_counter() - began
-                if busy is None or not runtime.run_done(busy._run):     # only samples taken under load count
-                    times[ms, loaded].append(elapsed)
+                if busy is None or not done(busy):        # only samples taken under load count
+                    times[side, ms, loaded].append(elapsed)
             if busy is not None:
                 busy.block_until_ready()
         for ms in LATENCY_MS:
             small[ms][0].run(x, client=b).block_until_ready()
+            jax_small[ms](x).block_until_ready()
         for _ in range(rounds):
-            for ms in LATENCY_MS:
-                for loaded in (0, 1):
-                    sample(ms, loaded)
+            for side in ("ours", "jax"):
+                for ms in LATENCY_MS:
+                    for loaded in (0, 1):
+                        sample(side, ms, loaded)
     finally:
         a.close()
         b.close()
         runtime.close()
-    return [{"latency_program_ms": ms, "idle_ms": harness.median(times[ms, 0]) * 1e3,
-             "under_load_ms": harness.median(times[ms, 1]) * 1e3, "samples_under_load": len(times[ms, 1]),
-             "under_load_over_idle": harness.median(times[ms, 1]) / harness.median(times[ms, 0]),
-             "spread_idle": harness.spread(times[ms, 0]), "spread_under_load": harness.spread(times[ms, 1])}
-            for ms in LATENCY_MS]
+    rows = []
+    for ms in LATENCY_MS:
+        row = {"latency_program_ms": ms, "load_ms": LOAD_MS}
+        for side in ("ours", "jax"):
+            idle, loaded = times[side, ms, 0], times[side, ms, 1]
+            row.update({f"{side}_idle_ms": harness.median(idle) * 1e3,
+                        f"{side}_under_load_ms": harness.median(loaded) * 1e3 if loaded else None,
+                        f"{side}_samples_under_load": len(loaded),
+                        f"{side}_under_load_over_idle": harness.median(loaded) / harness.median(idle) if loaded else None,
+                        f"{side}_spread_idle": harness.spread(idle),
+                        f"{side}_spread_under_load": harness.spread(loaded) if loaded else None})
+        rows.append(row)
+    return rows
 
 
 def clients_case(program, clients: list[Client], x, total: int):
@@ -163,7 +192,7 @@ def shares(programs: dict[float, tuple[object, float]], x, weights: tuple[int, .
 
 def run(quick: bool) -> dict:
     """Measures aggregate throughput for each client count and size, then the weighted shares."""
-    total, base, repetitions = (16, 2, 3) if quick else (48, 6, 11)
+    total, base, repetitions = (16, 4, 3) if quick else (48, 24, 11)
     sharding = NamedSharding(Mesh(np.array(jax.devices()[:DEVICES]), ("x",)), P("x"))
     x = jax.device_put(np.zeros(DEVICES * WIDTH, np.float32), sharding)
     programs = sized_programs(x, sharding)
@@ -187,7 +216,7 @@ def run(quick: bool) -> dict:
                 "aggregate_4clients_over_1_worst": harness.worst(aggregate[d, 4] for d in DURATIONS_MS),
                 "share_error_1111": max(r["error"] for r in share_rows if r["weights"] == "1:1:1:1"),
                 "share_error_1248": max(r["error"] for r in share_rows if r["weights"] == "1:2:4:8"),
-                "other_island_latency_under_load": max(r["under_load_over_idle"] for r in latency_rows)}
+                "other_island_latency_under_load": max(r["ours_under_load_over_idle"] for r in latency_rows)}
     return harness.record(NAME, {"devices": DEVICES, "programs_per_case": total,
                                  "queued_per_unit_weight_of_2ms": base, "repetitions": repetitions,
                                  "headline_program_ms": 0.5, "share_program_ms": SHARE_PROGRAM_MS},

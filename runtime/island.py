@@ -60,6 +60,7 @@ from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .cluster import DeviceMap
+from .device_clock import DeviceClock
 from .executables import ExecutableCache, make_mesh
 from .island_program import Instruction, IslandLayout, RecvInstruction, compile_steps
 from .object_store import ObjectStore
@@ -194,6 +195,7 @@ class Island:
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
         self._dropped: set[tuple[int, int]] = set()      # results released before they existed
         self._seconds: collections.OrderedDict[int, float] = collections.OrderedDict()  # finished run -> s
+        self._clock = DeviceClock()
         self._closed = False
         self.lost: IslandLost | None = None     # set once the island was lost
         self._executing: tuple[IslandRun, float] | None = None   # the run whose instructions run, since when
@@ -328,9 +330,9 @@ class Island:
             self._in_flight.pop(run_id, None)
 
     def device_seconds(self, run_id: int) -> float | None:
-        """Returns (once) the device time a finished run took here: from when its instructions began (or the
-        run before it here was over, if later) until its device work was over, times the devices its slices
-        cover here. None until it is over."""
+        """Returns (once) the device time a finished run took here: its part of the island's time from when
+        its instructions began until its device work was over (`device_clock.py`), times the devices its
+        slices cover here. None until it is over."""
         with self.lock:
             return self._seconds.pop(run_id, None)
 
@@ -454,18 +456,18 @@ class Island:
             handle(message)
             del handle, message          # a waiting executor keeps no arrays of the last message alive
 
-    def _await(self, array) -> None:
-        """Waits until `array` is computed (or the island closes), polling with a growing pause: a thread
-        blocked inside XLA when the interpreter exits would abort the process."""
-        pause = 1e-5
+    def _await(self, array, since: float) -> None:
+        """Waits until `array` is computed (or the island closes), polling: a thread blocked inside XLA when
+        the interpreter exits would abort the process. Each pause is a twentieth of the time waited since
+        `since` (between 10 us and `_AWAIT_PAUSE`), so the end of a computation is seen within about 5% of
+        its duration."""
         while not self._closed:
             try:
                 if array.is_ready():
                     return
             except Exception:  # noqa: BLE001  (a failed computation is over too; its reader raises)
                 return
-            time.sleep(pause)
-            pause = min(2 * pause, _AWAIT_PAUSE)
+            time.sleep(min(max((time.monotonic() - since) / 20, 1e-5), _AWAIT_PAUSE))
 
     def _stop(self) -> None:
         self._inbox.put(None)
@@ -485,14 +487,15 @@ class Island:
             since = max(run.began or 0.0, previous_end)
             self._awaited = (run, since)
             for array in run.tracked:
-                self._await(array)
+                self._await(array, since)
             array = None                         # a waiting tracker keeps no arrays alive
             previous_end = time.monotonic()
+            seconds = self._clock.end(run.id, previous_end)
             self._awaited = None
             with self.lock:
                 if self.wedged is not None and self._executing is None:
                     self.wedged = None           # what was stuck is over: the island serves again
-                self._seconds[run.id] = (previous_end - since) * run.layout.devices
+                self._seconds[run.id] = seconds * run.layout.devices
                 while len(self._seconds) > HISTORY:
                     self._seconds.popitem(last=False)
                 self._notify()
@@ -546,6 +549,7 @@ class Island:
         now = time.monotonic()
         if run.began is None:
             run.began = now
+            self._clock.begin(run.id, now)
         self._executing = (run, now)
         try:
             while run.queue:
@@ -592,6 +596,7 @@ class Island:
         run = self._runs.pop(run_id, None)
         plan_key = run.plan_key if run is not None else plan_key
         self._early.pop(run_id, None)
+        self._clock.drop(run_id)
         if self._dropped:
             self._dropped = {k for k in self._dropped if k[0] != run_id}
         if not isinstance(error, RunFailed):

@@ -38,7 +38,8 @@ Policies (the order in which clients' oldest queued runs are looked at):
   the smallest virtual start time goes first (start-time fair queueing:
   each client's virtual time advances by the run's device time over its
   weight). A run's device time is its plan's estimate (`pw.cost` at the
-  device rates, `dialect/device_time.py`) until runs of the plan have
+  device rates, `dialect/device_time.py`, scaled by how other plans'
+  measured runs compared with their estimates) until runs of the plan have
   finished; from then on the mean of their measured device time (a moving
   average of the islands' reports).
 
@@ -96,6 +97,7 @@ class GangScheduler:
         self._reserved: _Queued | None = None
         self._virtual: dict[int, float] = {}
         self._measured: dict[int, float] = {}          # plan key -> moving average of measured device time
+        self._calibration: float | None = None         # moving average of measured over estimated device time
         self._in_flight: dict[int, Run] = {}           # admitted runs still on the devices, by admission
         self._held_results: dict[tuple[int, int], tuple[int, dict]] = {}
         self._gone: set[int] = set()      # closed clients: results of their runs are not kept
@@ -177,16 +179,26 @@ class GangScheduler:
             if self._blocked:
                 self._unblocked.notify_all()
 
-    def record_device_seconds(self, plan_key: int, seconds: float) -> None:
-        """Folds one run's measured device time into its plan's moving average (what `share` charges)."""
+    def record_device_seconds(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
+        """Folds one run's measured device time into its plan's moving average (what `share` charges), and
+        its ratio to the plan's `estimate` into the factor that scales the estimates of plans not measured
+        yet (so that estimated and measured runs are charged on one scale)."""
         with self._lock:
             before = self._measured.get(plan_key)
             self._measured[plan_key] = seconds if before is None else \
                 before + _MEASURED_WEIGHT * (seconds - before)
+            if estimate:
+                ratio = seconds / estimate
+                self._calibration = ratio if self._calibration is None else \
+                    self._calibration + _MEASURED_WEIGHT * (ratio - self._calibration)
 
     def device_seconds(self, run: Run) -> float:
-        """Returns the device time `share` charges a run of this plan: measured if known, else estimated."""
-        return self._measured.get(run.key, run.cost)
+        """Returns the device time `share` charges a run of this plan: measured if known, else estimated
+        (scaled by how measured runs compared with their estimates)."""
+        measured = self._measured.get(run.key)
+        if measured is not None:
+            return measured
+        return run.cost * (self._calibration or 1.0)
 
     def usage(self) -> dict[tuple[str, int], int]:
         """Returns the bytes reserved on every device, after retiring the runs that are over."""
@@ -403,7 +415,7 @@ class GangScheduler:
                 self._held_results[(run.id, buffer)] = (run.client_id, need)
         seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
         if run.error is None and all(s is not None for s in seconds):
-            self.record_device_seconds(run.key, sum(seconds))
+            self.record_device_seconds(run.key, sum(seconds), run.cost)
 
     def _cancel(self, run: Run, error: BaseException) -> None:
         run.error = error
