@@ -71,6 +71,7 @@ HISTORY = 100_000        # how many work items (and, on Ray, runs) an island rem
 FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
 CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
 _AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
+_AWAIT_PAUSE_MIN = 2e-4  # and the shortest
 
 
 class RunFailed(RuntimeError):
@@ -105,10 +106,14 @@ class IslandWork(NamedTuple):
 class Islands(dict):
     """A runtime's islands by name, and how a run's work reaches them."""
 
-    def start(self, run, works: dict[str, IslandWork]) -> None:
-        """Delivers one run's work to its islands: one `start` message each, in ticket order."""
+    def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list[tuple["Island", IslandWork]]:
+        """Delivers one run's work to its islands: one `start` message each, in ticket order. With `inline`,
+        returns the (island, work) pairs the caller runs itself, with `run_inline`, once it holds no lock."""
+        jobs = []
         for name, work in works.items():
-            self[name].start(work)
+            if self[name].start(work, inline):
+                jobs.append((self[name], work))
+        return jobs
 
     def close(self) -> None:
         """Closes every island (runs still under way there fail)."""
@@ -205,7 +210,11 @@ class Island:
         # The latest (ticket, run id, step count) started, for order checks; bounded for long runs.
         self.executed: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=HISTORY)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._completions: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0                # work items queued or executing (on the executor or inline)
+        self._inline = False             # a caller runs work inline now (see `start`)
+        self._turn = threading.Condition(self.lock)
+        # Runs whose dispatch is over, for the tracker; appended without waking it (see `_track`).
+        self._completions: collections.deque[IslandRun] = collections.deque()
         self._thread = threading.Thread(target=self._serve, name=f"pw-{name}", daemon=True)
         self._thread.start()
         self._tracker = threading.Thread(target=self._track, name=f"pw-{name}-done", daemon=True)
@@ -226,8 +235,10 @@ class Island:
         """Returns the plan kept under `plan_key`."""
         return self._plans[plan_key][0]
 
-    def start(self, work: IslandWork) -> None:
-        """Registers the run (so it is under way from now on) and queues its work for the executor."""
+    def start(self, work: IslandWork, inline: bool = False) -> bool:
+        """Registers the run (so it is under way from now on) and queues its work for the executor. With
+        `inline`, and nothing queued or executing here, returns True instead: the caller then runs the work
+        itself (`run_inline`), before anything started after it, and saves a handoff to the executor."""
         with self.lock:
             self.executed.append((work.ticket, work.run_id, len(work.step_ids)))
             if work.run_id in self._failed:
@@ -248,14 +259,32 @@ class Island:
                                                                   plan.program, self._layout(work.plan_key))
                         for buffer, array in self._early.pop(work.run_id, {}).items():
                             run.slots[run.layout.slot[buffer]] = array
+                    self._pending += 1
+                    if inline and self._pending == 1:
+                        self._inline = True
+                        return True
                     self._inbox.put((self._started, work))
-                    return
+                    return False
                 except BaseException as error:  # noqa: BLE001  (the run fails alone)
                     peers = self._fail(work.run_id, error, plan_key=work.plan_key)
         self._tell(peers, work.run_id)
+        return False
+
+    def run_inline(self, work: IslandWork) -> None:
+        """Runs work that `start` handed back to the caller, on the caller's thread (holding no lock); the
+        executor takes what came after it once it is done."""
+        try:
+            self._started(work)
+        finally:
+            with self.lock:
+                self._inline = False
+                self._pending -= 1
+                self._turn.notify_all()
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
         """A buffer a peer island sent: the executor puts it on its home sharding and resumes the run."""
+        with self.lock:
+            self._pending += 1
         self._inbox.put((self._delivered, (run_id, plan_key, buffer, array)))
 
     def fail_run(self, run_id: int, error: BaseException) -> None:
@@ -453,37 +482,48 @@ class Island:
                 return
             handle, message = item
             del item
-            handle(message)
+            with self.lock:
+                while self._inline:              # work run inline on a caller's thread goes first
+                    self._turn.wait()
+            try:
+                handle(message)
+            finally:
+                with self.lock:
+                    self._pending -= 1
             del handle, message          # a waiting executor keeps no arrays of the last message alive
 
     def _await(self, array, since: float) -> None:
         """Waits until `array` is computed (or the island closes), polling: a thread blocked inside XLA when
         the interpreter exits would abort the process. Each pause is a twentieth of the time waited since
-        `since` (between 10 us and `_AWAIT_PAUSE`), so the end of a computation is seen within about 5% of
-        its duration."""
+        `since` (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`): the end of a computation is seen within
+        about 5% of its duration, and the tracker seldom takes the GIL from the threads that dispatch."""
         while not self._closed:
             try:
                 if array.is_ready():
                     return
             except Exception:  # noqa: BLE001  (a failed computation is over too; its reader raises)
                 return
-            time.sleep(min(max((time.monotonic() - since) / 20, 1e-5), _AWAIT_PAUSE))
+            time.sleep(min(max((time.monotonic() - since) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
 
     def _stop(self) -> None:
         self._inbox.put(None)
-        self._completions.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join(CLOSE_JOIN)
             self._tracker.join(CLOSE_JOIN)
 
     def _track(self) -> None:
         """The completion tracker: waits, run after run in the order their dispatch ended, until each run's
-        device work is over; records its device time and tells `on_done`."""
+        device work is over; records its device time and tells `on_done`. It looks for new runs every
+        `_AWAIT_PAUSE` seconds rather than being woken for each: on these machines waking a waiting thread
+        for every run cost the dispatching thread a GIL handoff of hundreds of microseconds."""
         previous_end = 0.0
         while True:
-            run = self._completions.get()
-            if run is None:
-                return
+            if not self._completions:
+                if self._closed:
+                    return
+                time.sleep(_AWAIT_PAUSE)         # polled: waking a waiting thread per run costs a GIL handoff
+                continue
+            run = self._completions.popleft()
             since = max(run.began or 0.0, previous_end)
             self._awaited = (run, since)
             for array in run.tracked:
@@ -589,7 +629,7 @@ class Island:
                 self.store.add(key, owner, run.slots[slot])
         self._in_flight[run.id] = run.tracked
         run.slots = []                       # what is kept lives in the store now
-        self._completions.put(run)
+        self._completions.append(run)
 
     def _fail(self, run_id: int, error: BaseException, plan_key: int | None = None) -> tuple[str, ...]:
         """Fails a run here (under the lock); returns the other islands of its plan, to be told."""

@@ -113,30 +113,41 @@ class GangScheduler:
 
     def submit(self, run: Run, works: Works) -> None:
         """Admits `run` now if it fits and its client has nothing queued, else queues it; raises
-        `OutOfDeviceMemory` if it can never fit, or not until handles are released."""
+        `OutOfDeviceMemory` if it can never fit, or not until handles are released. A run admitted here
+        whose islands are idle is executed on this thread, after the lock is let go (see `Island.start`)."""
         why = self.ledger.never_fits(run.need)
         if why is not None:
             raise OutOfDeviceMemory(f"program {run.plan.program} {why}")
         with self._lock:
             if self._closed:
                 raise RuntimeError("the runtime is closed")
-            self._submits += 1
-            queue = self._queues.get(run.client_id)
-            if not queue and not self._held and (self.policy == "fifo" or len(self._in_flight) < self.window):
-                if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
-                    self._poll(_POLL_AFTER)
-                if self._reserved is None or self.ledger.fits_beside(run.need, self._reserved.run.need):
-                    if self.ledger.fits(run.need) or (self._poll(len(self._in_flight)) and
-                                                      self.ledger.fits(run.need)):
-                        self._admit(run, works)
-                        return
-                    held = self._held_by_handles(run)
-                    if held is not None:
-                        raise OutOfDeviceMemory(held)
-            self._queues.setdefault(run.client_id, collections.deque()).append(
-                _Queued(run, works, next(self._arrivals)))
-            self._queued += 1
-            self._pump()
+            jobs = self._admit_now(run, works)
+            if jobs is None:
+                self._queues.setdefault(run.client_id, collections.deque()).append(
+                    _Queued(run, works, next(self._arrivals)))
+                self._queued += 1
+                self._pump()
+                return
+        for island, work in jobs:
+            island.run_inline(work)
+
+    def _admit_now(self, run: Run, works: Works) -> list | None:
+        """Admits a run that fits if nothing of its client is queued (returns the work to run inline), or
+        returns None: it queues. Raises `OutOfDeviceMemory` if only handles hold what it lacks."""
+        self._submits += 1
+        if self._queues.get(run.client_id) or self._held or \
+                (self.policy == "share" and len(self._in_flight) >= self.window):
+            return None
+        if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
+            self._poll(_POLL_AFTER)
+        if self._reserved is not None and not self.ledger.fits_beside(run.need, self._reserved.run.need):
+            return None
+        if self.ledger.fits(run.need) or (self._poll(len(self._in_flight)) and self.ledger.fits(run.need)):
+            return self._admit(run, works, inline=True)
+        held = self._held_by_handles(run)
+        if held is not None:
+            raise OutOfDeviceMemory(held)
+        return None
 
     def continue_run(self, run: Run, works: Works) -> None:
         """Delivers more work of an admitted run (after a cond, or a sequential step) with a new ticket."""
@@ -378,7 +389,7 @@ class GangScheduler:
                 f"{floor.capacity[island]} bytes, {used} of them held by live handles that nothing in flight "
                 f"will free ({who}): release results (handle.delete()) or use less memory")
 
-    def _admit(self, run: Run, works: Works) -> None:
+    def _admit(self, run: Run, works: Works, inline: bool = False) -> list:
         self.ledger.take(run.need)
         self._in_flight[run.id] = run
         if self.policy == "share":
@@ -386,15 +397,17 @@ class GangScheduler:
             floor = min([self._virtual.get(run.client_id, 0.0)] + waiting)
             self._virtual[run.client_id] = max(self._virtual.get(run.client_id, 0.0), floor) + \
                 self.device_seconds(run) / run.weight
-        self._deliver(run, works)
+        jobs = self._deliver(run, works, inline)
         run.admitted = True
         self._admissions.notify_all()
+        return jobs
 
-    def _deliver(self, run: Run, works: Works) -> None:
+    def _deliver(self, run: Run, works: Works, inline: bool = False) -> list:
         ticket = next(self._tickets)
         self.delivered.append((ticket, run.client_id))
-        self.islands.start(run, {island: IslandWork(ticket, run.id, run.client_id, run.key, steps, inputs, last)
-                                 for island, (steps, inputs, last) in works.items()})
+        return self.islands.start(run, {island: IslandWork(ticket, run.id, run.client_id, run.key, steps, inputs,
+                                                           last)
+                                        for island, (steps, inputs, last) in works.items()}, inline)
 
     def _poll(self, limit: int) -> bool:
         """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any."""
