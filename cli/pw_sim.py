@@ -3,7 +3,7 @@
     pw-sim run plan.json --profile tpu-v4 --runs 20 --trace sim_trace.json
     pw-sim run examples/three_blocks.mlir --profile tpu-v4 --topology 2x2048
     pw-sim validate                     # real runs here against the simulation, per-program error
-    pw-sim calibrate                    # fit sim/profiles/cpu-here.json to measured calibration programs
+    pw-sim calibrate                    # fit dialect/profiles/cpu-here.json to measured calibration programs
     pw-sim scale [--quick]              # the paper's results at scale, simulated on tpu-v4
     pw-sim profiles                     # the bundled machine descriptions
 
@@ -71,7 +71,7 @@ def run(target, profile_name, topology, program, dispatch, runs, closed_loop, tr
         raise SimCliError(f"{target}: a plan is lowered already; --topology applies to pw IR only")
     loaded = inputs.load(target, inputs.profile_topology(topology, profile) if topology else None)
     plan = loaded.program(program, str(target))
-    sim = Simulator(profile, loaded.flops, record_spans=bool(trace_path))
+    sim = Simulator(profile, record_spans=bool(trace_path))
     result = sim.simulate([Submission(plan, dispatch) for _ in range(runs)], closed_loop=closed_loop)
     record = {"kind": "SIMULATED with pw-sim (not a measurement)", "program": plan.program, "profile": profile.name,
               "dispatch": dispatch, "runs": runs, "closed_loop": closed_loop,

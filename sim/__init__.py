@@ -4,8 +4,7 @@ Everything here is simulation: figures it produces are computed from plans,
 the cost model and an accelerator profile, never measured, and are labelled
 so. One concept per module:
 
-    profile     accelerator, link and host descriptions (data files in profiles/)
-    costs       each executable's whole flops, from the cost model (launch costs: dialect/device_time.py)
+    profile     accelerator, link and host descriptions (data files in dialect/profiles/)
     network     ICI and DCN links with per-link contention
     engine      the event loop: host dispatch, gang order, devices, admission
     trace       the simulated timeline as a Chrome/Perfetto trace

@@ -55,7 +55,7 @@ def cpu_profile(values: dict[tuple[str, str], float], sources: dict[str, str]) -
 
 def simulate_case(profile: Profile, case: Case) -> float:
     """Returns the simulated latency of one run of `case` on `profile`."""
-    sim = Simulator(profile, case.flops)
+    sim = Simulator(profile)
     return sim.simulate([Submission(case.plan, case.dispatch)], closed_loop=True).latency()
 
 

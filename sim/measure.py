@@ -28,7 +28,6 @@ class Case:
 
     name: str
     plan: ProgramPlan
-    flops: dict[str, int]
     inputs: list
     dispatch: str
 
@@ -40,8 +39,8 @@ def prepare(cases: tuple[tuple[str, Program, str], ...], topology) -> list[Case]
     for name, program, dispatch in cases:
         if id(program) not in built:
             built[id(program)] = plan_of(program, topology)
-        plan, flops, inputs = built[id(program)]
-        out.append(Case(name, plan, flops, inputs, dispatch))
+        plan, inputs = built[id(program)]
+        out.append(Case(name, plan, inputs, dispatch))
     return out
 
 

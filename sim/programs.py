@@ -2,7 +2,7 @@
 
 Each builds a `@pw.program` and its example inputs for the embedded 2 x 4
 cluster; `plan_of` lowers it for the runtime's topology, giving the plan
-both the runtime runs and the simulator times, with its executables' flops.
+both the runtime runs and the simulator times (with its executables' flops).
 
 - chain: `k` elementwise computations on one slice of `n` devices (the
   dispatch chain, lowered without fusion so that each is its own launch);
@@ -145,17 +145,16 @@ def pipeline(stages: int, micro: int, width: int) -> Program:
 
 
 def plan_of(program: Program, topology):
-    """Lowers `program` for `topology`; returns (plan, flops by executable, flat inputs)."""
+    """Lowers `program` for `topology`; returns (plan, flat inputs)."""
     import jax
 
     from pathways_mlir.passes import lower, program_plans
 
-    from .costs import module_flops
 
     traced, args = program.build()
     lowered = traced.lower(*args)
     module = lower(lowered.module, topology, strategy=program.strategy, fuse=program.fuse)
-    return program_plans(module)[lowered.program], module_flops(module), jax.tree_util.tree_leaves(args)
+    return program_plans(module)[lowered.program], jax.tree_util.tree_leaves(args)
 
 
 # Calibration and validation use different programs or sizes (issue 13).
