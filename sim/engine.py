@@ -30,7 +30,9 @@ scheduler.py, island_program.py), with times from the profile:
    plus the all-reduces of its outputs on the ICI (sim/network.py). Copies and sends go over
    their links (sim/network.py); a recv's data exists when it arrives.
    Where the devices share cores (a CPU), launches, copies and input puts
-   all hold those cores, one at a time.
+   all hold those cores, one at a time,
+   and the controller's and islands' host work holds one core's share of them
+   (the host threads run on the same cores).
 
 Branches (`pw.cond`) need a predicate's value, so plans with host steps are
 refused.
@@ -245,6 +247,7 @@ class Simulator:
         record.submitted = max(record.submitted, self.now)
         start = max(self.now, self.controller_free)
         self.controller_free = start + self.profile.host.run_us * 1e-6
+        self._hold_cores(self.profile.host.run_us * 1e-6)
         self._span(f"call @{sub.plan.program}", "controller", "", "controller", start, self.controller_free)
         run = _Run(index, next(self.tickets), self._prepared[id(sub.plan)], sub, record)
         never = self.ledger.never_fits(run.prep.need)
@@ -301,6 +304,7 @@ class Simulator:
             return
         start = max(self.now, self.controller_free)
         self.controller_free = start + host.sequential_step_us * 1e-6
+        self._hold_cores(host.sequential_step_us * 1e-6)
         self._span(f"send step {step.id}", "controller", "", "controller", start, self.controller_free)
         island = run.prep.island_of_step[step.id]
         self._at(self.controller_free + host.message_latency_us * 1e-6,
@@ -355,6 +359,7 @@ class Simulator:
             run.cursor[island] += 1
             if cost:
                 self._span(f"prepare step {step.id}", "host", island, "host", self.now, self.now + cost)
+            self._hold_cores(cost)
             self._at(self.now + cost, lambda r=run, s=step: self._enqueue(r, island, s))
             return
 
@@ -393,6 +398,13 @@ class Simulator:
                 run.set_exists(b, now)
         self._finish_step(run, island)
         self._pump(island)
+
+    def _hold_cores(self, seconds: float) -> None:
+        """Charges `seconds` of one host thread's work to the shared cores, if the devices share them: the
+        host threads run on the same cores as the devices' work (a CPU), one core of `shared_cores`."""
+        for key in self._cores():
+            self.device_free[key] = max(self.now, self.device_free.get(key, 0.0)) + \
+                seconds / self.profile.accelerator.shared_cores
 
     def _cores(self) -> list[tuple]:
         """Returns the key of the cores every device shares, if they share them (a CPU), else nothing."""
