@@ -39,7 +39,7 @@ def run(quick: bool) -> dict:
 
     rounds = 30 if quick else 120
     validation, fitted = run_validation(rounds)
-    picked = check_here(10 if quick else 30, fitted)
+    picked = check_here(5 if quick else 30, fitted)
     scale = run_scale(load_profile(SCALE_PROFILE), quick)
     stages = scale["experiments"]["dispatch_stages"]["stages"]
     source = f"measured here vs simulated ({fitted.name}, fitted)"
@@ -91,7 +91,7 @@ def plot(record: dict, ax) -> None:
     ax.set_xticks([], minor=True)
     ax.legend(fontsize="small", loc="lower right")
     inset = ax.inset_axes([0.1, 0.55, 0.35, 0.35])
-    stages = [4, 8, 16]
+    stages = [s for s in (4, 8, 16) if f"table2_tokens_per_s_{s}" in rows]
     base = rows["table2_tokens_per_s_4"]
     inset.plot(stages, [rows[f"table2_tokens_per_s_{s}"]["value"] / base["value"] for s in stages], marker="o",
                label="simulated")
