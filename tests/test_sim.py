@@ -169,7 +169,8 @@ def test_bad_profiles_and_inputs_are_one_line(tmp_path, capsys):
             (["run", ir_path, "--profile", "no-such"], "no profile named 'no-such'"),
             (["run", ir_path], "needs --topology"),
             (["run", str(tmp_path / "missing.json")], "no such file"),
-            (["run", ir_path, "--topology", "2x6"], "multiple of 4")):
+            (["run", ir_path, "--topology", "2x6"], "multiple of 4"),
+            (["pipeline", "--stages", "6", "--slices", "4"], "must be multiples of --slices 4")):
         assert pw_sim(argv) == 1
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and message in err, (argv, err)
