@@ -1,28 +1,53 @@
 """Device time: one table of device rates, and what each plan step costs on a device.
 
 The rates are (flops per second, memory bytes per second) of one device, by
-device kind. Placement (`passes/placement_cost.py`) estimates step times
+device kind, read from the machine profiles in `dialect/profiles/*.json`
+(each cites its sources; `cpu-here` is fitted on this machine by `pw-sim
+calibrate`). Placement (`passes/placement_cost.py`) estimates step times
 with them, the gang scheduler's `share` policy charges runs their estimated
 device time with them before it has measured any (`runtime/scheduler.py`),
-and the simulator's costs start from the same launch costs
-(`sim/costs.py`).
+and the simulator (`sim/`) reads the same profiles for its accelerators,
+links and hosts. A device kind no profile names gets `DEFAULT_RATES`.
 
 A launch's cost is the work of its executable (its `pw.cost` flops, kept in
-the plan) divided over the distinct shards of its largest output, and the
-bytes of its input and output shards on one device; it takes as long as the
-slower of the two at the device's rates (a roofline).
+the plan) divided over the most distinct shards any of its operands has
+(SPMD partitioning splits the work as finely as its most split operand),
+and the bytes of its input and output shards on one device; it takes as
+long as the slower of the two at the device's rates (a roofline). An output
+with fewer distinct shards than the work was split into is combined across
+the devices that computed its parts: an all-reduce among `ways / shards`
+devices (`LaunchCost.all_reduces`), which the simulator times on the
+island's ICI and `device_seconds` leaves out (the table holds no link rates).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import pathlib
 from dataclasses import dataclass
 
 from .plan import Launch, ProgramPlan
 
-# (flops per second, memory bytes per second) of one device, by device kind.
-DEVICE_RATES = {"cpu": (1e11, 2e10), "gpu": (1e14, 2e12), "tpu": (1e14, 1e12)}
+PROFILE_DIR = pathlib.Path(__file__).parent / "profiles"
 DEFAULT_RATES = (1e12, 1e11)
+
+
+def _rates_of_profiles(directory: pathlib.Path) -> dict[str, tuple[float, float]]:
+    """Returns (flops per second, bytes per second) by device kind, from every profile in `directory`."""
+    rates: dict[str, tuple[float, float]] = {}
+    for path in sorted(directory.glob("*.json")):
+        value = json.loads(path.read_text())
+        accelerator = value["accelerator"]
+        for kind in value["device_kinds"]:
+            if kind in rates:
+                raise ValueError(f"{path}: device kind '{kind}' is described by another profile too")
+            rates[kind] = (accelerator["peak_tflops"] * 1e12, accelerator["memory_gbytes_per_s"] * 1e9)
+    return rates
+
+
+# (flops per second, memory bytes per second) of one device, by device kind.
+DEVICE_RATES = _rates_of_profiles(PROFILE_DIR)
 
 
 def device_rates(device_kind: str) -> tuple[float, float]:
@@ -32,23 +57,29 @@ def device_rates(device_kind: str) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class LaunchCost:
-    """A launch's work on each device of its slice."""
+    """A launch's work on each device of its slice, and the all-reduces that combine its outputs.
+
+    `all_reduces` holds (bytes per device, devices in each group) per output combined.
+    """
 
     flops: int
     bytes: int
+    all_reduces: tuple[tuple[int, int], ...] = ()
 
 
 def launch_cost(plan: ProgramPlan, step: Launch, flops: int | None = None) -> LaunchCost:
     """Returns a launch's per-device cost; `flops` is its executable's whole flops (default: the plan's)."""
     flops = plan.flops.get(step.executable, 0) if flops is None else flops
     sizes = dict(zip(plan.slices[step.slice].axes, plan.slices[step.slice].shape))
-    outputs = [plan.buffers[b] for b in step.outputs]
-    ways = 1
-    if outputs:
-        largest = max(outputs, key=lambda b: math.prod(b.shape))
-        ways = math.prod(sizes.get(a, 1) for axes in largest.sharding for a in axes)
-    nbytes = sum(plan.buffers[b].bytes_per_device for b in (*step.inputs, *step.outputs))
-    return LaunchCost(flops // ways, nbytes)
+
+    def shards(buffer: int) -> int:
+        return math.prod(sizes.get(a, 1) for axes in plan.buffers[buffer].sharding for a in axes)
+    operands = (*step.inputs, *step.outputs)
+    ways = max((shards(b) for b in operands), default=1)
+    nbytes = sum(plan.buffers[b].bytes_per_device for b in operands)
+    reduces = tuple((plan.buffers[b].bytes_per_device, ways // shards(b)) for b in step.outputs
+                    if shards(b) < ways)
+    return LaunchCost(flops // ways, nbytes, reduces)
 
 
 def launch_costs(plan: ProgramPlan, flops: dict[str, int] | None = None) -> dict[int, LaunchCost]:
@@ -60,7 +91,7 @@ def launch_costs(plan: ProgramPlan, flops: dict[str, int] | None = None) -> dict
 
 def device_seconds(plan: ProgramPlan) -> float:
     """Returns the device time one run of `plan` occupies: each launch's roofline time on its device
-    kind, times the devices of its slice, summed (device-seconds)."""
+    kind, times the devices of its slice, summed (device-seconds; collectives not counted)."""
     kinds = {island.name: island.device_kind for island in plan.topology.islands}
     total = 0.0
     for island, steps in plan.islands.items():

@@ -4,15 +4,16 @@ Everything here is simulation: figures it produces are computed from plans,
 the cost model and an accelerator profile, never measured, and are labelled
 so. One concept per module:
 
-    profile     accelerator, link and host descriptions (data files in profiles/)
-    costs       each executable's whole flops, from the cost model (launch costs: dialect/device_time.py)
-    network     ICI and DCN links with per-link contention
+    profile     accelerator, link and host descriptions (data files in dialect/profiles/)
+    network     ICI and DCN links with per-link contention; the ring all-reduce inside a launch
     engine      the event loop: host dispatch, gang order, devices, admission
     trace       the simulated timeline as a Chrome/Perfetto trace
     inputs      plans from plan JSON or .mlir lowered on the fly
     programs    small real programs (in-repo drivers) for calibration and validation
-    measure     timing real runs on this machine (interleaved medians)
+    measure     timing real runs on this machine (interleaved rounds, fastest of 3, medians)
     calibrate   fitting the `cpu-here` profile to measured calibration programs
     validate    measured against simulated on programs calibration never saw
+    models      the paper's training setups as pw programs (pipelined step, two-island data parallel)
     scale       the paper-scale experiments, simulated on TPU-v4-like islands
+    schedules   pipeline schedules simulated side by side, and the pick
 """

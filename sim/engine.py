@@ -19,16 +19,20 @@ scheduler.py, island_program.py), with times from the profile:
    the next call waits for the last.
 3. Each island has one host thread. A run's message costs it `per_host_us`
    for each host the run uses on the island (the fan-out) and `input_us`
-   per program input it puts on its devices (the data then crosses PCIe),
+   per program input it puts on its devices (the data then crosses PCIe;
+   inputs a submission says are resident already are not put),
    then `step_us` per launch, copy and send. It takes runs in ticket order, one step at a
    time; a recv whose data has not arrived parks that run and the thread
    goes on with later runs: the gang scheduler's single order per island.
 4. Devices run what is enqueued in order: a launch starts once it is
    enqueued, its inputs exist and its slice's devices are free, and takes
-   the accelerator's launch time (sim/costs.py). Copies and sends go over
+   its launch cost (dialect/device_time.py) on the accelerator's roofline
+   plus the all-reduces of its outputs on the ICI (sim/network.py). Copies and sends go over
    their links (sim/network.py); a recv's data exists when it arrives.
    Where the devices share cores (a CPU), launches, copies and input puts
-   all hold those cores, one at a time.
+   all hold those cores, one at a time,
+   and the controller's and islands' host work holds one core's share of them
+   (the host threads run on the same cores).
 
 Branches (`pw.cond`) need a predicate's value, so plans with host steps are
 refused.
@@ -46,7 +50,7 @@ from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
 from pathways_mlir.runtime.admission import MemoryLedger, run_need
 
-from .network import Links
+from .network import Links, all_reduce_seconds
 from .profile import Profile, ProfileError
 
 MODES = ("parallel", "sequential")
@@ -58,11 +62,14 @@ class SimError(ValueError):
 
 @dataclass(frozen=True)
 class Submission:
-    """One call of a program: its plan, dispatch mode, and the earliest time the client makes it."""
+    """One call of a program: its plan, dispatch mode, the earliest time the client makes it, and the
+    program inputs already on their devices (results of an earlier run, as a training loop's weights
+    are), which cross no PCIe."""
 
     plan: ProgramPlan
     dispatch: str = "parallel"
     at: float = 0.0
+    resident: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,7 @@ class SimResult:
 class _Prepared:
     """What the simulator needs of a plan, computed once per plan."""
 
-    def __init__(self, plan: ProgramPlan, profile: Profile, flops: dict[str, int]):
+    def __init__(self, plan: ProgramPlan, profile: Profile):
         if plan.host_steps:
             raise SimError(f"@{plan.program} has host branch steps (pw.cond): pw-sim simulates static plans only")
         self.source = plan          # held, so that the id the simulator caches it by stays its own
@@ -124,7 +131,8 @@ class _Prepared:
         accel = profile.accelerator
         launches = {s.id: s for steps in self.plan.islands.values() for s in steps if isinstance(s, Launch)}
         self.duration = {sid: accel.launch_seconds(c.flops, c.bytes, _size(self.plan, launches[sid].slice))
-                         for sid, c in launch_costs(self.plan, flops).items()}
+                         + sum(all_reduce_seconds(b, n, profile.ici) for b, n in c.all_reduces)
+                         for sid, c in launch_costs(self.plan).items()}
         self.islands = tuple(i for i, steps in self.plan.islands.items() if steps)
         self.hosts = {i: _hosts_used(self.plan, i, accel.devices_per_host) for i in self.islands}
         self.island_of_step = {s.id: i for i, steps in self.plan.islands.items() for s in steps}
@@ -165,9 +173,8 @@ class _Run:
 class Simulator:
     """Simulates submissions of plans on one profile's machine (see the module docstring)."""
 
-    def __init__(self, profile: Profile, flops: dict[str, int] | None = None, record_spans: bool = False):
+    def __init__(self, profile: Profile, record_spans: bool = False):
         self.profile = profile
-        self.flops = flops or {}
         self.record_spans = record_spans
         self._prepared: dict[int, _Prepared] = {}
 
@@ -203,7 +210,7 @@ class Simulator:
         key = id(plan)
         if key not in self._prepared:
             _check_describes(plan, self.profile)
-            self._prepared[key] = _Prepared(plan, self.profile, self.flops)
+            self._prepared[key] = _Prepared(plan, self.profile)
         return self._prepared[key]
 
     def _reset(self, plan: ProgramPlan) -> None:
@@ -240,6 +247,7 @@ class Simulator:
         record.submitted = max(record.submitted, self.now)
         start = max(self.now, self.controller_free)
         self.controller_free = start + self.profile.host.run_us * 1e-6
+        self._hold_cores(self.profile.host.run_us * 1e-6)
         self._span(f"call @{sub.plan.program}", "controller", "", "controller", start, self.controller_free)
         run = _Run(index, next(self.tickets), self._prepared[id(sub.plan)], sub, record)
         never = self.ledger.never_fits(run.prep.need)
@@ -296,6 +304,7 @@ class Simulator:
             return
         start = max(self.now, self.controller_free)
         self.controller_free = start + host.sequential_step_us * 1e-6
+        self._hold_cores(host.sequential_step_us * 1e-6)
         self._span(f"send step {step.id}", "controller", "", "controller", start, self.controller_free)
         island = run.prep.island_of_step[step.id]
         self._at(self.controller_free + host.message_latency_us * 1e-6,
@@ -307,7 +316,10 @@ class Simulator:
     def _receive(self, run: _Run, island: str, steps, first: bool) -> None:
         if first:
             host = self.profile.host
-            inputs = run.prep.inputs.get(island, ())
+            inputs = [b for b in run.prep.inputs.get(island, ()) if b not in run.sub.resident]
+            for b in run.sub.resident.intersection(run.prep.inputs.get(island, ())):
+                run.ready[b] = self.now
+                run.set_exists(b, self.now)
             run.fanout[island] = (host.per_host_us * run.prep.hosts[island] + host.input_us * len(inputs)) * 1e-6
             plan = run.prep.plan
             for b in inputs:
@@ -347,6 +359,7 @@ class Simulator:
             run.cursor[island] += 1
             if cost:
                 self._span(f"prepare step {step.id}", "host", island, "host", self.now, self.now + cost)
+            self._hold_cores(cost)
             self._at(self.now + cost, lambda r=run, s=step: self._enqueue(r, island, s))
             return
 
@@ -385,6 +398,13 @@ class Simulator:
                 run.set_exists(b, now)
         self._finish_step(run, island)
         self._pump(island)
+
+    def _hold_cores(self, seconds: float) -> None:
+        """Charges `seconds` of one host thread's work to the shared cores, if the devices share them: the
+        host threads run on the same cores as the devices' work (a CPU), one core of `shared_cores`."""
+        for key in self._cores():
+            self.device_free[key] = max(self.now, self.device_free.get(key, 0.0)) + \
+                seconds / self.profile.accelerator.shared_cores
 
     def _cores(self) -> list[tuple]:
         """Returns the key of the cores every device shares, if they share them (a CPU), else nothing."""

@@ -3,8 +3,8 @@
 A `.mlir` file that is not lowered yet is lowered with `pw-lower` for a
 topology: `<islands>x<devices>` builds islands of the profile's device kind
 (its memory, its devices per host), or a topology JSON file is used as is.
-Flops come from the lowered module's `pw.cost` marks, or, for a plan JSON,
-from its executables' StableHLO (sim/costs.py).
+Each plan carries its executables' `pw.cost` flops (`ProgramPlan.flops`);
+a plan JSON that lacks them for an executable it launches is refused.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import pathlib
 import re
 from dataclasses import dataclass
 
-from pathways_mlir.dialect.plan import PlanError, ProgramPlan
+from pathways_mlir.dialect.plan import Launch, PlanError, ProgramPlan
 from pathways_mlir.dialect.topology import Island, Link, Topology, TopologyError
 
-from .costs import module_flops, plan_flops
 from .profile import Profile
 
 
@@ -27,10 +26,9 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class Loaded:
-    """The plans of a file, by program, and each executable's whole flops."""
+    """The plans of a file, by program."""
 
     plans: dict[str, ProgramPlan]
-    flops: dict[str, int]
 
     def program(self, name: str | None, where: str) -> ProgramPlan:
         """Returns the plan of program `name`, or the only one."""
@@ -73,7 +71,12 @@ def load(path: pathlib.Path, topology: Topology | None) -> Loaded:
             plan = ProgramPlan.from_python(json.loads(text))
         except (ValueError, PlanError) as e:
             raise InputError(f"{path}: not a pw plan: {e}") from None
-        return Loaded({plan.program: plan}, plan_flops(plan))
+        missing = sorted({s.executable for steps in plan.islands.values() for s in steps
+                          if isinstance(s, Launch)} - set(plan.flops))
+        if missing:
+            raise InputError(f"{path}: the plan has no flops for executable '{missing[0]}' (written before "
+                             f"plans kept pw.cost flops? lower it again)")
+        return Loaded({plan.program: plan})
     if path.suffix != ".mlir":
         raise InputError(f"{path}: expected a plan .json or pw IR .mlir")
     return lower_text(text, topology, str(path))
@@ -100,4 +103,4 @@ def lower_text(text: str, topology: Topology | None, where: str = "input") -> Lo
                 module = lower(module, topology)
             except LoweringError as e:
                 raise InputError("\n".join(d.format(where) for d in e.diagnostics)) from None
-        return Loaded(program_plans(module), module_flops(module))
+        return Loaded(program_plans(module))

@@ -1,11 +1,13 @@
-"""Timing real runs of programs on this machine: interleaved medians.
+"""Timing real runs of programs on this machine: robust to other work sharing it.
 
-The machine is shared and noisy, so every case is run once per round, in
-a new (seeded) random order each round so that no case always follows the
-same one (a run can leave work behind for the next), the rounds repeat, and
-each case's figure is the median of its rounds. A run is
-timed from the call to every result being ready, as a client sees it; each
-wait has a timeout.
+The machine is shared and noisy, and the noise only ever adds time. So
+every case is run `repeats` times back to back per round and the round
+keeps the fastest (the run least disturbed), cases take turns in a new
+(seeded) random order each round so that no case always follows the same
+one (a run can leave work behind for the next) and all see the same load,
+the rounds repeat, and each case's figure is the median of its rounds. A
+run is timed from the call to every result being ready, as a client sees
+it; each wait has a timeout.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ class Case:
 
     name: str
     plan: ProgramPlan
-    flops: dict[str, int]
     inputs: list
     dispatch: str
 
@@ -40,8 +41,8 @@ def prepare(cases: tuple[tuple[str, Program, str], ...], topology) -> list[Case]
     for name, program, dispatch in cases:
         if id(program) not in built:
             built[id(program)] = plan_of(program, topology)
-        plan, flops, inputs = built[id(program)]
-        out.append(Case(name, plan, flops, inputs, dispatch))
+        plan, inputs = built[id(program)]
+        out.append(Case(name, plan, inputs, dispatch))
     return out
 
 
@@ -53,13 +54,14 @@ def time_run(client, case: Case) -> float:
     return time.perf_counter() - start
 
 
-def measure(client, cases: list[Case], rounds: int, warmup: int = 3) -> dict[str, float]:
-    """Returns each case's median run time over `rounds` shuffled rounds (after `warmup` rounds)."""
+def measure(client, cases: list[Case], rounds: int, warmup: int = 3, repeats: int = 3) -> dict[str, float]:
+    """Returns each case's median over `rounds` shuffled rounds (after `warmup` rounds) of the fastest
+    of `repeats` runs in a row."""
     times: dict[str, list[float]] = {c.name: [] for c in cases}
     order = random.Random(0)
     for r in range(warmup + rounds):
         for case in order.sample(cases, len(cases)):
-            elapsed = time_run(client, case)
+            fastest = min(time_run(client, case) for _ in range(repeats))
             if r >= warmup:
-                times[case.name].append(elapsed)
+                times[case.name].append(fastest)
     return {name: statistics.median(ts) for name, ts in times.items()}

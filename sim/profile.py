@@ -1,6 +1,8 @@
 """Accelerator, link and host descriptions the simulator times plans with.
 
-A profile is a JSON file (`sim/profiles/<name>.json`, or any path):
+A profile is a JSON file (`dialect/profiles/<name>.json`, or any path); the
+bundled ones are also the device-rate table placement and admission read
+(`dialect/device_time.py`), so there is one set of figures:
 
     {"name": "tpu-v4", "device_kinds": ["tpu-v4"],
      "accelerator": {"peak_tflops": 275, "memory_gbytes_per_s": 1200,
@@ -20,7 +22,8 @@ A profile is a JSON file (`sim/profiles/<name>.json`, or any path):
   different slices do not overlap.
 - ici / dcn / pcie: one-way latency and bandwidth in Gbit/s, per device
   (DCN: a host's NICs shared by its devices; PCIe: host to device, which
-  program inputs cross).
+  program inputs cross). An all-reduce inside a launch runs on the ICI
+  (sim/network.py).
 - host: the controller's work per run (`run_us`) and per message
   (`message_us`), a message's flight time (`message_latency_us`), an
   island's fan-out of a run to each of its hosts (`per_host_us`), its work
@@ -38,7 +41,8 @@ import pathlib
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-PROFILE_DIR = pathlib.Path(__file__).parent / "profiles"
+from pathways_mlir.dialect.device_time import PROFILE_DIR
+
 
 
 class ProfileError(ValueError):

@@ -2,7 +2,7 @@
 
 Each builds a `@pw.program` and its example inputs for the embedded 2 x 4
 cluster; `plan_of` lowers it for the runtime's topology, giving the plan
-both the runtime runs and the simulator times, with its executables' flops.
+both the runtime runs and the simulator times (with its executables' flops).
 
 - chain: `k` elementwise computations on one slice of `n` devices (the
   dispatch chain, lowered without fusion so that each is its own launch);
@@ -11,7 +11,9 @@ both the runtime runs and the simulator times, with its executables' flops.
   (a DCN send and recv);
 - three_blocks: the README's example, slices of 2, 2x2 and 2 devices;
 - pipeline: `stages` stages of 2 devices over both islands, `micro`
-  microbatches, each stage `tanh(x @ w)`.
+  microbatches, each stage `tanh(x @ w)`;
+- training_pipeline: a `pw.pipeline` training step (forward, backward) in
+  one of its schedules, 4 stages of 2 devices (2 slices for interleaved).
 """
 
 from __future__ import annotations
@@ -144,18 +146,41 @@ def pipeline(stages: int, micro: int, width: int) -> Program:
     return Program(f"pipeline{stages}x{micro}_w{width}", build, strategy="spread")
 
 
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+def training_pipeline(schedule: str, stages: int = 4, micro: int = 8, width: int = 128, rows: int = 256) -> Program:
+    """Returns a `pw.pipeline` step of `stages` stages `tanh(x @ w + b)` in `schedule`, mean squared error;
+    stage s on a slice of 2 devices on island s * 2 // stages (interleaved: the first two slices' turn)."""
+    def build():
+        import jax.numpy as jnp
+        import pathways_mlir as pw
+
+        slices = [pw.virtual_slice(2, axes="x", name=f"pipe{s}", island=f"island{s * 2 // stages}")
+                  for s in range(stages)]
+        if schedule == "interleaved-1f1b":
+            slices = [slices[0], slices[stages // 2]] * (stages // 2)
+        step = pw.pipeline([lambda p, x: jnp.tanh(x @ p["w"] + p["b"])] * stages, slices,
+                           loss=lambda y, t: jnp.mean((y - t) ** 2), schedule=schedule, micro_batches=micro)
+        rng = _rng()
+        params = [{"w": (rng.normal(size=(width, width)) / np.sqrt(width)).astype(np.float32),
+                   "b": np.zeros(width, np.float32)} for _ in range(stages)]
+        return step, (params, rng.normal(size=(rows, width)).astype(np.float32),
+                      rng.normal(size=(rows, width)).astype(np.float32))
+    return Program(f"training_pipeline_{schedule}", build, strategy="spread")
+
+
 def plan_of(program: Program, topology):
-    """Lowers `program` for `topology`; returns (plan, flops by executable, flat inputs)."""
+    """Lowers `program` for `topology`; returns (plan, flat inputs)."""
     import jax
 
     from pathways_mlir.passes import lower, program_plans
 
-    from .costs import module_flops
 
     traced, args = program.build()
     lowered = traced.lower(*args)
     module = lower(lowered.module, topology, strategy=program.strategy, fuse=program.fuse)
-    return program_plans(module)[lowered.program], module_flops(module), jax.tree_util.tree_leaves(args)
+    return program_plans(module)[lowered.program], jax.tree_util.tree_leaves(args)
 
 
 # Calibration and validation use different programs or sizes (issue 13).

@@ -6,7 +6,7 @@ are measured together, interleaved round by round, so both see the same
 load on this shared machine. The `cpu-here` profile is fitted to the
 calibration programs only (sim/calibrate.py), or a stored profile is used
 as is; then each validation program's plan is simulated and compared with
-its measured median. Targets (issue 13): median absolute error <= 10%,
+its measured median. Targets (issue 26): median absolute error <= 8%,
 worst <= 20%.
 """
 
@@ -18,7 +18,7 @@ from . import calibrate, programs
 from .measure import measure, prepare
 from .profile import Profile
 
-TARGET_MEDIAN = 0.10
+TARGET_MEDIAN = 0.08
 TARGET_WORST = 0.20
 
 

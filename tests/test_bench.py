@@ -35,8 +35,8 @@ HEADLINES = {
     "service": ("service_over_embedded", "service_over_embedded_8_in_flight"),
     "placement": ("auto_over_spread", "model_rank_agreement"),
     "sim": ("median_abs_error", "worst_abs_error", "crossover_2048_over_128", "stages16_over_stages4",
-            "stages16_over_stages4_one_step", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
-            "seconds_to_simulate_65536_devices"),
+            "islands4_over_one", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
+            "seconds_to_simulate_65536_devices", "schedule_pick_over_best_measured"),
     "elastic": ("recovery_s", "recovery_s_cached", "elastic_after_over_before", "trainer_over_plain_loop"),
 }
 

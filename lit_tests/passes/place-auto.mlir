@@ -10,8 +10,8 @@
 // hops; auto keeps all three on island0, where A -> B -> C are ICI copies,
 // and says B on island1 would make the step about 100x longer.
 // CHECK-LABEL: module attributes {pw.topology
-// CHECK: pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, pw.placement_cost = {compute_ns = 26 : i64, runner_up = {devices = array<i64: 2, 4>, island = "island0", step_ns = 2096 : i64}, step_ns = 2096 : i64, transfer_ns = 0 : i64}, {{.*}}sym_name = "a"
-// CHECK: pw.placement = {devices = array<i64: 0, 4>, island = "island0"}, pw.placement_cost = {compute_ns = 13 : i64, runner_up = {devices = array<i64: 0, 4>, island = "island1", step_ns = 200393 : i64}, step_ns = 2096 : i64, transfer_ns = 1010 : i64}, {{.*}}sym_name = "b"
+// CHECK: pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, pw.placement_cost = {compute_ns = 31 : i64, runner_up = {devices = array<i64: 2, 4>, island = "island0", step_ns = 2108 : i64}, step_ns = 2108 : i64, transfer_ns = 0 : i64}, {{.*}}sym_name = "a"
+// CHECK: pw.placement = {devices = array<i64: 0, 4>, island = "island0"}, pw.placement_cost = {compute_ns = 15 : i64, runner_up = {devices = array<i64: 0, 4>, island = "island1", step_ns = 200405 : i64}, step_ns = 2108 : i64, transfer_ns = 1010 : i64}, {{.*}}sym_name = "b"
 // CHECK: pw.placement = {devices = array<i64: 2, 4>, island = "island0"}, {{.*}}sym_name = "c"
 // SPREAD-LABEL: module attributes {pw.topology
 // SPREAD: pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, {{.*}}sym_name = "a"
