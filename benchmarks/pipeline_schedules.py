@@ -69,7 +69,7 @@ def plain_jax(schedule: str, devices: list) -> callable:
         jitted = jax.jit(fn, out_shardings=shardings[s % slices])
         return lambda *args: jitted(*jax.device_put(args, shardings[s % slices]))
     functions = stage_functions([stage] * STAGES, mse, MICRO_BATCHES).map(place)
-    return lambda params, x, target: run_schedule(ticks, functions, params, x, target)
+    return lambda params, x, target: run_schedule(ticks, functions, params, x, target)[:2]
 
 
 def in_flight(schedule: str) -> int:
@@ -91,10 +91,10 @@ def stage_alone_seconds(functions, params, x, target, repetitions: int) -> float
             sums = None
             for m, micro in enumerate(inputs):
                 if s == STAGES - 1:
-                    sums, _ = functions.forward_backward(params[s], micro, targets[m], sums)
+                    sums, _, _ = functions.forward_backward(params[s], None, micro, targets[m], sums)
                 else:
-                    y, saved = functions.forward[s](params[s], micro)
-                    result = functions.backward[s](params[s], micro, saved, y, sums)
+                    y, _, saved = functions.forward[s](params[s], None, micro)
+                    result = functions.backward[s](params[s], None, micro, saved, y, sums)
                     sums = result if s == 0 else result[0]
             jax.block_until_ready(sums)
         total += harness.median(harness.measure({"stage": steps}, repetitions)["stage"])

@@ -2,7 +2,8 @@
 
 `pipeline(stages, slices, loss=..., schedule=..., micro_batches=M)` returns a
 `Program` whose trace is one pipelined training step. Stage `s` runs
-`stages[s](params[s], x)` on `slices[s]`; the batch is cut into M equal
+`stages[s](params[s], x)` on `slices[s]` (or `stages[s](params[s], state[s],
+x) -> (y, state)`, with `stateful=True`); the batch is cut into M equal
 micro-batches along its first axis. Per micro-batch, stage s runs
 
 - F (forward): `jax.vjp` of the stage; it keeps only the residuals that are
@@ -132,20 +133,33 @@ def _inputs(primals: Any) -> set[int]:
     return {id(leaf) for leaf in jax.tree.leaves(primals)}
 
 
+def _with_state(stage: Callable) -> Callable:
+    """A stage without state as one with an empty state: `(params, None, x) -> (y, None)`."""
+    def stage_with_state(params, state, x):
+        return stage(params, x), state
+    stage_with_state.__name__ = name_of(stage)
+    return stage_with_state
+
+
+def _vjp(stage: Callable, params, state, x):
+    """`jax.vjp` of a stateful stage in its parameters and input: (y, vjp, new state)."""
+    return jax.vjp(lambda p, x: stage(p, state, x), params, x, has_aux=True)
+
+
 def _forward(stage: Callable) -> Callable:
-    def forward(params, x):
-        y, vjp = jax.vjp(stage, params, x)
-        own = _inputs((params, x))
-        return y, [leaf for leaf in jax.tree.leaves(vjp) if id(leaf) not in own]
+    def forward(params, state, x):
+        y, vjp, new_state = _vjp(stage, params, state, x)
+        own = _inputs((params, state, x))
+        return y, new_state, [leaf for leaf in jax.tree.leaves(vjp) if id(leaf) not in own]
     forward.__name__ = f"{name_of(stage)}_forward"
     return forward
 
 
 def _backward(stage: Callable, first: bool) -> Callable:
-    def backward(params, x, saved, grad_y, grad_sum):
-        _, vjp = jax.vjp(stage, params, x)
+    def backward(params, state, x, saved, grad_y, grad_sum):
+        _, vjp, _ = _vjp(stage, params, state, x)
         leaves, tree = jax.tree.flatten(vjp)
-        own, rest = _inputs((params, x)), iter(saved)
+        own, rest = _inputs((params, state, x)), iter(saved)
         grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(grad_y)
         grad_sum = grad_params if grad_sum is None else jax.tree.map(jnp.add, grad_sum, grad_params)
         return grad_sum if first else (grad_sum, grad_x)
@@ -154,14 +168,16 @@ def _backward(stage: Callable, first: bool) -> Callable:
 
 
 def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
-    def mean_loss(params, x, target):
-        return loss(stage(params, x), target) / micro_batches
+    def mean_loss(params, x, state, target):
+        y, new_state = stage(params, state, x)
+        return loss(y, target) / micro_batches, new_state
 
-    def forward_backward(params, x, target, sums):
-        value, (grad_params, grad_x) = jax.value_and_grad(mean_loss, argnums=(0, 1))(params, x, target)
+    def forward_backward(params, state, x, target, sums):
+        (value, new_state), (grad_params, grad_x) = jax.value_and_grad(
+            mean_loss, argnums=(0, 1), has_aux=True)(params, x, state, target)
         if sums is not None:
             value, grad_params = jax.tree.map(jnp.add, (value, grad_params), sums)
-        return (value, grad_params), grad_x
+        return (value, grad_params), grad_x, new_state
     forward_backward.__name__ = f"{name_of(stage)}_forward_backward"
     return forward_backward
 
@@ -191,9 +207,9 @@ class StageFunctions:
 
     split_batch: Callable          # batch -> one pytree per micro-batch (on the first stage)
     split_targets: Callable        # targets -> one pytree per micro-batch (on the last stage)
-    forward: list[Callable]        # per stage but the last: (params, x) -> (y, saved)
-    backward: list[Callable]       # (params, x, saved, grad_y, grad_sum) -> grad_sum[, grad_x]
-    forward_backward: Callable     # last stage: (params, x, target, sums) -> ((loss, grad_sum), grad_x)
+    forward: list[Callable]        # per stage but the last: (params, state, x) -> (y, state, saved)
+    backward: list[Callable]       # (params, state, x, saved, grad_y, grad_sum) -> grad_sum[, grad_x]
+    forward_backward: Callable     # last stage: (params, state, x, target, sums) -> ((loss, grad_sum), grad_x, state)
 
     def map(self, place: Callable[[Callable, int], Callable]) -> "StageFunctions":
         """Returns `place(fn, stage)` of every function."""
@@ -204,41 +220,60 @@ class StageFunctions:
                               place(self.forward_backward, last))
 
 
-def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: int) -> StageFunctions:
-    """Returns the forward, backward and split functions of a pipeline of `stages` (unplaced)."""
+def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: int,
+                    stateful: bool = False) -> StageFunctions:
+    """Returns the forward, backward and split functions of a pipeline of `stages` (unplaced).
+
+    Stateful stages are `stage(params, state, x) -> (y, state)`; others
+    `stage(params, x) -> y`, run with the state None.
+    """
+    stages = list(stages) if stateful else [_with_state(f) for f in stages]
     return StageFunctions(_split(micro_batches), _split(micro_batches),
                           [_forward(f) for f in stages[:-1]],
                           [_backward(f, first=s == 0) for s, f in enumerate(stages[:-1])],
                           _last(stages[-1], loss, micro_batches))
 
 
-def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any):
-    """Calls `functions` tick by tick (see `tick_order`); returns the loss and each stage's gradients."""
+def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any,
+                 states: Sequence | None = None):
+    """Calls `functions` tick by tick (see `tick_order`); returns the loss, each stage's gradients
+    and each stage's state after its last micro-batch.
+
+    A stage's state goes through its micro-batches in order: the forward of
+    micro-batch m reads the state that micro-batch m-1 left, and its backward
+    the same state as its forward.
+    """
     last = len(functions.forward)
     if len(params) != last + 1:
         raise ValueError(f"params has {len(params)} entries for {last + 1} stages")
+    states = list(states) if states is not None else [None] * (last + 1)
+    if len(states) != last + 1:
+        raise ValueError(f"states has {len(states)} entries for {last + 1} stages")
     inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
     targets = functions.split_targets(targets)
-    saved, grad_in, sums = {}, {}, [None] * (last + 1)
+    saved, grad_in, sums, state_in = {}, {}, [None] * (last + 1), {}
     for tick in ticks:
         for s, kind, m in tick:
             if kind == "F":
-                inputs[s + 1, m], saved[s, m] = functions.forward[s](params[s], inputs[s, m])
+                state_in[s, m] = states[s]
+                inputs[s + 1, m], states[s], saved[s, m] = functions.forward[s](params[s], states[s], inputs[s, m])
             elif kind == "FB":
-                sums[s], grad_in[s, m] = functions.forward_backward(params[s], inputs[s, m], targets[m], sums[s])
+                sums[s], grad_in[s, m], states[s] = functions.forward_backward(
+                    params[s], states[s], inputs[s, m], targets[m], sums[s])
             else:
-                result = functions.backward[s](params[s], inputs.pop((s, m)), saved.pop((s, m)),
-                                               grad_in.pop((s + 1, m)), sums[s])
+                result = functions.backward[s](params[s], state_in.pop((s, m)), inputs.pop((s, m)),
+                                               saved.pop((s, m)), grad_in.pop((s + 1, m)), sums[s])
                 if s == 0:
                     sums[s] = result
                 else:
                     sums[s], grad_in[s, m] = result
     value, sums[last] = sums[last]
-    return value, sums
+    return value, sums, states
 
 
 def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Callable,
-             schedule: str = "1f1b", micro_batches: int, optimizer=None, batch_axis: str | None = None) -> Program:
+             schedule: str = "1f1b", micro_batches: int, optimizer=None, batch_axis: str | None = None,
+             stateful: bool = False) -> Program:
     """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
 
     `loss(y, target)` is a mean over the rows of the last stage's output.
@@ -252,8 +287,18 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     slices repeat round-robin, stage s on the (s % D)-th of D slices).
     With `batch_axis`, an axis every slice has, each stage is data parallel:
     micro-batches, activations and their gradients are split over that axis
-    (saved residuals, parameters and gradient sums are replicated); without,
+    (saved residuals, parameters, states and gradient sums are replicated); without,
     a stage's steps run replicated over its slice.
+
+    With `stateful=True` a stage is `stage(params, state, x) -> (y, state)`:
+    its state (BatchNorm statistics, a flax NNX stage's RNG streams: what is
+    not differentiated) goes through the micro-batches in order, and the
+    backward of micro-batch m sees the state its forward saw. The program
+    then takes `states` (one pytree per stage) after `params` (and after
+    `opt_states`) and returns them after the gradients (or the optimizer
+    states). This equals the unpipelined step that runs the micro-batches
+    one after another and sums their gradients (`run_schedule` of plain
+    functions does exactly that).
     """
     if len(stages) != len(slices) or not stages:
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
@@ -263,26 +308,36 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
                          "slices as [a, b, ..., a, b, ...]")
     ticks = tick_order(schedule_steps(schedule, len(stages), micro_batches, len(distinct)))
     rows, last = (None if batch_axis is None else PartitionSpec(batch_axis)), len(stages) - 1
-    raw = stage_functions(stages, loss, micro_batches)
+    raw = stage_functions(stages, loss, micro_batches, stateful)
 
     def place(fn, s, in_specs, out_specs):
         return jit(fn, slice=slices[s], in_specs=in_specs, out_specs=out_specs)
     placed = StageFunctions(place(raw.split_batch, 0, rows, rows), place(raw.split_targets, last, rows, rows),
-                            [place(f, s, (None, rows), (rows, None)) for s, f in enumerate(raw.forward)],
-                            [place(f, s, (None, rows, None, rows, None), None if s == 0 else (None, rows))
+                            [place(f, s, (None, None, rows), (rows, None, None)) for s, f in enumerate(raw.forward)],
+                            [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],
-                            place(raw.forward_backward, last, (None, rows, rows, None), (None, rows)))
+                            place(raw.forward_backward, last, (None, None, rows, rows, None), (None, rows, None)))
     update = [jit(_update(optimizer), slice=s) for s in slices] if optimizer is not None else None
 
-    def loss_and_grads(params, batch, targets):
-        return run_schedule(ticks, placed, params, batch, targets)
+    def train(params, opt_states, states, batch, targets):
+        value, grads, states = run_schedule(ticks, placed, params, batch, targets, states)
+        if optimizer is None:
+            return value, grads, states
+        new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
+        return [p for p, _ in new], [o for _, o in new], states, value
 
-    if optimizer is None:
-        step = loss_and_grads
+    if stateful and optimizer is None:
+        def step(params, states, batch, targets):
+            return train(params, None, states, batch, targets)
+    elif stateful:
+        def step(params, opt_states, states, batch, targets):
+            return train(params, opt_states, states, batch, targets)
+    elif optimizer is None:
+        def step(params, batch, targets):
+            return train(params, None, None, batch, targets)[:2]
     else:
         def step(params, opt_states, batch, targets):
-            value, grads = loss_and_grads(params, batch, targets)
-            new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
-            return [p for p, _ in new], [o for _, o in new], value
+            params, opt_states, _, value = train(params, opt_states, None, batch, targets)
+            return params, opt_states, value
     step.__name__ = f"pipeline_{schedule}"
     return program(step)
