@@ -201,6 +201,45 @@ def _update(optimizer) -> Callable:
     return update
 
 
+def _sum(*trees):
+    total = trees[0]
+    for tree in trees[1:]:
+        total = jax.tree.map(jnp.add, total, tree)
+    return total
+
+
+def _at(tree: Any, path: tuple) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _replace(tree: Any, path: tuple, sub: Any) -> Any:
+    """`tree` with the subtree at `path` (keys through dicts, lists and tuples) replaced by `sub`."""
+    if not path:
+        return sub
+    head, rest = path[0], path[1:]
+    if isinstance(tree, dict):
+        return {**tree, head: _replace(tree[head], rest, sub)}
+    if isinstance(tree, (list, tuple)):
+        items = list(tree)
+        items[head] = _replace(items[head], rest, sub)
+        return type(tree)(items)
+    raise TypeError(f"a tied parameter's path goes through dicts, lists and tuples, not {type(tree).__name__}")
+
+
+def _check_tied(tied: Sequence[Sequence[tuple]], stages: int) -> list[list[tuple[int, tuple]]]:
+    """Returns each group of tied parameters as (stage, path) pairs, checking the stages."""
+    groups = []
+    for group in tied:
+        pairs = [(entry[0], tuple(entry[1:])) for entry in group]
+        if len(pairs) < 2 or any(not isinstance(s, int) or not 0 <= s < stages for s, _ in pairs):
+            raise ValueError(f"tied group {group!r} must name two or more parameters as (stage, key, ...) "
+                             f"with a stage in [0, {stages})")
+        groups.append(pairs)
+    return groups
+
+
 @dataclass(frozen=True)
 class StageFunctions:
     """A pipeline's functions: plain JAX functions, or the same placed on the stages' slices."""
@@ -273,7 +312,8 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
 
 def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Callable,
              schedule: str = "1f1b", micro_batches: int, optimizer=None, batch_axis: str | None = None,
-             stateful: bool = False) -> Program:
+             stateful: bool = False, optimizer_scope: str = "stage", tied: Sequence[Sequence[tuple]] = ()
+             ) -> Program:
     """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
 
     `loss(y, target)` is a mean over the rows of the last stage's output.
@@ -299,7 +339,24 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     states). This equals the unpipelined step that runs the micro-batches
     one after another and sums their gradients (`run_schedule` of plain
     functions does exactly that).
+
+    `optimizer_scope="tree"` applies `optimizer` to the whole parameter
+    tree, the list of all stages' params, so that masks, `multi_transform`
+    labels, global norms and schedules see every parameter: `opt_states` is
+    then one state, `optimizer.init(list(params))`, and the update runs on
+    the first stage's slice (every stage's params and gradients travel there
+    and back each step, the cost of generality). `"stage"` (the default)
+    updates each stage on its own slice.
+
+    `tied` lists groups of parameters that are one parameter used by several
+    stages, each named `(stage, key, ...)` into that stage's params, such as
+    `[[(0, "embedding"), (3, "embedding")]]`: their gradients are summed (on
+    the first-named stage's slice) and every copy gets that sum, so the
+    copies, equal at the start, get the same update and stay equal.
     """
+    if optimizer_scope not in ("stage", "tree"):
+        raise ValueError(f"optimizer_scope is 'stage' or 'tree', not {optimizer_scope!r}")
+    groups = _check_tied(tied, len(stages))
     if len(stages) != len(slices) or not stages:
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
     distinct = list(dict.fromkeys(slices))
@@ -317,12 +374,22 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
                             [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],
                             place(raw.forward_backward, last, (None, None, rows, rows, None), (None, rows, None)))
-    update = [jit(_update(optimizer), slice=s) for s in slices] if optimizer is not None else None
+    update = None if optimizer is None else (
+        [jit(_update(optimizer), slice=s) for s in slices] if optimizer_scope == "stage"
+        else jit(_update(optimizer), slice=slices[0]))
+    sums = [jit(_sum, slice=slices[pairs[0][0]]) for pairs in groups]
 
     def train(params, opt_states, states, batch, targets):
         value, grads, states = run_schedule(ticks, placed, params, batch, targets, states)
+        for pairs, add in zip(groups, sums):
+            total = add(*(_at(grads[s], path) for s, path in pairs))
+            for s, path in pairs:
+                grads[s] = _replace(grads[s], path, total)
         if optimizer is None:
             return value, grads, states
+        if optimizer_scope == "tree":
+            new_params, opt_states = update(list(params), grads, opt_states)
+            return new_params, opt_states, states, value
         new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
         return [p for p, _ in new], [o for _, o in new], states, value
 

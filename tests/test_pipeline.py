@@ -127,3 +127,80 @@ def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step
              if b.slice is not None and b.shape == (16, WIDTH) and b.sharding == (("rows",), ())
              and b.bytes_per_device == 8 * WIDTH * 4}
     assert split == {"island0", "island1"}
+
+
+def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
+    import optax
+
+    rng = np.random.default_rng(2)
+    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
+               "b": rng.normal(0, 0.1, WIDTH).astype(np.float32)} for _ in range(2)]
+    x = rng.normal(size=(32, WIDTH)).astype(np.float32)
+    target = rng.normal(size=(32, WIDTH)).astype(np.float32)
+    # Weight decay on the weights only, a different rate per stage, and a global-norm clip: none is per stage.
+    labels = [{"w": "first", "b": "bias"}, {"w": "second", "b": "bias"}]
+    tx = optax.chain(optax.clip_by_global_norm(0.1), optax.multi_transform(
+        {"first": optax.adamw(1e-2, weight_decay=0.1), "second": optax.adamw(3e-2, weight_decay=0.1),
+         "bias": optax.sgd(optax.linear_schedule(0.1, 0.0, 3))}, labels))
+    slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=4, optimizer=tx, optimizer_scope="tree")
+
+    @jax.jit
+    def plain(params, opt_state):
+        loss, grads = unpipelined(params, x, target)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    ours, theirs = (params, tx.init(params)), (params, tx.init(params))
+    for _ in range(3):
+        *ours, loss = step.run(*ours, x, target, client=two_islands)
+        *theirs, expected_loss = plain(*theirs)
+        np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(fetch(ours[0])), jax.tree.leaves(theirs[0])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def embed(params, tokens):
+    return params["embedding"][tokens]
+
+
+def unembed(params, hidden):
+    return jnp.tanh(hidden) @ params["embedding"].T
+
+
+def cross_entropy(logits, tokens):
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, None], axis=1))
+
+
+def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands):
+    import optax
+
+    rng = np.random.default_rng(3)
+    embedding = rng.normal(0, 0.5, (16, 8)).astype(np.float32)
+    tokens = rng.integers(0, 16, 32).astype(np.int32)
+    targets = rng.integers(0, 16, 32).astype(np.int32)
+    tx = optax.adam(1e-2)
+    slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, optimizer=tx,
+                       tied=[[(0, "embedding"), (1, "embedding")]])
+
+    @jax.jit
+    def plain(embedding, opt_state):         # one embedding, used twice
+        loss, grad = jax.value_and_grad(lambda e: cross_entropy(unembed({"embedding": e},
+                                                                        embed({"embedding": e}, tokens)),
+                                                                targets))(embedding)
+        updates, opt_state = tx.update(grad, opt_state, embedding)
+        return optax.apply_updates(embedding, updates), opt_state, loss
+
+    params = [{"embedding": embedding}, {"embedding": embedding}]
+    opt_states = [tx.init(p) for p in params]
+    want, want_state = embedding, tx.init(embedding)
+    for _ in range(3):
+        params, opt_states, loss = step.run(params, opt_states, tokens, targets, client=two_islands)
+        want, want_state, expected_loss = plain(want, want_state)
+        np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
+    first, second = (fetch(p["embedding"]) for p in params)
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"tied group \[\(0, 'embedding'\)\] must name two or more"):
+        pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
