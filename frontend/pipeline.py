@@ -31,6 +31,15 @@ whose next step's inputs exist runs it):
   stage s on slice s % D, each slice running its V = S/D stages' steps in
   the interleaved 1F1B order; M must be a multiple of D. Its ideal bubble is
   V times smaller than 1F1B's, for more micro-batches in flight.
+- "zb-h1" (zero bubble, Qi et al. 2023, its memory-neutral H1 variant):
+  1F1B's order with each backward of a middle stage (0 < s < S-1) split in
+  two executables from the same `jax.vjp` and saved residuals: B, the input
+  gradient, which is all that stage s-1 waits for, and W, the weight
+  gradient, run right after it. The chain of backwards down the pipeline
+  is then one B per hop instead of a whole backward; the first stage's
+  backward needs no input gradient and the last stage's fused FB stays.
+  W keeps its micro-batch's residuals and output gradient one step longer
+  than 1F1B's backward does.
 """
 
 from __future__ import annotations
@@ -47,16 +56,17 @@ from .provenance import name_of
 from .slices import Slice
 from .tracer import Program, program
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
-Step = tuple[int, str, int]    # (stage, "F" | "B" | "FB", micro-batch)
+Step = tuple[int, str, int]    # (stage, "F" | "B" | "W" | "FB", micro-batch)
 
 
 def schedule_steps(schedule: str, stages: int, micro_batches: int, slices: int | None = None) -> list[list[Step]]:
     """Returns each worker's steps in order; a worker is a stage, or a slice for "interleaved-1f1b".
 
-    Steps are (stage, kind, micro-batch): kind "F", "B", or "FB" on the last
-    stage. For "interleaved-1f1b", stage s runs on slice s % `slices`.
+    Steps are (stage, kind, micro-batch): kind "F", "B", "W" (a weight
+    gradient, "zb-h1" only), or "FB" on the last stage. For
+    "interleaved-1f1b", stage s runs on slice s % `slices`.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
@@ -67,7 +77,10 @@ def schedule_steps(schedule: str, stages: int, micro_batches: int, slices: int |
         forwards = [(s, "F", m) for m in range(micro_batches)]
         backwards = [(s, "B", m) for m in range(micro_batches)]
         warmup = micro_batches if schedule == "gpipe" else min(stages - 1 - s, micro_batches)
-        steps.append(_one_forward_one_backward(forwards, backwards, warmup, stages - 1))
+        order = _one_forward_one_backward(forwards, backwards, warmup, stages - 1)
+        if schedule == "zb-h1" and 0 < s < stages - 1:
+            order = [w for step in order for w in ([step, (s, "W", step[2])] if step[1] == "B" else [step])]
+        steps.append(order)
     return steps
 
 
@@ -105,7 +118,7 @@ def tick_order(steps: list[list[Step]]) -> list[list[Step]]:
 
     A worker runs its next step in a tick when what it reads was made in an
     earlier tick: F(s, m) and FB(s, m) need F(s-1, m), B(s, m) needs B or
-    FB(s+1, m).
+    FB(s+1, m), W(s, m) needs B(s, m).
     """
     last = max(s for order in steps for s, _, _ in order)
     position = [0] * len(steps)
@@ -117,7 +130,7 @@ def tick_order(steps: list[list[Step]]) -> list[list[Step]]:
             if position[w] == len(order):
                 continue
             s, kind, m = order[position[w]]
-            needs = (s - 1, "F", m) if kind != "B" else (s + 1, "FB" if s + 1 == last else "B", m)
+            needs = {"B": (s + 1, "FB" if s + 1 == last else "B", m), "W": (s, "B", m)}.get(kind, (s - 1, "F", m))
             if s == 0 and kind != "B" or needs in done:
                 tick.append((w, (s, kind, m)))
         if not tick:
@@ -155,15 +168,20 @@ def _forward(stage: Callable) -> Callable:
     return forward
 
 
-def _backward(stage: Callable, first: bool) -> Callable:
+def _backward(stage: Callable, returns: str, name: str = "backward") -> Callable:
+    """The backward of a stage from its saved residuals: it returns the running gradient sum and
+    the input gradient ("both"), the sum only ("weights") or the input gradient only ("input";
+    XLA then drops the weight gradient's work, and "weights" the input gradient's)."""
     def backward(params, state, x, saved, grad_y, grad_sum):
         _, vjp, _ = _vjp(stage, params, state, x)
         leaves, tree = jax.tree.flatten(vjp)
         own, rest = _inputs((params, state, x)), iter(saved)
         grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(grad_y)
+        if returns == "input":
+            return grad_x
         grad_sum = grad_params if grad_sum is None else jax.tree.map(jnp.add, grad_sum, grad_params)
-        return grad_sum if first else (grad_sum, grad_x)
-    backward.__name__ = f"{name_of(stage)}_backward"
+        return grad_sum if returns == "weights" else (grad_sum, grad_x)
+    backward.__name__ = f"{name_of(stage)}_{name}"
     return backward
 
 
@@ -249,6 +267,8 @@ class StageFunctions:
     forward: list[Callable]        # per stage but the last: (params, state, x) -> (y, state, saved)
     backward: list[Callable]       # (params, state, x, saved, grad_y, grad_sum) -> grad_sum[, grad_x]
     forward_backward: Callable     # last stage: (params, state, x, target, sums) -> ((loss, grad_sum), grad_x, state)
+    input_grad: list[Callable]     # "zb-h1"'s B: (params, state, x, saved, grad_y, None) -> grad_x
+    weight_grad: list[Callable]    # "zb-h1"'s W: (params, state, x, saved, grad_y, grad_sum) -> grad_sum
 
     def map(self, place: Callable[[Callable, int], Callable]) -> "StageFunctions":
         """Returns `place(fn, stage)` of every function."""
@@ -256,7 +276,9 @@ class StageFunctions:
         return StageFunctions(place(self.split_batch, 0), place(self.split_targets, last),
                               [place(f, s) for s, f in enumerate(self.forward)],
                               [place(f, s) for s, f in enumerate(self.backward)],
-                              place(self.forward_backward, last))
+                              place(self.forward_backward, last),
+                              [place(f, s) for s, f in enumerate(self.input_grad)],
+                              [place(f, s) for s, f in enumerate(self.weight_grad)])
 
 
 def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: int,
@@ -269,8 +291,10 @@ def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: i
     stages = list(stages) if stateful else [_with_state(f) for f in stages]
     return StageFunctions(_split(micro_batches), _split(micro_batches),
                           [_forward(f) for f in stages[:-1]],
-                          [_backward(f, first=s == 0) for s, f in enumerate(stages[:-1])],
-                          _last(stages[-1], loss, micro_batches))
+                          [_backward(f, "weights" if s == 0 else "both") for s, f in enumerate(stages[:-1])],
+                          _last(stages[-1], loss, micro_batches),
+                          [_backward(f, "input", "input_grad") for f in stages[:-1]],
+                          [_backward(f, "weights", "weight_grad") for f in stages[:-1]])
 
 
 def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any,
@@ -291,6 +315,7 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
     inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
     targets = functions.split_targets(targets)
     saved, grad_in, sums, state_in = {}, {}, [None] * (last + 1), {}
+    split = {s for tick in ticks for s, kind, _ in tick if kind == "W"}     # stages whose B is B and W
     for tick in ticks:
         for s, kind, m in tick:
             if kind == "F":
@@ -299,6 +324,12 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
             elif kind == "FB":
                 sums[s], grad_in[s, m], states[s] = functions.forward_backward(
                     params[s], states[s], inputs[s, m], targets[m], sums[s])
+            elif kind == "W":
+                sums[s] = functions.weight_grad[s](params[s], state_in.pop((s, m)), inputs.pop((s, m)),
+                                                   saved.pop((s, m)), grad_in.pop((s + 1, m)), sums[s])
+            elif s in split:
+                grad_in[s, m] = functions.input_grad[s](params[s], state_in[s, m], inputs[s, m], saved[s, m],
+                                                        grad_in[s + 1, m], None)
             else:
                 result = functions.backward[s](params[s], state_in.pop((s, m)), inputs.pop((s, m)),
                                                saved.pop((s, m)), grad_in.pop((s + 1, m)), sums[s])
@@ -323,8 +354,9 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     stage (`[optimizer.init(p) for p in params]`), each stage updated on its
     slice. `params` is a sequence of one pytree per stage; `batch` and
     `targets` are pytrees whose leaves have the batch on their first axis.
-    `schedule` is "gpipe", "1f1b" or "interleaved-1f1b" (virtual stages:
-    slices repeat round-robin, stage s on the (s % D)-th of D slices).
+    `schedule` is "gpipe", "1f1b", "interleaved-1f1b" (virtual stages:
+    slices repeat round-robin, stage s on the (s % D)-th of D slices) or
+    "zb-h1" (backwards split into input and weight gradients).
     With `batch_axis`, an axis every slice has, each stage is data parallel:
     micro-batches, activations and their gradients are split over that axis
     (saved residuals, parameters, states and gradient sums are replicated); without,
@@ -373,7 +405,10 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
                             [place(f, s, (None, None, rows), (rows, None, None)) for s, f in enumerate(raw.forward)],
                             [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],
-                            place(raw.forward_backward, last, (None, None, rows, rows, None), (None, rows, None)))
+                            place(raw.forward_backward, last, (None, None, rows, rows, None), (None, rows, None)),
+                            [place(f, s, (None, None, rows, None, rows, None), rows) for s, f in enumerate(raw.input_grad)],
+                            [place(f, s, (None, None, rows, None, rows, None), None)
+                             for s, f in enumerate(raw.weight_grad)])
     update = None if optimizer is None else (
         [jit(_update(optimizer), slice=s) for s in slices] if optimizer_scope == "stage"
         else jit(_update(optimizer), slice=slices[0]))
