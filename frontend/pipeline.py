@@ -113,12 +113,22 @@ def _one_forward_one_backward(forwards: list[Step], backwards: list[Step], warmu
     return [(s, "FB" if s == last else kind, m) for s, kind, m in order if not (s == last and kind == "B")]
 
 
+def step_needs(step: Step, last: int) -> Step | None:
+    """The step whose result `step` reads (None for the first stage's forwards): F(s, m) and
+    FB(s, m) read F(s-1, m), B(s, m) reads B or FB(s+1, m), W(s, m) follows B(s, m)."""
+    s, kind, m = step
+    if kind == "B":
+        return s + 1, "FB" if s + 1 == last else "B", m
+    if kind == "W":
+        return s, "B", m
+    return None if s == 0 else (s - 1, "F", m)
+
+
 def tick_order(steps: list[list[Step]]) -> list[list[Step]]:
     """Returns the ticks of a schedule: each the steps, one per worker at most, that run together.
 
-    A worker runs its next step in a tick when what it reads was made in an
-    earlier tick: F(s, m) and FB(s, m) need F(s-1, m), B(s, m) needs B or
-    FB(s+1, m), W(s, m) needs B(s, m).
+    A worker runs its next step in a tick when what it reads (`step_needs`)
+    was made in an earlier tick.
     """
     last = max(s for order in steps for s, _, _ in order)
     position = [0] * len(steps)
@@ -130,8 +140,8 @@ def tick_order(steps: list[list[Step]]) -> list[list[Step]]:
             if position[w] == len(order):
                 continue
             s, kind, m = order[position[w]]
-            needs = {"B": (s + 1, "FB" if s + 1 == last else "B", m), "W": (s, "B", m)}.get(kind, (s - 1, "F", m))
-            if s == 0 and kind != "B" or needs in done:
+            needs = step_needs((s, kind, m), last)
+            if needs is None or needs in done:
                 tick.append((w, (s, kind, m)))
         if not tick:
             raise ValueError(f"pipeline schedule deadlocks after {len(done)} steps")
@@ -442,4 +452,33 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
             params, opt_states, _, value = train(params, opt_states, None, batch, targets)
             return params, opt_states, value
     step.__name__ = f"pipeline_{schedule}"
-    return program(step)
+    return PipelineProgram(step, schedule, schedule_steps(schedule, len(stages), micro_batches, len(distinct)),
+                           distinct)
+
+
+class PipelineProgram(Program):
+    """A pipeline's training step (a `Program`) that can draw its schedule; see `pipeline`."""
+
+    def __init__(self, fn: Callable, schedule: str, steps: list[list[Step]], slices: list[Slice]):
+        super().__init__(fn)
+        self.schedule = schedule
+        self.steps = steps            # each worker's (stage, kind, micro-batch) steps in order
+        self.slices = slices          # worker w runs on slices[w]
+
+    def draw(self, path: str, trace=None) -> float:
+        """Writes the schedule as a PNG at `path`: the planned order, or with `trace` (a `Tracer`
+        from `Runtime.stop_tracing`, or its events) the measured launches of one run, one row per
+        island. Returns the bubble, which the title shows."""
+        from . import schedule_picture
+
+        if trace is None:
+            boxes = schedule_picture.planned(self.steps)
+            names = [s.name or f"slice {w}" for w, s in enumerate(self.slices)]
+            title = f"{self.schedule} planned (nominal costs)"
+        else:
+            names = list(dict.fromkeys(s.constraints["island"] for s in self.slices if "island" in s.constraints))
+            if len(names) != len(self.slices):
+                raise ValueError("a measured schedule needs each stage's slice on its own island (island=...)")
+            boxes = schedule_picture.measured(trace, names)
+            title = f"{self.schedule} measured"
+        return schedule_picture.draw(boxes, path, title, names)
