@@ -215,3 +215,31 @@ def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands)
     np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"tied group \[\(0, 'embedding'\)\] must name two or more"):
         pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
+
+
+def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_path):
+    slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
+    rng = np.random.default_rng(4)
+    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
+               "b": np.zeros(WIDTH, np.float32)} for _ in range(2)]
+    x = rng.normal(size=(32, WIDTH)).astype(np.float32)
+    for schedule in ("1f1b", "zb-h1"):
+        step = pw.pipeline([stage] * 2, slices, loss=mse, schedule=schedule, micro_batches=4)
+        # Two stages, nominal costs: 1F1B's bubble is the textbook (S-1)/(M+S-1) (no middle stage to split).
+        assert step.draw(str(tmp_path / f"{schedule}.png")) == pytest.approx(1 / 5)
+        step.run(params, x, x, client=two_islands)           # compiled before tracing
+        runtime = two_islands.runtime
+        runtime.start_tracing()
+        fetch(step.run(params, x, x, client=two_islands))
+        measured = step.draw(str(tmp_path / f"{schedule}-measured.png"), runtime.stop_tracing())
+        assert 0.0 <= measured < 1.0
+        assert (tmp_path / f"{schedule}-measured.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    four = [pw.virtual_slice(1, axes="x", island=f"island{s % 2}") for s in range(4)]
+    with pytest.raises(ValueError, match=r"each stage's slice on its own island"):
+        pw.pipeline([stage] * 4, [four[0], four[1], four[2], four[1]], loss=mse, micro_batches=4).draw(
+            str(tmp_path / "x.png"), [])
+    # ZB-H1 splits the middle stages' backwards: its planned bubble is below 1F1B's on 4 stages.
+    four = [pw.virtual_slice(1, axes="x") for _ in range(4)]
+    bubbles = {s: pw.pipeline([stage] * 4, four, loss=mse, schedule=s, micro_batches=8).draw(str(tmp_path / f"{s}4.png"))
+               for s in ("1f1b", "zb-h1")}
+    assert bubbles["1f1b"] == pytest.approx(3 / 11) and bubbles["zb-h1"] < bubbles["1f1b"]
