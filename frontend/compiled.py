@@ -131,3 +131,8 @@ class StageCache:
                 avals = jax.tree_util.tree_unflatten(tree, map(aval_of, leaves))
                 per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
             return per_runtime[key]
+
+    def run(self, call: Call, dispatch: str, client=None) -> Any:
+        """Runs `call` with `client` (default: the runtime's default client) in a dispatch mode."""
+        compiled = self.get(call, client.runtime if client else None)
+        return compiled(*call.args, client=client, dispatch=dispatch, **call.kwargs)

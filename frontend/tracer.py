@@ -263,9 +263,7 @@ class Program:
 
     def run(self, *args: Any, dispatch: str = "parallel", client=None, **kwargs: Any) -> Any:
         """Runs the program with a chosen dispatch mode ("parallel" or "sequential") and client."""
-        call = self._signature.split(args, kwargs)
-        compiled = self._stages.get(call, client.runtime if client else None)
-        return compiled(*call.args, client=client, dispatch=dispatch, **call.kwargs)
+        return self._stages.run(self._signature.split(args, kwargs), dispatch, client)
 
     def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""

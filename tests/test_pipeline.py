@@ -119,12 +119,16 @@ def test_schedules_equal_the_unpipelined_step_and_1f1b_peaks_below_gpipe(four_is
     assert all(z <= o for z, o in zip(peaks["zb-h1"], peaks["1f1b"])), peaks
 
 
-def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step(two_islands):
-    rng = np.random.default_rng(1)
+def two_stages(seed: int, rows: int):
+    """Random params of two stages, a batch and targets of `rows` rows."""
+    rng = np.random.default_rng(seed)
     params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
                "b": rng.normal(0, 0.1, WIDTH).astype(np.float32)} for _ in range(2)]
-    x = rng.normal(size=(64, WIDTH)).astype(np.float32)
-    target = rng.normal(size=(64, WIDTH)).astype(np.float32)
+    return params, rng.normal(size=(rows, WIDTH)).astype(np.float32), rng.normal(size=(rows, WIDTH)).astype(np.float32)
+
+
+def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step(two_islands):
+    params, x, target = two_stages(seed=1, rows=64)
     slices = [pw.virtual_slice(2, axes="rows", island=f"island{s}") for s in range(2)]
     step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=4, batch_axis="rows")
     loss, grads = fetch(step.run(params, x, target, client=two_islands))
@@ -143,11 +147,7 @@ def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step
 def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
     import optax
 
-    rng = np.random.default_rng(2)
-    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
-               "b": rng.normal(0, 0.1, WIDTH).astype(np.float32)} for _ in range(2)]
-    x = rng.normal(size=(32, WIDTH)).astype(np.float32)
-    target = rng.normal(size=(32, WIDTH)).astype(np.float32)
+    params, x, target = two_stages(seed=2, rows=32)
     # Weight decay on the weights only, a different rate per stage, and a global-norm clip: none is per stage.
     labels = [{"w": "first", "b": "bias"}, {"w": "second", "b": "bias"}]
     tx = optax.chain(optax.clip_by_global_norm(0.1), optax.multi_transform(
@@ -219,10 +219,7 @@ def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands)
 
 def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_path):
     slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
-    rng = np.random.default_rng(4)
-    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
-               "b": np.zeros(WIDTH, np.float32)} for _ in range(2)]
-    x = rng.normal(size=(32, WIDTH)).astype(np.float32)
+    params, x, _ = two_stages(seed=4, rows=32)
     for schedule in ("1f1b", "zb-h1"):
         step = pw.pipeline([stage] * 2, slices, loss=mse, schedule=schedule, micro_batches=4)
         # Two stages, nominal costs: 1F1B's bubble is the textbook (S-1)/(M+S-1) (no middle stage to split).
