@@ -1,4 +1,4 @@
-"""Pipeline schedules from `pw.pipeline`: GPipe, 1F1B and interleaved 1F1B, each against plain JAX.
+"""Pipeline schedules from `pw.pipeline`: GPipe, 1F1B, interleaved 1F1B and ZB-H1, each against plain JAX.
 
 The model is S = 4 stages of 2 tanh layers (width 128), a batch of 512 rows
 in M = 8 micro-batches, an MSE loss. GPipe and 1F1B put one stage on each
@@ -19,6 +19,11 @@ Per schedule:
   (D-1)/(V M + D-1) with V = S/D stages a slice: (S-1)/(M+S-1) for GPipe
   and 1F1B. On a machine with fewer cores than slices, slices cannot run at
   the same time, so the measured bubble is mostly that contention.
+  `trace_bubble`: the idle fraction of the islands in the trace of one
+  step (`Runtime.start_tracing`), between its first and last stage launch;
+  `planned_bubble`: the same of the schedule timed with nominal costs (F 1,
+  backward 2, ZB-H1's B and W 1 each). A full run also draws the planned
+  and measured schedules of 1F1B and ZB-H1 into `plots/schedule-*.png`.
 - `stage0_peak_bytes`: the static peak per device of island0 from the plan
   (`compiled.plan.peak`); `in_flight`: the most stage steps whose residuals
   the first slice keeps at once in the schedule's order (M for GPipe, S for
@@ -27,12 +32,15 @@ Per schedule:
 
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 import pathways_mlir as pw
+from pathways_mlir.frontend import schedule_picture
 from pathways_mlir.frontend.pipeline import run_schedule, schedule_steps, stage_functions, tick_order
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
@@ -41,9 +49,11 @@ from pathways_mlir.runtime.runtime import Runtime
 from . import harness
 
 NAME = "pipeline-schedules"
-HEADLINE = ("onef1b_peak_over_gpipe_stage0", "gpipe_over_plain_jax", "onef1b_over_plain_jax")
+HEADLINE = ("onef1b_peak_over_gpipe_stage0", "gpipe_over_plain_jax", "onef1b_over_plain_jax",
+            "zbh1_over_plain_jax", "zbh1_step_over_onef1b", "zbh1_trace_bubble_over_onef1b")
 STAGES, DEVICES_PER_STAGE, LAYERS, WIDTH, ROWS, MICRO_BATCHES = 4, 1, 2, 128, 512, 8
-SCHEDULES = {"gpipe": STAGES, "1f1b": STAGES, "interleaved-1f1b": 2}     # schedule -> slices (D)
+SCHEDULES = {"gpipe": STAGES, "1f1b": STAGES, "interleaved-1f1b": 2, "zb-h1": STAGES}   # schedule -> slices (D)
+PLOTS = pathlib.Path(__file__).parent / "plots"
 
 
 def stage(params, x):
@@ -69,7 +79,7 @@ def plain_jax(schedule: str, devices: list) -> callable:
         jitted = jax.jit(fn, out_shardings=shardings[s % slices])
         return lambda *args: jitted(*jax.device_put(args, shardings[s % slices]))
     functions = stage_functions([stage] * STAGES, mse, MICRO_BATCHES).map(place)
-    return lambda params, x, target: run_schedule(ticks, functions, params, x, target)
+    return lambda params, x, target: run_schedule(ticks, functions, params, x, target)[:2]
 
 
 def in_flight(schedule: str) -> int:
@@ -91,10 +101,10 @@ def stage_alone_seconds(functions, params, x, target, repetitions: int) -> float
             sums = None
             for m, micro in enumerate(inputs):
                 if s == STAGES - 1:
-                    sums, _ = functions.forward_backward(params[s], micro, targets[m], sums)
+                    sums, _, _ = functions.forward_backward(params[s], None, micro, targets[m], sums)
                 else:
-                    y, saved = functions.forward[s](params[s], micro)
-                    result = functions.backward[s](params[s], micro, saved, y, sums)
+                    y, _, saved = functions.forward[s](params[s], None, micro)
+                    result = functions.backward[s](params[s], None, micro, saved, y, sums)
                     sums = result if s == 0 else result[0]
             jax.block_until_ready(sums)
         total += harness.median(harness.measure({"stage": steps}, repetitions)["stage"])
@@ -112,17 +122,28 @@ def run(quick: bool) -> dict:
     runtime = Runtime(embedded_device_map(STAGES, DEVICES_PER_STAGE), emulate_dcn=True)
     client = Client(runtime)
     try:
-        compiled, cases = {}, {}
+        compiled, cases, programs = {}, {}, {}
         for schedule, count in SCHEDULES.items():
             slices = [pw.virtual_slice(DEVICES_PER_STAGE, axes="x", island=f"island{d}") for d in range(count)]
             step = pw.pipeline([stage] * STAGES, [slices[s % count] for s in range(STAGES)], loss=mse,
                                schedule=schedule, micro_batches=MICRO_BATCHES)
             compiled[schedule] = step.lower(params, x, target).compile(runtime)
+            programs[schedule] = step
             cases[schedule] = (lambda c: lambda: jax.block_until_ready(
                 [h.result() for h in jax.tree.leaves(c(params, x, target, client=client))]))(compiled[schedule])
             plain = plain_jax(schedule, jax.devices()[:STAGES * DEVICES_PER_STAGE])
             cases[f"plain JAX {schedule}"] = (lambda p: lambda: jax.block_until_ready(p(params, x, target)))(plain)
         times = harness.measure(cases, repetitions)
+        traced = {}
+        for schedule, count in SCHEDULES.items():          # one traced step each, after the timing
+            runtime.start_tracing()
+            cases[schedule]()
+            tracer = runtime.stop_tracing()
+            islands = [f"island{d}" for d in range(count)]
+            traced[schedule] = schedule_picture.bubble(schedule_picture.measured(tracer, islands))
+            if not quick and schedule in ("1f1b", "zb-h1"):
+                programs[schedule].draw(str(PLOTS / f"schedule-{schedule}-measured.png"), tracer)
+                programs[schedule].draw(str(PLOTS / f"schedule-{schedule}-planned.png"))
         work = stage_alone_seconds(stage_functions([stage] * STAGES, mse, MICRO_BATCHES).map(
             lambda f, s: jax.jit(f)), params, x, target, repetitions)   # on one device, as a stage
     finally:
@@ -137,11 +158,17 @@ def run(quick: bool) -> dict:
                      "over_plain_jax": step[f"plain JAX {schedule}"] / step[schedule],
                      "bubble": 1 - work / (slices * step[schedule]),
                      "textbook_bubble": (slices - 1) / (virtual * MICRO_BATCHES + slices - 1),
+                     "trace_bubble": traced[schedule],
+                     "planned_bubble": schedule_picture.bubble(schedule_picture.planned(programs[schedule].steps)),
                      "stage0_peak_bytes": max(b for _, _, b in compiled[schedule].plan.peak("island0")),
                      "in_flight": in_flight(schedule), "spread": harness.spread(times[schedule])})
     peak = {r["schedule"]: r["stage0_peak_bytes"] for r in rows}
+    by = {r["schedule"]: r for r in rows}
     headline = {"onef1b_peak_over_gpipe_stage0": peak["1f1b"] / peak["gpipe"],
-                "gpipe_over_plain_jax": rows[0]["over_plain_jax"], "onef1b_over_plain_jax": rows[1]["over_plain_jax"]}
+                "gpipe_over_plain_jax": by["gpipe"]["over_plain_jax"], "onef1b_over_plain_jax": by["1f1b"]["over_plain_jax"],
+                "zbh1_over_plain_jax": by["zb-h1"]["over_plain_jax"],
+                "zbh1_step_over_onef1b": by["zb-h1"]["step_ms"] / by["1f1b"]["step_ms"],
+                "zbh1_trace_bubble_over_onef1b": by["zb-h1"]["trace_bubble"] / by["1f1b"]["trace_bubble"]}
     return harness.record(NAME, {"stages": STAGES, "devices_per_stage": DEVICES_PER_STAGE, "layers_per_stage": LAYERS,
                                  "width": WIDTH, "rows": ROWS, "micro_batches": MICRO_BATCHES,
                                  "repetitions": repetitions}, rows, headline)

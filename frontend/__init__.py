@@ -6,8 +6,13 @@
     def step(x): return block_b(block_a(x))
     step.lower(x).as_text()                               # lowered.py
 
+Arguments follow `jax.jit`: static, donated and keyword arguments
+(signature.py), Python scalars' weak types and typed PRNG keys (avals.py;
+keys cross the runtime as their key data, wire.py).
+
 `cond` (cond.py) adds data-dependent steps; `pipeline` (pipeline.py) builds
-a pipelined training step from per-stage forward functions; `ElasticTrainer`
+a pipelined training step from per-stage forward functions, and draws its
+schedule (schedule_picture.py); `ElasticTrainer`
 (elastic.py) runs a training loop that snapshots its state and survives a
 lost island; `PlacementError` (errors.py) names the Python call of a
 placement that cannot work.

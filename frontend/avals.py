@@ -3,6 +3,12 @@
 The front end never needs data, only `jax.ShapeDtypeStruct`s; this module
 makes them from example arguments and from text such as `f32[8,16]`, and gives
 their MLIR tensor types.
+
+An abstract value keeps what `jax.jit` keys a trace on: shape, dtype and weak
+type (a Python scalar is weakly typed, as in JAX). An extended dtype, such as
+a typed PRNG key's `key<fry>`, has no tensor type of its own: in pw IR and in
+the runtime it is its key data (`jax.random.key_data`, `ui32[..., 2]` for
+threefry), its "wire" value; the front end wraps it again at the boundary.
 """
 
 from __future__ import annotations
@@ -28,14 +34,44 @@ _AVAL_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*([\d\s,]*)\]\s*$")
 
 
 def aval_of(x: Any) -> jax.ShapeDtypeStruct:
-    """Returns the abstract value of an array or `jax.ShapeDtypeStruct`.
+    """Returns the abstract value of an array, a scalar or a `jax.ShapeDtypeStruct`.
 
     The dtype is canonicalised as JAX would (float64 becomes float32 unless
-    x64 is enabled).
+    x64 is enabled); Python scalars are weakly typed, NumPy scalars are not;
+    extended dtypes (typed PRNG keys) are kept.
     """
+    if isinstance(x, (bool, int, float, complex)):
+        aval = jax.typeof(x)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    if isinstance(x, np.generic):
+        x = np.asarray(x)
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise TypeError(f"expected an array or jax.ShapeDtypeStruct, not {type(x).__name__} {x!r}")
-    return jax.ShapeDtypeStruct(tuple(x.shape), jax.dtypes.canonicalize_dtype(x.dtype))
+        raise TypeError(f"expected an array, a scalar or a jax.ShapeDtypeStruct, not {type(x).__name__} {x!r}")
+    dtype = x.dtype if is_extended(x.dtype) else jax.dtypes.canonicalize_dtype(x.dtype)
+    return jax.ShapeDtypeStruct(tuple(x.shape), dtype, weak_type=bool(getattr(x, "weak_type", False)))
+
+
+def is_extended(dtype) -> bool:
+    """Whether `dtype` is a JAX extended dtype (a typed PRNG key's, for one)."""
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+def wire_aval(aval: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    """Returns the abstract value the runtime holds for `aval`: its key data for a typed key."""
+    if is_extended(aval.dtype):
+        return jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(aval.shape, aval.dtype))
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+
+
+def wrap_keys(data: Any, dtype) -> Any:
+    """Wraps key data (an array or tracer) as typed keys of extended dtype `dtype`."""
+    # A key dtype has no public accessor for its PRNG implementation.
+    return jax.random.wrap_key_data(data, impl=dtype._impl)
+
+
+def signature_of(aval: jax.ShapeDtypeStruct) -> tuple:
+    """What `jax.jit` keys a trace on for one argument: shape, dtype and weak type."""
+    return aval.shape, aval.dtype, aval.weak_type
 
 
 def parse_aval(text: str) -> jax.ShapeDtypeStruct:
@@ -53,12 +89,14 @@ def parse_aval(text: str) -> jax.ShapeDtypeStruct:
 
 
 def format_aval(aval: jax.ShapeDtypeStruct) -> str:
-    """Returns `f32[8,16]` for a float32 8x16 abstract value."""
-    return f"{_element_type(aval)}[{','.join(str(d) for d in aval.shape)}]"
+    """Returns `f32[8,16]` for a float32 8x16 abstract value, `key<fry>[4]` for 4 typed keys."""
+    element = str(aval.dtype) if is_extended(aval.dtype) else _element_type(aval)
+    return f"{element}[{','.join(str(d) for d in aval.shape)}]"
 
 
 def tensor_type(aval: jax.ShapeDtypeStruct) -> ir.Type:
-    """Returns the ranked tensor type of an abstract value (needs an active context)."""
+    """Returns the ranked tensor type of an abstract value's wire value (needs an active context)."""
+    aval = wire_aval(aval)
     return ir.Type.parse(f"tensor<{''.join(f'{d}x' for d in aval.shape)}{_element_type(aval)}>")
 
 

@@ -6,11 +6,15 @@ JAX's stages are traced -> lowered -> compiled; ours are the same:
     compiled = lowered.compile()     # place, insert transfers, emit plans, load them on the islands
     y = compiled(x)                  # one run: a lookup and one message per island
 
+As with `jax.jit`, a program is traced for its arguments' shapes, dtypes
+and weak types and for the values of its static arguments; Python scalars
+are traced by type, never by value.
+
 A `Compiled` belongs to one runtime. It lowers again, on its next call,
 when the runtime's topology has changed since (a device removed or added),
 so programs follow the cluster; on a service (`pw.connect`), when the
 service refuses a run as lowered for an older topology. Calling a program or placed function
-directly uses `StageCache`: one `Compiled` per runtime and argument
+directly uses `StageCache`: one `Compiled` per runtime and call
 signature, kept on the function itself, so a repeated call never traces,
 lowers or parses a plan again.
 """
@@ -22,8 +26,12 @@ import weakref
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
+from .avals import aval_of
 from .lowered import Lowered
+from .signature import Call
+from .wire import from_wire, to_wire
 
 
 class Compiled:
@@ -45,8 +53,13 @@ class Compiled:
         self.runtime.load(plan)
         self.plan, self._version = plan, version
 
-    def __call__(self, *args: Any, client=None, dispatch: str = "parallel") -> Any:
-        """Runs the program on `args` (a pytree like the example arguments); returns handles."""
+    def __call__(self, *args: Any, client=None, dispatch: str = "parallel", **kwargs: Any) -> Any:
+        """Runs the program on `args` and `kwargs` (shaped like the traced ones); returns handles.
+
+        Static arguments are not passed again: they are part of the program.
+        A donated handle is released once the run has taken it; using it
+        again raises.
+        """
         from pathways_mlir.runtime.client import default_client
         from pathways_mlir.runtime.resource_manager import TopologyChanged
 
@@ -57,33 +70,56 @@ class Compiled:
         client = client or default_client(self.runtime)
         if client.runtime is not self.runtime:
             raise ValueError("this program was compiled for another runtime than the client's")
-        leaves = jax.tree_util.tree_leaves(args)
+        lowered = self.lowered
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        if tree != lowered.in_tree:
+            raise TypeError(f"program @{lowered.program} was traced for arguments {lowered.in_tree}, "
+                            f"not {tree}")
+        wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals)]
         try:
-            handles = client.run(self.plan, leaves, dispatch)
+            handles = client.run(self.plan, wire, dispatch)
         except TopologyChanged:       # a service's topology changed since this process read it (pw.connect)
             with self._lock:
                 self._refresh()
-            handles = client.run(self.plan, leaves, dispatch)
-        return jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)
+            handles = client.run(self.plan, wire, dispatch)
+        if lowered.donated:
+            for x, donated in zip(leaves, lowered.donated):
+                if donated and hasattr(x, "donate"):
+                    x.donate(f"program @{lowered.program}")
+        return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
 
 
-def _signature(args: tuple) -> tuple:
-    leaves, tree = jax.tree_util.tree_flatten(args)
-    return tree, tuple((tuple(x.shape), x.dtype) for x in leaves)
+def _leaf_signature(x: Any) -> tuple:
+    """What `jax.jit` keys a trace on for one argument: a Python scalar's type, an array's aval."""
+    if isinstance(x, (bool, int, float, complex)):
+        return type(x),
+    if isinstance(x, np.generic):
+        return (), x.dtype
+    return tuple(x.shape), x.dtype, getattr(x, "weak_type", False)
 
 
 class StageCache:
-    """One `Compiled` per runtime and argument signature, for one program or placed function."""
+    """One `Compiled` per runtime and call signature, for one program or placed function.
 
-    def __init__(self, lower: Callable[..., Lowered]):
+    The signature is what `jax.jit` would retrace on: the static values, the
+    tree of the traced arguments and each leaf's shape, dtype and weak type.
+    """
+
+    def __init__(self, lower: Callable[[Call], Lowered]):
         self._lower = lower
         self._by_runtime: "weakref.WeakKeyDictionary[Any, dict[tuple, Compiled]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._last: tuple = (None, {})      # the runtime of the latest call and its stages: a fast lookup
 
-    def get(self, args: tuple, runtime) -> Compiled:
-        """Returns the stage for `args` on `runtime`, tracing and lowering only the first time."""
-        key = _signature(args)
+    def get(self, call: Call, runtime=None) -> Compiled:
+        """Returns the stage for `call` on `runtime` (default: the process's), tracing and lowering
+        only the first time."""
+        if runtime is None:
+            from pathways_mlir.runtime.runtime import get_runtime
+
+            runtime = get_runtime()
+        leaves, tree = jax.tree_util.tree_flatten(call.tree)
+        key = call.static, tree, tuple(map(_leaf_signature, leaves))
         per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, {})
         found = per_runtime.get(key)
         if found is not None:
@@ -92,6 +128,11 @@ class StageCache:
         with self._lock:
             per_runtime = self._by_runtime.setdefault(runtime, {})
             if key not in per_runtime:
-                avals = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
-                per_runtime[key] = Compiled(self._lower(*avals), runtime)
+                avals = jax.tree_util.tree_unflatten(tree, map(aval_of, leaves))
+                per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
             return per_runtime[key]
+
+    def run(self, call: Call, dispatch: str, client=None) -> Any:
+        """Runs `call` with `client` (default: the runtime's default client) in a dispatch mode."""
+        compiled = self.get(call, client.runtime if client else None)
+        return compiled(*call.args, client=client, dispatch=dispatch, **call.kwargs)

@@ -37,7 +37,8 @@ def cond(pred: tracer.Value, true_fn: Callable, false_fn: Callable, *operands: A
     pred = program.own(pred, site, "the predicate")
     if pred.shape != () or pred.dtype != np.bool_:
         raise TypeError(f"{site}: the predicate must be a scalar bool, not {format_aval(pred.aval)}")
-    leaves, in_tree = jax.tree_util.tree_flatten_with_path(operands)
+    leaves = jax.tree_util.tree_flatten_with_path(operands)[0]
+    in_tree = jax.tree_util.tree_structure((operands, {}))
     inputs = [program.own(x, site, f"operand{jax.tree_util.keystr(path)}") for path, x in leaves]
     in_avals = [v.aval for v in inputs]
 

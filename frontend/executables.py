@@ -14,7 +14,8 @@ export on a mesh of any size as
 Executables take and return flat leaves: the export is of `fn` wrapped to
 take its arguments' leaves and return its results' leaves, so the operands of
 a `pw.compute` are the export's positional arguments in order and its results
-the export's results. The tree structures (optax states, flax structs,
+the export's results. Typed PRNG keys cross as their key data: the export
+wraps key arguments and unwraps key results (see `avals`). The tree structures (optax states, flax structs,
 dataclasses, NamedTuples, None) stay on the client, in `Executable.out_tree`
 and the program's `Lowered`, and nothing about them is serialised.
 """
@@ -31,6 +32,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 
+from .avals import aval_of, is_extended, wire_aval, wrap_keys
 from .provenance import Site
 
 
@@ -47,21 +49,29 @@ class Executable:
 
 def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
                      in_avals: list[jax.ShapeDtypeStruct]) -> Executable:
-    """Lowers `fn` for global argument shapes into executable `symbol` (needs an active context)."""
-    out_trees = []
+    """Lowers `fn` for global argument shapes into executable `symbol` (needs an active context).
 
-    def flat(*leaves):
-        result_leaves, out_tree = jax.tree_util.tree_flatten(fn(*jax.tree_util.tree_unflatten(in_tree, leaves)))
-        out_trees.append(out_tree)
-        return tuple(result_leaves)
+    `in_tree` is the structure of `(args, kwargs)`, as `jax.jit`'s.
+    """
+    traced = []          # the result tree and the results' abstract values, as `fn` returns them
+
+    def flat(*wire_leaves):
+        leaves = [wrap_keys(x, a.dtype) if is_extended(a.dtype) else x for x, a in zip(wire_leaves, in_avals)]
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        result_leaves, out_tree = jax.tree_util.tree_flatten(fn(*args, **kwargs))
+        out_avals = tuple(aval_of(jax.typeof(r)) for r in result_leaves)
+        traced.append((out_tree, out_avals))
+        return tuple(jax.random.key_data(r) if is_extended(a.dtype) else r for r, a in zip(result_leaves, out_avals))
 
     # Unused arguments stay, so the signature is that of the pw.compute. Ops
     # are located at their line in `fn` only, not the whole Python stack of the
     # trace, so the same function exports to the same bytes wherever it is traced.
     jitted = jax.jit(flat, keep_unused=True)
+    wire = [jax.ShapeDtypeStruct(w.shape, w.dtype, weak_type=a.weak_type)
+            for w, a in zip(map(wire_aval, in_avals), in_avals)]
     with jax_config.include_full_tracebacks_in_locations(False):
-        stablehlo = jitted.lower(*in_avals).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
-        exported = jax.export.export(jitted)(*in_avals)
+        stablehlo = jitted.lower(*wire).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
+        exported = jax.export.export(jitted)(*wire)
 
     parsed = ir.Module.parse(stablehlo)
     op = ir.Operation.create("builtin.module", regions=1, loc=Site.of_definition(fn).location(), ip=False)
@@ -77,5 +87,5 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
         ir.InsertionPoint(body).insert(child)
 
     entry = ops.function_type(ops.executable_entry(op))
-    out_avals = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals)
-    return Executable(symbol, op, out_trees[0], out_avals, tuple(entry.results))
+    out_tree, out_avals = traced[0]
+    return Executable(symbol, op, out_tree, out_avals, tuple(entry.results))

@@ -19,9 +19,11 @@ class Lowered:
 
     `module` holds the entry program `program` (a `func.func {pw.program}`),
     the programs of any `cond` branches, the virtual slices and the compiled
-    functions. The entry program's arguments are the leaves of the example
-    arguments (the tuple of positional arguments, structure `in_tree`) and
-    its results the leaves of the Python function's result (`out_tree`).
+    functions. The entry program's arguments are the leaves of the traced
+    example arguments (the pytree `(args, kwargs)` without the static ones,
+    structure `in_tree`, as `jax.jit`'s) and its results the leaves of the
+    Python function's result (`out_tree`). `donated` says, per argument
+    leaf, whether the call donates it (empty when none is).
     """
 
     module: ir.Module  # keeps its context alive
@@ -30,6 +32,7 @@ class Lowered:
     in_avals: tuple[jax.ShapeDtypeStruct, ...]
     out_tree: jax.tree_util.PyTreeDef
     out_avals: tuple[jax.ShapeDtypeStruct, ...]
+    donated: tuple[bool, ...] = ()
 
     def as_text(self, *, debug_info: bool = False) -> str:
         """Returns the pw IR as text; `debug_info` adds the Python locations of ops."""

@@ -2,7 +2,8 @@
 
 `pipeline(stages, slices, loss=..., schedule=..., micro_batches=M)` returns a
 `Program` whose trace is one pipelined training step. Stage `s` runs
-`stages[s](params[s], x)` on `slices[s]`; the batch is cut into M equal
+`stages[s](params[s], x)` on `slices[s]` (or `stages[s](params[s], state[s],
+x) -> (y, state)`, with `stateful=True`); the batch is cut into M equal
 micro-batches along its first axis. Per micro-batch, stage s runs
 
 - F (forward): `jax.vjp` of the stage; it keeps only the residuals that are
@@ -30,6 +31,15 @@ whose next step's inputs exist runs it):
   stage s on slice s % D, each slice running its V = S/D stages' steps in
   the interleaved 1F1B order; M must be a multiple of D. Its ideal bubble is
   V times smaller than 1F1B's, for more micro-batches in flight.
+- "zb-h1" (zero bubble, Qi et al. 2023, its memory-neutral H1 variant):
+  1F1B's order with each backward of a middle stage (0 < s < S-1) split in
+  two executables from the same `jax.vjp` and saved residuals: B, the input
+  gradient, which is all that stage s-1 waits for, and W, the weight
+  gradient, run right after it. The chain of backwards down the pipeline
+  is then one B per hop instead of a whole backward; the first stage's
+  backward needs no input gradient and the last stage's fused FB stays.
+  W keeps its micro-batch's residuals and output gradient one step longer
+  than 1F1B's backward does.
 """
 
 from __future__ import annotations
@@ -46,16 +56,17 @@ from .provenance import name_of
 from .slices import Slice
 from .tracer import Program, program
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
-Step = tuple[int, str, int]    # (stage, "F" | "B" | "FB", micro-batch)
+Step = tuple[int, str, int]    # (stage, "F" | "B" | "W" | "FB", micro-batch)
 
 
 def schedule_steps(schedule: str, stages: int, micro_batches: int, slices: int | None = None) -> list[list[Step]]:
     """Returns each worker's steps in order; a worker is a stage, or a slice for "interleaved-1f1b".
 
-    Steps are (stage, kind, micro-batch): kind "F", "B", or "FB" on the last
-    stage. For "interleaved-1f1b", stage s runs on slice s % `slices`.
+    Steps are (stage, kind, micro-batch): kind "F", "B", "W" (a weight
+    gradient, "zb-h1" only), or "FB" on the last stage. For
+    "interleaved-1f1b", stage s runs on slice s % `slices`.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
@@ -66,7 +77,10 @@ def schedule_steps(schedule: str, stages: int, micro_batches: int, slices: int |
         forwards = [(s, "F", m) for m in range(micro_batches)]
         backwards = [(s, "B", m) for m in range(micro_batches)]
         warmup = micro_batches if schedule == "gpipe" else min(stages - 1 - s, micro_batches)
-        steps.append(_one_forward_one_backward(forwards, backwards, warmup, stages - 1))
+        order = _one_forward_one_backward(forwards, backwards, warmup, stages - 1)
+        if schedule == "zb-h1" and 0 < s < stages - 1:
+            order = [w for step in order for w in ([step, (s, "W", step[2])] if step[1] == "B" else [step])]
+        steps.append(order)
     return steps
 
 
@@ -99,12 +113,22 @@ def _one_forward_one_backward(forwards: list[Step], backwards: list[Step], warmu
     return [(s, "FB" if s == last else kind, m) for s, kind, m in order if not (s == last and kind == "B")]
 
 
+def step_needs(step: Step, last: int) -> Step | None:
+    """The step whose result `step` reads (None for the first stage's forwards): F(s, m) and
+    FB(s, m) read F(s-1, m), B(s, m) reads B or FB(s+1, m), W(s, m) follows B(s, m)."""
+    s, kind, m = step
+    if kind == "B":
+        return s + 1, "FB" if s + 1 == last else "B", m
+    if kind == "W":
+        return s, "B", m
+    return None if s == 0 else (s - 1, "F", m)
+
+
 def tick_order(steps: list[list[Step]]) -> list[list[Step]]:
     """Returns the ticks of a schedule: each the steps, one per worker at most, that run together.
 
-    A worker runs its next step in a tick when what it reads was made in an
-    earlier tick: F(s, m) and FB(s, m) need F(s-1, m), B(s, m) needs B or
-    FB(s+1, m).
+    A worker runs its next step in a tick when what it reads (`step_needs`)
+    was made in an earlier tick.
     """
     last = max(s for order in steps for s, _, _ in order)
     position = [0] * len(steps)
@@ -116,8 +140,8 @@ def tick_order(steps: list[list[Step]]) -> list[list[Step]]:
             if position[w] == len(order):
                 continue
             s, kind, m = order[position[w]]
-            needs = (s - 1, "F", m) if kind != "B" else (s + 1, "FB" if s + 1 == last else "B", m)
-            if s == 0 and kind != "B" or needs in done:
+            needs = step_needs((s, kind, m), last)
+            if needs is None or needs in done:
                 tick.append((w, (s, kind, m)))
         if not tick:
             raise ValueError(f"pipeline schedule deadlocks after {len(done)} steps")
@@ -132,36 +156,56 @@ def _inputs(primals: Any) -> set[int]:
     return {id(leaf) for leaf in jax.tree.leaves(primals)}
 
 
+def _with_state(stage: Callable) -> Callable:
+    """A stage without state as one with an empty state: `(params, None, x) -> (y, None)`."""
+    def stage_with_state(params, state, x):
+        return stage(params, x), state
+    stage_with_state.__name__ = name_of(stage)
+    return stage_with_state
+
+
+def _vjp(stage: Callable, params, state, x):
+    """`jax.vjp` of a stateful stage in its parameters and input: (y, vjp, new state)."""
+    return jax.vjp(lambda p, x: stage(p, state, x), params, x, has_aux=True)
+
+
 def _forward(stage: Callable) -> Callable:
-    def forward(params, x):
-        y, vjp = jax.vjp(stage, params, x)
-        own = _inputs((params, x))
-        return y, [leaf for leaf in jax.tree.leaves(vjp) if id(leaf) not in own]
+    def forward(params, state, x):
+        y, vjp, new_state = _vjp(stage, params, state, x)
+        own = _inputs((params, state, x))
+        return y, new_state, [leaf for leaf in jax.tree.leaves(vjp) if id(leaf) not in own]
     forward.__name__ = f"{name_of(stage)}_forward"
     return forward
 
 
-def _backward(stage: Callable, first: bool) -> Callable:
-    def backward(params, x, saved, grad_y, grad_sum):
-        _, vjp = jax.vjp(stage, params, x)
+def _backward(stage: Callable, returns: str, name: str = "backward") -> Callable:
+    """The backward of a stage from its saved residuals: it returns the running gradient sum and
+    the input gradient ("both"), the sum only ("weights") or the input gradient only ("input";
+    XLA then drops the weight gradient's work, and "weights" the input gradient's)."""
+    def backward(params, state, x, saved, grad_y, grad_sum):
+        _, vjp, _ = _vjp(stage, params, state, x)
         leaves, tree = jax.tree.flatten(vjp)
-        own, rest = _inputs((params, x)), iter(saved)
+        own, rest = _inputs((params, state, x)), iter(saved)
         grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(grad_y)
+        if returns == "input":
+            return grad_x
         grad_sum = grad_params if grad_sum is None else jax.tree.map(jnp.add, grad_sum, grad_params)
-        return grad_sum if first else (grad_sum, grad_x)
-    backward.__name__ = f"{name_of(stage)}_backward"
+        return grad_sum if returns == "weights" else (grad_sum, grad_x)
+    backward.__name__ = f"{name_of(stage)}_{name}"
     return backward
 
 
 def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
-    def mean_loss(params, x, target):
-        return loss(stage(params, x), target) / micro_batches
+    def mean_loss(params, x, state, target):
+        y, new_state = stage(params, state, x)
+        return loss(y, target) / micro_batches, new_state
 
-    def forward_backward(params, x, target, sums):
-        value, (grad_params, grad_x) = jax.value_and_grad(mean_loss, argnums=(0, 1))(params, x, target)
+    def forward_backward(params, state, x, target, sums):
+        (value, new_state), (grad_params, grad_x) = jax.value_and_grad(
+            mean_loss, argnums=(0, 1), has_aux=True)(params, x, state, target)
         if sums is not None:
             value, grad_params = jax.tree.map(jnp.add, (value, grad_params), sums)
-        return (value, grad_params), grad_x
+        return (value, grad_params), grad_x, new_state
     forward_backward.__name__ = f"{name_of(stage)}_forward_backward"
     return forward_backward
 
@@ -185,15 +229,56 @@ def _update(optimizer) -> Callable:
     return update
 
 
+def _sum(*trees):
+    total = trees[0]
+    for tree in trees[1:]:
+        total = jax.tree.map(jnp.add, total, tree)
+    return total
+
+
+def _at(tree: Any, path: tuple) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _replace(tree: Any, path: tuple, sub: Any) -> Any:
+    """`tree` with the subtree at `path` (keys through dicts, lists and tuples) replaced by `sub`."""
+    if not path:
+        return sub
+    head, rest = path[0], path[1:]
+    if isinstance(tree, dict):
+        return {**tree, head: _replace(tree[head], rest, sub)}
+    if isinstance(tree, (list, tuple)):
+        items = list(tree)
+        items[head] = _replace(items[head], rest, sub)
+        return type(tree)(items)
+    raise TypeError(f"a tied parameter's path goes through dicts, lists and tuples, not {type(tree).__name__}")
+
+
+def _check_tied(tied: Sequence[Sequence[tuple]], stages: int) -> list[list[tuple[int, tuple]]]:
+    """Returns each group of tied parameters as (stage, path) pairs, checking the stages."""
+    groups = []
+    for group in tied:
+        pairs = [(entry[0], tuple(entry[1:])) for entry in group]
+        if len(pairs) < 2 or any(not isinstance(s, int) or not 0 <= s < stages for s, _ in pairs):
+            raise ValueError(f"tied group {group!r} must name two or more parameters as (stage, key, ...) "
+                             f"with a stage in [0, {stages})")
+        groups.append(pairs)
+    return groups
+
+
 @dataclass(frozen=True)
 class StageFunctions:
     """A pipeline's functions: plain JAX functions, or the same placed on the stages' slices."""
 
     split_batch: Callable          # batch -> one pytree per micro-batch (on the first stage)
     split_targets: Callable        # targets -> one pytree per micro-batch (on the last stage)
-    forward: list[Callable]        # per stage but the last: (params, x) -> (y, saved)
-    backward: list[Callable]       # (params, x, saved, grad_y, grad_sum) -> grad_sum[, grad_x]
-    forward_backward: Callable     # last stage: (params, x, target, sums) -> ((loss, grad_sum), grad_x)
+    forward: list[Callable]        # per stage but the last: (params, state, x) -> (y, state, saved)
+    backward: list[Callable]       # (params, state, x, saved, grad_y, grad_sum) -> grad_sum[, grad_x]
+    forward_backward: Callable     # last stage: (params, state, x, target, sums) -> ((loss, grad_sum), grad_x, state)
+    input_grad: list[Callable]     # "zb-h1"'s B: (params, state, x, saved, grad_y, None) -> grad_x
+    weight_grad: list[Callable]    # "zb-h1"'s W: (params, state, x, saved, grad_y, grad_sum) -> grad_sum
 
     def map(self, place: Callable[[Callable, int], Callable]) -> "StageFunctions":
         """Returns `place(fn, stage)` of every function."""
@@ -201,44 +286,75 @@ class StageFunctions:
         return StageFunctions(place(self.split_batch, 0), place(self.split_targets, last),
                               [place(f, s) for s, f in enumerate(self.forward)],
                               [place(f, s) for s, f in enumerate(self.backward)],
-                              place(self.forward_backward, last))
+                              place(self.forward_backward, last),
+                              [place(f, s) for s, f in enumerate(self.input_grad)],
+                              [place(f, s) for s, f in enumerate(self.weight_grad)])
 
 
-def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: int) -> StageFunctions:
-    """Returns the forward, backward and split functions of a pipeline of `stages` (unplaced)."""
+def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: int,
+                    stateful: bool = False) -> StageFunctions:
+    """Returns the forward, backward and split functions of a pipeline of `stages` (unplaced).
+
+    Stateful stages are `stage(params, state, x) -> (y, state)`; others
+    `stage(params, x) -> y`, run with the state None.
+    """
+    stages = list(stages) if stateful else [_with_state(f) for f in stages]
     return StageFunctions(_split(micro_batches), _split(micro_batches),
                           [_forward(f) for f in stages[:-1]],
-                          [_backward(f, first=s == 0) for s, f in enumerate(stages[:-1])],
-                          _last(stages[-1], loss, micro_batches))
+                          [_backward(f, "weights" if s == 0 else "both") for s, f in enumerate(stages[:-1])],
+                          _last(stages[-1], loss, micro_batches),
+                          [_backward(f, "input", "input_grad") for f in stages[:-1]],
+                          [_backward(f, "weights", "weight_grad") for f in stages[:-1]])
 
 
-def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any):
-    """Calls `functions` tick by tick (see `tick_order`); returns the loss and each stage's gradients."""
+def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any,
+                 states: Sequence | None = None):
+    """Calls `functions` tick by tick (see `tick_order`); returns the loss, each stage's gradients
+    and each stage's state after its last micro-batch.
+
+    A stage's state goes through its micro-batches in order: the forward of
+    micro-batch m reads the state that micro-batch m-1 left, and its backward
+    the same state as its forward.
+    """
     last = len(functions.forward)
     if len(params) != last + 1:
         raise ValueError(f"params has {len(params)} entries for {last + 1} stages")
+    states = list(states) if states is not None else [None] * (last + 1)
+    if len(states) != last + 1:
+        raise ValueError(f"states has {len(states)} entries for {last + 1} stages")
     inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
     targets = functions.split_targets(targets)
-    saved, grad_in, sums = {}, {}, [None] * (last + 1)
+    saved, grad_in, sums, state_in = {}, {}, [None] * (last + 1), {}
+    split = {s for tick in ticks for s, kind, _ in tick if kind == "W"}     # stages whose B is B and W
     for tick in ticks:
         for s, kind, m in tick:
             if kind == "F":
-                inputs[s + 1, m], saved[s, m] = functions.forward[s](params[s], inputs[s, m])
+                state_in[s, m] = states[s]
+                inputs[s + 1, m], states[s], saved[s, m] = functions.forward[s](params[s], states[s], inputs[s, m])
             elif kind == "FB":
-                sums[s], grad_in[s, m] = functions.forward_backward(params[s], inputs[s, m], targets[m], sums[s])
+                sums[s], grad_in[s, m], states[s] = functions.forward_backward(
+                    params[s], states[s], inputs[s, m], targets[m], sums[s])
+            elif kind == "W":
+                sums[s] = functions.weight_grad[s](params[s], state_in.pop((s, m)), inputs.pop((s, m)),
+                                                   saved.pop((s, m)), grad_in.pop((s + 1, m)), sums[s])
+            elif s in split:
+                grad_in[s, m] = functions.input_grad[s](params[s], state_in[s, m], inputs[s, m], saved[s, m],
+                                                        grad_in[s + 1, m], None)
             else:
-                result = functions.backward[s](params[s], inputs.pop((s, m)), saved.pop((s, m)),
-                                               grad_in.pop((s + 1, m)), sums[s])
+                result = functions.backward[s](params[s], state_in.pop((s, m)), inputs.pop((s, m)),
+                                               saved.pop((s, m)), grad_in.pop((s + 1, m)), sums[s])
                 if s == 0:
                     sums[s] = result
                 else:
                     sums[s], grad_in[s, m] = result
     value, sums[last] = sums[last]
-    return value, sums
+    return value, sums, states
 
 
 def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Callable,
-             schedule: str = "1f1b", micro_batches: int, optimizer=None, batch_axis: str | None = None) -> Program:
+             schedule: str = "1f1b", micro_batches: int, optimizer=None, batch_axis: str | None = None,
+             stateful: bool = False, optimizer_scope: str = "stage", tied: Sequence[Sequence[tuple]] = ()
+             ) -> Program:
     """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
 
     `loss(y, target)` is a mean over the rows of the last stage's output.
@@ -248,13 +364,41 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     stage (`[optimizer.init(p) for p in params]`), each stage updated on its
     slice. `params` is a sequence of one pytree per stage; `batch` and
     `targets` are pytrees whose leaves have the batch on their first axis.
-    `schedule` is "gpipe", "1f1b" or "interleaved-1f1b" (virtual stages:
-    slices repeat round-robin, stage s on the (s % D)-th of D slices).
+    `schedule` is "gpipe", "1f1b", "interleaved-1f1b" (virtual stages:
+    slices repeat round-robin, stage s on the (s % D)-th of D slices) or
+    "zb-h1" (backwards split into input and weight gradients).
     With `batch_axis`, an axis every slice has, each stage is data parallel:
     micro-batches, activations and their gradients are split over that axis
-    (saved residuals, parameters and gradient sums are replicated); without,
+    (saved residuals, parameters, states and gradient sums are replicated); without,
     a stage's steps run replicated over its slice.
+
+    With `stateful=True` a stage is `stage(params, state, x) -> (y, state)`:
+    its state (BatchNorm statistics, a flax NNX stage's RNG streams: what is
+    not differentiated) goes through the micro-batches in order, and the
+    backward of micro-batch m sees the state its forward saw. The program
+    then takes `states` (one pytree per stage) after `params` (and after
+    `opt_states`) and returns them after the gradients (or the optimizer
+    states). This equals the unpipelined step that runs the micro-batches
+    one after another and sums their gradients (`run_schedule` of plain
+    functions does exactly that).
+
+    `optimizer_scope="tree"` applies `optimizer` to the whole parameter
+    tree, the list of all stages' params, so that masks, `multi_transform`
+    labels, global norms and schedules see every parameter: `opt_states` is
+    then one state, `optimizer.init(list(params))`, and the update runs on
+    the first stage's slice (every stage's params and gradients travel there
+    and back each step, the cost of generality). `"stage"` (the default)
+    updates each stage on its own slice.
+
+    `tied` lists groups of parameters that are one parameter used by several
+    stages, each named `(stage, key, ...)` into that stage's params, such as
+    `[[(0, "embedding"), (3, "embedding")]]`: their gradients are summed (on
+    the first-named stage's slice) and every copy gets that sum, so the
+    copies, equal at the start, get the same update and stay equal.
     """
+    if optimizer_scope not in ("stage", "tree"):
+        raise ValueError(f"optimizer_scope is 'stage' or 'tree', not {optimizer_scope!r}")
+    groups = _check_tied(tied, len(stages))
     if len(stages) != len(slices) or not stages:
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
     distinct = list(dict.fromkeys(slices))
@@ -263,26 +407,78 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
                          "slices as [a, b, ..., a, b, ...]")
     ticks = tick_order(schedule_steps(schedule, len(stages), micro_batches, len(distinct)))
     rows, last = (None if batch_axis is None else PartitionSpec(batch_axis)), len(stages) - 1
-    raw = stage_functions(stages, loss, micro_batches)
+    raw = stage_functions(stages, loss, micro_batches, stateful)
 
     def place(fn, s, in_specs, out_specs):
         return jit(fn, slice=slices[s], in_specs=in_specs, out_specs=out_specs)
     placed = StageFunctions(place(raw.split_batch, 0, rows, rows), place(raw.split_targets, last, rows, rows),
-                            [place(f, s, (None, rows), (rows, None)) for s, f in enumerate(raw.forward)],
-                            [place(f, s, (None, rows, None, rows, None), None if s == 0 else (None, rows))
+                            [place(f, s, (None, None, rows), (rows, None, None)) for s, f in enumerate(raw.forward)],
+                            [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],
-                            place(raw.forward_backward, last, (None, rows, rows, None), (None, rows)))
-    update = [jit(_update(optimizer), slice=s) for s in slices] if optimizer is not None else None
+                            place(raw.forward_backward, last, (None, None, rows, rows, None), (None, rows, None)),
+                            [place(f, s, (None, None, rows, None, rows, None), rows) for s, f in enumerate(raw.input_grad)],
+                            [place(f, s, (None, None, rows, None, rows, None), None)
+                             for s, f in enumerate(raw.weight_grad)])
+    update = None if optimizer is None else (
+        [jit(_update(optimizer), slice=s) for s in slices] if optimizer_scope == "stage"
+        else jit(_update(optimizer), slice=slices[0]))
+    sums = [jit(_sum, slice=slices[pairs[0][0]]) for pairs in groups]
 
-    def loss_and_grads(params, batch, targets):
-        return run_schedule(ticks, placed, params, batch, targets)
+    def train(params, opt_states, states, batch, targets):
+        value, grads, states = run_schedule(ticks, placed, params, batch, targets, states)
+        for pairs, add in zip(groups, sums):
+            total = add(*(_at(grads[s], path) for s, path in pairs))
+            for s, path in pairs:
+                grads[s] = _replace(grads[s], path, total)
+        if optimizer is None:
+            return value, grads, states
+        if optimizer_scope == "tree":
+            new_params, opt_states = update(list(params), grads, opt_states)
+            return new_params, opt_states, states, value
+        new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
+        return [p for p, _ in new], [o for _, o in new], states, value
 
-    if optimizer is None:
-        step = loss_and_grads
+    if stateful and optimizer is None:
+        def step(params, states, batch, targets):
+            return train(params, None, states, batch, targets)
+    elif stateful:
+        def step(params, opt_states, states, batch, targets):
+            return train(params, opt_states, states, batch, targets)
+    elif optimizer is None:
+        def step(params, batch, targets):
+            return train(params, None, None, batch, targets)[:2]
     else:
         def step(params, opt_states, batch, targets):
-            value, grads = loss_and_grads(params, batch, targets)
-            new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
-            return [p for p, _ in new], [o for _, o in new], value
+            params, opt_states, _, value = train(params, opt_states, None, batch, targets)
+            return params, opt_states, value
     step.__name__ = f"pipeline_{schedule}"
-    return program(step)
+    return PipelineProgram(step, schedule, schedule_steps(schedule, len(stages), micro_batches, len(distinct)),
+                           distinct)
+
+
+class PipelineProgram(Program):
+    """A pipeline's training step (a `Program`) that can draw its schedule; see `pipeline`."""
+
+    def __init__(self, fn: Callable, schedule: str, steps: list[list[Step]], slices: list[Slice]):
+        super().__init__(fn)
+        self.schedule = schedule
+        self.steps = steps            # each worker's (stage, kind, micro-batch) steps in order
+        self.slices = slices          # worker w runs on slices[w]
+
+    def draw(self, path: str, trace=None) -> float:
+        """Writes the schedule as a PNG at `path`: the planned order, or with `trace` (a `Tracer`
+        from `Runtime.stop_tracing`, or its events) the measured launches of one run, one row per
+        island. Returns the bubble, which the title shows."""
+        from . import schedule_picture
+
+        if trace is None:
+            boxes = schedule_picture.planned(self.steps)
+            names = [s.name or f"slice {w}" for w, s in enumerate(self.slices)]
+            title = f"{self.schedule} planned (nominal costs)"
+        else:
+            names = list(dict.fromkeys(s.constraints["island"] for s in self.slices if "island" in s.constraints))
+            if len(names) != len(self.slices):
+                raise ValueError("a measured schedule needs each stage's slice on its own island (island=...)")
+            boxes = schedule_picture.measured(trace, names)
+            title = f"{self.schedule} measured"
+        return schedule_picture.draw(boxes, path, title, names)

@@ -20,13 +20,14 @@ from . import specs, tracer
 from .compiled import Compiled, StageCache
 from .lowered import Lowered
 from .provenance import Site, name_of
+from .signature import Call, Signature, check_options
 from .slices import Slice
 
 
 class PlacedFunction:
     """A Python function placed on a virtual slice; see `jit`."""
 
-    def __init__(self, fn: Callable, slice_: Slice, in_specs: Any, out_specs: Any):
+    def __init__(self, fn: Callable, slice_: Slice, in_specs: Any, out_specs: Any, **options: Any):
         if not isinstance(slice_, Slice):
             raise TypeError(f"slice must come from pathways_mlir.virtual_slice, not {type(slice_).__name__}")
         functools.update_wrapper(self, fn)
@@ -34,45 +35,63 @@ class PlacedFunction:
         self.slice = slice_
         self.in_specs = in_specs
         self.out_specs = out_specs
-        self._stages = StageCache(self.lower)
+        self._signature = Signature(fn, name_of(fn), **options)
+        statics = dict(static_argnums=tuple(self._signature.static_nums) or None,
+                       static_argnames=tuple(self._signature.static_names) or None)
+        self._jitted = jax.jit(fn, **statics)      # what it is inside a JAX transformation
+        self._stages = StageCache(self._lower)
 
-    def lower(self, *example_args: Any) -> Lowered:
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Exports this function on its own: a program with one computation (op-by-op mode)."""
-        site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)
-        return tracer.lower(site, lambda *args: _record(tracer.current_program(), self, args, site),
-                            example_args)
+        return self._lower(self._signature.split(args, kwargs), inspect.currentframe().f_back)
 
-    def __call__(self, *args: Any) -> Any:
-        """Runs the function on its slice (op-by-op); inside a program trace, records one computation."""
+    def _lower(self, call: Call, frame=None) -> Lowered:
+        site = Site.of_call(name_of(self.fn), frame or inspect.currentframe().f_back)
+
+        def one_call(*args, **kwargs):
+            return _record(tracer.current_program(), self, Call(args, kwargs, call.static), site)
+        return tracer.lower(site, one_call, call.tree, self._signature.donated(call))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the function on its slice (op-by-op); inside a program trace, records one computation.
+
+        Inside a JAX transformation (`jax.jit`, `jax.grad`, `jax.vmap`,
+        `lax.scan`, ...) it traces as its function, as a nested `jax.jit`:
+        placement applies only where a program calls it.
+        """
         program = tracer.current_program()
         if program is None:
-            return self.run(*args)
+            if tracer.has_tracers((args, kwargs)):
+                return self._jitted(*args, **kwargs)
+            return self.run(*args, **kwargs)
         site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)
-        return _record(program, self, args, site)
+        return _record(program, self, self._signature.split(args, kwargs), site)
 
-    def run(self, *args: Any, dispatch: str = "parallel", client=None) -> Any:
+    def run(self, *args: Any, dispatch: str = "parallel", client=None, **kwargs: Any) -> Any:
         """Runs the function as a one-computation program with a chosen dispatch mode and client."""
-        return self.compiled(*args, runtime=client.runtime if client else None)(*args, client=client,
-                                                                                  dispatch=dispatch)
+        return self._stages.run(self._signature.split(args, kwargs), dispatch, client)
 
-    def compiled(self, *args: Any, runtime=None) -> Compiled:
+    def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
-        from pathways_mlir.runtime.runtime import get_runtime
-
-        return self._stages.get(args, runtime or get_runtime())
+        return self._stages.get(self._signature.split(args, kwargs), runtime)
 
 
-def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, args: tuple, site: Site) -> Any:
+def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, site: Site) -> Any:
     """Adds the `pw.compute` of one call to `program`."""
-    leaves, in_tree = jax.tree_util.tree_flatten_with_path(args)
+    if call.kwargs and not specs.is_spec(placed.in_specs):
+        raise PlacementError(f"{site}: keyword-only arguments {', '.join(call.kwargs)} need one in_specs "
+                             f"for all arguments: a tuple of in_specs matches positional arguments only")
+    leaves = jax.tree_util.tree_flatten_with_path(call.tree if call.kwargs else call.args)[0]
+    in_tree = jax.tree_util.tree_structure(call.tree)
     inputs = [program.own(x, site, f"argument{jax.tree_util.keystr(path)}") for path, x in leaves]
     in_avals = [v.aval for v in inputs]
     module = program.module
     slice_name = module.slice_symbol(placed.slice)
-    in_shardings = specs.shardings(placed.in_specs, jax.tree_util.tree_unflatten(in_tree, in_avals),
+    in_args, in_kwargs = jax.tree_util.tree_unflatten(in_tree, in_avals)
+    in_shardings = specs.shardings(placed.in_specs, (in_args, in_kwargs) if in_kwargs else in_args,
                                    "in", site, placed.slice, slice_name)
     with tracer.lowering(site, slice_name):
-        executable = module.executable(placed.fn, in_tree, in_avals)
+        executable = module.executable(placed._signature.bound(call.static), in_tree, in_avals)
     out_shardings = specs.shardings(placed.out_specs,
                                     jax.tree_util.tree_unflatten(executable.out_tree, executable.out_avals),
                                     "out", site, placed.slice, slice_name)
@@ -85,19 +104,29 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, args: tuple,
     return jax.tree_util.tree_unflatten(executable.out_tree, results)
 
 
-def jit(fn: Callable | None = None, /, *, slice: Slice, in_specs: Any = None,
-        out_specs: Any = None) -> PlacedFunction | Callable[[Callable], PlacedFunction]:
+def jit(fn: Callable | None = None, /, *, slice: Slice, in_specs: Any = None, out_specs: Any = None,
+        static_argnums=None, static_argnames=None, donate_argnums=None, donate_argnames=None,
+        **jit_options: Any) -> PlacedFunction | Callable[[Callable], PlacedFunction]:
     """Places `fn` on `slice`, sharding its arguments by `in_specs` and results by `out_specs`.
 
     Specs are `jax.sharding.PartitionSpec`s over the slice's axis names, or
     None for replicated, given as a pytree prefix of the arguments (a tuple
-    with one entry per positional argument) or of the results; a single spec
-    applies to all. Without `fn`, returns a decorator, as `jax.jit` does.
+    with one entry per traced positional argument) or of the results; a
+    single spec applies to all. A typed PRNG key array is sharded by its own
+    shape's spec. Without `fn`, returns a decorator, as `jax.jit` does.
 
         @pw.jit(slice=s, in_specs=P("data"), out_specs=P("data"))
         def block_a(x):
             return jnp.tanh(x)
+
+    `static_argnums`, `static_argnames`, `donate_argnums` and `donate_argnames`
+    are `jax.jit`'s; other `jax.jit` options raise a TypeError saying why.
     """
+    check_options("pathways_mlir.jit", jit_options)
+    options = dict(slice=slice, in_specs=in_specs, out_specs=out_specs, static_argnums=static_argnums,
+                   static_argnames=static_argnames, donate_argnums=donate_argnums,
+                   donate_argnames=donate_argnames)
     if fn is None:
-        return functools.partial(jit, slice=slice, in_specs=in_specs, out_specs=out_specs)
-    return PlacedFunction(fn, slice, in_specs, out_specs)
+        return functools.partial(jit, **options)
+    return PlacedFunction(fn, options.pop("slice"), options.pop("in_specs"), options.pop("out_specs"), **options)
+

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec
 
 from pathways_mlir.dialect.sharding import Sharding
 
-from .avals import format_aval
+from .avals import format_aval, wire_aval
 from .errors import PlacementError
 from .provenance import Site
 from .slices import Slice
@@ -37,7 +37,8 @@ def shardings(specs: Any, tree: Any, kind: str, site: Site, slice_: Slice,
             for spec, (path, aval) in zip(_per_leaf(specs, tree, kind, site), leaves)]
 
 
-def _is_spec(x: Any) -> bool:
+def is_spec(x: Any) -> bool:
+    """Whether `x` is one spec (a PartitionSpec or None) rather than a pytree of them."""
     return x is None or isinstance(x, PartitionSpec)
 
 
@@ -46,20 +47,20 @@ def _per_leaf(specs: Any, tree: Any, kind: str, site: Site) -> list[Any]:
     tree_util = jax.tree_util
     try:
         expanded = tree_util.tree_map(lambda spec, sub: [spec] * len(tree_util.tree_leaves(sub)),
-                                      specs, tree, is_leaf=_is_spec)
+                                      specs, tree, is_leaf=is_spec)
     except ValueError:
         what = "arguments" if kind == "in" else "results"
         raise PlacementError(
             f"{site}: {kind}_specs {specs!r} do not match the {what} {tree_util.tree_structure(tree)}: "
             f"give one spec per {what[:-1]} (a pytree prefix of the {what}) or one PartitionSpec "
             f"for all") from None
-    return tree_util.tree_leaves(expanded, is_leaf=_is_spec)
+    return tree_util.tree_leaves(expanded, is_leaf=is_spec)
 
 
 def _sharding(spec: Any, path: tuple, aval: jax.ShapeDtypeStruct, kind: str, site: Site,
               slice_: Slice, slice_name: str) -> Sharding:
     what = f"{'input' if kind == 'in' else 'output'}{jax.tree_util.keystr(path)} {format_aval(aval)}"
-    if not _is_spec(spec):
+    if not is_spec(spec):
         raise PlacementError(f"{site}: {kind}_specs entry for {what} must be a PartitionSpec or None, "
                              f"not {type(spec).__name__} {spec!r}")
     entries = tuple(spec or ())
@@ -73,8 +74,9 @@ def _sharding(spec: Any, path: tuple, aval: jax.ShapeDtypeStruct, kind: str, sit
             raise PlacementError(f"{site}: {what} has spec {spec} whose entry {entry!r} is not an axis "
                                  f"name, a tuple of axis names or None")
         dims.append(axes)
-    sharding = Sharding(tuple(dims) + ((),) * (len(aval.shape) - len(dims)))
-    problems = sharding.problems(aval.shape, slice_.axis_sizes)
+    shape = wire_aval(aval).shape       # a typed key's data has its key's shape, then unsharded dims
+    sharding = Sharding(tuple(dims) + ((),) * (len(shape) - len(dims)))
+    problems = sharding.problems(shape, slice_.axis_sizes)
     if problems:
         raise PlacementError(f"{site}: {what} with spec {spec} on slice @{slice_name}: {problems[0]}")
     return sharding

@@ -28,12 +28,13 @@ from mlir.dialects import func
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.context import make_context
 
-from .avals import aval_of, format_aval, tensor_type
+from .avals import aval_of, format_aval, signature_of, tensor_type
 from .errors import PlacementError
 from .executables import Executable, compile_function
 from .compiled import Compiled, StageCache
 from .lowered import Lowered
 from .provenance import Site, name_of
+from .signature import Call, Signature, check_options
 from .slices import Slice
 
 _TRACING: ContextVar["ProgramBuilder | None"] = ContextVar("pw_tracing", default=None)
@@ -60,8 +61,13 @@ class Value:
 
     @property
     def dtype(self):
-        """The element type, a numpy dtype."""
+        """The element type: a numpy dtype, or an extended one (a typed PRNG key's)."""
         return self.aval.dtype
+
+    @property
+    def weak_type(self) -> bool:
+        """Whether the value is weakly typed (it came from a Python scalar), as in JAX."""
+        return self.aval.weak_type
 
     def __repr__(self) -> str:
         return f"Value({format_aval(self.aval)}, {self._origin} in @{self._program.name})"
@@ -122,7 +128,7 @@ class ModuleBuilder:
     def executable(self, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
                    in_avals: Sequence[jax.ShapeDtypeStruct]) -> Executable:
         """Returns the compiled function `fn` for these arguments, compiling it once."""
-        key = (fn, in_tree, tuple((a.shape, a.dtype) for a in in_avals))
+        key = (fn, in_tree, tuple(map(signature_of, in_avals)))
         if key not in self._executables:
             self._executables[key] = compile_function(self.symbol(name_of(fn)), fn, in_tree, list(in_avals))
         return self._executables[key]
@@ -171,10 +177,12 @@ class ProgramBuilder:
 
     def trace(self, fn: Callable, in_tree: jax.tree_util.PyTreeDef
               ) -> tuple[jax.tree_util.PyTreeDef, list[jax.ShapeDtypeStruct]]:
-        """Runs `fn` on the program's arguments, returns its result structure and shapes."""
+        """Runs `fn` on the program's arguments (tree `in_tree` of `(args, kwargs)`), returns its
+        result structure and shapes."""
         token = _TRACING.set(self)
         try:
-            result = fn(*jax.tree_util.tree_unflatten(in_tree, self.arguments))
+            args, kwargs = jax.tree_util.tree_unflatten(in_tree, self.arguments)
+            result = fn(*args, **kwargs)
         finally:
             _TRACING.reset(token)
         leaves, out_tree = jax.tree_util.tree_flatten_with_path(result)
@@ -201,9 +209,10 @@ def lowering(site: Site, slice_name: str) -> Iterator[None]:
         _LOWERING.reset(token)
 
 
-def lower(site: Site, fn: Callable, example_args: Sequence[Any]) -> Lowered:
-    """Traces `fn(*example_args)` into a new pw module whose entry program is named `site.name`."""
-    leaves, in_tree = jax.tree_util.tree_flatten_with_path(tuple(example_args))
+def lower(site: Site, fn: Callable, example: Any, donated: tuple[bool, ...] = ()) -> Lowered:
+    """Traces `fn(*args, **kwargs)` for `example = (args, kwargs)` into a new pw module whose entry
+    program is named `site.name`; `donated` marks the donated leaves of `example`."""
+    leaves, in_tree = jax.tree_util.tree_flatten_with_path(example)
     in_avals = []
     for path, x in leaves:
         try:
@@ -215,42 +224,55 @@ def lower(site: Site, fn: Callable, example_args: Sequence[Any]) -> Lowered:
         program = ProgramBuilder(module, site.name, in_avals, site)
         out_tree, out_avals = program.trace(fn, in_tree)
         module.finish()
-    return Lowered(module.module, program.name, in_tree, tuple(in_avals), out_tree, tuple(out_avals))
+    return Lowered(module.module, program.name, in_tree, tuple(in_avals), out_tree, tuple(out_avals),
+                   donated if any(donated) else ())
+
+
+def has_tracers(tree: Any) -> bool:
+    """Whether `tree` holds a JAX tracer: the call happens inside `jax.jit`, `jax.grad`, ... of JAX."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
 class Program:
     """A Python function traced as one pw program; see `program`."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, **options: Any):
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._stages = StageCache(self.lower)
+        self._signature = Signature(fn, f"program {name_of(fn)}", **options)
+        self._stages = StageCache(self._lower)
 
-    def lower(self, *example_args: Any) -> Lowered:
-        """Traces the program for arguments of these shapes (arrays or `jax.ShapeDtypeStruct`s)."""
-        return lower(Site.of_definition(self._fn), self._fn, example_args)
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Traces the program for arguments of these shapes (arrays, scalars or `jax.ShapeDtypeStruct`s)
+        and these static values."""
+        return self._lower(self._signature.split(args, kwargs))
+
+    def _lower(self, call: Call) -> Lowered:
+        return lower(Site.of_definition(self._fn), self._signature.bound(call.static), call.tree,
+                     self._signature.donated(call))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Runs the program on the cluster (results are handles); inside another trace, inlines it."""
-        if current_program() is None:
-            if kwargs:
-                raise TypeError(f"{name_of(self._fn)}: programs take positional arguments only")
-            return self.run(*args)
-        return self._fn(*args, **kwargs)
+        """Runs the program on the cluster (results are handles); inside another trace, inlines it.
 
-    def run(self, *args: Any, dispatch: str = "parallel", client=None) -> Any:
+        Inside a JAX transformation (`jax.jit`, `jax.grad`, ...), it is its
+        Python function, and the placed functions it calls trace as theirs.
+        """
+        if current_program() is not None or has_tracers((args, kwargs)):
+            return self._fn(*args, **kwargs)
+        return self.run(*args, **kwargs)
+
+    def run(self, *args: Any, dispatch: str = "parallel", client=None, **kwargs: Any) -> Any:
         """Runs the program with a chosen dispatch mode ("parallel" or "sequential") and client."""
-        return self.compiled(*args, runtime=client.runtime if client else None)(*args, client=client,
-                                                                                  dispatch=dispatch)
+        return self._stages.run(self._signature.split(args, kwargs), dispatch, client)
 
-    def compiled(self, *args: Any, runtime=None) -> Compiled:
+    def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
-        from pathways_mlir.runtime.runtime import get_runtime
-
-        return self._stages.get(args, runtime or get_runtime())
+        return self._stages.get(self._signature.split(args, kwargs), runtime)
 
 
-def program(fn: Callable) -> Program:
+
+def program(fn: Callable | None = None, /, *, static_argnums=None, static_argnames=None,
+            donate_argnums=None, donate_argnames=None, **jit_options: Any) -> Program | Callable:
     """Marks `fn` as a Pathways program: its calls of placed functions trace into one pw program.
 
         @pathways_mlir.program
@@ -258,5 +280,14 @@ def program(fn: Callable) -> Program:
             return block_b(block_a(x))
 
         step.lower(jax.ShapeDtypeStruct((8, 16), jnp.float32)).as_text()
+
+    Static and donated arguments are named as in `jax.jit` (`static_argnums`,
+    `static_argnames`, `donate_argnums`, `donate_argnames`); with them and no
+    `fn`, returns a decorator. Keyword arguments are traced like positional ones.
     """
-    return Program(fn)
+    check_options("pathways_mlir.program", jit_options)
+    options = dict(static_argnums=static_argnums, static_argnames=static_argnames,
+                   donate_argnums=donate_argnums, donate_argnames=donate_argnames)
+    if fn is None:
+        return functools.partial(program, **options)
+    return Program(fn, **options)

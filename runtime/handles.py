@@ -25,13 +25,14 @@ if TYPE_CHECKING:
 class Handle:
     """An owned reference to a result on devices."""
 
-    __slots__ = ("_client", "_run", "_buffer", "_deleted", "__weakref__")
+    __slots__ = ("_client", "_run", "_buffer", "_deleted", "_donated_to", "__weakref__")
 
     def __init__(self, client: "Client", run: Run, buffer: int):
         self._client = client
         self._run = run
         self._buffer = buffer
         self._deleted = False
+        self._donated_to = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -52,6 +53,9 @@ class Handle:
 
     def result(self, timeout: float | None = None):
         """Returns the JAX array, waiting until it is produced; raises if the run failed."""
+        if self._donated_to is not None:
+            raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} was donated to "
+                             f"{self._donated_to}: a donated handle cannot be used again")
         if self._deleted:
             raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} was released")
         if self._client.closed:
@@ -81,6 +85,11 @@ class Handle:
         if not self._deleted:
             self._deleted = True
             self._client.release(self._run, self._buffer)
+
+    def donate(self, to: str) -> None:
+        """Releases the result, which `to` (a program call that took it) was given to reuse."""
+        self._donated_to = to
+        self.delete()
 
     def __del__(self):
         try:

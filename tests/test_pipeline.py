@@ -36,6 +36,15 @@ def test_schedules_run_every_step_once_in_dependency_order(stages, micro_batches
         # 1F1B keeps at most S - s micro-batches on stage s; GPipe all of them.
         assert [in_flight(order) for order in steps[:-1]] == [
             micro_batches if schedule == "gpipe" else min(stages - s, micro_batches) for s in range(stages - 1)]
+    # ZB-H1 is 1F1B with each middle stage's backward split into B (input gradient) and W (weights) after it.
+    zero_bubble = schedule_steps("zb-h1", stages, micro_batches)
+    weights = [(s, "W", m) for s in range(1, stages - 1) for m in range(micro_batches)]
+    assert every_step(zero_bubble) == sorted(expected + weights) == every_step(
+        [[s for tick in tick_order(zero_bubble) for s in tick]])
+    assert [[step for step in order if step[1] != "W"] for order in zero_bubble] == schedule_steps(
+        "1f1b", stages, micro_batches)
+    assert all(order[order.index((s, "B", m)) + 1] == (s, "W", m) for s, _, m in weights
+               for order in [zero_bubble[s]])
 
 
 @pytest.mark.parametrize("slices,virtual,micro_batches", [(2, 2, 4), (2, 3, 6), (4, 2, 8), (3, 2, 3)])
@@ -88,7 +97,7 @@ def test_schedules_equal_the_unpipelined_step_and_1f1b_peaks_below_gpipe(four_is
     target = rng.normal(size=(ROWS, WIDTH)).astype(np.float32)
     expected_loss, expected_grads = jax.jit(unpipelined)(params, x, target)
     peaks = {}
-    for schedule in ("gpipe", "1f1b", "interleaved-1f1b"):
+    for schedule in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"):
         slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(STAGES)]
         if schedule == "interleaved-1f1b":          # two virtual stages on each of two slices
             slices = slices[:2] * 2
@@ -106,14 +115,20 @@ def test_schedules_equal_the_unpipelined_step_and_1f1b_peaks_below_gpipe(four_is
     for s in range(STAGES - 1):
         assert peaks["gpipe"][s] - peaks["1f1b"][s] >= (MICRO_BATCHES - (STAGES - s)) * activation, peaks
     assert peaks["gpipe"][-1] == peaks["1f1b"][-1]      # the last stage runs F and B together
+    # ZB-H1's W runs right after its B: no stage's static peak is above 1F1B's.
+    assert all(z <= o for z, o in zip(peaks["zb-h1"], peaks["1f1b"])), peaks
+
+
+def two_stages(seed: int, rows: int):
+    """Random params of two stages, a batch and targets of `rows` rows."""
+    rng = np.random.default_rng(seed)
+    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
+               "b": rng.normal(0, 0.1, WIDTH).astype(np.float32)} for _ in range(2)]
+    return params, rng.normal(size=(rows, WIDTH)).astype(np.float32), rng.normal(size=(rows, WIDTH)).astype(np.float32)
 
 
 def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step(two_islands):
-    rng = np.random.default_rng(1)
-    params = [{"w": rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32),
-               "b": rng.normal(0, 0.1, WIDTH).astype(np.float32)} for _ in range(2)]
-    x = rng.normal(size=(64, WIDTH)).astype(np.float32)
-    target = rng.normal(size=(64, WIDTH)).astype(np.float32)
+    params, x, target = two_stages(seed=1, rows=64)
     slices = [pw.virtual_slice(2, axes="rows", island=f"island{s}") for s in range(2)]
     step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=4, batch_axis="rows")
     loss, grads = fetch(step.run(params, x, target, client=two_islands))
@@ -127,3 +142,101 @@ def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step
              if b.slice is not None and b.shape == (16, WIDTH) and b.sharding == (("rows",), ())
              and b.bytes_per_device == 8 * WIDTH * 4}
     assert split == {"island0", "island1"}
+
+
+def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
+    import optax
+
+    params, x, target = two_stages(seed=2, rows=32)
+    # Weight decay on the weights only, a different rate per stage, and a global-norm clip: none is per stage.
+    labels = [{"w": "first", "b": "bias"}, {"w": "second", "b": "bias"}]
+    tx = optax.chain(optax.clip_by_global_norm(0.1), optax.multi_transform(
+        {"first": optax.adamw(1e-2, weight_decay=0.1), "second": optax.adamw(3e-2, weight_decay=0.1),
+         "bias": optax.sgd(optax.linear_schedule(0.1, 0.0, 3))}, labels))
+    slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=4, optimizer=tx, optimizer_scope="tree")
+
+    @jax.jit
+    def plain(params, opt_state):
+        loss, grads = unpipelined(params, x, target)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    ours, theirs = (params, tx.init(params)), (params, tx.init(params))
+    for _ in range(3):
+        *ours, loss = step.run(*ours, x, target, client=two_islands)
+        *theirs, expected_loss = plain(*theirs)
+        np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(fetch(ours[0])), jax.tree.leaves(theirs[0])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def embed(params, tokens):
+    return params["embedding"][tokens]
+
+
+def unembed(params, hidden):
+    return jnp.tanh(hidden) @ params["embedding"].T
+
+
+def cross_entropy(logits, tokens):
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, None], axis=1))
+
+
+def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands):
+    import optax
+
+    rng = np.random.default_rng(3)
+    embedding = rng.normal(0, 0.5, (16, 8)).astype(np.float32)
+    tokens = rng.integers(0, 16, 32).astype(np.int32)
+    targets = rng.integers(0, 16, 32).astype(np.int32)
+    tx = optax.adam(1e-2)
+    slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, optimizer=tx,
+                       tied=[[(0, "embedding"), (1, "embedding")]])
+
+    @jax.jit
+    def plain(embedding, opt_state):         # one embedding, used twice
+        loss, grad = jax.value_and_grad(lambda e: cross_entropy(unembed({"embedding": e},
+                                                                        embed({"embedding": e}, tokens)),
+                                                                targets))(embedding)
+        updates, opt_state = tx.update(grad, opt_state, embedding)
+        return optax.apply_updates(embedding, updates), opt_state, loss
+
+    params = [{"embedding": embedding}, {"embedding": embedding}]
+    opt_states = [tx.init(p) for p in params]
+    want, want_state = embedding, tx.init(embedding)
+    for _ in range(3):
+        params, opt_states, loss = step.run(params, opt_states, tokens, targets, client=two_islands)
+        want, want_state, expected_loss = plain(want, want_state)
+        np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
+    first, second = (fetch(p["embedding"]) for p in params)
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"tied group \[\(0, 'embedding'\)\] must name two or more"):
+        pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
+
+
+def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_path):
+    slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
+    params, x, _ = two_stages(seed=4, rows=32)
+    for schedule in ("1f1b", "zb-h1"):
+        step = pw.pipeline([stage] * 2, slices, loss=mse, schedule=schedule, micro_batches=4)
+        # Two stages, nominal costs: 1F1B's bubble is the textbook (S-1)/(M+S-1) (no middle stage to split).
+        assert step.draw(str(tmp_path / f"{schedule}.png")) == pytest.approx(1 / 5)
+        step.run(params, x, x, client=two_islands)           # compiled before tracing
+        runtime = two_islands.runtime
+        runtime.start_tracing()
+        fetch(step.run(params, x, x, client=two_islands))
+        measured = step.draw(str(tmp_path / f"{schedule}-measured.png"), runtime.stop_tracing())
+        assert 0.0 <= measured < 1.0
+        assert (tmp_path / f"{schedule}-measured.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    four = [pw.virtual_slice(1, axes="x", island=f"island{s % 2}") for s in range(4)]
+    with pytest.raises(ValueError, match=r"each stage's slice on its own island"):
+        pw.pipeline([stage] * 4, [four[0], four[1], four[2], four[1]], loss=mse, micro_batches=4).draw(
+            str(tmp_path / "x.png"), [])
+    # ZB-H1 splits the middle stages' backwards: its planned bubble is below 1F1B's on 4 stages.
+    four = [pw.virtual_slice(1, axes="x") for _ in range(4)]
+    bubbles = {s: pw.pipeline([stage] * 4, four, loss=mse, schedule=s, micro_batches=8).draw(str(tmp_path / f"{s}4.png"))
+               for s in ("1f1b", "zb-h1")}
+    assert bubbles["1f1b"] == pytest.approx(3 / 11) and bubbles["zb-h1"] < bubbles["1f1b"]

@@ -1,0 +1,157 @@
+"""How a placed function or program takes its arguments, as `jax.jit` does.
+
+`static_argnums`/`static_argnames` name arguments that are Python values
+baked into the trace (hashable; one compiled signature per value, cached);
+`donate_argnums`/`donate_argnames` name arguments whose buffers the call
+may reuse. Numbers and names are reconciled through the function's
+signature as in `jax.jit`: a static or donated positional parameter is also
+static or donated when passed by name, and the other way round. The traced
+arguments of a call are the pytree `(args, kwargs)` with the static ones
+taken out, as in `jax.jit`'s `in_tree`.
+
+    signature = Signature(fn, "f", static_argnums=1)
+    call = signature.split((x, 3), {})       # call.args == (x,), call.static == ((1, 3),)
+    signature.bound(call.static)(x)          # fn(x, 3)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable
+
+import jax
+
+# jax.jit options that have no meaning for a placed function or program, and why.
+_NOT_SUPPORTED = {
+    "in_shardings": "shard arguments with in_specs over the slice's axis names",
+    "out_shardings": "shard results with out_specs over the slice's axis names",
+    "device": "a placed function runs on its virtual slice",
+    "backend": "a placed function runs on its virtual slice",
+    "keep_unused": "compiled functions always keep every argument",
+    "inline": "a placed function is one pw.compute, never inlined",
+    "abstracted_axes": "shapes are static in pw IR",
+    "compiler_options": "XLA options are not passed through to the islands",
+}
+
+
+def check_options(where: str, options: dict) -> None:
+    """Raises a one-line TypeError for `jax.jit` options that `where` does not take."""
+    for name in options:
+        if name in _NOT_SUPPORTED:
+            raise TypeError(f"{where} does not take jax.jit's {name}=: {_NOT_SUPPORTED[name]}")
+        raise TypeError(f"{where} got an unexpected keyword argument '{name}'")
+
+
+def _ints(value: int | Iterable[int] | None) -> tuple[int, ...]:
+    return () if value is None else (value,) if isinstance(value, int) else tuple(value)
+
+
+def _strs(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    return () if value is None else (value,) if isinstance(value, str) else tuple(value)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call's arguments: the traced pytree `(args, kwargs)` and the static values."""
+
+    args: tuple
+    kwargs: dict
+    static: Hashable          # ((position, value), ...), ((name, value), ...)
+
+    @property
+    def tree(self) -> tuple:
+        """The traced arguments, as the pytree a trace takes."""
+        return self.args, self.kwargs
+
+
+class Signature:
+    """The static and donated arguments of `fn`, by position and by name; see the module."""
+
+    def __init__(self, fn: Callable, where: str, static_argnums=None, static_argnames=None,
+                 donate_argnums=None, donate_argnames=None):
+        self.fn = fn
+        self.where = where
+        try:
+            parameters = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):          # a builtin or C function: numbers and names as given
+            parameters = []
+        positional = [p.name for p in parameters
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        by_name = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+        def resolve(kind: str, nums, names) -> tuple[frozenset[int], frozenset[str]]:
+            nums, names = _ints(nums), _strs(names)
+            for n in nums:
+                if positional and not -len(positional) <= n < len(positional):
+                    raise ValueError(f"{where}: {kind}_argnums {n} is not a positional parameter of "
+                                     f"{fn.__name__}{inspect.signature(fn)}")
+            for name in names:
+                if parameters and name not in by_name:
+                    raise ValueError(f"{where}: {kind}_argnames '{name}' is not a parameter of "
+                                     f"{fn.__name__}{inspect.signature(fn)}")
+            nums = {n % len(positional) if positional else n for n in nums}
+            nums |= {positional.index(name) for name in names if name in positional}
+            names = set(names) | {positional[n] for n in nums if n < len(positional)}
+            return frozenset(nums), frozenset(names)
+
+        self._positional = positional
+        self.static_nums, self.static_names = resolve("static", static_argnums, static_argnames)
+        self.donate_nums, self.donate_names = resolve("donate", donate_argnums, donate_argnames)
+        both = (self.static_nums & self.donate_nums) or (self.static_names & self.donate_names)
+        if both:
+            raise ValueError(f"{where}: argument {sorted(both)[0]!r} is both static and donated")
+        self._bound: dict[Hashable, Callable] = {}
+
+    def split(self, args: tuple, kwargs: dict) -> Call:
+        """Takes the static arguments out of a call; raises if one is not hashable.
+
+        Keyword arguments for positional parameters right after the given
+        positional ones become positional, so `f(x, y=y)` is `f(x, y)`.
+        """
+        if kwargs:
+            args, kwargs = list(args), dict(kwargs)
+            for name in self._positional[len(args):]:
+                if name not in kwargs:
+                    break
+                args.append(kwargs.pop(name))
+        if not self.static_nums and not self.static_names:
+            return Call(tuple(args), dict(kwargs), ((), ()))
+        static_args = tuple((i, a) for i, a in enumerate(args) if i in self.static_nums)
+        static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_names))
+        for what, value in [*((f"position {i}", a) for i, a in static_args),
+                            *((f"'{k}'", v) for k, v in static_kwargs)]:
+            try:
+                hash(value)
+            except TypeError:
+                raise TypeError(f"{self.where}: static argument {what} is a {type(value).__name__}, which "
+                                f"is not hashable: static arguments must be hashable, as with jax.jit") from None
+        return Call(tuple(a for i, a in enumerate(args) if i not in self.static_nums),
+                    {k: v for k, v in kwargs.items() if k not in self.static_names},
+                    (static_args, static_kwargs))
+
+    def bound(self, static: Hashable) -> Callable:
+        """Returns `fn` of the traced arguments only, with `static`'s values put back (one per value)."""
+        if static == ((), ()):
+            return self.fn
+        if static not in self._bound:
+            static_args, static_kwargs = static
+
+            by_position = dict(static_args)
+
+            def call(*args, **kwargs):
+                rest = iter(args)
+                merged = [by_position[i] if i in by_position else next(rest)
+                          for i in range(len(args) + len(by_position))]
+                return self.fn(*merged, **kwargs, **dict(static_kwargs))
+            self._bound[static] = functools.wraps(self.fn)(call)
+        return self._bound[static]
+
+    def donated(self, call: Call) -> tuple[bool, ...]:
+        """Whether each leaf of `call.tree` is donated."""
+        static_positions = {p for p, _ in call.static[0]}
+        positions = [p for p in range(len(call.args) + len(static_positions)) if p not in static_positions]
+        args = [jax.tree.map(lambda _, d=positions[i] in self.donate_nums: d, a) for i, a in enumerate(call.args)]
+        kwargs = {k: jax.tree.map(lambda _, d=k in self.donate_names: d, v) for k, v in call.kwargs.items()}
+        return tuple(jax.tree.leaves((args, kwargs)))

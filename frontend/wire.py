@@ -1,0 +1,79 @@
+"""Values at the runtime boundary: what a program's arguments and results are on the wire.
+
+The runtime holds plain arrays only. A program's argument leaves go to it as
+
+- a typed PRNG key array (any extended dtype): its key data
+  (`jax.random.key_data`, sharded as the key array is);
+- a Python or NumPy scalar: a 0-d NumPy array of the dtype it was traced
+  with (int32 for a Python int unless x64 is on);
+- anything else (arrays, handles) as it is,
+
+and a result that the program returns as a typed key comes back as a
+`KeyHandle`: the handle of its key data and the key's dtype, which wraps it
+again (`jax.random.wrap_key_data`) when read and goes back to the wire as the
+same handle when passed to another program.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from .avals import is_extended, wrap_keys
+
+
+class KeyHandle:
+    """A handle to typed PRNG keys on devices: `result()` returns the key array.
+
+    It has the key array's `shape` and `dtype` (`key<fry>`), and programs and
+    placed functions take it as an argument like the key array it holds.
+    """
+
+    __slots__ = ("data", "dtype", "shape")
+
+    def __init__(self, data, aval: jax.ShapeDtypeStruct):
+        self.data = data            # the runtime's handle of the key data
+        self.dtype = aval.dtype
+        self.shape = aval.shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def result(self, timeout: float | None = None) -> jax.Array:
+        """Returns the typed key array, waiting until it is produced."""
+        return wrap_keys(self.data.result(timeout), self.dtype)
+
+    def block_until_ready(self) -> "KeyHandle":
+        """Waits until the keys have been computed."""
+        self.data.block_until_ready()
+        return self
+
+    def delete(self) -> None:
+        """Releases the keys now."""
+        self.data.delete()
+
+    def donate(self, to: str) -> None:
+        """Releases the keys, which `to` was given to reuse."""
+        self.data.donate(to)
+
+    def __repr__(self) -> str:
+        return f"KeyHandle(shape={self.shape}, dtype={self.dtype}, slice={self.data.slice})"
+
+
+def to_wire(x: Any, aval: jax.ShapeDtypeStruct) -> Any:
+    """Returns what the runtime receives for argument leaf `x`, traced as `aval`."""
+    if isinstance(x, KeyHandle):
+        return x.data
+    if is_extended(aval.dtype):
+        return jax.random.key_data(x)
+    if isinstance(x, (bool, int, float, complex, np.generic)):
+        return np.asarray(x, dtype=aval.dtype)
+    return x
+
+
+def from_wire(handle: Any, aval: jax.ShapeDtypeStruct) -> Any:
+    """Returns what the user receives for a result handle of abstract value `aval`."""
+    return KeyHandle(handle, aval) if is_extended(aval.dtype) else handle

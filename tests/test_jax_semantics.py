@@ -1,0 +1,241 @@
+"""JAX semantics at the API's boundaries, each checked against plain JAX: typed PRNG keys, Python
+scalars and weak types, jax.jit's static, donated and keyword arguments, and placed functions
+inside JAX transformations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.sharding import Sharding
+
+
+def noisy(x, key):
+    """Adds normal noise drawn with `key`, and returns the next key: code on jax.random.key."""
+    key, sub = jax.random.split(key)
+    return x + jax.random.normal(sub, x.shape), key
+
+
+def key_bits(keys) -> np.ndarray:
+    return np.asarray(jax.random.key_data(keys.result() if hasattr(keys, "result") else keys))
+
+
+# --- typed PRNG keys ------------------------------------------------------------------------------
+
+def test_typed_keys_go_in_and_out_of_placed_functions_as_in_jax():
+    s = pw.virtual_slice(2, axes="data")
+    placed = pw.jit(noisy, slice=s)
+    x, key = jnp.ones((4, 3)), jax.random.key(7)
+    y, next_key = placed(x, key)
+    want_y, want_key = jax.jit(noisy)(x, key)
+    assert next_key.dtype == want_key.dtype and next_key.shape == ()
+    np.testing.assert_array_equal(np.asarray(y), want_y)
+    np.testing.assert_array_equal(key_bits(next_key), key_bits(want_key))
+    # The returned key handle goes back in as the key it holds.
+    y2, _ = placed(x, next_key)
+    np.testing.assert_array_equal(np.asarray(y2), jax.jit(noisy)(x, want_key)[0])
+
+
+def test_typed_keys_in_programs_and_cond_branches():
+    s = pw.virtual_slice(2, axes="data")
+    draw = pw.jit(noisy, slice=s)
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=s)
+    again = pw.jit(lambda x, key: noisy(2 * x, key), slice=s)
+
+    @pw.program
+    def step(x, key):
+        y, key = draw(x, key)
+        return pw.cond(positive(y), lambda y, k: again(y, k), lambda y, k: (y, k), y, key)
+
+    def plain(x, key):
+        y, key = noisy(x, key)
+        return jax.lax.cond(jnp.sum(y) > 0, lambda y, k: noisy(2 * y, k), lambda y, k: (y, k), y, key)
+
+    for shift in (5.0, -5.0):
+        x, key = jnp.full((4, 3), shift), jax.random.key(3)
+        y, next_key = step(x, key)
+        want_y, want_key = jax.jit(plain)(x, key)
+        np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-6)
+        np.testing.assert_array_equal(key_bits(next_key), key_bits(want_key))
+    assert "key<fry>" not in step.lower(x, key).as_text()      # the IR holds key data, ui32[2]
+
+
+def test_sharded_keys_follow_their_partition_spec():
+    s = pw.virtual_slice(2, axes="data")
+
+    def per_row(x, keys):
+        return x + jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys), jax.vmap(jax.random.fold_in)(
+            keys, jnp.arange(keys.shape[0]))
+
+    placed = pw.jit(per_row, slice=s, in_specs=P("data"), out_specs=P("data"))
+    x, keys = jnp.zeros((8, 3)), jax.random.split(jax.random.key(0), 8)
+
+    @pw.program
+    def step(x, keys):
+        return placed(x, keys)
+
+    [compute] = [op for op in step.lower(x, keys).module.body.operations[-1].regions[0].blocks[0].operations
+                 if op.operation.name == "pw.compute"]
+    # The keys (8,) split on "data"; their key data (8, 2) splits its first axis only.
+    assert ops.in_shardings(compute.operation)[1] == Sharding((("data",), ()))
+    y, folded = step(x, keys)
+    want_y, want_folded = jax.jit(per_row)(x, keys)
+    np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-6)
+    np.testing.assert_array_equal(key_bits(folded), key_bits(want_folded))
+
+
+# --- Python scalars and weak types ----------------------------------------------------------------
+
+def test_python_scalars_are_weakly_typed_and_traced_by_type_not_value():
+    s = pw.virtual_slice(2, axes="data")
+    traces = []
+
+    def scale(x, i):
+        return x * i
+
+    def counted(x, i):
+        traces.append(jax.typeof(i))
+        return scale(x, i)
+
+    placed = pw.jit(counted, slice=s)
+    x = jnp.ones(4, jnp.bfloat16)
+    for i in (3, 4, 5):
+        y = placed(x, i)
+        assert y.dtype == jax.jit(scale)(x, i).dtype == jnp.bfloat16     # a weak int keeps bf16
+        np.testing.assert_array_equal(np.asarray(y), np.full(4, i, np.float32))
+    assert set(traces) == {jax.typeof(3)}             # ~int32[]: traced for the type, not each value
+    once = len(traces)
+    placed(x, 2.5)                                    # a float is another type: one more trace
+    assert len(traces) == 2 * once
+    # A NumPy scalar is strongly typed: it promotes bf16 to f32, as in jax.jit.
+    assert placed(x, np.float32(2)).dtype == jax.jit(scale)(x, np.float32(2)).dtype == jnp.float32
+
+
+def test_a_python_int_step_counter_as_in_jax_mnist_example():
+    s = pw.virtual_slice(2, axes="data")
+
+    def update(i, params, batch):
+        lr = 0.1 / (1 + i)
+        return jax.tree.map(lambda p, g: p - lr * g, params, jax.grad(lambda p: jnp.sum((batch @ p) ** 2))(params))
+
+    placed = pw.jit(update, slice=s)
+
+    @pw.program
+    def step(i, params, batch):
+        return placed(i, params, batch)
+
+    params, batch = jnp.ones((3,)), jnp.arange(6.0).reshape(2, 3)
+    lowered = step.lower(3, params, batch)
+    assert lowered.in_avals[0] == jax.ShapeDtypeStruct((), jnp.int32, weak_type=True)
+    want = params
+    got = params
+    for i in range(3):
+        want = jax.jit(update)(i, want, batch)
+        got = step(i, got, batch)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+# --- jax.jit's arguments ---------------------------------------------------------------------------
+
+def test_static_arguments_compile_once_per_value():
+    s = pw.virtual_slice(2, axes="data")
+    traces = []
+
+    def power(x, n, *, mode="add"):
+        return x ** n + 1 if mode == "add" else x ** n - 1
+
+    def counted(x, n, *, mode="add"):
+        traces.append((n, mode))
+        return power(x, n, mode=mode)
+
+    placed = pw.jit(counted, slice=s, static_argnums=1, static_argnames="mode")
+    x = jnp.arange(4.0)
+    for n, mode in [(2, "add"), (3, "add"), (2, "add"), (2, "sub")]:
+        np.testing.assert_allclose(np.asarray(placed(x, n, mode=mode)), power(x, n, mode=mode))
+    np.testing.assert_allclose(np.asarray(placed(x, n=3, mode="add")), x ** 3 + 1)   # by name: the same static
+    per_value = traces.count((2, "sub"))
+    assert sorted(set(traces)) == [(2, "add"), (2, "sub"), (3, "add")] and len(traces) == 3 * per_value
+
+    @pw.program(static_argnames="n")
+    def prog(x, n):
+        return placed(x, n)
+
+    np.testing.assert_allclose(np.asarray(prog(x, n=4)), x ** 4 + 1)
+    np.testing.assert_allclose(np.asarray(prog(x, 4)), x ** 4 + 1)
+    with pytest.raises(TypeError, match=r"static argument position 1 is a list, which is not hashable"):
+        placed(x, [2])
+
+
+def test_keyword_arguments_for_placed_functions_and_programs():
+    s = pw.virtual_slice(2, axes="data")
+    affine = pw.jit(lambda a, b: a * 2 + b, slice=s, in_specs=P("data"))
+    a, b = jnp.arange(4.0), jnp.ones(4)
+    np.testing.assert_allclose(np.asarray(affine(b=b, a=a)), a * 2 + b)
+
+    @pw.program
+    def prog(a, *, b):
+        return affine(a, b=b)
+
+    np.testing.assert_allclose(np.asarray(prog(a, b=b)), a * 2 + b)
+    assert prog.lower(a, b=b).in_tree == jax.tree_util.tree_structure(((a,), {"b": b}))
+
+
+def test_donated_handles_raise_when_used_again():
+    s = pw.virtual_slice(2, axes="data")
+    double = pw.jit(lambda x: x * 2, slice=s)
+    step = pw.jit(lambda x, y: x + y, slice=s, donate_argnums=0)
+    x = double(jnp.ones(4))
+    y = step(x, jnp.ones(4))
+    np.testing.assert_allclose(np.asarray(y), np.full(4, 3.0))
+    with pytest.raises(ValueError, match=r"was donated to program @lambda: a donated handle cannot be used again"):
+        np.asarray(x)
+    kept = double(jnp.ones(4))
+    pw.jit(lambda x, y: x + y, slice=s, donate_argnames="y")(jnp.ones(4), kept)
+    with pytest.raises(ValueError, match=r"donated"):
+        kept.result()
+
+
+def test_other_jax_jit_options_raise_one_line_errors():
+    s = pw.virtual_slice(2, axes="data")
+    with pytest.raises(TypeError, match=r"^pathways_mlir.jit does not take jax.jit's in_shardings=: shard "
+                                         r"arguments with in_specs over the slice's axis names$"):
+        pw.jit(jnp.tanh, slice=s, in_shardings=None)
+    with pytest.raises(TypeError, match=r"^pathways_mlir.program does not take jax.jit's device=: "):
+        pw.program(jnp.tanh, device=None)
+    with pytest.raises(TypeError, match=r"^pathways_mlir.jit got an unexpected keyword argument 'speed'$"):
+        pw.jit(jnp.tanh, slice=s, speed=2)
+    with pytest.raises(ValueError, match=r"static_argnames 'k' is not a parameter of"):
+        pw.jit(lambda x, n: x, slice=s, static_argnames="k")
+    with pytest.raises(ValueError, match=r"argument 0 is both static and donated"):
+        pw.jit(lambda x, n: x, slice=s, static_argnums=0, donate_argnums=0)
+
+
+# --- inside JAX transformations --------------------------------------------------------------------
+
+def test_placed_functions_inside_jax_transformations_trace_as_their_function():
+    s = pw.virtual_slice(2, axes="data")
+
+    def f(x):
+        return jnp.sum(jnp.sin(x) * x)
+
+    placed = pw.jit(f, slice=s)
+    x = jnp.linspace(0.0, 1.0, 6)
+    np.testing.assert_allclose(jax.grad(placed)(x), jax.grad(f)(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(placed)(x), jax.jit(f)(x), rtol=1e-6)
+    rows = x.reshape(2, 3)
+    np.testing.assert_allclose(jax.vmap(placed)(rows), jax.vmap(f)(rows), rtol=1e-6)
+
+    def body(carry, row):
+        return carry + placed(row), None
+
+    np.testing.assert_allclose(jax.lax.scan(body, 0.0, rows)[0], jax.lax.scan(lambda c, r: (c + f(r), None),
+                                                                            0.0, rows)[0], rtol=1e-6)
+
+    @pw.program
+    def prog(x):
+        return placed(x)
+
+    np.testing.assert_allclose(jax.grad(prog)(x), jax.grad(f)(x), rtol=1e-6)

@@ -1,0 +1,178 @@
+"""flax NNX through pw programs, against nnx.jit: a small CNN with BatchNorm and Dropout (its RNG
+streams are typed keys), trained data-parallel on one slice and pipelined over two islands."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+
+STEPS, BATCH, MICRO_BATCHES = 3, 8, 2
+
+
+class Features(nnx.Module):
+    """Convolution, BatchNorm, ReLU and Dropout: the first half of the CNN."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.conv = nnx.Conv(1, 4, kernel_size=(3, 3), use_bias=False, rngs=rngs)
+        self.norm = nnx.BatchNorm(4, rngs=rngs)
+        self.dropout = nnx.Dropout(0.25, rngs=rngs)
+
+    def __call__(self, x):
+        return self.dropout(nnx.relu(self.norm(self.conv(x))))
+
+
+class Head(nnx.Module):
+    """Dropout and a linear classifier: the second half."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.dropout = nnx.Dropout(0.1, rngs=rngs)
+        self.linear = nnx.Linear(4 * 6 * 6, 5, rngs=rngs)
+
+    def __call__(self, x):
+        return self.linear(self.dropout(x.reshape(x.shape[0], -1)))
+
+
+class CNN(nnx.Module):
+    def __init__(self, seed: int):
+        self.features = Features(nnx.Rngs(seed, dropout=seed + 1))
+        self.head = Head(nnx.Rngs(seed + 2, dropout=seed + 3))
+
+    def __call__(self, x):
+        return self.head(self.features(x))
+
+
+def cross_entropy(logits, labels):
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def batches():
+    rng = np.random.default_rng(0)
+    return [(jnp.asarray(rng.normal(size=(BATCH, 6, 6, 1)), jnp.float32), jnp.asarray(rng.integers(0, 5, BATCH)))
+            for _ in range(STEPS)]
+
+
+def fetched(tree):
+    """`tree` with its handles read back as arrays (typed keys as key arrays)."""
+    return jax.tree.map(lambda h: h.result() if hasattr(h, "result") else h, tree)
+
+
+def assert_same_state(got: nnx.Module, want: nnx.Module, tolerance: float = 1e-6):
+    """Every parameter, BatchNorm statistic and RNG key of `got` equals `want`'s."""
+    got_leaves, want_leaves = jax.tree.leaves(nnx.state(got)), jax.tree.leaves(nnx.state(want))
+    assert len(got_leaves) == len(want_leaves)
+    for a, b in zip(fetched(got_leaves), want_leaves):
+        if jax.dtypes.issubdtype(b.dtype, jax.dtypes.extended):
+            np.testing.assert_array_equal(jax.random.key_data(a), jax.random.key_data(b))
+        else:
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tolerance, atol=tolerance)
+
+
+def train_step(model, optimizer, metrics, x, labels):
+    """One step in the style of flax's NNX examples: grads, optimizer.update, metrics.update."""
+    def loss_fn(model):
+        logits = model(x)
+        return cross_entropy(logits, labels), logits
+
+    (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    optimizer.update(model, grads)
+    metrics.update(loss=loss, logits=logits, labels=labels)
+    return loss
+
+
+def new_training(seed: int = 0):
+    model = CNN(seed)
+    return (model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param),
+            nnx.MultiMetric(accuracy=nnx.metrics.Accuracy(), loss=nnx.metrics.Average("loss")))
+
+
+def test_nnx_objects_train_data_parallel_as_with_nnx_jit():
+    data = pw.virtual_slice(2, axes="data")
+
+    def step(model, optimizer, metrics, x, labels):          # NNX objects in, NNX objects out
+        loss = train_step(model, optimizer, metrics, x, labels)
+        return model, optimizer, metrics, loss
+
+    placed = pw.jit(step, slice=data, in_specs=(None, None, None, P("data"), P("data")))
+
+    @pw.program
+    def program_step(model, optimizer, metrics, x, labels):
+        return placed(model, optimizer, metrics, x, labels)
+
+    model, optimizer, metrics = new_training()
+    want_model, want_optimizer, want_metrics = new_training()
+    reference = nnx.jit(train_step)
+    for x, labels in batches():
+        want_loss = reference(want_model, want_optimizer, want_metrics, x, labels)
+        model, optimizer, metrics, loss = program_step(model, optimizer, metrics, x, labels)
+        np.testing.assert_allclose(np.asarray(loss), want_loss, rtol=1e-6)
+    assert_same_state(model, want_model)
+    computed = fetched(metrics).compute()
+    for name, value in want_metrics.compute().items():
+        np.testing.assert_allclose(computed[name], value, rtol=1e-6)
+
+
+def test_nnx_split_and_merge_code_runs_in_a_placed_function():
+    s = pw.virtual_slice(2, axes="data")
+    model = CNN(4)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def logits(params, rest, x):
+        model = nnx.merge(graphdef, params, rest)
+        model.eval()
+        return model(x)
+
+    x = batches()[0][0]
+    np.testing.assert_allclose(np.asarray(pw.jit(logits, slice=s)(params, rest, x)),
+                               jax.jit(logits)(params, rest, x), rtol=1e-6)
+
+
+def as_stage(graphdef):
+    """An NNX module as a stateful pipeline stage: (params, state, x) -> (y, state).
+
+    It merges with copy=True: the stage runs inside jax.vjp, and NNX mutates
+    only Variables made inside the transformation.
+    """
+    def stage(params, state, x):
+        module = nnx.merge(graphdef, params, state, copy=True)
+        return module(x), nnx.state(module, nnx.Not(nnx.Param))
+    return stage
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_cnn_pipelined_over_two_islands_equals_nnx_jit(schedule):
+    first, second = pw.virtual_slice(2, axes="data"), pw.virtual_slice(2, axes="data", island="island1")
+    model = CNN(0)
+    parts = [nnx.split(m, nnx.Param, ...) for m in (model.features, model.head)]
+    tx = optax.adam(1e-2)
+    step = pw.pipeline([as_stage(g) for g, _, _ in parts], [first, second], loss=cross_entropy,
+                       schedule=schedule, micro_batches=MICRO_BATCHES, optimizer=tx, stateful=True,
+                       batch_axis="data")
+    params, states = [p for _, p, _ in parts], [s for _, _, s in parts]
+    opt_states = [tx.init(p) for p in params]
+
+    # The unpipelined step: the micro-batches one after another, their gradients summed.
+    want = CNN(0)
+    want_optimizer = nnx.Optimizer(want, tx, wrt=nnx.Param)
+
+    @nnx.jit
+    def reference(model, optimizer, x, labels):
+        total, grads = 0.0, None
+        for xm, lm in zip(jnp.split(x, MICRO_BATCHES), jnp.split(labels, MICRO_BATCHES)):
+            loss, g = nnx.value_and_grad(lambda m: cross_entropy(m(xm), lm) / MICRO_BATCHES)(model)
+            total, grads = total + loss, g if grads is None else jax.tree.map(jnp.add, grads, g)
+        optimizer.update(model, grads)
+        return total
+
+    for x, labels in batches():
+        want_loss = reference(want, want_optimizer, x, labels)
+        params, opt_states, states, loss = step(params, opt_states, states, x, labels)
+        np.testing.assert_allclose(np.asarray(loss), want_loss, rtol=1e-6)
+    got = CNN(0)
+    for module, (graphdef, _, _), p, s in zip((got.features, got.head), parts, params, states):
+        nnx.update(module, *fetched((p, s)))
+    assert_same_state(got, want)
