@@ -59,9 +59,11 @@ def _plans_of(path: pathlib.Path, topology):
 
         try:
             plan = ProgramPlan.from_python(json.loads(text))
+        except RecursionError:
+            raise RunError(f"{path}: not a pw plan: JSON nested too deeply") from None
         except (ValueError, KeyError, TypeError) as e:
             raise RunError(f"{path}: not a pw plan: {type(e).__name__}: {e}") from None
-        return {plan.program: plan}
+        return _checked(path, {plan.program: plan})
     with make_context() as context:
         try:
             module = parse_module(text, context)
@@ -79,7 +81,22 @@ def _plans_of(path: pathlib.Path, topology):
             diagnostics = DiagnosticEngine()
             if not run_passes(module, [VerifyPlansPass()], diagnostics):
                 raise RunError("\n".join(d.format(str(path)) for d in diagnostics.diagnostics))
+            return _checked(path, program_plans(module))
         return program_plans(module)
+
+
+def _checked(path: pathlib.Path, plans: dict) -> dict:
+    """Returns `plans` once their executables are checked (`runtime/plan_check.py`): a plan from a file is
+    untrusted input."""
+    from pathways_mlir.dialect.plan import PlanError
+    from pathways_mlir.runtime.plan_check import check_plan
+
+    for plan in plans.values():
+        try:
+            check_plan(plan)
+        except PlanError as e:
+            raise RunError(f"{path}: {e}") from None
+    return plans
 
 
 def _inputs(plan, seed: int):

@@ -78,6 +78,7 @@ from pathways_mlir.dialect.topology import Topology
 from .client import Client
 from .handles import Handle
 from .island import RunFailed
+from .plan_check import check_plan
 from .resource_manager import TopologyChanged
 from .runtime import Runtime, release_default
 from .status import Status
@@ -311,6 +312,7 @@ class Endpoint:
             found = self._plans.get(name)
         if found is None:
             found = ProgramPlan.from_json(text)      # raises PlanError on a bad plan; nothing is kept
+            check_plan(found)                        # and on executables it does not trust
             with self._lock:
                 found = self._plans.setdefault(name, found)
         return name, found
