@@ -115,13 +115,15 @@ class Endpoint:
         self._listeners = [_unix_listener(self.socket_path)]
         if port is not None:
             try:
-                self._listeners.append(socket.create_server((HOST, port)))
+                self._listeners.append(socket.create_server((HOST, port), backlog=128))
             except BaseException:
                 self._listeners[0].close()
                 os.unlink(self.socket_path)
                 if self._dir:
                     shutil.rmtree(self._dir, ignore_errors=True)
                 raise
+        for listener in self._listeners:
+            listener.setblocking(False)               # the accept thread takes every waiting connection
         self.tcp_address = self._listeners[1].getsockname()[:2] if port is not None else None
         self.address = self.socket_path
         self._key = secrets.token_bytes(32)
@@ -229,14 +231,24 @@ class Endpoint:
                     _drop(connection, pending, selector)
 
     def _take(self, listener: socket.socket, pending: dict, selector) -> None:
-        """Accepts a connection and starts its handshake, dropping the oldest pending one of the same peer
-        (or of all) past the limits."""
+        """Accepts every connection waiting and starts their handshakes, dropping the oldest pending one of
+        the same peer (or of all) past the limits."""
+        for _ in range(self.limits.max_pending):     # then back to the handshakes under way
+            try:
+                connection, _ = listener.accept()
+            except BlockingIOError:
+                return         # none left
+            except OSError:
+                time.sleep(0.01)   # the peer left before it was accepted, or no file descriptors are free
+                return
+            self._start_handshake(connection, pending, selector)
+
+    def _start_handshake(self, connection: socket.socket, pending: dict, selector) -> None:
         try:
-            connection, _ = listener.accept()
+            peer, uid = _peer(connection)
         except OSError:
-            time.sleep(0.01)   # the peer left before it was accepted, or no file descriptors are free
+            connection.close()   # gone already
             return
-        peer, uid = _peer(connection)
         same = [c for c, p in pending.items() if p.peer == peer]
         if len(same) >= self.limits.max_pending_per_peer:
             _drop(same[0], pending, selector)

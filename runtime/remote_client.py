@@ -316,14 +316,21 @@ class RemoteClient:
 def _connect(address, timeout: float | None) -> socket.socket:
     """Opens a socket to a Unix socket path or a TCP (host, port), connecting within 10 s."""
     if isinstance(address, str):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
-        try:
-            sock.connect(address)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        deadline = time.monotonic() + 10
+        while True:     # a full backlog refuses at once (EAGAIN) on a Unix socket: try again until the deadline
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            try:
+                sock.connect(address)
+                return sock
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the socket {address} accepted no connection in 10 s") from None
+                time.sleep(0.01)
+            except BaseException:
+                sock.close()
+                raise
     sock = socket.create_connection(address, timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
