@@ -58,7 +58,7 @@ def check_plan(plan: ProgramPlan, where: str = "plan") -> None:
         _check_module(name, export, where)
         if export.nr_devices != 1:
             raise PlanError(f"{where}: executable @{name} was exported for {export.nr_devices} devices, not 1")
-    for island, steps in plan.islands.items():
+    for steps in plan.islands.values():
         for step in steps:
             if isinstance(step, Launch):
                 _check_launch(plan, step, exported, where)
