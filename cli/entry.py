@@ -27,7 +27,8 @@ def write_output(output: str, text: str, error: Callable[[str], Exception]) -> N
 
 def run_command(command: click.Command, argv: list[str] | None, prog: str,
                 user_errors: tuple[type[Exception], ...], format_error: Callable[[Exception], str]) -> int:
-    """Runs `command`; returns 0, 1 for bad input (`user_errors`), click's status, or 2 for a bug."""
+    """Runs `command`; returns 0, 1 for bad input (`user_errors`, or a bad command line), click's status,
+    or 2 for a bug."""
     try:
         status = command.main(args=argv, prog_name=prog, standalone_mode=False)
     except user_errors as e:
@@ -35,6 +36,9 @@ def run_command(command: click.Command, argv: list[str] | None, prog: str,
         return 1
     except click.exceptions.Exit as e:
         return e.exit_code
+    except click.UsageError as e:      # a bad argument or option: one line, like any other bad input
+        click.echo(f"{prog}: error: {e.format_message()} (--help for usage)", err=True)
+        return 1
     except click.ClickException as e:
         e.show()
         return e.exit_code

@@ -1,8 +1,8 @@
 """`pw-bench`: the Pathways paper's experiments, ours beside the baselines, as ratios.
 
     pw-bench list                              # benchmarks and their headline ratios
-    pw-bench dispatch --quick                  # one benchmark: table and headline
-    pw-bench dispatch --json dispatch.json     # ... and its JSON record
+    pw-bench dispatch --quick                  # one benchmark: table, headline, record in results-quick/
+    pw-bench dispatch --json dispatch.json     # ... its JSON record elsewhere
     pw-bench all --quick                       # every benchmark, records in benchmarks/results-quick/
     pw-bench report                            # records -> benchmarks/RESULTS.md + plots/*.png
 
@@ -84,13 +84,15 @@ def _benchmark_command(name: str) -> click.Command:
     @click.command(name, help=f"Run the {name} benchmark (see pw-bench list).")
     @click.option("--quick", is_flag=True, help="Fewer repetitions and sizes: under a minute.")
     @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-                  help="Write the JSON record here.")
+                  help=f"Write the JSON record here (default: {RESULTS}/{name}.json, or {QUICK_RESULTS} with "
+                       "--quick: where report reads it).")
     def command(quick: bool, json_path: pathlib.Path | None) -> None:
         record = run_benchmark(name, quick)
         click.echo(_summary(record))
-        if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(record, indent=1) + "\n")
+        json_path = json_path or (QUICK_RESULTS if quick else RESULTS) / f"{name}.json"
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(record, indent=1) + "\n")
+        click.echo(f"record: {json_path}")
     return command
 
 

@@ -2,6 +2,7 @@
 
     pw-opt input.mlir --pass-pipeline='builtin.module(pw-verify)' -o out.mlir
     pw-opt input.mlir --pw-verify
+    pw-opt input.mlir --pw-lower=topology=2x4 --emit=plan-json -o plan.json   # what pw-run and pw-sim read
     pw-opt --list-passes
 
 Every problem with the input is reported as `file:line:col: error: message`
@@ -75,9 +76,11 @@ def _position(data: bytes, offset: int, filename: str) -> str:
     return f"{filename}:{line}:{column}"
 
 
-def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool,
-                  generic: bool) -> tuple[str | None, list[Diagnostic]]:
-    """Parses one chunk and runs the passes; returns its printed IR (None on error) and diagnostics."""
+def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool, generic: bool,
+                  emit: str = "ir", program: str | None = None,
+                  filename: str = "<stdin>") -> tuple[str | None, list[Diagnostic]]:
+    """Parses one chunk and runs the passes; returns its printed IR, or with `emit="plan-json"` the plan
+    JSON of `program` (default: the only one), None on error, and diagnostics."""
     from mlir import ir
 
     diagnostics = DiagnosticEngine()
@@ -95,8 +98,23 @@ def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool,
             module.operation.verify()
         except ir.MLIRError as error:
             return None, diagnostics.diagnostics + from_mlir_error(error)
+        if emit == "plan-json":
+            return _plan_json(module, program, filename) + "\n", diagnostics.diagnostics
         text = module.operation.get_asm(print_generic_op_form=generic)
         return text, diagnostics.diagnostics
+
+
+def _plan_json(module, program: str | None, filename: str) -> str:
+    """The plan JSON (`ProgramPlan.to_json`) of one program of a lowered module."""
+    from pathways_mlir.dialect import ops
+    from pathways_mlir.passes import program_plans
+
+    from .pw_run import select_program
+
+    if ops.LOWERED not in module.operation.attributes:
+        raise UsageError(f"{filename}: error: --emit=plan-json needs a lowered module: add --pw-lower "
+                         "(for example --pw-lower=topology=2x4)")
+    return select_program(program_plans(module), program, f"{filename}: error", UsageError).to_json()
 
 
 def list_passes() -> str:
@@ -154,10 +172,14 @@ class _Command(click.Command):
 @click.option("--mlir-print-op-generic", is_flag=True, help="Print ops in generic form.")
 @click.option("--list-passes", is_flag=True, help="List passes and pipelines with their options.")
 @click.option("--pass-help", default=None, metavar="NAME", help="Describe one pass or pipeline.")
+@click.option("--emit", type=click.Choice(["ir", "plan-json"]), default="ir", show_default=True,
+              help="Write the IR, or the plan JSON of a lowered program (what pw-run and pw-sim read).")
+@click.option("--program", default=None, help="With --emit=plan-json: the program (default: the only one).")
 @click.pass_context
 def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | None,
         split_input_file: bool, verify_diagnostics: bool, mlir_print_ir_after_all: bool,
-        mlir_print_op_generic: bool, list_passes: bool, pass_help: str | None) -> None:
+        mlir_print_op_generic: bool, list_passes: bool, pass_help: str | None, emit: str,
+        program: str | None) -> None:
     """Parse pw IR from INPUT ('-' for stdin), run passes, print the result."""
     if list_passes:
         click.echo(globals()["list_passes"]())
@@ -174,7 +196,8 @@ def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | N
     text = decode(data, filename)
     outputs, failed = [], False
     for chunk in split_input(text, split_input_file):
-        printed, diagnostics = process_chunk(chunk, passes, mlir_print_ir_after_all, mlir_print_op_generic)
+        printed, diagnostics = process_chunk(chunk, passes, mlir_print_ir_after_all, mlir_print_op_generic,
+                                             emit, program, filename)
         if verify_diagnostics:
             try:
                 expectations = parse_expectations(chunk.text)

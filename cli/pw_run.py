@@ -30,16 +30,20 @@ class RunError(Exception):
     """A problem with pw-run's input, reported on one line."""
 
 
-def _select_program(plans: dict, wanted: str | None, where: str):
+def select_program(plans: dict, wanted: str | None, where: str, error: type[Exception]):
+    """Returns the plan of program `wanted`, or of the one program no branch calls; raises `error` naming
+    `where` and the programs there otherwise."""
+    if not plans:
+        raise error(f"{where}: no program to run: the file holds no pw.program")
     branches = {s.then_plan.program for p in plans.values() for s in p.host_steps} | \
                {s.else_plan.program for p in plans.values() for s in p.host_steps}
     roots = sorted(name for name in plans if name not in branches)
     if wanted is not None:
         if wanted not in plans:
-            raise RunError(f"{where}: no program named '{wanted}' (programs: {', '.join(sorted(plans))})")
+            raise error(f"{where}: no program named '{wanted}' (programs: {', '.join(sorted(plans))})")
         return plans[wanted]
     if len(roots) != 1:
-        raise RunError(f"{where}: choose a program with --program (programs: {', '.join(roots)})")
+        raise error(f"{where}: choose a program with --program (programs: {', '.join(roots)})")
     return plans[roots[0]]
 
 
@@ -59,9 +63,11 @@ def _plans_of(path: pathlib.Path, topology):
 
         try:
             plan = ProgramPlan.from_python(json.loads(text))
+        except RecursionError:
+            raise RunError(f"{path}: not a pw plan: JSON nested too deeply") from None
         except (ValueError, KeyError, TypeError) as e:
             raise RunError(f"{path}: not a pw plan: {type(e).__name__}: {e}") from None
-        return {plan.program: plan}
+        return _checked(path, {plan.program: plan})
     with make_context() as context:
         try:
             module = parse_module(text, context)
@@ -79,7 +85,22 @@ def _plans_of(path: pathlib.Path, topology):
             diagnostics = DiagnosticEngine()
             if not run_passes(module, [VerifyPlansPass()], diagnostics):
                 raise RunError("\n".join(d.format(str(path)) for d in diagnostics.diagnostics))
+            return _checked(path, program_plans(module))
         return program_plans(module)
+
+
+def _checked(path: pathlib.Path, plans: dict) -> dict:
+    """Returns `plans` once their executables are checked (`runtime/plan_check.py`): a plan from a file is
+    untrusted input."""
+    from pathways_mlir.dialect.plan import PlanError
+    from pathways_mlir.runtime.plan_check import check_plan
+
+    for plan in plans.values():
+        try:
+            check_plan(plan)
+        except PlanError as e:
+            raise RunError(f"{path}: {e}") from None
+    return plans
 
 
 def _inputs(plan, seed: int):
@@ -108,7 +129,11 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: str, repeat: int,
     from pathways_mlir.runtime.client import default_client
 
     runtime = pw.get_runtime()
-    plan = _select_program(_plans_of(path, runtime.resources.topology), program, str(path))
+    plan = select_program(_plans_of(path, runtime.resources.topology), program, str(path), RunError)
+    placed, cluster = _shape(plan.topology), _shape(runtime.resources.topology)
+    if any(cluster.get(island, 0) < devices for island, devices in placed.items()):
+        raise RunError(f"{path}: @{plan.program} is placed for {_describe(placed)}, but the cluster has "
+                       f"{_describe(cluster)} (--cluster ISLANDSxDEVICES chooses it)")
     client = default_client(runtime)
     args = _inputs(plan, seed)
     try:
@@ -134,7 +159,17 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: str, repeat: int,
         click.echo(f"  median of {repeat} runs: {sorted(times)[len(times) // 2] * 1e3:.3f} ms")
 
 
+def _shape(topology) -> dict[str, int]:
+    return {island.name: island.num_devices for island in topology.islands}
+
+
+def _describe(shape: dict[str, int]) -> str:
+    return ", ".join(f"{name}: {devices} devices" for name, devices in shape.items())
+
+
 def _run_script(path: pathlib.Path) -> None:
+    if not path.read_text().strip():
+        raise RunError(f"{path}: the script is empty: nothing to run")
     sys.argv = [str(path)]
     sys.path.insert(0, str(path.parent))
     try:
@@ -149,11 +184,12 @@ def _run_script(path: pathlib.Path) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("target", type=click.Path(dir_okay=False, path_type=pathlib.Path))
+@click.argument("target", type=click.Path(path_type=pathlib.Path))
 @click.option("--program", default=None, help="Program to run from an IR or plan file.")
 @click.option("--dispatch", type=click.Choice(["parallel", "sequential"]), default="parallel",
               help="Asynchronous dispatch mode.")
-@click.option("--repeat", default=0, show_default=True, help="Timed runs after the first (IR and plans).")
+@click.option("--repeat", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Timed runs after the first (IR and plans).")
 @click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
               help="Write a Chrome/Perfetto trace (one track per device).")
 @click.option("--cluster", default=None, metavar="ISLANDSxDEVICES", help=f"Embedded cluster shape (sets {CLUSTER_ENV}).")
@@ -168,6 +204,8 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
     prepare_host_devices()
     if not target.exists():
         raise RunError(f"{target}: no such file")
+    if target.is_dir():
+        raise RunError(f"{target}: is a directory: give a .py script, a .mlir file or a .json plan")
     import pathways_mlir as pw
 
     if trace_path and backend != "embedded":

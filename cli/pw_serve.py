@@ -1,22 +1,27 @@
 """`pw-serve`: a shared service that other processes attach to, and reports on what it is doing.
 
-    pw-serve                                        # serve 2 islands x 4 CPU devices on 127.0.0.1:7107
-    pw-serve --islands 2 --per-island 2 --port 0    # another shape, any free port
+    pw-serve                                        # serve 2 islands x 4 CPU devices on a Unix socket
+    pw-serve --islands 2 --per-island 2 --port 0    # another shape; also TCP 127.0.0.1, any free port
     pw-serve --backend ray --address HOST:6379      # own the islands on an existing Ray cluster
     pw-serve --status --service-file PATH           # ask a service for its full report
     pw-serve --status --address 127.0.0.1:6379      # the islands of a Ray cluster (or --address auto)
 
-Serving (`runtime/service.py`): one `Runtime` and an `Endpoint` on 127.0.0.1,
-found through a service file (host, port, key path, pid; default
-`$PW_SERVICE_DIR/service.json`, else `~/.cache/pathways-mlir/service.json`)
-that `pw.connect()` reads. It prints one line saying where it listens, runs
-until SIGINT or SIGTERM, then drops every connection (their objects are
-released) and removes the service file and its key.
+Serving (`runtime/service.py`): one `Runtime` and an `Endpoint` on a Unix
+socket beside the service file (and on TCP 127.0.0.1 with `--port`), found
+through the service file (socket, key path, pid; host and port with TCP;
+default `$PW_SERVICE_DIR/service.json`, else
+`~/.cache/pathways-mlir/service.json`) that `pw.connect()` reads. It prints
+one line saying where it listens, runs until SIGINT or SIGTERM (blocked
+before any thread starts, so the main thread's `sigwait` takes them),
+then stops in order: the runtime (runs still queued fail), the endpoint
+(every connection dropped, their objects released), and its files (service
+file, socket, key), and exits 0. `--idle-timeout`, `--max-connections` and
+`--max-header-bytes` set the endpoint's limits (`runtime/wire.py`).
 
-`--status --service-file PATH` asks that service over its endpoint: the
-scheduler's queue and what each queued run waits for, each island's runs
-and what each waits for, each client's objects and bytes, the bytes
-reserved per device, and the connected clients. `--status` without it asks
+`--status --service-file PATH` asks that service over its Unix socket for
+its full report: the scheduler's queue and what each queued run waits for,
+each island's runs and what each waits for, each client's objects and
+bytes, the bytes reserved per device, and the connected clients. `--status` without it asks
 a Ray cluster (`--address`, default auto): it finds the island actors by
 name (`pw-island-*` in the namespace `pathways`) and prints each island's
 report; the scheduler's queue lives in the process that owns those islands.
@@ -32,6 +37,8 @@ import sys
 import click
 
 from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
+
+from pathways_mlir.runtime.limits import Limits
 
 from .entry import run_command
 
@@ -56,8 +63,15 @@ class ServeError(Exception):
 @click.option("--policy", type=click.Choice(["fifo", "share"]), default="fifo", show_default=True,
               help="The gang scheduler's policy.")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
-              help="The port on 127.0.0.1 (0: any free port). [default: 7107]")
-def cli(status, service_file, address, backend, islands, per_island, device_memory_bytes, policy, port) -> None:
+              help="Also serve on TCP 127.0.0.1:PORT (0: any free port). [default: the Unix socket only]")
+@click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=Limits.idle_timeout,
+              show_default=True, help="Seconds a connection may stay silent before it is dropped.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=Limits.max_connections,
+              show_default=True, help="Connections served at once.")
+@click.option("--max-header-bytes", type=click.IntRange(min=1), default=Limits.max_header_bytes,
+              show_default=True, help="The largest JSON header of a request.")
+def cli(status, service_file, address, backend, islands, per_island, device_memory_bytes, policy, port,
+        idle_timeout, max_connections, max_header_bytes) -> None:
     """Serve a cluster to other processes (pw.connect), or report on one (--status)."""
     if status:
         _status(service_file, address)
@@ -66,15 +80,17 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
         raise ServeError("--islands and --per-island go together")
     if address is not None and backend != "ray":
         raise ServeError("--address names a Ray cluster to own islands on: it needs --backend ray")
+    # Before anything starts a thread (importing JAX does): SIGINT and SIGTERM wait for the main thread's
+    # sigwait, in every thread, so a signal always stops the service in order.
+    stop = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     if islands is not None:
         os.environ[CLUSTER_ENV] = f"{islands}x{per_island}"
     prepare_host_devices()            # before JAX starts: the embedded islands' CPU devices
     from pathways_mlir.runtime.runtime import Runtime
-    from pathways_mlir.runtime.service import DEFAULT_PORT, Service, ServiceError
+    from pathways_mlir.runtime.service import Service, ServiceError
 
-    # Signals wait for the main thread's sigwait; every thread started from here on inherits the mask.
-    stop = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections, max_header_bytes=max_header_bytes)
     try:
         runtime = Runtime(policy=policy, backend=backend, address=address, islands=islands, per_island=per_island,
                           device_memory_bytes=device_memory_bytes)
@@ -83,7 +99,7 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
     except (ValueError, ConnectionError, ClusterError) as e:
         raise ServeError(str(e)) from None
     try:
-        service = Service(runtime, DEFAULT_PORT if port is None else port, service_file)
+        service = Service(runtime, port, service_file, limits)
     except ServiceError as e:
         runtime.close()
         raise ServeError(str(e)) from None
@@ -108,7 +124,7 @@ def _status(service_file: str | None, address: str | None) -> None:
 
         try:
             with open_connection(service_file, timeout=60) as client:
-                click.echo(str(client.status()))
+                click.echo(str(client.status(full=True)))
         except ServiceError as e:
             raise ServeError(str(e)) from None
         return

@@ -27,6 +27,7 @@ A pass option names a topology either by a JSON file path or, for tests, as
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
@@ -190,6 +191,9 @@ class Topology:
         match = re.fullmatch(r"(\d+)x(\d+)", text)
         if match and int(match[1]) > 0 and int(match[2]) > 0:
             return Topology.uniform(int(match[1]), int(match[2]))
+        if re.fullmatch(r"\d*x\d*", text) and not os.path.exists(text):
+            raise TopologyError(f"topology '{text}': expected ISLANDSxDEVICES, two positive integers such as 2x4, "
+                                "or a topology JSON file")
         return Topology.load(text)
 
     @staticmethod

@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import shutil
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -68,18 +69,75 @@ class Recovery:
         return self.step - self.snapshot_step
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that could not be written or read; the message names its path."""
+
+
+class _Checkpoints:
+    """Writes snapshots as Orbax checkpoints in `directory`; a write that fails (a full disk, a lost
+    mount) logs one line naming the checkpoint, removes its partial `*-tmp*` directory and leaves the next
+    snapshot to try again (with a new manager: Orbax's keeps raising a failed write's error), or, if
+    `strict`, raises CheckpointError."""
+
+    def __init__(self, manager, reopen: Callable[[], Any], directory: str, strict: bool):
+        self._manager, self._reopen, self.directory, self.strict = manager, reopen, directory, strict
+        self._writing: int | None = None     # the step of the write in flight (asynchronous)
+
+    def save(self, step: int, arrays: list[np.ndarray]) -> None:
+        """Starts writing one snapshot, once the write before it is over (its failure reported first)."""
+        import orbax.checkpoint as ocp
+
+        self.finish()
+        self._writing = step
+        try:
+            self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)))
+        except Exception as error:  # noqa: BLE001  (whatever the disk or Orbax raises, reported in one line)
+            self._failed(step, error)
+
+    def finish(self) -> None:
+        """Waits for the write in flight; reports its failure."""
+        step, self._writing = self._writing, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001
+            self._failed(step, error)
+
+    def close(self) -> None:
+        """Waits for the write in flight (reporting its failure) and closes the manager."""
+        try:
+            self.finish()
+        finally:
+            self._manager.close()
+
+    def _failed(self, step: int | None, error: Exception) -> None:
+        try:
+            self._manager.close()
+        except Exception:  # noqa: BLE001  (the same failure again)
+            pass
+        self._manager = self._reopen()
+        for name in os.listdir(self.directory):
+            if "-tmp" in name:                  # Orbax writes `<step>.orbax-checkpoint-tmp-<time>` first
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        where = os.path.join(self.directory, str(step)) if step is not None else self.directory
+        if self.strict:
+            raise CheckpointError(f"the checkpoint {where} could not be written: {reason}") from None
+        log.warning("the checkpoint %s could not be written (%s); the host snapshot is kept and the next "
+                    "snapshot tries again", where, reason)
+
+
 class _Snapshots:
     """The latest host snapshot of the state, and the copy of the next one (at most one in flight).
 
     The copy runs on one background thread: it reads the handles of one
     step's state into numpy arrays, dropping each handle once read, then
-    makes them the latest snapshot and, with a checkpoint manager, starts
-    writing them to disk.
+    makes them the latest snapshot and, with checkpoints, starts writing
+    them to disk.
     """
 
-    def __init__(self, step: int, leaves: list[np.ndarray], manager, timeout: float):
+    def __init__(self, step: int, leaves: list[np.ndarray], checkpoints: _Checkpoints | None, timeout: float):
         self.step, self.leaves = step, leaves
-        self._manager = manager
+        self._checkpoints = checkpoints
         self._timeout = timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pw-elastic-snapshot")
         self._pending: tuple[int, concurrent.futures.Future] | None = None
@@ -125,10 +183,8 @@ class _Snapshots:
             handles.clear()          # a failed copy keeps no handle alive through its traceback
         with self._lock:
             self.step, self.leaves = step, arrays
-        if self._manager is not None:
-            import orbax.checkpoint as ocp
-
-            self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)))
+        if self._checkpoints is not None:
+            self._checkpoints.save(step, arrays)
 
 
 class ElasticTrainer:
@@ -138,7 +194,10 @@ class ElasticTrainer:
     function returning the new state (same structure as `state`) first.
     `batch(i)`: step i's batch, deterministic (replayed steps ask again).
     `snapshot_every`: steps between host snapshots. `checkpoint_dir`: also
-    write each snapshot there as an Orbax checkpoint, keeping `max_to_keep`.
+    write each snapshot there as an Orbax checkpoint, keeping `max_to_keep`;
+    a write that fails logs one line, keeps the host snapshot and training,
+    and the next snapshot tries again, unless `strict_checkpoints` (then the
+    run stops with a `CheckpointError` naming the checkpoint).
     `on_step(n, metrics)`: called after the n-th step is dispatched (again
     for replayed steps) with its metrics as handles. `max_losses`: how many
     losses in a row, with no newer snapshot between them, before giving up.
@@ -148,7 +207,7 @@ class ElasticTrainer:
     def __init__(self, step, batch: Callable[[int], Any], *, snapshot_every: int, client=None,
                  checkpoint_dir: str | os.PathLike | None = None, max_to_keep: int = 2,
                  on_step: Callable[[int, tuple], None] | None = None, max_losses: int = 3,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, strict_checkpoints: bool = False):
         if not callable(getattr(step, "run", None)):
             raise TypeError(f"step must be a @pw.program or pw.jit function, not {type(step).__name__}")
         if not callable(batch):
@@ -165,6 +224,7 @@ class ElasticTrainer:
         self.client = client
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self.max_to_keep = max_to_keep
+        self.strict_checkpoints = strict_checkpoints
         self.on_step = on_step
         self.max_losses = max_losses
         self.timeout = timeout
@@ -178,8 +238,8 @@ class ElasticTrainer:
         return None if self._snapshots is None else self._snapshots.latest()[0]
 
     def run(self, state, steps: int, resume_from: str | os.PathLike | None = None):
-        """Trains from `state` (or from the newest checkpoint in `resume_from`, `state` then giving the
-        structure, shapes and dtypes) until `steps` steps are done; returns the final state as handles,
+        """Trains from `state` (or from the newest intact checkpoint in `resume_from`, `state` then giving
+        the structure, shapes and dtypes; a corrupted newer one is skipped with one line naming it) until `steps` steps are done; returns the final state as handles,
         its device work complete (as host arrays when the loss of the final state was recovered from a
         snapshot of that very step). Raises `RuntimeError` after `max_losses` losses in a row."""
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
@@ -194,15 +254,14 @@ class ElasticTrainer:
         else:
             start, host = 0, [_to_host(leaf, self.timeout) for leaf in leaves]
         self.start_step, self.recoveries = start, []
-        manager = self._checkpoint_manager(start)
-        self._snapshots = _Snapshots(start, host, manager, self.timeout)
+        checkpoints = None if self.checkpoint_dir is None else self._checkpoints(start)
+        self._snapshots = _Snapshots(start, host, checkpoints, self.timeout)
         try:
             return self._loop(state, [_shape_dtype(leaf) for leaf in leaves], treedef, start, steps)
         finally:
             self._snapshots.close()
-            if manager is not None:
-                manager.wait_until_finished()
-                manager.close()
+            if checkpoints is not None:
+                checkpoints.close()
 
     def _loop(self, state, specs: list, treedef, done: int, steps: int):
         snapshots, pending, checked = self._snapshots, None, False
@@ -296,19 +355,23 @@ class ElasticTrainer:
                  recovery.recovery_s, recovery.relower_s, recovery.restore_s, recovery.replayed,
                  "" if recovery.replayed == 1 else "s")
 
-    def _checkpoint_manager(self, start: int):
-        if self.checkpoint_dir is None:
-            return None
+    def _checkpoint_manager(self) -> Any:
+        """A manager of `checkpoint_dir` (writes asynchronously, keeps `max_to_keep`)."""
         import orbax.checkpoint as ocp
 
-        manager = ocp.CheckpointManager(os.path.abspath(self.checkpoint_dir), options=ocp.CheckpointManagerOptions(
+        return ocp.CheckpointManager(os.path.abspath(self.checkpoint_dir), options=ocp.CheckpointManagerOptions(
             max_to_keep=self.max_to_keep, enable_async_checkpointing=True))
+
+    def _checkpoints(self, start: int) -> _Checkpoints:
+        """The run's checkpoints; refuses a `checkpoint_dir` holding newer ones than `start`."""
+        manager = self._checkpoint_manager()
         newest = manager.latest_step()
         if newest is not None and newest > start:
             manager.close()
             raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints up to step {newest}: "
                              f"resume from it (resume_from=) or use an empty directory")
-        return manager
+        return _Checkpoints(manager, self._checkpoint_manager, os.path.abspath(self.checkpoint_dir),
+                            self.strict_checkpoints)
 
 
 def _await_change(resources, version: int, timeout: float) -> None:
@@ -347,11 +410,21 @@ def _read_checkpoint(directory: str, like: Sequence) -> tuple[int, list[np.ndarr
         raise ValueError(f"resume_from: {directory} is not a directory")
     manager = ocp.CheckpointManager(os.path.abspath(directory))
     try:
-        step = manager.latest_step()
-        if step is None:
+        steps = sorted(manager.all_steps(), reverse=True)
+        if not steps:
             raise ValueError(f"resume_from: {directory} holds no checkpoint")
         began = time.perf_counter()
-        item = manager.restore(step, args=ocp.args.StandardRestore())
+        for step in steps:
+            try:
+                item = manager.restore(step, args=ocp.args.StandardRestore())
+                break
+            except Exception as error:  # noqa: BLE001  (a corrupted checkpoint: any error reading it)
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+                log.warning("skipping the checkpoint %s: it cannot be read (%s: %s)",
+                            os.path.join(directory, str(step)), type(error).__name__, reason)
+        else:
+            raise ValueError(f"resume_from: no checkpoint in {directory} can be read (steps "
+                             f"{', '.join(map(str, steps))})")
     finally:
         manager.close()
     keys = list(_as_item(like))

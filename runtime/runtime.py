@@ -21,6 +21,7 @@ from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 from .dispatch import LoadedPlan
 from .island import Island, IslandLost, Islands, RunFailed, client_owner, raised
+from .plan_check import check_plan
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
@@ -120,6 +121,7 @@ class Runtime:
             if loaded is not None and loaded.source is plan:
                 return loaded
             plan.validate()
+            check_plan(plan)         # untrusted executables are refused before anything compiles them
             loaded = LoadedPlan.build(id(plan), plan)
             for island in loaded.islands:
                 self.islands[island].load(loaded.key, loaded.plan)

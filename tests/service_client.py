@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
-from pathways_mlir.runtime.endpoint import RemoteHandle
+from pathways_mlir.runtime.remote_client import RemoteHandle
 
 TIMEOUT = 120.0
 BIG = (2, 32768)       # float32, split over island0's 2 devices: 128 KiB per device in, 128 KiB out

@@ -1,7 +1,9 @@
 """Losing an island (embedded backend): runs that use it fail with IslandLost, programs move, training resumes."""
 
 import logging
+import os
 import re
+import subprocess
 import threading
 import time
 
@@ -12,6 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
+from pathways_mlir.frontend.elastic import CheckpointError
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.handles import Handle
@@ -307,4 +310,88 @@ def test_bad_arguments_are_one_line_errors(rt):
         with pytest.raises(TypeError, match=r"^step returned a state whose array 0 is float32\[16\], the state "
                                             r"given float64\[16\]: give the initial state the dtypes"):
             trainer.run(dict(init(), b1=np.zeros(16)), 2)
+    assert settled(rt, WAIT)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (a disk that fills up), unmounted at the end; skipped where mounting is not allowed."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
+                          text=True, timeout=30)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True, timeout=30)
+
+
+def fill(directory):
+    """Fills the disk under `directory`; returns the filler file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass            # no space left
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_disk_keeps_training_and_snapshots(rt, small_disk, caplog):
+    checkpoints = small_disk / "ckpt"
+    checkpoints.mkdir()
+    filler = fill(small_disk)
+    with Client(rt) as client:
+        trainer = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, checkpoint_dir=checkpoints)
+        with caplog.at_level(logging.WARNING, logger="pathways_mlir.elastic"):
+            got = trainer.run(init(), 10)
+        assert_same_params(got, plain_jax(10))                   # training went on
+        assert trainer.snapshot_step == 9                        # and so did the host snapshots
+        failures = elastic_lines(caplog)
+        assert failures and all(re.fullmatch(rf"the checkpoint {checkpoints}/\d+ could not be written \(.+\); the "
+                                             r"host snapshot is kept and the next snapshot tries again", line)
+                                for line in failures), failures
+        assert not [p for p in checkpoints.iterdir() if "-tmp" in p.name]      # no partial directory left
+
+        strict = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, checkpoint_dir=checkpoints,
+                                   strict_checkpoints=True)
+        with pytest.raises(CheckpointError, match=rf"^the checkpoint {checkpoints}/\d+ could not be written: "):
+            strict.run(init(), 10)
+        assert not [p for p in checkpoints.iterdir() if "-tmp" in p.name]
+
+        filler.unlink()                                          # space again: the next snapshots are written
+        caplog.clear()
+        again = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, checkpoint_dir=checkpoints)
+        with caplog.at_level(logging.WARNING, logger="pathways_mlir.elastic"):
+            again.run(init(), 7)
+        assert not elastic_lines(caplog)
+        assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [3, 6]
+        del got
+    assert settled(rt, WAIT)
+
+
+def test_a_corrupted_newest_checkpoint_is_skipped(rt, tmp_path, caplog):
+    with Client(rt) as client:
+        first = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, checkpoint_dir=tmp_path)
+        first.run(init(), 10)
+        [metadata] = (tmp_path / "9").rglob("_METADATA")
+        metadata.write_text("")                                  # an empty _METADATA: step 9 cannot be read
+        second = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client)
+        with caplog.at_level(logging.WARNING, logger="pathways_mlir.elastic"):
+            got = second.run(init(), 10, resume_from=tmp_path)
+        assert second.start_step == 6
+        [line] = elastic_lines(caplog)
+        assert line.startswith(f"skipping the checkpoint {tmp_path / '9'}: it cannot be read (")
+        assert_same_params(got, plain_jax(10))
+        [metadata] = (tmp_path / "6").rglob("_METADATA")
+        metadata.write_text("{")
+        with pytest.raises(ValueError, match=rf"^resume_from: no checkpoint in {tmp_path} can be read "
+                                             r"\(steps 9, 6\)$"):
+            second.run(init(), 10, resume_from=tmp_path)
+        del got
     assert settled(rt, WAIT)

@@ -1,5 +1,6 @@
-"""The loopback endpoint: framed JSON and raw arrays (never pickle), an HMAC handshake
-with a per-service key, and an accept loop that outlives bad and half-open connections."""
+"""The local endpoint: framed JSON and raw arrays (never pickle), an HMAC handshake
+with a per-service key on a private Unix socket, and an accept loop that outlives bad and
+half-open connections."""
 
 import hashlib
 import multiprocessing.connection as mpc
@@ -23,17 +24,11 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.endpoint import (
-    MAX_ARRAY_BYTES,
-    AuthenticationError,
-    Endpoint,
-    ProtocolError,
-    RemoteClient,
-    RemoteError,
-    recv_message,
-    _server_handshake,
-    send_message,
-)
+from pathways_mlir.runtime.authentication import AuthenticationError, ServerHandshake
+from pathways_mlir.runtime.endpoint import Endpoint
+from pathways_mlir.runtime.limits import Limits
+from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError, ServiceError
+from pathways_mlir.runtime.wire import ProtocolError, recv_message, send_message
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
 
@@ -80,9 +75,9 @@ class Payload:
 _REMOTE = """
 import sys, numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
-from pathways_mlir.runtime.endpoint import RemoteClient
-plan_path, port, key_path, x_path, out_path, ending = sys.argv[1:]
-client = RemoteClient(("127.0.0.1", int(port)), key_path=key_path, timeout=120)
+from pathways_mlir.runtime.remote_client import RemoteClient
+plan_path, address, key_path, x_path, out_path, ending = sys.argv[1:]
+client = RemoteClient(address, key_path=key_path, timeout=120)
 [h] = client.run(ProgramPlan.from_json(open(plan_path).read()), [np.load(x_path)])
 np.save(out_path, np.asarray(h))
 print(client.object_count(), flush=True)
@@ -98,7 +93,7 @@ def start_remote(endpoint, tmp_path, plan, name, ending):
     (tmp_path / "plan.json").write_text(plan.to_json())
     np.save(tmp_path / "x.npy", X)
     return subprocess.Popen(
-        [sys.executable, "-c", _REMOTE, str(tmp_path / "plan.json"), str(endpoint.address[1]),
+        [sys.executable, "-c", _REMOTE, str(tmp_path / "plan.json"), endpoint.address,
          endpoint.key_path, str(tmp_path / "x.npy"), str(tmp_path / f"{name}.npy"), ending],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -128,6 +123,14 @@ def wait_released(runtime, timeout=30):
 
 def endpoint_threads():
     return [t for t in threading.enumerate() if t.name.startswith("pw-endpoint")]
+
+
+def unix(path: str) -> socket.socket:
+    """A raw connection to a Unix socket."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    return s
 
 
 def raw_frame(header: bytes) -> bytes:
@@ -173,7 +176,7 @@ def test_frames_carry_numeric_arrays_only():
             with pytest.raises(ProtocolError, match=error):
                 recv_message(b)
             assert time.monotonic() - start < 5      # rejected before allocating or reading
-        assert MAX_ARRAY_BYTES < 1 << 40
+        assert Limits().max_array_bytes < 1 << 40
         a.sendall(struct.pack(">I", 1 << 31))
         with pytest.raises(ProtocolError, match="header of 2147483648 bytes"):
             recv_message(b)
@@ -186,7 +189,8 @@ def test_key_is_random_per_service_private_and_removed_on_close(runtime, tmp_pat
     try:
         assert two.key_path == str(chosen)
         for endpoint in (one, two):
-            assert endpoint.address[0] == "127.0.0.1"
+            assert stat.S_ISSOCK(os.stat(endpoint.address).st_mode) and endpoint.tcp_address is None
+            assert stat.S_IMODE(os.stat(os.path.dirname(endpoint.address)).st_mode) == 0o700
             assert stat.S_IMODE(os.stat(endpoint.key_path).st_mode) == 0o600
             assert os.stat(endpoint.key_path).st_uid == os.getuid()
         keys = [open(e.key_path).read() for e in (one, two)]
@@ -202,8 +206,8 @@ def test_key_is_random_per_service_private_and_removed_on_close(runtime, tmp_pat
     assert not chosen.exists() and not list(tmp_path.iterdir())
     one.close()                                     # closing twice is harmless
     assert not endpoint_threads()
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(one.address, timeout=10)
+    with pytest.raises(FileNotFoundError):
+        unix(one.address)
 
 
 def test_clients_check_the_endpoint_and_time_out_waiting():
@@ -216,8 +220,12 @@ def test_clients_check_the_endpoint_and_time_out_waiting():
                 first.sendall(b"PWE1" + secrets.token_bytes(32))
                 first.recv(64)
                 first.sendall(secrets.token_bytes(32))
-            with server.accept()[0] as second:           # holds it, then never replies
-                _server_handshake(second, key)
+            with server.accept()[0] as second:           # holds it, welcomes, then never replies
+                handshake = ServerHandshake(second, key)
+                handshake.start()
+                while not handshake.advance():
+                    pass
+                send_message(second, {"ok": True, "limits": Limits().to_python()})
                 timed_out.wait(30)
 
         thread = threading.Thread(target=impostor_then_silent, daemon=True)
@@ -225,7 +233,8 @@ def test_clients_check_the_endpoint_and_time_out_waiting():
         with pytest.raises(AuthenticationError, match="does not hold the key"):
             RemoteClient(server.getsockname(), key=key)
         client = RemoteClient(server.getsockname(), key=key, timeout=0.5)
-        with pytest.raises(TimeoutError, match="no reply from the endpoint in 0.5 s"):
+        with pytest.raises(ServiceError, match=r"no reply from the service at 127.0.0.1:\d+ in 0.5 s; the "
+                                               "connection is closed"):
             client.object_count()
         timed_out.set()
         with pytest.raises(OSError):
@@ -240,13 +249,13 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
     pickle.loads(pickle.dumps(Payload(control))).close()
     assert control.exists()                          # the payload is live: unpickling it creates a file
     payload = pickle.dumps(Payload(target))
-    endpoint = Endpoint(runtime, handshake_timeout=1.0)
+    endpoint = Endpoint(runtime, limits=Limits(handshake_timeout=1.0))
     opened, procs = [], []
     try:
         live = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)   # served all along
         opened.append(live._socket)
         for first_bytes in (b"", b"PWE1" + bytes(10)):                       # half-open connections
-            s = socket.create_connection(endpoint.address, timeout=10)
+            s = unix(endpoint.address)
             s.sendall(first_bytes)
             opened.append(s)
 
@@ -257,7 +266,7 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
         with pytest.raises((OSError, EOFError, mpc.AuthenticationError)):
             mpc.Client(endpoint.address, authkey=b"pathways-mlir")            # the old public key
 
-        raw = socket.create_connection(endpoint.address, timeout=10)
+        raw = unix(endpoint.address)
         raw.sendall(payload)
         wait_dropped(raw)
         raw.close()
@@ -284,7 +293,9 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
                                ({"op": ["run"]}, r"unknown request \"\['run'\]\""),
                                ({"op": "fetch", "handle": "0"}, "needs 'handle' as int"),
                                ({"op": "fetch", "handle": 7}, "no handle 7"),
-                               ({"op": "load", "plan": "{}"}, "PlanError: plan: missing .topology."),
+                               ({"op": "load", "plan": "{}"}, "needs 'plan' as dict"),
+                               ({"op": "load", "plan": {}, "executables": []}, "PlanError: plan: missing .topology."),
+                               ({"op": "load", "plan": {}, "executables": ["f"]}, "one array of bytes"),
                                ({"op": "run", "name": "p", "dispatch": "parallel"}, "no plan is loaded"),
                                ({"op": "run", "name": live.load(plan), "dispatch": "parallel"},
                                 "needs 'version' as int"),
@@ -386,7 +397,7 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
         [kept] = one.run(plan, [X])
         one.close()
         kept.delete()                                      # after closing: closing released it already
-        with pytest.raises(ConnectionError, match="the connection to the endpoint is closed"):
+        with pytest.raises(ServiceError, match="the connection to the service at unix:.* is closed"):
             one.run(plan, [X])
     finally:
         runtime.scheduler.release()

@@ -59,11 +59,52 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
         tmp_path / "bad.mlir": "bad.mlir:1:1: error: 'pw.compute' op attribute 'callee' is expected",
         tmp_path / "bad.json": "not a pw plan",
         tmp_path / "boom.py": "boom.py:2: ValueError: boom",
+        tmp_path / "empty.py": "empty.py: the script is empty: nothing to run",
+        tmp_path / "empty.mlir": "empty.mlir: no program to run: the file holds no pw.program",
+        tmp_path / "nested.json": "nested.json: not a pw plan: JSON nested too deeply",
+        tmp_path / "dir": "dir: is a directory: give a .py script, a .mlir file or a .json plan",
     }
+    (tmp_path / "empty.py").write_text("")
+    (tmp_path / "empty.mlir").write_text("")
+    (tmp_path / "nested.json").write_text("[" * 100000 + "]" * 100000)
+    (tmp_path / "dir").mkdir()
     for path, message in cases.items():
         result = pw_run(path)
         assert result.returncode == 1, (path, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert path.name in ("bad.mlir", "hostile.mlir") or len(result.stderr.strip().splitlines()) == 1, \
+            result.stderr          # IR gets one line per diagnostic
+
+    # A plan placed for 2 islands of 4 on a cluster of one island; a negative --repeat.
+    from pathways_mlir.dialect.topology import Topology
+    from pathways_mlir.passes import lower, program_plans
+
+    plan = program_plans(lower((ROOT / "examples" / "three_blocks.mlir").read_text(), Topology.uniform(2, 4),
+                               strategy="spread"))["three_blocks"]
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    for args, message in [((tmp_path / "plan.json", "--cluster", "1x4"),
+                           "@three_blocks is placed for island0: 4 devices, island1: 4 devices, but the cluster "
+                           "has island0: 4 devices (--cluster ISLANDSxDEVICES chooses it)"),
+                          ((tmp_path / "plan.json", "--repeat", "-3"),
+                           "pw-run: error: Invalid value for '--repeat': -3 is not in the range x>=0.")]:
+        result = pw_run(*args)
+        assert result.returncode == 1 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_pw_opt_writes_the_plan_json_that_pw_run_reads(tmp_path):
+    plan = tmp_path / "plan.json"
+    lowered = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", str(ROOT / "examples" /
+                              "three_blocks.mlir"), "--pw-lower=topology=2x4", "--emit=plan-json", "-o", str(plan)],
+                             capture_output=True, text=True, timeout=300)
+    assert lowered.returncode == 0, lowered.stderr
+    result = pw_run(plan)
+    assert result.returncode == 0, result.stderr
+    assert "program @three_blocks on island0" in result.stdout
+    unlowered = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", str(ROOT / "examples" /
+                                "three_blocks.mlir"), "--emit=plan-json"], capture_output=True, text=True, timeout=300)
+    assert unlowered.returncode == 1 and unlowered.stderr.strip().endswith(
+        "error: --emit=plan-json needs a lowered module: add --pw-lower (for example --pw-lower=topology=2x4)")
 
 
 def test_runs_the_example_on_the_ray_backend():

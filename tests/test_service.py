@@ -56,7 +56,7 @@ def serve(procs, *args, env=None, backend="embedded"):
     ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
     line = proc.stdout.readline() if ready else ""
     assert line.startswith(f"pw-serve: serving 2 island(s) (island0: 2 devices, island1: 2 devices, {backend} "
-                           "backend) on 127.0.0.1:"), line + (proc.stderr.read()[-3000:] if proc.poll() else "")
+                           "backend) on unix:"), line + (proc.stderr.read()[-3000:] if proc.poll() else "")
     return proc
 
 
@@ -99,10 +99,10 @@ def status_text(service_file) -> str:
 def wait_status(observer, done, timeout=60):
     """Polls the service's status until `done(status)`; returns the last status."""
     deadline = time.monotonic() + timeout
-    status = observer.status()
+    status = observer.status(full=True)
     while not done(status) and time.monotonic() < deadline:
         time.sleep(0.1)
-        status = observer.status()
+        status = observer.status(full=True)
     return status
 
 
@@ -115,11 +115,12 @@ def test_clients_share_the_service_and_a_killed_one_is_reclaimed(service, tmp_pa
     proc, service_file, procs = service
     found = json.loads(service_file.read_text())
     assert found["host"] == "127.0.0.1" and found["pid"] == proc.pid
+    assert found["socket"] == str(service_file.with_suffix(".sock"))
     assert oct(service_file.stat().st_mode & 0o777) == oct(0o600)
     assert oct(Path(found["key_path"]).stat().st_mode & 0o777) == oct(0o600)
     observer = open_connection(str(service_file), timeout=TIMEOUT)
     try:
-        start = observer.status()
+        start = observer.status(full=True)
         assert baseline(start) and start["reserved"] == {"island0": [0, 0], "island1": [0, 0]}
 
         closer, holder = client(service_file, "close", procs), client(service_file, "hold", procs)
@@ -135,7 +136,7 @@ def test_clients_share_the_service_and_a_killed_one_is_reclaimed(service, tmp_pa
         parker = client(service_file, "park", procs)                            # big does not fit beside it
         assert read_json(parker) == {"stage": "checked", "objects": 3}
         assert read_json(parker) == {"stage": "parked"}
-        status = observer.status()
+        status = observer.status(full=True)
         [queued] = status["scheduler"]["queued"]
         assert queued["program"] == "big" and queued["client"] != holder_id
         assert queued["waits_for"] == ("memory: 262144 bytes on device 0 of island0, which has 131072 of "
@@ -184,7 +185,8 @@ def test_service_errors_are_one_line(service, tmp_path):
     (other / "bad.json").write_text('{"host": "127.0.0.1"}')
     cases = [
         (["--port", "0", "--service-file", str(service_file)],
-         f"a service is already running (pid {proc.pid}, 127.0.0.1:{port}, service file {service_file}); "
+         f"a service is already running (pid {proc.pid}, unix:{service_file.with_suffix('.sock')}, service file "
+         f"{service_file}); "
          "stop it first or choose another --service-file"),
         (["--port", str(port), "--service-file", str(other / "service.json")],
          f"cannot listen on 127.0.0.1:{port}: Address already in use (another pw-serve? --port 0 picks a free port)"),
@@ -193,7 +195,8 @@ def test_service_errors_are_one_line(service, tmp_path):
         (["--status", "--service-file", str(other / "none.json")],
          f"no service file at {other / 'none.json'}: is pw-serve running?"),
         (["--status", "--service-file", str(other / "bad.json")],
-         f"{other / 'bad.json'} is not a service file: it needs host (str), port (int), key_path (str), pid (int)"),
+         f"{other / 'bad.json'} is not a service file: it needs socket (str), key_path (str), pid (int) and "
+         "optionally host (str) with port (int)"),
         (["--status", "--service-file", str(service_file), "--address", "auto"],
          "--status asks a service (--service-file) or a Ray cluster (--address), not both"),
         (["--islands", "2"], "--islands and --per-island go together"),

@@ -56,10 +56,10 @@ def test_a_ray_backed_service_names_a_step_waiting_forever(cluster, tmp_path, pr
 
     with open_connection(str(service_file), timeout=TIMEOUT) as observer:
         deadline = time.monotonic() + 60
-        status = observer.status()
+        status = observer.status(full=True)
         while not status["islands"]["island1"].get("runs") and time.monotonic() < deadline:
             time.sleep(0.1)
-            status = observer.status()
+            status = observer.status(full=True)
     assert status["islands"]["island0"]["runs"] == [] and status["islands"]["island0"]["node"]
     [parked] = status["islands"]["island1"]["runs"]
     assert parked["program"] == "step" and parked["client"] in status["service"]["connections"]

@@ -121,5 +121,9 @@ def test_topology_from_option(tmp_path):
     path = tmp_path / "cluster.json"
     path.write_text(Topology.uniform(1, 8).to_json())
     assert Topology.from_option(str(path)) == Topology.uniform(1, 8)
+    for shape in ("0x4", "2x", "x4"):
+        with pytest.raises(TopologyError, match=f"topology '{shape}': expected ISLANDSxDEVICES, two positive "
+                                                "integers such as 2x4, or a topology JSON file"):
+            Topology.from_option(shape)
     with pytest.raises(TopologyError, match="cannot read topology"):
-        Topology.from_option("0x4")
+        Topology.from_option(str(tmp_path / "missing.json"))

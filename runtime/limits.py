@@ -1,0 +1,50 @@
+"""What an endpoint allows each connection, and how many it serves (`Endpoint`, `pw-serve`'s options).
+
+Kept apart from the wire format so that `pw-serve` reads its defaults without importing NumPy, which
+starts threads: the service blocks its stop signals before any thread starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What an endpoint allows each connection, and how many it serves; each is an `Endpoint` option.
+
+    - `max_header_bytes`: a frame's JSON header (8 MiB);
+    - `max_array_bytes`: all the arrays of one frame together (4 GiB; a plan's compiled functions too);
+    - `idle_timeout`: seconds a connection may send nothing, or take to send the rest of a frame, before
+      it is dropped (120 s; a `RemoteClient` sends a keepalive every quarter of it);
+    - `handshake_timeout`: seconds a new connection has to prove it holds the key (10 s);
+    - `max_connections`: connections served at once; the next is told so and closed (64);
+    - `max_pending`: handshakes under way at once; past it the oldest is dropped (256);
+    - `max_pending_per_peer`: handshakes under way from one peer (a process on the Unix socket, a host
+      on TCP); past it that peer's oldest is dropped (16).
+    """
+
+    max_header_bytes: int = 8 << 20
+    max_array_bytes: int = 4 << 30
+    idle_timeout: float = 120.0
+    handshake_timeout: float = 10.0
+    max_connections: int = 64
+    max_pending: int = 256
+    max_pending_per_peer: int = 16
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"endpoint limit {name} must be a positive number, not {value!r}")
+
+    def to_python(self) -> dict:
+        """Returns the limits as JSON-ready data (sent to every client when it connects)."""
+        return asdict(self)
+
+    @staticmethod
+    def from_python(value) -> "Limits":
+        """Reads what `to_python` wrote (unknown fields are ignored); raises ValueError if malformed."""
+        if not isinstance(value, dict):
+            raise ValueError("the endpoint's limits are not an object")
+        known = {k: v for k, v in value.items() if k in Limits.__dataclass_fields__}
+        return Limits(**known)

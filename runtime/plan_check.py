@@ -1,0 +1,266 @@
+"""Plans are untrusted input: what their compiled functions may do, checked before any is compiled.
+
+A plan's executables are `jax.export` serialisations, and XLA trusts what
+they say: a custom call runs native code with the buffers the module
+declares. A plan from a file or another process could call a host callback
+(`xla_ffi_python_cpu_callback` runs whatever the serialised callback names),
+or a LAPACK kernel with results declared smaller than what it writes, and
+crash or corrupt the process that runs it. `check_plan` refuses, with one
+`PlanError` line naming the executable and the target or buffer:
+
+- custom calls outside `ALLOWED_TARGETS`: the targets JAX guarantees stable
+  (`jax.export`'s compatibility list) that run on the CPU without a host
+  callback;
+- LAPACK calls whose operand and result types are not those the kernel
+  reads and writes for its operand's shape (`_LAPACK`; the modes that change
+  a result's shape, `gesdd`'s and `trsm`'s, are read from the call);
+- executables whose exported argument or result avals (shape, dtype) differ
+  from the buffers the plan's launches give and take, or that were exported
+  for more than one device.
+
+The walk reads every operation of the module with JAX's own MLIR bindings
+(`jax.extend.mlir`), nested regions and every function included.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from pathways_mlir.dialect.plan import Launch, PlanError, ProgramPlan
+
+from .executables import numpy_dtype
+
+# Targets XLA itself implements while compiling (no kernel runs with the module's buffers).
+_XLA_TARGETS = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "annotate_device_placement")
+
+
+def _lapack(*families: str) -> dict[str, str]:
+    """Maps each `lapack_<prefix><family>_ffi` target to its family, for the real and complex prefixes."""
+    out = {}
+    for family in families:
+        real, complex_ = family.split("/") if "/" in family else (family, family)
+        for prefix, name in (("s", real), ("d", real), ("c", complex_), ("z", complex_)):
+            out[f"lapack_{prefix}{name}_ffi"] = real
+    return out
+
+
+_LAPACK_TARGETS = _lapack("potrf", "geqrf", "orgqr/ungqr", "syevd/heevd", "geev", "gesdd", "getrf",
+                          "sytrd/hetrd", "gehrd", "gees", "trsm", "gtsv")
+ALLOWED_TARGETS = frozenset((*_XLA_TARGETS, *_LAPACK_TARGETS))
+
+
+def check_plan(plan: ProgramPlan, where: str = "plan") -> None:
+    """Raises PlanError if an executable of `plan` (or of a branch plan) makes a custom call outside
+    `ALLOWED_TARGETS`, a LAPACK call with the wrong types, or takes or returns other avals than the plan's
+    buffers."""
+    exported = {name: _deserialize(name, blob, where) for name, blob in plan.executables.items() if blob}
+    for name, export in exported.items():
+        _check_module(name, export, where)
+        if export.nr_devices != 1:
+            raise PlanError(f"{where}: executable @{name} was exported for {export.nr_devices} devices, not 1")
+    for steps in plan.islands.values():
+        for step in steps:
+            if isinstance(step, Launch):
+                _check_launch(plan, step, exported, where)
+    for step in plan.host_steps:
+        check_plan(step.then_plan, f"{where}.host_steps[{step.id}].then")
+        check_plan(step.else_plan, f"{where}.host_steps[{step.id}].else")
+
+
+def _deserialize(name: str, blob: str, where: str):
+    import jax
+
+    try:
+        return jax.export.deserialize(bytearray(base64.b64decode(blob, validate=True)))
+    except Exception as error:  # noqa: BLE001  (any failure to read untrusted bytes is the plan's fault)
+        raise PlanError(f"{where}: executable @{name} is not a jax.export serialisation: "
+                        f"{type(error).__name__}") from None
+
+
+def _avals(plan: ProgramPlan, buffers) -> list[tuple[tuple[int, ...], str]]:
+    return [(tuple(plan.buffers[b].shape), numpy_dtype(plan.buffers[b].dtype).name) for b in buffers]
+
+
+def _exported_avals(avals) -> list[tuple[tuple[int, ...], str]]:
+    return [(tuple(a.shape), a.dtype.name) for a in avals]
+
+
+def _check_launch(plan: ProgramPlan, step: Launch, exported: dict, where: str) -> None:
+    """Checks that the executable (or each call of a fused one) takes and returns the launch's avals."""
+    fused = plan.fused.get(step.executable)
+    given = _avals(plan, step.inputs)
+    if fused is None:
+        calls, results = [(step.executable, tuple(range(len(given))))], (len(given),)
+    else:
+        calls, results = [(c.callee, c.operands) for c in fused.calls], fused.results
+    values = list(given)
+    for callee, operands in calls:
+        export = exported.get(callee)
+        if export is None:
+            return   # no serialisation: the runtime says so (MissingExecutable) when it compiles the launch
+        if any(not 0 <= i < len(values) for i in operands):
+            raise PlanError(f"{where}: step {step.id}: fused @{step.executable} calls @{callee} on a value it "
+                            f"has not made")
+        _compare(f"{where}: step {step.id}: executable @{callee}", "arguments",
+                 _exported_avals(export.in_avals), [values[i] for i in operands])
+        values.extend(_exported_avals(export.out_avals))
+    if fused is None:
+        produced = values[len(given):]
+    elif any(not 0 <= i < len(values) for i in results):
+        raise PlanError(f"{where}: step {step.id}: fused @{step.executable} returns a value it has not made")
+    else:
+        produced = [values[i] for i in results]
+    _compare(f"{where}: step {step.id}: executable @{step.executable}", "results", produced,
+             _avals(plan, step.outputs), step.outputs)
+
+
+def _compare(what: str, kind: str, exported, declared, buffers=None) -> None:
+    if len(exported) != len(declared):
+        raise PlanError(f"{what} has {len(exported)} {kind}, but the plan gives {len(declared)}")
+    for i, (have, want) in enumerate(zip(exported, declared)):
+        if have != want:
+            name = f"buffer {buffers[i]}" if buffers is not None else f"argument {i}"
+            raise PlanError(f"{what}: {kind[:-1]} {i} is {_show(have)}, but the plan's {name} is {_show(want)}")
+
+
+def _show(aval) -> str:
+    return f"{aval[1]}{list(aval[0])}"
+
+
+# -- the StableHLO walk ---------------------------------------------------------
+
+
+def _check_module(name: str, export, where: str) -> None:
+    """Walks every operation of the export's module; refuses a custom call it does not allow."""
+    from jax.extend.mlir import ir
+    from jax.interpreters import mlir
+
+    with mlir.make_ir_context():      # the dialects JAX emits, registered
+        try:
+            module = ir.Module.parse(export.mlir_module())
+        except Exception as error:  # noqa: BLE001  (unreadable bytes are the plan's fault)
+            raise PlanError(f"{where}: executable @{name}: its StableHLO does not parse: "
+                            f"{str(error).splitlines()[0][:200]}") from None
+        pending = [module.operation]
+        while pending:
+            op = pending.pop()
+            if op.name == "stablehlo.custom_call":
+                _check_custom_call(name, op, where)
+            for region in op.regions:
+                for block in region:
+                    pending.extend(o.operation for o in block)
+
+
+def _check_custom_call(name: str, op, where: str) -> None:
+    from jax.extend.mlir import ir
+
+    target = ir.StringAttr(op.attributes["call_target_name"]).value
+    if target not in ALLOWED_TARGETS:
+        raise PlanError(f"{where}: executable @{name} makes a custom call to {target[:80]!r}, which is not "
+                        f"allowed in a plan (allowed: LAPACK kernels and XLA's sharding annotations)")
+    family = _LAPACK_TARGETS.get(target)
+    if family is None:
+        return
+    try:
+        operands = [_tensor(v.type) for v in op.operands]
+        results = [_tensor(r.type) for r in op.results]
+    except ValueError:
+        raise PlanError(f"{where}: executable @{name} calls {target} on unranked or dynamic types") from None
+    expected = _lapack_results(family, operands, _backend_config(op))
+    if expected is None or results != expected:
+        got = ", ".join(_show(t) for t in operands) + " -> " + ", ".join(_show(t) for t in results)
+        raise PlanError(f"{where}: executable @{name} calls {target} with types ({got}) that are not the "
+                        f"kernel's for its operands")
+
+
+def _tensor(type_) -> tuple[tuple[int, ...], str]:
+    from jax.extend.mlir import ir
+
+    ranked = ir.RankedTensorType(type_)     # raises for an unranked or dynamic type: a malformed call
+    if not ranked.has_static_shape:
+        raise ValueError("a dynamic shape")
+    return tuple(ranked.shape), str(ranked.element_type)
+
+
+def _backend_config(op) -> dict[str, int]:
+    from jax.extend.mlir import ir
+
+    if "mhlo.backend_config" not in op.attributes:
+        return {}
+    config = ir.DictAttr(op.attributes["mhlo.backend_config"])
+    return {config[i].name: ir.IntegerAttr(config[i].attr).value for i in range(len(config))
+            if isinstance(config[i].attr, ir.IntegerAttr)}
+
+
+_REAL = {"f32": "f32", "f64": "f64", "complex<f32>": "f32", "complex<f64>": "f64"}
+_COMPLEX = {"f32": "complex<f32>", "f64": "complex<f64>"}
+
+
+def _lapack_results(family: str, operands, config: dict[str, int]):
+    """Returns the result types a LAPACK kernel writes for `operands`, or None if the operands themselves
+    are not what it reads."""
+    if family == "gtsv":     # dl, d, du: [batch, n]; b: [batch, n, nrhs]; writes all four and info
+        if len(operands) != 4 or len(operands[0][0]) < 1:
+            return None
+        (*batch, size), t = operands[0]
+        b_shape, b_type = operands[3]
+        if any(o != operands[0] for o in operands[1:3]) or b_type != t or len(b_shape) != len(batch) + 2 \
+                or tuple(b_shape[:-1]) != (*batch, size):
+            return None
+        return [*operands, (tuple(batch), "i32")]
+    if not operands or len(operands[0][0]) < 2 or operands[0][1] not in _REAL:
+        return None
+    (*batch, m, n), t = operands[0]
+    batch, k, i32 = tuple(batch), min(m, n), "i32"
+    real, is_complex, square = _REAL[t], t not in _COMPLEX, m == n
+
+    def of(*dims, dtype=t):
+        return (batch + dims, dtype)
+
+    def expect(count, results):
+        return results if len(operands) == count else None
+
+    if family == "potrf":
+        return expect(1, [of(m, n), of(dtype=i32)]) if square else None
+    if family == "geqrf":
+        return expect(1, [of(m, n), of(k)])
+    if family == "orgqr":
+        if len(operands) != 2 or operands[1][1] != t or len(operands[1][0]) != len(batch) + 1:
+            return None
+        tau = operands[1][0][-1]
+        return [of(m, n)] if operands[1][0][:-1] == batch and tau <= n <= m else None
+    if family == "syevd":
+        return expect(1, [of(n, n), of(n, dtype=real), of(dtype=i32)]) if square else None
+    if family == "geev":
+        if not square:
+            return None
+        if is_complex:
+            return expect(1, [of(n), of(n, n), of(n, n), of(dtype=i32)])
+        c = _COMPLEX[t]
+        return expect(1, [of(n), of(n), of(n, n, dtype=c), of(n, n, dtype=c), of(dtype=i32)])
+    if family == "gesdd":
+        reduced = config.get("mode") == ord("S")
+        u, vt = (of(m, k), of(k, n)) if reduced else (of(m, m), of(n, n))
+        return expect(1, [of(m, n), of(k, dtype=real), u, vt, of(dtype=i32)])
+    if family == "getrf":
+        return expect(1, [of(m, n), of(k, dtype=i32), of(dtype=i32)])
+    if family == "sytrd":
+        return expect(1, [of(n, n), of(n, dtype=real), of(n - 1, dtype=real), of(n - 1), of(dtype=i32)]) \
+            if square and n >= 1 else None
+    if family == "gehrd":
+        return expect(1, [of(n, n), of(n - 1), of(dtype=i32)]) if square and n >= 1 else None
+    if family == "gees":
+        if not square:
+            return None
+        values = [of(n)] if is_complex else [of(n), of(n)]
+        return expect(1, [of(n, n), of(n, n), *values, of(dtype=i32), of(dtype=i32)])
+    if family == "trsm":
+        side = config.get("side")
+        if len(operands) != 2 or side not in (ord("L"), ord("R")) or not square:
+            return None
+        b_shape, b_type = operands[1]
+        if b_type != t or len(b_shape) != len(batch) + 2 or tuple(b_shape[:-2]) != batch:
+            return None
+        rows, cols = b_shape[-2:]
+        return [operands[1]] if (rows if side == ord("L") else cols) == m else None
+    return None

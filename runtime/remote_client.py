@@ -1,0 +1,341 @@
+"""The client end of an endpoint: a runtime in another process, reached through a socket.
+
+`RemoteClient` sends plans (their structure as JSON, their compiled
+functions as bytes) and host arrays, and gets back `RemoteHandle`s that
+fetch their values on demand and are released when dropped. To the front
+end it is also a runtime: programs are lowered in the client's process for
+the endpoint's topology and run there (`pw.connect`, `runtime/service.py`).
+
+Liveness: every reply is awaited at most `timeout` seconds (`DEADLINE` by
+default); a wait for a result is made of requests the endpoint answers
+within a fraction of that, so a hung endpoint (stopped, wedged, gone) is a
+`ServiceError` naming it within `timeout`, and the connection is closed.
+A thread sends a keepalive whenever the connection has been quiet for a
+quarter of the endpoint's idle timeout, so an idle client keeps its objects.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import socket
+import threading
+import time
+import weakref
+
+import jax.numpy as jnp
+import numpy as np
+
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.topology import Topology
+
+from .authentication import client_handshake, read_key
+from .runtime import release_default
+from .status import Status
+from .limits import Limits
+from .wire import DTYPES, ERROR_KINDS, ProtocolError, recv_message, send_message
+
+DEADLINE = 120.0     # seconds a client waits for any one reply by default
+POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
+
+
+class RemoteError(RuntimeError):
+    """An error the endpoint reported for a request."""
+
+
+class ServiceError(ConnectionError):
+    """A service that cannot be started, reached or heard from; the message is one line naming it."""
+
+
+class RemoteHandle:
+    """A handle to a result held by an endpoint for this process; behaves like a local `Handle`.
+
+    `np.asarray(h)`, `h.result(timeout)` (a JAX array here), `h.block_until_ready()`, `h.shape`,
+    `h.dtype`; passed to a later run of the same client, it stays on the cluster. Dropping the last
+    reference, or `delete()`, releases the result (with the connection's next request at the latest).
+    """
+
+    __slots__ = ("_client", "_key", "shape", "dtype", "_finalizer", "__weakref__")
+
+    def __init__(self, client: "RemoteClient", key: int, shape, dtype: str):
+        self._client, self._key, self.shape, self.dtype = client, key, tuple(shape), np.dtype(DTYPES[dtype])
+        self._finalizer = weakref.finalize(self, client._drop, key)
+        self._finalizer.atexit = False       # at exit the connection closes and releases everything
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def result(self, timeout: float | None = None):
+        """Returns the value as a JAX array, waiting at most `timeout` seconds (None: as long as it takes)
+        for it to be produced; raises TimeoutError past it, RemoteError if the run failed."""
+        return jnp.asarray(self._fetch(timeout, True))
+
+    def block_until_ready(self) -> "RemoteHandle":
+        """Waits until the value has been computed (nothing is sent back)."""
+        self._fetch(None, False)
+        return self
+
+    def __array__(self, dtype=None, copy=None):
+        value = self._fetch(None, True)
+        return value.astype(dtype) if dtype is not None else value
+
+    def __jax_array__(self):
+        return self.result()
+
+    def __getitem__(self, index):
+        return np.asarray(self)[index]
+
+    def delete(self) -> None:
+        """Releases the result on the cluster now."""
+        if self._finalizer.detach() is not None and not self._client.closed:   # closing released it already
+            self._client._call({"op": "release"}, release=[self._key])
+
+    def _fetch(self, timeout: float | None, value: bool):
+        """Asks for the value in requests the endpoint answers within `POLL` s (or half the client's
+        deadline), until it is there or `timeout` has passed."""
+        if not self._finalizer.alive:
+            raise ValueError(f"remote handle {self._key} was released")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poll = POLL if self._client.timeout is None else min(POLL, self._client.timeout / 2)
+        while True:
+            wait = poll if deadline is None else min(poll, max(0.0, deadline - time.monotonic()))
+            try:
+                reply, arrays = self._client._call({"op": "fetch", "handle": self._key, "timeout": wait,
+                                                    "value": value})
+                return arrays[0] if value else None
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"the result was not ready within {timeout} s") from None
+
+    def __repr__(self) -> str:
+        return f"RemoteHandle(shape={self.shape}, dtype={self.dtype.name})"
+
+
+class ServiceTopology:
+    """What the front end reads of a remote cluster's resource manager: its topology and version."""
+
+    def __init__(self, client: "RemoteClient"):
+        self._client = client
+        self.version = -1        # as last read: a run of a plan lowered for an older one raises TopologyChanged
+
+    def snapshot(self) -> tuple[int, Topology]:
+        """Asks the endpoint for (version, topology) read together."""
+        reply, _ = self._client._call({"op": "topology"})
+        self.version = reply["version"]
+        return reply["version"], Topology.from_json(reply["topology"], "the endpoint's topology")
+
+
+class RemoteClient:
+    """A client of a cluster served by an `Endpoint` in another process.
+
+    `address` is the endpoint's Unix socket path or its TCP `(host, port)`; the key comes from the
+    endpoint's `key_path` or is given as bytes (`key`). `timeout` bounds the wait for each reply
+    (`DEADLINE` by default; None: no bound); connecting and the handshake wait at
+    most 10 s. `name` is how errors name the service (default: the address).
+
+    To the front end it is also the runtime (`pw.connect` makes it the process's
+    default): `resources` holds the cluster's topology and version, which programs
+    are lowered for here; `load` sends a plan once; `run` returns `RemoteHandle`s.
+    """
+
+    def __init__(self, address, key_path: str | None = None, key: bytes | None = None,
+                 timeout: float | None = DEADLINE, name: str | None = None):
+        if (key_path is None) == (key is None):
+            raise ValueError("RemoteClient needs the endpoint's key_path or its key (one of them)")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+        key = read_key(key_path) if key is None else key
+        self.address = address if isinstance(address, str) else tuple(address)
+        self.name = name or (f"unix:{address}" if isinstance(address, str) else f"{address[0]}:{address[1]}")
+        self.timeout = timeout
+        self._socket = _connect(self.address, timeout)
+        try:
+            client_handshake(self._socket, key)
+            self._socket.settimeout(timeout)
+            welcome, _ = recv_message(self._socket)
+            if welcome.get("ok") is not True:
+                raise ServiceError(f"the service at {self.name} refused the connection: "
+                                   f"{str(welcome.get('error'))[:200]}")
+            self.limits = Limits.from_python(welcome.get("limits"))
+        except TimeoutError:
+            self._socket.close()
+            raise ServiceError(f"no welcome from the service at {self.name} in {timeout} s") from None
+        except (ProtocolError, EOFError, ValueError) as error:
+            self._socket.close()
+            raise ServiceError(f"the service at {self.name} sent no welcome: {error}") from None
+        except BaseException:
+            self._socket.close()
+            raise
+        self._lock = threading.Lock()
+        self._dropped: collections.deque[int] = collections.deque()   # handles to release with the next request
+        self._names: dict[int, tuple[ProgramPlan, str, int]] = {}      # id(plan) -> (plan, name there, version)
+        self._last = time.monotonic()            # when the connection last carried a request
+        self._stop = threading.Event()
+        self.closed = False
+        self.resources = ServiceTopology(self)
+        self._keepalive = threading.Thread(target=self._keep_alive, name="pw-remote-keepalive", daemon=True)
+        self._keepalive.start()
+
+    @property
+    def runtime(self) -> "RemoteClient":
+        """The runtime this client runs on, for the front end: the connection itself."""
+        return self
+
+    def load(self, plan: ProgramPlan) -> str:
+        """Sends a plan to the cluster (once per plan): its structure as JSON, each compiled function as
+        bytes; returns its name there (the SHA-256 of the plan's JSON)."""
+        found = self._names.get(id(plan))
+        if found is None or found[0] is not plan:
+            if self.resources.version < 0:
+                self.resources.snapshot()        # a plan made without reading the topology: for the current one
+            version = self.resources.version     # what the plan was lowered for: the latest topology read
+            structure = plan.to_python()
+            names = sorted(structure.pop("executables"))
+            blobs = [np.frombuffer(base64.b64decode(plan.executables[n]), np.uint8) for n in names]
+            reply, _ = self._call({"op": "load", "plan": structure, "executables": names}, blobs)
+            found = self._names[id(plan)] = (plan, reply["name"], version)   # keeps `plan` alive, its id unique
+        return found[1]
+
+    def run(self, plan: ProgramPlan, args, dispatch: str = "parallel") -> list[RemoteHandle]:
+        """Runs `plan` on `args` (arrays, or this client's remote handles); returns one remote handle per
+        output, at once. Raises TopologyChanged if the cluster's topology changed since `plan` was sent."""
+        name = self.load(plan)
+        version = self._names[id(plan)][2]
+        spec, arrays = [], []
+        for arg in args:
+            if isinstance(arg, RemoteHandle):
+                if arg._client is not self:
+                    raise ValueError("a remote handle of another connection cannot be an argument here")
+                spec.append(["handle", arg._key])
+            else:
+                spec.append(["array", len(arrays)])
+                arrays.append(arg)
+        reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec},
+                              arrays)
+        return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
+
+    def object_count(self) -> int:
+        """Returns how many objects this client owns on the cluster."""
+        return self._call({"op": "objects"})[0]["count"]
+
+    def status(self, full: bool = False) -> Status:
+        """Returns the service's status as this client may see it: the scheduler's queue, each island's runs
+        and what each waits for, and the bytes reserved per device, with this client's own runs and objects
+        only. `full=True` asks for every client's (granted to the service's owner on its Unix socket)."""
+        return _status(self._call({"op": "status", "full": full})[0]["status"])
+
+    def close(self) -> None:
+        """Disconnects; the cluster releases everything this client owns. Stops being the default runtime."""
+        release_default(self)
+        self._stop.set()
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                send_message(self._socket, {"op": "close"}, (), self.limits)
+                recv_message(self._socket)
+            except (OSError, EOFError, ProtocolError):
+                pass   # the endpoint is gone, and with it everything this client owned
+            finally:
+                self._socket.close()
+        if self._keepalive is not threading.current_thread():
+            self._keepalive.join(10)
+
+    def __enter__(self) -> "RemoteClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _keep_alive(self) -> None:
+        """Pings the endpoint whenever the connection has been quiet for a quarter of its idle timeout."""
+        interval = self.limits.idle_timeout / 4
+        while not self._stop.wait(max(0.05, interval - (time.monotonic() - self._last))):
+            if time.monotonic() - self._last < interval or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                if not self.closed:
+                    self._exchange({"op": "ping"}, (), ())
+            except (OSError, RemoteError):
+                return     # the next request says what happened
+            finally:
+                self._lock.release()
+
+    def _drop(self, key: int) -> None:
+        """A remote handle was dropped: releases it now if the connection is free, else with the next request."""
+        self._dropped.append(key)
+        if not self.closed and self._lock.acquire(blocking=False):   # never waits: it may run inside `_call`
+            try:
+                if self._dropped and not self.closed:
+                    self._exchange({"op": "release"}, (), ())
+            except (OSError, RemoteError):
+                pass   # a closed connection released everything already
+            finally:
+                self._lock.release()
+
+    def _call(self, request: dict, arrays=(), release=()) -> tuple[dict, list[np.ndarray]]:
+        with self._lock:
+            if self.closed:
+                raise ServiceError(f"the connection to the service at {self.name} is closed")
+            return self._exchange(request, arrays, release)
+
+    def _exchange(self, request: dict, arrays, release) -> tuple[dict, list[np.ndarray]]:
+        """Sends one request and reads its reply (holding the lock). A connection that breaks or stays
+        silent past the deadline is closed, and that is a ServiceError naming the service."""
+        dropped = []
+        while self._dropped:
+            dropped.append(self._dropped.popleft())
+        if dropped or release:
+            request = {**request, "release": [*dropped, *release]}
+        self._last = time.monotonic()
+        try:
+            send_message(self._socket, request, arrays, self.limits)
+            reply, values = recv_message(self._socket)
+        except TimeoutError:
+            self._broken()   # a late reply would answer the next request
+            raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; "
+                               "the connection is closed") from None
+        except (OSError, EOFError, ProtocolError) as error:
+            self._broken()
+            reason = "it closed the connection" if isinstance(error, EOFError) else \
+                getattr(error, "strerror", None) or str(error)
+            raise ServiceError(f"lost the service at {self.name}: {reason}") from None
+        if reply.get("ok") is not True:
+            error = str(reply.get("error", "the endpoint sent a malformed reply"))
+            raise ERROR_KINDS.get(reply.get("kind"), RemoteError)(error)
+        return reply, values
+
+    def _broken(self) -> None:
+        self.closed = True
+        self._stop.set()
+        self._socket.close()
+
+
+def _connect(address, timeout: float | None) -> socket.socket:
+    """Opens a socket to a Unix socket path or a TCP (host, port), connecting within 10 s."""
+    if isinstance(address, str):
+        deadline = time.monotonic() + 10
+        while True:     # a full backlog refuses at once (EAGAIN) on a Unix socket: try again until the deadline
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            try:
+                sock.connect(address)
+                return sock
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the socket {address} accepted no connection in 10 s") from None
+                time.sleep(0.01)
+            except BaseException:
+                sock.close()
+                raise
+    sock = socket.create_connection(address, timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _status(data: dict) -> Status:
+    """A `Status` from its JSON form (client ids come back as numbers)."""
+    return Status(data, clients={int(c): v for c, v in data["clients"].items()})

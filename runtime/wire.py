@@ -1,0 +1,137 @@
+"""The endpoint's wire format: one frame per message, never pickle.
+
+    u32 header length (big-endian) | JSON object | raw bytes of each array
+
+The header's "arrays" lists `[dtype, shape]` per array. Dtypes are numeric
+only (`DTYPES`), in this machine's byte order (both ends share it). The
+header is small (`Limits.max_header_bytes`, `runtime/limits.py`, 8 MiB by default: a plan's
+structure, never its compiled functions, which travel as arrays of bytes),
+and every size is checked before anything is allocated: the header's buffer
+is allocated at its checked length, each array's at the size its checked
+shape gives, and an array's pages are committed only as its bytes arrive.
+Headers over 64 KiB are read and parsed one at a time per endpoint (JSON
+parsing can take about 25x the bytes it reads), so what all connections
+together hold for headers stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import struct
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+
+from .limits import Limits
+from .resource_manager import TopologyChanged
+
+MAX_DIMS = 32
+LARGE_HEADER = 64 << 10          # headers past this are parsed one at a time (`recv_message`'s `large`)
+DTYPES = {name: np.dtype(name) for name in (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128")}
+DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
+
+_LENGTH = struct.Struct(">I")
+
+# Error replies of these kinds are raised by the client as these errors; any other as a RemoteError.
+ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged}
+
+
+class ProtocolError(ValueError):
+    """A frame that breaks the wire format; the connection is dropped."""
+
+
+def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = Limits()) -> None:
+    """Sends one frame: `header` as JSON, then the raw bytes of `arrays` (numeric dtypes only)."""
+    arrays = [wire_array(a) for a in arrays]
+    total = sum(a.nbytes for a in arrays)
+    if total > limits.max_array_bytes:
+        raise ValueError(f"arrays of {total} bytes are over the endpoint's limit of {limits.max_array_bytes}")
+    data = json.dumps({**header, "arrays": [[a.dtype.name, list(a.shape)] for a in arrays]},
+                      separators=(",", ":")).encode()
+    if len(data) > limits.max_header_bytes:
+        raise ValueError(f"a header of {len(data)} bytes is over the endpoint's limit of "
+                         f"{limits.max_header_bytes}")
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+    for a in arrays:
+        sock.sendall(a.reshape(-1).view(np.uint8))
+
+
+def recv_message(sock: socket.socket, limits: Limits = Limits(),
+                 large: threading.Lock | None = None) -> tuple[dict, list[np.ndarray]]:
+    """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left. A header
+    over `LARGE_HEADER` bytes is read and parsed holding `large` (if given)."""
+    (size,) = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))
+    if size > limits.max_header_bytes:
+        raise ProtocolError(f"a header of {size} bytes is over the limit of {limits.max_header_bytes}")
+    if large is not None and size > LARGE_HEADER:
+        with large:
+            header = _parse(recv_exact(sock, size))
+    else:
+        header = _parse(recv_exact(sock, size))
+    arrays = []
+    for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits.max_array_bytes):
+        data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
+        _recv_into(sock, memoryview(data))
+        arrays.append(data.view(dtype).reshape(shape))
+    return header, arrays
+
+
+def wire_array(value) -> np.ndarray:
+    """Returns `value` as a C-ordered array of a dtype frames carry; raises ValueError for any other."""
+    array = np.asarray(value)
+    dtype = DTYPES.get(array.dtype.name)
+    if dtype is None:
+        raise ValueError(f"arrays of dtype {array.dtype} cannot be sent: only {', '.join(DTYPES)}")
+    return array.astype(dtype, order="C", copy=False)
+
+
+def _parse(data: bytearray) -> dict:
+    try:
+        header = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise ProtocolError(f"the header is not JSON: {str(error)[:200]}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("the header is not a JSON object")
+    return header
+
+
+def _array_specs(specs, limit: int) -> list[tuple[np.dtype, tuple[int, ...], int]]:
+    """Checks a header's array list against the allow-list and the size limit."""
+    if not isinstance(specs, list):
+        raise ProtocolError("'arrays' must be a list of [dtype, shape]")
+    out, total = [], 0
+    for spec in specs:
+        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], list)):
+            raise ProtocolError(f"an array must be described as [dtype, shape], not {str(spec)[:80]}")
+        name, shape = spec
+        dtype = DTYPES.get(name) if isinstance(name, str) else None
+        if dtype is None:
+            raise ProtocolError(f"dtype {str(name)[:40]!r} is not allowed: only {', '.join(DTYPES)}")
+        if len(shape) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in shape):
+            raise ProtocolError(f"a shape must be at most {MAX_DIMS} non-negative integers, not {str(shape)[:80]}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        total += nbytes
+        if total > limit:
+            raise ProtocolError(f"arrays of {total} bytes are over the limit of {limit}")
+        out.append((dtype, tuple(shape), nbytes))
+    return out
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytearray:
+    """Reads exactly `size` bytes; raises EOFError if the peer closes first."""
+    data = bytearray(size)
+    _recv_into(sock, memoryview(data))
+    return data
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    while view:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise EOFError("the connection was closed")
+        view = view[n:]

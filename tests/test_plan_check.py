@@ -1,0 +1,145 @@
+"""Plans are untrusted input (runtime/plan_check.py): the crashing plans of issue 23 are refused at load.
+
+Each hostile plan is the plan of a real one-launch program with its executable swapped for a hostile
+`jax.export` serialisation: a host callback, a LAPACK SVD whose results are declared smaller than what
+the kernel writes, and a function returning (8192, 8192) where the plan declares (8, 4). Without the
+check the first two crash the process (SIGSEGV, heap corruption); with it `Runtime.load`, `pw-run` and
+the service refuse each with one `PlanError` line naming the executable and the target or buffer, and
+the service goes on serving. JAX's own LAPACK lowerings (every kernel family, batched, real and complex,
+the modes that change shapes) pass.
+"""
+
+import base64
+import dataclasses
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.dialect.plan import PlanError
+from pathways_mlir.passes import lower, program_plans
+from pathways_mlir.runtime.plan_check import _check_module, check_plan
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+X = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+
+
+def _plan():
+    """The plan of `double` on one island: one launch, input and result declared f32[8, 4]."""
+    runtime = pw.get_runtime()
+
+    @pw.jit(slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=P(), out_specs=P())
+    def double(x):
+        return x * 2.0
+
+    lowered = double.lower(np.ones((8, 4), np.float32))
+    return program_plans(lower(lowered.module, runtime.resources.topology))[lowered.program]
+
+
+def _with_executable(plan, fn, target=None):
+    """`plan` with its one executable replaced by the export of `fn` (allowing custom call `target`)."""
+    checks = [jax.export.DisabledSafetyCheck.custom_call(target)] if target else []
+    exported = jax.export.export(jax.jit(fn), disabled_checks=checks)(X)
+    (name,) = plan.executables
+    return dataclasses.replace(plan, executables={name: base64.b64encode(exported.serialize()).decode()})
+
+
+def host_callback(x):
+    return jax.ffi.ffi_call("xla_ffi_python_cpu_callback", X)(x, index=np.uint64(1 << 40))
+
+
+def svd_declared_small(x):
+    """gesdd in mode 'A' writes u as [4096, 4096] (64 MiB); this call declares it [4096, 4]."""
+    f32, m = jnp.float32, 4096
+    results = (jax.ShapeDtypeStruct((m, 4), f32), jax.ShapeDtypeStruct((4,), f32),
+               jax.ShapeDtypeStruct((m, 4), f32), jax.ShapeDtypeStruct((4, 4), f32),
+               jax.ShapeDtypeStruct((), jnp.int32))
+    tall = jnp.tile(x, (m // 8, 1))
+    return jax.ffi.ffi_call("lapack_sgesdd_ffi", results)(tall, mode=np.uint8(ord("A")))[2][:8]
+
+
+def too_big(x):
+    return jnp.zeros((8192, 8192), jnp.float32) + x[0, 0]
+
+
+HOSTILE = [
+    (host_callback, "xla_ffi_python_cpu_callback", "makes a custom call to 'xla_ffi_python_cpu_callback'"),
+    (svd_declared_small, "lapack_sgesdd_ffi", "calls lapack_sgesdd_ffi with types (f32[4096, 4] -> "
+                                              "f32[4096, 4], f32[4], f32[4096, 4], f32[4, 4], i32[])"),
+    (too_big, None, "result 0 is float32[8192, 8192], but the plan's buffer"),
+]
+
+
+@pytest.mark.parametrize("fn, target, message", HOSTILE, ids=[h[0].__name__ for h in HOSTILE])
+def test_hostile_plans_are_refused_when_loaded(fn, target, message):
+    plan = _with_executable(_plan(), fn, target)
+    with pytest.raises(PlanError) as error:
+        pw.get_runtime().load(plan)
+    text = str(error.value)
+    assert message in text and "executable @" in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("fn, target, message", HOSTILE[:2], ids=[h[0].__name__ for h in HOSTILE[:2]])
+def test_pw_run_refuses_hostile_plan_files(tmp_path, fn, target, message):
+    path = tmp_path / "plan.json"
+    path.write_text(_with_executable(_plan(), fn, target).to_json())
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_run", str(path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"pw-run: error: {path}: plan: executable @") and message in lines[0], lines
+
+
+def test_an_arguments_mismatch_names_the_argument():
+    plan = _plan()
+    exported = jax.export.export(jax.jit(lambda x: x[:, :2]))(X)
+    (name,) = plan.executables
+    plan = dataclasses.replace(plan, executables={name: base64.b64encode(exported.serialize()).decode()})
+    with pytest.raises(PlanError, match=r"result 0 is float32\[8, 2\], but the plan's buffer \d+ is "
+                                        r"float32\[8, 4\]"):
+        check_plan(plan)
+    plan = dataclasses.replace(plan, executables={name: base64.b64encode(b"not an export").decode()})
+    with pytest.raises(PlanError, match="is not a jax.export serialisation"):
+        check_plan(plan)
+
+
+F32, C64 = jnp.float32, jnp.complex64
+LAPACK = {
+    "cholesky": (jnp.linalg.cholesky, (3, 4, 4), F32),
+    "qr": (jnp.linalg.qr, (3, 5, 4), F32),
+    "qr_complete": (lambda a: jnp.linalg.qr(a, mode="complete"), (3, 5, 4), F32),
+    "qr_wide": (jnp.linalg.qr, (2, 3, 6), F32),
+    "eigh": (jnp.linalg.eigh, (3, 4, 4), F32),
+    "eigh_complex": (jnp.linalg.eigh, (4, 4), C64),
+    "eig": (jnp.linalg.eig, (3, 4, 4), F32),
+    "eig_complex": (jnp.linalg.eig, (4, 4), C64),
+    "svd": (jnp.linalg.svd, (3, 5, 4), F32),
+    "svd_reduced": (lambda a: jnp.linalg.svd(a, full_matrices=False), (3, 5, 4), F32),
+    "svd_values": (lambda a: jnp.linalg.svd(a, compute_uv=False), (3, 5, 4), F32),
+    "svd_complex": (jnp.linalg.svd, (4, 4), C64),
+    "lu": (lax.linalg.lu, (3, 5, 4), F32),
+    "tridiagonal": (lax.linalg.tridiagonal, (3, 4, 4), F32),
+    "tridiagonal_complex": (lax.linalg.tridiagonal, (4, 4), C64),
+    "hessenberg": (lax.linalg.hessenberg, (3, 4, 4), F32),
+    "schur": (lax.linalg.schur, (4, 4), F32),
+    "schur_complex": (lax.linalg.schur, (4, 4), C64),
+    "solve_left": (lambda a: lax.linalg.triangular_solve(a, a[..., :2], left_side=True), (3, 4, 4), F32),
+    "solve_right": (lambda a: lax.linalg.triangular_solve(a, a[..., :2, :]), (3, 4, 4), F32),
+    "tridiagonal_solve": (lambda a: lax.linalg.tridiagonal_solve(a[0], a[1], a[2], a), (4, 4), F32),
+    "inv": (jnp.linalg.inv, (3, 4, 4), F32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAPACK))
+def test_jax_lapack_lowerings_pass(name):
+    fn, shape, dtype = LAPACK[name]
+    exported = jax.export.export(jax.jit(fn))(jax.ShapeDtypeStruct(shape, dtype))
+    assert "lapack_" in exported.mlir_module()
+    _check_module(name, exported, "plan")     # raises PlanError if refused

@@ -1,0 +1,285 @@
+"""A service you can leave running (issue 23), with real processes and sockets.
+
+Connections are bounded: a flood of connections that never finish their handshake, from another
+process, does not keep a good client from connecting and running; an oversized length prefix is refused
+without the service's memory growing; a silent connection is dropped after the idle timeout while a
+client that keeps alive keeps its objects; past the connection cap a client is told so. A client sees
+only its own objects in `status`; the full report is the owner's, on the Unix socket. A service file
+that another user owns or others can write is refused. `pw-serve` stops in order on every SIGTERM, under
+load, and exits 0 on SIGINT; a client of a stopped (SIGSTOP) service gets a ServiceError naming it within
+its deadline, and one whose service died gets a ServiceError too. A hostile plan is refused by the
+service, which goes on serving. Every wait is bounded; every process started here is stopped.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.endpoint import Endpoint
+from pathways_mlir.runtime.limits import Limits
+from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError
+from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.runtime.service import ServiceError, open_connection, read_service_file
+from pathways_mlir.runtime.wire import recv_message
+from test_service import TIMEOUT, procs, serve, stop  # noqa: F401  (procs is a fixture)
+
+X = np.random.default_rng(2).normal(size=(8, 16)).astype(np.float32)
+
+block = pw.jit(lambda x: jnp.tanh(x) * 2.0, slice=pw.virtual_slice(2, axes="d"), in_specs=P("d"),
+               out_specs=P("d"))
+
+
+@pw.program
+def step(x):
+    return block(block(x))
+
+
+WANT = np.tanh(np.tanh(X) * 2.0) * 2.0
+
+FLOOD = """
+import socket, sys
+path, held = sys.argv[1], []
+while True:                                  # never sends a byte; keeps its last 1000 connections open
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    held.append(s)
+    if len(held) == 300:
+        print("flooding", flush=True)
+    if len(held) > 1000:
+        held.pop(0).close()
+"""
+
+CLIENT = """
+import sys
+import numpy as np
+import pathways_mlir as pw
+from pathways_mlir.runtime.remote_client import RemoteError
+from pathways_mlir.runtime.service import ServiceError, open_connection
+service_file, timeout, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+client = open_connection(service_file, timeout=timeout)
+print("ready", client.object_count(), flush=True)
+if mode == "load":                           # runs until the service goes: always a run in flight
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+    f = pw.jit(lambda x: jnp.sin(x) @ jnp.cos(x).T, slice=pw.virtual_slice(2, axes="d"), in_specs=P("d"),
+               out_specs=P("d"))
+    x = np.ones((256, 256), np.float32)
+    try:
+        np.asarray(f.compiled(x, runtime=client)(x))
+        print("running", flush=True)
+        while True:
+            handles = [f.compiled(x, runtime=client)(x) for _ in range(4)]
+            np.asarray(handles[-1])
+    except (ServiceError, RemoteError) as error:   # the service went, or stopped its runtime first
+        print("error", type(error).__name__, error, flush=True)
+else:
+    sys.stdin.readline()
+    try:
+        client.object_count()
+    except ServiceError as error:
+        print("error", type(error).__name__, error, flush=True)
+"""
+
+
+@pytest.fixture
+def runtime():
+    rt = Runtime(embedded_device_map(2, 4))
+    yield rt
+    rt.close()
+
+
+def read_line(proc, timeout=TIMEOUT) -> str:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "the process printed nothing in time"
+    return proc.stdout.readline()
+
+
+def start(procs, *args, code=CLIENT):  # noqa: F811
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs.append(proc)
+    return proc
+
+
+def service_dir(tmp_path):
+    directory = tmp_path / "s"
+    directory.mkdir(mode=0o700)
+    return directory, directory / "service.json"
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        [line] = [ln for ln in f if ln.startswith("VmHWM:")]
+    return int(line.split()[1]) * 1024
+
+
+def test_a_handshake_flood_does_not_lock_out_a_good_client(runtime, procs):  # noqa: F811
+    with Endpoint(runtime) as endpoint:
+        flood = start(procs, endpoint.address, code=FLOOD)
+        assert read_line(flood).strip() == "flooding"
+        for _ in range(4):                                       # served while the flood goes on
+            with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as good:
+                np.testing.assert_allclose(np.asarray(step.run(X, client=good)), WANT, rtol=1e-6)
+        assert flood.poll() is None                              # still flooding
+        stop(flood)
+
+
+def test_idle_connections_are_dropped_and_keepalives_keep_clients(runtime):
+    with Endpoint(runtime, limits=Limits(idle_timeout=1.0)) as endpoint:
+        kept = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        silent = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        silent._stop.set()                                       # its keepalive stops: it goes silent
+        silent._keepalive.join(10)
+        [held] = kept.run(step.compiled(X, runtime=kept).plan, [X])
+        silent._socket.settimeout(30)
+        with pytest.raises(EOFError):                            # dropped by the endpoint, after 1 s idle
+            recv_message(silent._socket)
+        time.sleep(2.0)                                          # twice the idle timeout, keeping alive
+        assert kept.object_count() == 1
+        np.testing.assert_allclose(np.asarray(held), WANT, rtol=1e-6)
+        kept.close()
+        silent.close()
+
+
+def test_past_the_connection_cap_a_client_is_told(runtime):
+    with Endpoint(runtime, limits=Limits(max_connections=1)) as endpoint:
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT):
+            with pytest.raises(ServiceError, match="refused the connection: the service serves its limit of 1 "
+                                                   "connections; try later"):
+                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as later:
+            assert later.object_count() == 0
+
+
+def test_status_shows_a_client_its_own_and_the_owner_everything(runtime):
+    with Endpoint(runtime, port=0) as endpoint:
+        one = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        two = RemoteClient(endpoint.tcp_address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        try:
+            held = [one.run(step.compiled(X, runtime=one).plan, [X]), two.run(step.compiled(X, runtime=two).plan,
+                                                                                [X])]
+            [h.block_until_ready() for hs in held for h in hs]
+            mine, theirs = one.status(), two.status()
+            assert len(mine["clients"]) == 1 == len(theirs["clients"]) and mine["clients"] != theirs["clients"]
+            assert len(mine["service"]["connections"]) == 1
+            full = one.status(full=True)                        # the owner, on the Unix socket
+            assert len(full["clients"]) == 2 and len(full["service"]["connections"]) == 2
+            with pytest.raises(RemoteError, match="the full status is for the service's owner, on its Unix socket"):
+                two.status(full=True)                           # over TCP: not
+        finally:
+            one.close()
+            two.close()
+
+
+def test_a_hostile_plan_is_refused_and_the_service_goes_on(runtime):
+    from test_plan_check import _plan, _with_executable, host_callback
+
+    hostile = _with_executable(_plan(), host_callback, "xla_ffi_python_cpu_callback")
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        with pytest.raises(RemoteError, match="PlanError: plan: executable @.* makes a custom call to "
+                                              "'xla_ffi_python_cpu_callback'"):
+            remote.load(hostile)
+        np.testing.assert_allclose(np.asarray(step.run(X, client=remote)), WANT, rtol=1e-6)
+
+
+def test_an_oversized_prefix_is_refused_with_bounded_memory(tmp_path, procs):  # noqa: F811
+    directory, service_file = service_dir(tmp_path)
+    proc = serve(procs, "--service-file", str(service_file))
+    with open_connection(str(service_file), timeout=TIMEOUT) as client:
+        before = peak_rss(proc.pid)
+        client._socket.sendall(struct.pack(">I", 255 << 20) + b"{")     # 255 MiB announced (the old limit)
+        reply, _ = recv_message(client._socket)
+        assert reply["ok"] is False and f"a header of {255 << 20} bytes is over the limit of {8 << 20}" in \
+            reply["error"]
+        assert peak_rss(proc.pid) - before < 32 << 20                     # nothing of the kind was allocated
+    with open_connection(str(service_file), timeout=TIMEOUT) as later:
+        assert later.object_count() == 0
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(TIMEOUT) == 0 and list(directory.iterdir()) == []
+
+
+def test_a_foreign_or_writable_service_file_is_refused(tmp_path, procs):  # noqa: F811
+    directory, service_file = service_dir(tmp_path)
+    proc = serve(procs, "--service-file", str(service_file))
+    fields = json.loads(service_file.read_text())
+    assert read_service_file(str(service_file)) == fields
+    impostor = tmp_path / "impostor"
+    impostor.mkdir(mode=0o700)
+    planted = impostor / "service.json"
+    planted.write_text(json.dumps(fields))
+    for change, owner in [(lambda: os.chown(planted, 12345, 12345), "owned by uid 12345"),
+                          (lambda: os.chmod(planted, 0o666), "writable by others")]:
+        os.chown(planted, os.getuid(), os.getgid())
+        os.chmod(planted, 0o600)
+        change()
+        with pytest.raises(ServiceError, match=f"refusing the service file {planted}: it is {owner}"):
+            open_connection(str(planted), timeout=TIMEOUT)
+    os.chown(planted, os.getuid(), os.getgid())
+    os.chmod(planted, 0o600)
+    os.chmod(impostor, 0o777)                                    # a world-writable directory
+    with pytest.raises(ServiceError, match=f"refusing the directory {impostor}: it is writable by others"):
+        open_connection(str(planted), timeout=TIMEOUT)
+    os.chmod(impostor, 0o700)
+    link = impostor / "link.json"
+    link.symlink_to(service_file)
+    with pytest.raises(ServiceError, match=f"refusing the service file {link}: it is a symbolic link"):
+        open_connection(str(link), timeout=TIMEOUT)
+    with open_connection(str(planted), timeout=TIMEOUT) as client:   # ours and private: trusted
+        assert client.object_count() == 0
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(TIMEOUT) == 0
+
+
+def test_sigterm_under_load_stops_in_order_every_time(tmp_path, procs):  # noqa: F811
+    directory, service_file = service_dir(tmp_path)
+    for cycle in range(10):
+        proc = serve(procs, "--service-file", str(service_file))
+        load = start(procs, service_file, TIMEOUT, "load")
+        assert read_line(load).split() == ["ready", "0"]
+        assert read_line(load).strip() == "running"              # runs in flight from here on
+        time.sleep(0.1 * (cycle % 3))                            # SIGTERM at different points of the runs
+        signal_ = signal.SIGINT if cycle == 9 else signal.SIGTERM
+        proc.send_signal(signal_)
+        assert proc.wait(TIMEOUT) == 0, proc.stderr.read()[-3000:]
+        assert proc.stdout.read().strip() == f"pw-serve: {signal_.name}: stopping"
+        assert list(directory.iterdir()) == []                   # service file, socket and key removed
+        line = read_line(load)
+        assert line.startswith("error "), line + load.stderr.read()[-3000:]
+        assert load.wait(TIMEOUT) == 0
+        stop(load)
+        stop(proc)
+
+
+def test_a_stopped_or_dead_service_is_an_error_naming_it(tmp_path, procs):  # noqa: F811
+    directory, service_file = service_dir(tmp_path)
+    proc = serve(procs, "--service-file", str(service_file))
+    hung, dead = start(procs, service_file, 2, "wait"), start(procs, service_file, 30, "wait")
+    assert read_line(hung).split() == ["ready", "0"] and read_line(dead).split() == ["ready", "0"]
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        hung.stdin.write("go\n")
+        hung.stdin.flush()
+        assert read_line(hung).strip() == f"error ServiceError no reply from the service at {service_file} (pid {proc.pid}) " \
+                                           "in 2.0 s; the connection is closed"
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    proc.kill()
+    proc.wait(TIMEOUT)
+    dead.stdin.write("go\n")
+    dead.stdin.flush()
+    assert read_line(dead).strip().startswith(f"error ServiceError lost the service at {service_file} (pid {proc.pid}): ")
