@@ -117,22 +117,29 @@ class Runtime:
         with self._lock:
             loading = self._loading.setdefault(id(plan), threading.Lock())
         with loading:
-            loaded = self._loaded.get(id(plan))
-            if loaded is not None and loaded.source is plan:
-                return loaded
-            plan.validate()
-            check_plan(plan)         # untrusted executables are refused before anything compiles them
-            loaded = LoadedPlan.build(id(plan), plan)
-            for island in loaded.islands:
-                self.islands[island].load(loaded.key, loaded.plan)
-            for island, steps in loaded.first.items():
-                everything = tuple(s.id for s in loaded.plan.islands.get(island, ()))
-                for step_ids in {steps, everything} - {()}:    # held steps' executables compile now too
-                    self.islands[island].prepare(loaded.key, step_ids)
-            with self._lock:
-                self._loaded[id(plan)] = loaded      # keeps `plan` alive, so that its id stays unique
-                self._loading.pop(id(plan), None)
+            try:
+                return self._load(plan)
+            finally:
+                with self._lock:
+                    self._loading.pop(id(plan), None)
+
+    def _load(self, plan: ProgramPlan) -> LoadedPlan:
+        """Loads a plan once (under its own loading lock)."""
+        loaded = self._loaded.get(id(plan))
+        if loaded is not None and loaded.source is plan:
             return loaded
+        plan.validate()
+        check_plan(plan)         # untrusted executables are refused before anything compiles them
+        loaded = LoadedPlan.build(id(plan), plan)
+        for island in loaded.islands:
+            self.islands[island].load(loaded.key, loaded.plan)
+        for island, steps in loaded.first.items():
+            everything = tuple(s.id for s in loaded.plan.islands.get(island, ()))
+            for step_ids in {steps, everything} - {()}:    # held steps' executables compile now too
+                self.islands[island].prepare(loaded.key, step_ids)
+        with self._lock:
+            self._loaded[id(plan)] = loaded      # keeps `plan` alive, so that its id stays unique
+        return loaded
 
     def cancel(self, run: Run, error: BaseException | None = None) -> bool:
         """Cancels a run: a queued one leaves its queue, an admitted one fails on every island (a parked one
