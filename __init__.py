@@ -19,7 +19,8 @@ from .runtime.cluster import prepare_host_devices_before_jax as _prepare_host_de
 __version__ = "0.1.0"
 
 _FRONTEND = ["ElasticTrainer", "PlacementError", "cond", "jit", "pipeline", "program", "virtual_slice"]
-_RUNTIME = {"Client": "client", "IslandLost": "island", "configure": "runtime", "connect": "service",
+_RUNTIME = {"Client": "client", "IslandLost": "island", "IslandWedged": "island", "RunCancelled": "island",
+            "OutOfDeviceMemory": "admission", "cancel": "client", "configure": "runtime", "connect": "service",
             "get_runtime": "runtime", "status": "runtime"}
 __all__ = [*_FRONTEND, *_RUNTIME]
 

@@ -107,10 +107,11 @@ def other_island_latency(x, sharding, rounds: int, samples: int = 20) -> list[di
                                          lambda h: h.is_ready())
             busy = busy_call() if loaded else None
             for _ in range(samples):
+                under_load = busy is not None and not done(busy)     # started while A still computes
                 began = time.perf_counter()
                 call()
                 elapsed = time.perf_counter() - began
-                if busy is None or not done(busy):        # only samples taken under load count
+                if busy is None or under_load:
                     times[side, ms, loaded].append(elapsed)
             if busy is not None:
                 busy.block_until_ready()

@@ -53,8 +53,10 @@ class Compiled:
         self.runtime.load(plan)
         self.plan, self._version = plan, version
 
-    def __call__(self, *args: Any, client=None, dispatch: str = "parallel", **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, client=None, dispatch: str = "parallel", timeout: float | None = None,
+                 **kwargs: Any) -> Any:
         """Runs the program on `args` and `kwargs` (shaped like the traced ones); returns handles.
+        With `timeout` (seconds), the run is cancelled if it is not over by then (its handles raise).
 
         Static arguments are not passed again: they are part of the program.
         A donated handle is released once the run has taken it; using it
@@ -77,11 +79,11 @@ class Compiled:
                             f"not {tree}")
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals)]
         try:
-            handles = client.run(self.plan, wire, dispatch)
+            handles = client.run(self.plan, wire, dispatch, timeout)
         except TopologyChanged:       # a service's topology changed since this process read it (pw.connect)
             with self._lock:
                 self._refresh()
-            handles = client.run(self.plan, wire, dispatch)
+            handles = client.run(self.plan, wire, dispatch, timeout)
         if lowered.donated:
             for x, donated in zip(leaves, lowered.donated):
                 if donated and hasattr(x, "donate"):
@@ -132,7 +134,8 @@ class StageCache:
                 per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
             return per_runtime[key]
 
-    def run(self, call: Call, dispatch: str, client=None) -> Any:
-        """Runs `call` with `client` (default: the runtime's default client) in a dispatch mode."""
+    def run(self, call: Call, dispatch: str, client=None, timeout: float | None = None) -> Any:
+        """Runs `call` with `client` (default: the runtime's default client) in a dispatch mode, cancelled
+        after `timeout` seconds if it is not over."""
         compiled = self.get(call, client.runtime if client else None)
-        return compiled(*call.args, client=client, dispatch=dispatch, **call.kwargs)
+        return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)

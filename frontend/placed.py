@@ -67,9 +67,11 @@ class PlacedFunction:
         site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)
         return _record(program, self, self._signature.split(args, kwargs), site)
 
-    def run(self, *args: Any, dispatch: str = "parallel", client=None, **kwargs: Any) -> Any:
-        """Runs the function as a one-computation program with a chosen dispatch mode and client."""
-        return self._stages.run(self._signature.split(args, kwargs), dispatch, client)
+    def run(self, *args: Any, dispatch: str = "parallel", client=None, timeout: float | None = None,
+            **kwargs: Any) -> Any:
+        """Runs the function as a one-computation program with a chosen dispatch mode and client; with
+        `timeout`, the run is cancelled if it is not over within that many seconds."""
+        return self._stages.run(self._signature.split(args, kwargs), dispatch, client, timeout)
 
     def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""

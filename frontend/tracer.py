@@ -261,9 +261,11 @@ class Program:
             return self._fn(*args, **kwargs)
         return self.run(*args, **kwargs)
 
-    def run(self, *args: Any, dispatch: str = "parallel", client=None, **kwargs: Any) -> Any:
-        """Runs the program with a chosen dispatch mode ("parallel" or "sequential") and client."""
-        return self._stages.run(self._signature.split(args, kwargs), dispatch, client)
+    def run(self, *args: Any, dispatch: str = "parallel", client=None, timeout: float | None = None,
+            **kwargs: Any) -> Any:
+        """Runs the program with a chosen dispatch mode ("parallel" or "sequential") and client; with
+        `timeout`, the run is cancelled if it is not over within that many seconds."""
+        return self._stages.run(self._signature.split(args, kwargs), dispatch, client, timeout)
 
     def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""

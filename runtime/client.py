@@ -126,6 +126,12 @@ class Client:
         self.close()
 
 
+def cancel(handle) -> bool:
+    """Cancels the run of `handle` (a `Handle`, or a `RemoteHandle` of a service) through the client that
+    owns it (see `Client.cancel`); returns False if the run was already over."""
+    return handle._client.cancel(handle)
+
+
 _default_clients: "weakref.WeakKeyDictionary[Runtime, Client]" = weakref.WeakKeyDictionary()
 _default_lock = threading.Lock()
 

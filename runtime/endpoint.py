@@ -389,6 +389,7 @@ class _Session:
         self.handles: dict[int, Handle] = {}
         self.ids = itertools.count()
         self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
+                         "cancel": self.cancel,
                          "objects": self.objects, "topology": self.topology, "status": self.status,
                          "ping": self.release}
 
@@ -452,13 +453,21 @@ class _Session:
                 args.append(arrays[arg[1]])
             else:
                 raise ValueError(f"argument array {arg[1]} is not in the request's {len(arrays)} arrays")
-        results = self.client.run(self.plans[name], args, _field(request, "dispatch", str))
+        timeout = request.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 < timeout < 1e9):
+            raise ValueError(f"a run's timeout must be a positive number of seconds, not {str(timeout)[:40]}")
+        results = self.client.run(self.plans[name], args, _field(request, "dispatch", str), timeout)
         reply = []
         for handle in results:
             key = next(self.ids)
             self.handles[key] = handle
             reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
         return {"handles": reply}, []
+
+    def cancel(self, request: dict, arrays) -> tuple[dict, list]:
+        """Cancels the run of one of this connection's handles (see `Client.cancel`)."""
+        return {"cancelled": self.client.cancel(self._handle(_field(request, "handle", int)))}, []
 
     def fetch(self, request: dict, arrays) -> tuple[dict, list]:
         """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists; sends

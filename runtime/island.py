@@ -82,6 +82,10 @@ class IslandLost(RunFailed):
     """An island was lost (its host died): raised for its runs in flight and the results that lived there."""
 
 
+class RunCancelled(RunFailed):
+    """A run was cancelled by its client, or passed its deadline (`timeout=`)."""
+
+
 class IslandWedged(RunFailed):
     """An island's executor has been stuck in one instruction for longer than the runtime's `wedge_timeout`."""
 
@@ -426,8 +430,6 @@ class Island:
                                            f"{stuck.program} has been busy with {what} for more than {timeout:g} s")
                 for other in [stuck, *(r for r in self._runs.values() if r is not stuck)]:
                     error = IslandWedged(f"{self.wedged}; run {other.id} of {other.program} failed with it")
-                    for buffer, _ in other.layout.outputs:
-                        self.store.release((other.id, buffer))      # its results raise instead of waiting
                     told.append((self._fail(other.id, error, other.plan_key), other.id))
         for peers, failed in told:
             self._tell(peers, failed)
@@ -637,6 +639,8 @@ class Island:
         plan_key = run.plan_key if run is not None else plan_key
         self._early.pop(run_id, None)
         self._clock.drop(run_id)
+        if run is None:
+            self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
         if self._dropped:
             self._dropped = {k for k in self._dropped if k[0] != run_id}
         if not isinstance(error, RunFailed):

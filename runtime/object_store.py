@@ -40,6 +40,13 @@ class ObjectStore:
         self._by_owner.get(found[0], set()).discard(key)
         return True
 
+    def release_run(self, run_id: int) -> int:
+        """Releases every object of one run (it failed); returns how many there were."""
+        keys = [key for key in self._objects if key[0] == run_id]
+        for key in keys:
+            self.release(key)
+        return len(keys)
+
     def release_owner(self, owner: Hashable) -> int:
         """Releases every object of `owner`; returns how many there were."""
         keys = self._by_owner.pop(owner, set())

@@ -197,9 +197,11 @@ class RemoteClient:
             found = self._names[id(plan)] = (plan, reply["name"], version)   # keeps `plan` alive, its id unique
         return found[1]
 
-    def run(self, plan: ProgramPlan, args, dispatch: str = "parallel") -> list[RemoteHandle]:
+    def run(self, plan: ProgramPlan, args, dispatch: str = "parallel",
+            timeout: float | None = None) -> list[RemoteHandle]:
         """Runs `plan` on `args` (arrays, or this client's remote handles); returns one remote handle per
-        output, at once. Raises TopologyChanged if the cluster's topology changed since `plan` was sent."""
+        output, at once. Raises TopologyChanged if the cluster's topology changed since `plan` was sent.
+        With `timeout`, the service cancels the run if it is not over by then (see `Client.start`)."""
         name = self.load(plan)
         version = self._names[id(plan)][2]
         spec, arrays = [], []
@@ -211,9 +213,15 @@ class RemoteClient:
             else:
                 spec.append(["array", len(arrays)])
                 arrays.append(arg)
-        reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec},
-                              arrays)
+        reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec,
+                               "timeout": timeout}, arrays)
         return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
+
+    def cancel(self, handle: RemoteHandle) -> bool:
+        """Cancels the run of `handle` on the service (see `Client.cancel`); False if it was over."""
+        if handle._client is not self:
+            raise ValueError("a remote handle of another connection cannot be cancelled here")
+        return self._call({"op": "cancel", "handle": handle._key})[0]["cancelled"]
 
     def object_count(self) -> int:
         """Returns how many objects this client owns on the cluster."""

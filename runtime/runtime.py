@@ -20,7 +20,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 from .dispatch import LoadedPlan
-from .island import Island, IslandLost, Islands, RunFailed, client_owner, raised
+from .island import Island, IslandLost, Islands, RunCancelled, client_owner, raised
 from .plan_check import check_plan
 from .resource_manager import ResourceManager
 from .run import Run
@@ -32,10 +32,6 @@ from .transfers import DcnTransport
 
 BACKENDS = ("embedded", "ray")
 _WATCH_PERIOD = 0.1      # seconds between the watchdog's looks at deadlines and busy islands
-
-
-class RunCancelled(RunFailed):
-    """A run was cancelled by its client, or passed its deadline (`timeout=`)."""
 
 
 class Runtime:

@@ -25,6 +25,8 @@ import threading
 import jax.numpy as jnp
 import numpy as np
 
+from .admission import OutOfDeviceMemory
+from .island import IslandLost, IslandWedged, RunCancelled, RunFailed
 from .limits import Limits
 from .resource_manager import TopologyChanged
 
@@ -38,7 +40,9 @@ DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
 _LENGTH = struct.Struct(">I")
 
 # Error replies of these kinds are raised by the client as these errors; any other as a RemoteError.
-ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged}
+# Subclasses come before the classes they refine (the first match names the kind).
+ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged, "memory": OutOfDeviceMemory,
+               "cancelled": RunCancelled, "wedged": IslandWedged, "lost": IslandLost, "failed": RunFailed}
 
 
 class ProtocolError(ValueError):

@@ -8,8 +8,11 @@ in this process, then prints one JSON line per stage and:
 
 - `close`: disconnects by `pw.configure()`;
 - `hold`: runs `big` (half of island0's device memory) and keeps its result until it is killed;
-- `park`: runs `big` while a `hold` client keeps its result, so that the run waits for memory; checks that
-  `result(timeout)` times out, says so, then waits for the result (a `hold` client is killed meanwhile);
+- `park`: runs `big` while a `hold` client keeps its result, which only that handle holds, so that the run is
+  refused at once with `OutOfDeviceMemory` naming the holder; says so, then after a line on stdin (the `hold`
+  client has been killed meanwhile) runs `big` again and checks it;
+- `cancel`: starts a long computation on island1 and cancels it with `pw.cancel`: its handle raises
+  `RunCancelled`;
 - `stuck`: after a line on stdin (island0 has been closed meanwhile), runs `step`, whose island1 part
   then waits forever for island0's send; says so once `result(timeout)` times out, and holds on until
   it is killed.
@@ -26,6 +29,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
+from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.remote_client import RemoteHandle
 
 TIMEOUT = 120.0
@@ -53,6 +57,11 @@ def step(x):
 @pw.jit(slice=island0, in_specs=P("d"), out_specs=P("d"))
 def big(x):
     return x * 3.0 + 1.0
+
+
+@pw.jit(slice=island1, in_specs=(P(), P()), out_specs=P())
+def spin(x, n):
+    return jax.lax.fori_loop(0, n, lambda _, y: jnp.sin(y) * 0.5 + 0.25, x)
 
 
 def say(**fields) -> None:
@@ -97,15 +106,25 @@ def main(service_file: str, role: str) -> None:
         sys.stdin.read()                                     # holds its results until it is killed
     elif role == "park":
         value = np.arange(np.prod(BIG), dtype=np.float32).reshape(BIG)
-        parked = big(value)
         try:
-            parked.result(timeout=1.0)
+            big(value).result(timeout=TIMEOUT)
             raise AssertionError("the run was admitted although memory is held")
-        except TimeoutError:
-            say(stage="parked")
-        check(parked, value * 3.0 + 1.0)
+        except OutOfDeviceMemory as error:
+            say(stage="refused", message=str(error))
+        sys.stdin.readline()
+        check(big(value), value * 3.0 + 1.0)
         client.close()
         say(stage="done")
+    elif role == "cancel":
+        v = np.ones(1024, np.float32)
+        spin(v, np.int32(1)).result(timeout=TIMEOUT)
+        long = spin(v, np.int32(1_000_000))
+        assert pw.cancel(long)
+        try:
+            long.result(timeout=TIMEOUT)
+            raise AssertionError("a cancelled run's handle returned its value")
+        except pw.RunCancelled as error:
+            say(stage="cancelled", message=str(error))
     elif role == "stuck":
         sys.stdin.readline()
         stuck = step(x)

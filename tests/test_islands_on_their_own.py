@@ -354,3 +354,30 @@ def test_a_branch_that_cannot_fit_beside_its_parent_fails_instead_of_waiting_for
                 h.result(timeout=60)
     finally:
         rt.close()
+
+
+def test_a_placed_function_takes_a_deadline_and_pw_cancel(device_map):
+    import pathways_mlir as pw
+    from jax.sharding import PartitionSpec as P
+
+    rt = Runtime(device_map)
+    try:
+        placed = pw.jit(spin, slice=pw.virtual_slice(1, axes="x", island="island1"), in_specs=(P(), P()),
+                        out_specs=P())
+        with Client(rt) as client:
+            placed.run(V, np.int32(1), client=client).result(timeout=60)
+            began = time.perf_counter()
+            placed.run(V, np.int32(20_000), client=client).result(timeout=60).block_until_ready()
+            trips = int(20_000 * LONG_S / max(time.perf_counter() - began, 1e-4))
+            late = placed.run(V, np.int32(trips), client=client, timeout=0.3)
+            deadline = time.monotonic() + 60
+            while late._run.error is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            with pytest.raises(RunCancelled, match="did not finish within its deadline"):
+                late.result(timeout=60)
+            cancelled = placed.run(V, np.int32(trips), client=client)
+            assert pw.cancel(cancelled)
+            with pytest.raises(RunCancelled, match="was cancelled by client"):
+                cancelled.result(timeout=60)
+    finally:
+        rt.close()

@@ -66,6 +66,7 @@ CLIENT = """
 import sys
 import numpy as np
 import pathways_mlir as pw
+from pathways_mlir.runtime.island import RunFailed
 from pathways_mlir.runtime.remote_client import RemoteError
 from pathways_mlir.runtime.service import ServiceError, open_connection
 service_file, timeout, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
@@ -83,7 +84,7 @@ if mode == "load":                           # runs until the service goes: alwa
         while True:
             handles = [f.compiled(x, runtime=client)(x) for _ in range(4)]
             np.asarray(handles[-1])
-    except (ServiceError, RemoteError) as error:   # the service went, or stopped its runtime first
+    except (ServiceError, RemoteError, RunFailed) as error:   # the service went, or stopped its runtime first
         print("error", type(error).__name__, error, flush=True)
 else:
     sys.stdin.readline()
