@@ -570,6 +570,7 @@ class _CompiledStarts:
         self._pending: collections.deque[tuple[int, tuple, list]] = collections.deque()   # (run, islands, acks)
         self._lock = threading.Lock()
         self.broken = False     # an island actor died: the graph delivers nothing more (see `_take`)
+        self._unread: list = []  # the acknowledgements of executions that will never be read
 
     def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list]) -> None:
         """Sends one run's work (and the queued releases) to every island; called in ticket order."""
@@ -601,21 +602,30 @@ class _CompiledStarts:
     def _take(self, run_id: int, names: tuple, refs) -> None:
         """Reads one execution's acknowledgements. Once an island actor died, every acknowledgement fails and
         which islands took the run's start is unknown: the run fails on all its islands (the monitor finds
-        the dead actor)."""
+        the dead actor). Nothing is read once an actor is known dead (see `close`)."""
         import ray
 
+        self.broken = self.broken or any(island._dead is not None for island in self._islands.values())
         try:
             if not self.broken:
                 _get(refs, START_TIMEOUT)
                 return
-        except ray.exceptions.RayActorError:
+        except (ray.exceptions.RayActorError, ray.exceptions.RayChannelError):
             self.broken = True
+        self._unread.append(refs)   # until the teardown is over: a dropped unread ref reads its channel
         for name in names:
             self._islands[name].fail_run(run_id, IslandLost(f"an island actor died while the start of run "
                                                             f"{run_id} was on its way"))
 
     def close(self) -> None:
-        """Reads the acknowledgements still pending and tears the graph down (the actors stay)."""
+        """Reads the acknowledgements still pending and tears the graph down (the actors stay).
+
+        Once an island actor is dead, nothing is read from the graph's channels: Ray's own monitor
+        tears the graph down on the death, and a read racing with that teardown can abort this
+        process inside Ray (a failed check registering a channel that is gone). That includes the
+        read a Compiled Graph reference makes when it is dropped unread, so unread references are
+        kept until the teardown is over. The runs whose acknowledgement was pending fail, as when
+        an acknowledgement fails."""
         with self._lock:
             try:
                 while self._pending:
@@ -623,6 +633,7 @@ class _CompiledStarts:
             except Exception:  # noqa: BLE001  (a stuck island: tear down all the same)
                 pass
             self._graph.teardown()
+            self._unread.clear()
 
 
 class _CalledStarts:
