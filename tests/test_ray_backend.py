@@ -21,7 +21,7 @@ from pathways_mlir.runtime.runtime import Runtime
 
 ray = pytest.importorskip("ray")
 
-from pathways_mlir.runtime.ray_backend import NAMESPACE, _CompiledStarts, island_name  # noqa: E402
+from pathways_mlir.runtime.ray_backend import NAMESPACE, CompiledStarts, island_name  # noqa: E402
 
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
@@ -58,7 +58,7 @@ def ray_runtime(request):
 
 def test_start_messages_take_the_path_asked_for_one_per_island_per_run(ray_runtime, request):
     compiled = request.node.callspec.params["ray_runtime"]      # one node: the graph is used when asked for
-    assert isinstance(ray_runtime.islands._starts, _CompiledStarts) is compiled
+    assert isinstance(ray_runtime.islands._starts, CompiledStarts) is compiled
     before = {name: island.calls["start"] for name, island in ray_runtime.islands.items()}
     with Client(ray_runtime) as client:
         outs = [across.run(X, client=client) for _ in range(5)]
