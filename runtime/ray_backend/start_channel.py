@@ -50,12 +50,15 @@ class CompiledStarts:
         with InputNode() as message:
             graph = MultiOutputNode([island._actor.start_compiled.bind(message) for island in islands.values()])
         self._graph = graph.experimental_compile(_max_inflight_executions=2 * PENDING)
-        # Closing a channel registers this process as its reader first if it is not yet; for the input
-        # channels (written here, never read here) that would first happen in the teardown, and after an
-        # actor died the channel's object can be gone from the object store by then: Ray then aborts the
-        # process (experimental_mutable_object_provider.cc: "must be in the local object store to
-        # register as reader"). Registering now, while every actor lives, makes the teardown's a no-op.
-        for channel in getattr(getattr(self._graph, "_dag_submitter", None), "_output_channels", ()):
+        # This process reads the acknowledgement channels (written by the actors, so held by them) and
+        # writes the input channels; Ray registers it as a reader of each on its first read or in the
+        # teardown's close. After an actor died, its channels' objects are gone from the object store, and
+        # registering then aborts the process (experimental_mutable_object_provider.cc: "must be in the
+        # local object store to register as reader"): Ray's own monitor tears the graph down on a death.
+        # Registering every channel now, while every actor lives, makes those later registrations no-ops.
+        submitter = getattr(self._graph, "_dag_submitter", None)
+        fetcher = getattr(self._graph, "_dag_output_fetcher", None)
+        for channel in (*getattr(submitter, "_output_channels", ()), *getattr(fetcher, "_input_channels", ())):
             channel.ensure_registered_as_reader()
         self._islands = islands
         self._pending: collections.deque[tuple[int, tuple, list]] = collections.deque()   # (run, islands, acks)
