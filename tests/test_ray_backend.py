@@ -108,6 +108,20 @@ def test_objects_are_reclaimed_on_the_actors_when_the_client_closes(ray_runtime)
     assert sum(ray_runtime.usage().values()) == 0 and ray_runtime.object_count() == 0
 
 
+def test_the_scheduler_charges_the_device_time_the_actors_measured(ray_runtime):
+    plan = across.compiled(X, runtime=ray_runtime).plan
+    key = ray_runtime.load(plan).key
+    with Client(ray_runtime) as client:
+        deadline = time.monotonic() + 60
+        while key not in ray_runtime.scheduler._measured:     # a run's end may be learnt before it is timed
+            assert time.monotonic() < deadline, "a run's measured device time reaches the scheduler within 60 s"
+            run = client.start(plan, [X])
+            while run.id in ray_runtime.scheduler._in_flight and time.monotonic() < deadline:
+                ray_runtime.usage()                         # retires the run once the actors say it is over
+                time.sleep(0.01)
+        assert 0 < ray_runtime.scheduler._measured[key] < 60
+
+
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
     """Last for each runtime: island1's actor is killed. Programs move to island0 (the compiled graph, which
     held the dead actor, gives way to actor calls), and restore_island brings a fresh actor back."""

@@ -122,7 +122,8 @@ class IslandActor:
         return self._island.release_owner(owner)
 
     def runs_done(self, run_ids) -> list:
-        return [r for r in run_ids if self._island.run_done(r)]
+        """(run, device seconds or None) for each of `run_ids` whose work here is over."""
+        return [(r, self._island.device_seconds(r)) for r in run_ids if self._island.run_done(r)]
 
     def wait_run(self, run_id: int, timeout: float | None) -> None:
         self._island.wait_run(run_id, timeout)

@@ -47,7 +47,8 @@ class RayIsland:
         self._closed = False
         self.received: Callable[[int], None] = lambda run_id: None   # set by `RayIslands`: a start was taken
         self.calls: collections.Counter[str] = collections.Counter()   # messages sent, by kind
-        self._done: collections.OrderedDict[int, None] = collections.OrderedDict()   # runs known to be over
+        # Runs known to be over -> the device time the actor measured (None: not known), until it is read.
+        self._done: collections.OrderedDict[int, float | None] = collections.OrderedDict()
         self._fetched: dict[tuple[int, int], np.ndarray] = {}   # results brought back with a sibling, not read yet
         self._read: dict[int | None, set[int]] = {}   # plan key -> the results here ever read of its runs
         self._releases: list[tuple[int, int]] = []
@@ -226,17 +227,18 @@ class RayIsland:
                 self.received(run_id)
                 with self._lock:
                     others = [r for r in self._runs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
-                self._over(self._get(self._call("runs_done", [run_id] + others)))
+                self._over(dict(self._get(self._call("runs_done", [run_id] + others))))
                 return run_id in self._done
             except IslandLost:
                 pass
         return run_id in self._failed or self.lost is not None
 
-    def _over(self, run_ids) -> None:
-        """Remembers runs whose work here is over (the latest `HISTORY` of them)."""
+    def _over(self, seconds: dict[int, float | None]) -> None:
+        """Remembers runs whose work here is over, with their device time (the latest `HISTORY` of them)."""
         with self._lock:
-            for run_id in run_ids:
-                self._done[run_id] = None
+            for run_id, taken in seconds.items():
+                if taken is not None or run_id not in self._done:
+                    self._done[run_id] = taken
             while len(self._done) > HISTORY:
                 self._done.popitem(last=False)
 
@@ -248,11 +250,17 @@ class RayIsland:
             self._get(self._call("wait_run", run_id, timeout))
         except IslandLost:
             return
-        self._over([run_id])
+        self._over({run_id: None})
 
-    def device_seconds(self, run_id: int) -> None:
-        """The actor does not report measured device time: on Ray, `share` charges plans' estimates."""
-        return None
+    def device_seconds(self, run_id: int) -> float | None:
+        """Returns (once) the device time a finished run took here, as the actor measured it (`runs_done`
+        brings it back with the answer); None if not known (the run's end was learnt by `wait_run`, or the
+        actor had not recorded it yet)."""
+        with self._lock:
+            if run_id not in self._done:
+                return None
+            taken, self._done[run_id] = self._done[run_id], None
+        return taken
 
     def owned_by(self, owner) -> list:
         return self._ask("owned_by", owner, otherwise=[])
