@@ -90,12 +90,20 @@ def training_island(runtime) -> str:
 
 def kill_actor(runtime, island: str) -> None:
     """Kills an island's Ray actor by its name, as an operator or a dying host would (not through the
-    runtime: its monitor has to notice)."""
+    runtime: its monitor has to notice), and returns once the runtime has taken the island out.
+
+    The wait makes the loss as final as `Runtime.lose_island` is on the embedded backend: the results
+    that lived on the island raise `IslandLost` from then on. Without it, a result read just before
+    the kill (the step's metrics, which bring the state back with them) stays readable on the driver,
+    and when the monitor takes the island out before the next step starts, that step runs on the
+    other island from the driver's copy: nothing is lost and no recovery is recorded.
+    """
     import ray
 
     from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name
 
     ray.kill(ray.get_actor(island_name(island), namespace=NAMESPACE))
+    _wait_lost(runtime, island)
 
 
 def elastic_run(runtime, steps: int, lose_at: int, warm: int, lose=None) -> dict:

@@ -11,6 +11,13 @@ all), as milliseconds per run.
   (one actor per block or stage, each holding its jitted function; object
   references passed from actor to actor, the driver only fetching the end)
   against our Ray backend on the same local Ray instance, interleaved.
+- `ray_three_blocks_over_handwritten_cgraph`: the same chains of actors
+  (actors of their own) compiled into a Ray Compiled Graph, executed once
+  per run (per micro-batch for the pipeline), against our Ray backend.
+- `ray_handle_arg_over_handwritten_refs`: `CHAIN` op-by-op calls of block A,
+  each taking the previous call's handle, then one fetch, against a
+  hand-written actor applying block A `CHAIN` times to the previous call's
+  object reference.
 - `ray_over_embedded`: our embedded backend (every island in this process)
   against our Ray backend, interleaved with the above.
 - `ray_compiled_graph_over_actor_calls`: our Ray backend with start
@@ -41,10 +48,12 @@ from pathways_mlir.runtime.runtime import Runtime
 from . import harness
 
 NAME = "ray"
-HEADLINE = ("ray_three_blocks_over_handwritten", "ray_over_embedded", "ray_compiled_graph_over_actor_calls",
+HEADLINE = ("ray_three_blocks_over_handwritten", "ray_three_blocks_over_handwritten_cgraph",
+            "ray_handle_arg_over_handwritten_refs", "ray_over_embedded", "ray_compiled_graph_over_actor_calls",
             "ray_two_nodes_over_one")
 ISLANDS, PER_ISLAND = 2, 4
 IN_FLIGHT = 8
+CHAIN = 8                # op-by-op calls in the handle-argument chain
 STAGES, MICRO_BATCHES, WIDTH, MICRO_BATCH = 4, 4, 64, 16
 LOOPBACK = "127.0.0.1"
 
@@ -69,6 +78,12 @@ BLOCKS = (_block_a, _block_b, _block_c)
 block_a = pw.jit(_block_a, slice=slice_a, in_specs=P("data"), out_specs=P("data"))
 block_b = pw.jit(_block_b, slice=slice_b, in_specs=P("data", "model"), out_specs=P("data", "model"))
 block_c = pw.jit(_block_c, slice=slice_c, in_specs=P("data"), out_specs=P("data"))
+
+
+@pw.program
+def block_a_alone(x):
+    """Block A alone, called op by op on the previous call's result."""
+    return block_a(x)
 
 
 @pw.program
@@ -173,6 +188,22 @@ def handwritten_chains(ray, pipeline_args):
     return blocks, pipeline
 
 
+def handwritten_graphs(ray, pipeline_args):
+    """Returns the hand-written chains of both workloads as compiled Ray graphs, on actors of their own
+    (an actor in a compiled graph serves nothing else): (three-block graph, pipeline graph)."""
+    from ray.dag import InputNode
+
+    blocks, pipeline = handwritten_chains(ray, pipeline_args)
+    graphs = []
+    for actors, inflight in ((blocks, 2 * IN_FLIGHT), (pipeline, 2 * IN_FLIGHT * MICRO_BATCHES)):
+        with InputNode() as x:
+            node = x
+            for a in actors:
+                node = a.apply.bind(node)
+        graphs.append(node.experimental_compile(_max_inflight_executions=inflight))
+    return graphs
+
+
 def _chain(actors, x):
     ref = x
     for a in actors:
@@ -181,8 +212,9 @@ def _chain(actors, x):
 
 
 def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_args, pipeline_args,
-          prefix: str = ""):
-    """Returns the timed cases (per run and in flight) of both workloads on `runtime` and the chains."""
+          prefix: str = "", graphs=None):
+    """Returns the timed cases (per run and in flight) of both workloads on `runtime`, the chains and the
+    compiled graphs of the chains, and the handle-argument chain on `runtime` and on the first chain."""
     def ours(program, args, count):
         def case():
             outs = [program.run(*args, client=client) for _ in range(count)]
@@ -201,6 +233,30 @@ def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_arg
             ray.get(refs, timeout=120)
         return case
 
+    def compiled(three, count):
+        three_graph, pipeline_graph = graphs
+
+        def case():
+            if three:
+                refs = [three_graph.execute(three_args[0]) for _ in range(count)]
+            else:
+                refs = [pipeline_graph.execute(h) for _ in range(count) for h in pipeline_args[1]]
+            for ref in refs:
+                ref.get(timeout=120)
+        return case
+
+    def handle_chain():
+        h = block_a_alone.run(*three_args, client=client)
+        for _ in range(CHAIN - 1):
+            h = block_a_alone.run(h, client=client)
+        np.asarray(h)
+
+    def ref_chain():
+        ref = three_args[0]
+        for _ in range(CHAIN):
+            ref = chains[0][0].apply.remote(ref)
+        ray.get(ref, timeout=120)
+
     out = {}
     for mode, count in (("per run", 1), ("in flight", IN_FLIGHT)):
         if runtime is not None:
@@ -209,6 +265,13 @@ def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_arg
         if chains is not None:
             out[("handwritten", "three blocks", mode)] = chained(True, count)
             out[("handwritten", "4-stage pipeline", mode)] = chained(False, count)
+        if graphs is not None:
+            out[("handwritten cgraph", "three blocks", mode)] = compiled(True, count)
+            out[("handwritten cgraph", "4-stage pipeline", mode)] = compiled(False, count)
+    if runtime is not None and prefix == "ray":
+        out[(prefix, "handle-argument chain", "per run")] = handle_chain
+    if chains is not None:
+        out[("handwritten refs", "handle-argument chain", "per run")] = ref_chain
     return out
 
 
@@ -234,19 +297,22 @@ def run(quick: bool) -> dict:
     try:
         with Client(embedded) as embedded_client:
             chains = handwritten_chains(ray, pipeline_args)
+            graphs = handwritten_graphs(ray, pipeline_args)
             for _ in range(blocks):
                 for compiled in (True, False):   # one runtime at a time: island actors have unique names
                     our_ray = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND, compiled_graph=compiled)
                     try:
                         with Client(our_ray) as client:
                             all_cases = cases(ray, our_ray, client, chains, three_args, pipeline_args,
-                                              "ray" if compiled else "ray, actor calls")
+                                              "ray" if compiled else "ray, actor calls", graphs)
                             all_cases.update(cases(ray, embedded, embedded_client, None, three_args, pipeline_args,
                                                    "embedded"))
                             for key, values in _times(all_cases, repetitions).items():
                                 times.setdefault(key, []).extend(values)
                     finally:
                         our_ray.close()
+            for graph in graphs:
+                graph.teardown()
     finally:
         embedded.close()
         ray.shutdown()
@@ -268,12 +334,16 @@ def run(quick: bool) -> dict:
     ms = {key: harness.median(v) * 1e3 / (1 if key[2] == "per run" else IN_FLIGHT) for key, v in times.items()}
     rows = [{"backend": b, "workload": w, "mode": m, "ms_per_run": t, "spread": harness.spread(times[(b, w, m)])}
             for (b, w, m), t in sorted(ms.items())]
-    pairs = {"ray_three_blocks_over_handwritten": ("handwritten", "ray"), "ray_over_embedded": ("embedded", "ray"),
+    pairs = {"ray_three_blocks_over_handwritten": ("handwritten", "ray"),
+             "ray_three_blocks_over_handwritten_cgraph": ("handwritten cgraph", "ray"),
+             "ray_handle_arg_over_handwritten_refs": ("handwritten refs", "ray"),
+             "ray_over_embedded": ("embedded", "ray"),
              "ray_compiled_graph_over_actor_calls": ("ray, actor calls", "ray"),
              "ray_two_nodes_over_one": ("ray, 1 node", "ray, 2 nodes")}
     headline = {}
     for name, (other, ours_) in pairs.items():
-        ratios = {(w, m): ms[(other, w, m)] / ms[(ours_, w, m)] for (b, w, m) in ms if b == ours_}
+        ratios = {(w, m): ms[(other, w, m)] / ms[(ours_, w, m)] for (b, w, m) in ms
+                  if b == ours_ and (other, w, m) in ms}
         worst = min(ratios, key=ratios.get)
         headline[name] = ratios[worst]
         for (w, m), r in ratios.items():

@@ -3,7 +3,8 @@
     pw-serve                                        # serve 2 islands x 4 CPU devices on a Unix socket
     pw-serve --islands 2 --per-island 2 --port 0    # another shape; also TCP 127.0.0.1, any free port
     pw-serve --backend ray --address HOST:6379      # own the islands on an existing Ray cluster
-    pw-serve --status --service-file PATH           # ask a service for its full report
+    pw-serve --status                               # ask the local service (the default service file)
+    pw-serve --status --service-file PATH           # ask another service for its full report
     pw-serve --status --address 127.0.0.1:6379      # the islands of a Ray cluster (or --address auto)
 
 Serving (`runtime/service.py`): one `Runtime` and an `Endpoint` on a Unix
@@ -18,20 +19,24 @@ then stops in order: the runtime (runs still queued fail), the endpoint
 file, socket, key), and exits 0. `--idle-timeout`, `--max-connections` and
 `--max-header-bytes` set the endpoint's limits (`runtime/wire.py`).
 
-`--status --service-file PATH` asks that service over its Unix socket for
-its full report: the scheduler's queue and what each queued run waits for,
-each island's runs and what each waits for, each client's objects and
-bytes, the bytes reserved per device, and the connected clients. `--status` without it asks
-a Ray cluster (`--address`, default auto): it finds the island actors by
-name (`pw-island-*` in the namespace `pathways`) and prints each island's
-report; the scheduler's queue lives in the process that owns those islands.
-Errors are one line each; no traceback.
+`--status` asks the service of the service file (`--service-file`, else the
+default one) over its Unix socket, for the full report its owner may see: the scheduler's queue and what each queued
+run waits for, each island's runs and what each waits for, each client's
+objects and bytes, the bytes reserved per device, and the connected
+clients. `--status --address` asks a Ray cluster instead ("auto" or
+host:port): it finds the island actors by name (`pw-island-*` in the
+namespace `pathways`) and prints each island's report; the scheduler's
+queue lives in the process that owns those islands. Either is bounded at
+`--timeout` seconds (default `STATUS_TIMEOUT`) and stops on Ctrl-C: the Ray question runs in a
+child process, killed then (connecting to Ray can retry a cluster's GCS
+for minutes, deaf to signals). Errors are one line each; no traceback.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import click
@@ -43,17 +48,33 @@ from pathways_mlir.runtime.limits import Limits
 from .entry import run_command
 
 
+STATUS_TIMEOUT = 10.0     # seconds `--status` may take, whoever it asks
+
+# The child process that asks a Ray cluster (argv[1]: its address) and prints its islands' report.
+_RAY_STATUS = """
+import sys
+from pathways_mlir.runtime.ray_backend import cluster_status
+try:
+    report = cluster_status(sys.argv[1])
+except ConnectionError as e:
+    sys.exit(f"cannot reach the Ray cluster at {sys.argv[1]}: {e}")
+if not report["islands"]:
+    sys.exit(f"no island actors (pw-island-*) on the Ray cluster at {sys.argv[1]}")
+print(report)
+"""
+
+
 class ServeError(Exception):
     """A problem reported on one line."""
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--status", "status", is_flag=True, help="Print what a service, or a Ray cluster's islands, are doing.")
+@click.option("--status", "status", is_flag=True, help="Print what the local service (or, with --address, a Ray cluster's islands) is doing.")
 @click.option("--service-file", default=None, type=click.Path(dir_okay=False),
               help="The service file to write (serving) or read (--status). [default: "
                    "$PW_SERVICE_DIR/service.json, else ~/.cache/pathways-mlir/service.json]")
 @click.option("--address", default=None, help="The Ray cluster, host:port or auto: the islands' home with "
-                                                "--backend ray; asked by --status without --service-file.")
+                                                "--backend ray; asked by --status --address.")
 @click.option("--backend", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
               help="Run the islands in the service's process, or each in a Ray actor.")
 @click.option("--islands", type=click.IntRange(min=1), default=None, help=f"Islands (default from {CLUSTER_ENV}).")
@@ -70,11 +91,13 @@ class ServeError(Exception):
               show_default=True, help="Connections served at once.")
 @click.option("--max-header-bytes", type=click.IntRange(min=1), default=Limits.max_header_bytes,
               show_default=True, help="The largest JSON header of a request.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=STATUS_TIMEOUT, show_default=True,
+              help="Seconds --status may take.")
 def cli(status, service_file, address, backend, islands, per_island, device_memory_bytes, policy, port,
-        idle_timeout, max_connections, max_header_bytes) -> None:
+        idle_timeout, max_connections, max_header_bytes, timeout) -> None:
     """Serve a cluster to other processes (pw.connect), or report on one (--status)."""
     if status:
-        _status(service_file, address)
+        _status(service_file, address, timeout)
         return
     if (islands is None) != (per_island is None):
         raise ServeError("--islands and --per-island go together")
@@ -115,31 +138,53 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
         service.close()      # drops every connection, removes the service file and the key
 
 
-def _status(service_file: str | None, address: str | None) -> None:
-    """Prints a service's report (`service_file`), else the report of a Ray cluster's islands (`address`)."""
+def _status(service_file: str | None, address: str | None, timeout: float) -> None:
+    """Prints the report of the service of `service_file` (default: the default service file), or of the
+    island actors of the Ray cluster at `address`; at most `timeout` seconds, Ctrl-C stops it."""
     if service_file is not None and address is not None:
         raise ServeError("--status asks a service (--service-file) or a Ray cluster (--address), not both")
-    if service_file is not None:
-        from pathways_mlir.runtime.service import ServiceError, open_connection
-
-        try:
-            with open_connection(service_file, timeout=60) as client:
-                click.echo(str(client.status(full=True)))
-        except ServiceError as e:
-            raise ServeError(str(e)) from None
-        return
-    from pathways_mlir.runtime.ray_backend import cluster_status
-
-    address = address or "auto"
     try:
-        report = cluster_status(address)
+        click.echo(_ray_status(address, timeout) if address is not None else _service_status(service_file, timeout))
+    except KeyboardInterrupt:
+        raise ServeError("--status: interrupted") from None
+
+
+def _service_status(service_file: str | None, timeout: float) -> str:
+    from pathways_mlir.runtime.service import ServiceError, default_service_file, open_connection
+
+    path = service_file or default_service_file()
+    if service_file is None and not os.path.exists(path):
+        raise ServeError(f"no service is running here (no service file at {path}): start one with pw-serve, "
+                         f"or ask a Ray cluster with --status --address")
+    try:
+        with open_connection(path, timeout=timeout) as client:
+            return str(client.status(full=True))
+    except ServiceError as e:
+        raise ServeError(str(e)) from None
+    except TimeoutError:
+        raise ServeError(f"the service of {path} did not answer within {timeout:g} s") from None
+
+
+def _ray_status(address: str, timeout: float) -> str:
+    try:
+        import ray  # noqa: F401
     except ImportError:
         raise ServeError("pw-serve needs Ray: pip install 'pathways-mlir[ray]'") from None
-    except ConnectionError as e:
-        raise ServeError(f"cannot reach the Ray cluster at {address}: {e}") from None
-    if not report["islands"]:
-        raise ServeError(f"no island actors (pw-island-*) on the Ray cluster at {address}")
-    click.echo(str(report))
+    child = subprocess.Popen([sys.executable, "-c", _RAY_STATUS, address], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ServeError(f"the Ray cluster at {address} did not answer within {timeout:g} s") from None
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)      # the child and the Ray processes it may have started
+            child.wait()
+    if child.returncode != 0:
+        lines = [line for line in err.splitlines() if line.strip()]
+        raise ServeError(lines[-1] if lines else f"asking the Ray cluster at {address} failed "
+                                                 f"(exit status {child.returncode})")
+    return out.rstrip("\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ class Runtime:
 
     `backend="embedded"` (the default) runs every island in this process on
     its JAX devices; `backend="ray"` runs each island in its own Ray actor
-    (`runtime/ray_backend.py`), with `islands` x `per_island` CPU devices
+    (`runtime/ray_backend/`), with `islands` x `per_island` CPU devices
     each here. Both run the same plans through the same island messages.
     `address` runs the Ray backend on an existing Ray cluster ("auto" or
     "host:port"; none: a local Ray instance), where each island's actor

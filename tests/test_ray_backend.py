@@ -21,7 +21,7 @@ from pathways_mlir.runtime.runtime import Runtime
 
 ray = pytest.importorskip("ray")
 
-from pathways_mlir.runtime.ray_backend import NAMESPACE, _CompiledStarts, island_name  # noqa: E402
+from pathways_mlir.runtime.ray_backend import NAMESPACE, CompiledStarts, island_name  # noqa: E402
 
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
@@ -58,7 +58,7 @@ def ray_runtime(request):
 
 def test_start_messages_take_the_path_asked_for_one_per_island_per_run(ray_runtime, request):
     compiled = request.node.callspec.params["ray_runtime"]      # one node: the graph is used when asked for
-    assert isinstance(ray_runtime.islands._starts, _CompiledStarts) is compiled
+    assert isinstance(ray_runtime.islands._starts, CompiledStarts) is compiled
     before = {name: island.calls["start"] for name, island in ray_runtime.islands.items()}
     with Client(ray_runtime) as client:
         outs = [across.run(X, client=client) for _ in range(5)]
@@ -106,6 +106,20 @@ def test_objects_are_reclaimed_on_the_actors_when_the_client_closes(ray_runtime)
     assert sum(ray_runtime.usage().values()) > 0
     client.close()
     assert sum(ray_runtime.usage().values()) == 0 and ray_runtime.object_count() == 0
+
+
+def test_the_scheduler_charges_the_device_time_the_actors_measured(ray_runtime):
+    plan = across.compiled(X, runtime=ray_runtime).plan
+    key = ray_runtime.load(plan).key
+    with Client(ray_runtime) as client:
+        deadline = time.monotonic() + 60
+        while key not in ray_runtime.scheduler._measured:     # a run's end may be learnt before it is timed
+            assert time.monotonic() < deadline, "a run's measured device time reaches the scheduler within 60 s"
+            run = client.start(plan, [X])
+            while run.id in ray_runtime.scheduler._in_flight and time.monotonic() < deadline:
+                ray_runtime.usage()                         # retires the run once the actors say it is over
+                time.sleep(0.01)
+        assert 0 < ray_runtime.scheduler._measured[key] < 60
 
 
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):

@@ -148,7 +148,8 @@ def test_zz_a_step_waiting_forever_is_named_by_the_status(cluster, runtime):
         assert parked["waits_for"].startswith(f"recv of buffer {recv.dst_buffer} from island0 (send step ")
         assert parked["waits_for"].endswith(f"the result of launch step {launch.id} '{launch.label}'")
         assert f"waits for recv of buffer {recv.dst_buffer} from island0" in str(status)
-        serve = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_serve", "--status"],   # address auto
+        serve = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_serve", "--status", "--address", "auto",
+                                "--timeout", "100"],
                                env={**os.environ, "RAY_ADDRESS": cluster.address}, capture_output=True, text=True,
                                timeout=120)
         assert serve.returncode == 0, serve.stderr[-2000:]

@@ -1,0 +1,194 @@
+"""The island actor: a Ray actor that owns an island's devices and runs an `Island` inside.
+
+The actor process starts its own JAX with the island's devices (CPU devices
+made with `XLA_FLAGS` in the actor's environment here; an accelerator host's
+own devices elsewhere) and runs the same island programs, object-store
+shard and compile cache as the embedded backend. A send to a peer island
+goes straight from this actor to the peer's (`PeerSender`, `deliver_many`),
+never through the driver; arrays travel as NumPy arrays through Ray.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.topology import Topology
+
+from ..island import IslandLost, IslandWork, RunFailed
+
+SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the island up to this size each
+
+
+class IslandActor:
+    """The body of an island actor (made a Ray actor class by `cluster.launch`)."""
+
+    def __init__(self, name: str, topology_json: str, emulate_dcn: bool):
+        import jax
+
+        from ..cluster import DeviceMap
+        from ..island import Island
+        from ..transfers import DcnTransport
+
+        topology = Topology.from_json(topology_json)
+        count = topology.island(name).num_devices
+        devices = jax.devices()
+        if len(devices) < count:
+            raise RuntimeError(f"island {name} needs {count} devices but its process has {len(devices)}")
+        self._name = name
+        self._senders: dict[str, PeerSender] = {}
+        # Without emulation a send is handed to the peer's sender at once (it batches and waits for the value).
+        self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
+                              DcnTransport(emulate=emulate_dcn), self._peer)
+        self._next = 0
+        self._turn = threading.Condition()
+        self._closing = threading.Event()
+
+    def connect(self, peers: dict) -> None:
+        self._senders = {name: PeerSender(actor) for name, actor in peers.items() if name != self._name}
+
+    def reconnect(self, name: str, actor) -> None:
+        """Island `name` has a new actor (it was lost and restored): sends go there from now on."""
+        self._senders[name] = PeerSender(actor)
+
+    def watch(self) -> None:
+        """Returns when the island closes: the driver's monitor keeps one call in flight, which Ray fails
+        as soon as it knows this actor is dead."""
+        self._closing.wait()
+
+    def _peer(self, name: str) -> "PeerSender":
+        return self._senders[name]
+
+    def load(self, key: int, plan_json: str) -> None:
+        self._island.load(key, ProgramPlan.from_json(plan_json))
+
+    def prepare(self, key: int, step_ids) -> None:
+        self._island.prepare(key, tuple(step_ids))
+
+    def start(self, seq: int, work: IslandWork, releases) -> None:
+        """One run's work (after the releases made since the last message), in the order `seq` numbers."""
+        with self._turn:
+            self._turn.wait_for(lambda: self._next == seq)
+            try:
+                self._release(releases)
+                self._island.start(work)
+            finally:
+                self._next += 1
+                self._turn.notify_all()
+
+    def start_compiled(self, message: dict) -> None:
+        """One execution of the compiled start graph: this island's releases, then its work of the run (if any).
+        Executions arrive in the order the driver made them."""
+        self._release(message["releases"].get(self._name, ()))
+        work = message["works"].get(self._name)
+        if work is not None:
+            self._island.start(work)
+
+    def deliver_many(self, items) -> None:
+        """A peer's sends and failures, in the order it made them."""
+        for item in items:
+            if len(item) == 4:
+                self._island.deliver(*item)
+            else:
+                self._island.fail_run(item[0], RunFailed(item[1]))
+
+    def fail_run(self, run_id: int, message: str, lost: bool = False) -> None:
+        self._island.fail_run(run_id, (IslandLost if lost else RunFailed)(message))
+
+    def fetch(self, run_id: int, buffer: int, timeout: float | None, siblings):
+        """Returns a buffer's value, and those of the `siblings` (other results of its run) already produced
+        that are at most `SIBLING_BYTES` each."""
+        value = np.asarray(self._island.fetch(run_id, buffer, timeout))
+        ready = {}
+        for other in siblings:
+            try:
+                array = self._island.fetch(run_id, other, timeout=0)
+            except Exception:  # noqa: BLE001  (not produced yet, released or failed: fetched on its own)
+                continue
+            if array.nbytes <= SIBLING_BYTES:
+                ready[other] = np.asarray(array)
+        return value, ready
+
+    def release_many(self, pairs) -> None:
+        self._release(pairs)
+
+    def _release(self, pairs) -> None:
+        for run_id, buffer in pairs:
+            self._island.release(run_id, buffer)
+
+    def release_owner(self, owner) -> int:
+        return self._island.release_owner(owner)
+
+    def runs_done(self, run_ids) -> list:
+        """(run, device seconds or None) for each of `run_ids` whose work here is over."""
+        return [(r, self._island.device_seconds(r)) for r in run_ids if self._island.run_done(r)]
+
+    def wait_run(self, run_id: int, timeout: float | None) -> None:
+        self._island.wait_run(run_id, timeout)
+
+    def owned_by(self, owner) -> list:
+        return self._island.owned_by(owner)
+
+    def object_count(self) -> int:
+        return self._island.object_count()
+
+    def compilations(self) -> int:
+        return self._island.compilations()
+
+    def status(self) -> dict:
+        return {**self._island.status(), "node": self.node()}
+
+    def node(self) -> str:
+        """The id of the Ray node this actor runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def close(self) -> None:
+        self._island.close()
+        self._closing.set()
+
+
+class PeerSender:
+    """Inside an actor: sends buffers (and run failures) to one peer island's actor, from one thread.
+
+    Sends made while the previous batch is on its way queue up and leave
+    together as one `deliver_many` call, in the order they were made: a
+    burst of sends (a pipeline's micro-batches) costs one actor call, and a
+    lone send leaves at once. The thread waits for each array's value, so
+    the island that sent it never blocks.
+    """
+
+    def __init__(self, actor):
+        self._actor = actor
+        self._queue: list = []
+        self._ready = threading.Condition()
+        threading.Thread(target=self._send_batches, name="pw-peer-sender", daemon=True).start()
+
+    def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
+        self._put((run_id, key, buffer, array))
+
+    def fail_run(self, run_id: int, error: BaseException) -> None:
+        self._put((run_id, str(error)))
+
+    def _put(self, item: tuple) -> None:
+        with self._ready:
+            self._queue.append(item)
+            self._ready.notify()
+
+    def _send_batches(self) -> None:
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._queue)
+                batch, self._queue = self._queue, []
+            items = []
+            for item in batch:
+                if len(item) == 4:
+                    try:
+                        item = (*item[:3], np.asarray(item[3]))
+                    except Exception as error:  # noqa: BLE001  (computing the value failed: the run fails)
+                        item = (item[0], f"run {item[0]} failed computing a sent buffer: {error}")
+                items.append(item)
+            self._actor.deliver_many.remote(items)

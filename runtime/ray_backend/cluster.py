@@ -1,0 +1,289 @@
+"""The Ray cluster side: connecting to Ray, starting the island actors where their devices are, and the
+islands of a runtime on Ray (`RayIslands`: proxies, start channel, monitor).
+
+On a Ray cluster (`address=`), island `I`'s actor is named `pw-island-I` in
+the namespace `pathways` and needs the custom resource `pw-island-I`, which
+only the node holding that island's devices offers: each island runs where
+its devices are. A one-node Ray that offers none holds every island on its
+one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable
+
+from pathways_mlir.dialect.topology import Topology
+
+from ..island import Islands, IslandWork
+from ..status import Status, gather
+from .actor import IslandActor
+from .monitor import IslandMonitor
+from .names import NAMESPACE, island_name
+from .proxy import STATUS_TIMEOUT, RayIsland, unreachable
+from .start_channel import START_TIMEOUT, CalledStarts, CompiledStarts, GraphBroken
+
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
+
+
+class RayIslands(Islands):
+    """The island proxies of a runtime on Ray (by island name), their start channel, their monitor, and
+    what starts, restarts and stops their actors.
+
+    `compiled_graph=True` sends start messages through a Ray Compiled Graph
+    (`CompiledStarts`), else as actor calls (`CalledStarts`). The graph is
+    used only when every island actor runs on the driver's node: across
+    nodes, Ray's compiled-graph channels (Ray 2.60) stopped delivering
+    executions after the first few in our tests on a `Cluster` of 2 nodes,
+    so a cluster of several nodes gets actor calls. Once an actor dies, the
+    graph gives way to actor calls for good.
+    """
+
+    def __init__(self, topology: Topology, emulate_dcn: bool, one_machine: bool, started_ray: bool,
+                 actors: dict, nodes: dict[str, str], compiled_graph: bool):
+        super().__init__({name: RayIsland(name, actor, self) for name, actor in actors.items()})
+        self.topology = topology
+        self.emulate_dcn = emulate_dcn
+        self.one_machine = one_machine          # every island on the one node of a Ray without island resources
+        self.started_ray = started_ray
+        self.compiled_graph = compiled_graph
+        self.nodes = dict(nodes)                # island -> the node its actor runs on
+        self._starts = (CompiledStarts if compiled_graph else CalledStarts)(self)
+        self._results: dict[int, dict[str, tuple[int, ...]]] = {}   # plan key -> the results on each island
+        self.failed_nodes: set[str] = set()     # nodes a restarted actor failed on (dead ones Ray counted alive)
+        self.monitor = IslandMonitor(self)
+        for island in self.values():
+            self._watch_actor(island)
+
+    def _watch_actor(self, island: RayIsland) -> None:
+        """Hands the proxy its start channel and keeps the actor's `watch` call in flight."""
+        island.received = self._starts.received
+        self.monitor.watch_actor(island)
+
+    def watch(self, lose: Callable[[str], object], restore: Callable[[str], object]) -> None:
+        """Starts the monitor (`IslandMonitor.start`): `lose(island)` once an island's actor died,
+        `restore(island)` once a node offering a lost island's resource joined."""
+        self.monitor.start(lose, restore)
+
+    def unwatch(self) -> None:
+        """Stops the monitor (before the islands close: closing is not losing)."""
+        self.monitor.stop()
+
+    def results(self, key: int | None, island: str) -> tuple[int, ...]:
+        """The results a plan's runs leave on `island` (known once one of its runs started)."""
+        return self._results.get(key, {}).get(island, ())
+
+    def start(self, run, works: dict[str, IslandWork]) -> None:
+        """Sends one run's work to its islands as one start message each, with the releases queued; the run
+        fails at once on an island whose actor is dead."""
+        if run.key not in self._results:
+            self._results[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
+                                      for name in self}
+        if self.compiled_graph and (self._starts.broken or any(p._dead is not None for p in self.values())):
+            self._use_calls()
+        dead = [name for name in works if self[name]._dead is not None]
+        for name in dead:
+            self[name].lose_run(run.id, works[name].plan_key)
+        sent = {name: self[name].started(work) for name, work in works.items() if name not in dead}
+        if sent:
+            releases = {name: island.take_releases() for name, island in self.items()}
+            try:
+                self._starts.send(run.id, sent, releases)
+            except GraphBroken:
+                self._use_calls()
+                self._starts.send(run.id, sent, releases)
+
+    def _use_calls(self) -> None:
+        """Replaces the compiled graph (it holds a dead actor) with actor calls."""
+        graph, self._starts = self._starts, CalledStarts(self)
+        self.compiled_graph = False
+        for island in self.values():
+            island.received = self._starts.received
+        graph.close()
+
+    def restart(self, island: str, timeout: float = START_TIMEOUT) -> RayIsland:
+        """Starts a fresh actor for lost island `island` on a node offering its resource, another than the
+        one it was lost on (or one a restart failed on) if there is one; refused at once if no alive node
+        offers it; the actor has `timeout` seconds to start. Connects every island's actor to it and returns
+        its proxy (the runtime puts it in place)."""
+        import ray
+
+        offering = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(island_name(island)))
+        if not self.one_machine and not offering:
+            raise RuntimeError(f"no node of the Ray cluster offers the resource of island {island}: start one "
+                               f"with ray start --resources='{{\"{island_name(island)}\": 1}}'")
+        # A node killed hard counts as alive until Ray's health checks fail, and killing its dead actor
+        # frees its resource there: go elsewhere when another node offers it.
+        elsewhere = [node for node in offering if node != self.nodes[island] and node not in self.failed_nodes]
+        target = elsewhere[0] if elsewhere else None
+        if self.compiled_graph:
+            self._use_calls()
+        ray.kill(self[island]._actor)      # frees the name: Ray keeps a dead actor's name while handles to it live
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                actor = launch(self.topology, island, self.emulate_dcn, self.one_machine, target)
+                break
+            except ray.exceptions.ActorAlreadyExistsError:     # the name is not free yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        actors = {**{name: proxy._actor for name, proxy in self.items()}, island: actor}
+        try:
+            ray.get(actor.connect.remote(actors), timeout=max(0.0, deadline - time.monotonic()))
+            node = ray.get(actor.node.remote(), timeout=max(0.0, deadline - time.monotonic()))
+            ray.get([proxy._actor.reconnect.remote(island, actor) for name, proxy in self.items()
+                     if name != island and proxy._dead is None], timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(actor)
+            self.failed_nodes |= {target} - {None}
+            raise TimeoutError(f"island {island} was not restored: its actor did not start within {timeout} s "
+                               f"(on a node offering the resource {island_name(island)})") from None
+        except ray.exceptions.RayError as error:
+            ray.kill(actor)
+            self.failed_nodes |= {target} - {None}
+            raise RuntimeError(f"island {island} was not restored: {type(error).__name__}: "
+                               f"{(str(error).splitlines() or [''])[0]}") from None
+        proxy = RayIsland(island, actor, self)
+        self.nodes[island] = node
+        self._starts.restart(island)
+        self._watch_actor(proxy)
+        return proxy
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Tears the start channel down, closes the island actors, waits until their names are free, and
+        stops Ray if the runtime started it."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        self._starts.close()
+        super().close()
+        if self.started_ray:
+            ray.shutdown()
+            return
+        deadline = time.monotonic() + timeout
+        for island in self:
+            while time.monotonic() < deadline:
+                try:
+                    ray.get_actor(island_name(island), namespace=NAMESPACE)
+                except ValueError:
+                    break
+                time.sleep(0.05)
+
+
+def launch(topology: Topology, island: str, emulate_dcn: bool, one_machine: bool, node: str | None = None):
+    """Starts island `island`'s actor on a node offering its resource (on `node`, if given; on the one node
+    with `one_machine`); returns its handle."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    flags = f"--xla_force_host_platform_device_count={topology.island(island).num_devices}"
+    return ray.remote(IslandActor).options(
+        name=island_name(island), namespace=NAMESPACE,
+        resources={} if one_machine else {island_name(island): 1},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT",
+        num_cpus=0, max_concurrency=64,
+        runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": ""}},
+    ).remote(island, topology.to_json(), emulate_dcn)
+
+
+def use_loopback() -> None:
+    """Makes Ray in this process, and the processes it starts, take 127.0.0.1 as this node's address.
+
+    Ray otherwise replaces a loopback address (in `ray.init(address=...)`
+    and `_node_ip_address`) with the machine's outward address, so a local
+    instance would listen there and a cluster bound to 127.0.0.1 could not
+    be reached.
+    """
+    os.environ[_LOOPBACK_ENV] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def connect(address: str | None, num_cpus: int = 2, resources: dict | None = None) -> bool:
+    """Connects this process to Ray in the namespace `pathways`: to the cluster at `address` ("auto":
+    `RAY_ADDRESS`, else the latest cluster started on this machine), or to a new local instance on
+    127.0.0.1 with `num_cpus` and `resources`. Returns whether it connected (False: Ray was already
+    up in this process, and is used as it is)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    named = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address or ""
+    loopback = address is None or named.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+    if loopback:
+        use_loopback()
+    options = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
+    if address is None:
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", resources=resources,
+                 include_dashboard=False, **options)
+    else:
+        ray.init(address=address, **({"_node_ip_address": "127.0.0.1"} if loopback else {}), **options)
+    return True
+
+
+def cluster_status(address: str) -> Status:
+    """Returns the report of every island actor on the Ray cluster at `address`, found by name, from
+    any process (the scheduler's queue stays with the process that owns the islands)."""
+    import ray
+
+    started = connect(address)
+    try:
+        names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                       if a["namespace"] == NAMESPACE and a["name"].startswith(island_name("")))
+        islands = {}
+        for name in names:
+            try:
+                islands[name.removeprefix(island_name(""))] = ray.get(
+                    ray.get_actor(name, namespace=NAMESPACE).status.remote(), timeout=STATUS_TIMEOUT)
+            except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
+                islands[name.removeprefix(island_name(""))] = unreachable(error)
+        return gather(None, islands)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | None = None,
+                  compiled_graph: bool = True) -> RayIslands:
+    """Starts one actor per island of `topology`, each on the node that offers its island's resource.
+
+    `address` is an existing Ray cluster ("auto" or "host:port"); without
+    it, a Ray instance already running in this process is used, else a local
+    one is started on 127.0.0.1 with every island's resource. On a cluster of
+    several nodes, the node holding island `I`'s devices must offer the
+    custom resource `pw-island-I` (`ray start --resources='{"pw-island-I": 1}'`);
+    a one-node Ray that offers none holds every island on its one machine.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("the Ray backend needs Ray: pip install 'pathways-mlir[ray]'") from None
+    started = connect(address, num_cpus=max(2, len(topology.islands)),
+                      resources={island_name(i.name): 1 for i in topology.islands})
+    actors: dict = {}
+    try:
+        offered = ray.cluster_resources()
+        missing = [i.name for i in topology.islands if island_name(i.name) not in offered]
+        one_machine = len(missing) == len(topology.islands) and len([n for n in ray.nodes() if n["Alive"]]) == 1
+        if missing and not one_machine:
+            raise RuntimeError("no node of the Ray cluster offers the resource of island(s) " +
+                               ", ".join(missing) + ": start the node holding island I's devices with "
+                               "ray start --resources='{\"pw-island-I\": 1}'")
+        for island in topology.islands:
+            actors[island.name] = launch(topology, island.name, emulate_dcn, one_machine)
+        ray.get([a.connect.remote(actors) for a in actors.values()], timeout=START_TIMEOUT)
+        nodes = dict(zip(actors, ray.get([a.node.remote() for a in actors.values()], timeout=START_TIMEOUT)))
+        islands = RayIslands(topology, emulate_dcn, one_machine, started, actors, nodes,
+                             compiled_graph and set(nodes.values()) == {ray.get_runtime_context().get_node_id()})
+    except BaseException:
+        for actor in actors.values():
+            ray.kill(actor)
+        if started:
+            ray.shutdown()
+        raise
+    return islands

@@ -1,0 +1,325 @@
+"""The driver's proxy for an island actor (`RayIsland`): the island messages, as actor calls."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from pathways_mlir.dialect.plan import ProgramPlan
+
+from ..island import HISTORY, IslandLost, IslandWork, RunFailed, client_owner
+
+if TYPE_CHECKING:
+    from .cluster import RayIslands
+
+STATUS_TIMEOUT = 10.0   # seconds an island has to answer a status request
+RELEASE_BATCH = 64      # queued releases sent in a call of their own once this many wait
+RUNS_DONE_BATCH = 256   # earlier runs asked about with each `runs_done` call
+
+
+class RayIsland:
+    """The driver's proxy for an island actor: the island messages, as actor calls.
+
+    `start` goes through the runtime's start channel (`RayIslands.start`).
+    Releases are queued and travel with the island's next start message (or
+    in one call once `RELEASE_BATCH` have queued, or before any question
+    about objects), so dropping a result costs no call of its own; the ledger
+    of device memory is the driver's and frees the bytes at once. A fetch
+    brings back the run's other small results on the island that were read
+    of an earlier run of the same plan, so reading a run's outputs one by one
+    costs one call, while results never read (a training state kept on the
+    devices) never travel.
+
+    Once its actor is dead (the monitor saw it, or Ray failed a call with
+    `RayActorError`), the proxy answers for it as a lost island would: work
+    started here fails with `IslandLost` (and so does the run on its peers),
+    results that lived here raise it, and nothing waits for the actor.
+    """
+
+    def __init__(self, name: str, actor, group: "RayIslands"):
+        self.name = name
+        self._actor = actor
+        self._group = group
+        self._lock = threading.Lock()
+        self._closed = False
+        self.received: Callable[[int], None] = lambda run_id: None   # set by `RayIslands`: a start was taken
+        self.calls: collections.Counter[str] = collections.Counter()   # messages sent, by kind
+        # Runs known to be over -> the device time the actor measured (None: not known), until it is read.
+        self._done: collections.OrderedDict[int, float | None] = collections.OrderedDict()
+        self._fetched: dict[tuple[int, int], np.ndarray] = {}   # results brought back with a sibling, not read yet
+        self._read: dict[int | None, set[int]] = {}   # plan key -> the results here ever read of its runs
+        self._releases: list[tuple[int, int]] = []
+        # Runs started here -> (plan key, client id), the latest `HISTORY` of them.
+        self._runs: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
+        self._plans: dict[int, ProgramPlan] = {}   # plans loaded, by key: a run failing here names its program
+        self._dead: IslandLost | None = None       # set once the actor is known to be dead
+        self.lost: IslandLost | None = None        # set once the runtime took the island out (`lose`)
+        # Runs failed here since the actor died, and (after `lose`) every run whose results lived here.
+        self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+
+    def _call(self, message: str, *args):
+        """Calls the actor's `message` method; returns the reply's object reference.
+
+        After `close` it raises instead: a Ray call would start a new Ray session.
+        """
+        if self._closed:
+            raise RunFailed(f"{self.name} is closed")
+        self.calls[message] += 1
+        return getattr(self._actor, message).remote(*args)
+
+    def _get(self, ref, timeout: float | None = None):
+        """Waits for a reply; raises `IslandLost` if Ray says the actor died (see `_died`)."""
+        import ray
+
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ray.exceptions.RayActorError as error:
+            raise self._died(error) from None
+
+    def _died(self, error: BaseException) -> IslandLost:
+        """Marks the actor dead (Ray said so with `error`): the runs under way here fail, and the monitor
+        takes the island out. Returns the `IslandLost` that stands for it."""
+        if self._dead is None:
+            self._dead = IslandLost(f"island {self.name} was lost ({type(error).__name__}: "
+                                    f"{(str(error).splitlines() or [''])[0]})")
+            self._fail_under_way()
+            self._group.monitor.report(self.name)
+        return self._dead
+
+    def _fail_under_way(self) -> None:
+        """Fails every run started here and not known to be over, as a lost embedded island does."""
+        with self._lock:
+            runs = [(run_id, key) for run_id, (key, _) in self._runs.items() if run_id not in self._done]
+        for run_id, key in runs:
+            self.lose_run(run_id, key)
+
+    def lose_run(self, run_id: int, key: int) -> None:
+        """Fails a run with `IslandLost` here and on its peers (a peer parked on a recv from here included)."""
+        plan = self._plans[key]
+        error = IslandLost(f"island {self.name} was lost: run {run_id} of {plan.program} used it")
+        self._failed_here(run_id, error)
+        for island in plan.islands:
+            if island != self.name:
+                self._group[island].fail_run(run_id, error)
+
+    def _failed_here(self, run_id: int, error: BaseException) -> None:
+        """Remembers that a run failed (the latest `HISTORY` of them)."""
+        with self._lock:
+            self._failed.setdefault(run_id, error)
+            while len(self._failed) > HISTORY:
+                self._failed.popitem(last=False)
+
+    def load(self, key: int, plan: ProgramPlan) -> None:
+        if self._dead is not None:
+            raise self._dead
+        self._get(self._call("load", key, plan.to_json()))
+        self._plans[key] = plan
+
+    def prepare(self, key: int, step_ids) -> None:
+        if self._dead is not None:
+            raise self._dead
+        self._get(self._call("prepare", key, list(step_ids)))
+
+    def started(self, work: IslandWork) -> IslandWork:
+        """Notes a run's start here; returns the work as it travels."""
+        with self._lock:
+            self._runs[work.run_id] = (work.plan_key, work.client_id)
+            while len(self._runs) > HISTORY:
+                self._runs.popitem(last=False)
+        return work._replace(inputs=tuple((b, np.asarray(v)) for b, v in work.inputs))
+
+    def take_releases(self) -> list[tuple[int, int]]:
+        """Returns (and forgets) the releases queued since the last message."""
+        with self._lock:
+            releases, self._releases = self._releases, []
+        return releases
+
+    def fail_run(self, run_id: int, error: BaseException) -> None:
+        if self._dead is not None:
+            self._failed_here(run_id, error)
+        elif self._live():
+            self._call("fail_run", run_id, str(error), isinstance(error, IslandLost))
+
+    def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
+        if self._dead is not None or run_id in self._failed:
+            raise self._failed.get(run_id) or IslandLost(f"island {self.name} was lost, with the results of run "
+                                                         f"{run_id} that lived there")
+        with self._lock:
+            value = self._fetched.pop((run_id, buffer), None)
+            key = self._runs.get(run_id, (None, None))[0]
+            read = self._read.setdefault(key, set())
+            read.add(buffer)
+            siblings = [b for b in self._group.results(key, self.name)
+                        if b != buffer and b in read and (run_id, b) not in self._fetched]
+        if value is not None:
+            return value
+        try:          # no wait for the start first: the island's fetch waits for the value itself
+            reply = self._call("fetch", run_id, buffer, timeout, siblings).future()   # the island waits `timeout`,
+            value, ready = reply.result(None if timeout is None else timeout + STATUS_TIMEOUT)   # the reply travels
+        except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
+            import ray
+
+            if isinstance(error, ray.exceptions.RayActorError):
+                self._died(error)
+                return self.fetch(run_id, buffer, timeout)
+            cause = getattr(error, "cause", None)
+            raise (cause if isinstance(cause, BaseException) else error) from None
+        with self._lock:
+            released = set(self._releases)
+            self._fetched.update(((run_id, b), v) for b, v in ready.items() if (run_id, b) not in released)
+        return value
+
+    def release(self, run_id: int, buffer: int) -> None:
+        if not self._live() or self._dead is not None or run_id in self._failed:
+            return       # handles dropped at exit, after the actors are gone, or of results gone: nothing to do
+        with self._lock:
+            self._fetched.pop((run_id, buffer), None)
+            self._releases.append((run_id, buffer))
+            full = len(self._releases) >= RELEASE_BATCH
+        if full:
+            self.flush_releases()
+
+    def flush_releases(self, wait: bool = False) -> None:
+        """Sends the queued releases now; with `wait`, returns once the island took them (before a question
+        about objects: the actor runs calls concurrently)."""
+        releases = self.take_releases()
+        if releases and self._live() and self._dead is None:
+            ref = self._call("release_many", releases)
+            if wait:
+                self._get(ref)
+
+    def _live(self) -> bool:
+        import ray
+
+        return not self._closed and ray.is_initialized()
+
+    def _ask(self, message: str, *args, otherwise=None):
+        """Calls the actor (after the queued releases) and returns its reply; `otherwise` once the island is
+        closed or its actor dead."""
+        if self._closed or self._dead is not None:
+            return otherwise
+        try:
+            self.flush_releases(wait=True)
+            return self._get(self._call(message, *args))
+        except IslandLost:
+            return otherwise
+
+    def release_owner(self, owner) -> int:
+        if self._closed or self._dead is not None:
+            return 0
+        with self._lock:        # the owner's results brought back with a sibling and not read go too
+            self._fetched = {k: v for k, v in self._fetched.items()
+                             if client_owner(self._runs.get(k[0], (None, None))[1]) != owner}
+        return self._ask("release_owner", owner, otherwise=0)
+
+    def run_done(self, run_id: int) -> bool:
+        """Returns whether the run's work here is over. One actor call also asks about every run started
+        earlier that is not known to be over, and the answers are kept: the scheduler and the clients poll
+        runs in order, so the next questions are answered here. Once the actor is dead, a run is over
+        here if it was known to be, or failed, or the island was taken out."""
+        if run_id in self._done:
+            return True
+        if self._dead is None:
+            try:
+                self.received(run_id)
+                with self._lock:
+                    others = [r for r in self._runs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
+                self._over(dict(self._get(self._call("runs_done", [run_id] + others))))
+                return run_id in self._done
+            except IslandLost:
+                pass
+        return run_id in self._failed or self.lost is not None
+
+    def _over(self, seconds: dict[int, float | None]) -> None:
+        """Remembers runs whose work here is over, with their device time (the latest `HISTORY` of them)."""
+        with self._lock:
+            for run_id, taken in seconds.items():
+                if taken is not None or run_id not in self._done:
+                    self._done[run_id] = taken
+            while len(self._done) > HISTORY:
+                self._done.popitem(last=False)
+
+    def wait_run(self, run_id: int, timeout: float | None = None) -> None:
+        if self._dead is not None:
+            return              # its work here ended with the actor
+        try:
+            self.received(run_id)
+            self._get(self._call("wait_run", run_id, timeout))
+        except IslandLost:
+            return
+        self._over({run_id: None})
+
+    def device_seconds(self, run_id: int) -> float | None:
+        """Returns (once) the device time a finished run took here, as the actor measured it (`runs_done`
+        brings it back with the answer); None if not known (the run's end was learnt by `wait_run`, or the
+        actor had not recorded it yet)."""
+        with self._lock:
+            if run_id not in self._done:
+                return None
+            taken, self._done[run_id] = self._done[run_id], None
+        return taken
+
+    def owned_by(self, owner) -> list:
+        return self._ask("owned_by", owner, otherwise=[])
+
+    def object_count(self) -> int:
+        return self._ask("object_count", otherwise=0)
+
+    def compilations(self) -> int:
+        return self._ask("compilations", otherwise=0)
+
+    def status(self) -> dict:
+        """Returns the island's status (see `Island.status`) and its node, or why it did not answer."""
+        if self._dead is not None:
+            return unreachable(self._dead)
+        try:
+            self.flush_releases(wait=True)
+            return self._get(self._call("status"), STATUS_TIMEOUT)
+        except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
+            return unreachable(error)
+
+    def lose(self) -> None:
+        """Takes the island out as a dead host (`Runtime.lose_island`): kills the actor if it still runs;
+        results of every run it had raise `IslandLost` from now on, also once the island is restored."""
+        import ray
+
+        if self._dead is None:
+            self._dead = IslandLost(f"island {self.name} was lost")
+            self._fail_under_way()
+        with self._lock:
+            runs = list(self._done)
+        for run_id in runs:
+            self._failed_here(run_id, IslandLost(f"island {self.name} was lost, with the results of run {run_id} "
+                                                 f"that lived there"))
+        self.lost = self._dead
+        ray.kill(self._actor)
+
+    def restored(self) -> "RayIsland":
+        """Returns the proxy of a fresh actor in place of this lost island's (see `RayIslands.restart`); the
+        results lost here still raise `IslandLost`."""
+        fresh = self._group.restart(self.name)
+        with self._lock:
+            fresh._failed.update(self._failed)
+        return fresh
+
+    def close(self) -> None:
+        import ray
+
+        if self._closed:
+            return
+        if ray.is_initialized():
+            if self._dead is None:
+                try:
+                    self._get(self._call("close"), STATUS_TIMEOUT)
+                except Exception:  # noqa: BLE001  (a dead or stuck island is killed all the same)
+                    pass
+            ray.kill(self._actor)
+        self._closed = True
+
+
+def unreachable(error: BaseException) -> dict:
+    """An island's report when it did not answer."""
+    return {"unreachable": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}

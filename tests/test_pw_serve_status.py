@@ -1,0 +1,56 @@
+"""`pw-serve --status`: asks the local service by default, a Ray cluster only with `--address`, and is
+bounded (`--timeout`, default 10 s) whoever it asks. Real processes: a `pw-serve` (embedded backend, 2
+islands of 2 CPU devices) found through the default service file, and a Ray address where nothing
+listens. Every wait has a timeout; every process started here is stopped.
+"""
+
+import os
+import select
+import socket
+import subprocess
+import sys
+
+import pytest
+
+SERVE = [sys.executable, "-m", "pathways_mlir.cli.pw_serve"]
+TIMEOUT = 120
+
+
+def status(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*SERVE, "--status", *args], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+def test_status_asks_the_service_of_the_default_service_file(tmp_path):
+    env = {**os.environ, "PW_SERVICE_DIR": str(tmp_path / "service")}
+    proc = subprocess.Popen([*SERVE, "--islands", "2", "--per-island", "2", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
+        line = proc.stdout.readline() if ready else ""
+        assert line.startswith("pw-serve: serving 2 island(s)"), line
+        result = status("--timeout", "60", env=env)      # generous on a loaded machine; the default is 10 s
+        assert result.returncode == 0, result.stderr
+        assert "island0" in result.stdout and "island1" in result.stdout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_status_without_a_service_says_so_on_one_line(tmp_path):
+    result = status(env={**os.environ, "PW_SERVICE_DIR": str(tmp_path / "none")})
+    assert result.returncode == 1
+    assert result.stderr.startswith("pw-serve: error: no service is running here (no service file at ")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_status_of_a_ray_address_where_nothing_answers_is_bounded():
+    with socket.socket() as s:                   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pytest.importorskip("ray")
+    result = status("--address", f"127.0.0.1:{port}", "--timeout", "3")
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("pw-serve: error: "), line
