@@ -75,9 +75,9 @@ class RayIslands(Islands):
         """The results a plan's runs leave on `island` (known once one of its runs started)."""
         return self._results.get(key, {}).get(island, ())
 
-    def start(self, run, works: dict[str, IslandWork]) -> None:
+    def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list:
         """Sends one run's work to its islands as one start message each, with the releases queued; the run
-        fails at once on an island whose actor is dead."""
+        fails at once on an island whose actor is dead. Nothing runs on the caller's thread (`inline`)."""
         if run.key not in self._results:
             self._results[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
                                       for name in self}
@@ -94,6 +94,7 @@ class RayIslands(Islands):
             except GraphBroken:
                 self._use_calls()
                 self._starts.send(run.id, sent, releases)
+        return []
 
     def _use_calls(self) -> None:
         """Replaces the compiled graph (it holds a dead actor) with actor calls."""
