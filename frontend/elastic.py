@@ -110,10 +110,11 @@ class _Checkpoints:
             self._manager.close()
 
     def _failed(self, step: int | None, error: Exception) -> None:
-        try:
-            self._manager.close()
-        except Exception:  # noqa: BLE001  (the same failure again)
-            pass
+        for wind_down in (self._manager.wait_until_finished, self._manager.close):
+            try:                                 # its writer threads stop before their files are removed
+                wind_down()
+            except Exception:  # noqa: BLE001  (the same failure again)
+                pass
         self._manager = self._reopen()
         for name in os.listdir(self.directory):
             if "-tmp" in name:                  # Orbax writes `<step>.orbax-checkpoint-tmp-<time>` first

@@ -13,6 +13,7 @@ in this process, then prints one JSON line per stage and:
   client has been killed meanwhile) runs `big` again and checks it;
 - `cancel`: starts a long computation on island1 and cancels it with `pw.cancel`: its handle raises
   `RunCancelled`;
+- `spin`: starts a computation of about a minute on island1, says so, and holds on until it is killed;
 - `stuck`: after a line on stdin (island0 has been closed meanwhile), runs `step`, whose island1 part
   then waits forever for island0's send; says so once `result(timeout)` times out, and holds on until
   it is killed.
@@ -125,6 +126,13 @@ def main(service_file: str, role: str) -> None:
             raise AssertionError("a cancelled run's handle returned its value")
         except pw.RunCancelled as error:
             say(stage="cancelled", message=str(error))
+    elif role == "spin":
+        v = np.ones(1024, np.float32)
+        spin(v, np.int32(1)).result(timeout=TIMEOUT)
+        long = spin(v, np.int32(30_000_000))
+        say(stage="spinning")
+        sys.stdin.read()
+        del long
     elif role == "stuck":
         sys.stdin.readline()
         stuck = step(x)

@@ -173,6 +173,17 @@ def test_a_client_cancels_its_run_on_the_service(service):
     assert canceller.wait(TIMEOUT) == 0
 
 
+def test_the_service_stops_on_sigterm_while_an_island_computes(service):
+    proc, service_file, procs = service
+    spinner = client(service_file, "spin", procs)
+    assert read_json(spinner) == {"stage": "checked", "objects": 3}
+    assert read_json(spinner) == {"stage": "spinning"}
+    proc.send_signal(signal.SIGTERM)                  # the computation has most of a minute to go
+    assert proc.wait(TIMEOUT) == 0
+    assert proc.stdout.read().strip().endswith("pw-serve: SIGTERM: stopping")
+    assert list(service_file.parent.iterdir()) == []
+
+
 def test_service_errors_are_one_line(service, tmp_path):
     proc, service_file, procs = service
     port = json.loads(service_file.read_text())["port"]
