@@ -49,9 +49,11 @@ class Runtime:
     `device_memory_bytes` overrides each device's memory for admission.
     `policy` ("fifo" or "share") and `window` (share: how many admitted runs
     may be on the devices) are the gang scheduler's (`scheduler.py`).
-    `emulate_dcn` makes transfers between islands take the modelled DCN
-    time. `wedge_timeout` (seconds; None: never) declares an island wedged
-    once its executor has run one step for longer: its runs fail with
+    `islands` x `per_island` CPU devices (both, or neither: `PW_CLUSTER`,
+    default 2x4) is the cluster's shape; `device_map` (embedded) gives the
+    devices instead. `emulate_dcn` makes transfers between islands take the
+    modelled DCN time. `wedge_timeout` (seconds; None: never) declares an island wedged
+    once it has been busy with one run for longer: its runs fail with
     `IslandWedged` and the other islands go on (see `island.py`).
     On Ray, a monitor takes out an island whose actor dies and brings it
     back when a node offering its resource joins (see `lose_island`).
@@ -65,6 +67,7 @@ class Runtime:
             raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
         if (address is not None or not compiled_graph) and backend != "ray":
             raise ValueError("address= and compiled_graph= are options of the Ray backend: they need backend='ray'")
+        check_shape(islands, per_island)
         if wedge_timeout is not None and backend != "embedded":
             raise ValueError("wedge_timeout= is an option of the embedded backend (a Ray island is a process of "
                              "its own)")
@@ -319,8 +322,26 @@ _default_options: dict = {}
 _default_lock = threading.RLock()    # reentrant: closing a connection (pw.connect) forgets it as the default
 
 
+def check_shape(islands, per_island) -> None:
+    """Raises ValueError in one line unless (`islands`, `per_island`) is a cluster shape: both None, or both
+    positive integers."""
+    if (islands is None) != (per_island is None):
+        raise ValueError(f"islands= and per_island= go together (got islands={islands}, per_island={per_island})")
+    for name, value in (("islands", islands), ("per_island", per_island)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}= must be a positive integer, not {value!r}")
+
+
 def configure(**options) -> None:
-    """Sets the options of the default runtime (see `Runtime`); replaces one already made."""
+    """Sets the options of the default runtime (see `Runtime` for each); replaces one already made. An
+    unknown option or an impossible cluster shape is one ValueError line, raised here."""
+    import inspect
+
+    known = set(inspect.signature(Runtime).parameters) - {"device_map"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} of pw.configure (options: {', '.join(sorted(known))})")
+    check_shape(options.get("islands"), options.get("per_island"))
     global _default, _default_options
     with _default_lock:
         if _default is not None:

@@ -280,3 +280,15 @@ def test_clients_in_threads_get_one_consistent_order_on_every_island(runtime, pl
     for order in orders.values():
         assert order == sorted(order)
     assert set(orders["island0"]) & set(orders["island1"])
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(islands=0, per_island=4), "islands= must be a positive integer, not 0"),
+    (dict(islands=2), r"islands= and per_island= go together \(got islands=2, per_island=None\)"),
+    (dict(isands=2), "unknown option\\(s\\) isands of pw.configure"),
+])
+def test_configure_refuses_impossible_options_in_one_line(options, message):
+    import pathways_mlir as pw
+
+    with pytest.raises(ValueError, match=message):
+        pw.configure(**options)
