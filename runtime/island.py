@@ -583,6 +583,8 @@ class Island:
                 return
             run.slots[run.layout.slot[buffer]] = moved
             self._notify()
+        if self.tracer is not None:
+            self.trace("recv over DCN", "dcn", _devices_of(moved, self), [moved], ("in", _flow_id(run_id, buffer)))
         self._advance(run)
 
     def _advance(self, run: IslandRun) -> None:
@@ -686,6 +688,8 @@ class Island:
 
     def send(self, run: IslandRun, peer: str, peer_buffer: int, array, nbytes: int, link) -> None:
         """Hands `array` to `peer` as its `peer_buffer` of the run (DCN), emulating the link if asked."""
+        if self.tracer is not None:
+            self.trace(f"send to {peer}", "dcn", _devices_of(array, self), [array], ("out", _flow_id(run.id, peer_buffer)))
         target = self._peer(peer)
         if self._transport is None or self._transport.inline:
             target.deliver(run.id, run.plan_key, peer_buffer, array)
@@ -730,7 +734,18 @@ class Island:
             mesh = self._meshes[key] = make_mesh(devices, placement.shape, placement.axes)
         return mesh
 
-    def trace(self, name: str, kind: str, devices, arrays) -> None:
+    def trace(self, name: str, kind: str, devices, arrays, flow: tuple[str, int] | None = None) -> None:
         """Records a step in the trace being taken (see `Runtime.start_tracing`)."""
         if self.tracer is not None:
-            self.tracer.record(name, kind, self.name, devices, arrays)
+            self.tracer.record(name, kind, self.name, devices, arrays, flow)
+
+
+def _flow_id(run_id: int, buffer: int) -> int:
+    """The id joining the two ends of one DCN transfer in a trace: the run and the receiving buffer."""
+    return run_id * 1_000_003 + buffer
+
+
+def _devices_of(array, island: Island) -> tuple[int, ...]:
+    """The island-local ids of the devices an array lives on."""
+    local = {d.id: i for i, d in enumerate(island.device_map.devices[island.name])}
+    return tuple(sorted(local[d.id] for d in array.sharding.device_set if d.id in local))

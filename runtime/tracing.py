@@ -3,7 +3,8 @@
 One process per island and one track (thread) per device: every computation
 and transfer appears on each device it uses, from the time it could start on
 that device (enqueued, and the device's previous work done) until its outputs
-were ready. Measuring readiness waits on every output, so tracing perturbs
+were ready. A DCN transfer is a send slice on the sending island's devices
+and a recv slice on the receiving island's, joined by a flow arrow. Measuring readiness waits on every output, so tracing perturbs
 timing a little; it is off unless asked for.
 """
 
@@ -27,6 +28,7 @@ class TraceEvent:
     devices: tuple[int, ...]
     enqueued: float
     ready: float
+    flow: tuple[str, int] | None = None    # ("out" | "in", id): the two ends of one DCN transfer
 
 
 class Tracer:
@@ -39,8 +41,9 @@ class Tracer:
         self._pending: list[threading.Event] = []
         self._origin = time.perf_counter()
 
-    def record(self, name: str, kind: str, island: str, devices, arrays) -> None:
-        """Records a step enqueued now whose outputs are `arrays` (waited for off-thread)."""
+    def record(self, name: str, kind: str, island: str, devices, arrays, flow: tuple[str, int] | None = None) -> None:
+        """Records a step enqueued now whose outputs are `arrays` (waited for off-thread); `flow` marks one end
+        of a DCN transfer."""
         enqueued = time.perf_counter()
 
         done = threading.Event()
@@ -51,7 +54,7 @@ class Tracer:
                     a.block_until_ready()
                 with self._lock:
                     self.events.append(TraceEvent(name, kind, island, tuple(devices), enqueued,
-                                                  time.perf_counter()))
+                                                  time.perf_counter(), flow))
             finally:
                 done.set()
         with self._lock:
@@ -82,6 +85,11 @@ class Tracer:
                 busy_until[(e.island, d)] = end
                 out.append({"ph": "X", "name": e.name, "cat": e.kind, "pid": pid, "tid": d,
                             "ts": (start - self._origin) * 1e6, "dur": (end - start) * 1e6})
+                if e.flow is not None and d == e.devices[0]:     # the arrow leaves a send's end, enters a recv
+                    end_of_send = e.flow[0] == "out"
+                    out.append({"ph": "s" if end_of_send else "f", "name": "dcn", "cat": "dcn", "id": e.flow[1],
+                                "pid": pid, "tid": d, "ts": ((end if end_of_send else start) - self._origin) * 1e6,
+                                **({} if end_of_send else {"bp": "e"})})
         for island in islands:
             for d in sorted({d for e in events if e.island == island for d in e.devices}):
                 out.append({"ph": "M", "name": "thread_name", "pid": islands.index(island), "tid": d,

@@ -240,6 +240,11 @@ def test_trace_has_a_track_per_device(runtime, tmp_path, plan_builder):
     assert {(e["pid"], e["tid"]) for e in spans if e["name"].startswith("stage_a")} == {(0, 0), (0, 1)}
     assert {(e["pid"], e["tid"]) for e in spans if e["name"].startswith("stage_b")} == {(1, d) for d in range(4)}
     assert all(e["dur"] >= 0 for e in spans)
+    assert {e["pid"] for e in spans if e["name"] == "send to island1"} == {0}          # the DCN transfer:
+    assert {e["pid"] for e in spans if e["name"] == "recv over DCN"} == {1}            # a slice at each end,
+    [start] = [e for e in events if e["ph"] == "s"]                                   # joined by one arrow
+    [finish] = [e for e in events if e["ph"] == "f"]
+    assert (start["id"], start["pid"], finish["pid"]) == (finish["id"], 0, 1)
 
 
 def test_closing_a_client_with_runs_in_flight_reclaims_everything(runtime, plan_builder):
