@@ -56,6 +56,12 @@ def ray_runtime(request):
     rt.close()
 
 
+def test_a_second_owner_of_the_islands_is_one_clear_error(ray_runtime):
+    with pytest.raises(ValueError, match=r"^the Ray cluster already has the actor of island island0 \(pw-island-"
+                                         r"island0\): another process .* owns its islands"):
+        Runtime(backend="ray", islands=2, per_island=2)
+
+
 def test_start_messages_take_the_path_asked_for_one_per_island_per_run(ray_runtime, request):
     compiled = request.node.callspec.params["ray_runtime"]      # one node: the graph is used when asked for
     assert isinstance(ray_runtime.islands._starts, CompiledStarts) is compiled

@@ -276,6 +276,15 @@ def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | 
                                ", ".join(missing) + ": start the node holding island I's devices with "
                                "ray start --resources='{\"pw-island-I\": 1}'")
         for island in topology.islands:
+            try:
+                ray.get_actor(island_name(island.name), namespace=NAMESPACE)
+            except ValueError:
+                pass                                 # no actor of that name: the island is free
+            else:
+                raise ValueError(f"the Ray cluster already has the actor of island {island.name} "
+                                 f"({island_name(island.name)}): another process (a pw-serve, or a driver with "
+                                 f"backend='ray') owns its islands; stop it, or connect to its service with "
+                                 f"pw.connect()")
             actors[island.name] = launch(topology, island.name, emulate_dcn, one_machine)
         ray.get([a.connect.remote(actors) for a in actors.values()], timeout=START_TIMEOUT)
         nodes = dict(zip(actors, ray.get([a.node.remote() for a in actors.values()], timeout=START_TIMEOUT)))
