@@ -363,9 +363,9 @@ class Island:
             self._in_flight.pop(run_id, None)
 
     def device_seconds(self, run_id: int) -> float | None:
-        """Returns (once) the device time a finished run took here: its part of the island's time from when
-        its instructions began until its device work was over (`device_clock.py`), times the devices its
-        slices cover here. None until it is over."""
+        """Returns (once) the device time a finished run took here: from when the run before it here was over
+        (or its own instructions began, if later) until its device work was over (`device_clock.py`), times
+        the devices its slices cover here. None until it is over."""
         with self.lock:
             return self._seconds.pop(run_id, None)
 
