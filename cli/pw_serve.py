@@ -136,6 +136,11 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
     finally:
         runtime.close()      # first: runs still queued or parked fail, so no connection waits for them
         service.close()      # drops every connection, removes the service file and the key
+    # Stopped in order. A computation may still run in XLA's own threads (it cannot be interrupted), and
+    # the interpreter's exit would abort under it (SIGABRT): leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _status(service_file: str | None, address: str | None, timeout: float) -> None:
