@@ -351,14 +351,17 @@ class Island:
             return False
 
     def wait_run(self, run_id: int, timeout: float | None = None) -> None:
-        """Waits until the run's work here is over; TimeoutError after `timeout` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """Waits until the run's work here is over, or the island closes; TimeoutError after `timeout`
+        seconds."""
+        began = time.monotonic()
+        deadline = None if timeout is None else began + timeout
         with self.lock:
             while run_id in self._runs:
                 self._wait(deadline, f"run {run_id} is still under way on {self.name}")
             tracked = self._in_flight.get(run_id, ())
         for array in tracked:
-            array.block_until_ready()
+            if not self._await(array, began, deadline):
+                raise TimeoutError(f"the device work of run {run_id} on {self.name} was not over within {timeout} s")
         with self.lock:
             self._in_flight.pop(run_id, None)
 
@@ -494,18 +497,23 @@ class Island:
                     self._pending -= 1
             del handle, message          # a waiting executor keeps no arrays of the last message alive
 
-    def _await(self, array, since: float) -> None:
-        """Waits until `array` is computed (or the island closes), polling: a thread blocked inside XLA when
-        the interpreter exits would abort the process. Each pause is a twentieth of the time waited since
-        `since` (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`): the end of a computation is seen within
-        about 5% of its duration, and the tracker seldom takes the GIL from the threads that dispatch."""
+    def _await(self, array, since: float, deadline: float | None = None) -> bool:
+        """Waits until `array` is computed, the island closes or `deadline` passes (then returns False),
+        polling: a thread blocked inside XLA when the interpreter exits would abort the process, and one
+        blocked there cannot give up. Each pause is a twentieth of the time waited since `since` (between
+        `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`): the end of a computation is seen within about 5% of its
+        duration, and the tracker seldom takes the GIL from the threads that dispatch."""
         while not self._closed:
             try:
                 if array.is_ready():
-                    return
+                    return True
             except Exception:  # noqa: BLE001  (a failed computation is over too; its reader raises)
-                return
-            time.sleep(min(max((time.monotonic() - since) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
+                return True
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            time.sleep(min(max((now - since) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
+        return True
 
     def _stop(self) -> None:
         self._inbox.put(None)
