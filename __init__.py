@@ -15,6 +15,7 @@ resource manager, schedulers, executors and object store) and `cli`
 """
 
 from .runtime.cluster import prepare_host_devices_before_jax as _prepare_host_devices_before_jax
+from .runtime.uncaught import install as _install_one_line_errors
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,11 @@ __all__ = [*_FRONTEND, *_RUNTIME]
 # default 2 islands x 4). Nothing here can fail: a bad PW_CLUSTER is an error
 # where the cluster is made, and tools that never start JAX never read it.
 _prepare_host_devices_before_jax()
+
+# A script that leaves one of this package's own errors uncaught ends with
+# its one-line message and the script's line, not a traceback through our
+# internals (PW_TRACEBACK=1 shows it); runtime/uncaught.py.
+_install_one_line_errors()
 
 
 def __getattr__(name: str):

@@ -243,3 +243,21 @@ def test_readme_two_terminals(tmp_path, procs):
     assert "island1: bytes reserved per device: [256, 256]" in result.stdout
     proc.send_signal(signal.SIGINT)                              # Ctrl-C
     assert proc.wait(TIMEOUT) == 0 and list(directory.iterdir()) == []
+
+
+def test_a_script_connecting_to_no_service_ends_in_one_line(tmp_path):
+    """A script whose `pw.connect()` finds no service ends with one line naming its own call, exit 1;
+    `PW_TRACEBACK=1` gives the traceback, and errors of other classes keep theirs."""
+    script = tmp_path / "train.py"
+    script.write_text("import pathways_mlir as pw\n\nclient = pw.connect()\n")
+    env = {**os.environ, "PW_SERVICE_DIR": str(tmp_path / "none")}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        1, "", f"{script}:3: ServiceError: no service file at {tmp_path / 'none' / 'service.json'}: "
+               "is pw-serve running?\n")
+    shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT,
+                           env={**env, "PW_TRACEBACK": "1"})
+    assert shown.returncode == 1 and shown.stderr.startswith("Traceback (most recent call last):")
+    script.write_text("import pathways_mlir as pw\n\n{}['key']\n")
+    other = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert other.returncode == 1 and other.stderr.startswith("Traceback") and "KeyError: 'key'" in other.stderr
