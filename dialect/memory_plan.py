@@ -11,6 +11,12 @@ program inputs and values a branch puts on the island count from the start
 of the run, results to its end. It is kept as (begin, end, bytes) triples
 over island-local device ranges, merged where neighbours agree, so it grows
 with the number of slices, never with the number of devices.
+
+A donated input (`plan.donated`, from `donate_argnums`) is reused, as
+`jax.jit` reuses it: where its last reader is a launch on its island, that
+launch writes one of its results with the same slice, shape, type and
+sharding into the input's buffer (`reuses`), so the result adds no bytes to
+the peak and the runtime compiles the launch with the input donated.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import dataclasses
 import itertools
 from typing import Iterator
 
-from .plan import Free, ProgramPlan, Step
+from .plan import Free, Launch, ProgramPlan, Step
 
 
 def frees(plan: ProgramPlan, island: str, step_ids: Iterator[int]) -> dict[int | None, Free]:
@@ -52,6 +58,46 @@ def frees(plan: ProgramPlan, island: str, step_ids: Iterator[int]) -> dict[int |
             for position, buffers in dying.items()}
 
 
+def reuses(plan: ProgramPlan, island: str) -> dict[int, dict[int, int]]:
+    """Returns, per launch step id on `island`, the donated inputs it overwrites: input buffer -> result.
+
+    An input qualifies when it is donated, lives on `island`, is not a
+    program result, is read by launches only (a copy or send may still hold
+    its array after the launch), and its last reader is that launch, which
+    reads it once and writes a result laid out exactly as it.
+    """
+    if not plan.donated:
+        return {}
+    steps = plan.islands.get(island, ())
+    last_reader: dict[int, Step] = {}
+    read_otherwise: set[int] = set()
+    for s in (*steps, *plan.host_steps):
+        if isinstance(s, Free):
+            continue
+        for b in s.consumed():
+            if not isinstance(s, Launch):
+                read_otherwise.add(b)
+            if b not in last_reader or s.id > last_reader[b].id:
+                last_reader[b] = s
+    found: dict[int, dict[int, int]] = {}
+    for b in plan.donated:
+        launch = last_reader.get(b)
+        if not (isinstance(launch, Launch) and plan.island_of(b) == island and b not in plan.outputs
+                and b not in read_otherwise and launch.inputs.count(b) == 1):
+            continue
+        taken = found.setdefault(launch.id, {})
+        layout = _layout(plan.buffers[b])
+        result = next((r for r in launch.outputs if r not in taken.values() and
+                       _layout(plan.buffers[r]) == layout), None)
+        if result is not None:
+            taken[b] = result
+    return {step: taken for step, taken in found.items() if taken}
+
+
+def _layout(info) -> tuple:
+    return info.slice, info.shape, info.dtype, info.sharding, info.bytes_per_device
+
+
 def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...]) -> tuple[int, ...]:
     """Returns the largest live bytes per device range of `steps` (frees included) as flat triples."""
     mine = {b: plan.buffers[b] for b in plan.buffers if plan.island_of(b) == island}
@@ -71,12 +117,16 @@ def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...]) -> tuple[int, 
     alive = {b for b in mine if b in set(plan.inputs) | branch_results}
     add(alive, 1)
     high = list(live)
+    reused = reuses(plan, island)
     for s in steps:
         if isinstance(s, Free):
             gone = [b for b in s.buffers if b in alive]
             add(gone, -1)
             alive -= set(gone)
             continue
+        overwritten = reused.get(s.id, {})
+        alive -= set(overwritten)             # the results written in their place take over their bytes
+        alive |= set(overwritten.values())
         fresh = [b for b in s.produced() if b in mine and b not in alive]
         add(fresh, 1)
         alive |= set(fresh)

@@ -55,6 +55,7 @@ PLACEMENT_COST = "pw.placement_cost"
 ALIAS = "pw.alias"
 LOWERED = "pw.lowered"
 HOME = "pw.home"
+DONATED = "pw.donated"       # a program argument the caller donates (unit, in arg_attrs)
 RESULT_HOMES = "pw.result_homes"
 SUBGRAPH = "pw.subgraph"
 SUBGRAPHS = "pw.subgraphs"

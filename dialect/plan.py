@@ -247,6 +247,7 @@ class ProgramPlan:
     peak_bytes: dict[str, tuple[int, ...]] = None  # type: ignore[assignment]
     fused: dict[str, FusedExecutable] = None       # type: ignore[assignment]
     flops: dict[str, int] = None                   # type: ignore[assignment]  # executable -> its pw.cost flops
+    donated: tuple[int, ...] = ()     # inputs the caller donates: their buffers may be reused by results
 
     def __post_init__(self):
         if self.peak_bytes is None:
@@ -280,6 +281,7 @@ class ProgramPlan:
             "flops": dict(self.flops),
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
+            **({"donated": list(self.donated)} if self.donated else {}),
             "islands": {k: [_step_to_python(s) for s in v] for k, v in self.islands.items()},
             "peak_bytes": {k: list(v) for k, v in self.peak_bytes.items()},
             "subgraphs": [_jsonable(asdict(s)) for s in self.subgraphs],
@@ -339,7 +341,8 @@ class ProgramPlan:
             subgraphs=subgraphs, host_steps=host_steps,
             peak_bytes={k: r.sub(v, f"peak_bytes.{k}", list).ints_of(v)
                         for k, v in r.get("peak_bytes", dict, {}).items()},
-            fused=fused, flops={k: r.sub(v, f"flops.{k}", int).value for k, v in r.get("flops", dict, {}).items()})
+            fused=fused, flops={k: r.sub(v, f"flops.{k}", int).value for k, v in r.get("flops", dict, {}).items()},
+            donated=r.ints("donated") if "donated" in value else ())
         plan.validate(where)
         return plan
 
@@ -399,6 +402,9 @@ class ProgramPlan:
             for b in ids:
                 if b not in self.buffers:
                     raise PlanError(f"{where}: {what} buffer {b} is not declared")
+        for b in self.donated:
+            if b not in self.inputs:
+                raise PlanError(f"{where}: donated buffer {b} is not an input of the program")
         self._validate_steps(where)
 
     def _validate_steps(self, where: str) -> None:

@@ -1,14 +1,18 @@
 """A small flax transformer language model trained with `pw.pipeline` across two islands.
 
 The text is generated here (no downloads): sentences of a tiny grammar,
-read character by character. Stage 0 (island0) embeds characters and runs
-the first transformer block; stage 1 (island1) runs the second block and
-predicts the next character. Each step is a 1F1B pipeline of MICRO_BATCHES
-micro-batches with optax adamw (warm-up and cosine decay). It prints a
-progress bar and the loss, writes the loss curve to transformer_loss.png,
-and tests/test_examples.py checks its steps against plain JAX training the same model.
+read character by character. Four stages: character and position
+embeddings, two transformer blocks, and the next character's logits. Each
+step is a pipeline of MICRO_BATCHES micro-batches with optax adamw (warm-up
+and cosine decay), in any of `pw.pipeline`'s schedules: "gpipe", "1f1b"
+and "zb-h1" put one stage on each of four 2-device slices, two per island;
+"interleaved-1f1b" puts the four stages round-robin on one slice per
+island (two virtual stages each). It prints a progress bar and the loss,
+writes the loss curves to transformer_loss.png, and tests/test_examples.py
+checks every schedule's steps against plain JAX training the same model.
 
-    pw-run examples/transformer_pipeline.py
+    pw-run examples/transformer_pipeline.py                  # 1F1B
+    python examples/transformer_pipeline.py all              # each schedule, one curve each
 """
 
 import sys
@@ -57,20 +61,31 @@ class Block(nn.Module):
 
 
 class Embed(nn.Module):
-    """Stage 0: character and position embeddings, then a block."""
+    """Stage 0: character and position embeddings."""
 
     @nn.compact
     def __call__(self, ids):
         positions = self.param("positions", nn.initializers.normal(0.02), (CONTEXT, WIDTH))
-        return Block()(nn.Embed(VOCAB, WIDTH)(ids) + positions)
+        return nn.Embed(VOCAB, WIDTH)(ids) + positions
 
 
 class Head(nn.Module):
-    """Stage 1: a block, then the next character's logits."""
+    """Stage 3: the next character's logits."""
 
     @nn.compact
     def __call__(self, x):
-        return nn.Dense(VOCAB)(nn.LayerNorm()(Block()(x)))
+        return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+
+STAGES = (Embed(), Block(), Block(), Head())
+
+
+def forward(params, ids):
+    """The whole model on one device: the stages in order."""
+    x = ids
+    for stage, p in zip(STAGES, params):
+        x = stage.apply(p, x)
+    return x
 
 
 def cross_entropy(logits, targets):
@@ -84,16 +99,24 @@ def optimizer(steps: int):
 
 
 def init(seed: int = 0):
-    """Returns the two stages' parameters."""
-    ids = jnp.zeros((1, CONTEXT), jnp.int32)
-    embed = Embed().init(jax.random.key(seed), ids)
-    return [embed, Head().init(jax.random.key(seed + 1), Embed().apply(embed, ids))]
+    """Returns the four stages' parameters."""
+    x, params = jnp.zeros((1, CONTEXT), jnp.int32), []
+    for s, stage in enumerate(STAGES):
+        params.append(stage.init(jax.random.key(seed + s), x))
+        x = stage.apply(params[-1], x)
+    return params
 
 
-def pipelined_step(steps: int, islands=("island0", "island1")):
-    """The training step: 1F1B over two stages, one 2-device slice on each island, each stage data parallel."""
-    slices = [pw.virtual_slice(2, axes="batch", island=island) for island in islands]
-    return pw.pipeline([Embed().apply, Head().apply], slices, loss=cross_entropy, schedule="1f1b",
+def pipelined_step(steps: int, schedule: str = "1f1b", islands=("island0", "island1")):
+    """The training step in `schedule`, each stage data parallel over its 2-device slice: one slice per stage,
+    two per island, or for "interleaved-1f1b" one per island, holding stages round-robin."""
+    if schedule == "interleaved-1f1b":
+        per_island = [pw.virtual_slice(2, axes="batch", island=island) for island in islands]
+        slices = [per_island[s % len(islands)] for s in range(len(STAGES))]
+    else:
+        slices = [pw.virtual_slice(2, axes="batch", island=islands[s * len(islands) // len(STAGES)])
+                  for s in range(len(STAGES))]
+    return pw.pipeline([stage.apply for stage in STAGES], slices, loss=cross_entropy, schedule=schedule,
                        micro_batches=MICRO_BATCHES, optimizer=optimizer(steps), batch_axis="batch")
 
 
@@ -103,16 +126,17 @@ def reference_step(steps: int):
 
     def step(params, opt_state, inputs, targets):
         def loss(params):
-            return cross_entropy(Head().apply(params[1], Embed().apply(params[0], inputs)), targets)
+            return cross_entropy(forward(params, inputs), targets)
         value, grads = jax.value_and_grad(loss)(params)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
     return jax.jit(step)
 
 
-def train(steps: int, step=None, client=None, progress: bool = False):
-    """Trains for `steps` steps with the pipelined step; returns the parameters and each step's loss."""
-    step = step or pipelined_step(steps)
+def train(steps: int, schedule: str = "1f1b", client=None, progress: bool = False):
+    """Trains for `steps` steps with the pipelined step in `schedule`; returns the parameters and each step's
+    loss."""
+    step = pipelined_step(steps, schedule)
     params = init()
     opt_states = [optimizer(steps).init(p) for p in params]
     data, losses = batches(corpus()), []
@@ -121,7 +145,8 @@ def train(steps: int, step=None, client=None, progress: bool = False):
         losses.append(float(np.asarray(loss)))
         if progress:
             done = (k + 1) * 30 // steps
-            sys.stdout.write(f"\r[{'#' * done}{'.' * (30 - done)}] step {k + 1}/{steps}  loss {losses[-1]:.3f}")
+            sys.stdout.write(f"\r{schedule:>16} [{'#' * done}{'.' * (30 - done)}] step {k + 1}/{steps}  "
+                             f"loss {losses[-1]:.3f}")
             sys.stdout.flush()
     if progress:
         sys.stdout.write("\n")
@@ -134,12 +159,23 @@ if __name__ == "__main__":
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from pathways_mlir.frontend.pipeline import SCHEDULES
+
+    chosen = sys.argv[1:] or ["1f1b"]
+    chosen = list(SCHEDULES) if chosen == ["all"] else chosen
+    unknown = [s for s in chosen if s not in SCHEDULES]
+    if unknown:
+        sys.exit(f"transformer_pipeline.py: error: unknown schedule {unknown[0]!r} (choose from "
+                 f"{', '.join(SCHEDULES)} or all)")
     steps = 150
-    _, losses = train(steps, progress=True)
-    print(f"loss {losses[0]:.3f} -> {np.mean(losses[-10:]):.3f} (last 10 steps); uniform guess {np.log(VOCAB):.3f}")
     figure, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(losses)
-    ax.set(xlabel="step", ylabel="cross-entropy", title="Transformer LM, 1F1B pipeline over 2 islands")
+    for schedule in chosen:
+        _, losses = train(steps, schedule, progress=True)
+        print(f"{schedule}: loss {losses[0]:.3f} -> {np.mean(losses[-10:]):.3f} (last 10 steps); "
+              f"uniform guess {np.log(VOCAB):.3f}")
+        ax.plot(losses, label=schedule)
+    ax.legend()
+    ax.set(xlabel="step", ylabel="cross-entropy", title="Transformer LM, 4-stage pipeline over 2 islands")
     figure.tight_layout()
     figure.savefig("transformer_loss.png", dpi=100)
     print("wrote transformer_loss.png")

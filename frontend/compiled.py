@@ -84,10 +84,6 @@ class Compiled:
             with self._lock:
                 self._refresh()
             handles = client.run(self.plan, wire, dispatch, timeout)
-        if lowered.donated:
-            for x, donated in zip(leaves, lowered.donated):
-                if donated and hasattr(x, "donate"):
-                    x.donate(f"program @{lowered.program}")
         return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
 
 

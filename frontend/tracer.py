@@ -149,13 +149,15 @@ class ProgramBuilder:
     """One pw program being traced: a `func.func {pw.program}` and the values that belong to it."""
 
     def __init__(self, module: ModuleBuilder, base_name: str, in_avals: Sequence[jax.ShapeDtypeStruct],
-                 site: Site):
+                 site: Site, donated: Sequence[bool] = ()):
         self.module = module
         self.name = module.symbol(base_name)
         self.site = site
         with ir.InsertionPoint(module.module.body), site.location():
             self.func = func.FuncOp(self.name, ir.FunctionType.get([tensor_type(a) for a in in_avals], []))
         ops.set_attr(self.func, ops.PROGRAM, None)
+        if any(donated):
+            ops.set_attr(self.func, "arg_attrs", [{ops.DONATED: None} if d else {} for d in donated])
         self.block = self.func.add_entry_block()
         self.arguments = self.values(self.block.arguments, in_avals, "argument")
 
@@ -221,7 +223,7 @@ def lower(site: Site, fn: Callable, example: Any, donated: tuple[bool, ...] = ()
             raise TypeError(f"{site}: example argument{jax.tree_util.keystr(path)}: {e}") from None
     module = ModuleBuilder()
     with module.context, ir.Location.unknown():
-        program = ProgramBuilder(module, site.name, in_avals, site)
+        program = ProgramBuilder(module, site.name, in_avals, site, donated)
         out_tree, out_avals = program.trace(fn, in_tree)
         module.finish()
     return Lowered(module.module, program.name, in_tree, tuple(in_avals), out_tree, tuple(out_avals),

@@ -10,7 +10,8 @@ For every program the pass appends to the module:
   island, `pw.send` / `pw.recv` per data movement between islands;
 - `module @<program>_host attributes {pw.host_plan = {program, inputs,
   outputs, subgraphs}}`: the buffers of host values and a `pw.branch` step
-  per `pw.cond`, which runs the plans of its branch programs.
+  per `pw.cond`, which runs the plans of its branch programs. Inputs whose
+  program argument is marked `pw.donated` are listed as `donated` too.
 
 Every SSA value becomes one buffer id, however many shards it has. Step ids
 follow `pw.order` across the whole module, so they are unique and an island
@@ -77,6 +78,8 @@ class _ProgramEmitter:
         self.producer: dict[int, int] = {}            # buffer -> step that writes it
         body = ops.program_body(program)
         self.inputs = tuple(self.buffer(arg) for arg in body.arguments)
+        arg_attrs = ops.attr(program, "arg_attrs") or [{} for _ in body.arguments]
+        self.donated = tuple(b for b, a in zip(self.inputs, arg_attrs) if isinstance(a, dict) and ops.DONATED in a)
         for op in body.operations:
             for result in op.results:
                 self.buffer(result)
@@ -154,7 +157,8 @@ class _ProgramEmitter:
                               {"island": island, "program": Symbol(name)}, island)
         self.build_module(f"{name}_{HOST}", ops.HOST_PLAN, {
             "program": Symbol(name), "inputs": self.inputs, "outputs": self.outputs,
-            "subgraphs": ops.attr(self.program, ops.SUBGRAPHS, [])}, HOST)
+            "subgraphs": ops.attr(self.program, ops.SUBGRAPHS, []),
+            **({"donated": self.donated} if self.donated else {})}, HOST)
 
     def build_module(self, sym_name: str, mark: str, value: dict, where: str) -> None:
         module = ops.create("builtin.module", attributes={"sym_name": sym_name, mark: value},
@@ -316,7 +320,7 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
             program=name, topology=topology, slices=slices, buffers=dict(sorted(buffers.items())),
             executables=executables, fused=fused, flops=plan_flops,
             peak_bytes={island: ops.attr(part, PEAK_BYTES, ()) for island, part in islands.get(name, {}).items()},
-            inputs=mark["inputs"], outputs=mark["outputs"], islands=steps,
+            inputs=mark["inputs"], outputs=mark["outputs"], donated=tuple(mark.get("donated", ())), islands=steps,
             subgraphs=tuple(Subgraph(g["id"], g["static"], tuple(i for i, ss in steps.items()
                                                                  if any(s.subgraph == g["id"] for s in ss)))
                             for g in mark["subgraphs"]),

@@ -13,7 +13,9 @@ when this whole peak fits (per-run admission), so no step waits for memory.
 
 Program inputs and values a branch puts on the island count from the start
 of the run; results count to its end (they outlive it, owned by the
-client). Free step ids continue after the largest step id of the module.
+client). A result that its launch writes into a donated input's buffer
+(`pw.donated` arguments, `memory_plan.reuses`) adds nothing. Free step ids
+continue after the largest step id of the module.
 
 Requires: pw-emit-plans.
 

@@ -157,6 +157,8 @@ class _Checker:
             if isinstance(a, dict) and ops.HOME in a and not self.is_home(a[ops.HOME]):
                 self.error(program, f"argument #{i} has a '{ops.HOME}' that is not {{}} or {{slice, sharding}} "
                                     f"on a slice of this module")
+            if isinstance(a, dict) and ops.DONATED in a and a[ops.DONATED] is not None:
+                self.error(program, f"argument #{i} has a '{ops.DONATED}' that is not a unit attribute")
 
     def check_op_marks(self, op: ir.Operation) -> None:
         for mark in (ops.ORDER, ops.SUBGRAPH):

@@ -51,12 +51,26 @@ class Client:
     def start(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
               timeout: float | None = None) -> Run:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
-        cancelled if it is not over by then, and its handles raise `RunCancelled`."""
+        cancelled if it is not over by then, and its handles raise `RunCancelled`.
+
+        A handle passed for an input the plan lists as donated (`plan.donated`)
+        is given to the run: it cannot be used again, and admission counts its
+        bytes as the run's own, which may write a result into its buffer."""
+        donated = [(i, a) for i, (b, a) in enumerate(zip(plan.inputs, args))
+                   if b in plan.donated and isinstance(a, Handle)] if plan.donated else ()
+        for i, handle in donated:
+            again = next((j for j, a in enumerate(args) if a is handle and j != i), None)
+            if again is not None:
+                raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
+                                 f"it is passed again as argument {again}: donate a copy, or neither")
         args = [a.result() if isinstance(a, Handle) else a for a in args]
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")
-            run = self._dispatcher.start(plan, args, dispatch, timeout)
+            run = self._dispatcher.start(plan, args, dispatch, timeout,
+                                         donations=tuple((h._run.id, h._buffer) for _, h in donated))
+            for _, handle in donated:
+                handle.donate(f"program @{plan.program}")
             self._active.append(run)
             if len(self._active) % 64 == 0:       # forget the runs that are over, now and then
                 while self._active and self.runtime.run_done(self._active[0]):
@@ -90,14 +104,15 @@ class Client:
         """Returns the array of one of a run's buffers once it exists."""
         return self._dispatcher.fetch(run, buffer, timeout)
 
-    def release(self, run: Run, buffer: int) -> None:
-        """Releases one result of a run (a handle was deleted)."""
+    def release(self, run: Run, buffer: int, donated: bool = False) -> None:
+        """Releases one result of a run (a handle was deleted). A `donated` result's bytes stay reserved:
+        the run it was donated to takes them over when admitted."""
         if self.closed:
             return                       # closing released everything already
         island = run.island_of(buffer)
         if island is not None:
             self.runtime.islands[island].release(run.id, buffer)
-        self.runtime.scheduler.release_result(run, buffer)
+        self.runtime.scheduler.release_result(run, buffer, donated)
 
     def objects(self) -> list:
         """Returns the keys of the objects this client owns."""

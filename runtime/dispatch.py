@@ -89,10 +89,12 @@ class Dispatcher:
         self.weight = weight
 
     def start(self, plan: ProgramPlan, args: Sequence, mode: str = "parallel", timeout: float | None = None,
-              parent: Run | None = None) -> Run:
+              parent: Run | None = None, donations: tuple[tuple[int, int], ...] = ()) -> Run:
         """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode.
         With `timeout`, the run is cancelled if it is not over within that many seconds. `parent`: the run
-        whose host cond starts this branch run (it stays in flight until the branch is over)."""
+        whose host cond starts this branch run (it stays in flight until the branch is over). `donations`:
+        the (run id, buffer) of the held results passed as donated arguments; admission hands their bytes to
+        this run."""
         if mode not in MODES:
             raise ValueError(f"unknown dispatch mode '{mode}' (choose from {', '.join(MODES)})")
         loaded = self.runtime.load(plan)
@@ -100,6 +102,7 @@ class Dispatcher:
             raise TypeError(f"program {plan.program} takes {len(loaded.inputs)} arrays, got {len(args)}")
         run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need, self.weight, loaded.cost,
                   parent)
+        run.donations = donations
         inputs: dict[str, list[tuple[int, Any]]] = {}
         for (buffer, island, shape), value in zip(loaded.inputs, args):
             value = value if hasattr(value, "shape") else np.asarray(value)

@@ -5,7 +5,8 @@ with global (unsharded) semantics. To run one on a slice, the cache wraps it
 in `jax.jit` with the launch's input and output shardings over the slice's
 mesh and compiles it ahead of time; the result is kept per (executable,
 devices, shardings), so a program run many times compiles each computation
-once.
+once. A launch that overwrites a donated input (`memory_plan.reuses`) is
+compiled with that argument donated, so XLA writes the result into its buffer.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ class ExecutableCache:
         self._lock = threading.Lock()
         self.compilations = 0
 
-    def get(self, name: str, plan: ProgramPlan, mesh, inputs: Sequence[int], outputs: Sequence[int]) -> Callable:
-        """Returns the compiled function of a launch of `name` in `plan`, compiling it the first time.
+    def get(self, name: str, plan: ProgramPlan, mesh, inputs: Sequence[int], outputs: Sequence[int],
+            donate: tuple[int, ...] = ()) -> Callable:
+        """Returns the compiled function of a launch of `name` in `plan`, compiling it the first time;
+        `donate` lists the positions of the arguments it may overwrite.
 
         A fused executable (`plan.fused`) compiles to one function that calls
         its parts in order, so XLA optimises across their boundaries.
@@ -75,12 +78,12 @@ class ExecutableCache:
         key = (name, fused, tuple(hash(plan.executables.get(p, "")) for p in parts),
                tuple(d.id for d in mesh.devices.flat), mesh.axis_names,
                tuple(b.sharding for b in ins), tuple(b.sharding for b in outs),
-               tuple((b.shape, b.dtype) for b in ins))
+               tuple((b.shape, b.dtype) for b in ins), donate)
         with self._lock:
             compiled = self._compiled.get(key)
         if compiled is not None:
             return compiled
-        compiled = self._compile(name, plan, mesh, ins, outs)
+        compiled = self._compile(name, plan, mesh, ins, outs, donate)
         with self._lock:
             if key not in self._compiled:
                 self._compiled[key] = compiled
@@ -88,7 +91,7 @@ class ExecutableCache:
             return self._compiled[key]
 
     @staticmethod
-    def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs) -> Callable:
+    def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs, donate: tuple[int, ...]) -> Callable:
         import jax
 
         fused = plan.fused.get(name)
@@ -104,7 +107,7 @@ class ExecutableCache:
                 return tuple(values[i] for i in fused.results)
         in_shardings = tuple(named_sharding(mesh, b.sharding) for b in inputs)
         out_shardings = tuple(named_sharding(mesh, b.sharding) for b in outputs)
-        jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=out_shardings)
+        jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
         avals = [jax.ShapeDtypeStruct(b.shape, numpy_dtype(b.dtype), sharding=s)
                  for b, s in zip(inputs, in_shardings)]
         jitted.lower(*avals).compile()     # compile now: errors surface when the plan is loaded

@@ -87,9 +87,11 @@ class Handle:
             self._client.release(self._run, self._buffer)
 
     def donate(self, to: str) -> None:
-        """Releases the result, which `to` (a program call that took it) was given to reuse."""
-        self._donated_to = to
-        self.delete()
+        """Releases the result, which `to` (a run that took it, already started) was given to reuse."""
+        if not self._deleted:
+            self._donated_to = to
+            self._deleted = True
+            self._client.release(self._run, self._buffer, donated=True)
 
     def __del__(self):
         try:

@@ -125,6 +125,16 @@ class Islands(dict):
             island.close()
 
 
+def _computed(array) -> bool:
+    """Whether the computation writing `array` is over as far as the island can tell: the array is ready,
+    its computation failed (its reader raises), or it was donated to a later launch, which XLA runs
+    after it (a deleted array has no readiness to ask)."""
+    try:
+        return array.is_deleted() or array.is_ready()
+    except Exception:  # noqa: BLE001
+        return True
+
+
 def client_owner(client_id: int) -> tuple[str, int]:
     """The owner of a client's results in the object store."""
     return ("client", client_id)
@@ -327,7 +337,7 @@ class Island:
         with self.lock:
             if self.store.release((run_id, buffer)):
                 tracked = self._in_flight.get(run_id)
-                if tracked is not None and all(a.is_ready() for a in tracked):
+                if tracked is not None and all(map(_computed, tracked)):
                     del self._in_flight[run_id]        # nothing of the run needs to stay alive now
             elif run_id not in self._failed and run_id not in self._in_flight:
                 self._dropped.add((run_id, buffer))
@@ -345,7 +355,7 @@ class Island:
             tracked = self._in_flight.get(run_id)
             if tracked is None:
                 return True
-            if all(a.is_ready() for a in tracked):
+            if all(map(_computed, tracked)):
                 del self._in_flight[run_id]
                 return True
             return False
@@ -406,7 +416,7 @@ class Island:
                 entry = clients.setdefault(owner[1], {"objects": 0, "bytes": 0})
                 entry["objects"] += 1
                 entry["bytes"] += int(getattr(array, "nbytes", 0))
-            busy = sorted(r for r, tracked in self._in_flight.items() if not all(a.is_ready() for a in tracked))
+            busy = sorted(r for r, tracked in self._in_flight.items() if not all(map(_computed, tracked)))
             report = {"runs": runs, "device_work": busy, "clients": clients}
             busy = self.busy()
             if busy is not None:
@@ -504,10 +514,7 @@ class Island:
         `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`): the end of a computation is seen within about 5% of its
         duration, and the tracker seldom takes the GIL from the threads that dispatch."""
         while not self._closed:
-            try:
-                if array.is_ready():
-                    return True
-            except Exception:  # noqa: BLE001  (a failed computation is over too; its reader raises)
+            if _computed(array):
                 return True
             now = time.monotonic()
             if deadline is not None and now >= deadline:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from pathways_mlir.dialect.memory_plan import reuses
 from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
 
 from .executables import named_sharding
@@ -162,11 +163,13 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     instructions: list[Instruction] = []
     last_on_slice: dict[str, Instruction] = {}
     slot = layout.slot
+    reused = reuses(plan, island.name)
     for step in steps:
         if isinstance(step, Launch):
             placement = plan.slices[step.slice]
+            donate = tuple(i for i, b in enumerate(step.inputs) if b in reused.get(step.id, {}))
             call = island.cache.get(step.executable, plan, island.mesh(plan, step.slice), step.inputs,
-                                    step.outputs)
+                                    step.outputs, donate)
             instructions.append(LaunchInstruction(call, tuple(slot[b] for b in step.inputs),
                                                   tuple(slot[b] for b in step.outputs),
                                                   step.label or step.executable, placement.device_ids()))

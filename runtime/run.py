@@ -20,7 +20,7 @@ class Run:
     """A program run started by one client (a plain class: one is made per call, so it is cheap)."""
 
     __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
-                 "released", "host", "parent")
+                 "released", "host", "parent", "donations")
 
     def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
                  weight: float = 1.0, cost: float = 1.0, parent: "Run | None" = None):
@@ -37,6 +37,7 @@ class Run:
         self.released: set[int] = set()   # results released before the run was over
         self.host: dict[int, Any] = {}    # host buffers' values (futures)
         self.parent = parent              # the run whose host cond started this branch run, if any
+        self.donations: tuple[tuple[int, int], ...] = ()   # (run id, buffer) of the results donated to it
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""

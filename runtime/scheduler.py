@@ -142,7 +142,7 @@ class GangScheduler:
             self._poll(_POLL_AFTER)
         if self._reserved is not None and not self.ledger.fits_beside(run.need, self._reserved.run.need):
             return None
-        if self.ledger.fits(run.need) or (self._poll(len(self._in_flight)) and self.ledger.fits(run.need)):
+        if self._fits(run) or (self._poll(len(self._in_flight)) and self._fits(run)):
             return self._admit(run, works, inline=True)
         held = self._held_by_handles(run)
         if held is not None:
@@ -166,14 +166,16 @@ class GangScheduler:
         """Takes `run` out of its queue and fails it with `error`; returns False if it was not queued."""
         return self._cancel_queued(lambda r: r is run, lambda r: error) > 0
 
-    def release_result(self, run: Run, buffer: int) -> None:
-        """A result's handle was released: its bytes go back once the run is over."""
+    def release_result(self, run: Run, buffer: int, donated: bool = False) -> None:
+        """A result's handle was released: its bytes go back once the run is over. A `donated` result that
+        is held stays reserved until the run it was donated to is admitted (`_hand_over`)."""
         with self._lock:
-            held = self._held_results.pop((run.id, buffer), None)
-            if held is None:
+            if (run.id, buffer) not in self._held_results:
                 run.released.add(buffer)
                 return
-            self.ledger.give(held[1])
+            if donated:
+                return
+            self.ledger.give(self._held_results.pop((run.id, buffer))[1])
             self._pump()
 
     def release_client(self, client_id: int) -> None:
@@ -322,10 +324,10 @@ class GangScheduler:
                 if self._reserved is not None and item is not self._reserved and \
                         not self.ledger.fits_beside(run.need, self._reserved.run.need):
                     continue
-                if not self.ledger.fits(run.need) and not polled:
+                if not self._fits(run) and not polled:
                     polled = True
                     self._poll(len(self._in_flight))
-                if self.ledger.fits(run.need):
+                if self._fits(run):
                     self._take(item)
                     self._admit(run, item.works)
                     progress = True
@@ -358,6 +360,25 @@ class GangScheduler:
                 if queue[0].overtaken >= OVERTAKES and self._reserved is None:
                     self._reserved = queue[0]
 
+    def _fits(self, run: Run) -> bool:
+        """Whether `run`'s peak fits now, counting the results donated to it as its own bytes."""
+        if not run.donations:
+            return self.ledger.fits(run.need)
+        handed = [self._held_results[k][1] for k in run.donations if k in self._held_results]
+        for need in handed:
+            self.ledger.give(need)
+        fits = self.ledger.fits(run.need)
+        for need in handed:
+            self.ledger.take(need)
+        return fits
+
+    def _hand_over(self, run: Run) -> None:
+        """The results donated to `run` stop being held: admitted, its peak counts them; failed, they are gone."""
+        for key in run.donations:
+            held = self._held_results.pop(key, None)
+            if held is not None:
+                self.ledger.give(held[1])
+
     def _held_by_handles(self, run: Run) -> str | None:
         """Says why `run` cannot fit even once every run in flight is over, or None if it could then."""
         floor = self.ledger.copy()
@@ -376,8 +397,11 @@ class GangScheduler:
                     need = result_need(other.plan, buffer)
                     floor.take(need)
                     _count(holders, other.client_id, need)
-        for client, need in self._held_results.values():
-            _count(holders, client, need)
+        for key, (client, need) in self._held_results.items():
+            if key in run.donations:
+                floor.give(need)                    # the run takes these bytes over
+            else:
+                _count(holders, client, need)
         where = floor.first_short(run.need)
         if where is None:
             return None
@@ -390,6 +414,7 @@ class GangScheduler:
                 f"will free ({who}): release results (handle.delete()) or use less memory")
 
     def _admit(self, run: Run, works: Works, inline: bool = False) -> list:
+        self._hand_over(run)
         self.ledger.take(run.need)
         self._in_flight[run.id] = run
         if self.policy == "share":
@@ -435,6 +460,7 @@ class GangScheduler:
         for island in run.islands:
             self.islands[island].fail_run(run.id, error)
         with self._lock:
+            self._hand_over(run)
             run.admitted = True
             self._admissions.notify_all()
 

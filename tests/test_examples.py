@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 from fetching import fetch
 
 from pathways_mlir.benchmarks.examples import load_example as example
@@ -43,10 +44,11 @@ def test_moe_layer_equals_dense_jax_for_kept_tokens_and_moves_only_buckets(two_i
     assert {plan.slices[f"expert{e}"].island for e in range(moe.EXPERTS)} == {"island0", "island1"}
 
 
-def test_transformer_pipeline_trains_like_plain_jax(two_islands):
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"])
+def test_transformer_pipeline_trains_like_plain_jax_in_each_schedule(two_islands, schedule):
     lm = example("transformer_pipeline")
     steps = 3
-    params, losses = lm.train(steps, client=two_islands)
+    params, losses = lm.train(steps, schedule, client=two_islands)
     reference = lm.reference_step(steps)
     expected, opt_state, expected_losses = lm.init(), lm.optimizer(steps).init(lm.init()), []
     data = lm.batches(lm.corpus())

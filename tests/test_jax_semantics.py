@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.sharding import Sharding
 
 
@@ -239,3 +240,53 @@ def test_placed_functions_inside_jax_transformations_trace_as_their_function():
         return placed(x)
 
     np.testing.assert_allclose(jax.grad(prog)(x), jax.grad(f)(x), rtol=1e-6)
+
+
+def test_a_donated_argument_is_reused_by_the_memory_plan_admission_and_xla():
+    """A result laid out as a donated input is written into its buffer: the plan's peak counts one of the
+    two, admission hands the held handle's bytes to the run (which fits where the undonated run cannot),
+    XLA reuses the buffer, and every byte comes back."""
+    from pathways_mlir.runtime.client import Client
+    from pathways_mlir.runtime.cluster import embedded_device_map
+    from pathways_mlir.runtime.runtime import Runtime
+
+    s = pw.virtual_slice(2, axes="data")
+    double = pw.jit(lambda x: x * 2.0, slice=s, in_specs=P("data"), out_specs=P("data"))
+    kept = pw.program(lambda x: double(x))
+    reused = pw.program(lambda x: double(x), donate_argnums=0)
+    x = np.ones((256, 64), np.float32)
+    shard = x.nbytes // 2                                               # bytes per device of x, and of 2x
+    rt = Runtime(embedded_device_map(2, 4), device_memory_bytes=shard * 5 // 2)
+    try:
+        client = Client(rt)
+        undonated, donated = (f.lower(x).compile(runtime=rt) for f in (kept, reused))
+        assert donated.plan.donated == donated.plan.inputs
+        assert ProgramPlan.from_python(donated.plan.to_python()).donated == donated.plan.inputs   # plan JSON
+        with pytest.raises(PlanError, match=r"^plan: donated buffer 7 is not an input of the program$"):
+            ProgramPlan.from_python({**donated.plan.to_python(), "donated": [7]})
+        assert undonated.plan.peak("island0") == [(0, 2, 2 * shard)]
+        assert donated.plan.peak("island0") == [(0, 2, shard)]        # the result takes the input's place
+        held = undonated(x, client=client)
+        array = held.result()
+        with pytest.raises(pw.OutOfDeviceMemory, match=r"held by live handles"):
+            undonated(held, client=client)                             # held + input + result: 3 shards
+        result = donated(held, client=client)                          # held, handed over, + nothing
+        np.testing.assert_array_equal(np.asarray(result), np.full_like(x, 4.0))
+        assert array.is_deleted()                                      # XLA wrote the result into it
+        with pytest.raises(ValueError, match=r"was donated to program @lambda"):
+            held.result()
+        result.delete()
+        client.close()
+        assert sum(rt.usage().values()) == 0 and rt.object_count() == 0
+    finally:
+        rt.close()
+
+
+def test_a_handle_passed_twice_cannot_be_donated():
+    s = pw.virtual_slice(2, axes="data")
+    add = pw.jit(lambda x, y: x + y, slice=s, donate_argnums=0)
+    x = pw.jit(lambda x: x * 2, slice=s)(jnp.ones(4))
+    with pytest.raises(ValueError, match=r"^the handle passed as argument 0 of program @lambda is donated, but "
+                                         r"it is passed again as argument 1: donate a copy"):
+        add(x, x)
+    np.testing.assert_array_equal(np.asarray(x), np.full(4, 2.0))     # still usable

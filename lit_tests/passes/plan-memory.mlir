@@ -69,3 +69,27 @@ func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}, 
   return %1, %2 : tensor<8xf32>, tensor<8xf32>
 }
 }
+
+// -----
+
+// A donated argument (pw.donated) whose last reader, f#1, writes a result
+// laid out as it: the result takes the argument's buffer, so the peak is
+// two 16-byte shards (the argument and f#0's result), not three; the host
+// plan lists the donated input.
+// CHECK-LABEL: module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}, pw.peak_bytes = array<i64: 0, 2, 32>}
+// CHECK: module @main_host attributes {pw.host_plan = {donated = array<i64: 0>, inputs = array<i64: 0>
+module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+module @g attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>, %y: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}, pw.donated}) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0", pw.order = 0, pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  %1 = "pw.compute"(%x, %0) {callee = @g, slice = @a, in_shardings = [[["x"]], [["x"]]], out_shardings = [[["x"]]], label = "f#1", pw.order = 1, pw.subgraph = 0} : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  return %1 : tensor<8xf32>
+}
+}

@@ -414,3 +414,16 @@ func.func @main(%p: tensor<i1>, %a: tensor<4xf32>) -> tensor<4xf32> attributes {
 func.func @id(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
   return %a : tensor<4xf32>
 }
+
+// -----
+
+// A donated program argument is marked with a unit attribute, nothing else.
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
+}
+// expected-error@below {{argument #0 has a 'pw.donated' that is not a unit attribute}}
+func.func @main(%a: tensor<4xf32> {pw.donated = 1 : i64}) -> tensor<4xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
