@@ -35,11 +35,14 @@ whose next step's inputs exist runs it):
   1F1B's order with each backward of a middle stage (0 < s < S-1) split in
   two executables from the same `jax.vjp` and saved residuals: B, the input
   gradient, which is all that stage s-1 waits for, and W, the weight
-  gradient, run right after it. The chain of backwards down the pipeline
-  is then one B per hop instead of a whole backward; the first stage's
-  backward needs no input gradient and the last stage's fused FB stays.
-  W keeps its micro-batch's residuals and output gradient one step longer
-  than 1F1B's backward does.
+  gradient, run right after it in the steady state. In the cool-down (no
+  forwards left) a stage runs its Bs back to back and the Ws after them,
+  in the time it would otherwise wait for its last input gradients. The
+  chain of backwards down the pipeline is then one B per hop instead of a
+  whole backward; the first stage's backward needs no input gradient and
+  the last stage's fused FB stays. W keeps its micro-batch's residuals and
+  output gradient until it runs; no forward runs meanwhile, so no more
+  micro-batches are in flight than in 1F1B.
 """
 
 from __future__ import annotations
@@ -79,9 +82,25 @@ def schedule_steps(schedule: str, stages: int, micro_batches: int, slices: int |
         warmup = micro_batches if schedule == "gpipe" else min(stages - 1 - s, micro_batches)
         order = _one_forward_one_backward(forwards, backwards, warmup, stages - 1)
         if schedule == "zb-h1" and 0 < s < stages - 1:
-            order = [w for step in order for w in ([step, (s, "W", step[2])] if step[1] == "B" else [step])]
+            order = _split_backwards(order)
         steps.append(order)
     return steps
+
+
+def _split_backwards(order: list[Step]) -> list[Step]:
+    """ZB-H1's order for a middle stage: a W right after each B while forwards remain (the steady state);
+    in the cool-down, once the last forward has run, each W one B later, so that the next B, which the
+    stage before waits for, runs first (the last W closes the step)."""
+    last_forward = max(i for i, (_, kind, _) in enumerate(order) if kind == "F")
+    steady = [w for step in order[:last_forward + 1]
+              for w in ([step, (step[0], "W", step[2])] if step[1] == "B" else [step])]
+    cooldown, lagging = [], None
+    for s, _, m in order[last_forward + 1:]:
+        cooldown.append((s, "B", m))
+        if lagging is not None:
+            cooldown.append(lagging)
+        lagging = (s, "W", m)
+    return steady + cooldown + ([lagging] if lagging is not None else [])
 
 
 def _interleaved(stages: int, micro_batches: int, slices: int) -> list[list[Step]]:

@@ -36,15 +36,23 @@ def test_schedules_run_every_step_once_in_dependency_order(stages, micro_batches
         # 1F1B keeps at most S - s micro-batches on stage s; GPipe all of them.
         assert [in_flight(order) for order in steps[:-1]] == [
             micro_batches if schedule == "gpipe" else min(stages - s, micro_batches) for s in range(stages - 1)]
-    # ZB-H1 is 1F1B with each middle stage's backward split into B (input gradient) and W (weights) after it.
+    # ZB-H1 is 1F1B with each middle stage's backward split into B (input gradient) and W (weights): W right
+    # after B while forwards remain, and in the cool-down one B later.
     zero_bubble = schedule_steps("zb-h1", stages, micro_batches)
     weights = [(s, "W", m) for s in range(1, stages - 1) for m in range(micro_batches)]
     assert every_step(zero_bubble) == sorted(expected + weights) == every_step(
         [[s for tick in tick_order(zero_bubble) for s in tick]])
     assert [[step for step in order if step[1] != "W"] for order in zero_bubble] == schedule_steps(
         "1f1b", stages, micro_batches)
-    assert all(order[order.index((s, "B", m)) + 1] == (s, "W", m) for s, _, m in weights
-               for order in [zero_bubble[s]])
+    for s in range(1, stages - 1):
+        order = zero_bubble[s]
+        last_forward = max(i for i, step in enumerate(order) if step[1] == "F")
+        cooldown = [m for _, kind, m in order[last_forward:] if kind == "B"]
+        assert order[last_forward + 1:] == [(s, "B", cooldown[0])] + [
+            step for m, before in zip(cooldown[1:], cooldown) for step in ((s, "B", m), (s, "W", before))] + [
+            (s, "W", cooldown[-1])]
+        assert all(order[order.index((s, "B", m)) + 1] == (s, "W", m) for _, _, m in weights
+                   if m not in cooldown)
 
 
 @pytest.mark.parametrize("slices,virtual,micro_batches", [(2, 2, 4), (2, 3, 6), (4, 2, 8), (3, 2, 3)])
@@ -115,7 +123,7 @@ def test_schedules_equal_the_unpipelined_step_and_1f1b_peaks_below_gpipe(four_is
     for s in range(STAGES - 1):
         assert peaks["gpipe"][s] - peaks["1f1b"][s] >= (MICRO_BATCHES - (STAGES - s)) * activation, peaks
     assert peaks["gpipe"][-1] == peaks["1f1b"][-1]      # the last stage runs F and B together
-    # ZB-H1's W runs right after its B: no stage's static peak is above 1F1B's.
+    # ZB-H1's W runs right after its B, or one B later in the cool-down: no stage's static peak is above 1F1B's.
     assert all(z <= o for z, o in zip(peaks["zb-h1"], peaks["1f1b"])), peaks
 
 
