@@ -53,6 +53,9 @@ class Client:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
         cancelled if it is not over by then, and its handles raise `RunCancelled`.
 
+        A handle whose result lives on the island of the input it is passed
+        for goes there as a `StoreRef` when the islands keep arguments (Ray:
+        the value never travels through this process); otherwise as its array.
         A handle passed for an input the plan lists as donated (`plan.donated`)
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
@@ -63,7 +66,9 @@ class Client:
             if again is not None:
                 raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
                                  f"it is passed again as argument {again}: donate a copy, or neither")
-        args = [a.result() if isinstance(a, Handle) else a for a in args]
+        keeps = self.runtime.islands.keep_arguments
+        args = [(a.reference() if keeps and a.island == plan.island_of(b) and a.shape == plan.buffers[b].shape
+                 else a.result()) if isinstance(a, Handle) else a for b, a in zip(plan.inputs, args)]
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")

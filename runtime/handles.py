@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .executables import numpy_dtype
+from .island import StoreRef
 from .run import Run
 
 if TYPE_CHECKING:
@@ -51,8 +52,22 @@ class Handle:
     def ndim(self) -> int:
         return len(self.shape)
 
+    @property
+    def island(self) -> str | None:
+        """The island the result lives on (None for a host value)."""
+        return self._run.island_of(self._buffer)
+
+    def reference(self) -> StoreRef:
+        """Returns the result as an argument its island takes from its own store (no value is fetched)."""
+        self._check()
+        return StoreRef(self._run.id, self._buffer)
+
     def result(self, timeout: float | None = None):
         """Returns the JAX array, waiting until it is produced; raises if the run failed."""
+        self._check()
+        return self._client.fetch(self._run, self._buffer, timeout)
+
+    def _check(self) -> None:
         if self._donated_to is not None:
             raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} was donated to "
                              f"{self._donated_to}: a donated handle cannot be used again")
@@ -61,7 +76,6 @@ class Handle:
         if self._client.closed:
             raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} belongs to closed "
                              f"client {self._client.id}: its result was released")
-        return self._client.fetch(self._run, self._buffer, timeout)
 
     def block_until_ready(self) -> "Handle":
         """Waits until the buffer's value has been computed."""

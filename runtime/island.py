@@ -90,12 +90,24 @@ class IslandWedged(RunFailed):
     """An island's executor has been stuck in one instruction for longer than the runtime's `wedge_timeout`."""
 
 
+class StoreRef(NamedTuple):
+    """An argument that is a result kept on the receiving island: buffer `buffer` of run `run_id`.
+
+    The island takes the array from its own object store (or, not produced
+    yet, when its run produces it), so the value never leaves the island.
+    """
+
+    run_id: int
+    buffer: int
+
+
 class IslandWork(NamedTuple):
     """One run's steps for one island, delivered as one message in ticket order.
 
     `inputs` are (buffer, array) pairs placed on their home sharding first:
-    program arguments, or values a host branch produced. `last` says no
-    more work of this run will come to this island.
+    program arguments (a `StoreRef` for a result this island keeps), or
+    values a host branch produced. `last` says no more work of this run will
+    come to this island.
     """
 
     ticket: int
@@ -108,7 +120,14 @@ class IslandWork(NamedTuple):
 
 
 class Islands(dict):
-    """A runtime's islands by name, and how a run's work reaches them."""
+    """A runtime's islands by name, and how a run's work reaches them.
+
+    `keep_arguments`: whether a handle passed to a later run goes to its
+    island as a `StoreRef` instead of its array. Embedded islands share this
+    process, so the array is the cheaper; remote ones keep it (Ray).
+    """
+
+    keep_arguments = False
 
     def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list[tuple["Island", IslandWork]]:
         """Delivers one run's work to its islands: one `start` message each, in ticket order. With `inline`,
@@ -163,7 +182,7 @@ class IslandRun:
     """What an island holds of one run under way: slots, queued programs, where it stopped."""
 
     __slots__ = ("id", "client_id", "plan_key", "program", "layout", "slots", "queue", "pc", "tracked", "last",
-                 "executing", "began")
+                 "executing", "began", "referenced", "awaiting", "parked")
 
     def __init__(self, run_id: int, client_id: int, plan_key: int, program: str, layout: IslandLayout):
         self.id, self.client_id, self.plan_key, self.program, self.layout = run_id, client_id, plan_key, program, layout
@@ -174,6 +193,9 @@ class IslandRun:
         self.last = False
         self.executing = False
         self.began: float | None = None  # when the executor first ran its instructions (monotonic)
+        self.referenced: dict[int, Any] = {}   # buffer -> the kept array a StoreRef argument names
+        self.awaiting = 0                # StoreRef arguments whose run has not produced them yet
+        self.parked = False              # its work waits for those arguments (resumed by `_resume`)
 
 
 def _waits_for(run: IslandRun) -> str:
@@ -185,6 +207,8 @@ def _waits_for(run: IslandRun) -> str:
         if isinstance(instruction, RecvInstruction) and run.slots[instruction.dst] is None:
             return f"recv of {instruction.what}"
         return "its turn on the island's executor"
+    if run.awaiting:
+        return f"{run.awaiting} argument(s) kept here that their runs have not produced yet"
     if not run.last:
         return "more work of this run from the scheduler (after a host cond, or the next sequential step)"
     return "its turn on the island's executor"
@@ -213,6 +237,7 @@ class Island:
         self._in_flight: dict[int, list] = {}            # run -> tracked arrays, dispatch over
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
         self._dropped: set[tuple[int, int]] = set()      # results released before they existed
+        self._awaited_results: dict[tuple[int, int], list[tuple[IslandRun, int]]] = {}   # result -> (run, buffer)s
         self._seconds: collections.OrderedDict[int, float] = collections.OrderedDict()  # finished run -> s
         self._clock = DeviceClock()
         self._closed = False
@@ -273,6 +298,10 @@ class Island:
                                                                   plan.program, self._layout(work.plan_key))
                         for buffer, array in self._early.pop(work.run_id, {}).items():
                             run.slots[run.layout.slot[buffer]] = array
+                    run = self._runs[work.run_id]
+                    for buffer, value in work.inputs:
+                        if isinstance(value, StoreRef):
+                            self._reference(run, buffer, value)
                     self._pending += 1
                     if inline and self._pending == 1:
                         self._inline = True
@@ -283,6 +312,52 @@ class Island:
                     peers = self._fail(work.run_id, error, plan_key=work.plan_key)
         self._tell(peers, work.run_id)
         return False
+
+    def _reference(self, run: IslandRun, buffer: int, ref: StoreRef) -> None:
+        """Takes the kept array `ref` names for `run`'s input `buffer` now, so that no later release can take
+        it away; one its run has not produced yet is awaited (`_produced`). Under the lock."""
+        key = (ref.run_id, ref.buffer)
+        if ref.run_id in self._failed:
+            raise RunFailed(f"run {run.id} takes a result of run {ref.run_id}, which failed: "
+                            f"{self._failed[ref.run_id]}")
+        array = self.store.get(key)
+        producer = self._runs.get(ref.run_id)
+        if array is None and producer is not None and ref.buffer in producer.layout.slot:
+            array = producer.slots[producer.layout.slot[ref.buffer]]
+            if array is None:
+                self._awaited_results.setdefault(key, []).append((run, buffer))
+                run.awaiting += 1
+                return
+        if array is None:
+            raise ValueError(f"buffer {ref.buffer} of run {ref.run_id} is not kept on {self.name}: it was released")
+        run.referenced[buffer] = array
+
+    def _produced(self, run: IslandRun) -> None:
+        """`run`'s results exist: the runs awaiting them as arguments get them, and resume once they have
+        every argument. Under the lock."""
+        for buffer, slot in run.layout.outputs:
+            for reader, input_buffer in self._awaited_results.pop((run.id, buffer), ()):
+                reader.referenced[input_buffer] = run.slots[slot]
+                reader.awaiting -= 1
+                if reader.awaiting == 0 and reader.parked and self._runs.get(reader.id) is reader:
+                    self._pending += 1
+                    self._inbox.put((self._resume, reader))
+
+    def _resume(self, run: IslandRun) -> None:
+        """A run parked for arguments it references has them all: places them and executes its work."""
+        run.parked = False
+        try:
+            self._place_referenced(run)
+        except BaseException as error:  # noqa: BLE001  (the run fails alone)
+            self._fail_and_tell(run.id, error)
+            return
+        self._advance(run)
+
+    @staticmethod
+    def _place_referenced(run: IslandRun) -> None:
+        for buffer, array in run.referenced.items():
+            run.slots[run.layout.slot[buffer]] = copy_to(array, run.layout.shardings[buffer])
+        run.referenced = {}
 
     def run_inline(self, work: IslandWork) -> None:
         """Runs work that `start` handed back to the caller, on the caller's thread (holding no lock); the
@@ -568,10 +643,16 @@ class Island:
             return                              # it failed (or was cancelled) meanwhile
         try:
             for buffer, value in work.inputs:
-                run.slots[run.layout.slot[buffer]] = copy_to(value, run.layout.shardings[buffer])
+                if not isinstance(value, StoreRef):
+                    run.slots[run.layout.slot[buffer]] = copy_to(value, run.layout.shardings[buffer])
             if work.step_ids:
                 run.queue.append(self._program(work.plan_key, work.step_ids))
             run.last = work.last
+            with self.lock:
+                run.parked = run.awaiting > 0
+            if run.parked:
+                return                           # `_produced` resumes it
+            self._place_referenced(run)
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
             return
@@ -604,6 +685,8 @@ class Island:
 
     def _advance(self, run: IslandRun) -> None:
         """Executes the run's queued programs from where it stopped, until done or parked (no lock held)."""
+        if run.parked:
+            return                               # a delivery came first; its arguments are still awaited
         run.executing = True
         now = time.monotonic()
         if run.began is None:
@@ -639,6 +722,8 @@ class Island:
     def _finish(self, run: IslandRun) -> None:
         """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""
         del self._runs[run.id]
+        if self._awaited_results:
+            self._produced(run)
         owner = client_owner(run.client_id)
         for buffer, slot in run.layout.outputs:
             key = (run.id, buffer)
@@ -655,6 +740,10 @@ class Island:
         run = self._runs.pop(run_id, None)
         plan_key = run.plan_key if run is not None else plan_key
         self._early.pop(run_id, None)
+        for key in [k for k in self._awaited_results if k[0] == run_id]:
+            for reader, _ in self._awaited_results.pop(key):      # their argument will never exist
+                self._pending += 1
+                self._inbox.put((self._argument_failed, (reader.id, run_id, error)))
         self._clock.drop(run_id)
         if run is None:
             self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
@@ -671,6 +760,11 @@ class Island:
         if plan_key is None or plan_key not in self._plans:
             return ()
         return tuple(island for island in self._plans[plan_key][0].islands if island != self.name)
+
+    def _argument_failed(self, message) -> None:
+        reader, producer, error = message
+        self._fail_and_tell(reader, RunFailed(f"run {reader} takes a result of run {producer}, which failed: "
+                                              f"{error}"))
 
     def _fail_and_tell(self, run_id: int, error: BaseException, plan_key: int | None = None) -> None:
         """Fails a run here and on the other islands of its plan (called with no lock held)."""

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.island import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 
 ray = pytest.importorskip("ray")
@@ -126,6 +127,56 @@ def test_the_scheduler_charges_the_device_time_the_actors_measured(ray_runtime):
                 ray_runtime.usage()                         # retires the run once the actors say it is over
                 time.sleep(0.01)
         assert 0 < ray_runtime.scheduler._measured[key] < 60
+
+
+def test_handles_passed_to_later_runs_stay_on_their_island(ray_runtime):
+    """A chain of runs each taking the last one's handle: the value never comes to the driver (no fetch
+    until the end), even with each handle released right after the call that takes it."""
+    fetches = {name: island.calls["fetch"] for name, island in ray_runtime.islands.items()}
+    with Client(ray_runtime) as client:
+        y, want = across.run(X, client=client), expected(X)
+        for _ in range(4):
+            nxt = across.run(y, client=client)
+            y.delete()                                  # released at once: it travels after the start
+            y, want = nxt, expected(want)
+        assert {n: i.calls["fetch"] - fetches[n] for n, i in ray_runtime.islands.items()} == \
+            {"island0": 0, "island1": 0}
+        np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+        assert client.objects() and ray_runtime.object_count() == 1
+
+
+def test_a_run_waits_on_its_island_for_an_argument_not_produced_yet(ray_runtime):
+    """The argument's run is still parked at a recv from the other island (which computes for a while) when
+    the next run, on the island that will hold the argument, takes it: that run waits there, then goes on."""
+    far = pw.virtual_slice(2, axes="x", name="far", island="island1")
+    late = pw.jit(lambda x: jax.lax.fori_loop(0, 200_000, lambda i, y: jnp.cos(y), x), slice=far,
+                  in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def produce(x):
+        return grow(late(x))            # late on island1, then over DCN to grow on island0
+
+    @pw.program
+    def again(x):
+        return grow(x)                  # on island0, where produce's result lives: a reference
+
+    with Client(ray_runtime) as client:
+        produce.compiled(X, runtime=ray_runtime), again.compiled(X, runtime=ray_runtime)   # compiled first
+        out = again.run(produce.run(X, client=client), client=client)
+        g = jax.jit(grow.fn)
+        np.testing.assert_allclose(np.asarray(out), g(g(jax.jit(late.fn)(X))), rtol=1e-5)
+
+
+def test_a_run_taking_a_failed_runs_result_fails_naming_it(ray_runtime):
+    spin = pw.jit(lambda x: jax.lax.fori_loop(0, 2_000_000, lambda i, y: jnp.cos(y), x), slice=left,
+                  in_specs=P("x"), out_specs=P("x"))
+    with Client(ray_runtime) as client:
+        spin.compiled(X, runtime=ray_runtime)
+        made = spin.run(X, client=client)
+        assert client.cancel(made)                      # its device work (about a second) is under way
+        with pytest.raises(RunFailed, match=r"takes a result of run \d+, which failed: run \d+ of .* was "
+                                             r"cancelled by client"):
+            np.asarray(across.run(made, client=client))
 
 
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):

@@ -67,13 +67,15 @@ class IslandActor:
     def prepare(self, key: int, step_ids) -> None:
         self._island.prepare(key, tuple(step_ids))
 
-    def start(self, seq: int, work: IslandWork, releases) -> None:
-        """One run's work (after the releases made since the last message), in the order `seq` numbers."""
+    def start(self, seq: int, work: IslandWork | None, releases) -> None:
+        """One run's work (after the releases made since the last message; no work: releases alone), in the
+        order `seq` numbers."""
         with self._turn:
             self._turn.wait_for(lambda: self._next == seq)
             try:
                 self._release(releases)
-                self._island.start(work)
+                if work is not None:
+                    self._island.start(work)
             finally:
                 self._next += 1
                 self._turn.notify_all()
@@ -110,9 +112,6 @@ class IslandActor:
             if array.nbytes <= SIBLING_BYTES:
                 ready[other] = np.asarray(array)
         return value, ready
-
-    def release_many(self, pairs) -> None:
-        self._release(pairs)
 
     def _release(self, pairs) -> None:
         for run_id, buffer in pairs:

@@ -10,8 +10,10 @@ one machine.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -41,6 +43,8 @@ class RayIslands(Islands):
     graph gives way to actor calls for good.
     """
 
+    keep_arguments = True          # a handle passed to a later run stays on its island actor
+
     def __init__(self, topology: Topology, emulate_dcn: bool, one_machine: bool, started_ray: bool,
                  actors: dict, nodes: dict[str, str], compiled_graph: bool):
         super().__init__({name: RayIsland(name, actor, self) for name, actor in actors.items()})
@@ -51,6 +55,8 @@ class RayIslands(Islands):
         self.compiled_graph = compiled_graph
         self.nodes = dict(nodes)                # island -> the node its actor runs on
         self._starts = (CompiledStarts if compiled_graph else CalledStarts)(self)
+        self._sending = threading.Lock()        # start messages and releases leave one at a time, in order
+        self._flushes = itertools.count(1)      # release-only messages, numbered -1, -2, ... as runs
         self._results: dict[int, dict[str, tuple[int, ...]]] = {}   # plan key -> the results on each island
         self.failed_nodes: set[str] = set()     # nodes a restarted actor failed on (dead ones Ray counted alive)
         self.monitor = IslandMonitor(self)
@@ -88,13 +94,35 @@ class RayIslands(Islands):
             self[name].lose_run(run.id, works[name].plan_key)
         sent = {name: self[name].started(work) for name, work in works.items() if name not in dead}
         if sent:
-            releases = {name: island.take_releases() for name, island in self.items()}
+            self._send(run.id, sent)
+        return []
+
+    def flush_releases(self, wait: bool = False) -> None:
+        """Sends the releases queued on every island now, through the start channel, so that a release never
+        overtakes a start that reads the object; with `wait`, returns once the islands took them. Without
+        `wait` (a handle dropped, maybe by the garbage collector amid a send) it never waits for the
+        channel: if a message is being sent, the releases leave with the next one."""
+        marker = -next(self._flushes)
+        if self._send(marker, {}, block=wait) and wait:
+            self._starts.received(marker)
+
+    def _send(self, run_id: int, works: dict[str, IslandWork], block: bool = True) -> bool:
+        """Sends one message of the start channel: `works` and every live island's queued releases; returns
+        False if there was nothing to send (or, not to `block`, the channel was busy)."""
+        if not self._sending.acquire(blocking=block):
+            return False
+        try:
+            releases = {name: island.take_releases() for name, island in self.items() if island._dead is None}
+            if not works and not any(releases.values()):
+                return False
             try:
-                self._starts.send(run.id, sent, releases)
+                self._starts.send(run_id, works, releases)
             except GraphBroken:
                 self._use_calls()
-                self._starts.send(run.id, sent, releases)
-        return []
+                self._starts.send(run_id, works, releases)
+        finally:
+            self._sending.release()
+        return True
 
     def _use_calls(self) -> None:
         """Replaces the compiled graph (it holds a dead actor) with actor calls."""

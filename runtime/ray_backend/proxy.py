@@ -10,7 +10,7 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from ..island import HISTORY, IslandLost, IslandWork, RunFailed, client_owner
+from ..island import HISTORY, IslandLost, IslandWork, RunFailed, StoreRef, client_owner
 
 if TYPE_CHECKING:
     from .cluster import RayIslands
@@ -60,14 +60,15 @@ class RayIsland:
         # Runs failed here since the actor died, and (after `lose`) every run whose results lived here.
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
 
-    def _call(self, message: str, *args):
-        """Calls the actor's `message` method; returns the reply's object reference.
+    def _call(self, message: str, *args, counted_as: str | None = None):
+        """Calls the actor's `message` method; returns the reply's object reference. It counts in `calls` as
+        `counted_as` (default: `message`).
 
         After `close` it raises instead: a Ray call would start a new Ray session.
         """
         if self._closed:
             raise RunFailed(f"{self.name} is closed")
-        self.calls[message] += 1
+        self.calls[counted_as or message] += 1
         return getattr(self._actor, message).remote(*args)
 
     def _get(self, ref, timeout: float | None = None):
@@ -129,7 +130,7 @@ class RayIsland:
             self._runs[work.run_id] = (work.plan_key, work.client_id)
             while len(self._runs) > HISTORY:
                 self._runs.popitem(last=False)
-        return work._replace(inputs=tuple((b, np.asarray(v)) for b, v in work.inputs))
+        return work._replace(inputs=tuple((b, v if isinstance(v, StoreRef) else np.asarray(v)) for b, v in work.inputs))
 
     def take_releases(self) -> list[tuple[int, int]]:
         """Returns (and forgets) the releases queued since the last message."""
@@ -183,13 +184,11 @@ class RayIsland:
             self.flush_releases()
 
     def flush_releases(self, wait: bool = False) -> None:
-        """Sends the queued releases now; with `wait`, returns once the island took them (before a question
-        about objects: the actor runs calls concurrently)."""
-        releases = self.take_releases()
-        if releases and self._live() and self._dead is None:
-            ref = self._call("release_many", releases)
-            if wait:
-                self._get(ref)
+        """Sends the queued releases now, in the start channel (`RayIslands.flush_releases`: a release never
+        overtakes a start that reads its object); with `wait`, returns once the islands took them (before a
+        question about objects: the actor runs calls concurrently)."""
+        if self._releases and self._live() and self._dead is None:
+            self._group.flush_releases(wait)
 
     def _live(self) -> bool:
         import ray

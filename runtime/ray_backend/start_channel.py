@@ -145,17 +145,16 @@ class CalledStarts:
         self._seq[name] = itertools.count()
 
     def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list]) -> None:
-        """Calls `start` on every island of the run; called in ticket order."""
-        refs = [(self._islands[name], self._islands[name]._call("start", next(self._seq[name]), work,
-                                                                 releases.pop(name, [])))
-                for name, work in works.items()]
+        """Calls `start` on every island of the run, and on every other island with releases queued (with no
+        work), so that releases keep their place among starts; called in ticket order."""
+        refs = [(self._islands[name], self._islands[name]._call(
+                    "start", next(self._seq[name]), works.get(name), releases.get(name, []),
+                    counted_as="start" if name in works else "releases"))
+                for name in self._islands if name in works or releases.get(name)]
         with self._lock:
             self._refs[run_id] = refs
             while len(self._refs) > HISTORY:
                 self._refs.popitem(last=False)
-        for name, pairs in releases.items():
-            if pairs:
-                self._islands[name]._call("release_many", pairs)
 
     def received(self, run_id: int) -> None:
         """Returns once the run's start calls were taken (or their actors died)."""
