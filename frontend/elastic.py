@@ -281,11 +281,10 @@ class ElasticTrainer:
                             if hasattr(value, "block_until_ready"):
                                 value.block_until_ready()
                     return state
-                # Read the handles here, as the call would: a loss shows before the call lowers again.
-                args = jax.tree_util.tree_map(self._resolve, state)
+                # The state's handles go to the call as they are: on Ray a result stays on its island
+                # (a StoreRef); one that lived on a lost island raises IslandLost in the call.
                 began, version = time.perf_counter(), resources and resources.version
-                out = self.step.run(args, self.batch(done), client=self.client)
-                del args
+                out = self.step.run(state, self.batch(done), client=self.client)
                 if pending is not None:
                     self._recovered(*pending, began)
                     pending = None
@@ -304,9 +303,6 @@ class ElasticTrainer:
                     _await_change(resources, version, min(self.timeout, TOPOLOGY_WAIT))
                 done, leaves = snapshots.latest()
                 state = jax.tree_util.tree_unflatten(treedef, leaves)
-
-    def _resolve(self, leaf):
-        return leaf.result(self.timeout) if isinstance(leaf, Handle) else leaf
 
     @staticmethod
     def _split(out, treedef, specs: list | None) -> tuple[Any, tuple]:

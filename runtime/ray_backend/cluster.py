@@ -23,7 +23,7 @@ from ..island import Islands, IslandWork
 from ..status import Status, gather
 from .actor import IslandActor
 from .monitor import IslandMonitor
-from .names import NAMESPACE, island_name
+from .names import NAMESPACE, island_name, wait_until_free
 from .proxy import STATUS_TIMEOUT, RayIsland, unreachable
 from .start_channel import START_TIMEOUT, CalledStarts, CompiledStarts, GraphBroken
 
@@ -195,12 +195,7 @@ class RayIslands(Islands):
             return
         deadline = time.monotonic() + timeout
         for island in self:
-            while time.monotonic() < deadline:
-                try:
-                    ray.get_actor(island_name(island), namespace=NAMESPACE)
-                except ValueError:
-                    break
-                time.sleep(0.05)
+            wait_until_free(island, deadline)
 
 
 def launch(topology: Topology, island: str, emulate_dcn: bool, one_machine: bool, node: str | None = None):

@@ -11,6 +11,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from ..island import HISTORY, IslandLost, IslandWork, RunFailed, StoreRef, client_owner
+from .names import wait_until_free
 
 if TYPE_CHECKING:
     from .cluster import RayIslands
@@ -281,8 +282,11 @@ class RayIsland:
             return unreachable(error)
 
     def lose(self) -> None:
-        """Takes the island out as a dead host (`Runtime.lose_island`): kills the actor if it still runs;
-        results of every run it had raise `IslandLost` from now on, also once the island is restored."""
+        """Takes the island out as a dead host (`Runtime.lose_island`): kills the actor if it still runs, and
+        returns once Ray has let its name go (so that a restore can take it); results of every run it had
+        raise `IslandLost` from now on, also once the island is restored."""
+        import time
+
         import ray
 
         if self._dead is None:
@@ -295,6 +299,7 @@ class RayIsland:
                                                  f"that lived there"))
         self.lost = self._dead
         ray.kill(self._actor)
+        wait_until_free(self.name, time.monotonic() + STATUS_TIMEOUT)
 
     def restored(self) -> "RayIsland":
         """Returns the proxy of a fresh actor in place of this lost island's (see `RayIslands.restart`); the
