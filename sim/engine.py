@@ -42,113 +42,23 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 from typing import Callable
 
-from pathways_mlir.dialect.device_time import launch_costs
-from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
-from pathways_mlir.runtime.admission import MemoryLedger, run_need
+from pathways_mlir.runtime.admission import MemoryLedger
 
-from .network import Links, all_reduce_seconds
-from .profile import Profile, ProfileError
+from .network import Links
+from .plan_view import PreparedPlan, check_describes
+from .profile import Profile
+from .runs import MODES, RunRecord, SimError, SimResult, Span, Submission
 
-MODES = ("parallel", "sequential")
-
-
-class SimError(ValueError):
-    """A plan or workload the simulator cannot run; the message says why."""
-
-
-@dataclass(frozen=True)
-class Submission:
-    """One call of a program: its plan, dispatch mode, the earliest time the client makes it, and the
-    program inputs already on their devices (results of an earlier run, as a training loop's weights
-    are), which cross no PCIe."""
-
-    plan: ProgramPlan
-    dispatch: str = "parallel"
-    at: float = 0.0
-    resident: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True)
-class Span:
-    """One interval of simulated work, for traces: on an island's devices, host thread or link."""
-
-    name: str
-    kind: str          # launch, copy, send, host, controller
-    island: str        # "" for the controller
-    track: str         # "devices 0-3", "host", "dcn out slice_a", ...
-    start: float
-    end: float
-
-
-@dataclass
-class RunRecord:
-    """Simulated times of one run (seconds from the start of the simulation)."""
-
-    program: str
-    dispatch: str
-    submitted: float
-    admitted: float = -1.0
-    done: float = -1.0
-
-
-@dataclass
-class SimResult:
-    """A simulation's runs and, when asked for, its spans."""
-
-    runs: list[RunRecord]
-    spans: list[Span] = field(default_factory=list)
-
-    def latency(self) -> float:
-        """Returns the median run latency: from the call to the client seeing the results."""
-        times = sorted(r.done - r.submitted for r in self.runs)
-        return times[len(times) // 2]
-
-    def throughput(self) -> float:
-        """Returns runs per second in steady state (between the first and the last run's end)."""
-        ends = sorted(r.done for r in self.runs)
-        if len(ends) < 2:
-            return 1.0 / (ends[0] - self.runs[0].submitted)
-        return (len(ends) - 1) / (ends[-1] - ends[0])
-
-    def makespan(self) -> float:
-        """Returns the time from the first call to the last run's end."""
-        return max(r.done for r in self.runs) - min(r.submitted for r in self.runs)
-
-
-class _Prepared:
-    """What the simulator needs of a plan, computed once per plan."""
-
-    def __init__(self, plan: ProgramPlan, profile: Profile):
-        if plan.host_steps:
-            raise SimError(f"@{plan.program} has host branch steps (pw.cond): pw-sim simulates static plans only")
-        self.source = plan          # held, so that the id the simulator caches it by stays its own
-        self.plan = with_memory_plan(plan)
-        self.need = run_need(self.plan)
-        accel = profile.accelerator
-        launches = {s.id: s for steps in self.plan.islands.values() for s in steps if isinstance(s, Launch)}
-        self.duration = {sid: accel.launch_seconds(c.flops, c.bytes, _size(self.plan, launches[sid].slice))
-                         + sum(all_reduce_seconds(b, n, profile.ici) for b, n in c.all_reduces)
-                         for sid, c in launch_costs(self.plan).items()}
-        self.islands = tuple(i for i, steps in self.plan.islands.items() if steps)
-        self.hosts = {i: _hosts_used(self.plan, i, accel.devices_per_host) for i in self.islands}
-        self.island_of_step = {s.id: i for i, steps in self.plan.islands.items() for s in steps}
-        self.inputs: dict[str, list[int]] = {}
-        for b in self.plan.inputs:
-            self.inputs.setdefault(self.plan.island_of(b), []).append(b)
-        self.order = _topological(self.plan)
-        sends = {s.dst_buffer: s.id for steps in self.plan.islands.values() for s in steps if isinstance(s, Send)}
-        self.recv_of_send = {sends[r.dst_buffer]: r for steps in self.plan.islands.values() for r in steps
-                             if isinstance(r, Recv)}
+__all__ = ["MODES", "RunRecord", "SimError", "SimResult", "Simulator", "Span", "Submission"]
 
 
 class _Run:
     """The state of one run in flight."""
 
-    def __init__(self, index: int, ticket: int, prep: _Prepared, sub: Submission, record: RunRecord):
+    def __init__(self, index: int, ticket: int, prep: PreparedPlan, sub: Submission, record: RunRecord):
         self.index = index
         self.ticket = ticket
         self.prep = prep
@@ -176,7 +86,7 @@ class Simulator:
     def __init__(self, profile: Profile, record_spans: bool = False):
         self.profile = profile
         self.record_spans = record_spans
-        self._prepared: dict[int, _Prepared] = {}
+        self._prepared: dict[int, PreparedPlan] = {}
 
     # -- public -------------------------------------------------------------
 
@@ -206,11 +116,11 @@ class Simulator:
 
     # -- setup --------------------------------------------------------------
 
-    def _prepare(self, plan: ProgramPlan) -> _Prepared:
+    def _prepare(self, plan: ProgramPlan) -> PreparedPlan:
         key = id(plan)
         if key not in self._prepared:
-            _check_describes(plan, self.profile)
-            self._prepared[key] = _Prepared(plan, self.profile)
+            check_describes(plan, self.profile)
+            self._prepared[key] = PreparedPlan(plan, self.profile)
         return self._prepared[key]
 
     def _reset(self, plan: ProgramPlan) -> None:
@@ -441,57 +351,5 @@ class Simulator:
                 self._at(max(run.record.done, self.pending[index].at), lambda: self._call(index))
 
 
-def _size(plan: ProgramPlan, slice_name: str) -> int:
-    return sum(e - b for b, e in plan.slices[slice_name].ranges)
-
-
 def _devices(ranges) -> str:
     return ", ".join(f"devices {b}-{e - 1}" for b, e in ranges)
-
-
-def _hosts_used(plan: ProgramPlan, island: str, per_host: int) -> int:
-    """Returns how many hosts of `island` hold a device of a slice the plan uses there (O(slices))."""
-    ranges = sorted(r for s in plan.slices.values() if s.island == island for r in s.ranges)
-    hosts, last = 0, -1
-    for begin, end in ranges:
-        first = max(begin // per_host, last + 1)
-        final = (end - 1) // per_host
-        if final >= first:
-            hosts += final - first + 1
-            last = final
-    return hosts
-
-
-def _topological(plan: ProgramPlan) -> list[Step]:
-    """Returns the plan's island steps in dependency order (smallest id first among the ready)."""
-    steps = {s.id: s for ss in plan.islands.values() for s in ss}
-    producer = {b: s.id for s in steps.values() for b in s.produced()}
-    deps = {sid: set(s.after) | {producer[b] for b in s.consumed() if b in producer} - {sid}
-            for sid, s in steps.items()}
-    users: dict[int, list[int]] = {}
-    for sid, before in deps.items():
-        for b in before:
-            users.setdefault(b, []).append(sid)
-    ready = [sid for sid, before in deps.items() if not before]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        sid = heapq.heappop(ready)
-        order.append(steps[sid])
-        for user in users.get(sid, ()):
-            deps[user].discard(sid)
-            if not deps[user]:
-                heapq.heappush(ready, user)
-    return order
-
-
-def _check_describes(plan: ProgramPlan, profile: Profile) -> None:
-    """Raises ProfileError if the plan's topology has devices the profile does not describe.
-
-    Runs are admitted against the profile's device memory, whatever the topology says.
-    """
-    for island in plan.topology.islands:
-        if island.device_kind not in profile.device_kinds:
-            raise ProfileError(f"@{plan.program}: {island.name} has device kind '{island.device_kind}', which "
-                               f"profile {profile.name} does not describe (it describes: "
-                               f"{', '.join(profile.device_kinds)})")
