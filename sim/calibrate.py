@@ -27,8 +27,8 @@ from .profile import Accelerator, Host, LinkSpec, Profile
 # (record, field, starting value)
 PARAMETERS = (
     ("host", "run_us", 100.0), ("host", "input_us", 20.0), ("pcie", "bandwidth_gbps", 20.0),
-    ("host", "message_us", 10.0), ("host", "step_us", 20.0),
-    ("host", "sequential_step_us", 40.0), ("accelerator", "launch_us", 20.0),
+    ("host", "message_us", 10.0), ("host", "step_us", 20.0), ("host", "recv_us", 100.0),
+    ("host", "sequential_step_us", 40.0), ("accelerator", "launch_us", 20.0), ("accelerator", "launch_device_us", 20.0),
     ("accelerator", "peak_tflops", 0.02), ("accelerator", "memory_gbytes_per_s", 5.0),
     ("ici", "latency_us", 20.0), ("ici", "bandwidth_gbps", 20.0), ("dcn", "latency_us", 300.0),
 )
@@ -44,12 +44,13 @@ def cpu_profile(values: dict[tuple[str, str], float], sources: dict[str, str]) -
         name="cpu-here", device_kinds=("cpu",),
         accelerator=Accelerator(get("accelerator", "peak_tflops"), get("accelerator", "memory_gbytes_per_s"),
                                 1 << 30, get("accelerator", "launch_us"), devices_per_host=8,
-                                shared_cores=os.cpu_count() or 1),
+                                shared_cores=os.cpu_count() or 1, synchronous=1,
+                                launch_device_us=get("accelerator", "launch_device_us")),
         ici=LinkSpec(get("ici", "latency_us"), get("ici", "bandwidth_gbps")),
         dcn=LinkSpec(get("dcn", "latency_us"), DCN_EMULATED_GBPS),
         pcie=LinkSpec(0.0, get("pcie", "bandwidth_gbps")),
-        host=Host(get("host", "run_us"), get("host", "input_us"), get("host", "message_us"), 0.0, 0.0, get("host", "step_us"),
-                  get("host", "sequential_step_us")),
+        host=Host(get("host", "run_us"), get("host", "input_us"), get("host", "message_us"), 0.0, 0.0,
+                  get("host", "step_us"), get("host", "sequential_step_us"), get("host", "recv_us"), inline=1),
         sources=sources)
 
 

@@ -134,6 +134,7 @@ class Simulator:
         self.admission: list[_Run] = []
         self.island_runs: dict[str, list[_Run]] = {}
         self.island_busy: dict[str, bool] = {}
+        self.inline: dict[str, tuple] = {}          # island -> (run, resume the controller) while run inline
         self.device_free: dict[tuple, float] = {}   # (island, segment start), or the shared cores -> free at
         self.tickets = itertools.count()
         points: dict[str, set[int]] = {}
@@ -164,7 +165,7 @@ class Simulator:
         if never:
             raise SimError(f"run of @{sub.plan.program} {never}")
         self.admission.append(run)
-        self._at(self.controller_free, self._admit)
+        self._at(self.controller_free, lambda: self._admit(caller=run))
 
     def _next_call(self, index: int) -> None:
         """Makes call `index` once the client may: at once, or after the previous results (closed loop)."""
@@ -173,27 +174,49 @@ class Simulator:
         if not self.closed_loop:
             self._at(max(self.pending[index].at, self.controller_free), lambda: self._call(index))
 
-    def _admit(self) -> None:
+    def _admit(self, caller: _Run | None = None) -> None:
+        """Admits runs in ticket order while they fit; `caller`, if admitted at its own call, runs inline."""
         while self.admission and self.ledger.fits(self.admission[0].prep.need):
             run = self.admission.pop(0)
             self.ledger.take(run.prep.need)
             run.record.admitted = self.now
-            self._dispatch(run)
+            self._dispatch(run, inline=run is caller and bool(self.profile.host.inline))
 
-    def _dispatch(self, run: _Run) -> None:
+    def _dispatch(self, run: _Run, inline: bool) -> None:
+        """Sends the run's first message to each island. With `inline`, the islands idle now are the
+        controller's to run, one after another, until each parks or is done (the runtime's `run_inline`);
+        the controller goes on only after that."""
         host = self.profile.host
         index = run.index
         if not run.remaining:
             self._at(self.now, lambda: self._done(run))
+        steps = {i: run.prep.plan.islands[i] if run.sub.dispatch == "parallel" else () for i in run.prep.islands}
+        own = [i for i in run.prep.islands if inline and self._idle(i)]
         for island in run.prep.islands:
             self.controller_free = max(self.controller_free, self.now) + host.message_us * 1e-6
+            if island in own:
+                self.inline[island] = (run, None)        # held for the controller: its turn comes
+                continue
             arrive = self.controller_free + host.message_latency_us * 1e-6
-            steps = run.prep.plan.islands[island] if run.sub.dispatch == "parallel" else ()
-            self._at(arrive, lambda i=island, s=steps: self._receive(run, i, s, first=True))
-        if run.sub.dispatch == "parallel":
-            self._next_call(index + 1)
-        else:
-            self._sequential(run, 0, index)
+            self._at(arrive, lambda i=island: self._receive(run, i, steps[i], first=True))
+        then = (lambda: self._next_call(index + 1)) if run.sub.dispatch == "parallel" else \
+            (lambda: self._sequential(run, 0, index))
+        self._at(self.controller_free, lambda: self._run_inline(run, own, steps, then))
+
+    def _run_inline(self, run: _Run, islands: list[str], steps: dict, then: Callable[[], None]) -> None:
+        """The controller runs the run's work on `islands[0]` itself, then on the rest, then goes on."""
+        if not islands:
+            then()
+            return
+        island = islands[0]
+        self.inline[island] = (run, lambda: self._at(self.controller_free,
+                                                     lambda: self._run_inline(run, islands[1:], steps, then)))
+        self._receive(run, island, steps[island], first=True)
+
+    def _idle(self, island: str) -> bool:
+        """Whether nothing is queued or under way on the island's host thread."""
+        return not self.island_busy.get(island) and island not in self.inline and all(
+            not r.fanout.get(island) and self._available(r, island) is None for r in self.island_runs.get(island, ()))
 
     def _sequential(self, run: _Run, position: int, index: int) -> None:
         """Sends step `position` of the run's dependency order once the buffers it reads exist."""
@@ -255,28 +278,48 @@ class Simulator:
         return step
 
     def _pump(self, island: str) -> None:
-        """Lets the island's host thread take the next step, in ticket order, if it is idle."""
+        """Lets the island's host thread (or the controller, running the island's work inline) take the
+        next piece of work, in ticket order, if it is idle: a run's fan-out and input puts, or a step."""
         if self.island_busy.get(island):
             return
-        for run in self.island_runs.get(island, ()):
-            step = self._available(run, island)
-            if step is None:
+        inline = self.inline.get(island)
+        if inline is not None and inline[1] is None:
+            return                                       # held for the controller, whose turn has not come
+        host = self.profile.host
+        for run in (inline[0],) if inline else self.island_runs.get(island, ()):
+            fanout = run.fanout.pop(island, 0.0)
+            step = None if fanout else self._available(run, island)
+            if inline and not fanout and (step is None or isinstance(step, Recv)):
+                del self.inline[island]                  # parked (a delivery waits for the executor) or done
+                inline[1]()
+                self._pump(island)
+                return
+            if not fanout and step is None:
                 continue
-            host = self.profile.host
-            cost = run.fanout.pop(island, 0.0)
-            cost += 0.0 if isinstance(step, (Free, Recv)) else host.step_us * 1e-6
+            cost = fanout or (host.recv_us * 1e-6 if isinstance(step, Recv) else 0.0 if isinstance(step, Free)
+                              else host.step_us * 1e-6)
             self.island_busy[island] = True
-            run.cursor[island] += 1
+            start = self.now
+            if inline:
+                start = max(self.now, self.controller_free)
+                self.controller_free = start + cost
+            if step is not None:
+                run.cursor[island] += 1
             if cost:
-                self._span(f"prepare step {step.id}", "host", island, "host", self.now, self.now + cost)
+                self._span(f"prepare step {step.id}" if step else f"inputs of @{run.prep.plan.program}", "host",
+                           island, "controller" if inline else "host", start, start + cost)
             self._hold_cores(cost)
-            self._at(self.now + cost, lambda r=run, s=step: self._enqueue(r, island, s))
+            self._at(start + cost, lambda r=run, s=step: self._enqueue(r, island, s))
             return
 
-    def _enqueue(self, run: _Run, island: str, step: Step) -> None:
+    def _enqueue(self, run: _Run, island: str, step: Step | None) -> None:
         self.island_busy[island] = False
+        if step is None:
+            self._pump(island)
+            return
         prep, plan = run.prep, run.prep.plan
-        now = self.now
+        now = blocked = self.now
+        synchronous = self.profile.accelerator.synchronous
         if isinstance(step, Launch):
             ranges = plan.slices[step.slice].ranges
             keys = self._cores() or [(island, p) for p in self._segments(island, ranges)]
@@ -288,6 +331,7 @@ class Simulator:
                 run.ready[b] = end
             self._span(step.label or step.executable, "launch", island, _devices(ranges), start, end)
             run.last_end = max(run.last_end, end)
+            blocked = end if synchronous else now
         elif isinstance(step, (Copy, Send)):
             src, dst = plan.buffers[step.src_buffer].slice, plan.buffers[step.dst_buffer].slice
             link = "ici" if isinstance(step, Copy) else "dcn"
@@ -300,13 +344,20 @@ class Simulator:
             run.last_end = max(run.last_end, arrival)
             if isinstance(step, Copy):
                 run.ready[step.dst_buffer] = arrival
+                blocked = arrival if synchronous else now
             else:
                 recv = prep.recv_of_send[step.id]
                 self._at(arrival, lambda: self._arrive(run, step.peer, recv, arrival))
         if not isinstance(step, Recv):
             for b in step.produced():
-                run.set_exists(b, now)
+                run.set_exists(b, blocked)
         self._finish_step(run, island)
+        if blocked > now:                                # the thread that made the step waits for it
+            self.island_busy[island] = True
+            if island in self.inline:
+                self.controller_free = max(self.controller_free, blocked)
+            self._at(blocked, lambda: self._enqueue(run, island, None))
+            return
         self._pump(island)
 
     def _hold_cores(self, seconds: float) -> None:

@@ -8,7 +8,7 @@ both the runtime runs and the simulator times (with its executables' flops).
   dispatch chain, lowered without fusion so that each is its own launch);
 - matmul: one sharded matrix product (flops);
 - hop: two computations on two slices, of one island (an ICI copy) or two
-  (a DCN send and recv);
+  (a DCN send and recv), on one input or several at once;
 - three_blocks: the README's example, slices of 2, 2x2 and 2 devices;
 - pipeline: `stages` stages of 2 devices over both islands, `micro`
   microbatches, each stage `tanh(x @ w)`;
@@ -74,8 +74,9 @@ def matmul(size: int, n: int = 4) -> Program:
     return Program(f"matmul{size}_n{n}", build)
 
 
-def hop(shape: tuple[int, int], cross_island: bool) -> Program:
-    """Returns `tanh` on one slice of 2 devices, then `-x` on another (island1 if `cross_island`)."""
+def hop(shape: tuple[int, int], cross_island: bool, count: int = 1) -> Program:
+    """Returns `tanh` on one slice of 2 devices, then `-x` on another (island1 if `cross_island`), on each
+    of `count` independent inputs (several hops in flight at once)."""
     def build():
         import jax.numpy as jnp
         import pathways_mlir as pw
@@ -89,10 +90,11 @@ def hop(shape: tuple[int, int], cross_island: bool) -> Program:
         second = pw.jit(lambda x: -x, slice=b, in_specs=spec_b, out_specs=spec_b)
 
         @pw.program
-        def run(x):
-            return second(first(x))
-        return run, (_rng().normal(size=shape).astype(np.float32),)
-    return Program(f"{'dcn' if cross_island else 'ici'}_hop_{shape[0]}x{shape[1]}", build)
+        def run(*xs):
+            outs = tuple(second(first(x)) for x in xs)
+            return outs if count > 1 else outs[0]
+        return run, tuple(_rng().normal(size=shape).astype(np.float32) for _ in range(count))
+    return Program(f"{'dcn' if cross_island else 'ici'}_hop{count}_{shape[0]}x{shape[1]}", build)
 
 
 def three_blocks() -> Program:
@@ -197,6 +199,7 @@ CALIBRATION = (
     ("matmul384_sequential", matmul(384), "sequential"),
     ("dcn_hop", hop((8, 16), cross_island=True), "parallel"),
     ("dcn_hop_sequential", hop((8, 16), cross_island=True), "sequential"),
+    ("dcn_hops4", hop((8, 16), cross_island=True, count=4), "parallel"),
 )
 VALIDATION = (
     ("chain16_parallel", chain(16, 4, (16, 32)), "parallel"),
