@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from .branches import BranchOutcomes
 from .engine import Simulator, Submission
 from .measure import Case
 from .profile import Accelerator, Host, LinkSpec, Profile
@@ -27,7 +28,7 @@ from .profile import Accelerator, Host, LinkSpec, Profile
 # (record, field, starting value)
 PARAMETERS = (
     ("host", "run_us", 100.0), ("host", "input_us", 20.0), ("pcie", "bandwidth_gbps", 20.0),
-    ("host", "message_us", 10.0), ("host", "step_us", 20.0), ("host", "recv_us", 100.0),
+    ("host", "message_us", 10.0), ("host", "step_us", 20.0), ("host", "recv_us", 100.0), ("host", "cond_us", 100.0),
     ("host", "sequential_step_us", 40.0), ("accelerator", "launch_us", 20.0), ("accelerator", "launch_device_us", 20.0),
     ("accelerator", "peak_tflops", 0.02), ("accelerator", "memory_gbytes_per_s", 5.0),
     ("ici", "latency_us", 20.0), ("ici", "bandwidth_gbps", 20.0), ("dcn", "latency_us", 300.0),
@@ -50,13 +51,13 @@ def cpu_profile(values: dict[tuple[str, str], float], sources: dict[str, str]) -
         dcn=LinkSpec(get("dcn", "latency_us"), DCN_EMULATED_GBPS),
         pcie=LinkSpec(0.0, get("pcie", "bandwidth_gbps")),
         host=Host(get("host", "run_us"), get("host", "input_us"), get("host", "message_us"), 0.0, 0.0,
-                  get("host", "step_us"), get("host", "sequential_step_us"), get("host", "recv_us"), inline=1),
+                  get("host", "step_us"), get("host", "sequential_step_us"), get("host", "recv_us"), get("host", "cond_us"), inline=1),
         sources=sources)
 
 
 def simulate_case(profile: Profile, case: Case) -> float:
-    """Returns the simulated latency of one run of `case` on `profile`."""
-    sim = Simulator(profile)
+    """Returns the simulated latency of one run of `case` on `profile` (its conds go as in the real run)."""
+    sim = Simulator(profile, branches=BranchOutcomes(trace=case.predicates) if case.predicates else None)
     return sim.simulate([Submission(case.plan, case.dispatch)], closed_loop=True).latency()
 
 

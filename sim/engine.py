@@ -20,22 +20,27 @@ scheduler.py, island_program.py), with times from the profile:
 3. Each island has one host thread. A run's message costs it `per_host_us`
    for each host the run uses on the island (the fan-out) and `input_us`
    per program input it puts on its devices (the data then crosses PCIe;
-   inputs a submission says are resident already are not put),
-   then `step_us` per launch, copy and send. It takes runs in ticket order, one step at a
-   time; a recv whose data has not arrived parks that run and the thread
-   goes on with later runs: the gang scheduler's single order per island.
+   inputs a submission says are resident already are not put), then
+   `step_us` per launch, copy and send, and `recv_us` per recv whose data
+   arrived (the delivery taken in). It takes runs in ticket order, one step
+   at a time; a recv whose data has not arrived parks that run and the
+   thread goes on with later runs: the gang scheduler's single order per
+   island. With `host.inline` (the embedded runtime), a run admitted at its
+   call has each island idle then run by the controller itself, island
+   after island, until the run parks there or is done.
 4. Devices run what is enqueued in order: a launch starts once it is
    enqueued, its inputs exist and its slice's devices are free, and takes
-   its launch cost (dialect/device_time.py) on the accelerator's roofline
-   plus the all-reduces of its outputs on the ICI (sim/network.py). Copies and sends go over
-   their links (sim/network.py); a recv's data exists when it arrives.
-   Where the devices share cores (a CPU), launches, copies and input puts
-   all hold those cores, one at a time,
-   and the controller's and islands' host work holds one core's share of them
-   (the host threads run on the same cores).
-
-Branches (`pw.cond`) need a predicate's value, so plans with host steps are
-refused.
+   its launch cost (sim/profile.py) on the accelerator's roofline plus the
+   all-reduces of its outputs on the ICI (sim/network.py). Copies and sends
+   go over their links (sim/network.py); a recv's data exists when it
+   arrives. Where the devices share cores (a CPU), launches, copies and
+   input puts all hold those cores, one at a time, and the host threads'
+   work holds one core's share of them; with `accelerator.synchronous` a
+   launch or copy also holds the thread that made it until it is over.
+5. A `pw.cond` (sim/conds.py): the predicate's value is not computed, so
+   the `BranchOutcomes` given say which branch each cond takes (a
+   probability, or a recorded trace); the branch plan is then called as a
+   run of its own and the steps the cond held back follow its outputs.
 """
 
 from __future__ import annotations
@@ -44,48 +49,26 @@ import heapq
 import itertools
 from typing import Callable
 
-from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
+from pathways_mlir.dialect.plan import Branch, Copy, Free, Launch, ProgramPlan, Recv, Send, Step
 from pathways_mlir.runtime.admission import MemoryLedger
 
+from .branches import BranchOutcomes
+from .conds import HostConds
 from .network import Links
 from .plan_view import PreparedPlan, check_describes
 from .profile import Profile
-from .runs import MODES, RunRecord, SimError, SimResult, Span, Submission
+from .runs import MODES, RunRecord, RunState, SimError, SimResult, Span, Submission
 
 __all__ = ["MODES", "RunRecord", "SimError", "SimResult", "Simulator", "Span", "Submission"]
 
 
-class _Run:
-    """The state of one run in flight."""
-
-    def __init__(self, index: int, ticket: int, prep: PreparedPlan, sub: Submission, record: RunRecord):
-        self.index = index
-        self.ticket = ticket
-        self.prep = prep
-        self.sub = sub
-        self.record = record
-        self.ready: dict[int, float] = {}                  # buffer -> time its value is computed
-        self.exists: dict[int, float] = {}                 # buffer -> time its handle exists (enqueued)
-        self.waiters: dict[int, list[Callable[[], None]]] = {}
-        self.delivered: dict[str, list[Step]] = {i: [] for i in prep.islands}
-        self.cursor: dict[str, int] = {i: 0 for i in prep.islands}
-        self.fanout: dict[str, float] = {}                 # island -> fan-out work still to do
-        self.arrived: set[int] = set()                     # recv step ids whose data arrived
-        self.remaining = sum(len(prep.plan.islands[i]) for i in prep.islands)
-        self.last_end = 0.0
-
-    def set_exists(self, buffer: int, time: float) -> None:
-        self.exists[buffer] = time
-        for wake in self.waiters.pop(buffer, ()):
-            wake()
-
-
-class Simulator:
+class Simulator(HostConds):
     """Simulates submissions of plans on one profile's machine (see the module docstring)."""
 
-    def __init__(self, profile: Profile, record_spans: bool = False):
+    def __init__(self, profile: Profile, record_spans: bool = False, branches: BranchOutcomes | None = None):
         self.profile = profile
         self.record_spans = record_spans
+        self.branches = branches
         self._prepared: dict[int, PreparedPlan] = {}
 
     # -- public -------------------------------------------------------------
@@ -97,11 +80,14 @@ class Simulator:
         for sub in submissions:
             if sub.dispatch not in MODES:
                 raise SimError(f"unknown dispatch mode '{sub.dispatch}' (one of {', '.join(MODES)})")
-            self._prepare(sub.plan)
+            if self._prepare(sub.plan).plan.host_steps and self.branches is None:
+                raise SimError(f"@{sub.plan.program} has host branch steps (pw.cond): give a branch probability "
+                               f"(--branch-probability P) or a trace of predicate values (--branch-trace FILE)")
             if sub.plan.topology != submissions[0].plan.topology:
                 raise SimError(f"@{sub.plan.program} was lowered for another topology than "
                                f"@{submissions[0].plan.program}: simulate one cluster at a time")
         self._reset(submissions[0].plan)
+        self.outcomes = self.branches.stream() if self.branches else None
         self.closed_loop = closed_loop
         self.pending = list(submissions)
         self.records = [RunRecord(s.plan.program, s.dispatch, s.at) for s in submissions]
@@ -120,7 +106,10 @@ class Simulator:
         key = id(plan)
         if key not in self._prepared:
             check_describes(plan, self.profile)
-            self._prepared[key] = PreparedPlan(plan, self.profile)
+            prep = self._prepared[key] = PreparedPlan(plan, self.profile)
+            for cond in prep.plan.host_steps:
+                self._prepare(cond.then_plan)
+                self._prepare(cond.else_plan)
         return self._prepared[key]
 
     def _reset(self, plan: ProgramPlan) -> None:
@@ -131,8 +120,8 @@ class Simulator:
         self.links = Links()
         self.ledger = MemoryLedger(plan.topology, self.profile.accelerator.memory_bytes)
         self.controller_free = 0.0
-        self.admission: list[_Run] = []
-        self.island_runs: dict[str, list[_Run]] = {}
+        self.admission: list[RunState] = []
+        self.island_runs: dict[str, list[RunState]] = {}
         self.island_busy: dict[str, bool] = {}
         self.inline: dict[str, tuple] = {}          # island -> (run, resume the controller) while run inline
         self.device_free: dict[tuple, float] = {}   # (island, segment start), or the shared cores -> free at
@@ -160,7 +149,8 @@ class Simulator:
         self.controller_free = start + self.profile.host.run_us * 1e-6
         self._hold_cores(self.profile.host.run_us * 1e-6)
         self._span(f"call @{sub.plan.program}", "controller", "", "controller", start, self.controller_free)
-        run = _Run(index, next(self.tickets), self._prepared[id(sub.plan)], sub, record)
+        run = RunState(index, next(self.tickets), self._prepared[id(sub.plan)], sub, record)
+        run.after_dispatch = lambda: self._next_call(index + 1)
         never = self.ledger.never_fits(run.prep.need)
         if never:
             raise SimError(f"run of @{sub.plan.program} {never}")
@@ -174,7 +164,7 @@ class Simulator:
         if not self.closed_loop:
             self._at(max(self.pending[index].at, self.controller_free), lambda: self._call(index))
 
-    def _admit(self, caller: _Run | None = None) -> None:
+    def _admit(self, caller: RunState | None = None) -> None:
         """Admits runs in ticket order while they fit; `caller`, if admitted at its own call, runs inline."""
         while self.admission and self.ledger.fits(self.admission[0].prep.need):
             run = self.admission.pop(0)
@@ -182,15 +172,17 @@ class Simulator:
             run.record.admitted = self.now
             self._dispatch(run, inline=run is caller and bool(self.profile.host.inline))
 
-    def _dispatch(self, run: _Run, inline: bool) -> None:
+    def _dispatch(self, run: RunState, inline: bool) -> None:
         """Sends the run's first message to each island. With `inline`, the islands idle now are the
         controller's to run, one after another, until each parks or is done (the runtime's `run_inline`);
         the controller goes on only after that."""
         host = self.profile.host
-        index = run.index
-        if not run.remaining:
-            self._at(self.now, lambda: self._done(run))
-        steps = {i: run.prep.plan.islands[i] if run.sub.dispatch == "parallel" else () for i in run.prep.islands}
+        parallel = run.sub.dispatch == "parallel"
+        for b in run.prep.inputs.get(None, ()):               # host values: the client has them
+            run.ready[b] = self.now
+            run.set_exists(b, self.now)
+        self._finish_if_over(run)
+        steps = {i: run.prep.first[i] if parallel else () for i in run.prep.islands}
         own = [i for i in run.prep.islands if inline and self._idle(i)]
         for island in run.prep.islands:
             self.controller_free = max(self.controller_free, self.now) + host.message_us * 1e-6
@@ -199,11 +191,12 @@ class Simulator:
                 continue
             arrive = self.controller_free + host.message_latency_us * 1e-6
             self._at(arrive, lambda i=island: self._receive(run, i, steps[i], first=True))
-        then = (lambda: self._next_call(index + 1)) if run.sub.dispatch == "parallel" else \
-            (lambda: self._sequential(run, 0, index))
+        then = run.after_dispatch if parallel else (lambda: self._sequential(run, 0))
         self._at(self.controller_free, lambda: self._run_inline(run, own, steps, then))
+        if parallel and run.prep.plan.host_steps:
+            self._at(self.controller_free, lambda: self._conds(run, 0))
 
-    def _run_inline(self, run: _Run, islands: list[str], steps: dict, then: Callable[[], None]) -> None:
+    def _run_inline(self, run: RunState, islands: list[str], steps: dict, then: Callable[[], None]) -> None:
         """The controller runs the run's work on `islands[0]` itself, then on the rest, then goes on."""
         if not islands:
             then()
@@ -218,22 +211,26 @@ class Simulator:
         return not self.island_busy.get(island) and island not in self.inline and all(
             not r.fanout.get(island) and self._available(r, island) is None for r in self.island_runs.get(island, ()))
 
-    def _sequential(self, run: _Run, position: int, index: int) -> None:
-        """Sends step `position` of the run's dependency order once the buffers it reads exist."""
+    def _sequential(self, run: RunState, position: int) -> None:
+        """Sends step `position` of the run's dependency order once the buffers it reads exist (a cond:
+        runs it)."""
         order = run.prep.order
         if position == len(order):
-            self._next_call(index + 1)
+            run.after_dispatch()
             return
         step = order[position]
         needs = () if isinstance(step, Free) else (*step.consumed(), *((step.dst_buffer,) if isinstance(step, Recv) else ()))
         missing = [b for b in needs if b not in run.exists]
         if missing:
-            run.waiters.setdefault(missing[0], []).append(lambda: self._sequential(run, position, index))
+            run.waiters.setdefault(missing[0], []).append(lambda: self._sequential(run, position))
+            return
+        if isinstance(step, Branch):
+            self._cond(run, step, lambda: self._sequential(run, position + 1))
             return
         host = self.profile.host
         known = max([self.now, *((run.exists[b] + host.message_latency_us * 1e-6) for b in needs)])
         if known > self.now:
-            self._at(known, lambda: self._sequential(run, position, index))
+            self._at(known, lambda: self._sequential(run, position))
             return
         start = max(self.now, self.controller_free)
         self.controller_free = start + host.sequential_step_us * 1e-6
@@ -242,33 +239,38 @@ class Simulator:
         island = run.prep.island_of_step[step.id]
         self._at(self.controller_free + host.message_latency_us * 1e-6,
                  lambda: self._receive(run, island, (step,), first=False))
-        self._at(self.controller_free, lambda: self._sequential(run, position + 1, index))
+        self._at(self.controller_free, lambda: self._sequential(run, position + 1))
 
     # -- islands ------------------------------------------------------------
 
-    def _receive(self, run: _Run, island: str, steps, first: bool) -> None:
+    def _receive(self, run: RunState, island: str, steps, first: bool) -> None:
         if first:
-            host = self.profile.host
             inputs = [b for b in run.prep.inputs.get(island, ()) if b not in run.sub.resident]
             for b in run.sub.resident.intersection(run.prep.inputs.get(island, ())):
                 run.ready[b] = self.now
                 run.set_exists(b, self.now)
-            run.fanout[island] = (host.per_host_us * run.prep.hosts[island] + host.input_us * len(inputs)) * 1e-6
-            plan = run.prep.plan
-            for b in inputs:
-                keys = ("pcie", island, plan.buffers[b].slice), *self._cores()
-                start, arrival = self.links.transfer(self.now + run.fanout[island], keys,
-                                                     plan.buffers[b].bytes_per_device, self.profile.pcie)
-                self._span(f"input {b}", "input", island, f"pcie {plan.buffers[b].slice}", start, arrival)
-                run.ready[b] = arrival
-                run.set_exists(b, self.now + run.fanout[island])
+            run.fanout[island] = self.profile.host.per_host_us * run.prep.hosts[island] * 1e-6
+            self._put(run, island, inputs)
             runs = self.island_runs.setdefault(island, [])
             runs.append(run)
             runs.sort(key=lambda r: r.ticket)
         run.delivered[island].extend(steps)
         self._pump(island)
 
-    def _available(self, run: _Run, island: str) -> Step | None:
+    def _put(self, run: RunState, island: str, buffers) -> None:
+        """The island's thread puts `buffers` on their devices (`input_us` each, then over PCIe), once their
+        source value is computed (a value of the host, or of another run on devices)."""
+        plan = run.prep.plan
+        run.fanout[island] = run.fanout.get(island, 0.0) + self.profile.host.input_us * 1e-6 * len(buffers)
+        for b in buffers:
+            keys = ("pcie", island, plan.buffers[b].slice), *self._cores()
+            start, arrival = self.links.transfer(max(self.now + run.fanout[island], run.ready.get(b, 0.0)), keys,
+                                                 plan.buffers[b].bytes_per_device, self.profile.pcie)
+            self._span(f"input {b}", "input", island, f"pcie {plan.buffers[b].slice}", start, arrival)
+            run.ready[b] = arrival
+            run.set_exists(b, self.now + run.fanout[island])
+
+    def _available(self, run: RunState, island: str) -> Step | None:
         position = run.cursor[island]
         if position >= len(run.delivered[island]):
             return None
@@ -312,7 +314,7 @@ class Simulator:
             self._at(start + cost, lambda r=run, s=step: self._enqueue(r, island, s))
             return
 
-    def _enqueue(self, run: _Run, island: str, step: Step | None) -> None:
+    def _enqueue(self, run: RunState, island: str, step: Step | None) -> None:
         self.island_busy[island] = False
         if step is None:
             self._pump(island)
@@ -379,24 +381,32 @@ class Simulator:
             self.covers[key] = [p for b, e in ranges for p in points if b <= p < e]
         return self.covers[key]
 
-    def _arrive(self, run: _Run, island: str, recv: Recv, arrival: float) -> None:
+    def _arrive(self, run: RunState, island: str, recv: Recv, arrival: float) -> None:
         run.arrived.add(recv.id)
         run.ready[recv.dst_buffer] = arrival
         run.set_exists(recv.dst_buffer, arrival)
         self._pump(island)
 
-    def _finish_step(self, run: _Run, island: str) -> None:
+    def _finish_step(self, run: RunState, island: str) -> None:
         run.remaining -= 1
-        if run.remaining == 0:
+        self._finish_if_over(run)
+
+    def _finish_if_over(self, run: RunState) -> None:
+        """Ends the run once all its steps are enqueued and its conds' branch runs are over."""
+        if run.remaining == 0 and run.open_conds == 0:
             self._at(max(self.now, run.last_end), lambda: self._done(run))
 
-    def _done(self, run: _Run) -> None:
+    def _done(self, run: RunState) -> None:
         run.record.done = self.now + self.profile.host.message_latency_us * 1e-6
         for island in run.prep.islands:
             self.island_runs[island].remove(run)
         self.ledger.give(run.prep.need)
         self._admit()
-        if self.closed_loop:
+        if run.parent is not None:                       # a branch run: its parent may be over now
+            run.parent.last_end = max(run.parent.last_end, self.now)
+            run.parent.open_conds -= 1
+            self._finish_if_over(run.parent)
+        elif self.closed_loop:
             index = run.index + 1
             if index < len(self.pending):
                 self._at(max(run.record.done, self.pending[index].at), lambda: self._call(index))

@@ -11,15 +11,12 @@ from pathways_mlir.runtime.admission import run_need
 
 from .network import all_reduce_seconds
 from .profile import Profile, ProfileError
-from .runs import SimError
 
 
 class PreparedPlan:
     """What the simulator needs of a plan, computed once per plan."""
 
     def __init__(self, plan: ProgramPlan, profile: Profile):
-        if plan.host_steps:
-            raise SimError(f"@{plan.program} has host branch steps (pw.cond): pw-sim simulates static plans only")
         self.source = plan          # held, so that the id the simulator caches it by stays its own
         self.plan = with_memory_plan(plan)
         self.need = run_need(self.plan)
@@ -34,7 +31,10 @@ class PreparedPlan:
         self.inputs: dict[str, list[int]] = {}
         for b in self.plan.inputs:
             self.inputs.setdefault(self.plan.island_of(b), []).append(b)
-        self.order = _topological(self.plan)
+        deps = _dependencies(self.plan)
+        self.order = _topological(self.plan, deps)
+        self.held = _conds_before(self.plan, self.order, deps)
+        self.first = {i: tuple(s for s in self.plan.islands[i] if not self.held[s.id]) for i in self.islands}
         sends = {s.dst_buffer: s.id for steps in self.plan.islands.values() for s in steps if isinstance(s, Send)}
         self.recv_of_send = {sends[r.dst_buffer]: r for steps in self.plan.islands.values() for r in steps
                              if isinstance(r, Recv)}
@@ -57,12 +57,32 @@ def _hosts_used(plan: ProgramPlan, island: str, per_host: int) -> int:
     return hosts
 
 
-def _topological(plan: ProgramPlan) -> list[Step]:
-    """Returns the plan's island steps in dependency order (smallest id first among the ready)."""
-    steps = {s.id: s for ss in plan.islands.values() for s in ss}
+def _steps(plan: ProgramPlan) -> dict[int, Step]:
+    return {s.id: s for s in (*(s for ss in plan.islands.values() for s in ss), *plan.host_steps)}
+
+
+def _dependencies(plan: ProgramPlan) -> dict[int, set[int]]:
+    """Returns, for every step id (island and host steps), the step ids it must follow."""
+    steps = _steps(plan)
     producer = {b: s.id for s in steps.values() for b in s.produced()}
-    deps = {sid: set(s.after) | {producer[b] for b in s.consumed() if b in producer} - {sid}
+    return {sid: set(s.after) | {producer[b] for b in s.consumed() if b in producer} - {sid}
             for sid, s in steps.items()}
+
+
+def _conds_before(plan: ProgramPlan, order: list[Step], deps: dict[int, set[int]]) -> dict[int, frozenset[int]]:
+    """Returns, for every step, the host conds it waits for, directly or not (the runtime holds it back
+    until they are over)."""
+    conds = {s.id for s in plan.host_steps}
+    held: dict[int, frozenset[int]] = {}
+    for step in order:
+        held[step.id] = frozenset().union(*((held[d] | ({d} & conds)) for d in deps[step.id]))
+    return held
+
+
+def _topological(plan: ProgramPlan, deps: dict[int, set[int]]) -> list[Step]:
+    """Returns the plan's steps (island and host) in dependency order (smallest id first among the ready)."""
+    steps = _steps(plan)
+    deps = {sid: set(before) for sid, before in deps.items()}
     users: dict[int, list[int]] = {}
     for sid, before in deps.items():
         for b in before:

@@ -35,7 +35,9 @@ bundled ones are also the device-rate table placement and admission read
   per program input it puts on devices (`input_us`), per step (`step_us`)
   and per recv whose data arrived (`recv_us`: the delivery is moved to its
   home sharding on the island's thread), and the controller's work per step
-  when dispatch is sequential (`sequential_step_us`). `inline` (0 or 1, 0 by
+  when dispatch is sequential (`sequential_step_us`), and per `pw.cond`
+  beside the branch's call (`cond_us`: the predicate read to the host and,
+  in parallel dispatch, the thread that runs the conds). `inline` (0 or 1, 0 by
   default): as the embedded runtime does, a run admitted at its call has the
   work of each island that is idle then run by the controller's thread
   itself, island after island, until it parks at a recv or is done; the
@@ -113,6 +115,7 @@ class Host:
     step_us: float
     sequential_step_us: float
     recv_us: float = 0.0        # an island's work to take in a peer's send (the runtime's `deliver`)
+    cond_us: float = 0.0        # the controller's work per `pw.cond`: the predicate read, the cond's thread
     inline: int = 0             # 1: the caller runs an idle island's work itself (the embedded runtime)
 
 

@@ -1,10 +1,15 @@
-"""What a simulation takes and gives: submissions, runs' simulated times, spans, errors."""
+"""What a simulation takes and gives (submissions, runs' simulated times, spans, errors), and the state of
+a run in flight."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
-from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan import ProgramPlan, Step
+
+if TYPE_CHECKING:
+    from .plan_view import PreparedPlan
 
 MODES = ("parallel", "sequential")
 
@@ -70,3 +75,32 @@ class SimResult:
     def makespan(self) -> float:
         """Returns the time from the first call to the last run's end."""
         return max(r.done for r in self.runs) - min(r.submitted for r in self.runs)
+
+
+class RunState:
+    """The state of one run in flight."""
+
+    def __init__(self, index: int, ticket: int, prep: "PreparedPlan", sub: Submission, record: RunRecord):
+        self.index = index
+        self.ticket = ticket
+        self.prep = prep
+        self.sub = sub
+        self.record = record
+        self.ready: dict[int, float] = {}                  # buffer -> time its value is computed
+        self.exists: dict[int, float] = {}                 # buffer -> time its handle exists (enqueued)
+        self.waiters: dict[int, list[Callable[[], None]]] = {}
+        self.delivered: dict[str, list[Step]] = {i: [] for i in prep.islands}
+        self.cursor: dict[str, int] = {i: 0 for i in prep.islands}
+        self.fanout: dict[str, float] = {}                 # island -> fan-out work still to do
+        self.arrived: set[int] = set()                     # recv step ids whose data arrived
+        self.remaining = sum(len(prep.plan.islands[i]) for i in prep.islands)
+        self.last_end = 0.0
+        self.open_conds = len(prep.plan.host_steps)       # conds whose branch run is not over
+        self.conds_done: frozenset[int] = frozenset()
+        self.parent: RunState | None = None                    # the run whose cond started this branch run
+        self.after_dispatch: Callable[[], None] = lambda: None   # what the controller does next
+
+    def set_exists(self, buffer: int, time: float) -> None:
+        self.exists[buffer] = time
+        for wake in self.waiters.pop(buffer, ()):
+            wake()
