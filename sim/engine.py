@@ -154,8 +154,12 @@ class Simulator(HostConds):
         never = self.ledger.never_fits(run.prep.need)
         if never:
             raise SimError(f"run of @{sub.plan.program} {never}")
+        self._at(self.controller_free, lambda: self._submit(run))
+
+    def _submit(self, run: RunState) -> None:
+        """The call's end: the run queues for admission, and is admitted at once (inline) if it can be."""
         self.admission.append(run)
-        self._at(self.controller_free, lambda: self._admit(caller=run))
+        self._admit(caller=run)
 
     def _next_call(self, index: int) -> None:
         """Makes call `index` once the client may: at once, or after the previous results (closed loop)."""
