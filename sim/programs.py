@@ -214,6 +214,7 @@ CALIBRATION = (
     ("chain8_parallel", chain(8, 2, (8, 16)), "parallel"),
     ("chain8_sequential", chain(8, 2, (8, 16)), "sequential"),
     ("chain4_n4_parallel", chain(4, 4, (64, 64)), "parallel"),
+    ("chain8_n4_parallel", chain(8, 4, (8, 16)), "parallel"),
     ("chain2_big", chain(2, 4, (1024, 1024)), "parallel"),
     ("matmul128", matmul(128), "parallel"),
     ("matmul384", matmul(384), "parallel"),
