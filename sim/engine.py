@@ -63,7 +63,8 @@ __all__ = ["MODES", "RunRecord", "SimError", "SimResult", "Simulator", "Span", "
 
 
 class Simulator(HostConds):
-    """Simulates submissions of plans on one profile's machine (see the module docstring)."""
+    """Simulates submissions of plans on one profile's machine (see the module docstring); `branches` says
+    which way each `pw.cond` goes (sim/branches.py), and plans with conds need it."""
 
     def __init__(self, profile: Profile, record_spans: bool = False, branches: BranchOutcomes | None = None):
         self.profile = profile
