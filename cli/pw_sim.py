@@ -59,10 +59,17 @@ def cli() -> None:
 @click.option("--closed-loop", is_flag=True, help="Each call waits for the previous results.")
 @click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
               help="Write the simulated timeline as a Chrome/Perfetto trace.")
+@click.option("--branch-probability", type=float, default=None,
+              help="For plans with pw.cond: the probability that a predicate is true (drawn per cond, seeded).")
+@click.option("--branch-trace", type=click.Path(dir_okay=False), default=None,
+              help="For plans with pw.cond: a JSON list of predicate values (true/false or 1/0), in the order "
+                   "the conds are evaluated.")
 @click.option("-o", "output", default=None, help="Write the result as JSON here.")
-def run(target, profile_name, topology, program, dispatch, runs, closed_loop, trace_path, output) -> None:
+def run(target, profile_name, topology, program, dispatch, runs, closed_loop, trace_path, branch_probability,
+        branch_trace, output) -> None:
     """Simulate TARGET (a plan .json, or pw IR .mlir lowered for --topology)."""
     from pathways_mlir.sim import inputs, trace
+    from pathways_mlir.sim.branches import BranchOutcomes, load_trace
     from pathways_mlir.sim.engine import Simulator, Submission
     from pathways_mlir.sim.profile import load_profile
 
@@ -73,10 +80,16 @@ def run(target, profile_name, topology, program, dispatch, runs, closed_loop, tr
         raise SimCliError(f"{target}: a plan is lowered already; --topology applies to pw IR only")
     loaded = inputs.load(target, inputs.profile_topology(topology, profile) if topology else None)
     plan = loaded.program(program, str(target))
-    sim = Simulator(profile, record_spans=bool(trace_path))
+    if branch_probability is not None and branch_trace:
+        raise SimCliError("give --branch-probability or --branch-trace, not both")
+    branches = load_trace(branch_trace) if branch_trace else \
+        BranchOutcomes(probability=branch_probability) if branch_probability is not None else None
+    sim = Simulator(profile, record_spans=bool(trace_path), branches=branches)
     result = sim.simulate([Submission(plan, dispatch) for _ in range(runs)], closed_loop=closed_loop)
     record = {"kind": "SIMULATED with pw-sim (not a measurement)", "program": plan.program, "profile": profile.name,
               "dispatch": dispatch, "runs": runs, "closed_loop": closed_loop,
+              **({"branch_probability": branch_probability} if branch_probability is not None else {}),
+              **({"branch_trace": branch_trace} if branch_trace else {}),
               "latency_ms": result.latency() * 1e3, "runs_per_s": result.throughput(),
               "makespan_ms": result.makespan() * 1e3}
     click.echo(f"SIMULATED @{plan.program} on {profile.name} ({dispatch} dispatch, {runs} run(s)): "

@@ -20,163 +20,57 @@ scheduler.py, island_program.py), with times from the profile:
 3. Each island has one host thread. A run's message costs it `per_host_us`
    for each host the run uses on the island (the fan-out) and `input_us`
    per program input it puts on its devices (the data then crosses PCIe;
-   inputs a submission says are resident already are not put),
-   then `step_us` per launch, copy and send. It takes runs in ticket order, one step at a
-   time; a recv whose data has not arrived parks that run and the thread
-   goes on with later runs: the gang scheduler's single order per island.
+   inputs a submission says are resident already are not put), then
+   `step_us` per launch, copy and send, and `recv_us` per recv whose data
+   arrived (the delivery taken in). It takes runs in ticket order, one step
+   at a time; a recv whose data has not arrived parks that run and the
+   thread goes on with later runs: the gang scheduler's single order per
+   island. With `host.inline` (the embedded runtime), a run admitted at its
+   call has each island idle then run by the controller itself, island
+   after island, until the run parks there or is done.
 4. Devices run what is enqueued in order: a launch starts once it is
    enqueued, its inputs exist and its slice's devices are free, and takes
-   its launch cost (dialect/device_time.py) on the accelerator's roofline
-   plus the all-reduces of its outputs on the ICI (sim/network.py). Copies and sends go over
-   their links (sim/network.py); a recv's data exists when it arrives.
-   Where the devices share cores (a CPU), launches, copies and input puts
-   all hold those cores, one at a time,
-   and the controller's and islands' host work holds one core's share of them
-   (the host threads run on the same cores).
-
-Branches (`pw.cond`) need a predicate's value, so plans with host steps are
-refused.
+   its launch cost (sim/profile.py) on the accelerator's roofline plus the
+   all-reduces of its outputs on the ICI (sim/network.py). Copies and sends
+   go over their links (sim/network.py); a recv's data exists when it
+   arrives. Where the devices share cores (a CPU), launches, copies and
+   input puts all hold those cores, one at a time, and the host threads'
+   work holds one core's share of them; with `accelerator.synchronous` a
+   launch or copy also holds the thread that made it until it is over.
+5. A `pw.cond` (sim/conds.py): the predicate's value is not computed, so
+   the `BranchOutcomes` given say which branch each cond takes (a
+   probability, or a recorded trace); the branch plan is then called as a
+   run of its own and the steps the cond held back follow its outputs.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 from typing import Callable
 
-from pathways_mlir.dialect.device_time import launch_costs
-from pathways_mlir.dialect.memory_plan import with_memory_plan
-from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
-from pathways_mlir.runtime.admission import MemoryLedger, run_need
+from pathways_mlir.dialect.plan import Branch, Copy, Free, Launch, ProgramPlan, Recv, Send, Step
+from pathways_mlir.runtime.admission import MemoryLedger
 
-from .network import Links, all_reduce_seconds
-from .profile import Profile, ProfileError
+from .branches import BranchOutcomes
+from .conds import HostConds
+from .network import Links
+from .plan_view import PreparedPlan, check_describes
+from .profile import Profile
+from .runs import MODES, RunRecord, RunState, SimError, SimResult, Span, Submission
 
-MODES = ("parallel", "sequential")
-
-
-class SimError(ValueError):
-    """A plan or workload the simulator cannot run; the message says why."""
+__all__ = ["MODES", "RunRecord", "SimError", "SimResult", "Simulator", "Span", "Submission"]
 
 
-@dataclass(frozen=True)
-class Submission:
-    """One call of a program: its plan, dispatch mode, the earliest time the client makes it, and the
-    program inputs already on their devices (results of an earlier run, as a training loop's weights
-    are), which cross no PCIe."""
+class Simulator(HostConds):
+    """Simulates submissions of plans on one profile's machine (see the module docstring); `branches` says
+    which way each `pw.cond` goes (sim/branches.py), and plans with conds need it."""
 
-    plan: ProgramPlan
-    dispatch: str = "parallel"
-    at: float = 0.0
-    resident: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True)
-class Span:
-    """One interval of simulated work, for traces: on an island's devices, host thread or link."""
-
-    name: str
-    kind: str          # launch, copy, send, host, controller
-    island: str        # "" for the controller
-    track: str         # "devices 0-3", "host", "dcn out slice_a", ...
-    start: float
-    end: float
-
-
-@dataclass
-class RunRecord:
-    """Simulated times of one run (seconds from the start of the simulation)."""
-
-    program: str
-    dispatch: str
-    submitted: float
-    admitted: float = -1.0
-    done: float = -1.0
-
-
-@dataclass
-class SimResult:
-    """A simulation's runs and, when asked for, its spans."""
-
-    runs: list[RunRecord]
-    spans: list[Span] = field(default_factory=list)
-
-    def latency(self) -> float:
-        """Returns the median run latency: from the call to the client seeing the results."""
-        times = sorted(r.done - r.submitted for r in self.runs)
-        return times[len(times) // 2]
-
-    def throughput(self) -> float:
-        """Returns runs per second in steady state (between the first and the last run's end)."""
-        ends = sorted(r.done for r in self.runs)
-        if len(ends) < 2:
-            return 1.0 / (ends[0] - self.runs[0].submitted)
-        return (len(ends) - 1) / (ends[-1] - ends[0])
-
-    def makespan(self) -> float:
-        """Returns the time from the first call to the last run's end."""
-        return max(r.done for r in self.runs) - min(r.submitted for r in self.runs)
-
-
-class _Prepared:
-    """What the simulator needs of a plan, computed once per plan."""
-
-    def __init__(self, plan: ProgramPlan, profile: Profile):
-        if plan.host_steps:
-            raise SimError(f"@{plan.program} has host branch steps (pw.cond): pw-sim simulates static plans only")
-        self.source = plan          # held, so that the id the simulator caches it by stays its own
-        self.plan = with_memory_plan(plan)
-        self.need = run_need(self.plan)
-        accel = profile.accelerator
-        launches = {s.id: s for steps in self.plan.islands.values() for s in steps if isinstance(s, Launch)}
-        self.duration = {sid: accel.launch_seconds(c.flops, c.bytes, _size(self.plan, launches[sid].slice))
-                         + sum(all_reduce_seconds(b, n, profile.ici) for b, n in c.all_reduces)
-                         for sid, c in launch_costs(self.plan).items()}
-        self.islands = tuple(i for i, steps in self.plan.islands.items() if steps)
-        self.hosts = {i: _hosts_used(self.plan, i, accel.devices_per_host) for i in self.islands}
-        self.island_of_step = {s.id: i for i, steps in self.plan.islands.items() for s in steps}
-        self.inputs: dict[str, list[int]] = {}
-        for b in self.plan.inputs:
-            self.inputs.setdefault(self.plan.island_of(b), []).append(b)
-        self.order = _topological(self.plan)
-        sends = {s.dst_buffer: s.id for steps in self.plan.islands.values() for s in steps if isinstance(s, Send)}
-        self.recv_of_send = {sends[r.dst_buffer]: r for steps in self.plan.islands.values() for r in steps
-                             if isinstance(r, Recv)}
-
-
-class _Run:
-    """The state of one run in flight."""
-
-    def __init__(self, index: int, ticket: int, prep: _Prepared, sub: Submission, record: RunRecord):
-        self.index = index
-        self.ticket = ticket
-        self.prep = prep
-        self.sub = sub
-        self.record = record
-        self.ready: dict[int, float] = {}                  # buffer -> time its value is computed
-        self.exists: dict[int, float] = {}                 # buffer -> time its handle exists (enqueued)
-        self.waiters: dict[int, list[Callable[[], None]]] = {}
-        self.delivered: dict[str, list[Step]] = {i: [] for i in prep.islands}
-        self.cursor: dict[str, int] = {i: 0 for i in prep.islands}
-        self.fanout: dict[str, float] = {}                 # island -> fan-out work still to do
-        self.arrived: set[int] = set()                     # recv step ids whose data arrived
-        self.remaining = sum(len(prep.plan.islands[i]) for i in prep.islands)
-        self.last_end = 0.0
-
-    def set_exists(self, buffer: int, time: float) -> None:
-        self.exists[buffer] = time
-        for wake in self.waiters.pop(buffer, ()):
-            wake()
-
-
-class Simulator:
-    """Simulates submissions of plans on one profile's machine (see the module docstring)."""
-
-    def __init__(self, profile: Profile, record_spans: bool = False):
+    def __init__(self, profile: Profile, record_spans: bool = False, branches: BranchOutcomes | None = None):
         self.profile = profile
         self.record_spans = record_spans
-        self._prepared: dict[int, _Prepared] = {}
+        self.branches = branches
+        self._prepared: dict[int, PreparedPlan] = {}
 
     # -- public -------------------------------------------------------------
 
@@ -187,11 +81,14 @@ class Simulator:
         for sub in submissions:
             if sub.dispatch not in MODES:
                 raise SimError(f"unknown dispatch mode '{sub.dispatch}' (one of {', '.join(MODES)})")
-            self._prepare(sub.plan)
+            if self._prepare(sub.plan).plan.host_steps and self.branches is None:
+                raise SimError(f"@{sub.plan.program} has host branch steps (pw.cond): give a branch probability "
+                               f"(--branch-probability P) or a trace of predicate values (--branch-trace FILE)")
             if sub.plan.topology != submissions[0].plan.topology:
                 raise SimError(f"@{sub.plan.program} was lowered for another topology than "
                                f"@{submissions[0].plan.program}: simulate one cluster at a time")
         self._reset(submissions[0].plan)
+        self.outcomes = self.branches.stream() if self.branches else None
         self.closed_loop = closed_loop
         self.pending = list(submissions)
         self.records = [RunRecord(s.plan.program, s.dispatch, s.at) for s in submissions]
@@ -206,11 +103,14 @@ class Simulator:
 
     # -- setup --------------------------------------------------------------
 
-    def _prepare(self, plan: ProgramPlan) -> _Prepared:
+    def _prepare(self, plan: ProgramPlan) -> PreparedPlan:
         key = id(plan)
         if key not in self._prepared:
-            _check_describes(plan, self.profile)
-            self._prepared[key] = _Prepared(plan, self.profile)
+            check_describes(plan, self.profile)
+            prep = self._prepared[key] = PreparedPlan(plan, self.profile)
+            for cond in prep.plan.host_steps:
+                self._prepare(cond.then_plan)
+                self._prepare(cond.else_plan)
         return self._prepared[key]
 
     def _reset(self, plan: ProgramPlan) -> None:
@@ -221,9 +121,10 @@ class Simulator:
         self.links = Links()
         self.ledger = MemoryLedger(plan.topology, self.profile.accelerator.memory_bytes)
         self.controller_free = 0.0
-        self.admission: list[_Run] = []
-        self.island_runs: dict[str, list[_Run]] = {}
+        self.admission: list[RunState] = []
+        self.island_runs: dict[str, list[RunState]] = {}
         self.island_busy: dict[str, bool] = {}
+        self.inline: dict[str, tuple] = {}          # island -> (run, resume the controller) while run inline
         self.device_free: dict[tuple, float] = {}   # (island, segment start), or the shared cores -> free at
         self.tickets = itertools.count()
         points: dict[str, set[int]] = {}
@@ -249,12 +150,17 @@ class Simulator:
         self.controller_free = start + self.profile.host.run_us * 1e-6
         self._hold_cores(self.profile.host.run_us * 1e-6)
         self._span(f"call @{sub.plan.program}", "controller", "", "controller", start, self.controller_free)
-        run = _Run(index, next(self.tickets), self._prepared[id(sub.plan)], sub, record)
+        run = RunState(index, next(self.tickets), self._prepared[id(sub.plan)], sub, record)
+        run.after_dispatch = lambda: self._next_call(index + 1)
         never = self.ledger.never_fits(run.prep.need)
         if never:
             raise SimError(f"run of @{sub.plan.program} {never}")
+        self._at(self.controller_free, lambda: self._submit(run))
+
+    def _submit(self, run: RunState) -> None:
+        """The call's end: the run queues for admission, and is admitted at once (inline) if it can be."""
         self.admission.append(run)
-        self._at(self.controller_free, self._admit)
+        self._admit(caller=run)
 
     def _next_call(self, index: int) -> None:
         """Makes call `index` once the client may: at once, or after the previous results (closed loop)."""
@@ -263,44 +169,73 @@ class Simulator:
         if not self.closed_loop:
             self._at(max(self.pending[index].at, self.controller_free), lambda: self._call(index))
 
-    def _admit(self) -> None:
+    def _admit(self, caller: RunState | None = None) -> None:
+        """Admits runs in ticket order while they fit; `caller`, if admitted at its own call, runs inline."""
         while self.admission and self.ledger.fits(self.admission[0].prep.need):
             run = self.admission.pop(0)
             self.ledger.take(run.prep.need)
             run.record.admitted = self.now
-            self._dispatch(run)
+            self._dispatch(run, inline=run is caller and bool(self.profile.host.inline))
 
-    def _dispatch(self, run: _Run) -> None:
+    def _dispatch(self, run: RunState, inline: bool) -> None:
+        """Sends the run's first message to each island. With `inline`, the islands idle now are the
+        controller's to run, one after another, until each parks or is done (the runtime's `run_inline`);
+        the controller goes on only after that."""
         host = self.profile.host
-        index = run.index
-        if not run.remaining:
-            self._at(self.now, lambda: self._done(run))
+        parallel = run.sub.dispatch == "parallel"
+        for b in run.prep.inputs.get(None, ()):               # host values: the client has them
+            run.ready[b] = self.now
+            run.set_exists(b, self.now)
+        self._finish_if_over(run)
+        steps = {i: run.prep.first[i] if parallel else () for i in run.prep.islands}
+        own = [i for i in run.prep.islands if inline and self._idle(i)]
         for island in run.prep.islands:
             self.controller_free = max(self.controller_free, self.now) + host.message_us * 1e-6
+            if island in own:
+                self.inline[island] = (run, None)        # held for the controller: its turn comes
+                continue
             arrive = self.controller_free + host.message_latency_us * 1e-6
-            steps = run.prep.plan.islands[island] if run.sub.dispatch == "parallel" else ()
-            self._at(arrive, lambda i=island, s=steps: self._receive(run, i, s, first=True))
-        if run.sub.dispatch == "parallel":
-            self._next_call(index + 1)
-        else:
-            self._sequential(run, 0, index)
+            self._at(arrive, lambda i=island: self._receive(run, i, steps[i], first=True))
+        then = run.after_dispatch if parallel else (lambda: self._sequential(run, 0))
+        self._at(self.controller_free, lambda: self._run_inline(run, own, steps, then))
+        if parallel and run.prep.plan.host_steps:
+            self._at(self.controller_free, lambda: self._conds(run, 0))
 
-    def _sequential(self, run: _Run, position: int, index: int) -> None:
-        """Sends step `position` of the run's dependency order once the buffers it reads exist."""
+    def _run_inline(self, run: RunState, islands: list[str], steps: dict, then: Callable[[], None]) -> None:
+        """The controller runs the run's work on `islands[0]` itself, then on the rest, then goes on."""
+        if not islands:
+            then()
+            return
+        island = islands[0]
+        self.inline[island] = (run, lambda: self._at(self.controller_free,
+                                                     lambda: self._run_inline(run, islands[1:], steps, then)))
+        self._receive(run, island, steps[island], first=True)
+
+    def _idle(self, island: str) -> bool:
+        """Whether nothing is queued or under way on the island's host thread."""
+        return not self.island_busy.get(island) and island not in self.inline and all(
+            not r.fanout.get(island) and self._available(r, island) is None for r in self.island_runs.get(island, ()))
+
+    def _sequential(self, run: RunState, position: int) -> None:
+        """Sends step `position` of the run's dependency order once the buffers it reads exist (a cond:
+        runs it)."""
         order = run.prep.order
         if position == len(order):
-            self._next_call(index + 1)
+            run.after_dispatch()
             return
         step = order[position]
         needs = () if isinstance(step, Free) else (*step.consumed(), *((step.dst_buffer,) if isinstance(step, Recv) else ()))
         missing = [b for b in needs if b not in run.exists]
         if missing:
-            run.waiters.setdefault(missing[0], []).append(lambda: self._sequential(run, position, index))
+            run.waiters.setdefault(missing[0], []).append(lambda: self._sequential(run, position))
+            return
+        if isinstance(step, Branch):
+            self._cond(run, step, lambda: self._sequential(run, position + 1))
             return
         host = self.profile.host
         known = max([self.now, *((run.exists[b] + host.message_latency_us * 1e-6) for b in needs)])
         if known > self.now:
-            self._at(known, lambda: self._sequential(run, position, index))
+            self._at(known, lambda: self._sequential(run, position))
             return
         start = max(self.now, self.controller_free)
         self.controller_free = start + host.sequential_step_us * 1e-6
@@ -309,33 +244,38 @@ class Simulator:
         island = run.prep.island_of_step[step.id]
         self._at(self.controller_free + host.message_latency_us * 1e-6,
                  lambda: self._receive(run, island, (step,), first=False))
-        self._at(self.controller_free, lambda: self._sequential(run, position + 1, index))
+        self._at(self.controller_free, lambda: self._sequential(run, position + 1))
 
     # -- islands ------------------------------------------------------------
 
-    def _receive(self, run: _Run, island: str, steps, first: bool) -> None:
+    def _receive(self, run: RunState, island: str, steps, first: bool) -> None:
         if first:
-            host = self.profile.host
             inputs = [b for b in run.prep.inputs.get(island, ()) if b not in run.sub.resident]
             for b in run.sub.resident.intersection(run.prep.inputs.get(island, ())):
                 run.ready[b] = self.now
                 run.set_exists(b, self.now)
-            run.fanout[island] = (host.per_host_us * run.prep.hosts[island] + host.input_us * len(inputs)) * 1e-6
-            plan = run.prep.plan
-            for b in inputs:
-                keys = ("pcie", island, plan.buffers[b].slice), *self._cores()
-                start, arrival = self.links.transfer(self.now + run.fanout[island], keys,
-                                                     plan.buffers[b].bytes_per_device, self.profile.pcie)
-                self._span(f"input {b}", "input", island, f"pcie {plan.buffers[b].slice}", start, arrival)
-                run.ready[b] = arrival
-                run.set_exists(b, self.now + run.fanout[island])
+            run.fanout[island] = self.profile.host.per_host_us * run.prep.hosts[island] * 1e-6
+            self._put(run, island, inputs)
             runs = self.island_runs.setdefault(island, [])
             runs.append(run)
             runs.sort(key=lambda r: r.ticket)
         run.delivered[island].extend(steps)
         self._pump(island)
 
-    def _available(self, run: _Run, island: str) -> Step | None:
+    def _put(self, run: RunState, island: str, buffers) -> None:
+        """The island's thread puts `buffers` on their devices (`input_us` each, then over PCIe), once their
+        source value is computed (a value of the host, or of another run on devices)."""
+        plan = run.prep.plan
+        run.fanout[island] = run.fanout.get(island, 0.0) + self.profile.host.input_us * 1e-6 * len(buffers)
+        for b in buffers:
+            keys = ("pcie", island, plan.buffers[b].slice), *self._cores()
+            start, arrival = self.links.transfer(max(self.now + run.fanout[island], run.ready.get(b, 0.0)), keys,
+                                                 plan.buffers[b].bytes_per_device, self.profile.pcie)
+            self._span(f"input {b}", "input", island, f"pcie {plan.buffers[b].slice}", start, arrival)
+            run.ready[b] = arrival
+            run.set_exists(b, self.now + run.fanout[island])
+
+    def _available(self, run: RunState, island: str) -> Step | None:
         position = run.cursor[island]
         if position >= len(run.delivered[island]):
             return None
@@ -345,28 +285,48 @@ class Simulator:
         return step
 
     def _pump(self, island: str) -> None:
-        """Lets the island's host thread take the next step, in ticket order, if it is idle."""
+        """Lets the island's host thread (or the controller, running the island's work inline) take the
+        next piece of work, in ticket order, if it is idle: a run's fan-out and input puts, or a step."""
         if self.island_busy.get(island):
             return
-        for run in self.island_runs.get(island, ()):
-            step = self._available(run, island)
-            if step is None:
+        inline = self.inline.get(island)
+        if inline is not None and inline[1] is None:
+            return                                       # held for the controller, whose turn has not come
+        host = self.profile.host
+        for run in (inline[0],) if inline else self.island_runs.get(island, ()):
+            fanout = run.fanout.pop(island, 0.0)
+            step = None if fanout else self._available(run, island)
+            if inline and not fanout and (step is None or isinstance(step, Recv)):
+                del self.inline[island]                  # parked (a delivery waits for the executor) or done
+                inline[1]()
+                self._pump(island)
+                return
+            if not fanout and step is None:
                 continue
-            host = self.profile.host
-            cost = run.fanout.pop(island, 0.0)
-            cost += 0.0 if isinstance(step, (Free, Recv)) else host.step_us * 1e-6
+            cost = fanout or (host.recv_us * 1e-6 if isinstance(step, Recv) else 0.0 if isinstance(step, Free)
+                              else host.step_us * 1e-6)
             self.island_busy[island] = True
-            run.cursor[island] += 1
+            start = self.now
+            if inline:
+                start = max(self.now, self.controller_free)
+                self.controller_free = start + cost
+            if step is not None:
+                run.cursor[island] += 1
             if cost:
-                self._span(f"prepare step {step.id}", "host", island, "host", self.now, self.now + cost)
+                self._span(f"prepare step {step.id}" if step else f"inputs of @{run.prep.plan.program}", "host",
+                           island, "controller" if inline else "host", start, start + cost)
             self._hold_cores(cost)
-            self._at(self.now + cost, lambda r=run, s=step: self._enqueue(r, island, s))
+            self._at(start + cost, lambda r=run, s=step: self._enqueue(r, island, s))
             return
 
-    def _enqueue(self, run: _Run, island: str, step: Step) -> None:
+    def _enqueue(self, run: RunState, island: str, step: Step | None) -> None:
         self.island_busy[island] = False
+        if step is None:
+            self._pump(island)
+            return
         prep, plan = run.prep, run.prep.plan
-        now = self.now
+        now = blocked = self.now
+        synchronous = self.profile.accelerator.synchronous
         if isinstance(step, Launch):
             ranges = plan.slices[step.slice].ranges
             keys = self._cores() or [(island, p) for p in self._segments(island, ranges)]
@@ -378,6 +338,7 @@ class Simulator:
                 run.ready[b] = end
             self._span(step.label or step.executable, "launch", island, _devices(ranges), start, end)
             run.last_end = max(run.last_end, end)
+            blocked = end if synchronous else now
         elif isinstance(step, (Copy, Send)):
             src, dst = plan.buffers[step.src_buffer].slice, plan.buffers[step.dst_buffer].slice
             link = "ici" if isinstance(step, Copy) else "dcn"
@@ -390,13 +351,20 @@ class Simulator:
             run.last_end = max(run.last_end, arrival)
             if isinstance(step, Copy):
                 run.ready[step.dst_buffer] = arrival
+                blocked = arrival if synchronous else now
             else:
                 recv = prep.recv_of_send[step.id]
                 self._at(arrival, lambda: self._arrive(run, step.peer, recv, arrival))
         if not isinstance(step, Recv):
             for b in step.produced():
-                run.set_exists(b, now)
+                run.set_exists(b, blocked)
         self._finish_step(run, island)
+        if blocked > now:                                # the thread that made the step waits for it
+            self.island_busy[island] = True
+            if island in self.inline:
+                self.controller_free = max(self.controller_free, blocked)
+            self._at(blocked, lambda: self._enqueue(run, island, None))
+            return
         self._pump(island)
 
     def _hold_cores(self, seconds: float) -> None:
@@ -418,80 +386,36 @@ class Simulator:
             self.covers[key] = [p for b, e in ranges for p in points if b <= p < e]
         return self.covers[key]
 
-    def _arrive(self, run: _Run, island: str, recv: Recv, arrival: float) -> None:
+    def _arrive(self, run: RunState, island: str, recv: Recv, arrival: float) -> None:
         run.arrived.add(recv.id)
         run.ready[recv.dst_buffer] = arrival
         run.set_exists(recv.dst_buffer, arrival)
         self._pump(island)
 
-    def _finish_step(self, run: _Run, island: str) -> None:
+    def _finish_step(self, run: RunState, island: str) -> None:
         run.remaining -= 1
-        if run.remaining == 0:
+        self._finish_if_over(run)
+
+    def _finish_if_over(self, run: RunState) -> None:
+        """Ends the run once all its steps are enqueued and its conds' branch runs are over."""
+        if run.remaining == 0 and run.open_conds == 0:
             self._at(max(self.now, run.last_end), lambda: self._done(run))
 
-    def _done(self, run: _Run) -> None:
+    def _done(self, run: RunState) -> None:
         run.record.done = self.now + self.profile.host.message_latency_us * 1e-6
         for island in run.prep.islands:
             self.island_runs[island].remove(run)
         self.ledger.give(run.prep.need)
         self._admit()
-        if self.closed_loop:
+        if run.parent is not None:                       # a branch run: its parent may be over now
+            run.parent.last_end = max(run.parent.last_end, self.now)
+            run.parent.open_conds -= 1
+            self._finish_if_over(run.parent)
+        elif self.closed_loop:
             index = run.index + 1
             if index < len(self.pending):
                 self._at(max(run.record.done, self.pending[index].at), lambda: self._call(index))
 
 
-def _size(plan: ProgramPlan, slice_name: str) -> int:
-    return sum(e - b for b, e in plan.slices[slice_name].ranges)
-
-
 def _devices(ranges) -> str:
     return ", ".join(f"devices {b}-{e - 1}" for b, e in ranges)
-
-
-def _hosts_used(plan: ProgramPlan, island: str, per_host: int) -> int:
-    """Returns how many hosts of `island` hold a device of a slice the plan uses there (O(slices))."""
-    ranges = sorted(r for s in plan.slices.values() if s.island == island for r in s.ranges)
-    hosts, last = 0, -1
-    for begin, end in ranges:
-        first = max(begin // per_host, last + 1)
-        final = (end - 1) // per_host
-        if final >= first:
-            hosts += final - first + 1
-            last = final
-    return hosts
-
-
-def _topological(plan: ProgramPlan) -> list[Step]:
-    """Returns the plan's island steps in dependency order (smallest id first among the ready)."""
-    steps = {s.id: s for ss in plan.islands.values() for s in ss}
-    producer = {b: s.id for s in steps.values() for b in s.produced()}
-    deps = {sid: set(s.after) | {producer[b] for b in s.consumed() if b in producer} - {sid}
-            for sid, s in steps.items()}
-    users: dict[int, list[int]] = {}
-    for sid, before in deps.items():
-        for b in before:
-            users.setdefault(b, []).append(sid)
-    ready = [sid for sid, before in deps.items() if not before]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        sid = heapq.heappop(ready)
-        order.append(steps[sid])
-        for user in users.get(sid, ()):
-            deps[user].discard(sid)
-            if not deps[user]:
-                heapq.heappush(ready, user)
-    return order
-
-
-def _check_describes(plan: ProgramPlan, profile: Profile) -> None:
-    """Raises ProfileError if the plan's topology has devices the profile does not describe.
-
-    Runs are admitted against the profile's device memory, whatever the topology says.
-    """
-    for island in plan.topology.islands:
-        if island.device_kind not in profile.device_kinds:
-            raise ProfileError(f"@{plan.program}: {island.name} has device kind '{island.device_kind}', which "
-                               f"profile {profile.name} does not describe (it describes: "
-                               f"{', '.join(profile.device_kinds)})")

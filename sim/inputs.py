@@ -31,14 +31,10 @@ class Loaded:
     plans: dict[str, ProgramPlan]
 
     def program(self, name: str | None, where: str) -> ProgramPlan:
-        """Returns the plan of program `name`, or the only one."""
-        if name is None:
-            if len(self.plans) != 1:
-                raise InputError(f"{where}: choose a program with --program (programs: {', '.join(sorted(self.plans))})")
-            return next(iter(self.plans.values()))
-        if name not in self.plans:
-            raise InputError(f"{where}: no program named '{name}' (programs: {', '.join(sorted(self.plans))})")
-        return self.plans[name]
+        """Returns the plan of program `name`, or of the only one no `pw.cond` calls as a branch."""
+        from pathways_mlir.cli.pw_run import select_program
+
+        return select_program(self.plans, name, where, InputError)
 
 
 def profile_topology(text: str, profile: Profile) -> Topology:

@@ -32,6 +32,7 @@ class Case:
     plan: ProgramPlan
     inputs: list
     dispatch: str
+    predicates: tuple[bool, ...] = ()   # its conds' predicate values in a run (the program's, per run)
 
 
 def prepare(cases: tuple[tuple[str, Program, str], ...], topology) -> list[Case]:
@@ -42,7 +43,7 @@ def prepare(cases: tuple[tuple[str, Program, str], ...], topology) -> list[Case]
         if id(program) not in built:
             built[id(program)] = plan_of(program, topology)
         plan, inputs = built[id(program)]
-        out.append(Case(name, plan, inputs, dispatch))
+        out.append(Case(name, plan, inputs, dispatch, program.predicates))
     return out
 
 

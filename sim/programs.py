@@ -8,8 +8,9 @@ both the runtime runs and the simulator times (with its executables' flops).
   dispatch chain, lowered without fusion so that each is its own launch);
 - matmul: one sharded matrix product (flops);
 - hop: two computations on two slices, of one island (an ICI copy) or two
-  (a DCN send and recv);
+  (a DCN send and recv), on one input or several at once;
 - three_blocks: the README's example, slices of 2, 2x2 and 2 devices;
+- route: a `pw.cond` between a matrix product and an add (a host step);
 - pipeline: `stages` stages of 2 devices over both islands, `micro`
   microbatches, each stage `tanh(x @ w)`;
 - training_pipeline: a `pw.pipeline` training step (forward, backward) in
@@ -32,6 +33,7 @@ class Program:
     build: Callable[[], tuple[Any, tuple]]
     fuse: bool = True          # False keeps a chain's launches apart (pw-lower fuse=false)
     strategy: str = "auto"     # pw-place strategy; "spread" gives pipeline stages devices of their own
+    predicates: tuple[bool, ...] = ()   # what its conds' predicates are on its example inputs, in order
 
 
 def _rng():
@@ -74,8 +76,9 @@ def matmul(size: int, n: int = 4) -> Program:
     return Program(f"matmul{size}_n{n}", build)
 
 
-def hop(shape: tuple[int, int], cross_island: bool) -> Program:
-    """Returns `tanh` on one slice of 2 devices, then `-x` on another (island1 if `cross_island`)."""
+def hop(shape: tuple[int, int], cross_island: bool, count: int = 1) -> Program:
+    """Returns `tanh` on one slice of 2 devices, then `-x` on another (island1 if `cross_island`), on each
+    of `count` independent inputs (several hops in flight at once)."""
     def build():
         import jax.numpy as jnp
         import pathways_mlir as pw
@@ -89,10 +92,11 @@ def hop(shape: tuple[int, int], cross_island: bool) -> Program:
         second = pw.jit(lambda x: -x, slice=b, in_specs=spec_b, out_specs=spec_b)
 
         @pw.program
-        def run(x):
-            return second(first(x))
-        return run, (_rng().normal(size=shape).astype(np.float32),)
-    return Program(f"{'dcn' if cross_island else 'ici'}_hop_{shape[0]}x{shape[1]}", build)
+        def run(*xs):
+            outs = tuple(second(first(x)) for x in xs)
+            return outs if count > 1 else outs[0]
+        return run, tuple(_rng().normal(size=shape).astype(np.float32) for _ in range(count))
+    return Program(f"{'dcn' if cross_island else 'ici'}_hop{count}_{shape[0]}x{shape[1]}", build)
 
 
 def three_blocks() -> Program:
@@ -107,6 +111,27 @@ def three_blocks() -> Program:
         spec.loader.exec_module(module)
         return module.three_blocks, (_rng().normal(size=(8, 16)).astype(np.float32),)
     return Program("three_blocks", build)
+
+
+def route(width: int = 256) -> Program:
+    """Returns `x + 1` after a `pw.cond` on `sum(x) > 0` (true for the example input) between a matrix
+    product on 4 devices and `x + 1` on the predicate's 2."""
+    def build():
+        import jax.numpy as jnp
+        import pathways_mlir as pw
+        from jax.sharding import PartitionSpec as P
+
+        small = pw.virtual_slice(2, axes="data", name="route_small", island="island0")
+        large = pw.virtual_slice(4, axes="data", name="route_large", island="island0")
+        positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=small, in_specs=P("data"), out_specs=P())
+        heavy = pw.jit(lambda x: jnp.tanh(x @ x), slice=large, in_specs=P("data"), out_specs=P("data"))
+        light = pw.jit(lambda x: x + 1.0, slice=small, in_specs=P("data"), out_specs=P("data"))
+
+        @pw.program
+        def run(x):
+            return light(pw.cond(positive(x), heavy, light, x))
+        return run, (np.abs(_rng().normal(size=(width, width))).astype(np.float32) / width,)
+    return Program(f"route{width}", build, predicates=(True,))
 
 
 def forward_pipeline(stages: int, per_stage: int, islands: int, layer: Callable):
@@ -189,6 +214,7 @@ CALIBRATION = (
     ("chain8_parallel", chain(8, 2, (8, 16)), "parallel"),
     ("chain8_sequential", chain(8, 2, (8, 16)), "sequential"),
     ("chain4_n4_parallel", chain(4, 4, (64, 64)), "parallel"),
+    ("chain8_n4_parallel", chain(8, 4, (8, 16)), "parallel"),
     ("chain2_big", chain(2, 4, (1024, 1024)), "parallel"),
     ("matmul128", matmul(128), "parallel"),
     ("matmul384", matmul(384), "parallel"),
@@ -197,6 +223,9 @@ CALIBRATION = (
     ("matmul384_sequential", matmul(384), "sequential"),
     ("dcn_hop", hop((8, 16), cross_island=True), "parallel"),
     ("dcn_hop_sequential", hop((8, 16), cross_island=True), "sequential"),
+    ("dcn_hops4", hop((8, 16), cross_island=True, count=4), "parallel"),
+    ("ici_hops4", hop((8, 16), cross_island=False, count=4), "parallel"),
+    ("route16_parallel", route(16), "parallel"),
 )
 VALIDATION = (
     ("chain16_parallel", chain(16, 4, (16, 32)), "parallel"),
@@ -206,4 +235,6 @@ VALIDATION = (
     ("pipeline4x4_parallel", pipeline(4, 4, 64), "parallel"),
     ("pipeline4x4_sequential", pipeline(4, 4, 64), "sequential"),
     ("matmul256_parallel", matmul(256), "parallel"),
+    ("route_parallel", route(), "parallel"),
+    ("route_sequential", route(), "sequential"),
 )

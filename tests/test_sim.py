@@ -274,3 +274,97 @@ def test_gradients_exchanged_over_dcn_hide_behind_the_backward_pass():
     exchange = profile.dcn.serialise_seconds(1e9 / 8)        # one replica's gradients over one device's DCN
     # Of the 4 chunks' exchange, the last is left after the backward pass (and the latencies).
     assert 0.25 * exchange < times[2] - times[1] < 0.5 * exchange
+
+
+def test_inline_runs_an_idle_islands_work_on_the_controller_which_then_waits():
+    plan = plan_of(chain_ir(4), simple_profile())
+    steps = sum(1 for s in plan.islands["island0"] if s.kind in ("launch", "copy", "send"))
+    runs = [Submission(plan)] * 5
+    for inline in (0, 1):
+        profile = simple_profile(run_us=100.0, step_us=30.0, inline=inline)
+        makespan = Simulator(profile).simulate(runs).makespan()
+        if inline:   # each call waits for the controller to run the last one's steps itself
+            assert makespan == pytest.approx((5 * (100 + steps * 30) + 10) * US)
+        else:        # the island's thread runs them while the controller makes the next call
+            assert makespan == pytest.approx((100 + 5 * steps * 30 + 10) * US)
+
+
+def test_a_synchronous_launch_holds_the_thread_that_makes_it():
+    profile = simple_profile(step_us=2.0)
+    profile = dataclasses.replace(profile, accelerator=dataclasses.replace(profile.accelerator, synchronous=1))
+    plan = plan_of(chain_ir(6), profile)
+    # Against (2 + 6 * 10) us when the host prepares ahead of the devices (the first test).
+    assert Simulator(profile).simulate([Submission(plan)], closed_loop=True).latency() == pytest.approx(6 * 12 * US)
+
+
+def test_a_delivery_costs_the_receiving_island_recv_us():
+    plan = plan_of(chain_ir(4, island_b="island1"), simple_profile())
+    times = [Simulator(simple_profile(recv_us=r)).simulate([Submission(plan)], closed_loop=True).latency()
+             for r in (0.0, 50.0)]
+    assert times[1] - times[0] == pytest.approx(50 * US)
+
+
+def test_a_launch_pays_its_fixed_cost_once_and_its_device_cost_per_device():
+    accel = dataclasses.replace(load_profile("tpu-v4").accelerator, launch_us=10.0, launch_device_us=20.0,
+                                shared_cores=2)
+    assert accel.launch_seconds(0.0, 0.0, 2) == pytest.approx(30 * US)
+    assert accel.launch_seconds(0.0, 0.0, 4) == pytest.approx(50 * US)    # 4 devices' 20 us on 2 cores
+
+
+@pytest.fixture(scope="module")
+def route_plan():
+    from pathways_mlir.runtime.cluster import embedded_topology
+    from pathways_mlir.sim import programs
+
+    plan, _ = programs.plan_of(programs.route(), embedded_topology(2, 4))
+    return plan
+
+
+def _launched(result) -> set[str]:
+    return {s.name for s in result.spans if s.kind == "launch"}
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_cond_takes_the_branch_its_probability_or_trace_says(route_plan, dispatch):
+    from pathways_mlir.sim.branches import BranchOutcomes
+
+    (cond,) = route_plan.host_steps
+    branch_launches = {b.program: {s.label or s.executable for ss in b.islands.values() for s in ss
+                                   if s.kind == "launch"} for b in (cond.then_plan, cond.else_plan)}
+    profile = load_profile("cpu-here")
+    runs = [Submission(route_plan, dispatch)] * 4
+
+    def simulate(outcomes):
+        return Simulator(profile, record_spans=True, branches=outcomes).simulate(runs, closed_loop=True)
+
+    always, never = simulate(BranchOutcomes(probability=1.0)), simulate(BranchOutcomes(probability=0.0))
+    # p = 1 and p = 0 run exactly the plan with only that branch: its launches, and the same times as a trace
+    # that says so.
+    assert branch_launches[cond.then_plan.program] <= _launched(always)
+    assert not branch_launches[cond.else_plan.program] & _launched(always) - branch_launches[cond.then_plan.program]
+    assert branch_launches[cond.else_plan.program] <= _launched(never)
+    for outcomes, result in ((BranchOutcomes(trace=(True,) * 4), always), (BranchOutcomes(trace=(False,) * 4), never)):
+        assert [r.done for r in simulate(outcomes).runs] == [r.done for r in result.runs]
+    # The then branch (a 256 matrix product on 4 devices) costs more than the else branch (an add).
+    assert always.latency() > never.latency()
+    mixed = simulate(BranchOutcomes(trace=(True, False, False, True)))
+    took = [r.done - r.submitted for r in mixed.runs]
+    assert took[0] == pytest.approx(always.latency()) and took[1] == pytest.approx(never.latency())
+
+
+def test_a_cond_without_outcomes_or_with_too_short_a_trace_is_one_error(route_plan, tmp_path, capsys):
+    from pathways_mlir.sim.branches import BranchOutcomes
+
+    profile = load_profile("cpu-here")
+    with pytest.raises(SimError, match="branch probability"):
+        Simulator(profile).simulate([Submission(route_plan)])
+    with pytest.raises(SimError, match="has 1 values"):
+        Simulator(profile, branches=BranchOutcomes(trace=(True,))).simulate([Submission(route_plan)] * 2)
+    with pytest.raises(SimError, match="not between 0 and 1"):
+        BranchOutcomes(probability=1.5)
+    bad = tmp_path / "trace.json"
+    bad.write_text('{"not": "a list"}')
+    plan_json = tmp_path / "route.json"
+    plan_json.write_text(route_plan.to_json())
+    assert pw_sim(["run", str(plan_json), "--profile", "cpu-here", "--branch-trace", str(bad)]) != 0
+    assert "a trace of predicate values is a non-empty JSON list" in capsys.readouterr().err
