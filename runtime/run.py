@@ -37,7 +37,8 @@ class Run:
         self.released: set[int] = set()   # results released before the run was over
         self.host: dict[int, Any] = {}    # host buffers' values (futures)
         self.parent = parent              # the run whose host cond started this branch run, if any
-        self.deadline: float | None = None   # when its `timeout=` ends (monotonic seconds), if it has one
+        # When its `timeout=` ends (monotonic seconds), if it has one; a branch run has its parent's.
+        self.deadline: float | None = None if parent is None else parent.deadline
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""
