@@ -78,6 +78,7 @@ def layers(params, x):
 
 
 def mse(y, target):
+    """The mean squared error."""
     return jnp.mean((y - target) ** 2)
 
 
@@ -93,6 +94,7 @@ def update(params, *grads):
 
 
 def init_params(seed: int, count: int):
+    """`count` (weight, bias) layers drawn from `seed`."""
     rng = np.random.default_rng(seed)
     return [(rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32), np.zeros(WIDTH, np.float32))
             for _ in range(count)]
@@ -111,14 +113,17 @@ class Accumulate:
                         for _ in range(MICRO_BATCHES)]
 
     def initial(self):
+        """The parameters before the first step."""
         return init_params(0, LAYERS)
 
     def step(self, state, client):
+        """Starts one training step (4 micro-batch runs, one update run); returns the new parameters."""
         grads = [self.grads.run(state, x, t, client=client) for x, t in self.batches]
         return self.update.run(state, *grads, client=client)
 
     @staticmethod
     def ready(state):
+        """Waits until `state` is computed."""
         jax.block_until_ready(jax.tree.leaves(state)[-1])
 
 
@@ -137,19 +142,23 @@ class Pipeline:
                       rng.normal(size=(rows, WIDTH)).astype(np.float32) * 0.1)
 
     def initial(self):
+        """The stages' parameters and optimizer states before the first step."""
         params = [init_params(0, LAYERS // 2), init_params(1, LAYERS // 2)]
         return params, [self.tx.init(p) for p in params]
 
     def step(self, state, client):
+        """Starts one pipelined training step (one run); returns the new parameters and optimizer states."""
         params, opt, _ = self.program.run(*state, *self.batch, client=client)
         return params, opt
 
     @staticmethod
     def ready(state):
+        """Waits until `state` is computed."""
         jax.block_until_ready(jax.tree.leaves(state)[-1])
 
 
 def inference_program():
+    """The inference request: `layers` on a few rows, split over the same 4 devices."""
     s = pw.virtual_slice(DEVICES, axes="data")
     return pw.jit(layers, slice=s, in_specs=(None, P("data")), out_specs=P("data"))
 
@@ -227,6 +236,7 @@ def session(runtime: Runtime, trainer, infer, weights, seconds: float, seed: int
 
 
 def percentile(values, q: float) -> float:
+    """The `q`-th percentile of `values`."""
     return float(np.percentile(np.asarray(values), q))
 
 

@@ -80,7 +80,7 @@ from .run import Run
 from .status import shortfall
 
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
-OVERTAKES = 64        # how many runs may overtake a run waiting for memory before it holds a reservation
+OVERTAKES = 64        # how many runs may overtake a queued run before it holds a reservation (goes next)
 _POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
 _MEASURED_WEIGHT = 0.25   # the weight of a run's measured device time in its plan's moving average
 _WAIT_SLICE = 0.02    # seconds the admission thread waits on one run before looking at the others
@@ -216,9 +216,8 @@ class GangScheduler:
 
     def record_device_seconds(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
         """Folds one run's measured device time into its plan's moving average (what `share` charges and `sjf`
-        orders by), and
-        its ratio to the plan's `estimate` into the factor that scales the estimates of plans not measured
-        yet (so that estimated and measured runs are charged on one scale)."""
+        orders by), and its ratio to the plan's `estimate` into the factor that scales the estimates of plans
+        not measured yet (so that estimated and measured runs are charged on one scale)."""
         with self._lock:
             before = self._measured.get(plan_key)
             self._measured[plan_key] = seconds if before is None else \
