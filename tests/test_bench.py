@@ -217,7 +217,7 @@ def test_pw_bench_all_quick_runs_green(tmp_path):
     from pathways_mlir.benchmarks import BENCHMARKS, load
 
     result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_bench", "all", "--quick",
-                             "--json-dir", str(tmp_path)], capture_output=True, text=True, timeout=1200)
+                             "--json-dir", str(tmp_path)], capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     for name in BENCHMARKS:
         record = json.loads((tmp_path / f"{name}.json").read_text())
