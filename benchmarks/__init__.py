@@ -17,6 +17,7 @@ BENCHMARKS = {
     "crossover": "crossover",
     "parallel-dispatch": "parallel_dispatch",
     "multi-tenancy": "multi_tenancy",
+    "mixed-serving": "mixed_serving",
     "pipeline": "pipeline",
     "three-blocks": "three_blocks",
     "pipeline-schedules": "pipeline_schedules",

@@ -44,6 +44,7 @@ import click
 from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
 
 from pathways_mlir.runtime.limits import Limits
+from pathways_mlir.runtime.policies import POLICIES
 
 from .entry import run_command
 
@@ -81,8 +82,8 @@ class ServeError(Exception):
 @click.option("--per-island", type=click.IntRange(min=1), default=None, help="CPU devices per island.")
 @click.option("--device-memory-bytes", type=click.IntRange(min=1), default=None,
               help="Each device's memory for admission (default: the device's).")
-@click.option("--policy", type=click.Choice(["fifo", "share"]), default="fifo", show_default=True,
-              help="The gang scheduler's policy.")
+@click.option("--policy", type=click.Choice(POLICIES), default="fifo", show_default=True,
+              help="The gang scheduler's policy (a run's timeout= is its deadline under 'deadline').")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
               help="Also serve on TCP 127.0.0.1:PORT (0: any free port). [default: the Unix socket only]")
 @click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=Limits.idle_timeout,

@@ -22,6 +22,7 @@ from .cluster import DeviceMap, embedded_device_map, embedded_topology, requeste
 from .dispatch import LoadedPlan
 from .island import Island, IslandLost, Islands, RunCancelled, client_owner, raised
 from .plan_check import check_plan
+from .policies import check_policy
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
@@ -47,8 +48,10 @@ class Runtime:
     `compiled_graph` (Ray) sends each run's start messages through a Ray
     Compiled Graph (the default) rather than as one actor call per island.
     `device_memory_bytes` overrides each device's memory for admission.
-    `policy` ("fifo" or "share") and `window` (share: how many admitted runs
-    may be on the devices) are the gang scheduler's (`scheduler.py`).
+    `policy` ("fifo", "share", "sjf" or "deadline") and `window` (how many
+    admitted runs may be on the devices under a policy other than fifo;
+    default 4 for share, 2 for sjf and deadline) are the gang scheduler's
+    (`scheduler.py`, `policies.py`).
     `islands` x `per_island` CPU devices (both, or neither: `PW_CLUSTER`,
     default 2x4) is the cluster's shape; `device_map` (embedded) gives the
     devices instead. `emulate_dcn` makes transfers between islands take the
@@ -59,12 +62,13 @@ class Runtime:
     back when a node offering its resource joins (see `lose_island`).
     """
 
-    def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int = 4,
+    def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int | None = None,
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
                  islands: int | None = None, per_island: int | None = None, address: str | None = None,
                  compiled_graph: bool = True, wedge_timeout: float | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
+        check_policy(policy, window)
         if (address is not None or not compiled_graph) and backend != "ray":
             raise ValueError("address= and compiled_graph= are options of the Ray backend: they need backend='ray'")
         check_shape(islands, per_island)
@@ -154,8 +158,9 @@ class Runtime:
 
     def set_deadline(self, run: Run, timeout: float) -> None:
         """Cancels `run` if it is not over within `timeout` seconds (its handles then raise `RunCancelled`)."""
+        run.deadline = time.monotonic() + timeout       # what the `deadline` policy orders by
         with self._lock:
-            heapq.heappush(self._deadlines, (time.monotonic() + timeout, run.id, run))
+            heapq.heappush(self._deadlines, (run.deadline, run.id, run))
 
     def _watch(self) -> None:
         """The watchdog: cancels runs past their deadline and declares islands wedged (`wedge_timeout`)."""
@@ -334,7 +339,8 @@ def check_shape(islands, per_island) -> None:
 
 def configure(**options) -> None:
     """Sets the options of the default runtime (see `Runtime` for each); replaces one already made. An
-    unknown option or an impossible cluster shape is one ValueError line, raised here."""
+    unknown option or policy, a bad window or an impossible cluster shape is one ValueError line, raised
+    here."""
     import inspect
 
     known = set(inspect.signature(Runtime).parameters) - {"device_map"}
@@ -342,6 +348,7 @@ def configure(**options) -> None:
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} of pw.configure (options: {', '.join(sorted(known))})")
     check_shape(options.get("islands"), options.get("per_island"))
+    check_policy(options.get("policy", "fifo"), options.get("window"))
     global _default, _default_options
     with _default_lock:
         if _default is not None:

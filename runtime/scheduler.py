@@ -21,27 +21,45 @@ Admission never holds others back and cannot deadlock:
 - Each client's runs are admitted in its order, but a run waiting for
   memory never blocks another client's run that fits: the scheduler looks
   at every client's oldest queued run, in the policy's order, and admits
-  each that fits. A run that has been overtaken `OVERTAKES` times holds a
-  reservation: from then on only runs that fit beside it are admitted, so
-  it waits at most until enough of the runs in flight are over.
+  each that fits.
+
+No policy starves a run. Every run admitted while an older run of another
+client waits at the head of its queue overtakes it; a run overtaken
+`OVERTAKES` times holds a reservation: it is looked at first, before the
+policy's order, and meanwhile only runs that fit beside it in memory are
+admitted. So once at the head of its client's queue, a run waits for at
+most `OVERTAKES` runs admitted after it, then for the runs in flight (a
+place in the window, the memory it needs).
 
 The rest of a run already admitted (the steps after a host `cond`, or the
 steps of a sequential dispatch) is delivered at once with a new ticket: it
 needs no more memory.
 
-Policies (the order in which clients' oldest queued runs are looked at):
+Policies (`policies.py`; the order in which clients' oldest queued runs are
+looked at). Every policy but `fifo` admits at most `window` runs onto the
+devices at a time: what the policy orders is the runs queued beyond it, and
+the order it picks is fixed at admission, by the tickets.
 
-- `fifo`: arrival order. The submitting thread admits a run itself when
-  its client has nothing queued and it fits.
-- `share`: proportional share of device time across clients by weight.
-  While fewer than `window` admitted runs are on the devices, the run with
-  the smallest virtual start time goes first (start-time fair queueing:
-  each client's virtual time advances by the run's device time over its
-  weight). A run's device time is its plan's estimate (`pw.cost` at the
-  device rates, `dialect/device_time.py`, scaled by how other plans'
-  measured runs compared with their estimates) until runs of the plan have
-  finished; from then on the mean of their measured device time (a moving
-  average of the islands' reports).
+- `fifo`: arrival order, no window. The submitting thread admits a run
+  itself when its client has nothing queued and it fits (under the other
+  policies, when nothing at all is queued and the window has a place).
+- `share`: proportional share of device time across clients by weight: the
+  run with the smallest virtual start time goes first (start-time fair
+  queueing: each client's virtual time advances by the run's device time
+  over its weight).
+- `sjf`: shortest job first, the run of least device time first (ties:
+  arrival order). A short request waits for the runs in the window, not
+  for the long runs queued before it.
+- `deadline`: earliest deadline first, a run's deadline being when its
+  `timeout=` ends (`Runtime.set_deadline`); runs without one go after the
+  runs with one, in arrival order.
+
+A run's device time (`device_seconds`, what `share` charges and `sjf`
+orders by) is its plan's estimate (`pw.cost` at the device rates,
+`dialect/device_time.py`, scaled by how other plans' measured runs compared
+with their estimates) until runs of the plan have finished; from then on the
+mean of their measured device time (a moving average of the islands'
+reports).
 
 `hold()` stops admissions (new work queues up) until `release()`; `cancel`
 takes a queued run out or fails an admitted one on every island.
@@ -51,17 +69,18 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import threading
 from typing import Any, Callable
 
 from .admission import MemoryLedger, OutOfDeviceMemory, result_need
 from .island import IslandWork, RunFailed, raised
+from .policies import WINDOWS, check_policy
 from .run import Run
 from .status import shortfall
 
-POLICIES = ("fifo", "share")
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
-OVERTAKES = 64        # how many runs may overtake a run waiting for memory before it holds a reservation
+OVERTAKES = 64        # how many runs may overtake a queued run before it holds a reservation (goes next)
 _POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
 _MEASURED_WEIGHT = 0.25   # the weight of a run's measured device time in its plan's moving average
 _WAIT_SLICE = 0.02    # seconds the admission thread waits on one run before looking at the others
@@ -79,13 +98,14 @@ class _Queued:
 class GangScheduler:
     """Admits runs from all clients and delivers their work to islands, in ticket order."""
 
-    def __init__(self, islands: dict[str, Any], ledger: MemoryLedger, policy: str = "fifo", window: int = 4):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown scheduling policy '{policy}' (choose from {', '.join(POLICIES)})")
+    def __init__(self, islands: dict[str, Any], ledger: MemoryLedger, policy: str = "fifo",
+                 window: int | None = None):
+        check_policy(policy, window)
         self.islands = islands
         self.ledger = ledger
         self.policy = policy
-        self.window = window
+        self.window = WINDOWS[policy] if window is None else window   # (fifo has none)
+        self._windowed = policy != "fifo"
         self._tickets = itertools.count()
         self._arrivals = itertools.count()
         self._lock = threading.RLock()
@@ -133,16 +153,20 @@ class GangScheduler:
 
     def _admit_now(self, run: Run, works: Works) -> list | None:
         """Admits a run that fits if nothing of its client is queued (returns the work to run inline), or
-        returns None: it queues. Raises `OutOfDeviceMemory` if only handles hold what it lacks."""
+        returns None: it queues. Under a policy with a window, only while nothing at all is queued (the
+        policy orders whatever waits) and the window has a place. Raises `OutOfDeviceMemory` if only handles
+        hold what it lacks."""
         self._submits += 1
         if self._queues.get(run.client_id) or self._held or \
-                (self.policy == "share" and len(self._in_flight) >= self.window):
+                (self._windowed and (self._queued or len(self._in_flight) >= self.window)):
             return None
         if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
             self._poll(_POLL_AFTER)
         if self._reserved is not None and not self.ledger.fits_beside(run.need, self._reserved.run.need):
             return None
         if self._fits(run) or (self._poll(len(self._in_flight)) and self._fits(run)):
+            if self._queued:
+                self._overtake(math.inf)         # it arrived after every queued run
             return self._admit(run, works, inline=True)
         held = self._held_by_handles(run)
         if held is not None:
@@ -193,9 +217,9 @@ class GangScheduler:
                 self._unblocked.notify_all()
 
     def record_device_seconds(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
-        """Folds one run's measured device time into its plan's moving average (what `share` charges), and
-        its ratio to the plan's `estimate` into the factor that scales the estimates of plans not measured
-        yet (so that estimated and measured runs are charged on one scale)."""
+        """Folds one run's measured device time into its plan's moving average (what `share` charges and `sjf`
+        orders by), and its ratio to the plan's `estimate` into the factor that scales the estimates of plans
+        not measured yet (so that estimated and measured runs are charged on one scale)."""
         with self._lock:
             before = self._measured.get(plan_key)
             self._measured[plan_key] = seconds if before is None else \
@@ -206,8 +230,8 @@ class GangScheduler:
                     self._calibration + _MEASURED_WEIGHT * (ratio - self._calibration)
 
     def device_seconds(self, run: Run) -> float:
-        """Returns the device time `share` charges a run of this plan: measured if known, else estimated
-        (scaled by how measured runs compared with their estimates)."""
+        """Returns the device time of a run of this plan, as `share` charges it and `sjf` orders by: measured
+        if known, else estimated (scaled by how measured runs compared with their estimates)."""
         measured = self._measured.get(run.key)
         if measured is not None:
             return measured
@@ -231,8 +255,8 @@ class GangScheduler:
                         why = f"run {queue[0].run.id} of its client (a client's runs are admitted in order)"
                     elif self._held:
                         why = "admission, which is held"
-                    elif self.policy == "share" and len(self._in_flight) >= self.window:
-                        why = f"a place in the share window ({self.window} runs on the devices)"
+                    elif self._windowed and len(self._in_flight) >= self.window:
+                        why = f"a place in the {self.policy} window ({self.window} runs on the devices)"
                     elif self._reserved is not None and item is not self._reserved and \
                             not self.ledger.fits_beside(run.need, self._reserved.run.need):
                         why = f"run {self._reserved.run.id}, which holds a reservation (it was overtaken " \
@@ -301,19 +325,32 @@ class GangScheduler:
     # -- admission -------------------------------------------------------------
 
     def _heads(self) -> list[_Queued]:
-        """Returns every client's oldest queued run, in the order the policy looks at them."""
+        """Returns every client's oldest queued run, in the order the policy looks at them (a run holding the
+        reservation first)."""
         heads = [q[0] for q in self._queues.values() if q]
-        if self.policy == "fifo" or len(heads) < 2:
-            return sorted(heads, key=lambda item: item.arrival)
-        floor = min(self._virtual.get(item.run.client_id, 0.0) for item in heads)
-        return sorted(heads, key=lambda item: (max(self._virtual.get(item.run.client_id, 0.0), floor),
-                                               item.run.client_id))
+        if len(heads) < 2:
+            return heads
+        if self.policy == "share":
+            floor = min(self._virtual.get(item.run.client_id, 0.0) for item in heads)
+            heads.sort(key=lambda item: (max(self._virtual.get(item.run.client_id, 0.0), floor),
+                                         item.run.client_id))
+        elif self.policy == "sjf":
+            heads.sort(key=lambda item: (self.device_seconds(item.run), item.arrival))
+        elif self.policy == "deadline":
+            heads.sort(key=lambda item: (math.inf if item.run.deadline is None else item.run.deadline,
+                                         item.arrival))
+        else:
+            heads.sort(key=lambda item: item.arrival)
+        if self._reserved is not None and self._reserved in heads:
+            heads.remove(self._reserved)
+            heads.insert(0, self._reserved)
+        return heads
 
     def _pump(self) -> None:
         """Admits queued runs that fit, in the policy's order; fails those that never will. Under the lock."""
         polled = False
         while self._queued and not self._held and not self._closed:
-            if self.policy == "share" and len(self._in_flight) >= self.window:
+            if self._windowed and len(self._in_flight) >= self.window:
                 if polled or not self._poll(len(self._in_flight)):
                     self._block()
                     return
@@ -354,8 +391,13 @@ class GangScheduler:
         if self._reserved is item:
             self._reserved = None
             return
+        self._overtake(item.arrival)
+
+    def _overtake(self, arrival: float) -> None:
+        """A run that arrived at `arrival` is admitted: every client's oldest queued run that arrived before
+        it was overtaken once more, and the first to reach `OVERTAKES` holds the reservation."""
         for queue in self._queues.values():
-            if queue and queue[0].arrival < item.arrival:
+            if queue and queue[0].arrival < arrival:
                 queue[0].overtaken += 1
                 if queue[0].overtaken >= OVERTAKES and self._reserved is None:
                     self._reserved = queue[0]

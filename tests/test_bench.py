@@ -22,6 +22,8 @@ HEADLINES = {
                           "parallel_k16_over_k1_1ms"),
     "multi-tenancy": ("aggregate_4clients_over_1", "aggregate_4clients_over_1_worst", "share_error_1111",
                       "share_error_1248", "other_island_latency_under_load"),
+    "mixed-serving": ("sjf_p99_over_fifo_p99", "sjf_training_over_fifo", "deadline_p99_over_fifo_p99",
+                      "deadline_training_over_fifo"),
     "pipeline": ("pipeline4_over_jax_pipeline4", "spmd_over_jax_spmd", "pipeline4_over_jax_spmd",
                  "pipeline8_over_pipeline4", "two_islands_over_one"),
     "three-blocks": ("three_blocks_over_jax",),
@@ -215,7 +217,7 @@ def test_pw_bench_all_quick_runs_green(tmp_path):
     from pathways_mlir.benchmarks import BENCHMARKS, load
 
     result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_bench", "all", "--quick",
-                             "--json-dir", str(tmp_path)], capture_output=True, text=True, timeout=1200)
+                             "--json-dir", str(tmp_path)], capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     for name in BENCHMARKS:
         record = json.loads((tmp_path / f"{name}.json").read_text())

@@ -1,0 +1,176 @@
+"""Scheduling policies that use estimated time: `sjf` and `deadline` beside `fifo` and `share`.
+
+Real runs on JAX CPU devices (2 islands of 4), orders read from what the scheduler delivered and what the
+islands executed: shortest measured device time first, earliest deadline first, one order on every island,
+and a run that a stream of shorter (or earlier-deadline) runs would starve admitted after exactly
+`OVERTAKES` of them. Through `pw-serve`, the policy is a service option. Every wait has a timeout; every
+runtime and process made here is stopped.
+"""
+
+import subprocess
+import time
+
+import jax
+import numpy as np
+import pytest
+from test_admission_and_lifetimes import X, cross_island, tanh2
+from test_islands_on_their_own import V, small_plan, spin_plan
+from test_service import SERVE, TIMEOUT, procs, serve  # noqa: F401  (procs is a fixture)
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.policies import POLICIES
+from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.runtime.scheduler import OVERTAKES
+from pathways_mlir.runtime.service import open_connection
+
+LONG_TRIPS = 200_000       # the long plan's measured runs: many times the small plan's device time
+
+
+@pytest.fixture(scope="module")
+def device_map():
+    return embedded_device_map(2, 4)
+
+
+def measured(rt, client, plan, args, times=3):
+    """Runs `plan` until runs of it have been measured (a run retired before its island's tracker reported its
+    device time is not), so that the scheduler knows its device time; returns it."""
+    key = rt.load(plan).key
+    for attempt in range(200):
+        client.wait(client.start(plan, args), timeout=120)
+        time.sleep(0.01)                              # the island's tracker reports the run's device time
+        rt.usage()                                    # retires the run: its device time is recorded
+        if attempt + 1 >= times and key in rt.scheduler._measured:
+            return rt.scheduler._measured[key]
+    raise AssertionError(f"no run of {plan.program} was measured in 200 runs")
+
+
+def delivered_clients(rt, count):
+    """The clients of the latest `count` runs delivered, in ticket order."""
+    return [client for _, client in list(rt.scheduler.delivered)[-count:]]
+
+
+def test_sjf_admits_the_shortest_measured_runs_first_in_one_order_on_every_island(device_map, plan_builder):
+    rt = Runtime(device_map, policy="sjf", window=10_000)      # every queued run admitted at release, in one pass
+    try:
+        topology = device_map.topology
+        long_plan, small, (across, expected) = (spin_plan(plan_builder, topology), small_plan(plan_builder, topology),
+                                                cross_island(plan_builder, topology))
+        with Client(rt) as slow, Client(rt) as fast, Client(rt) as middle:
+            long_s = measured(rt, slow, long_plan, [V, np.int32(LONG_TRIPS)])
+            short_s = measured(rt, fast, small, [X])
+            across_s = measured(rt, middle, across, [X])
+            assert short_s < long_s and across_s < long_s
+            rt.scheduler.hold()
+            runs = []
+            for _ in range(6):                       # interleaved arrivals, the long plan's first
+                runs += [slow.start(long_plan, [V, np.int32(1)]), middle.start(across, [X]), fast.start(small, [X])]
+            rt.scheduler.release()
+            for run in runs:
+                rt.wait(run, timeout=120)
+            by_length = sorted([(short_s, fast.id), (across_s, middle.id), (long_s, slow.id)])
+            assert delivered_clients(rt, len(runs)) == [c for _, c in by_length for _ in range(6)]
+            # One order on every island: both run the cross-island runs in the same (ticket) order.
+            ids = {run.id for run in runs if run.client_id == middle.id}
+            executed = {name: [(ticket, run) for ticket, run, _ in island.executed if run in ids]
+                        for name, island in rt.islands.items()}
+            assert executed["island0"] == executed["island1"] == sorted(executed["island0"])
+            assert len(executed["island0"]) == 6
+            np.testing.assert_allclose(np.asarray(middle.handles(runs[1])[0].result(timeout=60)), expected, rtol=1e-6)
+    finally:
+        rt.close()
+
+
+def reference_edf(queued: dict[int, list[tuple[float | None, int]]]) -> list[int]:
+    """Earliest deadline first over clients' queues of (deadline, arrival), written plainly: the client whose
+    oldest queued run has the earliest deadline goes next; runs without one go after, in arrival order."""
+    queues = {c: list(runs) for c, runs in queued.items()}
+    order = []
+    while any(queues.values()):
+        client = min((c for c in queues if queues[c]),
+                     key=lambda c: (float("inf") if queues[c][0][0] is None else queues[c][0][0], queues[c][0][1]))
+        order.append(client)
+        queues[client].pop(0)
+    return order
+
+
+def test_deadline_admits_the_earliest_deadline_first(device_map, plan_builder):
+    rt = Runtime(device_map, policy="deadline", window=10_000)
+    try:
+        plan = small_plan(plan_builder, device_map.topology)
+        clients = [Client(rt) for _ in range(4)]
+        timeouts = {clients[0].id: [300.0, 900.0, 100.0], clients[1].id: [200.0, 250.0, 1000.0],
+                    clients[2].id: [None, None, None], clients[3].id: [150.0, None, 120.0]}
+        clients[0].run(plan, [X])[0].result(timeout=60)
+        rt.scheduler.hold()
+        runs, queued = [], {}
+        for i in range(3):                            # the timeouts are long: no run is cancelled
+            for client in clients:
+                run = client.start(plan, [X], timeout=timeouts[client.id][i])
+                queued.setdefault(client.id, []).append((run.deadline, len(runs)))
+                runs.append(run)
+        rt.scheduler.release()
+        for run in runs:
+            rt.wait(run, timeout=120)
+        assert delivered_clients(rt, len(runs)) == reference_edf(queued)
+        for client in clients:
+            client.close()
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("policy", ["sjf", "deadline"])
+def test_a_run_that_shorter_runs_would_starve_waits_for_at_most_overtakes_of_them(device_map, plan_builder,
+                                                                                   policy):
+    rt = Runtime(device_map, policy=policy, window=1)         # one run on the devices at a time
+    try:
+        topology = device_map.topology
+        long_plan, small = spin_plan(plan_builder, topology), small_plan(plan_builder, topology, "island1")
+        with Client(rt) as patient, Client(rt) as stream:
+            assert measured(rt, stream, small, [X]) < measured(rt, patient, long_plan, [V, np.int32(LONG_TRIPS)])
+            rt.scheduler.hold()
+            waiting = patient.start(long_plan, [V, np.int32(1)])     # no deadline: under `deadline`, last
+            shorts = [stream.start(small, [X], timeout=600.0 if policy == "deadline" else None)
+                      for _ in range(OVERTAKES + 36)]
+            assert [q["run"] for q in rt.status()["scheduler"]["queued"]][:1] == [waiting.id]
+            rt.scheduler.release()
+            rt.wait(waiting, timeout=120)
+            for run in shorts:
+                rt.wait(run, timeout=120)
+            order = delivered_clients(rt, len(shorts) + 1)
+            # Without the bound it would go after all of them (and for ever behind an endless stream).
+            assert order.index(patient.id) == OVERTAKES and order.count(patient.id) == 1
+            np.testing.assert_array_equal(np.asarray(stream.handles(shorts[-1])[0].result(timeout=60)),
+                                          np.asarray(jax.jit(tanh2)(X)))
+    finally:
+        rt.close()
+
+
+def test_a_policy_is_checked_where_it_is_given():
+    message = r"unknown scheduling policy 'lifo' \(choose from fifo, share, sjf, deadline\)"
+    with pytest.raises(ValueError, match=message):
+        pw.configure(policy="lifo")
+    with pytest.raises(ValueError, match=message):
+        Runtime(embedded_device_map(1, 1), policy="lifo")
+    with pytest.raises(ValueError, match=r"window= must be a positive integer \(admitted runs on the devices\), "
+                                         r"not 0"):
+        pw.configure(policy="sjf", window=0)
+    result = subprocess.run([*SERVE, "--policy", "lifo"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        1, "", "pw-serve: error: Invalid value for '--policy': 'lifo' is not one of 'fifo', 'share', 'sjf', "
+               "'deadline'. (--help for usage)\n")
+    assert POLICIES == ("fifo", "share", "sjf", "deadline")
+
+
+def test_pw_serve_takes_a_policy_and_a_remote_runs_deadline(tmp_path, procs, plan_builder):  # noqa: F811
+    directory = tmp_path / "service"
+    directory.mkdir(mode=0o700)
+    service_file = directory / "service.json"
+    serve(procs, "--policy", "deadline", "--service-file", str(service_file))
+    with open_connection(str(service_file), timeout=TIMEOUT) as remote:
+        _, topology = remote.resources.snapshot()
+        plan = small_plan(plan_builder, topology)
+        [handle] = remote.run(plan, [X], timeout=600.0)
+        np.testing.assert_array_equal(np.asarray(handle.result(timeout=TIMEOUT)), np.asarray(jax.jit(tanh2)(X)))
+        assert remote.status(full=True)["scheduler"]["policy"] == "deadline"
