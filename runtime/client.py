@@ -2,7 +2,8 @@
 
 A client runs program plans and holds the results as handles. Several clients
 (threads of one process) share one runtime; each sees only its own objects,
-and closing a client releases everything it owns. A client's weight is its
+unless their owner shares them (`share`, `runtime/shared.py`), and closing a
+client releases everything it owns. A client's weight is its
 share when the runtime's scheduler uses the `share` policy.
 """
 
@@ -21,6 +22,7 @@ from .handles import Handle
 from .island import client_owner
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
+from .shared import SharedRef
 
 _client_ids = itertools.count(1)
 _CLOSE_TIMEOUT = 60.0    # seconds close() waits for the client's runs before releasing anyway
@@ -51,12 +53,17 @@ class Client:
     def start(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
               timeout: float | None = None) -> Run:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
-        cancelled if it is not over by then, and its handles raise `RunCancelled`."""
-        args = [a.result() if isinstance(a, Handle) else a for a in args]
+        cancelled if it is not over by then, and its handles raise `RunCancelled`. An argument may be a
+        `SharedRef` (another client's shared object), read in place."""
+        shared = {i: a for i, a in enumerate(args) if isinstance(a, SharedRef)}
+        for ref in shared.values():
+            if ref._runtime is not self.runtime:
+                raise ValueError(f"{ref} belongs to another runtime than client {self.id}'s")
+        args = [a.result() if isinstance(a, (Handle, SharedRef)) else a for a in args]
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")
-            run = self._dispatcher.start(plan, args, dispatch, timeout)
+            run = self._dispatcher.start(plan, args, dispatch, timeout, shared=shared)
             self._active.append(run)
             if len(self._active) % 64 == 0:       # forget the runs that are over, now and then
                 while self._active and self.runtime.run_done(self._active[0]):
@@ -98,6 +105,17 @@ class Client:
         if island is not None:
             self.runtime.islands[island].release(run.id, buffer)
         self.runtime.scheduler.release_result(run, buffer)
+
+    def share(self, handle: Handle, timeout: float | None = None) -> SharedRef:
+        """Returns a read-only reference to one of this client's results, which other clients may pass to
+        their programs while this client keeps the handle (see `runtime/shared.py`). Waits (at most
+        `timeout` seconds) until the result's run is over; raises ValueError for a result it cannot share."""
+        if not isinstance(handle, Handle) or handle._client is not self:
+            raise ValueError(f"client {self.id} can share only its own handles, not {handle!r}")
+        handle.result(timeout)             # raises if released, donated or failed
+        self.runtime.wait(handle._run, timeout)
+        self.runtime.scheduler.share(handle._run, handle._buffer)
+        return SharedRef(self.runtime, handle)
 
     def objects(self) -> list:
         """Returns the keys of the objects this client owns."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -39,6 +39,7 @@ from .run import Run
 
 if TYPE_CHECKING:
     from .runtime import Runtime
+    from .shared import SharedRef
 
 MODES = ("parallel", "sequential")
 
@@ -64,6 +65,17 @@ class LoadedPlan:
     deps: dict[int, set[int]]
     held: dict[int, set[int]]                  # step -> the host conds it waits for
     cost: float                                # estimated device-seconds of a run (dialect/device_time.py)
+    _needs: dict = field(default_factory=dict, repr=False, compare=False)   # stored inputs -> need (cache)
+
+    def need_reading(self, stored: frozenset[int]) -> Need:
+        """Returns the need of a run whose input buffers `stored` are objects the store already holds on their
+        home sharding (shared objects): they count nothing in its peak (computed once per set)."""
+        if not stored:
+            return self.need
+        need = self._needs.get(stored)
+        if need is None:
+            need = self._needs.setdefault(stored, run_need(self.plan, stored))
+        return need
 
     @staticmethod
     def build(key: int, source: ProgramPlan) -> "LoadedPlan":
@@ -89,10 +101,12 @@ class Dispatcher:
         self.weight = weight
 
     def start(self, plan: ProgramPlan, args: Sequence, mode: str = "parallel", timeout: float | None = None,
-              parent: Run | None = None) -> Run:
+              parent: Run | None = None, shared: dict[int, SharedRef] | None = None) -> Run:
         """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode.
         With `timeout`, the run is cancelled if it is not over within that many seconds. `parent`: the run
-        whose host cond starts this branch run (it stays in flight until the branch is over)."""
+        whose host cond starts this branch run (it stays in flight until the branch is over). `shared`: the
+        arguments (by position) that are the arrays of shared objects; the run reads them, and those on
+        their home sharding count nothing in its need (embedded backend: it reads the arrays themselves)."""
         if mode not in MODES:
             raise ValueError(f"unknown dispatch mode '{mode}' (choose from {', '.join(MODES)})")
         loaded = self.runtime.load(plan)
@@ -100,6 +114,12 @@ class Dispatcher:
             raise TypeError(f"program {plan.program} takes {len(loaded.inputs)} arrays, got {len(args)}")
         run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need, self.weight, loaded.cost,
                   parent)
+        if shared:
+            run.reads = tuple(ref.key for ref in shared.values())
+            if self.runtime.backend == "embedded":
+                in_place = [loaded.inputs[i][0] for i, ref in shared.items()
+                            if ref.placed_as(loaded.plan, loaded.inputs[i][0])]
+                run.need = loaded.need_reading(frozenset(in_place))
         inputs: dict[str, list[tuple[int, Any]]] = {}
         for (buffer, island, shape), value in zip(loaded.inputs, args):
             value = value if hasattr(value, "shape") else np.asarray(value)

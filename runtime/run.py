@@ -2,8 +2,9 @@
 
 The islands keep the run's buffers; the run keeps its id, its plan (with
 frees and peaks), what it needs of device memory, the islands it uses, the
-values of host buffers (program arguments the plan keeps on the host) and,
-once something went wrong, its error.
+values of host buffers (program arguments the plan keeps on the host), the
+shared objects it reads (`runtime/shared.py`) and, once something went
+wrong, its error.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class Run:
     """A program run started by one client (a plain class: one is made per call, so it is cheap)."""
 
     __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
-                 "released", "host", "parent")
+                 "released", "host", "parent", "reads")
 
     def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
                  weight: float = 1.0, cost: float = 1.0, parent: "Run | None" = None):
@@ -37,6 +38,7 @@ class Run:
         self.released: set[int] = set()   # results released before the run was over
         self.host: dict[int, Any] = {}    # host buffers' values (futures)
         self.parent = parent              # the run whose host cond started this branch run, if any
+        self.reads: tuple[tuple[int, int], ...] = ()   # the keys of the shared objects it reads
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""
