@@ -29,6 +29,7 @@ BENCHMARKS = {
     "placement": "placement",
     "sim": "sim",
     "elastic": "elastic",
+    "shared-base": "shared_base",
 }
 
 
