@@ -46,12 +46,13 @@ def features(base, x):
     return jax.nn.relu(jax.nn.relu(x @ base["w1"] + base["b1"]) @ base["w2"] + base["b2"])
 
 
-def batches(tasks: int, steps: int, base_values: dict) -> list[list[tuple[np.ndarray, np.ndarray]]]:
-    """Returns each task's batches: inputs, and the class the task's teacher gives their features."""
+def batches(tasks: int, steps: int, base_values: dict, size: int = BATCH) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Returns each task's `steps` batches of `size`: inputs, and the class the task's teacher gives their
+    features."""
     data = []
     for task in range(tasks):
         teacher = np.random.default_rng(task + 1).normal(size=(HIDDEN, CLASSES)).astype(np.float32)
-        x = np.random.default_rng(1000 * (task + 1)).normal(size=(steps, BATCH, INPUTS)).astype(np.float32)
+        x = np.random.default_rng(1000 * (task + 1)).normal(size=(steps, size, INPUTS)).astype(np.float32)
         y = np.asarray(jnp.argmax(jax.jit(features)(base_values, x) @ teacher, axis=-1), np.int32)
         data.append(list(zip(x, y)))
     return data
@@ -163,7 +164,8 @@ if __name__ == "__main__":
     for k, ((_, _, losses), (_, _, expected)) in enumerate(zip(ours, plain)):
         print(f"client {k}: loss {losses[0]:.4f} -> {losses[-1]:.4f} (plain JAX {expected[0]:.4f} -> "
               f"{expected[-1]:.4f})")
-    print("matches plain JAX:", all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for (_, _, a), (_, _, b) in zip(ours, plain)))
+    print("matches plain JAX:", all(np.allclose(a, b, rtol=1e-4, atol=1e-5)
+                                    for (_, _, a), (_, _, b) in zip(ours, plain)))
     print(f"device bytes held: 1 client {held_one}, {CLIENTS} clients {held_four} ({held_four / held_one:.2f}x; "
           f"{CLIENTS} plain-JAX jobs hold {CLIENTS} bases)")
     print(f"{CLIENTS} x {steps} steps: {ours_s:.2f} s sharing the base, {plain_s:.2f} s as plain-JAX jobs")

@@ -40,8 +40,8 @@ HEADLINES = {
             "islands4_over_one", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
             "seconds_to_simulate_65536_devices", "schedule_pick_over_best_measured"),
     "elastic": ("recovery_s", "recovery_s_cached", "elastic_after_over_before", "trainer_over_plain_loop"),
-    "shared-base": ("shared_base_bytes_4_over_1", "unshared_base_bytes_4_over_1", "shared_time_over_plain_jax",
-                    "shared_time_over_unshared"),
+    "shared-base": ("shared_base_bytes_4_over_1", "unshared_base_bytes_4_over_1", "shared_over_plain_jax",
+                    "shared_over_unshared"),
 }
 
 
