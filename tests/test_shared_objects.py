@@ -211,3 +211,18 @@ def test_sharing_on_the_ray_backend():
                 read.run(X, ref, client=reader)
     finally:
         rt.close()
+
+
+def test_the_readme_snippet_runs():
+    """The README's "Shared objects" snippet, in a process of its own."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Shared objects"):]
+    [snippet] = re.findall(r"```py\n# tests/test_shared_objects.py runs this snippet\n(.*?)```", section, re.S)[:1]
+    result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "[0.7615942 0.7615942]\n270336\n"
