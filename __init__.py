@@ -21,8 +21,8 @@ __version__ = "0.1.0"
 
 _FRONTEND = ["ElasticTrainer", "PlacementError", "cond", "jit", "pipeline", "program", "virtual_slice"]
 _RUNTIME = {"Client": "client", "IslandLost": "island", "IslandWedged": "island", "RunCancelled": "island",
-            "OutOfDeviceMemory": "admission", "cancel": "client", "configure": "runtime", "connect": "service",
-            "get_runtime": "runtime", "status": "runtime"}
+            "OutOfDeviceMemory": "admission", "SharedRef": "shared", "cancel": "client", "configure": "runtime",
+            "connect": "service", "get_runtime": "runtime", "status": "runtime"}
 __all__ = [*_FRONTEND, *_RUNTIME]
 
 # The embedded cluster's CPU devices must be asked of XLA before JAX starts:

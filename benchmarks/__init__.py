@@ -30,6 +30,7 @@ BENCHMARKS = {
     "placement": "placement",
     "sim": "sim",
     "elastic": "elastic",
+    "shared-base": "shared_base",
 }
 
 

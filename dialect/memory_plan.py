@@ -98,8 +98,10 @@ def _layout(info) -> tuple:
     return info.slice, info.shape, info.dtype, info.sharding, info.bytes_per_device
 
 
-def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...]) -> tuple[int, ...]:
-    """Returns the largest live bytes per device range of `steps` (frees included) as flat triples."""
+def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...],
+         stored: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    """Returns the largest live bytes per device range of `steps` (frees included) as flat triples; the
+    input buffers in `stored` are objects the store holds already and count nothing."""
     mine = {b: plan.buffers[b] for b in plan.buffers if plan.island_of(b) == island}
     ranges = {b: plan.slices[info.slice].ranges for b, info in mine.items()}
     points = sorted({p for rs in ranges.values() for r in rs for p in r})
@@ -114,7 +116,7 @@ def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...]) -> tuple[int, 
                 live[i] += sign * mine[b].bytes_per_device
 
     branch_results = {b for s in plan.host_steps for b in s.produced()}
-    alive = {b for b in mine if b in set(plan.inputs) | branch_results}
+    alive = {b for b in mine if b in set(plan.inputs) | branch_results} - stored
     add(alive, 1)
     high = list(live)
     reused = reuses(plan, island)

@@ -60,7 +60,8 @@ class Compiled:
 
         Static arguments are not passed again: they are part of the program.
         A donated handle is released once the run has taken it; using it
-        again raises.
+        again raises. A shared object (`SharedRef`) is read-only: donating
+        one is refused before anything runs.
         """
         from pathways_mlir.runtime.client import default_client
         from pathways_mlir.runtime.resource_manager import TopologyChanged
@@ -77,6 +78,8 @@ class Compiled:
         if tree != lowered.in_tree:
             raise TypeError(f"program @{lowered.program} was traced for arguments {lowered.in_tree}, "
                             f"not {tree}")
+        if lowered.donated:
+            _refuse_donated_shared(lowered, leaves)
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals)]
         try:
             handles = client.run(self.plan, wire, dispatch, timeout)
@@ -85,6 +88,17 @@ class Compiled:
                 self._refresh()
             handles = client.run(self.plan, wire, dispatch, timeout)
         return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
+
+
+def _refuse_donated_shared(lowered: Lowered, leaves: list) -> None:
+    """Raises ValueError in one line if a donated argument leaf is a shared object (read-only)."""
+    from pathways_mlir.runtime.remote_client import RemoteSharedRef
+    from pathways_mlir.runtime.shared import SharedRef
+
+    for position, (x, donated) in enumerate(zip(leaves, lowered.donated)):
+        if donated and isinstance(x, (SharedRef, RemoteSharedRef)):
+            raise ValueError(f"argument leaf {position} of program @{lowered.program} is a shared object, which is "
+                             f"read-only: it cannot be donated (leave it out of donate_argnums/donate_argnames)")
 
 
 def _leaf_signature(x: Any) -> tuple:

@@ -12,6 +12,7 @@ is over fails at once (see `runtime/scheduler.py`).
 
 from __future__ import annotations
 
+from pathways_mlir.dialect.memory_plan import peak
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
@@ -23,9 +24,18 @@ class OutOfDeviceMemory(MemoryError):
     """A run whose static peak can never fit a device's memory, or not while results held by handles stay."""
 
 
-def run_need(plan: ProgramPlan) -> Need:
-    """Returns a run's static peak per island, from its plan."""
-    return {island: plan.peak(island) for island in plan.islands if plan.peak(island)}
+def run_need(plan: ProgramPlan, stored: frozenset[int] = frozenset()) -> Need:
+    """Returns a run's static peak per island, from its plan (with frees and peaks); with `stored`, the peak
+    of a run whose input buffers `stored` are objects the store already holds where the run reads them (a
+    shared object), which the ledger counts once, for their owner."""
+    if not stored:
+        return {island: plan.peak(island) for island in plan.islands if plan.peak(island)}
+    need = {}
+    for island, steps in plan.islands.items():
+        flat = peak(plan, island, steps, stored)
+        if flat:
+            need[island] = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
+    return need
 
 
 def result_need(plan: ProgramPlan, buffer: int) -> Need:

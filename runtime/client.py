@@ -2,7 +2,8 @@
 
 A client runs program plans and holds the results as handles. Several clients
 (threads of one process) share one runtime; each sees only its own objects,
-and closing a client releases everything it owns. A client's weight is its
+unless their owner shares them (`share`, `runtime/shared.py`), and closing a
+client releases everything it owns. A client's weight is its
 share when the runtime's scheduler uses the `share` policy.
 """
 
@@ -21,6 +22,7 @@ from .handles import Handle
 from .island import client_owner
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
+from .shared import SharedRef
 
 _client_ids = itertools.count(1)
 _CLOSE_TIMEOUT = 60.0    # seconds close() waits for the client's runs before releasing anyway
@@ -41,6 +43,7 @@ class Client:
         self.closed = False
         self._dispatcher = Dispatcher(self.runtime, self.id, weight)
         self._active: collections.deque[Run] = collections.deque()
+        self._shared: set[tuple[int, int]] = set()   # the results this client shared (never donated)
         self._lock = threading.Lock()
 
     @property
@@ -51,7 +54,8 @@ class Client:
     def start(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
               timeout: float | None = None) -> Run:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
-        cancelled if it is not over by then, and its handles raise `RunCancelled`.
+        cancelled if it is not over by then, and its handles raise `RunCancelled`. An argument may be a
+        `SharedRef` (another client's shared object), read in place.
 
         A handle whose result lives on the island of the input it is passed
         for goes there as a `StoreRef` when the islands keep arguments (Ray:
@@ -59,20 +63,28 @@ class Client:
         A handle passed for an input the plan lists as donated (`plan.donated`)
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
+        shared = {i: a for i, a in enumerate(args) if isinstance(a, SharedRef)}
+        for ref in shared.values():
+            if ref._runtime is not self.runtime:
+                raise ValueError(f"{ref} belongs to another runtime than client {self.id}'s")
         donated = [(i, a) for i, (b, a) in enumerate(zip(plan.inputs, args))
                    if b in plan.donated and isinstance(a, Handle)] if plan.donated else ()
         for i, handle in donated:
+            if (handle._run.id, handle._buffer) in self._shared:
+                raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
+                                 f"it is shared (client.share): other clients read it, so it cannot be donated")
             again = next((j for j, a in enumerate(args) if a is handle and j != i), None)
             if again is not None:
                 raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
                                  f"it is passed again as argument {again}: donate a copy, or neither")
         keeps = self.runtime.islands.keep_arguments
         args = [(a.reference() if keeps and a.island == plan.island_of(b) and a.shape == plan.buffers[b].shape
-                 else a.result()) if isinstance(a, Handle) else a for b, a in zip(plan.inputs, args)]
+                 else a.result()) if isinstance(a, Handle) else a.result() if isinstance(a, SharedRef) else a
+                for b, a in zip(plan.inputs, args)]
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")
-            run = self._dispatcher.start(plan, args, dispatch, timeout,
+            run = self._dispatcher.start(plan, args, dispatch, timeout, shared=shared,
                                          donations=tuple((h._run.id, h._buffer) for _, h in donated))
             for _, handle in donated:
                 handle.donate(f"program @{plan.program}")
@@ -118,6 +130,18 @@ class Client:
         if island is not None:
             self.runtime.islands[island].release(run.id, buffer)
         self.runtime.scheduler.release_result(run, buffer, donated)
+
+    def share(self, handle: Handle, timeout: float | None = None) -> SharedRef:
+        """Returns a read-only reference to one of this client's results, which other clients may pass to
+        their programs while this client keeps the handle (see `runtime/shared.py`). Waits (at most
+        `timeout` seconds) until the result's run is over; raises ValueError for a result it cannot share."""
+        if not isinstance(handle, Handle) or handle._client is not self:
+            raise ValueError(f"client {self.id} can share only its own handles, not {handle!r}")
+        handle.result(timeout)             # raises if released, donated or failed
+        self.runtime.wait(handle._run, timeout)
+        self.runtime.scheduler.share(handle._run, handle._buffer)
+        self._shared.add((handle._run.id, handle._buffer))
+        return SharedRef(self.runtime, handle)
 
     def objects(self) -> list:
         """Returns the keys of the objects this client owns."""

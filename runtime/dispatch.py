@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -40,6 +40,7 @@ from .run import Run
 
 if TYPE_CHECKING:
     from .runtime import Runtime
+    from .shared import SharedRef
 
 MODES = ("parallel", "sequential")
 
@@ -65,6 +66,17 @@ class LoadedPlan:
     deps: dict[int, set[int]]
     held: dict[int, set[int]]                  # step -> the host conds it waits for
     cost: float                                # estimated device-seconds of a run (dialect/device_time.py)
+    _needs: dict = field(default_factory=dict, repr=False, compare=False)   # stored inputs -> need (cache)
+
+    def need_reading(self, stored: frozenset[int]) -> Need:
+        """Returns the need of a run whose input buffers `stored` are objects the store already holds on their
+        home sharding (shared objects): they count nothing in its peak (computed once per set)."""
+        if not stored:
+            return self.need
+        need = self._needs.get(stored)
+        if need is None:
+            need = self._needs.setdefault(stored, run_need(self.plan, stored))
+        return need
 
     @staticmethod
     def build(key: int, source: ProgramPlan) -> "LoadedPlan":
@@ -90,12 +102,15 @@ class Dispatcher:
         self.weight = weight
 
     def start(self, plan: ProgramPlan, args: Sequence, mode: str = "parallel", timeout: float | None = None,
-              parent: Run | None = None, donations: tuple[tuple[int, int], ...] = ()) -> Run:
+              parent: Run | None = None, shared: dict[int, SharedRef] | None = None,
+              donations: tuple[tuple[int, int], ...] = ()) -> Run:
         """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode.
         With `timeout`, the run is cancelled if it is not over within that many seconds. `parent`: the run
-        whose host cond starts this branch run (it stays in flight until the branch is over). `donations`:
-        the (run id, buffer) of the held results passed as donated arguments; admission hands their bytes to
-        this run."""
+        whose host cond starts this branch run (it stays in flight until the branch is over). `shared`: the
+        arguments (by position) that are the arrays of shared objects; the run reads them, and those on
+        their home sharding count nothing in its need (embedded backend: it reads the arrays themselves).
+        `donations`: the (run id, buffer) of the held results passed as donated arguments; admission hands
+        their bytes to this run."""
         if mode not in MODES:
             raise ValueError(f"unknown dispatch mode '{mode}' (choose from {', '.join(MODES)})")
         loaded = self.runtime.load(plan)
@@ -104,6 +119,12 @@ class Dispatcher:
         run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need, self.weight, loaded.cost,
                   parent)
         run.donations = donations
+        if shared:
+            run.reads = tuple(ref.key for ref in shared.values())
+            if self.runtime.backend == "embedded":
+                in_place = [loaded.inputs[i][0] for i, ref in shared.items()
+                            if ref.placed_as(loaded.plan, loaded.inputs[i][0])]
+                run.need = loaded.need_reading(frozenset(in_place))
         inputs: dict[str, list[tuple[int, Any]]] = {}
         for (buffer, island, shape), value in zip(loaded.inputs, args):
             if isinstance(value, StoreRef):          # a result kept on `island` (its client checked the shape)

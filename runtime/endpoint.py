@@ -32,12 +32,20 @@ why it will not serve). Requests, one frame each:
   its JSON (`ProgramPlan.to_json`), and every connection loading the same
   plan shares it. A plan is checked (`runtime/plan_check.py`) once;
 - `run` {name, version, dispatch, args}: each argument `["array", i]` (the
-  frame's i-th array) or `["handle", k]` (one of this connection's
-  results); the reply has `[key, shape, dtype]` per output. A plan lowered
+  frame's i-th array), `["handle", k]` (one of this connection's
+  results) or `["shared", token]` (a shared object, read-only); the reply
+  has `[key, shape, dtype]` per output. A plan lowered
   for another topology `version` than the cluster's is refused
   (`TopologyChanged`), and the client lowers it again;
 - `fetch` {handle, timeout, value}: waits for a result (at most `timeout`
   seconds, null: as long as it takes) and sends it unless `value` is false;
+- `share` {handle}: shares one of this connection's results
+  (`runtime/shared.py`); the reply's `token` (256 random bits) is the only
+  way to name it, for any connection the owner gives it to. `shared`
+  {token}: checks a token, replying with the object's shape and dtype. An
+  unknown token, or one whose object the owner released, is refused; a
+  reader cannot release the object (only its own handles), and its
+  references end with the owner's connection;
 - `topology`: the cluster's topology (`Topology.to_json`) and its version;
 - `status` {full}: the runtime's status as this connection may see it: the
   queue, the islands and the reserved bytes, with its own runs and objects
@@ -83,11 +91,13 @@ from .island import RunFailed
 from .plan_check import check_plan
 from .resource_manager import TopologyChanged
 from .runtime import Runtime
+from .shared import SharedRef
 from .status import Status
 from .limits import Limits
 from .wire import ERROR_KINDS, ProtocolError, recv_message, send_message
 
 HOST = "127.0.0.1"
+_SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
 _PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
 _CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 
@@ -136,6 +146,7 @@ class Endpoint:
         self._closed = False
         self._plans: dict[str, ProgramPlan] = {}     # by the SHA-256 of their JSON, shared by every connection
         self._clients: set[int] = set()               # the client ids of the connections being served
+        self._shared: dict[str, SharedRef] = {}       # shared objects by their tokens, for every connection
         self._thread = threading.Thread(target=self._accept, name="pw-endpoint", daemon=True)
         self._thread.start()
 
@@ -180,6 +191,32 @@ class Endpoint:
             with self._lock:
                 found = self._plans.setdefault(name, parsed)
         return name, found
+
+    def share(self, ref: SharedRef) -> str:
+        """Returns a new unguessable token naming the shared object `ref` for every connection."""
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            self._shared[token] = ref
+        return token
+
+    def shared(self, token) -> SharedRef:
+        """Returns the shared object a token names; raises ValueError in one line if it names none (never
+        made, or its owner released it or left)."""
+        with self._lock:
+            ref = self._shared.get(token) if isinstance(token, str) else None
+            if ref is not None and ref.released:
+                del self._shared[token]
+                ref = None
+        if ref is None:
+            raise PermissionError(f"no shared object has the reference {str(token)[:6]!r}...: a reference is "
+                                  f"given by its owner (share) and lives while the owner keeps the object")
+        return ref
+
+    def forget(self, tokens) -> None:
+        """Forgets the tokens a connection made (it left: its objects are released)."""
+        with self._lock:
+            for token in tokens:
+                self._shared.pop(token, None)
 
     def status(self, client: int | None = None) -> Status:
         """Returns the runtime's status with this endpoint's addresses and the clients it serves, or, for
@@ -387,9 +424,10 @@ class _Session:
         self.endpoint, self.client, self.connection, self.owner = endpoint, client, connection, owner
         self.plans: dict[str, ProgramPlan] = {}
         self.handles: dict[int, Handle] = {}
+        self.tokens: set[str] = set()        # the shared objects this connection made
         self.ids = itertools.count()
         self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
-                         "cancel": self.cancel,
+                         "cancel": self.cancel, "share": self.share, "shared": self.shared,
                          "objects": self.objects, "topology": self.topology, "status": self.status,
                          "ping": self.release}
 
@@ -418,6 +456,7 @@ class _Session:
                     reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind}, []
                 send_message(self.connection, reply, out)
         finally:
+            self.endpoint.forget(self.tokens)
             self.handles.clear()
 
     def load(self, request: dict, arrays) -> tuple[dict, list]:
@@ -434,7 +473,8 @@ class _Session:
 
     def run(self, request: dict, arrays) -> tuple[dict, list]:
         """Runs a plan this connection loaded, lowered for topology `version`, on `args` (each `["array", i]`,
-        the frame's i-th array, or `["handle", k]`, one of its handles); replies with one handle per output."""
+        the frame's i-th array, `["handle", k]`, one of its handles, or `["shared", token]`, a shared object);
+        replies with one handle per output."""
         name = _field(request, "name", str)
         if name not in self.plans:
             raise ValueError(f"no plan is loaded as {name[:40]!r}")
@@ -444,10 +484,14 @@ class _Session:
                                   f"{current}")
         args = []
         for arg in _field(request, "args", list):
-            if not (isinstance(arg, list) and len(arg) == 2 and arg[0] in ("array", "handle")
-                    and type(arg[1]) is int):
-                raise ValueError(f"an argument must be [\"array\", index] or [\"handle\", key], not {str(arg)[:80]}")
-            if arg[0] == "handle":
+            if not (isinstance(arg, list) and len(arg) == 2 and
+                    ((arg[0] in ("array", "handle") and type(arg[1]) is int) or
+                     (arg[0] == "shared" and isinstance(arg[1], str)))):
+                raise ValueError(f"an argument must be [\"array\", index], [\"handle\", key] or "
+                                 f"[\"shared\", token], not {str(arg)[:80]}")
+            if arg[0] == "shared":
+                args.append(self.endpoint.shared(arg[1]))
+            elif arg[0] == "handle":
                 args.append(self._handle(arg[1]))
             elif 0 <= arg[1] < len(arrays):
                 args.append(arrays[arg[1]])
@@ -464,6 +508,18 @@ class _Session:
             self.handles[key] = handle
             reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
         return {"handles": reply}, []
+
+    def share(self, request: dict, arrays) -> tuple[dict, list]:
+        """Shares one of this connection's results; replies with its token (see `Endpoint.share`)."""
+        ref = self.client.share(self._handle(_field(request, "handle", int)), timeout=_SHARE_WAIT)
+        token = self.endpoint.share(ref)
+        self.tokens.add(token)
+        return {"token": token, "shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
+
+    def shared(self, request: dict, arrays) -> tuple[dict, list]:
+        """Checks a shared object's token; replies with its shape and dtype."""
+        ref = self.endpoint.shared(_field(request, "token", str))
+        return {"shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
 
     def cancel(self, request: dict, arrays) -> tuple[dict, list]:
         """Cancels the run of one of this connection's handles (see `Client.cancel`)."""

@@ -112,6 +112,24 @@ class RemoteHandle:
         return f"RemoteHandle(shape={self.shape}, dtype={self.dtype.name})"
 
 
+class RemoteSharedRef:
+    """A shared object on a service (`runtime/shared.py`), named by its unguessable token: any connection
+    given the token may pass it to its programs as a read-only argument. `token` is what the owner hands
+    to readers (`RemoteClient.shared(token)` on their side)."""
+
+    __slots__ = ("token", "shape", "dtype")
+
+    def __init__(self, token: str, shape, dtype: str):
+        self.token, self.shape, self.dtype = token, tuple(shape), np.dtype(DTYPES[dtype])
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"RemoteSharedRef(shape={self.shape}, dtype={self.dtype.name})"
+
+
 class ServiceTopology:
     """What the front end reads of a remote cluster's resource manager: its topology and version."""
 
@@ -199,8 +217,8 @@ class RemoteClient:
 
     def run(self, plan: ProgramPlan, args, dispatch: str = "parallel",
             timeout: float | None = None) -> list[RemoteHandle]:
-        """Runs `plan` on `args` (arrays, or this client's remote handles); returns one remote handle per
-        output, at once. Raises TopologyChanged if the cluster's topology changed since `plan` was sent.
+        """Runs `plan` on `args` (arrays, this client's remote handles, shared objects); returns one remote
+        handle per output, at once. Raises TopologyChanged if the cluster's topology changed since `plan` was sent.
         With `timeout`, the service cancels the run if it is not over by then (see `Client.start`)."""
         name = self.load(plan)
         version = self._names[id(plan)][2]
@@ -210,12 +228,31 @@ class RemoteClient:
                 if arg._client is not self:
                     raise ValueError("a remote handle of another connection cannot be an argument here")
                 spec.append(["handle", arg._key])
+            elif isinstance(arg, RemoteSharedRef):
+                spec.append(["shared", arg.token])
             else:
                 spec.append(["array", len(arrays)])
                 arrays.append(arg)
         reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec,
                                "timeout": timeout}, arrays)
         return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
+
+    def share(self, handle: RemoteHandle) -> RemoteSharedRef:
+        """Shares one of this client's results (waiting until it is computed); returns its reference, whose
+        `token` other clients pass to `shared` (see `runtime/shared.py`)."""
+        if handle._client is not self:
+            raise ValueError("a remote handle of another connection cannot be shared here")
+        handle.block_until_ready()
+        reply, _ = self._call({"op": "share", "handle": handle._key})
+        return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"])
+
+    def shared(self, token: str) -> RemoteSharedRef:
+        """Returns the shared object a token names, checked by the service (a token it never gave, or whose
+        object its owner released, is refused)."""
+        if not isinstance(token, str):
+            raise ValueError(f"a shared object's token is a string, not {type(token).__name__}")
+        reply, _ = self._call({"op": "shared", "token": token})
+        return RemoteSharedRef(token, reply["shape"], reply["dtype"])
 
     def cancel(self, handle: RemoteHandle) -> bool:
         """Cancels the run of `handle` on the service (see `Client.cancel`); False if it was over."""

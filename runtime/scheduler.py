@@ -31,6 +31,12 @@ admitted. So once at the head of its client's queue, a run waits for at
 most `OVERTAKES` runs admitted after it, then for the runs in flight (a
 place in the window, the memory it needs).
 
+Shared objects (`runtime/shared.py`) are counted once, for their owner.
+From its submission until it is over, a run that reads one is one of the
+object's readers; an owner's release of an object still read takes effect
+(its bytes go back) when the last reader is over, and a run submitted after
+the release is refused.
+
 The rest of a run already admitted (the steps after a host `cond`, or the
 steps of a sequential dispatch) is delivered at once with a new ticket: it
 needs no more memory.
@@ -121,6 +127,8 @@ class GangScheduler:
         self._in_flight: dict[int, Run] = {}           # admitted runs still on the devices, by admission
         self._held_results: dict[tuple[int, int], tuple[int, dict]] = {}
         self._gone: set[int] = set()      # closed clients: results of their runs are not kept
+        self._readers: dict[tuple[int, int], int] = {}   # shared object -> its runs submitted and not over
+        self._unshared: set[tuple[int, int]] = set()     # shared objects released while read: kept till then
         self._held = False
         self._blocked = False
         self._closed = False
@@ -141,7 +149,13 @@ class GangScheduler:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the runtime is closed")
-            jobs = self._admit_now(run, works)
+            if run.reads:
+                self._read(run)
+            try:
+                jobs = self._admit_now(run, works)
+            except BaseException:
+                self._unread(run)
+                raise
             if jobs is None:
                 self._queues.setdefault(run.client_id, collections.deque()).append(
                     _Queued(run, works, next(self._arrivals)))
@@ -190,10 +204,24 @@ class GangScheduler:
         """Takes `run` out of its queue and fails it with `error`; returns False if it was not queued."""
         return self._cancel_queued(lambda r: r is run, lambda r: error) > 0
 
-    def release_result(self, run: Run, buffer: int, donated: bool = False) -> None:
-        """A result's handle was released: its bytes go back once the run is over. A `donated` result that
-        is held stays reserved until the run it was donated to is admitted (`_hand_over`)."""
+    def share(self, run: Run, buffer: int) -> None:
+        """Checks that a result can be shared: its run is over (retired now if it is) and its bytes are held."""
         with self._lock:
+            if run.id in self._in_flight:
+                self._poll(len(self._in_flight))
+            key = (run.id, buffer)
+            if key not in self._held_results or key in self._unshared:
+                raise ValueError(f"buffer {buffer} of run {run.id} of {run.plan.program} cannot be shared: it is "
+                                 f"not held on devices (released, failed, or a host value)")
+
+    def release_result(self, run: Run, buffer: int, donated: bool = False) -> None:
+        """A result's handle was released: its bytes go back once the run is over (and, for a shared object,
+        once the runs reading it are). A `donated` result that is held stays reserved until the run it was
+        donated to is admitted (`_hand_over`)."""
+        with self._lock:
+            if self._readers.get((run.id, buffer)):
+                self._unshared.add((run.id, buffer))
+                return
             if (run.id, buffer) not in self._held_results:
                 run.released.add(buffer)
                 return
@@ -207,7 +235,10 @@ class GangScheduler:
         with self._lock:
             self._gone.add(client_id)
             for key in [k for k, (c, _) in self._held_results.items() if c == client_id]:
-                self.ledger.give(self._held_results.pop(key)[1])
+                if self._readers.get(key):
+                    self._unshared.add(key)
+                else:
+                    self.ledger.give(self._held_results.pop(key)[1])
             self._pump()
 
     def wake(self) -> None:
@@ -455,6 +486,29 @@ class GangScheduler:
                 f"{floor.capacity[island]} bytes, {used} of them held by live handles that nothing in flight "
                 f"will free ({who}): release results (handle.delete()) or use less memory")
 
+    def _read(self, run: Run) -> None:
+        """Counts `run` as a reader of the shared objects it reads; raises ValueError if one was released."""
+        for key in run.reads:
+            if key not in self._held_results or key in self._unshared:
+                raise ValueError(f"program {run.plan.program} reads a shared object (buffer {key[1]} of run "
+                                 f"{key[0]}) that its owner has released")
+        for key in run.reads:
+            self._readers[key] = self._readers.get(key, 0) + 1
+
+    def _unread(self, run: Run) -> None:
+        """`run` is over (or never ran): an object it read that its owner released, read by no other run in
+        flight, gives its bytes back now."""
+        for key in run.reads:
+            left = self._readers.get(key, 0) - 1
+            if left > 0:
+                self._readers[key] = left
+                continue
+            self._readers.pop(key, None)
+            if key in self._unshared:
+                self._unshared.discard(key)
+                self.ledger.give(self._held_results.pop(key)[1])
+        run.reads = ()
+
     def _admit(self, run: Run, works: Works, inline: bool = False) -> list:
         self._hand_over(run)
         self.ledger.take(run.need)
@@ -488,6 +542,8 @@ class GangScheduler:
         """Gives back a run's peak, keeping the bytes of the results still held; records its device time."""
         del self._in_flight[run.id]
         self.ledger.give(run.need)
+        if run.reads:
+            self._unread(run)
         for buffer in run.plan.outputs:
             need = result_need(run.plan, buffer)
             if need and buffer not in run.released and run.error is None and run.client_id not in self._gone:
@@ -503,6 +559,8 @@ class GangScheduler:
             self.islands[island].fail_run(run.id, error)
         with self._lock:
             self._hand_over(run)
+            if run.reads:
+                self._unread(run)
             run.admitted = True
             self._admissions.notify_all()
 

@@ -42,6 +42,8 @@ HEADLINES = {
             "islands4_over_one", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
             "seconds_to_simulate_65536_devices", "schedule_pick_over_best_measured"),
     "elastic": ("recovery_s", "recovery_s_cached", "elastic_after_over_before", "trainer_over_plain_loop"),
+    "shared-base": ("shared_base_bytes_4_over_1", "unshared_base_bytes_4_over_1", "shared_over_plain_jax",
+                    "shared_over_unshared"),
 }
 
 
@@ -233,7 +235,7 @@ def test_pw_bench_all_quick_runs_green(tmp_path):
         (n, case) for n in load("dispatch").DEVICES for case in load("dispatch").CASES}
     for row in dispatch["rows"]:       # a case not measured says why
         assert (row["computations_per_s"] is None) == ("note" in row)
-    for name in ("pipeline", "three-blocks", "service"):       # the baselines do the same work as ours
+    for name in ("pipeline", "three-blocks", "service", "shared-base"):     # the baselines do the same work as ours
         params = json.loads((tmp_path / f"{name}.json").read_text())["params"]
         matches = params.get("baselines_match_ours", params.get("baseline_matches_ours"))
         assert matches is True or (isinstance(matches, dict) and all(matches.values()))

@@ -6,6 +6,7 @@ import pytest
 from fetching import fetch
 
 from pathways_mlir.benchmarks.examples import load_example as example
+from pathways_mlir.runtime.client import Client
 
 
 def test_rl_loop_equals_sequential_plain_jax_with_the_same_staleness(three_islands):
@@ -59,3 +60,28 @@ def test_transformer_pipeline_trains_like_plain_jax_in_each_schedule(two_islands
     for ours, theirs in zip(jax.tree.leaves(fetch(params)), jax.tree.leaves(expected)):
         np.testing.assert_allclose(ours, np.asarray(theirs), rtol=1e-3, atol=1e-5)
     assert losses[-1] < losses[0]
+
+
+def test_shared_base_finetune_trains_like_plain_jax_jobs_and_holds_the_base_once(two_islands):
+    ft = example("shared_base_finetune")
+    runtime = two_islands.runtime
+    base_values = ft.init_base()
+    data = ft.batches(ft.CLIENTS, 4, base_values)
+    place, step = ft.placed()
+    clients = [Client(runtime) for _ in range(ft.CLIENTS)]
+    try:
+        before = sum(runtime.usage().values())
+        _, shared = ft.share_base(place, clients[0], base_values)
+        ours = ft.finetune(step, [shared] * ft.CLIENTS, clients, data)
+        expected = ft.plain_jax_jobs(base_values, data)
+        for (head, opt_state, losses), (want_head, want_state, want_losses) in zip(ours, expected):
+            np.testing.assert_allclose(losses, want_losses, rtol=1e-4, atol=1e-5)
+            for a, b in zip(jax.tree.leaves((head, opt_state)), jax.tree.leaves((want_head, want_state))):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+        assert ours[0][2][-1] < ours[0][2][0]                     # the heads learn
+        base_bytes = sum(a.nbytes for a in jax.tree.leaves(base_values))
+        head_bytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(expected[0][:2]))
+        assert ft.held_bytes(runtime) - before == base_bytes + ft.CLIENTS * head_bytes    # the base once
+    finally:
+        for c in clients:
+            c.close()

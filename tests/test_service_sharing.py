@@ -1,0 +1,83 @@
+"""Shared objects through a real `pw-serve` process, with two real client processes (tests/shared_client.py).
+
+The owner shares a base; the reader, given its token, reads it (plain JAX's values) while a guessed token
+is refused in one line, its donation is refused and its release of handle keys touches only its own; the
+service's ledger holds the base once; once the owner releases it the bytes come back and the token is
+refused. Every wait has a timeout; every process started here is stopped.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_service import TIMEOUT, read_json, serve, stop, wait_status
+
+from pathways_mlir.runtime.service import open_connection
+
+SHARING_CLIENT = str(Path(__file__).with_name("shared_client.py"))
+BASE_BYTES = 64 * 16 * 4                  # on each of island0's 2 devices
+
+
+@pytest.fixture
+def processes():
+    """The processes the test starts; all are stopped at its end."""
+    started = []
+    try:
+        yield started
+    finally:
+        for p in reversed(started):
+            stop(p)
+
+
+def sharing_client(service_file, processes, *args):
+    proc = subprocess.Popen([sys.executable, SHARING_CLIENT, str(service_file), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    processes.append(proc)
+    return proc
+
+
+def reserved(status) -> dict:
+    return {island: list(per_device) for island, per_device in status["reserved"].items()}
+
+
+def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(tmp_path, processes):
+    directory = tmp_path / "service"
+    directory.mkdir(mode=0o700)
+    service_file = directory / "service.json"
+    serve(processes, "--service-file", str(service_file))
+    observer = open_connection(str(service_file), timeout=TIMEOUT)
+    try:
+        owner = sharing_client(service_file, processes, "owner")
+        token = read_json(owner)["token"]
+        assert isinstance(token, str) and len(token) >= 43          # 256 random bits
+        reader = sharing_client(service_file, processes, "reader", token)
+        guessed = read_json(reader)
+        for refusal in guessed.values():
+            assert refusal.startswith("RemoteError: PermissionError: no shared object has the reference 'AAAAAA'...")
+            assert "\n" not in refusal
+        assert read_json(reader) == {"read": True}
+        donated = read_json(reader)["donated"]
+        assert donated == ("ValueError: argument leaf 1 of program @head is a shared object, which is read-only: "
+                           "it cannot be donated (leave it out of donate_argnums/donate_argnames)")
+        assert read_json(reader) == {"read_again": True, "objects": 0}
+        status = wait_status(observer, lambda s: reserved(s)["island0"] == [BASE_BYTES, BASE_BYTES])
+        assert reserved(status) == {"island0": [BASE_BYTES, BASE_BYTES], "island1": [0, 0]}   # once, the owner's
+        owner.stdin.write("\n")
+        owner.stdin.flush()
+        assert read_json(owner) == {"released": True}
+        status = wait_status(observer, lambda s: not any(n for v in s["reserved"].values() for n in v))
+        assert reserved(status) == {"island0": [0, 0], "island1": [0, 0]}
+        reader.stdin.write("\n")
+        reader.stdin.flush()
+        after = read_json(reader)["after_release"]
+        assert after.startswith("RemoteError: PermissionError: no shared object has the reference ")
+        for proc in (owner, reader):
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.wait(TIMEOUT) == 0, proc.stderr.read()[-3000:]
+        status = wait_status(observer, lambda s: s["clients"] == {})
+        assert status["clients"] == {} and np.sum([v for v in status["reserved"].values()]) == 0
+    finally:
+        observer.close()

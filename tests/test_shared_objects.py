@@ -1,0 +1,228 @@
+"""Shared read-only objects (`runtime/shared.py`), embedded and on the Ray backend.
+
+A client shares a result; other clients pass the reference to their programs: the values are plain
+JAX's, the ledger counts the object once (for the owner, not again in a reader's peak), and the bytes
+come back only once the owner has released it and no run that reads it is in flight (a run parked on a
+receive that never comes, and a run queued behind a held scheduler). A reader cannot donate or release
+it. The service's side, with real processes, is in tests/test_service_sharing.py. Every wait is bounded.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from fetching import until
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.runtime.shared import SharedRef
+
+TIMEOUT = 60
+BASE = np.random.default_rng(0).normal(size=(256, 64)).astype(np.float32)
+BASE_BYTES = BASE.nbytes
+X = np.random.default_rng(1).normal(size=(8, 256)).astype(np.float32)
+FEATURES_BYTES = X.nbytes
+OUT_BYTES = 8 * 64 * 4
+
+
+@pytest.fixture(scope="module")
+def device_map():
+    return embedded_device_map(2, 4)
+
+
+@pytest.fixture
+def runtime(device_map):
+    rt = Runtime(device_map)
+    yield rt
+    rt.close()
+
+
+def copy_base(b):
+    return b * 1.0
+
+
+def head(x, b):
+    return jnp.tanh(x @ b)
+
+
+def base_plan(plan_builder, topology, island="island1"):
+    """The owner's program: the base, on one device of `island`."""
+    p = plan_builder(topology, program="place_base")
+    v = p.slice("v", (1,), ("x",), island, (0, 1))
+    return p.build([p.launch(copy_base, [p.input(BASE.shape, v)], v, [(), ()])])
+
+
+def reader_plan(plan_builder, topology, island="island1"):
+    """A reader's program: `head` of its features and the base (read where it lives)."""
+    p = plan_builder(topology, program="read_base")
+    v = p.slice("v", (1,), ("x",), island, (0, 1))
+    return p.build([p.launch(head, [p.input(X.shape, v), p.input(BASE.shape, v)], v, [(), ()])])
+
+
+def parked_reader_plan(plan_builder, topology):
+    """A reader's program whose island1 part waits for island0's send before it reads the base there."""
+    p = plan_builder(topology, program="read_base_parked")
+    v0 = p.slice("v0", (1,), ("x",), "island0", (0, 1))
+    v1 = p.slice("v1", (1,), ("x",), "island1", (0, 1))
+    features = p.launch(copy_base, [p.input(X.shape, v0)], v0, [(), ()])
+    out = p.launch(head, [p.dcn(features, v1, [(), ()]), p.input(BASE.shape, v1)], v1, [(), ()])
+    return p.build([out])
+
+
+def test_readers_compute_what_plain_jax_does_and_the_base_is_counted_once(runtime):
+    s = pw.virtual_slice(2, axes="x", island="island0")
+    place = pw.jit(copy_base, slice=s, in_specs=None, out_specs=None)
+    read = pw.jit(head, slice=s, in_specs=(None, None), out_specs=None)
+    owner, readers = Client(runtime), [Client(runtime) for _ in range(3)]
+    try:
+        base = place.run(BASE, client=owner)
+        ref = owner.share(base, timeout=TIMEOUT)
+        assert isinstance(ref, SharedRef) and ref.shape == BASE.shape and ref.dtype == np.float32
+        assert sum(runtime.usage().values()) == 2 * BASE_BYTES          # replicated on 2 devices, once
+        features = [X + i for i in range(len(readers))]
+        outs = [read.run(x, ref, client=c) for x, c in zip(features, readers)]
+        for out, x in zip(outs, features):
+            np.testing.assert_allclose(np.asarray(out.result(TIMEOUT)), np.asarray(jax.jit(head)(x, BASE)),
+                                       rtol=1e-4, atol=1e-5)
+        # A reader's peak leaves the base out; the owner passing its own handle counts it again.
+        own = read.run(X, base, client=owner)
+        own.block_until_ready()
+        full = own._run.need["island0"][0][2]
+        assert all(out._run.need["island0"] == [(0, 2, full - BASE_BYTES)] for out in outs)
+        # Held: the base once, and each reader's own result.
+        assert sum(runtime.usage().values()) == 2 * BASE_BYTES + 2 * OUT_BYTES * (len(readers) + 1)
+        assert runtime.owned_by(readers[0].owner) == [(outs[0]._run.id, outs[0]._buffer)]
+        base.delete()
+        for out in [*outs, own]:
+            out.delete()
+        assert sum(runtime.usage().values()) == 0 and runtime.object_count() == 0
+    finally:
+        for c in [owner, *readers]:
+            c.close()
+
+
+def test_the_base_comes_back_only_after_the_owner_released_it_and_a_reader_in_flight_is_over(
+        runtime, plan_builder):
+    topology = runtime.resources.topology
+    owner, reader = Client(runtime), Client(runtime)
+    try:
+        [base] = owner.run(base_plan(plan_builder, topology), [BASE])
+        ref = owner.share(base, timeout=TIMEOUT)
+        parked = parked_reader_plan(plan_builder, topology)
+        runtime.islands["island0"].close()              # the reader's island1 part waits for ever
+        [out] = reader.run(parked, [X, ref])
+        # In flight: its receive and result on island1, not the base again.
+        assert out._run.need["island1"] == [(0, 1, FEATURES_BYTES + OUT_BYTES)]
+        assert runtime.usage()[("island1", 0)] == BASE_BYTES + FEATURES_BYTES + OUT_BYTES
+        base.delete()                                   # the owner releases it while the reader reads it
+        assert runtime.usage()[("island1", 0)] == BASE_BYTES + FEATURES_BYTES + OUT_BYTES
+        with pytest.raises(ValueError, match=rf"^shared object \(buffer 1 of run {base._run.id}\) was released by "
+                                             rf"its owner, client {owner.id}$"):
+            reader.run(parked, [X, ref])
+        assert reader.cancel(out)
+        until(lambda: sum(runtime.usage().values()) == 0, "the base and the reader's run came back", TIMEOUT)
+        assert runtime.object_count() == 0
+    finally:
+        owner.close()
+        reader.close()
+
+
+def test_a_queued_reader_keeps_the_base_after_its_owner_closed_and_reads_it(runtime, plan_builder):
+    topology = runtime.resources.topology
+    owner, reader = Client(runtime), Client(runtime)
+    try:
+        [base] = owner.run(base_plan(plan_builder, topology), [BASE])
+        ref = owner.share(base, timeout=TIMEOUT)
+        read = reader_plan(plan_builder, topology)
+        reader.run(read, [X, ref])[0].delete()          # loaded and compiled before
+        until(lambda: sum(runtime.usage().values()) == BASE_BYTES, "the first read was over", TIMEOUT)
+        runtime.scheduler.hold()
+        try:
+            [out] = reader.run(read, [X, ref])         # queued: a reader from now on
+            owner.close()
+            assert sum(runtime.usage().values()) == BASE_BYTES
+        finally:
+            runtime.scheduler.release()
+        np.testing.assert_allclose(np.asarray(out.result(TIMEOUT)), np.asarray(jax.jit(head)(X, BASE)),
+                                   rtol=1e-4, atol=1e-5)
+        until(lambda: sum(runtime.usage().values()) == OUT_BYTES, "the base came back", TIMEOUT)
+        out.delete()
+        assert sum(runtime.usage().values()) == 0 and runtime.object_count() == 0
+    finally:
+        reader.close()
+
+
+def test_a_reader_cannot_donate_or_release_a_shared_object(runtime):
+    s = pw.virtual_slice(1, axes="x", island="island0")
+    place = pw.jit(copy_base, slice=s, in_specs=None, out_specs=None)
+    donating = pw.jit(head, slice=s, in_specs=(None, None), out_specs=None, donate_argnums=1)
+    with Client(runtime) as owner, Client(runtime) as reader:
+        base = place.run(BASE, client=owner)
+        ref = owner.share(base, timeout=TIMEOUT)
+        with pytest.raises(ValueError, match=r"^argument leaf 1 of program @head is a shared object, which is "
+                                             r"read-only: it cannot be donated \(leave it out of donate_argnums/"
+                                             r"donate_argnames\)$"):
+            donating.run(X, ref, client=reader)
+        assert not hasattr(ref, "delete") and not hasattr(ref, "donate")
+        np.testing.assert_array_equal(np.asarray(base.result(TIMEOUT)), BASE)      # untouched, still the owner's
+        assert sum(runtime.usage().values()) == BASE_BYTES
+
+
+def test_only_a_result_the_client_owns_and_holds_can_be_shared(runtime, plan_builder):
+    plan = base_plan(plan_builder, runtime.resources.topology)
+    with Client(runtime) as owner, Client(runtime) as other:
+        [base] = owner.run(plan, [BASE])
+        with pytest.raises(ValueError, match=rf"^client {other.id} can share only its own handles"):
+            other.share(base)
+        [gone] = owner.run(plan, [BASE])
+        gone.delete()
+        with pytest.raises(ValueError, match="was released"):
+            owner.share(gone)
+        ref = owner.share(base, timeout=TIMEOUT)
+        elsewhere = Runtime(embedded_device_map(1, 2))
+        try:
+            with pytest.raises(ValueError, match="belongs to another runtime"):
+                Client(elsewhere).run(reader_plan(plan_builder, elsewhere.resources.topology, "island0"), [X, ref])
+        finally:
+            elsewhere.close()
+
+
+def test_sharing_on_the_ray_backend():
+    pytest.importorskip("ray")
+    rt = Runtime(backend="ray", islands=2, per_island=2)
+    try:
+        s = pw.virtual_slice(2, axes="x", island="island0")
+        place = pw.jit(copy_base, slice=s, in_specs=None, out_specs=None)
+        read = pw.jit(head, slice=s, in_specs=(None, None), out_specs=None)
+        with Client(rt) as owner, Client(rt) as reader:
+            base = place.run(BASE, client=owner)
+            ref = owner.share(base, timeout=TIMEOUT)
+            out = read.run(X, ref, client=reader)
+            np.testing.assert_allclose(np.asarray(out.result(TIMEOUT)), np.asarray(jax.jit(head)(X, BASE)),
+                                       rtol=1e-4, atol=1e-5)
+            # Held once; a run reads it through the driver, so its peak counts the copy it places.
+            assert sum(rt.usage().values()) == 2 * BASE_BYTES + 2 * OUT_BYTES
+            assert out._run.need == rt.load(read.compiled(X, ref, runtime=rt).plan).need
+            base.delete()
+            assert sum(rt.usage().values()) == 2 * OUT_BYTES
+            with pytest.raises(ValueError, match="was released by its owner"):
+                read.run(X, ref, client=reader)
+    finally:
+        rt.close()
+
+
+def test_the_readme_snippet_runs():
+    """The README's "Shared objects" snippet, in a process of its own."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Shared objects"):]
+    [snippet] = re.findall(r"```py\n# tests/test_shared_objects.py runs this snippet\n(.*?)```", section, re.S)[:1]
+    result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "[0.7615942 0.7615942]\n270336\n"
