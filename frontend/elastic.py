@@ -69,12 +69,16 @@ class Recovery:
         return self.step - self.snapshot_step
 
 
+SPACE_MARGIN = 1 << 16     # bytes beyond a snapshot's arrays a checkpoint's metadata may take
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that could not be written or read; the message names its path."""
 
 
 class _Checkpoints:
-    """Writes snapshots as Orbax checkpoints in `directory`; a write that fails (a full disk, a lost
+    """Writes snapshots as Orbax checkpoints in `directory`; a write that cannot fit the disk's free space
+    is refused before Orbax starts it, and a write that fails (a disk that fills meanwhile, a lost
     mount) logs one line naming the checkpoint, removes its partial `*-tmp*` directory and leaves the next
     snapshot to try again (with a new manager: Orbax's keeps raising a failed write's error), or, if
     `strict`, raises CheckpointError."""
@@ -88,6 +92,12 @@ class _Checkpoints:
         import orbax.checkpoint as ocp
 
         self.finish()
+        needed = sum(a.nbytes for a in arrays) + SPACE_MARGIN
+        disk = os.statvfs(self.directory)
+        if disk.f_bavail * disk.f_frsize < needed:      # refused before Orbax writes anything
+            self._report(step, f"no space left on the device: {needed} bytes needed, "
+                               f"{disk.f_bavail * disk.f_frsize} free")
+            return
         self._writing = step
         try:
             self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)))
@@ -119,7 +129,9 @@ class _Checkpoints:
         for name in os.listdir(self.directory):
             if "-tmp" in name:                  # Orbax writes `<step>.orbax-checkpoint-tmp-<time>` first
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        self._report(step, (str(error).strip().splitlines() or [type(error).__name__])[0][:300])
+
+    def _report(self, step: int | None, reason: str) -> None:
         where = os.path.join(self.directory, str(step)) if step is not None else self.directory
         if self.strict:
             raise CheckpointError(f"the checkpoint {where} could not be written: {reason}") from None
