@@ -10,6 +10,7 @@ one machine.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 import time
@@ -215,16 +216,24 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
     if ray.is_initialized():
         return False
     named = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address or ""
-    loopback = address is None or named.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
-    if loopback:
+    host = "127.0.0.1" if address is None else named.rsplit(":", 1)[0].replace("localhost", "127.0.0.1")
+    if host == "127.0.0.1":
         use_loopback()
     options = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
     if address is None:
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", resources=resources,
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address=host, resources=resources,
                  include_dashboard=False, **options)
     else:
-        ray.init(address=address, **({"_node_ip_address": "127.0.0.1"} if loopback else {}), **options)
+        ray.init(address=address, **({"_node_ip_address": host} if is_loopback(host) else {}), **options)
     return True
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is an address of this machine's loopback interface (127.0.0.0/8, ::1)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def cluster_status(address: str) -> Status:
