@@ -210,13 +210,19 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
     """Connects this process to Ray in the namespace `pathways`: to the cluster at `address` ("auto":
     `RAY_ADDRESS`, else the latest cluster started on this machine), or to a new local instance on
     127.0.0.1 with `num_cpus` and `resources`. Returns whether it connected (False: Ray was already
-    up in this process, and is used as it is)."""
+    up in this process, and is used as it is).
+
+    At a loopback address (127.0.0.N) this process joins the node at that
+    address: Ray would otherwise take the machine's outward address as this
+    node's and find no node there. Nodes at 127.0.0.1 need `use_loopback`.
+    """
     import ray
 
     if ray.is_initialized():
         return False
     named = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address or ""
-    host = "127.0.0.1" if address is None else named.rsplit(":", 1)[0].replace("localhost", "127.0.0.1")
+    host = "127.0.0.1" if address is None else named.rsplit(":", 1)[0]
+    host = "127.0.0.1" if host == "localhost" else host
     if host == "127.0.0.1":
         use_loopback()
     options = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
@@ -229,9 +235,9 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
 
 
 def is_loopback(host: str) -> bool:
-    """Whether `host` is an address of this machine's loopback interface (127.0.0.0/8, ::1)."""
+    """Whether `host` is an IP address of this machine's loopback interface (127.0.0.0/8)."""
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
