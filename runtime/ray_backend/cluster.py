@@ -10,6 +10,7 @@ one machine.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import os
 import sys
@@ -232,22 +233,36 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
     """Connects this process to Ray in the namespace `pathways`: to the cluster at `address` ("auto":
     `RAY_ADDRESS`, else the latest cluster started on this machine), or to a new local instance on
     127.0.0.1 with `num_cpus` and `resources`. Returns whether it connected (False: Ray was already
-    up in this process, and is used as it is)."""
+    up in this process, and is used as it is).
+
+    At a loopback address (127.0.0.N) this process joins the node at that
+    address: Ray would otherwise take the machine's outward address as this
+    node's and find no node there. Nodes at 127.0.0.1 need `use_loopback`.
+    """
     import ray
 
     if ray.is_initialized():
         return False
     named = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address or ""
-    loopback = address is None or named.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
-    if loopback:
+    host = "127.0.0.1" if address is None else named.rsplit(":", 1)[0]
+    host = "127.0.0.1" if host == "localhost" else host
+    if host == "127.0.0.1":
         use_loopback()
     options = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
     if address is None:
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", resources=resources,
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address=host, resources=resources,
                  include_dashboard=False, **options)
     else:
-        ray.init(address=address, **({"_node_ip_address": "127.0.0.1"} if loopback else {}), **options)
+        ray.init(address=address, **({"_node_ip_address": host} if is_loopback(host) else {}), **options)
     return True
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is an IP address of this machine's loopback interface (127.0.0.0/8)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def cluster_status(address: str) -> Status:
