@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: an MLIR context, and `plan_builder` for hand-built program plans."""
+"""Shared pytest fixtures: an MLIR context, `plan_builder` for hand-built program plans, and embedded
+runtimes (`device_map`: 2 islands of 4 CPU devices, `runtime` on it, one per test; `two_islands`, ...)."""
 
 import base64
 import math
@@ -153,3 +154,21 @@ def three_islands():
 def four_islands():
     """A client of a 4 x 2 embedded runtime of its own."""
     yield from _client_of_new_runtime(4, 2)
+
+
+@pytest.fixture(scope="module")
+def device_map():
+    """2 islands of 4 embedded CPU devices."""
+    from pathways_mlir.runtime.cluster import embedded_device_map
+
+    return embedded_device_map(2, 4)
+
+
+@pytest.fixture
+def runtime(device_map):
+    """A fresh runtime on `device_map`, closed after the test."""
+    from pathways_mlir.runtime.runtime import Runtime
+
+    rt = Runtime(device_map)
+    yield rt
+    rt.close()

@@ -13,16 +13,10 @@ import pytest
 from pathways_mlir.dialect.plan import Launch, PlanError, ProgramPlan
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.runtime import Runtime
 
 X = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
 ONE_RUN = 2 * 8 * 16 * 4     # a one-device run's peak: its argument and its result
-
-
-@pytest.fixture(scope="module")
-def device_map():
-    return embedded_device_map(2, 4)
 
 
 def tanh2(x):
@@ -43,13 +37,6 @@ def cross_island(plan_builder, topology):
     a = p.launch(tanh2, [p.input((8, 16), v0, [("x",), ()])], v0, [("x",), ()])
     b = p.launch(tanh2, [p.dcn(a, v1, [("x",), ()])], v1, [("x",), ()])
     return p.build([b]), np.asarray(jax.jit(tanh2)(jax.jit(tanh2)(X)))
-
-
-@pytest.fixture
-def runtime(device_map):
-    rt = Runtime(device_map)
-    yield rt
-    rt.close()
 
 
 def settle(runtime, runs, client):

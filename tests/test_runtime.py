@@ -10,23 +10,10 @@ import pytest
 from test_admission_and_lifetimes import X, cross_island
 
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.runtime import RunCancelled, Runtime
 
 X = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
-
-
-@pytest.fixture(scope="module")
-def device_map():
-    return embedded_device_map(2, 4)
-
-
-@pytest.fixture
-def runtime(device_map):
-    rt = Runtime(device_map)
-    yield rt
-    rt.close()
 
 
 def stage_a(x):

@@ -28,11 +28,6 @@ from pathways_mlir.runtime.service import open_connection
 LONG_TRIPS = 200_000       # the long plan's measured runs: many times the small plan's device time
 
 
-@pytest.fixture(scope="module")
-def device_map():
-    return embedded_device_map(2, 4)
-
-
 def measured(rt, client, plan, args, times=3):
     """Runs `plan` until runs of it have been measured (a run retired before its island's tracker reported its
     device time is not), so that the scheduler knows its device time; returns it."""

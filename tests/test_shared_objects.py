@@ -27,18 +27,6 @@ FEATURES_BYTES = X.nbytes
 OUT_BYTES = 8 * 64 * 4
 
 
-@pytest.fixture(scope="module")
-def device_map():
-    return embedded_device_map(2, 4)
-
-
-@pytest.fixture
-def runtime(device_map):
-    rt = Runtime(device_map)
-    yield rt
-    rt.close()
-
-
 def copy_base(b):
     return b * 1.0
 

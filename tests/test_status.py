@@ -12,13 +12,7 @@ from test_admission_and_lifetimes import X, cross_island
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.runtime import Runtime
-
-
-@pytest.fixture(scope="module")
-def device_map():
-    return embedded_device_map(2, 4)
 
 
 def test_a_run_waiting_forever_on_a_send_names_it(device_map, plan_builder):
