@@ -9,7 +9,7 @@ tests/test_service_sharing.py.
 - `reader`: tries a guessed token (checked, then as a run's argument), reads the base with the token it was
   given and checks the result against plain JAX, tries to donate it and to release the owner's handles,
   reads it again (it is still there), says each outcome; after a line on stdin (the owner has released
-  it meanwhile), tries once more and says why it was refused.
+  it meanwhile), tries once more and says why it was refused; after another, disconnects.
 
 Every outcome is one JSON line; every wait is bounded.
 """
@@ -88,6 +88,7 @@ def main(service_file: str, role: str, token: str | None = None) -> None:
         say(read_again=True, objects=client.object_count())
         sys.stdin.readline()
         say(after_release=refusal(lambda: read(X, ref).result(TIMEOUT)))
+        sys.stdin.readline()
     client.close()
 
 

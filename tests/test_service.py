@@ -45,7 +45,10 @@ def stop(proc) -> None:
     proc.wait(timeout=30)
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         if stream:
-            stream.close()
+            try:
+                stream.close()
+            except BrokenPipeError:      # a line still buffered for a process that is gone
+                pass
 
 
 def serve(procs, *args, env=None, backend="embedded"):
