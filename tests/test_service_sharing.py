@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
-from test_service import TIMEOUT, read_json, serve, stop, wait_status
+from test_service import TIMEOUT, procs, read_json, serve, wait_status  # noqa: F401  (procs: a fixture)
 
 from pathways_mlir.runtime.service import open_connection
 
@@ -20,21 +19,10 @@ SHARING_CLIENT = str(Path(__file__).with_name("shared_client.py"))
 BASE_BYTES = 64 * 16 * 4                  # on each of island0's 2 devices
 
 
-@pytest.fixture
-def processes():
-    """The processes the test starts; all are stopped at its end."""
-    started = []
-    try:
-        yield started
-    finally:
-        for p in reversed(started):
-            stop(p)
-
-
-def sharing_client(service_file, processes, *args):
+def sharing_client(service_file, procs, *args):
     proc = subprocess.Popen([sys.executable, SHARING_CLIENT, str(service_file), *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    processes.append(proc)
+    procs.append(proc)
     return proc
 
 
@@ -42,17 +30,17 @@ def reserved(status) -> dict:
     return {island: list(per_device) for island, per_device in status["reserved"].items()}
 
 
-def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(tmp_path, processes):
+def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(tmp_path, procs):
     directory = tmp_path / "service"
     directory.mkdir(mode=0o700)
     service_file = directory / "service.json"
-    serve(processes, "--service-file", str(service_file))
+    serve(procs, "--service-file", str(service_file))
     observer = open_connection(str(service_file), timeout=TIMEOUT)
     try:
-        owner = sharing_client(service_file, processes, "owner")
+        owner = sharing_client(service_file, procs, "owner")
         token = read_json(owner)["token"]
         assert isinstance(token, str) and len(token) >= 43          # 256 random bits
-        reader = sharing_client(service_file, processes, "reader", token)
+        reader = sharing_client(service_file, procs, "reader", token)
         guessed = read_json(reader)
         for refusal in guessed.values():
             assert refusal.startswith("RemoteError: PermissionError: no shared object has the reference 'AAAAAA'...")
