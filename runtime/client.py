@@ -77,10 +77,7 @@ class Client:
             if again is not None:
                 raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
                                  f"it is passed again as argument {again}: donate a copy, or neither")
-        keeps = self.runtime.islands.keep_arguments
-        args = [(a.reference() if keeps and a.island == plan.island_of(b) and a.shape == plan.buffers[b].shape
-                 else a.result()) if isinstance(a, Handle) else a.result() if isinstance(a, SharedRef) else a
-                for b, a in zip(plan.inputs, args)]
+        args = [self._argument(plan, plan.inputs[i] if i < len(plan.inputs) else None, a) for i, a in enumerate(args)]
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")
@@ -93,6 +90,16 @@ class Client:
                 while self._active and self.runtime.run_done(self._active[0]):
                     self._active.popleft()
         return run
+
+    def _argument(self, plan: ProgramPlan, buffer: int | None, arg):
+        """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): a handle's
+        `StoreRef` where its island keeps it for that input, else a handle's or shared object's array."""
+        if isinstance(arg, Handle):
+            if (buffer is not None and self.runtime.islands.keep_arguments and arg.island == plan.island_of(buffer)
+                    and arg.shape == plan.buffers[buffer].shape):
+                return arg.reference()
+            return arg.result()
+        return arg.result() if isinstance(arg, SharedRef) else arg
 
     def run(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
             timeout: float | None = None) -> list[Handle]:
