@@ -19,7 +19,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .dispatch import Dispatcher
 from .handles import Handle
-from .island import client_owner
+from .island import RunFailed, client_owner
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
 from .shared import SharedRef
@@ -93,8 +93,13 @@ class Client:
 
     def _argument(self, plan: ProgramPlan, buffer: int | None, arg):
         """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): a handle's
-        `StoreRef` where its island keeps it for that input, else a handle's or shared object's array."""
+        `StoreRef` where its island keeps it for that input, else a handle's or shared object's array. A handle
+        of a run known to have failed (or been cancelled) is refused here: an island might still hold the
+        result, and the failure could reach it after this run's start."""
         if isinstance(arg, Handle):
+            if arg._run.error is not None:
+                raise RunFailed(f"program @{plan.program} takes a result of run {arg._run.id}, which failed: "
+                                f"{arg._run.error}")
             if (buffer is not None and self.runtime.islands.keep_arguments and arg.island == plan.island_of(buffer)
                     and arg.shape == plan.buffers[buffer].shape):
                 return arg.reference()
