@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import numpy as np
@@ -33,11 +33,14 @@ from .lowered import Lowered
 from .signature import Call
 from .wire import from_wire, to_wire
 
+if TYPE_CHECKING:
+    from pathways_mlir.runtime.interface import ClusterRuntime, ProgramClient
+
 
 class Compiled:
     """A program's plan on one runtime; calling it runs the program and returns handles."""
 
-    def __init__(self, lowered: Lowered, runtime):
+    def __init__(self, lowered: Lowered, runtime: "ClusterRuntime"):
         self.lowered = lowered
         self.runtime = runtime
         self.plan = None
@@ -53,7 +56,7 @@ class Compiled:
         self.runtime.load(plan)
         self.plan, self._version = plan, version
 
-    def __call__(self, *args: Any, client=None, dispatch: str = "parallel", timeout: float | None = None,
+    def __call__(self, *args: Any, client: "ProgramClient | None" = None, dispatch: str = "parallel", timeout: float | None = None,
                  **kwargs: Any) -> Any:
         """Runs the program on `args` and `kwargs` (shaped like the traced ones); returns handles.
         With `timeout` (seconds), the run is cancelled if it is not over by then (its handles raise).

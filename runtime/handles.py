@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 
+from .array_reference import ArrayReference
 from .executables import numpy_dtype
 from .island import StoreRef
 from .run import Run
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .client import Client
 
 
-class Handle:
+class Handle(ArrayReference):
     """An owned reference to a result on devices."""
 
     __slots__ = ("_client", "_run", "_buffer", "_deleted", "_donated_to", "__weakref__")
@@ -47,10 +47,6 @@ class Handle:
     def slice(self) -> str | None:
         """The virtual slice the result lives on (None for a host value)."""
         return self._run.plan.buffers[self._buffer].slice
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
     @property
     def island(self) -> str | None:
@@ -83,16 +79,6 @@ class Handle:
         if hasattr(value, "block_until_ready"):
             value.block_until_ready()
         return self
-
-    def __array__(self, dtype=None, copy=None):
-        array = np.asarray(self.result())
-        return array.astype(dtype) if dtype is not None else array
-
-    def __jax_array__(self):
-        return self.result()
-
-    def __getitem__(self, index):
-        return np.asarray(self)[index]
 
     def delete(self) -> None:
         """Releases the result now."""

@@ -29,6 +29,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
+from .array_reference import ArrayReference
 from .authentication import client_handshake, read_key
 from .runtime import release_default
 from .status import Status
@@ -47,7 +48,7 @@ class ServiceError(ConnectionError):
     """A service that cannot be started, reached or heard from; the message is one line naming it."""
 
 
-class RemoteHandle:
+class RemoteHandle(ArrayReference):
     """A handle to a result held by an endpoint for this process; behaves like a local `Handle`.
 
     `np.asarray(h)`, `h.result(timeout)` (a JAX array here), `h.block_until_ready()`, `h.shape`,
@@ -62,10 +63,6 @@ class RemoteHandle:
         self._finalizer = weakref.finalize(self, client._drop, key)
         self._finalizer.atexit = False       # at exit the connection closes and releases everything
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
     def result(self, timeout: float | None = None):
         """Returns the value as a JAX array, waiting at most `timeout` seconds (None: as long as it takes)
         for it to be produced; raises TimeoutError past it, RemoteError if the run failed."""
@@ -76,15 +73,8 @@ class RemoteHandle:
         self._fetch(None, False)
         return self
 
-    def __array__(self, dtype=None, copy=None):
-        value = self._fetch(None, True)
-        return value.astype(dtype) if dtype is not None else value
-
-    def __jax_array__(self):
-        return self.result()
-
-    def __getitem__(self, index):
-        return np.asarray(self)[index]
+    def _host_value(self):
+        return self._fetch(None, True)
 
     def delete(self) -> None:
         """Releases the result on the cluster now."""

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
+from .array_reference import ArrayReference
 from .executables import numpy_dtype
 from .object_store import ObjectKey
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 
-class SharedRef:
+class SharedRef(ArrayReference):
     """A read-only reference to another client's result on devices; pass it to programs like a handle."""
 
     __slots__ = ("_runtime", "_run", "_buffer", "_owner", "owner_client")
@@ -64,10 +65,6 @@ class SharedRef:
     @property
     def dtype(self):
         return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
     @property
     def released(self) -> bool:

@@ -24,7 +24,8 @@ from pathways_mlir.runtime.service import ServiceError, open_connection
 
 SERVE = [sys.executable, "-m", "pathways_mlir.cli.pw_serve"]
 CLIENT = str(Path(__file__).with_name("service_client.py"))
-TIMEOUT = 120
+TIMEOUT = 300        # bounds each wait for a process: a client first traces, lowers and runs its programs, which
+#                      takes about 20 s here alone and several times that on a 2-core machine at load 10 or more
 # Per device: a `big` run (256 KiB per device at its peak) fits alone, but not beside a held result of
 # `big` (128 KiB per device).
 MEMORY = 327680

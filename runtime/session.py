@@ -1,0 +1,248 @@
+"""One served connection of an endpoint: the requests it answers for its client.
+
+After the handshake the endpoint sends `{"ok": true, "limits": {...}}` (or
+why it will not serve). Requests, one frame each:
+
+- `load` {plan, executables}: a plan as `ProgramPlan.to_python` without its
+  compiled functions, which come as the frame's arrays of bytes (uint8) in
+  the order `executables` names them; the reply names it by the SHA-256 of
+  its JSON (`ProgramPlan.to_json`), and every connection loading the same
+  plan shares it. A plan is checked (`runtime/plan_check.py`) once;
+- `run` {name, version, dispatch, args}: each argument `["array", i]` (the
+  frame's i-th array), `["handle", k]` (one of this connection's
+  results) or `["shared", token]` (a shared object, read-only); the reply
+  has `[key, shape, dtype]` per output. A plan lowered
+  for another topology `version` than the cluster's is refused
+  (`TopologyChanged`), and the client lowers it again;
+- `fetch` {handle, timeout, value}: waits for a result (at most `timeout`
+  seconds, null: as long as it takes) and sends it unless `value` is false;
+- `share` {handle}: shares one of this connection's results
+  (`runtime/shared.py`); the reply's `token` (256 random bits) is the only
+  way to name it, for any connection the owner gives it to. `shared`
+  {token}: checks a token, replying with the object's shape and dtype. An
+  unknown token, or one whose object the owner released, is refused; a
+  reader cannot release the object (only its own handles), and its
+  references end with the owner's connection;
+- `topology`: the cluster's topology (`Topology.to_json`) and its version;
+- `status` {full}: the runtime's status as this connection may see it: the
+  queue, the islands and the reserved bytes, with its own runs and objects
+  only; `full: true`, every client's and the connections, is for the
+  service's owner (its own user, on the Unix socket);
+- `objects`: how many objects this connection owns; `ping`; `release`;
+  `close`.
+
+Any request may carry `release`, a list of this connection's handles to
+release before it is served (dropped handles travel this way). Every reply
+is `{"ok": true, ...}` or `{"ok": false, "error": "...", "kind": "..."}`
+(`timeout`, `topology`, `busy` or `error`).
+A request the endpoint cannot serve gets an error reply; a frame that breaks
+the format gets one and the connection is dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import select
+import socket
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pathways_mlir.dialect.plan import ProgramPlan
+
+from .client import Client
+from .handles import Handle
+from .resource_manager import TopologyChanged
+from .wire import ERROR_KINDS, ProtocolError, recv_message, send_message
+
+if TYPE_CHECKING:
+    from .endpoint import Endpoint
+
+_SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
+_PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
+
+
+class Session:
+    """One authenticated connection: its client, the plans it loaded and its handles."""
+
+    def __init__(self, endpoint: Endpoint, client: Client, connection: socket.socket, owner: bool):
+        self.endpoint, self.client, self.connection, self.owner = endpoint, client, connection, owner
+        self.plans: dict[str, ProgramPlan] = {}
+        self.handles: dict[int, Handle] = {}
+        self.tokens: set[str] = set()        # the shared objects this connection made
+        self.ids = itertools.count()
+        self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
+                         "cancel": self.cancel, "share": self.share, "shared": self.shared,
+                         "objects": self.objects, "topology": self.topology, "status": self.status,
+                         "ping": self.release}
+
+    def serve(self) -> None:
+        """Answers requests until the peer closes, sends a malformed frame or is idle too long."""
+        try:
+            while True:
+                try:
+                    request, arrays = recv_message(self.connection, self.endpoint.limits, self.endpoint._large)
+                except ProtocolError as error:
+                    send_message(self.connection, {"ok": False, "error": str(error)})
+                    return
+                op = request.get("op")
+                if op == "close":
+                    send_message(self.connection, {"ok": True})
+                    return
+                try:
+                    self._release(request.get("release", []))
+                    handler = self.requests.get(op) if isinstance(op, str) else None
+                    if handler is None:
+                        raise ValueError(f"unknown request {str(op)[:40]!r}")
+                    reply, out = handler(request, arrays)
+                    reply["ok"] = True
+                except Exception as error:  # noqa: BLE001  (sent back to the remote client)
+                    kind = next((k for k in ERROR_KINDS if isinstance(error, ERROR_KINDS[k])), "error")
+                    reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind}, []
+                send_message(self.connection, reply, out)
+        finally:
+            self.endpoint.forget(self.tokens)
+            self.handles.clear()
+
+    def load(self, request: dict, arrays) -> tuple[dict, list]:
+        """Reads a plan (its compiled functions are the frame's arrays, in the order `executables` names
+        them), checks it once per endpoint; replies with its name, the SHA-256 of its JSON."""
+        structure, names = _field(request, "plan", dict), _field(request, "executables", list)
+        if len(names) != len(arrays) or not all(isinstance(n, str) for n in names) \
+                or any(a.dtype != np.uint8 or a.ndim != 1 for a in arrays):
+            raise ValueError("request 'load' needs one array of bytes (uint8) per name in 'executables'")
+        executables = {n: base64.b64encode(a.tobytes()).decode("ascii") for n, a in zip(names, arrays)}
+        name, plan = self.endpoint.plan({**structure, "executables": executables})
+        self.plans[name] = plan
+        return {"name": name}, []
+
+    def run(self, request: dict, arrays) -> tuple[dict, list]:
+        """Runs a plan this connection loaded, lowered for topology `version`, on `args` (each `["array", i]`,
+        the frame's i-th array, `["handle", k]`, one of its handles, or `["shared", token]`, a shared object);
+        replies with one handle per output."""
+        name = _field(request, "name", str)
+        if name not in self.plans:
+            raise ValueError(f"no plan is loaded as {name[:40]!r}")
+        version, current = _field(request, "version", int), self.client.runtime.resources.version
+        if version != current:
+            raise TopologyChanged(f"the plan was lowered for topology version {version}; the cluster's is "
+                                  f"{current}")
+        args = []
+        for arg in _field(request, "args", list):
+            if not (isinstance(arg, list) and len(arg) == 2 and
+                    ((arg[0] in ("array", "handle") and type(arg[1]) is int) or
+                     (arg[0] == "shared" and isinstance(arg[1], str)))):
+                raise ValueError(f"an argument must be [\"array\", index], [\"handle\", key] or "
+                                 f"[\"shared\", token], not {str(arg)[:80]}")
+            if arg[0] == "shared":
+                args.append(self.endpoint.shared(arg[1]))
+            elif arg[0] == "handle":
+                args.append(self._handle(arg[1]))
+            elif 0 <= arg[1] < len(arrays):
+                args.append(arrays[arg[1]])
+            else:
+                raise ValueError(f"argument array {arg[1]} is not in the request's {len(arrays)} arrays")
+        timeout = request.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 < timeout < 1e9):
+            raise ValueError(f"a run's timeout must be a positive number of seconds, not {str(timeout)[:40]}")
+        results = self.client.run(self.plans[name], args, _field(request, "dispatch", str), timeout)
+        reply = []
+        for handle in results:
+            key = next(self.ids)
+            self.handles[key] = handle
+            reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
+        return {"handles": reply}, []
+
+    def share(self, request: dict, arrays) -> tuple[dict, list]:
+        """Shares one of this connection's results; replies with its token (see `Endpoint.share`)."""
+        ref = self.client.share(self._handle(_field(request, "handle", int)), timeout=_SHARE_WAIT)
+        token = self.endpoint.share(ref)
+        self.tokens.add(token)
+        return {"token": token, "shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
+
+    def shared(self, request: dict, arrays) -> tuple[dict, list]:
+        """Checks a shared object's token; replies with its shape and dtype."""
+        ref = self.endpoint.shared(_field(request, "token", str))
+        return {"shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
+
+    def cancel(self, request: dict, arrays) -> tuple[dict, list]:
+        """Cancels the run of one of this connection's handles (see `Client.cancel`)."""
+        return {"cancelled": self.client.cancel(self._handle(_field(request, "handle", int)))}, []
+
+    def fetch(self, request: dict, arrays) -> tuple[dict, list]:
+        """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists; sends
+        it unless `value` is false. Gives up if the peer leaves meanwhile."""
+        handle = self._handle(_field(request, "handle", int))
+        timeout = request.get("timeout")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                    or not timeout >= 0):
+            raise ValueError(f"request 'fetch' needs 'timeout' as a non-negative number or null, not {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = _PEER_CHECK if deadline is None else min(_PEER_CHECK, max(0.0, deadline - time.monotonic()))
+            try:
+                value = handle.result(wait)
+                break
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"the result was not ready within {timeout} s") from None
+                if _peer_left(self.connection):
+                    raise EOFError("the client left while waiting for a result") from None
+        return {}, [np.asarray(value)] if request.get("value", True) else []
+
+    def release(self, request: dict, arrays) -> tuple[dict, list]:
+        """Nothing more (also `ping`): every request releases the handles listed in its `release` field
+        first, and any request shows the connection is not idle."""
+        return {}, []
+
+    def objects(self, request: dict, arrays) -> tuple[dict, list]:
+        """Counts the objects this connection's client owns."""
+        return {"count": len(self.client.objects())}, []
+
+    def topology(self, request: dict, arrays) -> tuple[dict, list]:
+        """Sends the cluster's topology (JSON) and its version, for clients that lower programs themselves."""
+        version, topology = self.client.runtime.resources.snapshot()
+        return {"topology": topology.to_json(), "version": version}, []
+
+    def status(self, request: dict, arrays) -> tuple[dict, list]:
+        """Sends the service's status as this connection may see it (`Endpoint.status`); the full report
+        (`full: true`) only to the service's owner, on its Unix socket."""
+        if request.get("full", False) is not True:
+            return {"status": self.endpoint.status(self.client.id)}, []
+        if not self.owner:
+            raise PermissionError("the full status is for the service's owner, on its Unix socket")
+        return {"status": self.endpoint.status()}, []
+
+    def _release(self, keys) -> None:
+        if not isinstance(keys, list) or not all(type(k) is int for k in keys):
+            raise ValueError("'release' must be a list of handle keys")
+        for key in keys:
+            handle = self.handles.pop(key, None)     # a key released twice, or never made, is ignored
+            if handle is not None:
+                handle.delete()
+
+    def _handle(self, key: int) -> Handle:
+        if key not in self.handles:
+            raise ValueError(f"no handle {key}")
+        return self.handles[key]
+
+
+def _peer_left(connection: socket.socket) -> bool:
+    """Returns whether the peer has closed its end (it sends nothing while it waits for a reply)."""
+    readable, _, _ = select.select([connection], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _field(request: dict, name: str, kind: type):
+    value = request.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"request {str(request.get('op'))[:40]!r} needs {name!r} as {kind.__name__}")
+    return value
