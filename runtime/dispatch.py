@@ -221,10 +221,11 @@ class Dispatcher:
                     inputs = self._run_cond(run, step, mode)
                     self.runtime.scheduler.continue_run(run, {i: ((), tuple(v), False) for i, v in inputs.items()})
                     continue
-                if isinstance(step, Recv):
-                    self.fetch(run, step.dst_buffer)          # the peer's send has arrived
                 self.runtime.islands[island].prepare(run.key, (step_id,))
                 self.runtime.scheduler.continue_run(run, {island: ((step_id,), (), last[island] == step_id)})
+                if isinstance(step, Recv):
+                    self.fetch(run, step.dst_buffer)          # the peer's send has arrived (the receiver asks
+                                                              # for it once it has the step: Ray's data plane)
         except BaseException as error:  # noqa: BLE001
             self.runtime.fail_run(run, error)
 

@@ -382,6 +382,11 @@ class Island:
             if run_id not in self._failed:
                 self._fail(run_id, error)
 
+    def failure(self, run_id: int) -> BaseException | None:
+        """The error a run failed with here (None: it has not failed here, or too long ago to remember)."""
+        with self.lock:
+            return self._failed.get(run_id)
+
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
         """Returns the array of a run's buffer, waiting until it is produced; raises if the run failed."""
         with self.lock:

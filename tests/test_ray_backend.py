@@ -179,6 +179,71 @@ def test_a_run_taking_a_failed_runs_result_fails_naming_it(ray_runtime):
             np.asarray(across.run(made, client=client))
 
 
+def moves(runtime) -> dict:
+    """Per island, per peer: how its moves went (`transfers` in the island's status)."""
+    return {name: island.status()["transfers"] for name, island in runtime.islands.items()}
+
+
+def moved(before: dict, after: dict, island: str, peer: str, what: str) -> int:
+    return after[island][peer].get(what, 0) - before[island].get(peer, {}).get(what, 0)
+
+
+def test_moves_between_island_actors_go_over_the_transfer_server(ray_runtime):
+    """`across` moves a 2-way sharded buffer to island1 and a replicated one back: both are pulled from the
+    sender's transfer server (the replicated one as one copy), none goes by actor call."""
+    before = moves(ray_runtime)
+    with Client(ray_runtime) as client:
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+    after = moves(ray_runtime)
+    for island, peer in (("island0", "island1"), ("island1", "island0")):
+        assert after[island][peer]["path"] == "transfer server"
+        assert moved(before, after, island, peer, "pulled") == 1 and moved(before, after, island, peer, "offered") == 1
+        assert moved(before, after, island, peer, "by_actor_call") == 0
+        assert after[island][peer]["under_way"] == {"pulls": 0, "offers": 0}
+
+
+def test_a_move_the_receiver_cannot_hold_as_sent_goes_by_actor_call(ray_runtime):
+    """Four distinct shards for a 2-device slice: the transfer server cannot land them, an actor call can."""
+    wide = pw.virtual_slice(4, axes="w", name="wide", island="island1")
+    spread = pw.jit(lambda x: jnp.cos(x), slice=wide, in_specs=P("w"), out_specs=P("w"))
+
+    @pw.program
+    def narrow_after_wide(x):
+        return grow(spread(x))
+
+    before = moves(ray_runtime)
+    with Client(ray_runtime) as client:
+        out = narrow_after_wide.run(X, client=client)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(grow.fn)(jnp.cos(X))), rtol=1e-6)
+    after = moves(ray_runtime)
+    assert moved(before, after, "island1", "island0", "by_actor_call") == 1
+    assert moved(before, after, "island1", "island0", "offered") == 0
+
+
+def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):
+    """A run cancelled while its sender computes: the sender offers an error in place of the buffer, the
+    receiver's pull ends, and nothing is left under way on either island."""
+    spin = pw.jit(lambda x: jax.lax.fori_loop(0, 20_000_000, lambda i, y: jnp.cos(y), x), slice=left,
+                  in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def spin_then_bend(x):
+        return bend(spin(x))
+
+    with Client(ray_runtime) as client:
+        spin_then_bend.compiled(X, runtime=ray_runtime)
+        out = spin_then_bend.run(X, client=client)
+        assert client.cancel(out)
+        with pytest.raises(RunFailed):
+            out.result(timeout=120)
+        deadline = time.monotonic() + 120
+        while any(state["under_way"] != {"pulls": 0, "offers": 0}
+                  for peers in moves(ray_runtime).values() for state in peers.values() if "under_way" in state):
+            assert time.monotonic() < deadline, f"moves still under way: {moves(ray_runtime)}"
+            time.sleep(0.05)
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+
+
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
     """Last for each runtime: island1's actor is killed. Programs move to island0 (the compiled graph, which
     held the dead actor, gives way to actor calls), and restore_island brings a fresh actor back."""

@@ -4,13 +4,15 @@ The actor process starts its own JAX with the island's devices (CPU devices
 made with `XLA_FLAGS` in the actor's environment here; an accelerator host's
 own devices elsewhere) and runs the same island programs, object-store
 shard and compile cache as the embedded backend. A send to a peer island
-goes straight from this actor to the peer's (`PeerSender`, `deliver_many`),
-never through the driver; arrays travel as NumPy arrays through Ray.
+goes straight from this actor to the peer's, never through the driver: over
+JAX's transfer server (`data_plane.py`), or, where that cannot carry it, as
+NumPy arrays in a `deliver_many` actor call (`PeerSender`).
 """
 
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,7 +21,28 @@ from pathways_mlir.dialect.topology import Topology
 
 from ..island import IslandLost, IslandWork, RunFailed
 
+if TYPE_CHECKING:
+    from .data_plane import DataPlane
+
 SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the island up to this size each
+CONNECT_TIMEOUT = 60.0   # seconds to learn a peer actor's transfer address
+
+
+def _data_plane(island) -> "DataPlane | None":
+    """The island's end of the data plane, on this node's address; None where this JAX has no transfer
+    server (every move then goes by actor call)."""
+    import os
+
+    import ray
+
+    if os.environ.get("PW_DATA_PLANE") == "off":
+        return None
+    try:
+        from .data_plane import DataPlane
+
+        return DataPlane(island, ray.util.get_node_ip_address())
+    except (ImportError, AttributeError):
+        return None
 
 
 class IslandActor:
@@ -42,16 +65,29 @@ class IslandActor:
         # Without emulation a send is handed to the peer's sender at once (it batches and waits for the value).
         self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
                               DcnTransport(emulate=emulate_dcn), self._peer)
+        self._plane = _data_plane(self._island)
         self._next = 0
         self._turn = threading.Condition()
         self._closing = threading.Event()
 
+    def transfer_address(self) -> str | None:
+        """Where peers reach this island's transfer server (None: moves here go by actor call)."""
+        return self._plane.address if self._plane is not None else None
+
     def connect(self, peers: dict) -> None:
-        self._senders = {name: PeerSender(actor) for name, actor in peers.items() if name != self._name}
+        """Meets the peer islands' actors: their senders, and their transfer servers."""
+        for name, actor in peers.items():
+            if name != self._name:
+                self.reconnect(name, actor)
 
     def reconnect(self, name: str, actor) -> None:
         """Island `name` has a new actor (it was lost and restored): sends go there from now on."""
-        self._senders[name] = PeerSender(actor)
+        import ray
+
+        address = ray.get(actor.transfer_address.remote(), timeout=CONNECT_TIMEOUT)
+        if self._plane is not None and address is not None:
+            self._plane.connect(name, address)
+        self._senders[name] = PeerSender(actor, name, self._plane if address is not None else None)
 
     def watch(self) -> None:
         """Returns when the island closes: the driver's monitor keeps one call in flight, which Ray fails
@@ -75,7 +111,7 @@ class IslandActor:
             try:
                 self._release(releases)
                 if work is not None:
-                    self._island.start(work)
+                    self._begin(work)
             finally:
                 self._next += 1
                 self._turn.notify_all()
@@ -86,7 +122,13 @@ class IslandActor:
         self._release(message["releases"].get(self._name, ()))
         work = message["works"].get(self._name)
         if work is not None:
-            self._island.start(work)
+            self._begin(work)
+
+    def _begin(self, work: IslandWork) -> None:
+        """Starts a run's work here, its pulls over the data plane first."""
+        if self._plane is not None:
+            self._plane.expect(work)
+        self._island.start(work)
 
     def deliver_many(self, items) -> None:
         """A peer's sends and failures, in the order it made them."""
@@ -137,7 +179,13 @@ class IslandActor:
         return self._island.compilations()
 
     def status(self) -> dict:
-        return {**self._island.status(), "node": self.node()}
+        """The island's status, its Ray node, and per peer island the path its moves take (`transfers`)."""
+        moves = {name: {"path": "actor call", "by_actor_call": sender.sent}
+                 for name, sender in sorted(self._senders.items())}
+        if self._plane is not None:
+            moves.update({name: {**counts, "by_actor_call": moves.get(name, {}).get("by_actor_call", 0)}
+                          for name, counts in self._plane.status().items()})
+        return {**self._island.status(), "node": self.node(), "transfers": moves}
 
     def node(self) -> str:
         """The id of the Ray node this actor runs on."""
@@ -147,6 +195,8 @@ class IslandActor:
 
     def close(self) -> None:
         self._island.close()
+        if self._plane is not None:
+            self._plane.close()
         self._closing.set()
 
 
@@ -160,13 +210,19 @@ class PeerSender:
     the island that sent it never blocks.
     """
 
-    def __init__(self, actor):
-        self._actor = actor
+    def __init__(self, actor, name: str, plane: "DataPlane | None"):
+        self._actor, self._name, self._plane = actor, name, plane
+        self.sent = 0                      # moves that went by actor call
         self._queue: list = []
         self._ready = threading.Condition()
         threading.Thread(target=self._send_batches, name="pw-peer-sender", daemon=True).start()
 
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
+        """Hands a sent buffer to the peer: offered on the data plane where it travels there, else queued
+        for the next `deliver_many` call."""
+        if self._plane is not None and self._plane.offer(run_id, key, self._name, buffer, array):
+            return
+        self.sent += 1
         self._put((run_id, key, buffer, array))
 
     def fail_run(self, run_id: int, error: BaseException) -> None:

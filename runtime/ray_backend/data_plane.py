@@ -1,0 +1,275 @@
+"""The data plane between island actors: arrays move over JAX's transfer server, with no Python on the way.
+
+Every island actor runs a `jax.experimental.transfer` server. A DCN move of
+buffer `B` of run `R` is a pull keyed by `transfer_id(R, B)`:
+
+- the receiving island asks for it as soon as the run's work arrives there
+  (`DataPlane.expect`), before the sender has computed it; the pull returns
+  at once, and its arrays fill when the bytes arrive;
+- the sending island offers it when its `Send` step runs (`DataPlane.offer`),
+  as arrays that may not be computed yet; the server sends them once they are;
+- a thread of the receiver hands each pulled array to its island
+  (`Island.deliver`) once it is there, so an island program never runs on a
+  value still in flight.
+
+No actor call, Ray object or driver is on that path. What travels is the
+buffer's distinct shards (`TransferLayout`): a replicated mesh axis sends
+one copy, and the receiver takes them onto the first devices of its own slice
+and moves them to their home sharding there (an ICI copy).
+
+Where the receiving slice has fewer devices than the distinct shards, the
+move goes by actor call instead (`PeerSender`), as every move did before;
+`status()` counts both paths per peer. The same when the transfer server is
+missing from this JAX (`jax.experimental.transfer`).
+
+Failures: a run that fails on the sender before offering a buffer its peer
+pulls gets an error array offered in its place (`make_error_array`), so the
+pull ends and the receiver's run fails naming it; a run that fails on the
+receiver drops its pulls. The transfer API's timeouts do not bound a pull
+that nobody offers (measured: such a pull waits forever), so a dead sender
+is found by the driver's monitor, which fails its runs with `IslandLost`;
+its pulls are left pending, each holding its destination buffer.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from pathways_mlir.dialect.plan import ProgramPlan, Recv, Send
+
+from ..executables import make_mesh, named_sharding, numpy_dtype
+from ..island import RunFailed
+
+ID_SPACE = 1 << 32          # transfer ids: run id * ID_SPACE + the receiving buffer
+_PAUSE_MIN = 1e-4           # the waiter's shortest and longest pause between looks at the pulls under way
+_PAUSE_MAX = 2e-3
+
+
+def transfer_id(run_id: int, buffer: int) -> int:
+    """The key of one move: the run and the buffer it becomes on the receiver (unique in a plan)."""
+    return run_id * ID_SPACE + buffer
+
+
+@dataclass(frozen=True)
+class TransferLayout:
+    """What travels for a sent buffer: its distinct shards, as a mesh of the sharded axes alone."""
+
+    mesh_shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    kept: tuple[int, ...]              # the source mesh's dimensions that remain (the others are replicated)
+
+    @property
+    def shards(self) -> int:
+        return math.prod(self.mesh_shape)
+
+
+def transfer_layout(plan: ProgramPlan, buffer: int) -> TransferLayout:
+    """The distinct shards of `buffer` on its slice: the mesh axes its sharding uses."""
+    info = plan.buffers[buffer]
+    placement = plan.slices[info.slice]
+    used = {axis for dim in info.sharding for axis in dim}
+    kept = tuple(i for i, axis in enumerate(placement.axes) if axis in used)
+    return TransferLayout(tuple(placement.shape[i] for i in kept), tuple(placement.axes[i] for i in kept), kept)
+
+
+def pulled(plan: ProgramPlan, src_buffer: int, dst_buffer: int) -> bool:
+    """Whether a move travels over the transfer server: the receiving slice holds the distinct shards."""
+    receiver = plan.slices[plan.buffers[dst_buffer].slice]
+    return transfer_layout(plan, src_buffer).shards <= math.prod(receiver.shape)
+
+
+class DataPlane:
+    """One island actor's end of the data plane (see the module's docstring)."""
+
+    def __init__(self, island, host: str):
+        from jax.experimental import transfer
+
+        self._transfer = transfer
+        self._island = island
+        client = island.device_map.devices[island.name][0].client
+        self._server = transfer.start_transfer_server(client, f"{host}:0", [f"{host}:0"])
+        self._peers: dict = {}                      # peer island -> TransferConnection
+        self._routes: dict = {}                     # (plan key, step ids) -> (pulls, sends)
+        self._offers: dict = {}                     # (plan key, receiving buffer) -> the sent sharding
+        self._lock = threading.Condition()
+        self._pending: list = []                    # (arrays, run id, plan key, buffer) pulled, not there yet
+        self._owed: dict[int, dict] = {}            # run id -> {receiving buffer: (plan key, peer)} not offered
+        self.counts: dict[str, dict[str, int]] = {}
+        self._closed = False
+        threading.Thread(target=self._wait_for_pulls, name="pw-data-plane", daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        """Where peers connect to this island's transfer server."""
+        return self._server.address()
+
+    def connect(self, peer: str, address: str) -> None:
+        """Connects to island `peer`'s transfer server (again, when its actor was restored)."""
+        self._peers[peer] = self._server.connect(address)
+
+    def _count(self, peer: str, what: str) -> None:
+        counts = self.counts.setdefault(peer, {"pulled": 0, "offered": 0, "by_actor_call": 0})
+        counts[what] += 1
+
+    def count_actor_call(self, peer: str) -> None:
+        """A move to `peer` went by actor call (its layout does not fit the receiver)."""
+        with self._lock:
+            self._count(peer, "by_actor_call")
+
+    # -- the receiver ---------------------------------------------------------
+
+    def expect(self, work) -> None:
+        """A run's work arrived: pulls every buffer it receives over the data plane, and notes the buffers it
+        sends there (offered as errors if the run fails before sending them)."""
+        key = (work.plan_key, work.step_ids)
+        routes = self._routes.get(key)
+        if routes is None:
+            routes = self._routes[key] = self._routes_of(work.plan_key, set(work.step_ids))
+        pulls, sends = routes
+        with self._lock:
+            if sends:
+                self._owed.setdefault(work.run_id, {}).update(sends)
+            for peer, buffer, spec in pulls:
+                arrays = self._peers[peer].pull(transfer_id(work.run_id, buffer), [spec])
+                self._pending.append((arrays[0], work.run_id, work.plan_key, buffer))
+                self._count(peer, "pulled")
+            if pulls or sends:
+                self._lock.notify()
+
+    def _routes_of(self, plan_key: int, step_ids: set) -> tuple[tuple, dict]:
+        """This island's pulls (peer, buffer, what to pull) and sends {buffer: (plan key, peer)} among the
+        steps, for the moves that travel over the data plane."""
+        island = self._island
+        plan = island.plan(plan_key)
+        pulls, sends = [], {}
+        for step in plan.islands.get(island.name, ()):
+            if step.id not in step_ids or not isinstance(step, (Send, Recv)):
+                continue
+            if not pulled(plan, step.src_buffer, step.dst_buffer):
+                continue
+            if isinstance(step, Recv):
+                pulls.append((step.peer, step.dst_buffer, self._landing(plan, step.src_buffer, step.dst_buffer)))
+            else:
+                sends[step.dst_buffer] = (plan_key, step.peer)
+        return tuple(pulls), sends
+
+    def _landing(self, plan: ProgramPlan, src_buffer: int, dst_buffer: int):
+        """What a pull asks for: the sent shards, on the first devices of the receiving slice."""
+        import jax
+
+        layout, info = transfer_layout(plan, src_buffer), plan.buffers[dst_buffer]
+        devices = list(self._island.mesh(plan, info.slice).devices.flat)[:layout.shards]
+        mesh = make_mesh(devices, layout.mesh_shape, layout.axes)
+        return jax.ShapeDtypeStruct(info.shape, numpy_dtype(info.dtype),
+                                    sharding=named_sharding(mesh, plan.buffers[src_buffer].sharding))
+
+    def _wait_for_pulls(self) -> None:
+        """Hands each pulled array to the island once it is there; offers errors for what failed runs owe."""
+        pause = _PAUSE_MIN
+        while True:
+            with self._lock:
+                while not self._pending and not self._owed and not self._closed:
+                    self._lock.wait()
+                    pause = _PAUSE_MIN
+                if self._closed:
+                    return
+                arrived, waiting = [], []
+                for pull in self._pending:
+                    (arrived if pull[0].is_ready() else waiting).append(pull)
+                self._pending = waiting
+            for array, run_id, plan_key, buffer in arrived:
+                try:
+                    array.block_until_ready()
+                except Exception as error:  # noqa: BLE001  (the sender offered an error: its run failed)
+                    self._island.fail_run(run_id, RunFailed(str(error).removeprefix("INTERNAL: ")
+                                                            .removeprefix("Error while transferring: ")))
+                    continue
+                self._island.deliver(run_id, plan_key, buffer, array)
+            self._settle_failed()
+            pause = _PAUSE_MIN if arrived else min(pause * 2, _PAUSE_MAX)
+            with self._lock:
+                self._lock.wait(pause)
+
+    def _settle_failed(self) -> None:
+        """Offers an error array for each buffer a failed run here still owes a peer, and drops the pulls of
+        runs that failed here."""
+        import jax
+
+        island = self._island
+        with self._lock:
+            runs = set(self._owed) | {p[1] for p in self._pending}
+        failed = {r: island.failure(r) for r in runs}          # no lock of ours held: the island takes its own
+        failed = {r: e for r, e in failed.items() if e is not None}
+        if not failed:
+            return
+        with self._lock:
+            owed = {r: self._owed.pop(r) for r in failed if r in self._owed}
+            self._pending = [p for p in self._pending if p[1] not in failed]
+        for run_id, buffers in owed.items():
+            for buffer, (plan_key, _) in buffers.items():
+                info = island.plan(plan_key).buffers[buffer]
+                spec = jax.ShapeDtypeStruct(info.shape, numpy_dtype(info.dtype),
+                                            sharding=self._sent_sharding(plan_key, buffer))
+                error = self._transfer.make_error_array(spec, f"run {run_id} failed on {island.name}: "
+                                                              f"{failed[run_id]}")
+                self._server.await_pull(transfer_id(run_id, buffer), [error])
+
+    # -- the sender -----------------------------------------------------------
+
+    def offer(self, run_id: int, plan_key: int, peer: str, buffer: int, array) -> bool:
+        """Offers `array` to `peer`, which pulls it as its `buffer` of the run; False if this move goes by
+        actor call instead."""
+        with self._lock:
+            owed = self._owed.get(run_id)
+            if owed is None or owed.pop(buffer, None) is None:
+                return False
+            if not owed:
+                del self._owed[run_id]
+            self._count(peer, "offered")
+        sharding = self._sent_sharding(plan_key, buffer)
+        if array.sharding != sharding:
+            import jax
+
+            shards = {shard.device: shard.data for shard in array.addressable_shards}
+            array = jax.make_array_from_single_device_arrays(
+                array.shape, sharding, [shards[d] for d in sharding._device_assignment])
+        self._server.await_pull(transfer_id(run_id, buffer), [array])
+        return True
+
+    def _sent_sharding(self, plan_key: int, dst_buffer: int):
+        """The sharding a sent buffer travels with: its distinct shards, on the devices of its slice that
+        hold them (index 0 along each replicated mesh axis)."""
+        key = (plan_key, dst_buffer)
+        sharding = self._offers.get(key)
+        if sharding is None:
+            plan = self._island.plan(plan_key)
+            src_buffer = next(s.src_buffer for s in plan.islands[self._island.name]
+                              if isinstance(s, Send) and s.dst_buffer == dst_buffer)
+            layout, info = transfer_layout(plan, src_buffer), plan.buffers[src_buffer]
+            devices = self._island.mesh(plan, info.slice).devices
+            picked = devices[tuple(slice(None) if i in layout.kept else 0 for i in range(devices.ndim))]
+            mesh = make_mesh(list(np.asarray(picked, dtype=object).flat), layout.mesh_shape, layout.axes)
+            sharding = self._offers[key] = named_sharding(mesh, info.sharding)
+        return sharding
+
+    def status(self) -> dict:
+        """Per peer island: the path its moves take and how many went each way."""
+        with self._lock:
+            waiting: dict[str, dict[str, int]] = {}
+            for peer, _ in (p for owed in self._owed.values() for p in owed.values()):
+                waiting.setdefault(peer, {"pulls": 0, "offers": 0})["offers"] += 1
+            for _, run_id, plan_key, buffer in self._pending:
+                peer = next(s.peer for s in self._island.plan(plan_key).islands[self._island.name]
+                            if isinstance(s, Recv) and s.dst_buffer == buffer)
+                waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += 1
+            return {peer: {"path": "transfer server", **counts, "under_way": waiting.get(peer, {"pulls": 0, "offers": 0})}
+                    for peer, counts in sorted(self.counts.items())}
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
