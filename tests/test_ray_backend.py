@@ -200,6 +200,7 @@ def test_moves_between_island_actors_go_over_the_transfer_server(ray_runtime):
         assert moved(before, after, island, peer, "pulled") == 1 and moved(before, after, island, peer, "offered") == 1
         assert moved(before, after, island, peer, "by_actor_call") == 0
         assert after[island][peer]["under_way"] == {"pulls": 0, "offers": 0}
+    assert "moves with island1: transfer server; pulled " in str(ray_runtime.status())
 
 
 def test_a_move_the_receiver_cannot_hold_as_sent_goes_by_actor_call(ray_runtime):

@@ -25,10 +25,12 @@ missing from this JAX (`jax.experimental.transfer`).
 Failures: a run that fails on the sender before offering a buffer its peer
 pulls gets an error array offered in its place (`make_error_array`), so the
 pull ends and the receiver's run fails naming it; a run that fails on the
-receiver drops its pulls. The transfer API's timeouts do not bound a pull
-that nobody offers (measured: such a pull waits forever), so a dead sender
-is found by the driver's monitor, which fails its runs with `IslandLost`;
-its pulls are left pending, each holding its destination buffer.
+receiver drops its pulls. A pull from a sender whose process dies ends
+with an error (its connection closes), and the run fails with `IslandLost`
+naming the sender, as the driver's monitor says once it notices. The
+transfer API's timeouts do not bound a pull that a live sender never
+offers (measured: such a pull waits forever); the error offers above are
+what ends those.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan, Recv, Send
 
 from ..executables import make_mesh, named_sharding, numpy_dtype
-from ..island import RunFailed
+from ..island import IslandLost, RunFailed
 
 ID_SPACE = 1 << 32          # transfer ids: run id * ID_SPACE + the receiving buffer
 _PAUSE_MIN = 1e-4           # the waiter's shortest and longest pause between looks at the pulls under way
@@ -96,7 +98,7 @@ class DataPlane:
         self._routes: dict = {}                     # (plan key, step ids) -> (pulls, sends)
         self._offers: dict = {}                     # (plan key, receiving buffer) -> the sent sharding
         self._lock = threading.Condition()
-        self._pending: list = []                    # (arrays, run id, plan key, buffer) pulled, not there yet
+        self._pending: list = []                    # (array, run id, plan key, buffer, peer) pulled, not there yet
         self._owed: dict[int, dict] = {}            # run id -> {receiving buffer: (plan key, peer)} not offered
         self.counts: dict[str, dict[str, int]] = {}
         self._closed = False
@@ -135,7 +137,7 @@ class DataPlane:
                 self._owed.setdefault(work.run_id, {}).update(sends)
             for peer, buffer, spec in pulls:
                 arrays = self._peers[peer].pull(transfer_id(work.run_id, buffer), [spec])
-                self._pending.append((arrays[0], work.run_id, work.plan_key, buffer))
+                self._pending.append((arrays[0], work.run_id, work.plan_key, buffer, peer))
                 self._count(peer, "pulled")
             if pulls or sends:
                 self._lock.notify()
@@ -181,18 +183,27 @@ class DataPlane:
                 for pull in self._pending:
                     (arrived if pull[0].is_ready() else waiting).append(pull)
                 self._pending = waiting
-            for array, run_id, plan_key, buffer in arrived:
+            for array, run_id, plan_key, buffer, peer in arrived:
                 try:
                     array.block_until_ready()
-                except Exception as error:  # noqa: BLE001  (the sender offered an error: its run failed)
-                    self._island.fail_run(run_id, RunFailed(str(error).removeprefix("INTERNAL: ")
-                                                            .removeprefix("Error while transferring: ")))
+                except Exception as error:  # noqa: BLE001  (an error offered, or the peer's process is gone)
+                    self._island.fail_run(run_id, self._pull_failed(run_id, plan_key, peer, error))
                     continue
                 self._island.deliver(run_id, plan_key, buffer, array)
             self._settle_failed()
             pause = _PAUSE_MIN if arrived else min(pause * 2, _PAUSE_MAX)
             with self._lock:
                 self._lock.wait(pause)
+
+    def _pull_failed(self, run_id: int, plan_key: int, peer: str, error: BaseException) -> RunFailed:
+        """Why a pull ended without its arrays: the sender offered an error in their place (its run failed
+        there), or the connection broke, which is the sender's process gone (`IslandLost`, as the monitor
+        says once it notices)."""
+        message = str(error).removeprefix("INTERNAL: ").removeprefix("Error while transferring: ")
+        if message.startswith(f"run {run_id} failed on "):
+            return RunFailed(message)
+        return IslandLost(f"island {peer} was lost: run {run_id} of {self._island.plan(plan_key).program} used "
+                          f"it (its transfer server: {message})")
 
     def _settle_failed(self) -> None:
         """Offers an error array for each buffer a failed run here still owes a peer, and drops the pulls of
@@ -262,9 +273,7 @@ class DataPlane:
             waiting: dict[str, dict[str, int]] = {}
             for peer, _ in (p for owed in self._owed.values() for p in owed.values()):
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["offers"] += 1
-            for _, run_id, plan_key, buffer in self._pending:
-                peer = next(s.peer for s in self._island.plan(plan_key).islands[self._island.name]
-                            if isinstance(s, Recv) and s.dst_buffer == buffer)
+            for *_, peer in self._pending:
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += 1
             return {peer: {"path": "transfer server", **counts, "under_way": waiting.get(peer, {"pulls": 0, "offers": 0})}
                     for peer, counts in sorted(self.counts.items())}
