@@ -29,6 +29,11 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from pathways_mlir.runtime.client import Client, default_client
+from pathways_mlir.runtime.executables import ARRAY_TYPE
+from pathways_mlir.runtime.handles import Handle
+from pathways_mlir.runtime.runtime import get_runtime
+
 from .avals import aval_of, is_extended
 from .lowered import Lowered
 from .signature import Call
@@ -71,7 +76,6 @@ class Compiled:
         again raises. A shared object (`SharedRef`) is read-only: donating
         one is refused before anything runs.
         """
-        from pathways_mlir.runtime.client import default_client
         from pathways_mlir.runtime.resource_manager import TopologyChanged
 
         if self.runtime.resources.version != self._version:
@@ -101,8 +105,6 @@ class Compiled:
         """Runs the program on `args`, every one a JAX array or a handle of its traced aval (the caller checked:
         `StageCache.run`), in parallel dispatch without a timeout, on a `plain` program: the same as calling it,
         without flattening or converting anything."""
-        from pathways_mlir.runtime.client import Client, default_client
-
         client = client or default_client(self.runtime)
         if type(client) is not Client or self.runtime.resources.version != self._version:
             return self(*args, client=client)
@@ -150,8 +152,6 @@ class StageCache:
         """Returns the stage for `call` on `runtime` (default: the process's), tracing and lowering
         only the first time."""
         if runtime is None:
-            from pathways_mlir.runtime.runtime import get_runtime
-
             runtime = get_runtime()
         leaves, tree = jax.tree_util.tree_flatten(call.tree)
         key = call.static, tree, tuple(map(_leaf_signature, leaves))
@@ -179,7 +179,7 @@ class StageCache:
         plain = dispatch == "parallel" and timeout is None and not call.kwargs and call.static == ((), ())
         identity = _identity(call.args) if plain else None
         if identity is not None:
-            runtime = runtime or _process_runtime()
+            runtime = runtime or get_runtime()
             found = self._identical.get(identity[0])
             if found is not None and found[0] is runtime and all(map(operator.is_, found[1], identity[1])):
                 return found[2].call_plain(call.args, client)
@@ -192,18 +192,9 @@ class StageCache:
         return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)
 
 
-def _process_runtime():
-    from pathways_mlir.runtime.runtime import get_runtime
-
-    return get_runtime()
-
-
 def _identity(args: tuple) -> tuple[tuple[int, ...], tuple] | None:
     """Returns the ids and objects that identify the signature of positional arguments that are all JAX arrays
     (their aval) or handles (their plan buffer), or None if one is anything else."""
-    from pathways_mlir.runtime.executables import ARRAY_TYPE
-    from pathways_mlir.runtime.handles import Handle
-
     objects = []
     for a in args:
         kind = type(a)

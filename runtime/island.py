@@ -253,6 +253,7 @@ class Island:
         self._pending = 0                # work items queued or executing (on the executor or inline)
         self._inline = False             # a caller runs work inline now (see `start`)
         self._turn = threading.Condition(self.lock)
+        self._turn_waits = 0             # the executor waits for its turn (see `_serve`)
         # Runs whose dispatch is over, for the tracker; appended without waking it (see `_track`).
         self._completions: collections.deque[IslandRun] = collections.deque()
         self._looking = threading.Lock()         # held by whoever looks for completions (`look`)
@@ -375,7 +376,8 @@ class Island:
         with self.lock:
             self._inline = False
             self._pending -= 1
-            self._turn.notify_all()
+            if self._turn_waits:
+                self._turn.notify_all()
 
     def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int,
                    program: tuple[Instruction, ...]) -> IslandRun | None:
@@ -614,7 +616,11 @@ class Island:
             del item
             with self.lock:
                 while self._inline:              # work run inline on a caller's thread goes first
-                    self._turn.wait()
+                    self._turn_waits += 1
+                    try:
+                        self._turn.wait()
+                    finally:
+                        self._turn_waits -= 1
             try:
                 handle(message)
             finally:
