@@ -68,7 +68,10 @@ def test_a_placed_function_called_op_by_op_takes_the_lane(runtime):
         z = step.run(np.asarray(X), client=client)   # a host array: the general path places it
         np.testing.assert_allclose(np.asarray(z), np.asarray(jax.jit(tanh2)(X)), rtol=1e-6)
         assert lane.runs == CHAIN
-        del y, z
+        other = step.run(jnp.ones((4, 16)), client=client)     # another signature: another stage
+        assert other.shape == (4, 16)
+        np.testing.assert_allclose(np.asarray(other), np.asarray(jax.jit(tanh2)(jnp.ones((4, 16)))), rtol=1e-6)
+        del y, z, other
     assert_nothing_left(runtime)
 
 
@@ -203,6 +206,14 @@ def test_credits_go_back_when_the_scheduler_needs_the_memory(device_map, plan_bu
             del y
             rt.scheduler._poll(len(rt.scheduler._in_flight))
             assert lane.free > 0                 # reserved for the lane's next runs
+            rt.scheduler.hold()                  # runs will queue: the credits go back to the ledger
+            assert lane.free == 0 and set(rt.scheduler.ledger.usage().values()) == {0}
+            rt.scheduler.release()
+            [y] = client.run(plan, [jnp.asarray(X)])
+            client.wait(y._run, timeout=60)
+            del y
+            rt.scheduler._poll(len(rt.scheduler._in_flight))
+            assert lane.free > 0
             [h] = client.run(big, [np.ones((8, 48), np.float32)])      # fits only once they are back
             np.testing.assert_allclose(np.asarray(h), np.asarray(jax.jit(tanh2)(np.ones((8, 48)))), rtol=1e-6)
             assert lane.free == 0
