@@ -82,7 +82,6 @@ class FastLane:
             if type(value) is not ARRAY_TYPE or value.shape != shape:
                 return None
         scheduler, island, loaded = self.scheduler, self.island, self.loaded
-        island.look(caller=True)         # the completion tracker: this thread holds the GIL anyway
         with scheduler._lock:
             if scheduler._queued or scheduler._held or scheduler._closed or scheduler._reserved is not None:
                 return None

@@ -257,7 +257,7 @@ class Island:
         # Runs whose dispatch is over, for the tracker; appended without waking it (see `_track`).
         self._completions: collections.deque[IslandRun] = collections.deque()
         self._looking = threading.Lock()         # held by whoever looks for completions (`look`)
-        self._looked = 0.0                       # when a fast lane's caller last looked (monotonic)
+        self._lane_started = 0.0                 # when a fast lane's run last started here (monotonic)
         self._previous_end = 0.0                 # when the latest run retired here was seen over
         self._thread = threading.Thread(target=self._serve, name=f"pw-{name}", daemon=True)
         self._thread.start()
@@ -387,6 +387,7 @@ class Island:
         with self.lock:
             if self._pending or self._closed or self.wedged is not None:
                 return None
+            self._lane_started = time.monotonic()
             run = self._runs[run_id] = IslandRun(run_id, client_id, plan_key, self._plans[plan_key][0].program,
                                                  self._layout(plan_key))
             self.executed.append((ticket, run_id, len(program)))
@@ -654,34 +655,32 @@ class Island:
         is polled, never woken per run: on these machines waking a waiting thread for every run cost the
         dispatching thread a GIL handoff of hundreds of microseconds. While a run is awaited it looks after a
         twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`), so the end of a computation
-        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited, or when a
-        fast lane's caller has looked meanwhile (that thread holds the GIL anyway: taking it from it costs it
-        a handoff each time)."""
+        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited, or while a
+        fast lane's caller dispatches here: each look takes the GIL from that thread, at the cost of a handoff
+        (the lane looks itself when it needs its credits back)."""
         while True:
             if not self._completions and self._closed:
                 return
             self.look()
             now = time.monotonic()
             awaited = self._awaited
-            if awaited is None or now - self._looked < _AWAIT_PAUSE:
+            if awaited is None or now - self._lane_started < _AWAIT_PAUSE:
                 time.sleep(_AWAIT_PAUSE)
             else:
                 time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
             del awaited
 
-    def look(self, caller: bool = False) -> bool:
+    def look(self) -> bool:
         """The completion tracker: retires, in the order their dispatch ended, the runs whose device work is
         over (all, once the island is closed): records each one's device time (`device_clock.py`), forgets its
-        arrays and tells `on_done`. Returns whether any was retired. The tracker's thread calls it, and so do
-        whoever asks whether a run is over (`run_done`) and a fast lane's `caller` before each run, so the
-        completions are found once, by whoever looks first; a look while another is under way returns at
-        once."""
+        arrays and tells `on_done`. Returns whether any was retired. The tracker's thread calls it, and so does
+        whoever asks whether a run is over (`run_done`: the scheduler, a client, a fast lane that needs its
+        credits back), so each completion is found once, by whoever looks first; a look while another is under
+        way returns at once."""
         if not self._looking.acquire(blocking=False):
             return False
         retired = False
         try:
-            if caller:
-                self._looked = time.monotonic()
             while self._completions:
                 run = self._completions[0]
                 if not self._closed and not all(map(_computed, run.tracked)):
