@@ -73,6 +73,7 @@ FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
 CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
 _AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
 _AWAIT_PAUSE_MIN = 2e-4  # and the shortest
+_LANE_PAUSE = 0.02       # its pause while fast lane runs start on the island (see `_track`)
 
 
 class RunFailed(RuntimeError):
@@ -655,16 +656,19 @@ class Island:
         is polled, never woken per run: on these machines waking a waiting thread for every run cost the
         dispatching thread a GIL handoff of hundreds of microseconds. While a run is awaited it looks after a
         twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`), so the end of a computation
-        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited, or while a
-        fast lane's caller dispatches here: each look takes the GIL from that thread, at the cost of a handoff
-        (the lane looks itself when it needs its credits back)."""
+        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited, and
+        `_LANE_PAUSE` while a fast lane's caller dispatches here: each look takes the GIL from that thread, at
+        the cost of a handoff, which on a loaded machine is a wait for the scheduler (the lane looks itself
+        when it needs its credits back)."""
         while True:
             if not self._completions and self._closed:
                 return
             self.look()
             now = time.monotonic()
             awaited = self._awaited
-            if awaited is None or now - self._lane_started < _AWAIT_PAUSE:
+            if now - self._lane_started < _LANE_PAUSE:
+                time.sleep(_LANE_PAUSE)
+            elif awaited is None:
                 time.sleep(_AWAIT_PAUSE)
             else:
                 time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
