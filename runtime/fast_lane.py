@@ -4,20 +4,20 @@ Most calls of an op-by-op loop are the simplest case the runtime has: a plan
 whose steps all run on one island, under the `fifo` policy, with nothing
 queued and the island idle. For each loaded plan of that kind the runtime
 builds, once, a `FastLane`: the island, the island program of all the plan's
-steps (frees included, built when the plan was loaded), where each argument
-goes and what a run needs. A run through the lane:
+steps (built when the plan was loaded, frees folded into the launches),
+where each argument goes and what a run needs. A run through the lane:
 
 - takes a **credit** instead of being admitted: the lane reserves its plan's
-  peak in the scheduler's ledger for up to `CREDITS` runs, one reservation
-  each time it has no credit left and another fits (after retiring the runs
-  that are over), and a run that is over gives its credit back to the lane,
-  not to the ledger. Whenever the scheduler must queue a run, or reason about
-  what runs in flight will free, it takes the lanes' unused credits back first
-  (`GangScheduler.reclaim`), and while anything is queued a credit that comes
-  back goes to the ledger;
+  peak in the scheduler's ledger for up to `CREDITS` runs, one more each time
+  it has no credit free and another fits (else it first retires the runs that
+  are over), and a run that is over gives its credit back to the lane, not to
+  the ledger. Whenever the scheduler must queue a run, or reason about what
+  runs in flight will free, it takes the lanes' unused credits back first
+  (`GangScheduler._reclaim`), and while anything is queued a credit that
+  comes back goes to the ledger;
 - takes its ticket and is registered on its island under the scheduler's lock,
-  as the general path does, so the island sees one order;
-- executes on the caller's thread (`Island.run_inline`), as the general path
+  as the general path does, so every island sees one order;
+- executes on the caller's thread (`Island.run_lane`), as the general path
   does for an idle island.
 
 `start` falls back to the general path (returns None) whenever one of its
