@@ -679,12 +679,10 @@ class Island:
         over (all, once the island is closed): records each one's device time (`device_clock.py`), forgets its
         arrays and tells `on_done`. Returns whether any was retired. The tracker's thread calls it, and so does
         whoever asks whether a run is over (`run_done`: the scheduler, a client, a fast lane that needs its
-        credits back), so each completion is found once, by whoever looks first; a look while another is under
-        way returns at once."""
-        if not self._looking.acquire(blocking=False):
-            return False
+        credits back), so each completion is found once, by whoever looks first. Lookers take turns (a look
+        never waits for a computation, so a turn is short)."""
         retired = False
-        try:
+        with self._looking:
             while self._completions:
                 run = self._completions[0]
                 if not self._closed and not all(map(_computed, run.tracked)):
@@ -706,8 +704,6 @@ class Island:
                     self._notify()
                 retired = True
             run = None                           # a looking thread keeps no arrays alive
-        finally:
-            self._looking.release()
         if retired and self.on_done is not None:
             self.on_done()
         return retired
