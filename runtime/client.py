@@ -108,17 +108,17 @@ class Client:
 
     def _argument(self, plan: ProgramPlan, buffer: int | None, arg):
         """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): a handle's
-        `StoreRef` where its island keeps it for that input, else a handle's or shared object's array. A handle
-        of a run known to have failed (or been cancelled) is refused here, with an error of the failure's kind
-        (`IslandLost` for a lost island, which `ElasticTrainer` recovers from): an island might still hold the
-        result, and the failure could reach it after this run's start."""
+        `StoreRef` where its island keeps it for that input, else a handle's or shared object's array (whose
+        fetch raises the run's error if it failed). A reference to a result of a run known to have failed (or
+        been cancelled) is refused here, with an error of the failure's class: its island might still hold
+        the result, and the failure could reach it after this run's start."""
         if isinstance(arg, Handle):
-            error = arg._run.error
-            if error is not None:        # of its kind (IslandLost, RunCancelled, ...): callers recover by it
-                raise (type(error) if isinstance(error, RunFailed) else RunFailed)(
-                    f"program @{plan.program} takes a result of run {arg._run.id}, which failed: {error}")
             if (buffer is not None and self.runtime.islands.keep_arguments and arg.island == plan.island_of(buffer)
                     and arg.shape == plan.buffers[buffer].shape):
+                failed = arg._run.error
+                if failed is not None:
+                    raise (type(failed) if isinstance(failed, RunFailed) else RunFailed)(
+                        f"program @{plan.program} takes a result of run {arg._run.id}, which failed: {failed}")
                 return arg.reference()
             return arg.result()
         return arg.result() if isinstance(arg, SharedRef) else arg
