@@ -21,6 +21,7 @@ lowers or parses a plan again.
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
@@ -28,13 +29,20 @@ from typing import TYPE_CHECKING, Any, Callable
 import jax
 import numpy as np
 
-from .avals import aval_of
+from pathways_mlir.runtime.client import Client, default_client
+from pathways_mlir.runtime.executables import ARRAY_TYPE
+from pathways_mlir.runtime.handles import Handle
+from pathways_mlir.runtime.runtime import get_runtime
+
+from .avals import aval_of, is_extended
 from .lowered import Lowered
 from .signature import Call
 from .wire import from_wire, to_wire
 
 if TYPE_CHECKING:
     from pathways_mlir.runtime.interface import ClusterRuntime, ProgramClient
+
+_IDENTICAL = 64                      # signatures a stage cache keeps by identity (then it starts again)
 
 
 class Compiled:
@@ -46,6 +54,11 @@ class Compiled:
         self.plan = None
         self._version = -1
         self._lock = threading.Lock()
+        # Whether a call whose arguments are arrays and handles, one leaf each, passes them as they are and
+        # returns its handles as they are (no key data to convert, nothing donated): `call_plain` then runs it.
+        self.plain = not any(lowered.donated) and \
+            not any(is_extended(a.dtype) for a in lowered.in_avals + lowered.out_avals)
+        self._single = jax.tree_util.treedef_is_leaf(lowered.out_tree)
         self._refresh()
 
     def _refresh(self) -> None:
@@ -56,8 +69,8 @@ class Compiled:
         self.runtime.load(plan)
         self.plan, self._version = plan, version
 
-    def __call__(self, *args: Any, client: "ProgramClient | None" = None, dispatch: str = "parallel", timeout: float | None = None,
-                 **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, client: "ProgramClient | None" = None, dispatch: str = "parallel",
+                 timeout: float | None = None, **kwargs: Any) -> Any:
         """Runs the program on `args` and `kwargs` (shaped like the traced ones); returns handles.
         With `timeout` (seconds), the run is cancelled if it is not over by then (its handles raise).
 
@@ -66,7 +79,6 @@ class Compiled:
         again raises. A shared object (`SharedRef`) is read-only: donating
         one is refused before anything runs.
         """
-        from pathways_mlir.runtime.client import default_client
         from pathways_mlir.runtime.resource_manager import TopologyChanged
 
         if self.runtime.resources.version != self._version:
@@ -91,6 +103,18 @@ class Compiled:
                 self._refresh()
             handles = client.run(self.plan, wire, dispatch, timeout)
         return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
+
+    def call_plain(self, args: tuple, client=None) -> Any:
+        """Runs the program on `args`, every one a JAX array or a handle of its traced aval (the caller checked:
+        `StageCache.run`), in parallel dispatch without a timeout, on a `plain` program: the same as calling it,
+        without flattening or converting anything."""
+        client = client or default_client(self.runtime)
+        if type(client) is not Client or self.runtime.resources.version != self._version:
+            return self(*args, client=client)
+        if client.runtime is not self.runtime:
+            raise ValueError("this program was compiled for another runtime than the client's")
+        handles = client.handles(client.start(self.plan, args))
+        return handles[0] if self._single else jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)
 
 
 def _refuse_donated_shared(lowered: Lowered, leaves: list) -> None:
@@ -125,13 +149,12 @@ class StageCache:
         self._by_runtime: "weakref.WeakKeyDictionary[Any, dict[tuple, Compiled]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._last: tuple = (None, {})      # the runtime of the latest call and its stages: a fast lookup
+        self._identical: dict[tuple[int, ...], tuple] = {}   # ids -> (runtime, objects, stage); see `run`
 
     def get(self, call: Call, runtime=None) -> Compiled:
         """Returns the stage for `call` on `runtime` (default: the process's), tracing and lowering
         only the first time."""
         if runtime is None:
-            from pathways_mlir.runtime.runtime import get_runtime
-
             runtime = get_runtime()
         leaves, tree = jax.tree_util.tree_flatten(call.tree)
         key = call.static, tree, tuple(map(_leaf_signature, leaves))
@@ -149,6 +172,39 @@ class StageCache:
 
     def run(self, call: Call, dispatch: str, client=None, timeout: float | None = None) -> Any:
         """Runs `call` with `client` (default: the runtime's default client) in a dispatch mode, cancelled
-        after `timeout` seconds if it is not over."""
-        compiled = self.get(call, client.runtime if client else None)
+        after `timeout` seconds if it is not over.
+
+        A call of positional arrays and handles only, in parallel dispatch without a timeout, is looked up
+        by identity first: the avals of its arrays and the plan buffers of its handles are the very objects
+        of an earlier call (JAX gives the results of one executable one aval object; a handle's buffer is its
+        plan's), so nothing is flattened and no dtype is built (`Compiled.call_plain`)."""
+        runtime = client.runtime if client else None
+        plain = dispatch == "parallel" and timeout is None and not call.kwargs and call.static == ((), ())
+        identity = _identity(call.args) if plain else None
+        if identity is not None:
+            runtime = runtime or get_runtime()
+            found = self._identical.get(identity[0])
+            if found is not None and found[0] is runtime and all(map(operator.is_, found[1], identity[1])):
+                return found[2].call_plain(call.args, client)
+        compiled = self.get(call, runtime)
+        if identity is not None and compiled.plain:
+            if len(self._identical) >= _IDENTICAL:
+                self._identical.clear()
+            self._identical[identity[0]] = (runtime, identity[1], compiled)
+            return compiled.call_plain(call.args, client)
         return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)
+
+
+def _identity(args: tuple) -> tuple[tuple[int, ...], tuple] | None:
+    """Returns the ids and objects that identify the signature of positional arguments that are all JAX arrays
+    (their aval) or handles (their plan buffer), or None if one is anything else."""
+    objects = []
+    for a in args:
+        kind = type(a)
+        if kind is ARRAY_TYPE:
+            objects.append(a.aval)
+        elif kind is Handle:
+            objects.append(a._run.plan.buffers[a._buffer])
+        else:
+            return None
+    return tuple(map(id, objects)), tuple(objects)

@@ -63,6 +63,17 @@ class Client:
         A handle passed for an input the plan lists as donated (`plan.donated`)
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
+        lane = self.runtime.lane(plan) if timeout is None and dispatch == "parallel" else None
+        if lane is not None and not any(isinstance(a, SharedRef) for a in args):
+            args = [self._argument(plan, plan.inputs[i] if i < len(plan.inputs) else None, a)
+                    for i, a in enumerate(args)]
+            with self._lock:
+                if self.closed:
+                    raise RuntimeError(f"client {self.id} is closed")
+                run = lane.start(self.id, self.weight, args)
+                if run is not None:
+                    self._remember(run)
+                    return run
         shared = {i: a for i, a in enumerate(args) if isinstance(a, SharedRef)}
         for ref in shared.values():
             if ref._runtime is not self.runtime:
@@ -85,11 +96,15 @@ class Client:
                                          donations=tuple((h._run.id, h._buffer) for _, h in donated))
             for _, handle in donated:
                 handle.donate(f"program @{plan.program}")
-            self._active.append(run)
-            if len(self._active) % 64 == 0:       # forget the runs that are over, now and then
-                while self._active and self.runtime.run_done(self._active[0]):
-                    self._active.popleft()
+            self._remember(run)
         return run
+
+    def _remember(self, run: Run) -> None:
+        """Keeps a run under way for `close`, forgetting the runs that are over now and then. Under the lock."""
+        self._active.append(run)
+        if len(self._active) % 64 == 0:
+            while self._active and self.runtime.run_done(self._active[0]):
+                self._active.popleft()
 
     def _argument(self, plan: ProgramPlan, buffer: int | None, arg):
         """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): a handle's

@@ -38,6 +38,7 @@ Python objects:
     load(plan_key, plan)                      keep a plan, check it, build its layout
     prepare(plan_key, step_ids)               build (compile) an island program now
     start(work)                               place inputs, run the steps (see IslandWork)
+    start_lane(...), run_lane(...)            the same for a fast lane's run, executed by its caller
     deliver(run_id, plan_key, buffer, array)  a peer island's send arriving
     fail_run(run_id, error)                   the run failed elsewhere (or was cancelled)
     lose(), restored()                        fail as a dead host would; a fresh island in its place
@@ -72,6 +73,7 @@ FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
 CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
 _AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
 _AWAIT_PAUSE_MIN = 2e-4  # and the shortest
+_LANE_PAUSE = 0.02       # its pause while fast lane runs start on the island (see `_track`)
 
 
 class RunFailed(RuntimeError):
@@ -252,8 +254,12 @@ class Island:
         self._pending = 0                # work items queued or executing (on the executor or inline)
         self._inline = False             # a caller runs work inline now (see `start`)
         self._turn = threading.Condition(self.lock)
+        self._turn_waits = 0             # the executor waits for its turn (see `_serve`)
         # Runs whose dispatch is over, for the tracker; appended without waking it (see `_track`).
         self._completions: collections.deque[IslandRun] = collections.deque()
+        self._looking = threading.Lock()         # held by whoever looks for completions (`look`)
+        self._lane_started = 0.0                 # when a fast lane's run last started here (monotonic)
+        self._previous_end = 0.0                 # when the latest run retired here was seen over
         self._thread = threading.Thread(target=self._serve, name=f"pw-{name}", daemon=True)
         self._thread.start()
         self._tracker = threading.Thread(target=self._track, name=f"pw-{name}-done", daemon=True)
@@ -365,10 +371,53 @@ class Island:
         try:
             self._started(work)
         finally:
-            with self.lock:
-                self._inline = False
-                self._pending -= 1
+            self._inline_over()
+
+    def _inline_over(self) -> None:
+        with self.lock:
+            self._inline = False
+            self._pending -= 1
+            if self._turn_waits:
                 self._turn.notify_all()
+
+    def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int,
+                   program: tuple[Instruction, ...]) -> IslandRun | None:
+        """Registers a fast lane's run (`runtime/fast_lane.py`), all of whose steps are `program`, to be
+        executed by the caller (`run_lane`), if the island is idle, open and not wedged; otherwise takes
+        nothing and returns None."""
+        with self.lock:
+            if self._pending or self._closed or self.wedged is not None:
+                return None
+            self._lane_started = time.monotonic()
+            run = self._runs[run_id] = IslandRun(run_id, client_id, plan_key, self._plans[plan_key][0].program,
+                                                 self._layout(plan_key))
+            self.executed.append((ticket, run_id, len(program)))
+            self._pending = 1
+            self._inline = True
+            return run
+
+    def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], inputs: tuple[tuple[int, Any], ...]):
+        """Executes a fast lane's run that `start_lane` registered, on the caller's thread (holding no lock):
+        places its arguments (`inputs`: (buffer, array) pairs) and runs its program."""
+        try:
+            try:
+                self._place(run, inputs)
+            except BaseException as error:  # noqa: BLE001  (the run fails alone)
+                self._fail_and_tell(run.id, error)
+                return
+            run.queue.append(program)
+            run.last = True
+            self._advance(run)
+        finally:
+            self._inline_over()
+
+    @staticmethod
+    def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:
+        """Puts a run's arguments (not `StoreRef`s) on their home shardings."""
+        layout = run.layout
+        for buffer, value in inputs:
+            if not isinstance(value, StoreRef):
+                run.slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
         """A buffer a peer island sent: the executor puts it on its home sharding and resumes the run."""
@@ -415,11 +464,8 @@ class Island:
     def release(self, run_id: int, buffer: int) -> None:
         """Drops a result (its handle was deleted); one not produced yet is dropped when it is."""
         with self.lock:
-            if self.store.release((run_id, buffer)):
-                tracked = self._in_flight.get(run_id)
-                if tracked is not None and all(map(_computed, tracked)):
-                    del self._in_flight[run_id]        # nothing of the run needs to stay alive now
-            elif run_id not in self._failed and run_id not in self._in_flight:
+            if not self.store.release((run_id, buffer)) and run_id not in self._failed and \
+                    run_id not in self._in_flight:
                 self._dropped.add((run_id, buffer))
 
     def release_owner(self, owner: Hashable) -> int:
@@ -428,17 +474,15 @@ class Island:
             return self.store.release_owner(owner)
 
     def run_done(self, run_id: int) -> bool:
-        """Returns whether the run's work here is over (dispatched, and its device work finished)."""
+        """Returns whether the run's work here is over (dispatched, and its device work finished), as the
+        completion tracker sees it (it looks first)."""
         with self.lock:
             if run_id in self._runs:
                 return False
-            tracked = self._in_flight.get(run_id)
-            if tracked is None:
+            if run_id not in self._in_flight:
                 return True
-            if all(map(_computed, tracked)):
-                del self._in_flight[run_id]
-                return True
-            return False
+        self.look()
+        return run_id not in self._in_flight
 
     def wait_run(self, run_id: int, timeout: float | None = None) -> None:
         """Waits until the run's work here is over, or the island closes; TimeoutError after `timeout`
@@ -579,7 +623,11 @@ class Island:
             del item
             with self.lock:
                 while self._inline:              # work run inline on a caller's thread goes first
-                    self._turn.wait()
+                    self._turn_waits += 1
+                    try:
+                        self._turn.wait()
+                    finally:
+                        self._turn_waits -= 1
             try:
                 handle(message)
             finally:
@@ -609,36 +657,61 @@ class Island:
             self._tracker.join(CLOSE_JOIN)
 
     def _track(self) -> None:
-        """The completion tracker: waits, run after run in the order their dispatch ended, until each run's
-        device work is over; records its device time and tells `on_done`. It looks for new runs every
-        `_AWAIT_PAUSE` seconds rather than being woken for each: on these machines waking a waiting thread
-        for every run cost the dispatching thread a GIL handoff of hundreds of microseconds."""
-        previous_end = 0.0
+        """The completion tracker's thread: looks (`look`) for the end of the runs whose dispatch is over. It
+        is polled, never woken per run: on these machines waking a waiting thread for every run cost the
+        dispatching thread a GIL handoff of hundreds of microseconds. While a run is awaited it looks after a
+        twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`), so the end of a computation
+        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited, and
+        `_LANE_PAUSE` while a fast lane's caller dispatches here: each look takes the GIL from that thread, at
+        the cost of a handoff, which on a loaded machine is a wait for the scheduler (the lane looks itself
+        when it needs its credits back)."""
         while True:
-            if not self._completions:
-                if self._closed:
-                    return
-                time.sleep(_AWAIT_PAUSE)         # polled: waking a waiting thread per run costs a GIL handoff
-                continue
-            run = self._completions.popleft()
-            since = max(run.began or 0.0, previous_end)
-            self._awaited = (run, since)
-            for array in run.tracked:
-                self._await(array, since)
-            array = None                         # a waiting tracker keeps no arrays alive
-            previous_end = time.monotonic()
-            seconds = self._clock.end(run.id, previous_end)
-            self._awaited = None
-            with self.lock:
-                if self.wedged is not None and self._executing is None:
-                    self.wedged = None           # what was stuck is over: the island serves again
-                self._seconds[run.id] = seconds * run.layout.devices
-                while len(self._seconds) > HISTORY:
-                    self._seconds.popitem(last=False)
-                self._notify()
-            del run
-            if self.on_done is not None:
-                self.on_done()
+            if not self._completions and self._closed:
+                return
+            self.look()
+            now = time.monotonic()
+            awaited = self._awaited
+            if now - self._lane_started < _LANE_PAUSE:
+                time.sleep(_LANE_PAUSE)
+            elif awaited is None:
+                time.sleep(_AWAIT_PAUSE)
+            else:
+                time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
+            del awaited
+
+    def look(self) -> bool:
+        """The completion tracker: retires, in the order their dispatch ended, the runs whose device work is
+        over (all, once the island is closed): records each one's device time (`device_clock.py`), forgets its
+        arrays and tells `on_done`. Returns whether any was retired. The tracker's thread calls it, and so does
+        whoever asks whether a run is over (`run_done`: the scheduler, a client, a fast lane that needs its
+        credits back), so each completion is found once, by whoever looks first. Lookers take turns (a look
+        never waits for a computation, so a turn is short)."""
+        retired = False
+        with self._looking:
+            while self._completions:
+                run = self._completions[0]
+                if not self._closed and not all(map(_computed, run.tracked)):
+                    if self._awaited is None or self._awaited[0] is not run:
+                        self._awaited = (run, max(run.began or 0.0, self._previous_end))
+                    break
+                self._completions.popleft()
+                self._previous_end = end = time.monotonic()
+                seconds = self._clock.end(run.id, end)
+                self._awaited = None
+                with self.lock:
+                    if self.wedged is not None and self._executing is None:
+                        self.wedged = None           # what was stuck is over: the island serves again
+                    self._seconds[run.id] = seconds * run.layout.devices
+                    while len(self._seconds) > HISTORY:
+                        self._seconds.popitem(last=False)
+                    if self._in_flight.get(run.id) is run.tracked:
+                        del self._in_flight[run.id]  # nothing of the run needs to stay alive now
+                    self._notify()
+                retired = True
+            run = None                           # a looking thread keeps no arrays alive
+        if retired and self.on_done is not None:
+            self.on_done()
+        return retired
 
     def _started(self, work: IslandWork) -> None:
         """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived)."""
@@ -647,9 +720,7 @@ class Island:
         if run is None:
             return                              # it failed (or was cancelled) meanwhile
         try:
-            for buffer, value in work.inputs:
-                if not isinstance(value, StoreRef):
-                    run.slots[run.layout.slot[buffer]] = copy_to(value, run.layout.shardings[buffer])
+            self._place(run, work.inputs)
             if work.step_ids:
                 run.queue.append(self._program(work.plan_key, work.step_ids))
             run.last = work.last
@@ -837,6 +908,10 @@ class Island:
         """Builds the island program of these steps now, on the caller's thread (compiling its
         executables), so that the island's executor never compiles them."""
         self._program(plan_key, tuple(step_ids))
+
+    def program(self, plan_key: int, step_ids: tuple[int, ...]) -> tuple[Instruction, ...]:
+        """Returns the island program of these steps (built now if `prepare` did not)."""
+        return self._program(plan_key, tuple(step_ids))
 
     def mesh(self, plan: ProgramPlan, slice_name: str):
         """Returns the JAX mesh of one of this island's slices (cached)."""

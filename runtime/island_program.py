@@ -14,7 +14,7 @@ One instruction class per kind of plan step:
     CopyInstruction    slots[dst] = device_put(slots[src], destination sharding)
     SendInstruction    hand slots[src] to the peer island (DCN)
     RecvInstruction    continue only once slots[dst] has arrived
-    FreeInstruction    slots[buffers] = None
+    FreeInstruction    slots[buffers] = None (folded into the launch or copy before it, if any)
 """
 
 from __future__ import annotations
@@ -33,19 +33,23 @@ if TYPE_CHECKING:
 
 
 class LaunchInstruction:
-    """Runs a compiled executable on slots, writing its results to slots."""
+    """Runs a compiled executable on slots, writing its results to slots, then clears the slots of the frees
+    folded into it."""
 
-    __slots__ = ("call", "inputs", "outputs", "label", "devices", "track")
+    __slots__ = ("call", "inputs", "outputs", "label", "devices", "track", "clears")
 
     def __init__(self, call: Callable, inputs: tuple[int, ...], outputs: tuple[int, ...], label: str, devices):
         self.call, self.inputs, self.outputs, self.label, self.devices = call, inputs, outputs, label, devices
         self.track = False
+        self.clears: tuple[int, ...] = ()
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
         slots = run.slots
         results = self.call(*[slots[i] for i in self.inputs])
         for slot, array in zip(self.outputs, results):
             slots[slot] = array
+        for slot in self.clears:
+            slots[slot] = None
         if self.track:
             run.tracked.extend(results)
         if island.tracer is not None:
@@ -54,17 +58,21 @@ class LaunchInstruction:
 
 
 class CopyInstruction:
-    """Moves (and reshards) a slot's array to another slice of the island (ICI)."""
+    """Moves (and reshards) a slot's array to another slice of the island (ICI), then clears the slots of the
+    frees folded into it."""
 
-    __slots__ = ("src", "dst", "sharding", "label", "devices", "track")
+    __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears")
 
     def __init__(self, src: int, dst: int, sharding, label: str, devices):
         self.src, self.dst, self.sharding, self.label, self.devices = src, dst, sharding, label, devices
         self.track = False
+        self.clears: tuple[int, ...] = ()
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
         moved = copy_to(run.slots[self.src], self.sharding)
         run.slots[self.dst] = moved
+        for slot in self.clears:
+            run.slots[slot] = None
         if self.track:
             run.tracked.append(moved)
         if island.tracer is not None:
@@ -154,7 +162,8 @@ def _awaited(plan: ProgramPlan, recv: Recv) -> str:
 
 def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
                   steps: tuple[Step, ...]) -> tuple[Instruction, ...]:
-    """Compiles steps into instructions (compiling executables and building shardings now).
+    """Compiles steps into instructions (compiling executables and building shardings now). A free right
+    after a launch or a copy is folded into it.
 
     The last instruction that writes on each slice keeps its arrays in the
     run's `tracked` list: once they are ready, every device of the island
@@ -187,7 +196,11 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
             instructions.append(RecvInstruction(slot[step.dst_buffer], _awaited(plan, step)))
             last_on_slice[plan.buffers[step.dst_buffer].slice] = instructions[-1]
         elif isinstance(step, Free):
-            instructions.append(FreeInstruction(tuple(slot[b] for b in step.buffers)))
+            cleared = tuple(slot[b] for b in step.buffers)
+            if instructions and isinstance(instructions[-1], (LaunchInstruction, CopyInstruction)):
+                instructions[-1].clears += cleared       # folded: one instruction fewer to execute
+            else:
+                instructions.append(FreeInstruction(cleared))
         else:
             raise ValueError(f"island {island.name} cannot execute a '{step.kind}' step")
     for instruction in last_on_slice.values():

@@ -20,6 +20,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 from .dispatch import LoadedPlan
+from .fast_lane import FastLane
 from .island import Island, IslandLost, Islands, RunCancelled, client_owner, raised
 from .plan_check import check_plan
 from .policies import check_policy
@@ -97,6 +98,7 @@ class Runtime:
             for island in self.islands.values():
                 island.on_done = self.scheduler.wake
         self._loaded: dict[int, LoadedPlan] = {}
+        self._lanes: dict[int, FastLane | None] = {}    # plan id -> its fast lane (runtime/fast_lane.py)
         self._lock = threading.Lock()
         self._loading: dict[int, threading.Lock] = {}   # plan id -> held while it loads (compiles)
         self._membership = threading.Lock()     # islands are lost and restored one at a time
@@ -140,9 +142,18 @@ class Runtime:
             everything = tuple(s.id for s in loaded.plan.islands.get(island, ()))
             for step_ids in {steps, everything} - {()}:    # held steps' executables compile now too
                 self.islands[island].prepare(loaded.key, step_ids)
+        lane = FastLane.build(self.scheduler, self.islands, loaded) if self.backend == "embedded" else None
         with self._lock:
+            self._lanes[id(plan)] = lane
             self._loaded[id(plan)] = loaded      # keeps `plan` alive, so that its id stays unique
         return loaded
+
+    def lane(self, plan: ProgramPlan) -> FastLane | None:
+        """Returns the fast lane of `plan` (loading it first if it is not loaded), or None if it has none."""
+        loaded = self._loaded.get(id(plan))
+        if loaded is None or loaded.source is not plan:
+            self.load(plan)
+        return self._lanes.get(id(plan))
 
     def cancel(self, run: Run, error: BaseException | None = None) -> bool:
         """Cancels a run: a queued one leaves its queue, an admitted one fails on every island (a parked one
@@ -232,6 +243,7 @@ class Runtime:
             fresh = self.islands[name].restored()
             with self._lock:
                 self._loaded = {k: v for k, v in self._loaded.items() if name not in v.islands}
+                self._lanes = {k: v for k, v in self._lanes.items() if k in self._loaded}
                 self.islands[name] = fresh
             return self.resources.add_island(name)
 

@@ -129,6 +129,7 @@ class GangScheduler:
         self._gone: set[int] = set()      # closed clients: results of their runs are not kept
         self._readers: dict[tuple[int, int], int] = {}   # shared object -> its runs submitted and not over
         self._unshared: set[tuple[int, int]] = set()     # shared objects released while read: kept till then
+        self._lanes: list = []            # the fast lanes of loaded plans (runtime/fast_lane.py)
         self._held = False
         self._blocked = False
         self._closed = False
@@ -178,7 +179,8 @@ class GangScheduler:
             self._poll(_POLL_AFTER)
         if self._reserved is not None and not self.ledger.fits_beside(run.need, self._reserved.run.need):
             return None
-        if self._fits(run) or (self._poll(len(self._in_flight)) and self._fits(run)):
+        if self._fits(run) or (self._poll(len(self._in_flight)) and self._fits(run)) or \
+                (self._reclaim() and self._fits(run)):
             if self._queued:
                 self._overtake(math.inf)         # it arrived after every queued run
             return self._admit(run, works, inline=True)
@@ -272,6 +274,7 @@ class GangScheduler:
         """Returns the bytes reserved on every device, after retiring the runs that are over."""
         with self._lock:
             self._poll(len(self._in_flight))
+            self._reclaim()
             return self.ledger.usage()
 
     def status(self) -> dict:
@@ -332,6 +335,7 @@ class GangScheduler:
         """Stops admitting work until `release()`; submissions queue up meanwhile."""
         with self._lock:
             self._held = True
+            self._reclaim()
 
     def release(self) -> None:
         """Resumes admitting work, in the order the policy gives."""
@@ -395,6 +399,7 @@ class GangScheduler:
                 if not self._fits(run) and not polled:
                     polled = True
                     self._poll(len(self._in_flight))
+                    self._reclaim()
                 if self._fits(run):
                     self._take(item)
                     self._admit(run, item.works)
@@ -486,6 +491,19 @@ class GangScheduler:
                 f"{floor.capacity[island]} bytes, {used} of them held by live handles that nothing in flight "
                 f"will free ({who}): release results (handle.delete()) or use less memory")
 
+    def add_lane(self, lane) -> None:
+        """Keeps a fast lane (`runtime/fast_lane.py`), whose unused credits `_reclaim` takes back."""
+        with self._lock:
+            self._lanes.append(lane)
+
+    def _reclaim(self) -> bool:
+        """Takes every fast lane's unused credits back into the ledger (the scheduler must queue, or reason
+        about what is free); returns whether there were any. Under the lock."""
+        reclaimed = False
+        for lane in self._lanes:
+            reclaimed = lane.reclaim() or reclaimed
+        return reclaimed
+
     def _read(self, run: Run) -> None:
         """Counts `run` as a reader of the shared objects it reads; raises ValueError if one was released."""
         for key in run.reads:
@@ -541,7 +559,10 @@ class GangScheduler:
     def _retire(self, run: Run) -> None:
         """Gives back a run's peak, keeping the bytes of the results still held; records its device time."""
         del self._in_flight[run.id]
-        self.ledger.give(run.need)
+        if run.credit is not None:
+            run.credit.returned(queued=bool(self._queued))
+        else:
+            self.ledger.give(run.need)
         if run.reads:
             self._unread(run)
         for buffer in run.plan.outputs:

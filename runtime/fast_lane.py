@@ -1,0 +1,135 @@
+"""The fast lane: a pre-built path for the runs of a plan that need none of the general path's work.
+
+Most calls of an op-by-op loop are the simplest case the runtime has: a plan
+whose steps all run on one island, under the `fifo` policy, with nothing
+queued and the island idle. For each loaded plan of that kind the runtime
+builds, once, a `FastLane`: the island, the island program of all the plan's
+steps (built when the plan was loaded, frees folded into the launches),
+where each argument goes and what a run needs. A run through the lane:
+
+- takes a **credit** instead of being admitted: the lane reserves its plan's
+  peak in the scheduler's ledger for up to `CREDITS` runs, one more each time
+  it has no credit free and another fits (else it first retires the runs that
+  are over), and a run that is over gives its credit back to the lane, not to
+  the ledger. Whenever the scheduler must queue a run, or reason about what
+  runs in flight will free, it takes the lanes' unused credits back first
+  (`GangScheduler._reclaim`), and while anything is queued a credit that
+  comes back goes to the ledger;
+- takes its ticket and is registered on its island under the scheduler's lock,
+  as the general path does, so every island sees one order;
+- executes on the caller's thread (`Island.run_lane`), as the general path
+  does for an idle island.
+
+`start` falls back to the general path (returns None) whenever one of its
+conditions fails: a run queued, admission held or a reservation standing,
+the scheduler closed, the island busy, wedged or closed, no credit and none
+fits, an argument that is not a JAX array of its input's shape. Plans on
+several islands, with host conds, host inputs or donated inputs never get a
+lane, nor do runtimes under another policy than `fifo` or on Ray; calls with
+a timeout, sequential dispatch or shared objects never take it
+(`Client.start`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from .executables import ARRAY_TYPE
+from .run import Run
+
+if TYPE_CHECKING:
+    from .dispatch import LoadedPlan
+    from .island import Island
+    from .scheduler import GangScheduler
+
+CREDITS = 32          # how many runs' peaks one lane may hold reserved (in use or not) at a time
+
+
+class FastLane:
+    """The pre-built path of one loaded plan; see the module."""
+
+    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "program", "free", "in_use", "runs")
+
+    def __init__(self, scheduler: "GangScheduler", island: "Island", loaded: "LoadedPlan"):
+        self.scheduler = scheduler
+        self.island = island
+        self.loaded = loaded
+        self.buffers = tuple(buffer for buffer, _, _ in loaded.inputs)
+        self.shapes = tuple(shape for _, _, shape in loaded.inputs)
+        self.program = island.program(loaded.key, loaded.first[island.name])   # built when the plan loaded
+        self.free = 0         # credits reserved in the ledger and not used by a run
+        self.in_use = 0       # credits held by runs not retired yet
+        self.runs = 0         # runs that took the lane
+
+    @staticmethod
+    def build(scheduler: "GangScheduler", islands: dict, loaded: "LoadedPlan") -> "FastLane | None":
+        """Returns the lane of `loaded`, or None if its runs can never take one (see the module)."""
+        plan = loaded.plan
+        if scheduler.policy != "fifo" or len(loaded.islands) != 1 or plan.host_steps or plan.donated:
+            return None
+        if any(island is None for _, island, _ in loaded.inputs):
+            return None
+        lane = FastLane(scheduler, islands[loaded.islands[0]], loaded)
+        scheduler.add_lane(lane)
+        return lane
+
+    def start(self, client_id: int, weight: float, args: Sequence) -> Run | None:
+        """Starts a run on `args` (the client's converted arguments) through the lane and executes it on this
+        thread; returns None, having changed nothing, when the general path must take it."""
+        if len(args) != len(self.shapes):
+            return None
+        for value, shape in zip(args, self.shapes):
+            if type(value) is not ARRAY_TYPE or value.shape != shape:
+                return None
+        scheduler, island, loaded = self.scheduler, self.island, self.loaded
+        with scheduler._lock:
+            if scheduler._queued or scheduler._held or scheduler._closed or scheduler._reserved is not None:
+                return None
+            if not self.free and not self._credit():
+                return None
+            run = Run(loaded.plan, loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
+            ticket = next(scheduler._tickets)
+            island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.program)
+            if island_run is None:
+                return None          # the island is busy, closed or wedged (the ticket is left unused)
+            self.free -= 1
+            self.in_use += 1
+            self.runs += 1
+            run.credit = self
+            run.admitted = True
+            scheduler.delivered.append((ticket, client_id))
+            scheduler._in_flight[run.id] = run
+        island.run_lane(island_run, self.program, tuple(zip(self.buffers, args)))
+        return run
+
+    def _credit(self) -> bool:
+        """Makes a credit free: reserves one more run's peak if the lane may hold another and it fits, else
+        retires the runs that are over (their credits come back); returns whether one is free. Under the
+        scheduler's lock."""
+        scheduler = self.scheduler
+        if self.in_use < CREDITS and scheduler.ledger.fits(self.loaded.need):
+            scheduler.ledger.take(self.loaded.need)
+            self.free += 1
+            return True
+        if self.in_use:
+            scheduler._poll(len(scheduler._in_flight))
+        return self.free > 0
+
+    def returned(self, queued: bool) -> None:
+        """A run's credit comes back (its run is over): to the lane, or to the ledger if runs are `queued`.
+        Under the scheduler's lock."""
+        self.in_use -= 1
+        if queued:
+            self.scheduler.ledger.give(self.loaded.need)
+        else:
+            self.free += 1
+
+    def reclaim(self) -> bool:
+        """Gives the lane's unused credits back to the ledger; returns whether there were any. Under the
+        scheduler's lock."""
+        if not self.free:
+            return False
+        for _ in range(self.free):
+            self.scheduler.ledger.give(self.loaded.need)
+        self.free = 0
+        return True

@@ -1,0 +1,243 @@
+"""The fast lane (`runtime/fast_lane.py`): which runs take it, which fall back to the general path, and that
+either way the results are JAX's, the tickets keep one order and nothing is left behind.
+
+Every wait here has a timeout; every runtime made here is closed.
+"""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from test_admission_and_lifetimes import ONE_RUN, X, cross_island, tanh2
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.fast_lane import CREDITS
+from pathways_mlir.runtime.island import RunFailed
+from pathways_mlir.runtime.runtime import Runtime
+
+CHAIN = 3 * CREDITS      # more runs than one lane holds credits for: credits must come back
+# A lane without a free credit, whose earlier runs still compute, sends a run the general way: the chains
+# below wait for their latest run now and then, so that which path each run takes does not depend on timing.
+
+
+def small(plan_builder, topology, shape=(8, 16)):
+    p = plan_builder(topology, program="small")
+    v = p.slice("v", (1,), ("x",), "island0", (0, 1))
+    return p.build([p.launch(tanh2, [p.input(shape, v)], v, [(), ()])])
+
+
+def chained_tanh2(x, n):
+    for _ in range(n):
+        x = jax.jit(tanh2)(x)
+    return np.asarray(x)
+
+
+def assert_nothing_left(rt: Runtime) -> None:
+    """The scheduler's ledger is back to zero and the islands keep no objects."""
+    assert set(rt.usage().values()) == {0}
+    assert rt.object_count() == 0
+
+
+def test_a_chain_of_runs_takes_the_lane_equals_jax_and_leaves_nothing(runtime, plan_builder):
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    with Client(runtime) as client:
+        y = jnp.asarray(X)
+        for i in range(CHAIN):
+            [y] = client.run(plan, [y])          # a handle passed on: its array, on its home sharding
+            if i % (CREDITS // 2) == 0:
+                client.wait(y._run, timeout=60)  # so that credits are free again, however slow the devices
+        np.testing.assert_allclose(np.asarray(y), chained_tanh2(X, CHAIN), rtol=1e-6)
+        assert lane.runs == CHAIN
+        client.wait(y._run, timeout=60)
+        del y
+    assert_nothing_left(runtime)
+    assert not runtime.scheduler._in_flight
+
+
+def test_a_placed_function_called_op_by_op_takes_the_lane(runtime):
+    s = pw.virtual_slice(1, axes="x")
+    step = pw.jit(tanh2, slice=s, in_specs=P(), out_specs=P())
+    with Client(runtime) as client:
+        y = step.run(jnp.asarray(X), client=client)
+        for i in range(CHAIN - 1):
+            y = step.run(y, client=client)
+            if i % (CREDITS // 2) == 0:
+                client.wait(y._run, timeout=60)
+        np.testing.assert_allclose(np.asarray(y), chained_tanh2(X, CHAIN), rtol=1e-6)
+        lane = runtime.lane(step.compiled(jnp.asarray(X), runtime=runtime).plan)
+        assert lane.runs == CHAIN
+        z = step.run(np.asarray(X), client=client)   # a host array: the general path places it
+        np.testing.assert_allclose(np.asarray(z), np.asarray(jax.jit(tanh2)(X)), rtol=1e-6)
+        assert lane.runs == CHAIN
+        other = step.run(jnp.ones((4, 16)), client=client)     # another signature: another stage
+        assert other.shape == (4, 16)
+        np.testing.assert_allclose(np.asarray(other), np.asarray(jax.jit(tanh2)(jnp.ones((4, 16)))), rtol=1e-6)
+        del y, z, other
+    assert_nothing_left(runtime)
+
+
+def test_plans_and_calls_the_lane_does_not_take(runtime, plan_builder):
+    topology = runtime.resources.topology
+    two_islands, want = cross_island(plan_builder, topology)
+    assert runtime.lane(two_islands) is None                     # several islands
+    s = pw.virtual_slice(1, axes="x")
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=s, in_specs=P(), out_specs=P())
+    square = pw.jit(lambda x: x * x, slice=s, in_specs=P(), out_specs=P())
+
+    @pw.program
+    def route(x):
+        return pw.cond(positive(x), square, square, x)
+
+    assert runtime.lane(route.compiled(X, runtime=runtime).plan) is None          # a host cond
+    donating = pw.jit(lambda x, y: x + y, slice=s, in_specs=(P(), P()), out_specs=P(), donate_argnums=0)
+    assert runtime.lane(donating.compiled(X, X, runtime=runtime).plan) is None    # a donated input
+    plan = small(plan_builder, topology)
+    lane = runtime.lane(plan)
+    with Client(runtime) as client:
+        [h] = client.run(plan, [jnp.asarray(X)], timeout=60)                       # a timeout
+        [g] = client.run(plan, [jnp.asarray(X)], dispatch="sequential")            # sequential dispatch
+        with Client(runtime) as other:
+            shared = client.share(h, timeout=60)
+            [r] = other.run(plan, [shared])                                         # a shared object
+            np.testing.assert_allclose(np.asarray(r), chained_tanh2(X, 2), rtol=1e-6)
+            del r
+        np.testing.assert_allclose(np.asarray(g), chained_tanh2(X, 1), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(client.run(two_islands, [X])[0]), want, rtol=1e-6)
+        assert lane.runs == 0
+        del h, g, shared
+    assert_nothing_left(runtime)
+
+
+def test_other_policies_get_no_lane(device_map, plan_builder):
+    for policy in ("share", "sjf", "deadline"):
+        rt = Runtime(device_map, policy=policy)
+        try:
+            plan = small(plan_builder, device_map.topology)
+            assert rt.lane(plan) is None
+            with Client(rt) as client:
+                np.testing.assert_allclose(np.asarray(client.run(plan, [jnp.asarray(X)])[0]),
+                                           chained_tanh2(X, 1), rtol=1e-6)
+            assert_nothing_left(rt)
+        finally:
+            rt.close()
+
+
+def test_a_held_admission_or_a_queued_run_sends_the_next_run_the_general_way_in_ticket_order(runtime,
+                                                                                            plan_builder):
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    island = runtime.islands["island0"]
+    with Client(runtime) as client, Client(runtime) as other:
+        [first] = client.run(plan, [jnp.asarray(X)])
+        runtime.scheduler.hold()
+        queued = other.start(plan, [jnp.asarray(X)])           # queued: admission is held
+        behind = client.start(plan, [jnp.asarray(X)])          # the queue is not empty: the general path
+        assert lane.runs == 1 and not queued.admitted and not behind.admitted
+        runtime.scheduler.release()
+        after = client.start(plan, [jnp.asarray(X)])
+        for run in (queued, behind, after):
+            client.wait(run, timeout=60) if run.client_id == client.id else other.wait(run, timeout=60)
+        order = [run_id for _, run_id, _ in island.executed]
+        tickets = [ticket for ticket, _, _ in island.executed]
+        assert order[-4:] == [first._run.id, queued.id, behind.id, after.id]
+        assert tickets == sorted(tickets)
+        for run in (queued, behind, after):
+            runtime.release_results(run)
+        del first
+    assert_nothing_left(runtime)
+
+
+def test_lane_and_general_runs_of_two_threads_keep_one_ticket_order(runtime, plan_builder):
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    island = runtime.islands["island0"]
+    errors = []
+
+    def loop(client, host):
+        try:
+            y = X if host else jnp.asarray(X)
+            for _ in range(CHAIN):
+                [y] = client.run(plan, [np.asarray(y) if host else y])   # host arrays: the general path
+            np.testing.assert_allclose(np.asarray(y), chained_tanh2(X, CHAIN), rtol=1e-5)
+        except BaseException as error:  # noqa: BLE001  (reported by the test)
+            errors.append(error)
+
+    with Client(runtime) as a, Client(runtime) as b:
+        threads = [threading.Thread(target=loop, args=(a, False)), threading.Thread(target=loop, args=(b, True))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads) and not errors
+    tickets = [ticket for ticket, _, _ in island.executed]
+    assert tickets == sorted(tickets) and len(tickets) == 2 * CHAIN
+    assert 0 < lane.runs <= CHAIN
+    assert_nothing_left(runtime)
+
+
+def test_a_busy_island_sends_the_run_the_general_way(runtime, plan_builder):
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    island = runtime.islands["island0"]
+    with Client(runtime) as client:
+        with island.lock:                        # as if the island's executor had work
+            island._pending += 1
+        try:
+            run = client.start(plan, [jnp.asarray(X)])
+        finally:
+            with island.lock:
+                island._pending -= 1
+        client.wait(run, timeout=60)
+        np.testing.assert_allclose(np.asarray(client.handles(run)[0]), chained_tanh2(X, 1), rtol=1e-6)
+        assert lane.runs == 0
+    assert_nothing_left(runtime)
+
+
+def test_credits_go_back_when_the_scheduler_needs_the_memory(device_map, plan_builder):
+    rt = Runtime(device_map, device_memory_bytes=3 * ONE_RUN)
+    try:
+        plan = small(plan_builder, device_map.topology)
+        big = small(plan_builder, device_map.topology, shape=(8, 48))    # its peak is the whole device
+        lane = rt.lane(plan)
+        with Client(rt) as client:
+            y = jnp.asarray(X)
+            for _ in range(CHAIN):
+                [y] = client.run(plan, [y])
+            client.wait(y._run, timeout=60)
+            del y
+            rt.scheduler._poll(len(rt.scheduler._in_flight))
+            assert lane.free > 0                 # reserved for the lane's next runs
+            rt.scheduler.hold()                  # runs will queue: the credits go back to the ledger
+            assert lane.free == 0 and set(rt.scheduler.ledger.usage().values()) == {0}
+            rt.scheduler.release()
+            [y] = client.run(plan, [jnp.asarray(X)])
+            client.wait(y._run, timeout=60)
+            del y
+            rt.scheduler._poll(len(rt.scheduler._in_flight))
+            assert lane.free > 0
+            [h] = client.run(big, [np.ones((8, 48), np.float32)])      # fits only once they are back
+            np.testing.assert_allclose(np.asarray(h), np.asarray(jax.jit(tanh2)(np.ones((8, 48)))), rtol=1e-6)
+            assert lane.free == 0
+            del h
+        assert_nothing_left(rt)
+    finally:
+        rt.close()
+
+
+def test_a_failing_lane_run_fails_alone_and_keeps_nothing(runtime, plan_builder):
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    with Client(runtime) as client:
+        [bad] = client.run(plan, [jnp.ones((8, 16), jnp.int32)])       # the wrong dtype: the launch fails
+        with pytest.raises(RunFailed):
+            bad.result(timeout=60)
+        [good] = client.run(plan, [jnp.asarray(X)])
+        np.testing.assert_allclose(np.asarray(good), chained_tanh2(X, 1), rtol=1e-6)
+        assert lane.runs == 2
+        del bad, good
+    assert_nothing_left(runtime)
