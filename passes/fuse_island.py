@@ -67,6 +67,9 @@ pw-schedule, which costs and orders what it makes.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 from mlir import ir
 from mlir.dialects import func
 
@@ -76,7 +79,6 @@ from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.homes import Home, home_attribute, program_homes
 from pathways_mlir.dialect.sharding import Sharding
 
-from .insert_transfers import _Inserter
 from .registry import Option, Pass, register
 
 
@@ -144,7 +146,6 @@ class _Fuser:
         self.placements = {name: ops.attr(op, ops.PLACEMENT) for op in ops.top_level_ops(module)
                            if (name := ops.symbol_name(op)) in self.slices}
         self.islands = {name: p["island"] for name, p in self.placements.items()}
-        self.inserter = _Inserter(self.topology, self.slices, self.islands)
         self.taken = set(ops.executables(module))
         self.used = {name: self.devices([s for op in ops.program_body(program).operations
                                          if op.name == "pw.compute" or op.name in ops.DATA_MOVEMENT_OPS
@@ -166,11 +167,26 @@ class _Fuser:
                             key=lambda s: (-self.slices[s].size, s))
         return next((s for s in candidates if self.devices([s]) >= touched), None)
 
-    def expressible(self, run: list[ir.Operation], cover: str) -> bool:
-        """Whether every sharding of the run splits the same way on the cover's mesh."""
-        sizes = self.slices[cover].axis_sizes
-        return all(sizes.get(a) == self.slices[s].axis_sizes[a]
-                   for op in run for s, sharding in _shardings_of(op) for a in sharding.used_axes())
+    def renaming(self, slice_name: str, cover: str) -> dict[str, str] | None:
+        """Returns the cover axis that plays each axis of a slice: equal in size, and at every device of
+        the slice the cover's coordinate on it is the slice's own; None if there is no such renaming."""
+        s, c = self.slices[slice_name], self.slices[cover]
+        where = {d: np.unravel_index(i, c.shape) for i, d in enumerate(self.device_list(cover))}
+        mine = [(where[d], np.unravel_index(i, s.shape)) for i, d in enumerate(self.device_list(slice_name))]
+        for axes in itertools.permutations(range(len(c.axes)), len(s.axes)):
+            if all(c.shape[j] == n for j, n in zip(axes, s.shape)) and \
+                    all(theirs[j] == own[k] for theirs, own in mine for k, j in enumerate(axes)):
+                return {a: c.axes[j] for a, j in zip(s.axes, axes)}
+        return None
+
+    def device_list(self, slice_name: str) -> list[int]:
+        p = self.placements[slice_name]["devices"]
+        return [d for b, e in zip(p[::2], p[1::2]) for d in range(b, e)]
+
+    def renamings(self, run: list[ir.Operation], cover: str) -> dict[str, dict[str, str]] | None:
+        """Returns the renaming onto the cover of every slice the run names, or None if one has none."""
+        found = {name: self.renaming(name, cover) for name in {s for op in run for s in _slices_of(op)}}
+        return None if None in found.values() else found
 
     def move_bytes(self, value: ir.Value, home: Home) -> int:
         return ops.tensor_bytes(value.type) // home.sharding.ways(self.slices[home.slice].axis_sizes)
@@ -186,13 +202,19 @@ class _Fuser:
                                                 f"@{ops.attr(fused_callee, 'callee')}: run it before pw-fuse-launches")
                 return
             cover = self.cover(run)
-            if cover is None or not self.expressible(run, cover) or self.devices([cover]) & others:
-                continue
-            self.fuse(program, run, cover)
+            renamings = None if cover is None or self.devices([cover]) & others else self.renamings(run, cover)
+            if renamings is not None:
+                self.fuse(program, run, cover, renamings)
 
-    def fuse(self, program: ir.Operation, run: list[ir.Operation], cover: str) -> None:
+    def fuse(self, program: ir.Operation, run: list[ir.Operation], cover: str,
+             renamings: dict[str, dict[str, str]]) -> None:
         """Replaces `run` by one compute on `cover` if the cost model says it pays."""
         homes = program_homes(program)
+
+        def on_cover(home: Home) -> Sharding:
+            rename = renamings[home.slice]
+            return Sharding(tuple(tuple(rename[a] for a in axes) for axes in home.sharding.dims))
+
         inside = {op for op in run}
         made = [r for op in run for r in op.results]
         numbered: dict[ir.Value, int] = {}
@@ -210,7 +232,8 @@ class _Fuser:
             if op.name == "pw.compute":
                 calls.append({"callee": Symbol(ops.attr(op, "callee")),
                               "operands": tuple(numbered[v] for v in op.operands), "results": len(op.results),
-                              "in_shardings": [s.to_python() for s in ops.in_shardings(op)]})
+                              "in_shardings": [on_cover(Home(ops.attr(op, "slice"), s)).to_python()
+                                               for s in ops.in_shardings(op)]})
                 for result in op.results:
                     numbered[result], count = count, count + 1
             else:
@@ -239,19 +262,19 @@ class _Fuser:
             arg_attrs = ops.attr(program, "arg_attrs")
             for v in rehomed:
                 index = arguments.index(v)
-                arg_attrs[index] = {**arg_attrs[index], ops.HOME: home_attribute(Home(cover, homes[v].sharding))}
+                arg_attrs[index] = {**arg_attrs[index], ops.HOME: home_attribute(Home(cover, on_cover(homes[v])))}
             ops.set_attr(program, "arg_attrs", arg_attrs)
         with ir.InsertionPoint(run[0]):
-            operands = [self.inserter.move(v, homes[v], Home(cover, homes[v].sharding), run[0].location)
+            operands = [self.move(v, homes[v], Home(cover, on_cover(homes[v])), run[0].location)
                         if v in moved_in else v for v in inputs]
         labels = "+".join(ops.attr(op, "label") for op in run if op.name == "pw.compute")
         with ir.InsertionPoint.after(run[-1]):
             fused = ops.build_compute(executable, cover, operands, [r.type for r in escaping],
-                                      [homes[v].sharding for v in inputs], [homes[r].sharding for r in escaping],
+                                      [on_cover(homes[v]) for v in inputs], [on_cover(homes[r]) for r in escaping],
                                       labels, loc=run[0].location)
             ops.set_attr(fused, ops.SUBGRAPH, ops.attr(run[0], ops.SUBGRAPH, 0))
         with ir.InsertionPoint.after(fused):
-            back = [self.inserter.move(new, Home(cover, homes[r].sharding), homes[r], run[-1].location)
+            back = [self.move(new, Home(cover, on_cover(homes[r])), homes[r], run[-1].location)
                     if r in moved_out else new for r, new in zip(escaping, fused.results)]
         for result, new in zip(escaping, back):
             result.replace_all_uses_with(new)
@@ -260,6 +283,15 @@ class _Fuser:
         for op in ops.program_body(program).operations:     # the moves made here join the run's subgraph
             if op.name != "func.return" and ops.SUBGRAPH not in op.operation.attributes:
                 ops.set_attr(op.operation, ops.SUBGRAPH, ops.attr(fused, ops.SUBGRAPH))
+
+    def move(self, value: ir.Value, have: Home, want: Home, loc: ir.Location) -> ir.Value:
+        """Creates the ICI move of `value` between a slice and the cover, where each device keeps its
+        shards: a `pw.transfer` if the sharding's axis names are the same, else a one-piece `pw.gather`."""
+        if have.sharding == want.sharding:
+            return ops.build_transfer(value, have.slice, want.slice, have.sharding, "ici", loc).result
+        shard = have.sharding.shard_shape(ops.tensor_shape(value.type), self.slices[have.slice].axis_sizes)
+        return ops.build_gather(value, have.slice, want.slice, have.sharding, want.sharding, 1, shard, "ici",
+                                loc).result
 
     def fresh_name(self, base: str) -> str:
         n = 0

@@ -11,7 +11,8 @@ executor to park the run (see `island.py`), which resumes when it arrives.
 One instruction class per kind of plan step:
 
     LaunchInstruction  slots[outputs] = executable(*slots[inputs])
-    CopyInstruction    slots[dst] = device_put(slots[src], destination sharding)
+    CopyInstruction    slots[dst] = device_put(slots[src], destination sharding), or its shards
+                       assembled where they are
     SendInstruction    hand slots[src] to the peer island (DCN)
     RecvInstruction    continue only once slots[dst] has arrived
     FreeInstruction    slots[buffers] = None
@@ -26,7 +27,7 @@ from pathways_mlir.dialect.memory_plan import reuses
 from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
 
 from .executables import named_sharding
-from .transfers import copy_to
+from .transfers import assemble_in_place, copy_to, shards_in_place
 
 if TYPE_CHECKING:
     from .island import Island, IslandRun
@@ -54,16 +55,19 @@ class LaunchInstruction:
 
 
 class CopyInstruction:
-    """Moves (and reshards) a slot's array to another slice of the island (ICI)."""
+    """Moves (and reshards) a slot's array to another slice of the island (ICI); `in_place`: every
+    destination device holds its shard already, so the array is assembled from them (no copy)."""
 
-    __slots__ = ("src", "dst", "sharding", "label", "devices", "track")
+    __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "in_place")
 
-    def __init__(self, src: int, dst: int, sharding, label: str, devices):
+    def __init__(self, src: int, dst: int, sharding, label: str, devices, in_place: bool = False):
         self.src, self.dst, self.sharding, self.label, self.devices = src, dst, sharding, label, devices
+        self.in_place = in_place
         self.track = False
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
-        moved = copy_to(run.slots[self.src], self.sharding)
+        array = run.slots[self.src]
+        moved = assemble_in_place(array, self.sharding) if self.in_place else copy_to(array, self.sharding)
         run.slots[self.dst] = moved
         if self.track:
             run.tracked.append(moved)
@@ -176,9 +180,10 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
             last_on_slice[step.slice] = instructions[-1]
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]
+            in_place = shards_in_place(layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer], dst.shape)
             instructions.append(CopyInstruction(slot[step.src_buffer], slot[step.dst_buffer],
                                                 layout.shardings[step.dst_buffer], step.label or "copy",
-                                                plan.slices[dst.slice].device_ids()))
+                                                plan.slices[dst.slice].device_ids(), in_place))
             last_on_slice[dst.slice] = instructions[-1]
         elif isinstance(step, Send):
             instructions.append(SendInstruction(slot[step.src_buffer], step.peer, step.dst_buffer, step.bytes,

@@ -41,10 +41,13 @@ def test_three_blocks_run_as_one_launch_equal_to_plain_jax(runtime):
     [launch] = launches(fused)
     assert launch.executable in fused.fused and launch.label == "block_a#0+block_b#0+block_c#0"
     assert [c.callee for c in fused.fused[launch.executable].calls] == ["block_a", "block_b", "block_c"]
+    # On slice_b's 2x2 mesh, slice_a's and slice_c's "data" axis is "model": at each of their devices the
+    # coordinate on it is theirs, so every device keeps the shards its own slice gives it.
     assert [c.in_shardings for c in fused.fused[launch.executable].calls] == [
-        ((("data",), ()),), ((("data",), ("model",)),), ((("data",), ()),)]
+        ((("model",), ()),), ((("data",), ("model",)),), ((("model",), ()),)]
     assert launch.slice == "slice_b"                                  # the slice covering the three
-    assert sum(isinstance(s, Copy) for s in fused.islands["island0"]) == 1   # the result back to slice_c
+    [back] = [s for s in fused.islands["island0"] if isinstance(s, Copy)]   # the result back to slice_c
+    assert fused.buffers[back.src_buffer].sharding == (("model",), ())
     assert len(launches(unfused)) == 3 and not unfused.fused
     runtime.start_tracing()
     with Client(runtime) as client:
@@ -116,3 +119,22 @@ def test_values_used_after_the_run_come_back_home_equal_to_plain_jax(runtime):
         np.testing.assert_allclose(np.asarray(result), np.sin(b) + a, rtol=1e-5)
         np.testing.assert_allclose(np.asarray(scaled), a, rtol=1e-6)
         assert scaled.slice == "left" and len(scaled.result().sharding.device_set) == 2   # back home
+
+
+def test_a_move_whose_shards_are_in_place_assembles_them_without_a_copy():
+    from jax.sharding import Mesh, NamedSharding
+
+    from pathways_mlir.runtime.transfers import assemble_in_place, shards_in_place
+
+    devices = np.array(jax.devices()[:4])
+    cover = Mesh(devices.reshape(2, 2), ("data", "model"))
+    home = NamedSharding(Mesh(devices[2:4], ("data",)), P("data"))
+    assert shards_in_place(NamedSharding(cover, P("model")), home, X.shape)
+    assert not shards_in_place(NamedSharding(cover, P("data")), home, X.shape)   # device 2 holds rows 4-7
+    array = jax.device_put(X, NamedSharding(cover, P("model")))
+    moved = assemble_in_place(array, home)
+    assert moved.sharding == home
+    np.testing.assert_array_equal(np.asarray(moved), X)
+    for shard in moved.addressable_shards:          # the very buffers of `array` on devices 2 and 3
+        [same] = [s for s in array.addressable_shards if s.device == shard.device]
+        assert shard.data.unsafe_buffer_pointer() == same.data.unsafe_buffer_pointer()

@@ -9,16 +9,19 @@
 // The three-block program on one island: @b (2x2) covers @a and @c. The
 // three computes and both copies become one compute of @island_f_0 on @b,
 // whose calls constrain their operands to the originals' in_shardings (the
-// copies) and whose label lists the computations. %x is used only inside,
-// so the runtime puts it on @b directly (its pw.home); the result goes back
-// to its home @c by a transfer. scratch_bytes: the four values used only
+// copies) and whose label lists the computations. On @b's mesh, axis "d" of
+// @a and of @c is "m" (at each of their devices the coordinate on "m" is
+// theirs on "d"), so their shardings are written with "m". %x is used only
+// inside, so the runtime puts it on @b directly (its pw.home); the result
+// goes back to its home @c by a one-piece gather (its shards stay on their
+// devices). scratch_bytes: the four values used only
 // inside (f's and g's results and the two copies: 16 + 8 + 8 + 16 bytes).
 // CHECK-LABEL: func.func @three_blocks
-// CHECK-SAME: %arg0: tensor<8xf32> {pw.home = {sharding = {{\[\["d"\]\]}}, slice = @b}}
-// CHECK-NEXT: %0 = "pw.compute"(%arg0) {callee = @island_f_0, in_shardings = {{\[\[\["d"\]\]\]}}, label = "f#0+g#0+h#0", out_shardings = {{\[\[\["d"\]\]\]}}, pw.subgraph = 0 : i64, slice = @b}
-// CHECK-NEXT: %1 = "pw.transfer"(%0) {dst = @c, link = "ici", pw.subgraph = 0 : i64, sharding = {{\[\["d"\]\]}}, src = @b}
+// CHECK-SAME: %arg0: tensor<8xf32> {pw.home = {sharding = {{\[\["m"\]\]}}, slice = @b}}
+// CHECK-NEXT: %0 = "pw.compute"(%arg0) {callee = @island_f_0, in_shardings = {{\[\[\["m"\]\]\]}}, label = "f#0+g#0+h#0", out_shardings = {{\[\[\["m"\]\]\]}}, pw.subgraph = 0 : i64, slice = @b}
+// CHECK-NEXT: %1 = "pw.gather"(%0) {dst = @c, dst_sharding = {{\[\["d"\]\]}}, link = "ici", piece_shape = array<i64: 4>, pieces = 1 : i64, pw.subgraph = 0 : i64, src = @b, src_sharding = {{\[\["m"\]\]}}}
 // CHECK-NEXT: return %1
-// CHECK: module @island_f_0 attributes {pw.executable, pw.fused = {calls = [{callee = @f, in_shardings = {{\[\[\["d"\]\]\]}}, operands = array<i64: 0>, results = 1 : i64}, {callee = @g, in_shardings = {{\[\[\["d", "m"\]\]\]}}, operands = array<i64: 1>, results = 1 : i64}, {callee = @h, in_shardings = {{\[\[\["d"\]\]\]}}, operands = array<i64: 2>, results = 1 : i64}], results = array<i64: 3>, scratch_bytes = 48 : i64}}
+// CHECK: module @island_f_0 attributes {pw.executable, pw.fused = {calls = [{callee = @f, in_shardings = {{\[\[\["m"\]\]\]}}, operands = array<i64: 0>, results = 1 : i64}, {callee = @g, in_shardings = {{\[\[\["d", "m"\]\]\]}}, operands = array<i64: 1>, results = 1 : i64}, {callee = @h, in_shardings = {{\[\[\["m"\]\]\]}}, operands = array<i64: 2>, results = 1 : i64}], results = array<i64: 3>, scratch_bytes = 48 : i64}}
 // CHECK-NEXT: func.func private @main(tensor<8xf32>) -> tensor<8xf32>
 module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -51,9 +54,9 @@ func.func @three_blocks(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["
 // of ICI latency per added copy against step_us = 50).
 // CHECK-LABEL: func.func @escapes
 // CHECK-SAME: %arg0: tensor<8xf32> {pw.home = {sharding = {{\[\["d"\]\]}}, slice = @a}}
-// CHECK-NEXT: %0 = "pw.transfer"(%arg0) {dst = @b, link = "ici", pw.subgraph = 0 : i64, sharding = {{\[\["d"\]\]}}, src = @a}
+// CHECK-NEXT: %0 = "pw.gather"(%arg0) {dst = @b, dst_sharding = {{\[\["m"\]\]}}, link = "ici", {{.*}}pieces = 1 : i64, {{.*}}src = @a, src_sharding = {{\[\["d"\]\]}}}
 // CHECK-NEXT: %1:2 = "pw.compute"(%0) {callee = @island_f_0, {{.*}}label = "f#0+f#1+f#2"
-// CHECK-NEXT: %2 = "pw.transfer"(%1#0) {dst = @a, {{.*}}src = @b}
+// CHECK-NEXT: %2 = "pw.gather"(%1#0) {dst = @a, {{.*}}src = @b, src_sharding = {{\[\["m"\]\]}}}
 // CHECK-NEXT: return %1#1, %2, %arg0
 // CHECK: pw.fused = {calls = [{callee = @f, {{.*}}}, {callee = @f, {{.*}}}, {callee = @f, {{.*}}}], results = array<i64: 1, 3>, scratch_bytes = 16 : i64}
 module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
@@ -137,9 +140,9 @@ func.func @other(%x: tensor<8xf32> {pw.home = {slice = @c, sharding = [["d"]]}})
 
 // -----
 
-// Left alone: axis "x" of slice @e is not an axis of the cover @b, so its
-// sharding would mean another split on @b's mesh.
-// CHECK-LABEL: func.func @other_axes
+// Left alone: slice @e has devices 1 and 0 in this order, so no axis of the
+// cover @b has its coordinates there: on @b, its shards would have to move.
+// CHECK-LABEL: func.func @no_renaming
 // CHECK-NEXT: "pw.compute"(%arg0) {callee = @f,
 // CHECK-NEXT: "pw.scatter"
 // CHECK-NEXT: "pw.compute"({{.*}}) {callee = @f,
@@ -151,8 +154,8 @@ module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, late
 module @f attributes {pw.executable} {
   func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
 }
-"pw.virtual_slice"() {sym_name = "e", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
-func.func @other_axes(%x: tensor<8xf32> {pw.home = {slice = @e, sharding = [["x"]]}}) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+"pw.virtual_slice"() {sym_name = "e", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 1, 2, 0, 1>}} : () -> ()
+func.func @no_renaming(%x: tensor<8xf32> {pw.home = {slice = @e, sharding = [["x"]]}}) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
   %0 = "pw.compute"(%x) {callee = @f, slice = @e, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
   %1 = "pw.scatter"(%0) {src = @e, dst = @b, src_sharding = [["x"]], dst_sharding = [["d", "m"]], pieces = 2, piece_shape = array<i64: 2>, link = "ici", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
   %2 = "pw.compute"(%1) {callee = @f, slice = @b, in_shardings = [[["d", "m"]]], out_shardings = [[["d", "m"]]], label = "f#1", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
