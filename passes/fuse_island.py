@@ -3,7 +3,7 @@
 Inside a static subgraph, a run of consecutive ops on one island (its
 `pw.compute`s on several slices and the ICI copies between them, `pw.transfer`
 / `pw.scatter` / `pw.gather` with `link = "ici"`) becomes one `pw.compute` of
-a new fused executable on the run's *cover*: the one slice of the run whose
+a new fused executable on the run's *cover*: the largest slice of the run whose
 devices include every device the run touches. The runtime compiles the fused
 executable as one `jax.jit` over the cover's mesh: each original computation
 is called in order and each copy is a sharding constraint, the operands of
@@ -12,21 +12,30 @@ carry them). XLA then reshards between the computations inside the one
 launch, and the island makes one dispatch instead of one per computation and
 copy; the copies' buffers and frees disappear from the plan.
 
-Values that come from outside the run move onto the cover first, in their
-own sharding; a program argument used only inside the run is put there
-directly instead (its `pw.home` becomes the cover). Results used after the
-run go back to their home slices: the fused executable writes them in their
-home sharding on the cover and a copy after it brings each to its home
-slice. The executable's `scratch_bytes` is the per-device size of the
-values only the run uses, which `pw-plan-memory` counts on every device of
-the cover while the fused launch runs (XLA holds them there at most).
+Each slice's shardings are written on the cover's mesh with the cover axes
+that play its axes: the same size, and at every device of the slice the
+cover's coordinate on that axis is the slice's own (on the three-block
+example, slice_a's "data" is slice_b's "model"). A value in its home
+sharding on the cover then has, on each device of its home slice, exactly
+the shard it has at home (other cover devices hold copies), so a copy
+between the two moves nothing on the home devices: the runtime assembles the
+home array from those shards. In IR such a move is a `pw.transfer` when the
+axis names agree, else a one-piece `pw.gather`.
+
+Values that come from outside the run move onto the cover first; a program
+argument used only inside the run is put there directly instead (its
+`pw.home` becomes the cover). Results used after the run go back to their
+home slices: the fused executable writes them in their home sharding on the
+cover and a move after it brings each to its home slice. The executable's
+`scratch_bytes` is the per-device size of the values only the run uses,
+which `pw-plan-memory` counts on every device of the cover while the fused
+launch runs (XLA holds them there at most).
 
 A run is fused only when all of these hold:
 
 - it has computations on at least two slices (one slice is
   `pw-fuse-launches`' case) and a cover slice exists;
-- every sharding in it names only axes the cover has, with the same size, so
-  that it means the same split on the cover's mesh;
+- every slice it names has a renaming onto the cover's axes (above);
 - no other program of the module uses a slice on any device of the cover:
   a fused launch holds all of them for its whole length, so a program that
   could run on some of them meanwhile (another entry point, a branch) would
@@ -35,8 +44,8 @@ A run is fused only when all of these hold:
   dispatch thread, so a fused launch takes no device from them that a
   single step would not;
 - the cost model says it pays: the island steps it saves (the run's ops,
-  less the fused launch and the copies it adds) times `step_us`, the host
-  and launch time of one island step, exceed the ICI time of the copies it
+  less the fused launch and the moves it adds) times `step_us`, the host
+  and launch time of one island step, exceed the ICI time of the moves it
   adds (latency plus bytes over the island's ICI bandwidth).
 
 Requires: placed slices (pw-place), pw-insert-transfers and
@@ -44,24 +53,24 @@ pw-mark-static-subgraphs; runs before pw-fuse-launches, whose fused
 executables it cannot call (it reports one if it finds it), and before
 pw-schedule, which costs and orders what it makes.
 
-    // before: @a on devices [0, 2), @b on [0, 4), @c on [2, 4) of island0
+    // before: @a on devices [0, 2), @b (2x2, axes d, m) on [0, 4), @c on [2, 4) of island0
     %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["d"]]], label = "f#0", pw.subgraph = 0, ...}
     %1 = "pw.scatter"(%0) {dst = @b, link = "ici", src = @a, dst_sharding = [["d", "m"]], ...}
     %2 = "pw.compute"(%1) {callee = @g, slice = @b, in_shardings = [[["d", "m"]]], label = "g#0", ...}
     %3 = "pw.gather"(%2) {dst = @c, link = "ici", src = @b, dst_sharding = [["d"]], ...}
     %4 = "pw.compute"(%3) {callee = @h, slice = @c, label = "h#0", ...}
     return %4
-    // after (%x, used only here, is now put on @b: its pw.home is {slice = @b, sharding = [["d"]]})
+    // after (%x, used only here, is now put on @b: its pw.home is {slice = @b, sharding = [["m"]]})
     module @island_f_0 attributes {pw.executable, pw.fused = {calls = [
-        {callee = @f, in_shardings = [[["d"]]], operands = array<i64: 0>, results = 1},
+        {callee = @f, in_shardings = [[["m"]]], operands = array<i64: 0>, results = 1},
         {callee = @g, in_shardings = [[["d", "m"]]], operands = array<i64: 1>, results = 1},
-        {callee = @h, in_shardings = [[["d"]]], operands = array<i64: 2>, results = 1}],
+        {callee = @h, in_shardings = [[["m"]]], operands = array<i64: 2>, results = 1}],
         results = array<i64: 3>, scratch_bytes = 48}} {
       func.func private @main(tensor<8xf32>) -> tensor<8xf32>
     }
-    %0 = "pw.compute"(%x) {callee = @island_f_0, slice = @b, in_shardings = [[["d"]]], out_shardings = [[["d"]]],
+    %0 = "pw.compute"(%x) {callee = @island_f_0, slice = @b, in_shardings = [[["m"]]], out_shardings = [[["m"]]],
                            label = "f#0+g#0+h#0", pw.subgraph = 0, ...}
-    %1 = "pw.transfer"(%0) {dst = @c, link = "ici", sharding = [["d"]], src = @b}
+    %1 = "pw.gather"(%0) {dst = @c, dst_sharding = [["d"]], link = "ici", pieces = 1, src = @b, src_sharding = [["m"]]}
     return %1
 """
 
@@ -96,18 +105,6 @@ def _slices_of(op: ir.Operation) -> list[str]:
     if op.name == "pw.compute":
         return [ops.attr(op, "slice")]
     return [ops.attr(op, "src"), ops.attr(op, "dst")]
-
-
-def _shardings_of(op: ir.Operation) -> list[tuple[str, Sharding]]:
-    """Returns every (slice, sharding) an op names."""
-    if op.name == "pw.compute":
-        slice_name = ops.attr(op, "slice")
-        return [(slice_name, s) for s in (*ops.in_shardings(op), *ops.out_shardings(op))]
-    if op.name == "pw.transfer":
-        sharding = Sharding.from_python(ops.attr(op, "sharding"))
-        return [(ops.attr(op, "src"), sharding), (ops.attr(op, "dst"), sharding)]
-    return [(ops.attr(op, "src"), Sharding.from_python(ops.attr(op, "src_sharding"))),
-            (ops.attr(op, "dst"), Sharding.from_python(ops.attr(op, "dst_sharding")))]
 
 
 def _runs(program: ir.Operation, islands: dict[str, str]) -> list[list[ir.Operation]]:
@@ -180,6 +177,7 @@ class _Fuser:
         return None
 
     def device_list(self, slice_name: str) -> list[int]:
+        """Returns a slice's island-local devices in mesh order."""
         p = self.placements[slice_name]["devices"]
         return [d for b, e in zip(p[::2], p[1::2]) for d in range(b, e)]
 
@@ -189,9 +187,11 @@ class _Fuser:
         return None if None in found.values() else found
 
     def move_bytes(self, value: ir.Value, home: Home) -> int:
+        """Returns the bytes of one device's shard of `value` at `home`."""
         return ops.tensor_bytes(value.type) // home.sharding.ways(self.slices[home.slice].axis_sizes)
 
     def fuse_program(self, name: str, program: ir.Operation, diagnostics: DiagnosticEngine) -> None:
+        """Fuses the runs of program `name` that qualify."""
         others = set().union(*(d for other, d in self.used.items() if other != name))
         for run in _runs(program, self.islands):
             fused_callee = next((op for op in run if op.name == "pw.compute"
@@ -294,6 +294,7 @@ class _Fuser:
                                 loc).result
 
     def fresh_name(self, base: str) -> str:
+        """Returns `base_N` for the first N no symbol of the module has."""
         n = 0
         while f"{base}_{n}" in self.taken:
             n += 1
