@@ -309,10 +309,20 @@ class FuseIslandPass(Pass):
     summary = "Fuse an island's computations and ICI copies across its slices into one launch on their cover"
     options = (Option("step_us", float, 50.0, "host and launch time of one island step, in µs (the cost model's "
                                               "saving per step)"),)
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if ops.LOWERED not in module.attributes:
             diagnostics.error(module, "pw-fuse-island needs a lowered module (pw.lowered): run pw-insert-transfers")
+            return
+        if ops.required_topology(module, diagnostics,
+                                 "pw-fuse-island needs the module's pw.topology: run pw-place first") is None:
+            return
+        unplaced = [op for op in ops.top_level_ops(module)
+                    if op.name == "pw.virtual_slice" and ops.attr(op, ops.PLACEMENT) is None]
+        for op in unplaced:
+            diagnostics.error(op, f"slice @{ops.symbol_name(op)} has no pw.placement: run pw-place first")
+        if unplaced:
             return
         for program in ops.programs(module).values():
             if ops.attr(program, ops.SUBGRAPHS) is None:

@@ -17,6 +17,21 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 
 // -----
 
+// Fusion needs to know where every slice is (pw-place).
+module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+// expected-error@below {{slice @a has no pw.placement: run pw-place first}}
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["d"]]], out_shardings = [[["d"]]], label = "f#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+}
+
+// -----
+
 // Fusion stays inside static subgraphs, so they must be marked first.
 module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
