@@ -55,8 +55,9 @@ class LaunchInstruction:
 
 
 class CopyInstruction:
-    """Moves (and reshards) a slot's array to another slice of the island (ICI); `in_place`: every
-    destination device holds its shard already, so the array is assembled from them (no copy)."""
+    """Moves (and reshards) a slot's array to another slice of the island (ICI); `in_place`: the source
+    is the run's own and every destination device holds its shard already, so the array is assembled
+    from them (no copy)."""
 
     __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "in_place")
 
@@ -168,6 +169,9 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     last_on_slice: dict[str, Instruction] = {}
     slot = layout.slot
     reused = reuses(plan, island.name)
+    # Arrays only this run holds: launch results that are not program results. A copy may share their
+    # shards (in place); a program input or result is the caller's, who may donate it later.
+    owned = {b for s in steps if isinstance(s, Launch) for b in s.outputs} - set(plan.outputs)
     for step in steps:
         if isinstance(step, Launch):
             placement = plan.slices[step.slice]
@@ -180,7 +184,8 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
             last_on_slice[step.slice] = instructions[-1]
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]
-            in_place = shards_in_place(layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer], dst.shape)
+            in_place = step.src_buffer in owned and shards_in_place(
+                layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer], dst.shape)
             instructions.append(CopyInstruction(slot[step.src_buffer], slot[step.dst_buffer],
                                                 layout.shardings[step.dst_buffer], step.label or "copy",
                                                 plan.slices[dst.slice].device_ids(), in_place))
