@@ -138,3 +138,22 @@ def test_a_move_whose_shards_are_in_place_assembles_them_without_a_copy():
     for shard in moved.addressable_shards:          # the very buffers of `array` on devices 2 and 3
         [same] = [s for s in array.addressable_shards if s.device == shard.device]
         assert shard.data.unsafe_buffer_pointer() == same.data.unsafe_buffer_pointer()
+
+
+def test_a_copy_shares_shards_only_of_the_runs_own_launch_results(runtime):
+    import dataclasses
+
+    from pathways_mlir.runtime.island_program import CopyInstruction, IslandLayout, compile_steps
+
+    example = three_blocks_example()
+    fused = plan_of(example.three_blocks, runtime, True, X)
+    [back] = [s for s in fused.islands["island0"] if isinstance(s, Copy)]
+    island = runtime.islands["island0"]
+
+    def copies(plan):
+        return [i for i in compile_steps(island, plan, IslandLayout.build(island, plan), plan.islands["island0"])
+                if isinstance(i, CopyInstruction)]
+    assert [c.in_place for c in copies(fused)] == [True]
+    # Were the fused result a program result too, the caller could donate it later: a real copy then.
+    returned = dataclasses.replace(fused, outputs=(*fused.outputs, back.src_buffer))
+    assert [c.in_place for c in copies(returned)] == [False]
