@@ -9,9 +9,10 @@ buffer nobody reads is freed right after its writer; an unused input
 before the first step). The peak walks each island's steps in order:
 program inputs and values a branch puts on the island count from the start
 of the run, results to its end; while a fused launch runs, its executable's
-`scratch_bytes` (the values only it uses) count on every device of its slice. It is kept as (begin, end, bytes) triples
-over island-local device ranges, merged where neighbours agree, so it grows
-with the number of slices, never with the number of devices.
+`scratch_bytes` (the values only it uses) count on every device of its
+slice. It is kept as (begin, end, bytes) triples over island-local device
+ranges, merged where neighbours agree, so it grows with the number of
+slices, never with the number of devices.
 
 A donated input (`plan.donated`, from `donate_argnums`) is reused, as
 `jax.jit` reuses it: where its last reader is a launch on its island, that
