@@ -8,9 +8,11 @@ A buffer that is not a program result is freed right after its last reader
 buffer nobody reads is freed right after its writer; an unused input
 before the first step). The peak walks each island's steps in order:
 program inputs and values a branch puts on the island count from the start
-of the run, results to its end. It is kept as (begin, end, bytes) triples
-over island-local device ranges, merged where neighbours agree, so it grows
-with the number of slices, never with the number of devices.
+of the run, results to its end; while a fused launch runs, its executable's
+`scratch_bytes` (the values only it uses) count on every device of its
+slice. It is kept as (begin, end, bytes) triples over island-local device
+ranges, merged where neighbours agree, so it grows with the number of
+slices, never with the number of devices.
 
 A donated input (`plan.donated`, from `donate_argnums`) is reused, as
 `jax.jit` reuses it: where its last reader is a launch on its island, that
@@ -132,7 +134,11 @@ def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...],
         fresh = [b for b in s.produced() if b in mine and b not in alive]
         add(fresh, 1)
         alive |= set(fresh)
-        high = [max(h, v) for h, v in zip(high, live)]
+        scratch = plan.fused[s.executable].scratch_bytes if isinstance(s, Launch) and s.executable in plan.fused \
+            else 0
+        held = [v + scratch * any(b <= lo and hi <= e for b, e in plan.slices[s.slice].ranges)
+                for v, (lo, hi) in zip(live, segments)] if scratch else live
+        high = [max(h, v) for h, v in zip(high, held)]
     merged: list[list[int]] = []
     for (lo, hi), nbytes in zip(segments, high):
         if nbytes == 0:

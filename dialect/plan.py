@@ -204,20 +204,25 @@ class FusedCall:
     """One call inside a fused executable: `callee` on values `operands`.
 
     Values are numbered: the fused executable's arguments first, then the
-    results of each call in order.
+    results of each call in order. `in_shardings` (`pw-fuse-island`), one per
+    operand on the launch's mesh, constrain the operands before the call:
+    the copies between slices that the fused executable makes.
     """
 
     callee: str
     operands: tuple[int, ...]
     results: int
+    in_shardings: tuple[tuple[tuple[str, ...], ...], ...] = ()
 
 
 @dataclass(frozen=True)
 class FusedExecutable:
-    """An executable made of several in order (`pw-fuse-launches`); `results` picks its outputs."""
+    """An executable made of several in order (`pw-fuse-launches`, `pw-fuse-island`); `results` picks its
+    outputs; `scratch_bytes` is what its values used only inside hold on each device of the launch."""
 
     calls: tuple[FusedCall, ...]
     results: tuple[int, ...]
+    scratch_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -322,9 +327,12 @@ class ProgramPlan:
         fused = {}
         for name, f in r.get("fused", dict, {}).items():
             fr = r.sub(f, f"fused.{name}", dict)
-            calls = tuple(FusedCall(cr.str("callee"), cr.ints("operands"), cr.int("results"))
+            calls = tuple(FusedCall(cr.str("callee"), cr.ints("operands"), cr.int("results"), tuple(
+                              tuple(cr.sub(axes, f"in_shardings[{k}][{d}]", list).strs_of(axes)
+                                    for d, axes in enumerate(cr.sub(sharding, f"in_shardings[{k}]", list).value))
+                              for k, sharding in enumerate(cr.get("in_shardings", list, []))))
                           for cr in (fr.sub(c, f"calls[{j}]", dict) for j, c in enumerate(fr.get("calls", list))))
-            fused[name] = FusedExecutable(calls, fr.ints("results"))
+            fused[name] = FusedExecutable(calls, fr.ints("results"), fr.get("scratch_bytes", int, 0))
         islands = {k: tuple(_step_from_python(s, f"{where}.islands.{k}[{j}]", depth)
                             for j, s in enumerate(r.sub(v, f"islands.{k}", list).value))
                    for k, v in r.get("islands", dict).items()}
@@ -440,6 +448,12 @@ class ProgramPlan:
                     raise PlanError(f"{where}: step {step_id} launches on slice '{s.slice}', not one of {island}")
                 if s.executable not in self.executables and s.executable not in self.fused:
                     raise PlanError(f"{where}: step {step_id} launches unknown executable '{s.executable}'")
+                axes = set(self.slices[s.slice].axes)
+                for call in self.fused[s.executable].calls if s.executable in self.fused else ():
+                    if call.in_shardings and (len(call.in_shardings) != len(call.operands) or not all(
+                            a in axes for sharding in call.in_shardings for dim in sharding for a in dim)):
+                        raise PlanError(f"{where}: step {step_id}: fused executable '{s.executable}' constrains "
+                                        f"@{call.callee}'s operands to shardings that slice '{s.slice}' cannot hold")
             if isinstance(s, (Send, Recv)):
                 if s.peer not in {i.name for i in self.topology.islands} or s.peer == island:
                     raise PlanError(f"{where}: step {step_id} ({s.kind}) has peer '{s.peer}', not another island")

@@ -13,6 +13,7 @@ from . import insert_transfers  # noqa: F401  (registers pw-insert-transfers)
 from . import mark_static_subgraphs  # noqa: F401  (registers pw-mark-static-subgraphs)
 from . import schedule  # noqa: F401  (registers pw-schedule)
 from . import verify_schedule  # noqa: F401  (registers pw-verify-schedule)
+from . import fuse_island  # noqa: F401  (registers pw-fuse-island)
 from . import fuse_launches  # noqa: F401  (registers pw-fuse-launches)
 from . import plan_memory  # noqa: F401  (registers pw-plan-memory)
 from .emit_plans import program_plans  # registers pw-emit-plans

@@ -309,8 +309,9 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
                 executables[launch.executable] = exports[launch.executable]
                 continue
             fused[launch.executable] = FusedExecutable(
-                tuple(FusedCall(c["callee"], c["operands"], c["results"]) for c in calls["calls"]),
-                calls["results"])
+                tuple(FusedCall(c["callee"], c["operands"], c["results"],
+                                tuple(tuple(map(tuple, s)) for s in c.get("in_shardings", ()))) for c in calls["calls"]),
+                calls["results"], calls.get("scratch_bytes", 0))
             executables.update({c["callee"]: exports[c["callee"]] for c in calls["calls"]})
         launched = {*executables, *fused}
         plan_flops = {e: flops[e] for e in sorted(launched) if e in flops}

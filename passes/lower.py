@@ -11,6 +11,7 @@ from pathways_mlir.dialect.topology import Topology
 
 from .alias_slices import AliasSlicesPass
 from .emit_plans import EmitPlansPass
+from .fuse_island import FuseIslandPass
 from .fuse_launches import FuseLaunchesPass
 from .insert_transfers import InsertTransfersPass
 from .mark_static_subgraphs import MarkStaticSubgraphsPass
@@ -34,7 +35,8 @@ class LoweringError(ValueError):
 
 @register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, fuse launches, schedule and emit "
                    "per-island plans", options=PlacePass.options + (
-                       Option("fuse", bool, True, "fuse consecutive launches on one slice (pw-fuse-launches)"),))
+                       Option("fuse", bool, True, "fuse an island's launches across its slices (pw-fuse-island) "
+                                                  "and consecutive launches on one slice (pw-fuse-launches)"),))
 def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", explain: bool = False,
                    fuse: bool = True) -> list[Pass]:
     """Lowers device-agnostic programs to per-island plans, in four phases,
@@ -50,8 +52,10 @@ def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", ex
        ops. `pw-verify` then holds the module to its lowered rule: every
        operand lives where it is used.
     3. `pw-mark-static-subgraphs` sees the final ops, transfers included;
-       `pw-fuse-launches` (unless `fuse=false`) needs the static subgraphs
-       and must come before anything that orders or costs ops;
+       `pw-fuse-island` then `pw-fuse-launches` (unless `fuse=false`) need
+       the static subgraphs and must come before anything that orders or
+       costs ops; island fusion first, since it calls only unfused
+       executables, and launch fusion takes the single-slice runs it left;
        `pw-schedule` puts static subgraphs first, so it comes after;
        `pw-verify-schedule` proves the order before plans are cut from it.
     4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
@@ -71,7 +75,8 @@ def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", ex
         VerifyPass(),
         PlacePass(topology=topology, strategy=strategy, pin=pin, explain=explain), AliasSlicesPass(), VerifyPass(),
         InsertTransfersPass(), VerifyPass(),
-        MarkStaticSubgraphsPass(), *([FuseLaunchesPass()] if fuse else []), SchedulePass(), VerifySchedulePass(),
+        MarkStaticSubgraphsPass(), *([FuseIslandPass(), FuseLaunchesPass()] if fuse else []),
+        SchedulePass(), VerifySchedulePass(),
         EmitPlansPass(), PlanMemoryPass(), VerifyPass(), VerifyPlansPass(),
     ]
 

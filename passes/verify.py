@@ -14,7 +14,8 @@ pass checks meaning, reporting each problem at the op at fault:
 - data-dependent steps: a `tensor<i1>` predicate, branch programs whose
   signature matches;
 - data movement: a known link, shardings valid on both slices, the number of
-  pieces and their shape consistent with the two shardings;
+  pieces and their shape consistent with the two shardings (a one-piece
+  gather moves whole shards between axes of other names);
 - placement of values: an operand produced by data movement must arrive on
   the slice and in the sharding its consumer uses; once transfers have been
   inserted (the module is marked `pw.lowered`), every operand must live where
@@ -295,9 +296,9 @@ class _Checker:
             self.error(op, f"scatters {src_ways}-way into {dst_ways}-way: a scatter needs more "
                            f"destination shards than source shards")
             return
-        if op.name == "pw.gather" and not dst_ways < src_ways:
-            self.error(op, f"gathers {src_ways}-way into {dst_ways}-way: a gather needs fewer "
-                           f"destination shards than source shards")
+        if op.name == "pw.gather" and not dst_ways <= src_ways:
+            self.error(op, f"gathers {src_ways}-way into {dst_ways}-way: a gather needs at most as many "
+                           f"destination shards as source shards")
             return
         small = dst_sh.shard_shape(shape, dst.axis_sizes) if op.name == "pw.scatter" \
             else src_sh.shard_shape(shape, src.axis_sizes)

@@ -72,7 +72,8 @@ class ExecutableCache:
         `donate` lists the positions of the arguments it may overwrite.
 
         A fused executable (`plan.fused`) compiles to one function that calls
-        its parts in order, so XLA optimises across their boundaries.
+        its parts in order, so XLA optimises across their boundaries; a
+        call's `in_shardings` constrain its operands (copies inside it).
         """
         ins = [plan.buffers[b] for b in inputs]
         outs = [plan.buffers[b] for b in outputs]
@@ -103,10 +104,15 @@ class ExecutableCache:
         else:
             called = [(_exported_call(c.callee, plan.executables.get(c.callee, "")), c) for c in fused.calls]
 
+            constraints = [tuple(named_sharding(mesh, s) for s in c.in_shardings) for c in fused.calls]
+
             def body(*leaves):
                 values = list(leaves)
-                for call, c in called:
-                    values.extend(call(*[values[i] for i in c.operands]))
+                for (call, c), shardings in zip(called, constraints):
+                    operands = [values[i] for i in c.operands]
+                    if shardings:          # a copy between slices (pw-fuse-island): a sharding constraint
+                        operands = [jax.lax.with_sharding_constraint(v, s) for v, s in zip(operands, shardings)]
+                    values.extend(call(*operands))
                 return tuple(values[i] for i in fused.results)
         in_shardings = tuple(named_sharding(mesh, b.sharding) for b in inputs)
         out_shardings = tuple(named_sharding(mesh, b.sharding) for b in outputs)

@@ -11,7 +11,8 @@ executor to park the run (see `island.py`), which resumes when it arrives.
 One instruction class per kind of plan step:
 
     LaunchInstruction  slots[outputs] = executable(*slots[inputs])
-    CopyInstruction    slots[dst] = device_put(slots[src], destination sharding)
+    CopyInstruction    slots[dst] = device_put(slots[src], destination sharding), or its shards
+                       assembled where they are
     SendInstruction    hand slots[src] to the peer island (DCN)
     RecvInstruction    continue only once slots[dst] has arrived
     FreeInstruction    slots[buffers] = None (folded into the launch or copy before it, if any)
@@ -26,7 +27,7 @@ from pathways_mlir.dialect.memory_plan import reuses
 from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
 
 from .executables import named_sharding
-from .transfers import copy_to
+from .transfers import assemble_in_place, copy_to, shards_in_place
 
 if TYPE_CHECKING:
     from .island import Island, IslandRun
@@ -59,17 +60,20 @@ class LaunchInstruction:
 
 class CopyInstruction:
     """Moves (and reshards) a slot's array to another slice of the island (ICI), then clears the slots of the
-    frees folded into it."""
+    frees folded into it. `in_place`: the source is the run's own and every destination device holds its
+    shard already, so the array is assembled from them (no copy)."""
 
-    __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears")
+    __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears", "in_place")
 
-    def __init__(self, src: int, dst: int, sharding, label: str, devices):
+    def __init__(self, src: int, dst: int, sharding, label: str, devices, in_place: bool = False):
         self.src, self.dst, self.sharding, self.label, self.devices = src, dst, sharding, label, devices
+        self.in_place = in_place
         self.track = False
         self.clears: tuple[int, ...] = ()
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
-        moved = copy_to(run.slots[self.src], self.sharding)
+        array = run.slots[self.src]
+        moved = assemble_in_place(array, self.sharding) if self.in_place else copy_to(array, self.sharding)
         run.slots[self.dst] = moved
         for slot in self.clears:
             run.slots[slot] = None
@@ -173,6 +177,9 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     last_on_slice: dict[str, Instruction] = {}
     slot = layout.slot
     reused = reuses(plan, island.name)
+    # Arrays only this run holds: launch results that are not program results. A copy may share their
+    # shards (in place); a program input or result is the caller's, who may donate it later.
+    owned = {b for s in steps if isinstance(s, Launch) for b in s.outputs} - set(plan.outputs)
     for step in steps:
         if isinstance(step, Launch):
             placement = plan.slices[step.slice]
@@ -185,9 +192,11 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
             last_on_slice[step.slice] = instructions[-1]
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]
+            in_place = step.src_buffer in owned and shards_in_place(
+                layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer], dst.shape)
             instructions.append(CopyInstruction(slot[step.src_buffer], slot[step.dst_buffer],
                                                 layout.shardings[step.dst_buffer], step.label or "copy",
-                                                plan.slices[dst.slice].device_ids()))
+                                                plan.slices[dst.slice].device_ids(), in_place))
             last_on_slice[dst.slice] = instructions[-1]
         elif isinstance(step, Send):
             instructions.append(SendInstruction(slot[step.src_buffer], step.peer, step.dst_buffer, step.bytes,

@@ -1,7 +1,9 @@
 """Data movement between devices: ICI copies inside an island, DCN between islands.
 
 Inside an island a move is a device-to-device copy (`jax.device_put` to the
-destination sharding, which also reshards). Between islands the embedded
+destination sharding, which also reshards), or none at all when every
+destination device already holds its shard (its array is then assembled
+from those shards). Between islands the embedded
 backend emulates the datacenter network: the move waits until the source
 buffer is ready, sleeps for the DCN link's modelled time (latency plus bytes
 over bandwidth) when emulation is on, then makes the real copy. DCN moves run
@@ -26,6 +28,23 @@ def copy_to(array, sharding):
     if getattr(array, "sharding", None) == sharding:
         return array
     return jax.device_put(array, sharding)
+
+
+def shards_in_place(src, dst, shape) -> bool:
+    """Whether every device of sharding `dst` already holds, under sharding `src`, the shard `dst` puts there:
+    a move from `src` to `dst` then copies nothing (`assemble_in_place`)."""
+    have = src.devices_indices_map(tuple(shape))
+    return all(have.get(device) == index for device, index in dst.devices_indices_map(tuple(shape)).items())
+
+
+def assemble_in_place(array, sharding):
+    """Returns the array of `sharding` made of `array`'s own shards on its devices, without copying them
+    (`shards_in_place` must hold); shards on other devices are left to `array`."""
+    import jax
+
+    shards = {shard.device: shard.data for shard in array.addressable_shards}
+    return jax.make_array_from_single_device_arrays(array.shape, sharding,
+                                                    [shards[d] for d in sharding.mesh.devices.flat])
 
 
 class DcnTransport:

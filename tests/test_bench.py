@@ -26,7 +26,7 @@ HEADLINES = {
                       "deadline_training_over_fifo"),
     "pipeline": ("pipeline4_over_jax_pipeline4", "spmd_over_jax_spmd", "pipeline4_over_jax_spmd",
                  "pipeline8_over_pipeline4", "two_islands_over_one"),
-    "three-blocks": ("three_blocks_over_jax",),
+    "three-blocks": ("three_blocks_over_jax", "three_blocks_unfused_over_jax"),
     "pipeline-schedules": ("onef1b_peak_over_gpipe_stage0", "gpipe_over_plain_jax", "onef1b_over_plain_jax",
                            "zbh1_over_plain_jax", "zbh1_step_over_onef1b", "zbh1_trace_bubble_over_onef1b"),
     "lowering-scale": ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048"),

@@ -31,7 +31,8 @@ def test_runs_pw_ir_and_plans_with_a_trace(tmp_path):
     assert "program @three_blocks on island0 (sequential dispatch)" in result.stdout
     assert "result 0: float32[8, 16] on slice_c" in result.stdout
     events = json.loads(trace.read_text())["traceEvents"]
-    assert {e["name"] for e in events if e["ph"] == "X"} >= {"block_a#0", "block_b#0", "block_c#0"}
+    # pw-fuse-island ran the three blocks as one launch: its label lists them.
+    assert "block_a#0+block_b#0+block_c#0" in {e["name"] for e in events if e["ph"] == "X"}
 
     topology = embedded_device_map(2, 4).topology
     plan = program_plans(lower(ir_file.read_text(), topology))["three_blocks"]

@@ -1,0 +1,159 @@
+"""pw-fuse-island on the runtime: an island's computations across slices run as one launch, equal to plain JAX."""
+
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.dialect.plan import Copy, Launch, PlanError, ProgramPlan
+from pathways_mlir.passes import lower, program_plans
+from pathways_mlir.runtime.client import Client
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+X = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
+
+
+def three_blocks_example():
+    spec = importlib.util.spec_from_file_location("three_blocks_example", ROOT / "examples" / "three_blocks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def plan_of(program, runtime, fuse: bool, *args) -> ProgramPlan:
+    lowered = program.lower(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args])
+    return program_plans(lower(lowered.module, runtime.resources.topology, fuse=fuse))[lowered.program]
+
+
+def launches(plan: ProgramPlan) -> list[Launch]:
+    return [s for steps in plan.islands.values() for s in steps if isinstance(s, Launch)]
+
+
+def test_three_blocks_run_as_one_launch_equal_to_plain_jax(runtime):
+    example = three_blocks_example()
+    expected = jax.jit(example.block_c.fn)(jax.jit(example.block_b.fn)(jax.jit(example.block_a.fn)(X)))
+    fused, unfused = (plan_of(example.three_blocks, runtime, fuse, X) for fuse in (True, False))
+    [launch] = launches(fused)
+    assert launch.executable in fused.fused and launch.label == "block_a#0+block_b#0+block_c#0"
+    assert [c.callee for c in fused.fused[launch.executable].calls] == ["block_a", "block_b", "block_c"]
+    # On slice_b's 2x2 mesh, slice_a's and slice_c's "data" axis is "model": at each of their devices the
+    # coordinate on it is theirs, so every device keeps the shards its own slice gives it.
+    assert [c.in_shardings for c in fused.fused[launch.executable].calls] == [
+        ((("model",), ()),), ((("data",), ("model",)),), ((("model",), ()),)]
+    assert launch.slice == "slice_b"                                  # the slice covering the three
+    [back] = [s for s in fused.islands["island0"] if isinstance(s, Copy)]   # the result back to slice_c
+    assert fused.buffers[back.src_buffer].sharding == (("model",), ())
+    assert len(launches(unfused)) == 3 and not unfused.fused
+    runtime.start_tracing()
+    with Client(runtime) as client:
+        [ours] = client.run(fused, [X])
+        [plain] = client.run(unfused, [X])
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(plain), np.asarray(expected), rtol=1e-6)
+        assert ours.slice == plain.slice == "slice_c"                    # back on its home slice
+        assert ours.result().sharding == plain.result().sharding
+    names = {e.name for e in runtime.stop_tracing().events}
+    assert "block_a#0+block_b#0+block_c#0" in names                   # the trace names what the launch ran
+    assert {"block_a#0", "block_b#0", "block_c#0"} <= names
+
+
+def test_the_memory_plan_counts_intermediates_on_every_covering_device(runtime):
+    example = three_blocks_example()
+    fused, unfused = (plan_of(example.three_blocks, runtime, fuse, X) for fuse in (True, False))
+    [launch] = launches(fused)
+    scratch = fused.fused[launch.executable].scratch_bytes
+    # block_a's result and the copy to slice_c (256 bytes a device, split 2 ways), block_b's input and
+    # result (128, split 4 ways)
+    assert scratch == 256 + 128 + 128 + 256
+    # The input and the fused result (256 each per device of slice_b) and the scratch, on all four devices.
+    assert fused.peak("island0") == [(0, 4, 256 + 256 + scratch)]
+    assert unfused.peak("island0") == [(0, 4, 512)]
+    assert ProgramPlan.from_json(fused.to_json()) == fused
+
+
+def test_a_plan_constraining_to_axes_its_slice_lacks_is_refused(runtime):
+    example = three_blocks_example()
+    fused = plan_of(example.three_blocks, runtime, True, X)
+    value = fused.to_python()
+    [name] = value["fused"]
+    value["fused"][name]["calls"][1]["in_shardings"] = [[["data"], ["nope"]]]
+    with pytest.raises(PlanError, match=f"fused executable '{name}' constrains @block_b's operands to shardings "
+                                        f"that slice 'slice_b' cannot hold"):
+        ProgramPlan.from_python(value)
+
+
+wide = pw.virtual_slice((2, 2), axes=("data", "model"), name="wide")
+left = pw.virtual_slice(2, axes="data", name="left")
+
+
+@pw.jit(slice=left, in_specs=P("data"), out_specs=P("data"))
+def scale(x):
+    return x * 3.0
+
+
+@pw.jit(slice=wide, in_specs=P("data", "model"), out_specs=P("data", "model"))
+def shift(x, y):
+    return jnp.sin(x) + y
+
+
+@pw.program
+def scale_then_shift(x):
+    a = scale(x)
+    b = shift(a, a)
+    return shift(b, a), a
+
+
+def test_values_used_after_the_run_come_back_home_equal_to_plain_jax(runtime):
+    plan = plan_of(scale_then_shift, runtime, True, X)
+    [launch] = launches(plan)
+    assert launch.label == "scale#0+shift#0+shift#1"
+    a = X * 3.0
+    b = np.sin(a) + a
+    with Client(runtime) as client:
+        result, scaled = client.run(plan, [X])
+        np.testing.assert_allclose(np.asarray(result), np.sin(b) + a, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(scaled), a, rtol=1e-6)
+        assert scaled.slice == "left" and len(scaled.result().sharding.device_set) == 2   # back home
+
+
+def test_a_move_whose_shards_are_in_place_assembles_them_without_a_copy():
+    from jax.sharding import Mesh, NamedSharding
+
+    from pathways_mlir.runtime.transfers import assemble_in_place, shards_in_place
+
+    devices = np.array(jax.devices()[:4])
+    cover = Mesh(devices.reshape(2, 2), ("data", "model"))
+    home = NamedSharding(Mesh(devices[2:4], ("data",)), P("data"))
+    assert shards_in_place(NamedSharding(cover, P("model")), home, X.shape)
+    assert not shards_in_place(NamedSharding(cover, P("data")), home, X.shape)   # device 2 holds rows 4-7
+    array = jax.device_put(X, NamedSharding(cover, P("model")))
+    moved = assemble_in_place(array, home)
+    assert moved.sharding == home
+    np.testing.assert_array_equal(np.asarray(moved), X)
+    for shard in moved.addressable_shards:          # the very buffers of `array` on devices 2 and 3
+        [same] = [s for s in array.addressable_shards if s.device == shard.device]
+        assert shard.data.unsafe_buffer_pointer() == same.data.unsafe_buffer_pointer()
+
+
+def test_a_copy_shares_shards_only_of_the_runs_own_launch_results(runtime):
+    import dataclasses
+
+    from pathways_mlir.runtime.island_program import CopyInstruction, IslandLayout, compile_steps
+
+    example = three_blocks_example()
+    fused = plan_of(example.three_blocks, runtime, True, X)
+    [back] = [s for s in fused.islands["island0"] if isinstance(s, Copy)]
+    island = runtime.islands["island0"]
+
+    def copies(plan):
+        return [i for i in compile_steps(island, plan, IslandLayout.build(island, plan), plan.islands["island0"])
+                if isinstance(i, CopyInstruction)]
+    assert [c.in_place for c in copies(fused)] == [True]
+    # Were the fused result a program result too, the caller could donate it later: a real copy then.
+    returned = dataclasses.replace(fused, outputs=(*fused.outputs, back.src_buffer))
+    assert [c.in_place for c in copies(returned)] == [False]
