@@ -45,7 +45,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
-from pathways_mlir.dialect.memory_plan import frees, peak
+from pathways_mlir.dialect.memory_plan import island_memory
 from pathways_mlir.dialect.plan import Free
 
 from .registry import Pass, register
@@ -86,7 +86,7 @@ class PlanMemoryPass(Pass):
         for plan_op in island_plans:
             mark = ops.attr(plan_op, ops.ISLAND_PLAN)
             plan, island = plans[mark["program"]], mark["island"]
-            placed = frees(plan, island, step_ids)
+            placed, _, peak_bytes = island_memory(plan, island, step_ids)
             contents = _plan_ops(plan_op)
             steps = [op for op in contents if op.name != "pw.buffer"]
             if None in placed:
@@ -96,8 +96,4 @@ class PlanMemoryPass(Pass):
                 free = placed.get(ops.attr(op, "step"))
                 if free is not None:
                     _create_free(free, ir.InsertionPoint.after(op), plan_op.location)
-        freed = program_plans(module)      # read back once, frees included
-        for plan_op in island_plans:
-            mark = ops.attr(plan_op, ops.ISLAND_PLAN)
-            plan = freed[mark["program"]]
-            ops.set_attr(plan_op, PEAK_BYTES, peak(plan, mark["island"], plan.islands[mark["island"]]))
+            ops.set_attr(plan_op, PEAK_BYTES, peak_bytes)
