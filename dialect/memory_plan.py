@@ -1,7 +1,9 @@
 """A plan's memory: frees after last use, and each island's static peak per device.
 
-One analysis, used by the `pw-plan-memory` pass (which writes its result
-into the IR) and by the runtime for plans built by hand without it.
+One analysis, run by the `pw-plan-memory` pass only (which writes its
+result into the IR); the runtime and the simulator read that result from
+the plan. `with_memory_plan` applies it to a plan built by hand in Python
+(the tests' plan builder), as the pass would.
 
 A buffer that is not a program result is freed right after its last reader
 (a host `Branch` counts: the buffer is then freed after that branch; a

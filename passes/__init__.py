@@ -15,8 +15,9 @@ from . import schedule  # noqa: F401  (registers pw-schedule)
 from . import verify_schedule  # noqa: F401  (registers pw-verify-schedule)
 from . import fuse_launches  # noqa: F401  (registers pw-fuse-launches)
 from . import plan_memory  # noqa: F401  (registers pw-plan-memory)
-from .emit_plans import program_plans  # registers pw-emit-plans
+from . import emit_plans  # noqa: F401  (registers pw-emit-plans)
 from . import verify_plans  # noqa: F401  (registers pw-verify-plans)
 from .lower import LoweringError, lower  # registers the pw-lower pipeline
+from pathways_mlir.dialect.plan_reader import program_plans
 
 __all__ = ["LoweringError", "lower", "program_plans"]
