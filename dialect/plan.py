@@ -510,8 +510,7 @@ class ProgramPlan:
         for island, island_steps in self.islands.items():
             position = {s.id: i for i, s in enumerate(island_steps)}
             for i, s in enumerate(island_steps):
-                before = set(s.after) | {written[b][1] for b in s.consumed() if written[b][0] == island}
-                late = sorted(a for a in before if position.get(a, -1) > i)
+                late = sorted(a for a in self.dependencies[s.id] if position.get(a, -1) > i)
                 if late:
                     raise PlanError(f"{where}: on {island}, step {s.id} ({s.kind}) is ordered before step "
                                     f"{late[0]}, which it depends on")
