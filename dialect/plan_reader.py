@@ -3,9 +3,9 @@
 The IR plan modules (`module {pw.island_plan}` per island, `module
 {pw.host_plan}` per program) and `ProgramPlan` (plan.py) are one plan in two
 forms: this module is the one reader from the first to the second, used by
-`pw-plan-memory`, `pw-verify-plans` and everything that runs a lowered
-module. It expects plans as those passes write them; `pw-verify-plans`
-checks a module's plans before anyone trusts them.
+`pw-plan-memory` and everything that runs a lowered module. It expects plans
+as those passes write them; `pw-verify-plans` checks a module's plans before
+anyone trusts them (`passes.load_plans` runs it on plans written elsewhere).
 """
 
 from __future__ import annotations
