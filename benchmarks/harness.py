@@ -74,19 +74,19 @@ def compile_program(traceable, args: tuple, runtime, fuse: bool | None = None) -
     has no such option."""
     import jax
 
-    from pathways_mlir.passes import lower, program_plans
+    from pathways_mlir.passes import lower_to_plans
 
     lowered = traceable.lower(*jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args))
     topology = runtime.resources.snapshot()[1]
     try:
-        module = lower(lowered.module, topology, **({} if fuse is None else {FUSE_OPTION: fuse}))
+        plans = lower_to_plans(lowered.module, topology, **({} if fuse is None else {FUSE_OPTION: fuse}))
     except TypeError as e:
         if FUSE_OPTION not in str(e):
             raise
         if fuse:
             raise Unavailable(f"pw-lower has no '{FUSE_OPTION}' option yet") from None
-        module = lower(lowered.module, topology)          # no fusion pass exists: nothing is fused
-    plan = program_plans(module)[lowered.program]
+        plans = lower_to_plans(lowered.module, topology)  # no fusion pass exists: nothing is fused
+    plan = plans[lowered.program]
 
     def run(client, *call_args):
         handles = client.run(plan, jax.tree_util.tree_leaves(call_args))

@@ -48,14 +48,8 @@ def select_program(plans: dict, wanted: str | None, where: str, error: type[Exce
 
 
 def _plans_of(path: pathlib.Path, topology):
-    from pathways_mlir.dialect import ops
-    from pathways_mlir.dialect.context import ParseError, make_context, parse_module
     from pathways_mlir.dialect.plan import ProgramPlan
-    from pathways_mlir.dialect.structure import verify_structure
-    from pathways_mlir.dialect.diagnostics import DiagnosticEngine
-    from pathways_mlir.passes import LoweringError, lower, program_plans
-    from pathways_mlir.passes.pipeline import run_passes
-    from pathways_mlir.passes.verify_plans import VerifyPlansPass
+    from pathways_mlir.passes import LoweringError, load_plans
 
     text = path.read_text()
     if path.suffix == ".json":
@@ -68,25 +62,11 @@ def _plans_of(path: pathlib.Path, topology):
         except (ValueError, KeyError, TypeError) as e:
             raise RunError(f"{path}: not a pw plan: {type(e).__name__}: {e}") from None
         return _checked(path, {plan.program: plan})
-    with make_context() as context:
-        try:
-            module = parse_module(text, context)
-        except ParseError as error:
-            raise RunError("\n".join(d.format(str(path)) for d in error.diagnostics)) from None
-        problems = verify_structure(module)
-        if problems:
-            raise RunError("\n".join(d.format(str(path)) for d in problems))
-        if ops.LOWERED not in module.operation.attributes:
-            try:
-                module = lower(module, topology)
-            except LoweringError as e:
-                raise RunError("\n".join(d.format(str(path)) for d in e.diagnostics)) from None
-        else:  # plans written elsewhere are checked before the runtime trusts them
-            diagnostics = DiagnosticEngine()
-            if not run_passes(module, [VerifyPlansPass()], diagnostics):
-                raise RunError("\n".join(d.format(str(path)) for d in diagnostics.diagnostics))
-            return _checked(path, program_plans(module))
-        return program_plans(module)
+    try:
+        plans = load_plans(text, topology)    # plans written elsewhere are verified before anything trusts them
+    except LoweringError as e:
+        raise RunError("\n".join(d.format(str(path)) for d in e.diagnostics)) from None
+    return _checked(path, plans)
 
 
 def _checked(path: pathlib.Path, plans: dict) -> dict:

@@ -1,7 +1,9 @@
 """A plan's memory: frees after last use, and each island's static peak per device.
 
-One analysis, used by the `pw-plan-memory` pass (which writes its result
-into the IR) and by the runtime for plans built by hand without it.
+One analysis, run by the `pw-plan-memory` pass only (which writes its
+result into the IR); the runtime and the simulator read that result from
+the plan. `with_memory_plan` applies it to a plan built by hand in Python
+(the tests' plan builder), as the pass would.
 
 A buffer that is not a program result is freed right after its last reader
 (a host `Branch` counts: the buffer is then freed after that branch; a
@@ -150,6 +152,19 @@ def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...],
     return tuple(v for triple in merged for v in triple)
 
 
+def island_memory(plan: ProgramPlan, island: str, step_ids: Iterator[int]
+                  ) -> tuple[dict[int | None, Free], tuple[Step, ...], tuple[int, ...]]:
+    """Returns the memory plan of one island: the Free after each step id (None: before the first step,
+    as `frees`), the island's steps with those frees in place, and its static peak (as `peak`)."""
+    placed = frees(plan, island, step_ids)
+    ordered: list[Step] = [placed[None]] if None in placed else []
+    for s in plan.islands.get(island, ()):
+        ordered.append(s)
+        if s.id in placed:
+            ordered.append(placed[s.id])
+    return placed, tuple(ordered), peak(plan, island, tuple(ordered))
+
+
 def with_memory_plan(plan: ProgramPlan, step_ids: Iterator[int] | None = None) -> ProgramPlan:
     """Returns `plan` with Free steps after last uses and its islands' peaks (if it has neither yet).
 
@@ -161,13 +176,6 @@ def with_memory_plan(plan: ProgramPlan, step_ids: Iterator[int] | None = None) -
         ids = [s.id for ss in plan.islands.values() for s in ss] + [s.id for s in plan.host_steps]
         step_ids = itertools.count(max(ids, default=-1) + 1)
     islands, peaks = {}, {}
-    for island, steps in plan.islands.items():
-        placed = frees(plan, island, step_ids)
-        ordered: list[Step] = [placed[None]] if None in placed else []
-        for s in steps:
-            ordered.append(s)
-            if s.id in placed:
-                ordered.append(placed[s.id])
-        islands[island] = tuple(ordered)
-        peaks[island] = peak(plan, island, islands[island])
+    for island in plan.islands:
+        _, islands[island], peaks[island] = island_memory(plan, island, step_ids)
     return dataclasses.replace(plan, islands=islands, peak_bytes=peaks)

@@ -62,6 +62,7 @@ SUBGRAPHS = "pw.subgraphs"
 ORDER = "pw.order"
 COST = "pw.cost"
 HOST_PLAN = "pw.host_plan"
+PEAK_BYTES = "pw.peak_bytes"
 FUSED = "pw.fused"
 
 DATA_MOVEMENT_OPS = ("pw.transfer", "pw.scatter", "pw.gather")

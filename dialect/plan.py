@@ -31,6 +31,8 @@ rejected with one `PlanError` line before any host or device work.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -272,6 +274,54 @@ class ProgramPlan:
         flat = self.peak_bytes.get(island, ())
         return [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
 
+    # -- dependency graph ---------------------------------------------------
+
+    @functools.cached_property
+    def steps(self) -> dict[int, Step]:
+        """Returns every step (island and host) by id."""
+        return {s.id: s for s in (*(s for ss in self.islands.values() for s in ss), *self.host_steps)}
+
+    @functools.cached_property
+    def dependencies(self) -> dict[int, frozenset[int]]:
+        """Returns, for every step id, the steps it must follow: its `after` and the writers of what it reads."""
+        producer = {b: s.id for s in self.steps.values() for b in s.produced()}
+        return {sid: frozenset(s.after) | {producer[b] for b in s.consumed() if b in producer} - {sid}
+                for sid, s in self.steps.items()}
+
+    @functools.cached_property
+    def topological_order(self) -> tuple[int, ...]:
+        """Returns every step id in dependency order, the smallest id first among the ready ones; raises
+        PlanError if the dependencies form a cycle."""
+        waiting = {sid: set(before) for sid, before in self.dependencies.items()}
+        users: dict[int, list[int]] = {}
+        for sid, before in waiting.items():
+            for b in before:
+                users.setdefault(b, []).append(sid)
+        ready = [sid for sid, before in waiting.items() if not before]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            sid = heapq.heappop(ready)
+            order.append(sid)
+            for user in users.get(sid, ()):
+                waiting[user].discard(sid)
+                if not waiting[user]:
+                    heapq.heappush(ready, user)
+        if len(order) < len(waiting):
+            stuck = min(sid for sid, before in waiting.items() if before)
+            raise PlanError(f"plan @{self.program}: steps form a cycle through step {stuck}")
+        return tuple(order)
+
+    @functools.cached_property
+    def conds_before(self) -> dict[int, frozenset[int]]:
+        """Returns, for every step id, the host cond steps it waits for, directly or not (a runtime holds
+        it back until they are over)."""
+        conds = {s.id for s in self.host_steps}
+        held: dict[int, frozenset[int]] = {}
+        for sid in self.topological_order:
+            held[sid] = frozenset().union(*((held[d] | ({d} & conds)) for d in self.dependencies[sid]))
+        return held
+
     # -- serialisation ----------------------------------------------------
 
     def to_python(self) -> dict[str, Any]:
@@ -474,8 +524,7 @@ class ProgramPlan:
         for island, island_steps in self.islands.items():
             position = {s.id: i for i, s in enumerate(island_steps)}
             for i, s in enumerate(island_steps):
-                before = set(s.after) | {written[b][1] for b in s.consumed() if written[b][0] == island}
-                late = sorted(a for a in before if position.get(a, -1) > i)
+                late = sorted(a for a in self.dependencies[s.id] if position.get(a, -1) > i)
                 if late:
                     raise PlanError(f"{where}: on {island}, step {s.id} ({s.kind}) is ordered before step "
                                     f"{late[0]}, which it depends on")

@@ -62,10 +62,10 @@ class Compiled:
         self._refresh()
 
     def _refresh(self) -> None:
-        from pathways_mlir.passes import lower, program_plans
+        from pathways_mlir.passes import lower_to_plans
 
         version, topology = self.runtime.resources.snapshot()
-        plan = program_plans(lower(self.lowered.module, topology))[self.lowered.program]
+        plan = lower_to_plans(self.lowered.module, topology)[self.lowered.program]
         self.runtime.load(plan)
         self.plan, self._version = plan, version
 

@@ -3,8 +3,12 @@
 Importing this package registers every pass and pipeline. The lowering API:
 
     lower(module_or_text, topology, strategy="auto", pin="") -> ir.Module
+    lower_to_plans(module_or_text, topology, ...) -> dict[str, ProgramPlan]
+    load_plans(ir_text, topology_or_none) -> dict[str, ProgramPlan]
     program_plans(lowered_module) -> dict[str, ProgramPlan]
 """
+
+from pathways_mlir.dialect.plan_reader import program_plans
 
 from . import verify  # noqa: F401  (registers pw-verify)
 from . import place  # noqa: F401  (registers pw-place)
@@ -16,8 +20,8 @@ from . import verify_schedule  # noqa: F401  (registers pw-verify-schedule)
 from . import fuse_island  # noqa: F401  (registers pw-fuse-island)
 from . import fuse_launches  # noqa: F401  (registers pw-fuse-launches)
 from . import plan_memory  # noqa: F401  (registers pw-plan-memory)
-from .emit_plans import program_plans  # registers pw-emit-plans
+from . import emit_plans  # noqa: F401  (registers pw-emit-plans)
 from . import verify_plans  # noqa: F401  (registers pw-verify-plans)
-from .lower import LoweringError, lower  # registers the pw-lower pipeline
+from .lower import LoweringError, TopologyNeeded, load_plans, lower, lower_to_plans  # registers pw-lower
 
-__all__ = ["LoweringError", "lower", "program_plans"]
+__all__ = ["LoweringError", "TopologyNeeded", "load_plans", "lower", "lower_to_plans", "program_plans"]

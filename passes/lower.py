@@ -1,12 +1,25 @@
-"""`pw-lower`, the lowering pipeline, and `lower`, its Python entry point."""
+"""`pw-lower`, the lowering pipeline, and its Python entry points.
+
+    lower(source, topology)            -> the lowered ir.Module
+    lower_to_plans(source, topology)   -> {program: ProgramPlan}: what a runtime runs
+    load_plans(text, topology)         -> the plans of pw IR text, lowered or not (a file)
+
+`lower_to_plans` backs `Lowered.compile`, the simulator and the benchmarks;
+`load_plans` is the one reader of plan files in IR (`pw-run`, `pw-sim`): IR
+that is lowered already is checked by pw-verify-plans before its plans are
+read, as pw-lower checks its own.
+"""
 
 from __future__ import annotations
 
 from mlir import ir
 
 from pathways_mlir.dialect import ops
-from pathways_mlir.dialect.context import make_context, parse_module
-from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.context import ParseError, make_context, parse_module
+from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan_reader import program_plans
+from pathways_mlir.dialect.structure import verify_structure
 from pathways_mlir.dialect.topology import Topology
 
 from .alias_slices import AliasSlicesPass
@@ -26,11 +39,15 @@ from .verify_schedule import VerifySchedulePass
 
 
 class LoweringError(ValueError):
-    """A program that cannot be lowered; `diagnostics` says where and why."""
+    """A program that cannot be lowered (or plans that do not verify); `diagnostics` says where and why."""
 
-    def __init__(self, diagnostics: DiagnosticEngine):
-        self.diagnostics = diagnostics.diagnostics
+    def __init__(self, diagnostics: DiagnosticEngine | list[Diagnostic]):
+        self.diagnostics = diagnostics.diagnostics if isinstance(diagnostics, DiagnosticEngine) else diagnostics
         super().__init__("\n".join(d.format() for d in self.diagnostics))
+
+
+class TopologyNeeded(ValueError):
+    """`load_plans` was given pw IR that is not lowered, and no topology to lower it onto."""
 
 
 @register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, fuse launches, schedule and emit "
@@ -109,3 +126,33 @@ def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", p
         if not run_passes(lowered, passes, diagnostics):
             raise LoweringError(diagnostics)
     return lowered
+
+
+def lower_to_plans(source: ir.Module | str, topology: Topology, strategy: str = "auto", pin: str = "",
+                   fuse: bool = True) -> dict[str, ProgramPlan]:
+    """Lowers `source` onto `topology` (as `lower`) and returns the plan of every program, which pw-lower's
+    last pass, pw-verify-plans, has checked. Raises `LoweringError` with the diagnostics."""
+    return program_plans(lower(source, topology, strategy=strategy, pin=pin, fuse=fuse))
+
+
+def load_plans(text: str, topology: Topology | None) -> dict[str, ProgramPlan]:
+    """Returns the plans of pw IR text: lowered onto `topology` unless the IR is lowered already, in which
+    case pw-verify-plans checks its plans first (they were written elsewhere). Raises `LoweringError` with
+    the diagnostics (parse, structure, lowering or plan errors), `TopologyNeeded` for IR that is not
+    lowered when `topology` is None."""
+    with make_context() as context:
+        try:
+            module = parse_module(text, context)
+        except ParseError as error:
+            raise LoweringError(error.diagnostics) from None
+        problems = verify_structure(module)
+        if problems:
+            raise LoweringError(problems)
+        if ops.LOWERED not in module.operation.attributes:
+            if topology is None:
+                raise TopologyNeeded("pw IR that is not lowered needs a topology to lower onto")
+            return lower_to_plans(module, topology)
+        diagnostics = DiagnosticEngine()
+        if not run_passes(module, [VerifyPlansPass()], diagnostics):
+            raise LoweringError(diagnostics)
+        return program_plans(module)

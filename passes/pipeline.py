@@ -110,7 +110,9 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     bad input must not crash a pass, and passes keep valid IR valid (the
     pipelines' own verifier phases check that). After each pass, MLIR's
     verifier and the pw structural verifier check the IR. Errors (a pass's
-    own or a verifier's) are recorded in `diagnostics`. IR printed after
+    own or a verifier's) are recorded in `diagnostics`. A pass that changes
+    nothing (`changes_ir = False`) is not followed by the structural
+    verifier once the module has passed it. IR printed after
     each pass goes to stderr, as `mlir-opt`.
     """
     if not passes:
@@ -121,6 +123,7 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
         manager.enable_ir_printing(print_after_all=True)
 
     verified = []  # holds True once the input passed pw-verify's checks
+    structured = []  # holds True once the module passed the structural verifier
 
     def adapt(instance: Pass):
         def run(op: ir.Operation, mlir_pass) -> None:
@@ -133,10 +136,13 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
             instance.run(op, diagnostics)
             if isinstance(instance, VerifyPass) and diagnostics.error_count == before:
                 verified.append(True)
-            for problem in verify_structure(op):
-                diagnostics.diagnostics.append(
-                    Diagnostic(problem.severity, problem.location,
-                               f"{problem.message} (after {instance.name})"))
+            if instance.changes_ir or not structured:
+                for problem in verify_structure(op):
+                    diagnostics.diagnostics.append(
+                        Diagnostic(problem.severity, problem.location,
+                                   f"{problem.message} (after {instance.name})"))
+                if diagnostics.error_count == before:
+                    structured.append(True)
             if diagnostics.error_count > before:
                 mlir_pass.signal_pass_failure()
         return run

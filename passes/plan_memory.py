@@ -7,8 +7,8 @@ branch; one nobody reads, right after its writer), then records the largest
 number of bytes live at once on each device as `pw.peak_bytes` on the plan
 module: flat `(begin, end, bytes)` triples over island-local device ranges,
 so the attribute grows with the number of slices, never with the number of
-devices. The analysis is `dialect/memory_plan.py`, which the runtime also
-applies to plans built by hand. The runtime admits a run on an island only
+devices. The analysis is `dialect/memory_plan.py`; this pass is the only
+place it runs on a lowered module. The runtime admits a run on an island only
 when this whole peak fits (per-run admission), so no step waits for memory.
 
 Program inputs and values a branch puts on the island count from the start
@@ -45,12 +45,11 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
-from pathways_mlir.dialect.memory_plan import frees, peak
+from pathways_mlir.dialect.memory_plan import island_memory
 from pathways_mlir.dialect.plan import Free
+from pathways_mlir.dialect.plan_reader import program_plans
 
 from .registry import Pass, register
-
-PEAK_BYTES = "pw.peak_bytes"
 
 
 def _plan_ops(plan: ir.Operation) -> list[ir.Operation]:
@@ -69,8 +68,6 @@ class PlanMemoryPass(Pass):
     summary = "Free buffers after their last use and record each island's static peak bytes per device"
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        from .emit_plans import program_plans
-
         if ops.LOWERED not in module.attributes:
             diagnostics.error(module, "pw-plan-memory needs a lowered module with plans: run pw-emit-plans")
             return
@@ -86,7 +83,7 @@ class PlanMemoryPass(Pass):
         for plan_op in island_plans:
             mark = ops.attr(plan_op, ops.ISLAND_PLAN)
             plan, island = plans[mark["program"]], mark["island"]
-            placed = frees(plan, island, step_ids)
+            placed, _, peak_bytes = island_memory(plan, island, step_ids)
             contents = _plan_ops(plan_op)
             steps = [op for op in contents if op.name != "pw.buffer"]
             if None in placed:
@@ -96,8 +93,4 @@ class PlanMemoryPass(Pass):
                 free = placed.get(ops.attr(op, "step"))
                 if free is not None:
                     _create_free(free, ir.InsertionPoint.after(op), plan_op.location)
-        freed = program_plans(module)      # read back once, frees included
-        for plan_op in island_plans:
-            mark = ops.attr(plan_op, ops.ISLAND_PLAN)
-            plan = freed[mark["program"]]
-            ops.set_attr(plan_op, PEAK_BYTES, peak(plan, mark["island"], plan.islands[mark["island"]]))
+            ops.set_attr(plan_op, ops.PEAK_BYTES, peak_bytes)

@@ -75,6 +75,9 @@ class Pass:
     # True for a pass that reads pw IR as pw-verify defines it: the driver
     # runs pw-verify's checks first and runs the pass only on IR that passes.
     needs_verified_input: ClassVar[bool] = False
+    # False for a pass that only checks the module: the driver does not check
+    # the structure again after it once an earlier pass's result passed.
+    changes_ir: ClassVar[bool] = True
 
     def __init__(self, **options: Any):
         unknown = set(options) - {o.name for o in self.options}

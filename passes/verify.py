@@ -336,6 +336,7 @@ class VerifyPass(Pass):
     __doc__ = __doc__
     name = "pw-verify"
     summary = "Check the semantic rules of the pw dialect (symbols, shardings, placement of values)"
+    changes_ir = False
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         verify_module(module, diagnostics)

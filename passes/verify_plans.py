@@ -448,6 +448,7 @@ class VerifyPlansPass(Pass):
     __doc__ = __doc__
     name = "pw-verify-plans"
     summary = "Check the emitted plans: buffers, steps, sizes, devices, dataflow and a deadlock-free order"
+    changes_ir = False
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         topology = ops.required_topology(

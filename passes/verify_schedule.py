@@ -53,6 +53,7 @@ class VerifySchedulePass(Pass):
     __doc__ = __doc__
     name = "pw-verify-schedule"
     summary = "Prove the module-wide order consistent and deadlock free, or show a counterexample"
+    changes_ir = False
     needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from pathways_mlir.dialect.device_time import device_seconds
-from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import Branch, Free, ProgramPlan, Recv
 
 from .admission import Need, run_need
@@ -45,26 +44,18 @@ if TYPE_CHECKING:
 MODES = ("parallel", "sequential")
 
 
-def _dependencies(plan: ProgramPlan) -> dict[int, set[int]]:
-    """Returns, for every step id, the step ids it must follow."""
-    steps = [s for ss in plan.islands.values() for s in ss] + list(plan.host_steps)
-    producer = {b: s.id for s in steps for b in s.produced()}
-    return {s.id: set(s.after) | {producer[b] for b in s.consumed() if b in producer} for s in steps}
-
-
 @dataclass(frozen=True)
 class LoadedPlan:
     """A plan as a runtime holds it: host work done once, so a run costs a lookup and a message."""
 
     key: int
     source: ProgramPlan                        # the plan as given (its identity is the cache key)
-    plan: ProgramPlan                          # with frees and peaks
+    plan: ProgramPlan                          # the same plan, with its frees and peaks (pw-plan-memory)
     islands: tuple[str, ...]                   # every island with steps or buffers
     need: Need
     inputs: tuple[tuple[int, str | None, tuple[int, ...]], ...]   # (buffer, island, shape) per argument
     first: dict[str, tuple[int, ...]]          # island -> steps that no host step holds back
-    deps: dict[int, set[int]]
-    held: dict[int, set[int]]                  # step -> the host conds it waits for
+    held: dict[int, frozenset[int]]            # step -> the host conds it waits for (plan.conds_before)
     cost: float                                # estimated device-seconds of a run (dialect/device_time.py)
     _needs: dict = field(default_factory=dict, repr=False, compare=False)   # stored inputs -> need (cache)
 
@@ -80,17 +71,16 @@ class LoadedPlan:
 
     @staticmethod
     def build(key: int, source: ProgramPlan) -> "LoadedPlan":
-        """Adds frees and peaks if the plan lacks them and works out what every run reuses."""
-        plan = with_memory_plan(source)
-        deps = _dependencies(plan)
-        held = _conds_before(plan, deps)
+        """Works out what every run reuses (the plan's frees and peaks come from pw-plan-memory)."""
+        plan = source
+        held = plan.conds_before
         islands = {i for i, steps in plan.islands.items() if steps}
         islands |= {plan.island_of(b) for b in plan.buffers} - {None}
         return LoadedPlan(
             key, source, plan, tuple(sorted(islands)), run_need(plan),
             tuple((b, plan.island_of(b), plan.buffers[b].shape) for b in plan.inputs),
             {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
-            deps, held, device_seconds(plan))
+            held, device_seconds(plan))
 
 
 class Dispatcher:
@@ -209,7 +199,7 @@ class Dispatcher:
         plan = loaded.plan
         by_id = {s.id: (island, s) for island, steps in plan.islands.items() for s in steps}
         by_id.update({s.id: (None, s) for s in plan.host_steps})
-        order = _topological(loaded.deps)
+        order = plan.topological_order
         last = {island: step_id for step_id in order for island in [by_id[step_id][0]] if island is not None}
         try:
             for step_id in order:
@@ -234,33 +224,3 @@ def _done(value) -> Future:
     future: Future = Future()
     future.set_result(value)
     return future
-
-
-def _conds_before(plan: ProgramPlan, deps: dict[int, set[int]]) -> dict[int, set[int]]:
-    """Returns, for every step, the cond host steps it depends on, directly or not."""
-    conds = {s.id for s in plan.host_steps}
-    memo: dict[int, set[int]] = {}
-    for step in _topological(deps):
-        memo[step] = set()
-        for before in deps[step]:
-            memo[step] |= memo[before] | ({before} & conds)
-    return memo
-
-
-def _topological(deps: dict[int, set[int]]) -> list[int]:
-    order, done, visiting = [], set(), set()
-
-    def visit(n):
-        if n in done:
-            return
-        if n in visiting:
-            raise ValueError(f"plan steps form a cycle through step {n}")
-        visiting.add(n)
-        for m in sorted(deps.get(n, ())):
-            visit(m)
-        visiting.discard(n)
-        done.add(n)
-        order.append(n)
-    for n in sorted(deps):
-        visit(n)
-    return order

@@ -57,7 +57,6 @@ import threading
 import time
 from typing import Any, Callable, Hashable, NamedTuple
 
-from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .cluster import DeviceMap
@@ -268,13 +267,9 @@ class Island:
     # -- messages ------------------------------------------------------------
 
     def load(self, plan_key: int, plan: ProgramPlan) -> None:
-        """Keeps `plan` under `plan_key` (with frees and peaks added if it was built without them)."""
+        """Keeps `plan` (with its frees and peaks, from pw-plan-memory) under `plan_key`."""
         with self.lock:
-            if plan_key in self._plans:
-                return
-        planned = with_memory_plan(plan)
-        with self.lock:
-            self._plans.setdefault(plan_key, (planned, None))
+            self._plans.setdefault(plan_key, (plan, None))
 
     def plan(self, plan_key: int) -> ProgramPlan:
         """Returns the plan kept under `plan_key`."""

@@ -79,24 +79,13 @@ def load(path: pathlib.Path, topology: Topology | None) -> Loaded:
 
 
 def lower_text(text: str, topology: Topology | None, where: str = "input") -> Loaded:
-    """Parses pw IR, lowers it for `topology` unless it is lowered already, and returns its plans."""
-    from mlir import ir
+    """Returns the plans of pw IR (`passes.load_plans`): lowered for `topology` unless it is lowered already,
+    in which case they are verified first."""
+    from pathways_mlir.passes import LoweringError, TopologyNeeded, load_plans
 
-    from pathways_mlir.dialect import ops
-    from pathways_mlir.dialect.context import make_context
-    from pathways_mlir.dialect.diagnostics import from_mlir_error
-    from pathways_mlir.passes import LoweringError, lower, program_plans
-
-    with make_context() as context:
-        try:
-            module = ir.Module.parse(text, context)
-        except ir.MLIRError as error:
-            raise InputError("\n".join(d.format(where) for d in from_mlir_error(error))) from None
-        if ops.LOWERED not in module.operation.attributes:
-            if topology is None:
-                raise InputError(f"{where}: pw IR that is not lowered needs --topology")
-            try:
-                module = lower(module, topology)
-            except LoweringError as e:
-                raise InputError("\n".join(d.format(where) for d in e.diagnostics)) from None
-        return Loaded(program_plans(module))
+    try:
+        return Loaded(load_plans(text, topology))
+    except TopologyNeeded:
+        raise InputError(f"{where}: pw IR that is not lowered needs --topology") from None
+    except LoweringError as e:
+        raise InputError("\n".join(d.format(where) for d in e.diagnostics)) from None

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import heapq
-
 from pathways_mlir.dialect.device_time import launch_costs
-from pathways_mlir.dialect.memory_plan import with_memory_plan
-from pathways_mlir.dialect.plan import Launch, ProgramPlan, Recv, Send, Step
+from pathways_mlir.dialect.plan import Launch, ProgramPlan, Recv, Send
 from pathways_mlir.runtime.admission import run_need
 
 from .network import all_reduce_seconds
@@ -18,7 +15,7 @@ class PreparedPlan:
 
     def __init__(self, plan: ProgramPlan, profile: Profile):
         self.source = plan          # held, so that the id the simulator caches it by stays its own
-        self.plan = with_memory_plan(plan)
+        self.plan = plan            # with its frees and peaks (pw-plan-memory)
         self.need = run_need(self.plan)
         accel = profile.accelerator
         launches = {s.id: s for steps in self.plan.islands.values() for s in steps if isinstance(s, Launch)}
@@ -31,9 +28,8 @@ class PreparedPlan:
         self.inputs: dict[str, list[int]] = {}
         for b in self.plan.inputs:
             self.inputs.setdefault(self.plan.island_of(b), []).append(b)
-        deps = _dependencies(self.plan)
-        self.order = _topological(self.plan, deps)
-        self.held = _conds_before(self.plan, self.order, deps)
+        self.order = [self.plan.steps[sid] for sid in self.plan.topological_order]
+        self.held = self.plan.conds_before
         self.first = {i: tuple(s for s in self.plan.islands[i] if not self.held[s.id]) for i in self.islands}
         sends = {s.dst_buffer: s.id for steps in self.plan.islands.values() for s in steps if isinstance(s, Send)}
         self.recv_of_send = {sends[r.dst_buffer]: r for steps in self.plan.islands.values() for r in steps
@@ -55,49 +51,6 @@ def _hosts_used(plan: ProgramPlan, island: str, per_host: int) -> int:
             hosts += final - first + 1
             last = final
     return hosts
-
-
-def _steps(plan: ProgramPlan) -> dict[int, Step]:
-    return {s.id: s for s in (*(s for ss in plan.islands.values() for s in ss), *plan.host_steps)}
-
-
-def _dependencies(plan: ProgramPlan) -> dict[int, set[int]]:
-    """Returns, for every step id (island and host steps), the step ids it must follow."""
-    steps = _steps(plan)
-    producer = {b: s.id for s in steps.values() for b in s.produced()}
-    return {sid: set(s.after) | {producer[b] for b in s.consumed() if b in producer} - {sid}
-            for sid, s in steps.items()}
-
-
-def _conds_before(plan: ProgramPlan, order: list[Step], deps: dict[int, set[int]]) -> dict[int, frozenset[int]]:
-    """Returns, for every step, the host conds it waits for, directly or not (the runtime holds it back
-    until they are over)."""
-    conds = {s.id for s in plan.host_steps}
-    held: dict[int, frozenset[int]] = {}
-    for step in order:
-        held[step.id] = frozenset().union(*((held[d] | ({d} & conds)) for d in deps[step.id]))
-    return held
-
-
-def _topological(plan: ProgramPlan, deps: dict[int, set[int]]) -> list[Step]:
-    """Returns the plan's steps (island and host) in dependency order (smallest id first among the ready)."""
-    steps = _steps(plan)
-    deps = {sid: set(before) for sid, before in deps.items()}
-    users: dict[int, list[int]] = {}
-    for sid, before in deps.items():
-        for b in before:
-            users.setdefault(b, []).append(sid)
-    ready = [sid for sid, before in deps.items() if not before]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        sid = heapq.heappop(ready)
-        order.append(steps[sid])
-        for user in users.get(sid, ()):
-            deps[user].discard(sid)
-            if not deps[user]:
-                heapq.heappush(ready, user)
-    return order
 
 
 def check_describes(plan: ProgramPlan, profile: Profile) -> None:

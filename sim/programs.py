@@ -199,13 +199,12 @@ def plan_of(program: Program, topology):
     """Lowers `program` for `topology`; returns (plan, flat inputs)."""
     import jax
 
-    from pathways_mlir.passes import lower, program_plans
-
+    from pathways_mlir.passes import lower_to_plans
 
     traced, args = program.build()
     lowered = traced.lower(*args)
-    module = lower(lowered.module, topology, strategy=program.strategy, fuse=program.fuse)
-    return program_plans(module)[lowered.program], jax.tree_util.tree_leaves(args)
+    plans = lower_to_plans(lowered.module, topology, strategy=program.strategy, fuse=program.fuse)
+    return plans[lowered.program], jax.tree_util.tree_leaves(args)
 
 
 # Calibration and validation use different programs or sizes (issue 13).

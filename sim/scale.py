@@ -60,7 +60,7 @@ def _layer(trips: int):
 
 
 def _lowered(traced, args, topology, pin: str = ""):
-    from pathways_mlir.passes import lower, program_plans
+    from pathways_mlir.passes import lower_to_plans
 
     lowered = traced.lower(*args)
     # pw-place's exhaustive search recurses once per slice; a 1,000-stage pipeline (1,000 pinned
@@ -68,10 +68,10 @@ def _lowered(traced, args, topology, pin: str = ""):
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20 * len(pin.split(","))))
     try:
-        module = lower(lowered.module, topology, pin=pin)
+        plans = lower_to_plans(lowered.module, topology, pin=pin)
     finally:
         sys.setrecursionlimit(limit)
-    return program_plans(module)[lowered.program]
+    return plans[lowered.program]
 
 
 def _bf16(*shape):

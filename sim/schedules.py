@@ -4,7 +4,7 @@ Each offered schedule's plan of one training step is simulated on a
 profile; the report gives its step time, its bubble fraction (the share of
 the step each stage's devices sit idle, averaged over the slices that run
 launches) and the static peak memory of each stage's devices
-(`dialect/memory_plan.py`). The pick is the fastest schedule whose every
+(from pw-plan-memory, `dialect/memory_plan.py`). The pick is the fastest schedule whose every
 peak fits the device memory. `check_here` runs every schedule of a real
 `pw.pipeline` program on this machine, interleaved, and says how the
 pick's measured step time compares with the fastest measured.
@@ -12,7 +12,6 @@ pick's measured step time compares with the fastest measured.
 
 from __future__ import annotations
 
-from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .engine import Simulator, Submission
@@ -29,9 +28,8 @@ def report(plan: ProgramPlan, profile: Profile, memory_bytes: int | None = None,
         if span.kind == "launch":
             key = f"{span.island} {span.track}"
             busy[key] = busy.get(key, 0.0) + span.end - span.start
-    planned = with_memory_plan(plan)
-    peaks = {f"{island} devices {b}-{e - 1}": nbytes for island in planned.islands
-             for b, e, nbytes in planned.peak(island)}
+    peaks = {f"{island} devices {b}-{e - 1}": nbytes for island in plan.islands
+             for b, e, nbytes in plan.peak(island)}
     limit = profile.accelerator.memory_bytes if memory_bytes is None else memory_bytes
     return {"step_ms": step * 1e3, "bubble_fraction": 1 - sum(busy.values()) / len(busy) / step if busy else 0.0,
             "peak_bytes": peaks, "fits": all(b <= limit for b in peaks.values()), "memory_bytes": limit}

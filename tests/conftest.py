@@ -13,6 +13,7 @@ import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 
 from pathways_mlir.dialect.context import make_context  # noqa: E402
+from pathways_mlir.dialect.memory_plan import with_memory_plan  # noqa: E402
 from pathways_mlir.dialect.plan import STEP_KINDS, BufferInfo, ProgramPlan, SlicePlacement, Step, Subgraph  # noqa: E402
 from pathways_mlir.dialect.topology import Topology  # noqa: E402
 
@@ -117,7 +118,8 @@ class PlanBuilder:
                            dict(self.executables), tuple(self.inputs), tuple(outputs),
                            {k: tuple(v) for k, v in self.islands.items()},
                            (Subgraph(0, True, tuple(self.islands)),), tuple(self.host_steps))
-        return ProgramPlan.from_json(plan.to_json())   # what another process would load
+        # Frees and peaks as pw-plan-memory adds them; then what another process would load.
+        return ProgramPlan.from_json(with_memory_plan(plan).to_json())
 
 
 def _np(dtype):

@@ -113,14 +113,13 @@ def test_fusion_is_asked_for_in_one_place(monkeypatch, has_option):
 
     calls = []
 
-    def lower(module, topology, **options):
+    def lower_to_plans(module, topology, **options):
         if options and not has_option:
-            raise TypeError(f"lower() got an unexpected keyword argument '{next(iter(options))}'")
+            raise TypeError(f"lower_to_plans() got an unexpected keyword argument '{next(iter(options))}'")
         calls.append(options)
-        return module
+        return {"p": "plan"}
 
-    monkeypatch.setattr(passes, "lower", lower)
-    monkeypatch.setattr(passes, "program_plans", lambda module: {"p": "plan"})
+    monkeypatch.setattr(passes, "lower_to_plans", lower_to_plans)
     x = np.zeros(2, np.float32)
     client = types.SimpleNamespace(run=lambda plan, leaves: ["handle"])
     run = harness.compile_program(_FakeProgram(), (x,), _fake_runtime(), fuse=False)
