@@ -3,12 +3,15 @@
 A subclass gives `shape`, `dtype` and `result(timeout)`, the value as a JAX
 array; `ArrayReference` makes it behave like an array for the user:
 `np.asarray(ref)`, `ref.ndim`, `ref[index]`, and JAX functions accept it.
-`Handle`, `SharedRef` and `RemoteHandle` are such references.
+`Handle`, `SharedRef` and `RemoteHandle` are such references; the first two
+name a result by its run and buffer (`RunResult`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .executables import numpy_dtype
 
 
 class ArrayReference:
@@ -33,3 +36,18 @@ class ArrayReference:
 
     def __getitem__(self, index):
         return np.asarray(self)[index]
+
+
+class RunResult(ArrayReference):
+    """A reference to buffer `_buffer` of run `_run` (set by the subclass): its shape and dtype are the
+    plan's."""
+
+    __slots__ = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._run.plan.buffers[self._buffer].shape
+
+    @property
+    def dtype(self):
+        return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)

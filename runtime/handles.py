@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 
-from .array_reference import ArrayReference
-from .executables import numpy_dtype
+from .array_reference import RunResult
 from .island import StoreRef
 from .run import Run
 
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
     from .client import Client
 
 
-class Handle(ArrayReference):
+class Handle(RunResult):
     """An owned reference to a result on devices."""
 
     __slots__ = ("_client", "_run", "_buffer", "_deleted", "_donated_to", "__weakref__")
@@ -34,14 +33,6 @@ class Handle(ArrayReference):
         self._buffer = buffer
         self._deleted = False
         self._donated_to = None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._run.plan.buffers[self._buffer].shape
-
-    @property
-    def dtype(self):
-        return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)
 
     @property
     def slice(self) -> str | None:

@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from .array_reference import ArrayReference
-from .executables import numpy_dtype
+from .array_reference import RunResult
 from .object_store import ObjectKey
 
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 
-class SharedRef(ArrayReference):
+class SharedRef(RunResult):
     """A read-only reference to another client's result on devices; pass it to programs like a handle."""
 
     __slots__ = ("_runtime", "_run", "_buffer", "_owner", "owner_client")
@@ -57,14 +56,6 @@ class SharedRef(ArrayReference):
     def key(self) -> ObjectKey:
         """The object's key in the store: (run id, buffer id)."""
         return self._run.id, self._buffer
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._run.plan.buffers[self._buffer].shape
-
-    @property
-    def dtype(self):
-        return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)
 
     @property
     def released(self) -> bool:
