@@ -64,9 +64,9 @@ class Client:
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
         lane = self.runtime.lane(plan) if timeout is None and dispatch == "parallel" else None
+        converted = False
         if lane is not None and not any(isinstance(a, SharedRef) for a in args):
-            args = [self._argument(plan, plan.inputs[i] if i < len(plan.inputs) else None, a)
-                    for i, a in enumerate(args)]
+            args, converted = self._arguments(plan, args), True     # a lane's plan donates nothing
             with self._lock:
                 if self.closed:
                     raise RuntimeError(f"client {self.id} is closed")
@@ -88,7 +88,8 @@ class Client:
             if again is not None:
                 raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
                                  f"it is passed again as argument {again}: donate a copy, or neither")
-        args = [self._argument(plan, plan.inputs[i] if i < len(plan.inputs) else None, a) for i, a in enumerate(args)]
+        if not converted:
+            args = self._arguments(plan, args)
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")
@@ -105,6 +106,10 @@ class Client:
         if len(self._active) % 64 == 0:
             while self._active and self.runtime.run_done(self._active[0]):
                 self._active.popleft()
+
+    def _arguments(self, plan: ProgramPlan, args: Sequence) -> list:
+        """What the dispatcher gets for each argument (`_argument`), whatever their count."""
+        return [self._argument(plan, plan.inputs[i] if i < len(plan.inputs) else None, a) for i, a in enumerate(args)]
 
     def _argument(self, plan: ProgramPlan, buffer: int | None, arg):
         """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): a handle's

@@ -426,10 +426,11 @@ class Island:
             if run_id not in self._failed:
                 self._fail(run_id, error)
 
-    def failure(self, run_id: int) -> BaseException | None:
-        """The error a run failed with here (None: it has not failed here, or too long ago to remember)."""
+    def failures(self, run_ids) -> dict[int, BaseException]:
+        """The errors those of `run_ids` failed with here (none for a run that has not failed here, or too
+        long ago to remember), read under one take of the lock."""
         with self.lock:
-            return self._failed.get(run_id)
+            return {r: self._failed[r] for r in run_ids if r in self._failed}
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
         """Returns the array of a run's buffer, waiting until it is produced; raises if the run failed."""

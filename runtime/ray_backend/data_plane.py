@@ -213,8 +213,7 @@ class DataPlane:
         island = self._island
         with self._lock:
             runs = set(self._owed) | {p[1] for p in self._pending}
-        failed = {r: island.failure(r) for r in runs}          # no lock of ours held: the island takes its own
-        failed = {r: e for r, e in failed.items() if e is not None}
+        failed = island.failures(runs) if runs else {}         # no lock of ours held: the island takes its own
         if not failed:
             return
         with self._lock:
