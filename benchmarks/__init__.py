@@ -30,6 +30,7 @@ BENCHMARKS = {
     "placement": "placement",
     "sim": "sim",
     "elastic": "elastic",
+    "elastic-shrink": "elastic_shrink",
     "shared-base": "shared_base",
 }
 

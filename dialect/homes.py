@@ -8,6 +8,7 @@ puts them on devices, which after pw-insert-transfers is recorded as
     operand_homes(op)    where an op uses each operand it reads on devices
     result_homes(op)     where an op puts each result
     program_homes(prog)  where every value of a program lives, from the marks
+    sharded_on(module)   the tensor shape and sharding of every use and result on each slice
     bytes_per_device(t, home, slices)  size of one device's shard of a value
 """
 
@@ -76,6 +77,20 @@ def program_homes(program: ir.Operation) -> dict[ir.Value, Home | None]:
     for op in body.operations:
         homes.update(zip(op.results, result_homes(op.operation)))
     return homes
+
+
+def sharded_on(module: ir.Module | ir.Operation) -> dict[str, list[tuple[tuple[int, ...], Sharding]]]:
+    """Returns, per slice, the (tensor shape, sharding) of every operand used and result put on it by the
+    module's programs: what a mesh shape of the slice must divide."""
+    found: dict[str, list[tuple[tuple[int, ...], Sharding]]] = {}
+    for program in ops.programs(module).values():
+        for op in ops.program_body(program).operations:
+            op = op.operation
+            uses = [(op.operands[i].type, home) for i, home in operand_homes(op)]
+            uses += [(r.type, home) for r, home in zip(op.results, result_homes(op)) if home is not None]
+            for type_, home in uses:
+                found.setdefault(home.slice, []).append((ops.tensor_shape(type_), home.sharding))
+    return found
 
 
 def bytes_per_device(type_: ir.Type, home: Home | None, slices: Mapping[str, ops.VirtualSlice]) -> int:

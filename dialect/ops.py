@@ -35,6 +35,7 @@ Marks (discardable attributes) that the dialect defines on other ops:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -134,7 +135,10 @@ def _element_bits(element: ir.Type) -> int:
 # Virtual slices
 # ===--------------------------------------------------------------------=== #
 
-CONSTRAINT_KINDS = {"device_kind": str, "island": str, "min_memory_bytes": int, "same_island": bool}
+# `min_shape`: the smallest mesh an elastic slice may be placed with (pw-place picks the largest that fits);
+# `max_shape`: its largest, written by pw-place when it places the slice smaller than its `shape`.
+CONSTRAINT_KINDS = {"device_kind": str, "island": str, "min_memory_bytes": int, "same_island": bool,
+                    "min_shape": tuple, "max_shape": tuple}
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,40 @@ class VirtualSlice:
     def axis_sizes(self) -> dict[str, int]:
         """Returns {axis name: size}."""
         return dict(zip(self.axes, self.shape))
+
+    @property
+    def shape_range(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Returns the smallest and largest shapes the slice may be placed with (both `shape` unless elastic)."""
+        return (tuple(self.constraints.get("min_shape", self.shape)),
+                tuple(self.constraints.get("max_shape", self.shape)))
+
+    @property
+    def elastic(self) -> bool:
+        """True if the slice may be placed with more than one shape."""
+        low, high = self.shape_range
+        return low != high
+
+    def range_problem(self) -> str | None:
+        """Returns why `min_shape`/`max_shape` do not bound `shape`, per axis (None if they do)."""
+        for key, bound in zip(("min_shape", "max_shape"), self.shape_range):
+            if len(bound) != len(self.shape) or not all(
+                    isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in bound):
+                return f"constraint '{key}' must be {len(self.shape)} positive integers, not {list(bound)}"
+        low, high = self.shape_range
+        if not all(lo <= d <= hi for lo, d, hi in zip(low, self.shape, high)):
+            return f"shape {list(self.shape)} is not between min_shape {list(low)} and max_shape {list(high)}"
+        return None
+
+    def shapes(self, values: Sequence[tuple[Sequence[int], Sharding]] = ()) -> list[tuple[int, ...]]:
+        """Returns the shapes in the slice's range that divide every (tensor shape, sharding) in `values`
+        (e.g. `homes.sharded_on`'s), the most devices first (ties: the larger leading axes)."""
+        low, high = self.shape_range
+        shapes = [()]
+        for lo, hi in zip(low, high):
+            shapes = [s + (d,) for s in shapes for d in range(lo, hi + 1)]
+        return sorted((shape for shape in shapes if not any(
+            sharding.problems(tensor, dict(zip(self.axes, shape))) for tensor, sharding in values)),
+            key=lambda s: (math.prod(s), s), reverse=True)
 
     @staticmethod
     def from_op(op: ir.Operation | ir.OpView) -> "VirtualSlice":

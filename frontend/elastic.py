@@ -22,11 +22,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import math
 import os
-import shutil
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -35,7 +35,12 @@ from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.island import IslandLost
 from pathways_mlir.runtime.runtime import Runtime, get_runtime
 
+from .slices import Slice
+
+from .checkpoints import Checkpoints, read_checkpoint, shape_dtype
+
 log = logging.getLogger("pathways_mlir.elastic")
+SHRINK_MODES = ("split", "batch")   # what a data-parallel step does on fewer devices (see ElasticTrainer)
 TOPOLOGY_WAIT = 5.0    # seconds a replay waits for the runtime to take a lost island out
 
 
@@ -69,76 +74,6 @@ class Recovery:
         return self.step - self.snapshot_step
 
 
-SPACE_MARGIN = 1 << 16     # bytes beyond a snapshot's arrays a checkpoint's metadata may take
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that could not be written or read; the message names its path."""
-
-
-class _Checkpoints:
-    """Writes snapshots as Orbax checkpoints in `directory`; a write that cannot fit the disk's free space
-    is refused before Orbax starts it, and a write that fails (a disk that fills meanwhile, a lost
-    mount) logs one line naming the checkpoint, removes its partial `*-tmp*` directory and leaves the next
-    snapshot to try again (with a new manager: Orbax's keeps raising a failed write's error), or, if
-    `strict`, raises CheckpointError."""
-
-    def __init__(self, manager, reopen: Callable[[], Any], directory: str, strict: bool):
-        self._manager, self._reopen, self.directory, self.strict = manager, reopen, directory, strict
-        self._writing: int | None = None     # the step of the write in flight (asynchronous)
-
-    def save(self, step: int, arrays: list[np.ndarray]) -> None:
-        """Starts writing one snapshot, once the write before it is over (its failure reported first)."""
-        import orbax.checkpoint as ocp
-
-        self.finish()
-        needed = sum(a.nbytes for a in arrays) + SPACE_MARGIN
-        disk = os.statvfs(self.directory)
-        if disk.f_bavail * disk.f_frsize < needed:      # refused before Orbax writes anything
-            self._report(step, f"no space left on the device: {needed} bytes needed, "
-                               f"{disk.f_bavail * disk.f_frsize} free")
-            return
-        self._writing = step
-        try:
-            self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)))
-        except Exception as error:  # noqa: BLE001  (whatever the disk or Orbax raises, reported in one line)
-            self._failed(step, error)
-
-    def finish(self) -> None:
-        """Waits for the write in flight; reports its failure."""
-        step, self._writing = self._writing, None
-        try:
-            self._manager.wait_until_finished()
-        except Exception as error:  # noqa: BLE001
-            self._failed(step, error)
-
-    def close(self) -> None:
-        """Waits for the write in flight (reporting its failure) and closes the manager."""
-        try:
-            self.finish()
-        finally:
-            self._manager.close()
-
-    def _failed(self, step: int | None, error: Exception) -> None:
-        for wind_down in (self._manager.wait_until_finished, self._manager.close):
-            try:                                 # its writer threads stop before their files are removed
-                wind_down()
-            except Exception:  # noqa: BLE001  (the same failure again)
-                pass
-        self._manager = self._reopen()
-        for name in os.listdir(self.directory):
-            if "-tmp" in name:                  # Orbax writes `<step>.orbax-checkpoint-tmp-<time>` first
-                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-        self._report(step, (str(error).strip().splitlines() or [type(error).__name__])[0][:300])
-
-    def _report(self, step: int | None, reason: str) -> None:
-        where = os.path.join(self.directory, str(step)) if step is not None else self.directory
-        if self.strict:
-            raise CheckpointError(f"the checkpoint {where} could not be written: {reason}") from None
-        log.warning("the checkpoint %s could not be written (%s); the host snapshot is kept and the next "
-                    "snapshot tries again", where, reason)
-
-
 class _Snapshots:
     """The latest host snapshot of the state, and the copy of the next one (at most one in flight).
 
@@ -148,7 +83,7 @@ class _Snapshots:
     them to disk.
     """
 
-    def __init__(self, step: int, leaves: list[np.ndarray], checkpoints: _Checkpoints | None, timeout: float):
+    def __init__(self, step: int, leaves: list[np.ndarray], checkpoints: Checkpoints | None, timeout: float):
         self.step, self.leaves = step, leaves
         self._checkpoints = checkpoints
         self._timeout = timeout
@@ -215,12 +150,24 @@ class ElasticTrainer:
     for replayed steps) with its metrics as handles. `max_losses`: how many
     losses in a row, with no newer snapshot between them, before giving up.
     `timeout`: seconds any one wait (a result, a snapshot copy) may take.
+
+    Elastic slices (`pw.virtual_slice(("4..8",), ...)`) shrink and grow
+    with the cluster: every call lowers again when the topology changed, and
+    placement gives each slice the largest shape that fits. `shrink` says
+    what a data-parallel step does with fewer devices: `"split"` (default)
+    splits the same global batch over fewer shards; `"batch"` shrinks the
+    global batch, calling `batch(i, shards)` with the number of devices
+    along the elastic axes of `data_slice` that placement gives it now.
+    `shapes[i]` is {slice: mesh shape} of the plan step i ran on (the
+    latest run of it, for a replayed step); logger `pathways_mlir.elastic`
+    says one line each time the shapes change.
     """
 
     def __init__(self, step, batch: Callable[[int], Any], *, snapshot_every: int, client=None,
                  checkpoint_dir: str | os.PathLike | None = None, max_to_keep: int = 2,
                  on_step: Callable[[int, tuple], None] | None = None, max_losses: int = 3,
-                 timeout: float = 60.0, strict_checkpoints: bool = False):
+                 timeout: float = 60.0, strict_checkpoints: bool = False, shrink: str = "split",
+                 data_slice: Slice | None = None):
         if not callable(getattr(step, "run", None)):
             raise TypeError(f"step must be a @pw.program or pw.jit function, not {type(step).__name__}")
         if not callable(batch):
@@ -231,6 +178,13 @@ class ElasticTrainer:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout!r}")
+        if shrink not in SHRINK_MODES:
+            raise ValueError(f"shrink must be one of {', '.join(map(repr, SHRINK_MODES))}, not {shrink!r}")
+        if (shrink == "batch") != (data_slice is not None):
+            raise ValueError("shrink='batch' needs data_slice=, the elastic slice whose shards share the batch, "
+                             "and data_slice= is only for shrink='batch'")
+        if data_slice is not None and not (isinstance(data_slice, Slice) and data_slice.elastic):
+            raise ValueError(f"data_slice must be an elastic pw.virtual_slice (a range of sizes), not {data_slice!r}")
         self.step = step
         self.batch = batch
         self.snapshot_every = snapshot_every
@@ -241,7 +195,10 @@ class ElasticTrainer:
         self.on_step = on_step
         self.max_losses = max_losses
         self.timeout = timeout
+        self.shrink = shrink
+        self.data_slice = data_slice
         self.recoveries: list[Recovery] = []
+        self.shapes: dict[int, dict[str, tuple[int, ...]]] = {}
         self.start_step = 0
         self._snapshots: _Snapshots | None = None
 
@@ -259,18 +216,18 @@ class ElasticTrainer:
             raise ValueError(f"steps must be a non-negative integer, not {steps!r}")
         leaves, treedef = jax.tree_util.tree_flatten(state)
         if resume_from is not None:
-            start, host = _read_checkpoint(os.fspath(resume_from), leaves)
+            start, host = read_checkpoint(os.fspath(resume_from), leaves)
             if start >= steps:
                 raise ValueError(f"the checkpoint in {os.fspath(resume_from)} is of step {start}: "
                                  f"nothing is left to run for steps={steps}")
             state = jax.tree_util.tree_unflatten(treedef, host)
         else:
             start, host = 0, [_to_host(leaf, self.timeout) for leaf in leaves]
-        self.start_step, self.recoveries = start, []
+        self.start_step, self.recoveries, self.shapes = start, [], {}
         checkpoints = None if self.checkpoint_dir is None else self._checkpoints(start)
         self._snapshots = _Snapshots(start, host, checkpoints, self.timeout)
         try:
-            return self._loop(state, [_shape_dtype(leaf) for leaf in leaves], treedef, start, steps)
+            return self._loop(state, [shape_dtype(leaf) for leaf in leaves], treedef, start, steps)
         finally:
             self._snapshots.close()
             if checkpoints is not None:
@@ -296,7 +253,10 @@ class ElasticTrainer:
                 # The state's handles go to the call as they are: on Ray a result stays on its island
                 # (a StoreRef); one that lived on a lost island raises IslandLost in the call.
                 began, version = time.perf_counter(), resources and resources.version
-                out = self.step.run(state, self.batch(done), client=self.client)
+                batch = self._batch(done, runtime)
+                stage = self.step.compiled(state, batch, runtime=runtime)   # lowers again at the call, if due
+                out = self.step.run(state, batch, client=self.client)
+                self._placed(done, stage.plan)
                 if pending is not None:
                     self._recovered(*pending, began)
                     pending = None
@@ -316,6 +276,25 @@ class ElasticTrainer:
                 done, leaves = snapshots.latest()
                 state = jax.tree_util.tree_unflatten(treedef, leaves)
 
+    def _batch(self, step: int, runtime) -> Any:
+        """Step `step`'s batch: `batch(step)`, or with shrink='batch', `batch(step, shards)`."""
+        if self.shrink == "split":
+            return self.batch(step)
+        from pathways_mlir.passes.place import fitted_shape
+
+        elastic = self.data_slice.declared(self.data_slice.name or "data_slice")
+        shape = fitted_shape(elastic, runtime.resources.snapshot()[1]) or elastic.shape
+        low, high = elastic.shape_range
+        return self.batch(step, math.prod(d for d, lo, hi in zip(shape, low, high) if lo < hi))
+
+    def _placed(self, step: int, plan) -> None:
+        """Records the slice shapes of the plan step `step` ran on (one line in the log when they change)."""
+        shapes = {name: p.shape for name, p in plan.slices.items()}
+        before = self.shapes.get(step - 1)
+        if before is not None and before != shapes:
+            log.info("step %d runs on slices of shapes %s (the step before: %s)", step, shapes, before)
+        self.shapes[step] = shapes
+
     @staticmethod
     def _split(out, treedef, specs: list | None) -> tuple[Any, tuple]:
         """Splits a step's result into (state, metrics); with `specs`, checks the state's shapes and dtypes
@@ -327,7 +306,7 @@ class ElasticTrainer:
             raise TypeError(f"step returned a state of structure {jax.tree_util.tree_structure(state)}, "
                             f"not the structure it was given, {treedef}")
         for i, (leaf, (shape, dtype)) in enumerate(zip(jax.tree_util.tree_leaves(state), specs or ())):
-            got = _shape_dtype(leaf)
+            got = shape_dtype(leaf)
             if got != (shape, dtype):
                 raise TypeError(f"step returned a state whose array {i} is {got[1]}{list(got[0])}, the state given "
                                 f"{dtype}{list(shape)}: give the initial state the dtypes the step returns")
@@ -371,7 +350,7 @@ class ElasticTrainer:
         return ocp.CheckpointManager(os.path.abspath(self.checkpoint_dir), options=ocp.CheckpointManagerOptions(
             max_to_keep=self.max_to_keep, enable_async_checkpointing=True))
 
-    def _checkpoints(self, start: int) -> _Checkpoints:
+    def _checkpoints(self, start: int) -> Checkpoints:
         """The run's checkpoints; refuses a `checkpoint_dir` holding newer ones than `start`."""
         manager = self._checkpoint_manager()
         newest = manager.latest_step()
@@ -379,7 +358,7 @@ class ElasticTrainer:
             manager.close()
             raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints up to step {newest}: "
                              f"resume from it (resume_from=) or use an empty directory")
-        return _Checkpoints(manager, self._checkpoint_manager, os.path.abspath(self.checkpoint_dir),
+        return Checkpoints(manager, self._checkpoint_manager, os.path.abspath(self.checkpoint_dir),
                             self.strict_checkpoints)
 
 
@@ -397,55 +376,3 @@ def _to_host(leaf, timeout: float) -> np.ndarray:
     if isinstance(leaf, Handle):
         leaf = leaf.result(timeout)
     return np.array(leaf, copy=True)
-
-
-def _shape_dtype(leaf) -> tuple[tuple[int, ...], np.dtype]:
-    """The shape and dtype of a state leaf (an array, a handle or a Python number), without reading it."""
-    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-        return tuple(leaf.shape), np.dtype(leaf.dtype)
-    return np.shape(leaf), np.result_type(leaf)
-
-
-def _as_item(arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """The Orbax item of a snapshot: its leaves by position (the state's structure stays with the caller)."""
-    return {f"leaf{i:05d}": array for i, array in enumerate(arrays)}
-
-
-def _read_checkpoint(directory: str, like: Sequence) -> tuple[int, list[np.ndarray]]:
-    """Returns the step and leaves of the newest checkpoint in `directory`, checked against `like`."""
-    import orbax.checkpoint as ocp
-
-    if not os.path.isdir(directory):
-        raise ValueError(f"resume_from: {directory} is not a directory")
-    manager = ocp.CheckpointManager(os.path.abspath(directory))
-    try:
-        steps = sorted(manager.all_steps(), reverse=True)
-        if not steps:
-            raise ValueError(f"resume_from: {directory} holds no checkpoint")
-        began = time.perf_counter()
-        for step in steps:
-            try:
-                item = manager.restore(step, args=ocp.args.StandardRestore())
-                break
-            except Exception as error:  # noqa: BLE001  (a corrupted checkpoint: any error reading it)
-                reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-                log.warning("skipping the checkpoint %s: it cannot be read (%s: %s)",
-                            os.path.join(directory, str(step)), type(error).__name__, reason)
-        else:
-            raise ValueError(f"resume_from: no checkpoint in {directory} can be read (steps "
-                             f"{', '.join(map(str, steps))})")
-    finally:
-        manager.close()
-    keys = list(_as_item(like))
-    if sorted(item) != keys:
-        raise ValueError(f"resume_from: the checkpoint of step {step} in {directory} holds {len(item)} arrays, "
-                         f"the state {len(keys)}")
-    leaves = [np.asarray(item[key]) for key in keys]
-    for i, (leaf, x) in enumerate(zip(leaves, like)):
-        shape, dtype = _shape_dtype(x)
-        if leaf.shape != shape or leaf.dtype != dtype:
-            raise ValueError(f"resume_from: array {i} of the checkpoint of step {step} in {directory} is "
-                             f"{leaf.dtype}{list(leaf.shape)}, the state's {dtype}{list(shape)}")
-    log.info("resuming from the checkpoint of step %d in %s (read in %.2f s)", step, directory,
-             time.perf_counter() - began)
-    return step, leaves

@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec
 from .placed import jit
 from .provenance import name_of
 from .slices import Slice
-from .tracer import Program, program
+from .tracer import Program
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 

@@ -17,6 +17,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 
 from . import specs, tracer
+from .errors import PlacementError
 from .compiled import Compiled, StageCache
 from .lowered import Lowered
 from .provenance import Site, name_of

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable
+from typing import Callable, Hashable, Iterable
 
 import jax
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -38,33 +39,85 @@ class Slice:
         """Returns {axis name: size}."""
         return dict(zip(self.axes, self.shape))
 
+    @property
+    def elastic(self) -> bool:
+        """True if placement may give the slice a smaller shape (it has a range of sizes)."""
+        return "min_shape" in self.constraints
+
+    def declared(self, symbol: str) -> ops.VirtualSlice:
+        """Returns the slice as the IR declares it, under symbol `symbol`."""
+        return ops.VirtualSlice(symbol, self.shape, self.axes, self.constraints)
+
     def __repr__(self) -> str:
-        mesh = ", ".join(f"{a}={n}" for a, n in zip(self.axes, self.shape))
+        low = self.constraints.get("min_shape", self.shape)
+        mesh = ", ".join(f"{a}={n}" if lo == n else f"{a}={lo}..{n}" for a, lo, n in zip(self.axes, low, self.shape))
         return f"Slice({self.name or 'unnamed'}: {mesh})"
 
 
-def virtual_slice(shape: int | Sequence[int], axes: Sequence[str], *, name: str | None = None,
+_RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
+
+
+def virtual_slice(shape: int | str | Sequence[int | str], axes: Sequence[str], *, name: str | None = None,
                   **constraints: Any) -> Slice:
     """Requests a virtual slice: a 1-D, 2-D or 3-D mesh with one name per axis.
 
     `name` is its symbol in the IR (by default `slice0`, `slice1`, ... in the
     order a program first uses them). Constraints: `device_kind` (str),
-    `island` (str), `min_memory_bytes` (int), `same_island` (bool).
+    `island` (str), `min_memory_bytes` (int), `same_island` (bool),
+    `min_shape` (a tuple: the slice is elastic, see below).
 
         pw.virtual_slice((2, 4), axes=("data", "model"), device_kind="cpu")
+
+    An elastic slice gives a range of sizes for an axis as `"lo..hi"`, or
+    its smallest shape as `min_shape`; placement (pw-place) picks the largest
+    shape in the range that fits the devices available when the program is
+    lowered, and it lowers again when the cluster changes. Programs are
+    traced at the largest shape (a value sharded over an axis must divide by
+    its largest size); placement skips the sizes a sharded value does not
+    divide by.
+
+        pw.virtual_slice(("4..8", 2), axes=("data", "model"))   # = (8, 2) with min_shape=(4, 2)
     """
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    where = f"slice '{name}'" if name else "a slice"
+    shape = (shape,) if isinstance(shape, (int, str)) else tuple(shape)
+    low = tuple(_low(d, where) for d in shape)
+    shape = tuple(_high(d) for d in shape)
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    if not 1 <= len(shape) <= 3 or not all(isinstance(d, int) and d > 0 for d in shape):
-        raise ValueError(f"a slice shape is 1 to 3 positive integers, not {shape}")
+    if not 1 <= len(shape) <= 3 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        raise ValueError(f"a slice shape is 1 to 3 positive integers or 'lo..hi' ranges, not {shape}")
     if len(axes) != len(shape) or not all(isinstance(a, str) and a for a in axes) \
             or len(set(axes)) != len(axes):
         raise ValueError(f"a slice of shape {shape} needs {len(shape)} distinct axis names, not {axes}")
     for key, value in constraints.items():
         kind = ops.CONSTRAINT_KINDS.get(key)
-        if kind is None:
-            raise TypeError(f"unknown slice constraint '{key}' (known: {', '.join(ops.CONSTRAINT_KINDS)})")
+        if kind is None or key == "max_shape":
+            known = ", ".join(k for k in ops.CONSTRAINT_KINDS if k != "max_shape")
+            raise TypeError(f"unknown slice constraint '{key}' (known: {known})")
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TypeError(f"slice constraint '{key}' must be a {kind.__name__}, not {value!r}")
+    if low != shape:
+        if "min_shape" in constraints:
+            raise ValueError(f"{where}: give its range once, as 'lo..hi' sizes or as min_shape, not both")
+        constraints["min_shape"] = low
+    problem = ops.VirtualSlice(where, shape, axes, constraints).range_problem()
+    if problem is not None:
+        raise ValueError(f"{where}: {problem}")
+    if constraints.get("min_shape") == shape:
+        del constraints["min_shape"]
     return Slice(shape, axes, dict(constraints), name,
                  Site.of_call("virtual_slice", inspect.currentframe().f_back))
+
+
+def _low(dim: int | str, where: str) -> int | str:
+    """The smallest size of one mesh dimension: `dim` itself, or `lo` of a `"lo..hi"` range."""
+    if not isinstance(dim, str):
+        return dim
+    match = _RANGE.fullmatch(dim)
+    if match is None or not 0 < int(match[1]) <= int(match[2]):
+        raise ValueError(f"{where}: a range of sizes is 'lo..hi' with 0 < lo <= hi, not {dim!r}")
+    return int(match[1])
+
+
+def _high(dim: int | str) -> int | str:
+    """The largest size of one mesh dimension (a `"lo..hi"` range is checked by `_low` first)."""
+    return int(_RANGE.fullmatch(dim)[2]) if isinstance(dim, str) else dim

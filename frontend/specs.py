@@ -77,6 +77,8 @@ def _sharding(spec: Any, path: tuple, aval: jax.ShapeDtypeStruct, kind: str, sit
     shape = wire_aval(aval).shape       # a typed key's data has its key's shape, then unsharded dims
     sharding = Sharding(tuple(dims) + ((),) * (len(shape) - len(dims)))
     problems = sharding.problems(shape, slice_.axis_sizes)
+    if problems and slice_.elastic and slice_.declared(slice_name).shapes([(shape, sharding)]):
+        problems = []                   # a smaller shape in the slice's range divides it (see `finish`)
     if problems:
         raise PlacementError(f"{site}: {what} with spec {spec} on slice @{slice_name}: {problems[0]}")
     return sharding

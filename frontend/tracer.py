@@ -15,8 +15,8 @@ before them when the trace ends.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
-import inspect
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator, Sequence
@@ -27,6 +27,7 @@ from mlir.dialects import func
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.context import make_context
+from pathways_mlir.dialect.homes import sharded_on
 
 from .avals import aval_of, format_aval, signature_of, tensor_type
 from .errors import PlacementError
@@ -134,15 +135,33 @@ class ModuleBuilder:
         return self._executables[key]
 
     def finish(self) -> None:
-        """Puts the slices and compiled functions before the programs, and verifies the module."""
+        """Puts the slices and compiled functions before the programs, and verifies the module. An elastic
+        slice is declared at the largest shape of its range that divides every value sharded over it."""
+        values = sharded_on(self.module.operation) if any(s.elastic for s in self._slices) else {}
         anchor = ir.InsertionPoint(self.module.body.operations[0])
         with anchor:
             for s, name in self._slices.items():
-                ops.VirtualSlice(name, s.shape, s.axes, s.constraints).build(
-                    loc=s.site.location() if s.site else None)
+                declared = s.declared(name)
+                if s.elastic:
+                    declared = _dividing(declared, values.get(name, ()), s.site)
+                declared.build(loc=s.site.location() if s.site else None)
         for executable in self._executables.values():
             anchor.insert(executable.op)
         self.module.operation.verify()
+
+
+def _dividing(declared: ops.VirtualSlice, values: Sequence, site: Site | None) -> ops.VirtualSlice:
+    """Returns an elastic slice at the largest shape of its range that divides `values`, its largest shape
+    kept as `max_shape`; raises PlacementError at the slice's site if no shape does."""
+    shapes = declared.shapes(values)
+    if not shapes:
+        low, high = declared.shape_range
+        raise PlacementError(f"{site or 'virtual_slice'}: no shape of slice @{declared.name} between {list(low)} "
+                             f"and {list(high)} divides every value sharded over it")
+    if shapes[0] == declared.shape:
+        return declared
+    return dataclasses.replace(declared, shape=shapes[0],
+                               constraints={**declared.constraints, "max_shape": declared.shape})
 
 
 class ProgramBuilder:

@@ -40,6 +40,7 @@ class AliasSlicesPass(Pass):
     __doc__ = __doc__
     name = "pw-alias-slices"
     summary = "Move the computations of slices placed on the same devices onto one slice, so their values need no copy"
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if ops.LOWERED in module.attributes:

@@ -57,6 +57,20 @@ had none); `unknown_trip_counts = n` says that n loops of its computations
 were counted once, their trip count not being static. A step of -1 ns is a
 placement that cannot run (islands the DCN does not join).
 
+An elastic slice (constraint `min_shape`, and `max_shape` once placed) is
+first given the largest shape in its range that an island it may use has the
+available devices for and that divides every value sharded over it (memory
+is checked after, at that shape): its `shape` becomes that one and
+`max_shape` keeps the largest, so placing it again, onto more devices, grows
+it back. With 4 of island0's 8 devices unavailable:
+
+    // before
+    "pw.virtual_slice"() {sym_name = "d", shape = array<i64: 8>, axes = ["data"],
+                          constraints = {min_shape = array<i64: 2>}}
+    // after
+    "pw.virtual_slice"() {sym_name = "d", shape = array<i64: 4>, axes = ["data"],
+                          constraints = {max_shape = array<i64: 8>, min_shape = array<i64: 2>}, pw.placement = ...}
+
 `pin="v0=island1:4,v1=island0"` forces slice @v0 onto devices [4, 4+size) of
 island1 and slice @v1 onto island0 (devices chosen by the strategy); a pin
 must still meet the slice's constraints.
@@ -84,11 +98,15 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
+from typing import Sequence
 
 from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.homes import sharded_on
+from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import Island, Topology, TopologyError
 
 from .placement_cost import Estimate, Loads, Model, Need, Window
@@ -115,7 +133,8 @@ def parse_pins(text: str) -> dict[str, tuple[str, int | None]]:
 def _needs(s: ops.VirtualSlice) -> str:
     """Says in words what a slice needs, for error messages."""
     c = s.constraints
-    words = [f"{s.size} devices"]
+    low, high = s.shape_range
+    words = [f"{math.prod(low)} to {math.prod(high)} devices" if s.elastic else f"{s.size} devices"]
     if "device_kind" in c:
         words.append(f"of kind '{c['device_kind']}'")
     if "min_memory_bytes" in c:
@@ -308,6 +327,19 @@ def _ns(seconds: float) -> int:
     return -1 if math.isinf(seconds) else round(seconds * 1e9)
 
 
+def fitted_shape(s: ops.VirtualSlice, topology: Topology, values: Sequence[tuple[tuple[int, ...], Sharding]] = (),
+                 island: str | None = None) -> tuple[int, ...] | None:
+    """Returns the largest shape in an elastic slice's range that divides `values` and that an island meeting
+    its constraints (`island` only, if given) has the available devices for; None if there is none."""
+    loads = Loads(topology)
+    islands = [i for i in topology.islands if island in (None, i.name)]
+    for shape in s.shapes(values):
+        candidate = replace(s, shape=shape)
+        if any(_mismatch(candidate, i, loads.devices[i.name].count, None) is None for i in islands):
+            return shape
+    return None
+
+
 @register
 class PlacePass(Pass):
     __doc__ = __doc__
@@ -344,6 +376,7 @@ class PlacePass(Pass):
         for name in self.pins:
             if name not in slice_ops:
                 diagnostics.error(module, f"pin names slice @{name}, which is not in this module")
+        self.fit_elastic(module, slice_ops, topology)
         slices = {name: ops.VirtualSlice.from_op(op) for name, op in slice_ops.items()}
         model = Model(module, topology, slices)
         placer = _Placer(topology, self.values["strategy"], model.needs)
@@ -366,6 +399,21 @@ class PlacePass(Pass):
             ops.set_attr(slice_ops[name], ops.PLACEMENT, {"island": window.island, "devices": devices})
             if estimate is not None:
                 ops.set_attr(slice_ops[name], ops.PLACEMENT_COST, search.explain(name, plan, estimate))
+
+    def fit_elastic(self, module: ir.Operation, slice_ops: dict[str, ir.Operation], topology: Topology) -> None:
+        """Gives each elastic slice its `fitted_shape` (else the smallest shape that divides its values, for
+        `fitting` to report), keeping the largest of its range as `max_shape`."""
+        elastic = {name: s for name, s in ((n, ops.VirtualSlice.from_op(op)) for n, op in slice_ops.items())
+                   if s.well_formed and s.elastic and s.range_problem() is None}
+        values = sharded_on(module) if elastic else {}
+        for name, s in elastic.items():
+            island = self.pins[name][0] if name in self.pins else None
+            dividing = s.shapes(values.get(name, ()))
+            if not dividing:
+                continue                       # pw-verify reports the shape that does not divide
+            shape = fitted_shape(s, topology, values.get(name, ()), island) or dividing[-1]
+            ops.set_attr(slice_ops[name], "shape", shape)
+            ops.set_attr(slice_ops[name], "constraints", {**s.constraints, "max_shape": s.shape_range[1]})
 
     def fitting(self, op: ir.Operation, s: ops.VirtualSlice, placer: _Placer,
                 diagnostics: DiagnosticEngine) -> list[Island] | None:

@@ -4,7 +4,8 @@ MLIR checks structure when it parses (operand counts, attribute kinds); this
 pass checks meaning, reporting each problem at the op at fault:
 
 - slices: one axis name per mesh dimension, unique, sizes positive, known
-  constraints with values of the right kind; placements (`pw.placement`)
+  constraints with values of the right kind, an elastic range
+  (`min_shape`, `max_shape`) of the shape's rank around it; placements (`pw.placement`)
   that name as many devices as the slice has;
 - symbols: every `callee`, `slice`,
   `then_program`, `else_program`, `src` and `dst` resolves to the right kind;
@@ -99,6 +100,10 @@ class _Checker:
                                f"(known: {', '.join(ops.CONSTRAINT_KINDS)})")
             elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 self.error(op, f"slice @{s.name} constraint '{key}' must be a {kind.__name__}")
+        if s.well_formed and all(isinstance(s.constraints.get(k, ()), tuple) for k in ("min_shape", "max_shape")):
+            problem = s.range_problem()
+            if problem is not None:
+                self.error(op, f"slice @{s.name} {problem}")
         placement = ops.attr(op, ops.PLACEMENT)
         if placement is not None:
             self.check_placement(op, s, placement)

@@ -42,6 +42,7 @@ HEADLINES = {
             "islands4_over_one", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
             "seconds_to_simulate_65536_devices", "schedule_pick_over_best_measured"),
     "elastic": ("recovery_s", "recovery_s_cached", "elastic_after_over_before", "trainer_over_plain_loop"),
+    "elastic-shrink": ("shrunk_throughput_over_full", "regrown_over_full", "jax_4_over_8", "shrunk_over_jax_shrunk"),
     "shared-base": ("shared_base_bytes_4_over_1", "unshared_base_bytes_4_over_1", "shared_over_plain_jax",
                     "shared_over_unshared"),
 }

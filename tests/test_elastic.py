@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
-from pathways_mlir.frontend.elastic import CheckpointError
+from pathways_mlir.frontend.checkpoints import CheckpointError
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.handles import Handle

@@ -30,7 +30,8 @@ from pathways_mlir.benchmarks import elastic as elastic_bench  # noqa: E402
 from pathways_mlir.benchmarks import ray_backend as workloads  # noqa: E402
 from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
 from fetching import settled, until  # noqa: E402
-from training import batch, init, train_step, training_island  # noqa: E402
+from training import (assert_same_training, batch, elastic_step, init, mesh_sizes, on_the_same_meshes,  # noqa: E402
+                      preemption, train_elastic, train_step, training_island)
 
 WAIT = 60          # seconds: every wait is bounded
 X = np.full((256, 256), 0.01, np.float32)
@@ -230,4 +231,18 @@ def test_training_survives_its_island_actor_killed_by_name(rt):
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
     rt.restore_island(home)                 # its node is alive: the island comes back by hand
     assert islands(rt) == ["island0", "island1"]
+    assert settled(rt, WAIT)
+
+
+# -- an elastic slice: the step shrinks onto the devices its island has left and grows back ---------------
+
+elastic_train = elastic_step(pw.virtual_slice("1..4", axes="x", island="island0", name="ray_elastic_train"))
+
+
+def test_training_shrinks_onto_the_devices_left_and_grows_back(rt):
+    with Client(rt) as client:
+        got = train_elastic(client, elastic_train, 8, preemption(rt, (2, 3), at=3, back_at=5), WAIT)
+    sizes = mesh_sizes(got[2], 8, "ray_elastic_train")
+    assert sizes == [4, 4, 4, 2, 2, 4, 4, 4]
+    assert_same_training(got[:2], on_the_same_meshes(sizes, batch))
     assert settled(rt, WAIT)

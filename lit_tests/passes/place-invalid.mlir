@@ -62,3 +62,12 @@ func.func @huge(%x: tensor<1099511627776x16xf32>) -> tensor<1099511627776x16xf32
   return %0 : tensor<1099511627776x16xf32>
 }
 }
+
+// -----
+
+// An elastic slice no shape of whose range fits: the error says the range it needs.
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, unavailable = array<i64: 1, 2, 3>}]}} {
+// expected-error@below {{cannot place slice @d: it needs 2 to 8 devices in one island; free: island0 has 1 of 4 devices available (cpu, 1024 bytes each)}}
+"pw.virtual_slice"() {sym_name = "d", shape = array<i64: 8>, axes = ["data"], constraints = {min_shape = array<i64: 2>}} : () -> ()
+}

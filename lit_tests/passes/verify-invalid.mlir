@@ -32,6 +32,17 @@
 
 // -----
 
+// An elastic range bounds the shape, axis by axis, at its rank.
+// expected-error@below {{slice @v0 shape [8] is not between min_shape [2] and max_shape [4]}}
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 8>, axes = ["x"], constraints = {min_shape = array<i64: 2>, max_shape = array<i64: 4>}} : () -> ()
+
+// -----
+
+// expected-error@below {{slice @v0 constraint 'min_shape' must be 2 positive integers, not [2]}}
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 4, 2>, axes = ["x", "y"], constraints = {min_shape = array<i64: 2>}} : () -> ()
+
+// -----
+
 // Constraint values have the right kind.
 // expected-error@below {{slice @v0 constraint 'min_memory_bytes' must be a int}}
 "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {min_memory_bytes = "lots"}} : () -> ()

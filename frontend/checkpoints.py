@@ -1,0 +1,142 @@
+"""Orbax checkpoints of an elastic run's host snapshots: written asynchronously, read back checked.
+
+`Checkpoints` writes each snapshot of `pw.ElasticTrainer` (its state's
+leaves by position; the structure stays with the caller) and survives a
+write that fails; `read_checkpoint` finds the newest intact one to resume
+from.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+log = logging.getLogger("pathways_mlir.elastic")
+
+SPACE_MARGIN = 1 << 16     # bytes beyond a snapshot's arrays a checkpoint's metadata may take
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that could not be written or read; the message names its path."""
+
+
+class Checkpoints:
+    """Writes snapshots as Orbax checkpoints in `directory`; a write that cannot fit the disk's free space
+    is refused before Orbax starts it, and a write that fails (a disk that fills meanwhile, a lost
+    mount) logs one line naming the checkpoint, removes its partial `*-tmp*` directory and leaves the next
+    snapshot to try again (with a new manager: Orbax's keeps raising a failed write's error), or, if
+    `strict`, raises CheckpointError."""
+
+    def __init__(self, manager, reopen: Callable[[], Any], directory: str, strict: bool):
+        self._manager, self._reopen, self.directory, self.strict = manager, reopen, directory, strict
+        self._writing: int | None = None     # the step of the write in flight (asynchronous)
+
+    def save(self, step: int, arrays: list[np.ndarray]) -> None:
+        """Starts writing one snapshot, once the write before it is over (its failure reported first)."""
+        import orbax.checkpoint as ocp
+
+        self.finish()
+        needed = sum(a.nbytes for a in arrays) + SPACE_MARGIN
+        disk = os.statvfs(self.directory)
+        if disk.f_bavail * disk.f_frsize < needed:      # refused before Orbax writes anything
+            self._report(step, f"no space left on the device: {needed} bytes needed, "
+                               f"{disk.f_bavail * disk.f_frsize} free")
+            return
+        self._writing = step
+        try:
+            self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)))
+        except Exception as error:  # noqa: BLE001  (whatever the disk or Orbax raises, reported in one line)
+            self._failed(step, error)
+
+    def finish(self) -> None:
+        """Waits for the write in flight; reports its failure."""
+        step, self._writing = self._writing, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001
+            self._failed(step, error)
+
+    def close(self) -> None:
+        """Waits for the write in flight (reporting its failure) and closes the manager."""
+        try:
+            self.finish()
+        finally:
+            self._manager.close()
+
+    def _failed(self, step: int | None, error: Exception) -> None:
+        for wind_down in (self._manager.wait_until_finished, self._manager.close):
+            try:                                 # its writer threads stop before their files are removed
+                wind_down()
+            except Exception:  # noqa: BLE001  (the same failure again)
+                pass
+        self._manager = self._reopen()
+        for name in os.listdir(self.directory):
+            if "-tmp" in name:                  # Orbax writes `<step>.orbax-checkpoint-tmp-<time>` first
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        self._report(step, (str(error).strip().splitlines() or [type(error).__name__])[0][:300])
+
+    def _report(self, step: int | None, reason: str) -> None:
+        where = os.path.join(self.directory, str(step)) if step is not None else self.directory
+        if self.strict:
+            raise CheckpointError(f"the checkpoint {where} could not be written: {reason}") from None
+        log.warning("the checkpoint %s could not be written (%s); the host snapshot is kept and the next "
+                    "snapshot tries again", where, reason)
+
+
+
+
+def _as_item(arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """The Orbax item of a snapshot: its leaves by position (the state's structure stays with the caller)."""
+    return {f"leaf{i:05d}": array for i, array in enumerate(arrays)}
+
+
+def read_checkpoint(directory: str, like: Sequence) -> tuple[int, list[np.ndarray]]:
+    """Returns the step and leaves of the newest checkpoint in `directory`, checked against `like`."""
+    import orbax.checkpoint as ocp
+
+    if not os.path.isdir(directory):
+        raise ValueError(f"resume_from: {directory} is not a directory")
+    manager = ocp.CheckpointManager(os.path.abspath(directory))
+    try:
+        steps = sorted(manager.all_steps(), reverse=True)
+        if not steps:
+            raise ValueError(f"resume_from: {directory} holds no checkpoint")
+        began = time.perf_counter()
+        for step in steps:
+            try:
+                item = manager.restore(step, args=ocp.args.StandardRestore())
+                break
+            except Exception as error:  # noqa: BLE001  (a corrupted checkpoint: any error reading it)
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+                log.warning("skipping the checkpoint %s: it cannot be read (%s: %s)",
+                            os.path.join(directory, str(step)), type(error).__name__, reason)
+        else:
+            raise ValueError(f"resume_from: no checkpoint in {directory} can be read (steps "
+                             f"{', '.join(map(str, steps))})")
+    finally:
+        manager.close()
+    keys = list(_as_item(like))
+    if sorted(item) != keys:
+        raise ValueError(f"resume_from: the checkpoint of step {step} in {directory} holds {len(item)} arrays, "
+                         f"the state {len(keys)}")
+    leaves = [np.asarray(item[key]) for key in keys]
+    for i, (leaf, x) in enumerate(zip(leaves, like)):
+        shape, dtype = shape_dtype(x)
+        if leaf.shape != shape or leaf.dtype != dtype:
+            raise ValueError(f"resume_from: array {i} of the checkpoint of step {step} in {directory} is "
+                             f"{leaf.dtype}{list(leaf.shape)}, the state's {dtype}{list(shape)}")
+    log.info("resuming from the checkpoint of step %d in %s (read in %.2f s)", step, directory,
+             time.perf_counter() - began)
+    return step, leaves
+
+
+def shape_dtype(leaf) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of a state leaf (an array, a handle or a Python number), without reading it."""
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        return tuple(leaf.shape), np.dtype(leaf.dtype)
+    return np.shape(leaf), np.result_type(leaf)
