@@ -28,6 +28,12 @@ all), as milliseconds per run.
 - `ray_two_nodes_over_one`: our Ray backend on a `ray.cluster_utils.Cluster`
   of 2 nodes (one island each) against one node holding both islands. Only
   one cluster can be connected at a time, so the two alternate in blocks.
+- `actor_call_over_pull`: the mechanism under the data plane. Two
+  hand-written actors, each with a `jax.experimental.transfer` server: the
+  receiver takes `MOVES` arrays from the sender one after another, by a pull
+  over the transfer server (the sender offered them beforehand) or by an actor
+  call returning the array (`ray.get`), timed inside the receiver, for a
+  small array (three blocks' 8x16 f32) and a 256 KiB one; worst over sizes.
 
 Ratios are speeds (the other case's time over ours: above 1 means ours is
 faster) and each headline is the worst case over the workloads and modes.
@@ -35,6 +41,8 @@ Everything binds to 127.0.0.1.
 """
 
 from __future__ import annotations
+
+import time
 
 import jax
 import jax.numpy as jnp
@@ -50,12 +58,13 @@ from . import harness
 NAME = "ray"
 HEADLINE = ("ray_three_blocks_over_handwritten", "ray_three_blocks_over_handwritten_cgraph",
             "ray_handle_arg_over_handwritten_refs", "ray_over_embedded", "ray_compiled_graph_over_actor_calls",
-            "ray_two_nodes_over_one")
+            "ray_two_nodes_over_one", "actor_call_over_pull")
 ISLANDS, PER_ISLAND = 2, 4
 IN_FLIGHT = 8
 CHAIN = 8                # op-by-op calls in the handle-argument chain
 STAGES, MICRO_BATCHES, WIDTH, MICRO_BATCH = 4, 4, 64, 16
 LOOPBACK = "127.0.0.1"
+MOVES, MOVED_SHAPES = 16, ((8, 16), (256, 256))     # arrays per timed move case, and their shapes (f32)
 
 slice_a = pw.virtual_slice(2, axes="data", name="ray_a", island="island0")
 slice_b = pw.virtual_slice((2, 2), axes=("data", "model"), name="ray_b", island="island1")
@@ -175,6 +184,84 @@ class _Actor:
         """Applies the function to `x` (after the constant, if any); returns a NumPy array."""
         args = (x,) if self._constant is None else (self._constant, x)
         return np.asarray(self._fn(*args))
+
+
+class _Peer:
+    """A hand-written Ray actor with a JAX transfer server, taking arrays from a peer by pull or by actor call."""
+
+    def __init__(self):
+        import jax as actor_jax
+        from jax.experimental import transfer
+
+        self._jax = actor_jax
+        self._server = transfer.start_transfer_server(actor_jax.devices()[0].client, f"{LOOPBACK}:0",
+                                                      [f"{LOOPBACK}:0"])
+        self._arrays: dict = {}
+
+    def address(self) -> str:
+        return self._server.address()
+
+    def offer(self, shape: tuple, first: int, count: int) -> None:
+        """Offers one array of `shape` under transfer ids first..first+count-1 (sender)."""
+        x = self._jax.device_put(np.ones(shape, np.float32))
+        self._arrays[shape] = np.asarray(x)
+        for uuid in range(first, first + count):
+            self._server.await_pull(uuid, [x])
+
+    def array(self, shape: tuple) -> np.ndarray:
+        """The offered array of `shape`, as an actor call returns it (sender)."""
+        return self._arrays[shape]
+
+    def connect(self, peer, address: str) -> None:
+        """Connects to the sender's transfer server (receiver)."""
+        self._peer, self._connection = peer, self._server.connect(address)
+
+    def pulls(self, shape: tuple, first: int, count: int) -> float:
+        """Pulls ids first..first+count-1 one after another, each until its array is here; returns seconds."""
+        spec = self._jax.ShapeDtypeStruct(shape, np.float32,
+                                          sharding=self._jax.sharding.SingleDeviceSharding(self._jax.devices()[0]))
+        began = time.perf_counter()
+        for uuid in range(first, first + count):
+            [x] = self._connection.pull(uuid, [spec])
+            x.block_until_ready()
+        return time.perf_counter() - began
+
+    def calls(self, shape: tuple, count: int) -> float:
+        """Takes the array by `count` actor calls, one after another; returns seconds."""
+        import ray
+
+        began = time.perf_counter()
+        for _ in range(count):
+            ray.get(self._peer.array.remote(shape), timeout=120)
+        return time.perf_counter() - began
+
+
+def moves(ray, repetitions: int) -> list[dict]:
+    """Times moves between two `_Peer` actors by pull and by actor call, interleaved; returns the rows."""
+    peer = ray.remote(_Peer).options(num_cpus=0, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}})
+    sender, receiver = peer.remote(), peer.remote()
+    pool = MOVES * (repetitions + 2)                       # ids for the warm-ups and every repetition
+    ray.get([sender.offer.remote(shape, n * pool, pool) for n, shape in enumerate(MOVED_SHAPES)], timeout=120)
+    ray.get(receiver.connect.remote(sender, ray.get(sender.address.remote(), timeout=120)), timeout=120)
+    used = {shape: n * pool for n, shape in enumerate(MOVED_SHAPES)}
+    seconds: dict[tuple, list[float]] = {}
+
+    def case(how, shape):
+        def timed():
+            if how == "pull":
+                took = receiver.pulls.remote(shape, used[shape], MOVES)
+                used[shape] += MOVES
+            else:
+                took = receiver.calls.remote(shape, MOVES)
+            seconds.setdefault((how, shape), []).append(ray.get(took, timeout=120))
+        return timed
+
+    harness.measure({f"{how} {shape}": case(how, shape) for how in ("pull", "actor call") for shape in MOVED_SHAPES},
+                    repetitions, warmup=2)
+    for actor in (sender, receiver):
+        ray.kill(actor)
+    return [{"move": how, "bytes": 4 * int(np.prod(shape)), "ms_per_move": harness.median(s[2:]) * 1e3 / MOVES,
+             "spread": harness.spread(s[2:])} for (how, shape), s in sorted(seconds.items())]
 
 
 def handwritten_chains(ray, pipeline_args):
@@ -313,6 +400,7 @@ def run(quick: bool) -> dict:
                         our_ray.close()
             for graph in graphs:
                 graph.teardown()
+            moved = moves(ray, repetitions)
     finally:
         embedded.close()
         ray.shutdown()
@@ -340,6 +428,8 @@ def run(quick: bool) -> dict:
              "ray_over_embedded": ("embedded", "ray"),
              "ray_compiled_graph_over_actor_calls": ("ray, actor calls", "ray"),
              "ray_two_nodes_over_one": ("ray, 1 node", "ray, 2 nodes")}
+    rows += moved
+    by = {(r["move"], r["bytes"]): r["ms_per_move"] for r in moved}
     headline = {}
     for name, (other, ours_) in pairs.items():
         ratios = {(w, m): ms[(other, w, m)] / ms[(ours_, w, m)] for (b, w, m) in ms
@@ -348,6 +438,7 @@ def run(quick: bool) -> dict:
         headline[name] = ratios[worst]
         for (w, m), r in ratios.items():
             rows.append({"ratio": name, "workload": w, "mode": m, "value": r, "worst": (w, m) == worst})
+    headline["actor_call_over_pull"] = min(by[("actor call", n)] / by[("pull", n)] for _, n in by)
     return harness.record(NAME, {"islands": ISLANDS, "per_island": PER_ISLAND, "in_flight": IN_FLIGHT,
                                  "repetitions": repetitions, "cluster_blocks": blocks}, rows, headline)
 

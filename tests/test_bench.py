@@ -35,7 +35,7 @@ HEADLINES = {
     "moe": ("moe_bytes_over_dense", "moe_time_over_dense"),
     "ray": ("ray_three_blocks_over_handwritten", "ray_three_blocks_over_handwritten_cgraph",
             "ray_handle_arg_over_handwritten_refs", "ray_over_embedded", "ray_compiled_graph_over_actor_calls",
-            "ray_two_nodes_over_one"),
+            "ray_two_nodes_over_one", "actor_call_over_pull"),
     "service": ("service_over_embedded", "service_over_embedded_8_in_flight"),
     "placement": ("auto_over_spread", "model_rank_agreement"),
     "sim": ("median_abs_error", "worst_abs_error", "crossover_2048_over_128", "stages16_over_stages4",
