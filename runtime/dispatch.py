@@ -24,6 +24,7 @@ scheduler.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -34,7 +35,7 @@ from pathways_mlir.dialect.device_time import device_seconds
 from pathways_mlir.dialect.plan import Branch, Free, ProgramPlan, Recv
 
 from .admission import Need, run_need
-from .island import StoreRef
+from .island import StoreRef, raised
 from .run import Run
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from .shared import SharedRef
 
 MODES = ("parallel", "sequential")
+_PAUSE_MIN, _PAUSE_MAX = 1e-4, 1e-3   # seconds between looks at a run with a deadline (`Dispatcher.fetch`)
 
 
 @dataclass(frozen=True)
@@ -145,11 +147,27 @@ class Dispatcher:
         return run
 
     def fetch(self, run: Run, buffer: int, timeout: float | None = None):
-        """Returns a buffer's array once it exists (a `fetch` message to its island)."""
+        """Returns a buffer's array once it exists (a `fetch` message to its island). For a run with a
+        deadline (started with `timeout=`), only once its device work is over: an array handed out before
+        would outlive the cancel, so the deadline would not bound the wait (`RunCancelled` if it passes)."""
+        if run.deadline is not None:
+            self._await_over(run, timeout)
         island = run.island_of(buffer)
         if island is None:
             return run.host.setdefault(buffer, Future()).result(timeout)
         return self.runtime.islands[island].fetch(run.id, buffer, timeout)
+
+    def _await_over(self, run: Run, timeout: float | None) -> None:
+        """Waits until a run's work is over or it failed (raising its error); TimeoutError after `timeout` s."""
+        limit = None if timeout is None else time.monotonic() + timeout
+        pause = _PAUSE_MIN
+        while run.error is None and not self.runtime.run_done(run):
+            if limit is not None and time.monotonic() > limit:
+                raise TimeoutError(f"run {run.id} of {run.plan.program} was not over within {timeout} s")
+            time.sleep(pause)
+            pause = min(2 * pause, _PAUSE_MAX)
+        if run.error is not None:
+            raise raised(run.error)
 
     # -- host steps ----------------------------------------------------------
 

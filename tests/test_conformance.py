@@ -1,0 +1,187 @@
+"""One runtime, two backends: the same behaviour on the embedded islands and on Ray island actors.
+
+Every test here runs on both backends through one parametrized fixture (2 islands of 4 CPU devices each):
+what a user sees of a runtime (results, handles passed on, branches, cancels, failures, donation,
+shared objects, reclaiming, status) must not depend on where the islands run. Backend-specific
+behaviour (start paths, the data plane, actor deaths) is tested in test_ray_backend.py and
+test_ray_elastic.py. The Ray half is skipped where Ray is not installed.
+"""
+
+import importlib.util
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.interface import ClusterRuntime
+from pathways_mlir.runtime.island import RunFailed
+from pathways_mlir.runtime.runtime import Runtime
+from fetching import settled
+
+WAIT = 60          # seconds: every wait is bounded
+X = np.random.default_rng(5).normal(size=(8, 16)).astype(np.float32)
+
+left = pw.virtual_slice(2, axes="x", name="conform_left", island="island0")
+right = pw.virtual_slice((2, 2), axes=("a", "b"), name="conform_right", island="island1")
+
+
+@partial(pw.jit, slice=left, in_specs=P("x"), out_specs=P("x"))
+def grow(x):
+    return x * 2.0 + 1.0
+
+
+@partial(pw.jit, slice=right, in_specs=P("a", "b"), out_specs=P("a"))
+def bend(x):
+    return jnp.sin(x)
+
+
+@pw.program
+def across(x):
+    return grow(bend(grow(x)))
+
+
+@pw.program
+def on_right(x):
+    return bend(x)
+
+
+def expected(x):
+    g, b = jax.jit(grow.fn), jax.jit(bend.fn)
+    return np.asarray(g(b(g(x))))
+
+
+def value(handle):
+    return np.asarray(handle.result(WAIT))
+
+
+@pytest.fixture(scope="module", params=["embedded", "ray"])
+def runtime(request):
+    if request.param == "ray" and importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed")
+    rt = Runtime(backend=request.param, islands=2, per_island=4)
+    yield rt
+    rt.close()
+    if request.param == "ray":
+        import ray
+
+        ray.shutdown()        # the local Ray this runtime started: later modules start their own
+
+
+def test_it_is_a_cluster_runtime_with_the_same_topology(runtime):
+    assert isinstance(runtime, ClusterRuntime)
+    version, topology = runtime.resources.snapshot()
+    assert [(i.name, i.num_devices) for i in topology.islands] == [("island0", 4), ("island1", 4)]
+    assert set(runtime.status()["islands"]) == {"island0", "island1"}
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_program_across_islands_matches_jax(runtime, dispatch):
+    with Client(runtime) as client:
+        outs = [across.run(X * k, client=client, dispatch=dispatch) for k in range(4)]
+        for k, out in enumerate(outs):
+            np.testing.assert_allclose(value(out), expected(X * k), rtol=1e-6)
+    assert settled(runtime, WAIT)
+
+
+def test_handles_go_on_to_later_runs_on_their_island_and_on_another(runtime):
+    with Client(runtime) as client:
+        y = across.run(X, client=client)
+        same = across.run(y, client=client)          # its input is on island0, where y lives
+        other = on_right.run(y, client=client)       # its input is on island1
+        y.delete()
+        np.testing.assert_allclose(value(same), expected(expected(X)), rtol=1e-5)
+        np.testing.assert_allclose(value(other), np.asarray(jax.jit(bend.fn)(expected(X))), rtol=1e-5)
+    assert settled(runtime, WAIT)
+
+
+def test_a_data_dependent_branch_runs_the_chosen_program(runtime):
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=left, in_specs=P("x"), out_specs=P())
+
+    @pw.program
+    def route(x):
+        return pw.cond(positive(x), grow, bend, x)
+
+    with Client(runtime) as client:
+        for data, branch in ((np.abs(X), grow), (-np.abs(X), bend)):
+            np.testing.assert_allclose(value(route.run(data, client=client)), np.asarray(jax.jit(branch.fn)(data)),
+                                       rtol=1e-6)
+    assert settled(runtime, WAIT)
+
+
+def test_a_cancelled_run_fails_its_handles_and_runs_that_take_them(runtime):
+    spin = pw.jit(lambda x: jax.lax.fori_loop(0, 2_000_000, lambda i, y: jnp.cos(y), x), slice=left,
+                  in_specs=P("x"), out_specs=P("x"))
+    with Client(runtime) as client:
+        spin.compiled(X, runtime=runtime)
+        made = spin.run(X, client=client)
+        assert client.cancel(made)
+        with pytest.raises(RunFailed, match=r"run \d+ of .* was cancelled by client"):
+            value(made)
+        with pytest.raises(RunFailed, match=r"run \d+ of .* was cancelled by client"):
+            value(across.run(made, client=client))
+    assert settled(runtime, WAIT)
+
+
+def test_a_timeout_bounds_the_wait_for_a_result(runtime):
+    """A run still computing when its deadline passes raises at once: its result was not handed out early
+    (a JAX array still computing would have outlived the cancel)."""
+    spin = pw.jit(lambda x: jax.lax.fori_loop(0, 10_000_000, lambda i, y: jnp.cos(y), x), slice=left,
+                  in_specs=P("x"), out_specs=P("x"))
+    with Client(runtime) as client:
+        spin.compiled(X, runtime=runtime)
+        with pytest.raises(RunFailed, match=r"run \d+ of lambda did not finish within its deadline: cancelled"):
+            value(spin.run(X, client=client, timeout=0.05))        # the loop takes about a second here
+    assert settled(runtime, WAIT)
+
+
+def test_a_bad_argument_is_the_same_one_line_error(runtime):
+    plan = across.compiled(X, runtime=runtime).plan
+    with Client(runtime) as client:
+        with pytest.raises(TypeError, match=r"argument for buffer \d+ of across has shape \(4, 16\), expected "
+                                            r"\(8, 16\)"):
+            client.run(plan, [X[:4]])
+        with pytest.raises(TypeError, match="program across takes 1 arrays, got 2"):
+            client.run(plan, [X, X])
+
+
+def test_a_donated_handle_cannot_be_used_again(runtime):
+    twice = pw.jit(lambda x: x * 2.0, slice=left, in_specs=P("x"), out_specs=P("x"), donate_argnums=0)
+    with Client(runtime) as client:
+        y = across.run(X, client=client)
+        doubled = twice.run(y, client=client)
+        np.testing.assert_allclose(value(doubled), expected(X) * 2, rtol=1e-6)
+        with pytest.raises(ValueError, match="donated"):
+            value(y)
+    assert settled(runtime, WAIT)
+
+
+def test_a_shared_object_is_read_by_another_client_and_reclaimed_after(runtime):
+    owner, reader = Client(runtime), Client(runtime)
+    try:
+        base = across.run(X, client=owner)
+        ref = owner.share(base)
+        np.testing.assert_allclose(value(across.run(ref, client=reader)), expected(expected(X)), rtol=1e-5)
+        with pytest.raises(ValueError, match="read-only"):
+            pw.jit(lambda x: x, slice=left, in_specs=P("x"), out_specs=P("x"), donate_argnums=0).run(ref, client=reader)
+        base.delete()                            # the owner releases it: no run reads it any more
+        with pytest.raises(ValueError, match="released"):
+            value(across.run(ref, client=reader))
+    finally:
+        reader.close()
+        owner.close()
+    assert settled(runtime, WAIT)
+
+
+def test_a_closed_client_leaves_nothing_on_the_islands(runtime):
+    client = Client(runtime)
+    handles = [across.run(X, client=client) for _ in range(3)]
+    for h in handles:
+        value(h)
+    assert len(client.objects()) == 3 and sum(runtime.usage().values()) > 0
+    client.close()
+    assert settled(runtime, WAIT)
