@@ -113,7 +113,7 @@ class Dispatcher:
         run.donations = donations
         if shared:
             run.reads = tuple(ref.key for ref in shared.values())
-            if self.runtime.backend == "embedded":
+            if self.runtime.islands.reads_shared_in_place:
                 in_place = [loaded.inputs[i][0] for i, ref in shared.items()
                             if ref.placed_as(loaded.plan, loaded.inputs[i][0])]
                 run.need = loaded.need_reading(frozenset(in_place))

@@ -123,12 +123,31 @@ class IslandWork(NamedTuple):
 class Islands(dict):
     """A runtime's islands by name, and how a run's work reaches them.
 
-    `keep_arguments`: whether a handle passed to a later run goes to its
-    island as a `StoreRef` instead of its array. Embedded islands share this
-    process, so the array is the cheaper; remote ones keep it (Ray).
+    What its islands can do (`runtime/backends.py`): `keep_arguments`,
+    whether a handle passed to a later run goes to its island as a
+    `StoreRef` instead of its array (embedded islands share this process, so
+    the array is the cheaper; remote ones keep it: Ray); `fast_lanes`,
+    whether a single-island plan's runs may execute on the caller's thread
+    (`runtime/fast_lane.py`); `traces`, whether the islands record traces;
+    `reads_shared_in_place`, whether a run reads a shared object's array
+    itself (else it travels, and counts in the run's need).
     """
 
     keep_arguments = False
+    fast_lanes = True
+    traces = True
+    reads_shared_in_place = True
+
+    def on_run_done(self, wake) -> None:
+        """Calls `wake()` whenever an island sees a run's device work over (its completion tracker)."""
+        for island in self.values():
+            island.on_done = wake
+
+    def watch(self, lose, restore) -> None:
+        """Calls `lose(island)` when an island dies on its own (embedded islands do not: nothing to watch)."""
+
+    def unwatch(self) -> None:
+        """Stops watching (before the islands close: closing is not losing)."""
 
     def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list[tuple["Island", IslandWork]]:
         """Delivers one run's work to its islands: one `start` message each, in ticket order. With `inline`,

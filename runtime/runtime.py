@@ -18,10 +18,11 @@ from concurrent.futures import Future, InvalidStateError
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .admission import MemoryLedger
-from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
+from .backends import backend_named
+from .cluster import DeviceMap
 from .dispatch import LoadedPlan
 from .fast_lane import FastLane
-from .island import Island, IslandLost, Islands, RunCancelled, client_owner, raised
+from .island import IslandLost, RunCancelled, client_owner, raised
 from .plan_check import check_plan
 from .policies import check_policy
 from .resource_manager import ResourceManager
@@ -29,10 +30,8 @@ from .run import Run
 from .scheduler import GangScheduler
 from .status import Status, gather
 from .tracing import Tracer
-from .transfers import DcnTransport
 
 
-BACKENDS = ("embedded", "ray")
 _WATCH_PERIOD = 0.1      # seconds between the watchdog's looks at deadlines and busy islands
 
 
@@ -42,7 +41,9 @@ class Runtime:
     `backend="embedded"` (the default) runs every island in this process on
     its JAX devices; `backend="ray"` runs each island in its own Ray actor
     (`runtime/ray_backend/`), with `islands` x `per_island` CPU devices
-    each here. Both run the same plans through the same island messages.
+    each here. Both run the same plans through the same island messages
+    (`runtime/backends.py` starts them; `tests/test_conformance.py` runs one
+    suite on both).
     `address` runs the Ray backend on an existing Ray cluster ("auto" or
     "host:port"; none: a local Ray instance), where each island's actor
     goes to the node offering the resource `pw-island-<island>`.
@@ -67,36 +68,21 @@ class Runtime:
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
                  islands: int | None = None, per_island: int | None = None, address: str | None = None,
                  compiled_graph: bool = True, wedge_timeout: float | None = None):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
+        chosen = backend_named(backend, {"address": address, "compiled_graph": compiled_graph,
+                                         "wedge_timeout": wedge_timeout})
         check_policy(policy, window)
-        if (address is not None or not compiled_graph) and backend != "ray":
-            raise ValueError("address= and compiled_graph= are options of the Ray backend: they need backend='ray'")
         check_shape(islands, per_island)
-        if wedge_timeout is not None and backend != "embedded":
-            raise ValueError("wedge_timeout= is an option of the embedded backend (a Ray island is a process of "
-                             "its own)")
         self.backend = backend
         self.tracer: Tracer | None = None
-        self.transport: DcnTransport | None = None
-        if backend == "ray":
-            from .ray_backend import start_islands
-
-            topology = embedded_topology(*(requested_shape() if islands is None else (islands, per_island)))
-            device_map = DeviceMap(topology, {})
-            self.islands = start_islands(topology, emulate_dcn, address, compiled_graph)
-        else:
-            device_map = device_map or embedded_device_map(islands, per_island)
-            self.transport = DcnTransport(emulate=emulate_dcn)
-            self.islands = Islands({
-                island.name: Island(island.name, device_map, self.transport, lambda name: self.islands[name])
-                for island in device_map.topology.islands})
+        options = {name: value for name, value in (("address", address), ("compiled_graph", compiled_graph))
+                   if name in chosen.options}
+        started = chosen.start(device_map, islands, per_island, emulate_dcn, lambda name: self.islands[name],
+                               **options)
+        device_map, self.islands, self.transport = started.device_map, started.islands, started.transport
         self.resources = ResourceManager(device_map)
         self.scheduler = GangScheduler(self.islands, MemoryLedger(device_map.topology, device_memory_bytes),
                                        policy, window)
-        if backend == "embedded":
-            for island in self.islands.values():
-                island.on_done = self.scheduler.wake
+        self.islands.on_run_done(self.scheduler.wake)
         self._loaded: dict[int, LoadedPlan] = {}
         self._lanes: dict[int, FastLane | None] = {}    # plan id -> its fast lane (runtime/fast_lane.py)
         self._lock = threading.Lock()
@@ -107,8 +93,7 @@ class Runtime:
         self._closed = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="pw-watchdog", daemon=True)
         self._watchdog.start()
-        if backend == "ray":
-            self.islands.watch(self.lose_island, self.restore_island)
+        self.islands.watch(self.lose_island, self.restore_island)
 
     def load(self, plan: ProgramPlan) -> LoadedPlan:
         """Loads a plan on the islands it uses (once: later calls are a lookup).
@@ -142,7 +127,7 @@ class Runtime:
             everything = tuple(s.id for s in loaded.plan.islands.get(island, ()))
             for step_ids in {steps, everything} - {()}:    # held steps' executables compile now too
                 self.islands[island].prepare(loaded.key, step_ids)
-        lane = FastLane.build(self.scheduler, self.islands, loaded) if self.backend == "embedded" else None
+        lane = FastLane.build(self.scheduler, self.islands, loaded) if self.islands.fast_lanes else None
         with self._lock:
             self._lanes[id(plan)] = lane
             self._loaded[id(plan)] = loaded      # keeps `plan` alive, so that its id stays unique
@@ -305,7 +290,7 @@ class Runtime:
 
     def start_tracing(self) -> Tracer:
         """Starts recording a trace of every step executed from now on (embedded backend)."""
-        if self.backend != "embedded":
+        if not self.islands.traces:
             raise RuntimeError("traces are recorded by the embedded backend only")
         self.tracer = Tracer()
         for island in self.islands.values():
@@ -326,8 +311,7 @@ class Runtime:
         """Stops the runtime in bounded time: runs still queued or under way fail (an island stuck in a
         computation is left to finish it on its own thread)."""
         self._closed.set()
-        if self.backend == "ray":
-            self.islands.unwatch()          # islands closed on purpose are not lost
+        self.islands.unwatch()              # islands closed on purpose are not lost
         self.scheduler.close()
         self.islands.close()
         if self.transport is not None:

@@ -185,3 +185,15 @@ def test_a_closed_client_leaves_nothing_on_the_islands(runtime):
     assert len(client.objects()) == 3 and sum(runtime.usage().values()) > 0
     client.close()
     assert settled(runtime, WAIT)
+
+
+def test_an_option_of_one_backend_given_to_the_other_is_one_line_error():
+    with pytest.raises(ValueError, match=r"^unknown backend 'tpu' \(choose from embedded, ray\)$"):
+        Runtime(backend="tpu")
+    with pytest.raises(ValueError, match=r"^address= is an option of the ray backend: it needs backend='ray'$"):
+        Runtime(address="auto")
+    with pytest.raises(ValueError, match=r"^compiled_graph= is an option of the ray backend"):
+        Runtime(compiled_graph=False)
+    with pytest.raises(ValueError, match=r"^wedge_timeout= is an option of the embedded backend: it needs "
+                                         r"backend='embedded'$"):
+        Runtime(backend="ray", wedge_timeout=1.0)

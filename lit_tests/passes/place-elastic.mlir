@@ -1,4 +1,5 @@
 // RUN: pw-opt %s --split-input-file --pass-pipeline='builtin.module(pw-place)' | FileCheck %s
+// RUN: pw-opt %s --split-input-file --pass-pipeline='builtin.module(pw-lower)' | FileCheck %s --check-prefix=LOWER
 
 // An elastic slice (constraint min_shape) gets the largest shape in its
 // range that an island has the available devices for and that divides every
@@ -9,6 +10,9 @@
 // so the slice gets 4 devices.
 // CHECK-LABEL: module attributes {pw.topology
 // CHECK: constraints = {max_shape = array<i64: 8>, min_shape = array<i64: 2>}, pw.placement = {devices = array<i64: 0, 4>, island = "island0"}, shape = array<i64: 4>, sym_name = "d"
+// Lowered, the launch runs on those 4 devices, each holding a quarter of the batch (64 bytes).
+// LOWER-LABEL: module @step_island0
+// LOWER: "pw.launch"() {after = array<i64>, devices = array<i64: 0, 4>, executable = @double, inputs = array<i64: 0>, label = "double#0", output_bytes = array<i64: 64>
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1073741824, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, unavailable = array<i64: 5, 6, 7>}]}} {
 "pw.virtual_slice"() {sym_name = "d", shape = array<i64: 8>, axes = ["data"], constraints = {min_shape = array<i64: 2>}} : () -> ()

@@ -45,6 +45,9 @@ class RayIslands(Islands):
     """
 
     keep_arguments = True          # a handle passed to a later run stays on its island actor
+    fast_lanes = False             # a run's work goes to the actors; nothing executes on the caller's thread
+    traces = False                 # traces are recorded by the embedded backend only
+    reads_shared_in_place = False  # a shared object travels through the driver (see runtime/shared.py)
 
     def __init__(self, topology: Topology, emulate_dcn: bool, one_machine: bool, started_ray: bool,
                  actors: dict, nodes: dict[str, str], compiled_graph: bool):
@@ -68,6 +71,9 @@ class RayIslands(Islands):
         """Hands the proxy its start channel and keeps the actor's `watch` call in flight."""
         island.received = self._starts.received
         self.monitor.watch_actor(island)
+
+    def on_run_done(self, wake) -> None:
+        """Nothing: the driver learns that runs are over from the actors' answers (`RayIsland.run_done`)."""
 
     def watch(self, lose: Callable[[str], object], restore: Callable[[str], object]) -> None:
         """Starts the monitor (`IslandMonitor.start`): `lose(island)` once an island's actor died,
