@@ -1,4 +1,5 @@
-"""The interfaces the front end programs against: a cluster runtime and a client that runs programs on it.
+"""The interfaces the front end programs against (a cluster runtime and a client that runs programs on it),
+and the one the runtime drives its islands through (an island, and a backend's group of them).
 
 Two implementations of each exist. In this process, `Runtime` is the
 cluster and a `Client` of it runs programs. Attached to a service
@@ -63,3 +64,84 @@ class ProgramClient(Protocol):
 
     def close(self) -> None:
         """Releases everything it owns."""
+
+
+@runtime_checkable
+class IslandEndpoint(Protocol):
+    """One island as the runtime drives it: the embedded `Island` in this process, or the `RayIsland` proxy
+    of an actor. A run's work reaches it through its group (`IslandGroup.start`), in ticket order."""
+
+    lost: BaseException | None
+
+    def load(self, key: int, plan: ProgramPlan) -> None:
+        """Keeps a plan under `key` for the runs that use this island."""
+
+    def prepare(self, key: int, step_ids) -> None:
+        """Compiles the executables of those steps of a loaded plan."""
+
+    def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
+        """Returns a run's buffer once it exists; raises the run's error if it failed."""
+
+    def release(self, run_id: int, buffer: int) -> None:
+        """Drops a run's result (its handle was released)."""
+
+    def release_owner(self, owner) -> int:
+        """Drops every result an owner holds; returns how many."""
+
+    def owned_by(self, owner) -> list:
+        """The (run, buffer) keys of the results an owner holds here."""
+
+    def object_count(self) -> int:
+        """Counts the results held here."""
+
+    def fail_run(self, run_id: int, error: BaseException) -> None:
+        """Fails a run here because it failed elsewhere (or was cancelled)."""
+
+    def run_done(self, run_id: int) -> bool:
+        """Whether a run's work here is over (dispatched, and its device work finished)."""
+
+    def wait_run(self, run_id: int, timeout: float | None = None) -> None:
+        """Waits until a run's work here is over; TimeoutError after `timeout` seconds."""
+
+    def device_seconds(self, run_id: int) -> float | None:
+        """The device time a finished run took here (once), or None if it is not known."""
+
+    def compilations(self) -> int:
+        """Counts the executables compiled here."""
+
+    def status(self) -> dict:
+        """What the island is doing: its runs, what each waits for, its transfers."""
+
+    def lose(self) -> None:
+        """Takes the island out as a dead host would (its runs fail with `IslandLost`)."""
+
+    def restored(self) -> "IslandEndpoint":
+        """Returns a fresh island in place of this lost one."""
+
+    def close(self) -> None:
+        """Stops the island; runs still under way there fail."""
+
+
+@runtime_checkable
+class IslandGroup(Protocol):
+    """A backend's islands by name (a dict), how runs reach them, and what they can do (`runtime/backends.py`)."""
+
+    keep_arguments: bool
+    fast_lanes: bool
+    traces: bool
+    reads_shared_in_place: bool
+
+    def start(self, run, works: dict, inline: bool = False) -> list:
+        """Delivers one run's work to its islands, in ticket order; returns the work the caller runs inline."""
+
+    def on_run_done(self, wake) -> None:
+        """Calls `wake()` whenever an island sees a run's device work over (where islands tell)."""
+
+    def watch(self, lose, restore) -> None:
+        """Calls `lose(island)` when an island dies on its own, `restore(island)` when it can come back."""
+
+    def unwatch(self) -> None:
+        """Stops watching (before the islands close)."""
+
+    def close(self) -> None:
+        """Closes every island."""

@@ -18,10 +18,11 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.interface import ClusterRuntime
+from pathways_mlir.runtime.interface import ClusterRuntime, IslandEndpoint, IslandGroup
 from pathways_mlir.runtime.island import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 from fetching import settled
+from protocols import check_implements
 
 WAIT = 60          # seconds: every wait is bounded
 X = np.random.default_rng(5).normal(size=(8, 16)).astype(np.float32)
@@ -72,8 +73,11 @@ def runtime(request):
         ray.shutdown()        # the local Ray this runtime started: later modules start their own
 
 
-def test_it_is_a_cluster_runtime_with_the_same_topology(runtime):
-    assert isinstance(runtime, ClusterRuntime)
+def test_it_is_a_cluster_runtime_whose_islands_implement_the_island_interface(runtime):
+    check_implements(runtime, ClusterRuntime)
+    check_implements(runtime.islands, IslandGroup)
+    for island in runtime.islands.values():
+        check_implements(island, IslandEndpoint)
     version, topology = runtime.resources.snapshot()
     assert [(i.name, i.num_devices) for i in topology.islands] == [("island0", 4), ("island1", 4)]
     assert set(runtime.status()["islands"]) == {"island0", "island1"}
