@@ -23,7 +23,7 @@ from .dispatch import LoadedPlan
 from .fast_lane import FastLane
 from .island import Island, IslandLost, Islands, RunCancelled, client_owner, raised
 from .plan_check import check_plan
-from .policies import check_policy
+from .policies import parse_policy
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
@@ -69,7 +69,7 @@ class Runtime:
                  compiled_graph: bool = True, wedge_timeout: float | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
-        check_policy(policy, window)
+        policy = parse_policy(policy, window)
         if (address is not None or not compiled_graph) and backend != "ray":
             raise ValueError("address= and compiled_graph= are options of the Ray backend: they need backend='ray'")
         check_shape(islands, per_island)
@@ -360,7 +360,7 @@ def configure(**options) -> None:
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} of pw.configure (options: {', '.join(sorted(known))})")
     check_shape(options.get("islands"), options.get("per_island"))
-    check_policy(options.get("policy", "fifo"), options.get("window"))
+    parse_policy(options.get("policy", "fifo"), options.get("window"))
     global _default, _default_options
     with _default_lock:
         if _default is not None:
