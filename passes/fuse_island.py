@@ -77,6 +77,7 @@ pw-schedule, which costs and orders what it makes.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 from mlir import ir
@@ -88,7 +89,7 @@ from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.homes import Home, home_attribute, program_homes
 from pathways_mlir.dialect.sharding import Sharding
 
-from .registry import Option, Pass, register
+from .registry import Pass, option, register
 
 
 def _island_op(op: ir.Operation, islands: dict[str, str]) -> str | None:
@@ -303,12 +304,13 @@ class _Fuser:
 
 
 @register
+@dataclass
 class FuseIslandPass(Pass):
     __doc__ = __doc__
     name = "pw-fuse-island"
     summary = "Fuse an island's computations and ICI copies across its slices into one launch on their cover"
-    options = (Option("step_us", float, 50.0, "host and launch time of one island step, in µs (the cost model's "
-                                              "saving per step)"),)
+    step_us: float = option(50.0, "host and launch time of one island step, in µs (the cost model's saving per "
+                                  "step)")
     needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
@@ -328,6 +330,6 @@ class FuseIslandPass(Pass):
             if ops.attr(program, ops.SUBGRAPHS) is None:
                 diagnostics.error(program, "pw-fuse-island needs static subgraphs: run pw-mark-static-subgraphs")
                 return
-        fuser = _Fuser(module, self.values["step_us"] * 1e-6)
+        fuser = _Fuser(module, self.step_us * 1e-6)
         for name, program in ops.programs(module).items():
             fuser.fuse_program(name, program, diagnostics)

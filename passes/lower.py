@@ -30,7 +30,7 @@ from .insert_transfers import InsertTransfersPass
 from .mark_static_subgraphs import MarkStaticSubgraphsPass
 from .pipeline import run_passes
 from .plan_memory import PlanMemoryPass
-from .place import PlacePass
+from .place import PlacePass, Strategy
 from .registry import Option, Pass, register_pipeline
 from .schedule import SchedulePass
 from .verify import VerifyPass
@@ -54,7 +54,7 @@ class TopologyNeeded(ValueError):
                    "per-island plans", options=PlacePass.options + (
                        Option("fuse", bool, True, "fuse an island's launches across its slices (pw-fuse-island) "
                                                   "and consecutive launches on one slice (pw-fuse-launches)"),))
-def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", explain: bool = False,
+def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: str = "", explain: bool = False,
                    fuse: bool = True) -> list[Pass]:
     """Lowers device-agnostic programs to per-island plans, in four phases,
     each ended by a verifier so that a bug is caught at the pass that made it:
@@ -98,8 +98,8 @@ def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", ex
     ]
 
 
-def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", pin: str = "",
-          fuse: bool = True, explain: bool = False) -> ir.Module:
+def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str = Strategy.AUTO,
+          pin: str = "", fuse: bool = True, explain: bool = False) -> ir.Module:
     """Lowers a device-agnostic module onto `topology`; returns a new, lowered module.
 
     `module` (IR text, or a module, which is left unchanged) is copied; the
@@ -128,8 +128,8 @@ def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", p
     return lowered
 
 
-def lower_to_plans(source: ir.Module | str, topology: Topology, strategy: str = "auto", pin: str = "",
-                   fuse: bool = True) -> dict[str, ProgramPlan]:
+def lower_to_plans(source: ir.Module | str, topology: Topology, strategy: Strategy | str = Strategy.AUTO,
+                   pin: str = "", fuse: bool = True) -> dict[str, ProgramPlan]:
     """Lowers `source` onto `topology` (as `lower`) and returns the plan of every program, which pw-lower's
     last pass, pw-verify-plans, has checked. Raises `LoweringError` with the diagnostics."""
     return program_plans(lower(source, topology, strategy=strategy, pin=pin, fuse=fuse))
