@@ -17,6 +17,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.context import ParseError, make_context, parse_module
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_reader import program_plans
 from pathways_mlir.dialect.structure import verify_structure
@@ -34,6 +35,7 @@ from .place import PlacePass, Strategy
 from .registry import Option, Pass, register_pipeline
 from .schedule import SchedulePass
 from .verify import VerifyPass
+from .verify_phase import VerifyPhasePass
 from .verify_plans import VerifyPlansPass
 from .verify_schedule import VerifySchedulePass
 
@@ -56,30 +58,12 @@ class TopologyNeeded(ValueError):
                                                   "and consecutive launches on one slice (pw-fuse-launches)"),))
 def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: str = "", explain: bool = False,
                    fuse: bool = True) -> list[Pass]:
-    """Lowers device-agnostic programs to per-island plans, in four phases,
-    each ended by a verifier so that a bug is caught at the pass that made it:
-
-    0. `pw-verify` on the input: the passes below assume well-formed pw IR.
-    1. `pw-place` first: every later pass needs the island of each slice.
-       `pw-alias-slices` right after, so that slices placed on the same
-       devices share buffers before any transfer is inserted. `pw-verify`
-       then checks the placements (device counts, ranges).
-    2. `pw-insert-transfers` needs placements (links depend on islands) and
-       comes before anything that groups, orders or counts ops, since it adds
-       ops. `pw-verify` then holds the module to its lowered rule: every
-       operand lives where it is used.
-    3. `pw-mark-static-subgraphs` sees the final ops, transfers included;
-       `pw-fuse-island` then `pw-fuse-launches` (unless `fuse=false`) need
-       the static subgraphs and must come before anything that orders or
-       costs ops; island fusion first, since it calls only unfused
-       executables, and launch fusion takes the single-slice runs it left;
-       `pw-schedule` puts static subgraphs first, so it comes after;
-       `pw-verify-schedule` proves the order before plans are cut from it.
-    4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
-       writes them out per island; `pw-plan-memory` then frees each buffer
-       after its last use and records each island's static peak, which the
-       runtime admits runs against. A final `pw-verify` checks the module,
-       and `pw-verify-plans` the plans the runtime will trust.
+    """Lowers device-agnostic programs to per-island plans, through the
+    phases of `dialect/phases.py` (input, placed, lowered, scheduled,
+    planned), each ended by `pw-verify` and `pw-verify-phase` so that a bug is
+    caught at the pass that made it. The comment before each pass says why it
+    sits where it does; `fuse=false` leaves out pw-fuse-island and
+    pw-fuse-launches.
 
     Options are pw-place's. Requires a device-agnostic module.
 
@@ -89,12 +73,33 @@ def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: 
         //   module @<program>_host {pw.host_plan} per program
     """
     return [
-        VerifyPass(),
-        PlacePass(topology=topology, strategy=strategy, pin=pin, explain=explain), AliasSlicesPass(), VerifyPass(),
-        InsertTransfersPass(), VerifyPass(),
-        MarkStaticSubgraphsPass(), *([FuseIslandPass(), FuseLaunchesPass()] if fuse else []),
-        SchedulePass(), VerifySchedulePass(),
-        EmitPlansPass(), PlanMemoryPass(), VerifyPass(), VerifyPlansPass(),
+        # The passes below assume well-formed pw IR with no plan ops yet.
+        VerifyPass(), VerifyPhasePass(phase=Phase.INPUT),
+        # Every later pass needs the island of each slice.
+        PlacePass(topology=topology, strategy=strategy, pin=pin, explain=explain),
+        # Slices on the same devices share buffers before any transfer is inserted.
+        AliasSlicesPass(),
+        # Placements are checked (device counts, ranges) before links are chosen from them.
+        VerifyPass(), VerifyPhasePass(phase=Phase.PLACED),
+        # Links depend on islands; transfers are ops, so they go in before anything groups or orders ops.
+        InsertTransfersPass(),
+        # The lowered rule: every operand lives where it is used.
+        VerifyPass(), VerifyPhasePass(phase=Phase.LOWERED),
+        # Subgraphs are cut over the final ops, transfers included.
+        MarkStaticSubgraphsPass(),
+        # Fusion needs the subgraphs and must come before ordering and costs; island fusion calls only
+        # unfused executables, so it goes first, and launch fusion takes the single-slice runs it left.
+        *([FuseIslandPass(), FuseLaunchesPass()] if fuse else []),
+        # The order puts static subgraphs first, so it comes after they are final.
+        SchedulePass(),
+        # The order is proved deadlock-free before plans are cut from it.
+        VerifySchedulePass(), VerifyPhasePass(phase=Phase.SCHEDULED),
+        # Plans read placements, subgraphs and orders, all final now.
+        EmitPlansPass(),
+        # Frees and peaks need each island's steps, which the plans now list.
+        PlanMemoryPass(),
+        # The module and the plans the runtime will trust are checked last.
+        VerifyPass(), VerifyPhasePass(phase=Phase.PLANNED), VerifyPlansPass(),
     ]
 
 
