@@ -6,11 +6,12 @@ which phase on it may appear, and which marks it carries from which phase on. Th
     input      device-agnostic programs: slices, computations, conds, explicit data movement
     placed     pw-place: the module has pw.topology, every slice pw.placement
     lowered    pw-insert-transfers: data movement is explicit (the module is marked pw.lowered)
-    scheduled  pw-mark-static-subgraphs, pw-schedule: every program op has pw.subgraph and pw.order,
-               every program pw.subgraphs
+    partitioned pw-mark-static-subgraphs: every program op has pw.subgraph, every program pw.subgraphs
+    scheduled  pw-schedule: every program op has pw.order
     planned    pw-emit-plans: the island and host plans (pw.buffer, pw.launch, ...) exist
 
-A phase includes what every earlier one requires.
+A phase includes what every earlier one requires. A pass that needs a phase says so
+(`Pass.requires_phase`); the pass driver checks it before running the pass (`passes/pipeline.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Phase(enum.StrEnum):
     INPUT = "input"
     PLACED = "placed"
     LOWERED = "lowered"
+    PARTITIONED = "partitioned"
     SCHEDULED = "scheduled"
     PLANNED = "planned"
 
@@ -44,7 +46,7 @@ class OpPhase:
     marks: tuple[tuple[Phase, str], ...] = ()
 
 
-_PROGRAM_OP = OpPhase(Phase.INPUT, ((Phase.SCHEDULED, ops.SUBGRAPH), (Phase.SCHEDULED, ops.ORDER)))
+_PROGRAM_OP = OpPhase(Phase.INPUT, ((Phase.PARTITIONED, ops.SUBGRAPH), (Phase.SCHEDULED, ops.ORDER)))
 _PLAN_OP = OpPhase(Phase.PLANNED)
 
 OP_PHASES: dict[str, OpPhase] = {
@@ -64,7 +66,7 @@ OP_PHASES: dict[str, OpPhase] = {
 }
 # The marks of the top module and of each program, from a phase on.
 MODULE_MARKS: tuple[tuple[Phase, str], ...] = ((Phase.PLACED, ops.TOPOLOGY), (Phase.LOWERED, ops.LOWERED))
-PROGRAM_MARKS: tuple[tuple[Phase, str], ...] = ((Phase.SCHEDULED, ops.SUBGRAPHS),)
+PROGRAM_MARKS: tuple[tuple[Phase, str], ...] = ((Phase.PARTITIONED, ops.SUBGRAPHS),)
 # The pass that adds each mark, or writes the ops of a phase, for error messages.
 MADE_BY: dict[str, str] = {
     ops.TOPOLOGY: "pw-place", ops.PLACEMENT: "pw-place", ops.LOWERED: "pw-insert-transfers",

@@ -48,8 +48,8 @@ A run is fused only when all of these hold:
   and launch time of one island step, exceed the ICI time of the moves it
   adds (latency plus bytes over the island's ICI bandwidth).
 
-Requires: placed slices (pw-place), pw-insert-transfers and
-pw-mark-static-subgraphs; runs before pw-fuse-launches, whose fused
+Requires: the partitioned phase (pw-place, pw-insert-transfers,
+pw-mark-static-subgraphs); runs before pw-fuse-launches, whose fused
 executables it cannot call (it reports one if it finds it), and before
 pw-schedule, which costs and orders what it makes.
 
@@ -86,6 +86,7 @@ from mlir.dialects import func
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 from pathways_mlir.dialect.homes import Home, home_attribute, program_homes
 from pathways_mlir.dialect.sharding import Sharding
 
@@ -312,24 +313,11 @@ class FuseIslandPass(Pass):
     step_us: float = option(50.0, "host and launch time of one island step, in µs (the cost model's saving per "
                                   "step)")
     needs_verified_input = True
+    requires_phase = Phase.PARTITIONED
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        if ops.LOWERED not in module.attributes:
-            diagnostics.error(module, "pw-fuse-island needs a lowered module (pw.lowered): run pw-insert-transfers")
+        if ops.required_topology(module, diagnostics, "pw-fuse-island needs the module's pw.topology") is None:
             return
-        if ops.required_topology(module, diagnostics,
-                                 "pw-fuse-island needs the module's pw.topology: run pw-place first") is None:
-            return
-        unplaced = [op for op in ops.top_level_ops(module)
-                    if op.name == "pw.virtual_slice" and ops.attr(op, ops.PLACEMENT) is None]
-        for op in unplaced:
-            diagnostics.error(op, f"slice @{ops.symbol_name(op)} has no pw.placement: run pw-place first")
-        if unplaced:
-            return
-        for program in ops.programs(module).values():
-            if ops.attr(program, ops.SUBGRAPHS) is None:
-                diagnostics.error(program, "pw-fuse-island needs static subgraphs: run pw-mark-static-subgraphs")
-                return
         fuser = _Fuser(module, self.step_us * 1e-6)
         for name, program in ops.programs(module).items():
             fuser.fuse_program(name, program, diagnostics)

@@ -59,8 +59,8 @@ class TopologyNeeded(ValueError):
 def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: str = "", explain: bool = False,
                    fuse: bool = True) -> list[Pass]:
     """Lowers device-agnostic programs to per-island plans, through the
-    phases of `dialect/phases.py` (input, placed, lowered, scheduled,
-    planned), each ended by `pw-verify` and `pw-verify-phase` so that a bug is
+    phases of `dialect/phases.py` (input, placed, lowered, partitioned,
+    scheduled, planned), each ended by `pw-verify` and `pw-verify-phase` so that a bug is
     caught at the pass that made it. The comment before each pass says why it
     sits where it does; `fuse=false` leaves out pw-fuse-island and
     pw-fuse-launches.
@@ -86,14 +86,14 @@ def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: 
         # The lowered rule: every operand lives where it is used.
         VerifyPass(), VerifyPhasePass(phase=Phase.LOWERED),
         # Subgraphs are cut over the final ops, transfers included.
-        MarkStaticSubgraphsPass(),
+        MarkStaticSubgraphsPass(), VerifyPhasePass(phase=Phase.PARTITIONED),
         # Fusion needs the subgraphs and must come before ordering and costs; island fusion calls only
         # unfused executables, so it goes first, and launch fusion takes the single-slice runs it left.
         *([FuseIslandPass(), FuseLaunchesPass()] if fuse else []),
         # The order puts static subgraphs first, so it comes after they are final.
-        SchedulePass(),
+        SchedulePass(), VerifyPhasePass(phase=Phase.SCHEDULED),
         # The order is proved deadlock-free before plans are cut from it.
-        VerifySchedulePass(), VerifyPhasePass(phase=Phase.SCHEDULED),
+        VerifySchedulePass(),
         # Plans read placements, subgraphs and orders, all final now.
         EmitPlansPass(),
         # Frees and peaks need each island's steps, which the plans now list.

@@ -23,6 +23,7 @@ from typing import Any, Callable, ClassVar
 from mlir import ir
 
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 
 
 class OptionError(ValueError):
@@ -88,7 +89,7 @@ def option(default: Any, help: str) -> Any:
 class Pass:
     """Base class of `pw` passes.
 
-    A subclass sets `name`, `summary` and `needs_verified_input`, declares its options as `option(...)`
+    A subclass sets `name`, `summary`, `needs_verified_input` and `requires_phase`, declares its options as `option(...)`
     fields (the subclass is a `@dataclass`), documents what it requires and shows before/after IR in its
     docstring, and implements `run`, which changes the module in place and reports problems through
     `diagnostics`.
@@ -100,6 +101,9 @@ class Pass:
     # True for a pass that reads pw IR as pw-verify defines it: the driver
     # runs pw-verify's checks first and runs the pass only on IR that passes.
     needs_verified_input: ClassVar[bool] = False
+    # The phase of lowering the pass reads (`dialect/phases.py`): the driver runs pw-verify-phase's checks
+    # first and runs the pass only on IR in that phase.
+    requires_phase: ClassVar[Phase | None] = None
     # False for a pass that only checks the module: the driver does not check
     # the structure again after it once an earlier pass's result passed.
     changes_ir: ClassVar[bool] = True

@@ -32,7 +32,7 @@ class VerifyPhasePass(Pass):
     name = "pw-verify-phase"
     summary = "Check every op against the phase table: legal in the phase, carrying the marks it requires"
     changes_ir = False
-    phase: Phase = option(Phase.INPUT, "input, placed, lowered, scheduled or planned")
+    phase: Phase = option(Phase.INPUT, "input, placed, lowered, partitioned, scheduled or planned")
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         for op, message in phase_problems(module, self.phase):

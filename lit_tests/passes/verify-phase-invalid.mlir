@@ -7,7 +7,7 @@
 // LOCATION: verify-phase-invalid.mlir:14:1: error: the module has no pw.topology, which the placed phase requires (pw-place adds it)
 // LOCATION: verify-phase-invalid.mlir:16:1: error: 'pw.virtual_slice' op has no pw.placement, which the placed phase requires (pw-place adds it)
 // LOCATION: verify-phase-invalid.mlir:27:3: error: 'pw.buffer' op is not legal in the placed phase: it belongs to the planned phase (pw-emit-plans writes it)
-// OPTION: invalid pass pipeline: option 'phase' of 'pw-verify-phase' takes input, placed, lowered, scheduled or planned, not 'done'
+// OPTION: invalid pass pipeline: option 'phase' of 'pw-verify-phase' takes input, placed, lowered, partitioned, scheduled or planned, not 'done'
 
 // A slice without a placement, in a module without a topology.
 // expected-error@below {{the module has no pw.topology, which the placed phase requires (pw-place adds it)}}
