@@ -116,7 +116,7 @@ class _ProgramEmitter:
         inputs = tuple(self.buffer(v) for v in op.operands)
         outputs = tuple(self.buffer(r) for r in op.results)
         subgraph = ops.attr(op, ops.SUBGRAPH, 0)
-        if op.name == "pw.compute":
+        if ops.Compute.isa(op):
             slice_name = ops.attr(op, "slice")
             self.add(self.island(slice_name), ops.build_launch, {
                 "after": self.after(inputs), "executable": ops.attr(op, "callee"),
@@ -124,7 +124,7 @@ class _ProgramEmitter:
                 "inputs": inputs, "outputs": outputs,
                 "output_bytes": tuple(self.bytes_per_device(r) for r in op.results),
                 "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
-        elif op.name == "pw.cond":
+        elif ops.Cond.isa(op):
             self.add(HOST, ops.build_branch, {
                 "after": self.after(inputs), "pred": inputs[0], "inputs": inputs[1:], "outputs": outputs,
                 "then_program": ops.attr(op, "then_program"), "else_program": ops.attr(op, "else_program"),
@@ -179,7 +179,7 @@ def _check(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
     for name, program in ops.programs(module).items():
         for op in ops.program_body(program).operations:
             op = op.operation
-            if op.name == "pw.cond":
+            if ops.Cond.isa(op):
                 for key in ("then_program", "else_program"):
                     calls.add_edge(name, ops.attr(op, key), op=op)
     try:

@@ -95,18 +95,19 @@ from .registry import Pass, option, register
 
 def _island_op(op: ir.Operation, islands: dict[str, str]) -> str | None:
     """Returns the island of an op a run may hold (a compute, or an ICI move inside one island), or None."""
-    if op.name == "pw.compute":
-        return islands[ops.attr(op, "slice")]
-    if op.name in ops.DATA_MOVEMENT_OPS and ops.attr(op, "link") == "ici" and \
-            islands[ops.attr(op, "src")] == islands[ops.attr(op, "dst")]:
-        return islands[ops.attr(op, "src")]
+    if ops.Compute.isa(op):
+        return islands[ops.Compute(op).slice]
+    move = ops.DataMovement.match(op)
+    if move is not None and move.link == "ici" and islands[move.src] == islands[move.dst]:
+        return islands[move.src]
     return None
 
 
 def _slices_of(op: ir.Operation) -> list[str]:
-    if op.name == "pw.compute":
-        return [ops.attr(op, "slice")]
-    return [ops.attr(op, "src"), ops.attr(op, "dst")]
+    if ops.Compute.isa(op):
+        return [ops.Compute(op).slice]
+    move = ops.DataMovement(op)
+    return [move.src, move.dst]
 
 
 def _runs(program: ir.Operation, islands: dict[str, str]) -> list[list[ir.Operation]]:
@@ -124,11 +125,11 @@ def _runs(program: ir.Operation, islands: dict[str, str]) -> list[list[ir.Operat
         if here is not None and here == key:
             current.append(op)
             continue
-        while current and current[-1].name != "pw.compute":
+        while current and not ops.Compute.isa(current[-1]):
             current.pop()
-        while current and current[0].name != "pw.compute":
+        while current and not ops.Compute.isa(current[0]):
             current.pop(0)
-        if len({ops.attr(c, "slice") for c in current if c.name == "pw.compute"}) > 1:
+        if len({ops.Compute(c).slice for c in current if ops.Compute.isa(c)}) > 1:
             runs.append(current)
         current, key = ([op], here) if here is not None else ([], None)
     return runs
@@ -147,7 +148,7 @@ class _Fuser:
         self.islands = {name: p["island"] for name, p in self.placements.items()}
         self.taken = set(ops.executables(module))
         self.used = {name: self.devices([s for op in ops.program_body(program).operations
-                                         if op.name == "pw.compute" or op.name in ops.DATA_MOVEMENT_OPS
+                                         if ops.Compute.isa(op) or ops.DataMovement.isa(op)
                                          for s in _slices_of(op.operation)])
                      for name, program in ops.programs(module).items()}
 
@@ -162,7 +163,7 @@ class _Fuser:
     def cover(self, run: list[ir.Operation]) -> str | None:
         """Returns the run's largest compute slice if its devices include all the run touches, else None."""
         touched = self.devices({s for op in run for s in _slices_of(op)})
-        candidates = sorted({ops.attr(op, "slice") for op in run if op.name == "pw.compute"},
+        candidates = sorted({ops.Compute(op).slice for op in run if ops.Compute.isa(op)},
                             key=lambda s: (-self.slices[s].size, s))
         return next((s for s in candidates if self.devices([s]) >= touched), None)
 
@@ -196,8 +197,8 @@ class _Fuser:
         """Fuses the runs of program `name` that qualify."""
         others = set().union(*(d for other, d in self.used.items() if other != name))
         for run in _runs(program, self.islands):
-            fused_callee = next((op for op in run if op.name == "pw.compute"
-                                 and ops.FUSED in ops.executables(self.module)[ops.attr(op, "callee")].attributes),
+            fused_callee = next((op for op in run if ops.Compute.isa(op)
+                                 and ops.FUSED in ops.executables(self.module)[ops.Compute(op).callee].attributes),
                                 None)
             if fused_callee is not None:
                 diagnostics.error(fused_callee, f"pw-fuse-island cannot call fused executable "
@@ -231,11 +232,12 @@ class _Fuser:
         count = len(inputs)
         calls = []
         for op in run:
-            if op.name == "pw.compute":
-                calls.append({"callee": Symbol(ops.attr(op, "callee")),
+            compute = ops.Compute.match(op)
+            if compute is not None:
+                calls.append({"callee": Symbol(compute.callee),
                               "operands": tuple(numbered[v] for v in op.operands), "results": len(op.results),
-                              "in_shardings": [on_cover(Home(ops.attr(op, "slice"), s)).to_python()
-                                               for s in ops.in_shardings(op)]})
+                              "in_shardings": [on_cover(Home(compute.slice, s)).to_python()
+                                               for s in compute.in_shardings]})
                 for result in op.results:
                     numbered[result], count = count, count + 1
             else:
@@ -269,7 +271,7 @@ class _Fuser:
         with ir.InsertionPoint(run[0]):
             operands = [self.move(v, homes[v], Home(cover, on_cover(homes[v])), run[0].location)
                         if v in moved_in else v for v in inputs]
-        labels = "+".join(ops.attr(op, "label") for op in run if op.name == "pw.compute")
+        labels = "+".join(ops.Compute(op).label for op in run if ops.Compute.isa(op))
         with ir.InsertionPoint.after(run[-1]):
             fused = ops.build_compute(executable, cover, operands, [r.type for r in escaping],
                                       [on_cover(homes[v]) for v in inputs], [on_cover(homes[r]) for r in escaping],

@@ -49,9 +49,9 @@ def _groups(program: ir.Operation) -> list[list[ir.Operation]]:
     current: list[ir.Operation] = []
     for op in ops.program_body(program).operations:
         op = op.operation
-        fusable = op.name == "pw.compute" and ops.attr(op, ops.SUBGRAPH, 0) in static
-        if fusable and current and ops.attr(op, "slice") == ops.attr(current[0], "slice") and \
-                ops.attr(op, ops.SUBGRAPH, 0) == ops.attr(current[0], ops.SUBGRAPH, 0):
+        fusable = ops.Compute.isa(op) and ops.Compute(op).subgraph in static
+        if fusable and current and ops.Compute(op).slice == ops.Compute(current[0]).slice and \
+                ops.Compute(op).subgraph == ops.Compute(current[0]).subgraph:
             current.append(op)
             continue
         if len(current) > 1:

@@ -91,7 +91,7 @@ class _Inserter:
             {**old, ops.HOME: home_attribute(homes[arg])} if homes[arg] is not None else old
             for arg, old in zip(body.arguments, arg_attrs)])
         for op in body.operations:
-            if op.name == "pw.cond":
+            if ops.Cond.isa(op):
                 ops.set_attr(op, ops.RESULT_HOMES, [home_attribute(homes[r]) for r in op.results])
 
     def move(self, value: ir.Value, have: Home, want: Home, loc: ir.Location) -> ir.Value:
@@ -136,7 +136,7 @@ class InsertTransfersPass(Pass):
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         slices, islands = {}, {}
         for op in ops.top_level_ops(module):
-            if op.name == "pw.virtual_slice":
+            if ops.SliceOp.isa(op):
                 s = ops.VirtualSlice.from_op(op)
                 slices[s.name], islands[s.name] = s, ops.attr(op, ops.PLACEMENT)["island"]
         topology = ops.required_topology(

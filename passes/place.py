@@ -346,7 +346,7 @@ class PlacePass(Pass):
         if topology is None:
             return
         ops.set_attr(module, ops.TOPOLOGY, topology.to_python())
-        slice_ops = {ops.symbol_name(op): op for op in ops.top_level_ops(module) if op.name == "pw.virtual_slice"}
+        slice_ops = {ops.symbol_name(op): op for op in ops.top_level_ops(module) if ops.SliceOp.isa(op)}
         for name in self.pins:
             if name not in slice_ops:
                 diagnostics.error(module, f"pin names slice @{name}, which is not in this module")
