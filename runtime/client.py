@@ -20,7 +20,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .dispatch import Dispatcher
 from .dispatch_mode import DispatchMode
 from .handles import Handle
-from .island import RunFailed, client_owner
+from .island_work import RunFailed, client_owner
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
 from .shared import SharedRef

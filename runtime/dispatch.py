@@ -35,7 +35,7 @@ from pathways_mlir.dialect.plan import Branch, Free, ProgramPlan, Recv
 
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
-from .island import StoreRef
+from .island_work import StoreRef
 from .run import Run
 
 if TYPE_CHECKING:

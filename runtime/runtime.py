@@ -21,7 +21,8 @@ from .admission import MemoryLedger
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
 from .dispatch import LoadedPlan
 from .fast_lane import FastLane
-from .island import Island, IslandLost, Islands, RunCancelled, client_owner, raised
+from .island import Island
+from .island_work import IslandLost, Islands, RunCancelled, client_owner, raised
 from .plan_check import check_plan
 from .policies import parse_policy
 from .resource_manager import ResourceManager

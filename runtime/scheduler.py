@@ -67,7 +67,7 @@ from typing import Any, Callable
 from .admission import MemoryLedger, OutOfDeviceMemory
 from .device_estimates import DeviceTimeEstimates
 from .held_results import HeldResults
-from .island import IslandWork, RunFailed, raised
+from .island_work import IslandWork, RunFailed, raised
 from .policies import Policy, parse_policy
 from .run import Run
 from .status import held_by_handles, shortfall

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.island import RunFailed
+from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 
 ray = pytest.importorskip("ray")
