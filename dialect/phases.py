@@ -75,6 +75,15 @@ MADE_BY: dict[str, str] = {
 }
 
 
+def marked(module, phase: Phase) -> bool:
+    """Whether the module carries the mark that records `phase` (`MODULE_MARKS`: pw.topology for placed,
+    pw.lowered for lowered): what a reader asks to know whether IR was lowered, without checking it."""
+    marks = [mark for since, mark in MODULE_MARKS if since is phase]
+    if not marks:
+        raise ValueError(f"the {phase} phase leaves no mark on the module")
+    return all(mark in module.operation.attributes for mark in marks)
+
+
 def phase_problems(module, phase: Phase):
     """Yields (op, message) for every op of `module` (top level, program bodies, plan modules) that is not
     legal in `phase` or lacks a mark that `phase` requires."""

@@ -29,6 +29,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase, marked
 from pathways_mlir.dialect.sharding import Sharding
 
 from .placement_cost import rename_axes
@@ -42,7 +43,7 @@ class AliasSlicesPass(Pass):
     summary = "Move the computations of slices placed on the same devices onto one slice, so their values need no copy"
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        if ops.LOWERED in module.attributes:
+        if marked(module, Phase.LOWERED):
             diagnostics.error(module, "pw-alias-slices runs before pw-insert-transfers, on a module not yet lowered")
             return
         first: dict[tuple, str] = {}

@@ -17,7 +17,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.context import ParseError, make_context, parse_module
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine
-from pathways_mlir.dialect.phases import Phase
+from pathways_mlir.dialect.phases import Phase, marked
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_reader import program_plans
 from pathways_mlir.dialect.structure import verify_structure
@@ -153,7 +153,7 @@ def load_plans(text: str, topology: Topology | None) -> dict[str, ProgramPlan]:
         problems = verify_structure(module)
         if problems:
             raise LoweringError(problems)
-        if ops.LOWERED not in module.operation.attributes:
+        if not marked(module, Phase.LOWERED):
             if topology is None:
                 raise TopologyNeeded("pw IR that is not lowered needs a topology to lower onto")
             return lower_to_plans(module, topology)

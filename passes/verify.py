@@ -34,6 +34,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase, marked
 from pathways_mlir.dialect.homes import Home, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 
@@ -56,7 +57,7 @@ class _Checker:
         self.diagnostics = diagnostics
         self.slices: dict[str, ops.VirtualSlice] = {}
         self.symbols: dict[str, ir.Operation] = {}
-        self.lowered = ops.LOWERED in module.attributes
+        self.lowered = marked(module, Phase.LOWERED)
 
     def error(self, op: ir.Operation, message: str) -> None:
         self.diagnostics.error(op, f"'{op.name}' op {message}")
