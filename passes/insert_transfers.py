@@ -140,7 +140,7 @@ class InsertTransfersPass(Pass):
                 s = ops.VirtualSlice.from_op(op)
                 slices[s.name], islands[s.name] = s, ops.attr(op, ops.PLACEMENT)["island"]
         topology = ops.required_topology(
-            module, diagnostics, "pw-insert-transfers needs the module's pw.topology: run pw-place first")
+            module, diagnostics, "pw-insert-transfers needs the module's pw.topology")
         if topology is None:
             return
         inserter = _Inserter(topology, slices, islands)
