@@ -32,6 +32,7 @@ import pathways_mlir as pw
 from pathways_mlir.dialect.topology import Link
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import EMBEDDED_DCN, embedded_device_map
+from pathways_mlir.runtime.dispatch_mode import DispatchMode
 from pathways_mlir.runtime.runtime import Runtime
 
 from . import harness
@@ -42,7 +43,6 @@ HEADLINE = ("parallel_over_sequential_latency_k16_1ms", "parallel_over_sequentia
             "parallel_over_sequential_worst", "parallel_k16_over_k1_1ms")
 STAGES = (1, 2, 4, 8, 16)
 LATENCIES_US = (0.0, 100.0, 1000.0)
-MODES = ("parallel", "sequential")
 MEASURES = ("latency", "throughput")
 HEAVY = 8           # launches per stage in the host-heavy variant
 HEAVY_LATENCY_US = 1000.0
@@ -98,7 +98,8 @@ def run(quick: bool) -> dict:
                 future.result()
         return in_flight
 
-    cases = {(*v, mode, measure): case(*v, mode, measure) for v in variants for mode in MODES for measure in MEASURES}
+    cases = {(*v, mode, measure): case(*v, mode, measure)
+             for v in variants for mode in DispatchMode for measure in MEASURES}
     try:
         times = harness.measure(cases, repetitions)
     finally:
@@ -136,7 +137,7 @@ def plot(record: dict, ax) -> None:
     """Figure 7: stage computations per second against stages with R runs in flight, per mode and
     DCN latency (the host-heavy variant dotted)."""
     for lat, launches in [(lat, 1) for lat in LATENCIES_US] + [(HEAVY_LATENCY_US, HEAVY)]:
-        for mode in MODES:
+        for mode in DispatchMode:
             points = [(r["stages"], r["computations_per_s"]) for r in record["rows"]
                       if r["dcn_latency_us"] == lat and r["dispatch"] == mode and r["measure"] == "throughput"
                       and r["launches_per_stage"] == launches]

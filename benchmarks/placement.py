@@ -42,6 +42,7 @@ import pathways_mlir as pw
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.plan import Send
 from pathways_mlir.passes import lower, program_plans
+from pathways_mlir.passes.place import Strategy
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.runtime import Runtime
@@ -52,8 +53,8 @@ from .pipeline import forward, init_params
 
 NAME = "placement"
 HEADLINE = ("auto_over_spread", "model_rank_agreement")
-STRATEGIES = ("auto", "spread", "pack")
 ISLANDS, PER_ISLAND = 2, 4
+STRATEGIES = tuple(Strategy)            # auto, spread, pack
 
 
 def three_blocks():

@@ -22,6 +22,7 @@ import traceback
 import click
 
 from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
+from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
 from .entry import run_command
 
@@ -102,7 +103,7 @@ def _inputs(plan, seed: int):
     return arrays
 
 
-def _run_ir(path: pathlib.Path, program: str | None, dispatch: str, repeat: int, seed: int) -> None:
+def _run_ir(path: pathlib.Path, program: str | None, dispatch: DispatchMode, repeat: int, seed: int) -> None:
     import numpy as np
 
     import pathways_mlir as pw
@@ -166,7 +167,7 @@ def _run_script(path: pathlib.Path) -> None:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("target", type=click.Path(path_type=pathlib.Path))
 @click.option("--program", default=None, help="Program to run from an IR or plan file.")
-@click.option("--dispatch", type=click.Choice(["parallel", "sequential"]), default="parallel",
+@click.option("--dispatch", type=click.Choice([mode.value for mode in DispatchMode]), default="parallel",
               help="Asynchronous dispatch mode.")
 @click.option("--repeat", type=click.IntRange(min=0), default=0, show_default=True,
               help="Timed runs after the first (IR and plans).")
@@ -197,7 +198,7 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
     if target.suffix == ".py":
         _run_script(target)
     elif target.suffix in (".mlir", ".json"):
-        _run_ir(target, program, dispatch, repeat, seed)
+        _run_ir(target, program, DispatchMode(dispatch), repeat, seed)
     else:
         raise RunError(f"{target}: expected a .py script, a .mlir file or a .json plan")
     if trace_path:

@@ -20,6 +20,8 @@ import sys
 
 import click
 
+from pathways_mlir.runtime.dispatch_mode import DispatchMode
+
 from .entry import run_command, write_output
 
 
@@ -54,7 +56,8 @@ def cli() -> None:
 @click.option("--profile", "profile_name", default="tpu-v4", show_default=True, help="Profile name or JSON path.")
 @click.option("--topology", default=None, help="For pw IR not yet lowered: ISLANDSxDEVICES or a topology JSON.")
 @click.option("--program", default=None, help="Program to simulate from a file with several.")
-@click.option("--dispatch", type=click.Choice(["parallel", "sequential"]), default="parallel", show_default=True)
+@click.option("--dispatch", type=click.Choice([mode.value for mode in DispatchMode]), default="parallel",
+              show_default=True)
 @click.option("--runs", default=1, show_default=True, type=click.IntRange(1, 100000), help="Calls of the program.")
 @click.option("--closed-loop", is_flag=True, help="Each call waits for the previous results.")
 @click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),

@@ -66,7 +66,6 @@ HOST_PLAN = "pw.host_plan"
 PEAK_BYTES = "pw.peak_bytes"
 FUSED = "pw.fused"
 
-DATA_MOVEMENT_OPS = ("pw.transfer", "pw.scatter", "pw.gather")
 LINKS = ("ici", "dcn")
 
 
@@ -129,6 +128,76 @@ def _element_bits(element: ir.Type) -> int:
     if isinstance(element, ir.ComplexType):
         return 2 * _element_bits(ir.ComplexType(element).element_type)
     raise ValueError(f"element type {element} has no known size")
+
+
+# ===--------------------------------------------------------------------=== #
+# Typed views of program ops: `ops.Compute(op).callee` instead of name tests and attribute lookups
+# ===--------------------------------------------------------------------=== #
+
+class OpView:
+    """A typed view of one `pw` op: `isa` tests its name, properties read its attributes as Python values."""
+
+    NAMES: tuple[str, ...] = ()
+    __slots__ = ("op",)
+
+    def __init__(self, op: ir.Operation | ir.OpView):
+        self.op = op.operation
+
+    @classmethod
+    def isa(cls, op: ir.Operation | ir.OpView) -> bool:
+        """True if `op` is one of the ops this view reads."""
+        return op.name in cls.NAMES
+
+    @classmethod
+    def match(cls, op: ir.Operation | ir.OpView) -> "OpView | None":
+        """Returns the view of `op` if it is one of this view's ops, else None."""
+        return cls(op) if op.name in cls.NAMES else None
+
+    def _attr(self, name: str, default: Any = None) -> Any:
+        return attr(self.op, name, default)
+
+    label = property(lambda self: self._attr("label"), doc="the op's provenance label (`f#0`)")
+    subgraph = property(lambda self: self._attr(SUBGRAPH), doc="its static subgraph (pw-mark-static-subgraphs)")
+    order = property(lambda self: self._attr(ORDER), doc="its place in the consistent order (pw-schedule)")
+
+
+class SliceOp(OpView):
+    """`pw.virtual_slice`: its symbol and, once placed, its placement."""
+
+    NAMES = ("pw.virtual_slice",)
+    symbol = property(lambda self: symbol_name(self.op))
+    placement = property(lambda self: self._attr(PLACEMENT), doc="{island, devices} (pw-place), or None")
+
+
+class Compute(OpView):
+    """`pw.compute`: a compiled function called on a slice."""
+
+    NAMES = ("pw.compute",)
+    callee = property(lambda self: self._attr("callee"))
+    slice = property(lambda self: self._attr("slice"))
+    in_shardings = property(lambda self: in_shardings(self.op))
+    out_shardings = property(lambda self: out_shardings(self.op))
+
+
+class Cond(OpView):
+    """`pw.cond`: a host branch between two programs."""
+
+    NAMES = ("pw.cond",)
+    then_program = property(lambda self: self._attr("then_program"))
+    else_program = property(lambda self: self._attr("else_program"))
+
+
+class DataMovement(OpView):
+    """`pw.transfer`, `pw.scatter` or `pw.gather`: a value moved from slice `src` to slice `dst` over `link`."""
+
+    NAMES = ("pw.transfer", "pw.scatter", "pw.gather")
+    src = property(lambda self: self._attr("src"))
+    dst = property(lambda self: self._attr("dst"))
+    link = property(lambda self: self._attr("link"))
+
+
+DATA_MOVEMENT_OPS = DataMovement.NAMES
+PROGRAM_OPS = (*Compute.NAMES, *Cond.NAMES, *DataMovement.NAMES)   # the ops of a program body
 
 
 # ===--------------------------------------------------------------------=== #

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from pathways_mlir.runtime.handles import Handle
-from pathways_mlir.runtime.island import IslandLost
+from pathways_mlir.runtime.island_work import IslandLost
 from pathways_mlir.runtime.runtime import Runtime, get_runtime
 
 from .slices import Slice

@@ -22,6 +22,7 @@ from . import fuse_launches  # noqa: F401  (registers pw-fuse-launches)
 from . import plan_memory  # noqa: F401  (registers pw-plan-memory)
 from . import emit_plans  # noqa: F401  (registers pw-emit-plans)
 from . import verify_plans  # noqa: F401  (registers pw-verify-plans)
+from . import verify_phase  # noqa: F401  (registers pw-verify-phase)
 from .lower import LoweringError, TopologyNeeded, load_plans, lower, lower_to_plans  # registers pw-lower
 
 __all__ = ["LoweringError", "TopologyNeeded", "load_plans", "lower", "lower_to_plans", "program_plans"]

@@ -29,6 +29,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase, marked
 from pathways_mlir.dialect.sharding import Sharding
 
 from .placement_cost import rename_axes
@@ -43,18 +44,18 @@ class AliasSlicesPass(Pass):
     needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        if ops.LOWERED in module.attributes:
+        if marked(module, Phase.LOWERED):
             diagnostics.error(module, "pw-alias-slices runs before pw-insert-transfers, on a module not yet lowered")
             return
         first: dict[tuple, str] = {}
         alias: dict[str, str] = {}
         slices = {}
         for op in ops.top_level_ops(module):
-            if op.name != "pw.virtual_slice" or ops.attr(op, ops.PLACEMENT) is None:
+            if not ops.SliceOp.isa(op) or ops.SliceOp(op).placement is None:
                 continue
             s = ops.VirtualSlice.from_op(op)
             slices[s.name] = s
-            placement = ops.attr(op, ops.PLACEMENT)
+            placement = ops.SliceOp(op).placement
             key = (placement["island"], tuple(placement["devices"]), s.shape)
             if key in first:
                 alias[s.name] = first[key]
@@ -63,8 +64,8 @@ class AliasSlicesPass(Pass):
                 first[key] = s.name
         for program in ops.programs(module).values():
             for op in ops.program_body(program).operations:
-                if op.name == "pw.compute" and ops.attr(op, "slice") in alias:
-                    src = slices[ops.attr(op, "slice")]
+                if ops.Compute.isa(op) and ops.Compute(op).slice in alias:
+                    src = slices[ops.Compute(op).slice]
                     dst = slices[alias[src.name]]
                     for key in ("in_shardings", "out_shardings"):
                         ops.set_attr(op, key, [rename_axes(Sharding.from_python(sh), src, dst).to_python()

@@ -21,8 +21,8 @@ programs; `after` lists the steps that produce a step's inputs (a
 Earlier plans of the module are replaced. `dialect.plan_reader.program_plans`
 turns the result into `ProgramPlan`s (dialect/plan.py) that serialise to JSON.
 
-Requires: pw-insert-transfers (`pw.lowered`), pw-mark-static-subgraphs and
-pw-schedule; no program may reach itself through branches.
+Requires: the scheduled phase (pw-insert-transfers, pw-mark-static-subgraphs,
+pw-schedule); no program may reach itself through branches.
 
     // before (a on island0, b on island1)
     %0 = "pw.compute"(%x) {callee = @f, slice = @a, pw.order = 0, ...}
@@ -52,6 +52,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 from pathways_mlir.dialect.homes import bytes_per_device, home_attribute, program_homes
 
 from .registry import Pass, register
@@ -115,7 +116,7 @@ class _ProgramEmitter:
         inputs = tuple(self.buffer(v) for v in op.operands)
         outputs = tuple(self.buffer(r) for r in op.results)
         subgraph = ops.attr(op, ops.SUBGRAPH, 0)
-        if op.name == "pw.compute":
+        if ops.Compute.isa(op):
             slice_name = ops.attr(op, "slice")
             self.add(self.island(slice_name), ops.build_launch, {
                 "after": self.after(inputs), "executable": ops.attr(op, "callee"),
@@ -123,7 +124,7 @@ class _ProgramEmitter:
                 "inputs": inputs, "outputs": outputs,
                 "output_bytes": tuple(self.bytes_per_device(r) for r in op.results),
                 "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
-        elif op.name == "pw.cond":
+        elif ops.Cond.isa(op):
             self.add(HOST, ops.build_branch, {
                 "after": self.after(inputs), "pred": inputs[0], "inputs": inputs[1:], "outputs": outputs,
                 "then_program": ops.attr(op, "then_program"), "else_program": ops.attr(op, "else_program"),
@@ -172,25 +173,20 @@ def _is_plan(op: ir.Operation) -> bool:
 
 
 def _check(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
-    """Reports what pw-emit-plans requires and the module lacks; True if nothing."""
-    if ops.LOWERED not in module.attributes:
-        diagnostics.error(module, "pw-emit-plans needs a lowered module (pw.lowered): run pw-insert-transfers")
-        return False
+    """Reports what pw-emit-plans requires beyond its phase (no program reaches itself through conds, a
+    topology that reads); True if nothing."""
     calls = nx.DiGraph()
     for name, program in ops.programs(module).items():
         for op in ops.program_body(program).operations:
             op = op.operation
-            if op.name != "func.return" and ops.attr(op, ops.ORDER) is None:
-                diagnostics.error(op, f"'{op.name}' op has no pw.order: run pw-schedule")
-                return False
-            if op.name == "pw.cond":
+            if ops.Cond.isa(op):
                 for key in ("then_program", "else_program"):
                     calls.add_edge(name, ops.attr(op, key), op=op)
     try:
         cycle = nx.find_cycle(calls)
     except nx.NetworkXNoCycle:
         return ops.required_topology(
-            module, diagnostics, "pw-emit-plans needs the module's pw.topology: run pw-place first") is not None
+            module, diagnostics, "pw-emit-plans needs the module's pw.topology") is not None
     path = " -> ".join(f"@{u}" for u, _ in cycle) + f" -> @{cycle[0][0]}"
     op = calls.edges[cycle[0]]["op"]
     diagnostics.error(op, f"'pw.cond' op makes program @{cycle[0][0]} reach itself ({path}): "
@@ -204,6 +200,7 @@ class EmitPlansPass(Pass):
     name = "pw-emit-plans"
     summary = "Emit one plan per island (and a host plan) for every program, in schedule order"
     needs_verified_input = True
+    requires_phase = Phase.SCHEDULED
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if not _check(module, diagnostics):

@@ -48,8 +48,8 @@ A run is fused only when all of these hold:
   and launch time of one island step, exceed the ICI time of the moves it
   adds (latency plus bytes over the island's ICI bandwidth).
 
-Requires: placed slices (pw-place), pw-insert-transfers and
-pw-mark-static-subgraphs; runs before pw-fuse-launches, whose fused
+Requires: the partitioned phase (pw-place, pw-insert-transfers,
+pw-mark-static-subgraphs); runs before pw-fuse-launches, whose fused
 executables it cannot call (it reports one if it finds it), and before
 pw-schedule, which costs and orders what it makes.
 
@@ -77,6 +77,7 @@ pw-schedule, which costs and orders what it makes.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 from mlir import ir
@@ -85,26 +86,28 @@ from mlir.dialects import func
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 from pathways_mlir.dialect.homes import Home, home_attribute, program_homes
 from pathways_mlir.dialect.sharding import Sharding
 
-from .registry import Option, Pass, register
+from .registry import Pass, option, register
 
 
 def _island_op(op: ir.Operation, islands: dict[str, str]) -> str | None:
     """Returns the island of an op a run may hold (a compute, or an ICI move inside one island), or None."""
-    if op.name == "pw.compute":
-        return islands[ops.attr(op, "slice")]
-    if op.name in ops.DATA_MOVEMENT_OPS and ops.attr(op, "link") == "ici" and \
-            islands[ops.attr(op, "src")] == islands[ops.attr(op, "dst")]:
-        return islands[ops.attr(op, "src")]
+    if ops.Compute.isa(op):
+        return islands[ops.Compute(op).slice]
+    move = ops.DataMovement.match(op)
+    if move is not None and move.link == "ici" and islands[move.src] == islands[move.dst]:
+        return islands[move.src]
     return None
 
 
 def _slices_of(op: ir.Operation) -> list[str]:
-    if op.name == "pw.compute":
-        return [ops.attr(op, "slice")]
-    return [ops.attr(op, "src"), ops.attr(op, "dst")]
+    if ops.Compute.isa(op):
+        return [ops.Compute(op).slice]
+    move = ops.DataMovement(op)
+    return [move.src, move.dst]
 
 
 def _runs(program: ir.Operation, islands: dict[str, str]) -> list[list[ir.Operation]]:
@@ -122,11 +125,11 @@ def _runs(program: ir.Operation, islands: dict[str, str]) -> list[list[ir.Operat
         if here is not None and here == key:
             current.append(op)
             continue
-        while current and current[-1].name != "pw.compute":
+        while current and not ops.Compute.isa(current[-1]):
             current.pop()
-        while current and current[0].name != "pw.compute":
+        while current and not ops.Compute.isa(current[0]):
             current.pop(0)
-        if len({ops.attr(c, "slice") for c in current if c.name == "pw.compute"}) > 1:
+        if len({ops.Compute(c).slice for c in current if ops.Compute.isa(c)}) > 1:
             runs.append(current)
         current, key = ([op], here) if here is not None else ([], None)
     return runs
@@ -145,7 +148,7 @@ class _Fuser:
         self.islands = {name: p["island"] for name, p in self.placements.items()}
         self.taken = set(ops.executables(module))
         self.used = {name: self.devices([s for op in ops.program_body(program).operations
-                                         if op.name == "pw.compute" or op.name in ops.DATA_MOVEMENT_OPS
+                                         if ops.Compute.isa(op) or ops.DataMovement.isa(op)
                                          for s in _slices_of(op.operation)])
                      for name, program in ops.programs(module).items()}
 
@@ -160,7 +163,7 @@ class _Fuser:
     def cover(self, run: list[ir.Operation]) -> str | None:
         """Returns the run's largest compute slice if its devices include all the run touches, else None."""
         touched = self.devices({s for op in run for s in _slices_of(op)})
-        candidates = sorted({ops.attr(op, "slice") for op in run if op.name == "pw.compute"},
+        candidates = sorted({ops.Compute(op).slice for op in run if ops.Compute.isa(op)},
                             key=lambda s: (-self.slices[s].size, s))
         return next((s for s in candidates if self.devices([s]) >= touched), None)
 
@@ -194,8 +197,8 @@ class _Fuser:
         """Fuses the runs of program `name` that qualify."""
         others = set().union(*(d for other, d in self.used.items() if other != name))
         for run in _runs(program, self.islands):
-            fused_callee = next((op for op in run if op.name == "pw.compute"
-                                 and ops.FUSED in ops.executables(self.module)[ops.attr(op, "callee")].attributes),
+            fused_callee = next((op for op in run if ops.Compute.isa(op)
+                                 and ops.FUSED in ops.executables(self.module)[ops.Compute(op).callee].attributes),
                                 None)
             if fused_callee is not None:
                 diagnostics.error(fused_callee, f"pw-fuse-island cannot call fused executable "
@@ -229,11 +232,12 @@ class _Fuser:
         count = len(inputs)
         calls = []
         for op in run:
-            if op.name == "pw.compute":
-                calls.append({"callee": Symbol(ops.attr(op, "callee")),
+            compute = ops.Compute.match(op)
+            if compute is not None:
+                calls.append({"callee": Symbol(compute.callee),
                               "operands": tuple(numbered[v] for v in op.operands), "results": len(op.results),
-                              "in_shardings": [on_cover(Home(ops.attr(op, "slice"), s)).to_python()
-                                               for s in ops.in_shardings(op)]})
+                              "in_shardings": [on_cover(Home(compute.slice, s)).to_python()
+                                               for s in compute.in_shardings]})
                 for result in op.results:
                     numbered[result], count = count, count + 1
             else:
@@ -267,7 +271,7 @@ class _Fuser:
         with ir.InsertionPoint(run[0]):
             operands = [self.move(v, homes[v], Home(cover, on_cover(homes[v])), run[0].location)
                         if v in moved_in else v for v in inputs]
-        labels = "+".join(ops.attr(op, "label") for op in run if op.name == "pw.compute")
+        labels = "+".join(ops.Compute(op).label for op in run if ops.Compute.isa(op))
         with ir.InsertionPoint.after(run[-1]):
             fused = ops.build_compute(executable, cover, operands, [r.type for r in escaping],
                                       [on_cover(homes[v]) for v in inputs], [on_cover(homes[r]) for r in escaping],
@@ -303,31 +307,19 @@ class _Fuser:
 
 
 @register
+@dataclass
 class FuseIslandPass(Pass):
     __doc__ = __doc__
     name = "pw-fuse-island"
     summary = "Fuse an island's computations and ICI copies across its slices into one launch on their cover"
-    options = (Option("step_us", float, 50.0, "host and launch time of one island step, in µs (the cost model's "
-                                              "saving per step)"),)
+    step_us: float = option(50.0, "host and launch time of one island step, in µs (the cost model's saving per "
+                                  "step)")
     needs_verified_input = True
+    requires_phase = Phase.PARTITIONED
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        if ops.LOWERED not in module.attributes:
-            diagnostics.error(module, "pw-fuse-island needs a lowered module (pw.lowered): run pw-insert-transfers")
+        if ops.required_topology(module, diagnostics, "pw-fuse-island needs the module's pw.topology") is None:
             return
-        if ops.required_topology(module, diagnostics,
-                                 "pw-fuse-island needs the module's pw.topology: run pw-place first") is None:
-            return
-        unplaced = [op for op in ops.top_level_ops(module)
-                    if op.name == "pw.virtual_slice" and ops.attr(op, ops.PLACEMENT) is None]
-        for op in unplaced:
-            diagnostics.error(op, f"slice @{ops.symbol_name(op)} has no pw.placement: run pw-place first")
-        if unplaced:
-            return
-        for program in ops.programs(module).values():
-            if ops.attr(program, ops.SUBGRAPHS) is None:
-                diagnostics.error(program, "pw-fuse-island needs static subgraphs: run pw-mark-static-subgraphs")
-                return
-        fuser = _Fuser(module, self.values["step_us"] * 1e-6)
+        fuser = _Fuser(module, self.step_us * 1e-6)
         for name, program in ops.programs(module).items():
             fuser.fuse_program(name, program, diagnostics)

@@ -11,9 +11,9 @@ Its `@main` is a declaration with the group's signature, which is what
 the verifier and the cost model read; its cost is the sum of its parts.
 
 Ops in a non-static subgraph are left alone: their resources are not known
-up front. Requires: pw-insert-transfers (an operand that needs moving has
-its transfer between the two ops, which ends a group) and
-pw-mark-static-subgraphs; runs before pw-schedule.
+up front. Requires: the partitioned phase (after pw-insert-transfers, an
+operand that needs moving has its transfer between the two ops, which ends a
+group; after pw-mark-static-subgraphs, the subgraphs); runs before pw-schedule.
 
     // before
     %0 = "pw.compute"(%x) {callee = @f, slice = @a, label = "f#0", pw.subgraph = 0, ...}
@@ -37,6 +37,7 @@ from mlir.dialects import func
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 
 from .registry import Pass, register
 
@@ -48,9 +49,9 @@ def _groups(program: ir.Operation) -> list[list[ir.Operation]]:
     current: list[ir.Operation] = []
     for op in ops.program_body(program).operations:
         op = op.operation
-        fusable = op.name == "pw.compute" and ops.attr(op, ops.SUBGRAPH, 0) in static
-        if fusable and current and ops.attr(op, "slice") == ops.attr(current[0], "slice") and \
-                ops.attr(op, ops.SUBGRAPH, 0) == ops.attr(current[0], ops.SUBGRAPH, 0):
+        fusable = ops.Compute.isa(op) and ops.Compute(op).subgraph in static
+        if fusable and current and ops.Compute(op).slice == ops.Compute(current[0]).slice and \
+                ops.Compute(op).subgraph == ops.Compute(current[0]).subgraph:
             current.append(op)
             continue
         if len(current) > 1:
@@ -111,12 +112,9 @@ class FuseLaunchesPass(Pass):
     __doc__ = __doc__
     name = "pw-fuse-launches"
     summary = "Fuse consecutive computations on one slice of a static subgraph into one launch"
+    requires_phase = Phase.PARTITIONED
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        for program in ops.programs(module).values():
-            if ops.attr(program, ops.SUBGRAPHS) is None:
-                diagnostics.error(program, "pw-fuse-launches needs static subgraphs: run pw-mark-static-subgraphs")
-                return
         taken = set(ops.executables(module))
         for program in ops.programs(module).values():
             for group in _groups(program):

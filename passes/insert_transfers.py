@@ -29,7 +29,7 @@ value. Values read by the host (a `pw.cond`'s predicate and inputs, the
 program's results) are not moved. Marks the module `pw.lowered`, after which
 pw-verify demands that every operand lives where it is used.
 
-Requires: every slice placed (pw-place) and the module's `pw.topology`.
+Requires: the placed phase (every slice placed, the module's `pw.topology`: pw-place).
 
     // before: %0 lives on @a (island0), @b is in island1
     %1 = "pw.compute"(%0) {slice = @b, in_shardings = [[["x"]]], ...}
@@ -46,6 +46,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 from pathways_mlir.dialect.homes import Home, home_attribute, operand_homes, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import Topology, TopologyError
@@ -90,7 +91,7 @@ class _Inserter:
             {**old, ops.HOME: home_attribute(homes[arg])} if homes[arg] is not None else old
             for arg, old in zip(body.arguments, arg_attrs)])
         for op in body.operations:
-            if op.name == "pw.cond":
+            if ops.Cond.isa(op):
                 ops.set_attr(op, ops.RESULT_HOMES, [home_attribute(homes[r]) for r in op.results])
 
     def move(self, value: ir.Value, have: Home, want: Home, loc: ir.Location) -> ir.Value:
@@ -130,23 +131,16 @@ class InsertTransfersPass(Pass):
     name = "pw-insert-transfers"
     summary = "Insert transfers (ICI/DCN) and scatter/gather wherever a value changes device set or sharding"
     needs_verified_input = True
+    requires_phase = Phase.PLACED
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        slices, islands, unplaced = {}, {}, False
+        slices, islands = {}, {}
         for op in ops.top_level_ops(module):
-            if op.name != "pw.virtual_slice":
-                continue
-            s = ops.VirtualSlice.from_op(op)
-            placement = ops.attr(op, ops.PLACEMENT)
-            if placement is None:
-                diagnostics.error(op, f"slice @{s.name} has no pw.placement: run pw-place first")
-                unplaced = True
-                continue
-            slices[s.name], islands[s.name] = s, placement["island"]
-        if unplaced:
-            return
+            if ops.SliceOp.isa(op):
+                s = ops.VirtualSlice.from_op(op)
+                slices[s.name], islands[s.name] = s, ops.attr(op, ops.PLACEMENT)["island"]
         topology = ops.required_topology(
-            module, diagnostics, "pw-insert-transfers needs the module's pw.topology: run pw-place first")
+            module, diagnostics, "pw-insert-transfers needs the module's pw.topology")
         if topology is None:
             return
         inserter = _Inserter(topology, slices, islands)

@@ -17,6 +17,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.context import ParseError, make_context, parse_module
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase, marked
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_reader import program_plans
 from pathways_mlir.dialect.structure import verify_structure
@@ -30,10 +31,11 @@ from .insert_transfers import InsertTransfersPass
 from .mark_static_subgraphs import MarkStaticSubgraphsPass
 from .pipeline import run_passes
 from .plan_memory import PlanMemoryPass
-from .place import PlacePass
+from .place import PlacePass, Strategy
 from .registry import Option, Pass, register_pipeline
 from .schedule import SchedulePass
 from .verify import VerifyPass
+from .verify_phase import VerifyPhasePass
 from .verify_plans import VerifyPlansPass
 from .verify_schedule import VerifySchedulePass
 
@@ -54,32 +56,14 @@ class TopologyNeeded(ValueError):
                    "per-island plans", options=PlacePass.options + (
                        Option("fuse", bool, True, "fuse an island's launches across its slices (pw-fuse-island) "
                                                   "and consecutive launches on one slice (pw-fuse-launches)"),))
-def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", explain: bool = False,
+def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: str = "", explain: bool = False,
                    fuse: bool = True) -> list[Pass]:
-    """Lowers device-agnostic programs to per-island plans, in four phases,
-    each ended by a verifier so that a bug is caught at the pass that made it:
-
-    0. `pw-verify` on the input: the passes below assume well-formed pw IR.
-    1. `pw-place` first: every later pass needs the island of each slice.
-       `pw-alias-slices` right after, so that slices placed on the same
-       devices share buffers before any transfer is inserted. `pw-verify`
-       then checks the placements (device counts, ranges).
-    2. `pw-insert-transfers` needs placements (links depend on islands) and
-       comes before anything that groups, orders or counts ops, since it adds
-       ops. `pw-verify` then holds the module to its lowered rule: every
-       operand lives where it is used.
-    3. `pw-mark-static-subgraphs` sees the final ops, transfers included;
-       `pw-fuse-island` then `pw-fuse-launches` (unless `fuse=false`) need
-       the static subgraphs and must come before anything that orders or
-       costs ops; island fusion first, since it calls only unfused
-       executables, and launch fusion takes the single-slice runs it left;
-       `pw-schedule` puts static subgraphs first, so it comes after;
-       `pw-verify-schedule` proves the order before plans are cut from it.
-    4. `pw-emit-plans` last: it reads placements, subgraphs and orders and
-       writes them out per island; `pw-plan-memory` then frees each buffer
-       after its last use and records each island's static peak, which the
-       runtime admits runs against. A final `pw-verify` checks the module,
-       and `pw-verify-plans` the plans the runtime will trust.
+    """Lowers device-agnostic programs to per-island plans, through the
+    phases of `dialect/phases.py` (input, placed, lowered, partitioned,
+    scheduled, planned), each ended by `pw-verify` and `pw-verify-phase` so that a bug is
+    caught at the pass that made it. The comment before each pass says why it
+    sits where it does; `fuse=false` leaves out pw-fuse-island and
+    pw-fuse-launches.
 
     Options are pw-place's. Requires a device-agnostic module.
 
@@ -89,17 +73,38 @@ def lower_pipeline(topology: str = "", strategy: str = "auto", pin: str = "", ex
         //   module @<program>_host {pw.host_plan} per program
     """
     return [
-        VerifyPass(),
-        PlacePass(topology=topology, strategy=strategy, pin=pin, explain=explain), AliasSlicesPass(), VerifyPass(),
-        InsertTransfersPass(), VerifyPass(),
-        MarkStaticSubgraphsPass(), *([FuseIslandPass(), FuseLaunchesPass()] if fuse else []),
-        SchedulePass(), VerifySchedulePass(),
-        EmitPlansPass(), PlanMemoryPass(), VerifyPass(), VerifyPlansPass(),
+        # The passes below assume well-formed pw IR with no plan ops yet.
+        VerifyPass(), VerifyPhasePass(phase=Phase.INPUT),
+        # Every later pass needs the island of each slice.
+        PlacePass(topology=topology, strategy=strategy, pin=pin, explain=explain),
+        # Slices on the same devices share buffers before any transfer is inserted.
+        AliasSlicesPass(),
+        # Placements are checked (device counts, ranges) before links are chosen from them.
+        VerifyPass(), VerifyPhasePass(phase=Phase.PLACED),
+        # Links depend on islands; transfers are ops, so they go in before anything groups or orders ops.
+        InsertTransfersPass(),
+        # The lowered rule: every operand lives where it is used.
+        VerifyPass(), VerifyPhasePass(phase=Phase.LOWERED),
+        # Subgraphs are cut over the final ops, transfers included.
+        MarkStaticSubgraphsPass(), VerifyPhasePass(phase=Phase.PARTITIONED),
+        # Fusion needs the subgraphs and must come before ordering and costs; island fusion calls only
+        # unfused executables, so it goes first, and launch fusion takes the single-slice runs it left.
+        *([FuseIslandPass(), FuseLaunchesPass()] if fuse else []),
+        # The order puts static subgraphs first, so it comes after they are final.
+        SchedulePass(), VerifyPhasePass(phase=Phase.SCHEDULED),
+        # The order is proved deadlock-free before plans are cut from it.
+        VerifySchedulePass(),
+        # Plans read placements, subgraphs and orders, all final now.
+        EmitPlansPass(),
+        # Frees and peaks need each island's steps, which the plans now list.
+        PlanMemoryPass(),
+        # The module and the plans the runtime will trust are checked last.
+        VerifyPass(), VerifyPhasePass(phase=Phase.PLANNED), VerifyPlansPass(),
     ]
 
 
-def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", pin: str = "",
-          fuse: bool = True, explain: bool = False) -> ir.Module:
+def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str = Strategy.AUTO,
+          pin: str = "", fuse: bool = True, explain: bool = False) -> ir.Module:
     """Lowers a device-agnostic module onto `topology`; returns a new, lowered module.
 
     `module` (IR text, or a module, which is left unchanged) is copied; the
@@ -128,8 +133,8 @@ def lower(module: ir.Module | str, topology: Topology, strategy: str = "auto", p
     return lowered
 
 
-def lower_to_plans(source: ir.Module | str, topology: Topology, strategy: str = "auto", pin: str = "",
-                   fuse: bool = True) -> dict[str, ProgramPlan]:
+def lower_to_plans(source: ir.Module | str, topology: Topology, strategy: Strategy | str = Strategy.AUTO,
+                   pin: str = "", fuse: bool = True) -> dict[str, ProgramPlan]:
     """Lowers `source` onto `topology` (as `lower`) and returns the plan of every program, which pw-lower's
     last pass, pw-verify-plans, has checked. Raises `LoweringError` with the diagnostics."""
     return program_plans(lower(source, topology, strategy=strategy, pin=pin, fuse=fuse))
@@ -148,7 +153,7 @@ def load_plans(text: str, topology: Topology | None) -> dict[str, ProgramPlan]:
         problems = verify_structure(module)
         if problems:
             raise LoweringError(problems)
-        if ops.LOWERED not in module.operation.attributes:
+        if not marked(module, Phase.LOWERED):
             if topology is None:
                 raise TopologyNeeded("pw IR that is not lowered needs a topology to lower onto")
             return lower_to_plans(module, topology)

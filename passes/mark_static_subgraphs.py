@@ -52,7 +52,7 @@ def mark_program(program: ir.Operation) -> None:
         ops.set_attr(op, ops.SUBGRAPH, subgraph)
         count = max(count, subgraph + 1)
         for result in op.results:
-            decisions[result] = subgraph + 1 if op.name == "pw.cond" else subgraph
+            decisions[result] = subgraph + 1 if ops.Cond.isa(op) else subgraph
     ops.set_attr(program, ops.SUBGRAPHS, [{"id": k, "static": k == 0} for k in range(count)])
 
 

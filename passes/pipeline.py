@@ -13,10 +13,12 @@ from mlir import ir
 from mlir.passmanager import PassManager
 
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from_mlir_error
+from pathways_mlir.dialect.phases import phase_problems
 from pathways_mlir.dialect.structure import verify_structure
 
 from .registry import PASSES, PIPELINES, OptionError, Pass
 from .verify import VerifyPass, verify_module
+from .verify_phase import VerifyPhasePass
 
 
 class PipelineError(ValueError):
@@ -106,7 +108,9 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     """Runs `passes` on `module` in MLIR's pass manager; returns True on success.
 
     The first pass that needs verified input runs only if pw-verify's checks
-    pass (their errors are reported instead), unless pw-verify already ran:
+    pass (their errors are reported instead), unless pw-verify already ran;
+    a pass that requires a phase of lowering runs only if the module is in
+    it (pw-verify-phase's errors, naming the pass, are reported instead):
     bad input must not crash a pass, and passes keep valid IR valid (the
     pipelines' own verifier phases check that). After each pass, MLIR's
     verifier and the pw structural verifier check the IR. Errors (a pass's
@@ -123,6 +127,7 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
         manager.enable_ir_printing(print_after_all=True)
 
     verified = []  # holds True once the input passed pw-verify's checks
+    phased = set()  # the phases the module was found in (a pass that changes IR empties it)
     structured = []  # holds True once the module passed the structural verifier
 
     def adapt(instance: Pass):
@@ -133,7 +138,19 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                     mlir_pass.signal_pass_failure()
                     return
                 verified.append(True)
+            phase = instance.requires_phase
+            if phase is not None and phase not in phased:
+                for at, message in phase_problems(op, phase):
+                    diagnostics.error(at, f"{message}, before {instance.name}")
+                if diagnostics.error_count > before:
+                    mlir_pass.signal_pass_failure()
+                    return
+                phased.add(phase)
             instance.run(op, diagnostics)
+            if instance.changes_ir:
+                phased.clear()
+            elif isinstance(instance, VerifyPhasePass) and diagnostics.error_count == before:
+                phased.add(instance.phase)
             if isinstance(instance, VerifyPass) and diagnostics.error_count == before:
                 verified.append(True)
             if instance.changes_ir or not structured:

@@ -96,9 +96,10 @@ Requires: a module whose slices pass pw-verify.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from mlir import ir
@@ -110,9 +111,17 @@ from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import Island, Topology, TopologyError
 
 from .placement_cost import Estimate, Loads, Model, Need, Window
-from .registry import Option, OptionError, Pass, register
+from .registry import OptionError, Pass, option, register
 
-STRATEGIES = ("auto", "spread", "pack")
+
+class Strategy(enum.StrEnum):
+    """How pw-place chooses among the windows that can hold a slice (see the module docstring)."""
+
+    AUTO = "auto"
+    SPREAD = "spread"
+    PACK = "pack"
+
+
 EXACT_WORK = 200_000  # combinations x ops estimated, at most, by the exhaustive search
 LOCAL_ROUNDS = 4
 _PIN = re.compile(r"(?P<slice>[\w.$-]+)=(?P<island>[\w.$-]+)(?::(?P<first>\d+))?")
@@ -168,7 +177,7 @@ def _mismatch(s: ops.VirtualSlice, island: Island, available: int, need: Need | 
 class _Placer:
     """The load of every island's devices and the candidate windows of one slice at a time."""
 
-    def __init__(self, topology: Topology, strategy: str, needs: dict[str, Need]):
+    def __init__(self, topology: Topology, strategy: Strategy, needs: dict[str, Need]):
         self.topology = topology
         self.strategy = strategy
         self.needs = needs
@@ -190,7 +199,7 @@ class _Placer:
         for island in islands:
             load, window = self.loads.best_window(island.name, s.size)
             index = self.index[island.name]
-            if self.strategy == "pack":
+            if self.strategy is Strategy.PACK:
                 key = (0, index) if load == 0 else (1, load, index)
             else:
                 key = (load, self.loads.total(island.name), index)
@@ -341,45 +350,41 @@ def fitted_shape(s: ops.VirtualSlice, topology: Topology, values: Sequence[tuple
 
 
 @register
+@dataclass
 class PlacePass(Pass):
     __doc__ = __doc__
     name = "pw-place"
     summary = "Map every virtual slice to devices of one island, minimising the estimated step time"
-    options = (
-        Option("topology", str, "", "a JSON file or <islands>x<devices>; default: the module's pw.topology"),
-        Option("strategy", str, "auto", "auto (least estimated step time), spread (balance load) or pack"),
-        Option("pin", str, "", "slice=island[:first_device],... placements to force"),
-        Option("explain", bool, False, "attach pw.placement_cost (estimated costs, runner-up) to every slice"),
-    )
+    topology: str = option("", "a JSON file or <islands>x<devices>; default: the module's pw.topology")
+    strategy: Strategy = option(Strategy.AUTO, "auto (least estimated step time), spread (balance load) or pack")
+    pin: str = option("", "slice=island[:first_device],... placements to force")
+    explain: bool = option(False, "attach pw.placement_cost (estimated costs, runner-up) to every slice")
 
-    def __init__(self, **options):
-        super().__init__(**options)
-        if self.values["strategy"] not in STRATEGIES:
-            raise OptionError(f"option 'strategy' of 'pw-place' takes {', '.join(STRATEGIES[:-1])} or "
-                              f"{STRATEGIES[-1]}, not '{self.values['strategy']}'")
-        self.pins = parse_pins(self.values["pin"])
-        self.topology = None
-        if self.values["topology"]:
+    def __post_init__(self):
+        super().__post_init__()
+        self.pins = parse_pins(self.pin)
+        self.given_topology = None
+        if self.topology:
             try:
-                self.topology = Topology.from_option(self.values["topology"])
+                self.given_topology = Topology.from_option(self.topology)
             except TopologyError as e:
                 raise OptionError(str(e)) from None
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        topology = self.topology or ops.required_topology(
+        topology = self.given_topology or ops.required_topology(
             module, diagnostics, "pw-place needs a topology: give option topology=<file.json or "
                                  "<islands>x<devices>> or set pw.topology on the module")
         if topology is None:
             return
         ops.set_attr(module, ops.TOPOLOGY, topology.to_python())
-        slice_ops = {ops.symbol_name(op): op for op in ops.top_level_ops(module) if op.name == "pw.virtual_slice"}
+        slice_ops = {ops.symbol_name(op): op for op in ops.top_level_ops(module) if ops.SliceOp.isa(op)}
         for name in self.pins:
             if name not in slice_ops:
                 diagnostics.error(module, f"pin names slice @{name}, which is not in this module")
         self.fit_elastic(module, slice_ops, topology)
         slices = {name: ops.VirtualSlice.from_op(op) for name, op in slice_ops.items()}
         model = Model(module, topology, slices)
-        placer = _Placer(topology, self.values["strategy"], model.needs)
+        placer = _Placer(topology, self.strategy, model.needs)
         allowed = {}
         for name, op in slice_ops.items():
             choice = self.pinned(op, slices[name], placer, diagnostics) if name in self.pins \
@@ -387,13 +392,13 @@ class PlacePass(Pass):
             if choice is not None:
                 allowed[name] = choice
         search = _Search(placer, model, slices, allowed)
-        if self.values["strategy"] == "auto":
+        if self.strategy is Strategy.AUTO:
             plan = search.run()
         else:
             plan = {}
             for name in allowed:
                 search.place(plan, name, search.candidates(name, {})[0])
-        estimate = model.estimate(plan) if self.values["explain"] else None
+        estimate = model.estimate(plan) if self.explain else None
         for name, window in list(plan.items()):
             devices = placer.loads.devices[window.island].ranges(window)
             ops.set_attr(slice_ops[name], ops.PLACEMENT, {"island": window.island, "devices": devices})

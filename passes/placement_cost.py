@@ -177,12 +177,13 @@ class Model:
         nodes = []
         for op in ops.program_body(program).operations:
             op = op.operation
-            if op.name == "pw.compute":
-                name = ops.attr(op, "slice")
+            compute = ops.Compute.match(op)
+            if compute is not None:
+                name = compute.slice
                 s = self.slices.get(name)
-                if s is None or ops.attr(op, "callee") not in costs:
+                if s is None or compute.callee not in costs:
                     continue  # pw-verify reports it
-                cost = compute_cost(op, costs[ops.attr(op, "callee")], s)
+                cost = compute_cost(op, costs[compute.callee], s)
                 if cost.unknown_trip_counts:
                     self.unknown_trip_counts[name] = self.unknown_trip_counts.get(name, 0) + cost.unknown_trip_counts
                 inputs = [(self._value(v, ids), (name, sh)) for v, sh in zip(op.operands, ops.in_shardings(op))]

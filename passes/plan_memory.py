@@ -17,7 +17,7 @@ client). A result that its launch writes into a donated input's buffer
 (`pw.donated` arguments, `memory_plan.reuses`) adds nothing. Free step ids
 continue after the largest step id of the module.
 
-Requires: pw-emit-plans.
+Requires: the planned phase (pw-emit-plans).
 
     // before
     module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
@@ -45,6 +45,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 from pathways_mlir.dialect.memory_plan import island_memory
 from pathways_mlir.dialect.plan import Free
 from pathways_mlir.dialect.plan_reader import program_plans
@@ -66,17 +67,21 @@ class PlanMemoryPass(Pass):
     __doc__ = __doc__
     name = "pw-plan-memory"
     summary = "Free buffers after their last use and record each island's static peak bytes per device"
+    requires_phase = Phase.PLANNED
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        if ops.LOWERED not in module.attributes:
-            diagnostics.error(module, "pw-plan-memory needs a lowered module with plans: run pw-emit-plans")
-            return
         modules = [op for op in ops.top_level_ops(module) if op.name == "builtin.module"]
         island_plans = [op for op in modules if ops.ISLAND_PLAN in op.attributes]
         if any(op.name == "pw.free" for plan in island_plans for op in _plan_ops(plan)):
             diagnostics.error(module, "pw-plan-memory has already run on this module")
             return
         plans = program_plans(module)
+        for plan_op in island_plans:
+            program = ops.attr(plan_op, ops.ISLAND_PLAN)["program"]
+            if program not in plans:
+                diagnostics.error(plan_op, f"island plan of program @{program}, which has no host plan: "
+                                           f"pw-emit-plans writes both")
+                return
         largest = max((s.id for p in plans.values() for ss in (*p.islands.values(), p.host_steps) for s in ss),
                       default=-1)
         step_ids = itertools.count(largest + 1)

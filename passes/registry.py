@@ -1,20 +1,29 @@
 """The registry of `pw` passes and named pipelines.
 
 Python passes cannot be named in MLIR's textual pass pipelines, so `pw-opt`
-keeps its own registry. A pass is a subclass of `Pass` registered with
-`@register`; a pipeline is a function registered with `@register_pipeline`
-that expands its options into a list of pass instances.
+keeps its own registry. A pass is a `@dataclass` subclass of `Pass`
+registered with `@register`; its options are its typed fields, declared with
+`option(default, help)` (as xDSL's `ModulePass` fields), and read as
+attributes (`self.strategy`). A pipeline is a function registered with
+`@register_pipeline` that expands its options into a list of pass instances.
+Option texts from a pipeline string (`pw-place{strategy=pack}`) are parsed
+by the field's type (bool, int, float, str, or a string enum) into the typed
+value, with a one-line error naming the pass and the option.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import inspect
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from mlir import ir
 
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 
 
 class OptionError(ValueError):
@@ -29,9 +38,19 @@ class Option:
     type: type
     default: Any
     help: str
+    declared_by: str | None = None   # the pass whose field it is (a pipeline's errors name that pass)
 
     def parse(self, owner: str, text: str) -> Any:
-        """Returns the option's value from its text in a pipeline string."""
+        """Returns the option's value from its text in a pipeline string (errors name the declaring pass, else
+        `owner`)."""
+        owner = self.declared_by or owner
+        if issubclass(self.type, enum.Enum):
+            try:
+                return self.type(text)
+            except ValueError:
+                values = [m.value for m in self.type]
+                raise OptionError(f"option '{self.name}' of '{owner}' takes {', '.join(values[:-1])} or "
+                                  f"{values[-1]}, not '{text}'") from None
         if self.type is bool:
             if text.lower() in ("", "true", "1"):
                 return True
@@ -61,29 +80,40 @@ def parse_options(owner: str, options: tuple[Option, ...], given: dict[str, str]
     return {o.name: o.parse(owner, given[o.name]) if o.name in given else o.default for o in options}
 
 
+def option(default: Any, help: str) -> Any:
+    """Declares a pass option: a dataclass field with its default and help text; its type is the field's."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclass
 class Pass:
     """Base class of `pw` passes.
 
-    A subclass sets `name`, `summary`, `options` and `needs_verified_input`, documents what it requires
-    and shows before/after IR in its docstring, and implements `run`, which
-    changes the module in place and reports problems through `diagnostics`.
+    A subclass sets `name`, `summary`, `needs_verified_input` and `requires_phase`, declares its options as `option(...)`
+    fields (the subclass is a `@dataclass`), documents what it requires and shows before/after IR in its
+    docstring, and implements `run`, which changes the module in place and reports problems through
+    `diagnostics`.
     """
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    options: ClassVar[tuple[Option, ...]] = ()
+    options: ClassVar[tuple[Option, ...]] = ()     # the option fields, as `@register` lists them
     # True for a pass that reads pw IR as pw-verify defines it: the driver
     # runs pw-verify's checks first and runs the pass only on IR that passes.
     needs_verified_input: ClassVar[bool] = False
+    # The phase of lowering the pass reads (`dialect/phases.py`): the driver runs pw-verify-phase's checks
+    # first and runs the pass only on IR in that phase.
+    requires_phase: ClassVar[Phase | None] = None
     # False for a pass that only checks the module: the driver does not check
     # the structure again after it once an earlier pass's result passed.
     changes_ir: ClassVar[bool] = True
 
-    def __init__(self, **options: Any):
-        unknown = set(options) - {o.name for o in self.options}
-        if unknown:
-            raise OptionError(f"'{self.name}' has no option '{sorted(unknown)[0]}'")
-        self.values = {o.name: options.get(o.name, o.default) for o in self.options}
+    def __post_init__(self):
+        """Parses an enum option given by its name (`PlacePass(strategy="pack")`), as a pipeline string's."""
+        for o in self.options:
+            value = getattr(self, o.name)
+            if issubclass(o.type, enum.Enum) and not isinstance(value, o.type):
+                setattr(self, o.name, o.parse(self.name, value))
 
     @classmethod
     def from_text(cls, given: dict[str, str]) -> "Pass":
@@ -121,9 +151,12 @@ PIPELINES: dict[str, Pipeline] = {}
 
 
 def register(cls: type[Pass]) -> type[Pass]:
-    """Class decorator: adds a pass to the registry under its `name`."""
+    """Class decorator: adds a pass to the registry under its `name`, and lists its option fields."""
     if cls.name in PASSES or cls.name in PIPELINES:
         raise ValueError(f"a pass or pipeline named {cls.name!r} is already registered")
+    types = typing.get_type_hints(cls)
+    cls.options = tuple(Option(f.name, types[f.name], f.default, f.metadata["help"], cls.name)
+                        for f in dataclasses.fields(cls))
     PASSES[cls.name] = cls
     return cls
 

@@ -63,6 +63,7 @@ class SchedulePass(Pass):
             for op in sorted(body, key=lambda o: ops.attr(o, ops.SUBGRAPH, 0)):
                 ops.set_attr(op, ops.ORDER, order)
                 order += 1
-                if op.name == "pw.compute":
-                    cost = compute_cost(op, costs[ops.attr(op, "callee")], slices[ops.attr(op, "slice")])
+                compute = ops.Compute.match(op)
+                if compute is not None:
+                    cost = compute_cost(op, costs[compute.callee], slices[compute.slice])
                     ops.set_attr(op, ops.COST, cost.to_python())

@@ -35,6 +35,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase, marked
 from pathways_mlir.dialect.homes import Home, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 
@@ -57,7 +58,7 @@ class _Checker:
         self.diagnostics = diagnostics
         self.slices: dict[str, ops.VirtualSlice] = {}
         self.symbols: dict[str, ir.Operation] = {}
-        self.lowered = ops.LOWERED in module.attributes
+        self.lowered = marked(module, Phase.LOWERED)
 
     def error(self, op: ir.Operation, message: str) -> None:
         self.diagnostics.error(op, f"'{op.name}' op {message}")
@@ -69,7 +70,7 @@ class _Checker:
         self.symbols = {ops.symbol_name(op): op for op in ops.top_level_ops(self.module)
                         if ops.symbol_name(op) is not None}
         for op in ops.top_level_ops(self.module):
-            if op.name == "pw.virtual_slice":
+            if ops.SliceOp.isa(op):
                 self.check_slice(op)
         for op in ops.top_level_ops(self.module):
             if ops.is_executable(op) and ops.executable_entry(op) is None:
@@ -77,7 +78,7 @@ class _Checker:
                                "or one named @main")
             elif ops.is_program(op):
                 self.check_program(op)
-            elif op.name in ("pw.compute", "pw.cond", *ops.DATA_MOVEMENT_OPS):
+            elif op.name in ops.PROGRAM_OPS:
                 self.error(op, "must be inside a program (a func.func marked pw.program)")
 
     def check_slice(self, op: ir.Operation) -> None:
@@ -137,13 +138,13 @@ class _Checker:
         for op in ops.program_body(program).operations:
             op = op.operation
             self.check_op_marks(op)
-            if op.name == "pw.compute":
+            if ops.Compute.isa(op):
                 self.check_compute(op, homes)
-            elif op.name == "pw.cond":
+            elif ops.Cond.isa(op):
                 self.check_cond(op)
                 for r in op.results:
                     homes[r] = None
-            elif op.name in ops.DATA_MOVEMENT_OPS:
+            elif ops.DataMovement.isa(op):
                 self.check_movement(op, homes)
             elif op.name not in ("func.return",):
                 self.error(op, "is not allowed in a pw program")
@@ -185,7 +186,7 @@ class _Checker:
         target = ops.attr(op, key)
         found = self.symbols.get(str(target))
         wanted = {
-            "slice": lambda o: o.name == "pw.virtual_slice",
+            "slice": lambda o: ops.SliceOp.isa(o),
             "executable": ops.is_executable,
             "program": ops.is_program,
         }[kind]
@@ -250,7 +251,7 @@ class _Checker:
         if producer_slice == slice_name and producer_sharding == sharding:
             return
         producer = ops.producer(op.operands[index])
-        moved = producer is not None and producer.name in ops.DATA_MOVEMENT_OPS
+        moved = producer is not None and ops.DataMovement.isa(producer)
         if not (moved or self.lowered):
             return  # device-agnostic IR: pw-insert-transfers moves it later
         self.error(op, f"operand #{index} lives on @{producer_slice} with sharding {producer_sharding}, "

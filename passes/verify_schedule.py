@@ -41,10 +41,11 @@ def _name(op: ir.Operation) -> str:
 
 def touched_islands(op: ir.Operation, islands: dict[str, str]) -> tuple[str, ...]:
     """Returns the islands whose queues an op is in (slice name -> island in `islands`)."""
-    if op.name == "pw.compute":
-        return (islands[ops.attr(op, "slice")],)
-    if op.name in ops.DATA_MOVEMENT_OPS:
-        return tuple(dict.fromkeys((islands[ops.attr(op, "src")], islands[ops.attr(op, "dst")])))
+    if ops.Compute.isa(op):
+        return (islands[ops.Compute(op).slice],)
+    if ops.DataMovement.isa(op):
+        move = ops.DataMovement(op)
+        return tuple(dict.fromkeys((islands[move.src], islands[move.dst])))
     return ()
 
 
@@ -59,8 +60,8 @@ class VerifySchedulePass(Pass):
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         islands = {}
         for op in ops.top_level_ops(module):
-            if op.name == "pw.virtual_slice" and ops.attr(op, ops.PLACEMENT) is not None:
-                islands[ops.symbol_name(op)] = ops.attr(op, ops.PLACEMENT)["island"]
+            if ops.SliceOp.isa(op) and ops.SliceOp(op).placement is not None:
+                islands[ops.SliceOp(op).symbol] = ops.SliceOp(op).placement["island"]
         nodes: list[ir.Operation] = []
         graph = nx.DiGraph()
         for program in ops.programs(module).values():

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .cluster import DeviceMap, embedded_device_map, embedded_topology, requested_shape
-from .island import Island, Islands
+from .island import Island
+from .island_work import Islands
 from .transfers import DcnTransport
 
 

@@ -18,8 +18,9 @@ from typing import Sequence
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .dispatch import Dispatcher
+from .dispatch_mode import DispatchMode
 from .handles import Handle
-from .island import RunFailed, client_owner
+from .island_work import RunFailed, client_owner
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
 from .shared import SharedRef
@@ -51,7 +52,7 @@ class Client:
         """The owner of this client's results in the object store."""
         return client_owner(self.id)
 
-    def start(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
+    def start(self, plan: ProgramPlan, args: Sequence, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
               timeout: float | None = None) -> Run:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
         cancelled if it is not over by then, and its handles raise `RunCancelled`. An argument may be a
@@ -63,7 +64,8 @@ class Client:
         A handle passed for an input the plan lists as donated (`plan.donated`)
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
-        lane = self.runtime.lane(plan) if timeout is None and dispatch == "parallel" else None
+        dispatch = DispatchMode.parse(dispatch)
+        lane = self.runtime.lane(plan) if timeout is None and dispatch is DispatchMode.PARALLEL else None
         converted = False
         if lane is not None and not any(isinstance(a, SharedRef) for a in args):
             args, converted = self._arguments(plan, args), True     # a lane's plan donates nothing
@@ -128,7 +130,7 @@ class Client:
             return arg.result()
         return arg.result() if isinstance(arg, SharedRef) else arg
 
-    def run(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
+    def run(self, plan: ProgramPlan, args: Sequence, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
             timeout: float | None = None) -> list[Handle]:
         """Runs `plan` on `args`; returns one handle per program output (see `start` for `timeout`)."""
         return self.handles(self.start(plan, args, dispatch, timeout))

@@ -35,14 +35,14 @@ from pathways_mlir.dialect.device_time import device_seconds
 from pathways_mlir.dialect.plan import Branch, Free, ProgramPlan, Recv
 
 from .admission import Need, run_need
-from .island import StoreRef, raised
+from .dispatch_mode import DispatchMode
+from .island_work import StoreRef, raised
 from .run import Run
 
 if TYPE_CHECKING:
     from .runtime import Runtime
     from .shared import SharedRef
 
-MODES = ("parallel", "sequential")
 _PAUSE_MIN, _PAUSE_MAX = 1e-4, 1e-3   # seconds between looks at a run with a deadline (`Dispatcher.fetch`)
 
 
@@ -93,8 +93,8 @@ class Dispatcher:
         self.client_id = client_id
         self.weight = weight
 
-    def start(self, plan: ProgramPlan, args: Sequence, mode: str = "parallel", timeout: float | None = None,
-              parent: Run | None = None, shared: dict[int, SharedRef] | None = None,
+    def start(self, plan: ProgramPlan, args: Sequence, mode: DispatchMode = DispatchMode.PARALLEL,
+              timeout: float | None = None, parent: Run | None = None, shared: dict[int, SharedRef] | None = None,
               donations: tuple[tuple[int, int], ...] = ()) -> Run:
         """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode.
         With `timeout`, the run is cancelled if it is not over within that many seconds. `parent`: the run
@@ -103,8 +103,6 @@ class Dispatcher:
         their home sharding count nothing in its need (embedded backend: it reads the arrays themselves).
         `donations`: the (run id, buffer) of the held results passed as donated arguments; admission hands
         their bytes to this run."""
-        if mode not in MODES:
-            raise ValueError(f"unknown dispatch mode '{mode}' (choose from {', '.join(MODES)})")
         loaded = self.runtime.load(plan)
         if len(args) != len(loaded.inputs):
             raise TypeError(f"program {plan.program} takes {len(loaded.inputs)} arrays, got {len(args)}")
@@ -133,7 +131,7 @@ class Dispatcher:
         has_conds = bool(loaded.plan.host_steps)
         if timeout is not None:
             self.runtime.set_deadline(run, timeout)
-        if mode == "parallel":
+        if mode is DispatchMode.PARALLEL:
             works = {i: (loaded.first[i], tuple(inputs.get(i, ())), not has_conds) for i in loaded.islands}
             self.runtime.scheduler.submit(run, works)
             if has_conds:
@@ -171,7 +169,7 @@ class Dispatcher:
 
     # -- host steps ----------------------------------------------------------
 
-    def _after_conds(self, run: Run, loaded: LoadedPlan, mode: str) -> None:
+    def _after_conds(self, run: Run, loaded: LoadedPlan, mode: DispatchMode) -> None:
         """Runs the conds in order; after each, sends the steps it was holding back."""
         plan = loaded.plan
         held = loaded.held
@@ -195,7 +193,7 @@ class Dispatcher:
         except BaseException as error:  # noqa: BLE001  (reported through the run)
             self.runtime.fail_run(run, error)
 
-    def _run_cond(self, run: Run, cond: Branch, mode: str) -> dict[str, list[tuple[int, Any]]]:
+    def _run_cond(self, run: Run, cond: Branch, mode: DispatchMode) -> dict[str, list[tuple[int, Any]]]:
         """The host step: read the predicate, run the chosen branch; returns its results by island."""
         predicate = bool(np.asarray(self.fetch(run, cond.pred_buffer)))
         branch = cond.then_plan if predicate else cond.else_plan
@@ -213,7 +211,7 @@ class Dispatcher:
 
     # -- sequential ----------------------------------------------------------
 
-    def _sequential(self, run: Run, loaded: LoadedPlan, mode: str) -> None:
+    def _sequential(self, run: Run, loaded: LoadedPlan, mode: DispatchMode) -> None:
         plan = loaded.plan
         by_id = {s.id: (island, s) for island, steps in plan.islands.items() for s in steps}
         by_id.update({s.id: (None, s) for s in plan.host_steps})

@@ -46,7 +46,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .authentication import AuthenticationError, ServerHandshake, read_key, write_private
 from .client import Client
-from .island import RunFailed
+from .island_work import RunFailed
 from .plan_check import check_plan
 from .runtime import Runtime
 from .session import Session

@@ -65,7 +65,7 @@ class FastLane:
     def build(scheduler: "GangScheduler", islands: dict, loaded: "LoadedPlan") -> "FastLane | None":
         """Returns the lane of `loaded`, or None if its runs can never take one (see the module)."""
         plan = loaded.plan
-        if scheduler.policy != "fifo" or len(loaded.islands) != 1 or plan.host_steps or plan.donated:
+        if scheduler.policy.windowed or len(loaded.islands) != 1 or plan.host_steps or plan.donated:
             return None
         if any(island is None for _, island, _ in loaded.inputs):
             return None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 
 from .array_reference import RunResult
-from .island import StoreRef
+from .island_work import StoreRef
 from .run import Run
 
 if TYPE_CHECKING:

@@ -17,6 +17,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
+from .dispatch_mode import DispatchMode
+
 
 @runtime_checkable
 class TopologySource(Protocol):
@@ -52,7 +54,7 @@ class ProgramClient(Protocol):
     @property
     def runtime(self) -> ClusterRuntime: ...
 
-    def run(self, plan: ProgramPlan, args: Sequence, dispatch: str = "parallel",
+    def run(self, plan: ProgramPlan, args: Sequence, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
             timeout: float | None = None) -> list:
         """Runs a loaded plan on `args`; returns one handle per program output."""
 

@@ -55,186 +55,23 @@ import collections
 import queue
 import threading
 import time
-from typing import Any, Callable, Hashable, NamedTuple
+from typing import Any, Callable, Hashable
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .cluster import DeviceMap
 from .device_clock import DeviceClock
 from .executables import ExecutableCache, make_mesh
-from .island_program import Instruction, IslandLayout, RecvInstruction, compile_steps
+from .island_executor import IslandExecutor
+from .island_program import Instruction, IslandLayout, compile_steps
+from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, RunFailed, StoreRef, computed,
+                          raised, waits_for)
 from .object_store import ObjectStore
 from .tracing import Tracer
 from .transfers import DcnTransport, copy_to
 
-HISTORY = 100_000        # how many work items (and, on Ray, runs) an island remembers
-FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
-CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
-_AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
-_AWAIT_PAUSE_MIN = 2e-4  # and the shortest
-_LANE_PAUSE = 0.02       # its pause while fast lane runs start on the island (see `_track`)
 
-
-class RunFailed(RuntimeError):
-    """A run failed; raised by whatever reads its buffers."""
-
-
-class IslandLost(RunFailed):
-    """An island was lost (its host died): raised for its runs in flight and the results that lived there."""
-
-
-class RunCancelled(RunFailed):
-    """A run was cancelled by its client, or passed its deadline (`timeout=`)."""
-
-
-class IslandWedged(RunFailed):
-    """An island's executor has been stuck in one instruction for longer than the runtime's `wedge_timeout`."""
-
-
-class StoreRef(NamedTuple):
-    """An argument that is a result kept on the receiving island: buffer `buffer` of run `run_id`.
-
-    The island takes the array from its own object store (or, not produced
-    yet, when its run produces it), so the value never leaves the island.
-    """
-
-    run_id: int
-    buffer: int
-
-
-class IslandWork(NamedTuple):
-    """One run's steps for one island, delivered as one message in ticket order.
-
-    `inputs` are (buffer, array) pairs placed on their home sharding first:
-    program arguments (a `StoreRef` for a result this island keeps), or
-    values a host branch produced. `last` says no more work of this run will
-    come to this island.
-    """
-
-    ticket: int
-    run_id: int
-    client_id: int
-    plan_key: int
-    step_ids: tuple[int, ...]
-    inputs: tuple[tuple[int, Any], ...] = ()
-    last: bool = True
-
-
-class Islands(dict):
-    """A runtime's islands by name, and how a run's work reaches them.
-
-    What its islands can do (`runtime/backends.py`): `keep_arguments`,
-    whether a handle passed to a later run goes to its island as a
-    `StoreRef` instead of its array (embedded islands share this process, so
-    the array is the cheaper; remote ones keep it: Ray); `fast_lanes`,
-    whether a single-island plan's runs may execute on the caller's thread
-    (`runtime/fast_lane.py`); `traces`, whether the islands record traces;
-    `reads_shared_in_place`, whether a run reads a shared object's array
-    itself (else it travels, and counts in the run's need).
-    """
-
-    keep_arguments = False
-    fast_lanes = True
-    traces = True
-    reads_shared_in_place = True
-
-    def on_run_done(self, wake) -> None:
-        """Calls `wake()` whenever an island sees a run's device work over (its completion tracker)."""
-        for island in self.values():
-            island.on_done = wake
-
-    def watch(self, lose, restore) -> None:
-        """Calls `lose(island)` when an island dies on its own (embedded islands do not: nothing to watch)."""
-
-    def unwatch(self) -> None:
-        """Stops watching (before the islands close: closing is not losing)."""
-
-    def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list[tuple["Island", IslandWork]]:
-        """Delivers one run's work to its islands: one `start` message each, in ticket order. With `inline`,
-        returns the (island, work) pairs the caller runs itself, with `run_inline`, once it holds no lock."""
-        jobs = []
-        for name, work in works.items():
-            if self[name].start(work, inline):
-                jobs.append((self[name], work))
-        return jobs
-
-    def close(self) -> None:
-        """Closes every island (runs still under way there fail)."""
-        for island in self.values():
-            island.close()
-
-
-def _computed(array) -> bool:
-    """Whether the computation writing `array` is over as far as the island can tell: the array is ready,
-    its computation failed (its reader raises), or it was donated to a later launch, which XLA runs
-    after it (a deleted array has no readiness to ask)."""
-    try:
-        return array.is_deleted() or array.is_ready()
-    except Exception:  # noqa: BLE001
-        return True
-
-
-def client_owner(client_id: int) -> tuple[str, int]:
-    """The owner of a client's results in the object store."""
-    return ("client", client_id)
-
-
-def without_traceback(error: BaseException) -> BaseException:
-    """Returns `error` with its traceback (and its causes' tracebacks) dropped: frames hold arrays."""
-    seen = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        e.__traceback__ = None
-        e = e.__cause__ or e.__context__
-    return error
-
-
-def raised(error: BaseException) -> BaseException:
-    """Returns a copy of a kept error to raise: raising the kept one would attach a traceback to it, whose
-    frames would keep a failed run's arrays alive as long as the error is kept."""
-    copy = type(error)(*error.args)
-    copy.__cause__ = error.__cause__
-    return copy
-
-
-class IslandRun:
-    """What an island holds of one run under way: slots, queued programs, where it stopped."""
-
-    __slots__ = ("id", "client_id", "plan_key", "program", "layout", "slots", "queue", "pc", "tracked", "last",
-                 "executing", "began", "referenced", "awaiting", "parked")
-
-    def __init__(self, run_id: int, client_id: int, plan_key: int, program: str, layout: IslandLayout):
-        self.id, self.client_id, self.plan_key, self.program, self.layout = run_id, client_id, plan_key, program, layout
-        self.slots: list = [None] * len(layout.slot)
-        self.queue: collections.deque[tuple[Instruction, ...]] = collections.deque()
-        self.pc = 0
-        self.tracked: list = []          # arrays whose readiness means the run's device work is done
-        self.last = False
-        self.executing = False
-        self.began: float | None = None  # when the executor first ran its instructions (monotonic)
-        self.referenced: dict[int, Any] = {}   # buffer -> the kept array a StoreRef argument names
-        self.awaiting = 0                # StoreRef arguments whose run has not produced them yet
-        self.parked = False              # its work waits for those arguments (resumed by `_resume`)
-
-
-def _waits_for(run: IslandRun) -> str:
-    """Says what a run under way on an island waits for."""
-    if run.executing:
-        return "nothing: its steps are executing"
-    if run.queue:
-        instruction = run.queue[0][run.pc]
-        if isinstance(instruction, RecvInstruction) and run.slots[instruction.dst] is None:
-            return f"recv of {instruction.what}"
-        return "its turn on the island's executor"
-    if run.awaiting:
-        return f"{run.awaiting} argument(s) kept here that their runs have not produced yet"
-    if not run.last:
-        return "more work of this run from the scheduler (after a host cond, or the next sequential step)"
-    return "its turn on the island's executor"
-
-
-class Island:
+class Island(IslandExecutor):
     """One island of devices, its executor thread and the work it is given."""
 
     def __init__(self, name: str, device_map: DeviceMap, transport: DcnTransport | None,
@@ -535,27 +372,18 @@ class Island:
         """Returns how many executables the island has compiled."""
         return self.cache.compilations
 
-    def busy(self) -> tuple[IslandRun, str, float] | None:
-        """Returns (run, what, seconds) for the oldest thing the island is busy with: the run whose
-        instructions the executor runs now, or else the run whose device work is awaited; None if idle."""
-        for current, what in ((self._executing, "executing its steps"), (self._awaited, "its device work")):
-            if current is not None:
-                run, since = current
-                return run, what, time.monotonic() - since
-        return None
-
     def status(self) -> dict:
         """Returns each run under way here with what it waits for, the runs whose device work is not
         over yet, each client's objects and bytes, and what the executor is busy with."""
         with self.lock:
             runs = [{"run": run.id, "client": run.client_id, "program": run.program,
-                     "waits_for": _waits_for(run)} for run in self._runs.values()]
+                     "waits_for": waits_for(run)} for run in self._runs.values()]
             clients: dict[int, dict[str, int]] = {}
             for owner, array in self.store.owners():
                 entry = clients.setdefault(owner[1], {"objects": 0, "bytes": 0})
                 entry["objects"] += 1
                 entry["bytes"] += int(getattr(array, "nbytes", 0))
-            busy = sorted(r for r, tracked in self._in_flight.items() if not all(map(_computed, tracked)))
+            busy = sorted(r for r, tracked in self._in_flight.items() if not all(map(computed, tracked)))
             report = {"runs": runs, "device_work": busy, "clients": clients}
             busy = self.busy()
             if busy is not None:
@@ -564,28 +392,6 @@ class Island:
             if self.wedged is not None:
                 report["wedged"] = str(self.wedged)
             return report
-
-    def wedge(self, timeout: float) -> bool:
-        """Declares the island wedged if it has been busy with one run (executing its steps, or waiting for
-        its device work) for more than `timeout` seconds: that run and the runs under way here fail (and on
-        their other islands), and so does new work until the stuck run's work is over. Returns whether it is
-        wedged now."""
-        busy = self.busy()
-        if busy is None or busy[2] <= timeout:
-            return self.wedged is not None
-        stuck, what, seconds = busy
-        told = []
-        with self.lock:
-            if self.wedged is None:
-                since = time.strftime("%H:%M:%S", time.localtime(time.time() - seconds))
-                self.wedged = IslandWedged(f"island {self.name} is wedged since {since}: run {stuck.id} of "
-                                           f"{stuck.program} has been busy with {what} for more than {timeout:g} s")
-                for other in [stuck, *(r for r in self._runs.values() if r is not stuck)]:
-                    error = IslandWedged(f"{self.wedged}; run {other.id} of {other.program} failed with it")
-                    told.append((self._fail(other.id, error, other.plan_key), other.id))
-        for peers, failed in told:
-            self._tell(peers, failed)
-        return True
 
     def close(self) -> None:
         """Fails every run still under way here (a run parked forever cannot hold up closing) and stops the
@@ -625,278 +431,6 @@ class Island:
         with self.lock:
             fresh._failed.update(self._failed)
         return fresh
-
-    # -- the executor --------------------------------------------------------
-
-    def _serve(self) -> None:
-        """The executor: takes work and deliveries off the queue, in order, until the island stops."""
-        while True:
-            item = self._inbox.get()
-            if item is None:
-                return
-            handle, message = item
-            del item
-            with self.lock:
-                while self._inline:              # work run inline on a caller's thread goes first
-                    self._turn_waits += 1
-                    try:
-                        self._turn.wait()
-                    finally:
-                        self._turn_waits -= 1
-            try:
-                handle(message)
-            finally:
-                with self.lock:
-                    self._pending -= 1
-            del handle, message          # a waiting executor keeps no arrays of the last message alive
-
-    def _await(self, array, since: float, deadline: float | None = None) -> bool:
-        """Waits until `array` is computed, the island closes or `deadline` passes (then returns False),
-        polling: a thread blocked inside XLA when the interpreter exits would abort the process, and one
-        blocked there cannot give up. Each pause is a twentieth of the time waited since `since` (between
-        `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`): the end of a computation is seen within about 5% of its
-        duration, and the tracker seldom takes the GIL from the threads that dispatch."""
-        while not self._closed:
-            if _computed(array):
-                return True
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return False
-            time.sleep(min(max((now - since) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
-        return True
-
-    def _stop(self) -> None:
-        self._inbox.put(None)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(CLOSE_JOIN)
-            self._tracker.join(CLOSE_JOIN)
-
-    def _track(self) -> None:
-        """The completion tracker's thread: looks (`look`) for the end of the runs whose dispatch is over. It
-        is polled, never woken per run: on these machines waking a waiting thread for every run cost the
-        dispatching thread a GIL handoff of hundreds of microseconds. While a run is awaited it looks after a
-        twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`), so the end of a computation
-        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited, and
-        `_LANE_PAUSE` while a fast lane's caller dispatches here: each look takes the GIL from that thread, at
-        the cost of a handoff, which on a loaded machine is a wait for the scheduler (the lane looks itself
-        when it needs its credits back)."""
-        while True:
-            if not self._completions and self._closed:
-                return
-            self.look()
-            now = time.monotonic()
-            awaited = self._awaited
-            if now - self._lane_started < _LANE_PAUSE:
-                time.sleep(_LANE_PAUSE)
-            elif awaited is None:
-                time.sleep(_AWAIT_PAUSE)
-            else:
-                time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
-            del awaited
-
-    def look(self) -> bool:
-        """The completion tracker: retires, in the order their dispatch ended, the runs whose device work is
-        over (all, once the island is closed): records each one's device time (`device_clock.py`), forgets its
-        arrays and tells `on_done`. Returns whether any was retired. The tracker's thread calls it, and so does
-        whoever asks whether a run is over (`run_done`: the scheduler, a client, a fast lane that needs its
-        credits back), so each completion is found once, by whoever looks first. Lookers take turns (a look
-        never waits for a computation, so a turn is short)."""
-        retired = False
-        with self._looking:
-            while self._completions:
-                run = self._completions[0]
-                if not self._closed and not all(map(_computed, run.tracked)):
-                    if self._awaited is None or self._awaited[0] is not run:
-                        self._awaited = (run, max(run.began or 0.0, self._previous_end))
-                    break
-                self._completions.popleft()
-                self._previous_end = end = time.monotonic()
-                seconds = self._clock.end(run.id, end)
-                self._awaited = None
-                with self.lock:
-                    if self.wedged is not None and self._executing is None:
-                        self.wedged = None           # what was stuck is over: the island serves again
-                    self._seconds[run.id] = seconds * run.layout.devices
-                    while len(self._seconds) > HISTORY:
-                        self._seconds.popitem(last=False)
-                    if self._in_flight.get(run.id) is run.tracked:
-                        del self._in_flight[run.id]  # nothing of the run needs to stay alive now
-                    self._notify()
-                retired = True
-            run = None                           # a looking thread keeps no arrays alive
-        if retired and self.on_done is not None:
-            self.on_done()
-        return retired
-
-    def _started(self, work: IslandWork) -> None:
-        """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived)."""
-        with self.lock:
-            run = self._runs.get(work.run_id)
-        if run is None:
-            return                              # it failed (or was cancelled) meanwhile
-        try:
-            self._place(run, work.inputs)
-            if work.step_ids:
-                run.queue.append(self._program(work.plan_key, work.step_ids))
-            run.last = work.last
-            with self.lock:
-                run.parked = run.awaiting > 0
-            if run.parked:
-                return                           # `_produced` resumes it
-            self._place_referenced(run)
-        except BaseException as error:  # noqa: BLE001  (the run fails alone)
-            self._fail_and_tell(run.id, error)
-            return
-        self._advance(run)
-
-    def _delivered(self, message) -> None:
-        """A peer's send: moved to its home sharding here; the run resumes if it was parked on it."""
-        run_id, plan_key, buffer, array = message
-        with self.lock:
-            if run_id in self._failed or self._closed:
-                return
-        try:
-            moved = copy_to(array, self._layout(plan_key).shardings[buffer])
-        except BaseException as error:  # noqa: BLE001
-            self._fail_and_tell(run_id, error, plan_key)
-            return
-        with self.lock:
-            if run_id in self._failed:
-                return
-            run = self._runs.get(run_id)
-            if run is None:
-                self._early.setdefault(run_id, {})[buffer] = moved
-                self._notify()
-                return
-            run.slots[run.layout.slot[buffer]] = moved
-            self._notify()
-        if self.tracer is not None:
-            self.trace("recv over DCN", "dcn", _devices_of(moved, self), [moved], ("in", _flow_id(run_id, buffer)))
-        self._advance(run)
-
-    def _advance(self, run: IslandRun) -> None:
-        """Executes the run's queued programs from where it stopped, until done or parked (no lock held)."""
-        if run.parked:
-            return                               # a delivery came first; its arguments are still awaited
-        run.executing = True
-        now = time.monotonic()
-        if run.began is None:
-            run.began = now
-            self._clock.begin(run.id, now)
-        self._executing = (run, now)
-        try:
-            while run.queue:
-                program = run.queue[0]
-                pc, end = run.pc, len(program)
-                while pc < end:
-                    if not program[pc].execute(self, run):
-                        run.pc = pc
-                        return
-                    pc += 1
-                run.queue.popleft()
-                run.pc = 0
-                if self._waiting:
-                    with self.lock:
-                        self._changed.notify_all()      # a fetch may wait for what this program made
-        except BaseException as error:  # noqa: BLE001  (the run fails alone)
-            self._fail_and_tell(run.id, error)
-        finally:
-            self._executing = None
-            run.executing = False
-            with self.lock:
-                if self.wedged is not None and self._awaited is None:
-                    self.wedged = None           # the stuck instruction returned: the island serves again
-                if self._runs.get(run.id) is run and run.last and not run.queue:
-                    self._finish(run)
-                self._notify()
-
-    def _finish(self, run: IslandRun) -> None:
-        """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""
-        del self._runs[run.id]
-        if self._awaited_results:
-            self._produced(run)
-        owner = client_owner(run.client_id)
-        for buffer, slot in run.layout.outputs:
-            key = (run.id, buffer)
-            if key in self._dropped:
-                self._dropped.discard(key)
-            else:
-                self.store.add(key, owner, run.slots[slot])
-        self._in_flight[run.id] = run.tracked
-        run.slots = []                       # what is kept lives in the store now
-        self._completions.append(run)
-
-    def _fail(self, run_id: int, error: BaseException, plan_key: int | None = None) -> tuple[str, ...]:
-        """Fails a run here (under the lock); returns the other islands of its plan, to be told."""
-        run = self._runs.pop(run_id, None)
-        plan_key = run.plan_key if run is not None else plan_key
-        self._early.pop(run_id, None)
-        for key in [k for k in self._awaited_results if k[0] == run_id]:
-            for reader, _ in self._awaited_results.pop(key):      # their argument will never exist
-                self._pending += 1
-                self._inbox.put((self._argument_failed, (reader.id, run_id, error)))
-        self._clock.drop(run_id)
-        if run is None:
-            self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
-        if self._dropped:
-            self._dropped = {k for k in self._dropped if k[0] != run_id}
-        if not isinstance(error, RunFailed):
-            failed = RunFailed(f"run {run_id} failed on {self.name}: {type(error).__name__}: {error}")
-            failed.__cause__ = without_traceback(error)
-            error = failed
-        self._failed[run_id] = without_traceback(error)
-        while len(self._failed) > FAILED_HISTORY:
-            self._failed.popitem(last=False)
-        self._notify()
-        if plan_key is None or plan_key not in self._plans:
-            return ()
-        return tuple(island for island in self._plans[plan_key][0].islands if island != self.name)
-
-    def _argument_failed(self, message) -> None:
-        reader, producer, error = message
-        self._fail_and_tell(reader, RunFailed(f"run {reader} takes a result of run {producer}, which failed: "
-                                              f"{error}"))
-
-    def _fail_and_tell(self, run_id: int, error: BaseException, plan_key: int | None = None) -> None:
-        """Fails a run here and on the other islands of its plan (called with no lock held)."""
-        with self.lock:
-            if run_id in self._failed:
-                return
-            peers = self._fail(run_id, error, plan_key)
-        self._tell(peers, run_id)
-
-    def _tell(self, peers: tuple[str, ...], run_id: int) -> None:
-        """Tells the peer islands that a run failed here (no lock held: peers take their own)."""
-        error = self._failed.get(run_id)
-        for island in peers:
-            self._peer(island).fail_run(run_id, error)
-
-    def _wait(self, deadline: float | None, late: str) -> None:
-        """Waits (holding the lock) until something changes; TimeoutError(`late`) once `deadline` passed."""
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise TimeoutError(late)
-        self._waiting += 1
-        try:
-            self._changed.wait(remaining)
-        finally:
-            self._waiting -= 1
-
-    def _notify(self) -> None:
-        if self._waiting:
-            self._changed.notify_all()
-
-    def send(self, run: IslandRun, peer: str, peer_buffer: int, array, nbytes: int, link) -> None:
-        """Hands `array` to `peer` as its `peer_buffer` of the run (DCN), emulating the link if asked."""
-        if self.tracer is not None:
-            self.trace(f"send to {peer}", "dcn", _devices_of(array, self), [array], ("out", _flow_id(run.id, peer_buffer)))
-        target = self._peer(peer)
-        if self._transport is None or self._transport.inline:
-            target.deliver(run.id, run.plan_key, peer_buffer, array)
-            return
-        self._transport.send(array, nbytes, link, lambda moved: target.deliver(run.id, run.plan_key, peer_buffer,
-                                                                               moved),
-                             lambda error: target.fail_run(run.id, error))
 
     # -- host work, once per plan --------------------------------------------
 
@@ -942,14 +476,3 @@ class Island:
         """Records a step in the trace being taken (see `Runtime.start_tracing`)."""
         if self.tracer is not None:
             self.tracer.record(name, kind, self.name, devices, arrays, flow)
-
-
-def _flow_id(run_id: int, buffer: int) -> int:
-    """The id joining the two ends of one DCN transfer in a trace: the run and the receiving buffer."""
-    return run_id * 1_000_003 + buffer
-
-
-def _devices_of(array, island: Island) -> tuple[int, ...]:
-    """The island-local ids of the devices an array lives on."""
-    local = {d.id: i for i, d in enumerate(island.device_map.devices[island.name])}
-    return tuple(sorted(local[d.id] for d in array.sharding.device_set if d.id in local))

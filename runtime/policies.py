@@ -1,8 +1,8 @@
-"""The gang scheduler's policies: their names, their windows, and the check of a name.
+"""The gang scheduler's policies: one object per policy, answering what the scheduler asks of it.
 
 Kept apart from `scheduler.py` (which imports JAX through the islands) so that `pw-serve` and
-`pw.configure` check a policy before anything starts; how each policy orders queued runs is in
-`scheduler.py` (`GangScheduler._heads`).
+`pw.configure` parse a policy before anything starts. A policy name (`policy="sjf"`, `--policy`) is
+parsed once, by `parse_policy`, into one of these objects:
 
 - `fifo`: arrival order; every run that fits is admitted at once.
 - `share`: start-time fair queueing on device time, by client weight.
@@ -11,21 +11,113 @@ Kept apart from `scheduler.py` (which imports JAX through the islands) so that `
   those with one, in arrival order).
 
 Every policy but `fifo` admits at most `window` runs onto the devices at a time (the runs queued
-beyond it are the ones the policy orders); `WINDOWS` gives each one's default.
+beyond it are the ones the policy orders); each class's `default_window` gives its default.
+
+The scheduler asks a policy two things: in which order to look at the clients' oldest queued runs
+(`order`), and what to record when it admits a run (`admitted`: `share` advances the client's virtual
+time). Both are called under the scheduler's lock.
 """
 
 from __future__ import annotations
 
-POLICIES = ("fifo", "share", "sjf", "deadline")
-# Admitted runs that may be on the devices at once, by policy (None: no window). Two keeps an island's
-# executor fed (one run executing, the next queued behind it) while a short run waits for at most those.
-WINDOWS = {"fifo": None, "share": 4, "sjf": 2, "deadline": 2}
+import math
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
+
+if TYPE_CHECKING:
+    from .run import Run
+    from .scheduler import _Queued
+
+DeviceSeconds = Callable[["Run"], float]   # the scheduler's estimate of a run's device time
 
 
-def check_policy(policy: str, window: int | None = None) -> None:
-    """Raises ValueError in one line unless `policy` names a policy and `window` (if given) is a positive
-    integer."""
+class Policy:
+    """The order in which queued runs are admitted, and the window of admitted runs it orders beyond."""
+
+    name: ClassVar[str]
+    # Admitted runs that may be on the devices at once (None: no window). Two keeps an island's
+    # executor fed (one run executing, the next queued behind it) while a short run waits for at most those.
+    default_window: ClassVar[int | None]
+
+    def __init__(self, window: int | None = None):
+        self.window = self.default_window if window is None else window
+
+    @property
+    def windowed(self) -> bool:
+        """Whether at most `window` admitted runs are on the devices at a time (all policies but fifo)."""
+        return self.window is not None
+
+    def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
+        """Sorts the clients' oldest queued runs into the order they are looked at (ties: arrival)."""
+        heads.sort(key=lambda item: item.arrival)
+
+    def admitted(self, run: Run, waiting: Iterable[int], device_seconds: DeviceSeconds) -> None:
+        """Records that `run` is admitted while the clients `waiting` have runs queued."""
+
+
+class Fifo(Policy):
+    """Arrival order, no window."""
+
+    name = "fifo"
+    default_window = None
+
+    def __init__(self, window: int | None = None):
+        super().__init__()      # a window given with fifo is checked, not used: fifo has none
+
+
+class Share(Policy):
+    """Proportional share of device time by client weight: start-time fair queueing. The run with the
+    smallest virtual start time goes first; each client's virtual time advances by its admitted runs'
+    device time over their weight."""
+
+    name = "share"
+    default_window = 4
+
+    def __init__(self, window: int | None = None):
+        super().__init__(window)
+        self.virtual: dict[int, float] = {}      # client -> its virtual time
+
+    def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
+        floor = min(self.virtual.get(item.run.client_id, 0.0) for item in heads)
+        heads.sort(key=lambda item: (max(self.virtual.get(item.run.client_id, 0.0), floor), item.run.client_id))
+
+    def admitted(self, run: Run, waiting: Iterable[int], device_seconds: DeviceSeconds) -> None:
+        start = self.virtual.get(run.client_id, 0.0)
+        floor = min([start] + [self.virtual.get(c, 0.0) for c in waiting])
+        self.virtual[run.client_id] = max(start, floor) + device_seconds(run) / run.weight
+
+
+class ShortestJobFirst(Policy):
+    """The run of least device time first (ties: arrival order)."""
+
+    name = "sjf"
+    default_window = 2
+
+    def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
+        heads.sort(key=lambda item: (device_seconds(item.run), item.arrival))
+
+
+class EarliestDeadlineFirst(Policy):
+    """The run whose `timeout=` ends first; runs without one after those with one, in arrival order."""
+
+    name = "deadline"
+    default_window = 2
+
+    def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
+        heads.sort(key=lambda item: (math.inf if item.run.deadline is None else item.run.deadline, item.arrival))
+
+
+POLICY_CLASSES: dict[str, type[Policy]] = {cls.name: cls for cls in (Fifo, Share, ShortestJobFirst,
+                                                                      EarliestDeadlineFirst)}
+POLICIES = tuple(POLICY_CLASSES)
+
+
+def parse_policy(policy: str | Policy, window: int | None = None) -> Policy:
+    """Returns the policy named `policy` with `window` (a Policy is returned as it is); raises ValueError in
+    one line unless `policy` names a policy and `window` (if given) is a positive integer."""
+    if isinstance(policy, Policy):
+        return policy
     if policy not in POLICIES:
         raise ValueError(f"unknown scheduling policy {policy!r} (choose from {', '.join(POLICIES)})")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window= must be a positive integer (admitted runs on the devices), not {window!r}")
+    return POLICY_CLASSES[policy](window)

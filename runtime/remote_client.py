@@ -31,6 +31,7 @@ from pathways_mlir.dialect.topology import Topology
 
 from .array_reference import ArrayReference
 from .authentication import client_handshake, read_key
+from .dispatch_mode import DispatchMode
 from .runtime import release_default
 from .status import Status
 from .limits import Limits
@@ -205,11 +206,12 @@ class RemoteClient:
             found = self._names[id(plan)] = (plan, reply["name"], version)   # keeps `plan` alive, its id unique
         return found[1]
 
-    def run(self, plan: ProgramPlan, args, dispatch: str = "parallel",
+    def run(self, plan: ProgramPlan, args, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
             timeout: float | None = None) -> list[RemoteHandle]:
         """Runs `plan` on `args` (arrays, this client's remote handles, shared objects); returns one remote
         handle per output, at once. Raises TopologyChanged if the cluster's topology changed since `plan` was sent.
         With `timeout`, the service cancels the run if it is not over by then (see `Client.start`)."""
+        dispatch = DispatchMode.parse(dispatch)
         name = self.load(plan)
         version = self._names[id(plan)][2]
         spec, arrays = [], []

@@ -22,9 +22,9 @@ from .backends import backend_named
 from .cluster import DeviceMap
 from .dispatch import LoadedPlan
 from .fast_lane import FastLane
-from .island import IslandLost, RunCancelled, client_owner, raised
+from .island_work import IslandLost, RunCancelled, client_owner, raised
 from .plan_check import check_plan
-from .policies import check_policy
+from .policies import parse_policy
 from .resource_manager import ResourceManager
 from .run import Run
 from .scheduler import GangScheduler
@@ -70,7 +70,7 @@ class Runtime:
                  compiled_graph: bool = True, wedge_timeout: float | None = None):
         chosen = backend_named(backend, {"address": address, "compiled_graph": compiled_graph,
                                          "wedge_timeout": wedge_timeout})
-        check_policy(policy, window)
+        policy = parse_policy(policy, window)
         check_shape(islands, per_island)
         self.backend = backend
         self.tracer: Tracer | None = None
@@ -344,7 +344,7 @@ def configure(**options) -> None:
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} of pw.configure (options: {', '.join(sorted(known))})")
     check_shape(options.get("islands"), options.get("per_island"))
-    check_policy(options.get("policy", "fifo"), options.get("window"))
+    parse_policy(options.get("policy", "fifo"), options.get("window"))
     global _default, _default_options
     with _default_lock:
         if _default is not None:

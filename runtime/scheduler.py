@@ -31,7 +31,7 @@ admitted. So once at the head of its client's queue, a run waits for at
 most `OVERTAKES` runs admitted after it, then for the runs in flight (a
 place in the window, the memory it needs).
 
-Shared objects (`runtime/shared.py`) are counted once, for their owner.
+Shared objects (`runtime/shared.py`) are counted once, for their owner (`held_results.py`).
 From its submission until it is over, a run that reads one is one of the
 object's readers; an owner's release of an object still read takes effect
 (its bytes go back) when the last reader is over, and a run submitted after
@@ -41,31 +41,16 @@ The rest of a run already admitted (the steps after a host `cond`, or the
 steps of a sequential dispatch) is delivered at once with a new ticket: it
 needs no more memory.
 
-Policies (`policies.py`; the order in which clients' oldest queued runs are
-looked at). Every policy but `fifo` admits at most `window` runs onto the
-devices at a time: what the policy orders is the runs queued beyond it, and
-the order it picks is fixed at admission, by the tickets.
+Policies (`policies.py`, one object each: fifo, share, sjf, deadline) give
+the order in which clients' oldest queued runs are looked at. Every policy
+but `fifo` admits at most `window` runs onto the devices at a time: what the
+policy orders is the runs queued beyond it, and the order it picks is fixed
+at admission, by the tickets. Under `fifo` the submitting thread admits a
+run itself when its client has nothing queued and it fits (under the other
+policies, when nothing at all is queued and the window has a place).
 
-- `fifo`: arrival order, no window. The submitting thread admits a run
-  itself when its client has nothing queued and it fits (under the other
-  policies, when nothing at all is queued and the window has a place).
-- `share`: proportional share of device time across clients by weight: the
-  run with the smallest virtual start time goes first (start-time fair
-  queueing: each client's virtual time advances by the run's device time
-  over its weight).
-- `sjf`: shortest job first, the run of least device time first (ties:
-  arrival order). A short request waits for the runs in the window, not
-  for the long runs queued before it.
-- `deadline`: earliest deadline first, a run's deadline being when its
-  `timeout=` ends (`Runtime.set_deadline`); runs without one go after the
-  runs with one, in arrival order.
-
-A run's device time (`device_seconds`, what `share` charges and `sjf`
-orders by) is its plan's estimate (`pw.cost` at the device rates,
-`dialect/device_time.py`, scaled by how other plans' measured runs compared
-with their estimates) until runs of the plan have finished; from then on the
-mean of their measured device time (a moving average of the islands'
-reports).
+A run's device time (what `share` charges and `sjf` orders by) is
+estimated by `device_estimates.py`.
 
 `hold()` stops admissions (new work queues up) until `release()`; `cancel`
 takes a queued run out or fails an admitted one on every island.
@@ -79,16 +64,17 @@ import math
 import threading
 from typing import Any, Callable
 
-from .admission import MemoryLedger, OutOfDeviceMemory, result_need
-from .island import IslandWork, RunFailed, raised
-from .policies import WINDOWS, check_policy
+from .admission import MemoryLedger, OutOfDeviceMemory
+from .device_estimates import DeviceTimeEstimates
+from .held_results import HeldResults
+from .island_work import IslandWork, RunFailed, raised
+from .policies import Policy, parse_policy
 from .run import Run
-from .status import shortfall
+from .status import held_by_handles, shortfall
 
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
 OVERTAKES = 64        # how many runs may overtake a queued run before it holds a reservation (goes next)
 _POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
-_MEASURED_WEIGHT = 0.25   # the weight of a run's measured device time in its plan's moving average
 _WAIT_SLICE = 0.02    # seconds the admission thread waits on one run before looking at the others
 
 
@@ -104,14 +90,12 @@ class _Queued:
 class GangScheduler:
     """Admits runs from all clients and delivers their work to islands, in ticket order."""
 
-    def __init__(self, islands: dict[str, Any], ledger: MemoryLedger, policy: str = "fifo",
+    def __init__(self, islands: dict[str, Any], ledger: MemoryLedger, policy: Policy | str = "fifo",
                  window: int | None = None):
-        check_policy(policy, window)
         self.islands = islands
         self.ledger = ledger
-        self.policy = policy
-        self.window = WINDOWS[policy] if window is None else window   # (fifo has none)
-        self._windowed = policy != "fifo"
+        self.policy = parse_policy(policy, window)
+        self.window = self.policy.window     # (fifo has none)
         self._tickets = itertools.count()
         self._arrivals = itertools.count()
         self._lock = threading.RLock()
@@ -121,14 +105,9 @@ class GangScheduler:
         self._queues: dict[int, collections.deque[_Queued]] = {}   # client -> its queued runs, in order
         self._queued = 0
         self._reserved: _Queued | None = None
-        self._virtual: dict[int, float] = {}
-        self._measured: dict[int, float] = {}          # plan key -> moving average of measured device time
-        self._calibration: float | None = None         # moving average of measured over estimated device time
+        self.estimates = DeviceTimeEstimates()
         self._in_flight: dict[int, Run] = {}           # admitted runs still on the devices, by admission
-        self._held_results: dict[tuple[int, int], tuple[int, dict]] = {}
-        self._gone: set[int] = set()      # closed clients: results of their runs are not kept
-        self._readers: dict[tuple[int, int], int] = {}   # shared object -> its runs submitted and not over
-        self._unshared: set[tuple[int, int]] = set()     # shared objects released while read: kept till then
+        self._results = HeldResults(ledger)
         self._lanes: list = []            # the fast lanes of loaded plans (runtime/fast_lane.py)
         self._held = False
         self._blocked = False
@@ -151,11 +130,11 @@ class GangScheduler:
             if self._closed:
                 raise RuntimeError("the runtime is closed")
             if run.reads:
-                self._read(run)
+                self._results.read(run)
             try:
                 jobs = self._admit_now(run, works)
             except BaseException:
-                self._unread(run)
+                self._results.unread(run)
                 raise
             if jobs is None:
                 self._queues.setdefault(run.client_id, collections.deque()).append(
@@ -173,7 +152,7 @@ class GangScheduler:
         hold what it lacks."""
         self._submits += 1
         if self._queues.get(run.client_id) or self._held or \
-                (self._windowed and (self._queued or len(self._in_flight) >= self.window)):
+                (self.policy.windowed and (self._queued or len(self._in_flight) >= self.window)):
             return None
         if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
             self._poll(_POLL_AFTER)
@@ -211,36 +190,20 @@ class GangScheduler:
         with self._lock:
             if run.id in self._in_flight:
                 self._poll(len(self._in_flight))
-            key = (run.id, buffer)
-            if key not in self._held_results or key in self._unshared:
-                raise ValueError(f"buffer {buffer} of run {run.id} of {run.plan.program} cannot be shared: it is "
-                                 f"not held on devices (released, failed, or a host value)")
+            self._results.check_shareable(run, buffer)
 
     def release_result(self, run: Run, buffer: int, donated: bool = False) -> None:
         """A result's handle was released: its bytes go back once the run is over (and, for a shared object,
         once the runs reading it are). A `donated` result that is held stays reserved until the run it was
-        donated to is admitted (`_hand_over`)."""
+        donated to is admitted (`HeldResults.hand_over`)."""
         with self._lock:
-            if self._readers.get((run.id, buffer)):
-                self._unshared.add((run.id, buffer))
-                return
-            if (run.id, buffer) not in self._held_results:
-                run.released.add(buffer)
-                return
-            if donated:
-                return
-            self.ledger.give(self._held_results.pop((run.id, buffer))[1])
-            self._pump()
+            if self._results.release(run, buffer, donated):
+                self._pump()
 
     def release_client(self, client_id: int) -> None:
         """A client closed: the bytes of every result it held go back."""
         with self._lock:
-            self._gone.add(client_id)
-            for key in [k for k, (c, _) in self._held_results.items() if c == client_id]:
-                if self._readers.get(key):
-                    self._unshared.add(key)
-                else:
-                    self.ledger.give(self._held_results.pop(key)[1])
+            self._results.release_client(client_id)
             self._pump()
 
     def wake(self) -> None:
@@ -250,25 +213,13 @@ class GangScheduler:
                 self._unblocked.notify_all()
 
     def record_device_seconds(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
-        """Folds one run's measured device time into its plan's moving average (what `share` charges and `sjf`
-        orders by), and its ratio to the plan's `estimate` into the factor that scales the estimates of plans
-        not measured yet (so that estimated and measured runs are charged on one scale)."""
+        """Folds one run's measured device time into its plan's estimate (`DeviceTimeEstimates.record`)."""
         with self._lock:
-            before = self._measured.get(plan_key)
-            self._measured[plan_key] = seconds if before is None else \
-                before + _MEASURED_WEIGHT * (seconds - before)
-            if estimate:
-                ratio = seconds / estimate
-                self._calibration = ratio if self._calibration is None else \
-                    self._calibration + _MEASURED_WEIGHT * (ratio - self._calibration)
+            self.estimates.record(plan_key, seconds, estimate)
 
     def device_seconds(self, run: Run) -> float:
-        """Returns the device time of a run of this plan, as `share` charges it and `sjf` orders by: measured
-        if known, else estimated (scaled by how measured runs compared with their estimates)."""
-        measured = self._measured.get(run.key)
-        if measured is not None:
-            return measured
-        return run.cost * (self._calibration or 1.0)
+        """Returns the device time of a run, as `share` charges it and `sjf` orders by (measured if known)."""
+        return self.estimates.of(run)
 
     def usage(self) -> dict[tuple[str, int], int]:
         """Returns the bytes reserved on every device, after retiring the runs that are over."""
@@ -289,8 +240,8 @@ class GangScheduler:
                         why = f"run {queue[0].run.id} of its client (a client's runs are admitted in order)"
                     elif self._held:
                         why = "admission, which is held"
-                    elif self._windowed and len(self._in_flight) >= self.window:
-                        why = f"a place in the {self.policy} window ({self.window} runs on the devices)"
+                    elif self.policy.windowed and len(self._in_flight) >= self.window:
+                        why = f"a place in the {self.policy.name} window ({self.window} runs on the devices)"
                     elif self._reserved is not None and item is not self._reserved and \
                             not self.ledger.fits_beside(run.need, self._reserved.run.need):
                         why = f"run {self._reserved.run.id}, which holds a reservation (it was overtaken " \
@@ -299,7 +250,7 @@ class GangScheduler:
                         why = shortfall(self.ledger, run.need) or "admission (it fits now)"
                     queued.append({"run": run.id, "client": run.client_id, "program": run.plan.program,
                                    "waits_for": why})
-            return {"policy": self.policy, "queued": queued, "admitted": list(self._in_flight)}
+            return {"policy": self.policy.name, "queued": queued, "admitted": list(self._in_flight)}
 
     def fail_island(self, island: str, error: Callable[[Run], BaseException]) -> list[Run]:
         """Fails the queued runs that need a lost island with `error(run)`; returns the admitted runs still
@@ -365,17 +316,7 @@ class GangScheduler:
         heads = [q[0] for q in self._queues.values() if q]
         if len(heads) < 2:
             return heads
-        if self.policy == "share":
-            floor = min(self._virtual.get(item.run.client_id, 0.0) for item in heads)
-            heads.sort(key=lambda item: (max(self._virtual.get(item.run.client_id, 0.0), floor),
-                                         item.run.client_id))
-        elif self.policy == "sjf":
-            heads.sort(key=lambda item: (self.device_seconds(item.run), item.arrival))
-        elif self.policy == "deadline":
-            heads.sort(key=lambda item: (math.inf if item.run.deadline is None else item.run.deadline,
-                                         item.arrival))
-        else:
-            heads.sort(key=lambda item: item.arrival)
+        self.policy.order(heads, self.device_seconds)
         if self._reserved is not None and self._reserved in heads:
             heads.remove(self._reserved)
             heads.insert(0, self._reserved)
@@ -385,7 +326,7 @@ class GangScheduler:
         """Admits queued runs that fit, in the policy's order; fails those that never will. Under the lock."""
         polled = False
         while self._queued and not self._held and not self._closed:
-            if self._windowed and len(self._in_flight) >= self.window:
+            if self.policy.windowed and len(self._in_flight) >= self.window:
                 if polled or not self._poll(len(self._in_flight)):
                     self._block()
                     return
@@ -442,7 +383,7 @@ class GangScheduler:
         """Whether `run`'s peak fits now, counting the results donated to it as its own bytes."""
         if not run.donations:
             return self.ledger.fits(run.need)
-        handed = [self._held_results[k][1] for k in run.donations if k in self._held_results]
+        handed = self._results.donated_needs(run)
         for need in handed:
             self.ledger.give(need)
         fits = self.ledger.fits(run.need)
@@ -450,46 +391,10 @@ class GangScheduler:
             self.ledger.take(need)
         return fits
 
-    def _hand_over(self, run: Run) -> None:
-        """The results donated to `run` stop being held: admitted, its peak counts them; failed, they are gone."""
-        for key in run.donations:
-            held = self._held_results.pop(key, None)
-            if held is not None:
-                self.ledger.give(held[1])
-
     def _held_by_handles(self, run: Run) -> str | None:
         """Says why `run` cannot fit even once every run in flight is over, or None if it could then."""
-        floor = self.ledger.copy()
-        holders: dict[tuple[str, int], dict[int, list[int]]] = {}
-        ancestors = set()
-        parent = run.parent
-        while parent is not None:                   # a branch's parents wait for it: they free nothing first
-            ancestors.add(parent.id)
-            parent = parent.parent
-        for other in self._in_flight.values():
-            if other.id in ancestors:
-                continue
-            floor.give(other.need)
-            for buffer in other.plan.outputs:
-                if buffer not in other.released and other.error is None and other.client_id not in self._gone:
-                    need = result_need(other.plan, buffer)
-                    floor.take(need)
-                    _count(holders, other.client_id, need)
-        for key, (client, need) in self._held_results.items():
-            if key in run.donations:
-                floor.give(need)                    # the run takes these bytes over
-            else:
-                _count(holders, client, need)
-        where = floor.first_short(run.need)
-        if where is None:
-            return None
-        island, device, nbytes, used = where
-        held = holders.get((island, device), {})
-        who = "; ".join(f"client {c} holds {n} object(s), {b} bytes" for c, (n, b) in sorted(held.items())) or \
-            "nothing is held by handles"
-        return (f"program {run.plan.program} needs {nbytes} bytes on device {device} of {island}, which has "
-                f"{floor.capacity[island]} bytes, {used} of them held by live handles that nothing in flight "
-                f"will free ({who}): release results (handle.delete()) or use less memory")
+        return held_by_handles(self.ledger, run, self._in_flight.values(), self._results.held,
+                               self._results.gone)
 
     def add_lane(self, lane) -> None:
         """Keeps a fast lane (`runtime/fast_lane.py`), whose unused credits `_reclaim` takes back."""
@@ -504,38 +409,11 @@ class GangScheduler:
             reclaimed = lane.reclaim() or reclaimed
         return reclaimed
 
-    def _read(self, run: Run) -> None:
-        """Counts `run` as a reader of the shared objects it reads; raises ValueError if one was released."""
-        for key in run.reads:
-            if key not in self._held_results or key in self._unshared:
-                raise ValueError(f"program {run.plan.program} reads a shared object (buffer {key[1]} of run "
-                                 f"{key[0]}) that its owner has released")
-        for key in run.reads:
-            self._readers[key] = self._readers.get(key, 0) + 1
-
-    def _unread(self, run: Run) -> None:
-        """`run` is over (or never ran): an object it read that its owner released, read by no other run in
-        flight, gives its bytes back now."""
-        for key in run.reads:
-            left = self._readers.get(key, 0) - 1
-            if left > 0:
-                self._readers[key] = left
-                continue
-            self._readers.pop(key, None)
-            if key in self._unshared:
-                self._unshared.discard(key)
-                self.ledger.give(self._held_results.pop(key)[1])
-        run.reads = ()
-
     def _admit(self, run: Run, works: Works, inline: bool = False) -> list:
-        self._hand_over(run)
+        self._results.hand_over(run)
         self.ledger.take(run.need)
         self._in_flight[run.id] = run
-        if self.policy == "share":
-            waiting = [self._virtual.get(c, 0.0) for c, q in self._queues.items() if q]
-            floor = min([self._virtual.get(run.client_id, 0.0)] + waiting)
-            self._virtual[run.client_id] = max(self._virtual.get(run.client_id, 0.0), floor) + \
-                self.device_seconds(run) / run.weight
+        self.policy.admitted(run, [c for c, q in self._queues.items() if q], self.device_seconds)
         jobs = self._deliver(run, works, inline)
         run.admitted = True
         self._admissions.notify_all()
@@ -564,12 +442,8 @@ class GangScheduler:
         else:
             self.ledger.give(run.need)
         if run.reads:
-            self._unread(run)
-        for buffer in run.plan.outputs:
-            need = result_need(run.plan, buffer)
-            if need and buffer not in run.released and run.error is None and run.client_id not in self._gone:
-                self.ledger.take(need)
-                self._held_results[(run.id, buffer)] = (run.client_id, need)
+            self._results.unread(run)
+        self._results.keep(run)
         seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
         if run.error is None and all(s is not None for s in seconds):
             self.record_device_seconds(run.key, sum(seconds), run.cost)
@@ -579,9 +453,9 @@ class GangScheduler:
         for island in run.islands:
             self.islands[island].fail_run(run.id, error)
         with self._lock:
-            self._hand_over(run)
+            self._results.hand_over(run)
             if run.reads:
-                self._unread(run)
+                self._results.unread(run)
             run.admitted = True
             self._admissions.notify_all()
 
@@ -597,12 +471,3 @@ class GangScheduler:
                 self._poll(len(self._in_flight))
                 self._pump()
 
-
-def _count(holders: dict, client: int, need: dict) -> None:
-    """Adds one object of `client` with `need` to the holders of each device it covers."""
-    for island, ranges in need.items():
-        for begin, end, nbytes in ranges:
-            for device in range(begin, end):
-                entry = holders.setdefault((island, device), {}).setdefault(client, [0, 0])
-                entry[0] += 1
-                entry[1] += nbytes

@@ -22,7 +22,12 @@ gathers, as plain data that travels through Ray:
 
 from __future__ import annotations
 
-from .admission import MemoryLedger, Need
+from typing import TYPE_CHECKING, Iterable
+
+from .admission import MemoryLedger, Need, result_need
+
+if TYPE_CHECKING:
+    from .run import Run
 
 
 def shortfall(ledger: MemoryLedger, need: Need) -> str | None:
@@ -33,6 +38,54 @@ def shortfall(ledger: MemoryLedger, need: Need) -> str | None:
     island, device, nbytes, used = short
     return f"memory: {nbytes} bytes on device {device} of {island}, which has {used} of " \
            f"{ledger.capacity[island]} bytes reserved"
+
+
+def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
+                    held_results: dict[tuple[int, int], tuple[int, Need]], gone: set[int]) -> str | None:
+    """Says why `run` cannot fit even once every run `in_flight` is over (what blocks it is held by live
+    handles: `held_results`, (run id, buffer) -> (client, need), and the results of runs in flight whose
+    clients are not `gone`), or None if it could then."""
+    floor = ledger.copy()
+    holders: dict[tuple[str, int], dict[int, list[int]]] = {}
+    ancestors = set()
+    parent = run.parent
+    while parent is not None:                   # a branch's parents wait for it: they free nothing first
+        ancestors.add(parent.id)
+        parent = parent.parent
+    for other in in_flight:
+        if other.id in ancestors:
+            continue
+        floor.give(other.need)
+        for buffer in other.plan.outputs:
+            if buffer not in other.released and other.error is None and other.client_id not in gone:
+                need = result_need(other.plan, buffer)
+                floor.take(need)
+                _count(holders, other.client_id, need)
+    for key, (client, need) in held_results.items():
+        if key in run.donations:
+            floor.give(need)                    # the run takes these bytes over
+        else:
+            _count(holders, client, need)
+    where = floor.first_short(run.need)
+    if where is None:
+        return None
+    island, device, nbytes, used = where
+    held = holders.get((island, device), {})
+    who = "; ".join(f"client {c} holds {n} object(s), {b} bytes" for c, (n, b) in sorted(held.items())) or \
+        "nothing is held by handles"
+    return (f"program {run.plan.program} needs {nbytes} bytes on device {device} of {island}, which has "
+            f"{floor.capacity[island]} bytes, {used} of them held by live handles that nothing in flight "
+            f"will free ({who}): release results (handle.delete()) or use less memory")
+
+
+def _count(holders: dict, client: int, need: dict) -> None:
+    """Adds one object of `client` with `need` to the holders of each device it covers."""
+    for island, ranges in need.items():
+        for begin, end, nbytes in ranges:
+            for device in range(begin, end):
+                entry = holders.setdefault((island, device), {}).setdefault(client, [0, 0])
+                entry[0] += 1
+                entry[1] += nbytes
 
 
 class Status(dict):

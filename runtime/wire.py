@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .admission import OutOfDeviceMemory
-from .island import IslandLost, IslandWedged, RunCancelled, RunFailed
+from .island_work import IslandLost, IslandWedged, RunCancelled, RunFailed
 from .limits import Limits
 from .resource_manager import TopologyChanged
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from pathways_mlir.dialect.plan import Branch
+from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
 from .runs import RunRecord, RunState, SimError, Submission
 
@@ -90,7 +91,7 @@ class HostConds:
                 puts.setdefault(island, []).append(outer)
         run.conds_done |= {cond.id}
         steps = {}
-        if run.sub.dispatch == "parallel":
+        if run.sub.dispatch is DispatchMode.PARALLEL:
             held = run.prep.held
             steps = {i: tuple(s for s in run.prep.plan.islands[i] if cond.id in held[s.id]
                               and held[s.id] <= run.conds_done) for i in run.prep.islands}

@@ -51,15 +51,16 @@ from typing import Callable
 
 from pathways_mlir.dialect.plan import Branch, Copy, Free, Launch, ProgramPlan, Recv, Send, Step
 from pathways_mlir.runtime.admission import MemoryLedger
+from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
 from .branches import BranchOutcomes
 from .conds import HostConds
 from .network import Links
 from .plan_view import PreparedPlan, check_describes
 from .profile import Profile
-from .runs import MODES, RunRecord, RunState, SimError, SimResult, Span, Submission
+from .runs import RunRecord, RunState, SimError, SimResult, Span, Submission
 
-__all__ = ["MODES", "RunRecord", "SimError", "SimResult", "Simulator", "Span", "Submission"]
+__all__ = ["RunRecord", "SimError", "SimResult", "Simulator", "Span", "Submission"]
 
 
 class Simulator(HostConds):
@@ -79,8 +80,6 @@ class Simulator(HostConds):
         if not submissions:
             raise SimError("nothing to simulate")
         for sub in submissions:
-            if sub.dispatch not in MODES:
-                raise SimError(f"unknown dispatch mode '{sub.dispatch}' (one of {', '.join(MODES)})")
             if self._prepare(sub.plan).plan.host_steps and self.branches is None:
                 raise SimError(f"@{sub.plan.program} has host branch steps (pw.cond): give a branch probability "
                                f"(--branch-probability P) or a trace of predicate values (--branch-trace FILE)")
@@ -182,7 +181,7 @@ class Simulator(HostConds):
         controller's to run, one after another, until each parks or is done (the runtime's `run_inline`);
         the controller goes on only after that."""
         host = self.profile.host
-        parallel = run.sub.dispatch == "parallel"
+        parallel = run.sub.dispatch is DispatchMode.PARALLEL
         for b in run.prep.inputs.get(None, ()):               # host values: the client has them
             run.ready[b] = self.now
             run.set_exists(b, self.now)

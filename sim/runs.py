@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from pathways_mlir.dialect.plan import ProgramPlan, Step
+from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
 if TYPE_CHECKING:
     from .plan_view import PreparedPlan
-
-MODES = ("parallel", "sequential")
 
 
 class SimError(ValueError):
@@ -25,9 +24,15 @@ class Submission:
     are), which cross no PCIe."""
 
     plan: ProgramPlan
-    dispatch: str = "parallel"
+    dispatch: DispatchMode = DispatchMode.PARALLEL     # a mode's name is parsed here
     at: float = 0.0
     resident: frozenset[int] = frozenset()
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "dispatch", DispatchMode.parse(self.dispatch))
+        except ValueError as error:
+            raise SimError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class RunRecord:
     """Simulated times of one run (seconds from the start of the simulation)."""
 
     program: str
-    dispatch: str
+    dispatch: DispatchMode
     submitted: float
     admitted: float = -1.0
     done: float = -1.0

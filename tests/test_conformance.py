@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.interface import ClusterRuntime, IslandEndpoint, IslandGroup
-from pathways_mlir.runtime.island import RunFailed
+from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 from fetching import settled
 from protocols import check_implements

@@ -16,7 +16,7 @@ from test_admission_and_lifetimes import ONE_RUN, X, cross_island, tanh2
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.fast_lane import CREDITS
-from pathways_mlir.runtime.island import RunFailed
+from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 
 CHAIN = 3 * CREDITS      # more runs than one lane holds credits for: credits must come back

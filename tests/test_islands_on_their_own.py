@@ -19,7 +19,7 @@ from test_admission_and_lifetimes import X, cross_island, tanh2
 from pathways_mlir.dialect.memory_plan import with_memory_plan
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.island import FAILED_HISTORY, IslandWedged, RunFailed
+from pathways_mlir.runtime.island_work import FAILED_HISTORY, IslandWedged, RunFailed
 from pathways_mlir.runtime.runtime import RunCancelled, Runtime
 
 LONG_S = 3.0            # how long the long computations are sized to run

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.island import RunFailed
+from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 
 ray = pytest.importorskip("ray")
@@ -120,13 +120,13 @@ def test_the_scheduler_charges_the_device_time_the_actors_measured(ray_runtime):
     key = ray_runtime.load(plan).key
     with Client(ray_runtime) as client:
         deadline = time.monotonic() + 60
-        while key not in ray_runtime.scheduler._measured:     # a run's end may be learnt before it is timed
+        while ray_runtime.scheduler.estimates.measured(key) is None:     # a run's end may be learnt before it is timed
             assert time.monotonic() < deadline, "a run's measured device time reaches the scheduler within 60 s"
             run = client.start(plan, [X])
             while run.id in ray_runtime.scheduler._in_flight and time.monotonic() < deadline:
                 ray_runtime.usage()                         # retires the run once the actors say it is over
                 time.sleep(0.01)
-        assert 0 < ray_runtime.scheduler._measured[key] < 60
+        assert 0 < ray_runtime.scheduler.estimates.measured(key) < 60
 
 
 def test_handles_passed_to_later_runs_stay_on_their_island(ray_runtime):

@@ -59,6 +59,13 @@ def test_parallel_and_sequential_agree_and_compile_once(runtime, plan_builder):
     assert runtime.compilations() == 2
 
 
+def test_an_unknown_dispatch_mode_is_refused_in_one_line(runtime, plan_builder):
+    plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
+    with Client(runtime) as client:
+        with pytest.raises(ValueError, match=r"^unknown dispatch mode 'eager' \(choose from parallel, sequential\)$"):
+            client.run(plan, [X], dispatch="eager")
+
+
 def _live_array_count(expected: int, timeout: float = 5.0) -> int:
     """Returns how many JAX arrays are alive, once it is `expected` or the timeout has passed."""
     import gc

@@ -36,8 +36,8 @@ def measured(rt, client, plan, args, times=3):
         client.wait(client.start(plan, args), timeout=120)
         time.sleep(0.01)                              # the island's tracker reports the run's device time
         rt.usage()                                    # retires the run: its device time is recorded
-        if attempt + 1 >= times and key in rt.scheduler._measured:
-            return rt.scheduler._measured[key]
+        if attempt + 1 >= times and rt.scheduler.estimates.measured(key) is not None:
+            return rt.scheduler.estimates.measured(key)
     raise AssertionError(f"no run of {plan.program} was measured in 200 runs")
 
 

@@ -66,7 +66,7 @@ CLIENT = """
 import sys
 import numpy as np
 import pathways_mlir as pw
-from pathways_mlir.runtime.island import RunFailed
+from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.remote_client import RemoteError
 from pathways_mlir.runtime.service import ServiceError, open_connection
 service_file, timeout, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]

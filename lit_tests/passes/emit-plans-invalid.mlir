@@ -3,21 +3,23 @@
 // Each case is a module pw-emit-plans cannot cut into plans.
 
 // Transfers must be explicit first.
-// expected-error@below {{pw-emit-plans needs a lowered module (pw.lowered): run pw-insert-transfers}}
+// expected-error@below {{the module has no pw.topology, which the scheduled phase requires (pw-place adds it), before pw-emit-plans}}
+// expected-error@below {{the module has no pw.lowered, which the scheduled phase requires (pw-insert-transfers adds it), before pw-emit-plans}}
 module {
 }
 
 // -----
 
 // Every op needs its place in the schedule.
-module attributes {pw.lowered} {
+module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 module @f attributes {pw.executable} {
   func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
 }
-func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
-  // expected-error@below {{'pw.compute' op has no pw.order: run pw-schedule}}
-  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
+func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  // expected-error@below {{'pw.compute' op has no pw.order, which the scheduled phase requires (pw-schedule adds it), before pw-emit-plans}}
+  %0 = "pw.compute"(%x) {pw.subgraph = 0, callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
   return %0 : tensor<8xf32>
 }
 }
@@ -25,14 +27,15 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 // -----
 
 // A program whose branches lead back to it has no finite plan.
-module attributes {pw.lowered} {
-func.func @main(%p: tensor<i1>) -> tensor<i1> attributes {pw.program} {
+module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+func.func @main(%p: tensor<i1>) -> tensor<i1> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
   // expected-error@below {{'pw.cond' op makes program @main reach itself (@main -> @loop -> @main): a plan cannot contain itself}}
-  %0 = "pw.cond"(%p, %p) {then_program = @loop, else_program = @loop, label = "k#0", pw.order = 0} : (tensor<i1>, tensor<i1>) -> tensor<i1>
+  %0 = "pw.cond"(%p, %p) {then_program = @loop, else_program = @loop, label = "k#0", pw.order = 0, pw.subgraph = 0} : (tensor<i1>, tensor<i1>) -> tensor<i1>
   return %0 : tensor<i1>
 }
-func.func @loop(%p: tensor<i1>) -> tensor<i1> attributes {pw.program} {
-  %0 = "pw.cond"(%p, %p) {then_program = @main, else_program = @main, label = "k#1", pw.order = 1} : (tensor<i1>, tensor<i1>) -> tensor<i1>
+func.func @loop(%p: tensor<i1>) -> tensor<i1> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  %0 = "pw.cond"(%p, %p) {then_program = @main, else_program = @main, label = "k#1", pw.order = 1, pw.subgraph = 0} : (tensor<i1>, tensor<i1>) -> tensor<i1>
   return %0 : tensor<i1>
 }
 }
@@ -40,7 +43,7 @@ func.func @loop(%p: tensor<i1>) -> tensor<i1> attributes {pw.program} {
 // -----
 
 // Plans name islands of the module's topology, which pw-place records.
-// expected-error@below {{pw-emit-plans needs the module's pw.topology: run pw-place first}}
+// expected-error@below {{the module has no pw.topology, which the scheduled phase requires (pw-place adds it), before pw-emit-plans}}
 module attributes {pw.lowered} {
 }
 

@@ -3,14 +3,14 @@
 // Each case is a module pw-fuse-island cannot work on.
 
 // Fusion needs the data movement made explicit (pw-insert-transfers).
-// expected-error@below {{pw-fuse-island needs a lowered module (pw.lowered): run pw-insert-transfers}}
-module {
-"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}} : () -> ()
+// expected-error@below {{the module has no pw.lowered, which the partitioned phase requires (pw-insert-transfers adds it), before pw-fuse-island}}
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 module @f attributes {pw.executable} {
   func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
 }
-func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
-  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["d"]]], out_shardings = [[["d"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
+func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["d"]]], out_shardings = [[["d"]]], label = "f#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
   return %0 : tensor<8xf32>
 }
 }
@@ -19,7 +19,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 
 // Fusion needs to know where every slice is (pw-place).
 module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
-// expected-error@below {{slice @a has no pw.placement: run pw-place first}}
+// expected-error@below {{'pw.virtual_slice' op has no pw.placement, which the partitioned phase requires (pw-place adds it), before pw-fuse-island}}
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}} : () -> ()
 module @f attributes {pw.executable} {
   func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
@@ -38,8 +38,9 @@ module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, late
 module @f attributes {pw.executable} {
   func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
 }
-// expected-error@below {{pw-fuse-island needs static subgraphs: run pw-mark-static-subgraphs}}
+// expected-error@below {{program @main has no pw.subgraphs, which the partitioned phase requires (pw-mark-static-subgraphs adds it), before pw-fuse-island}}
 func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["d"]]}}) -> tensor<8xf32> attributes {pw.program} {
+  // expected-error@below {{'pw.compute' op has no pw.subgraph, which the partitioned phase requires (pw-mark-static-subgraphs adds it), before pw-fuse-island}}
   %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["d"]]], out_shardings = [[["d"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
   return %0 : tensor<8xf32>
 }

@@ -3,13 +3,16 @@
 // Each case is a module pw-insert-transfers cannot lower.
 
 // Slices must be placed first.
-// expected-error@below {{slice @a has no pw.placement: run pw-place first}}
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+// expected-error@below {{'pw.virtual_slice' op has no pw.placement, which the placed phase requires (pw-place adds it), before pw-insert-transfers}}
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+}
 
 // -----
 
 // The module's topology is needed for the links.
-// expected-error@below {{pw-insert-transfers needs the module's pw.topology: run pw-place first}}
+// expected-error@below {{the module has no pw.topology, which the placed phase requires (pw-place adds it), before pw-insert-transfers}}
 module {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 }

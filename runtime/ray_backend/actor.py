@@ -19,7 +19,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from ..island import IslandLost, IslandWork, RunFailed
+from ..island_work import IslandLost, IslandWork, RunFailed
 
 if TYPE_CHECKING:
     from .data_plane import DataPlane

@@ -20,7 +20,7 @@ from typing import Callable
 
 from pathways_mlir.dialect.topology import Topology
 
-from ..island import Islands, IslandWork
+from ..island_work import Islands, IslandWork
 from ..status import Status, gather
 from .actor import IslandActor
 from .monitor import IslandMonitor

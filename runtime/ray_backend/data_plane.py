@@ -44,7 +44,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan, Recv, Send
 
 from ..executables import make_mesh, named_sharding, numpy_dtype
-from ..island import IslandLost, RunFailed
+from ..island_work import IslandLost, RunFailed
 
 ID_SPACE = 1 << 32          # transfer ids: run id * ID_SPACE + the receiving buffer
 _PAUSE_MIN = 1e-4           # the waiter's shortest and longest pause between looks at the pulls under way

@@ -10,7 +10,7 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from ..island import HISTORY, IslandLost, IslandWork, RunFailed, StoreRef, client_owner
+from ..island_work import HISTORY, IslandLost, IslandWork, RunFailed, StoreRef, client_owner
 from .names import wait_until_free
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import itertools
 import threading
 from typing import TYPE_CHECKING
 
-from ..island import HISTORY, IslandLost, IslandWork
+from ..island_work import HISTORY, IslandLost, IslandWork
 
 if TYPE_CHECKING:
     from .proxy import RayIsland

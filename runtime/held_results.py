@@ -1,0 +1,98 @@
+"""The results that live handles hold on devices, as the gang scheduler reserves them, and the readers of
+shared objects (`runtime/shared.py`).
+
+A result of a run that is over keeps its bytes reserved in the ledger until its handle is released (or
+its client closes). A shared object is counted once, for its owner; from its submission until it is
+over, a run that reads one is one of the object's readers, and an owner's release of an object still
+read takes effect (its bytes go back) when the last reader is over. Every method is called under the
+scheduler's lock.
+"""
+
+from __future__ import annotations
+
+from .admission import MemoryLedger, Need, result_need
+from .run import Run
+
+
+class HeldResults:
+    """The results held on devices by handles, by (run id, buffer), and the runs reading shared ones."""
+
+    def __init__(self, ledger: MemoryLedger):
+        self.ledger = ledger
+        self.held: dict[tuple[int, int], tuple[int, Need]] = {}   # (run, buffer) -> (client, need)
+        self.gone: set[int] = set()       # closed clients: results of their runs are not kept
+        self._readers: dict[tuple[int, int], int] = {}   # shared object -> its runs submitted and not over
+        self._unshared: set[tuple[int, int]] = set()     # shared objects released while read: kept till then
+
+    def check_shareable(self, run: Run, buffer: int) -> None:
+        """Raises ValueError unless the result is held on devices (a run that is over, not released)."""
+        key = (run.id, buffer)
+        if key not in self.held or key in self._unshared:
+            raise ValueError(f"buffer {buffer} of run {run.id} of {run.plan.program} cannot be shared: it is "
+                             f"not held on devices (released, failed, or a host value)")
+
+    def release(self, run: Run, buffer: int, donated: bool = False) -> bool:
+        """A result's handle was released; returns whether bytes went back to the ledger now (see
+        `GangScheduler.release_result`)."""
+        key = (run.id, buffer)
+        if self._readers.get(key):
+            self._unshared.add(key)
+            return False
+        if key not in self.held:
+            run.released.add(buffer)
+            return False
+        if donated:
+            return False
+        self.ledger.give(self.held.pop(key)[1])
+        return True
+
+    def release_client(self, client_id: int) -> None:
+        """A client closed: the bytes of every result it held go back (those still read, once they are not)."""
+        self.gone.add(client_id)
+        for key in [k for k, (c, _) in self.held.items() if c == client_id]:
+            if self._readers.get(key):
+                self._unshared.add(key)
+            else:
+                self.ledger.give(self.held.pop(key)[1])
+
+    def donated_needs(self, run: Run) -> list[Need]:
+        """Returns the needs of the held results donated to `run`."""
+        return [self.held[k][1] for k in run.donations if k in self.held]
+
+    def hand_over(self, run: Run) -> None:
+        """The results donated to `run` stop being held: admitted, its peak counts them; failed, they are gone."""
+        for key in run.donations:
+            held = self.held.pop(key, None)
+            if held is not None:
+                self.ledger.give(held[1])
+
+    def keep(self, run: Run) -> None:
+        """`run` is over: reserves the bytes of each of its results that a live handle still holds."""
+        for buffer in run.plan.outputs:
+            need = result_need(run.plan, buffer)
+            if need and buffer not in run.released and run.error is None and run.client_id not in self.gone:
+                self.ledger.take(need)
+                self.held[(run.id, buffer)] = (run.client_id, need)
+
+    def read(self, run: Run) -> None:
+        """Counts `run` as a reader of the shared objects it reads; raises ValueError if one was released."""
+        for key in run.reads:
+            if key not in self.held or key in self._unshared:
+                raise ValueError(f"program {run.plan.program} reads a shared object (buffer {key[1]} of run "
+                                 f"{key[0]}) that its owner has released")
+        for key in run.reads:
+            self._readers[key] = self._readers.get(key, 0) + 1
+
+    def unread(self, run: Run) -> None:
+        """`run` is over (or never ran): an object it read that its owner released, read by no other run in
+        flight, gives its bytes back now."""
+        for key in run.reads:
+            left = self._readers.get(key, 0) - 1
+            if left > 0:
+                self._readers[key] = left
+                continue
+            self._readers.pop(key, None)
+            if key in self._unshared:
+                self._unshared.discard(key)
+                self.ledger.give(self.held.pop(key)[1])
+        run.reads = ()

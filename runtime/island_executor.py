@@ -1,0 +1,339 @@
+"""An island's executor: the thread that executes its work in order, and the tracker that sees its
+runs' device work end (see `island.py` for what an island is).
+
+The executor takes work items and peers' deliveries off the island's inbox in the order they came and
+executes their instructions, holding the island's lock only for bookkeeping; a `Recv` whose array has
+not arrived parks the run, and the delivery resumes it. The tracker looks at the arrays of runs whose
+dispatch is over and retires each run once its device work is done. `busy` and `wedge` say what the
+executor is stuck on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .island_work import (FAILED_HISTORY, HISTORY, IslandRun, IslandWedged, IslandWork, RunFailed, client_owner,
+                          computed, without_traceback)
+from .transfers import copy_to
+
+CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
+_AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
+_AWAIT_PAUSE_MIN = 2e-4  # and the shortest
+_LANE_PAUSE = 0.02       # its pause while fast lane runs start on the island (see `_track`)
+
+
+class IslandExecutor:
+    """The executor and completion tracker of an island (`Island` inherits them; its state is the island's)."""
+
+    def busy(self) -> tuple[IslandRun, str, float] | None:
+        """Returns (run, what, seconds) for the oldest thing the island is busy with: the run whose
+        instructions the executor runs now, or else the run whose device work is awaited; None if idle."""
+        for current, what in ((self._executing, "executing its steps"), (self._awaited, "its device work")):
+            if current is not None:
+                run, since = current
+                return run, what, time.monotonic() - since
+        return None
+
+    def wedge(self, timeout: float) -> bool:
+        """Declares the island wedged if it has been busy with one run (executing its steps, or waiting for
+        its device work) for more than `timeout` seconds: that run and the runs under way here fail (and on
+        their other islands), and so does new work until the stuck run's work is over. Returns whether it is
+        wedged now."""
+        busy = self.busy()
+        if busy is None or busy[2] <= timeout:
+            return self.wedged is not None
+        stuck, what, seconds = busy
+        told = []
+        with self.lock:
+            if self.wedged is None:
+                since = time.strftime("%H:%M:%S", time.localtime(time.time() - seconds))
+                self.wedged = IslandWedged(f"island {self.name} is wedged since {since}: run {stuck.id} of "
+                                           f"{stuck.program} has been busy with {what} for more than {timeout:g} s")
+                for other in [stuck, *(r for r in self._runs.values() if r is not stuck)]:
+                    error = IslandWedged(f"{self.wedged}; run {other.id} of {other.program} failed with it")
+                    told.append((self._fail(other.id, error, other.plan_key), other.id))
+        for peers, failed in told:
+            self._tell(peers, failed)
+        return True
+
+    def _serve(self) -> None:
+        """The executor: takes work and deliveries off the queue, in order, until the island stops."""
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            handle, message = item
+            del item
+            with self.lock:
+                while self._inline:              # work run inline on a caller's thread goes first
+                    self._turn_waits += 1
+                    try:
+                        self._turn.wait()
+                    finally:
+                        self._turn_waits -= 1
+            try:
+                handle(message)
+            finally:
+                with self.lock:
+                    self._pending -= 1
+            del handle, message          # a waiting executor keeps no arrays of the last message alive
+
+    def _await(self, array, since: float, deadline: float | None = None) -> bool:
+        """Waits until `array` is computed, the island closes or `deadline` passes (then returns False),
+        polling: a thread blocked inside XLA when the interpreter exits would abort the process, and one
+        blocked there cannot give up. Each pause is a twentieth of the time waited since `since` (between
+        `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`): the end of a computation is seen within about 5% of its
+        duration, and the tracker seldom takes the GIL from the threads that dispatch."""
+        while not self._closed:
+            if computed(array):
+                return True
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            time.sleep(min(max((now - since) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
+        return True
+
+    def _stop(self) -> None:
+        self._inbox.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(CLOSE_JOIN)
+            self._tracker.join(CLOSE_JOIN)
+
+    def _track(self) -> None:
+        """The completion tracker's thread: looks (`look`) for the end of the runs whose dispatch is over. It
+        is polled, never woken per run: on these machines waking a waiting thread for every run cost the
+        dispatching thread a GIL handoff of hundreds of microseconds. While a run is awaited it looks after a
+        twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`), so the end of a computation
+        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited, and
+        `_LANE_PAUSE` while a fast lane's caller dispatches here: each look takes the GIL from that thread, at
+        the cost of a handoff, which on a loaded machine is a wait for the scheduler (the lane looks itself
+        when it needs its credits back)."""
+        while True:
+            if not self._completions and self._closed:
+                return
+            self.look()
+            now = time.monotonic()
+            awaited = self._awaited
+            if now - self._lane_started < _LANE_PAUSE:
+                time.sleep(_LANE_PAUSE)
+            elif awaited is None:
+                time.sleep(_AWAIT_PAUSE)
+            else:
+                time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
+            del awaited
+
+    def look(self) -> bool:
+        """The completion tracker: retires, in the order their dispatch ended, the runs whose device work is
+        over (all, once the island is closed): records each one's device time (`device_clock.py`), forgets its
+        arrays and tells `on_done`. Returns whether any was retired. The tracker's thread calls it, and so does
+        whoever asks whether a run is over (`run_done`: the scheduler, a client, a fast lane that needs its
+        credits back), so each completion is found once, by whoever looks first. Lookers take turns (a look
+        never waits for a computation, so a turn is short)."""
+        retired = False
+        with self._looking:
+            while self._completions:
+                run = self._completions[0]
+                if not self._closed and not all(map(computed, run.tracked)):
+                    if self._awaited is None or self._awaited[0] is not run:
+                        self._awaited = (run, max(run.began or 0.0, self._previous_end))
+                    break
+                self._completions.popleft()
+                self._previous_end = end = time.monotonic()
+                seconds = self._clock.end(run.id, end)
+                self._awaited = None
+                with self.lock:
+                    if self.wedged is not None and self._executing is None:
+                        self.wedged = None           # what was stuck is over: the island serves again
+                    self._seconds[run.id] = seconds * run.layout.devices
+                    while len(self._seconds) > HISTORY:
+                        self._seconds.popitem(last=False)
+                    if self._in_flight.get(run.id) is run.tracked:
+                        del self._in_flight[run.id]  # nothing of the run needs to stay alive now
+                    self._notify()
+                retired = True
+            run = None                           # a looking thread keeps no arrays alive
+        if retired and self.on_done is not None:
+            self.on_done()
+        return retired
+
+    def _started(self, work: IslandWork) -> None:
+        """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived)."""
+        with self.lock:
+            run = self._runs.get(work.run_id)
+        if run is None:
+            return                              # it failed (or was cancelled) meanwhile
+        try:
+            self._place(run, work.inputs)
+            if work.step_ids:
+                run.queue.append(self._program(work.plan_key, work.step_ids))
+            run.last = work.last
+            with self.lock:
+                run.parked = run.awaiting > 0
+            if run.parked:
+                return                           # `_produced` resumes it
+            self._place_referenced(run)
+        except BaseException as error:  # noqa: BLE001  (the run fails alone)
+            self._fail_and_tell(run.id, error)
+            return
+        self._advance(run)
+
+    def _delivered(self, message) -> None:
+        """A peer's send: moved to its home sharding here; the run resumes if it was parked on it."""
+        run_id, plan_key, buffer, array = message
+        with self.lock:
+            if run_id in self._failed or self._closed:
+                return
+        try:
+            moved = copy_to(array, self._layout(plan_key).shardings[buffer])
+        except BaseException as error:  # noqa: BLE001
+            self._fail_and_tell(run_id, error, plan_key)
+            return
+        with self.lock:
+            if run_id in self._failed:
+                return
+            run = self._runs.get(run_id)
+            if run is None:
+                self._early.setdefault(run_id, {})[buffer] = moved
+                self._notify()
+                return
+            run.slots[run.layout.slot[buffer]] = moved
+            self._notify()
+        if self.tracer is not None:
+            self.trace("recv over DCN", "dcn", _devices_of(moved, self), [moved], ("in", _flow_id(run_id, buffer)))
+        self._advance(run)
+
+    def _advance(self, run: IslandRun) -> None:
+        """Executes the run's queued programs from where it stopped, until done or parked (no lock held)."""
+        if run.parked:
+            return                               # a delivery came first; its arguments are still awaited
+        run.executing = True
+        now = time.monotonic()
+        if run.began is None:
+            run.began = now
+            self._clock.begin(run.id, now)
+        self._executing = (run, now)
+        try:
+            while run.queue:
+                program = run.queue[0]
+                pc, end = run.pc, len(program)
+                while pc < end:
+                    if not program[pc].execute(self, run):
+                        run.pc = pc
+                        return
+                    pc += 1
+                run.queue.popleft()
+                run.pc = 0
+                if self._waiting:
+                    with self.lock:
+                        self._changed.notify_all()      # a fetch may wait for what this program made
+        except BaseException as error:  # noqa: BLE001  (the run fails alone)
+            self._fail_and_tell(run.id, error)
+        finally:
+            self._executing = None
+            run.executing = False
+            with self.lock:
+                if self.wedged is not None and self._awaited is None:
+                    self.wedged = None           # the stuck instruction returned: the island serves again
+                if self._runs.get(run.id) is run and run.last and not run.queue:
+                    self._finish(run)
+                self._notify()
+
+    def _finish(self, run: IslandRun) -> None:
+        """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""
+        del self._runs[run.id]
+        if self._awaited_results:
+            self._produced(run)
+        owner = client_owner(run.client_id)
+        for buffer, slot in run.layout.outputs:
+            key = (run.id, buffer)
+            if key in self._dropped:
+                self._dropped.discard(key)
+            else:
+                self.store.add(key, owner, run.slots[slot])
+        self._in_flight[run.id] = run.tracked
+        run.slots = []                       # what is kept lives in the store now
+        self._completions.append(run)
+
+    def _fail(self, run_id: int, error: BaseException, plan_key: int | None = None) -> tuple[str, ...]:
+        """Fails a run here (under the lock); returns the other islands of its plan, to be told."""
+        run = self._runs.pop(run_id, None)
+        plan_key = run.plan_key if run is not None else plan_key
+        self._early.pop(run_id, None)
+        for key in [k for k in self._awaited_results if k[0] == run_id]:
+            for reader, _ in self._awaited_results.pop(key):      # their argument will never exist
+                self._pending += 1
+                self._inbox.put((self._argument_failed, (reader.id, run_id, error)))
+        self._clock.drop(run_id)
+        if run is None:
+            self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
+        if self._dropped:
+            self._dropped = {k for k in self._dropped if k[0] != run_id}
+        if not isinstance(error, RunFailed):
+            failed = RunFailed(f"run {run_id} failed on {self.name}: {type(error).__name__}: {error}")
+            failed.__cause__ = without_traceback(error)
+            error = failed
+        self._failed[run_id] = without_traceback(error)
+        while len(self._failed) > FAILED_HISTORY:
+            self._failed.popitem(last=False)
+        self._notify()
+        if plan_key is None or plan_key not in self._plans:
+            return ()
+        return tuple(island for island in self._plans[plan_key][0].islands if island != self.name)
+
+    def _argument_failed(self, message) -> None:
+        reader, producer, error = message
+        self._fail_and_tell(reader, RunFailed(f"run {reader} takes a result of run {producer}, which failed: "
+                                              f"{error}"))
+
+    def _fail_and_tell(self, run_id: int, error: BaseException, plan_key: int | None = None) -> None:
+        """Fails a run here and on the other islands of its plan (called with no lock held)."""
+        with self.lock:
+            if run_id in self._failed:
+                return
+            peers = self._fail(run_id, error, plan_key)
+        self._tell(peers, run_id)
+
+    def _tell(self, peers: tuple[str, ...], run_id: int) -> None:
+        """Tells the peer islands that a run failed here (no lock held: peers take their own)."""
+        error = self._failed.get(run_id)
+        for island in peers:
+            self._peer(island).fail_run(run_id, error)
+
+    def _wait(self, deadline: float | None, late: str) -> None:
+        """Waits (holding the lock) until something changes; TimeoutError(`late`) once `deadline` passed."""
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError(late)
+        self._waiting += 1
+        try:
+            self._changed.wait(remaining)
+        finally:
+            self._waiting -= 1
+
+    def _notify(self) -> None:
+        if self._waiting:
+            self._changed.notify_all()
+
+    def send(self, run: IslandRun, peer: str, peer_buffer: int, array, nbytes: int, link) -> None:
+        """Hands `array` to `peer` as its `peer_buffer` of the run (DCN), emulating the link if asked."""
+        if self.tracer is not None:
+            self.trace(f"send to {peer}", "dcn", _devices_of(array, self), [array], ("out", _flow_id(run.id, peer_buffer)))
+        target = self._peer(peer)
+        if self._transport is None or self._transport.inline:
+            target.deliver(run.id, run.plan_key, peer_buffer, array)
+            return
+        self._transport.send(array, nbytes, link, lambda moved: target.deliver(run.id, run.plan_key, peer_buffer,
+                                                                               moved),
+                             lambda error: target.fail_run(run.id, error))
+
+
+def _flow_id(run_id: int, buffer: int) -> int:
+    """The id joining the two ends of one DCN transfer in a trace: the run and the receiving buffer."""
+    return run_id * 1_000_003 + buffer
+
+
+def _devices_of(array, island) -> tuple[int, ...]:
+    """The island-local ids of the devices an array lives on."""
+    local = {d.id: i for i, d in enumerate(island.device_map.devices[island.name])}
+    return tuple(sorted(local[d.id] for d in array.sharding.device_set if d.id in local))

@@ -1,0 +1,175 @@
+"""What islands are given and keep of each run: work items, the runs under way there, their errors.
+
+Shared by the island (`island.py`), its executor (`island_executor.py`), the gang scheduler and the
+Ray backend, which all speak of runs in these terms.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, NamedTuple
+
+from .island_program import Instruction, IslandLayout, RecvInstruction
+
+HISTORY = 100_000        # how many work items (and, on Ray, runs) an island remembers
+FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
+
+
+
+class RunFailed(RuntimeError):
+    """A run failed; raised by whatever reads its buffers."""
+
+
+class IslandLost(RunFailed):
+    """An island was lost (its host died): raised for its runs in flight and the results that lived there."""
+
+
+class RunCancelled(RunFailed):
+    """A run was cancelled by its client, or passed its deadline (`timeout=`)."""
+
+
+class IslandWedged(RunFailed):
+    """An island's executor has been stuck in one instruction for longer than the runtime's `wedge_timeout`."""
+
+
+class StoreRef(NamedTuple):
+    """An argument that is a result kept on the receiving island: buffer `buffer` of run `run_id`.
+
+    The island takes the array from its own object store (or, not produced
+    yet, when its run produces it), so the value never leaves the island.
+    """
+
+    run_id: int
+    buffer: int
+
+
+class IslandWork(NamedTuple):
+    """One run's steps for one island, delivered as one message in ticket order.
+
+    `inputs` are (buffer, array) pairs placed on their home sharding first:
+    program arguments (a `StoreRef` for a result this island keeps), or
+    values a host branch produced. `last` says no more work of this run will
+    come to this island.
+    """
+
+    ticket: int
+    run_id: int
+    client_id: int
+    plan_key: int
+    step_ids: tuple[int, ...]
+    inputs: tuple[tuple[int, Any], ...] = ()
+    last: bool = True
+
+
+class Islands(dict):
+    """A runtime's islands by name, and how a run's work reaches them.
+
+    What its islands can do (`runtime/backends.py`): `keep_arguments`,
+    whether a handle passed to a later run goes to its island as a
+    `StoreRef` instead of its array (embedded islands share this process, so
+    the array is the cheaper; remote ones keep it: Ray); `fast_lanes`,
+    whether a single-island plan's runs may execute on the caller's thread
+    (`runtime/fast_lane.py`); `traces`, whether the islands record traces;
+    `reads_shared_in_place`, whether a run reads a shared object's array
+    itself (else it travels, and counts in the run's need).
+    """
+
+    keep_arguments = False
+    fast_lanes = True
+    traces = True
+    reads_shared_in_place = True
+
+    def on_run_done(self, wake) -> None:
+        """Calls `wake()` whenever an island sees a run's device work over (its completion tracker)."""
+        for island in self.values():
+            island.on_done = wake
+
+    def watch(self, lose, restore) -> None:
+        """Calls `lose(island)` when an island dies on its own (embedded islands do not: nothing to watch)."""
+
+    def unwatch(self) -> None:
+        """Stops watching (before the islands close: closing is not losing)."""
+
+    def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list[tuple[Any, IslandWork]]:
+        """Delivers one run's work to its islands: one `start` message each, in ticket order. With `inline`,
+        returns the (island, work) pairs the caller runs itself, with `run_inline`, once it holds no lock."""
+        jobs = []
+        for name, work in works.items():
+            if self[name].start(work, inline):
+                jobs.append((self[name], work))
+        return jobs
+
+    def close(self) -> None:
+        """Closes every island (runs still under way there fail)."""
+        for island in self.values():
+            island.close()
+
+
+def computed(array) -> bool:
+    """Whether the computation writing `array` is over as far as the island can tell: the array is ready,
+    its computation failed (its reader raises), or it was donated to a later launch, which XLA runs
+    after it (a deleted array has no readiness to ask)."""
+    try:
+        return array.is_deleted() or array.is_ready()
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def client_owner(client_id: int) -> tuple[str, int]:
+    """The owner of a client's results in the object store."""
+    return ("client", client_id)
+
+
+def without_traceback(error: BaseException) -> BaseException:
+    """Returns `error` with its traceback (and its causes' tracebacks) dropped: frames hold arrays."""
+    seen = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return error
+
+
+def raised(error: BaseException) -> BaseException:
+    """Returns a copy of a kept error to raise: raising the kept one would attach a traceback to it, whose
+    frames would keep a failed run's arrays alive as long as the error is kept."""
+    copy = type(error)(*error.args)
+    copy.__cause__ = error.__cause__
+    return copy
+
+
+class IslandRun:
+    """What an island holds of one run under way: slots, queued programs, where it stopped."""
+
+    __slots__ = ("id", "client_id", "plan_key", "program", "layout", "slots", "queue", "pc", "tracked", "last",
+                 "executing", "began", "referenced", "awaiting", "parked")
+
+    def __init__(self, run_id: int, client_id: int, plan_key: int, program: str, layout: IslandLayout):
+        self.id, self.client_id, self.plan_key, self.program, self.layout = run_id, client_id, plan_key, program, layout
+        self.slots: list = [None] * len(layout.slot)
+        self.queue: collections.deque[tuple[Instruction, ...]] = collections.deque()
+        self.pc = 0
+        self.tracked: list = []          # arrays whose readiness means the run's device work is done
+        self.last = False
+        self.executing = False
+        self.began: float | None = None  # when the executor first ran its instructions (monotonic)
+        self.referenced: dict[int, Any] = {}   # buffer -> the kept array a StoreRef argument names
+        self.awaiting = 0                # StoreRef arguments whose run has not produced them yet
+        self.parked = False              # its work waits for those arguments (resumed by `_resume`)
+
+
+def waits_for(run: IslandRun) -> str:
+    """Says what a run under way on an island waits for."""
+    if run.executing:
+        return "nothing: its steps are executing"
+    if run.queue:
+        instruction = run.queue[0][run.pc]
+        if isinstance(instruction, RecvInstruction) and run.slots[instruction.dst] is None:
+            return f"recv of {instruction.what}"
+        return "its turn on the island's executor"
+    if run.awaiting:
+        return f"{run.awaiting} argument(s) kept here that their runs have not produced yet"
+    if not run.last:
+        return "more work of this run from the scheduler (after a host cond, or the next sequential step)"
+    return "its turn on the island's executor"
