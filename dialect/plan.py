@@ -13,15 +13,8 @@ peak bytes per device. Steps name buffers by integer id and have ids unique
 in the program, so `after` can name a step of another island (a `Recv`
 waits for its `Send`).
 
-Steps are a tagged union, one class per kind; each knows the buffers it
-reads (`consumed`) and writes on its own island (`produced`):
-
-    Launch  run an executable on a slice's devices: inputs -> outputs
-    Copy    move/reshard a buffer between two slices of the same island (ICI)
-    Send    hand a buffer to another island over DCN (pairs with a Recv)
-    Recv    receive a buffer from another island (pairs with a Send)
-    Free    drop buffers after their last use
-    Branch  host step: read a tensor<i1> buffer, run the `then` or `else` plan
+Steps are a tagged union, one class per kind, declared in plan_steps.py:
+`Launch`, `Copy`, `Send`, `Recv`, `Free` and the host's `Branch`.
 
 `ProgramPlan.from_python` checks what it reads and `validate()` checks that
 the plan can run (ids exist, every read has a writer, orders respect the
@@ -36,8 +29,10 @@ import heapq
 import json
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any
 
+from .plan_json import JsonReader, PlanError, jsonable
+from .plan_steps import STEP_KINDS, Branch, Launch, Recv, Send, Step
 from .topology import Topology, TopologyError
 
 # Element types a plan may name, with their size in bytes (i1 takes a byte).
@@ -45,10 +40,6 @@ ELEMENT_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i
                  "ui64": 8, "ui32": 4, "ui16": 2, "ui8": 1, "complex<f32>": 8, "complex<f64>": 16}
 MAX_ELEMENTS = 1 << 40     # a larger buffer is a malformed plan, not a big one
 MAX_DEPTH = 16             # branch plans nested deeper than this are rejected
-
-
-class PlanError(ValueError):
-    """A plan that is malformed or cannot run; the message names the part at fault."""
 
 
 @dataclass(frozen=True)
@@ -81,124 +72,6 @@ class BufferInfo:
     slice: str | None                 # None: a host value (program input before placement)
     sharding: tuple[tuple[str, ...], ...]
     bytes_per_device: int             # the size of one shard, for memory accounting
-
-
-# ===--------------------------------------------------------------------=== #
-# Steps
-# ===--------------------------------------------------------------------=== #
-
-
-@dataclass(frozen=True)
-class Step:
-    """The fields every step has; see the subclasses for the kinds."""
-
-    kind: ClassVar[str] = ""
-    id: int
-    after: tuple[int, ...] = ()
-    subgraph: int = 0
-    label: str = ""
-
-    def consumed(self) -> tuple[int, ...]:
-        """Returns the buffers the step reads."""
-        return ()
-
-    def produced(self) -> tuple[int, ...]:
-        """Returns the buffers the step writes on its own island (or the host)."""
-        return ()
-
-
-@dataclass(frozen=True)
-class Launch(Step):
-    """Runs `executable` on the devices of `slice`: buffers `inputs` -> `outputs`."""
-
-    kind: ClassVar[str] = "launch"
-    executable: str = ""
-    slice: str = ""
-    inputs: tuple[int, ...] = ()
-    outputs: tuple[int, ...] = ()
-
-    def consumed(self):
-        return self.inputs
-
-    def produced(self):
-        return self.outputs
-
-
-@dataclass(frozen=True)
-class _Move(Step):
-    """A data movement from `src_buffer` to `dst_buffer` over `link`, `bytes` per device."""
-
-    src_buffer: int = -1
-    dst_buffer: int = -1
-    link: str = ""
-    bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Copy(_Move):
-    """Moves (and reshards) a buffer between slices of one island (ICI)."""
-
-    kind: ClassVar[str] = "copy"
-
-    def consumed(self):
-        return (self.src_buffer,)
-
-    def produced(self):
-        return (self.dst_buffer,)
-
-
-@dataclass(frozen=True)
-class Send(_Move):
-    """Hands `src_buffer` to island `peer`, where it becomes `dst_buffer` (a `Recv`)."""
-
-    kind: ClassVar[str] = "send"
-    peer: str = ""
-
-    def consumed(self):
-        return (self.src_buffer,)
-
-
-@dataclass(frozen=True)
-class Recv(_Move):
-    """Receives `dst_buffer` from island `peer`'s `src_buffer`; `after` names the `Send`."""
-
-    kind: ClassVar[str] = "recv"
-    peer: str = ""
-
-    def produced(self):
-        return (self.dst_buffer,)
-
-
-@dataclass(frozen=True)
-class Free(Step):
-    """Drops `buffers` from the island's devices: their last reader has run."""
-
-    kind: ClassVar[str] = "free"
-    buffers: tuple[int, ...] = ()
-
-    def consumed(self):
-        return self.buffers
-
-
-@dataclass(frozen=True)
-class Branch(Step):
-    """Host step: reads `pred_buffer`, runs `then_plan` or `else_plan` on `inputs` into `outputs`."""
-
-    kind: ClassVar[str] = "cond"
-    pred_buffer: int = -1
-    inputs: tuple[int, ...] = ()
-    outputs: tuple[int, ...] = ()
-    then_plan: "ProgramPlan | None" = None
-    else_plan: "ProgramPlan | None" = None
-
-    def consumed(self):
-        return (self.pred_buffer, *self.inputs)
-
-    def produced(self):
-        return self.outputs
-
-
-STEP_KINDS: dict[str, type[Step]] = {cls.kind: cls for cls in (Launch, Copy, Send, Recv, Free, Branch)}
 
 
 @dataclass(frozen=True)
@@ -328,18 +201,18 @@ class ProgramPlan:
         """Returns a JSON-ready dict (compact: default-valued step fields are left out)."""
         return {
             "program": self.program,
-            "topology": _jsonable(self.topology.to_python()),
-            "slices": {k: _jsonable(asdict(v)) for k, v in self.slices.items()},
-            "buffers": [_jsonable(asdict(b)) for b in self.buffers.values()],
+            "topology": jsonable(self.topology.to_python()),
+            "slices": {k: jsonable(asdict(v)) for k, v in self.slices.items()},
+            "buffers": [jsonable(asdict(b)) for b in self.buffers.values()],
             "executables": dict(self.executables),
-            "fused": {k: _jsonable(asdict(v)) for k, v in self.fused.items()},
+            "fused": {k: jsonable(asdict(v)) for k, v in self.fused.items()},
             "flops": dict(self.flops),
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             **({"donated": list(self.donated)} if self.donated else {}),
             "islands": {k: [_step_to_python(s) for s in v] for k, v in self.islands.items()},
             "peak_bytes": {k: list(v) for k, v in self.peak_bytes.items()},
-            "subgraphs": [_jsonable(asdict(s)) for s in self.subgraphs],
+            "subgraphs": [jsonable(asdict(s)) for s in self.subgraphs],
             "host_steps": [_step_to_python(s) for s in self.host_steps],
         }
 
@@ -352,7 +225,7 @@ class ProgramPlan:
         """Rebuilds and validates a plan from `to_python` output; PlanError names what is wrong."""
         if depth > MAX_DEPTH:
             raise PlanError(f"{where}: branch plans nested more than {MAX_DEPTH} deep")
-        r = _Reader(value, where)
+        r = JsonReader(value, where)
         try:
             topology = Topology.from_python(r.get("topology", dict), f"{where}.topology")
         except TopologyError as e:
@@ -388,7 +261,7 @@ class ProgramPlan:
                    for k, v in r.get("islands", dict).items()}
         host_steps = tuple(_step_from_python(s, f"{where}.host_steps[{j}]", depth)
                            for j, s in enumerate(r.get("host_steps", list)))
-        if any(not isinstance(s, Branch) for s in host_steps):
+        if any(not s.on_host for s in host_steps):
             raise PlanError(f"{where}.host_steps: only 'cond' steps run on the host")
         subgraphs = tuple(Subgraph(sr.int("id"), sr.get("static", bool), sr.strs("islands"))
                           for sr in (r.sub(s, f"subgraphs[{j}]", dict)
@@ -473,8 +346,8 @@ class ProgramPlan:
             for s in island_steps:
                 if s.id in steps:
                     raise PlanError(f"{where}: step id {s.id} is used twice")
-                if isinstance(s, Branch):
-                    raise PlanError(f"{where}: step {s.id}: a 'cond' step runs on the host, not on {island}")
+                if s.on_host:
+                    raise PlanError(f"{where}: step {s.id}: a '{s.kind}' step runs on the host, not on {island}")
                 steps[s.id] = (island, s)
         for s in self.host_steps:
             if s.id in steps:
@@ -552,7 +425,7 @@ def _step_to_python(step: Step) -> dict[str, Any]:
 
 
 def _step_from_python(value: Any, where: str, depth: int) -> Step:
-    r = _Reader(value, where)
+    r = JsonReader(value, where)
     kind = r.str("kind")
     cls = STEP_KINDS.get(kind)
     if cls is None:
@@ -577,62 +450,3 @@ def _step_from_python(value: Any, where: str, depth: int) -> Step:
     if cls is Branch and ("then_plan" not in kwargs or "else_plan" not in kwargs):
         raise PlanError(f"{where}: a 'cond' step needs then_plan and else_plan")
     return cls(**kwargs)
-
-
-class _Reader:
-    """Reads typed fields out of untrusted JSON, naming the path of whatever is wrong."""
-
-    def __init__(self, value: Any, where: str, kind: type = dict):
-        if not isinstance(value, kind):
-            raise PlanError(f"{where}: expected {_KIND_NAMES.get(kind, kind.__name__)}, got "
-                            f"{type(value).__name__}")
-        self.value = value
-        self.where = where
-
-    def sub(self, value: Any, key: str, kind: type) -> "_Reader":
-        return _Reader(value, f"{self.where}.{key}", kind)
-
-    def get(self, key: str, kind, default: Any = ...):
-        if key not in self.value:
-            if default is not ...:
-                return default
-            raise PlanError(f"{self.where}: missing '{key}'")
-        value = self.value[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise PlanError(f"{self.where}.{key}: expected {_KIND_NAMES.get(kinds[0], kinds[0].__name__)}, got "
-                            f"{type(value).__name__}")
-        return value
-
-    def str(self, key: str) -> str:
-        return self.get(key, str)
-
-    def int(self, key: str) -> int:
-        return self.get(key, int)
-
-    def ints(self, key: str) -> tuple[int, ...]:
-        return self.sub(self.get(key, list), key, list).ints_of(self.value[key])
-
-    def strs(self, key: str) -> tuple[str, ...]:
-        return self.strs_of(self.get(key, list), key)
-
-    def ints_of(self, items: list) -> tuple[int, ...]:
-        if any(not isinstance(i, int) or isinstance(i, bool) for i in items):
-            raise PlanError(f"{self.where}: expected a list of integers")
-        return tuple(items)
-
-    def strs_of(self, items: list, key: str = "") -> tuple[str, ...]:
-        if any(not isinstance(i, str) for i in items):
-            raise PlanError(f"{self.where}{'.' + key if key else ''}: expected a list of strings")
-        return tuple(items)
-
-
-_KIND_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "a boolean"}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value

@@ -13,27 +13,12 @@ from __future__ import annotations
 from mlir import ir
 
 from . import ops
-from .plan import (Branch, BufferInfo, Copy, Free, FusedCall, FusedExecutable, Launch, ProgramPlan, Recv, Send,
-                   SlicePlacement, Step, Subgraph)
+from .plan import BufferInfo, FusedCall, FusedExecutable, ProgramPlan, SlicePlacement, Subgraph
+from .plan_steps import STEP_OPS, Branch, Launch, Step
 
 
 def _step(op: ir.Operation, plans: dict[str, ProgramPlan]) -> Step:
-    a = ops.attrs(op)
-    common = {"id": a["step"], "after": a["after"], "subgraph": a["subgraph"]}
-    if op.name == "pw.launch":
-        return Launch(label=a["label"], executable=a["executable"], slice=a["slice"], inputs=a["inputs"],
-                      outputs=a["outputs"], **common)
-    if op.name == "pw.copy":
-        return Copy(src_buffer=a["src_buffer"], dst_buffer=a["dst_buffer"], link=a["link"], bytes=a["bytes"],
-                    **common)
-    if op.name in ("pw.send", "pw.recv"):
-        src, dst = (a["buffer"], a["peer_buffer"]) if op.name == "pw.send" else (a["peer_buffer"], a["buffer"])
-        kind = Send if op.name == "pw.send" else Recv
-        return kind(src_buffer=src, dst_buffer=dst, link=a["link"], peer=a["peer"], bytes=a["bytes"], **common)
-    if op.name == "pw.free":
-        return Free(buffers=a["buffers"], **common)
-    return Branch(label=a["label"], pred_buffer=a["pred"], inputs=a["inputs"], outputs=a["outputs"],
-                  then_plan=plans[a["then_program"]], else_plan=plans[a["else_program"]], **common)
+    return STEP_OPS[op.name].from_attrs(ops.attrs(op), plans)
 
 
 def _buffer(op: ir.Operation) -> BufferInfo:
@@ -78,7 +63,7 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
         parts = [host, *islands.get(name, {}).values()]
         contents = {id(part): [op.operation for op in part.regions[0].blocks[0].operations] for part in parts}
         for op in contents[id(host)]:
-            for key in ("then_program", "else_program") if op.name == "pw.branch" else ():
+            for key in ("then_program", "else_program") if op.name == Branch.op else ():
                 build(ops.attr(op, key))
         buffers = {b.id: b for b in (_buffer(op) for part in parts for op in contents[id(part)]
                                      if op.name == "pw.buffer")}
@@ -108,7 +93,7 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
             subgraphs=tuple(Subgraph(g["id"], g["static"], tuple(i for i, ss in steps.items()
                                                                  if any(s.subgraph == g["id"] for s in ss)))
                             for g in mark["subgraphs"]),
-            host_steps=tuple(_step(op, plans) for op in contents[id(host)] if op.name == "pw.branch"))
+            host_steps=tuple(_step(op, plans) for op in contents[id(host)] if op.name in STEP_OPS))
         return plans[name]
 
     for name in hosts:

@@ -46,7 +46,8 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.memory_plan import island_memory
-from pathways_mlir.dialect.plan import Free
+from pathways_mlir.dialect.plan import PlanError
+from pathways_mlir.dialect.plan_steps import Free
 from pathways_mlir.dialect.plan_reader import program_plans
 
 from .registry import Pass, register
@@ -77,6 +78,12 @@ class PlanMemoryPass(Pass):
             diagnostics.error(module, "pw-plan-memory has already run on this module")
             return
         plans = program_plans(module)
+        for plan in plans.values():
+            try:
+                plan.topological_order             # memory planning walks it
+            except PlanError as e:
+                diagnostics.error(module, f"pw-plan-memory: {e}")
+                return
         largest = max((s.id for p in plans.values() for ss in (*p.islands.values(), p.host_steps) for s in ss),
                       default=-1)
         step_ids = itertools.count(largest + 1)

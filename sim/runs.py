@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from pathways_mlir.dialect.plan import ProgramPlan, Step
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan_steps import Step
 
 if TYPE_CHECKING:
     from .plan_view import PreparedPlan

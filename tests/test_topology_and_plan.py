@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pathways_mlir.dialect.plan import (Branch, BufferInfo, Copy, Launch, PlanError, ProgramPlan, SlicePlacement,
-                                        Subgraph)
+from pathways_mlir.dialect.plan import BufferInfo, PlanError, ProgramPlan, SlicePlacement, Subgraph
+from pathways_mlir.dialect.plan_steps import Branch, Copy, Launch
 from pathways_mlir.dialect.topology import Link, Topology, TopologyError
 
 
