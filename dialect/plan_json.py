@@ -2,16 +2,25 @@
 
 `JsonReader` reads typed fields out of what `json.loads` gave, naming the
 path of whatever is wrong in one `PlanError` line; plan.py builds a
-`ProgramPlan` with it.
+`ProgramPlan` with it, and its steps with `step_from_python`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
+from typing import Any, Callable
+
+from .plan_steps import STEP_KINDS, Step
 
 
 class PlanError(ValueError):
-    """A plan that is malformed or cannot run; the message names the part at fault."""
+    """A plan that is malformed or cannot run; the message names the part at fault, and `step` or
+    `buffer` its id where one step or buffer is at fault (`pw-verify-plans` reports it at that op)."""
+
+    def __init__(self, message: str, step: int | None = None, buffer: int | None = None):
+        super().__init__(message)
+        self.step = step
+        self.buffer = buffer
 
 
 class JsonReader:
@@ -80,3 +89,45 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     return value
+
+
+def step_to_python(step: Step) -> dict[str, Any]:
+    """Returns a step as a JSON-ready dict (compact: default-valued fields are left out)."""
+    out: dict[str, Any] = {"kind": step.kind}
+    for f in fields(step):
+        value = getattr(step, f.name)
+        if f.name in ("then_plan", "else_plan"):
+            if value is not None:
+                out[f.name] = value.to_python()
+        elif f.name == "id" or value != f.default:
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def step_from_python(value: Any, where: str, read_plan: Callable[[Any, str], Any]) -> Step:
+    """Rebuilds a step from `step_to_python` output; `read_plan(value, where)` reads a branch's plans."""
+    r = JsonReader(value, where)
+    kind = r.str("kind")
+    cls = STEP_KINDS.get(kind)
+    if cls is None:
+        raise PlanError(f"{where}: unknown step kind '{kind}' (one of {', '.join(STEP_KINDS)})")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in value:
+            if f.name == "id":
+                raise PlanError(f"{where}: missing 'id'")
+            continue
+        if f.name in ("then_plan", "else_plan"):
+            kwargs[f.name] = read_plan(value[f.name], f"{where}.{f.name}")
+        elif isinstance(f.default, tuple):
+            kwargs[f.name] = r.ints(f.name)
+        elif isinstance(f.default, str):
+            kwargs[f.name] = r.str(f.name)
+        else:
+            kwargs[f.name] = r.int(f.name)
+    unknown = set(value) - {f.name for f in fields(cls)} - {"kind"}
+    if unknown:
+        raise PlanError(f"{where}: a '{kind}' step has no field '{sorted(unknown)[0]}'")
+    if cls.on_host and ("then_plan" not in kwargs or "else_plan" not in kwargs):
+        raise PlanError(f"{where}: a 'cond' step needs then_plan and else_plan")
+    return cls(**kwargs)

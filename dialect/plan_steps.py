@@ -6,6 +6,7 @@ every consumer asks of a step, so that none of them switches on the kind:
 
     kind        its name in JSON plans
     op          the IR op `pw-emit-plans` writes for it; `from_attrs(attrs, plans)` reads it back
+    op_attributes  that op's attributes and their Python kinds (`pw-verify-plans` checks them)
     on_host     whether the client runs it (between subgraphs), not an island
     reads()     the buffers whose values it reads
     produced()  the buffers it writes on its own island (or the host)
@@ -43,6 +44,7 @@ class Step:
     kind: ClassVar[str] = ""
     op: ClassVar[str] = ""
     on_host: ClassVar[bool] = False
+    op_attributes: ClassVar[dict[str, type]] = {"step": int, "after": tuple, "subgraph": int}
     id: int
     after: tuple[int, ...] = ()
     subgraph: int = 0
@@ -80,6 +82,9 @@ class Launch(Step):
 
     kind: ClassVar[str] = "launch"
     op: ClassVar[str] = "pw.launch"
+    op_attributes: ClassVar[dict[str, type]] = {
+        **Step.op_attributes, "label": str, "executable": str, "slice": str, "devices": tuple, "inputs": tuple,
+        "outputs": tuple, "output_bytes": tuple}
     executable: str = ""
     slice: str = ""
     inputs: tuple[int, ...] = ()
@@ -98,7 +103,7 @@ class Launch(Step):
 
 
 @dataclass(frozen=True)
-class _Move(Step):
+class Move(Step):
     """A data movement from `src_buffer` to `dst_buffer` over `link` ("ici" or "dcn"), `bytes` per device."""
 
     src_buffer: int = -1
@@ -108,11 +113,13 @@ class _Move(Step):
 
 
 @dataclass(frozen=True)
-class Copy(_Move):
+class Copy(Move):
     """Moves (and reshards) a buffer between slices of one island (ICI)."""
 
     kind: ClassVar[str] = "copy"
     op: ClassVar[str] = "pw.copy"
+    op_attributes: ClassVar[dict[str, type]] = {
+        **Step.op_attributes, "src_buffer": int, "dst_buffer": int, "link": str, "bytes": int}
 
     def reads(self):
         return (self.src_buffer,)
@@ -127,10 +134,13 @@ class Copy(_Move):
 
 
 @dataclass(frozen=True)
-class _Exchange(_Move):
+class _Exchange(Move):
     """A move between islands: its op's `buffer` is this island's end, `peer_buffer` island `peer`'s."""
 
     peer: str = ""
+    op_attributes: ClassVar[dict[str, type]] = {
+        **Step.op_attributes, "buffer": int, "peer_buffer": int, "peer": str, "link": str, "bytes": int,
+        "devices": tuple}
 
     @classmethod
     def _from_ends(cls, a, src: int, dst: int):
@@ -177,6 +187,7 @@ class Free(Step):
 
     kind: ClassVar[str] = "free"
     op: ClassVar[str] = "pw.free"
+    op_attributes: ClassVar[dict[str, type]] = {**Step.op_attributes, "buffers": tuple}
     buffers: tuple[int, ...] = ()
 
     def frees(self):
@@ -189,11 +200,15 @@ class Free(Step):
 
 @dataclass(frozen=True)
 class Branch(Step):
-    """Host step: reads `pred_buffer`, runs `then_plan` or `else_plan` on `inputs` into `outputs`."""
+    """Host step: reads `pred_buffer`, runs `then_plan` or `else_plan` on `inputs` into `outputs` (None in a
+    step read without the plans of its branch programs, as `pw-verify-plans` reads it)."""
 
     kind: ClassVar[str] = "cond"
     op: ClassVar[str] = "pw.branch"
     on_host: ClassVar[bool] = True
+    op_attributes: ClassVar[dict[str, type]] = {
+        **Step.op_attributes, "label": str, "pred": int, "inputs": tuple, "outputs": tuple, "then_program": str,
+        "else_program": str}
     pred_buffer: int = -1
     inputs: tuple[int, ...] = ()
     outputs: tuple[int, ...] = ()
@@ -209,7 +224,7 @@ class Branch(Step):
     @classmethod
     def from_attrs(cls, a, plans):
         return cls(label=a["label"], pred_buffer=a["pred"], inputs=a["inputs"], outputs=a["outputs"],
-                   then_plan=plans[a["then_program"]], else_plan=plans[a["else_program"]], **cls._common(a))
+                   then_plan=plans.get(a["then_program"]), else_plan=plans.get(a["else_program"]), **cls._common(a))
 
 
 KINDS: tuple[type[Step], ...] = (Launch, Copy, Send, Recv, Free, Branch)
