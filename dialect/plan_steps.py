@@ -23,9 +23,9 @@ The kinds:
     Free    drop buffers after their last use
     Branch  host step: read a tensor<i1> buffer, run the `then` or `else` plan
 
-Adding a kind: its class here, its IRDL op (`dialect/pw.irdl.mlir`), its
-emitter (`passes/emit_plans.py`), its island instruction
-(`runtime/island_program.py`) and its tests.
+Adding a kind: its class here, its IRDL op (`dialect/pw.irdl.mlir`, and its
+builder in `dialect/ops.py`), its emitter (`passes/emit_plans.py`), its
+island instruction (`runtime/island_program.py`) and its tests.
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ class Step:
     def consumed(self) -> tuple[int, ...]:
         """Returns the buffers the step must come after the writers of: those it reads or frees."""
         return (*self.reads(), *self.frees())
+
+    @classmethod
+    def from_attrs(cls, a: dict[str, Any], plans: dict[str, "ProgramPlan"]) -> "Step":
+        """Returns the step its op describes, from the op's attributes `a` (as `ops.attrs` gives them);
+        `plans` holds the plans of the programs the step may run (a `Branch`'s)."""
+        return cls(**cls._common(a))
 
     @staticmethod
     def _common(a: dict[str, Any]) -> dict[str, Any]:
