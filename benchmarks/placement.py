@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.dialect import ops
-from pathways_mlir.dialect.plan import Send
+from pathways_mlir.dialect.plan_steps import Send
 from pathways_mlir.passes import lower, program_plans
 from pathways_mlir.passes.place import Strategy
 from pathways_mlir.runtime.client import Client

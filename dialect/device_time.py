@@ -27,7 +27,8 @@ import math
 import pathlib
 from dataclasses import dataclass
 
-from .plan import Launch, ProgramPlan
+from .plan import ProgramPlan
+from .plan_steps import Launch
 
 PROFILE_DIR = pathlib.Path(__file__).parent / "profiles"
 DEFAULT_RATES = (1e12, 1e11)

@@ -6,9 +6,10 @@ the plan. `with_memory_plan` applies it to a plan built by hand in Python
 (the tests' plan builder), as the pass would.
 
 A buffer that is not a program result is freed right after its last reader
-(a host `Branch` counts: the buffer is then freed after that branch; a
-buffer nobody reads is freed right after its writer; an unused input
-before the first step). The peak walks each island's steps in order:
+in the plan's dependency order, `ProgramPlan.topological_order` (a host
+`Branch` counts: the buffer is then freed after that branch; a buffer
+nobody reads is freed right after its writer; an unused input before the
+first step). The peak walks each island's steps in order:
 program inputs and values a branch puts on the island count from the start
 of the run, results to its end; while a fused launch runs, its executable's
 `scratch_bytes` (the values only it uses) count on every device of its
@@ -29,12 +30,14 @@ import dataclasses
 import itertools
 from typing import Iterator
 
-from .plan import Free, Launch, ProgramPlan, Step
+from .plan import ProgramPlan
+from .plan_steps import Free, Launch, Step
 
 
 def frees(plan: ProgramPlan, island: str, step_ids: Iterator[int]) -> dict[int | None, Free]:
     """Returns the Free to place after each island step id (None: before the first step)."""
     steps = plan.islands.get(island, ())
+    rank = _ranks(plan)
     local = [s.id for s in steps]
     outputs = set(plan.outputs)
     readers: dict[int, set[int]] = {}
@@ -52,8 +55,9 @@ def frees(plan: ProgramPlan, island: str, step_ids: Iterator[int]) -> dict[int |
         if b in outputs or plan.island_of(b) != island:
             continue
         users = readers.get(b) or ({writer[b]} if b in writer else set())
-        last = max(users, default=None)
-        position = None if last is None else max((i for i in local if i <= last), default=None)
+        last = max(users, key=rank.__getitem__, default=None)
+        # After the island's last listed step that the dependency order puts no later than `last`.
+        position = None if last is None else next((i for i in reversed(local) if rank[i] <= rank[last]), None)
         dying.setdefault(position, []).append(b)
         last_users.setdefault(position, set()).update(users)
         subgraph[position] = max([subgraph.get(position, 0), *(by_id[u].subgraph for u in users)])
@@ -73,15 +77,14 @@ def reuses(plan: ProgramPlan, island: str) -> dict[int, dict[int, int]]:
     if not plan.donated:
         return {}
     steps = plan.islands.get(island, ())
+    rank = _ranks(plan)
     last_reader: dict[int, Step] = {}
     read_otherwise: set[int] = set()
     for s in (*steps, *plan.host_steps):
-        if isinstance(s, Free):
-            continue
-        for b in s.consumed():
+        for b in s.reads():
             if not isinstance(s, Launch):
                 read_otherwise.add(b)
-            if b not in last_reader or s.id > last_reader[b].id:
+            if b not in last_reader or rank[s.id] > rank[last_reader[b].id]:
                 last_reader[b] = s
     found: dict[int, dict[int, int]] = {}
     for b in plan.donated:
@@ -96,6 +99,11 @@ def reuses(plan: ProgramPlan, island: str) -> dict[int, dict[int, int]]:
         if result is not None:
             taken[b] = result
     return {step: taken for step, taken in found.items() if taken}
+
+
+def _ranks(plan: ProgramPlan) -> dict[int, int]:
+    """Returns each step's position in the plan's dependency order (`ProgramPlan.topological_order`)."""
+    return {sid: k for k, sid in enumerate(plan.topological_order)}
 
 
 def _layout(info) -> tuple:
@@ -125,8 +133,8 @@ def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...],
     high = list(live)
     reused = reuses(plan, island)
     for s in steps:
-        if isinstance(s, Free):
-            gone = [b for b in s.buffers if b in alive]
+        if s.frees():
+            gone = [b for b in s.frees() if b in alive]
             add(gone, -1)
             alive -= set(gone)
             continue
@@ -170,7 +178,7 @@ def with_memory_plan(plan: ProgramPlan, step_ids: Iterator[int] | None = None) -
 
     Free step ids come from `step_ids` (default: after the plan's largest id).
     """
-    if plan.peak_bytes or any(isinstance(s, Free) for ss in plan.islands.values() for s in ss):
+    if plan.peak_bytes or any(s.frees() for ss in plan.islands.values() for s in ss):
         return plan
     if step_ids is None:
         ids = [s.id for ss in plan.islands.values() for s in ss] + [s.id for s in plan.host_steps]

@@ -13,15 +13,8 @@ peak bytes per device. Steps name buffers by integer id and have ids unique
 in the program, so `after` can name a step of another island (a `Recv`
 waits for its `Send`).
 
-Steps are a tagged union, one class per kind; each knows the buffers it
-reads (`consumed`) and writes on its own island (`produced`):
-
-    Launch  run an executable on a slice's devices: inputs -> outputs
-    Copy    move/reshard a buffer between two slices of the same island (ICI)
-    Send    hand a buffer to another island over DCN (pairs with a Recv)
-    Recv    receive a buffer from another island (pairs with a Send)
-    Free    drop buffers after their last use
-    Branch  host step: read a tensor<i1> buffer, run the `then` or `else` plan
+Steps are a tagged union, one class per kind, declared in plan_steps.py:
+`Launch`, `Copy`, `Send`, `Recv`, `Free` and the host's `Branch`.
 
 `ProgramPlan.from_python` checks what it reads and `validate()` checks that
 the plan can run (ids exist, every read has a writer, orders respect the
@@ -35,9 +28,11 @@ import functools
 import heapq
 import json
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from .plan_json import JsonReader, PlanError, jsonable, step_from_python, step_to_python
+from .plan_steps import Branch, Launch, Recv, Send, Step
 from .topology import Topology, TopologyError
 
 # Element types a plan may name, with their size in bytes (i1 takes a byte).
@@ -45,10 +40,6 @@ ELEMENT_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i
                  "ui64": 8, "ui32": 4, "ui16": 2, "ui8": 1, "complex<f32>": 8, "complex<f64>": 16}
 MAX_ELEMENTS = 1 << 40     # a larger buffer is a malformed plan, not a big one
 MAX_DEPTH = 16             # branch plans nested deeper than this are rejected
-
-
-class PlanError(ValueError):
-    """A plan that is malformed or cannot run; the message names the part at fault."""
 
 
 @dataclass(frozen=True)
@@ -81,124 +72,6 @@ class BufferInfo:
     slice: str | None                 # None: a host value (program input before placement)
     sharding: tuple[tuple[str, ...], ...]
     bytes_per_device: int             # the size of one shard, for memory accounting
-
-
-# ===--------------------------------------------------------------------=== #
-# Steps
-# ===--------------------------------------------------------------------=== #
-
-
-@dataclass(frozen=True)
-class Step:
-    """The fields every step has; see the subclasses for the kinds."""
-
-    kind: ClassVar[str] = ""
-    id: int
-    after: tuple[int, ...] = ()
-    subgraph: int = 0
-    label: str = ""
-
-    def consumed(self) -> tuple[int, ...]:
-        """Returns the buffers the step reads."""
-        return ()
-
-    def produced(self) -> tuple[int, ...]:
-        """Returns the buffers the step writes on its own island (or the host)."""
-        return ()
-
-
-@dataclass(frozen=True)
-class Launch(Step):
-    """Runs `executable` on the devices of `slice`: buffers `inputs` -> `outputs`."""
-
-    kind: ClassVar[str] = "launch"
-    executable: str = ""
-    slice: str = ""
-    inputs: tuple[int, ...] = ()
-    outputs: tuple[int, ...] = ()
-
-    def consumed(self):
-        return self.inputs
-
-    def produced(self):
-        return self.outputs
-
-
-@dataclass(frozen=True)
-class _Move(Step):
-    """A data movement from `src_buffer` to `dst_buffer` over `link`, `bytes` per device."""
-
-    src_buffer: int = -1
-    dst_buffer: int = -1
-    link: str = ""
-    bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Copy(_Move):
-    """Moves (and reshards) a buffer between slices of one island (ICI)."""
-
-    kind: ClassVar[str] = "copy"
-
-    def consumed(self):
-        return (self.src_buffer,)
-
-    def produced(self):
-        return (self.dst_buffer,)
-
-
-@dataclass(frozen=True)
-class Send(_Move):
-    """Hands `src_buffer` to island `peer`, where it becomes `dst_buffer` (a `Recv`)."""
-
-    kind: ClassVar[str] = "send"
-    peer: str = ""
-
-    def consumed(self):
-        return (self.src_buffer,)
-
-
-@dataclass(frozen=True)
-class Recv(_Move):
-    """Receives `dst_buffer` from island `peer`'s `src_buffer`; `after` names the `Send`."""
-
-    kind: ClassVar[str] = "recv"
-    peer: str = ""
-
-    def produced(self):
-        return (self.dst_buffer,)
-
-
-@dataclass(frozen=True)
-class Free(Step):
-    """Drops `buffers` from the island's devices: their last reader has run."""
-
-    kind: ClassVar[str] = "free"
-    buffers: tuple[int, ...] = ()
-
-    def consumed(self):
-        return self.buffers
-
-
-@dataclass(frozen=True)
-class Branch(Step):
-    """Host step: reads `pred_buffer`, runs `then_plan` or `else_plan` on `inputs` into `outputs`."""
-
-    kind: ClassVar[str] = "cond"
-    pred_buffer: int = -1
-    inputs: tuple[int, ...] = ()
-    outputs: tuple[int, ...] = ()
-    then_plan: "ProgramPlan | None" = None
-    else_plan: "ProgramPlan | None" = None
-
-    def consumed(self):
-        return (self.pred_buffer, *self.inputs)
-
-    def produced(self):
-        return self.outputs
-
-
-STEP_KINDS: dict[str, type[Step]] = {cls.kind: cls for cls in (Launch, Copy, Send, Recv, Free, Branch)}
 
 
 @dataclass(frozen=True)
@@ -308,8 +181,12 @@ class ProgramPlan:
                 if not waiting[user]:
                     heapq.heappush(ready, user)
         if len(order) < len(waiting):
-            stuck = min(sid for sid, before in waiting.items() if before)
-            raise PlanError(f"plan @{self.program}: steps form a cycle through step {stuck}")
+            cycle = _cycle(self.dependencies)
+            if cycle is None:
+                stuck = min(sid for sid, before in waiting.items() if before)
+                raise PlanError(f"plan @{self.program}: step {stuck} waits for a step that does not exist", step=stuck)
+            raise PlanError(f"plan @{self.program}: steps form a cycle ({' -> '.join(map(str, cycle))})",
+                            step=cycle[1])
         return tuple(order)
 
     @functools.cached_property
@@ -328,19 +205,19 @@ class ProgramPlan:
         """Returns a JSON-ready dict (compact: default-valued step fields are left out)."""
         return {
             "program": self.program,
-            "topology": _jsonable(self.topology.to_python()),
-            "slices": {k: _jsonable(asdict(v)) for k, v in self.slices.items()},
-            "buffers": [_jsonable(asdict(b)) for b in self.buffers.values()],
+            "topology": jsonable(self.topology.to_python()),
+            "slices": {k: jsonable(asdict(v)) for k, v in self.slices.items()},
+            "buffers": [jsonable(asdict(b)) for b in self.buffers.values()],
             "executables": dict(self.executables),
-            "fused": {k: _jsonable(asdict(v)) for k, v in self.fused.items()},
+            "fused": {k: jsonable(asdict(v)) for k, v in self.fused.items()},
             "flops": dict(self.flops),
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             **({"donated": list(self.donated)} if self.donated else {}),
-            "islands": {k: [_step_to_python(s) for s in v] for k, v in self.islands.items()},
+            "islands": {k: [step_to_python(s) for s in v] for k, v in self.islands.items()},
             "peak_bytes": {k: list(v) for k, v in self.peak_bytes.items()},
-            "subgraphs": [_jsonable(asdict(s)) for s in self.subgraphs],
-            "host_steps": [_step_to_python(s) for s in self.host_steps],
+            "subgraphs": [jsonable(asdict(s)) for s in self.subgraphs],
+            "host_steps": [step_to_python(s) for s in self.host_steps],
         }
 
     def to_json(self) -> str:
@@ -352,7 +229,7 @@ class ProgramPlan:
         """Rebuilds and validates a plan from `to_python` output; PlanError names what is wrong."""
         if depth > MAX_DEPTH:
             raise PlanError(f"{where}: branch plans nested more than {MAX_DEPTH} deep")
-        r = _Reader(value, where)
+        r = JsonReader(value, where)
         try:
             topology = Topology.from_python(r.get("topology", dict), f"{where}.topology")
         except TopologyError as e:
@@ -383,12 +260,16 @@ class ProgramPlan:
                               for k, sharding in enumerate(cr.get("in_shardings", list, []))))
                           for cr in (fr.sub(c, f"calls[{j}]", dict) for j, c in enumerate(fr.get("calls", list))))
             fused[name] = FusedExecutable(calls, fr.ints("results"), fr.get("scratch_bytes", int, 0))
-        islands = {k: tuple(_step_from_python(s, f"{where}.islands.{k}[{j}]", depth)
+
+        def read_plan(value: Any, at: str) -> ProgramPlan:
+            return ProgramPlan.from_python(value, at, depth + 1)
+
+        islands = {k: tuple(step_from_python(s, f"{where}.islands.{k}[{j}]", read_plan)
                             for j, s in enumerate(r.sub(v, f"islands.{k}", list).value))
                    for k, v in r.get("islands", dict).items()}
-        host_steps = tuple(_step_from_python(s, f"{where}.host_steps[{j}]", depth)
+        host_steps = tuple(step_from_python(s, f"{where}.host_steps[{j}]", read_plan)
                            for j, s in enumerate(r.get("host_steps", list)))
-        if any(not isinstance(s, Branch) for s in host_steps):
+        if any(not s.on_host for s in host_steps):
             raise PlanError(f"{where}.host_steps: only 'cond' steps run on the host")
         subgraphs = tuple(Subgraph(sr.int("id"), sr.get("static", bool), sr.strs("islands"))
                           for sr in (r.sub(s, f"subgraphs[{j}]", dict)
@@ -434,28 +315,30 @@ class ProgramPlan:
         for b in self.buffers.values():
             what = f"{where}: buffer {b.id}"
             if b.dtype not in ELEMENT_BYTES:
-                raise PlanError(f"{what}: unknown element type '{b.dtype}'")
+                raise PlanError(f"{what}: unknown element type '{b.dtype}'", buffer=b.id)
             if any(d < 0 for d in b.shape) or math.prod(b.shape) > MAX_ELEMENTS:
-                raise PlanError(f"{what}: shape {list(b.shape)} is negative or larger than {MAX_ELEMENTS} elements")
+                raise PlanError(f"{what}: shape {list(b.shape)} is negative or larger than {MAX_ELEMENTS} elements",
+                                buffer=b.id)
             if b.slice is not None and len(b.sharding) != len(b.shape):
-                raise PlanError(f"{what}: sharding has {len(b.sharding)} entries for {len(b.shape)} dimensions")
+                raise PlanError(f"{what}: sharding has {len(b.sharding)} entries for {len(b.shape)} dimensions",
+                                buffer=b.id)
             ways = 1
             if b.slice is not None:
                 placement = self.slices.get(b.slice)
                 if placement is None:
-                    raise PlanError(f"{what}: unknown slice '{b.slice}'")
+                    raise PlanError(f"{what}: unknown slice '{b.slice}'", buffer=b.id)
                 sizes = dict(zip(placement.axes, placement.shape))
                 for dim, axes in zip(b.shape, b.sharding):
                     if any(a not in sizes for a in axes):
-                        raise PlanError(f"{what}: sharding names an axis that slice {b.slice} lacks")
+                        raise PlanError(f"{what}: sharding names an axis that slice {b.slice} lacks", buffer=b.id)
                     split = math.prod(sizes[a] for a in axes)
                     if dim % split:
-                        raise PlanError(f"{what}: dimension {dim} does not split {split} ways")
+                        raise PlanError(f"{what}: dimension {dim} does not split {split} ways", buffer=b.id)
                     ways *= split
             expected = math.prod(b.shape) * ELEMENT_BYTES[b.dtype] // ways
             if b.bytes_per_device != expected:
                 raise PlanError(f"{what}: bytes_per_device is {b.bytes_per_device}, but its shape, type and "
-                                f"sharding give {expected}")
+                                f"sharding give {expected}", buffer=b.id)
         for ids, what in ((self.inputs, "input"), (self.outputs, "output")):
             for b in ids:
                 if b not in self.buffers:
@@ -473,8 +356,9 @@ class ProgramPlan:
             for s in island_steps:
                 if s.id in steps:
                     raise PlanError(f"{where}: step id {s.id} is used twice")
-                if isinstance(s, Branch):
-                    raise PlanError(f"{where}: step {s.id}: a 'cond' step runs on the host, not on {island}")
+                if s.on_host:
+                    raise PlanError(f"{where}: step {s.id}: a '{s.kind}' step runs on the host, not on {island}",
+                                    step=s.id)
                 steps[s.id] = (island, s)
         for s in self.host_steps:
             if s.id in steps:
@@ -485,41 +369,73 @@ class ProgramPlan:
         for step_id, (island, s) in steps.items():
             for b in (*s.consumed(), *s.produced()):
                 if b not in self.buffers:
-                    raise PlanError(f"{where}: step {step_id} ({s.kind}) names buffer {b}, which is not declared")
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) names buffer {b}, which is not declared",
+                                    step=step_id)
             for b in s.produced():
+                if island is not None and self.island_of(b) != island:
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) on {island} writes buffer {b}, which lives "
+                                    f"on {self.island_of(b) or 'the host'}", step=step_id)
                 if b in written:
-                    raise PlanError(f"{where}: buffer {b} is written twice (step {step_id})")
+                    raise PlanError(f"{where}: buffer {b} is written twice (step {step_id})", step=step_id)
                 written[b] = (island, step_id)
             for a in s.after:
                 if a not in steps:
-                    raise PlanError(f"{where}: step {step_id} comes after step {a}, which does not exist")
+                    raise PlanError(f"{where}: step {step_id} comes after step {a}, which does not exist", step=step_id)
             if isinstance(s, Launch):
                 if s.slice not in self.slices or self.slices[s.slice].island != island:
-                    raise PlanError(f"{where}: step {step_id} launches on slice '{s.slice}', not one of {island}")
+                    raise PlanError(f"{where}: step {step_id} launches on slice '{s.slice}', not one of {island}",
+                                    step=step_id)
                 if s.executable not in self.executables and s.executable not in self.fused:
-                    raise PlanError(f"{where}: step {step_id} launches unknown executable '{s.executable}'")
+                    raise PlanError(f"{where}: step {step_id} launches unknown executable '{s.executable}'",
+                                    step=step_id)
                 axes = set(self.slices[s.slice].axes)
                 for call in self.fused[s.executable].calls if s.executable in self.fused else ():
                     if call.in_shardings and (len(call.in_shardings) != len(call.operands) or not all(
                             a in axes for sharding in call.in_shardings for dim in sharding for a in dim)):
                         raise PlanError(f"{where}: step {step_id}: fused executable '{s.executable}' constrains "
-                                        f"@{call.callee}'s operands to shardings that slice '{s.slice}' cannot hold")
+                                        f"@{call.callee}'s operands to shardings that slice '{s.slice}' cannot hold",
+                                        step=step_id)
             if isinstance(s, (Send, Recv)):
                 if s.peer not in {i.name for i in self.topology.islands} or s.peer == island:
-                    raise PlanError(f"{where}: step {step_id} ({s.kind}) has peer '{s.peer}', not another island")
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) has peer '{s.peer}', not another island",
+                                    step=step_id)
+        readers: dict[int, list[int]] = {}
+        # A send and its recv agree on both buffers and both islands: (to, dst_buffer, src_buffer, from).
+        sends_of: dict[tuple, list[int]] = {}
+        received = set()
+        for step_id, (island, s) in steps.items():
+            for b in s.reads():
+                readers.setdefault(b, []).append(step_id)
+            if isinstance(s, Send):
+                sends_of.setdefault((s.peer, s.dst_buffer, s.src_buffer, island), []).append(step_id)
+            elif isinstance(s, Recv):
+                received.add((island, s.dst_buffer, s.src_buffer, s.peer))
         for step_id, (island, s) in steps.items():
             for b in s.consumed():
                 if b not in written:
-                    raise PlanError(f"{where}: step {step_id} ({s.kind}) reads buffer {b}, which nothing writes")
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) reads buffer {b}, which nothing writes",
+                                    step=step_id)
                 home, producer = written[b]
                 if island is not None and home is not None and home != island:
                     raise PlanError(f"{where}: step {step_id} ({s.kind}) on {island} reads buffer {b}, "
-                                    f"which lives on {home}")
+                                    f"which lives on {home}", step=step_id)
             if isinstance(s, Recv):
-                sends = [t for _, t in steps.values() if isinstance(t, Send) and t.dst_buffer == s.dst_buffer]
-                if len(sends) != 1 or sends[0].id not in s.after:
+                sends = sends_of.get((island, s.dst_buffer, s.src_buffer, s.peer), ())
+                if len(sends) != 1 or sends[0] not in s.after:
                     raise PlanError(f"{where}: step {step_id} (recv) of buffer {s.dst_buffer} has no matching send "
-                                    f"in its 'after'")
+                                    f"of buffer {s.src_buffer} from {s.peer} in its 'after'", step=step_id)
+            if isinstance(s, Send) and (s.peer, s.dst_buffer, s.src_buffer, island) not in received:
+                raise PlanError(f"{where}: step {step_id} (send) of buffer {s.src_buffer} has no matching recv of "
+                                f"buffer {s.dst_buffer} on {s.peer}", step=step_id)
+            for b in s.frees():
+                early = sorted(r for r in readers.get(b, ()) if r not in s.after)
+                if early or b in self.outputs:
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) frees buffer {b} " + (
+                        f"without waiting for step {early[0]}, which reads it" if early else
+                        "of the program's results"), step=step_id)
+        for b in self.outputs:
+            if b not in written:
+                raise PlanError(f"{where}: output buffer {b} is neither an input nor written by a step")
         # Each island's list must be a valid order of the dependencies among its own steps.
         for island, island_steps in self.islands.items():
             position = {s.id: i for i, s in enumerate(island_steps)}
@@ -527,112 +443,47 @@ class ProgramPlan:
                 late = sorted(a for a in self.dependencies[s.id] if position.get(a, -1) > i)
                 if late:
                     raise PlanError(f"{where}: on {island}, step {s.id} ({s.kind}) is ordered before step "
-                                    f"{late[0]}, which it depends on")
+                                    f"{late[0]}, which it depends on", step=s.id)
+        # The islands run their lists in order: with that order, the dependencies must still have no cycle.
+        waits = {sid: set(before) for sid, before in self.dependencies.items()}
+        for island_steps in self.islands.values():
+            for before, s in zip(island_steps, island_steps[1:]):
+                waits[s.id].add(before.id)
+        cycle = _cycle(waits)
+        if cycle:
+            raise PlanError(f"{where}: steps wait for each other ({' -> '.join(map(str, cycle))}): the island "
+                            f"orders and the dependencies deadlock", step=cycle[1])
         for island, flat in self.peak_bytes.items():
             if island not in self.islands or len(flat) % 3 or any(v < 0 for v in flat):
                 raise PlanError(f"{where}: peak_bytes of '{island}' are not (begin, end, bytes) triples of an "
                                 f"island with steps")
 
 
-# ===--------------------------------------------------------------------=== #
-# JSON helpers
-# ===--------------------------------------------------------------------=== #
-
-
-def _step_to_python(step: Step) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": step.kind}
-    for f in fields(step):
-        value = getattr(step, f.name)
-        if f.name in ("then_plan", "else_plan"):
-            if value is not None:
-                out[f.name] = value.to_python()
-        elif f.name == "id" or value != f.default:
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-def _step_from_python(value: Any, where: str, depth: int) -> Step:
-    r = _Reader(value, where)
-    kind = r.str("kind")
-    cls = STEP_KINDS.get(kind)
-    if cls is None:
-        raise PlanError(f"{where}: unknown step kind '{kind}' (one of {', '.join(STEP_KINDS)})")
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name not in value:
-            if f.name == "id":
-                raise PlanError(f"{where}: missing 'id'")
-            continue
-        if f.name in ("then_plan", "else_plan"):
-            kwargs[f.name] = ProgramPlan.from_python(value[f.name], f"{where}.{f.name}", depth + 1)
-        elif isinstance(f.default, tuple):
-            kwargs[f.name] = r.ints(f.name)
-        elif isinstance(f.default, str):
-            kwargs[f.name] = r.str(f.name)
-        else:
-            kwargs[f.name] = r.int(f.name)
-    unknown = set(value) - {f.name for f in fields(cls)} - {"kind"}
-    if unknown:
-        raise PlanError(f"{where}: a '{kind}' step has no field '{sorted(unknown)[0]}'")
-    if cls is Branch and ("then_plan" not in kwargs or "else_plan" not in kwargs):
-        raise PlanError(f"{where}: a 'cond' step needs then_plan and else_plan")
-    return cls(**kwargs)
-
-
-class _Reader:
-    """Reads typed fields out of untrusted JSON, naming the path of whatever is wrong."""
-
-    def __init__(self, value: Any, where: str, kind: type = dict):
-        if not isinstance(value, kind):
-            raise PlanError(f"{where}: expected {_KIND_NAMES.get(kind, kind.__name__)}, got "
-                            f"{type(value).__name__}")
-        self.value = value
-        self.where = where
-
-    def sub(self, value: Any, key: str, kind: type) -> "_Reader":
-        return _Reader(value, f"{self.where}.{key}", kind)
-
-    def get(self, key: str, kind, default: Any = ...):
-        if key not in self.value:
-            if default is not ...:
-                return default
-            raise PlanError(f"{self.where}: missing '{key}'")
-        value = self.value[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise PlanError(f"{self.where}.{key}: expected {_KIND_NAMES.get(kinds[0], kinds[0].__name__)}, got "
-                            f"{type(value).__name__}")
-        return value
-
-    def str(self, key: str) -> str:
-        return self.get(key, str)
-
-    def int(self, key: str) -> int:
-        return self.get(key, int)
-
-    def ints(self, key: str) -> tuple[int, ...]:
-        return self.sub(self.get(key, list), key, list).ints_of(self.value[key])
-
-    def strs(self, key: str) -> tuple[str, ...]:
-        return self.strs_of(self.get(key, list), key)
-
-    def ints_of(self, items: list) -> tuple[int, ...]:
-        if any(not isinstance(i, int) or isinstance(i, bool) for i in items):
-            raise PlanError(f"{self.where}: expected a list of integers")
-        return tuple(items)
-
-    def strs_of(self, items: list, key: str = "") -> tuple[str, ...]:
-        if any(not isinstance(i, str) for i in items):
-            raise PlanError(f"{self.where}{'.' + key if key else ''}: expected a list of strings")
-        return tuple(items)
-
-
-_KIND_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "a boolean"}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
+def _cycle(waits: dict[int, set[int] | frozenset[int]]) -> list[int] | None:
+    """Returns a cycle of `waits` (step -> the steps it waits for) as the step ids in the order they would
+    run, each waiting for the one before, from the smallest id back to it; None if there is none."""
+    waiting = {sid: {b for b in before if b in waits} for sid, before in waits.items()}
+    users: dict[int, list[int]] = {}
+    for sid, before in waiting.items():
+        for b in before:
+            users.setdefault(b, []).append(sid)
+    ready = [sid for sid, before in waiting.items() if not before]
+    left = set(waiting)
+    while ready:
+        sid = ready.pop()
+        left.discard(sid)
+        for user in users.get(sid, ()):
+            waiting[user].discard(sid)
+            if not waiting[user]:
+                ready.append(user)
+    if not left:
+        return None
+    path, seen, step = [], {}, min(left)
+    while step not in seen:                  # every step left waits for one left: the walk comes back
+        seen[step] = len(path)
+        path.append(step)
+        step = min(waiting[step])
+    ring = path[seen[step]:][::-1]
+    first = ring.index(min(ring))
+    ring = ring[first:] + ring[:first]
+    return [*ring, ring[0]]

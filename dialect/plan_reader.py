@@ -5,7 +5,9 @@ The IR plan modules (`module {pw.island_plan}` per island, `module
 forms: this module is the one reader from the first to the second, used by
 `pw-plan-memory` and everything that runs a lowered module. It expects plans
 as those passes write them; `pw-verify-plans` checks a module's plans before
-anyone trusts them (`passes.load_plans` runs it on plans written elsewhere).
+anyone trusts them (`passes.load_plans` runs it on plans written elsewhere),
+reading each op with `read_slice`, `read_buffer` and `read_step` once it has
+checked its attributes.
 """
 
 from __future__ import annotations
@@ -13,30 +15,23 @@ from __future__ import annotations
 from mlir import ir
 
 from . import ops
-from .plan import (Branch, BufferInfo, Copy, Free, FusedCall, FusedExecutable, Launch, ProgramPlan, Recv, Send,
-                   SlicePlacement, Step, Subgraph)
+from .plan import BufferInfo, FusedCall, FusedExecutable, ProgramPlan, SlicePlacement, Subgraph
+from .plan_steps import STEP_OPS, Branch, Launch, Step
 
 
-def _step(op: ir.Operation, plans: dict[str, ProgramPlan]) -> Step:
-    a = ops.attrs(op)
-    common = {"id": a["step"], "after": a["after"], "subgraph": a["subgraph"]}
-    if op.name == "pw.launch":
-        return Launch(label=a["label"], executable=a["executable"], slice=a["slice"], inputs=a["inputs"],
-                      outputs=a["outputs"], **common)
-    if op.name == "pw.copy":
-        return Copy(src_buffer=a["src_buffer"], dst_buffer=a["dst_buffer"], link=a["link"], bytes=a["bytes"],
-                    **common)
-    if op.name in ("pw.send", "pw.recv"):
-        src, dst = (a["buffer"], a["peer_buffer"]) if op.name == "pw.send" else (a["peer_buffer"], a["buffer"])
-        kind = Send if op.name == "pw.send" else Recv
-        return kind(src_buffer=src, dst_buffer=dst, link=a["link"], peer=a["peer"], bytes=a["bytes"], **common)
-    if op.name == "pw.free":
-        return Free(buffers=a["buffers"], **common)
-    return Branch(label=a["label"], pred_buffer=a["pred"], inputs=a["inputs"], outputs=a["outputs"],
-                  then_plan=plans[a["then_program"]], else_plan=plans[a["else_program"]], **common)
+def read_slice(op: ir.Operation) -> SlicePlacement:
+    """Returns the placement of a placed `pw.virtual_slice` op."""
+    s, placement = ops.VirtualSlice.from_op(op), ops.attr(op, ops.PLACEMENT)
+    return SlicePlacement(s.name, s.shape, s.axes, placement["island"], placement["devices"])
 
 
-def _buffer(op: ir.Operation) -> BufferInfo:
+def read_step(op: ir.Operation, plans: dict[str, ProgramPlan]) -> Step:
+    """Returns the step a step op describes (its class: `STEP_OPS`); `plans` holds the programs it may run."""
+    return STEP_OPS[op.name].from_attrs(ops.attrs(op), plans)
+
+
+def read_buffer(op: ir.Operation) -> BufferInfo:
+    """Returns the buffer a `pw.buffer` op declares."""
     a = ops.attrs(op)
     tensor = ir.RankedTensorType(a["type"])
     home = a["home"]
@@ -52,11 +47,8 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
     """
     module = module.operation
     topology = ops.module_topology(module)
-    slices = {}
-    for op in ops.top_level_ops(module):
-        if op.name == "pw.virtual_slice" and ops.attr(op, ops.PLACEMENT) is not None:
-            s, placement = ops.VirtualSlice.from_op(op), ops.attr(op, ops.PLACEMENT)
-            slices[s.name] = SlicePlacement(s.name, s.shape, s.axes, placement["island"], placement["devices"])
+    slices = {s.name: s for s in (read_slice(op) for op in ops.top_level_ops(module)
+                                  if op.name == "pw.virtual_slice" and ops.PLACEMENT in op.attributes)}
     module_executables = ops.executables(module)
     exports = {name: ops.attr(exe, ops.EXPORT, "") for name, exe in module_executables.items()}
     flops = {name: int(ops.attr(exe, ops.COST)["flops"]) for name, exe in module_executables.items()
@@ -78,11 +70,11 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
         parts = [host, *islands.get(name, {}).values()]
         contents = {id(part): [op.operation for op in part.regions[0].blocks[0].operations] for part in parts}
         for op in contents[id(host)]:
-            for key in ("then_program", "else_program") if op.name == "pw.branch" else ():
+            for key in ("then_program", "else_program") if op.name == Branch.op else ():
                 build(ops.attr(op, key))
-        buffers = {b.id: b for b in (_buffer(op) for part in parts for op in contents[id(part)]
+        buffers = {b.id: b for b in (read_buffer(op) for part in parts for op in contents[id(part)]
                                      if op.name == "pw.buffer")}
-        steps = {island: tuple(_step(op, plans) for op in contents[id(part)] if op.name != "pw.buffer")
+        steps = {island: tuple(read_step(op, plans) for op in contents[id(part)] if op.name != "pw.buffer")
                  for island, part in islands.get(name, {}).items()}
         mark = ops.attr(host, ops.HOST_PLAN)
         executables, fused = {}, {}
@@ -108,7 +100,7 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
             subgraphs=tuple(Subgraph(g["id"], g["static"], tuple(i for i, ss in steps.items()
                                                                  if any(s.subgraph == g["id"] for s in ss)))
                             for g in mark["subgraphs"]),
-            host_steps=tuple(_step(op, plans) for op in contents[id(host)] if op.name == "pw.branch"))
+            host_steps=tuple(read_step(op, plans) for op in contents[id(host)] if op.name in STEP_OPS))
         return plans[name]
 
     for name in hosts:

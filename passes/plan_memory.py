@@ -47,7 +47,8 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.phases import Phase
 from pathways_mlir.dialect.memory_plan import island_memory
-from pathways_mlir.dialect.plan import Free
+from pathways_mlir.dialect.plan import PlanError
+from pathways_mlir.dialect.plan_steps import Free
 from pathways_mlir.dialect.plan_reader import program_plans
 
 from .registry import Pass, register
@@ -81,6 +82,12 @@ class PlanMemoryPass(Pass):
             if program not in plans:
                 diagnostics.error(plan_op, f"island plan of program @{program}, which has no host plan: "
                                            f"pw-emit-plans writes both")
+                return
+        for plan in plans.values():
+            try:
+                plan.topological_order             # memory planning walks it
+            except PlanError as e:
+                diagnostics.error(module, f"pw-plan-memory: {e}")
                 return
         largest = max((s.id for p in plans.values() for ss in (*p.islands.values(), p.host_steps) for s in ss),
                       default=-1)

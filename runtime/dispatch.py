@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from pathways_mlir.dialect.device_time import device_seconds
-from pathways_mlir.dialect.plan import Branch, Free, ProgramPlan, Recv
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan_steps import Branch
 
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
@@ -220,18 +221,17 @@ class Dispatcher:
         try:
             for step_id in order:
                 island, step = by_id[step_id]
-                if not isinstance(step, Free):
-                    for b in step.consumed():
-                        self.fetch(run, b)                  # predecessors enqueued, their outputs exist
-                if isinstance(step, Branch):
+                for b in step.reads():
+                    self.fetch(run, b)                      # predecessors enqueued, their outputs exist
+                if step.on_host:
                     inputs = self._run_cond(run, step, mode)
                     self.runtime.scheduler.continue_run(run, {i: ((), tuple(v), False) for i, v in inputs.items()})
                     continue
                 self.runtime.islands[island].prepare(run.key, (step_id,))
                 self.runtime.scheduler.continue_run(run, {island: ((step_id,), (), last[island] == step_id)})
-                if isinstance(step, Recv):
-                    self.fetch(run, step.dst_buffer)          # the peer's send has arrived (the receiver asks
-                                                              # for it once it has the step: Ray's data plane)
+                for b in step.arrives():
+                    self.fetch(run, b)                      # the peer's send has arrived (the receiver asks
+                                                            # for it once it has the step: Ray's data plane)
         except BaseException as error:  # noqa: BLE001
             self.runtime.fail_run(run, error)
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from pathways_mlir.dialect.memory_plan import reuses
-from pathways_mlir.dialect.plan import Copy, Free, Launch, ProgramPlan, Recv, Send, Step
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan_steps import Copy, Free, Launch, Recv, Send, Step
 
 from .executables import named_sharding
 from .transfers import assemble_in_place, copy_to, shards_in_place

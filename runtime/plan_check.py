@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import base64
 
-from pathways_mlir.dialect.plan import Launch, PlanError, ProgramPlan
+from pathways_mlir.dialect.plan import PlanError, ProgramPlan
+from pathways_mlir.dialect.plan_steps import Launch
 
 from .executables import numpy_dtype
 

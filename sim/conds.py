@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pathways_mlir.dialect.plan import Branch
+from pathways_mlir.dialect.plan_steps import Branch
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
 from .runs import RunRecord, RunState, SimError, Submission

@@ -49,7 +49,8 @@ import heapq
 import itertools
 from typing import Callable
 
-from pathways_mlir.dialect.plan import Branch, Copy, Free, Launch, ProgramPlan, Recv, Send, Step
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan_steps import Copy, Launch, Recv, Send, Step
 from pathways_mlir.runtime.admission import MemoryLedger
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
@@ -223,12 +224,12 @@ class Simulator(HostConds):
             run.after_dispatch()
             return
         step = order[position]
-        needs = () if isinstance(step, Free) else (*step.consumed(), *((step.dst_buffer,) if isinstance(step, Recv) else ()))
+        needs = (*step.reads(), *step.arrives())
         missing = [b for b in needs if b not in run.exists]
         if missing:
             run.waiters.setdefault(missing[0], []).append(lambda: self._sequential(run, position))
             return
-        if isinstance(step, Branch):
+        if step.on_host:
             self._cond(run, step, lambda: self._sequential(run, position + 1))
             return
         host = self.profile.host
@@ -279,7 +280,7 @@ class Simulator(HostConds):
         if position >= len(run.delivered[island]):
             return None
         step = run.delivered[island][position]
-        if isinstance(step, Recv) and step.id not in run.arrived:
+        if step.arrives() and step.id not in run.arrived:
             return None
         return step
 
@@ -295,14 +296,14 @@ class Simulator(HostConds):
         for run in (inline[0],) if inline else self.island_runs.get(island, ()):
             fanout = run.fanout.pop(island, 0.0)
             step = None if fanout else self._available(run, island)
-            if inline and not fanout and (step is None or isinstance(step, Recv)):
+            if inline and not fanout and (step is None or step.arrives()):
                 del self.inline[island]                  # parked (a delivery waits for the executor) or done
                 inline[1]()
                 self._pump(island)
                 return
             if not fanout and step is None:
                 continue
-            cost = fanout or (host.recv_us * 1e-6 if isinstance(step, Recv) else 0.0 if isinstance(step, Free)
+            cost = fanout or (host.recv_us * 1e-6 if step.arrives() else 0.0 if step.frees()
                               else host.step_us * 1e-6)
             self.island_busy[island] = True
             start = self.now
@@ -354,7 +355,7 @@ class Simulator(HostConds):
             else:
                 recv = prep.recv_of_send[step.id]
                 self._at(arrival, lambda: self._arrive(run, step.peer, recv, arrival))
-        if not isinstance(step, Recv):
+        if not step.arrives():
             for b in step.produced():
                 run.set_exists(b, blocked)
         self._finish_step(run, island)

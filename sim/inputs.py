@@ -14,7 +14,8 @@ import pathlib
 import re
 from dataclasses import dataclass
 
-from pathways_mlir.dialect.plan import Launch, PlanError, ProgramPlan
+from pathways_mlir.dialect.plan import PlanError, ProgramPlan
+from pathways_mlir.dialect.plan_steps import Launch
 from pathways_mlir.dialect.topology import Island, Link, Topology, TopologyError
 
 from .profile import Profile

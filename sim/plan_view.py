@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pathways_mlir.dialect.device_time import launch_costs
-from pathways_mlir.dialect.plan import Launch, ProgramPlan, Recv, Send
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan_steps import Launch, Recv, Send
 from pathways_mlir.runtime.admission import run_need
 
 from .network import all_reduce_seconds

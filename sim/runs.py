@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from pathways_mlir.dialect.plan import ProgramPlan, Step
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan_steps import Step
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ import pytest  # noqa: E402
 
 from pathways_mlir.dialect.context import make_context  # noqa: E402
 from pathways_mlir.dialect.memory_plan import with_memory_plan  # noqa: E402
-from pathways_mlir.dialect.plan import STEP_KINDS, BufferInfo, ProgramPlan, SlicePlacement, Step, Subgraph  # noqa: E402
+from pathways_mlir.dialect.plan import BufferInfo, ProgramPlan, SlicePlacement, Subgraph  # noqa: E402
+from pathways_mlir.dialect.plan_steps import STEP_KINDS, Step  # noqa: E402
 from pathways_mlir.dialect.topology import Topology  # noqa: E402
 
 

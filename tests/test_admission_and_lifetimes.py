@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pathways_mlir.dialect.plan import Launch, PlanError, ProgramPlan
+from pathways_mlir.dialect.plan import PlanError, ProgramPlan
+from pathways_mlir.dialect.plan_steps import Launch
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.runtime import Runtime

@@ -10,7 +10,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
-from pathways_mlir.dialect.plan import Copy, Launch, PlanError, ProgramPlan
+from pathways_mlir.dialect.plan import PlanError, ProgramPlan
+from pathways_mlir.dialect.plan_steps import Copy, Launch
 from pathways_mlir.passes import lower, program_plans
 from pathways_mlir.runtime.client import Client
 

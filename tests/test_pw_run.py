@@ -54,8 +54,8 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
     (tmp_path / "hostile.mlir").write_text(valid_plan.replace("@main, inputs = array<i64: 0>", "@main, inputs = array<i64>"))
     cases = {
         tmp_path / "deep.mlir": "deep.mlir:1:2056: error: '{' nests deeper than 256 levels",
-        tmp_path / "hostile.mlir": "error: 'pw.launch' op step 0 reads buffer 0, which no step writes and which is not "
-                                   "an input of @main",
+        tmp_path / "hostile.mlir": "error: 'pw.launch' op plan of @main: step 0 (launch) reads buffer 0, which nothing "
+                                   "writes",
         tmp_path / "missing.mlir": "no such file",
         tmp_path / "bad.mlir": "bad.mlir:1:1: error: 'pw.compute' op attribute 'callee' is expected",
         tmp_path / "bad.json": "not a pw plan",

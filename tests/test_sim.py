@@ -9,7 +9,7 @@ import pytest
 
 from pathways_mlir.cli.pw_sim import main as pw_sim
 from pathways_mlir.sim import inputs, network, trace
-from pathways_mlir.dialect.plan import Send
+from pathways_mlir.dialect.plan_steps import Send
 from pathways_mlir.sim.engine import SimError, Simulator, Submission
 from pathways_mlir.sim.profile import Host, LinkSpec, ProfileError, load_profile
 

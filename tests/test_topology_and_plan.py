@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pathways_mlir.dialect.plan import (Branch, BufferInfo, Copy, Launch, PlanError, ProgramPlan, SlicePlacement,
-                                        Subgraph)
+from pathways_mlir.dialect.plan import BufferInfo, PlanError, ProgramPlan, SlicePlacement, Subgraph
+from pathways_mlir.dialect.plan_steps import Branch, Copy, Launch
 from pathways_mlir.dialect.topology import Link, Topology, TopologyError
 
 
@@ -96,6 +96,16 @@ def _deep(depth):
     (_mutated(lambda v: v["islands"]["island0"][1].update(inputs="2")), "expected a list"),
     (_mutated(lambda v: v["islands"]["island0"].append({"kind": "recv", "id": 9, "dst_buffer": 0,
                                                          "peer": "island1"})), "written twice"),
+    (_mutated(lambda v: v["islands"]["island0"].insert(1, {"kind": "free", "id": 9, "after": [0], "buffers": [2]})),
+     "step 9 \\(free\\) frees buffer 2 without waiting for step 1, which reads it"),
+    (_mutated(lambda v: v["islands"]["island0"].append({"kind": "free", "id": 9, "after": [1, 2], "buffers": [1]})),
+     "frees buffer 1 of the program's results"),
+    (_mutated(lambda v: (v["slices"].update(v1={"name": "v1", "shape": [2], "axes": ["x"], "island": "island1",
+                                                "devices": [0, 2]}), v["buffers"][2].update(slice="v1"))),
+     "step 0 \\(copy\\) on island0 writes buffer 2, which lives on island1"),
+    (_mutated(lambda v: v["islands"]["island0"].append({"kind": "send", "id": 9, "after": [1], "src_buffer": 1,
+                                                         "dst_buffer": 2, "peer": "island1", "link": "dcn"})),
+     "step 9 \\(send\\) of buffer 1 has no matching recv of buffer 2 on island1"),
 ])
 def test_hostile_plan_json_is_one_clear_error(text, message):
     with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("'", "'")):

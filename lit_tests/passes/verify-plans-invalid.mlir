@@ -19,7 +19,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.buffer"() {id = 1, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{step 0 uses buffer 7, which no plan of @main declares}}
+// expected-error@below {{plan of @main: step 0 (launch) names buffer 7, which is not declared}}
   "pw.launch"() {step = 0, after = array<i64>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 7>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
   "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()
 }
@@ -136,7 +136,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 }
 module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{buffer 1: element type !pw.opaque has no known size}}
+// expected-error@below {{plan of @main: buffer 1: unknown element type '!pw.opaque'}}
   "pw.buffer"() {id = 1, type = tensor<8x!pw.opaque>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.launch"() {step = 0, after = array<i64>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
   "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()
@@ -165,7 +165,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 }
 module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{buffer 1 of type tensor<1099511627776x1024xf32> has 4503599627370496 bytes, more than 1125899906842624}}
+// expected-error@below {{plan of @main: buffer 1: shape [1099511627776, 1024] is negative or larger than 1099511627776 elements}}
   "pw.buffer"() {id = 1, type = tensor<1099511627776x1024xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.launch"() {step = 0, after = array<i64>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
   "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()
@@ -194,7 +194,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 }
 module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{buffer 1 declares -1099511627776 bytes per device, but tensor<8xf32> split 2-way on @a is 16}}
+// expected-error@below {{plan of @main: buffer 1: bytes_per_device is -1099511627776, but its shape, type and sharding give 16}}
   "pw.buffer"() {id = 1, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = -1099511627776} : () -> ()
   "pw.launch"() {step = 0, after = array<i64>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
   "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()
@@ -371,7 +371,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.buffer"() {id = 1, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{step 0 reads buffer 0, which no step writes and which is not an input of @main}}
+// expected-error@below {{plan of @main: step 0 (launch) reads buffer 0, which nothing writes}}
   "pw.launch"() {step = 0, after = array<i64>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
   "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()
 }
@@ -433,7 +433,7 @@ module @main_island0 attributes {pw.island_plan = {island = "island0", program =
 }
 module @main_island1 attributes {pw.island_plan = {island = "island1", program = @main}} {
   "pw.buffer"() {id = 2, type = tensor<8xf32>, home = {slice = @b, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{step 2 has no matching 'pw.send' of buffer 1 on island0}}
+// expected-error@below {{plan of @main: step 2 (recv) of buffer 2 has no matching send of buffer 1 from island0 in its 'after'}}
   "pw.recv"() {step = 2, after = array<i64>, buffer = 2, peer_buffer = 1, peer = "island0", bytes = 16, link = "dcn", devices = array<i64: 2, 4>, subgraph = 0} : () -> ()
 }
 module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i64: 0>, outputs = array<i64: 2>, subgraphs = [{id = 0, static = true}]}} {
@@ -462,7 +462,7 @@ module @main_island0 attributes {pw.island_plan = {island = "island0", program =
 }
 module @main_island1 attributes {pw.island_plan = {island = "island1", program = @main}} {
   "pw.buffer"() {id = 2, type = tensor<8xf32>, home = {slice = @b, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{step 2 does not wait for its send (step 1)}}
+// expected-error@below {{plan of @main: step 2 (recv) of buffer 2 has no matching send of buffer 1 from island0 in its 'after'}}
   "pw.recv"() {step = 2, after = array<i64>, buffer = 2, peer_buffer = 1, peer = "island0", bytes = 16, link = "dcn", devices = array<i64: 2, 4>, subgraph = 0} : () -> ()
 }
 module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i64: 0>, outputs = array<i64: 2>, subgraphs = [{id = 0, static = true}]}} {
@@ -486,7 +486,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.buffer"() {id = 1, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{step 0 waits for step 1, which island0 runs after it}}
+// expected-error@below {{plan of @main: on island0, step 0 (launch) is ordered before step 1, which it depends on}}
   "pw.launch"() {step = 0, after = array<i64: 1>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
   "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()
 }
@@ -516,7 +516,7 @@ module @main_island0 attributes {pw.island_plan = {island = "island0", program =
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.buffer"() {id = 1, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.launch"() {step = 0, after = array<i64: 2>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
-// expected-error@below {{steps of @main wait for each other (0 -> 1 -> 2 -> 0): the island orders and 'after' deadlock}}
+// expected-error@below {{plan of @main: steps wait for each other (0 -> 1 -> 2 -> 0): the island orders and the dependencies deadlock}}
   "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()
 }
 module @main_island1 attributes {pw.island_plan = {island = "island1", program = @main}} {
@@ -545,7 +545,7 @@ module @main_island0 attributes {pw.island_plan = {island = "island0", program =
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.buffer"() {id = 1, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.launch"() {step = 0, after = array<i64>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
-// expected-error@below {{step 1 waits for step 9, which no plan of @main has}}
+// expected-error@below {{plan of @main: step 1 comes after step 9, which does not exist}}
   "pw.send"() {step = 1, after = array<i64: 0, 9>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()
 }
 module @main_island1 attributes {pw.island_plan = {island = "island1", program = @main}} {
@@ -580,7 +580,7 @@ module @main_island1 attributes {pw.island_plan = {island = "island1", program =
   "pw.buffer"() {id = 2, type = tensor<8xf32>, home = {slice = @b, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.recv"() {step = 2, after = array<i64: 1>, buffer = 2, peer_buffer = 1, peer = "island0", bytes = 16, link = "dcn", devices = array<i64: 2, 4>, subgraph = 0} : () -> ()
 }
-// expected-error@below {{host plan of @main returns buffer 3, which it does not declare}}
+// expected-error@below {{plan of @main: output buffer 3 is not declared}}
 module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i64: 0>, outputs = array<i64: 3>, subgraphs = [{id = 0, static = true}]}} {
 }
 }

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pathways_mlir.dialect.plan import ProgramPlan, Recv, Send
+from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.dialect.plan_steps import Recv, Send
 
 from ..executables import make_mesh, named_sharding, numpy_dtype
 from ..island_work import IslandLost, RunFailed
