@@ -20,7 +20,8 @@ from .runtime.uncaught import install as _install_one_line_errors
 __version__ = "0.1.0"
 
 _FRONTEND = ["ElasticTrainer", "PlacementError", "cond", "jit", "pipeline", "program", "virtual_slice"]
-_RUNTIME = {"Client": "client", "IslandLost": "island", "IslandWedged": "island", "RunCancelled": "island",
+_RUNTIME = {"Client": "client", "IslandLost": "island_work", "IslandWedged": "island_work",
+            "RunCancelled": "island_work",
             "OutOfDeviceMemory": "admission", "SharedRef": "shared", "cancel": "client", "configure": "runtime",
             "connect": "service", "get_runtime": "runtime", "status": "runtime"}
 __all__ = [*_FRONTEND, *_RUNTIME]
