@@ -11,7 +11,9 @@ batch is split over fewer shards, then more. Each phase's steps/s is timed
 from its `warm`-th step (past the re-lowering and XLA compiling for the new
 mesh) to its last, the loop catching up with its device work at both marks.
 
-Beside it, interleaved, plain JAX runs the same step (`jax.jit` with the
+Beside it, interleaved: the same run with no device taken out
+(`unchanged`), whose last third over its first says how much the phases
+differ by themselves; and plain JAX running the same step (`jax.jit` with the
 batch split over a mesh of 8 devices, and of 4) for as many steps: its
 4-over-8 ratio is what this machine's devices give when half of them go. On
 a machine whose CPU devices share fewer cores than there are devices (2 here)
@@ -50,8 +52,8 @@ train_step = pw.program(pw.jit(sgd_step, slice=pw.virtual_slice(f"{DEVICES // 2}
                                in_specs=(None, (P("x"), P("x"))), out_specs=None))
 
 
-def cycle(runtime, steps: int, warm: int) -> dict:
-    """Trains `steps` steps, taking REMOVED out after a third and back after two thirds; returns the row."""
+def cycle(runtime, steps: int, warm: int, removed: tuple[int, ...] = REMOVED) -> dict:
+    """Trains `steps` steps, taking `removed` out after a third and back after two thirds; returns the row."""
     shrink_at, grow_at = steps // 3, 2 * steps // 3
     phases = {"full": (0, shrink_at), "shrunk": (shrink_at, grow_at), "regrown": (grow_at, steps)}
     marks = {}
@@ -61,10 +63,10 @@ def cycle(runtime, steps: int, warm: int) -> dict:
             np.asarray(metrics[0].result(WAIT))         # the loop catches up with its device work
             marks[n] = time.perf_counter()
         if n == shrink_at:
-            for device in REMOVED:
+            for device in removed:
                 runtime.resources.remove_device("island0", device)
         if n == grow_at:
-            for device in REMOVED:
+            for device in removed:
                 runtime.resources.add_device("island0", device)
 
     with Client(runtime) as client:
@@ -94,11 +96,13 @@ def jax_loop(devices: int, steps: int):
 
 def run(quick: bool) -> dict:
     """Measures the three phases' throughput beside plain JAX on 8 and on 4 devices, interleaved."""
-    steps, warm, repetitions = (24, 2, 2) if quick else (45, 3, 5)
+    steps, warm, repetitions = (24, 2, 2) if quick else (150, 5, 7)
     runtime = Runtime(embedded_device_map(1, DEVICES))
     rows = []
     phase = steps // 3 - warm                              # the steps each phase times
+    unchanged = []
     cases = {"elastic": lambda: rows.append(cycle(runtime, steps, warm)),
+             "unchanged": lambda: unchanged.append(cycle(runtime, steps, warm, removed=())),
              "jax 8 devices": jax_loop(DEVICES, phase), "jax 4 devices": jax_loop(DEVICES // 2, phase)}
     trainer_log = logging.getLogger("pathways_mlir.elastic")
     level, _ = trainer_log.level, trainer_log.setLevel(logging.ERROR)    # a line per resize: the rows say it
@@ -107,12 +111,14 @@ def run(quick: bool) -> dict:
     finally:
         trainer_log.setLevel(level)
         runtime.close()
-    measured = rows[1:]                                    # without the warm-up's
+    measured, control = rows[1:], unchanged[1:]            # without the warm-ups
     shrunk = [r["shrunk_steps_per_s"] / r["full_steps_per_s"] for r in measured]
     regrown = [r["regrown_steps_per_s"] / r["full_steps_per_s"] for r in measured]
     jax_ratio = [eight / four for eight, four in zip(times["jax 8 devices"], times["jax 4 devices"])]
     table = [{"case": "elastic", "rep": i, **row, "shrunk_over_full": s, "regrown_over_full": g}
              for i, (row, s, g) in enumerate(zip(measured, shrunk, regrown))]
+    table += [{"case": "unchanged", "rep": i, **row,
+               "last_over_first": row["regrown_steps_per_s"] / row["full_steps_per_s"]} for i, row in enumerate(control)]
     table += [{"case": case, "steps_per_s": phase / harness.median(times[case]), "spread": harness.spread(times[case])}
               for case in ("jax 8 devices", "jax 4 devices")]
     headline = {"shrunk_throughput_over_full": harness.median(shrunk), "regrown_over_full": min(regrown),
@@ -121,6 +127,8 @@ def run(quick: bool) -> dict:
     return harness.record(NAME, {
         "devices": DEVICES, "removed": list(REMOVED), "steps": steps, "warm": warm, "repetitions": repetitions,
         "shrunk_over_full_range": [min(shrunk), max(shrunk)], "jax_4_over_8_range": [min(jax_ratio), max(jax_ratio)],
+        "regrown_over_full_median": harness.median(regrown),
+        "unchanged_last_over_first": [r["regrown_steps_per_s"] / r["full_steps_per_s"] for r in control],
         "sizes_as_placed": all((r["full_devices"], r["shrunk_devices"], r["regrown_devices"]) == (8, 4, 8)
                                for r in measured)}, table, headline)
 
@@ -130,7 +138,7 @@ def plot(record: dict, ax) -> None:
     rows = [r for r in record["rows"] if r["case"] == "elastic"]
     names = ["full", "shrunk", "regrown"]
     ours = [harness.median([r[f"{name}_steps_per_s"] for r in rows]) for name in names]
-    jax_rows = {r["case"]: r["steps_per_s"] for r in record["rows"] if r["case"] != "elastic"}
+    jax_rows = {r["case"]: r["steps_per_s"] for r in record["rows"] if r["case"].startswith("jax")}
     ax.bar(names, ours, label="pw.ElasticTrainer (8, 4, 8 devices)")
     ax.bar(["jax 8", "jax 4"], [jax_rows["jax 8 devices"], jax_rows["jax 4 devices"]], label="plain JAX")
     ax.set(ylabel="steps/s", title="Shrinking onto half the devices and growing back (1 island x 8 CPU devices)")
