@@ -23,6 +23,7 @@ from typing import Callable
 
 from mlir import ir
 
+from .context import IRDL_PATH
 from .diagnostics import Diagnostic, SourceLocation
 
 DIALECT = "pw"
@@ -99,8 +100,6 @@ def _groups(op: ir.Operation) -> tuple[ValueGroup, ...]:
 @functools.cache
 def definitions() -> dict[str, OpDefinition]:
     """Returns the IRDL definitions of the `pw` ops, read from `pw.irdl.mlir`."""
-    from .context import IRDL_PATH
-
     with ir.Context() as context:
         context.allow_unregistered_dialects = True
         module = ir.Module.parse(IRDL_PATH.read_text())

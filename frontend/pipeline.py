@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from . import schedule_picture
 from .placed import jit
 from .provenance import name_of
 from .slices import Slice
@@ -488,16 +489,4 @@ class PipelineProgram(Program):
         """Writes the schedule as a PNG at `path`: the planned order, or with `trace` (a `Tracer`
         from `Runtime.stop_tracing`, or its events) the measured launches of one run, one row per
         island. Returns the bubble, which the title shows."""
-        from . import schedule_picture
-
-        if trace is None:
-            boxes = schedule_picture.planned(self.steps)
-            names = [s.name or f"slice {w}" for w, s in enumerate(self.slices)]
-            title = f"{self.schedule} planned (nominal costs)"
-        else:
-            names = list(dict.fromkeys(s.constraints["island"] for s in self.slices if "island" in s.constraints))
-            if len(names) != len(self.slices):
-                raise ValueError("a measured schedule needs each stage's slice on its own island (island=...)")
-            boxes = schedule_picture.measured(trace, names)
-            title = f"{self.schedule} measured"
-        return schedule_picture.draw(boxes, path, title, names)
+        return schedule_picture.draw_schedule(self.schedule, self.steps, self.slices, path, trace)

@@ -119,3 +119,19 @@ def draw(boxes: Sequence[Box], path: str, title: str, row_names: Sequence[str]) 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return idle
+
+
+def draw_schedule(schedule: str, steps, slices, path: str, trace=None) -> float:
+    """Draws a pipeline's schedule at `path` (see `Pipeline.draw`): its planned steps, one row per worker's
+    slice, or with `trace` the measured launches of one run, one row per stage's island. Returns the bubble."""
+    if trace is None:
+        boxes = planned(steps)
+        names = [s.name or f"slice {w}" for w, s in enumerate(slices)]
+        title = f"{schedule} planned (nominal costs)"
+    else:
+        names = list(dict.fromkeys(s.constraints["island"] for s in slices if "island" in s.constraints))
+        if len(names) != len(slices):
+            raise ValueError("a measured schedule needs each stage's slice on its own island (island=...)")
+        boxes = measured(trace, names)
+        title = f"{schedule} measured"
+    return draw(boxes, path, title, names)

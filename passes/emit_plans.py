@@ -49,7 +49,7 @@ from typing import Callable, Iterator
 import networkx as nx
 from mlir import ir
 
-from pathways_mlir.dialect import ops
+from pathways_mlir.dialect import ops, plan_ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.phases import Phase
@@ -118,14 +118,14 @@ class _ProgramEmitter:
         subgraph = ops.attr(op, ops.SUBGRAPH, 0)
         if ops.Compute.isa(op):
             slice_name = ops.attr(op, "slice")
-            self.add(self.island(slice_name), ops.build_launch, {
+            self.add(self.island(slice_name), plan_ops.build_launch, {
                 "after": self.after(inputs), "executable": ops.attr(op, "callee"),
                 "slice": slice_name, "devices": self.placements[slice_name]["devices"],
                 "inputs": inputs, "outputs": outputs,
                 "output_bytes": tuple(self.bytes_per_device(r) for r in op.results),
                 "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
         elif ops.Cond.isa(op):
-            self.add(HOST, ops.build_branch, {
+            self.add(HOST, plan_ops.build_branch, {
                 "after": self.after(inputs), "pred": inputs[0], "inputs": inputs[1:], "outputs": outputs,
                 "then_program": ops.attr(op, "then_program"), "else_program": ops.attr(op, "else_program"),
                 "subgraph": subgraph, "label": ops.attr(op, "label")}, op.location, outputs)
@@ -137,13 +137,13 @@ class _ProgramEmitter:
         src_island, dst_island = self.island(src_slice), self.island(dst_slice)
         common = {"bytes": self.bytes_per_device(op.results[0]), "link": ops.attr(op, "link"), "subgraph": subgraph}
         if src_island == dst_island:
-            self.add(src_island, ops.build_copy, {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst,
+            self.add(src_island, plan_ops.build_copy, {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst,
                                              **common}, op.location, (dst,))
             return
-        send = self.add(src_island, ops.build_send, {
+        send = self.add(src_island, plan_ops.build_send, {
             "after": self.after((src,)), "buffer": src, "peer_buffer": dst, "peer": dst_island,
             "devices": self.placements[src_slice]["devices"], **common}, op.location, ())
-        self.add(dst_island, ops.build_recv, {
+        self.add(dst_island, plan_ops.build_recv, {
             "after": (send,), "buffer": dst, "peer_buffer": src, "peer": src_island,
             "devices": self.placements[dst_slice]["devices"], **common}, op.location, (dst,))
 
@@ -163,7 +163,7 @@ class _ProgramEmitter:
                             loc=self.program.location, regions=1)
         with ir.InsertionPoint(module.regions[0].blocks.append()):
             for buffer in self.buffers.get(where, []):
-                ops.build_buffer(**buffer, loc=self.program.location)
+                plan_ops.build_buffer(**buffer, loc=self.program.location)
             for build, attributes, loc in self.steps.get(where, []):
                 build(**attributes, loc=loc)
 

@@ -43,7 +43,7 @@ import itertools
 
 from mlir import ir
 
-from pathways_mlir.dialect import ops
+from pathways_mlir.dialect import ops, plan_ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.phases import Phase
 from pathways_mlir.dialect.memory_plan import island_memory
@@ -60,7 +60,7 @@ def _plan_ops(plan: ir.Operation) -> list[ir.Operation]:
 
 def _create_free(free: Free, where: ir.InsertionPoint, loc: ir.Location) -> None:
     with where:
-        ops.build_free(step=free.id, after=free.after, buffers=free.buffers, subgraph=free.subgraph, loc=loc)
+        plan_ops.build_free(step=free.id, after=free.after, buffers=free.buffers, subgraph=free.subgraph, loc=loc)
 
 
 @register

@@ -3,7 +3,7 @@
 import pytest
 from mlir import ir
 
-from pathways_mlir.dialect import ops
+from pathways_mlir.dialect import ops, plan_ops
 from pathways_mlir.dialect.attributes import Symbol, to_attribute, to_python
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.sharding import Sharding
@@ -131,15 +131,15 @@ def test_every_pw_op_has_a_typed_builder_that_makes_it_well_formed(context):
             ops.build_transfer(a, "v", "w", x, "dcn"),
             ops.build_scatter(a, "v", "w", s, x, 2, (4,), "ici"),
             ops.build_gather(a, "v", "w", x, s, 2, (4,), "ici"),
-            ops.build_buffer(id=0, type=t, home={}, bytes_per_device=32),
-            ops.build_launch(**step, executable="f", slice="v", devices=(0, 2), inputs=(0,), outputs=(1,),
+            plan_ops.build_buffer(id=0, type=t, home={}, bytes_per_device=32),
+            plan_ops.build_launch(**step, executable="f", slice="v", devices=(0, 2), inputs=(0,), outputs=(1,),
                              output_bytes=(16,), label="f#0"),
-            ops.build_copy(**step, src_buffer=0, dst_buffer=1, bytes=16, link="ici"),
-            ops.build_send(**step, buffer=0, peer_buffer=1, peer="island1", bytes=16, link="dcn", devices=(0, 2)),
-            ops.build_recv(**step, buffer=1, peer_buffer=0, peer="island0", bytes=16, link="dcn", devices=(0, 2)),
-            ops.build_branch(**step, pred=0, inputs=(1,), outputs=(2,), then_program="t", else_program="e",
+            plan_ops.build_copy(**step, src_buffer=0, dst_buffer=1, bytes=16, link="ici"),
+            plan_ops.build_send(**step, buffer=0, peer_buffer=1, peer="island1", bytes=16, link="dcn", devices=(0, 2)),
+            plan_ops.build_recv(**step, buffer=1, peer_buffer=0, peer="island0", bytes=16, link="dcn", devices=(0, 2)),
+            plan_ops.build_branch(**step, pred=0, inputs=(1,), outputs=(2,), then_program="t", else_program="e",
                              label="k#0"),
-            ops.build_free(**step, buffers=(0, 1)),
+            plan_ops.build_free(**step, buffers=(0, 1)),
         ]
     assert sorted(op.name for op in built) == sorted(definitions())
     assert {op.name: check_op(op) for op in built} == {op.name: [] for op in built}
