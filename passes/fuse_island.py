@@ -135,6 +135,37 @@ def _runs(program: ir.Operation, islands: dict[str, str]) -> list[list[ir.Operat
     return runs
 
 
+Devices = dict[str, list[tuple[int, int]]]     # island -> sorted, disjoint half-open device ranges
+
+
+def _merged(spans) -> Devices:
+    """Merges (island, (begin, end)) spans into each island's sorted, disjoint ranges."""
+    by_island: dict[str, list[tuple[int, int]]] = {}
+    for island, span in spans:
+        by_island.setdefault(island, []).append(tuple(span))
+    merged: Devices = {}
+    for island, ranges in by_island.items():
+        out: list[tuple[int, int]] = []
+        for b, e in sorted(ranges):
+            if out and b <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], e))
+            else:
+                out.append((b, e))
+        merged[island] = out
+    return merged
+
+
+def _covers(big: Devices, small: Devices) -> bool:
+    """Whether every device of `small` is one of `big` (both merged)."""
+    return all(any(b <= sb and se <= e for b, e in big.get(island, ())) for island, ranges in small.items()
+               for sb, se in ranges)
+
+
+def _overlap(a: Devices, b: Devices) -> bool:
+    """Whether `a` and `b` share a device."""
+    return any(ab < be and bb < ae for island, ranges in a.items() for ab, ae in ranges for bb, be in b.get(island, ()))
+
+
 class _Fuser:
     """Fuses the runs of one module that qualify (see the module docstring)."""
 
@@ -152,20 +183,17 @@ class _Fuser:
                                          for s in _slices_of(op.operation)])
                      for name, program in ops.programs(module).items()}
 
-    def devices(self, slice_names) -> set[tuple[str, int]]:
-        """Returns the (island, device) pairs of some slices."""
-        found = set()
-        for name in slice_names:
-            p = self.placements[name]
-            found.update((p["island"], d) for b, e in zip(p["devices"][::2], p["devices"][1::2]) for d in range(b, e))
-        return found
+    def devices(self, slice_names) -> "Devices":
+        """Returns the devices of some slices: per island, merged half-open ranges (O(slices), not O(devices))."""
+        return _merged(((p["island"], r) for name in slice_names
+                        for p in (self.placements[name],) for r in zip(p["devices"][::2], p["devices"][1::2])))
 
     def cover(self, run: list[ir.Operation]) -> str | None:
         """Returns the run's largest compute slice if its devices include all the run touches, else None."""
         touched = self.devices({s for op in run for s in _slices_of(op)})
         candidates = sorted({ops.Compute(op).slice for op in run if ops.Compute.isa(op)},
                             key=lambda s: (-self.slices[s].size, s))
-        return next((s for s in candidates if self.devices([s]) >= touched), None)
+        return next((s for s in candidates if _covers(self.devices([s]), touched)), None)
 
     def renaming(self, slice_name: str, cover: str) -> dict[str, str] | None:
         """Returns the cover axis that plays each axis of a slice: equal in size, and at every device of
@@ -195,7 +223,8 @@ class _Fuser:
 
     def fuse_program(self, name: str, program: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         """Fuses the runs of program `name` that qualify."""
-        others = set().union(*(d for other, d in self.used.items() if other != name))
+        others = _merged((island, r) for other, used in self.used.items() if other != name
+                         for island, ranges in used.items() for r in ranges)
         for run in _runs(program, self.islands):
             fused_callee = next((op for op in run if ops.Compute.isa(op)
                                  and ops.FUSED in ops.executables(self.module)[ops.Compute(op).callee].attributes),
@@ -205,7 +234,7 @@ class _Fuser:
                                                 f"@{ops.attr(fused_callee, 'callee')}: run it before pw-fuse-launches")
                 return
             cover = self.cover(run)
-            renamings = None if cover is None or self.devices([cover]) & others else self.renamings(run, cover)
+            renamings = None if cover is None or _overlap(self.devices([cover]), others) else self.renamings(run, cover)
             if renamings is not None:
                 self.fuse(program, run, cover, renamings)
 
