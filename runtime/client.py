@@ -19,7 +19,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .dispatch import Dispatcher
 from .dispatch_mode import DispatchMode
-from .handles import Handle
+from .handles import Handle, release_dropped
 from .island_work import RunFailed, client_owner
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
@@ -64,6 +64,7 @@ class Client:
         A handle passed for an input the plan lists as donated (`plan.donated`)
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
+        release_dropped()
         dispatch = DispatchMode.parse(dispatch)
         lane = self.runtime.lane(plan) if timeout is None and dispatch is DispatchMode.PARALLEL else None
         converted = False
@@ -181,6 +182,7 @@ class Client:
 
     def objects(self) -> list:
         """Returns the keys of the objects this client owns."""
+        release_dropped()
         return self.runtime.owned_by(self.owner)
 
     def close(self) -> None:

@@ -5,14 +5,16 @@ however many shards it has. It behaves like an array for the user:
 `np.asarray(h)`, `h.block_until_ready()`, `h.shape`, `h.dtype`, and JAX
 functions accept it. Dropping the last reference to a handle, or calling
 `delete()`, releases the result, even if it has not been produced yet (it
-is then dropped when it is). A released handle, or one of a closed client,
+is then dropped when it is); one the cyclic garbage collector finalizes is
+released at the next call of a client or of the runtime. A released handle, or one of a closed client,
 raises instead of returning data.
 """
 
 from __future__ import annotations
 
+import gc
+import queue
 from typing import TYPE_CHECKING
-
 
 from .array_reference import RunResult
 from .island_work import StoreRef
@@ -20,6 +22,30 @@ from .run import Run
 
 if TYPE_CHECKING:
     from .client import Client
+
+
+# The cyclic garbage collector runs finalizers wherever an allocation starts it, maybe on a thread that holds
+# an island's or the scheduler's lock: a handle it finalizes must not take those locks then (a deadlock),
+# so its release waits in `_DROPPED` for the next client or runtime call (`release_dropped`).
+_COLLECTING = [False]
+_DROPPED: queue.SimpleQueue = queue.SimpleQueue()      # (client, run, buffer); safe to put from a finalizer
+
+
+def _note_collection(phase: str, info: dict) -> None:
+    _COLLECTING[0] = phase == "start"
+
+
+gc.callbacks.append(_note_collection)
+
+
+def release_dropped() -> None:
+    """Releases the results of the handles the garbage collector finalized since the last call."""
+    while True:
+        try:
+            client, run, buffer = _DROPPED.get_nowait()
+        except queue.Empty:
+            return
+        client.release(run, buffer)
 
 
 class Handle(RunResult):
@@ -85,6 +111,12 @@ class Handle(RunResult):
             self._client.release(self._run, self._buffer, donated=True)
 
     def __del__(self):
+        if self._deleted:
+            return
+        if _COLLECTING[0]:                  # inside a collection: released later, lock-free now
+            self._deleted = True
+            _DROPPED.put((self._client, self._run, self._buffer))
+            return
         try:
             self.delete()
         except Exception:  # noqa: BLE001  (interpreter shutdown)

@@ -22,6 +22,7 @@ from .backends import backend_named
 from .cluster import DeviceMap
 from .dispatch import LoadedPlan
 from .fast_lane import FastLane
+from .handles import release_dropped
 from .island_work import IslandLost, RunCancelled, client_owner, raised
 from .plan_check import check_plan
 from .policies import parse_policy
@@ -259,10 +260,12 @@ class Runtime:
 
     def usage(self) -> dict:
         """Returns the bytes reserved on every device, by (island, device)."""
+        release_dropped()
         return self.scheduler.usage()
 
     def object_count(self) -> int:
         """Returns how many results the islands hold."""
+        release_dropped()
         return sum(island.object_count() for island in self.islands.values())
 
     def owned_by(self, owner) -> list:
@@ -278,6 +281,7 @@ class Runtime:
     def status(self) -> Status:
         """Returns what is queued, what every waiting run waits for, each client's objects, and the bytes
         reserved on every device."""
+        release_dropped()
         reserved: dict[str, list[int]] = {}
         for (island, _), nbytes in sorted(self.usage().items()):
             reserved.setdefault(island, []).append(nbytes)

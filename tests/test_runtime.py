@@ -110,6 +110,53 @@ def test_dropping_a_handle_frees_its_buffer(runtime, plan_builder):
         assert sum(runtime.usage().values()) == 0
 
 
+_COLLECTED_UNDER_A_LOCK = """
+import gc, os, threading
+import numpy as np
+from jax.sharding import PartitionSpec as P
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.runtime import Runtime
+
+double = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(2, axes="x", island="island0"), in_specs=P("x"),
+                out_specs=P("x"))
+runtime = Runtime(islands=2, per_island=4)
+client = Client(runtime)
+h = double.run(np.ones(8, np.float32), client=client)
+h.block_until_ready()
+cycle = [h]
+cycle.append(cycle)                          # only the collector can free it
+del h, cycle
+
+def collect_under_the_lock():
+    with runtime.islands["island0"].lock:
+        gc.collect()
+
+collector = threading.Thread(target=collect_under_the_lock, daemon=True)
+collector.start()
+collector.join(timeout=30)
+if collector.is_alive():
+    print("stuck", flush=True)
+    os._exit(1)
+print(sum(runtime.usage().values()), len(client.objects()), flush=True)
+client.close()
+runtime.close()
+"""
+
+
+def test_a_handle_the_garbage_collector_finalizes_under_a_runtime_lock_is_released_later():
+    """The cyclic collector runs finalizers wherever an allocation starts it, also on a thread that holds an
+    island's lock (CI once deadlocked so: `Island.start` allocating, a handle in a cycle finalized, its
+    release waiting for that very lock). Such a handle's release waits for the next runtime call. In a
+    process of its own: where it regresses, the island's lock stays held for good."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _COLLECTED_UNDER_A_LOCK], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.split() == ["0", "0"], (result.stdout, result.stderr[-2000:])
+
+
 # The accounting above can reach zero while JAX arrays stay alive; these check
 # the arrays themselves.
 def test_a_deleted_handle_releases_its_jax_arrays(runtime, plan_builder):
