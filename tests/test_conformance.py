@@ -8,7 +8,6 @@ test_ray_elastic.py. The Ray half is skipped where Ray is not installed.
 """
 
 import importlib.util
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -21,39 +20,17 @@ from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.interface import ClusterRuntime, IslandEndpoint, IslandGroup
 from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
+from across_islands import across, bend, expected, grow, left
 from fetching import settled
 from protocols import check_implements
 
 WAIT = 60          # seconds: every wait is bounded
 X = np.random.default_rng(5).normal(size=(8, 16)).astype(np.float32)
 
-left = pw.virtual_slice(2, axes="x", name="conform_left", island="island0")
-right = pw.virtual_slice((2, 2), axes=("a", "b"), name="conform_right", island="island1")
-
-
-@partial(pw.jit, slice=left, in_specs=P("x"), out_specs=P("x"))
-def grow(x):
-    return x * 2.0 + 1.0
-
-
-@partial(pw.jit, slice=right, in_specs=P("a", "b"), out_specs=P("a"))
-def bend(x):
-    return jnp.sin(x)
-
-
-@pw.program
-def across(x):
-    return grow(bend(grow(x)))
-
 
 @pw.program
 def on_right(x):
     return bend(x)
-
-
-def expected(x):
-    g, b = jax.jit(grow.fn), jax.jit(bend.fn)
-    return np.asarray(g(b(g(x))))
 
 
 def value(handle):

@@ -7,7 +7,6 @@ Ray is not installed.
 """
 
 import time
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -24,30 +23,9 @@ ray = pytest.importorskip("ray")
 
 from pathways_mlir.runtime.ray_backend import NAMESPACE, CompiledStarts, island_name  # noqa: E402
 
+from across_islands import across, bend, expected, grow, left  # noqa: E402
+
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
-
-left = pw.virtual_slice(2, axes="x", name="left", island="island0")
-right = pw.virtual_slice((2, 2), axes=("a", "b"), name="right", island="island1")
-
-
-@partial(pw.jit, slice=left, in_specs=P("x"), out_specs=P("x"))
-def grow(x):
-    return x * 2.0 + 1.0
-
-
-@partial(pw.jit, slice=right, in_specs=P("a", "b"), out_specs=P("a"))
-def bend(x):
-    return jnp.sin(x)
-
-
-@pw.program
-def across(x):
-    return grow(bend(grow(x)))
-
-
-def expected(x):
-    g, b = jax.jit(grow.fn), jax.jit(bend.fn)
-    return np.asarray(g(b(g(x))))
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["compiled-graph", "actor-calls"])
