@@ -11,9 +11,13 @@ clients weighted 1:1:1:1 or 1:2:4:8 run programs of different lengths
 (2, 0.5, 2 and 0.5 ms), each queueing, before the scheduler starts, a number
 of programs proportional to its weight over its program's length (equal work
 per unit of weight). A client's achieved share is its part of the device
-time (programs delivered times their measured duration) while every client
-still had work queued; its error is the relative difference from its
-weight's share. The share in programs delivered is reported beside it.
+time while every client still had work queued, in the device time the
+island measured for each of its runs (`runtime/device_clock.py`); its error
+is the relative difference from its weight's share, and the headline is the
+worst client over the repetitions. Beside it: the share in programs
+delivered, the share in the programs' isolated `jax.jit` times measured
+before the runs (`error_isolated`), and the island's clock against plain
+JAX running each program back to back right after (`clock_over_jax`).
 Islands on their own: on two islands, client B's latency for a 0.05 or
 0.5 ms program on island0 while client A's long computation (about
 `LOAD_MS`, on one device) keeps island1 busy, over B's latency with island1
@@ -23,6 +27,8 @@ size); plain JAX doing the same beside it.
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import threading
 import time
 
@@ -158,42 +164,78 @@ def clients_case(program, clients: list[Client], x, total: int):
     return case
 
 
-def shares(programs: dict[float, tuple[object, float]], x, weights: tuple[int, ...], base: int) -> list[dict]:
-    """Queues each client's programs under the share policy; returns each client's device-time share."""
+def jax_back_to_back_ms(program, x, sharding, calls: int = 20, repetitions: int = 5) -> float:
+    """Returns plain JAX's median ms per call of `program`'s computation, `calls` calls back to back (the
+    time the devices take per call when they are kept busy, as the share runs keep them)."""
+    fn = jax.jit(program.fn, out_shardings=sharding)
+
+    def burst():
+        for _ in range(calls):
+            y = fn(x)
+        y.block_until_ready()
+    return harness.median(harness.measure({"jax": burst}, repetitions, warmup=1)["jax"]) / calls * 1e3
+
+
+def shares(programs: dict[float, tuple[object, float]], x, sharding, weights: tuple[int, ...],
+           base: int) -> list[dict]:
+    """Queues each client's programs under the share policy; returns each client's device-time share.
+
+    A client's device time is the sum of what the island measured for each of its runs delivered while every
+    client was backlogged (a run whose time the island could not tell counts its program's mean). The
+    island's clock is checked against plain JAX beside it: each program's median measured time per device
+    over plain JAX's back-to-back time for it (`clock_over_jax`). The share in the programs' isolated
+    `jax.jit` times, as measured before the runs, is reported too (`error_isolated`)."""
     runtime = Runtime(embedded_device_map(1, DEVICES), policy="share")
     clients = [Client(runtime, weight=w) for w in weights]
     queued = [round(base * w * max(SHARE_PROGRAM_MS) / ms) for w, ms in zip(weights, SHARE_PROGRAM_MS)]
     try:
         runtime.scheduler.hold()
-        handles = [programs[ms][0].run(x, client=c)
-                   for i in range(max(queued))
-                   for c, n, ms in zip(clients, queued, SHARE_PROGRAM_MS) if i < n]
+        handles: list[list] = [[] for _ in clients]
+        for i in range(max(queued)):
+            for n, (c, q, ms) in enumerate(zip(clients, queued, SHARE_PROGRAM_MS)):
+                if i < q:
+                    handles[n].append(programs[ms][0].run(x, client=c))
         runtime.scheduler.release()
-        for h in handles:
+        for h in itertools.chain.from_iterable(handles):
             h.block_until_ready()
+        runtime.usage()                           # retires every run: each has its measured device time
         order = [client_id for _, client_id in runtime.scheduler.delivered]
         ids = [c.id for c in clients]
         # Every client has work queued up to the delivery that empties the first queue.
         backlogged = next(i for i in range(len(order))
                           if order[:i + 1].count(order[i]) == queued[ids.index(order[i])]) + 1
         counts = [order[:backlogged].count(i) for i in ids]
+        measured = [[h._run.device_seconds for h in client_handles] for client_handles in handles]
     finally:
         for c in clients:
             c.close()
         runtime.close()
-    device_ms = [count * programs[ms][1] for count, ms in zip(counts, SHARE_PROGRAM_MS)]
+    known = {ms: [s for n, m in enumerate(SHARE_PROGRAM_MS) if m == ms for s in measured[n] if s is not None]
+             for ms in set(SHARE_PROGRAM_MS)}
+    typical = {ms: harness.median(seconds) for ms, seconds in known.items()}
+    mean = {ms: statistics.fmean(seconds) for ms, seconds in known.items()}
+    jax_ms = {ms: jax_back_to_back_ms(programs[ms][0], x, sharding) for ms in sorted(typical)}
+    device_s = [sum(mean[ms] if s is None else s for s in seconds[:count])
+                for seconds, count, ms in zip(measured, counts, SHARE_PROGRAM_MS)]
+    isolated_ms = [count * programs[ms][1] for count, ms in zip(counts, SHARE_PROGRAM_MS)]
     rows = []
-    for n, (w, ms, count, busy) in enumerate(zip(weights, SHARE_PROGRAM_MS, counts, device_ms)):
-        expected, achieved = w / sum(weights), busy / sum(device_ms)
+    for n, (w, ms, count) in enumerate(zip(weights, SHARE_PROGRAM_MS, counts)):
+        expected, achieved = w / sum(weights), device_s[n] / sum(device_s)
+        isolated = isolated_ms[n] / sum(isolated_ms)
         rows.append({"weights": ":".join(map(str, weights)), "client": n, "weight": w, "program_ms": ms,
                      "queued": queued[n], "expected_share": expected, "achieved_share": achieved,
-                     "error": abs(achieved - expected) / expected, "delivered_share": count / backlogged})
+                     "error": abs(achieved - expected) / expected, "delivered_share": count / backlogged,
+                     "runs_timed": sum(s is not None for s in measured[n]) / len(measured[n]),
+                     "measured_ms_per_device": typical[ms] / DEVICES * 1e3, "jax_back_to_back_ms": jax_ms[ms],
+                     "clock_over_jax": typical[ms] / DEVICES * 1e3 / jax_ms[ms],
+                     "error_isolated": abs(isolated - expected) / expected})
     return rows
 
 
 def run(quick: bool) -> dict:
     """Measures aggregate throughput for each client count and size, then the weighted shares."""
-    total, base, repetitions = (16, 4, 3) if quick else (48, 24, 11)
+    total, base, repetitions = (16, 24, 3) if quick else (48, 96, 11)
+    share_repetitions = 1 if quick else 3
     sharding = NamedSharding(Mesh(np.array(jax.devices()[:DEVICES]), ("x",)), P("x"))
     x = jax.device_put(np.zeros(DEVICES * WIDTH, np.float32), sharding)
     programs = sized_programs(x, sharding)
@@ -210,7 +252,8 @@ def run(quick: bool) -> dict:
              "programs_per_s": total / harness.median(times[d, n]),
              "over_one_client": harness.median(times[d, 1]) / harness.median(times[d, n]),
              "spread": harness.spread(times[d, n])} for d, n in cases]
-    share_rows = [row for w in WEIGHTS for row in shares(programs, x, w, base)]
+    share_rows = [dict(row, repetition=r) for r in range(share_repetitions) for w in WEIGHTS
+                  for row in shares(programs, x, sharding, w, base)]
     latency_rows = other_island_latency(x, sharding, 2 if quick else 5)
     aggregate = {(r["program_ms"], r["clients"]): r["over_one_client"] for r in rows}
     headline = {"aggregate_4clients_over_1": aggregate[0.5, 4],
@@ -220,6 +263,7 @@ def run(quick: bool) -> dict:
                 "other_island_latency_under_load": max(r["ours_under_load_over_idle"] for r in latency_rows)}
     return harness.record(NAME, {"devices": DEVICES, "programs_per_case": total,
                                  "queued_per_unit_weight_of_2ms": base, "repetitions": repetitions,
+                                 "share_repetitions": share_repetitions,
                                  "headline_program_ms": 0.5, "share_program_ms": SHARE_PROGRAM_MS},
                           rows + share_rows + latency_rows, headline)
 

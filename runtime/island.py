@@ -95,8 +95,9 @@ class Island(IslandExecutor):
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
         self._dropped: set[tuple[int, int]] = set()      # results released before they existed
         self._awaited_results: dict[tuple[int, int], list[tuple[IslandRun, int]]] = {}   # result -> (run, buffer)s
-        self._seconds: collections.OrderedDict[int, float] = collections.OrderedDict()  # finished run -> s
+        self._seconds: collections.OrderedDict[int, float | None] = collections.OrderedDict()  # run -> s
         self._clock = DeviceClock()
+        self._timed_plans: set[int] = set()     # plans whose first run here is over (that one is not timed)
         self._closed = False
         self.lost: IslandLost | None = None     # set once the island was lost
         self._executing: tuple[IslandRun, float] | None = None   # the run whose instructions run, since when
@@ -115,6 +116,8 @@ class Island(IslandExecutor):
         self._looking = threading.Lock()         # held by whoever looks for completions (`look`)
         self._lane_started = 0.0                 # when a fast lane's run last started here (monotonic)
         self._previous_end = 0.0                 # when the latest run retired here was seen over
+        self._tracker_idle = threading.Event()   # set to end the tracker's idle pause (see `_track`)
+        self._tracker_pausing = False            # the tracker pauses with nothing awaited
         self._thread = threading.Thread(target=self._serve, name=f"pw-{name}", daemon=True)
         self._thread.start()
         self._tracker = threading.Thread(target=self._track, name=f"pw-{name}-done", daemon=True)
@@ -354,7 +357,8 @@ class Island(IslandExecutor):
     def device_seconds(self, run_id: int) -> float | None:
         """Returns (once) the device time a finished run took here: from when the run before it here was over
         (or its own instructions began, if later) until its device work was over (`device_clock.py`), times
-        the devices its slices cover here. None until it is over."""
+        the devices its slices cover here. None until it is over, for a run whose time the island could not
+        tell (`DeviceClock.end`), and for a plan's first run here (its time includes one-time work)."""
         with self.lock:
             return self._seconds.pop(run_id, None)
 

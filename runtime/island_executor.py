@@ -105,7 +105,8 @@ class IslandExecutor:
         is polled, never woken per run: on these machines waking a waiting thread for every run cost the
         dispatching thread a GIL handoff of hundreds of microseconds. While a run is awaited it looks after a
         twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`), so the end of a computation
-        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited, and
+        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited (cut short
+        when a run's dispatch ends with its computation still under way: one wake per busy spell, not per run), and
         `_LANE_PAUSE` while a fast lane's caller dispatches here: each look takes the GIL from that thread, at
         the cost of a handoff, which on a loaded machine is a wait for the scheduler (the lane looks itself
         when it needs its credits back)."""
@@ -118,7 +119,10 @@ class IslandExecutor:
             if now - self._lane_started < _LANE_PAUSE:
                 time.sleep(_LANE_PAUSE)
             elif awaited is None:
-                time.sleep(_AWAIT_PAUSE)
+                self._tracker_pausing = True
+                self._tracker_idle.wait(_AWAIT_PAUSE)
+                self._tracker_pausing = False
+                self._tracker_idle.clear()
             else:
                 time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
             del awaited
@@ -131,21 +135,28 @@ class IslandExecutor:
         credits back), so each completion is found once, by whoever looks first. Lookers take turns (a look
         never waits for a computation, so a turn is short)."""
         retired = False
+        seen = None                              # when this look found the runs it retires over
         with self._looking:
             while self._completions:
                 run = self._completions[0]
                 if not self._closed and not all(map(computed, run.tracked)):
+                    run.earliest_end = time.monotonic()
                     if self._awaited is None or self._awaited[0] is not run:
                         self._awaited = (run, max(run.began or 0.0, self._previous_end))
                     break
                 self._completions.popleft()
-                self._previous_end = end = time.monotonic()
-                seconds = self._clock.end(run.id, end)
+                if run.latest_end is None and seen is None:
+                    seen = time.monotonic()
+                self._previous_end = end = run.latest_end or seen
+                seconds = self._clock.end(run.id, run.earliest_end, end)
+                if run.plan_key not in self._timed_plans:
+                    self._timed_plans.add(run.plan_key)
+                    seconds = None                   # a plan's first run here includes its first execution
                 self._awaited = None
                 with self.lock:
                     if self.wedged is not None and self._executing is None:
                         self.wedged = None           # what was stuck is over: the island serves again
-                    self._seconds[run.id] = seconds * run.layout.devices
+                    self._seconds[run.id] = None if seconds is None else seconds * run.layout.devices
                     while len(self._seconds) > HISTORY:
                         self._seconds.popitem(last=False)
                     if self._in_flight.get(run.id) is run.tracked:
@@ -253,6 +264,11 @@ class IslandExecutor:
                 self.store.add(key, owner, run.slots[slot])
         self._in_flight[run.id] = run.tracked
         run.slots = []                       # what is kept lives in the store now
+        run.earliest_end = time.monotonic()
+        if all(map(computed, run.tracked)):
+            run.latest_end = run.earliest_end   # XLA ran it inline: its end is known now, not at a look
+        elif self._tracker_pausing:
+            self._tracker_idle.set()         # its end is to be seen: the tracker looks from now on
         self._completions.append(run)
 
     def _fail(self, run_id: int, error: BaseException, plan_key: int | None = None) -> tuple[str, ...]:

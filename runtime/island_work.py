@@ -143,7 +143,7 @@ class IslandRun:
     """What an island holds of one run under way: slots, queued programs, where it stopped."""
 
     __slots__ = ("id", "client_id", "plan_key", "program", "layout", "slots", "queue", "pc", "tracked", "last",
-                 "executing", "began", "referenced", "awaiting", "parked")
+                 "executing", "began", "earliest_end", "latest_end", "referenced", "awaiting", "parked")
 
     def __init__(self, run_id: int, client_id: int, plan_key: int, program: str, layout: IslandLayout):
         self.id, self.client_id, self.plan_key, self.program, self.layout = run_id, client_id, plan_key, program, layout
@@ -154,6 +154,8 @@ class IslandRun:
         self.last = False
         self.executing = False
         self.began: float | None = None  # when the executor first ran its instructions (monotonic)
+        self.earliest_end = 0.0          # its device work was not over yet then (its dispatch's end, or a look)
+        self.latest_end: float | None = None   # it was over by then (its dispatch's end, if XLA ran it inline)
         self.referenced: dict[int, Any] = {}   # buffer -> the kept array a StoreRef argument names
         self.awaiting = 0                # StoreRef arguments whose run has not produced them yet
         self.parked = False              # its work waits for those arguments (resumed by `_resume`)

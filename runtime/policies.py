@@ -13,9 +13,10 @@ parsed once, by `parse_policy`, into one of these objects:
 Every policy but `fifo` admits at most `window` runs onto the devices at a time (the runs queued
 beyond it are the ones the policy orders); each class's `default_window` gives its default.
 
-The scheduler asks a policy two things: in which order to look at the clients' oldest queued runs
-(`order`), and what to record when it admits a run (`admitted`: `share` advances the client's virtual
-time). Both are called under the scheduler's lock.
+The scheduler asks a policy three things: in which order to look at the clients' oldest queued runs
+(`order`), what to record when it admits a run (`admitted`: `share` advances the client's virtual
+time by the run's estimate), and when a run is over (`retired`: `share` corrects that by the run's
+measured device time). All are called under the scheduler's lock.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class Policy:
     def admitted(self, run: Run, waiting: Iterable[int], device_seconds: DeviceSeconds) -> None:
         """Records that `run` is admitted while the clients `waiting` have runs queued."""
 
+    def retired(self, run: Run, seconds: float) -> None:
+        """Records that `run` is over, having taken `seconds` of device time (as its islands measured it, or
+        its plan's estimate at its end if they could not tell)."""
+
 
 class Fifo(Policy):
     """Arrival order, no window."""
@@ -67,7 +72,8 @@ class Fifo(Policy):
 class Share(Policy):
     """Proportional share of device time by client weight: start-time fair queueing. The run with the
     smallest virtual start time goes first; each client's virtual time advances by its admitted runs'
-    device time over their weight."""
+    estimated device time over their weight, and is corrected by what each run measured once it is over
+    (so a client is charged the device time its runs took, not what they were expected to take)."""
 
     name = "share"
     default_window = 4
@@ -83,7 +89,12 @@ class Share(Policy):
     def admitted(self, run: Run, waiting: Iterable[int], device_seconds: DeviceSeconds) -> None:
         start = self.virtual.get(run.client_id, 0.0)
         floor = min([start] + [self.virtual.get(c, 0.0) for c in waiting])
-        self.virtual[run.client_id] = max(start, floor) + device_seconds(run) / run.weight
+        run.charged = device_seconds(run)
+        self.virtual[run.client_id] = max(start, floor) + run.charged / run.weight
+
+    def retired(self, run: Run, seconds: float) -> None:
+        if run.client_id in self.virtual:
+            self.virtual[run.client_id] += (seconds - run.charged) / run.weight
 
 
 class ShortestJobFirst(Policy):

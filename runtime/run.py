@@ -4,8 +4,8 @@ The islands keep the run's buffers; the run keeps its id, its plan (with
 frees and peaks), what it needs of device memory, the islands it uses, the
 values of host buffers (program arguments the plan keeps on the host), the
 shared objects it reads (`runtime/shared.py`), its deadline if it has one,
-the fast lane whose credit it holds if it took one and, once something
-went wrong, its error.
+the fast lane whose credit it holds if it took one, once something
+went wrong its error, and once it is over its measured device time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Run:
     """A program run started by one client (a plain class: one is made per call, so it is cheap)."""
 
     __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
-                 "released", "host", "parent", "donations", "deadline", "reads", "credit")
+                 "released", "host", "parent", "donations", "deadline", "reads", "credit", "charged", "device_seconds")
 
     def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
                  weight: float = 1.0, cost: float = 1.0, parent: "Run | None" = None):
@@ -44,6 +44,8 @@ class Run:
         self.deadline: float | None = None if parent is None else parent.deadline
         self.reads: tuple[tuple[int, int], ...] = ()   # the keys of the shared objects it reads
         self.credit = None                # the fast lane whose credit holds its need (runtime/fast_lane.py), if any
+        self.charged = 0.0                # the device seconds its policy charged it at admission (`share`)
+        self.device_seconds: float | None = None   # measured once it is over, if its islands could tell
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""

@@ -445,8 +445,13 @@ class GangScheduler:
             self._results.unread(run)
         self._results.keep(run)
         seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
-        if run.error is None and all(s is not None for s in seconds):
-            self.record_device_seconds(run.key, sum(seconds), run.cost)
+        if run.error is not None:
+            return
+        if all(s is not None for s in seconds):
+            run.device_seconds = sum(seconds)
+            self.estimates.record(run.key, run.device_seconds, run.cost)
+        # A run whose islands could not time it is charged its plan's estimate as it stands now.
+        self.policy.retired(run, self.estimates.of(run) if run.device_seconds is None else run.device_seconds)
 
     def _cancel(self, run: Run, error: BaseException) -> None:
         run.error = error

@@ -1,0 +1,84 @@
+"""Device time: how an island's clock attributes time to its runs, and how `share` charges it.
+
+Deterministic: the clock is given the bounds a completion tracker would see, and the `share` policy the
+durations an island would measure; nothing here is timed.
+"""
+
+import pytest
+
+from pathways_mlir.runtime.device_clock import DeviceClock
+from pathways_mlir.runtime.policies import Share
+from pathways_mlir.runtime.run import Run
+
+
+def test_runs_known_exactly_are_timed_one_after_another():
+    clock = DeviceClock()
+    clock.begin(1, 10.0)
+    clock.begin(2, 10.5)                             # dispatched while run 1 computes
+    assert clock.end(1, 12.0, 12.0) == pytest.approx(2.0)
+    assert clock.end(2, 13.0, 13.0) == pytest.approx(1.0)    # from run 1's end, not its own dispatch
+    clock.begin(3, 20.0)                             # the devices were idle in between
+    assert clock.end(3, 20.25, 20.25) == pytest.approx(0.25)
+
+
+def test_an_end_seen_by_a_look_is_the_middle_of_its_bounds():
+    clock = DeviceClock()
+    clock.begin(1, 0.0)
+    assert clock.end(1, 1.0, 1.5) == pytest.approx(1.25)     # still computing at 1.0, over at 1.5
+    clock.begin(2, 0.5)
+    assert clock.end(2, 2.0, 2.5) == pytest.approx(1.0)      # 2.25 - 1.25
+
+
+def test_two_runs_one_look_finds_over_together_leave_the_second_untimed():
+    clock = DeviceClock()
+    for run in (1, 2, 3):
+        clock.begin(run, 0.0)
+    assert clock.end(1, 1.0, 2.0) == pytest.approx(1.5)
+    assert clock.end(2, 0.2, 2.0) is None                     # both ends lie between 1.0 and 2.0
+    # Run 2 ended after run 1 (1.5) and by 2.0: at 1.75. The next look's run is timed again, from there.
+    assert clock.end(3, 2.5, 3.0) == pytest.approx(1.0)
+
+
+def test_a_run_known_exactly_after_one_seen_together_is_timed():
+    clock = DeviceClock()
+    for run in (1, 2):
+        clock.begin(run, 0.0)
+    assert clock.end(1, 1.0, 2.0) == pytest.approx(1.5)
+    assert clock.end(2, 2.0, 2.0) == pytest.approx(0.5)      # computed when its dispatch ended (inline)
+
+
+def test_a_dropped_run_is_forgotten():
+    clock = DeviceClock()
+    clock.begin(1, 0.0)
+    clock.drop(1)
+    clock.begin(1, 5.0)
+    assert clock.end(1, 6.0, 6.0) == pytest.approx(1.0)
+
+
+class _Head:
+    """What the scheduler hands a policy's `order`: a queued run and its arrival."""
+
+    def __init__(self, run: Run, arrival: int):
+        self.run, self.arrival = run, arrival
+
+
+def test_share_charges_what_runs_measured_not_what_they_were_expected_to_take():
+    # Every client's runs are estimated at 1 s, but client 0's take 3 s and client 1's 1 s: once each run's
+    # measured time corrects its charge, client 1 gets three runs for each of client 0's.
+    policy = Share()
+    took = {0: 3.0, 1: 1.0}
+    arrival, order = 0, []
+    for _ in range(40):
+        heads = []
+        for client in (0, 1):
+            arrival += 1
+            heads.append(_Head(Run(None, 0, client, (), {}), arrival))
+        policy.order(heads, lambda run: 1.0)
+        run = heads[0].run
+        policy.admitted(run, [0, 1], lambda run: 1.0)
+        assert run.charged == 1.0
+        policy.retired(run, took[run.client_id])
+        order.append(run.client_id)
+    assert order.count(1) == 3 * order.count(0)
+    assert policy.virtual[0] == pytest.approx(3.0 * order.count(0))
+    assert policy.virtual[1] == pytest.approx(1.0 * order.count(1))
