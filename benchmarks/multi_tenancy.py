@@ -28,7 +28,6 @@ size); plain JAX doing the same beside it.
 from __future__ import annotations
 
 import itertools
-import statistics
 import threading
 import time
 
@@ -176,12 +175,22 @@ def jax_back_to_back_ms(program, x, sharding, calls: int = 20, repetitions: int 
     return harness.median(harness.measure({"jax": burst}, repetitions, warmup=1)["jax"]) / calls * 1e3
 
 
+def with_untimed_filled(seconds: list[float | None], neighbours: int = 10) -> list[float]:
+    """Returns a client's runs' measured seconds with each untimed run (None) given the median of the
+    `neighbours` timed runs nearest it in the client's sequence (robust to a run that absorbed one-time work,
+    and following the machine's speed as it drifts)."""
+    timed = [i for i, s in enumerate(seconds) if s is not None]
+    return [s if s is not None else
+            harness.median([seconds[j] for j in sorted(timed, key=lambda j: abs(j - i))[:neighbours]])
+            for i, s in enumerate(seconds)]
+
+
 def shares(programs: dict[float, tuple[object, float]], x, sharding, weights: tuple[int, ...],
            base: int) -> list[dict]:
     """Queues each client's programs under the share policy; returns each client's device-time share.
 
     A client's device time is the sum of what the island measured for each of its runs delivered while every
-    client was backlogged (a run whose time the island could not tell counts its program's mean). The
+    client was backlogged (a run whose time the island could not tell counts its neighbours' median). The
     island's clock is checked against plain JAX beside it: each program's median measured time per device
     over plain JAX's back-to-back time for it (`clock_over_jax`). The share in the programs' isolated
     `jax.jit` times, as measured before the runs, is reported too (`error_isolated`)."""
@@ -213,10 +222,8 @@ def shares(programs: dict[float, tuple[object, float]], x, sharding, weights: tu
     known = {ms: [s for n, m in enumerate(SHARE_PROGRAM_MS) if m == ms for s in measured[n] if s is not None]
              for ms in set(SHARE_PROGRAM_MS)}
     typical = {ms: harness.median(seconds) for ms, seconds in known.items()}
-    mean = {ms: statistics.fmean(seconds) for ms, seconds in known.items()}
     jax_ms = {ms: jax_back_to_back_ms(programs[ms][0], x, sharding) for ms in sorted(typical)}
-    device_s = [sum(mean[ms] if s is None else s for s in seconds[:count])
-                for seconds, count, ms in zip(measured, counts, SHARE_PROGRAM_MS)]
+    device_s = [sum(with_untimed_filled(seconds)[:count]) for seconds, count in zip(measured, counts)]
     isolated_ms = [count * programs[ms][1] for count, ms in zip(counts, SHARE_PROGRAM_MS)]
     rows = []
     for n, (w, ms, count) in enumerate(zip(weights, SHARE_PROGRAM_MS, counts)):
@@ -234,7 +241,7 @@ def shares(programs: dict[float, tuple[object, float]], x, sharding, weights: tu
 
 def run(quick: bool) -> dict:
     """Measures aggregate throughput for each client count and size, then the weighted shares."""
-    total, base, repetitions = (16, 24, 3) if quick else (48, 96, 11)
+    total, base, repetitions = (16, 24, 3) if quick else (48, 192, 11)
     share_repetitions = 1 if quick else 3
     sharding = NamedSharding(Mesh(np.array(jax.devices()[:DEVICES]), ("x",)), P("x"))
     x = jax.device_put(np.zeros(DEVICES * WIDTH, np.float32), sharding)

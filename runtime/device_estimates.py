@@ -11,6 +11,10 @@ from __future__ import annotations
 from .run import Run
 
 _MEASURED_WEIGHT = 0.25   # the weight of a run's measured device time in its plan's moving average
+# A run measured at more than this many times its plan's average moves the average as if it had taken that
+# long: on a shared machine such a time is mostly the process waiting for a core (runs of 0.7 ms measured at
+# 100-600 ms under load), and one of them would otherwise multiply the plan's estimate for dozens of runs.
+_OUTLIER = 8.0
 
 
 class DeviceTimeEstimates:
@@ -21,10 +25,12 @@ class DeviceTimeEstimates:
         self._calibration: float | None = None         # moving average of measured over estimated device time
 
     def record(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
-        """Folds one run's measured device time into its plan's moving average, and its ratio to the plan's
-        `estimate` into the factor that scales the estimates of plans not measured yet (so that estimated and
-        measured runs are charged on one scale)."""
+        """Folds one run's measured device time (at most `_OUTLIER` times the average) into its plan's moving
+        average, and its ratio to the plan's `estimate` into the factor that scales the estimates of plans not
+        measured yet (so that estimated and measured runs are charged on one scale)."""
         before = self._measured.get(plan_key)
+        if before is not None:
+            seconds = min(seconds, _OUTLIER * before)
         self._measured[plan_key] = seconds if before is None else before + _MEASURED_WEIGHT * (seconds - before)
         if estimate:
             ratio = seconds / estimate

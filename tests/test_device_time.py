@@ -7,6 +7,7 @@ durations an island would measure; nothing here is timed.
 import pytest
 
 from pathways_mlir.runtime.device_clock import DeviceClock
+from pathways_mlir.runtime.device_estimates import DeviceTimeEstimates
 from pathways_mlir.runtime.policies import Share
 from pathways_mlir.runtime.run import Run
 
@@ -82,3 +83,14 @@ def test_share_charges_what_runs_measured_not_what_they_were_expected_to_take():
     assert order.count(1) == 3 * order.count(0)
     assert policy.virtual[0] == pytest.approx(3.0 * order.count(0))
     assert policy.virtual[1] == pytest.approx(1.0 * order.count(1))
+
+
+def test_one_run_that_waited_for_a_core_does_not_multiply_its_plans_estimate():
+    estimates = DeviceTimeEstimates()
+    for _ in range(10):
+        estimates.record(7, 1e-3)
+    estimates.record(7, 0.6)                          # 600 times the plan's runs: the process was descheduled
+    assert estimates.measured(7) == pytest.approx(1e-3 + 0.25 * 7e-3)
+    for _ in range(3):
+        estimates.record(7, 0.05)                     # the plan really grew 50x: the estimate follows
+    assert estimates.measured(7) > 0.02
