@@ -139,7 +139,7 @@ class IslandExecutor:
         with self._looking:
             while self._completions:
                 run = self._completions[0]
-                if not self._closed and not all(map(computed, run.tracked)):
+                if run.latest_end is None and not self._closed and not all(map(computed, run.tracked)):
                     run.earliest_end = time.monotonic()
                     if self._awaited is None or self._awaited[0] is not run:
                         self._awaited = (run, max(run.began or 0.0, self._previous_end))
