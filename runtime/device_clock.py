@@ -16,8 +16,13 @@ over. The clock takes the middle of those bounds. When one look finds two
 runs over that were both still computing at the previous look, the second
 one's time is not known (both ends lie in the same interval), and it is not
 reported, rather than reported as zero, which charged the first run for the
-second. Which runs go unreported depends only on when the looks were, not on
-the runs' times, so the times reported are not biased towards long ones.
+second. Nor is a run reported whose end's bounds (or, when it started at the
+end of the run before it, that end's bounds) are wider than the tracker's
+looks are apart (`widest`): the looks were held up (on a loaded machine, the
+process waiting for a core), and the middle of hundreds of milliseconds says
+nothing of a run of one. Which runs go unreported depends only on when the
+looks were, not on the runs' times, so the times reported are not biased
+towards long ones.
 (Taking every end at the look that saw it, the 0.5 ms program of `pw-bench
 multi-tenancy`'s share runs measured a median of 0.05 ms per device, with a
 tenth of its runs at 0.01 ms, while the 2 ms one absorbed their time.)
@@ -36,12 +41,14 @@ class DeviceClock:
     """When each active run of one island began, and when the last one ended; thread-safe (the executor
     and the completion tracker call it)."""
 
-    def __init__(self):
+    def __init__(self, widest: float):
+        """`widest`: the widest bounds of an end that still time a run (wider: the looks were held up)."""
+        self._widest = widest                  # bounds wider than this leave an end unknown
         self._lock = threading.Lock()
         self._began: dict[int, float] = {}     # run id -> when its instructions began (monotonic seconds)
         self._last_end = 0.0                   # the estimated end of the latest run over
         self._last_latest = 0.0                # the latest bound of that end
-        self._last_inexact = False             # whether that end was known only within bounds
+        self._last_width = 0.0                 # and the width of its bounds (0: known exactly)
 
     def begin(self, run_id: int, now: float) -> None:
         """A run's instructions began to execute at `now`."""
@@ -57,9 +64,12 @@ class DeviceClock:
             earliest = min(max(earliest, self._last_end), latest)   # not before the run before it
             end = (earliest + latest) / 2
             start = max(began, self._last_end)
-            seen_together = earliest < latest and self._last_inexact and latest == self._last_latest
-            self._last_end, self._last_latest, self._last_inexact = end, latest, earliest < latest
-            return None if seen_together else max(0.0, end - start)
+            width = latest - earliest
+            seen_together = width > 0 and self._last_width > 0 and latest == self._last_latest
+            unknown = seen_together or width > self._widest or (self._last_end > began and
+                                                                self._last_width > self._widest)
+            self._last_end, self._last_latest, self._last_width = end, latest, width
+            return None if unknown else max(0.0, end - start)
 
     def drop(self, run_id: int) -> None:
         """A run failed: its time is not reported."""

@@ -11,10 +11,12 @@ from __future__ import annotations
 from .run import Run
 
 _MEASURED_WEIGHT = 0.25   # the weight of a run's measured device time in its plan's moving average
-# A run measured at more than this many times its plan's average moves the average as if it had taken that
-# long: on a shared machine such a time is mostly the process waiting for a core (runs of 0.7 ms measured at
-# 100-600 ms under load), and one of them would otherwise multiply the plan's estimate for dozens of runs.
-_OUTLIER = 8.0
+# A run measured at more than this many times its plan's average counts as having taken that long, in the
+# average and in what it is charged: on a shared machine such a time is mostly the process waiting for a core
+# (runs of 0.7 ms measured at 100-600 ms under load). One of them would otherwise multiply the plan's estimate
+# for dozens of runs, and be one client's charge of hundreds of runs' device time, after which the others get
+# the devices alone until they catch up. A plan whose runs really grow is followed within a few runs.
+_OUTLIER = 2.0
 
 
 class DeviceTimeEstimates:
@@ -24,10 +26,11 @@ class DeviceTimeEstimates:
         self._measured: dict[int, float] = {}          # plan key -> moving average of measured device time
         self._calibration: float | None = None         # moving average of measured over estimated device time
 
-    def record(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
+    def record(self, plan_key: int, seconds: float, estimate: float | None = None) -> float:
         """Folds one run's measured device time (at most `_OUTLIER` times the average) into its plan's moving
         average, and its ratio to the plan's `estimate` into the factor that scales the estimates of plans not
-        measured yet (so that estimated and measured runs are charged on one scale)."""
+        measured yet (so that estimated and measured runs are charged on one scale). Returns the seconds it
+        folded in: what the run is charged."""
         before = self._measured.get(plan_key)
         if before is not None:
             seconds = min(seconds, _OUTLIER * before)
@@ -36,6 +39,7 @@ class DeviceTimeEstimates:
             ratio = seconds / estimate
             self._calibration = ratio if self._calibration is None else \
                 self._calibration + _MEASURED_WEIGHT * (ratio - self._calibration)
+        return seconds
 
     def measured(self, plan_key: int) -> float | None:
         """Returns the moving average of the measured device time of runs of a plan, or None before one."""

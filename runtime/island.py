@@ -62,7 +62,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .cluster import DeviceMap
 from .device_clock import DeviceClock
 from .executables import ExecutableCache, make_mesh
-from .island_executor import IslandExecutor
+from .island_executor import AWAIT_PAUSE, IslandExecutor
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, RunFailed, StoreRef, computed,
                           raised, waits_for)
@@ -96,7 +96,7 @@ class Island(IslandExecutor):
         self._dropped: set[tuple[int, int]] = set()      # results released before they existed
         self._awaited_results: dict[tuple[int, int], list[tuple[IslandRun, int]]] = {}   # result -> (run, buffer)s
         self._seconds: collections.OrderedDict[int, float | None] = collections.OrderedDict()  # run -> s
-        self._clock = DeviceClock()
+        self._clock = DeviceClock(widest=2 * AWAIT_PAUSE)    # looks are at most AWAIT_PAUSE apart
         self._timed_plans: set[int] = set()     # plans whose first run here is over (that one is not timed)
         self._closed = False
         self.lost: IslandLost | None = None     # set once the island was lost
@@ -351,8 +351,10 @@ class Island(IslandExecutor):
         for array in tracked:
             if not self._await(array, began, deadline):
                 raise TimeoutError(f"the device work of run {run_id} on {self.name} was not over within {timeout} s")
+        del tracked
+        self.look()                              # retires it as the tracker does, timing it
         with self.lock:
-            self._in_flight.pop(run_id, None)
+            self._in_flight.pop(run_id, None)    # its device work is over even if a run before it is not
 
     def device_seconds(self, run_id: int) -> float | None:
         """Returns (once) the device time a finished run took here: from when the run before it here was over

@@ -18,7 +18,7 @@ from .island_work import (FAILED_HISTORY, HISTORY, IslandRun, IslandWedged, Isla
 from .transfers import copy_to
 
 CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
-_AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
+AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
 _AWAIT_PAUSE_MIN = 2e-4  # and the shortest
 _LANE_PAUSE = 0.02       # its pause while fast lane runs start on the island (see `_track`)
 
@@ -83,7 +83,7 @@ class IslandExecutor:
         """Waits until `array` is computed, the island closes or `deadline` passes (then returns False),
         polling: a thread blocked inside XLA when the interpreter exits would abort the process, and one
         blocked there cannot give up. Each pause is a twentieth of the time waited since `since` (between
-        `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`): the end of a computation is seen within about 5% of its
+        `_AWAIT_PAUSE_MIN` and `AWAIT_PAUSE`): the end of a computation is seen within about 5% of its
         duration, and the tracker seldom takes the GIL from the threads that dispatch."""
         while not self._closed:
             if computed(array):
@@ -91,7 +91,7 @@ class IslandExecutor:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False
-            time.sleep(min(max((now - since) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
+            time.sleep(min(max((now - since) / 20, _AWAIT_PAUSE_MIN), AWAIT_PAUSE))
         return True
 
     def _stop(self) -> None:
@@ -104,8 +104,8 @@ class IslandExecutor:
         """The completion tracker's thread: looks (`look`) for the end of the runs whose dispatch is over. It
         is polled, never woken per run: on these machines waking a waiting thread for every run cost the
         dispatching thread a GIL handoff of hundreds of microseconds. While a run is awaited it looks after a
-        twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `_AWAIT_PAUSE`), so the end of a computation
-        is seen within about 5% of its duration; it pauses `_AWAIT_PAUSE` when nothing is awaited (cut short
+        twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `AWAIT_PAUSE`), so the end of a computation
+        is seen within about 5% of its duration; it pauses `AWAIT_PAUSE` when nothing is awaited (cut short
         when a run's dispatch ends with its computation still under way: one wake per busy spell, not per run), and
         `_LANE_PAUSE` while a fast lane's caller dispatches here: each look takes the GIL from that thread, at
         the cost of a handoff, which on a loaded machine is a wait for the scheduler (the lane looks itself
@@ -120,11 +120,11 @@ class IslandExecutor:
                 time.sleep(_LANE_PAUSE)
             elif awaited is None:
                 self._tracker_pausing = True
-                self._tracker_idle.wait(_AWAIT_PAUSE)
+                self._tracker_idle.wait(AWAIT_PAUSE)
                 self._tracker_pausing = False
                 self._tracker_idle.clear()
             else:
-                time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), _AWAIT_PAUSE))
+                time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), AWAIT_PAUSE))
             del awaited
 
     def look(self) -> bool:

@@ -55,8 +55,9 @@ class Policy:
         """Records that `run` is admitted while the clients `waiting` have runs queued."""
 
     def retired(self, run: Run, seconds: float) -> None:
-        """Records that `run` is over, having taken `seconds` of device time (as its islands measured it, or
-        its plan's estimate at its end if they could not tell)."""
+        """Records that `run` is over, having taken `seconds` of device time (as its islands measured it, at
+        most twice its plan's average (`runtime/device_estimates.py`), or its plan's estimate if they could
+        not tell)."""
 
 
 class Fifo(Policy):
@@ -95,6 +96,7 @@ class Share(Policy):
     def retired(self, run: Run, seconds: float) -> None:
         if run.client_id in self.virtual:
             self.virtual[run.client_id] += (seconds - run.charged) / run.weight
+        run.charged = seconds
 
 
 class ShortestJobFirst(Policy):

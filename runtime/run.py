@@ -44,7 +44,7 @@ class Run:
         self.deadline: float | None = None if parent is None else parent.deadline
         self.reads: tuple[tuple[int, int], ...] = ()   # the keys of the shared objects it reads
         self.credit = None                # the fast lane whose credit holds its need (runtime/fast_lane.py), if any
-        self.charged = 0.0                # the device seconds its policy charged it at admission (`share`)
+        self.charged = 0.0                # the device seconds `share` charged it (estimated, then as measured)
         self.device_seconds: float | None = None   # measured once it is over, if its islands could tell
 
     def island_of(self, buffer: int) -> str | None:

@@ -75,6 +75,7 @@ from .status import held_by_handles, shortfall
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
 OVERTAKES = 64        # how many runs may overtake a queued run before it holds a reservation (goes next)
 _POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
+_UNTIMED = 64         # untimed runs of one plan kept to be charged once a run of it is measured
 _WAIT_SLICE = 0.02    # seconds the admission thread waits on one run before looking at the others
 
 
@@ -111,6 +112,10 @@ class GangScheduler:
         self._lanes: list = []            # the fast lanes of loaded plans (runtime/fast_lane.py)
         self._held = False
         self._blocked = False
+        self._pumping = False          # `_pump` is admitting (a look inside it may call `wake`, which pumps)
+        self._polling = False          # `_poll` is retiring runs (likewise)
+        # Runs over that their islands could not time, of plans with no measured run yet (see `_retire`).
+        self._untimed: collections.defaultdict[int, list[Run]] = collections.defaultdict(list)
         self._closed = False
         # The latest (ticket, client id) delivered, for share checks; bounded for long runs.
         self.delivered: collections.deque[tuple[int, int]] = collections.deque(maxlen=100_000)
@@ -207,13 +212,18 @@ class GangScheduler:
             self._pump()
 
     def wake(self) -> None:
-        """A run's device work is over somewhere: a run waiting for memory may fit now."""
+        """A run's device work is over somewhere: a run waiting for memory or for the window may be admitted
+        now. The thread that saw the run over admits it (an island's completion tracker, or a client that
+        asked), saving the admission thread's wake-up, unless that thread is admitting or retiring runs
+        already (a look inside `_pump` or `_poll` calls this)."""
         with self._lock:
-            if self._blocked:
-                self._unblocked.notify_all()
+            if self._blocked and not self._held and not self._pumping and not self._polling:
+                self._poll(len(self._in_flight))
+                self._pump()
 
     def record_device_seconds(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
-        """Folds one run's measured device time into its plan's estimate (`DeviceTimeEstimates.record`)."""
+        """Folds one run's measured device time into its plan's estimate (`DeviceTimeEstimates.record`); tests
+        inject durations with it."""
         with self._lock:
             self.estimates.record(plan_key, seconds, estimate)
 
@@ -323,7 +333,18 @@ class GangScheduler:
         return heads
 
     def _pump(self) -> None:
-        """Admits queued runs that fit, in the policy's order; fails those that never will. Under the lock."""
+        """Admits queued runs that fit, in the policy's order; fails those that never will. Under the lock; a
+        call made while admitting (a look that retires runs calls `wake`) returns at once, the admitting loop
+        going on with what that look freed."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            self._admit_queued()
+        finally:
+            self._pumping = False
+
+    def _admit_queued(self) -> None:
         polled = False
         while self._queued and not self._held and not self._closed:
             if self.policy.windowed and len(self._in_flight) >= self.window:
@@ -428,14 +449,20 @@ class GangScheduler:
 
     def _poll(self, limit: int) -> bool:
         """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any."""
-        done = [run for run in itertools.islice(self._in_flight.values(), limit)
-                if all(self.islands[i].run_done(run.id) for i in run.islands)]
-        for run in done:
-            self._retire(run)
+        self._polling = True
+        try:
+            done = [run for run in itertools.islice(self._in_flight.values(), limit)
+                    if all(self.islands[i].run_done(run.id) for i in run.islands)]
+            for run in done:
+                self._retire(run)
+        finally:
+            self._polling = False
         return bool(done)
 
     def _retire(self, run: Run) -> None:
-        """Gives back a run's peak, keeping the bytes of the results still held; records its device time."""
+        """Gives back a run's peak, keeping the bytes of the results still held; records its device time and
+        tells the policy what the run took (a run its islands could not time takes its plan's estimate, once a
+        run of the plan has been timed)."""
         del self._in_flight[run.id]
         if run.credit is not None:
             run.credit.returned(queued=bool(self._queued))
@@ -449,9 +476,17 @@ class GangScheduler:
             return
         if all(s is not None for s in seconds):
             run.device_seconds = sum(seconds)
-            self.estimates.record(run.key, run.device_seconds, run.cost)
-        # A run whose islands could not time it is charged its plan's estimate as it stands now.
-        self.policy.retired(run, self.estimates.of(run) if run.device_seconds is None else run.device_seconds)
+            self.policy.retired(run, self.estimates.record(run.key, run.device_seconds, run.cost))
+            for untimed in self._untimed.pop(run.key, ()):
+                self.policy.retired(untimed, self.estimates.of(untimed))
+        elif self.estimates.measured(run.key) is None:
+            untimed = self._untimed[run.key]       # charged once a run of its plan is timed (a plan's first run)
+            untimed.append(run)
+            if len(untimed) >= _UNTIMED:
+                for waiting in self._untimed.pop(run.key):
+                    self.policy.retired(waiting, self.estimates.of(waiting))
+        else:
+            self.policy.retired(run, self.estimates.of(run))   # untimed: its plan's estimate as it stands
 
     def _cancel(self, run: Run, error: BaseException) -> None:
         run.error = error

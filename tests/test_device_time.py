@@ -13,7 +13,7 @@ from pathways_mlir.runtime.run import Run
 
 
 def test_runs_known_exactly_are_timed_one_after_another():
-    clock = DeviceClock()
+    clock = DeviceClock(widest=10.0)
     clock.begin(1, 10.0)
     clock.begin(2, 10.5)                             # dispatched while run 1 computes
     assert clock.end(1, 12.0, 12.0) == pytest.approx(2.0)
@@ -23,7 +23,7 @@ def test_runs_known_exactly_are_timed_one_after_another():
 
 
 def test_an_end_seen_by_a_look_is_the_middle_of_its_bounds():
-    clock = DeviceClock()
+    clock = DeviceClock(widest=10.0)
     clock.begin(1, 0.0)
     assert clock.end(1, 1.0, 1.5) == pytest.approx(1.25)     # still computing at 1.0, over at 1.5
     clock.begin(2, 0.5)
@@ -31,7 +31,7 @@ def test_an_end_seen_by_a_look_is_the_middle_of_its_bounds():
 
 
 def test_two_runs_one_look_finds_over_together_leave_the_second_untimed():
-    clock = DeviceClock()
+    clock = DeviceClock(widest=10.0)
     for run in (1, 2, 3):
         clock.begin(run, 0.0)
     assert clock.end(1, 1.0, 2.0) == pytest.approx(1.5)
@@ -41,15 +41,24 @@ def test_two_runs_one_look_finds_over_together_leave_the_second_untimed():
 
 
 def test_a_run_known_exactly_after_one_seen_together_is_timed():
-    clock = DeviceClock()
+    clock = DeviceClock(widest=10.0)
     for run in (1, 2):
         clock.begin(run, 0.0)
     assert clock.end(1, 1.0, 2.0) == pytest.approx(1.5)
     assert clock.end(2, 2.0, 2.0) == pytest.approx(0.5)      # computed when its dispatch ended (inline)
 
 
+def test_an_end_seen_only_after_the_looks_were_held_up_leaves_the_run_untimed():
+    clock = DeviceClock(widest=0.004)
+    for run in (1, 2, 3):
+        clock.begin(run, 0.0)
+    assert clock.end(1, 0.001, 0.2) is None        # still computing at 1 ms, seen over only at 200 ms
+    assert clock.end(2, 0.202, 0.203) is None      # it started when run 1 ended, which is not known
+    assert clock.end(3, 0.204, 0.205) == pytest.approx(0.002)
+
+
 def test_a_dropped_run_is_forgotten():
-    clock = DeviceClock()
+    clock = DeviceClock(widest=10.0)
     clock.begin(1, 0.0)
     clock.drop(1)
     clock.begin(1, 5.0)
@@ -89,8 +98,8 @@ def test_one_run_that_waited_for_a_core_does_not_multiply_its_plans_estimate():
     estimates = DeviceTimeEstimates()
     for _ in range(10):
         estimates.record(7, 1e-3)
-    estimates.record(7, 0.6)                          # 600 times the plan's runs: the process was descheduled
-    assert estimates.measured(7) == pytest.approx(1e-3 + 0.25 * 7e-3)
-    for _ in range(3):
-        estimates.record(7, 0.05)                     # the plan really grew 50x: the estimate follows
+    assert estimates.record(7, 0.6) == pytest.approx(2e-3)     # 600x: the process was descheduled
+    assert estimates.measured(7) == pytest.approx(1e-3 + 0.25 * 1e-3)
+    for _ in range(16):
+        estimates.record(7, 0.05)                     # the plan really grew 50x: the estimate follows, 1.25x a run
     assert estimates.measured(7) > 0.02
