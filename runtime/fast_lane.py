@@ -17,12 +17,15 @@ where each argument goes and what a run needs. A run through the lane:
   comes back goes to the ledger;
 - takes its ticket and is registered on its island under the scheduler's lock,
   as the general path does, so every island sees one order;
-- executes on the caller's thread (`Island.run_lane`), as the general path
-  does for an idle island.
+- executes on the caller's thread (`Island.run_lane`) if the island is idle,
+  as the general path does; if the island is busy (other clients' runs, or
+  this client's runs still executing), its program and arguments are queued
+  for the island's executor, behind what is there, with no more work than
+  that: clients that share an island keep to the lane.
 
 `start` falls back to the general path (returns None) whenever one of its
 conditions fails: a run queued, admission held or a reservation standing,
-the scheduler closed, the island busy, wedged or closed, no credit and none
+the scheduler closed, the island wedged or closed, no credit and none
 fits, an argument that is not a JAX array of its input's shape. Plans on
 several islands, with host conds, host inputs or donated inputs never get a
 lane, nor do runtimes under another policy than `fifo` or on Ray; calls with
@@ -89,9 +92,10 @@ class FastLane:
                 return None
             run = Run(loaded.plan, loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
             ticket = next(scheduler._tickets)
-            island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.program)
+            inputs = tuple(zip(self.buffers, args))
+            island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.program, inputs)
             if island_run is None:
-                return None          # the island is busy, closed or wedged (the ticket is left unused)
+                return None          # the island is closed or wedged (the ticket is left unused)
             self.free -= 1
             self.in_use += 1
             self.runs += 1
@@ -99,7 +103,8 @@ class FastLane:
             run.admitted = True
             scheduler.delivered.append((ticket, client_id))
             scheduler._in_flight[run.id] = run
-        island.run_lane(island_run, self.program, tuple(zip(self.buffers, args)))
+        if not island_run.queued:
+            island.run_lane(island_run, self.program, inputs)
         return run
 
     def _credit(self) -> bool:

@@ -234,36 +234,45 @@ class Island(IslandExecutor):
             if self._turn_waits:
                 self._turn.notify_all()
 
-    def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int,
-                   program: tuple[Instruction, ...]) -> IslandRun | None:
-        """Registers a fast lane's run (`runtime/fast_lane.py`), all of whose steps are `program`, to be
-        executed by the caller (`run_lane`), if the island is idle, open and not wedged; otherwise takes
-        nothing and returns None."""
+    def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int, program: tuple[Instruction, ...],
+                   inputs: tuple[tuple[int, Any], ...]) -> IslandRun | None:
+        """Registers a fast lane's run (`runtime/fast_lane.py`), all of whose steps are `program` on `inputs`
+        ((buffer, array) pairs), if the island is open and not wedged; otherwise takes nothing and returns
+        None. If the island is idle the caller then executes it (`run_lane`); if not, its work is queued for
+        the executor behind what is there (`run.queued` tells which)."""
         with self.lock:
-            if self._pending or self._closed or self.wedged is not None:
+            if self._closed or self.wedged is not None:
                 return None
-            self._lane_started = time.monotonic()
             run = self._runs[run_id] = IslandRun(run_id, client_id, plan_key, self._plans[plan_key][0].program,
                                                  self._layout(plan_key))
             self.executed.append((ticket, run_id, len(program)))
-            self._pending = 1
-            self._inline = True
+            self._pending += 1
+            if self._pending == 1:
+                self._lane_started = time.monotonic()
+                self._inline = True
+            else:
+                run.queued = True
+                self._inbox.put((self._lane_work, (run, program, inputs)))
             return run
 
     def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], inputs: tuple[tuple[int, Any], ...]):
         """Executes a fast lane's run that `start_lane` registered, on the caller's thread (holding no lock):
         places its arguments (`inputs`: (buffer, array) pairs) and runs its program."""
         try:
-            try:
-                self._place(run, inputs)
-            except BaseException as error:  # noqa: BLE001  (the run fails alone)
-                self._fail_and_tell(run.id, error)
-                return
-            run.queue.append(program)
-            run.last = True
-            self._advance(run)
+            self._lane_work((run, program, inputs))
         finally:
             self._inline_over()
+
+    def _lane_work(self, message) -> None:
+        run, program, inputs = message
+        try:
+            self._place(run, inputs)
+        except BaseException as error:  # noqa: BLE001  (the run fails alone)
+            self._fail_and_tell(run.id, error)
+            return
+        run.queue.append(program)
+        run.last = True
+        self._advance(run)
 
     @staticmethod
     def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:

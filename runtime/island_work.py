@@ -143,7 +143,8 @@ class IslandRun:
     """What an island holds of one run under way: slots, queued programs, where it stopped."""
 
     __slots__ = ("id", "client_id", "plan_key", "program", "layout", "slots", "queue", "pc", "tracked", "last",
-                 "executing", "began", "earliest_end", "latest_end", "referenced", "awaiting", "parked")
+                 "executing", "began", "earliest_end", "latest_end", "referenced", "awaiting", "parked",
+                 "queued")
 
     def __init__(self, run_id: int, client_id: int, plan_key: int, program: str, layout: IslandLayout):
         self.id, self.client_id, self.plan_key, self.program, self.layout = run_id, client_id, plan_key, program, layout
@@ -159,6 +160,7 @@ class IslandRun:
         self.referenced: dict[int, Any] = {}   # buffer -> the kept array a StoreRef argument names
         self.awaiting = 0                # StoreRef arguments whose run has not produced them yet
         self.parked = False              # its work waits for those arguments (resumed by `_resume`)
+        self.queued = False              # a fast lane's run queued for the executor (not run by its caller)
 
 
 def waits_for(run: IslandRun) -> str:

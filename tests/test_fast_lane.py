@@ -180,21 +180,23 @@ def test_lane_and_general_runs_of_two_threads_keep_one_ticket_order(runtime, pla
     assert_nothing_left(runtime)
 
 
-def test_a_busy_island_sends_the_run_the_general_way(runtime, plan_builder):
+def test_a_busy_island_queues_the_lane_run_behind_its_work(runtime, plan_builder):
     plan = small(plan_builder, runtime.resources.topology)
     lane = runtime.lane(plan)
     island = runtime.islands["island0"]
     with Client(runtime) as client:
-        with island.lock:                        # as if the island's executor had work
+        with island.lock:                        # as if a caller ran work inline: the executor waits its turn
             island._pending += 1
+            island._inline = True
         try:
             run = client.start(plan, [jnp.asarray(X)])
-        finally:
+            assert lane.runs == 1
             with island.lock:
-                island._pending -= 1
+                assert run.id in island._runs    # queued for the executor, not executed by this thread
+        finally:
+            island._inline_over()
         client.wait(run, timeout=60)
         np.testing.assert_allclose(np.asarray(client.handles(run)[0]), chained_tanh2(X, 1), rtol=1e-6)
-        assert lane.runs == 0
     assert_nothing_left(runtime)
 
 
