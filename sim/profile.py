@@ -177,6 +177,17 @@ def load_profile(name_or_path: str) -> Profile:
     return Profile.from_python(value, str(path))
 
 
+def profile_of_kind(device_kind: str) -> Profile:
+    """Returns the bundled profile that describes `device_kind` (at most one does: dialect/device_time.py
+    refuses a kind two profiles list)."""
+    for name in profile_names():
+        profile = load_profile(name)
+        if device_kind in profile.device_kinds:
+            return profile
+    raise ProfileError(f"no bundled profile describes device kind '{device_kind}' (profiles: "
+                       f"{', '.join(profile_names())})")
+
+
 def profile_names() -> list[str]:
     """Returns the names of the bundled profiles."""
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
