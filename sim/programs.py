@@ -78,7 +78,8 @@ def matmul(size: int, n: int = 4) -> Program:
 
 def hop(shape: tuple[int, int], cross_island: bool, count: int = 1) -> Program:
     """Returns `tanh` on one slice of 2 devices, then `-x` on another (island1 if `cross_island`), on each
-    of `count` independent inputs (several hops in flight at once)."""
+    of `count` independent inputs (several hops in flight at once); lowered without fusion, so that an ICI
+    hop keeps its copy (pw-fuse-island would make it one launch, and leave copies out of calibration)."""
     def build():
         import jax.numpy as jnp
         import pathways_mlir as pw
@@ -96,7 +97,7 @@ def hop(shape: tuple[int, int], cross_island: bool, count: int = 1) -> Program:
             outs = tuple(second(first(x)) for x in xs)
             return outs if count > 1 else outs[0]
         return run, tuple(_rng().normal(size=shape).astype(np.float32) for _ in range(count))
-    return Program(f"{'dcn' if cross_island else 'ici'}_hop{count}_{shape[0]}x{shape[1]}", build)
+    return Program(f"{'dcn' if cross_island else 'ici'}_hop{count}_{shape[0]}x{shape[1]}", build, fuse=False)
 
 
 def three_blocks() -> Program:

@@ -289,6 +289,19 @@ def test_inline_runs_an_idle_islands_work_on_the_controller_which_then_waits():
             assert makespan == pytest.approx((100 + 5 * steps * 30 + 10) * US)
 
 
+def test_with_one_interpreter_lock_the_controller_and_the_islands_host_work_take_turns():
+    plan = plan_of(chain_ir(4), simple_profile())
+    steps = sum(1 for s in plan.islands["island0"] if s.kind in ("launch", "copy", "send"))
+    runs = [Submission(plan)] * 5
+    for lock in (0, 1):
+        profile = simple_profile(run_us=100.0, step_us=30.0, interpreter_lock=lock)
+        makespan = Simulator(profile).simulate(runs).makespan()
+        if lock:     # the next call's work and the island's steps hold the one lock in turn
+            assert makespan == pytest.approx((5 * (100 + steps * 30) + 10) * US)
+        else:        # the island's thread runs its steps while the controller makes the next call
+            assert makespan == pytest.approx((100 + 5 * steps * 30 + 10) * US)
+
+
 def test_a_synchronous_launch_holds_the_thread_that_makes_it():
     profile = simple_profile(step_us=2.0)
     profile = dataclasses.replace(profile, accelerator=dataclasses.replace(profile.accelerator, synchronous=1))
