@@ -40,7 +40,7 @@ def run(quick: bool) -> dict:
 
     rounds = 30 if quick else 120
     validation, fitted = run_validation(rounds)
-    picked = check_here(5 if quick else 30, fitted)
+    picked = check_here(15 if quick else 30, fitted)
     scale = run_scale(load_profile(SCALE_PROFILE), quick)
     stages = scale["experiments"]["dispatch_stages"]["stages"]
     source = f"measured here vs simulated ({fitted.name}, fitted)"
