@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from . import schedule_picture
+from . import schedule_choice, schedule_picture
 from .placed import jit
 from .provenance import name_of
 from .slices import Slice
@@ -373,8 +373,8 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
 
 def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Callable,
              schedule: str = "1f1b", micro_batches: int, optimizer=None, batch_axis: str | None = None,
-             stateful: bool = False, optimizer_scope: str = "stage", tied: Sequence[Sequence[tuple]] = ()
-             ) -> Program:
+             stateful: bool = False, optimizer_scope: str = "stage", tied: Sequence[Sequence[tuple]] = (),
+             profile=None, memory_bytes: int | None = None) -> Program:
     """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
 
     `loss(y, target)` is a mean over the rows of the last stage's output.
@@ -385,8 +385,9 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     slice. `params` is a sequence of one pytree per stage; `batch` and
     `targets` are pytrees whose leaves have the batch on their first axis.
     `schedule` is "gpipe", "1f1b", "interleaved-1f1b" (virtual stages:
-    slices repeat round-robin, stage s on the (s % D)-th of D slices) or
-    "zb-h1" (backwards split into input and weight gradients).
+    slices repeat round-robin, stage s on the (s % D)-th of D slices),
+    "zb-h1" (backwards split into input and weight gradients) or "auto"
+    (each simulated, the fastest that fits picked: schedule_choice.py).
     With `batch_axis`, an axis every slice has, each stage is data parallel:
     micro-batches, activations and their gradients are split over that axis
     (saved residuals, parameters, states and gradient sums are replicated); without,
@@ -416,6 +417,12 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     the first-named stage's slice) and every copy gets that sum, so the
     copies, equal at the start, get the same update and stay equal.
     """
+    if schedule == "auto":
+        return schedule_choice.AutoPipeline(lambda s: pipeline(
+            stages, slices, loss=loss, schedule=s, micro_batches=micro_batches, optimizer=optimizer, batch_axis=batch_axis,
+            stateful=stateful, optimizer_scope=optimizer_scope, tied=tied), SCHEDULES, profile, memory_bytes)
+    if profile is not None or memory_bytes is not None:
+        raise ValueError("profile and memory_bytes are for schedule='auto', which simulates the schedules")
     if optimizer_scope not in ("stage", "tree"):
         raise ValueError(f"optimizer_scope is 'stage' or 'tree', not {optimizer_scope!r}")
     groups = _check_tied(tied, len(stages))

@@ -10,8 +10,9 @@ this machine's cores, a measured fact, not a fitted one), with a weak pull
 towards the starting values so that a parameter the programs barely touch
 stays sensible. A message's latency is fitted too: in one process it is the
 handoff to the thread that takes it (a wake-up under the GIL on 2 shared
-cores, not a flight). Fixed, not fitted: one host, and the DCN bandwidth the
-embedded backend emulates.
+cores, not a flight). Fixed, not fitted: one host, the DCN bandwidth the
+embedded backend emulates, and one interpreter lock for all host threads (the
+runtime's threads are Python threads of one process: CPython's GIL).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def cpu_profile(values: dict[tuple[str, str], float], sources: dict[str, str]) -
         pcie=LinkSpec(0.0, get("pcie", "bandwidth_gbps")),
         host=Host(get("host", "run_us"), get("host", "input_us"), get("host", "message_us"),
                   get("host", "message_latency_us"), 0.0,
-                  get("host", "step_us"), get("host", "sequential_step_us"), get("host", "recv_us"), get("host", "cond_us"), inline=1),
+                  get("host", "step_us"), get("host", "sequential_step_us"), get("host", "recv_us"), get("host", "cond_us"), inline=1,
+                  interpreter_lock=1),
         sources=sources)
 
 

@@ -53,10 +53,7 @@ class HostConds:
         child.parent = run
         for outer, inner in zip(cond.inputs, branch.inputs):
             child.ready[inner] = run.ready.get(outer, self.now)
-        start = max(self.now, self.controller_free)
-        work = (self.profile.host.cond_us + self.profile.host.run_us) * 1e-6
-        self.controller_free = start + work
-        self._hold_cores(work)
+        start = self._controller_work((self.profile.host.cond_us + self.profile.host.run_us) * 1e-6)
         self._span(f"call @{branch.program} (cond)", "controller", "", "controller", start, self.controller_free)
         self._at(self.controller_free, lambda: self._start_branch(child, cond, then))
 
@@ -96,7 +93,7 @@ class HostConds:
             steps = {i: tuple(s for s in run.prep.plan.islands[i] if cond.id in held[s.id]
                               and held[s.id] <= run.conds_done) for i in run.prep.islands}
         for island in sorted(set(puts) | {i for i, ss in steps.items() if ss}):
-            self.controller_free = max(self.controller_free, self.now) + host.message_us * 1e-6
+            self._controller_work(host.message_us * 1e-6, hold_cores=False)
             self._at(self.controller_free + host.message_latency_us * 1e-6,
                      lambda i=island: self._continue(run, i, steps.get(i, ()), puts.get(i, ())))
         self._at(self.controller_free, then)

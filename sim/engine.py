@@ -36,7 +36,9 @@ scheduler.py, island_program.py), with times from the profile:
    arrives. Where the devices share cores (a CPU), launches, copies and
    input puts all hold those cores, one at a time, and the host threads'
    work holds one core's share of them; with `accelerator.synchronous` a
-   launch or copy also holds the thread that made it until it is over.
+   launch or copy also holds the thread that made it until it is over. With
+   `host.interpreter_lock` (one Python process: the GIL) all host threads'
+   work, the controller's and every island's, takes one lock in turn.
 5. A `pw.cond` (sim/conds.py): the predicate's value is not computed, so
    the `BranchOutcomes` given say which branch each cond takes (a
    probability, or a recorded trace); the branch plan is then called as a
@@ -121,6 +123,7 @@ class Simulator(HostConds):
         self.links = Links()
         self.ledger = MemoryLedger(plan.topology, self.profile.accelerator.memory_bytes)
         self.controller_free = 0.0
+        self.lock_free = 0.0                        # when the interpreter lock is free (host.interpreter_lock)
         self.admission: list[RunState] = []
         self.island_runs: dict[str, list[RunState]] = {}
         self.island_busy: dict[str, bool] = {}
@@ -146,9 +149,7 @@ class Simulator(HostConds):
     def _call(self, index: int) -> None:
         sub, record = self.pending[index], self.records[index]
         record.submitted = max(record.submitted, self.now)
-        start = max(self.now, self.controller_free)
-        self.controller_free = start + self.profile.host.run_us * 1e-6
-        self._hold_cores(self.profile.host.run_us * 1e-6)
+        start = self._controller_work(self.profile.host.run_us * 1e-6)
         self._span(f"call @{sub.plan.program}", "controller", "", "controller", start, self.controller_free)
         run = RunState(index, next(self.tickets), self._prepared[id(sub.plan)], sub, record)
         run.after_dispatch = lambda: self._next_call(index + 1)
@@ -190,7 +191,7 @@ class Simulator(HostConds):
         steps = {i: run.prep.first[i] if parallel else () for i in run.prep.islands}
         own = [i for i in run.prep.islands if inline and self._idle(i)]
         for island in run.prep.islands:
-            self.controller_free = max(self.controller_free, self.now) + host.message_us * 1e-6
+            self._controller_work(host.message_us * 1e-6, hold_cores=False)
             if island in own:
                 self.inline[island] = (run, None)        # held for the controller: its turn comes
                 continue
@@ -237,9 +238,7 @@ class Simulator(HostConds):
         if known > self.now:
             self._at(known, lambda: self._sequential(run, position))
             return
-        start = max(self.now, self.controller_free)
-        self.controller_free = start + host.sequential_step_us * 1e-6
-        self._hold_cores(host.sequential_step_us * 1e-6)
+        start = self._controller_work(host.sequential_step_us * 1e-6)
         self._span(f"send step {step.id}", "controller", "", "controller", start, self.controller_free)
         island = run.prep.island_of_step[step.id]
         self._at(self.controller_free + host.message_latency_us * 1e-6,
@@ -306,9 +305,8 @@ class Simulator(HostConds):
             cost = fanout or (host.recv_us * 1e-6 if step.arrives() else 0.0 if step.frees()
                               else host.step_us * 1e-6)
             self.island_busy[island] = True
-            start = self.now
+            start = self._locked(max(self.now, self.controller_free) if inline else self.now, cost)
             if inline:
-                start = max(self.now, self.controller_free)
                 self.controller_free = start + cost
             if step is not None:
                 run.cursor[island] += 1
@@ -366,6 +364,23 @@ class Simulator(HostConds):
             self._at(blocked, lambda: self._enqueue(run, island, None))
             return
         self._pump(island)
+
+    def _controller_work(self, seconds: float, hold_cores: bool = True) -> float:
+        """The controller's thread does `seconds` of work once it (and the interpreter lock) is free; returns
+        when it starts."""
+        start = self._locked(max(self.now, self.controller_free), seconds)
+        self.controller_free = start + seconds
+        if hold_cores:
+            self._hold_cores(seconds)
+        return start
+
+    def _locked(self, start: float, seconds: float) -> float:
+        """Returns when host work that could start at `start` does: with `host.interpreter_lock`, once the
+        host work before it has let go of the one lock all host threads share, which it then holds."""
+        if self.profile.host.interpreter_lock and seconds:
+            start = max(start, self.lock_free)
+            self.lock_free = start + seconds
+        return start
 
     def _hold_cores(self, seconds: float) -> None:
         """Charges `seconds` of one host thread's work to the shared cores, if the devices share them: the

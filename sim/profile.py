@@ -42,6 +42,10 @@ bundled ones are also the device-rate table placement and admission read
   work of each island that is idle then run by the controller's thread
   itself, island after island, until it parks at a recv or is done; the
   controller goes on after that.
+  `interpreter_lock` (0 or 1, 0 by default): all host work, the
+  controller's and every island thread's, takes one lock, so no two pieces
+  of it run at once, as the embedded runtime's Python threads share one
+  interpreter lock (the GIL; an XLA call lets go of it while it computes).
 
 `sources` cites where each figure comes from; a figure that is assumed or
 fitted says so there.
@@ -117,6 +121,7 @@ class Host:
     recv_us: float = 0.0        # an island's work to take in a peer's send (the runtime's `deliver`)
     cond_us: float = 0.0        # the controller's work per `pw.cond`: the predicate read, the cond's thread
     inline: int = 0             # 1: the caller runs an idle island's work itself (the embedded runtime)
+    interpreter_lock: int = 0   # 1: all host threads' work takes one lock (CPython's GIL), one piece at a time
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,17 @@ def load_profile(name_or_path: str) -> Profile:
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
     return Profile.from_python(value, str(path))
+
+
+def profile_of_kind(device_kind: str) -> Profile:
+    """Returns the bundled profile that describes `device_kind` (at most one does: dialect/device_time.py
+    refuses a kind two profiles list)."""
+    for name in profile_names():
+        profile = load_profile(name)
+        if device_kind in profile.device_kinds:
+            return profile
+    raise ProfileError(f"no bundled profile describes device kind '{device_kind}' (profiles: "
+                       f"{', '.join(profile_names())})")
 
 
 def profile_names() -> list[str]:

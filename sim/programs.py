@@ -13,8 +13,8 @@ both the runtime runs and the simulator times (with its executables' flops).
 - route: a `pw.cond` between a matrix product and an add (a host step);
 - pipeline: `stages` stages of 2 devices over both islands, `micro`
   microbatches, each stage `tanh(x @ w)`;
-- training_pipeline: a `pw.pipeline` training step (forward, backward) in
-  one of its schedules, 4 stages of 2 devices (2 slices for interleaved).
+- training_pipeline: a `pw.pipeline` training step (forward, backward),
+  4 stages of 2 devices, with `schedule="auto"`.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def matmul(size: int, n: int = 4) -> Program:
 
 def hop(shape: tuple[int, int], cross_island: bool, count: int = 1) -> Program:
     """Returns `tanh` on one slice of 2 devices, then `-x` on another (island1 if `cross_island`), on each
-    of `count` independent inputs (several hops in flight at once)."""
+    of `count` independent inputs (several hops in flight at once); lowered without fusion, so that an ICI
+    hop keeps its copy (pw-fuse-island would make it one launch, and leave copies out of calibration)."""
     def build():
         import jax.numpy as jnp
         import pathways_mlir as pw
@@ -96,7 +97,7 @@ def hop(shape: tuple[int, int], cross_island: bool, count: int = 1) -> Program:
             outs = tuple(second(first(x)) for x in xs)
             return outs if count > 1 else outs[0]
         return run, tuple(_rng().normal(size=shape).astype(np.float32) for _ in range(count))
-    return Program(f"{'dcn' if cross_island else 'ici'}_hop{count}_{shape[0]}x{shape[1]}", build)
+    return Program(f"{'dcn' if cross_island else 'ici'}_hop{count}_{shape[0]}x{shape[1]}", build, fuse=False)
 
 
 def three_blocks() -> Program:
@@ -171,28 +172,25 @@ def pipeline(stages: int, micro: int, width: int) -> Program:
     return Program(f"pipeline{stages}x{micro}_w{width}", build, strategy="spread")
 
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-
-
-def training_pipeline(schedule: str, stages: int = 4, micro: int = 8, width: int = 128, rows: int = 256) -> Program:
-    """Returns a `pw.pipeline` step of `stages` stages `tanh(x @ w + b)` in `schedule`, mean squared error;
-    stage s on a slice of 2 devices on island s * 2 // stages (interleaved: the first two slices' turn)."""
+def training_pipeline(profile=None, stages: int = 4, micro: int = 8, width: int = 128, rows: int = 256) -> Program:
+    """Returns a `pw.pipeline` step of `stages` stages `tanh(x @ w + b)`, mean squared error, its schedule
+    picked by simulation on `profile` (`schedule="auto"`); stage s on a slice of 2 devices of its own, on
+    island s * 2 // stages."""
     def build():
         import jax.numpy as jnp
         import pathways_mlir as pw
 
         slices = [pw.virtual_slice(2, axes="x", name=f"pipe{s}", island=f"island{s * 2 // stages}")
                   for s in range(stages)]
-        if schedule == "interleaved-1f1b":
-            slices = [slices[0], slices[stages // 2]] * (stages // 2)
         step = pw.pipeline([lambda p, x: jnp.tanh(x @ p["w"] + p["b"])] * stages, slices,
-                           loss=lambda y, t: jnp.mean((y - t) ** 2), schedule=schedule, micro_batches=micro)
+                           loss=lambda y, t: jnp.mean((y - t) ** 2), schedule="auto", micro_batches=micro,
+                           profile=profile)
         rng = _rng()
         params = [{"w": (rng.normal(size=(width, width)) / np.sqrt(width)).astype(np.float32),
                    "b": np.zeros(width, np.float32)} for _ in range(stages)]
         return step, (params, rng.normal(size=(rows, width)).astype(np.float32),
                       rng.normal(size=(rows, width)).astype(np.float32))
-    return Program(f"training_pipeline_{schedule}", build, strategy="spread")
+    return Program("training_pipeline_auto", build)
 
 
 def plan_of(program: Program, topology):

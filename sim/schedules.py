@@ -5,14 +5,18 @@ profile; the report gives its step time, its bubble fraction (the share of
 the step each stage's devices sit idle, averaged over the slices that run
 launches) and the static peak memory of each stage's devices
 (from pw-plan-memory, `dialect/memory_plan.py`). The pick is the fastest schedule whose every
-peak fits the device memory. `check_here` runs every schedule of a real
-`pw.pipeline` program on this machine, interleaved, and says how the
-pick's measured step time compares with the fastest measured.
+peak fits the device memory. `pw.pipeline(..., schedule="auto")` picks this
+way (frontend/schedule_choice.py). `check_here` runs every schedule it
+offers for a real `pw.pipeline` step on this machine, interleaved, and says
+how the pick's measured step time compares with the fastest measured.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathways_mlir.dialect.plan import ProgramPlan
+from pathways_mlir.runtime.admission import MemoryLedger, run_need
 
 from .engine import Simulator, Submission
 from .profile import Profile
@@ -20,19 +24,26 @@ from .profile import Profile
 
 def report(plan: ProgramPlan, profile: Profile, memory_bytes: int | None = None,
            resident: frozenset[int] = frozenset()) -> dict:
-    """Returns one schedule's simulated step time, bubble fraction, peak bytes per stage and fit."""
-    result = Simulator(profile, record_spans=True).simulate([Submission(plan, resident=resident)], closed_loop=True)
+    """Returns one schedule's simulated step time, bubble fraction, peak bytes per stage and fit.
+
+    It fits if the runtime would admit it (`MemoryLedger.never_fits`) on devices of `memory_bytes` each
+    (default: the topology's); its step is simulated either way, so that one that does not fit is shown too.
+    """
+    ledger = MemoryLedger(plan.topology, memory_bytes)
+    need = run_need(plan)
+    roomy = max([profile.accelerator.memory_bytes, *(b for ranges in need.values() for _, _, b in ranges)])
+    machine = dataclasses.replace(profile, accelerator=dataclasses.replace(profile.accelerator, memory_bytes=roomy))
+    result = Simulator(machine, record_spans=True).simulate([Submission(plan, resident=resident)], closed_loop=True)
     step = result.latency()
     busy: dict[str, float] = {}
     for span in result.spans:
         if span.kind == "launch":
             key = f"{span.island} {span.track}"
             busy[key] = busy.get(key, 0.0) + span.end - span.start
-    peaks = {f"{island} devices {b}-{e - 1}": nbytes for island in plan.islands
-             for b, e, nbytes in plan.peak(island)}
-    limit = profile.accelerator.memory_bytes if memory_bytes is None else memory_bytes
+    peaks = {f"{island} devices {b}-{e - 1}": nbytes for island, ranges in need.items() for b, e, nbytes in ranges}
     return {"step_ms": step * 1e3, "bubble_fraction": 1 - sum(busy.values()) / len(busy) / step if busy else 0.0,
-            "peak_bytes": peaks, "fits": all(b <= limit for b in peaks.values()), "memory_bytes": limit}
+            "peak_bytes": peaks, "fits": ledger.never_fits(need) is None,
+            "memory_bytes": min(ledger.capacity[island] for island in need) if need else memory_bytes}
 
 
 def pick(reports: dict[str, dict]) -> str | None:
@@ -42,21 +53,25 @@ def pick(reports: dict[str, dict]) -> str | None:
 
 
 def check_here(rounds: int, profile: Profile) -> dict:
-    """Measures every schedule of `programs.training_pipeline` here and simulates it on `profile`."""
+    """Measures every schedule that `pw.pipeline(..., schedule="auto")` offers for `programs.training_pipeline`,
+    each as the plan it simulated on `profile`, and compares its pick with the fastest measured."""
+    import jax
+
     import pathways_mlir as pw
     from pathways_mlir.runtime.client import default_client
 
     from . import programs
-    from .measure import measure, prepare
+    from .measure import Case, measure
 
     pw.configure(emulate_dcn=True)
     runtime = pw.get_runtime()
-    cases = prepare(tuple((s, programs.training_pipeline(s), "parallel") for s in programs.SCHEDULES),
-                    runtime.resources.topology)
+    step, args = programs.training_pipeline(profile).build()
+    choice = step.choose(*args, runtime=runtime)
+    inputs = jax.tree_util.tree_leaves(args)
+    cases = [Case(name, plan, inputs, "parallel") for name, plan in choice.plans.items()]
     measured = measure(default_client(runtime), cases, rounds)
-    reports = {c.name: {**report(c.plan, profile), "measured_ms": measured[c.name] * 1e3} for c in cases}
-    chosen = pick(reports)
+    reports = {name: {**r, "measured_ms": measured[name] * 1e3} for name, r in choice.reports.items()}
     best = min(reports, key=lambda name: reports[name]["measured_ms"])
     return {"kind": "schedules SIMULATED on " + profile.name + ", each also measured here", "rounds": rounds,
-            "schedules": reports, "pick": chosen, "best_measured": best,
-            "pick_over_best_measured": reports[best]["measured_ms"] / reports[chosen]["measured_ms"]}
+            "schedules": reports, "not_offered": choice.not_offered, "pick": choice.pick, "best_measured": best,
+            "pick_over_best_measured": reports[best]["measured_ms"] / reports[choice.pick]["measured_ms"]}

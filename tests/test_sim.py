@@ -276,14 +276,17 @@ def test_gradients_exchanged_over_dcn_hide_behind_the_backward_pass():
     assert 0.25 * exchange < times[2] - times[1] < 0.5 * exchange
 
 
-def test_inline_runs_an_idle_islands_work_on_the_controller_which_then_waits():
+@pytest.mark.parametrize("option", ["inline", "interpreter_lock"])
+def test_inline_work_and_one_interpreter_lock_each_make_the_controller_and_the_island_take_turns(option):
+    """`inline`: the controller runs an idle island's work itself, then waits; `interpreter_lock`: the
+    controller's and the island thread's work hold one lock in turn (the GIL). Either way no host work overlaps."""
     plan = plan_of(chain_ir(4), simple_profile())
     steps = sum(1 for s in plan.islands["island0"] if s.kind in ("launch", "copy", "send"))
     runs = [Submission(plan)] * 5
-    for inline in (0, 1):
-        profile = simple_profile(run_us=100.0, step_us=30.0, inline=inline)
+    for on in (0, 1):
+        profile = simple_profile(run_us=100.0, step_us=30.0, **{option: on})
         makespan = Simulator(profile).simulate(runs).makespan()
-        if inline:   # each call waits for the controller to run the last one's steps itself
+        if on:       # each call's work and the last one's steps take turns
             assert makespan == pytest.approx((5 * (100 + steps * 30) + 10) * US)
         else:        # the island's thread runs them while the controller makes the next call
             assert makespan == pytest.approx((100 + 5 * steps * 30 + 10) * US)
