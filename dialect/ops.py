@@ -71,16 +71,13 @@ LINKS = ("ici", "dcn")
 
 def attrs(op: ir.Operation | ir.OpView) -> dict[str, Any]:
     """Returns every attribute of `op` as a Python value."""
-    op = op.operation
-    return {name: to_python(op.attributes[name]) for name in op.attributes}
+    return {name: to_python(value) for name, value in op.operation.attributes.items()}
 
 
 def attr(op: ir.Operation | ir.OpView, name: str, default: Any = None) -> Any:
     """Returns one attribute of `op` as a Python value, or `default` if absent."""
-    op = op.operation
-    if name not in op.attributes:
-        return default
-    return to_python(op.attributes[name])
+    value = op.operation.attributes.get(name)
+    return default if value is None else to_python(value)
 
 
 def set_attr(op: ir.Operation | ir.OpView, name: str, value: Any) -> None:
@@ -368,8 +365,22 @@ def _reshard(name: str, value: ir.Value, src: str, dst: str, src_sharding: Shard
 
 def module_topology(module: ir.Module | ir.Operation) -> Topology | None:
     """Returns the module's `pw.topology`, or None; raises TopologyError if malformed."""
-    value = attr(module.operation, TOPOLOGY)
-    return None if value is None else Topology.from_python(value, TOPOLOGY)
+    global _last_topology
+    attribute = module.operation.attributes.get(TOPOLOGY)
+    if attribute is None:
+        return None
+    # Most passes of a lowering read the topology: the last one read is kept, by the attribute's text (MLIR
+    # prints builtin attributes exactly), as printing it costs a fifth of reading it again.
+    text = str(attribute)
+    last = _last_topology
+    if last is not None and last[0] == text:
+        return last[1]
+    topology = Topology.from_python(to_python(attribute), TOPOLOGY)
+    _last_topology = (text, topology)
+    return topology
+
+
+_last_topology: tuple[str, Topology] | None = None
 
 
 def required_topology(module: ir.Module | ir.Operation, diagnostics: DiagnosticEngine,
@@ -401,8 +412,8 @@ def symbol_name(op: ir.Operation) -> str | None:
 
 def virtual_slices(module: ir.Module | ir.Operation) -> dict[str, VirtualSlice]:
     """Returns the module's virtual slices by name."""
-    return {VirtualSlice.from_op(op).name: VirtualSlice.from_op(op)
-            for op in top_level_ops(module) if op.name == "pw.virtual_slice"}
+    slices = [VirtualSlice.from_op(op) for op in top_level_ops(module) if op.name == "pw.virtual_slice"]
+    return {s.name: s for s in slices}
 
 
 def is_executable(op: ir.Operation) -> bool:
