@@ -405,9 +405,8 @@ def top_level_ops(module: ir.Module | ir.Operation) -> Iterator[ir.Operation]:
 
 def symbol_name(op: ir.Operation) -> str | None:
     """Returns the `sym_name` of an op, or None."""
-    if "sym_name" not in op.attributes:
-        return None
-    return ir.StringAttr(op.attributes["sym_name"]).value
+    name = op.attributes.get("sym_name")
+    return None if name is None else ir.StringAttr(name).value
 
 
 def virtual_slices(module: ir.Module | ir.Operation) -> dict[str, VirtualSlice]:
