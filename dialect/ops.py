@@ -273,8 +273,8 @@ class VirtualSlice:
     @staticmethod
     def from_op(op: ir.Operation | ir.OpView) -> "VirtualSlice":
         """Reads a `pw.virtual_slice` op."""
-        a = attrs(op)
-        return VirtualSlice(a["sym_name"], tuple(a["shape"]), tuple(a["axes"]), a["constraints"])
+        return VirtualSlice(attr(op, "sym_name"), tuple(attr(op, "shape")), tuple(attr(op, "axes")),
+                            attr(op, "constraints"))
 
     def build(self, loc: ir.Location | None = None) -> ir.Operation:
         """Creates the `pw.virtual_slice` op for this slice."""
