@@ -369,18 +369,18 @@ def module_topology(module: ir.Module | ir.Operation) -> Topology | None:
     attribute = module.operation.attributes.get(TOPOLOGY)
     if attribute is None:
         return None
-    # Most passes of a lowering read the topology: the last one read is kept, by the attribute's text (MLIR
-    # prints builtin attributes exactly), as printing it costs a fifth of reading it again.
-    text = str(attribute)
+    # Most passes of a lowering read the topology: the last one read is kept with its attribute, which is
+    # equal to another only if it is the same attribute of the same context (MLIR uniques attributes).
+    # Keeping it keeps that one context alive until another topology is read.
     last = _last_topology
-    if last is not None and last[0] == text:
+    if last is not None and last[0] == attribute:
         return last[1]
     topology = Topology.from_python(to_python(attribute), TOPOLOGY)
-    _last_topology = (text, topology)
+    _last_topology = (attribute, topology)
     return topology
 
 
-_last_topology: tuple[str, Topology] | None = None
+_last_topology: tuple[ir.Attribute, Topology] | None = None
 
 
 def required_topology(module: ir.Module | ir.Operation, diagnostics: DiagnosticEngine,
