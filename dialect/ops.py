@@ -71,16 +71,13 @@ LINKS = ("ici", "dcn")
 
 def attrs(op: ir.Operation | ir.OpView) -> dict[str, Any]:
     """Returns every attribute of `op` as a Python value."""
-    op = op.operation
-    return {name: to_python(op.attributes[name]) for name in op.attributes}
+    return {name: to_python(value) for name, value in op.operation.attributes.items()}
 
 
 def attr(op: ir.Operation | ir.OpView, name: str, default: Any = None) -> Any:
     """Returns one attribute of `op` as a Python value, or `default` if absent."""
-    op = op.operation
-    if name not in op.attributes:
-        return default
-    return to_python(op.attributes[name])
+    value = op.operation.attributes.get(name)
+    return default if value is None else to_python(value)
 
 
 def set_attr(op: ir.Operation | ir.OpView, name: str, value: Any) -> None:
@@ -276,8 +273,8 @@ class VirtualSlice:
     @staticmethod
     def from_op(op: ir.Operation | ir.OpView) -> "VirtualSlice":
         """Reads a `pw.virtual_slice` op."""
-        a = attrs(op)
-        return VirtualSlice(a["sym_name"], tuple(a["shape"]), tuple(a["axes"]), a["constraints"])
+        return VirtualSlice(attr(op, "sym_name"), tuple(attr(op, "shape")), tuple(attr(op, "axes")),
+                            attr(op, "constraints"))
 
     def build(self, loc: ir.Location | None = None) -> ir.Operation:
         """Creates the `pw.virtual_slice` op for this slice."""
@@ -368,8 +365,22 @@ def _reshard(name: str, value: ir.Value, src: str, dst: str, src_sharding: Shard
 
 def module_topology(module: ir.Module | ir.Operation) -> Topology | None:
     """Returns the module's `pw.topology`, or None; raises TopologyError if malformed."""
-    value = attr(module.operation, TOPOLOGY)
-    return None if value is None else Topology.from_python(value, TOPOLOGY)
+    global _last_topology
+    attribute = module.operation.attributes.get(TOPOLOGY)
+    if attribute is None:
+        return None
+    # Most passes of a lowering read the topology: the last one read is kept with its attribute, which is
+    # equal to another only if it is the same attribute of the same context (MLIR uniques attributes).
+    # Keeping it keeps that one context alive until another topology is read.
+    last = _last_topology
+    if last is not None and last[0] == attribute:
+        return last[1]
+    topology = Topology.from_python(to_python(attribute), TOPOLOGY)
+    _last_topology = (attribute, topology)
+    return topology
+
+
+_last_topology: tuple[ir.Attribute, Topology] | None = None
 
 
 def required_topology(module: ir.Module | ir.Operation, diagnostics: DiagnosticEngine,
@@ -394,15 +405,14 @@ def top_level_ops(module: ir.Module | ir.Operation) -> Iterator[ir.Operation]:
 
 def symbol_name(op: ir.Operation) -> str | None:
     """Returns the `sym_name` of an op, or None."""
-    if "sym_name" not in op.attributes:
-        return None
-    return ir.StringAttr(op.attributes["sym_name"]).value
+    name = op.attributes.get("sym_name")
+    return None if name is None else ir.StringAttr(name).value
 
 
 def virtual_slices(module: ir.Module | ir.Operation) -> dict[str, VirtualSlice]:
     """Returns the module's virtual slices by name."""
-    return {VirtualSlice.from_op(op).name: VirtualSlice.from_op(op)
-            for op in top_level_ops(module) if op.name == "pw.virtual_slice"}
+    slices = [VirtualSlice.from_op(op) for op in top_level_ops(module) if op.name == "pw.virtual_slice"]
+    return {s.name: s for s in slices}
 
 
 def is_executable(op: ir.Operation) -> bool:

@@ -35,7 +35,10 @@ class Phase(enum.StrEnum):
     @property
     def rank(self) -> int:
         """The phase's position in lowering order (input is 0)."""
-        return list(Phase).index(self)
+        return _RANKS[self]
+
+
+_RANKS = {phase: rank for rank, phase in enumerate(Phase)}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ every consumer asks of a step, so that none of them switches on the kind:
     frees()     the buffers it drops (its memory effect)
     arrives()   the buffers among `produced()` that another island's step sends it
     consumed()  what it must come after the writers of: reads() and frees()
+    cost(plan)  its work on each device of its slice (`LaunchCost`), or None for a step that does none
 
 The kinds:
 
@@ -30,11 +31,26 @@ island instruction (`runtime/island_program.py`) and its tests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from .plan import ProgramPlan
+
+
+@dataclass(frozen=True)
+class LaunchCost:
+    """A launch's work on each of the `devices` of its slice, and the all-reduces that combine its outputs
+    (`dialect/device_time.py` times the work at a device kind's rates).
+
+    `all_reduces` holds (bytes per device, devices in each group) per output combined.
+    """
+
+    flops: int
+    bytes: int
+    all_reduces: tuple[tuple[int, int], ...] = ()
+    devices: int = 1
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,11 @@ class Step:
         """Returns the buffers the step must come after the writers of: those it reads or frees."""
         return (*self.reads(), *self.frees())
 
+    def cost(self, plan: "ProgramPlan") -> LaunchCost | None:
+        """Returns the step's work on each device of its slice in `plan`, or None if it computes nothing (a
+        move's time is its link's, which the simulator models)."""
+        return None
+
     @classmethod
     def from_attrs(cls, a: dict[str, Any], plans: dict[str, "ProgramPlan"]) -> "Step":
         """Returns the step its op describes, from the op's attributes `a` (as `ops.attrs` gives them);
@@ -101,6 +122,24 @@ class Launch(Step):
 
     def produced(self):
         return self.outputs
+
+    def cost(self, plan):
+        """The work of the executable (its `pw.cost` flops, kept in the plan) divided over the most distinct
+        shards any operand has (SPMD partitioning splits the work as finely as its most split operand), and
+        the bytes of the input and output shards on one device. An output with fewer distinct shards than
+        the work was split into is combined across the devices that computed its parts: an all-reduce among
+        `ways / shards` devices."""
+        placement = plan.slices[self.slice]
+        sizes = dict(zip(placement.axes, placement.shape))
+
+        def shards(buffer: int) -> int:
+            return math.prod(sizes.get(a, 1) for axes in plan.buffers[buffer].sharding for a in axes)
+        operands = (*self.inputs, *self.outputs)
+        ways = max((shards(b) for b in operands), default=1)
+        nbytes = sum(plan.buffers[b].bytes_per_device for b in operands)
+        reduces = tuple((plan.buffers[b].bytes_per_device, ways // shards(b)) for b in self.outputs
+                        if shards(b) < ways)
+        return LaunchCost(plan.flops.get(self.executable, 0) // ways, nbytes, reduces, math.prod(placement.shape))
 
     @classmethod
     def from_attrs(cls, a, plans):

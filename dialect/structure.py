@@ -150,12 +150,13 @@ def check_op(op: ir.Operation) -> list[str]:
                 f"allow unknown operations"]
     problems = _check_values(op, "operand", definition.operands, [v.type for v in op.operands])
     problems += _check_values(op, "result", definition.results, [r.type for r in op.results])
+    attributes = op.attributes
     for name, constraint in definition.attributes.items():
-        if name not in op.attributes:
+        value = attributes.get(name)
+        if value is None:
             problems.append(f"'{op.name}' op attribute '{name}' is expected but not provided")
-        elif not constraint.check(op.attributes[name]):
-            problems.append(f"'{op.name}' op attribute '{name}' must be a {constraint.describe}, "
-                            f"not {op.attributes[name]}")
+        elif not constraint.check(value):
+            problems.append(f"'{op.name}' op attribute '{name}' must be a {constraint.describe}, not {value}")
     if op.regions and any(len(r.blocks) for r in op.regions):
         problems.append(f"'{op.name}' op has regions, but pw ops have none")
     return problems

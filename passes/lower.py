@@ -107,30 +107,32 @@ def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str 
           pin: str = "", fuse: bool = True, explain: bool = False) -> ir.Module:
     """Lowers a device-agnostic module onto `topology`; returns a new, lowered module.
 
-    `module` (IR text, or a module, which is left unchanged) is copied; the
-    copy gets `topology` as its `pw.topology` and runs `pw-lower`. Lowering the
-    same program again after the topology changes (a device removed, an
-    island added) yields new plans. `explain=True` leaves pw-place's
+    `module` is IR text, which is parsed, or a module, which is copied and
+    left unchanged. The new module gets `topology` as its `pw.topology` and
+    runs `pw-lower`. Lowering the same program again after the topology
+    changes (a device removed, an island added) yields new plans. `explain=True` leaves pw-place's
     `pw.placement_cost` on every slice. Raises `LoweringError` with the
     diagnostics if the program cannot be lowered.
     """
-    if isinstance(module, str):
-        source = parse_module(module, make_context())
-    else:
-        source = module
-    with source.context, source.operation.location:
-        lowered = ir.Module.create(source.operation.location)
-        for name in source.operation.attributes:
-            lowered.operation.attributes[name] = source.operation.attributes[name]
-        with ir.InsertionPoint(lowered.body):
-            for op in source.body.operations:
-                op.clone()
+    lowered = parse_module(module, make_context()) if isinstance(module, str) else _copy(module)
+    with lowered.context, lowered.operation.location:
         ops.set_attr(lowered.operation, ops.TOPOLOGY, topology.to_python())
         diagnostics = DiagnosticEngine()
         passes = lower_pipeline(strategy=strategy, pin=pin, explain=explain, fuse=fuse)
         if not run_passes(lowered, passes, diagnostics):
             raise LoweringError(diagnostics)
     return lowered
+
+
+def _copy(source: ir.Module) -> ir.Module:
+    with source.context, source.operation.location:
+        copy = ir.Module.create(source.operation.location)
+        for name in source.operation.attributes:
+            copy.operation.attributes[name] = source.operation.attributes[name]
+        with ir.InsertionPoint(copy.body):
+            for op in source.body.operations:
+                op.clone()
+    return copy
 
 
 def lower_to_plans(source: ir.Module | str, topology: Topology, strategy: Strategy | str = Strategy.AUTO,

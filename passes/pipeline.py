@@ -112,23 +112,25 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     a pass that requires a phase of lowering runs only if the module is in
     it (pw-verify-phase's errors, naming the pass, are reported instead):
     bad input must not crash a pass, and passes keep valid IR valid (the
-    pipelines' own verifier phases check that). After each pass, MLIR's
-    verifier and the pw structural verifier check the IR. Errors (a pass's
+    pipelines' own verifier phases check that). After each pass, the pw
+    structural verifier and MLIR's verifier check the IR. Errors (a pass's
     own or a verifier's) are recorded in `diagnostics`. A pass that changes
-    nothing (`changes_ir = False`) is not followed by the structural
-    verifier once the module has passed it. IR printed after
-    each pass goes to stderr, as `mlir-opt`.
+    nothing (`changes_ir = False`) is not followed by the verifiers once the
+    module has passed them (MLIR's pass manager itself skips its verifier
+    after a pass that preserves everything, which Python passes cannot
+    declare to it). IR printed after each pass goes to stderr, as `mlir-opt`.
     """
     if not passes:
         return True
     manager = PassManager("builtin.module", context=module.context)
+    manager.enable_verifier(False)  # run below, after the passes that change IR
     if print_ir_after_all:
         sys.stderr.flush()
         manager.enable_ir_printing(print_after_all=True)
 
     verified = []  # holds True once the input passed pw-verify's checks
     phased = set()  # the phases the module was found in (a pass that changes IR empties it)
-    structured = []  # holds True once the module passed the structural verifier
+    structured = []  # holds True once the module passed the structural verifier and MLIR's
 
     def adapt(instance: Pass):
         def run(op: ir.Operation, mlir_pass) -> None:
@@ -159,7 +161,11 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                         Diagnostic(problem.severity, problem.location,
                                    f"{problem.message} (after {instance.name})"))
                 if diagnostics.error_count == before:
-                    structured.append(True)
+                    try:
+                        op.verify()
+                        structured.append(True)
+                    except ir.MLIRError as error:
+                        diagnostics.diagnostics.extend(from_mlir_error(error))
             if diagnostics.error_count > before:
                 mlir_pass.signal_pass_failure()
         return run

@@ -104,8 +104,8 @@ class Pass:
     # The phase of lowering the pass reads (`dialect/phases.py`): the driver runs pw-verify-phase's checks
     # first and runs the pass only on IR in that phase.
     requires_phase: ClassVar[Phase | None] = None
-    # False for a pass that only checks the module: the driver does not check
-    # the structure again after it once an earlier pass's result passed.
+    # False for a pass that only checks the module: the driver does not run the
+    # structural verifier or MLIR's again after it once an earlier pass's result passed.
     changes_ir: ClassVar[bool] = True
 
     def __post_init__(self):

@@ -67,12 +67,12 @@ class _Checker:
 
     def check_module(self) -> None:
         # MLIR's symbol table has already rejected duplicate names.
-        self.symbols = {ops.symbol_name(op): op for op in ops.top_level_ops(self.module)
-                        if ops.symbol_name(op) is not None}
-        for op in ops.top_level_ops(self.module):
+        top = list(ops.top_level_ops(self.module))
+        self.symbols = {name: op for name, op in ((ops.symbol_name(op), op) for op in top) if name is not None}
+        for op in top:
             if ops.SliceOp.isa(op):
                 self.check_slice(op)
-        for op in ops.top_level_ops(self.module):
+        for op in top:
             if ops.is_executable(op) and ops.executable_entry(op) is None:
                 self.error(op, "is a compiled function without an entry: it needs one func.func, "
                                "or one named @main")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathways_mlir.dialect.device_time import launch_costs
 from pathways_mlir.dialect.plan import ProgramPlan
-from pathways_mlir.dialect.plan_steps import Launch, Recv, Send
+from pathways_mlir.dialect.plan_steps import Recv, Send
 from pathways_mlir.runtime.admission import run_need
 
 from .network import all_reduce_seconds
@@ -19,8 +19,7 @@ class PreparedPlan:
         self.plan = plan            # with its frees and peaks (pw-plan-memory)
         self.need = run_need(self.plan)
         accel = profile.accelerator
-        launches = {s.id: s for steps in self.plan.islands.values() for s in steps if isinstance(s, Launch)}
-        self.duration = {sid: accel.launch_seconds(c.flops, c.bytes, _size(self.plan, launches[sid].slice))
+        self.duration = {sid: accel.launch_seconds(c.flops, c.bytes, c.devices)
                          + sum(all_reduce_seconds(b, n, profile.ici) for b, n in c.all_reduces)
                          for sid, c in launch_costs(self.plan).items()}
         self.islands = tuple(i for i, steps in self.plan.islands.items() if steps)
@@ -35,10 +34,6 @@ class PreparedPlan:
         sends = {s.dst_buffer: s.id for steps in self.plan.islands.values() for s in steps if isinstance(s, Send)}
         self.recv_of_send = {sends[r.dst_buffer]: r for steps in self.plan.islands.values() for r in steps
                              if isinstance(r, Recv)}
-
-
-def _size(plan: ProgramPlan, slice_name: str) -> int:
-    return sum(e - b for b, e in plan.slices[slice_name].ranges)
 
 
 def _hosts_used(plan: ProgramPlan, island: str, per_host: int) -> int:
