@@ -111,15 +111,15 @@ class Handle(RunResult):
             self._client.release(self._run, self._buffer, donated=True)
 
     def __del__(self):
-        if self._deleted:
-            return
-        if _COLLECTING[0]:                  # inside a collection: released later, lock-free now
-            self._deleted = True
-            _DROPPED.put((self._client, self._run, self._buffer))
-            return
         try:
+            if self._deleted:
+                return
+            if _COLLECTING[0]:              # inside a collection: released later, lock-free now
+                self._deleted = True
+                _DROPPED.put((self._client, self._run, self._buffer))
+                return
             self.delete()
-        except Exception:  # noqa: BLE001  (interpreter shutdown)
+        except Exception:  # noqa: BLE001  (interpreter shutdown: this module's globals may be gone already)
             pass
 
     def __repr__(self) -> str:
