@@ -74,9 +74,7 @@ class Share(Policy):
     """Proportional share of device time by client weight: start-time fair queueing. The run with the
     smallest virtual start time goes first; each client's virtual time advances by its admitted runs'
     estimated device time over their weight, and is corrected by what each run measured once it is over
-    (so a client is charged the device time its runs took, not what they were expected to take). A client
-    with nothing on the devices starts no earlier than the virtual time of the latest run admitted, so one
-    that comes back after a pause does not get the devices alone for the time it was away."""
+    (so a client is charged the device time its runs took, not what they were expected to take)."""
 
     name = "share"
     default_window = 4
@@ -84,31 +82,21 @@ class Share(Policy):
     def __init__(self, window: int | None = None):
         super().__init__(window)
         self.virtual: dict[int, float] = {}      # client -> its virtual time
-        self.clock = 0.0                         # the virtual start time of the latest run admitted
-        self.admitted_runs: dict[int, int] = {}  # client -> its runs admitted and not over
-
-    def _start(self, client_id: int) -> float:
-        own = self.virtual.get(client_id, 0.0)
-        return own if self.admitted_runs.get(client_id) else max(own, self.clock)
 
     def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
-        heads.sort(key=lambda item: (self._start(item.run.client_id), item.run.client_id))
+        floor = min(self.virtual.get(item.run.client_id, 0.0) for item in heads)
+        heads.sort(key=lambda item: (max(self.virtual.get(item.run.client_id, 0.0), floor), item.run.client_id))
 
     def admitted(self, run: Run, waiting: Iterable[int], device_seconds: DeviceSeconds) -> None:
-        start = self.clock = self._start(run.client_id)
+        start = self.virtual.get(run.client_id, 0.0)
+        floor = min([start] + [self.virtual.get(c, 0.0) for c in waiting])
         run.charged = device_seconds(run)
-        self.virtual[run.client_id] = start + run.charged / run.weight
-        self.admitted_runs[run.client_id] = self.admitted_runs.get(run.client_id, 0) + 1
+        self.virtual[run.client_id] = max(start, floor) + run.charged / run.weight
 
     def retired(self, run: Run, seconds: float) -> None:
         if run.client_id in self.virtual:
             self.virtual[run.client_id] += (seconds - run.charged) / run.weight
         run.charged = seconds
-        left = self.admitted_runs.get(run.client_id, 0) - 1
-        if left > 0:
-            self.admitted_runs[run.client_id] = left
-        else:
-            self.admitted_runs.pop(run.client_id, None)
 
 
 class ShortestJobFirst(Policy):

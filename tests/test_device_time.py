@@ -103,27 +103,3 @@ def test_one_run_that_waited_for_a_core_does_not_multiply_its_plans_estimate():
     for _ in range(16):
         estimates.record(7, 0.05)                     # the plan really grew 50x: the estimate follows, 1.25x a run
     assert estimates.measured(7) > 0.02
-
-
-def test_a_client_back_from_a_pause_shares_at_once_instead_of_catching_up():
-    # Client 0 runs alone for 10 runs, then client 1 arrives: from then on they alternate (equal weights and
-    # times), instead of client 1 taking the next 10 runs while it makes up its virtual time.
-    policy = Share()
-    arrival = 0
-
-    def admit(clients):
-        nonlocal arrival
-        heads = []
-        for client in clients:
-            arrival += 1
-            heads.append(_Head(Run(None, 0, client, (), {}), arrival))
-        policy.order(heads, lambda run: 1.0)
-        run = heads[0].run
-        policy.admitted(run, clients, lambda run: 1.0)
-        policy.retired(run, 1.0)
-        return run.client_id
-
-    for _ in range(10):
-        assert admit([0]) == 0
-    order = [admit([0, 1]) for _ in range(10)]
-    assert order.count(1) == 5 and order.count(0) == 5
