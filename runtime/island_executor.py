@@ -18,7 +18,7 @@ from .island_work import (FAILED_HISTORY, HISTORY, IslandRun, IslandWedged, Isla
 from .transfers import copy_to
 
 CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
-AWAIT_PAUSE = 0.002     # the longest pause of the completion tracker between looks at a computation
+AWAIT_PAUSE = 0.002      # the longest pause of the completion tracker between looks at a computation
 _AWAIT_PAUSE_MIN = 2e-4  # and the shortest
 _LANE_PAUSE = 0.02       # its pause while fast lane runs start on the island (see `_track`)
 

@@ -214,12 +214,16 @@ class GangScheduler:
     def wake(self) -> None:
         """A run's device work is over somewhere: a run waiting for memory or for the window may be admitted
         now. The thread that saw the run over admits it (an island's completion tracker, or a client that
-        asked), saving the admission thread's wake-up, unless that thread is admitting or retiring runs
-        already (a look inside `_pump` or `_poll` calls this)."""
+        asked), saving the admission thread's wake-up. A thread that is admitting or retiring runs already (a
+        look inside `_pump` or `_poll` calls this) wakes the admission thread instead."""
         with self._lock:
-            if self._blocked and not self._held and not self._pumping and not self._polling:
-                self._poll(len(self._in_flight))
-                self._pump()
+            if not self._blocked or self._held:
+                return
+            if self._pumping or self._polling:
+                self._unblocked.notify_all()
+                return
+            self._poll(len(self._in_flight))
+            self._pump()
 
     def record_device_seconds(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
         """Folds one run's measured device time into its plan's estimate (`DeviceTimeEstimates.record`); tests
