@@ -481,16 +481,18 @@ class GangScheduler:
         if all(s is not None for s in seconds):
             run.device_seconds = sum(seconds)
             self.policy.retired(run, self.estimates.record(run.key, run.device_seconds, run.cost))
-            for untimed in self._untimed.pop(run.key, ()):
-                self.policy.retired(untimed, self.estimates.of(untimed))
+            self._charge_untimed(run.key)
         elif self.estimates.measured(run.key) is None:
-            untimed = self._untimed[run.key]       # charged once a run of its plan is timed (a plan's first run)
-            untimed.append(run)
-            if len(untimed) >= _UNTIMED:
-                for waiting in self._untimed.pop(run.key):
-                    self.policy.retired(waiting, self.estimates.of(waiting))
+            self._untimed[run.key].append(run)    # charged once a run of its plan is timed (a plan's first run)
+            if len(self._untimed[run.key]) >= _UNTIMED:
+                self._charge_untimed(run.key)
         else:
             self.policy.retired(run, self.estimates.of(run))   # untimed: its plan's estimate as it stands
+
+    def _charge_untimed(self, plan_key: int) -> None:
+        """Tells the policy that the untimed runs of a plan kept so far took its estimate as it stands."""
+        for run in self._untimed.pop(plan_key, ()):
+            self.policy.retired(run, self.estimates.of(run))
 
     def _cancel(self, run: Run, error: BaseException) -> None:
         run.error = error
