@@ -8,13 +8,14 @@ puts them on devices, which after pw-insert-transfers is recorded as
     operand_homes(op)    where an op uses each operand it reads on devices
     result_homes(op)     where an op puts each result
     program_homes(prog)  where every value of a program lives, from the marks
+    misplaced_operands(prog)  operands used somewhere other than where they live
     sharded_on(module)   the tensor shape and sharding of every use and result on each slice
     bytes_per_device(t, home, slices)  size of one device's shard of a value
 """
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from typing import Iterator, Mapping, NamedTuple
 
 from mlir import ir
 
@@ -77,6 +78,22 @@ def program_homes(program: ir.Operation) -> dict[ir.Value, Home | None]:
     for op in body.operations:
         homes.update(zip(op.results, result_homes(op.operation)))
     return homes
+
+
+def misplaced_operands(program: ir.Operation) -> Iterator[tuple[ir.Operation, int, Home, Home]]:
+    """Yields (op, operand index, where the operand lives, where the op uses it) for each operand of a
+    program that an op uses on devices somewhere other than where it lives: what pw-insert-transfers moves,
+    so the lowered phase has none. A host value (an argument or `pw.cond` result without a home yet) is
+    not misplaced: the runtime puts it where it is used."""
+    body = ops.program_body(program)
+    homes = dict(zip(body.arguments, argument_homes(program)))
+    for op in body.operations:   # one walk: a program's ops come after the ops whose values they use
+        op = op.operation
+        for index, use in operand_homes(op):
+            home = homes.get(op.operands[index])
+            if home is not None and home != use:
+                yield op, index, home, use
+        homes.update(zip(op.results, result_homes(op)))
 
 
 def sharded_on(module: ir.Module | ir.Operation) -> dict[str, list[tuple[tuple[int, ...], Sharding]]]:

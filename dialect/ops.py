@@ -16,7 +16,6 @@ Marks (discardable attributes) that the dialect defines on other ops:
                                                  costs and the runner-up
     pw.alias        (symbol, on pw.virtual_slice) the slice's computations moved
                                                  to this slice on the same devices
-    pw.lowered      (unit, on the top module)    data movement is explicit
     pw.home         (dict, on program arguments) slice and sharding the runtime
                                                  puts a host value on
     pw.result_homes (array, on pw.cond)          the same for each result
@@ -54,7 +53,6 @@ TOPOLOGY = "pw.topology"
 PLACEMENT = "pw.placement"
 PLACEMENT_COST = "pw.placement_cost"
 ALIAS = "pw.alias"
-LOWERED = "pw.lowered"
 HOME = "pw.home"
 DONATED = "pw.donated"       # a program argument the caller donates (unit, in arg_attrs)
 RESULT_HOMES = "pw.result_homes"

@@ -5,12 +5,14 @@ which phase on it may appear, and which marks it carries from which phase on. Th
 
     input      device-agnostic programs: slices, computations, conds, explicit data movement
     placed     pw-place: the module has pw.topology, every slice pw.placement
-    lowered    pw-insert-transfers: data movement is explicit (the module is marked pw.lowered)
+    lowered    pw-insert-transfers: data movement is explicit, every operand lives where it is used
     partitioned pw-mark-static-subgraphs: every program op has pw.subgraph, every program pw.subgraphs
     scheduled  pw-schedule: every program op has pw.order
     planned    pw-emit-plans: the island and host plans (pw.buffer, pw.launch, ...) exist
 
-A phase includes what every earlier one requires. A pass that needs a phase says so
+Besides ops and marks, the lowered phase has one rule of meaning, checked by the one analysis of where
+values live (`homes.misplaced_operands`): no op uses an operand somewhere other than where it lives. A
+phase includes what every earlier one requires. A pass that needs a phase says so
 (`Pass.requires_phase`); the pass driver checks it before running the pass (`passes/pipeline.py`).
 """
 
@@ -20,6 +22,7 @@ import enum
 from dataclasses import dataclass
 
 from . import ops
+from .homes import misplaced_operands
 
 
 class Phase(enum.StrEnum):
@@ -68,28 +71,27 @@ OP_PHASES: dict[str, OpPhase] = {
     "pw.branch": _PLAN_OP,
 }
 # The marks of the top module and of each program, from a phase on.
-MODULE_MARKS: tuple[tuple[Phase, str], ...] = ((Phase.PLACED, ops.TOPOLOGY), (Phase.LOWERED, ops.LOWERED))
+MODULE_MARKS: tuple[tuple[Phase, str], ...] = ((Phase.PLACED, ops.TOPOLOGY),)
 PROGRAM_MARKS: tuple[tuple[Phase, str], ...] = ((Phase.PARTITIONED, ops.SUBGRAPHS),)
 # The pass that adds each mark, or writes the ops of a phase, for error messages.
 MADE_BY: dict[str, str] = {
-    ops.TOPOLOGY: "pw-place", ops.PLACEMENT: "pw-place", ops.LOWERED: "pw-insert-transfers",
+    ops.TOPOLOGY: "pw-place", ops.PLACEMENT: "pw-place", Phase.LOWERED: "pw-insert-transfers",
     ops.SUBGRAPH: "pw-mark-static-subgraphs", ops.SUBGRAPHS: "pw-mark-static-subgraphs",
     ops.ORDER: "pw-schedule", Phase.PLANNED: "pw-emit-plans",
 }
 
 
-def marked(module, phase: Phase) -> bool:
-    """Whether the module carries the mark that records `phase` (`MODULE_MARKS`: pw.topology for placed,
-    pw.lowered for lowered): what a reader asks to know whether IR was lowered, without checking it."""
-    marks = [mark for since, mark in MODULE_MARKS if since is phase]
-    if not marks:
-        raise ValueError(f"the {phase} phase leaves no mark on the module")
-    return all(mark in module.operation.attributes for mark in marks)
+def holds_plans(module) -> bool:
+    """Whether the module holds plans (`pw.host_plan` or `pw.island_plan` modules): what a reader asks to
+    know whether IR was lowered to plans already, without checking it."""
+    return any(op.name == "builtin.module" and (ops.ISLAND_PLAN in op.attributes or ops.HOST_PLAN in op.attributes)
+               for op in ops.top_level_ops(module))
 
 
 def phase_problems(module, phase: Phase):
     """Yields (op, message) for every op of `module` (top level, program bodies, plan modules) that is not
-    legal in `phase` or lacks a mark that `phase` requires."""
+    legal in `phase`, lacks a mark that `phase` requires, or (from the lowered phase on) uses an operand
+    somewhere other than where it lives. Requires IR that passes pw-verify."""
     yield from _missing(module.operation, "the module", MODULE_MARKS, phase)
     for op in ops.top_level_ops(module):
         if op.name == "builtin.module":             # a plan, an executable (not pw's), or other IR
@@ -99,6 +101,8 @@ def phase_problems(module, phase: Phase):
             yield from _missing(op, f"program @{ops.symbol_name(op)}", PROGRAM_MARKS, phase)
             for inner in ops.program_body(op).operations:
                 yield from _op(inner.operation, phase)
+            if phase.rank >= Phase.LOWERED.rank:
+                yield from _misplaced(op, phase)
         else:
             yield from _op(op, phase)
 
@@ -123,3 +127,10 @@ def _missing(op, what: str, marks: tuple[tuple[Phase, str], ...], phase: Phase):
     for since, mark in marks:
         if phase.rank >= since.rank and mark not in op.attributes:
             yield op, f"{what} has no {mark}, which the {phase} phase requires ({MADE_BY[mark]} adds it)"
+
+
+def _misplaced(program, phase: Phase):
+    for op, index, home, use in misplaced_operands(program):
+        yield op, (f"'{op.name}' op operand #{index} lives on @{home.slice} with sharding {home.sharding}, but the "
+                   f"op uses it on @{use.slice} with sharding {use.sharding}: the {phase} phase requires every "
+                   f"operand where it is used ({MADE_BY[Phase.LOWERED]} moves it)")

@@ -10,8 +10,10 @@ pw-insert-transfers then uses the same buffer where the layouts agree, and
 still reshards (over ICI, inside the one slice) where they differ. Slices on
 the same devices with different mesh shapes keep their copies.
 
-Requires: placed slices (pw-place), and data movement not yet inserted
-(before pw-insert-transfers).
+Requires: placed slices (pw-place), and nothing but computations naming a
+slice it aliases: a data movement op, a `pw.home` of an argument or a
+`pw.cond` result, or a plan naming one is an error at it (pw-insert-transfers
+and pw-emit-plans write those, so the pass runs before them).
 
     // before: @a and @c both placed on devices [0, 2) of island0
     "pw.virtual_slice"() {axes = ["data"], ..., pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, sym_name = "a"}
@@ -29,7 +31,8 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.attributes import Symbol
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
-from pathways_mlir.dialect.phases import Phase, marked
+from pathways_mlir.dialect.homes import argument_homes, result_homes
+from pathways_mlir.dialect.phases import holds_plans
 from pathways_mlir.dialect.sharding import Sharding
 
 from .placement_cost import rename_axes
@@ -44,8 +47,9 @@ class AliasSlicesPass(Pass):
     needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        if marked(module, Phase.LOWERED):
-            diagnostics.error(module, "pw-alias-slices runs before pw-insert-transfers, on a module not yet lowered")
+        if holds_plans(module):
+            diagnostics.error(module, "pw-alias-slices runs on programs before their plans exist (pw-emit-plans), "
+                                      "but this module holds plans")
             return
         first: dict[tuple, str] = {}
         alias: dict[str, str] = {}
@@ -62,6 +66,12 @@ class AliasSlicesPass(Pass):
                 ops.set_attr(op, ops.ALIAS, Symbol(first[key]))
             else:
                 first[key] = s.name
+        errors = diagnostics.error_count
+        for op, name in _other_references(module, alias):
+            diagnostics.error(op, f"'{op.name}' op names @{name}, whose computations pw-alias-slices moves onto "
+                                  f"@{alias[name]}: it runs before pw-insert-transfers, which writes such references")
+        if diagnostics.error_count > errors:
+            return
         for program in ops.programs(module).values():
             for op in ops.program_body(program).operations:
                 if ops.Compute.isa(op) and ops.Compute(op).slice in alias:
@@ -71,3 +81,23 @@ class AliasSlicesPass(Pass):
                         ops.set_attr(op, key, [rename_axes(Sharding.from_python(sh), src, dst).to_python()
                                                for sh in ops.attr(op, key)])
                     ops.set_attr(op, "slice", Symbol(dst.name))
+
+
+def _other_references(module: ir.Operation, alias: dict[str, str]):
+    """Yields (op, slice) for each reference to a slice of `alias` that is not a computation's: data
+    movement's ends, and the homes of a program's arguments (at the program) and of a `pw.cond`'s results."""
+    for program in ops.programs(module).values():
+        for home in argument_homes(program):
+            if home is not None and home.slice in alias:
+                yield program, home.slice
+        for op in ops.program_body(program).operations:
+            op = op.operation
+            if ops.DataMovement.isa(op):
+                named = (ops.DataMovement(op).src, ops.DataMovement(op).dst)
+            elif ops.Cond.isa(op):
+                named = tuple(home.slice for home in result_homes(op) if home is not None)
+            else:
+                continue
+            for name in dict.fromkeys(named):
+                if name in alias:
+                    yield op, name

@@ -26,8 +26,8 @@ the sharding of its first use, recorded as `pw.home = {slice, sharding}` in
 the argument's attributes, or as `pw.result_homes` on the `pw.cond` (`{}` for
 a result that no computation uses). Other uses are moved from there like any
 value. Values read by the host (a `pw.cond`'s predicate and inputs, the
-program's results) are not moved. Marks the module `pw.lowered`, after which
-pw-verify demands that every operand lives where it is used.
+program's results) are not moved. After it every operand lives where it is
+used: the lowered phase's rule (`dialect/phases.py`).
 
 Requires: the placed phase (every slice placed, the module's `pw.topology`: pw-place).
 
@@ -146,4 +146,3 @@ class InsertTransfersPass(Pass):
         inserter = _Inserter(topology, slices, islands)
         for program in ops.programs(module).values():
             inserter.run_program(program, diagnostics)
-        ops.set_attr(module, ops.LOWERED, None)

@@ -2,11 +2,11 @@
 
     lower(source, topology)            -> the lowered ir.Module
     lower_to_plans(source, topology)   -> {program: ProgramPlan}: what a runtime runs
-    load_plans(text, topology)         -> the plans of pw IR text, lowered or not (a file)
+    load_plans(text, topology)         -> the plans of pw IR text, planned or not (a file)
 
 `lower_to_plans` backs `Lowered.compile`, the simulator and the benchmarks;
 `load_plans` is the one reader of plan files in IR (`pw-run`, `pw-sim`): IR
-that is lowered already is checked by pw-verify-plans before its plans are
+that holds plans already is checked by pw-verify-plans before its plans are
 read, as pw-lower checks its own.
 """
 
@@ -17,7 +17,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.context import ParseError, make_context, parse_module
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine
-from pathways_mlir.dialect.phases import Phase, marked
+from pathways_mlir.dialect.phases import Phase, holds_plans
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_reader import program_plans
 from pathways_mlir.dialect.structure import verify_structure
@@ -49,7 +49,7 @@ class LoweringError(ValueError):
 
 
 class TopologyNeeded(ValueError):
-    """`load_plans` was given pw IR that is not lowered, and no topology to lower it onto."""
+    """`load_plans` was given pw IR without plans, and no topology to lower it onto."""
 
 
 @register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, fuse launches, schedule and emit "
@@ -143,10 +143,10 @@ def lower_to_plans(source: ir.Module | str, topology: Topology, strategy: Strate
 
 
 def load_plans(text: str, topology: Topology | None) -> dict[str, ProgramPlan]:
-    """Returns the plans of pw IR text: lowered onto `topology` unless the IR is lowered already, in which
+    """Returns the plans of pw IR text: lowered onto `topology` unless the IR holds plans already, in which
     case pw-verify-plans checks its plans first (they were written elsewhere). Raises `LoweringError` with
-    the diagnostics (parse, structure, lowering or plan errors), `TopologyNeeded` for IR that is not
-    lowered when `topology` is None."""
+    the diagnostics (parse, structure, lowering or plan errors), `TopologyNeeded` for IR without plans
+    when `topology` is None."""
     with make_context() as context:
         try:
             module = parse_module(text, context)
@@ -155,9 +155,9 @@ def load_plans(text: str, topology: Topology | None) -> dict[str, ProgramPlan]:
         problems = verify_structure(module)
         if problems:
             raise LoweringError(problems)
-        if not marked(module, Phase.LOWERED):
+        if not holds_plans(module):
             if topology is None:
-                raise TopologyNeeded("pw IR that is not lowered needs a topology to lower onto")
+                raise TopologyNeeded("pw IR without plans needs a topology to lower onto")
             return lower_to_plans(module, topology)
         diagnostics = DiagnosticEngine()
         if not run_passes(module, [VerifyPlansPass()], diagnostics):

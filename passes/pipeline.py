@@ -107,10 +107,11 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                print_ir_after_all: bool = False) -> bool:
     """Runs `passes` on `module` in MLIR's pass manager; returns True on success.
 
-    The first pass that needs verified input runs only if pw-verify's checks
-    pass (their errors are reported instead), unless pw-verify already ran;
-    a pass that requires a phase of lowering runs only if the module is in
-    it (pw-verify-phase's errors, naming the pass, are reported instead):
+    The first pass that needs verified input, or requires a phase of
+    lowering, runs only if pw-verify's checks pass (their errors are reported
+    instead), unless pw-verify already ran; a pass that requires a phase runs
+    only if the module is in it (pw-verify-phase's errors, naming the pass,
+    are reported instead):
     bad input must not crash a pass, and passes keep valid IR valid (the
     pipelines' own verifier phases check that). After each pass, the pw
     structural verifier and MLIR's verifier check the IR. Errors (a pass's
@@ -135,7 +136,7 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     def adapt(instance: Pass):
         def run(op: ir.Operation, mlir_pass) -> None:
             before = diagnostics.error_count
-            if instance.needs_verified_input and not verified:
+            if (instance.needs_verified_input or instance.requires_phase is not None) and not verified:
                 if not verify_module(op, diagnostics):
                     mlir_pass.signal_pass_failure()
                     return

@@ -101,8 +101,8 @@ class Pass:
     # True for a pass that reads pw IR as pw-verify defines it: the driver
     # runs pw-verify's checks first and runs the pass only on IR that passes.
     needs_verified_input: ClassVar[bool] = False
-    # The phase of lowering the pass reads (`dialect/phases.py`): the driver runs pw-verify-phase's checks
-    # first and runs the pass only on IR in that phase.
+    # The phase of lowering the pass reads (`dialect/phases.py`): the driver runs pw-verify's and
+    # pw-verify-phase's checks first and runs the pass only on IR in that phase.
     requires_phase: ClassVar[Phase | None] = None
     # False for a pass that only checks the module: the driver does not run the
     # structural verifier or MLIR's again after it once an earlier pass's result passed.

@@ -18,9 +18,8 @@ pass checks meaning, reporting each problem at the op at fault:
   pieces and their shape consistent with the two shardings (a one-piece
   gather moves whole shards between axes of other names);
 - placement of values: an operand produced by data movement must arrive on
-  the slice and in the sharding its consumer uses; once transfers have been
-  inserted (the module is marked `pw.lowered`), every operand must live where
-  it is used.
+  the slice and in the sharding its consumer uses. (That every operand lives
+  where it is used is the lowered phase's rule, checked by pw-verify-phase.)
 
 Requires nothing; changes nothing.
 
@@ -35,7 +34,6 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
-from pathways_mlir.dialect.phases import Phase, marked
 from pathways_mlir.dialect.homes import Home, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 
@@ -58,7 +56,6 @@ class _Checker:
         self.diagnostics = diagnostics
         self.slices: dict[str, ops.VirtualSlice] = {}
         self.symbols: dict[str, ir.Operation] = {}
-        self.lowered = marked(module, Phase.LOWERED)
 
     def error(self, op: ir.Operation, message: str) -> None:
         self.diagnostics.error(op, f"'{op.name}' op {message}")
@@ -251,8 +248,7 @@ class _Checker:
         if producer_slice == slice_name and producer_sharding == sharding:
             return
         producer = ops.producer(op.operands[index])
-        moved = producer is not None and ops.DataMovement.isa(producer)
-        if not (moved or self.lowered):
+        if producer is None or not ops.DataMovement.isa(producer):
             return  # device-agnostic IR: pw-insert-transfers moves it later
         self.error(op, f"operand #{index} lives on @{producer_slice} with sharding {producer_sharding}, "
                        f"but the op uses it on @{slice_name} with sharding {sharding}")

@@ -6,7 +6,8 @@ checks the module against it, reporting each problem at the op at fault. The
 lowering pipeline runs it at each phase boundary, so that a pass that left
 its phase's work undone is caught where it ran.
 
-Requires nothing; changes nothing.
+Requires IR that passes pw-verify (the driver runs its checks first); changes
+nothing.
 
     // pw-verify-phase{phase=placed}
     "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
@@ -32,6 +33,7 @@ class VerifyPhasePass(Pass):
     name = "pw-verify-phase"
     summary = "Check every op against the phase table: legal in the phase, carrying the marks it requires"
     changes_ir = False
+    needs_verified_input = True
     phase: Phase = option(Phase.INPUT, "input, placed, lowered, partitioned, scheduled or planned")
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:

@@ -15,7 +15,7 @@ schedule is sound when:
   a deadlock. networkx finds one, reported at the op that waits for a value
   ordered after it, with the whole cycle.
 
-Requires: placed slices (pw-place) and pw-schedule; changes nothing.
+Requires: the scheduled phase (every op ordered: pw-schedule); changes nothing.
 
     // error: f#0 is enqueued after f#1 on island0 but f#1 waits for it
     %0 = "pw.compute"(%x) {label = "f#0", slice = @a, pw.order = 1 : i64, ...}
@@ -29,6 +29,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.phases import Phase
 
 from .registry import Pass, register
 
@@ -55,13 +56,11 @@ class VerifySchedulePass(Pass):
     name = "pw-verify-schedule"
     summary = "Prove the module-wide order consistent and deadlock free, or show a counterexample"
     changes_ir = False
-    needs_verified_input = True
+    requires_phase = Phase.SCHEDULED
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        islands = {}
-        for op in ops.top_level_ops(module):
-            if ops.SliceOp.isa(op) and ops.SliceOp(op).placement is not None:
-                islands[ops.SliceOp(op).symbol] = ops.SliceOp(op).placement["island"]
+        islands = {ops.SliceOp(op).symbol: ops.SliceOp(op).placement["island"]
+                   for op in ops.top_level_ops(module) if ops.SliceOp.isa(op)}
         nodes: list[ir.Operation] = []
         graph = nx.DiGraph()
         for program in ops.programs(module).values():
@@ -70,13 +69,6 @@ class VerifySchedulePass(Pass):
                 op = op.operation
                 if op.name == "func.return":
                     continue
-                if ops.attr(op, ops.ORDER) is None:
-                    diagnostics.error(op, f"'{op.name}' op has no pw.order: run pw-schedule")
-                    return
-                if any(ops.attr(op, key) not in islands for key in ("slice", "src", "dst")
-                       if ops.attr(op, key) is not None):
-                    diagnostics.error(op, f"'{op.name}' op uses a slice without pw.placement: run pw-place")
-                    return
                 graph.add_node(len(nodes))
                 for value in op.operands:
                     if value in producers:

@@ -1,6 +1,6 @@
 """Plans to simulate: a plan JSON as the runtime loads it, or pw IR lowered here.
 
-A `.mlir` file that is not lowered yet is lowered with `pw-lower` for a
+A `.mlir` file without plans yet is lowered with `pw-lower` for a
 topology: `<islands>x<devices>` builds islands of the profile's device kind
 (its memory, its devices per host), or a topology JSON file is used as is.
 Each plan carries its executables' `pw.cost` flops (`ProgramPlan.flops`);
@@ -87,6 +87,6 @@ def lower_text(text: str, topology: Topology | None, where: str = "input") -> Lo
     try:
         return Loaded(load_plans(text, topology))
     except TopologyNeeded:
-        raise InputError(f"{where}: pw IR that is not lowered needs --topology") from None
+        raise InputError(f"{where}: pw IR without plans needs --topology") from None
     except LoweringError as e:
         raise InputError("\n".join(d.format(where) for d in e.diagnostics)) from None

@@ -105,7 +105,7 @@ def test_pw_opt_writes_the_plan_json_that_pw_run_reads(tmp_path):
     unlowered = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", str(ROOT / "examples" /
                                 "three_blocks.mlir"), "--emit=plan-json"], capture_output=True, text=True, timeout=300)
     assert unlowered.returncode == 1 and unlowered.stderr.strip().endswith(
-        "error: --emit=plan-json needs a lowered module: add --pw-lower (for example --pw-lower=topology=2x4)")
+        "error: --emit=plan-json needs a module with plans: add --pw-lower (for example --pw-lower=topology=2x4)")
 
 
 def test_runs_the_example_on_the_ray_backend():

@@ -2,16 +2,15 @@
 
 // Each case is a module pw-emit-plans cannot cut into plans.
 
-// Transfers must be explicit first.
+// The module must be placed first.
 // expected-error@below {{the module has no pw.topology, which the scheduled phase requires (pw-place adds it), before pw-emit-plans}}
-// expected-error@below {{the module has no pw.lowered, which the scheduled phase requires (pw-insert-transfers adds it), before pw-emit-plans}}
 module {
 }
 
 // -----
 
 // Every op needs its place in the schedule.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 module @f attributes {pw.executable} {
@@ -27,7 +26,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program, pw.s
 // -----
 
 // A program whose branches lead back to it has no finite plan.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 func.func @main(%p: tensor<i1>) -> tensor<i1> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
   // expected-error@below {{'pw.cond' op makes program @main reach itself (@main -> @loop -> @main): a plan cannot contain itself}}
@@ -44,13 +43,13 @@ func.func @loop(%p: tensor<i1>) -> tensor<i1> attributes {pw.program, pw.subgrap
 
 // Plans name islands of the module's topology, which pw-place records.
 // expected-error@below {{the module has no pw.topology, which the scheduled phase requires (pw-place adds it), before pw-emit-plans}}
-module attributes {pw.lowered} {
+module {
 }
 
 // -----
 
 // A malformed topology is reported, not trusted.
 // expected-error@below {{pw.topology: islands[0].ici: missing 'bandwidth_gbps'}}
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {latency_us = 1.0}}]}} {
 }

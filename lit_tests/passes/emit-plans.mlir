@@ -19,7 +19,7 @@
 // CHECK-NEXT: {{^  }$}}
 // CHECK-LABEL: module @main_host attributes {pw.host_plan = {inputs = array<i64: 0>, outputs = array<i64: 3>, program = @main, subgraphs = [{id = 0 : i64, static = true}]}}
 // CHECK-NEXT: {{^  }$}}
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -58,7 +58,7 @@ func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}) 
 // CHECK-NEXT: "pw.branch"() {after = array<i64: 1>, else_program = @then, inputs = array<i64: 1>, label = "k#0", outputs = array<i64: 5>, pred = 2 : i64, step = 4 : i64, subgraph = 0 : i64, then_program = @then}
 // CHECK-NEXT: {{^  }$}}
 // CHECK-NOT: stale
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 4>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
 module @f attributes {pw.executable} {

@@ -3,7 +3,6 @@
 // Each case is a module pw-fuse-island cannot work on.
 
 // Fusion needs the data movement made explicit (pw-insert-transfers).
-// expected-error@below {{the module has no pw.lowered, which the partitioned phase requires (pw-insert-transfers adds it), before pw-fuse-island}}
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 module @f attributes {pw.executable} {
@@ -11,14 +10,16 @@ module @f attributes {pw.executable} {
 }
 func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
   %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["d"]]], out_shardings = [[["d"]]], label = "f#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
-  return %0 : tensor<8xf32>
+  // expected-error@below {{'pw.compute' op operand #0 lives on @a with sharding [["d"]], but the op uses it on @a with sharding [[]]: the partitioned phase requires every operand where it is used (pw-insert-transfers moves it), before pw-fuse-island}}
+  %1 = "pw.compute"(%0) {callee = @f, slice = @a, in_shardings = [[[]]], out_shardings = [[["d"]]], label = "f#1", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  return %1 : tensor<8xf32>
 }
 }
 
 // -----
 
 // Fusion needs to know where every slice is (pw-place).
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 // expected-error@below {{'pw.virtual_slice' op has no pw.placement, which the partitioned phase requires (pw-place adds it), before pw-fuse-island}}
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}} : () -> ()
 module @f attributes {pw.executable} {
@@ -33,7 +34,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program, pw.s
 // -----
 
 // Fusion stays inside static subgraphs, so they must be marked first.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 module @f attributes {pw.executable} {
   func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
@@ -50,7 +51,7 @@ func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["d"]]}}) 
 
 // A fused executable of pw-fuse-launches is not one the fused executable
 // can call: pw-fuse-island runs first.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2, 2>, axes = ["d", "m"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
 module @f attributes {pw.executable} {

@@ -23,7 +23,7 @@
 // CHECK-NEXT: return %1
 // CHECK: module @island_f_0 attributes {pw.executable, pw.fused = {calls = [{callee = @f, in_shardings = {{\[\[\["m"\]\]\]}}, operands = array<i64: 0>, results = 1 : i64}, {callee = @g, in_shardings = {{\[\[\["d", "m"\]\]\]}}, operands = array<i64: 1>, results = 1 : i64}, {callee = @h, in_shardings = {{\[\[\["m"\]\]\]}}, operands = array<i64: 2>, results = 1 : i64}], results = array<i64: 3>, scratch_bytes = 48 : i64}}
 // CHECK-NEXT: func.func private @main(tensor<8xf32>) -> tensor<8xf32>
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2, 2>, axes = ["d", "m"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "c", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 2, 4>}} : () -> ()
@@ -59,7 +59,7 @@ func.func @three_blocks(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["
 // CHECK-NEXT: %2 = "pw.gather"(%1#0) {dst = @a, {{.*}}src = @b, src_sharding = {{\[\["m"\]\]}}}
 // CHECK-NEXT: return %1#1, %2, %arg0
 // CHECK: pw.fused = {calls = [{callee = @f, {{.*}}}, {callee = @f, {{.*}}}, {callee = @f, {{.*}}}], results = array<i64: 1, 3>, scratch_bytes = 16 : i64}
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2, 2>, axes = ["d", "m"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "c", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 2, 4>}} : () -> ()
@@ -88,7 +88,7 @@ func.func @escapes(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["d"]]}
 // CHECK-NEXT: "pw.scatter"
 // CHECK-NEXT: "pw.compute"({{.*}}) {callee = @f,
 // CHECK-NOT: pw.fused
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2, 2>, axes = ["d", "m"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "c", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 2, 4>}} : () -> ()
@@ -119,7 +119,7 @@ func.func @not_static(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["d"
 // CHECK-NEXT: "pw.compute"({{.*}}) {callee = @f,
 // CHECK-LABEL: func.func @other
 // CHECK-NOT: pw.fused
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2, 2>, axes = ["d", "m"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "c", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 2, 4>}} : () -> ()
@@ -147,7 +147,7 @@ func.func @other(%x: tensor<8xf32> {pw.home = {slice = @c, sharding = [["d"]]}})
 // CHECK-NEXT: "pw.scatter"
 // CHECK-NEXT: "pw.compute"({{.*}}) {callee = @f,
 // CHECK-NOT: pw.fused
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2, 2>, axes = ["d", "m"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "c", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 2, 4>}} : () -> ()

@@ -3,7 +3,7 @@
 // Each case is a module pw-fuse-launches cannot work on.
 
 // Fusion stays inside static subgraphs, so they must be marked first.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()

@@ -13,7 +13,7 @@
 // CHECK-NEXT: return %2, %0#0
 // CHECK: module @fused_f_0 attributes {pw.executable, pw.fused = {calls = [{callee = @f, operands = array<i64: 0>, results = 1 : i64}, {callee = @g, operands = array<i64: 1, 0>, results = 1 : i64}, {callee = @f, operands = array<i64: 2>, results = 1 : i64}], results = array<i64: 1, 3>}}
 // CHECK-NEXT: func.func private @main(tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>)
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -43,7 +43,7 @@ func.func @step(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) attributes 
 // CHECK-NEXT: "pw.compute"(%0) {callee = @f, {{.*}}label = "f#1"
 // CHECK-NEXT: "pw.compute"(%1) {callee = @f, {{.*}}label = "f#2"
 // CHECK-NOT: pw.fused
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()

@@ -16,7 +16,7 @@
 // CHECK-NEXT: "pw.launch"() {{.*}}step = 3 : i64
 // CHECK-NEXT: "pw.free"() {after = array<i64: 3>, buffers = array<i64: 2>, step = 6 : i64, subgraph = 0 : i64}
 // CHECK-NEXT: {{^  }$}}
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -45,7 +45,7 @@ func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}) 
 // CHECK-NEXT: "pw.copy"()
 // CHECK-NEXT: "pw.free"() {after = array<i64: 3, 4>, buffers = array<i64: 2, 3>, step = 7 : i64, subgraph = 0 : i64}
 // CHECK-NEXT: {{^  }$}}
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 4>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
 module @f attributes {pw.executable} {
@@ -78,7 +78,7 @@ func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}, 
 // plan lists the donated input.
 // CHECK-LABEL: module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}, pw.peak_bytes = array<i64: 0, 2, 32>}
 // CHECK: module @main_host attributes {pw.host_plan = {donated = array<i64: 0>, inputs = array<i64: 0>
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 module @f attributes {pw.executable} {

@@ -354,25 +354,6 @@ func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
 
 // -----
 
-// Once lowered, every operand lives where it is used.
-module attributes {pw.lowered} {
-"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
-"pw.virtual_slice"() {sym_name = "v1", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
-module @f attributes {pw.executable} {
-  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
-}
-func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
-  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
-  // expected-error@below {{operand #0 lives on @v0 with sharding [["x"]], but the op uses it on @v0 with sharding [[]]}}
-  %1 = "pw.compute"(%0) {callee = @f, slice = @v0, in_shardings = [[[]]], out_shardings = [[["x"]]], label = "f#1"} : (tensor<4xf32>) -> tensor<4xf32>
-  // expected-error@below {{operand #0 lives on @v0 with sharding [["x"]], but the op uses it on @v1}}
-  %2 = "pw.compute"(%1) {callee = @f, slice = @v1, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#2"} : (tensor<4xf32>) -> tensor<4xf32>
-  return %2 : tensor<4xf32>
-}
-}
-
-// -----
-
 // A program ends with func.return (MLIR takes an unregistered last op for a terminator).
 "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
 module @f attributes {pw.executable} {

@@ -5,7 +5,7 @@
 // at the op at fault.
 
 // Buffers read by a step are declared.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -34,7 +34,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Buffer ids are unique.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -64,7 +64,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Step ids are unique in the module.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -94,7 +94,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Every dimension is positive.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -123,7 +123,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Element types have a known size.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -152,7 +152,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Buffers are bounded.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -181,7 +181,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // bytes_per_device is what shape, element type and sharding make.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -210,7 +210,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // A buffer lives on a slice of its plan's island.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -239,7 +239,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Devices are within the island.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -268,7 +268,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // A launch runs on its slice's devices.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -297,7 +297,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Plans are for islands of the topology.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -328,7 +328,7 @@ module @main_island7 attributes {pw.island_plan = {island = "island7", program =
 // -----
 
 // A launch's sizes are its outputs'.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -357,7 +357,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Every buffer read has a writer or is a program input.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -386,7 +386,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // A reader waits for the writer.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -415,7 +415,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Every recv has its send.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -443,7 +443,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // A recv waits for its send.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -472,7 +472,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // An island lists a step after the steps of the island it waits for.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -501,7 +501,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // Island orders and 'after' have no cycle across islands.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -530,7 +530,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // 'after' names steps of the program.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
@@ -559,7 +559,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 // -----
 
 // The host plan's results are declared.
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()

@@ -15,7 +15,7 @@
 // CHECK-NEXT: "pw.buffer"() {{.*}}id = 2 : i64
 // CHECK-NEXT: "pw.recv"() {{.*}}step = 2 : i64
 // CHECK-LABEL: module @main_host
-module attributes {pw.lowered, pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()

@@ -26,7 +26,7 @@ func.func @two_slices(%a: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {pw.pro
 // CHECK: "pw.transfer"
 // CHECK: "pw.scatter"
 // CHECK: "pw.gather"
-module attributes {pw.lowered} {
+module {
 "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "v1", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island1", devices = array<i64: 0, 1, 3, 4>}} : () -> ()
 "pw.virtual_slice"() {sym_name = "v2", shape = array<i64: 4>, axes = ["y"], constraints = {}, pw.placement = {island = "island1", devices = array<i64: 4, 8>}} : () -> ()
