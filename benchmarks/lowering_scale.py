@@ -25,6 +25,7 @@ import json
 import sys
 
 import networkx as nx
+from mlir.ir import WalkResult
 
 from pathways_mlir.dialect.topology import Topology
 from pathways_mlir.passes import lower, program_plans
@@ -55,18 +56,14 @@ def chain_program(n: int) -> str:
 def lower_chain(n: int) -> tuple[int, int]:
     """Lowers the chain on a 2 x n topology; returns (pw ops in the lowered module, plan JSON bytes)."""
     module = lower(chain_program(n), Topology.uniform(2, n))
-    count = 0
+    names: list[str] = []
 
-    def walk(op) -> None:
-        nonlocal count
-        count += op.name.startswith("pw.")
-        for region in op.regions:
-            for block in region.blocks:
-                for child in block.operations:
-                    walk(child.operation)
+    def visit(op):
+        names.append(op.name)
+        return WalkResult.ADVANCE
 
-    walk(module.operation)
-    return count, len(program_plans(module)["chain"].to_json())
+    module.operation.walk(visit)
+    return sum(name.startswith("pw.") for name in names), len(program_plans(module)["chain"].to_json())
 
 
 def per_shard_baseline(n: int) -> tuple[int, int, int]:

@@ -102,6 +102,8 @@ class DiagnosticEngine:
     @property
     def error_count(self) -> int:
         """The number of errors recorded so far."""
+        if not self.diagnostics:     # the common case; the driver asks before and after every pass
+            return 0
         return sum(d.severity == "error" for d in self.diagnostics)
 
     @property

@@ -105,4 +105,5 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
 
     for name in hosts:
         build(name)
+    del build   # it refers to itself through its closure: a cycle that only the cyclic collector would free
     return plans

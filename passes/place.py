@@ -255,23 +255,23 @@ class _Search:
     def exact(self) -> dict[str, Window]:
         """Tries every combination of candidates, depth first; the first cheapest wins."""
         best: list = [math.inf, None]
-
-        def visit(depth: int, plan: dict[str, Window]) -> None:
-            if depth == len(self.order):
-                cost = self.cost(plan)
-                if best[1] is None or cost < best[0] * (1 - 1e-9):
-                    best[:] = [cost, dict(plan)]
-                return
-            name = self.order[depth]
-            for window in self.candidates(name, plan):
-                self.place(plan, name, window)
-                visit(depth + 1, plan)
-                self.unplace(plan, name)
-
-        visit(0, {})
+        self._visit(0, {}, best)
         for window in best[1].values():
             self.placer.loads.add(window)
         return best[1]
+
+    def _visit(self, depth: int, plan: dict[str, Window], best: list) -> None:
+        """Places the slices from `depth` on in every way, keeping the cheapest whole plan in `best`."""
+        if depth == len(self.order):
+            cost = self.cost(plan)
+            if best[1] is None or cost < best[0] * (1 - 1e-9):
+                best[:] = [cost, dict(plan)]
+            return
+        name = self.order[depth]
+        for window in self.candidates(name, plan):
+            self.place(plan, name, window)
+            self._visit(depth + 1, plan, best)
+            self.unplace(plan, name)
 
     def best_move(self, name: str, plan: dict[str, Window], current: float) -> tuple[float, Window | None]:
         """Returns the cheapest candidate of an unplaced slice if it costs less than `current`."""
