@@ -381,6 +381,15 @@ def module_topology(module: ir.Module | ir.Operation) -> Topology | None:
 _last_topology: tuple[ir.Attribute, Topology] | None = None
 
 
+def set_topology(module: ir.Module | ir.Operation, topology: Topology) -> None:
+    """Sets the module's `pw.topology` to `topology`; `module_topology` then returns the topology checked from
+    the value written, without reading the attribute back."""
+    global _last_topology
+    value = topology.to_python()
+    set_attr(module.operation, TOPOLOGY, value)
+    _last_topology = (module.operation.attributes[TOPOLOGY], Topology.from_python(value, TOPOLOGY))
+
+
 def required_topology(module: ir.Module | ir.Operation, diagnostics: DiagnosticEngine,
                       missing: str) -> Topology | None:
     """Returns the module's `pw.topology`; reports `missing`, or what is malformed, and returns None."""

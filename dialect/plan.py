@@ -28,7 +28,7 @@ import functools
 import heapq
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .plan_json import JsonReader, PlanError, jsonable, step_from_python, step_to_python
@@ -206,17 +206,17 @@ class ProgramPlan:
         return {
             "program": self.program,
             "topology": jsonable(self.topology.to_python()),
-            "slices": {k: jsonable(asdict(v)) for k, v in self.slices.items()},
-            "buffers": [jsonable(asdict(b)) for b in self.buffers.values()],
+            "slices": {k: jsonable(v) for k, v in self.slices.items()},
+            "buffers": [jsonable(b) for b in self.buffers.values()],
             "executables": dict(self.executables),
-            "fused": {k: jsonable(asdict(v)) for k, v in self.fused.items()},
+            "fused": {k: jsonable(v) for k, v in self.fused.items()},
             "flops": dict(self.flops),
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             **({"donated": list(self.donated)} if self.donated else {}),
             "islands": {k: [step_to_python(s) for s in v] for k, v in self.islands.items()},
             "peak_bytes": {k: list(v) for k, v in self.peak_bytes.items()},
-            "subgraphs": [jsonable(asdict(s)) for s in self.subgraphs],
+            "subgraphs": [jsonable(s) for s in self.subgraphs],
             "host_steps": [step_to_python(s) for s in self.host_steps],
         }
 

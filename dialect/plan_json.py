@@ -7,7 +7,7 @@ path of whatever is wrong in one `PlanError` line; plan.py builds a
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any, Callable
 
 from .plan_steps import STEP_KINDS, Step
@@ -83,11 +83,16 @@ _KIND_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an inte
 
 
 def jsonable(value: Any) -> Any:
-    """Returns `value` with tuples (nested in lists and dicts) turned into lists, as JSON has them."""
+    """Returns `value` with dataclasses turned into dicts of their fields and tuples into lists, at any
+    depth, as JSON has them (`dataclasses.asdict` would copy every value first, at several times the cost)."""
+    if isinstance(value, (str, int, float)) or value is None:
+        return value
     if isinstance(value, (tuple, list)):
         return [jsonable(v) for v in value]
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
+    if is_dataclass(value):
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
     return value
 
 

@@ -116,7 +116,7 @@ def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str 
     """
     lowered = parse_module(module, make_context()) if isinstance(module, str) else _copy(module)
     with lowered.context, lowered.operation.location:
-        ops.set_attr(lowered.operation, ops.TOPOLOGY, topology.to_python())
+        ops.set_topology(lowered, topology)
         diagnostics = DiagnosticEngine()
         passes = lower_pipeline(strategy=strategy, pin=pin, explain=explain, fuse=fuse)
         if not run_passes(lowered, passes, diagnostics):

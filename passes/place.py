@@ -376,7 +376,7 @@ class PlacePass(Pass):
                                  "<islands>x<devices>> or set pw.topology on the module")
         if topology is None:
             return
-        ops.set_attr(module, ops.TOPOLOGY, topology.to_python())
+        ops.set_topology(module, topology)
         slice_ops = {ops.symbol_name(op): op for op in ops.top_level_ops(module) if ops.SliceOp.isa(op)}
         for name in self.pins:
             if name not in slice_ops:

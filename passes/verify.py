@@ -56,6 +56,7 @@ class _Checker:
         self.diagnostics = diagnostics
         self.slices: dict[str, ops.VirtualSlice] = {}
         self.symbols: dict[str, ir.Operation] = {}
+        self.entries: dict[str, ir.Operation | None] = {}   # each compiled function's entry, by name
 
     def error(self, op: ir.Operation, message: str) -> None:
         self.diagnostics.error(op, f"'{op.name}' op {message}")
@@ -69,8 +70,9 @@ class _Checker:
         for op in top:
             if ops.SliceOp.isa(op):
                 self.check_slice(op)
+        self.entries = {ops.symbol_name(op): ops.executable_entry(op) for op in top if ops.is_executable(op)}
         for op in top:
-            if ops.is_executable(op) and ops.executable_entry(op) is None:
+            if ops.is_executable(op) and self.entries[ops.symbol_name(op)] is None:
                 self.error(op, "is a compiled function without an entry: it needs one func.func, "
                                "or one named @main")
             elif ops.is_program(op):
@@ -227,13 +229,13 @@ class _Checker:
                 for i, (value, sharding) in enumerate(zip(op.operands, ins)):
                     self.check_operand_home(op, i, homes.get(value), s.name, sharding)
             if outs is not None:
-                homes.update(zip(op.results, result_homes(op)))
+                homes.update((r, Home(s.name, sharding)) for r, sharding in zip(op.results, outs))
                 results_home = True
         if results_home is None:
             for r in op.results:
                 homes[r] = None
         if callee is not None:
-            entry = ops.executable_entry(callee)
+            entry = self.entries[ops.symbol_name(callee)]
             if entry is not None:
                 expected = ops.function_type(entry)
                 actual = ir.FunctionType.get([v.type for v in op.operands], [r.type for r in op.results])
