@@ -49,16 +49,6 @@ at admission, by the tickets. Under `fifo` the submitting thread admits a
 run itself when its client has nothing queued and it fits (under the other
 policies, when nothing at all is queued and the window has a place).
 
-The thread that admits a run (a submitting client, the thread that saw a
-run over and called `wake`, or the admission thread) executes its work on
-each island that has nothing queued or executing itself, once it has let
-the lock go (`Island.start`), instead of handing it to that island's
-executor. Under a window the next run is admitted only once a run is seen
-over, and the devices then have only the runs left in the window: with
-`pw-bench mixed-serving`'s `sjf`, a training micro-batch admitted behind a
-1-2 ms update or inference run waited a median 0.7-1.0 ms (90th percentile
-2.6 ms) for the executor's thread to take it, and the devices idled.
-
 A run's device time (what `share` charges and `sjf` orders by) is
 estimated by `device_estimates.py`.
 
@@ -141,27 +131,24 @@ class GangScheduler:
         why = self.ledger.never_fits(run.need)
         if why is not None:
             raise OutOfDeviceMemory(f"program {run.plan.program} {why}")
-        jobs: list = []
-        try:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError("the runtime is closed")
-                if run.reads:
-                    self._results.read(run)
-                try:
-                    admitted = self._admit_now(run, works)
-                except BaseException:
-                    self._results.unread(run)
-                    raise
-                if admitted is not None:
-                    jobs.extend(admitted)
-                    return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the runtime is closed")
+            if run.reads:
+                self._results.read(run)
+            try:
+                jobs = self._admit_now(run, works)
+            except BaseException:
+                self._results.unread(run)
+                raise
+            if jobs is None:
                 self._queues.setdefault(run.client_id, collections.deque()).append(
                     _Queued(run, works, next(self._arrivals)))
                 self._queued += 1
-                self._pump(jobs)
-        finally:
-            _run_inline(jobs)
+                self._pump()
+                return
+        for island, work in jobs:
+            island.run_inline(work)
 
     def _admit_now(self, run: Run, works: Works) -> list | None:
         """Admits a run that fits if nothing of its client is queued (returns the work to run inline), or
@@ -227,22 +214,16 @@ class GangScheduler:
     def wake(self) -> None:
         """A run's device work is over somewhere: a run waiting for memory or for the window may be admitted
         now. The thread that saw the run over admits it (an island's completion tracker, or a client that
-        asked), saving the admission thread's wake-up, and, once it has let the lock go, executes the work of
-        a run it admitted onto an island with nothing queued or executing (`Island.start`), as `submit` does,
-        saving the handoff to that island's executor. A thread that is admitting or retiring runs already (a
+        asked), saving the admission thread's wake-up. A thread that is admitting or retiring runs already (a
         look inside `_pump` or `_poll` calls this) wakes the admission thread instead."""
-        jobs: list = []
-        try:
-            with self._lock:
-                if not self._blocked or self._held:
-                    return
-                if self._pumping or self._polling:
-                    self._unblocked.notify_all()
-                    return
-                self._poll(len(self._in_flight))
-                self._pump(jobs)
-        finally:
-            _run_inline(jobs)
+        with self._lock:
+            if not self._blocked or self._held:
+                return
+            if self._pumping or self._polling:
+                self._unblocked.notify_all()
+                return
+            self._poll(len(self._in_flight))
+            self._pump()
 
     def record_device_seconds(self, plan_key: int, seconds: float, estimate: float | None = None) -> None:
         """Folds one run's measured device time into its plan's estimate (`DeviceTimeEstimates.record`); tests
@@ -355,21 +336,19 @@ class GangScheduler:
             heads.insert(0, self._reserved)
         return heads
 
-    def _pump(self, jobs: list | None = None) -> None:
+    def _pump(self) -> None:
         """Admits queued runs that fit, in the policy's order; fails those that never will. Under the lock; a
         call made while admitting (a look that retires runs calls `wake`) returns at once, the admitting loop
-        going on with what that look freed. Given `jobs`, it appends the (island, work) pairs of admitted runs
-        that an idle island hands back (`Island.start`): the caller must execute each (`Island.run_inline`)
-        once it holds no lock."""
+        going on with what that look freed."""
         if self._pumping:
             return
         self._pumping = True
         try:
-            self._admit_queued(jobs)
+            self._admit_queued()
         finally:
             self._pumping = False
 
-    def _admit_queued(self, jobs: list | None) -> None:
+    def _admit_queued(self) -> None:
         polled = False
         while self._queued and not self._held and not self._closed:
             if self.policy.windowed and len(self._in_flight) >= self.window:
@@ -389,9 +368,7 @@ class GangScheduler:
                     self._reclaim()
                 if self._fits(run):
                     self._take(item)
-                    handed = self._admit(run, item.works, inline=jobs is not None)
-                    if jobs is not None:
-                        jobs.extend(handed)
+                    self._admit(run, item.works)
                     progress = True
                     break
                 held = self._held_by_handles(run)
@@ -531,23 +508,12 @@ class GangScheduler:
     def _admission_loop(self) -> None:
         """While a queued run cannot be admitted, waits for admitted runs to finish (an island's `wake`, or
         every `_WAIT_SLICE` seconds for islands that do not tell) and admits again."""
-        while True:
-            jobs: list = []
-            try:
-                with self._lock:
-                    self._unblocked.wait_for(lambda: self._closed or (self._blocked and not self._held))
-                    if self._closed:
-                        return
-                    self._unblocked.wait(_WAIT_SLICE)
-                    self._poll(len(self._in_flight))
-                    self._pump(jobs)
-            finally:
-                _run_inline(jobs)
-
-
-def _run_inline(jobs: list) -> None:
-    """Executes on this thread, holding no lock, the work that idle islands handed back at admission
-    (`Island.start`): each such island waits for it before anything started after it."""
-    for island, work in jobs:
-        island.run_inline(work)
+        with self._lock:
+            while True:
+                self._unblocked.wait_for(lambda: self._closed or (self._blocked and not self._held))
+                if self._closed:
+                    return
+                self._unblocked.wait(_WAIT_SLICE)
+                self._poll(len(self._in_flight))
+                self._pump()
 

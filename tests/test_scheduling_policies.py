@@ -8,20 +8,18 @@ runtime and process made here is stopped.
 """
 
 import subprocess
-import threading
 import time
 
 import jax
 import numpy as np
 import pytest
 from test_admission_and_lifetimes import X, cross_island, tanh2
-from test_islands_on_their_own import V, small_plan, spin, spin_plan
+from test_islands_on_their_own import V, small_plan, spin_plan
 from test_service import SERVE, TIMEOUT, procs, serve  # noqa: F401  (procs is a fixture)
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.island import Island
 from pathways_mlir.runtime.policies import POLICIES
 from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.scheduler import OVERTAKES
@@ -140,37 +138,6 @@ def test_a_run_that_shorter_runs_would_starve_waits_for_at_most_overtakes_of_the
             assert order.index(patient.id) == OVERTAKES and order.count(patient.id) == 1
             np.testing.assert_array_equal(np.asarray(stream.handles(shorts[-1])[0].result(timeout=60)),
                                           np.asarray(jax.jit(tanh2)(X)))
-    finally:
-        rt.close()
-
-
-@pytest.mark.parametrize("policy", ["sjf", "share"])
-def test_a_run_admitted_once_the_window_frees_executes_on_the_admitting_thread(device_map, plan_builder, policy,
-                                                                               monkeypatch):
-    """The run that waited for the window is admitted once the run before it is seen over, by whichever thread
-    saw it (the island's completion tracker, a client that asked, the admission thread, the next submission);
-    the island is idle then, so that thread executes the run's work itself instead of handing it to the
-    island's executor, whose wake-up stood between a run's end and the next run's start."""
-    executed = {}
-    started = Island._started
-
-    def recorded(island, work):
-        executed[work.run_id] = threading.current_thread()
-        started(island, work)
-
-    monkeypatch.setattr(Island, "_started", recorded)
-    rt = Runtime(device_map, policy=policy, window=1)        # one run on the devices at a time
-    try:
-        plan = spin_plan(plan_builder, device_map.topology)   # on island1
-        with Client(rt) as client:
-            first = client.start(plan, [V, np.int32(20_000)])  # admitted at once, executed on this thread
-            second = client.start(plan, [V, np.int32(1)])      # waits for the window (first is in flight)
-            rt.wait(second, timeout=120)
-            assert executed[first.id] is threading.current_thread()
-            assert executed[second.id] is not rt.islands["island1"]._thread
-            assert [run for _, run, _ in rt.islands["island1"].executed][-2:] == [first.id, second.id]
-            expected = jax.jit(spin)(V, 1)
-            np.testing.assert_allclose(np.asarray(client.handles(second)[0].result(timeout=60)), expected, rtol=1e-6)
     finally:
         rt.close()
 
