@@ -86,7 +86,7 @@ class FastLane:
                 return None
         scheduler, island, loaded = self.scheduler, self.island, self.loaded
         with scheduler._lock:
-            if scheduler._queued or scheduler._held or scheduler._closed or scheduler._reserved is not None:
+            if scheduler._waiting or scheduler._held or scheduler._closed:
                 return None
             if not self.free and not self._credit():
                 return None

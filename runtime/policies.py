@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
     from .run import Run
-    from .scheduler import _Queued
+    from .waiting_runs import WaitingRun
 
 DeviceSeconds = Callable[["Run"], float]   # the scheduler's estimate of a run's device time
 
@@ -47,7 +47,7 @@ class Policy:
         """Whether at most `window` admitted runs are on the devices at a time (all policies but fifo)."""
         return self.window is not None
 
-    def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
+    def order(self, heads: list[WaitingRun], device_seconds: DeviceSeconds) -> None:
         """Sorts the clients' oldest queued runs into the order they are looked at (ties: arrival)."""
         heads.sort(key=lambda item: item.arrival)
 
@@ -83,7 +83,7 @@ class Share(Policy):
         super().__init__(window)
         self.virtual: dict[int, float] = {}      # client -> its virtual time
 
-    def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
+    def order(self, heads: list[WaitingRun], device_seconds: DeviceSeconds) -> None:
         floor = min(self.virtual.get(item.run.client_id, 0.0) for item in heads)
         heads.sort(key=lambda item: (max(self.virtual.get(item.run.client_id, 0.0), floor), item.run.client_id))
 
@@ -105,7 +105,7 @@ class ShortestJobFirst(Policy):
     name = "sjf"
     default_window = 2
 
-    def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
+    def order(self, heads: list[WaitingRun], device_seconds: DeviceSeconds) -> None:
         heads.sort(key=lambda item: (device_seconds(item.run), item.arrival))
 
 
@@ -115,7 +115,7 @@ class EarliestDeadlineFirst(Policy):
     name = "deadline"
     default_window = 2
 
-    def order(self, heads: list[_Queued], device_seconds: DeviceSeconds) -> None:
+    def order(self, heads: list[WaitingRun], device_seconds: DeviceSeconds) -> None:
         heads.sort(key=lambda item: (math.inf if item.run.deadline is None else item.run.deadline, item.arrival))
 
 

@@ -25,7 +25,7 @@ Admission never holds others back and cannot deadlock:
 
 No policy starves a run. Every run admitted while an older run of another
 client waits at the head of its queue overtakes it; a run overtaken
-`OVERTAKES` times holds a reservation: it is looked at first, before the
+`OVERTAKES` times holds a reservation (`waiting_runs.py` keeps the queues and the count): it is looked at first, before the
 policy's order, and meanwhile only runs that fit beside it in memory are
 admitted. So once at the head of its client's queue, a run waits for at
 most `OVERTAKES` runs admitted after it, then for the runs in flight (a
@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import math
 import threading
 from typing import Any, Callable
 
@@ -71,21 +70,12 @@ from .island_work import IslandWork, RunFailed, raised
 from .policies import Policy, parse_policy
 from .run import Run
 from .status import held_by_handles, shortfall
+from .waiting_runs import OVERTAKES, WaitingRuns
 
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
-OVERTAKES = 64        # how many runs may overtake a queued run before it holds a reservation (goes next)
 _POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
 _UNTIMED = 64         # untimed runs of one plan kept to be charged once a run of it is measured
 _WAIT_SLICE = 0.02    # seconds the admission thread waits on one run before looking at the others
-
-
-class _Queued:
-    """A run waiting for admission, with its arrival number and how often it was overtaken."""
-
-    __slots__ = ("run", "works", "arrival", "overtaken")
-
-    def __init__(self, run: Run, works: Works, arrival: int):
-        self.run, self.works, self.arrival, self.overtaken = run, works, arrival, 0
 
 
 class GangScheduler:
@@ -98,14 +88,11 @@ class GangScheduler:
         self.policy = parse_policy(policy, window)
         self.window = self.policy.window     # (fifo has none)
         self._tickets = itertools.count()
-        self._arrivals = itertools.count()
         self._lock = threading.RLock()
         self._unblocked = threading.Condition(self._lock)   # the admission thread waits on it
         self._admissions = threading.Condition(self._lock)  # continue_run and wait_admitted wait on it
         self._submits = 0
-        self._queues: dict[int, collections.deque[_Queued]] = {}   # client -> its queued runs, in order
-        self._queued = 0
-        self._reserved: _Queued | None = None
+        self._waiting = WaitingRuns()     # the runs queued for admission, per client
         self.estimates = DeviceTimeEstimates()
         self._in_flight: dict[int, Run] = {}           # admitted runs still on the devices, by admission
         self._results = HeldResults(ledger)
@@ -142,9 +129,7 @@ class GangScheduler:
                 self._results.unread(run)
                 raise
             if jobs is None:
-                self._queues.setdefault(run.client_id, collections.deque()).append(
-                    _Queued(run, works, next(self._arrivals)))
-                self._queued += 1
+                self._waiting.add(run, works)
                 self._pump()
                 return
         for island, work in jobs:
@@ -156,17 +141,17 @@ class GangScheduler:
         policy orders whatever waits) and the window has a place. Raises `OutOfDeviceMemory` if only handles
         hold what it lacks."""
         self._submits += 1
-        if self._queues.get(run.client_id) or self._held or \
-                (self.policy.windowed and (self._queued or len(self._in_flight) >= self.window)):
+        if self._waiting.has_client(run.client_id) or self._held or \
+                (self.policy.windowed and (self._waiting or len(self._in_flight) >= self.window)):
             return None
         if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
             self._poll(_POLL_AFTER)
-        if self._reserved is not None and not self.ledger.fits_beside(run.need, self._reserved.run.need):
+        reserved = self._waiting.reserved
+        if reserved is not None and not self.ledger.fits_beside(run.need, reserved.run.need):
             return None
         if self._fits(run) or (self._poll(len(self._in_flight)) and self._fits(run)) or \
                 (self._reclaim() and self._fits(run)):
-            if self._queued:
-                self._overtake(math.inf)         # it arrived after every queued run
+            self._waiting.overtaken_by_newcomer()
             return self._admit(run, works, inline=True)
         held = self._held_by_handles(run)
         if held is not None:
@@ -246,8 +231,8 @@ class GangScheduler:
         """Returns the queued runs, each with why it is not admitted yet, and the admitted runs still on
         the devices."""
         with self._lock:
-            queued = []
-            for queue in self._queues.values():
+            queued, reserved = [], self._waiting.reserved
+            for queue in self._waiting.queues():
                 for position, item in enumerate(queue):
                     run = item.run
                     if position:
@@ -256,9 +241,9 @@ class GangScheduler:
                         why = "admission, which is held"
                     elif self.policy.windowed and len(self._in_flight) >= self.window:
                         why = f"a place in the {self.policy.name} window ({self.window} runs on the devices)"
-                    elif self._reserved is not None and item is not self._reserved and \
-                            not self.ledger.fits_beside(run.need, self._reserved.run.need):
-                        why = f"run {self._reserved.run.id}, which holds a reservation (it was overtaken " \
+                    elif reserved is not None and item is not reserved and \
+                            not self.ledger.fits_beside(run.need, reserved.run.need):
+                        why = f"run {reserved.run.id}, which holds a reservation (it was overtaken " \
                               f"{OVERTAKES} times)"
                     else:
                         why = shortfall(self.ledger, run.need) or "admission (it fits now)"
@@ -281,15 +266,7 @@ class GangScheduler:
     def _cancel_queued(self, doomed: Callable[[Run], bool], error: Callable[[Run], BaseException]) -> int:
         """Takes the queued runs that `doomed` picks out of their queues and fails each with `error(run)`."""
         with self._lock:
-            taken = []
-            for client, queue in list(self._queues.items()):
-                kept = collections.deque()
-                for item in queue:
-                    (taken if doomed(item.run) else kept).append(item)
-                self._queues[client] = kept
-            self._queued -= len(taken)
-            if self._reserved in taken:
-                self._reserved = None
+            taken = self._waiting.remove(doomed)
         for item in taken:
             self._cancel(item.run, error(item.run))
         with self._lock:
@@ -312,10 +289,7 @@ class GangScheduler:
         """Fails every queued run and stops the admission thread."""
         with self._lock:
             self._closed = True
-            queued = [item for q in self._queues.values() for item in q]
-            self._queues.clear()
-            self._queued = 0
-            self._reserved = None
+            queued = self._waiting.remove(lambda run: True)
             self._unblocked.notify_all()
         for item in queued:
             self._cancel(item.run, RunFailed(f"the runtime closed before run {item.run.id} of "
@@ -323,18 +297,6 @@ class GangScheduler:
         self._thread.join(timeout=2)
 
     # -- admission -------------------------------------------------------------
-
-    def _heads(self) -> list[_Queued]:
-        """Returns every client's oldest queued run, in the order the policy looks at them (a run holding the
-        reservation first)."""
-        heads = [q[0] for q in self._queues.values() if q]
-        if len(heads) < 2:
-            return heads
-        self.policy.order(heads, self.device_seconds)
-        if self._reserved is not None and self._reserved in heads:
-            heads.remove(self._reserved)
-            heads.insert(0, self._reserved)
-        return heads
 
     def _pump(self) -> None:
         """Admits queued runs that fit, in the policy's order; fails those that never will. Under the lock; a
@@ -350,30 +312,31 @@ class GangScheduler:
 
     def _admit_queued(self) -> None:
         polled = False
-        while self._queued and not self._held and not self._closed:
+        while self._waiting and not self._held and not self._closed:
             if self.policy.windowed and len(self._in_flight) >= self.window:
                 if polled or not self._poll(len(self._in_flight)):
                     self._block()
                     return
                 polled = True
             progress = False
-            for item in self._heads():
+            reserved = self._waiting.reserved
+            for item in self._waiting.heads(self.policy, self.device_seconds):
                 run = item.run
-                if self._reserved is not None and item is not self._reserved and \
-                        not self.ledger.fits_beside(run.need, self._reserved.run.need):
+                if reserved is not None and item is not reserved and \
+                        not self.ledger.fits_beside(run.need, reserved.run.need):
                     continue
                 if not self._fits(run) and not polled:
                     polled = True
                     self._poll(len(self._in_flight))
                     self._reclaim()
                 if self._fits(run):
-                    self._take(item)
+                    self._waiting.take(item)
                     self._admit(run, item.works)
                     progress = True
                     break
                 held = self._held_by_handles(run)
                 if held is not None:
-                    self._take(item)
+                    self._waiting.take(item)
                     self._cancel(run, OutOfDeviceMemory(held))
                     progress = True
                     break
@@ -385,24 +348,6 @@ class GangScheduler:
     def _block(self) -> None:
         self._blocked = True
         self._unblocked.notify_all()
-
-    def _take(self, item: _Queued) -> None:
-        """Takes an item off its client's queue, counting it as overtaking older runs that wait."""
-        self._queues[item.run.client_id].popleft()
-        self._queued -= 1
-        if self._reserved is item:
-            self._reserved = None
-            return
-        self._overtake(item.arrival)
-
-    def _overtake(self, arrival: float) -> None:
-        """A run that arrived at `arrival` is admitted: every client's oldest queued run that arrived before
-        it was overtaken once more, and the first to reach `OVERTAKES` holds the reservation."""
-        for queue in self._queues.values():
-            if queue and queue[0].arrival < arrival:
-                queue[0].overtaken += 1
-                if queue[0].overtaken >= OVERTAKES and self._reserved is None:
-                    self._reserved = queue[0]
 
     def _fits(self, run: Run) -> bool:
         """Whether `run`'s peak fits now, counting the results donated to it as its own bytes."""
@@ -438,7 +383,7 @@ class GangScheduler:
         self._results.hand_over(run)
         self.ledger.take(run.need)
         self._in_flight[run.id] = run
-        self.policy.admitted(run, [c for c, q in self._queues.items() if q], self.device_seconds)
+        self.policy.admitted(run, self._waiting.clients(), self.device_seconds)
         jobs = self._deliver(run, works, inline)
         run.admitted = True
         self._admissions.notify_all()
@@ -469,7 +414,7 @@ class GangScheduler:
         run of the plan has been timed)."""
         del self._in_flight[run.id]
         if run.credit is not None:
-            run.credit.returned(queued=bool(self._queued))
+            run.credit.returned(queued=bool(self._waiting))
         else:
             self.ledger.give(run.need)
         if run.reads:
