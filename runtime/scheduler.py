@@ -146,8 +146,7 @@ class GangScheduler:
             return None
         if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
             self._poll(_POLL_AFTER)
-        reserved = self._waiting.reserved
-        if reserved is not None and not self.ledger.fits_beside(run.need, reserved.run.need):
+        if self._behind_reservation(run):
             return None
         if self._fits(run) or (self._poll(len(self._in_flight)) and self._fits(run)) or \
                 (self._reclaim() and self._fits(run)):
@@ -231,7 +230,7 @@ class GangScheduler:
         """Returns the queued runs, each with why it is not admitted yet, and the admitted runs still on
         the devices."""
         with self._lock:
-            queued, reserved = [], self._waiting.reserved
+            queued = []
             for queue in self._waiting.queues():
                 for position, item in enumerate(queue):
                     run = item.run
@@ -241,9 +240,8 @@ class GangScheduler:
                         why = "admission, which is held"
                     elif self.policy.windowed and len(self._in_flight) >= self.window:
                         why = f"a place in the {self.policy.name} window ({self.window} runs on the devices)"
-                    elif reserved is not None and item is not reserved and \
-                            not self.ledger.fits_beside(run.need, reserved.run.need):
-                        why = f"run {reserved.run.id}, which holds a reservation (it was overtaken " \
+                    elif self._behind_reservation(run, item):
+                        why = f"run {self._waiting.reserved.run.id}, which holds a reservation (it was overtaken " \
                               f"{OVERTAKES} times)"
                     else:
                         why = shortfall(self.ledger, run.need) or "admission (it fits now)"
@@ -319,11 +317,9 @@ class GangScheduler:
                     return
                 polled = True
             progress = False
-            reserved = self._waiting.reserved
             for item in self._waiting.heads(self.policy, self.device_seconds):
                 run = item.run
-                if reserved is not None and item is not reserved and \
-                        not self.ledger.fits_beside(run.need, reserved.run.need):
+                if self._behind_reservation(run, item):
                     continue
                 if not self._fits(run) and not polled:
                     polled = True
@@ -348,6 +344,13 @@ class GangScheduler:
     def _block(self) -> None:
         self._blocked = True
         self._unblocked.notify_all()
+
+    def _behind_reservation(self, run: Run, item=None) -> bool:
+        """Whether the reservation holds `run` back: another waiting run holds it (not `item`, `run`'s own place
+        in its queue) and `run` does not fit beside it."""
+        reserved = self._waiting.reserved
+        return reserved is not None and item is not reserved and \
+            not self.ledger.fits_beside(run.need, reserved.run.need)
 
     def _fits(self, run: Run) -> bool:
         """Whether `run`'s peak fits now, counting the results donated to it as its own bytes."""
