@@ -5,10 +5,11 @@ on another, in a 2 x N topology. pw-place (strategy=auto) puts both slices on
 island0's N devices, where pw-alias-slices makes them one mesh and
 pw-fuse-island one launch, so nothing crosses DCN (the baseline keeps `b` on
 island1, as a placement by hand would). For each N the benchmark lowers it
-with `pw-lower` and measures the IR (pw ops in the lowered module), the
-serialised plans (JSON bytes) and the time of parse + pipeline + plan
-serialisation, median of `reps` runs, every size's and the baseline's cases
-interleaved.
+with `pw-lower` as `lower()` and `compile` do (the input and the output
+checked in full, not each pass's; README, "Checks between passes") and
+measures the IR (pw ops in the lowered module), the serialised plans (JSON
+bytes) and the time of parse + pipeline + plan serialisation, median of
+`reps` runs, every size's and the baseline's cases interleaved.
 
 The baseline materialises the program per shard, as TF v1 did (Pathways
 section 4.3): a networkx graph with one node per shard of each computation
@@ -121,7 +122,7 @@ def format_table(table: list[dict]) -> str:
 
 def run(quick: bool) -> dict:
     """Measures pw IR size and lowering time against the per-shard baseline for every N."""
-    reps = 3 if quick else 7
+    reps = 3 if quick else 15
     table = rows(SIZES, reps)
     by_n = {r["N"]: r for r in table}
     headline = {"ops_65536_over_8": by_n[65536]["ops"] / by_n[8]["ops"],

@@ -77,8 +77,8 @@ def _position(data: bytes, offset: int, filename: str) -> str:
 
 
 def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool, generic: bool,
-                  emit: str = "ir", program: str | None = None,
-                  filename: str = "<stdin>") -> tuple[str | None, list[Diagnostic]]:
+                  emit: str = "ir", program: str | None = None, filename: str = "<stdin>",
+                  verify_each: bool = True) -> tuple[str | None, list[Diagnostic]]:
     """Parses one chunk and runs the passes; returns its printed IR, or with `emit="plan-json"` the plan
     JSON of `program` (default: the only one), None on error, and diagnostics."""
     from mlir import ir
@@ -92,7 +92,7 @@ def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool, ge
         structural = verify_structure(module)
         if structural:
             return None, structural
-        if not run_passes(module, passes, diagnostics, print_ir_after_all) or diagnostics.has_errors:
+        if not run_passes(module, passes, diagnostics, print_ir_after_all, verify_each) or diagnostics.has_errors:
             return None, diagnostics.diagnostics
         try:
             module.operation.verify()
@@ -170,6 +170,9 @@ class _Command(click.Command):
 @click.option("--verify-diagnostics", is_flag=True, help="Check diagnostics against expected-* comments.")
 @click.option("--mlir-print-ir-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
 @click.option("--mlir-print-op-generic", is_flag=True, help="Print ops in generic form.")
+@click.option("--verify-each", type=bool, default=True, show_default=True,
+              help="Check the IR after every pass and at every phase boundary; false checks the input and the "
+                   "last output only, as lower() does.")
 @click.option("--list-passes", is_flag=True, help="List passes and pipelines with their options.")
 @click.option("--pass-help", default=None, metavar="NAME", help="Describe one pass or pipeline.")
 @click.option("--emit", type=click.Choice(["ir", "plan-json"]), default="ir", show_default=True,
@@ -178,7 +181,7 @@ class _Command(click.Command):
 @click.pass_context
 def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | None,
         split_input_file: bool, verify_diagnostics: bool, mlir_print_ir_after_all: bool,
-        mlir_print_op_generic: bool, list_passes: bool, pass_help: str | None, emit: str,
+        mlir_print_op_generic: bool, verify_each: bool, list_passes: bool, pass_help: str | None, emit: str,
         program: str | None) -> None:
     """Parse pw IR from INPUT ('-' for stdin), run passes, print the result."""
     if list_passes:
@@ -197,7 +200,7 @@ def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | N
     outputs, failed = [], False
     for chunk in split_input(text, split_input_file):
         printed, diagnostics = process_chunk(chunk, passes, mlir_print_ir_after_all, mlir_print_op_generic,
-                                             emit, program, filename)
+                                             emit, program, filename, verify_each)
         if verify_diagnostics:
             try:
                 expectations = parse_expectations(chunk.text)

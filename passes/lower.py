@@ -104,7 +104,7 @@ def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: 
 
 
 def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str = Strategy.AUTO,
-          pin: str = "", fuse: bool = True, explain: bool = False) -> ir.Module:
+          pin: str = "", fuse: bool = True, explain: bool = False, verify_each: bool = False) -> ir.Module:
     """Lowers a device-agnostic module onto `topology`; returns a new, lowered module.
 
     `module` is IR text, which is parsed, or a module, which is copied and
@@ -113,13 +113,18 @@ def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str 
     changes (a device removed, an island added) yields new plans. `explain=True` leaves pw-place's
     `pw.placement_cost` on every slice. Raises `LoweringError` with the
     diagnostics if the program cannot be lowered.
+
+    The input and the output are checked in full; the checks between
+    passes run only with `verify_each=True` (see `run_passes`), as JAX
+    verifies the module it lowered once, and as a release compiler runs
+    without MLIR's verify-each. `pw-opt` runs them by default.
     """
     lowered = parse_module(module, make_context()) if isinstance(module, str) else _copy(module)
     with lowered.context, lowered.operation.location:
         ops.set_topology(lowered, topology)
         diagnostics = DiagnosticEngine()
         passes = lower_pipeline(strategy=strategy, pin=pin, explain=explain, fuse=fuse)
-        if not run_passes(lowered, passes, diagnostics):
+        if not run_passes(lowered, passes, diagnostics, verify_each=verify_each):
             raise LoweringError(diagnostics)
     return lowered
 
@@ -136,10 +141,10 @@ def _copy(source: ir.Module) -> ir.Module:
 
 
 def lower_to_plans(source: ir.Module | str, topology: Topology, strategy: Strategy | str = Strategy.AUTO,
-                   pin: str = "", fuse: bool = True) -> dict[str, ProgramPlan]:
+                   pin: str = "", fuse: bool = True, verify_each: bool = False) -> dict[str, ProgramPlan]:
     """Lowers `source` onto `topology` (as `lower`) and returns the plan of every program, which pw-lower's
     last pass, pw-verify-plans, has checked. Raises `LoweringError` with the diagnostics."""
-    return program_plans(lower(source, topology, strategy=strategy, pin=pin, fuse=fuse))
+    return program_plans(lower(source, topology, strategy=strategy, pin=pin, fuse=fuse, verify_each=verify_each))
 
 
 def load_plans(text: str, topology: Topology | None) -> dict[str, ProgramPlan]:

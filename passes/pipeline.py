@@ -104,7 +104,7 @@ def instantiate(name: str, given: dict[str, str]) -> list[Pass]:
 
 
 def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEngine,
-               print_ir_after_all: bool = False) -> bool:
+               print_ir_after_all: bool = False, verify_each: bool = True) -> bool:
     """Runs `passes` on `module` in MLIR's pass manager; returns True on success.
 
     The first pass that needs verified input, or requires a phase of
@@ -120,7 +120,20 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     module has passed them (MLIR's pass manager itself skips its verifier
     after a pass that preserves everything, which Python passes cannot
     declare to it). IR printed after each pass goes to stderr, as `mlir-opt`.
+
+    `verify_each=False` (`mlir-opt --verify-each=false`) checks only the
+    ends: the input, as above, and the output of the last pass that changes
+    IR. The verifiers do not run after the passes before it, their boundary
+    checks (`Pass.boundary_check`) between the first and last such pass are
+    left out, and a later pass's phase is taken as given: passes are trusted
+    to keep valid IR valid, which the runs with `verify_each=True` (pw-opt's
+    default, and the lit tests) check.
     """
+    changing = [i for i, instance in enumerate(passes) if instance.changes_ir]
+    if not verify_each and changing:
+        passes = [instance for i, instance in enumerate(passes)
+                  if not (instance.boundary_check and changing[0] < i < changing[-1])]
+    last_change = next((instance for instance in reversed(passes) if instance.changes_ir), None)
     if not passes:
         return True
     manager = PassManager("builtin.module", context=module.context)
@@ -132,6 +145,7 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     verified = []  # holds True once the input passed pw-verify's checks
     phased = set()  # the phases the module was found in (a pass that changes IR empties it)
     structured = []  # holds True once the module passed the structural verifier and MLIR's
+    changed = []  # holds True once a pass changed the IR
 
     def adapt(instance: Pass):
         def run(op: ir.Operation, mlir_pass) -> None:
@@ -142,7 +156,7 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                     return
                 verified.append(True)
             phase = instance.requires_phase
-            if phase is not None and phase not in phased:
+            if phase is not None and phase not in phased and (verify_each or not changed):
                 for at, message in phase_problems(op, phase):
                     diagnostics.error(at, f"{message}, before {instance.name}")
                 if diagnostics.error_count > before:
@@ -152,11 +166,12 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
             instance.run(op, diagnostics)
             if instance.changes_ir:
                 phased.clear()
+                changed.append(True)
             elif isinstance(instance, VerifyPhasePass) and diagnostics.error_count == before:
                 phased.add(instance.phase)
             if isinstance(instance, VerifyPass) and diagnostics.error_count == before:
                 verified.append(True)
-            if instance.changes_ir or not structured:
+            if (instance.changes_ir and (verify_each or instance is last_change)) or not structured:
                 for problem in verify_structure(op):
                     diagnostics.diagnostics.append(
                         Diagnostic(problem.severity, problem.location,

@@ -107,6 +107,10 @@ class Pass:
     # False for a pass that only checks the module: the driver does not run the
     # structural verifier or MLIR's again after it once an earlier pass's result passed.
     changes_ir: ClassVar[bool] = True
+    # True for a check that pipelines place at phase boundaries so that a bug is caught at the pass that
+    # made it (pw-verify, pw-verify-phase): with `verify_each=False` the driver runs such a check only
+    # before the first pass that changes IR and after the last.
+    boundary_check: ClassVar[bool] = False
 
     def __post_init__(self):
         """Parses an enum option given by its name (`PlacePass(strategy="pack")`), as a pipeline string's."""

@@ -341,6 +341,7 @@ class VerifyPass(Pass):
     name = "pw-verify"
     summary = "Check the semantic rules of the pw dialect (symbols, shardings, placement of values)"
     changes_ir = False
+    boundary_check = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         verify_module(module, diagnostics)

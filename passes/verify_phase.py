@@ -33,6 +33,7 @@ class VerifyPhasePass(Pass):
     name = "pw-verify-phase"
     summary = "Check every op against the phase table: legal in the phase, carrying the marks it requires"
     changes_ir = False
+    boundary_check = True
     needs_verified_input = True
     phase: Phase = option(Phase.INPUT, "input, placed, lowered, partitioned, scheduled or planned")
 

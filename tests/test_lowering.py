@@ -8,8 +8,12 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
+from pathways_mlir.benchmarks.lowering_scale import chain_program
+from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.passes import LoweringError, lower, program_plans
 from pathways_mlir.passes.cost import Cost, executable_cost
+from pathways_mlir.passes.pipeline import run_passes
+from pathways_mlir.passes.registry import Pass
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 THREE_BLOCKS = (ROOT / "examples" / "three_blocks.mlir").read_text()
@@ -112,6 +116,40 @@ def test_lower_keeps_module_attributes_and_replaces_the_topology(context):
 def test_lowering_errors_carry_diagnostics():
     with pytest.raises(LoweringError, match="cannot place slice @slice_b: it needs 4 devices in one island"):
         lower(THREE_BLOCKS, Topology.uniform(2, 2))
+
+
+@pytest.mark.parametrize("source, strategy, fuse", [
+    (THREE_BLOCKS, "spread", True), (THREE_BLOCKS, "auto", False), (BRANCHY, "auto", True),
+    (chain_program(4), "auto", True)])
+def test_checks_between_passes_change_nothing(source, strategy, fuse):
+    # lower() leaves out the checks between passes; with them every phase boundary is checked, and the
+    # lowered module is the same.
+    checked = lower(source, Topology.uniform(2, 4), strategy=strategy, fuse=fuse, verify_each=True)
+    unchecked = lower(source, Topology.uniform(2, 4), strategy=strategy, fuse=fuse)
+    assert str(unchecked) == str(checked)
+
+
+def test_without_verify_each_only_the_ends_are_checked(context):
+    ran = []
+
+    class Check(Pass):
+        name, summary, changes_ir, boundary_check = "test-check", "records that it ran", False, True
+
+        def run(self, op, diagnostics):
+            ran.append("check")
+
+    class Change(Pass):
+        name, summary = "test-change", "records that it ran"
+
+        def run(self, op, diagnostics):
+            ran.append("change")
+
+    passes = [Check(), Change(), Check(), Change(), Check(), Change(), Check()]
+    for verify_each, expected in ((True, ["check", "change"] * 3 + ["check"]),
+                                  (False, ["check", "change", "change", "change", "check"])):
+        ran.clear()
+        assert run_passes(ir.Module.parse(THREE_BLOCKS), passes, DiagnosticEngine(), verify_each=verify_each)
+        assert ran == expected
 
 
 @pytest.mark.parametrize("body, cost", [

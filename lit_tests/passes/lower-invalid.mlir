@@ -1,7 +1,9 @@
 // RUN: pw-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(pw-lower{topology=2x4})'
+// RUN: pw-opt %s --split-input-file --verify-diagnostics --verify-each=false --pass-pipeline='builtin.module(pw-lower{topology=2x4})'
 // RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-lower{topology=2x4 strategy=random})' 2>&1 | FileCheck %s --check-prefix=OPTION
 
-// pw-lower stops at the first phase that fails, with that pass's diagnostic.
+// pw-lower stops at the first phase that fails, with that pass's diagnostic;
+// the input's errors are the same without the checks between passes.
 
 // OPTION: invalid pass pipeline: option 'strategy' of 'pw-place' takes auto, spread or pack, not 'random'
 
