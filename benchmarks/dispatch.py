@@ -11,7 +11,7 @@ devices of one island:
 - ours Chained: one traced program of K calls, one run, lowered without
   launch fusion (the paper's Chained);
 - ours Chained+fusion: the same program lowered with `pw-lower`'s launch
-  fusion on (unavailable, and marked so, until `pw-lower` has the option);
+  fusion on;
 - ours Fused: the K steps fused into one compiled function (a `fori_loop`),
   one run of a one-computation program;
 - JAX OpByOp / JAX Fused: the same two with `jax.jit` on the same devices;
@@ -96,9 +96,8 @@ def ray_task_step(x: np.ndarray) -> np.ndarray:
     return np.asarray(_jitted(len(x))(jax.device_put(x, sharding(len(x)))))
 
 
-def cases(client: Client, ray, n: int, k: int) -> tuple[dict, dict]:
-    """Returns the cases on `n` devices, each running `k` computations and waiting for the last, and
-    {case: why} for those this runtime cannot run."""
+def cases(client: Client, ray, n: int, k: int) -> dict:
+    """Returns the cases on `n` devices, each running `k` computations and waiting for the last."""
     s = pw.virtual_slice(n, axes="x")
     step = pw.jit(allreduce_add, slice=s, in_specs=P("x"), out_specs=P("x"))
     fused_step = pw.jit(fused(k), slice=s, in_specs=P("x"), out_specs=P("x"))
@@ -111,11 +110,7 @@ def cases(client: Client, ray, n: int, k: int) -> tuple[dict, dict]:
 
     x = jax.device_put(np.zeros(n, np.float32), sharding(n))
     chained_plain = harness.compile_program(chained, (x,), client.runtime, fuse=False)
-    unavailable = {}
-    try:
-        chained_fused = harness.compile_program(chained, (x,), client.runtime, fuse=True)
-    except harness.Unavailable as e:
-        chained_fused, unavailable["ours Chained+fusion"] = None, str(e)
+    chained_fused = harness.compile_program(chained, (x,), client.runtime, fuse=True)
     jax_step, jax_fused = _jitted(n), jax.jit(fused(k), out_shardings=sharding(n))
     actor = ray.remote(RayIsland).options(num_cpus=0).remote(n)
     task = ray.remote(ray_task_step)
@@ -155,7 +150,7 @@ def cases(client: Client, ray, n: int, k: int) -> tuple[dict, dict]:
         "Ray actor": ray_actor,
         "Ray task": ray_task,
     }
-    return {case: fn for case, fn in every.items() if case not in unavailable}, unavailable
+    return every
 
 
 def run(quick: bool) -> dict:
@@ -168,19 +163,16 @@ def run(quick: bool) -> dict:
         client = Client(runtime)
         try:
             for n in DEVICES:
-                measured, unavailable = cases(client, ray, n, k)
-                times = harness.measure(measured, repetitions, seed=n)
+                times = harness.measure(cases(client, ray, n, k), repetitions, seed=n)
                 rows += [{"devices": n, "case": case, "computations_per_s": k / harness.median(times[case]),
-                          "spread": harness.spread(times[case])} if case in times else
-                         {"devices": n, "case": case, "computations_per_s": None, "note": unavailable[case]}
-                         for case in CASES]
+                          "spread": harness.spread(times[case])} for case in CASES]
         finally:
             client.close()
             runtime.close()
     rate = {(r["devices"], r["case"]): r["computations_per_s"] for r in rows}
 
     def ratio(n, ours, baseline):
-        return None if rate[n, ours] is None else rate[n, ours] / rate[n, baseline]
+        return rate[n, ours] / rate[n, baseline]
 
     headline = {}
     for name, (ours, baseline) in RATIOS.items():
@@ -196,10 +188,7 @@ def run(quick: bool) -> dict:
 def plot(record: dict, ax) -> None:
     """Figure 5: computations per second against devices, one line per case (log scale)."""
     for case in CASES:
-        points = [(r["devices"], r["computations_per_s"]) for r in record["rows"]
-                  if r["case"] == case and r["computations_per_s"] is not None]
-        if not points:
-            continue
+        points = [(r["devices"], r["computations_per_s"]) for r in record["rows"] if r["case"] == case]
         ax.plot(*zip(*points), marker="o", linestyle="-" if case.startswith("ours") else "--", label=case)
     ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="computations / s",
            title="Dispatch throughput of a scalar all-reduce + add")

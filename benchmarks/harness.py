@@ -56,37 +56,17 @@ def measure(cases: Mapping[str, Callable[[], Any]], repetitions: int, seed: int 
     return times
 
 
-# The one place benchmarks name pw-lower's launch-fusion option (issue 9's
-# `pw-fuse-launches`, on by default once it lands, `fuse=false` turning it
-# off). Until `lower()` accepts it, cases that need fusion are unavailable and
-# the others lower as today, which never fuses.
-FUSE_OPTION = "fuse"
-
-
-class Unavailable(Exception):
-    """A case this runtime cannot run yet; its row is kept with a note instead of a figure."""
-
-
-def compile_program(traceable, args: tuple, runtime, fuse: bool | None = None) -> Callable[..., Any]:
+def compile_program(traceable, args: tuple, runtime, fuse: bool = True) -> Callable[..., Any]:
     """Lowers a program (or placed function) for `args` on `runtime`'s topology, with launch fusion
-    on, off, or (None) as `pw-lower` defaults; returns `run(client, *args)`, which starts one run
-    and returns its outputs as handles. Raises `Unavailable` if fusion is asked for and `pw-lower`
-    has no such option."""
+    (pw-lower's `fuse`) on or off; returns `run(client, *args)`, which starts one run
+    and returns its outputs as handles."""
     import jax
 
     from pathways_mlir.passes import lower_to_plans
 
     lowered = traceable.lower(*jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args))
     topology = runtime.resources.snapshot()[1]
-    try:
-        plans = lower_to_plans(lowered.module, topology, **({} if fuse is None else {FUSE_OPTION: fuse}))
-    except TypeError as e:
-        if FUSE_OPTION not in str(e):
-            raise
-        if fuse:
-            raise Unavailable(f"pw-lower has no '{FUSE_OPTION}' option yet") from None
-        plans = lower_to_plans(lowered.module, topology)  # no fusion pass exists: nothing is fused
-    plan = plans[lowered.program]
+    plan = lower_to_plans(lowered.module, topology, fuse=fuse)[lowered.program]
 
     def run(client, *call_args):
         handles = client.run(plan, jax.tree_util.tree_leaves(call_args))

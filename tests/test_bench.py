@@ -3,7 +3,6 @@
 import json
 import math
 import pathlib
-import types
 
 import pytest
 
@@ -89,49 +88,6 @@ def test_same_results_compares_whole_trees():
     b[0][1, 2] += 1.0                          # a difference outside row 0 is seen
     assert not harness.same_results(a, b)
     assert not harness.same_results(a, a[:1])
-
-
-class _FakeProgram:
-    """Stands for a traced program: `lower` gives a module, a program name and an output tree."""
-
-    def lower(self, *avals):
-        import jax
-
-        return types.SimpleNamespace(module="module", program="p", out_tree=jax.tree_util.tree_structure(0))
-
-
-def _fake_runtime():
-    return types.SimpleNamespace(resources=types.SimpleNamespace(snapshot=lambda: (0, "topology")))
-
-
-@pytest.mark.parametrize("has_option", [False, True])
-def test_fusion_is_asked_for_in_one_place(monkeypatch, has_option):
-    """`compile_program` passes `fuse` to pw-lower under FUSE_OPTION; without that option a fused
-    case is unavailable and an unfused one lowers as before."""
-    import numpy as np
-
-    import pathways_mlir.passes as passes
-
-    calls = []
-
-    def lower_to_plans(module, topology, **options):
-        if options and not has_option:
-            raise TypeError(f"lower_to_plans() got an unexpected keyword argument '{next(iter(options))}'")
-        calls.append(options)
-        return {"p": "plan"}
-
-    monkeypatch.setattr(passes, "lower_to_plans", lower_to_plans)
-    x = np.zeros(2, np.float32)
-    client = types.SimpleNamespace(run=lambda plan, leaves: ["handle"])
-    run = harness.compile_program(_FakeProgram(), (x,), _fake_runtime(), fuse=False)
-    assert run(client, x) == "handle"
-    if has_option:
-        harness.compile_program(_FakeProgram(), (x,), _fake_runtime(), fuse=True)
-        assert calls == [{harness.FUSE_OPTION: False}, {harness.FUSE_OPTION: True}]
-    else:
-        with pytest.raises(harness.Unavailable, match=harness.FUSE_OPTION):
-            harness.compile_program(_FakeProgram(), (x,), _fake_runtime(), fuse=True)
-        assert calls == [{}]
 
 
 def test_record_has_the_interface_keys():
