@@ -13,16 +13,18 @@ parsed once, by `parse_policy`, into one of these objects:
 Every policy but `fifo` admits at most `window` runs onto the devices at a time (the runs queued
 beyond it are the ones the policy orders); each class's `default_window` gives its default.
 
-The scheduler asks a policy three things: in which order to look at the clients' oldest queued runs
-(`order`), what to record when it admits a run (`admitted`: `share` advances the client's virtual
-time by the run's estimate), and when a run is over (`retired`: `share` corrects that by the run's
-measured device time). All are called under the scheduler's lock.
+The scheduler tells a policy when a run arrives (`arrived`, for a policy that `follows_arrivals`:
+`share` moves a client back from a pause up to the others), asks it in which order to look at the
+clients' oldest queued runs (`order`), tells it when it admits a run (`admitted`: `share` advances the
+client's virtual time by the run's estimate), when a run is over (`retired`: `share` corrects that by
+the run's measured device time), and when a client closed (`forget`). All are called under the
+scheduler's lock.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 if TYPE_CHECKING:
     from .run import Run
@@ -51,13 +53,23 @@ class Policy:
         """Sorts the clients' oldest queued runs into the order they are looked at (ties: arrival)."""
         heads.sort(key=lambda item: item.arrival)
 
-    def admitted(self, run: Run, waiting: Iterable[int], device_seconds: DeviceSeconds) -> None:
-        """Records that `run` is admitted while the clients `waiting` have runs queued."""
+    # True for a policy that `arrived` must be told of (the scheduler then works out whether the client was
+    # idle, which costs a look at the runs in flight).
+    follows_arrivals: ClassVar[bool] = False
+
+    def arrived(self, run: Run, idle: bool, device_seconds: DeviceSeconds) -> None:
+        """Records that `run` was submitted; `idle`: its client had no run queued or on the devices."""
+
+    def admitted(self, run: Run, device_seconds: DeviceSeconds) -> None:
+        """Records that `run` is admitted."""
 
     def retired(self, run: Run, seconds: float) -> None:
         """Records that `run` is over, having taken `seconds` of device time (as its islands measured it, at
         most twice its plan's average (`runtime/device_estimates.py`), or its plan's estimate if they could
         not tell)."""
+
+    def forget(self, client_id: int) -> None:
+        """Forgets a client that closed (its runs still in flight may retire after this)."""
 
 
 class Fifo(Policy):
@@ -74,29 +86,46 @@ class Share(Policy):
     """Proportional share of device time by client weight: start-time fair queueing. The run with the
     smallest virtual start time goes first; each client's virtual time advances by its admitted runs'
     estimated device time over their weight, and is corrected by what each run measured once it is over
-    (so a client is charged the device time its runs took, not what they were expected to take)."""
+    (so a client is charged the device time its runs took, not what they were expected to take).
+
+    A client new to the policy starts at the virtual start of the latest run admitted. One that was idle
+    (nothing queued or on the devices) starts again no earlier than that, less a credit of one window of
+    its run's estimate: it does not get the devices alone for as long as it paused, and it keeps the
+    corrections of its last runs that took less than estimated (as CFS bounds the credit of a task that
+    wakes up)."""
 
     name = "share"
     default_window = 4
+    follows_arrivals = True
 
     def __init__(self, window: int | None = None):
         super().__init__(window)
         self.virtual: dict[int, float] = {}      # client -> its virtual time
+        self.now = 0.0                           # the virtual start of the latest run admitted
 
     def order(self, heads: list[WaitingRun], device_seconds: DeviceSeconds) -> None:
-        floor = min(self.virtual.get(item.run.client_id, 0.0) for item in heads)
-        heads.sort(key=lambda item: (max(self.virtual.get(item.run.client_id, 0.0), floor), item.run.client_id))
+        heads.sort(key=lambda item: (self.virtual.get(item.run.client_id, self.now), item.run.client_id))
 
-    def admitted(self, run: Run, waiting: Iterable[int], device_seconds: DeviceSeconds) -> None:
-        start = self.virtual.get(run.client_id, 0.0)
-        floor = min([start] + [self.virtual.get(c, 0.0) for c in waiting])
+    def arrived(self, run: Run, idle: bool, device_seconds: DeviceSeconds) -> None:
+        if run.client_id not in self.virtual:
+            self.virtual[run.client_id] = self.now
+        elif idle:
+            floor = self.now - self.window * device_seconds(run) / run.weight
+            self.virtual[run.client_id] = max(self.virtual[run.client_id], floor)
+
+    def admitted(self, run: Run, device_seconds: DeviceSeconds) -> None:
+        start = self.virtual.get(run.client_id, self.now)
+        self.now = max(self.now, start)
         run.charged = device_seconds(run)
-        self.virtual[run.client_id] = max(start, floor) + run.charged / run.weight
+        self.virtual[run.client_id] = start + run.charged / run.weight
 
     def retired(self, run: Run, seconds: float) -> None:
         if run.client_id in self.virtual:
             self.virtual[run.client_id] += (seconds - run.charged) / run.weight
         run.charged = seconds
+
+    def forget(self, client_id: int) -> None:
+        self.virtual.pop(client_id, None)
 
 
 class ShortestJobFirst(Policy):

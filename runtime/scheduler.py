@@ -121,6 +121,8 @@ class GangScheduler:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the runtime is closed")
+            if self.policy.follows_arrivals:
+                self.policy.arrived(run, self._idle(run.client_id), self.device_seconds)
             if run.reads:
                 self._results.read(run)
             try:
@@ -134,6 +136,11 @@ class GangScheduler:
                 return
         for island, work in jobs:
             island.run_inline(work)
+
+    def _idle(self, client_id: int) -> bool:
+        """Whether a client has no run queued and none on the devices. Under the lock."""
+        return not self._waiting.has_client(client_id) and \
+            all(run.client_id != client_id for run in self._in_flight.values())
 
     def _admit_now(self, run: Run, works: Works) -> list | None:
         """Admits a run that fits if nothing of its client is queued (returns the work to run inline), or
@@ -193,6 +200,7 @@ class GangScheduler:
         """A client closed: the bytes of every result it held go back."""
         with self._lock:
             self._results.release_client(client_id)
+            self.policy.forget(client_id)
             self._pump()
 
     def wake(self) -> None:
@@ -386,7 +394,7 @@ class GangScheduler:
         self._results.hand_over(run)
         self.ledger.take(run.need)
         self._in_flight[run.id] = run
-        self.policy.admitted(run, self._waiting.clients(), self.device_seconds)
+        self.policy.admitted(run, self.device_seconds)
         jobs = self._deliver(run, works, inline)
         run.admitted = True
         self._admissions.notify_all()

@@ -53,10 +53,6 @@ class WaitingRuns:
         """Whether a run of this client waits."""
         return bool(self._queues.get(client_id))
 
-    def clients(self) -> list[int]:
-        """Returns the clients with a waiting run."""
-        return [client for client, queue in self._queues.items() if queue]
-
     def queues(self) -> Iterator[collections.deque[WaitingRun]]:
         """Yields each client's waiting runs, oldest first."""
         return iter(self._queues.values())

@@ -85,13 +85,71 @@ def test_share_charges_what_runs_measured_not_what_they_were_expected_to_take():
             heads.append(_Head(Run(None, 0, client, (), {}), arrival))
         policy.order(heads, lambda run: 1.0)
         run = heads[0].run
-        policy.admitted(run, [0, 1], lambda run: 1.0)
+        policy.admitted(run, lambda run: 1.0)
         assert run.charged == 1.0
         policy.retired(run, took[run.client_id])
         order.append(run.client_id)
     assert order.count(1) == 3 * order.count(0)
     assert policy.virtual[0] == pytest.approx(3.0 * order.count(0))
     assert policy.virtual[1] == pytest.approx(1.0 * order.count(1))
+
+
+def _share_order(policy: Share, took: dict[int, float], steps: int, in_flight: int = 1) -> list[int]:
+    """Admits `steps` runs of the clients in `took` (each estimated at 1 s, taking `took[client]` s), with at
+    most `in_flight` of them on the devices (the oldest is over before another is admitted); every client
+    always has a run queued, and one new to the policy arrives. Returns the clients in the order they
+    were admitted."""
+    order, arrival, flying = [], 0, []
+    queued = {client: _Head(Run(None, 0, client, (), {}), client) for client in took}
+    for client in took:
+        if client not in policy.virtual:
+            policy.arrived(queued[client].run, True, lambda run: 1.0)
+    for _ in range(steps):
+        if len(flying) == in_flight:
+            run = flying.pop(0)
+            policy.retired(run, took[run.client_id])
+        heads = list(queued.values())
+        policy.order(heads, lambda run: 1.0)
+        run = heads[0].run
+        arrival += 1
+        queued[run.client_id] = _Head(Run(None, 0, run.client_id, (), {}), arrival)
+        policy.admitted(run, lambda run: 1.0)
+        flying.append(run)
+        order.append(run.client_id)
+    for run in flying:
+        policy.retired(run, took[run.client_id])
+    return order
+
+
+def test_share_gives_a_client_back_from_a_pause_its_share_not_the_devices_alone():
+    policy = Share()
+    _share_order(policy, {0: 1.0, 1: 1.0}, 100)
+    _share_order(policy, {0: 1.0}, 100)          # client 1 pauses while client 0 goes on alone
+    policy.arrived(Run(None, 0, 1, (), {}), True, lambda run: 1.0)
+    back = _share_order(policy, {0: 1.0, 1: 1.0}, 40)
+    # Up to a window of credit, then one run each: not the 100 runs it missed.
+    assert back.count(1) <= 20 + policy.window
+    # A client new to the policy starts where the others are.
+    late = _share_order(policy, {0: 1.0, 1: 1.0, 2: 1.0}, 60)
+    assert late.count(2) <= 20 + 1
+
+
+def test_share_bounds_the_credit_of_a_client_back_from_idle_to_one_window():
+    policy = Share(window=4)
+    _share_order(policy, {0: 1.0, 1: 0.5, 2: 1.0}, 90, in_flight=4)
+    now = policy.now
+    # Client 1's runs took half their estimate: the credit of its last runs' corrections is kept ...
+    policy.virtual[1] = now - 1.5
+    policy.arrived(Run(None, 0, 1, (), {}), True, lambda run: 1.0)
+    assert policy.virtual[1] == now - 1.5
+    # ... while one that fell far behind (it was idle) comes back a window's estimate behind the others.
+    policy.virtual[2] = now - 50.0
+    policy.arrived(Run(None, 0, 2, (), {}), True, lambda run: 1.0)
+    assert policy.virtual[2] == now - 4 * 1.0
+    # A client with runs queued or on the devices was not idle: it keeps what it has.
+    policy.virtual[0] = now - 50.0
+    policy.arrived(Run(None, 0, 0, (), {}), False, lambda run: 1.0)
+    assert policy.virtual[0] == now - 50.0
 
 
 def test_one_run_that_waited_for_a_core_does_not_multiply_its_plans_estimate():

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_admission_and_lifetimes import X, cross_island
+from test_admission_and_lifetimes import cross_island
 
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
@@ -248,6 +248,31 @@ def test_shares_follow_client_weights(device_map, plan_builder):
         charged = {c.id: sum(r.charged for r in runs[c is heavy::2][:delivered[c.id]]) for c in (light, heavy)}
         ratio = charged[heavy.id] / charged[light.id]
         assert 2.5 <= ratio <= 3.5, (delivered, charged)
+    finally:
+        rt.close()
+
+
+def test_a_client_back_from_a_pause_shares_the_devices_and_does_not_take_them(device_map, plan_builder):
+    p = plan_builder(device_map.topology)
+    v = p.slice("v", (4,), ("x",), "island0", (0, 4))
+    out = p.launch(stage_a, [p.input((8, 16), v, [("x",), ()])], v, [("x",), ()])
+    plan = p.build([out])
+    rt = Runtime(device_map, policy="share", window=1)
+    try:
+        steady, returning = Client(rt), Client(rt)
+        for client, count in ((returning, 5), (steady, 60)):     # then `returning` pauses while `steady` runs
+            for _ in range(count):
+                rt.wait(client.start(plan, [X]), timeout=120)
+        rt.scheduler.hold()                        # both queue up; `returning` arrives idle
+        runs = [client.start(plan, [X]) for _ in range(20) for client in (steady, returning)]
+        first = len(rt.scheduler.delivered)
+        rt.scheduler.release()
+        for r in runs:
+            rt.wait(r, timeout=120)
+        # Start-time fair queueing without the return rule gave `returning` the first 20 deliveries: its
+        # virtual time was 55 runs behind. Now it is at most a window ahead, then the two take turns.
+        back = [c for _, c in list(rt.scheduler.delivered)[first:first + 20]]
+        assert back.count(returning.id) <= 14, back
     finally:
         rt.close()
 
