@@ -223,11 +223,15 @@ def test_a_launch_that_can_never_fit_fails_clearly(device_map, plan_builder):
         rt.close()
 
 
-def test_shares_follow_client_weights(device_map, plan_builder):
-    p = plan_builder(device_map.topology)
+def _one_launch(plan_builder, topology):
+    """A plan of one `stage_a` launch on island0's 4 devices."""
+    p = plan_builder(topology)
     v = p.slice("v", (4,), ("x",), "island0", (0, 4))
-    out = p.launch(stage_a, [p.input((8, 16), v, [("x",), ()])], v, [("x",), ()])
-    plan = p.build([out])
+    return p.build([p.launch(stage_a, [p.input((8, 16), v, [("x",), ()])], v, [("x",), ()])])
+
+
+def test_shares_follow_client_weights(device_map, plan_builder):
+    plan = _one_launch(plan_builder, device_map.topology)
     rt = Runtime(device_map, policy="share", window=1)
     try:
         light, heavy = Client(rt, weight=1), Client(rt, weight=3)
@@ -253,10 +257,7 @@ def test_shares_follow_client_weights(device_map, plan_builder):
 
 
 def test_a_client_back_from_a_pause_shares_the_devices_and_does_not_take_them(device_map, plan_builder):
-    p = plan_builder(device_map.topology)
-    v = p.slice("v", (4,), ("x",), "island0", (0, 4))
-    out = p.launch(stage_a, [p.input((8, 16), v, [("x",), ()])], v, [("x",), ()])
-    plan = p.build([out])
+    plan = _one_launch(plan_builder, device_map.topology)
     rt = Runtime(device_map, policy="share", window=1)
     try:
         steady, returning = Client(rt), Client(rt)
