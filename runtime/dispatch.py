@@ -52,8 +52,8 @@ class LoadedPlan:
     """A plan as a runtime holds it: host work done once, so a run costs a lookup and a message."""
 
     key: int
-    source: ProgramPlan                        # the plan as given (its identity is the cache key)
-    plan: ProgramPlan                          # the same plan, with its frees and peaks (pw-plan-memory)
+    plan: ProgramPlan                          # the plan as given (its identity is the cache key), with its
+                                               # frees and peaks (pw-plan-memory)
     islands: tuple[str, ...]                   # every island with steps or buffers
     need: Need
     inputs: tuple[tuple[int, str | None, tuple[int, ...]], ...]   # (buffer, island, shape) per argument
@@ -73,14 +73,13 @@ class LoadedPlan:
         return need
 
     @staticmethod
-    def build(key: int, source: ProgramPlan) -> "LoadedPlan":
+    def build(key: int, plan: ProgramPlan) -> "LoadedPlan":
         """Works out what every run reuses (the plan's frees and peaks come from pw-plan-memory)."""
-        plan = source
         held = plan.conds_before
         islands = {i for i, steps in plan.islands.items() if steps}
         islands |= {plan.island_of(b) for b in plan.buffers} - {None}
         return LoadedPlan(
-            key, source, plan, tuple(sorted(islands)), run_need(plan),
+            key, plan, tuple(sorted(islands)), run_need(plan),
             tuple((b, plan.island_of(b), plan.buffers[b].shape) for b in plan.inputs),
             {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
             held, device_seconds(plan))

@@ -103,7 +103,7 @@ class Runtime:
         whose plan is still compiling waits alone, and no island, client or scheduler waits for it.
         """
         loaded = self._loaded.get(id(plan))
-        if loaded is not None and loaded.source is plan:
+        if loaded is not None and loaded.plan is plan:
             return loaded
         with self._lock:
             loading = self._loading.setdefault(id(plan), threading.Lock())
@@ -117,7 +117,7 @@ class Runtime:
     def _load(self, plan: ProgramPlan) -> LoadedPlan:
         """Loads a plan once (under its own loading lock)."""
         loaded = self._loaded.get(id(plan))
-        if loaded is not None and loaded.source is plan:
+        if loaded is not None and loaded.plan is plan:
             return loaded
         plan.validate()
         check_plan(plan)         # untrusted executables are refused before anything compiles them
@@ -137,7 +137,7 @@ class Runtime:
     def lane(self, plan: ProgramPlan) -> FastLane | None:
         """Returns the fast lane of `plan` (loading it first if it is not loaded), or None if it has none."""
         loaded = self._loaded.get(id(plan))
-        if loaded is None or loaded.source is not plan:
+        if loaded is None or loaded.plan is not plan:
             self.load(plan)
         return self._lanes.get(id(plan))
 
