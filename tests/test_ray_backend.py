@@ -157,6 +157,93 @@ def test_a_run_taking_a_failed_runs_result_fails_naming_it(ray_runtime):
             np.asarray(across.run(made, client=client))
 
 
+@pw.program
+def on_left(x):
+    return grow(x)          # island0
+
+
+@pw.program
+def on_right(x):
+    return bend(x)          # island1
+
+
+def fetches(runtime) -> dict:
+    """The driver's fetch messages so far, per island."""
+    return {name: island.calls["fetch"] for name, island in runtime.islands.items()}
+
+
+def test_a_handle_goes_island_to_island_for_an_input_on_another_island(ray_runtime):
+    """A result kept on island0, passed to a program on island1 and released right after the call: island1
+    pulls it from island0's transfer server; the driver never fetches it."""
+    with Client(ray_runtime) as client:
+        y = across.run(X, client=client)
+        before, fetched = moves(ray_runtime), fetches(ray_runtime)
+        out = on_right.run(y, client=client)
+        y.delete()
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.asarray(jax.jit(bend.fn)(expected(X))), rtol=1e-5)
+        after = moves(ray_runtime)
+        assert fetches(ray_runtime)["island0"] == fetched["island0"]
+        assert moved(before, after, "island1", "island0", "arguments_pulled") == 1
+        assert moved(before, after, "island0", "island1", "arguments_offered") == 1
+        assert "arguments pulled " in str(ray_runtime.status())
+        assert ray_runtime.object_count() == 1
+
+
+def test_a_chain_across_islands_passes_handles_island_to_island(ray_runtime):
+    """x = on_right(on_left(x)), four times, each handle released once passed on: every value goes from one
+    island to the other directly, and only the last is fetched."""
+    g, b = jax.jit(grow.fn), jax.jit(bend.fn)
+    with Client(ray_runtime) as client:
+        on_left.compiled(X, runtime=ray_runtime), on_right.compiled(X, runtime=ray_runtime)
+        before, fetched = moves(ray_runtime), fetches(ray_runtime)
+        x, want = on_left.run(X, client=client), g(X)
+        for i in range(4):
+            nxt = on_right.run(x, client=client)
+            x.delete()
+            want = b(want)
+            if i < 3:
+                x = on_left.run(nxt, client=client)
+                nxt.delete()
+                want = g(want)
+            else:
+                x = nxt
+        assert fetches(ray_runtime) == fetched
+        np.testing.assert_allclose(np.asarray(x.result(60)), np.asarray(want), rtol=1e-5)
+        after = moves(ray_runtime)
+        assert moved(before, after, "island1", "island0", "arguments_pulled") == 4
+        assert moved(before, after, "island0", "island1", "arguments_pulled") == 3
+        assert ray_runtime.object_count() == 1
+
+
+@pytest.mark.parametrize("program", ["same island", "other island"])
+def test_a_release_while_the_run_waits_for_admission_waits_for_its_start(ray_runtime, program):
+    """The handle is released while the run that takes it is queued (admission held): the release waits for
+    that run's start, so the run still reads the result, which is gone once the run took it."""
+    taking = across if program == "same island" else on_right
+    with Client(ray_runtime) as client:
+        taking.compiled(X, runtime=ray_runtime)
+        y = across.run(X, client=client)
+        y.result(60)
+        ray_runtime.scheduler.hold()
+        try:
+            out = taking.run(y, client=client)
+            y.delete()
+            assert ray_runtime.object_count() == 1       # y, held back while its reader is queued
+        finally:
+            ray_runtime.scheduler.release()
+        fn = expected if taking is across else (lambda v: np.asarray(jax.jit(bend.fn)(v)))
+        np.testing.assert_allclose(np.asarray(out.result(60)), fn(expected(X)), rtol=1e-5)
+        assert ray_runtime.object_count() == 1          # out alone
+        ray_runtime.scheduler.hold()
+        try:
+            queued = on_right.run(out, client=client)
+            out.delete()
+            assert client.cancel(queued)                # never started: its pin goes, and out's release
+        finally:
+            ray_runtime.scheduler.release()
+        assert ray_runtime.object_count() == 0
+
+
 def moves(runtime) -> dict:
     """Per island, per peer: how its moves went (`transfers` in the island's status)."""
     return {name: island.status()["transfers"] for name, island in runtime.islands.items()}
