@@ -312,11 +312,14 @@ def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):
 
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
     """Last for each runtime: island1's actor is killed. Programs move to island0 (the compiled graph, which
-    held the dead actor, gives way to actor calls), and restore_island brings a fresh actor back."""
+    held the dead actor, gives way to actor calls), a result it kept raises `IslandLost` when passed on, and
+    restore_island brings a fresh actor back."""
     double = pw.program(pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(2, axes="x", name="anywhere"),
                                in_specs=P("x"), out_specs=P("x")))
     with Client(ray_runtime) as client:
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+        kept = on_right.run(X, client=client)            # kept on island1
+        kept.result(60)
         version = ray_runtime.resources.version
         ray.kill(ray.get_actor(island_name("island1"), namespace=NAMESPACE))
         deadline = time.monotonic() + 60
@@ -328,7 +331,11 @@ def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
             across.run(X, client=client)
         np.testing.assert_array_equal(np.asarray(double.run(X, client=client)), X * 2)
         assert not ray_runtime.islands.compiled_graph
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+            on_left.run(kept, client=client)             # its holder died: no reference to it is sent
         ray_runtime.restore_island("island1")
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+            on_left.run(kept, client=client)             # nor to the fresh actor, which never had it
         for k in range(3):
             np.testing.assert_array_equal(np.asarray(across.run(X * k, client=client)), expected(X * k))
     assert ray_runtime.object_count() == 0

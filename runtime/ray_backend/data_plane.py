@@ -16,8 +16,8 @@ A handle passed to a run whose input lives on another island travels the
 same way (`PeerRef` in the run's work, `runtime/island_work.py`): the
 receiving island pulls it (`pull_arguments`, keyed by the receiving run and
 input buffer, which no move of the plan is keyed by: an input is never a
-recv's destination) and hands it to its run as an awaited argument
-(`Island.argument`); the island that keeps it is told in the same start
+recv's destination) and a thread waiting for that pull alone hands it to its
+run as an awaited argument (`Island.argument`); the island that keeps it is told in the same start
 message stream (`lend`, before any later release) and offers it once its run
 has produced it (`Island.lend`), or an error in its place.
 
@@ -128,8 +128,9 @@ class DataPlane:
         self._offers: dict = {}                     # (plan key, receiving buffer) -> the sent sharding
         self._shardings: dict = {}                  # (plan key, sent buffer) -> the sharding it travels with
         self._lock = threading.Condition()
-        self._pending: list = []                    # (array, run id, plan key, buffer, peer, argument) pulled
+        self._pending: list = []                    # (array, run id, plan key, buffer, peer) pulled, not there yet
         self._owed: dict[int, dict] = {}            # run id -> {receiving buffer: (plan key, peer)} not offered
+        self._arguments: dict[str, int] = {}        # peer -> arguments pulled from it, not there yet
         self.counts: dict[str, dict[str, int]] = {}
         self._closed = False
         threading.Thread(target=self._wait_for_pulls, name="pw-data-plane", daemon=True).start()
@@ -168,7 +169,7 @@ class DataPlane:
                 self._owed.setdefault(work.run_id, {}).update(sends)
             for peer, buffer, spec in pulls:
                 arrays = self._peers[peer].pull(transfer_id(work.run_id, buffer), [spec])
-                self._pending.append((arrays[0], work.run_id, work.plan_key, buffer, peer, False))
+                self._pending.append((arrays[0], work.run_id, work.plan_key, buffer, peer))
                 self._count(peer, "pulled")
             if pulls or sends:
                 self._lock.notify()
@@ -209,16 +210,30 @@ class DataPlane:
 
     def pull_arguments(self, work) -> None:
         """Pulls each `PeerRef` argument of a run's work (registered on the island already) from the island
-        that keeps it; it goes to the island's run once it is there (`Island.argument`)."""
+        that keeps it; a thread of its own hands it to the island's run once it is there (`Island.argument`):
+        a run waits for it with nothing else to do, so it is not left to the poller's pauses."""
         plan = self._island.plan(work.plan_key)
-        with self._lock:
-            for buffer, ref in work.inputs:
-                if isinstance(ref, PeerRef):
-                    spec = self._landing_of(plan, buffer, ref.mesh_shape, ref.axes, ref.sharding, ref.dtype)
-                    arrays = self._peers[ref.island].pull(transfer_id(work.run_id, buffer), [spec])
-                    self._pending.append((arrays[0], work.run_id, work.plan_key, buffer, ref.island, True))
+        for buffer, ref in work.inputs:
+            if isinstance(ref, PeerRef):
+                spec = self._landing_of(plan, buffer, ref.mesh_shape, ref.axes, ref.sharding, ref.dtype)
+                array = self._peers[ref.island].pull(transfer_id(work.run_id, buffer), [spec])[0]
+                with self._lock:
                     self._count(ref.island, "arguments_pulled")
-            self._lock.notify()
+                    self._arguments[ref.island] = self._arguments.get(ref.island, 0) + 1
+                threading.Thread(target=self._await_argument, args=(array, work.run_id, work.plan_key, buffer,
+                                                                    ref.island), name="pw-argument", daemon=True).start()
+
+    def _await_argument(self, array, run_id: int, plan_key: int, buffer: int, peer: str) -> None:
+        """Waits (without the interpreter lock) until a pulled argument is there, and hands it to the island."""
+        try:
+            array.block_until_ready()
+        except Exception as error:  # noqa: BLE001  (an error offered, or the peer's process is gone)
+            self._island.fail_run(run_id, self._pull_failed(run_id, plan_key, peer, error))
+        else:
+            self._island.argument(run_id, buffer, array)
+        finally:
+            with self._lock:
+                self._arguments[peer] -= 1
 
     def _wait_for_pulls(self) -> None:
         """Hands each pulled array to the island once it is there; offers errors for what failed runs owe."""
@@ -234,16 +249,13 @@ class DataPlane:
                 for pull in self._pending:
                     (arrived if pull[0].is_ready() else waiting).append(pull)
                 self._pending = waiting
-            for array, run_id, plan_key, buffer, peer, argument in arrived:
+            for array, run_id, plan_key, buffer, peer in arrived:
                 try:
                     array.block_until_ready()
                 except Exception as error:  # noqa: BLE001  (an error offered, or the peer's process is gone)
                     self._island.fail_run(run_id, self._pull_failed(run_id, plan_key, peer, error))
                     continue
-                if argument:
-                    self._island.argument(run_id, buffer, array)
-                else:
-                    self._island.deliver(run_id, plan_key, buffer, array)
+                self._island.deliver(run_id, plan_key, buffer, array)
             self._settle_failed()
             pause = _PAUSE_MIN if arrived else min(pause * 2, _PAUSE_MAX)
             with self._lock:
@@ -349,8 +361,10 @@ class DataPlane:
             waiting: dict[str, dict[str, int]] = {}
             for peer, _ in (p for owed in self._owed.values() for p in owed.values()):
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["offers"] += 1
-            for pull in self._pending:
-                waiting.setdefault(pull[4], {"pulls": 0, "offers": 0})["pulls"] += 1
+            for *_, peer in self._pending:
+                waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += 1
+            for peer, count in self._arguments.items():
+                waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += count
             return {peer: {"path": "transfer server", **counts, "under_way": waiting.get(peer, {"pulls": 0, "offers": 0})}
                     for peer, counts in sorted(self.counts.items())}
 
