@@ -181,16 +181,16 @@ class Island(IslandExecutor):
     def _reference(self, run: IslandRun, buffer: int, ref: StoreRef) -> None:
         """Takes the kept array `ref` names for `run`'s input `buffer` now, so that no later release can take
         it away; one its run has not produced yet is awaited (`_produced`). Under the lock."""
-        array = self._kept((ref.run_id, ref.buffer), f"run {run.id}", functools.partial(self._arrived, run, buffer, ref.run_id))
+        array = self._kept(ref, f"run {run.id}", functools.partial(self._arrived, run, buffer, ref.run_id))
         if array is None:
             run.awaiting += 1
         else:
             run.referenced[buffer] = array
 
     def _kept(self, key: tuple[int, int], reader: str, waiter: Callable) -> Any:
-        """The array of the result `key` kept here; None if its run, under way here, has not produced it yet:
-        `waiter(array, error)` is then called under the lock once it has (error None), or has failed (array
-        None). Raises if it failed or is not kept. Under the lock."""
+        """The array of the result `key` ((run id, buffer), or a `StoreRef`) kept here; None if its run, under
+        way here, has not produced it yet: `waiter(array, error)` is then called under the lock once it has
+        (error None), or has failed (array None). Raises if it failed or is not kept. Under the lock."""
         if key[0] in self._failed:
             raise RunFailed(f"{reader} takes a result of run {key[0]}, which failed: {self._failed[key[0]]}")
         array = self.store.get(key)

@@ -220,8 +220,8 @@ class DataPlane:
                 with self._lock:
                     self._count(ref.island, "arguments_pulled")
                     self._arguments[ref.island] = self._arguments.get(ref.island, 0) + 1
-                threading.Thread(target=self._await_argument, args=(array, work.run_id, work.plan_key, buffer,
-                                                                    ref.island), name="pw-argument", daemon=True).start()
+                threading.Thread(target=self._await_argument, name="pw-argument", daemon=True,
+                                 args=(array, work.run_id, work.plan_key, buffer, ref.island)).start()
 
     def _await_argument(self, array, run_id: int, plan_key: int, buffer: int, peer: str) -> None:
         """Waits (without the interpreter lock) until a pulled argument is there, and hands it to the island."""

@@ -132,7 +132,8 @@ class RayIsland:
             self._runs[work.run_id] = (work.plan_key, work.client_id)
             while len(self._runs) > HISTORY:
                 self._runs.popitem(last=False)
-        return work._replace(inputs=tuple((b, v if isinstance(v, REFERENCES) else np.asarray(v)) for b, v in work.inputs))
+        return work._replace(inputs=tuple((b, v if isinstance(v, REFERENCES) else np.asarray(v))
+                                          for b, v in work.inputs))
 
     def take_releases(self) -> list[tuple[int, int]]:
         """Returns (and forgets) the releases queued since the last message."""

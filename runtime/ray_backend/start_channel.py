@@ -66,7 +66,8 @@ class CompiledStarts:
         self.broken = False     # an island actor died: the graph delivers nothing more (see `_take`)
         self._unread: list = []  # the acknowledgements of executions that will never be read
 
-    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list], lends: dict[str, list]) -> None:
+    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list],
+             lends: dict[str, list]) -> None:
         """Sends one run's work (and the queued releases, and the results kept on islands that the run takes
         on others: `lends`) to every island; called in ticket order."""
         import ray
@@ -145,7 +146,8 @@ class CalledStarts:
         """Island `name` has a fresh actor: its start calls are numbered from 0 again."""
         self._seq[name] = itertools.count()
 
-    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list], lends: dict[str, list]) -> None:
+    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list],
+             lends: dict[str, list]) -> None:
         """Calls `start` on every island of the run, and on every other island with releases queued or results
         to lend (with no work), so that releases keep their place among starts; called in ticket order."""
         refs = [(self._islands[name], self._islands[name]._call(
