@@ -204,19 +204,12 @@ class Island(IslandExecutor):
             raise ValueError(f"buffer {key[1]} of run {key[0]} is not kept on {self.name}: it was released")
         return array
 
-    def lend(self, run_id: int, buffer: int, reader: str, give: Callable) -> None:
-        """Calls `give(array, None)` with a result kept here for `reader` (once its run has produced it), or
-        `give(None, error)` if it failed or is not kept; maybe under the island's lock. A release after
-        this call no longer takes it from `give`."""
+    def lend(self, run_id: int, buffer: int, reader: str, give: Callable) -> Any:
+        """Returns a result kept here for `reader` (a peer's run); None if its run, under way here, has not
+        produced it yet: `give(array, error)` is then called, maybe under the island's lock, once it has (or
+        has failed), and no release meanwhile takes it away. Raises if it failed or is not kept."""
         with self.lock:
-            try:
-                array = self._kept((run_id, buffer), reader, give)
-            except (RunFailed, ValueError) as error:
-                array = error
-        if isinstance(array, BaseException):
-            give(None, array)
-        elif array is not None:
-            give(array, None)
+            return self._kept((run_id, buffer), reader, give)
 
     def argument(self, run_id: int, buffer: int, array) -> None:
         """A `PeerRef` argument of a run here arrived from the island that keeps it (its data plane)."""

@@ -244,6 +244,35 @@ def test_a_release_while_the_run_waits_for_admission_waits_for_its_start(ray_run
         assert ray_runtime.object_count() == 0
 
 
+def test_a_lent_result_whose_run_fails_fails_its_reader_naming_it(ray_runtime):
+    """The result is passed to island1 while its run is still parked on island0 (waiting for island1's long
+    computation); cancelling that run makes island0 offer an error in its place, and the reader fails with
+    it, leaving no pull under way."""
+    far = pw.virtual_slice(2, axes="x", name="far", island="island1")
+    late = pw.jit(lambda x: jax.lax.fori_loop(0, 20_000_000, lambda i, y: jnp.cos(y), x), slice=far,
+                  in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def produce(x):
+        return grow(late(x))            # late on island1, then grow on island0, where the result stays
+
+    with Client(ray_runtime) as client:
+        produce.compiled(X, runtime=ray_runtime), on_right.compiled(X, runtime=ray_runtime)
+        before = moves(ray_runtime)
+        made = produce.run(X, client=client)
+        out = on_right.run(made, client=client)             # a PeerRef: island0 lends what made will be
+        assert client.cancel(made)
+        with pytest.raises(RunFailed, match=r"takes a result of run \d+, which failed: run \d+ of produce was "
+                                             r"cancelled by client"):
+            out.result(120)
+        assert moved(before, moves(ray_runtime), "island0", "island1", "arguments_offered") == 1
+        deadline = time.monotonic() + 120
+        while any(state["under_way"] != {"pulls": 0, "offers": 0}
+                  for peers in moves(ray_runtime).values() for state in peers.values() if "under_way" in state):
+            assert time.monotonic() < deadline, f"moves still under way: {moves(ray_runtime)}"
+            time.sleep(0.05)
+
+
 def moves(runtime) -> dict:
     """Per island, per peer: how its moves went (`transfers` in the island's status)."""
     return {name: island.status()["transfers"] for name, island in runtime.islands.items()}

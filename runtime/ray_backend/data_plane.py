@@ -313,7 +313,20 @@ class DataPlane:
         """Offers kept results that runs on peer islands take as arguments (`Lend`s), each once its run has
         produced it; a result that failed or is not kept is offered as an error, which fails the reader."""
         for lend in lends:
-            self._island.lend(lend.run_id, lend.buffer, f"run {lend.reader}", functools.partial(self._lent, lend))
+            try:
+                array = self._island.lend(lend.run_id, lend.buffer, f"run {lend.reader}",
+                                          functools.partial(self._produced_for, lend))
+            except (RunFailed, ValueError) as error:
+                self._lent(lend, None, error)
+                continue
+            if array is not None:
+                self._lent(lend, array, None)
+
+    def _produced_for(self, lend: Lend, array, error: BaseException | None) -> None:
+        """A lent result's run produced it after it was lent (or failed: the reader fails with that)."""
+        if error is not None:
+            error = RunFailed(f"run {lend.reader} takes a result of run {lend.run_id}, which failed: {error}")
+        self._lent(lend, array, error)
 
     def _lent(self, lend: Lend, array, error: BaseException | None) -> None:
         """Offers a kept result (or `error` in its place) for the peer's pull. Maybe under the island's lock."""
