@@ -17,7 +17,9 @@ all), as milliseconds per run.
 - `ray_handle_arg_over_handwritten_refs`: `CHAIN` op-by-op calls of block A,
   each taking the previous call's handle, then one fetch, against a
   hand-written actor applying block A `CHAIN` times to the previous call's
-  object reference.
+  object reference; and the same alternating block A (island0) and block B
+  (island1, its result sharded by rows), so each handle goes to the other
+  island, against the hand-written A and B actors alternating. Worst of the two.
 - `ray_over_embedded`: our embedded backend (every island in this process)
   against our Ray backend, interleaved with the above.
 - `ray_compiled_graph_over_actor_calls`: our Ray backend with start
@@ -93,6 +95,15 @@ block_c = pw.jit(_block_c, slice=slice_c, in_specs=P("data"), out_specs=P("data"
 def block_a_alone(x):
     """Block A alone, called op by op on the previous call's result."""
     return block_a(x)
+
+
+block_b_rows = pw.jit(_block_b, slice=slice_b, in_specs=P("data", "model"), out_specs=P("data"))
+
+
+@pw.program
+def block_b_alone(x):
+    """Block B alone on island1, its result sharded by rows (which island0's 2-device slice can take)."""
+    return block_b_rows(x)
 
 
 @pw.program
@@ -332,17 +343,21 @@ def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_arg
                 ref.get(timeout=120)
         return case
 
-    def handle_chain():
-        h = block_a_alone.run(*three_args, client=client)
-        for _ in range(CHAIN - 1):
-            h = block_a_alone.run(h, client=client)
-        np.asarray(h)
+    def handle_chain(programs):
+        def case():
+            h = programs[0].run(*three_args, client=client)
+            for i in range(1, CHAIN):
+                h = programs[i % len(programs)].run(h, client=client)
+            np.asarray(h)
+        return case
 
-    def ref_chain():
-        ref = three_args[0]
-        for _ in range(CHAIN):
-            ref = chains[0][0].apply.remote(ref)
-        ray.get(ref, timeout=120)
+    def ref_chain(actors):
+        def case():
+            ref = three_args[0]
+            for i in range(CHAIN):
+                ref = actors[i % len(actors)].apply.remote(ref)
+            ray.get(ref, timeout=120)
+        return case
 
     out = {}
     for mode, count in (("per run", 1), ("in flight", IN_FLIGHT)):
@@ -356,9 +371,11 @@ def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_arg
             out[("handwritten cgraph", "three blocks", mode)] = compiled(True, count)
             out[("handwritten cgraph", "4-stage pipeline", mode)] = compiled(False, count)
     if runtime is not None and prefix == "ray":
-        out[(prefix, "handle-argument chain", "per run")] = handle_chain
+        out[(prefix, "handle-argument chain", "per run")] = handle_chain((block_a_alone,))
+        out[(prefix, "handle-argument chain across islands", "per run")] = handle_chain((block_a_alone, block_b_alone))
     if chains is not None:
-        out[("handwritten refs", "handle-argument chain", "per run")] = ref_chain
+        out[("handwritten refs", "handle-argument chain", "per run")] = ref_chain(chains[0][:1])
+        out[("handwritten refs", "handle-argument chain across islands", "per run")] = ref_chain(chains[0][:2])
     return out
 
 

@@ -58,9 +58,10 @@ class Client:
         cancelled if it is not over by then, and its handles raise `RunCancelled`. An argument may be a
         `SharedRef` (another client's shared object), read in place.
 
-        A handle whose result lives on the island of the input it is passed
-        for goes there as a `StoreRef` when the islands keep arguments (Ray:
-        the value never travels through this process); otherwise as its array.
+        A handle goes to the island of the input it is passed for as a
+        reference when the islands keep arguments (Ray: a `StoreRef` on its
+        own island, a `PeerRef` pulled from another; the value never travels
+        through this process); otherwise as its array.
         A handle passed for an input the plan lists as donated (`plan.donated`)
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
@@ -115,19 +116,25 @@ class Client:
         return [self._argument(plan, plan.inputs[i] if i < len(plan.inputs) else None, a) for i, a in enumerate(args)]
 
     def _argument(self, plan: ProgramPlan, buffer: int | None, arg):
-        """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): a handle's
-        `StoreRef` where its island keeps it for that input, else a handle's or shared object's array (whose
-        fetch raises the run's error if it failed). A reference to a result of a run known to have failed (or
-        been cancelled) is refused here, with an error of the failure's class: its island might still hold
-        the result, and the failure could reach it after this run's start."""
+        """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): where the
+        islands keep arguments, a handle's `StoreRef` for an input on its island, or its `PeerRef` for one
+        on another island that can pull it (`Islands.peer_reference`); else a handle's or shared object's
+        array (whose fetch raises the run's error if it failed). A reference to a result of a run known to
+        have failed (or been cancelled) is refused here, with an error of the failure's class: its island
+        might still hold the result, and the failure could reach it after this run's start."""
         if isinstance(arg, Handle):
-            if (buffer is not None and self.runtime.islands.keep_arguments and arg.island == plan.island_of(buffer)
-                    and arg.shape == plan.buffers[buffer].shape):
-                failed = arg._run.error
-                if failed is not None:
-                    raise (type(failed) if isinstance(failed, RunFailed) else RunFailed)(
-                        f"program @{plan.program} takes a result of run {arg._run.id}, which failed: {failed}")
-                return arg.reference()
+            islands = self.runtime.islands
+            target = plan.island_of(buffer) if buffer is not None and islands.keep_arguments else None
+            if target is not None and arg.island is not None and arg.shape == plan.buffers[buffer].shape:
+                ref = arg.reference()
+                if arg.island != target:
+                    ref = islands.peer_reference(arg._run, arg._buffer, plan, buffer)
+                if ref is not None:
+                    failed = arg._run.error
+                    if failed is not None:
+                        raise (type(failed) if isinstance(failed, RunFailed) else RunFailed)(
+                            f"program @{plan.program} takes a result of run {arg._run.id}, which failed: {failed}")
+                    return ref
             return arg.result()
         return arg.result() if isinstance(arg, SharedRef) else arg
 

@@ -37,7 +37,7 @@ from pathways_mlir.dialect.plan_steps import Branch
 
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
-from .island_work import StoreRef, raised
+from .island_work import REFERENCES, raised
 from .run import Run
 
 if TYPE_CHECKING:
@@ -116,9 +116,11 @@ class Dispatcher:
                             if ref.placed_as(loaded.plan, loaded.inputs[i][0])]
                 run.need = loaded.need_reading(frozenset(in_place))
         inputs: dict[str, list[tuple[int, Any]]] = {}
+        kept = []
         for (buffer, island, shape), value in zip(loaded.inputs, args):
-            if isinstance(value, StoreRef):          # a result kept on `island` (its client checked the shape)
+            if isinstance(value, REFERENCES):        # a kept result (its client checked the shape)
                 inputs.setdefault(island, []).append((buffer, value))
+                kept.append((value.run_id, value.buffer))
                 continue
             value = value if hasattr(value, "shape") else np.asarray(value)
             if tuple(value.shape) != shape:
@@ -128,6 +130,18 @@ class Dispatcher:
                 run.host[buffer] = _done(value)
             else:
                 inputs.setdefault(island, []).append((buffer, value))
+        if kept:
+            self.runtime.islands.pin(run, kept)
+        try:
+            self._submit(run, loaded, mode, inputs, timeout)
+        except BaseException:
+            if kept:
+                self.runtime.islands.unpin(run)
+            raise
+        return run
+
+    def _submit(self, run: Run, loaded: LoadedPlan, mode: DispatchMode, inputs: dict, timeout: float | None) -> None:
+        """Hands the run to the gang scheduler: all its work at once, or step by step (sequential)."""
         has_conds = bool(loaded.plan.host_steps)
         if timeout is not None:
             self.runtime.set_deadline(run, timeout)
@@ -142,7 +156,6 @@ class Dispatcher:
             self.runtime.scheduler.submit(run, {i: ((), tuple(inputs.get(i, ())), i not in stepped)
                                                 for i in loaded.islands})
             self._sequential(run, loaded, mode)
-        return run
 
     def fetch(self, run: Run, buffer: int, timeout: float | None = None):
         """Returns a buffer's array once it exists (a `fetch` message to its island). For a run with a

@@ -136,6 +136,15 @@ class IslandGroup(Protocol):
     def start(self, run, works: dict, inline: bool = False) -> list:
         """Delivers one run's work to its islands, in ticket order; returns the work the caller runs inline."""
 
+    def peer_reference(self, run, buffer: int, plan, input_buffer: int):
+        """A reference to a result kept on one island for an input on another, or None (it is fetched)."""
+
+    def pin(self, run, keys) -> None:
+        """`run` takes kept results by reference: their releases must not overtake its start."""
+
+    def unpin(self, run) -> None:
+        """`run`'s submission failed: its references will never be sent."""
+
     def on_run_done(self, wake) -> None:
         """Calls `wake()` whenever an island sees a run's device work over (where islands tell)."""
 

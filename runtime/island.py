@@ -40,6 +40,8 @@ Python objects:
     start(work)                               place inputs, run the steps (see IslandWork)
     start_lane(...), run_lane(...)            the same for a fast lane's run, executed by its caller
     deliver(run_id, plan_key, buffer, array)  a peer island's send arriving
+    argument(run_id, buffer, array)           a PeerRef argument arriving from the island that keeps it
+    lend(run_id, buffer, give)                hand a kept result to `give` once it exists (for a peer)
     fail_run(run_id, error)                   the run failed elsewhere (or was cancelled)
     lose(), restored()                        fail as a dead host would; a fresh island in its place
     fetch(run_id, buffer, timeout) -> array   a result or intermediate, once produced
@@ -52,6 +54,7 @@ Python objects:
 from __future__ import annotations
 
 import collections
+import functools
 import queue
 import threading
 import time
@@ -64,8 +67,8 @@ from .device_clock import DeviceClock
 from .executables import ExecutableCache, make_mesh
 from .island_executor import AWAIT_PAUSE, IslandExecutor
 from .island_program import Instruction, IslandLayout, compile_steps
-from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, RunFailed, StoreRef, computed,
-                          raised, waits_for)
+from .island_work import (HISTORY, REFERENCES, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed,
+                          StoreRef, computed, raised, waits_for)
 from .object_store import ObjectStore
 from .tracing import Tracer
 from .transfers import DcnTransport, copy_to
@@ -94,7 +97,7 @@ class Island(IslandExecutor):
         self._in_flight: dict[int, list] = {}            # run -> tracked arrays, dispatch over
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
         self._dropped: set[tuple[int, int]] = set()      # results released before they existed
-        self._awaited_results: dict[tuple[int, int], list[tuple[IslandRun, int]]] = {}   # result -> (run, buffer)s
+        self._awaited_results: dict[tuple[int, int], list[Callable]] = {}   # result -> waiters (see `_kept`)
         self._seconds: collections.OrderedDict[int, float | None] = collections.OrderedDict()  # run -> s
         self._clock = DeviceClock(widest=2 * AWAIT_PAUSE)    # looks are at most AWAIT_PAUSE apart
         self._timed_plans: set[int] = set()     # plans whose first run here is over (that one is not timed)
@@ -162,6 +165,8 @@ class Island(IslandExecutor):
                     for buffer, value in work.inputs:
                         if isinstance(value, StoreRef):
                             self._reference(run, buffer, value)
+                        elif isinstance(value, PeerRef):
+                            run.awaiting += 1        # its pull hands it over (`argument`)
                     self._pending += 1
                     if inline and self._pending == 1:
                         self._inline = True
@@ -176,48 +181,42 @@ class Island(IslandExecutor):
     def _reference(self, run: IslandRun, buffer: int, ref: StoreRef) -> None:
         """Takes the kept array `ref` names for `run`'s input `buffer` now, so that no later release can take
         it away; one its run has not produced yet is awaited (`_produced`). Under the lock."""
-        key = (ref.run_id, ref.buffer)
-        if ref.run_id in self._failed:
-            raise RunFailed(f"run {run.id} takes a result of run {ref.run_id}, which failed: "
-                            f"{self._failed[ref.run_id]}")
-        array = self.store.get(key)
-        producer = self._runs.get(ref.run_id)
-        if array is None and producer is not None and ref.buffer in producer.layout.slot:
-            array = producer.slots[producer.layout.slot[ref.buffer]]
-            if array is None:
-                self._awaited_results.setdefault(key, []).append((run, buffer))
-                run.awaiting += 1
-                return
+        array = self._kept(ref, f"run {run.id}", functools.partial(self._arrived, run, buffer, ref.run_id))
         if array is None:
-            raise ValueError(f"buffer {ref.buffer} of run {ref.run_id} is not kept on {self.name}: it was released")
-        run.referenced[buffer] = array
+            run.awaiting += 1
+        else:
+            run.referenced[buffer] = array
 
-    def _produced(self, run: IslandRun) -> None:
-        """`run`'s results exist: the runs awaiting them as arguments get them, and resume once they have
-        every argument. Under the lock."""
-        for buffer, slot in run.layout.outputs:
-            for reader, input_buffer in self._awaited_results.pop((run.id, buffer), ()):
-                reader.referenced[input_buffer] = run.slots[slot]
-                reader.awaiting -= 1
-                if reader.awaiting == 0 and reader.parked and self._runs.get(reader.id) is reader:
-                    self._pending += 1
-                    self._inbox.put((self._resume, reader))
+    def _kept(self, key: tuple[int, int], reader: str, waiter: Callable) -> Any:
+        """The array of the result `key` ((run id, buffer), or a `StoreRef`) kept here; None if its run, under
+        way here, has not produced it yet: `waiter(array, error)` is then called under the lock once it has
+        (error None), or has failed (array None). Raises if it failed or is not kept. Under the lock."""
+        if key[0] in self._failed:
+            raise RunFailed(f"{reader} takes a result of run {key[0]}, which failed: {self._failed[key[0]]}")
+        array = self.store.get(key)
+        producer = self._runs.get(key[0])
+        if array is None and producer is not None and key[1] in producer.layout.slot:
+            array = producer.slots[producer.layout.slot[key[1]]]
+            if array is None:
+                self._awaited_results.setdefault(key, []).append(waiter)
+                return None
+        if array is None:
+            raise ValueError(f"buffer {key[1]} of run {key[0]} is not kept on {self.name}: it was released")
+        return array
 
-    def _resume(self, run: IslandRun) -> None:
-        """A run parked for arguments it references has them all: places them and executes its work."""
-        run.parked = False
-        try:
-            self._place_referenced(run)
-        except BaseException as error:  # noqa: BLE001  (the run fails alone)
-            self._fail_and_tell(run.id, error)
-            return
-        self._advance(run)
+    def lend(self, run_id: int, buffer: int, reader: str, give: Callable) -> Any:
+        """Returns a result kept here for `reader` (a peer's run); None if its run, under way here, has not
+        produced it yet: `give(array, error)` is then called, maybe under the island's lock, once it has (or
+        has failed), and no release meanwhile takes it away. Raises if it failed or is not kept."""
+        with self.lock:
+            return self._kept((run_id, buffer), reader, give)
 
-    @staticmethod
-    def _place_referenced(run: IslandRun) -> None:
-        for buffer, array in run.referenced.items():
-            run.slots[run.layout.slot[buffer]] = copy_to(array, run.layout.shardings[buffer])
-        run.referenced = {}
+    def argument(self, run_id: int, buffer: int, array) -> None:
+        """A `PeerRef` argument of a run here arrived from the island that keeps it (its data plane)."""
+        with self.lock:
+            run = self._runs.get(run_id)
+            if run is not None:                  # else the run failed meanwhile
+                self._arrived(run, buffer, None, array, None)
 
     def run_inline(self, work: IslandWork) -> None:
         """Runs work that `start` handed back to the caller, on the caller's thread (holding no lock); the
@@ -276,10 +275,10 @@ class Island(IslandExecutor):
 
     @staticmethod
     def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:
-        """Puts a run's arguments (not `StoreRef`s) on their home shardings."""
+        """Puts a run's arguments (not `StoreRef`s or `PeerRef`s) on their home shardings."""
         layout = run.layout
         for buffer, value in inputs:
-            if not isinstance(value, StoreRef):
+            if not isinstance(value, REFERENCES):
                 run.slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:

@@ -277,9 +277,8 @@ class IslandExecutor:
         plan_key = run.plan_key if run is not None else plan_key
         self._early.pop(run_id, None)
         for key in [k for k in self._awaited_results if k[0] == run_id]:
-            for reader, _ in self._awaited_results.pop(key):      # their argument will never exist
-                self._pending += 1
-                self._inbox.put((self._argument_failed, (reader.id, run_id, error)))
+            for waiter in self._awaited_results.pop(key):      # their argument will never exist
+                waiter(None, error)
         self._clock.drop(run_id)
         if run is None:
             self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
@@ -296,6 +295,41 @@ class IslandExecutor:
         if plan_key is None or plan_key not in self._plans:
             return ()
         return tuple(island for island in self._plans[plan_key][0].islands if island != self.name)
+
+    def _produced(self, run: IslandRun) -> None:
+        """`run`'s results exist: whoever awaits them gets them (`Island._kept`). Under the lock."""
+        for buffer, slot in run.layout.outputs:
+            for waiter in self._awaited_results.pop((run.id, buffer), ()):
+                waiter(run.slots[slot], None)
+
+    def _arrived(self, reader: IslandRun, buffer: int, producer: int | None, array, error) -> None:
+        """An argument `reader` awaited is here (`array`), or its run `producer` failed (`error`): the reader
+        resumes once it has every argument, or fails. Under the lock."""
+        if error is not None:
+            self._pending += 1
+            self._inbox.put((self._argument_failed, (reader.id, producer, error)))
+            return
+        reader.referenced[buffer] = array
+        reader.awaiting -= 1
+        if reader.awaiting == 0 and reader.parked and self._runs.get(reader.id) is reader:
+            self._pending += 1
+            self._inbox.put((self._resume, reader))
+
+    def _resume(self, run: IslandRun) -> None:
+        """A run parked for arguments it references has them all: places them and executes its work."""
+        run.parked = False
+        try:
+            self._place_referenced(run)
+        except BaseException as error:  # noqa: BLE001  (the run fails alone)
+            self._fail_and_tell(run.id, error)
+            return
+        self._advance(run)
+
+    @staticmethod
+    def _place_referenced(run: IslandRun) -> None:
+        for buffer, array in run.referenced.items():
+            run.slots[run.layout.slot[buffer]] = copy_to(array, run.layout.shardings[buffer])
+        run.referenced = {}
 
     def _argument_failed(self, message) -> None:
         reader, producer, error = message

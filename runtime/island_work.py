@@ -43,12 +43,36 @@ class StoreRef(NamedTuple):
     buffer: int
 
 
+class PeerRef(NamedTuple):
+    """An argument that is a result kept on another island: buffer `buffer` of run `run_id` (of the plan
+    loaded as `plan_key`), kept on `island`.
+
+    The receiving island pulls it from there over the data plane (Ray:
+    `runtime/ray_backend/data_plane.py`), as its distinct shards: a mesh of
+    `mesh_shape` over the source's `axes` that it uses, sharded as `sharding`
+    (the source buffer's spec), of dtype `dtype`. The value never comes to
+    the driver.
+    """
+
+    run_id: int
+    buffer: int
+    plan_key: int
+    island: str
+    dtype: str
+    mesh_shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    sharding: tuple
+
+
+REFERENCES = (StoreRef, PeerRef)   # the arguments that name a kept result instead of carrying an array
+
+
 class IslandWork(NamedTuple):
     """One run's steps for one island, delivered as one message in ticket order.
 
     `inputs` are (buffer, array) pairs placed on their home sharding first:
-    program arguments (a `StoreRef` for a result this island keeps), or
-    values a host branch produced. `last` says no more work of this run will
+    program arguments (a `StoreRef` for a result this island keeps, a
+    `PeerRef` for one another island keeps), or values a host branch produced. `last` says no more work of this run will
     come to this island.
     """
 
@@ -65,9 +89,10 @@ class Islands(dict):
     """A runtime's islands by name, and how a run's work reaches them.
 
     What its islands can do (`runtime/backends.py`): `keep_arguments`,
-    whether a handle passed to a later run goes to its island as a
-    `StoreRef` instead of its array (embedded islands share this process, so
-    the array is the cheaper; remote ones keep it: Ray); `fast_lanes`,
+    whether a handle passed to a later run goes as a reference instead of
+    its array (embedded islands share this process, so the array is the
+    cheaper; remote ones keep it: Ray): a `StoreRef` to its own island, a
+    `PeerRef` (`peer_reference`) to another; `fast_lanes`,
     whether a single-island plan's runs may execute on the caller's thread
     (`runtime/fast_lane.py`); `traces`, whether the islands record traces;
     `reads_shared_in_place`, whether a run reads a shared object's array
@@ -78,6 +103,18 @@ class Islands(dict):
     fast_lanes = True
     traces = True
     reads_shared_in_place = True
+
+    def peer_reference(self, run, buffer: int, plan, input_buffer: int) -> PeerRef | None:
+        """A `PeerRef` to buffer `buffer` of `run`, kept on its island, for `plan`'s input `input_buffer` on
+        another island; None where the islands cannot pass it between them (the driver fetches it)."""
+        return None
+
+    def pin(self, run, keys) -> None:
+        """`run` takes the kept results `keys` ((run id, buffer) pairs) by reference: their releases must not
+        overtake its start. Nothing here: islands that keep no arguments are given arrays."""
+
+    def unpin(self, run) -> None:
+        """`run`'s submission failed: its references (`pin`) will never be sent."""
 
     def on_run_done(self, wake) -> None:
         """Calls `wake()` whenever an island sees a run's device work over (its completion tracker)."""
@@ -157,8 +194,8 @@ class IslandRun:
         self.began: float | None = None  # when the executor first ran its instructions (monotonic)
         self.earliest_end = 0.0          # its device work was not over yet then (its dispatch's end, or a look)
         self.latest_end: float | None = None   # it was over by then (its dispatch's end, if XLA ran it inline)
-        self.referenced: dict[int, Any] = {}   # buffer -> the kept array a StoreRef argument names
-        self.awaiting = 0                # StoreRef arguments whose run has not produced them yet
+        self.referenced: dict[int, Any] = {}   # buffer -> the kept array a StoreRef or PeerRef argument names
+        self.awaiting = 0                # such arguments not here yet (not produced, or on their way)
         self.parked = False              # its work waits for those arguments (resumed by `_resume`)
         self.queued = False              # a fast lane's run queued for the executor (not run by its caller)
 
@@ -173,7 +210,7 @@ def waits_for(run: IslandRun) -> str:
             return f"recv of {instruction.what}"
         return "its turn on the island's executor"
     if run.awaiting:
-        return f"{run.awaiting} argument(s) kept here that their runs have not produced yet"
+        return f"{run.awaiting} argument(s) kept here or on a peer island that have not arrived yet"
     if not run.last:
         return "more work of this run from the scheduler (after a host cond, or the next sequential step)"
     return "its turn on the island's executor"

@@ -117,8 +117,9 @@ class Status(dict):
             for peer, moves in island.get("transfers", {}).items():
                 under_way = moves.get("under_way", {"pulls": 0, "offers": 0})
                 lines.append(f"  moves with {peer}: {moves['path']}; pulled {moves.get('pulled', 0)}, offered "
-                             f"{moves.get('offered', 0)}, by actor call {moves['by_actor_call']}; under way: "
-                             f"{under_way['pulls']} pull(s), {under_way['offers']} offer(s)")
+                             f"{moves.get('offered', 0)}, by actor call {moves['by_actor_call']}; arguments pulled "
+                             f"{moves.get('arguments_pulled', 0)}, offered {moves.get('arguments_offered', 0)}; "
+                             f"under way: {under_way['pulls']} pull(s), {under_way['offers']} offer(s)")
         lines += [f"{island}: bytes reserved per device: {nbytes}" for island, nbytes in self["reserved"].items()]
         lines += [f"client {c}: {v['objects']} object(s), {v['bytes']} bytes" for c, v in self["clients"].items()]
         service = self.get("service")

@@ -157,6 +157,122 @@ def test_a_run_taking_a_failed_runs_result_fails_naming_it(ray_runtime):
             np.asarray(across.run(made, client=client))
 
 
+@pw.program
+def on_left(x):
+    return grow(x)          # island0
+
+
+@pw.program
+def on_right(x):
+    return bend(x)          # island1
+
+
+def fetches(runtime) -> dict:
+    """The driver's fetch messages so far, per island."""
+    return {name: island.calls["fetch"] for name, island in runtime.islands.items()}
+
+
+def test_a_handle_goes_island_to_island_for_an_input_on_another_island(ray_runtime):
+    """A result kept on island0, passed to a program on island1 and released right after the call: island1
+    pulls it from island0's transfer server; the driver never fetches it."""
+    with Client(ray_runtime) as client:
+        y = across.run(X, client=client)
+        before, fetched = moves(ray_runtime), fetches(ray_runtime)
+        out = on_right.run(y, client=client)
+        y.delete()
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.asarray(jax.jit(bend.fn)(expected(X))), rtol=1e-5)
+        after = moves(ray_runtime)
+        assert fetches(ray_runtime)["island0"] == fetched["island0"]
+        assert moved(before, after, "island1", "island0", "arguments_pulled") == 1
+        assert moved(before, after, "island0", "island1", "arguments_offered") == 1
+        assert "arguments pulled " in str(ray_runtime.status())
+        assert ray_runtime.object_count() == 1
+
+
+def test_a_chain_across_islands_passes_handles_island_to_island(ray_runtime):
+    """x = on_right(on_left(x)), four times, each handle released once passed on: every value goes from one
+    island to the other directly, and only the last is fetched."""
+    g, b = jax.jit(grow.fn), jax.jit(bend.fn)
+    with Client(ray_runtime) as client:
+        on_left.compiled(X, runtime=ray_runtime), on_right.compiled(X, runtime=ray_runtime)
+        before, fetched = moves(ray_runtime), fetches(ray_runtime)
+        x, want = on_left.run(X, client=client), g(X)
+        for i in range(4):
+            nxt = on_right.run(x, client=client)
+            x.delete()
+            want = b(want)
+            if i < 3:
+                x = on_left.run(nxt, client=client)
+                nxt.delete()
+                want = g(want)
+            else:
+                x = nxt
+        assert fetches(ray_runtime) == fetched
+        np.testing.assert_allclose(np.asarray(x.result(60)), np.asarray(want), rtol=1e-5)
+        after = moves(ray_runtime)
+        assert moved(before, after, "island1", "island0", "arguments_pulled") == 4
+        assert moved(before, after, "island0", "island1", "arguments_pulled") == 3
+        assert ray_runtime.object_count() == 1
+
+
+@pytest.mark.parametrize("program", ["same island", "other island"])
+def test_a_release_while_the_run_waits_for_admission_waits_for_its_start(ray_runtime, program):
+    """The handle is released while the run that takes it is queued (admission held): the release waits for
+    that run's start, so the run still reads the result, which is gone once the run took it."""
+    taking = across if program == "same island" else on_right
+    with Client(ray_runtime) as client:
+        taking.compiled(X, runtime=ray_runtime)
+        y = across.run(X, client=client)
+        y.result(60)
+        ray_runtime.scheduler.hold()
+        try:
+            out = taking.run(y, client=client)
+            y.delete()
+            assert ray_runtime.object_count() == 1       # y, held back while its reader is queued
+        finally:
+            ray_runtime.scheduler.release()
+        fn = expected if taking is across else (lambda v: np.asarray(jax.jit(bend.fn)(v)))
+        np.testing.assert_allclose(np.asarray(out.result(60)), fn(expected(X)), rtol=1e-5)
+        assert ray_runtime.object_count() == 1          # out alone
+        ray_runtime.scheduler.hold()
+        try:
+            queued = on_right.run(out, client=client)
+            out.delete()
+            assert client.cancel(queued)                # never started: its pin goes, and out's release
+        finally:
+            ray_runtime.scheduler.release()
+        assert ray_runtime.object_count() == 0
+
+
+def test_a_lent_result_whose_run_fails_fails_its_reader_naming_it(ray_runtime):
+    """The result is passed to island1 while its run is still parked on island0 (waiting for island1's long
+    computation); cancelling that run makes island0 offer an error in its place, and the reader fails with
+    it, leaving no pull under way."""
+    far = pw.virtual_slice(2, axes="x", name="far", island="island1")
+    late = pw.jit(lambda x: jax.lax.fori_loop(0, 20_000_000, lambda i, y: jnp.cos(y), x), slice=far,
+                  in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def produce(x):
+        return grow(late(x))            # late on island1, then grow on island0, where the result stays
+
+    with Client(ray_runtime) as client:
+        produce.compiled(X, runtime=ray_runtime), on_right.compiled(X, runtime=ray_runtime)
+        before = moves(ray_runtime)
+        made = produce.run(X, client=client)
+        out = on_right.run(made, client=client)             # a PeerRef: island0 lends what made will be
+        assert client.cancel(made)
+        with pytest.raises(RunFailed, match=r"takes a result of run \d+, which failed: run \d+ of produce was "
+                                             r"cancelled by client"):
+            out.result(120)
+        assert moved(before, moves(ray_runtime), "island0", "island1", "arguments_offered") == 1
+        deadline = time.monotonic() + 120
+        while any(state["under_way"] != {"pulls": 0, "offers": 0}
+                  for peers in moves(ray_runtime).values() for state in peers.values() if "under_way" in state):
+            assert time.monotonic() < deadline, f"moves still under way: {moves(ray_runtime)}"
+            time.sleep(0.05)
+
+
 def moves(runtime) -> dict:
     """Per island, per peer: how its moves went (`transfers` in the island's status)."""
     return {name: island.status()["transfers"] for name, island in runtime.islands.items()}
@@ -225,11 +341,14 @@ def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):
 
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
     """Last for each runtime: island1's actor is killed. Programs move to island0 (the compiled graph, which
-    held the dead actor, gives way to actor calls), and restore_island brings a fresh actor back."""
+    held the dead actor, gives way to actor calls), a result it kept raises `IslandLost` when passed on, and
+    restore_island brings a fresh actor back."""
     double = pw.program(pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(2, axes="x", name="anywhere"),
                                in_specs=P("x"), out_specs=P("x")))
     with Client(ray_runtime) as client:
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+        kept = on_right.run(X, client=client)            # kept on island1
+        kept.result(60)
         version = ray_runtime.resources.version
         ray.kill(ray.get_actor(island_name("island1"), namespace=NAMESPACE))
         deadline = time.monotonic() + 60
@@ -241,7 +360,11 @@ def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
             across.run(X, client=client)
         np.testing.assert_array_equal(np.asarray(double.run(X, client=client)), X * 2)
         assert not ray_runtime.islands.compiled_graph
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+            on_left.run(kept, client=client)             # its holder died: no reference to it is sent
         ray_runtime.restore_island("island1")
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+            on_left.run(kept, client=client)             # nor to the fresh actor, which never had it
         for k in range(3):
             np.testing.assert_array_equal(np.asarray(across.run(X * k, client=client)), expected(X * k))
     assert ray_runtime.object_count() == 0

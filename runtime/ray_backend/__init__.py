@@ -10,6 +10,8 @@ the driver. One concept per module:
     actor.py          the island actor (`IslandActor`) and its senders to peers
     proxy.py          the driver's proxy of an island actor (`RayIsland`)
     start_channel.py  start messages in ticket order: a Compiled Graph, or numbered calls
+    data_plane.py     arrays island to island over JAX's transfer server
+    kept.py           handles passed to later runs: references instead of values, and their pins
     monitor.py        notices dead actors and joining nodes (`IslandMonitor`)
     cluster.py        connecting to Ray, launching actors, a runtime's islands (`RayIslands`)
 

@@ -19,7 +19,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from ..island_work import IslandLost, IslandWork, RunFailed
+from ..island_work import IslandLost, IslandWork, PeerRef, RunFailed
 
 if TYPE_CHECKING:
     from .data_plane import DataPlane
@@ -74,11 +74,13 @@ class IslandActor:
         """Where peers reach this island's transfer server (None: moves here go by actor call)."""
         return self._plane.address if self._plane is not None else None
 
-    def connect(self, peers: dict) -> None:
-        """Meets the peer islands' actors: their senders, and their transfer servers."""
+    def connect(self, peers: dict) -> str | None:
+        """Meets the peer islands' actors: their senders, and their transfer servers. Returns this island's
+        transfer address (None: no transfer server here)."""
         for name, actor in peers.items():
             if name != self._name:
                 self.reconnect(name, actor)
+        return self.transfer_address()
 
     def reconnect(self, name: str, actor) -> None:
         """Island `name` has a new actor (it was lost and restored): sends go there from now on."""
@@ -103,13 +105,15 @@ class IslandActor:
     def prepare(self, key: int, step_ids) -> None:
         self._island.prepare(key, tuple(step_ids))
 
-    def start(self, seq: int, work: IslandWork | None, releases) -> None:
-        """One run's work (after the releases made since the last message; no work: releases alone), in the
-        order `seq` numbers."""
+    def start(self, seq: int, work: IslandWork | None, releases, lends) -> None:
+        """One run's work (after the releases made since the last message, and the results kept here that
+        the run takes on peer islands; no work: those alone), in the order `seq` numbers."""
         with self._turn:
             self._turn.wait_for(lambda: self._next == seq)
             try:
                 self._release(releases)
+                if lends:
+                    self._plane.lend(lends)
                 if work is not None:
                     self._begin(work)
             finally:
@@ -117,18 +121,25 @@ class IslandActor:
                 self._turn.notify_all()
 
     def start_compiled(self, message: dict) -> None:
-        """One execution of the compiled start graph: this island's releases, then its work of the run (if any).
-        Executions arrive in the order the driver made them."""
+        """One execution of the compiled start graph: this island's releases, the results kept here that the
+        run takes on peer islands, then its work of the run (if any). Executions arrive in the order the
+        driver made them."""
         self._release(message["releases"].get(self._name, ()))
+        lends = message["lends"].get(self._name)
+        if lends:
+            self._plane.lend(lends)
         work = message["works"].get(self._name)
         if work is not None:
             self._begin(work)
 
     def _begin(self, work: IslandWork) -> None:
-        """Starts a run's work here, its pulls over the data plane first."""
+        """Starts a run's work here, its pulls over the data plane first (those of the arguments kept on peer
+        islands once the island has the run: it awaits them)."""
         if self._plane is not None:
             self._plane.expect(work)
         self._island.start(work)
+        if self._plane is not None and any(isinstance(value, PeerRef) for _, value in work.inputs):
+            self._plane.pull_arguments(work)
 
     def deliver_many(self, items) -> None:
         """A peer's sends and failures, in the order it made them."""

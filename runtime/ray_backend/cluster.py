@@ -23,6 +23,7 @@ from pathways_mlir.dialect.topology import Topology
 from ..island_work import Islands, IslandWork
 from ..status import Status, gather
 from .actor import IslandActor
+from .kept import KeptArguments
 from .monitor import IslandMonitor
 from .names import NAMESPACE, island_name, wait_until_free
 from .proxy import STATUS_TIMEOUT, RayIsland, unreachable
@@ -63,6 +64,7 @@ class RayIslands(Islands):
         self._flushes = itertools.count(1)      # release-only messages, numbered -1, -2, ... as runs
         self._results: dict[int, dict[str, tuple[int, ...]]] = {}   # plan key -> the results on each island
         self.failed_nodes: set[str] = set()     # nodes a restarted actor failed on (dead ones Ray counted alive)
+        self.kept = KeptArguments(self)         # handles passed to later runs (`kept.py`)
         self.monitor = IslandMonitor(self)
         for island in self.values():
             self._watch_actor(island)
@@ -84,6 +86,18 @@ class RayIslands(Islands):
         """Stops the monitor (before the islands close: closing is not losing)."""
         self.monitor.stop()
 
+    def peer_reference(self, run, buffer: int, plan, input_buffer: int):
+        """A `PeerRef` to a result kept on another island than `input_buffer`'s (see `KeptArguments`)."""
+        return self.kept.peer_reference(run, buffer, plan, input_buffer)
+
+    def pin(self, run, keys) -> None:
+        """`run` takes the kept results `keys`: their releases leave after its start (`KeptArguments`)."""
+        self.kept.pin(run, keys)
+
+    def unpin(self, run) -> None:
+        """`run` will never be sent (its submission failed): its pins go."""
+        self.kept.sent(run)
+
     def results(self, key: int | None, island: str) -> tuple[int, ...]:
         """The results a plan's runs leave on `island` (known once one of its runs started)."""
         return self._results.get(key, {}).get(island, ())
@@ -101,7 +115,8 @@ class RayIslands(Islands):
             self[name].lose_run(run.id, works[name].plan_key)
         sent = {name: self[name].started(work) for name, work in works.items() if name not in dead}
         if sent:
-            self._send(run.id, sent)
+            self._send(run.id, sent, self.kept.lends(run, sent))
+        self.kept.sent(run)
         return []
 
     def flush_releases(self, wait: bool = False) -> None:
@@ -110,23 +125,25 @@ class RayIslands(Islands):
         `wait` (a handle dropped, maybe by the garbage collector amid a send) it never waits for the
         channel: if a message is being sent, the releases leave with the next one."""
         marker = -next(self._flushes)
-        if self._send(marker, {}, block=wait) and wait:
+        if self._send(marker, {}, {}, block=wait) and wait:
             self._starts.received(marker)
 
-    def _send(self, run_id: int, works: dict[str, IslandWork], block: bool = True) -> bool:
-        """Sends one message of the start channel: `works` and every live island's queued releases; returns
-        False if there was nothing to send (or, not to `block`, the channel was busy)."""
+    def _send(self, run_id: int, works: dict[str, IslandWork], lends: dict[str, list], block: bool = True) -> bool:
+        """Sends one message of the start channel: `works`, the `lends` for them and every live island's
+        queued releases; returns False if there was nothing to send (or, not to `block`, the channel was
+        busy)."""
         if not self._sending.acquire(blocking=block):
             return False
         try:
+            self.kept.settle()
             releases = {name: island.take_releases() for name, island in self.items() if island._dead is None}
             if not works and not any(releases.values()):
                 return False
             try:
-                self._starts.send(run_id, works, releases)
+                self._starts.send(run_id, works, releases, lends)
             except GraphBroken:
                 self._use_calls()
-                self._starts.send(run_id, works, releases)
+                self._starts.send(run_id, works, releases, lends)
         finally:
             self._sending.release()
         return True
@@ -168,7 +185,7 @@ class RayIslands(Islands):
                 time.sleep(0.05)
         actors = {**{name: proxy._actor for name, proxy in self.items()}, island: actor}
         try:
-            ray.get(actor.connect.remote(actors), timeout=max(0.0, deadline - time.monotonic()))
+            address = ray.get(actor.connect.remote(actors), timeout=max(0.0, deadline - time.monotonic()))
             node = ray.get(actor.node.remote(), timeout=max(0.0, deadline - time.monotonic()))
             ray.get([proxy._actor.reconnect.remote(island, actor) for name, proxy in self.items()
                      if name != island and proxy._dead is None], timeout=max(0.0, deadline - time.monotonic()))
@@ -183,6 +200,7 @@ class RayIslands(Islands):
             raise RuntimeError(f"island {island} was not restored: {type(error).__name__}: "
                                f"{(str(error).splitlines() or [''])[0]}") from None
         proxy = RayIsland(island, actor, self)
+        proxy.transfers = address is not None
         self.nodes[island] = node
         self._starts.restart(island)
         self._watch_actor(proxy)
@@ -330,10 +348,12 @@ def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | 
                                  f"backend='ray') owns its islands; stop it, or connect to its service with "
                                  f"pw.connect()")
             actors[island.name] = launch(topology, island.name, emulate_dcn, one_machine)
-        ray.get([a.connect.remote(actors) for a in actors.values()], timeout=START_TIMEOUT)
+        addresses = ray.get([a.connect.remote(actors) for a in actors.values()], timeout=START_TIMEOUT)
         nodes = dict(zip(actors, ray.get([a.node.remote() for a in actors.values()], timeout=START_TIMEOUT)))
         islands = RayIslands(topology, emulate_dcn, one_machine, started, actors, nodes,
                              compiled_graph and set(nodes.values()) == {ray.get_runtime_context().get_node_id()})
+        for name, address in zip(actors, addresses):
+            islands[name].transfers = address is not None
     except BaseException:
         for actor in actors.values():
             ray.kill(actor)

@@ -12,6 +12,15 @@ buffer `B` of run `R` is a pull keyed by `transfer_id(R, B)`:
   (`Island.deliver`) once it is there, so an island program never runs on a
   value still in flight.
 
+A handle passed to a run whose input lives on another island travels the
+same way (`PeerRef` in the run's work, `runtime/island_work.py`): the
+receiving island pulls it (`pull_arguments`, keyed by the receiving run and
+input buffer, which no move of the plan is keyed by: an input is never a
+recv's destination) and a thread waiting for that pull alone hands it to its
+run as an awaited argument (`Island.argument`); the island that keeps it is told in the same start
+message stream (`lend`, before any later release) and offers it once its run
+has produced it (`Island.lend`), or an error in its place.
+
 No actor call, Ray object or driver is on that path. What travels is the
 buffer's distinct shards (`TransferLayout`): a replicated mesh axis sends
 one copy, and the receiver takes them onto the first devices of its own slice
@@ -35,9 +44,11 @@ what ends those.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,7 +56,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_steps import Recv, Send
 
 from ..executables import make_mesh, named_sharding, numpy_dtype
-from ..island_work import IslandLost, RunFailed
+from ..island_work import IslandLost, PeerRef, RunFailed
 
 ID_SPACE = 1 << 32          # transfer ids: run id * ID_SPACE + the receiving buffer
 _PAUSE_MIN = 1e-4           # the waiter's shortest and longest pause between looks at the pulls under way
@@ -81,8 +92,25 @@ def transfer_layout(plan: ProgramPlan, buffer: int) -> TransferLayout:
 
 def pulled(plan: ProgramPlan, src_buffer: int, dst_buffer: int) -> bool:
     """Whether a move travels over the transfer server: the receiving slice holds the distinct shards."""
-    receiver = plan.slices[plan.buffers[dst_buffer].slice]
-    return transfer_layout(plan, src_buffer).shards <= math.prod(receiver.shape)
+    return fits(transfer_layout(plan, src_buffer), plan, dst_buffer)
+
+
+def fits(layout: TransferLayout, plan: ProgramPlan, dst_buffer: int) -> bool:
+    """Whether `dst_buffer`'s slice has a device for each of the distinct shards `layout` sends."""
+    return layout.shards <= math.prod(plan.slices[plan.buffers[dst_buffer].slice].shape)
+
+
+class Lend(NamedTuple):
+    """What the island keeping a result is told when a run on `peer` takes it as an argument: buffer
+    `buffer` of run `run_id` (plan `plan_key`) is offered for the receiving run `reader`'s input
+    `reader_buffer`."""
+
+    run_id: int
+    buffer: int
+    plan_key: int
+    reader: int
+    reader_buffer: int
+    peer: str
 
 
 class DataPlane:
@@ -98,9 +126,11 @@ class DataPlane:
         self._peers: dict = {}                      # peer island -> TransferConnection
         self._routes: dict = {}                     # (plan key, step ids) -> (pulls, sends)
         self._offers: dict = {}                     # (plan key, receiving buffer) -> the sent sharding
+        self._shardings: dict = {}                  # (plan key, sent buffer) -> the sharding it travels with
         self._lock = threading.Condition()
         self._pending: list = []                    # (array, run id, plan key, buffer, peer) pulled, not there yet
         self._owed: dict[int, dict] = {}            # run id -> {receiving buffer: (plan key, peer)} not offered
+        self._arguments: dict[str, int] = {}        # peer -> arguments pulled from it, not there yet
         self.counts: dict[str, dict[str, int]] = {}
         self._closed = False
         threading.Thread(target=self._wait_for_pulls, name="pw-data-plane", daemon=True).start()
@@ -115,7 +145,8 @@ class DataPlane:
         self._peers[peer] = self._server.connect(address)
 
     def _count(self, peer: str, what: str) -> None:
-        counts = self.counts.setdefault(peer, {"pulled": 0, "offered": 0, "by_actor_call": 0})
+        counts = self.counts.setdefault(peer, {"pulled": 0, "offered": 0, "by_actor_call": 0, "arguments_pulled": 0,
+                                               "arguments_offered": 0})
         counts[what] += 1
 
     def count_actor_call(self, peer: str) -> None:
@@ -162,13 +193,47 @@ class DataPlane:
 
     def _landing(self, plan: ProgramPlan, src_buffer: int, dst_buffer: int):
         """What a pull asks for: the sent shards, on the first devices of the receiving slice."""
+        layout = transfer_layout(plan, src_buffer)
+        return self._landing_of(plan, dst_buffer, layout.mesh_shape, layout.axes, plan.buffers[src_buffer].sharding,
+                                plan.buffers[dst_buffer].dtype)
+
+    def _landing_of(self, plan: ProgramPlan, dst_buffer: int, mesh_shape: tuple, axes: tuple, sharding: tuple,
+                    dtype: str):
+        """A pull's spec: shards of `mesh_shape` over `axes`, sharded as `sharding`, on the first devices of
+        `dst_buffer`'s slice."""
         import jax
 
-        layout, info = transfer_layout(plan, src_buffer), plan.buffers[dst_buffer]
-        devices = list(self._island.mesh(plan, info.slice).devices.flat)[:layout.shards]
-        mesh = make_mesh(devices, layout.mesh_shape, layout.axes)
-        return jax.ShapeDtypeStruct(info.shape, numpy_dtype(info.dtype),
-                                    sharding=named_sharding(mesh, plan.buffers[src_buffer].sharding))
+        info = plan.buffers[dst_buffer]
+        devices = list(self._island.mesh(plan, info.slice).devices.flat)[:math.prod(mesh_shape)]
+        mesh = make_mesh(devices, mesh_shape, axes)
+        return jax.ShapeDtypeStruct(info.shape, numpy_dtype(dtype), sharding=named_sharding(mesh, sharding))
+
+    def pull_arguments(self, work) -> None:
+        """Pulls each `PeerRef` argument of a run's work (registered on the island already) from the island
+        that keeps it; a thread of its own hands it to the island's run once it is there (`Island.argument`):
+        a run waits for it with nothing else to do, so it is not left to the poller's pauses."""
+        plan = self._island.plan(work.plan_key)
+        for buffer, ref in work.inputs:
+            if isinstance(ref, PeerRef):
+                spec = self._landing_of(plan, buffer, ref.mesh_shape, ref.axes, ref.sharding, ref.dtype)
+                array = self._peers[ref.island].pull(transfer_id(work.run_id, buffer), [spec])[0]
+                with self._lock:
+                    self._count(ref.island, "arguments_pulled")
+                    self._arguments[ref.island] = self._arguments.get(ref.island, 0) + 1
+                threading.Thread(target=self._await_argument, name="pw-argument", daemon=True,
+                                 args=(array, work.run_id, work.plan_key, buffer, ref.island)).start()
+
+    def _await_argument(self, array, run_id: int, plan_key: int, buffer: int, peer: str) -> None:
+        """Waits (without the interpreter lock) until a pulled argument is there, and hands it to the island."""
+        try:
+            array.block_until_ready()
+        except Exception as error:  # noqa: BLE001  (an error offered, or the peer's process is gone)
+            self._island.fail_run(run_id, self._pull_failed(run_id, plan_key, peer, error))
+        else:
+            self._island.argument(run_id, buffer, array)
+        finally:
+            with self._lock:
+                self._arguments[peer] -= 1
 
     def _wait_for_pulls(self) -> None:
         """Hands each pulled array to the island once it is there; offers errors for what failed runs owe."""
@@ -241,30 +306,66 @@ class DataPlane:
             if not owed:
                 del self._owed[run_id]
             self._count(peer, "offered")
-        sharding = self._sent_sharding(plan_key, buffer)
-        if array.sharding != sharding:
-            import jax
-
-            shards = {shard.device: shard.data for shard in array.addressable_shards}
-            array = jax.make_array_from_single_device_arrays(
-                array.shape, sharding, [shards[d] for d in sharding._device_assignment])
-        self._server.await_pull(transfer_id(run_id, buffer), [array])
+        self._server.await_pull(transfer_id(run_id, buffer), [_on(array, self._sent_sharding(plan_key, buffer))])
         return True
 
+    def lend(self, lends) -> None:
+        """Offers kept results that runs on peer islands take as arguments (`Lend`s), each once its run has
+        produced it; a result that failed or is not kept is offered as an error, which fails the reader."""
+        for lend in lends:
+            try:
+                array = self._island.lend(lend.run_id, lend.buffer, f"run {lend.reader}",
+                                          functools.partial(self._produced_for, lend))
+            except (RunFailed, ValueError) as error:
+                self._lent(lend, None, error)
+                continue
+            if array is not None:
+                self._lent(lend, array, None)
+
+    def _produced_for(self, lend: Lend, array, error: BaseException | None) -> None:
+        """A lent result's run produced it after it was lent (or failed: the reader fails with that)."""
+        if error is not None:
+            error = RunFailed(f"run {lend.reader} takes a result of run {lend.run_id}, which failed: {error}")
+        self._lent(lend, array, error)
+
+    def _lent(self, lend: Lend, array, error: BaseException | None) -> None:
+        """Offers a kept result (or `error` in its place) for the peer's pull. Maybe under the island's lock."""
+        sharding = self._sharding_of(lend.plan_key, lend.buffer)
+        if error is not None:
+            import jax
+
+            info = self._island.plan(lend.plan_key).buffers[lend.buffer]
+            spec = jax.ShapeDtypeStruct(info.shape, numpy_dtype(info.dtype), sharding=sharding)
+            array = self._transfer.make_error_array(spec, f"run {lend.reader} failed on {self._island.name}: {error}")
+        else:
+            array = _on(array, sharding)
+        self._server.await_pull(transfer_id(lend.reader, lend.reader_buffer), [array])
+        with self._lock:
+            self._count(lend.peer, "arguments_offered")
+
     def _sent_sharding(self, plan_key: int, dst_buffer: int):
-        """The sharding a sent buffer travels with: its distinct shards, on the devices of its slice that
-        hold them (index 0 along each replicated mesh axis)."""
+        """The sharding a sent buffer travels with (`_sharding_of` its source buffer)."""
         key = (plan_key, dst_buffer)
         sharding = self._offers.get(key)
         if sharding is None:
             plan = self._island.plan(plan_key)
             src_buffer = next(s.src_buffer for s in plan.islands[self._island.name]
                               if isinstance(s, Send) and s.dst_buffer == dst_buffer)
-            layout, info = transfer_layout(plan, src_buffer), plan.buffers[src_buffer]
+            sharding = self._offers[key] = self._sharding_of(plan_key, src_buffer)
+        return sharding
+
+    def _sharding_of(self, plan_key: int, buffer: int):
+        """The sharding `buffer` of a plan travels with: its distinct shards, on the devices of its slice
+        that hold them (index 0 along each replicated mesh axis)."""
+        key = (plan_key, buffer)
+        sharding = self._shardings.get(key)
+        if sharding is None:
+            plan = self._island.plan(plan_key)
+            layout, info = transfer_layout(plan, buffer), plan.buffers[buffer]
             devices = self._island.mesh(plan, info.slice).devices
             picked = devices[tuple(slice(None) if i in layout.kept else 0 for i in range(devices.ndim))]
             mesh = make_mesh(list(np.asarray(picked, dtype=object).flat), layout.mesh_shape, layout.axes)
-            sharding = self._offers[key] = named_sharding(mesh, info.sharding)
+            sharding = self._shardings[key] = named_sharding(mesh, info.sharding)
         return sharding
 
     def status(self) -> dict:
@@ -275,6 +376,8 @@ class DataPlane:
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["offers"] += 1
             for *_, peer in self._pending:
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += 1
+            for peer, count in self._arguments.items():
+                waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += count
             return {peer: {"path": "transfer server", **counts, "under_way": waiting.get(peer, {"pulls": 0, "offers": 0})}
                     for peer, counts in sorted(self.counts.items())}
 
@@ -282,3 +385,15 @@ class DataPlane:
         with self._lock:
             self._closed = True
             self._lock.notify()
+
+
+def _on(array, sharding):
+    """`array` as it travels: its shards on the devices of `sharding` (a subset of its own: one copy of each
+    distinct shard)."""
+    if array.sharding == sharding:
+        return array
+    import jax
+
+    shards = {shard.device: shard.data for shard in array.addressable_shards}
+    return jax.make_array_from_single_device_arrays(array.shape, sharding,
+                                                    [shards[d] for d in sharding._device_assignment])

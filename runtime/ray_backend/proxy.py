@@ -10,7 +10,7 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from ..island_work import HISTORY, IslandLost, IslandWork, RunFailed, StoreRef, client_owner
+from ..island_work import HISTORY, REFERENCES, IslandLost, IslandWork, RunFailed, client_owner
 from .names import wait_until_free
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class RayIsland:
         # Runs started here -> (plan key, client id), the latest `HISTORY` of them.
         self._runs: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
         self._plans: dict[int, ProgramPlan] = {}   # plans loaded, by key: a run failing here names its program
+        self.transfers = False                     # whether its actor runs a transfer server (`data_plane.py`)
         self._dead: IslandLost | None = None       # set once the actor is known to be dead
         self.lost: IslandLost | None = None        # set once the runtime took the island out (`lose`)
         # Runs failed here since the actor died, and (after `lose`) every run whose results lived here.
@@ -131,7 +132,8 @@ class RayIsland:
             self._runs[work.run_id] = (work.plan_key, work.client_id)
             while len(self._runs) > HISTORY:
                 self._runs.popitem(last=False)
-        return work._replace(inputs=tuple((b, v if isinstance(v, StoreRef) else np.asarray(v)) for b, v in work.inputs))
+        return work._replace(inputs=tuple((b, v if isinstance(v, REFERENCES) else np.asarray(v))
+                                          for b, v in work.inputs))
 
     def take_releases(self) -> list[tuple[int, int]]:
         """Returns (and forgets) the releases queued since the last message."""
@@ -177,6 +179,8 @@ class RayIsland:
     def release(self, run_id: int, buffer: int) -> None:
         if not self._live() or self._dead is not None or run_id in self._failed:
             return       # handles dropped at exit, after the actors are gone, or of results gone: nothing to do
+        if self._group.kept.hold_back(self, (run_id, buffer)):
+            return       # a run whose start is not sent yet takes it: released after that start
         with self._lock:
             self._fetched.pop((run_id, buffer), None)
             self._releases.append((run_id, buffer))
@@ -188,6 +192,7 @@ class RayIsland:
         """Sends the queued releases now, in the start channel (`RayIslands.flush_releases`: a release never
         overtakes a start that reads its object); with `wait`, returns once the islands took them (before a
         question about objects: the actor runs calls concurrently)."""
+        self._group.kept.settle()        # releases held back for runs that failed before their start
         if self._releases and self._live() and self._dead is None:
             self._group.flush_releases(wait)
 

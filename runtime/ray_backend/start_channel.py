@@ -66,12 +66,14 @@ class CompiledStarts:
         self.broken = False     # an island actor died: the graph delivers nothing more (see `_take`)
         self._unread: list = []  # the acknowledgements of executions that will never be read
 
-    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list]) -> None:
-        """Sends one run's work (and the queued releases) to every island; called in ticket order."""
+    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list],
+             lends: dict[str, list]) -> None:
+        """Sends one run's work (and the queued releases, and the results kept on islands that the run takes
+        on others: `lends`) to every island; called in ticket order."""
         import ray
 
         try:
-            refs = self._graph.execute({"works": works, "releases": releases})
+            refs = self._graph.execute({"works": works, "releases": releases, "lends": lends})
         except (ray.exceptions.RayChannelError, ray.exceptions.RayActorError):
             self.broken = True          # an island actor died before the monitor saw it: nothing was sent
             raise GraphBroken("an island actor of the compiled start graph died") from None
@@ -144,13 +146,14 @@ class CalledStarts:
         """Island `name` has a fresh actor: its start calls are numbered from 0 again."""
         self._seq[name] = itertools.count()
 
-    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list]) -> None:
-        """Calls `start` on every island of the run, and on every other island with releases queued (with no
-        work), so that releases keep their place among starts; called in ticket order."""
+    def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list],
+             lends: dict[str, list]) -> None:
+        """Calls `start` on every island of the run, and on every other island with releases queued or results
+        to lend (with no work), so that releases keep their place among starts; called in ticket order."""
         refs = [(self._islands[name], self._islands[name]._call(
-                    "start", next(self._seq[name]), works.get(name), releases.get(name, []),
-                    counted_as="start" if name in works else "releases"))
-                for name in self._islands if name in works or releases.get(name)]
+                    "start", next(self._seq[name]), works.get(name), releases.get(name, []), lends.get(name, []),
+                    counted_as="start" if name in works else "lends" if lends.get(name) else "releases"))
+                for name in self._islands if name in works or releases.get(name) or lends.get(name)]
         with self._lock:
             self._refs[run_id] = refs
             while len(self._refs) > HISTORY:

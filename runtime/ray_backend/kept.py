@@ -1,0 +1,106 @@
+"""Results kept on their island actors and passed to later runs: what the driver sends in their place.
+
+A handle passed for an input on the island that keeps its result goes as a
+`StoreRef`; for an input on another island, as a `PeerRef`, which the
+receiving island pulls from the keeping one over the data plane
+(`data_plane.py`), while the keeping island is told to offer it (a `Lend`)
+in the same start message, so before any later release reaches it. Where the
+data plane cannot carry it (an island without a transfer server, a
+receiving slice with fewer devices than the result's distinct shards) the
+driver fetches the value and sends it with the start, as before.
+
+A reference is pinned from the call that takes it until the start message
+carrying it is sent (or its run fails before that): a release of the result
+meanwhile (its handle dropped while the run waits for admission) is held
+back and leaves after that message, so a release never overtakes the start
+that reads the object.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Callable
+
+from pathways_mlir.dialect.plan import ProgramPlan
+
+from ..island_work import IslandWork, PeerRef
+from ..run import Run
+from .data_plane import Lend, fits, transfer_layout
+
+if TYPE_CHECKING:
+    from .cluster import RayIslands
+    from .proxy import RayIsland
+
+
+class KeptArguments:
+    """A Ray runtime's references to kept results: how each goes, and the pins that hold their releases."""
+
+    def __init__(self, islands: "RayIslands"):
+        self._islands = islands
+        self._lock = threading.Lock()
+        self._pins: dict[tuple[int, int], list[Run]] = {}      # result -> the runs whose start is not sent yet
+        self._held_back: dict[tuple[int, int], "RayIsland"] = {}   # pinned results released meanwhile
+
+    def peer_reference(self, run: Run, buffer: int, plan: ProgramPlan, input_buffer: int) -> PeerRef | None:
+        """A `PeerRef` to buffer `buffer` of `run` for `plan`'s input `input_buffer` on another island; None
+        where the data plane cannot carry it, or the keeping island's actor is dead or lost the result
+        (the driver's fetch then raises why)."""
+        holder = self._islands[run.island_of(buffer)]
+        receiver = self._islands[plan.island_of(input_buffer)]
+        if not (holder.transfers and receiver.transfers) or holder._dead is not None or run.id in holder._failed:
+            return None
+        layout = transfer_layout(run.plan, buffer)
+        if not fits(layout, plan, input_buffer):
+            return None
+        info = run.plan.buffers[buffer]
+        return PeerRef(run.id, buffer, run.key, holder.name, info.dtype, layout.mesh_shape, layout.axes,
+                       info.sharding)
+
+    def pin(self, run: Run, keys) -> None:
+        """`run` takes the kept results `keys` ((run id, buffer) pairs): their releases wait for its start."""
+        with self._lock:
+            for key in keys:
+                self._pins.setdefault(key, []).append(run)
+
+    def sent(self, run: Run) -> None:
+        """`run`'s start message left (or never will): its pins go."""
+        if self._pins:
+            self._unpin(lambda pinned: pinned is run)
+
+    def settle(self) -> None:
+        """The pins of runs that failed before their start was sent (cancelled while queued) go."""
+        if self._pins:
+            self._unpin(lambda pinned: pinned.error is not None)
+
+    def _unpin(self, gone: Callable[[Run], bool]) -> None:
+        released = []
+        with self._lock:
+            for key, runs in list(self._pins.items()):
+                runs[:] = [r for r in runs if not gone(r)]
+                if not runs:
+                    del self._pins[key]
+                    if key in self._held_back:
+                        released.append((self._held_back.pop(key), key))
+        for island, (run_id, buffer) in released:
+            island.release(run_id, buffer)
+
+    def hold_back(self, island: "RayIsland", key: tuple[int, int]) -> bool:
+        """Whether the release of `key` on `island` waits (a run whose start is not sent takes it)."""
+        if not self._pins:
+            return False
+        with self._lock:
+            if key not in self._pins:
+                return False
+            self._held_back[key] = island
+            return True
+
+    def lends(self, run: Run, works: dict[str, IslandWork]) -> dict[str, list[Lend]]:
+        """What each keeping island is told to offer for `run`'s `PeerRef` arguments, by island."""
+        lends: dict[str, list[Lend]] = {}
+        if self._pins:
+            for name, work in works.items():
+                for buffer, value in work.inputs:
+                    if isinstance(value, PeerRef) and self._islands[value.island]._dead is None:
+                        lends.setdefault(value.island, []).append(
+                            Lend(value.run_id, value.buffer, value.plan_key, run.id, buffer, name))
+        return lends
