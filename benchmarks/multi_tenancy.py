@@ -27,6 +27,7 @@ size); plain JAX doing the same beside it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -44,7 +45,8 @@ from pathways_mlir.runtime.runtime import Runtime
 from . import harness
 
 NAME = "multi-tenancy"
-HEADLINE = ("aggregate_4clients_over_1", "aggregate_4clients_over_1_worst", "share_error_1111", "share_error_1248",
+HEADLINE = ("aggregate_4clients_over_1", "aggregate_4clients_over_1_worst", "jax_4threads_over_1_worst",
+            "aggregate_4clients_over_jax_4threads_worst", "share_error_1111", "share_error_1248",
             "other_island_latency_under_load")
 DEVICES = 4
 WIDTH = 1024                       # floats per device
@@ -147,15 +149,16 @@ def other_island_latency(x, sharding, rounds: int, samples: int = 20) -> list[di
     return rows
 
 
-def clients_case(program, clients: list[Client], x, total: int):
-    """Returns a case: each client, in its own thread, runs total/len(clients) programs and waits."""
-    def one_client(client):
-        handles = [program.run(x, client=client) for _ in range(total // len(clients))]
-        for h in handles:
-            h.block_until_ready()
+def threads_case(calls: list, total: int):
+    """Returns a case: each of `calls` (one per client or thread), in its own thread, is called
+    total/len(calls) times back to back, then its results are waited for."""
+    def one_thread(call):
+        results = [call() for _ in range(total // len(calls))]
+        for r in results:
+            r.block_until_ready()
 
     def case():
-        threads = [threading.Thread(target=one_client, args=(c,)) for c in clients]
+        threads = [threading.Thread(target=one_thread, args=(call,)) for call in calls]
         for t in threads:
             t.start()
         for t in threads:
@@ -248,23 +251,38 @@ def run(quick: bool) -> dict:
     programs = sized_programs(x, sharding)
     runtime = Runtime(embedded_device_map(1, DEVICES))
     clients = [Client(runtime) for _ in range(max(CLIENTS))]
-    cases = {(d, n): clients_case(programs[d][0], clients[:n], x, total) for d in DURATIONS_MS for n in CLIENTS}
+    cases = {}
+    for d in DURATIONS_MS:
+        program = programs[d][0]
+        jitted = jax.jit(program.fn, out_shardings=sharding)
+        for n in CLIENTS:
+            cases["ours", d, n] = threads_case([functools.partial(program.run, x, client=c) for c in clients[:n]],
+                                               total)
+            cases["jax", d, n] = threads_case([functools.partial(jitted, x)] * n, total)
     try:
         times = harness.measure(cases, repetitions)
     finally:
         for c in clients:
             c.close()
         runtime.close()
-    rows = [{"program_ms": d, "jax_ms": programs[d][1], "clients": n,
-             "programs_per_s": total / harness.median(times[d, n]),
-             "over_one_client": harness.median(times[d, 1]) / harness.median(times[d, n]),
-             "spread": harness.spread(times[d, n])} for d, n in cases]
+    rows = []
+    for d in DURATIONS_MS:
+        for n in CLIENTS:
+            ours, jax_time = harness.median(times["ours", d, n]), harness.median(times["jax", d, n])
+            rows.append({"program_ms": d, "jax_ms": programs[d][1], "clients": n, "programs_per_s": total / ours,
+                         "over_one_client": harness.median(times["ours", d, 1]) / ours,
+                         "spread": harness.spread(times["ours", d, n]), "jax_threads_programs_per_s": total / jax_time,
+                         "jax_over_one_thread": harness.median(times["jax", d, 1]) / jax_time,
+                         "jax_spread": harness.spread(times["jax", d, n]), "over_jax_threads": jax_time / ours})
     share_rows = [dict(row, repetition=r) for r in range(share_repetitions) for w in WEIGHTS
                   for row in shares(programs, x, sharding, w, base)]
     latency_rows = other_island_latency(x, sharding, 2 if quick else 5)
-    aggregate = {(r["program_ms"], r["clients"]): r["over_one_client"] for r in rows}
-    headline = {"aggregate_4clients_over_1": aggregate[0.5, 4],
-                "aggregate_4clients_over_1_worst": harness.worst(aggregate[d, 4] for d in DURATIONS_MS),
+    four = {r["program_ms"]: r for r in rows if r["clients"] == 4}
+    headline = {"aggregate_4clients_over_1": four[0.5]["over_one_client"],
+                "aggregate_4clients_over_1_worst": harness.worst(four[d]["over_one_client"] for d in DURATIONS_MS),
+                "jax_4threads_over_1_worst": harness.worst(four[d]["jax_over_one_thread"] for d in DURATIONS_MS),
+                "aggregate_4clients_over_jax_4threads_worst": harness.worst(four[d]["over_jax_threads"]
+                                                                            for d in DURATIONS_MS),
                 "share_error_1111": max(r["error"] for r in share_rows if r["weights"] == "1:1:1:1"),
                 "share_error_1248": max(r["error"] for r in share_rows if r["weights"] == "1:2:4:8"),
                 "other_island_latency_under_load": max(r["ours_under_load_over_idle"] for r in latency_rows)}
