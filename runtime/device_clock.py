@@ -52,8 +52,7 @@ class DeviceClock:
 
     def begin(self, run_id: int, now: float) -> None:
         """A run's instructions began to execute at `now`."""
-        with self._lock:
-            self._began.setdefault(run_id, now)
+        self._began.setdefault(run_id, now)     # one call on a dict: atomic, no lock needed
 
     def end(self, run_id: int, earliest: float, latest: float) -> float | None:
         """A run's device work was over at some time between `earliest` and `latest` (equal when known

@@ -24,6 +24,8 @@ class DispatchMode(enum.StrEnum):
     @classmethod
     def parse(cls, value: "str | DispatchMode") -> "DispatchMode":
         """Returns the mode named `value`; raises ValueError in one line naming it and the choices."""
+        if type(value) is cls:
+            return value
         try:
             return cls(value)
         except ValueError:

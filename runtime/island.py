@@ -338,12 +338,12 @@ class Island(IslandExecutor):
 
     def run_done(self, run_id: int) -> bool:
         """Returns whether the run's work here is over (dispatched, and its device work finished), as the
-        completion tracker sees it (it looks first)."""
-        with self.lock:
-            if run_id in self._runs:
-                return False
-            if run_id not in self._in_flight:
-                return True
+        completion tracker sees it (it looks first). Reads without the lock: a run only ever goes from
+        `_runs` to `_in_flight` (which `_finish` adds it to before it leaves `_runs`) to neither."""
+        if run_id in self._runs:
+            return False
+        if run_id not in self._in_flight:
+            return True
         self.look()
         return run_id not in self._in_flight
 
@@ -369,8 +369,7 @@ class Island(IslandExecutor):
         (or its own instructions began, if later) until its device work was over (`device_clock.py`), times
         the devices its slices cover here. None until it is over, for a run whose time the island could not
         tell (`DeviceClock.end`), and for a plan's first run here (its time includes one-time work)."""
-        with self.lock:
-            return self._seconds.pop(run_id, None)
+        return self._seconds.pop(run_id, None)      # one call on an OrderedDict: atomic, no lock needed
 
     def owned_by(self, owner: Hashable) -> list:
         """Returns the keys of the results `owner` holds here."""

@@ -134,8 +134,8 @@ class IslandExecutor:
         whoever asks whether a run is over (`run_done`: the scheduler, a client, a fast lane that needs its
         credits back), so each completion is found once, by whoever looks first. Lookers take turns (a look
         never waits for a computation, so a turn is short)."""
-        retired = False
         seen = None                              # when this look found the runs it retires over
+        over = []                                # (run, device seconds) of the runs it retires
         with self._looking:
             while self._completions:
                 run = self._completions[0]
@@ -153,20 +153,23 @@ class IslandExecutor:
                     self._timed_plans.add(run.plan_key)
                     seconds = None                   # a plan's first run here includes its first execution
                 self._awaited = None
-                with self.lock:
-                    if self.wedged is not None and self._executing is None:
-                        self.wedged = None           # what was stuck is over: the island serves again
+                over.append((run, seconds))
+            if not over:
+                return False
+            with self.lock:                      # once for all the runs this look retires
+                if self.wedged is not None and self._executing is None:
+                    self.wedged = None           # what was stuck is over: the island serves again
+                for run, seconds in over:
                     self._seconds[run.id] = None if seconds is None else seconds * run.layout.devices
-                    while len(self._seconds) > HISTORY:
-                        self._seconds.popitem(last=False)
                     if self._in_flight.get(run.id) is run.tracked:
                         del self._in_flight[run.id]  # nothing of the run needs to stay alive now
-                    self._notify()
-                retired = True
-            run = None                           # a looking thread keeps no arrays alive
-        if retired and self.on_done is not None:
+                while len(self._seconds) > HISTORY:
+                    self._seconds.popitem(last=False)
+                self._notify()
+            over = run = None                    # a looking thread keeps no arrays alive
+        if self.on_done is not None:
             self.on_done()
-        return retired
+        return True
 
     def _started(self, work: IslandWork) -> None:
         """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived)."""
@@ -252,7 +255,6 @@ class IslandExecutor:
 
     def _finish(self, run: IslandRun) -> None:
         """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""
-        del self._runs[run.id]
         if self._awaited_results:
             self._produced(run)
         owner = client_owner(run.client_id)
@@ -262,7 +264,8 @@ class IslandExecutor:
                 self._dropped.discard(key)
             else:
                 self.store.add(key, owner, run.slots[slot])
-        self._in_flight[run.id] = run.tracked
+        self._in_flight[run.id] = run.tracked   # before it leaves `_runs`: `run_done` reads without the lock
+        del self._runs[run.id]
         run.slots = []                       # what is kept lives in the store now
         run.earliest_end = time.monotonic()
         if all(map(computed, run.tracked)):
