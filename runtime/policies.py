@@ -114,9 +114,11 @@ class Share(Policy):
             self.virtual[run.client_id] = max(self.virtual[run.client_id], floor)
 
     def admitted(self, run: Run, device_seconds: DeviceSeconds) -> None:
-        start = self.virtual.get(run.client_id, self.now)
-        self.now = max(self.now, start)
         run.charged = device_seconds(run)
+        start = self.virtual.get(run.client_id)
+        if start is None:
+            return          # its client closed (`forget`) with the run queued: nothing is kept for it
+        self.now = max(self.now, start)
         self.virtual[run.client_id] = start + run.charged / run.weight
 
     def retired(self, run: Run, seconds: float) -> None:

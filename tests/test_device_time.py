@@ -77,6 +77,8 @@ def test_share_charges_what_runs_measured_not_what_they_were_expected_to_take():
     # measured time corrects its charge, client 1 gets three runs for each of client 0's.
     policy = Share()
     took = {0: 3.0, 1: 1.0}
+    for client in took:                      # the scheduler tells the policy of a client's first run
+        policy.arrived(Run(None, 0, client, (), {}), True, lambda run: 1.0)
     arrival, order = 0, []
     for _ in range(40):
         heads = []
@@ -150,6 +152,16 @@ def test_share_bounds_the_credit_of_a_client_back_from_idle_to_one_window():
     policy.virtual[0] = now - 50.0
     policy.arrived(Run(None, 0, 0, (), {}), False, lambda run: 1.0)
     assert policy.virtual[0] == now - 50.0
+
+
+def test_share_keeps_nothing_for_a_closed_client_whose_queued_run_is_admitted_after():
+    policy = Share()
+    run = Run(None, 0, 1, (), {})
+    policy.arrived(run, True, lambda run: 1.0)
+    policy.forget(1)                              # client 1 closed with `run` still queued
+    policy.admitted(run, lambda run: 1.0)
+    policy.retired(run, 2.0)
+    assert policy.virtual == {} and policy.now == 0.0
 
 
 def test_one_run_that_waited_for_a_core_does_not_multiply_its_plans_estimate():
