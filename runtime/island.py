@@ -301,6 +301,9 @@ class Island(IslandExecutor):
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
         """Returns the array of a run's buffer, waiting until it is produced; raises if the run failed."""
+        found = self.store.get((run_id, buffer))      # a result kept: one dict read, no lock needed
+        if found is not None and not self._closed:
+            return found
         with self.lock:
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
