@@ -5,8 +5,16 @@ island; the computation is a loop of elementwise work sized so that `jax.jit`
 takes about 0.05, 0.5 or 2 ms for it on those devices (its measured duration
 is reported). Aggregate throughput: P programs split evenly over 1, 2, 4 or
 8 clients, each client a thread that starts its programs back to back and
-then waits for them; programs per second relative to one client (the
-baseline) doing all P alone. Shares: with the `share` scheduling policy, 4
+then waits for them; programs per second relative to one client doing all
+P alone. Beside it, interleaved, plain JAX does the same with 1, 2, 4 or 8
+threads calling the `jax.jit` of the same computation: what a user sharing
+the devices without us would get (`aggregate_4clients_over_jax_4threads`),
+and how much more threads give plain JAX (`jax_4threads_over_1`): XLA:CPU
+overlaps computations that threads launch at once on the same devices,
+which an island, running its runs in one order, does not. So plain JAX's
+threads also run with a lock around each launch, one computation at a time
+(`jax_4threads_in_order_over_1`): JAX's own floor for clients that share
+one in-order stream of work. Shares: with the `share` scheduling policy, 4
 clients weighted 1:1:1:1 or 1:2:4:8 run programs of different lengths
 (2, 0.5, 2 and 0.5 ms), each queueing, before the scheduler starts, a number
 of programs proportional to its weight over its program's length (equal work
@@ -46,8 +54,8 @@ from . import harness
 
 NAME = "multi-tenancy"
 HEADLINE = ("aggregate_4clients_over_1", "aggregate_4clients_over_1_worst", "jax_4threads_over_1_worst",
-            "aggregate_4clients_over_jax_4threads_worst", "share_error_1111", "share_error_1248",
-            "other_island_latency_under_load")
+            "aggregate_4clients_over_jax_4threads_worst", "jax_4threads_in_order_over_1_worst", "share_error_1111",
+            "share_error_1248", "other_island_latency_under_load")
 DEVICES = 4
 WIDTH = 1024                       # floats per device
 DURATIONS_MS = (0.05, 0.5, 2.0)
@@ -166,6 +174,14 @@ def threads_case(calls: list, total: int):
     return case
 
 
+def _in_order(fn, x, lock: threading.Lock):
+    """Calls `fn(x)` holding `lock`: threads sharing the lock launch one computation at a time, in one order,
+    as an island does (plain JAX's threads otherwise launch at once, and XLA:CPU overlaps their
+    computations on the same devices)."""
+    with lock:
+        return fn(x)
+
+
 def jax_back_to_back_ms(program, x, sharding, calls: int = 20, repetitions: int = 5) -> float:
     """Returns plain JAX's median ms per call of `program`'s computation, `calls` calls back to back (the
     time the devices take per call when they are kept busy, as the share runs keep them)."""
@@ -259,6 +275,8 @@ def run(quick: bool) -> dict:
             cases["ours", d, n] = threads_case([functools.partial(program.run, x, client=c) for c in clients[:n]],
                                                total)
             cases["jax", d, n] = threads_case([functools.partial(jitted, x)] * n, total)
+            cases["jax in order", d, n] = threads_case([functools.partial(_in_order, jitted, x, threading.Lock())] * n,
+                                                       total)
     try:
         times = harness.measure(cases, repetitions)
     finally:
@@ -269,11 +287,14 @@ def run(quick: bool) -> dict:
     for d in DURATIONS_MS:
         for n in CLIENTS:
             ours, jax_time = harness.median(times["ours", d, n]), harness.median(times["jax", d, n])
+            in_order = harness.median(times["jax in order", d, n])
             rows.append({"program_ms": d, "jax_ms": programs[d][1], "clients": n, "programs_per_s": total / ours,
                          "over_one_client": harness.median(times["ours", d, 1]) / ours,
                          "spread": harness.spread(times["ours", d, n]), "jax_threads_programs_per_s": total / jax_time,
                          "jax_over_one_thread": harness.median(times["jax", d, 1]) / jax_time,
-                         "jax_spread": harness.spread(times["jax", d, n]), "over_jax_threads": jax_time / ours})
+                         "jax_spread": harness.spread(times["jax", d, n]), "over_jax_threads": jax_time / ours,
+                         "jax_in_order_over_one_thread": harness.median(times["jax", d, 1]) / in_order,
+                         "over_jax_in_order_threads": in_order / ours})
     share_rows = [dict(row, repetition=r) for r in range(share_repetitions) for w in WEIGHTS
                   for row in shares(programs, x, sharding, w, base)]
     latency_rows = other_island_latency(x, sharding, 2 if quick else 5)
@@ -283,6 +304,8 @@ def run(quick: bool) -> dict:
                 "jax_4threads_over_1_worst": harness.worst(four[d]["jax_over_one_thread"] for d in DURATIONS_MS),
                 "aggregate_4clients_over_jax_4threads_worst": harness.worst(four[d]["over_jax_threads"]
                                                                             for d in DURATIONS_MS),
+                "jax_4threads_in_order_over_1_worst": harness.worst(four[d]["jax_in_order_over_one_thread"]
+                                                                    for d in DURATIONS_MS),
                 "share_error_1111": max(r["error"] for r in share_rows if r["weights"] == "1:1:1:1"),
                 "share_error_1248": max(r["error"] for r in share_rows if r["weights"] == "1:2:4:8"),
                 "other_island_latency_under_load": max(r["ours_under_load_over_idle"] for r in latency_rows)}
