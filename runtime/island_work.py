@@ -114,7 +114,8 @@ class Islands(dict):
         overtake its start. Nothing here: islands that keep no arguments are given arrays."""
 
     def unpin(self, run) -> None:
-        """`run`'s submission failed: its references (`pin`) will never be sent."""
+        """`run` will never start (its submission failed, or it was cancelled while queued): its references
+        (`pin`) will never be sent."""
 
     def on_run_done(self, wake) -> None:
         """Calls `wake()` whenever an island sees a run's device work over (its completion tracker)."""

@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 from pathways_mlir.runtime.ray_backend import NAMESPACE, CompiledStarts, island_name  # noqa: E402
 
 from across_islands import across, bend, expected, grow, left  # noqa: E402
+from fetching import until  # noqa: E402
 
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
@@ -242,6 +243,32 @@ def test_a_release_while_the_run_waits_for_admission_waits_for_its_start(ray_run
         finally:
             ray_runtime.scheduler.release()
         assert ray_runtime.object_count() == 0
+
+
+def actor_objects(island: str) -> int:
+    """The results island `island`'s actor keeps, asked of the actor itself: no release queued in the driver
+    goes with the question, as it does with `Runtime.object_count`."""
+    return ray.get(ray.get_actor(island_name(island), namespace=NAMESPACE).object_count.remote(), timeout=60)
+
+
+@pytest.mark.parametrize("program", ["same island", "other island"])
+def test_a_release_held_back_for_a_cancelled_run_leaves_at_once(ray_runtime, program):
+    """The handle is released while the run that takes it is queued, and that run is cancelled: its start
+    will never be sent, so the held-back release leaves at once, with no further call."""
+    taking = on_left if program == "same island" else on_right
+    with Client(ray_runtime) as client:
+        taking.compiled(X, runtime=ray_runtime)
+        y = on_left.run(X, client=client)
+        y.result(60)
+        ray_runtime.scheduler.hold()
+        try:
+            queued = taking.run(y, client=client)
+            y.delete()
+            assert actor_objects("island0") == 1          # held back while its reader is queued
+            assert client.cancel(queued)
+        finally:
+            ray_runtime.scheduler.release()
+        until(lambda: actor_objects("island0") == 0, "the held-back release reaches island0", 60)
 
 
 def test_a_lent_result_whose_run_fails_fails_its_reader_naming_it(ray_runtime):

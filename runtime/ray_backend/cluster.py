@@ -95,8 +95,10 @@ class RayIslands(Islands):
         self.kept.pin(run, keys)
 
     def unpin(self, run) -> None:
-        """`run` will never be sent (its submission failed): its pins go."""
-        self.kept.sent(run)
+        """`run` will never be sent (its submission failed, or it was cancelled while queued): its pins go,
+        and the releases they held back leave now."""
+        if self.kept.sent(run):
+            self._send(-next(self._flushes), {}, {})
 
     def results(self, key: int | None, island: str) -> tuple[int, ...]:
         """The results a plan's runs leave on `island` (known once one of its runs started)."""
@@ -135,7 +137,6 @@ class RayIslands(Islands):
         if not self._sending.acquire(blocking=block):
             return False
         try:
-            self.kept.settle()
             releases = {name: island.take_releases() for name, island in self.items() if island._dead is None}
             if not works and not any(releases.values()):
                 return False

@@ -13,13 +13,14 @@ A reference is pinned from the call that takes it until the start message
 carrying it is sent (or its run fails before that): a release of the result
 meanwhile (its handle dropped while the run waits for admission) is held
 back and leaves after that message, so a release never overtakes the start
-that reads the object.
+that reads the object; if the run is cancelled while queued, it leaves at
+once (`RayIslands.unpin`).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
@@ -62,27 +63,22 @@ class KeptArguments:
             for key in keys:
                 self._pins.setdefault(key, []).append(run)
 
-    def sent(self, run: Run) -> None:
-        """`run`'s start message left (or never will): its pins go."""
-        if self._pins:
-            self._unpin(lambda pinned: pinned is run)
-
-    def settle(self) -> None:
-        """The pins of runs that failed before their start was sent (cancelled while queued) go."""
-        if self._pins:
-            self._unpin(lambda pinned: pinned.error is not None)
-
-    def _unpin(self, gone: Callable[[Run], bool]) -> None:
+    def sent(self, run: Run) -> bool:
+        """`run`'s start message left (or never will): its pins go, and the releases they held back are queued
+        on their islands. Returns whether there were any."""
+        if not self._pins:
+            return False
         released = []
         with self._lock:
             for key, runs in list(self._pins.items()):
-                runs[:] = [r for r in runs if not gone(r)]
+                runs[:] = [r for r in runs if r is not run]
                 if not runs:
                     del self._pins[key]
                     if key in self._held_back:
                         released.append((self._held_back.pop(key), key))
         for island, (run_id, buffer) in released:
             island.release(run_id, buffer)
+        return bool(released)
 
     def hold_back(self, island: "RayIsland", key: tuple[int, int]) -> bool:
         """Whether the release of `key` on `island` waits (a run whose start is not sent takes it)."""

@@ -192,7 +192,6 @@ class RayIsland:
         """Sends the queued releases now, in the start channel (`RayIslands.flush_releases`: a release never
         overtakes a start that reads its object); with `wait`, returns once the islands took them (before a
         question about objects: the actor runs calls concurrently)."""
-        self._group.kept.settle()        # releases held back for runs that failed before their start
         if self._releases and self._live() and self._dead is None:
             self._group.flush_releases(wait)
 
