@@ -366,6 +366,32 @@ def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
 
 
+@pytest.mark.parametrize("restored", [False, True], ids=["lost", "lost and restored"])
+def test_a_holder_lost_before_the_pull_fails_the_reader_with_island_lost(ray_runtime, restored):
+    """A result kept on island0 is passed to a run on island1 that waits for admission; island0 is lost (and
+    restored, fresh) before that run starts: the run fails with `IslandLost`, as a reader on island0 would."""
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime)
+        y = on_left.run(X, client=client)
+        y.result(60)
+        ray_runtime.scheduler.hold()
+        try:
+            out = on_right.run(y, client=client)
+            ray_runtime.lose_island("island0")
+            if restored:
+                ray_runtime.restore_island("island0")
+        finally:
+            ray_runtime.scheduler.release()
+        try:
+            with pytest.raises(pw.IslandLost, match=r"^island island0 was lost, with the results of run \d+ that "
+                                                    r"lived there$"):
+                out.result(60)
+        finally:
+            if not restored:
+                ray_runtime.restore_island("island0")
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
+
+
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
     """Last for each runtime: island1's actor is killed. Programs move to island0 (the compiled graph, which
     held the dead actor, gives way to actor calls), a result it kept raises `IslandLost` when passed on, and

@@ -106,10 +106,17 @@ class RayIslands(Islands):
 
     def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list:
         """Sends one run's work to its islands as one start message each, with the releases queued; the run
-        fails at once on an island whose actor is dead. Nothing runs on the caller's thread (`inline`)."""
+        fails at once on an island whose actor is dead, and everywhere (unsent) if it takes a kept result whose
+        island was lost since the call. Nothing runs on the caller's thread (`inline`)."""
         if run.key not in self._results:
             self._results[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
                                       for name in self}
+        lost = self.kept.lost(works)
+        if lost is not None:            # a result it takes is gone with its island: as a fetch of it raises
+            for name in works:
+                self[name].refuse(run.id, lost)
+            self.unpin(run)
+            return []
         if self.compiled_graph and (self._starts.broken or any(p._dead is not None for p in self.values())):
             self._use_calls()
         dead = [name for name in works if self[name]._dead is not None]

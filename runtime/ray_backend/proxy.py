@@ -147,10 +147,22 @@ class RayIsland:
         elif self._live():
             self._call("fail_run", run_id, str(error), isinstance(error, IslandLost))
 
+    def lost_result(self, run_id: int) -> BaseException | None:
+        """What reading a result of run `run_id` kept here raises once the actor died, or the run failed on an
+        actor that died (also after a restore: the fresh actor never had it); None if it may be kept."""
+        if self._dead is None and run_id not in self._failed:
+            return None
+        return self._failed.get(run_id) or IslandLost(f"island {self.name} was lost, with the results of run "
+                                                      f"{run_id} that lived there")
+
+    def refuse(self, run_id: int, error: BaseException) -> None:
+        """A run is not sent here (it takes a result that `lost_result`): it fails with `error`."""
+        self._failed_here(run_id, error)
+
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
-        if self._dead is not None or run_id in self._failed:
-            raise self._failed.get(run_id) or IslandLost(f"island {self.name} was lost, with the results of run "
-                                                         f"{run_id} that lived there")
+        lost = self.lost_result(run_id)
+        if lost is not None:
+            raise lost
         with self._lock:
             value = self._fetched.pop((run_id, buffer), None)
             key = self._runs.get(run_id, (None, None))[0]
