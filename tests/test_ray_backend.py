@@ -6,6 +6,8 @@ Compiled Graph (the default on one node) and as actor calls. Skipped where
 Ray is not installed.
 """
 
+import os
+import signal
 import time
 
 import jax
@@ -364,6 +366,38 @@ def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):
             assert time.monotonic() < deadline, f"moves still under way: {moves(ray_runtime)}"
             time.sleep(0.05)
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+
+
+def offers(runtime, island: str, peer: str) -> int:
+    """What `island` offers `peer` on its transfer server that `peer` has not pulled."""
+    return runtime.islands[island].status()["transfers"].get(peer, {}).get("under_way", {}).get("offers", 0)
+
+
+def test_offers_to_a_lost_reader_are_withdrawn(ray_runtime):
+    """island1's process is stopped when a run there takes a result kept on island0: island0 offers it for a
+    pull that never comes. Once island1 is killed and taken out, island0 withdraws the offer (its array would
+    stay on the transfer server for good), and the run fails with `IslandLost`."""
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime)
+        y = on_left.run(X, client=client)
+        y.result(60)
+        withdrawn = moves(ray_runtime)["island0"].get("island1", {}).get("offers_withdrawn", 0)
+        actor = ray.get_actor(island_name("island1"), namespace=NAMESPACE)
+        pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+        version = ray_runtime.resources.version
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            out = on_right.run(y, client=client)
+            until(lambda: offers(ray_runtime, "island0", "island1") == 1, "island0 offers y to island1", 60)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        until(lambda: ray_runtime.resources.version != version, "the monitor takes island1 out", 60)
+        until(lambda: offers(ray_runtime, "island0", "island1") == 0, "island0 withdraws its offer", 60)
+        assert ray_runtime.islands["island0"].status()["transfers"]["island1"]["offers_withdrawn"] == withdrawn + 1
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+            out.result(60)
+        ray_runtime.restore_island("island1")
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
 
 
 @pytest.mark.parametrize("restored", [False, True], ids=["lost", "lost and restored"])

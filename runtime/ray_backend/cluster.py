@@ -23,6 +23,7 @@ from pathways_mlir.dialect.topology import Topology
 from ..island_work import Islands, IslandWork
 from ..status import Status, gather
 from .actor import IslandActor
+from .data_plane import Withdraw
 from .kept import KeptArguments
 from .monitor import IslandMonitor
 from .names import NAMESPACE, island_name, wait_until_free
@@ -137,15 +138,25 @@ class RayIslands(Islands):
         if self._send(marker, {}, {}, block=wait) and wait:
             self._starts.received(marker)
 
+    def withdraw(self, island: str) -> None:
+        """Lost island `island` pulls nothing more: every other live island withdraws what it offered it (a
+        `Withdraw`, in the start channel, after the messages that lent it)."""
+        if self.compiled_graph:
+            self._use_calls()                   # the graph holds the lost actor
+        withdrawals = {name: [Withdraw(island)] for name, proxy in self.items()
+                       if name != island and proxy._dead is None and proxy.transfers}
+        if withdrawals:
+            self._send(-next(self._flushes), {}, withdrawals)
+
     def _send(self, run_id: int, works: dict[str, IslandWork], lends: dict[str, list], block: bool = True) -> bool:
-        """Sends one message of the start channel: `works`, the `lends` for them and every live island's
-        queued releases; returns False if there was nothing to send (or, not to `block`, the channel was
+        """Sends one message of the start channel: `works`, the `lends` for them (or `Withdraw`s) and every live
+        island's queued releases; returns False if there was nothing to send (or, not to `block`, the channel was
         busy)."""
         if not self._sending.acquire(blocking=block):
             return False
         try:
             releases = {name: island.take_releases() for name, island in self.items() if island._dead is None}
-            if not works and not any(releases.values()):
+            if not works and not lends and not any(releases.values()):
                 return False
             try:
                 self._starts.send(run_id, works, releases, lends)

@@ -299,8 +299,9 @@ class RayIsland:
 
     def lose(self) -> None:
         """Takes the island out as a dead host (`Runtime.lose_island`): kills the actor if it still runs, and
-        returns once Ray has let its name go (so that a restore can take it); results of every run it had
-        raise `IslandLost` from now on, also once the island is restored."""
+        returns once Ray has let its name go (so that a restore can take it), the other islands told to
+        withdraw what they offered it (`RayIslands.withdraw`); results of every run it had raise `IslandLost`
+        from now on, also once the island is restored."""
         import time
 
         import ray
@@ -316,6 +317,7 @@ class RayIsland:
         self.lost = self._dead
         ray.kill(self._actor)
         wait_until_free(self.name, time.monotonic() + STATUS_TIMEOUT)
+        self._group.withdraw(self.name)
 
     def restored(self) -> "RayIsland":
         """Returns the proxy of a fresh actor in place of this lost island's (see `RayIslands.restart`); the
