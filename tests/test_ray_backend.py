@@ -368,6 +368,27 @@ def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
 
 
+def test_a_handle_lent_to_another_island_then_donated_waits_for_the_pull(ray_runtime):
+    """y is passed to a run on island1 (island0 offers it for island1's pull), then donated to a run on island0
+    that overwrites it, both queued: the donating run waits until island1 has pulled y, as the embedded
+    backend's donation waits for an earlier reader; both see y's value."""
+    twice = pw.jit(lambda x: x * 2.0, slice=left, in_specs=P("x"), out_specs=P("x"), donate_argnums=0)
+    g = np.asarray(jax.jit(grow.fn)(X))
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime), twice.compiled(X, runtime=ray_runtime)
+        y = on_left.run(X, client=client)
+        y.result(60)
+        ray_runtime.scheduler.hold()
+        try:
+            out = on_right.run(y, client=client)
+            doubled = twice.run(y, client=client)
+        finally:
+            ray_runtime.scheduler.release()
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.asarray(jax.jit(bend.fn)(g)), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(doubled.result(60)), g * 2, rtol=1e-6)
+        until(lambda: offers(ray_runtime, "island0", "island1") == 0, "island0's offer to island1 is pulled", 60)
+
+
 def offers(runtime, island: str, peer: str) -> int:
     """What `island` offers `peer` on its transfer server that `peer` has not pulled."""
     return runtime.islands[island].status()["transfers"].get(peer, {}).get("under_way", {}).get("offers", 0)

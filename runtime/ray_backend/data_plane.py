@@ -21,9 +21,10 @@ run as an awaited argument (`Island.argument`); the island that keeps it is told
 message stream (`lend`, before any later release) and offers it once its run
 has produced it (`Island.lend`), or an error in its place. The receiver
 tells the keeper once its pull is over (`Pulled`, by actor call), so the
-keeper knows what it has lent out: when the receiver is lost the driver
-has the keeper withdraw what it still offers it (`Withdraw`): each offer
-is replaced by one that expires at once, which lets the array go.
+keeper knows what it has lent out: a run there that donates the result
+waits for that (`Island.returned`), and when the receiver is lost the
+driver has the keeper withdraw what it still offers it (`Withdraw`): each
+offer is replaced by one that expires at once, which lets the array go.
 
 No actor call, Ray object or driver is on that path. What travels is the
 buffer's distinct shards (`TransferLayout`): a replicated mesh axis sends
@@ -155,7 +156,7 @@ class DataPlane:
         self._pending: list = []                    # (array, run id, plan key, buffer, peer) pulled, not there yet
         self._owed: dict[int, dict] = {}            # run id -> {receiving buffer: (plan key, peer)} not offered
         self._arguments: dict[str, int] = {}        # peer -> arguments pulled from it, not there yet
-        self._lent_out: dict[int, str] = {}         # transfer id -> the peer it is offered to, not pulled yet
+        self._lent_out: dict[int, tuple] = {}       # transfer id -> (peer, lent result or None: an error) not pulled
         self.counts: dict[str, dict[str, int]] = {}
         self._closed = False
         threading.Thread(target=self._wait_for_pulls, name="pw-data-plane", daemon=True).start()
@@ -345,29 +346,37 @@ class DataPlane:
                 self._withdraw(lend.peer)
                 continue
             with self._lock:          # lent out before the island may hand it over (`_lent`)
-                self._lent_out[lend.transfer_id] = lend.peer
+                self._lent_out[lend.transfer_id] = (lend.peer, (lend.run_id, lend.buffer))
             try:
                 array = self._island.lend(lend.run_id, lend.buffer, f"run {lend.reader}",
                                           functools.partial(self._produced_for, lend))
             except (RunFailed, ValueError) as error:
+                with self._lock:
+                    self._lent_out[lend.transfer_id] = (lend.peer, None)    # the island does not count it
                 self._lent(lend, None, error)
                 continue
             if array is not None:
                 self._lent(lend, array, None)
 
     def pulled(self, transfer_id: int) -> None:
-        """A peer's pull of what this island lent it is over (`Pulled`): the offer is gone."""
+        """A peer's pull of what this island lent it is over (`Pulled`): the island has it back."""
         with self._lock:
-            self._lent_out.pop(transfer_id, None)
+            _, result = self._lent_out.pop(transfer_id, (None, None))
+        if result is not None:
+            self._island.returned(*result)
 
     def _withdraw(self, peer: str) -> None:
         """Peer `peer` was lost: each offer to it is replaced by one that expires at once (the transfer server
         lets the array go), and results not produced yet will not be offered (`_lent`)."""
+        expired = []
         with self._lock:
-            for key in [k for k, p in self._lent_out.items() if p == peer]:
-                del self._lent_out[key]
+            for key in [k for k, (p, _) in self._lent_out.items() if p == peer]:
+                expired.append(self._lent_out.pop(key)[1])
                 self._server.await_pull(key, [self._withdrawn()], timeout=datetime.datetime.now())
                 self._count(peer, "offers_withdrawn")
+        for result in expired:
+            if result is not None:
+                self._island.returned(*result)
 
     def _withdrawn(self):
         """What replaces a withdrawn offer: an error array of one element (never pulled)."""
@@ -435,7 +444,7 @@ class DataPlane:
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += 1
             for peer, count in self._arguments.items():
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += count
-            for peer in self._lent_out.values():
+            for peer, _ in self._lent_out.values():
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["offers"] += 1
             return {peer: {"path": "transfer server", **counts, "under_way": waiting.get(peer, {"pulls": 0, "offers": 0})}
                     for peer, counts in sorted(self.counts.items())}
