@@ -97,9 +97,10 @@ class RayIslands(Islands):
 
     def unpin(self, run) -> None:
         """`run` will never be sent (its submission failed, or it was cancelled while queued): its pins go,
-        and the releases they held back leave now."""
+        and the releases they held back leave now; returns once the islands took them (a question about
+        objects asked next sees them gone)."""
         if self.kept.sent(run):
-            self._send(-next(self._flushes), {}, {})
+            self.flush_releases(wait=True)
 
     def results(self, key: int | None, island: str) -> tuple[int, ...]:
         """The results a plan's runs leave on `island` (known once one of its runs started)."""
@@ -116,7 +117,8 @@ class RayIslands(Islands):
         if lost is not None:            # a result it takes is gone with its island: as a fetch of it raises
             for name in works:
                 self[name].refuse(run.id, lost)
-            self.unpin(run)
+            if self.kept.sent(run):     # what it held back leaves now (unwaited: the scheduler's lock is held)
+                self._send(-next(self._flushes), {}, {})
             return []
         if self.compiled_graph and (self._starts.broken or any(p._dead is not None for p in self.values())):
             self._use_calls()
