@@ -218,10 +218,18 @@ def test_a_chain_across_islands_passes_handles_island_to_island(ray_runtime):
         assert ray_runtime.object_count() == 1
 
 
+def actor_objects(island: str) -> int:
+    """The results island `island`'s actor keeps, asked of the actor itself: no release queued in the driver
+    goes with the question, as it does with `Runtime.object_count`."""
+    return ray.get(ray.get_actor(island_name(island), namespace=NAMESPACE).object_count.remote(), timeout=60)
+
+
 @pytest.mark.parametrize("program", ["same island", "other island"])
 def test_a_release_while_the_run_waits_for_admission_waits_for_its_start(ray_runtime, program):
     """The handle is released while the run that takes it is queued (admission held): the release waits for
-    that run's start, so the run still reads the result, which is gone once the run took it."""
+    that run's start, so the run still reads the result, which is gone once the run took it. Released again
+    while a run taking it is queued, and that run cancelled: its start will never be sent, so the release
+    leaves at once, with no further call."""
     taking = across if program == "same island" else on_right
     with Client(ray_runtime) as client:
         taking.compiled(X, runtime=ray_runtime)
@@ -237,40 +245,16 @@ def test_a_release_while_the_run_waits_for_admission_waits_for_its_start(ray_run
         fn = expected if taking is across else (lambda v: np.asarray(jax.jit(bend.fn)(v)))
         np.testing.assert_allclose(np.asarray(out.result(60)), fn(expected(X)), rtol=1e-5)
         assert ray_runtime.object_count() == 1          # out alone
+        holder = out.island
         ray_runtime.scheduler.hold()
         try:
             queued = on_right.run(out, client=client)
             out.delete()
+            assert actor_objects(holder) == 1           # held back while its reader is queued
             assert client.cancel(queued)                # never started: its pin goes, and out's release
         finally:
             ray_runtime.scheduler.release()
-        assert ray_runtime.object_count() == 0
-
-
-def actor_objects(island: str) -> int:
-    """The results island `island`'s actor keeps, asked of the actor itself: no release queued in the driver
-    goes with the question, as it does with `Runtime.object_count`."""
-    return ray.get(ray.get_actor(island_name(island), namespace=NAMESPACE).object_count.remote(), timeout=60)
-
-
-@pytest.mark.parametrize("program", ["same island", "other island"])
-def test_a_release_held_back_for_a_cancelled_run_leaves_at_once(ray_runtime, program):
-    """The handle is released while the run that takes it is queued, and that run is cancelled: its start
-    will never be sent, so the held-back release leaves at once, with no further call."""
-    taking = on_left if program == "same island" else on_right
-    with Client(ray_runtime) as client:
-        taking.compiled(X, runtime=ray_runtime)
-        y = on_left.run(X, client=client)
-        y.result(60)
-        ray_runtime.scheduler.hold()
-        try:
-            queued = taking.run(y, client=client)
-            y.delete()
-            assert actor_objects("island0") == 1          # held back while its reader is queued
-            assert client.cancel(queued)
-        finally:
-            ray_runtime.scheduler.release()
-        until(lambda: actor_objects("island0") == 0, "the held-back release reaches island0", 60)
+        until(lambda: actor_objects(holder) == 0, f"the held-back release reaches {holder}", 60)
 
 
 def test_a_lent_result_whose_run_fails_fails_its_reader_naming_it(ray_runtime):
@@ -369,21 +353,30 @@ def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):
 
 
 def test_a_handle_lent_to_another_island_then_donated_waits_for_the_pull(ray_runtime):
-    """y is passed to a run on island1 (island0 offers it for island1's pull), then donated to a run on island0
-    that overwrites it, both queued: the donating run waits until island1 has pulled y, as the embedded
-    backend's donation waits for an earlier reader; both see y's value."""
+    """y is passed to a run on island1, then donated to a run on island0 that overwrites it, while island1's
+    process is stopped: island0 offers y, and the donating run waits there until island1 has pulled it, as the
+    embedded backend's donation waits for an earlier reader; once island1 goes on, both see y's value."""
     twice = pw.jit(lambda x: x * 2.0, slice=left, in_specs=P("x"), out_specs=P("x"), donate_argnums=0)
     g = np.asarray(jax.jit(grow.fn)(X))
+    island0 = ray.get_actor(island_name("island0"), namespace=NAMESPACE)
+
+    def waiting(run_id: int) -> bool:             # asked of the actor: the driver may wait for island1
+        runs = ray.get(island0.status.remote(), timeout=60)["runs"]
+        return any(r["run"] == run_id and "donates" in r["waits_for"] for r in runs)
+
     with Client(ray_runtime) as client:
         on_right.compiled(X, runtime=ray_runtime), twice.compiled(X, runtime=ray_runtime)
         y = on_left.run(X, client=client)
         y.result(60)
-        ray_runtime.scheduler.hold()
+        pid = ray.get(ray.get_actor(island_name("island1"), namespace=NAMESPACE).__ray_call__.remote(
+            lambda self: os.getpid()), timeout=60)
+        os.kill(pid, signal.SIGSTOP)
         try:
             out = on_right.run(y, client=client)
             doubled = twice.run(y, client=client)
+            until(lambda: waiting(doubled._run.id), "the donating run waits on island0 for island1's pull", 60)
         finally:
-            ray_runtime.scheduler.release()
+            os.kill(pid, signal.SIGCONT)
         np.testing.assert_allclose(np.asarray(out.result(60)), np.asarray(jax.jit(bend.fn)(g)), rtol=1e-5)
         np.testing.assert_allclose(np.asarray(doubled.result(60)), g * 2, rtol=1e-6)
         until(lambda: offers(ray_runtime, "island0", "island1") == 0, "island0's offer to island1 is pulled", 60)
