@@ -6,6 +6,7 @@ Compiled Graph (the default on one node) and as actor calls. Skipped where
 Ray is not installed.
 """
 
+import contextlib
 import os
 import signal
 import time
@@ -218,6 +219,29 @@ def test_a_chain_across_islands_passes_handles_island_to_island(ray_runtime):
         assert ray_runtime.object_count() == 1
 
 
+@contextlib.contextmanager
+def admission_held(runtime):
+    """Runs submitted in the block wait for admission until it ends."""
+    runtime.scheduler.hold()
+    try:
+        yield
+    finally:
+        runtime.scheduler.release()
+
+
+def produced(program, client):
+    """`program(X)`'s handle, once its run is over."""
+    handle = program.run(X, client=client)
+    handle.result(60)
+    return handle
+
+
+def actor_process(island: str) -> int:
+    """The process id of island `island`'s actor."""
+    actor = ray.get_actor(island_name(island), namespace=NAMESPACE)
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+
+
 def actor_objects(island: str) -> int:
     """The results island `island`'s actor keeps, asked of the actor itself: no release queued in the driver
     goes with the question, as it does with `Runtime.object_count`."""
@@ -233,27 +257,20 @@ def test_a_release_while_the_run_waits_for_admission_waits_for_its_start(ray_run
     taking = across if program == "same island" else on_right
     with Client(ray_runtime) as client:
         taking.compiled(X, runtime=ray_runtime)
-        y = across.run(X, client=client)
-        y.result(60)
-        ray_runtime.scheduler.hold()
-        try:
+        y = produced(across, client)
+        with admission_held(ray_runtime):
             out = taking.run(y, client=client)
             y.delete()
             assert ray_runtime.object_count() == 1       # y, held back while its reader is queued
-        finally:
-            ray_runtime.scheduler.release()
         fn = expected if taking is across else (lambda v: np.asarray(jax.jit(bend.fn)(v)))
         np.testing.assert_allclose(np.asarray(out.result(60)), fn(expected(X)), rtol=1e-5)
         assert ray_runtime.object_count() == 1          # out alone
         holder = out.island
-        ray_runtime.scheduler.hold()
-        try:
+        with admission_held(ray_runtime):
             queued = on_right.run(out, client=client)
             out.delete()
             assert actor_objects(holder) == 1           # held back while its reader is queued
             assert client.cancel(queued)                # never started: its pin goes, and out's release
-        finally:
-            ray_runtime.scheduler.release()
         until(lambda: actor_objects(holder) == 0, f"the held-back release reaches {holder}", 60)
 
 
@@ -366,10 +383,8 @@ def test_a_handle_lent_to_another_island_then_donated_waits_for_the_pull(ray_run
 
     with Client(ray_runtime) as client:
         on_right.compiled(X, runtime=ray_runtime), twice.compiled(X, runtime=ray_runtime)
-        y = on_left.run(X, client=client)
-        y.result(60)
-        pid = ray.get(ray.get_actor(island_name("island1"), namespace=NAMESPACE).__ray_call__.remote(
-            lambda self: os.getpid()), timeout=60)
+        y = produced(on_left, client)
+        pid = actor_process("island1")
         os.kill(pid, signal.SIGSTOP)
         try:
             out = on_right.run(y, client=client)
@@ -393,11 +408,9 @@ def test_offers_to_a_lost_reader_are_withdrawn(ray_runtime):
     stay on the transfer server for good), and the run fails with `IslandLost`."""
     with Client(ray_runtime) as client:
         on_right.compiled(X, runtime=ray_runtime)
-        y = on_left.run(X, client=client)
-        y.result(60)
+        y = produced(on_left, client)
         withdrawn = moves(ray_runtime)["island0"].get("island1", {}).get("offers_withdrawn", 0)
-        actor = ray.get_actor(island_name("island1"), namespace=NAMESPACE)
-        pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+        pid = actor_process("island1")
         version = ray_runtime.resources.version
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -420,16 +433,12 @@ def test_a_holder_lost_before_the_pull_fails_the_reader_with_island_lost(ray_run
     restored, fresh) before that run starts: the run fails with `IslandLost`, as a reader on island0 would."""
     with Client(ray_runtime) as client:
         on_right.compiled(X, runtime=ray_runtime)
-        y = on_left.run(X, client=client)
-        y.result(60)
-        ray_runtime.scheduler.hold()
-        try:
+        y = produced(on_left, client)
+        with admission_held(ray_runtime):
             out = on_right.run(y, client=client)
             ray_runtime.lose_island("island0")
             if restored:
                 ray_runtime.restore_island("island0")
-        finally:
-            ray_runtime.scheduler.release()
         try:
             with pytest.raises(pw.IslandLost, match=r"^island island0 was lost, with the results of run \d+ that "
                                                     r"lived there$"):
