@@ -143,7 +143,8 @@ class IslandGroup(Protocol):
         """`run` takes kept results by reference: their releases must not overtake its start."""
 
     def unpin(self, run) -> None:
-        """`run`'s submission failed: its references will never be sent."""
+        """`run` will never start (its submission failed, or it was cancelled while queued): its references
+        will never be sent."""
 
     def on_run_done(self, wake) -> None:
         """Calls `wake()` whenever an island sees a run's device work over (where islands tell)."""

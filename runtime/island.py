@@ -42,6 +42,7 @@ Python objects:
     deliver(run_id, plan_key, buffer, array)  a peer island's send arriving
     argument(run_id, buffer, array)           a PeerRef argument arriving from the island that keeps it
     lend(run_id, buffer, give)                hand a kept result to `give` once it exists (for a peer)
+    returned(run_id, buffer)                  a peer is done with a result lent to it
     fail_run(run_id, error)                   the run failed elsewhere (or was cancelled)
     lose(), restored()                        fail as a dead host would; a fresh island in its place
     fetch(run_id, buffer, timeout) -> array   a result or intermediate, once produced
@@ -98,6 +99,8 @@ class Island(IslandExecutor):
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
         self._dropped: set[tuple[int, int]] = set()      # results released before they existed
         self._awaited_results: dict[tuple[int, int], list[Callable]] = {}   # result -> waiters (see `_kept`)
+        self._lent: collections.Counter[tuple[int, int]] = collections.Counter()   # result -> lends not returned
+        self._returns: dict[tuple[int, int], list[Callable]] = {}   # lent result -> runs donating it, waiting
         self._seconds: collections.OrderedDict[int, float | None] = collections.OrderedDict()  # run -> s
         self._clock = DeviceClock(widest=2 * AWAIT_PAUSE)    # looks are at most AWAIT_PAUSE apart
         self._timed_plans: set[int] = set()     # plans whose first run here is over (that one is not timed)
@@ -180,10 +183,17 @@ class Island(IslandExecutor):
 
     def _reference(self, run: IslandRun, buffer: int, ref: StoreRef) -> None:
         """Takes the kept array `ref` names for `run`'s input `buffer` now, so that no later release can take
-        it away; one its run has not produced yet is awaited (`_produced`). Under the lock."""
-        array = self._kept(ref, f"run {run.id}", functools.partial(self._arrived, run, buffer, ref.run_id))
-        if array is None:
+        it away; one its run has not produced yet is awaited (`_produced`), and so is one the run donates
+        while a peer has yet to pull it (`returned`): the run may overwrite it. Under the lock."""
+        donated = buffer in self._plans[run.plan_key][0].donated
+        arrived = functools.partial(self._arrived, run, buffer, ref.run_id)
+        if donated:
+            arrived = functools.partial(self._unlent, ref, arrived)
+        array = self._kept(ref, f"run {run.id}", arrived)
+        if array is None or (donated and ref in self._lent):
             run.awaiting += 1
+            if array is not None:
+                arrived(array, None)
         else:
             run.referenced[buffer] = array
 
@@ -207,9 +217,21 @@ class Island(IslandExecutor):
     def lend(self, run_id: int, buffer: int, reader: str, give: Callable) -> Any:
         """Returns a result kept here for `reader` (a peer's run); None if its run, under way here, has not
         produced it yet: `give(array, error)` is then called, maybe under the island's lock, once it has (or
-        has failed), and no release meanwhile takes it away. Raises if it failed or is not kept."""
+        has failed), and no release meanwhile takes it away. Raises if it failed or is not kept. A run here
+        that donates it waits until it is `returned`."""
         with self.lock:
-            return self._kept((run_id, buffer), reader, give)
+            array = self._kept((run_id, buffer), reader, give)
+            self._lent[(run_id, buffer)] += 1
+            return array
+
+    def returned(self, run_id: int, buffer: int) -> None:
+        """A peer is done with a result `lend` lent it (pulled, or lost): a run donating it may go on."""
+        with self.lock:
+            self._lent[(run_id, buffer)] -= 1
+            if self._lent[(run_id, buffer)] <= 0:
+                del self._lent[(run_id, buffer)]
+                for hand_over in self._returns.pop((run_id, buffer), ()):
+                    hand_over()
 
     def argument(self, run_id: int, buffer: int, array) -> None:
         """A `PeerRef` argument of a run here arrived from the island that keeps it (its data plane)."""

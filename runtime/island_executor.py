@@ -10,6 +10,7 @@ executor is stuck on.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -317,6 +318,14 @@ class IslandExecutor:
         if reader.awaiting == 0 and reader.parked and self._runs.get(reader.id) is reader:
             self._pending += 1
             self._inbox.put((self._resume, reader))
+
+    def _unlent(self, key: tuple[int, int], arrived, array, error) -> None:
+        """Hands a donated argument over (`arrived`) once no peer has yet to pull it (`Island.returned`): the
+        run may overwrite it. Under the lock."""
+        if error is None and key in self._lent:
+            self._returns.setdefault(key, []).append(functools.partial(arrived, array, None))
+        else:
+            arrived(array, error)
 
     def _resume(self, run: IslandRun) -> None:
         """A run parked for arguments it references has them all: places them and executes its work."""

@@ -114,7 +114,8 @@ class Islands(dict):
         overtake its start. Nothing here: islands that keep no arguments are given arrays."""
 
     def unpin(self, run) -> None:
-        """`run`'s submission failed: its references (`pin`) will never be sent."""
+        """`run` will never start (its submission failed, or it was cancelled while queued): its references
+        (`pin`) will never be sent."""
 
     def on_run_done(self, wake) -> None:
         """Calls `wake()` whenever an island sees a run's device work over (its completion tracker)."""
@@ -204,13 +205,14 @@ def waits_for(run: IslandRun) -> str:
     """Says what a run under way on an island waits for."""
     if run.executing:
         return "nothing: its steps are executing"
+    if run.awaiting:
+        return (f"{run.awaiting} argument(s) kept here or on a peer island that have not arrived yet (or that it "
+                f"donates and a peer has yet to pull)")
     if run.queue:
         instruction = run.queue[0][run.pc]
         if isinstance(instruction, RecvInstruction) and run.slots[instruction.dst] is None:
             return f"recv of {instruction.what}"
         return "its turn on the island's executor"
-    if run.awaiting:
-        return f"{run.awaiting} argument(s) kept here or on a peer island that have not arrived yet"
     if not run.last:
         return "more work of this run from the scheduler (after a host cond, or the next sequential step)"
     return "its turn on the island's executor"

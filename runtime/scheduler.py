@@ -454,6 +454,7 @@ class GangScheduler:
         run.error = error
         for island in run.islands:
             self.islands[island].fail_run(run.id, error)
+        self.islands.unpin(run)               # its start will never be sent
         with self._lock:
             self._results.hand_over(run)
             if run.reads:

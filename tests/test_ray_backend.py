@@ -6,6 +6,9 @@ Compiled Graph (the default on one node) and as actor calls. Skipped where
 Ray is not installed.
 """
 
+import contextlib
+import os
+import signal
 import time
 
 import jax
@@ -24,6 +27,7 @@ ray = pytest.importorskip("ray")
 from pathways_mlir.runtime.ray_backend import NAMESPACE, CompiledStarts, island_name  # noqa: E402
 
 from across_islands import across, bend, expected, grow, left  # noqa: E402
+from fetching import until  # noqa: E402
 
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
@@ -215,33 +219,59 @@ def test_a_chain_across_islands_passes_handles_island_to_island(ray_runtime):
         assert ray_runtime.object_count() == 1
 
 
+@contextlib.contextmanager
+def admission_held(runtime):
+    """Runs submitted in the block wait for admission until it ends."""
+    runtime.scheduler.hold()
+    try:
+        yield
+    finally:
+        runtime.scheduler.release()
+
+
+def produced(program, client):
+    """`program(X)`'s handle, once its run is over."""
+    handle = program.run(X, client=client)
+    handle.result(60)
+    return handle
+
+
+def actor_process(island: str) -> int:
+    """The process id of island `island`'s actor."""
+    actor = ray.get_actor(island_name(island), namespace=NAMESPACE)
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+
+
+def actor_objects(island: str) -> int:
+    """The results island `island`'s actor keeps, asked of the actor itself: no release queued in the driver
+    goes with the question, as it does with `Runtime.object_count`."""
+    return ray.get(ray.get_actor(island_name(island), namespace=NAMESPACE).object_count.remote(), timeout=60)
+
+
 @pytest.mark.parametrize("program", ["same island", "other island"])
 def test_a_release_while_the_run_waits_for_admission_waits_for_its_start(ray_runtime, program):
     """The handle is released while the run that takes it is queued (admission held): the release waits for
-    that run's start, so the run still reads the result, which is gone once the run took it."""
+    that run's start, so the run still reads the result, which is gone once the run took it. Released again
+    while a run taking it is queued, and that run cancelled: its start will never be sent, so the release
+    leaves at once, with no further call."""
     taking = across if program == "same island" else on_right
     with Client(ray_runtime) as client:
         taking.compiled(X, runtime=ray_runtime)
-        y = across.run(X, client=client)
-        y.result(60)
-        ray_runtime.scheduler.hold()
-        try:
+        y = produced(across, client)
+        with admission_held(ray_runtime):
             out = taking.run(y, client=client)
             y.delete()
             assert ray_runtime.object_count() == 1       # y, held back while its reader is queued
-        finally:
-            ray_runtime.scheduler.release()
         fn = expected if taking is across else (lambda v: np.asarray(jax.jit(bend.fn)(v)))
         np.testing.assert_allclose(np.asarray(out.result(60)), fn(expected(X)), rtol=1e-5)
         assert ray_runtime.object_count() == 1          # out alone
-        ray_runtime.scheduler.hold()
-        try:
+        holder = out.island
+        with admission_held(ray_runtime):
             queued = on_right.run(out, client=client)
             out.delete()
+            assert actor_objects(holder) == 1           # held back while its reader is queued
             assert client.cancel(queued)                # never started: its pin goes, and out's release
-        finally:
-            ray_runtime.scheduler.release()
-        assert ray_runtime.object_count() == 0
+        until(lambda: actor_objects(holder) == 0, f"the held-back release reaches {holder}", 60)
 
 
 def test_a_lent_result_whose_run_fails_fails_its_reader_naming_it(ray_runtime):
@@ -337,6 +367,86 @@ def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):
             assert time.monotonic() < deadline, f"moves still under way: {moves(ray_runtime)}"
             time.sleep(0.05)
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+
+
+def test_a_handle_lent_to_another_island_then_donated_waits_for_the_pull(ray_runtime):
+    """y is passed to a run on island1, then donated to a run on island0 that overwrites it, while island1's
+    process is stopped: island0 offers y, and the donating run waits there until island1 has pulled it, as the
+    embedded backend's donation waits for an earlier reader; once island1 goes on, both see y's value."""
+    twice = pw.jit(lambda x: x * 2.0, slice=left, in_specs=P("x"), out_specs=P("x"), donate_argnums=0)
+    g = np.asarray(jax.jit(grow.fn)(X))
+    island0 = ray.get_actor(island_name("island0"), namespace=NAMESPACE)
+
+    def waiting(run_id: int) -> bool:             # asked of the actor: the driver may wait for island1
+        runs = ray.get(island0.status.remote(), timeout=60)["runs"]
+        return any(r["run"] == run_id and "donates" in r["waits_for"] for r in runs)
+
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime), twice.compiled(X, runtime=ray_runtime)
+        y = produced(on_left, client)
+        pid = actor_process("island1")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            out = on_right.run(y, client=client)
+            doubled = twice.run(y, client=client)
+            until(lambda: waiting(doubled._run.id), "the donating run waits on island0 for island1's pull", 60)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.asarray(jax.jit(bend.fn)(g)), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(doubled.result(60)), g * 2, rtol=1e-6)
+        until(lambda: offers(ray_runtime, "island0", "island1") == 0, "island0's offer to island1 is pulled", 60)
+
+
+def offers(runtime, island: str, peer: str) -> int:
+    """What `island` offers `peer` on its transfer server that `peer` has not pulled."""
+    return runtime.islands[island].status()["transfers"].get(peer, {}).get("under_way", {}).get("offers", 0)
+
+
+def test_offers_to_a_lost_reader_are_withdrawn(ray_runtime):
+    """island1's process is stopped when a run there takes a result kept on island0: island0 offers it for a
+    pull that never comes. Once island1 is killed and taken out, island0 withdraws the offer (its array would
+    stay on the transfer server for good), and the run fails with `IslandLost`."""
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime)
+        y = produced(on_left, client)
+        withdrawn = moves(ray_runtime)["island0"].get("island1", {}).get("offers_withdrawn", 0)
+        pid = actor_process("island1")
+        version = ray_runtime.resources.version
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            out = on_right.run(y, client=client)
+            until(lambda: offers(ray_runtime, "island0", "island1") == 1, "island0 offers y to island1", 60)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        until(lambda: ray_runtime.resources.version != version, "the monitor takes island1 out", 60)
+        until(lambda: offers(ray_runtime, "island0", "island1") == 0, "island0 withdraws its offer", 60)
+        assert ray_runtime.islands["island0"].status()["transfers"]["island1"]["offers_withdrawn"] == withdrawn + 1
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+            out.result(60)
+        ray_runtime.restore_island("island1")
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
+
+
+@pytest.mark.parametrize("restored", [False, True], ids=["lost", "lost and restored"])
+def test_a_holder_lost_before_the_pull_fails_the_reader_with_island_lost(ray_runtime, restored):
+    """A result kept on island0 is passed to a run on island1 that waits for admission; island0 is lost (and
+    restored, fresh) before that run starts: the run fails with `IslandLost`, as a reader on island0 would."""
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime)
+        y = produced(on_left, client)
+        with admission_held(ray_runtime):
+            out = on_right.run(y, client=client)
+            ray_runtime.lose_island("island0")
+            if restored:
+                ray_runtime.restore_island("island0")
+        try:
+            with pytest.raises(pw.IslandLost, match=r"^island island0 was lost, with the results of run \d+ that "
+                                                    r"lived there$"):
+                out.result(60)
+        finally:
+            if not restored:
+                ray_runtime.restore_island("island0")
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
 
 
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):

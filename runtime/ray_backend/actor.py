@@ -20,6 +20,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
 from ..island_work import IslandLost, IslandWork, PeerRef, RunFailed
+from .data_plane import Pulled
 
 if TYPE_CHECKING:
     from .data_plane import DataPlane
@@ -28,9 +29,10 @@ SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the is
 CONNECT_TIMEOUT = 60.0   # seconds to learn a peer actor's transfer address
 
 
-def _data_plane(island) -> "DataPlane | None":
-    """The island's end of the data plane, on this node's address; None where this JAX has no transfer
-    server (every move then goes by actor call)."""
+def _data_plane(island, acknowledge) -> "DataPlane | None":
+    """The island's end of the data plane, on this node's address (`acknowledge(peer, transfer id)` tells a
+    peer that lent an argument that its pull is over); None where this JAX has no transfer server (every move
+    then goes by actor call)."""
     import os
 
     import ray
@@ -40,7 +42,7 @@ def _data_plane(island) -> "DataPlane | None":
     try:
         from .data_plane import DataPlane
 
-        return DataPlane(island, ray.util.get_node_ip_address())
+        return DataPlane(island, ray.util.get_node_ip_address(), acknowledge)
     except (ImportError, AttributeError):
         return None
 
@@ -65,7 +67,7 @@ class IslandActor:
         # Without emulation a send is handed to the peer's sender at once (it batches and waits for the value).
         self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
                               DcnTransport(emulate=emulate_dcn), self._peer)
-        self._plane = _data_plane(self._island)
+        self._plane = _data_plane(self._island, lambda peer, transfer: self._senders[peer].pulled(transfer))
         self._next = 0
         self._turn = threading.Condition()
         self._closing = threading.Event()
@@ -142,9 +144,12 @@ class IslandActor:
             self._plane.pull_arguments(work)
 
     def deliver_many(self, items) -> None:
-        """A peer's sends and failures, in the order it made them."""
+        """A peer's sends, failures and pulls of what this island lent it (`Pulled`), in the order it made
+        them."""
         for item in items:
-            if len(item) == 4:
+            if isinstance(item, Pulled):
+                self._plane.pulled(item.transfer_id)
+            elif len(item) == 4:
                 self._island.deliver(*item)
             else:
                 self._island.fail_run(item[0], RunFailed(item[1]))
@@ -238,6 +243,10 @@ class PeerSender:
 
     def fail_run(self, run_id: int, error: BaseException) -> None:
         self._put((run_id, str(error)))
+
+    def pulled(self, transfer_id: int) -> None:
+        """Tells the peer that this island's pull of what it lent (`transfer_id`) is over."""
+        self._put(Pulled(transfer_id))
 
     def _put(self, item: tuple) -> None:
         with self._ready:

@@ -23,6 +23,7 @@ from pathways_mlir.dialect.topology import Topology
 from ..island_work import Islands, IslandWork
 from ..status import Status, gather
 from .actor import IslandActor
+from .data_plane import Withdraw
 from .kept import KeptArguments
 from .monitor import IslandMonitor
 from .names import NAMESPACE, island_name, wait_until_free
@@ -95,8 +96,11 @@ class RayIslands(Islands):
         self.kept.pin(run, keys)
 
     def unpin(self, run) -> None:
-        """`run` will never be sent (its submission failed): its pins go."""
-        self.kept.sent(run)
+        """`run` will never be sent (its submission failed, or it was cancelled while queued): its pins go,
+        and the releases they held back leave now; returns once the islands took them (a question about
+        objects asked next sees them gone)."""
+        if self.kept.sent(run):
+            self.flush_releases(wait=True)
 
     def results(self, key: int | None, island: str) -> tuple[int, ...]:
         """The results a plan's runs leave on `island` (known once one of its runs started)."""
@@ -104,10 +108,18 @@ class RayIslands(Islands):
 
     def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list:
         """Sends one run's work to its islands as one start message each, with the releases queued; the run
-        fails at once on an island whose actor is dead. Nothing runs on the caller's thread (`inline`)."""
+        fails at once on an island whose actor is dead, and everywhere (unsent) if it takes a kept result whose
+        island was lost since the call. Nothing runs on the caller's thread (`inline`)."""
         if run.key not in self._results:
             self._results[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
                                       for name in self}
+        lost = self.kept.lost(works)
+        if lost is not None:            # a result it takes is gone with its island: as a fetch of it raises
+            for name in works:
+                self[name].refuse(run.id, lost)
+            if self.kept.sent(run):     # what it held back leaves now (unwaited: the scheduler's lock is held)
+                self._send(-next(self._flushes), {}, {})
+            return []
         if self.compiled_graph and (self._starts.broken or any(p._dead is not None for p in self.values())):
             self._use_calls()
         dead = [name for name in works if self[name]._dead is not None]
@@ -128,16 +140,25 @@ class RayIslands(Islands):
         if self._send(marker, {}, {}, block=wait) and wait:
             self._starts.received(marker)
 
+    def withdraw(self, island: str) -> None:
+        """Lost island `island` pulls nothing more: every other live island withdraws what it offered it (a
+        `Withdraw`, in the start channel, after the messages that lent it)."""
+        if self.compiled_graph:
+            self._use_calls()                   # the graph holds the lost actor
+        withdrawals = {name: [Withdraw(island)] for name, proxy in self.items()
+                       if name != island and proxy._dead is None and proxy.transfers}
+        if withdrawals:
+            self._send(-next(self._flushes), {}, withdrawals)
+
     def _send(self, run_id: int, works: dict[str, IslandWork], lends: dict[str, list], block: bool = True) -> bool:
-        """Sends one message of the start channel: `works`, the `lends` for them and every live island's
-        queued releases; returns False if there was nothing to send (or, not to `block`, the channel was
+        """Sends one message of the start channel: `works`, the `lends` for them (or `Withdraw`s) and every live
+        island's queued releases; returns False if there was nothing to send (or, not to `block`, the channel was
         busy)."""
         if not self._sending.acquire(blocking=block):
             return False
         try:
-            self.kept.settle()
             releases = {name: island.take_releases() for name, island in self.items() if island._dead is None}
-            if not works and not any(releases.values()):
+            if not works and not lends and not any(releases.values()):
                 return False
             try:
                 self._starts.send(run_id, works, releases, lends)

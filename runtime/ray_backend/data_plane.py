@@ -19,7 +19,12 @@ input buffer, which no move of the plan is keyed by: an input is never a
 recv's destination) and a thread waiting for that pull alone hands it to its
 run as an awaited argument (`Island.argument`); the island that keeps it is told in the same start
 message stream (`lend`, before any later release) and offers it once its run
-has produced it (`Island.lend`), or an error in its place.
+has produced it (`Island.lend`), or an error in its place. The receiver
+tells the keeper once its pull is over (`Pulled`, by actor call), so the
+keeper knows what it has lent out: a run there that donates the result
+waits for that (`Island.returned`), and when the receiver is lost the
+driver has the keeper withdraw what it still offers it (`Withdraw`): each
+offer is replaced by one that expires at once, which lets the array go.
 
 No actor call, Ray object or driver is on that path. What travels is the
 buffer's distinct shards (`TransferLayout`): a replicated mesh axis sends
@@ -44,11 +49,12 @@ what ends those.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 import threading
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -112,15 +118,34 @@ class Lend(NamedTuple):
     reader_buffer: int
     peer: str
 
+    @property
+    def transfer_id(self) -> int:
+        """The key of its offer."""
+        return transfer_id(self.reader, self.reader_buffer)
+
+
+class Withdraw(NamedTuple):
+    """What the other islands are told when island `peer` was lost: the offers to it go (it pulls nothing
+    more)."""
+
+    peer: str
+
+
+class Pulled(NamedTuple):
+    """What a receiver tells the island that lent it an argument once its pull of `transfer_id` is over."""
+
+    transfer_id: int
+
 
 class DataPlane:
     """One island actor's end of the data plane (see the module's docstring)."""
 
-    def __init__(self, island, host: str):
+    def __init__(self, island, host: str, acknowledge: Callable[[str, int], None]):
         from jax.experimental import transfer
 
         self._transfer = transfer
         self._island = island
+        self._acknowledge = acknowledge             # (peer, transfer id): tells a lender its offer was pulled
         client = island.device_map.devices[island.name][0].client
         self._server = transfer.start_transfer_server(client, f"{host}:0", [f"{host}:0"])
         self._peers: dict = {}                      # peer island -> TransferConnection
@@ -131,6 +156,7 @@ class DataPlane:
         self._pending: list = []                    # (array, run id, plan key, buffer, peer) pulled, not there yet
         self._owed: dict[int, dict] = {}            # run id -> {receiving buffer: (plan key, peer)} not offered
         self._arguments: dict[str, int] = {}        # peer -> arguments pulled from it, not there yet
+        self._lent_out: dict[int, tuple] = {}       # transfer id -> (peer, lent result or None: an error) not pulled
         self.counts: dict[str, dict[str, int]] = {}
         self._closed = False
         threading.Thread(target=self._wait_for_pulls, name="pw-data-plane", daemon=True).start()
@@ -146,7 +172,7 @@ class DataPlane:
 
     def _count(self, peer: str, what: str) -> None:
         counts = self.counts.setdefault(peer, {"pulled": 0, "offered": 0, "by_actor_call": 0, "arguments_pulled": 0,
-                                               "arguments_offered": 0})
+                                               "arguments_offered": 0, "offers_withdrawn": 0})
         counts[what] += 1
 
     def count_actor_call(self, peer: str) -> None:
@@ -224,7 +250,8 @@ class DataPlane:
                                  args=(array, work.run_id, work.plan_key, buffer, ref.island)).start()
 
     def _await_argument(self, array, run_id: int, plan_key: int, buffer: int, peer: str) -> None:
-        """Waits (without the interpreter lock) until a pulled argument is there, and hands it to the island."""
+        """Waits (without the interpreter lock) until a pulled argument is there, hands it to the island, and
+        tells the peer that lent it that its offer is gone (`pulled`)."""
         try:
             array.block_until_ready()
         except Exception as error:  # noqa: BLE001  (an error offered, or the peer's process is gone)
@@ -234,6 +261,7 @@ class DataPlane:
         finally:
             with self._lock:
                 self._arguments[peer] -= 1
+            self._acknowledge(peer, transfer_id(run_id, buffer))
 
     def _wait_for_pulls(self) -> None:
         """Hands each pulled array to the island once it is there; offers errors for what failed runs owe."""
@@ -311,16 +339,52 @@ class DataPlane:
 
     def lend(self, lends) -> None:
         """Offers kept results that runs on peer islands take as arguments (`Lend`s), each once its run has
-        produced it; a result that failed or is not kept is offered as an error, which fails the reader."""
+        produced it (a result that failed or is not kept is offered as an error, which fails the reader), and
+        withdraws the offers to lost peers (`Withdraw`)."""
         for lend in lends:
+            if isinstance(lend, Withdraw):
+                self._withdraw(lend.peer)
+                continue
+            with self._lock:          # lent out before the island may hand it over (`_lent`)
+                self._lent_out[lend.transfer_id] = (lend.peer, (lend.run_id, lend.buffer))
             try:
                 array = self._island.lend(lend.run_id, lend.buffer, f"run {lend.reader}",
                                           functools.partial(self._produced_for, lend))
             except (RunFailed, ValueError) as error:
+                with self._lock:
+                    self._lent_out[lend.transfer_id] = (lend.peer, None)    # the island does not count it
                 self._lent(lend, None, error)
                 continue
             if array is not None:
                 self._lent(lend, array, None)
+
+    def pulled(self, transfer_id: int) -> None:
+        """A peer's pull of what this island lent it is over (`Pulled`): the island has it back."""
+        with self._lock:
+            _, result = self._lent_out.pop(transfer_id, (None, None))
+        if result is not None:
+            self._island.returned(*result)
+
+    def _withdraw(self, peer: str) -> None:
+        """Peer `peer` was lost: each offer to it is replaced by one that expires at once (the transfer server
+        lets the array go), and results not produced yet will not be offered (`_lent`)."""
+        expired = []
+        with self._lock:
+            for key in [k for k, (p, _) in self._lent_out.items() if p == peer]:
+                expired.append(self._lent_out.pop(key)[1])
+                self._server.await_pull(key, [self._withdrawn()], timeout=datetime.datetime.now())
+                self._count(peer, "offers_withdrawn")
+        for result in expired:
+            if result is not None:
+                self._island.returned(*result)
+
+    def _withdrawn(self):
+        """What replaces a withdrawn offer: an error array of one element (never pulled)."""
+        import jax
+
+        device = self._island.device_map.devices[self._island.name][0]
+        spec = jax.ShapeDtypeStruct((), np.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+        return self._transfer.make_error_array(spec, "withdrawn: the peer was lost")
 
     def _produced_for(self, lend: Lend, array, error: BaseException | None) -> None:
         """A lent result's run produced it after it was lent (or failed: the reader fails with that)."""
@@ -339,8 +403,10 @@ class DataPlane:
             array = self._transfer.make_error_array(spec, f"run {lend.reader} failed on {self._island.name}: {error}")
         else:
             array = _on(array, sharding)
-        self._server.await_pull(transfer_id(lend.reader, lend.reader_buffer), [array])
         with self._lock:
+            if lend.transfer_id not in self._lent_out:
+                return                          # withdrawn: its reader was lost meanwhile
+            self._server.await_pull(lend.transfer_id, [array])
             self._count(lend.peer, "arguments_offered")
 
     def _sent_sharding(self, plan_key: int, dst_buffer: int):
@@ -378,6 +444,8 @@ class DataPlane:
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += 1
             for peer, count in self._arguments.items():
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += count
+            for peer, _ in self._lent_out.values():
+                waiting.setdefault(peer, {"pulls": 0, "offers": 0})["offers"] += 1
             return {peer: {"path": "transfer server", **counts, "under_way": waiting.get(peer, {"pulls": 0, "offers": 0})}
                     for peer, counts in sorted(self.counts.items())}
 

@@ -13,17 +13,20 @@ A reference is pinned from the call that takes it until the start message
 carrying it is sent (or its run fails before that): a release of the result
 meanwhile (its handle dropped while the run waits for admission) is held
 back and leaves after that message, so a release never overtakes the start
-that reads the object.
+that reads the object; if the run is cancelled while queued, it leaves at
+once (`RayIslands.unpin`). A run taking a result whose island was lost
+meanwhile (and maybe restored, fresh) is not sent: it fails with the
+`IslandLost` that reading the result raises (`lost`).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from ..island_work import IslandWork, PeerRef
+from ..island_work import REFERENCES, IslandWork, PeerRef
 from ..run import Run
 from .data_plane import Lend, fits, transfer_layout
 
@@ -47,7 +50,7 @@ class KeptArguments:
         (the driver's fetch then raises why)."""
         holder = self._islands[run.island_of(buffer)]
         receiver = self._islands[plan.island_of(input_buffer)]
-        if not (holder.transfers and receiver.transfers) or holder._dead is not None or run.id in holder._failed:
+        if not (holder.transfers and receiver.transfers) or holder.lost_result(run.id) is not None:
             return None
         layout = transfer_layout(run.plan, buffer)
         if not fits(layout, plan, input_buffer):
@@ -62,27 +65,35 @@ class KeptArguments:
             for key in keys:
                 self._pins.setdefault(key, []).append(run)
 
-    def sent(self, run: Run) -> None:
-        """`run`'s start message left (or never will): its pins go."""
-        if self._pins:
-            self._unpin(lambda pinned: pinned is run)
-
-    def settle(self) -> None:
-        """The pins of runs that failed before their start was sent (cancelled while queued) go."""
-        if self._pins:
-            self._unpin(lambda pinned: pinned.error is not None)
-
-    def _unpin(self, gone: Callable[[Run], bool]) -> None:
+    def sent(self, run: Run) -> bool:
+        """`run`'s start message left (or never will): its pins go, and the releases they held back are queued
+        on their islands. Returns whether there were any."""
+        if not self._pins:
+            return False
         released = []
         with self._lock:
             for key, runs in list(self._pins.items()):
-                runs[:] = [r for r in runs if not gone(r)]
+                runs[:] = [r for r in runs if r is not run]
                 if not runs:
                     del self._pins[key]
                     if key in self._held_back:
                         released.append((self._held_back.pop(key), key))
         for island, (run_id, buffer) in released:
             island.release(run_id, buffer)
+        return bool(released)
+
+    def lost(self, works: dict[str, IslandWork]) -> BaseException | None:
+        """The error of a kept result that `works` take by reference and whose island lost it (its actor died,
+        maybe restored since), else None: such a run is not sent (`RayIslands.start`)."""
+        if self._pins:
+            for name, work in works.items():
+                for _, value in work.inputs:
+                    if isinstance(value, REFERENCES):
+                        holder = self._islands[value.island if isinstance(value, PeerRef) else name]
+                        error = holder.lost_result(value.run_id)
+                        if error is not None:
+                            return error
+        return None
 
     def hold_back(self, island: "RayIsland", key: tuple[int, int]) -> bool:
         """Whether the release of `key` on `island` waits (a run whose start is not sent takes it)."""

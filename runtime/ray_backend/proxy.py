@@ -147,10 +147,22 @@ class RayIsland:
         elif self._live():
             self._call("fail_run", run_id, str(error), isinstance(error, IslandLost))
 
+    def lost_result(self, run_id: int) -> BaseException | None:
+        """What reading a result of run `run_id` kept here raises once the actor died, or the run failed on an
+        actor that died (also after a restore: the fresh actor never had it); None if it may be kept."""
+        if self._dead is None and run_id not in self._failed:
+            return None
+        return self._failed.get(run_id) or IslandLost(f"island {self.name} was lost, with the results of run "
+                                                      f"{run_id} that lived there")
+
+    def refuse(self, run_id: int, error: BaseException) -> None:
+        """A run is not sent here (it takes a result that `lost_result`): it fails with `error`."""
+        self._failed_here(run_id, error)
+
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
-        if self._dead is not None or run_id in self._failed:
-            raise self._failed.get(run_id) or IslandLost(f"island {self.name} was lost, with the results of run "
-                                                         f"{run_id} that lived there")
+        lost = self.lost_result(run_id)
+        if lost is not None:
+            raise lost
         with self._lock:
             value = self._fetched.pop((run_id, buffer), None)
             key = self._runs.get(run_id, (None, None))[0]
@@ -192,7 +204,6 @@ class RayIsland:
         """Sends the queued releases now, in the start channel (`RayIslands.flush_releases`: a release never
         overtakes a start that reads its object); with `wait`, returns once the islands took them (before a
         question about objects: the actor runs calls concurrently)."""
-        self._group.kept.settle()        # releases held back for runs that failed before their start
         if self._releases and self._live() and self._dead is None:
             self._group.flush_releases(wait)
 
@@ -288,8 +299,9 @@ class RayIsland:
 
     def lose(self) -> None:
         """Takes the island out as a dead host (`Runtime.lose_island`): kills the actor if it still runs, and
-        returns once Ray has let its name go (so that a restore can take it); results of every run it had
-        raise `IslandLost` from now on, also once the island is restored."""
+        returns once Ray has let its name go (so that a restore can take it), the other islands told to
+        withdraw what they offered it (`RayIslands.withdraw`); results of every run it had raise `IslandLost`
+        from now on, also once the island is restored."""
         import time
 
         import ray
@@ -305,6 +317,7 @@ class RayIsland:
         self.lost = self._dead
         ray.kill(self._actor)
         wait_until_free(self.name, time.monotonic() + STATUS_TIMEOUT)
+        self._group.withdraw(self.name)
 
     def restored(self) -> "RayIsland":
         """Returns the proxy of a fresh actor in place of this lost island's (see `RayIslands.restart`); the
