@@ -68,11 +68,11 @@ from .device_clock import DeviceClock
 from .executables import ExecutableCache, make_mesh
 from .island_executor import AWAIT_PAUSE, IslandExecutor
 from .island_program import Instruction, IslandLayout, compile_steps
-from .island_work import (HISTORY, REFERENCES, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed,
-                          StoreRef, computed, raised, waits_for)
+from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
+                          computed, raised, waits_for)
 from .object_store import ObjectStore
 from .tracing import Tracer
-from .transfers import DcnTransport, copy_to
+from .transfers import DcnTransport
 
 
 class Island(IslandExecutor):
@@ -248,13 +248,6 @@ class Island(IslandExecutor):
         finally:
             self._inline_over()
 
-    def _inline_over(self) -> None:
-        with self.lock:
-            self._inline = False
-            self._pending -= 1
-            if self._turn_waits:
-                self._turn.notify_all()
-
     def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int, program: tuple[Instruction, ...],
                    inputs: tuple[tuple[int, Any], ...]) -> IslandRun | None:
         """Registers a fast lane's run (`runtime/fast_lane.py`), all of whose steps are `program` on `inputs`
@@ -283,25 +276,6 @@ class Island(IslandExecutor):
             self._lane_work((run, program, inputs))
         finally:
             self._inline_over()
-
-    def _lane_work(self, message) -> None:
-        run, program, inputs = message
-        try:
-            self._place(run, inputs)
-        except BaseException as error:  # noqa: BLE001  (the run fails alone)
-            self._fail_and_tell(run.id, error)
-            return
-        run.queue.append(program)
-        run.last = True
-        self._advance(run)
-
-    @staticmethod
-    def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:
-        """Puts a run's arguments (not `StoreRef`s or `PeerRef`s) on their home shardings."""
-        layout = run.layout
-        for buffer, value in inputs:
-            if not isinstance(value, REFERENCES):
-                run.slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
         """A buffer a peer island sent: the executor puts it on its home sharding and resumes the run."""

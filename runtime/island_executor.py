@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from typing import Any
 
-from .island_work import (FAILED_HISTORY, HISTORY, IslandRun, IslandWedged, IslandWork, RunFailed, client_owner,
-                          computed, without_traceback)
+from .island_work import (FAILED_HISTORY, HISTORY, REFERENCES, IslandRun, IslandWedged, IslandWork, RunFailed,
+                          client_owner, computed, without_traceback)
 from .transfers import copy_to
 
 CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one is left behind)
@@ -171,6 +172,34 @@ class IslandExecutor:
         if self.on_done is not None:
             self.on_done()
         return True
+
+    def _inline_over(self) -> None:
+        """Work a caller ran inline (`run_inline`, `run_lane`) is over: the executor may take its turn."""
+        with self.lock:
+            self._inline = False
+            self._pending -= 1
+            if self._turn_waits:
+                self._turn.notify_all()
+
+    def _lane_work(self, message) -> None:
+        """A fast lane's run (`Island.start_lane`): its arguments placed, its one program executed."""
+        run, program, inputs = message
+        try:
+            self._place(run, inputs)
+        except BaseException as error:  # noqa: BLE001  (the run fails alone)
+            self._fail_and_tell(run.id, error)
+            return
+        run.queue.append(program)
+        run.last = True
+        self._advance(run)
+
+    @staticmethod
+    def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:
+        """Puts a run's arguments (not `StoreRef`s or `PeerRef`s) on their home shardings."""
+        layout = run.layout
+        for buffer, value in inputs:
+            if not isinstance(value, REFERENCES):
+                run.slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
     def _started(self, work: IslandWork) -> None:
         """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived)."""
