@@ -20,7 +20,7 @@ recv's destination) and a thread waiting for that pull alone hands it to its
 run as an awaited argument (`Island.argument`); the island that keeps it is told in the same start
 message stream (`lend`, before any later release) and offers it once its run
 has produced it (`Island.lend`), or an error in its place. The receiver
-tells the keeper once its pull is over (`Pulled`, by actor call), so the
+tells the keeper once its pull is over (`Pulled`, in a batched actor call), so the
 keeper knows what it has lent out: a run there that donates the result
 waits for that (`Island.returned`), and when the receiver is lost the
 driver has the keeper withdraw what it still offers it (`Withdraw`): each
