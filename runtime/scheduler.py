@@ -27,9 +27,10 @@ No policy starves a run. Every run admitted while an older run of another
 client waits at the head of its queue overtakes it; a run overtaken
 `OVERTAKES` times holds a reservation (`waiting_runs.py` keeps the queues
 and the count): it is looked at first, before the policy's order, and
-meanwhile only runs that fit beside it in memory are admitted. So once at the head of its client's queue, a run waits for at
-most `OVERTAKES` runs admitted after it, then for the runs in flight (a
-place in the window, the memory it needs).
+meanwhile only runs that fit beside it in memory are admitted. So once at
+the head of its client's queue, a run waits for at most `OVERTAKES` runs
+admitted after it, then for the runs in flight (a place in the window, the
+memory it needs).
 
 Shared objects (`runtime/shared.py`) are counted once, for their owner (`held_results.py`).
 From its submission until it is over, a run that reads one is one of the
