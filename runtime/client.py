@@ -68,9 +68,7 @@ class Client:
         release_dropped()
         dispatch = DispatchMode.parse(dispatch)
         lane = self.runtime.lane(plan) if timeout is None and dispatch is DispatchMode.PARALLEL else None
-        converted = False
-        if lane is not None and not any(isinstance(a, SharedRef) for a in args):
-            args, converted = self._arguments(plan, args), True     # a lane's plan donates nothing
+        if lane is not None:
             with self._lock:
                 if self.closed:
                     raise RuntimeError(f"client {self.id} is closed")
@@ -92,8 +90,7 @@ class Client:
             if again is not None:
                 raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
                                  f"it is passed again as argument {again}: donate a copy, or neither")
-        if not converted:
-            args = self._arguments(plan, args)
+        args = self._arguments(plan, args)
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")
@@ -106,10 +103,11 @@ class Client:
 
     def _remember(self, run: Run) -> None:
         """Keeps a run under way for `close`, forgetting the runs that are over now and then. Under the lock."""
-        self._active.append(run)
-        if len(self._active) % 64 == 0:
-            while self._active and self.runtime.run_done(self._active[0]):
-                self._active.popleft()
+        active = self._active
+        active.append(run)
+        if len(active) % 64 == 0:
+            while active and (active[0].retired or self.runtime.run_done(active[0])):
+                active.popleft()
 
     def _arguments(self, plan: ProgramPlan, args: Sequence) -> list:
         """What the dispatcher gets for each argument (`_argument`), whatever their count."""

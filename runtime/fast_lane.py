@@ -26,11 +26,12 @@ where each argument goes and what a run needs. A run through the lane:
 `start` falls back to the general path (returns None) whenever one of its
 conditions fails: a run queued, admission held or a reservation standing,
 the scheduler closed, the island wedged or closed, no credit and none
-fits, an argument that is not a JAX array of its input's shape. Plans on
-several islands, with host conds, host inputs or donated inputs never get a
-lane, nor do runtimes under another policy than `fifo` or on Ray; calls with
-a timeout, sequential dispatch or shared objects never take it
-(`Client.start`).
+fits, an argument that is neither a JAX array of its input's shape nor a
+handle whose result the lane's island already keeps (read from its store,
+with no fetch and no wait; a result of a run with a timeout is not). Plans
+on several islands, with host conds, host inputs or donated inputs never
+get a lane, nor do runtimes under another policy than `fifo` or on Ray;
+calls with a timeout, sequential dispatch or shared objects never take it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from .executables import ARRAY_TYPE
+from .handles import Handle
 from .run import Run
 
 if TYPE_CHECKING:
@@ -77,14 +79,29 @@ class FastLane:
         return lane
 
     def start(self, client_id: int, weight: float, args: Sequence) -> Run | None:
-        """Starts a run on `args` (the client's converted arguments) through the lane and executes it on this
-        thread; returns None, having changed nothing, when the general path must take it."""
+        """Starts a run on `args` through the lane and executes it on this thread; returns None, having changed
+        nothing, when the general path must take it. An argument is a JAX array of its input's shape, or a
+        handle whose result is kept on the lane's island (its array is read from the island's store, as
+        `fetch` reads it, without waiting); anything else takes the general path."""
         if len(args) != len(self.shapes):
             return None
-        for value, shape in zip(args, self.shapes):
-            if type(value) is not ARRAY_TYPE or value.shape != shape:
+        island = self.island
+        inputs = []
+        for buffer, value, shape in zip(self.buffers, args, self.shapes):
+            kind = type(value)
+            if kind is Handle:
+                run = value._run
+                if value._deleted or run.deadline is not None or value._client.closed:
+                    return None
+                value = island.store.get((run.id, value._buffer))     # a dict read: no lock needed
+                if value is None:
+                    return None          # not produced yet, released or failed, or on another island
+            elif kind is not ARRAY_TYPE:
                 return None
-        scheduler, island, loaded = self.scheduler, self.island, self.loaded
+            if value.shape != shape:
+                return None
+            inputs.append((buffer, value))
+        scheduler, loaded = self.scheduler, self.loaded
         with scheduler._lock:
             if scheduler._waiting or scheduler._held or scheduler._closed:
                 return None
@@ -92,7 +109,6 @@ class FastLane:
                 return None
             run = Run(loaded.plan, loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
             ticket = next(scheduler._tickets)
-            inputs = tuple(zip(self.buffers, args))
             island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.program, inputs)
             if island_run is None:
                 return None          # the island is closed or wedged (the ticket is left unused)

@@ -68,9 +68,13 @@ class HeldResults:
 
     def keep(self, run: Run) -> None:
         """`run` is over: reserves the bytes of each of its results that a live handle still holds."""
+        if run.error is not None or run.client_id in self.gone:
+            return
         for buffer in run.plan.outputs:
+            if buffer in run.released:
+                continue
             need = result_need(run.plan, buffer)
-            if need and buffer not in run.released and run.error is None and run.client_id not in self.gone:
+            if need:
                 self.ledger.take(need)
                 self.held[(run.id, buffer)] = (run.client_id, need)
 

@@ -272,10 +272,7 @@ class Island(IslandExecutor):
     def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], inputs: tuple[tuple[int, Any], ...]):
         """Executes a fast lane's run that `start_lane` registered, on the caller's thread (holding no lock):
         places its arguments (`inputs`: (buffer, array) pairs) and runs its program."""
-        try:
-            self._lane_work((run, program, inputs))
-        finally:
-            self._inline_over()
+        self._lane_work((run, program, inputs), inline=True)
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
         """A buffer a peer island sent: the executor puts it on its home sharding and resumes the run."""

@@ -176,22 +176,45 @@ class IslandExecutor:
     def _inline_over(self) -> None:
         """Work a caller ran inline (`run_inline`, `run_lane`) is over: the executor may take its turn."""
         with self.lock:
-            self._inline = False
-            self._pending -= 1
-            if self._turn_waits:
-                self._turn.notify_all()
+            self._end_inline()
 
-    def _lane_work(self, message) -> None:
-        """A fast lane's run (`Island.start_lane`): its arguments placed, its one program executed."""
+    def _end_inline(self) -> None:
+        """The caller's inline work is over: the executor may take its turn. Under the lock."""
+        self._inline = False
+        self._pending -= 1
+        if self._turn_waits:
+            self._turn.notify_all()
+
+    def _lane_work(self, message, inline: bool = False) -> None:
+        """A fast lane's run (`Island.start_lane`), straight through: its arguments placed, its one program
+        executed (a one-island plan has no `Recv` to park at), its results kept. `inline`: the caller runs it
+        (`run_lane`), and the executor may take its turn after it, under the same take of the lock."""
         run, program, inputs = message
+        executing = False
         try:
-            self._place(run, inputs)
+            layout, slots = run.layout, run.slots
+            for buffer, value in inputs:
+                slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
+            run.executing = executing = True
+            run.began = now = time.monotonic()
+            self._clock.begin(run.id, now)
+            self._executing = (run, now)
+            for instruction in program:
+                instruction.execute(self, run)
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
-            return
-        run.queue.append(program)
-        run.last = True
-        self._advance(run)
+        finally:
+            if executing:
+                self._executing = None
+                run.executing = False
+            with self.lock:
+                if self.wedged is not None and self._awaited is None:
+                    self.wedged = None           # the stuck instruction returned: the island serves again
+                if self._runs.get(run.id) is run:
+                    self._finish(run)
+                if inline:
+                    self._end_inline()
+                self._notify()
 
     @staticmethod
     def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:

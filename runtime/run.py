@@ -22,7 +22,8 @@ class Run:
     """A program run started by one client (a plain class: one is made per call, so it is cheap)."""
 
     __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
-                 "released", "host", "parent", "donations", "deadline", "reads", "credit", "charged", "device_seconds")
+                 "released", "host", "parent", "donations", "deadline", "reads", "credit", "charged", "device_seconds",
+                 "retired")
 
     def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
                  weight: float = 1.0, cost: float = 1.0, parent: "Run | None" = None):
@@ -46,6 +47,7 @@ class Run:
         self.credit = None                # the fast lane whose credit holds its need (runtime/fast_lane.py), if any
         self.charged = 0.0                # the device seconds `share` charged it (estimated, then as measured)
         self.device_seconds: float | None = None   # measured once it is over, if its islands could tell
+        self.retired = False              # the gang scheduler saw it over and gave its memory back
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""

@@ -412,8 +412,10 @@ class GangScheduler:
         """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any."""
         self._polling = True
         try:
+            islands = self.islands
             done = [run for run in itertools.islice(self._in_flight.values(), limit)
-                    if all(self.islands[i].run_done(run.id) for i in run.islands)]
+                    if (islands[run.islands[0]].run_done(run.id) if len(run.islands) == 1
+                        else all(islands[i].run_done(run.id) for i in run.islands))]
             for run in done:
                 self._retire(run)
         finally:
@@ -425,6 +427,7 @@ class GangScheduler:
         tells the policy what the run took (a run its islands could not time takes its plan's estimate, once a
         run of the plan has been timed)."""
         del self._in_flight[run.id]
+        run.retired = True
         if run.credit is not None:
             run.credit.returned(queued=bool(self._waiting))
         else:
@@ -435,7 +438,7 @@ class GangScheduler:
         seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
         if run.error is not None:
             return
-        if all(s is not None for s in seconds):
+        if None not in seconds:
             run.device_seconds = sum(seconds)
             self.policy.retired(run, self.estimates.record(run.key, run.device_seconds, run.cost))
             self._charge_untimed(run.key)

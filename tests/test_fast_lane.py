@@ -243,3 +243,21 @@ def test_a_failing_lane_run_fails_alone_and_keeps_nothing(runtime, plan_builder)
         assert lane.runs == 2
         del bad, good
     assert_nothing_left(runtime)
+
+
+def test_a_handle_the_lane_cannot_read_at_once_sends_the_run_the_general_way(runtime, plan_builder):
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    with Client(runtime) as client:
+        [timed] = client.run(plan, [jnp.asarray(X)], timeout=60)   # a deadline: read once its run is over
+        [y] = client.run(plan, [timed])
+        np.testing.assert_allclose(np.asarray(y), chained_tanh2(X, 2), rtol=1e-6)
+        assert lane.runs == 0
+        [kept] = client.run(plan, [y])                               # kept on the lane's island: read in place
+        assert lane.runs == 1
+        kept.delete()
+        with pytest.raises(ValueError, match="was released"):
+            client.run(plan, [kept])                                 # the general path says what is wrong
+        assert lane.runs == 1
+        del timed, y
+    assert_nothing_left(runtime)
