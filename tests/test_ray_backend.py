@@ -478,3 +478,18 @@ def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
         for k in range(3):
             np.testing.assert_array_equal(np.asarray(across.run(X * k, client=client)), expected(X * k))
     assert ray_runtime.object_count() == 0
+
+
+def test_a_question_about_objects_waits_for_releases_sent_with_earlier_starts(ray_runtime):
+    """A release leaves with the next start message, here one for the other island; a question about objects
+    asked right after that start (whose acknowledgement the driver has not read) sees it taken, every round."""
+    island0 = ray_runtime.islands["island0"]
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime)
+        for _ in range(20):
+            y = produced(on_left, client)                # kept on island0
+            y.delete()                                   # queued in the driver: it leaves with the next start
+            z = on_right.run(X, client=client)           # work for island1 only; the message reaches both
+            assert island0.object_count() == 0
+            z.result(60)
+            del z

@@ -131,14 +131,17 @@ class RayIslands(Islands):
         self.kept.sent(run)
         return []
 
-    def flush_releases(self, wait: bool = False) -> None:
+    def flush_releases(self, wait: bool = False, island: str | None = None) -> None:
         """Sends the releases queued on every island now, through the start channel, so that a release never
-        overtakes a start that reads the object; with `wait`, returns once the islands took them. Without
+        overtakes a start that reads the object; with `wait`, returns once the islands took them, and once
+        `island` (one about to be asked about its objects) took those sent before (`settled`). Without
         `wait` (a handle dropped, maybe by the garbage collector amid a send) it never waits for the
         channel: if a message is being sent, the releases leave with the next one."""
         marker = -next(self._flushes)
         if self._send(marker, {}, {}, block=wait) and wait:
             self._starts.received(marker)
+        if wait and island is not None:
+            self._starts.settled(island)
 
     def withdraw(self, island: str) -> None:
         """Lost island `island` pulls nothing more: every other live island withdraws what it offered it (a

@@ -95,6 +95,13 @@ class CompiledStarts:
                 if taken == run_id:
                     return
 
+    def settled(self, island: str) -> None:
+        """Returns at once. Ray reads every output channel of an execution together, so waiting until `island`
+        took the executions made so far would wait for every other island too (one stopped would hold up a
+        question to this one for `START_TIMEOUT`). An execution reaches the actors through shared memory as it
+        is made, ahead of any actor call made after it, but a question could still overtake releases it
+        carried while the actor's graph thread is busy: that race is left here."""
+
     def _take(self, run_id: int, names: tuple, refs) -> None:
         """Reads one execution's acknowledgements. Once an island actor died, every acknowledgement fails and
         which islands took the run's start is unknown: the run fails on all its islands (the monitor finds
@@ -170,6 +177,19 @@ class CalledStarts:
                 _get(ref, START_TIMEOUT)
             except ray.exceptions.RayActorError as error:
                 island._died(error)
+
+    def settled(self, island: str) -> None:
+        """Returns once `island` took every start call made to it so far (the releases they carried too), or its
+        actor died; an actor runs its calls concurrently, so a question asked next could overtake them."""
+        import ray
+
+        with self._lock:
+            calls = [ref for refs in self._refs.values() for proxy, ref in refs if proxy.name == island]
+        for ref in calls:
+            try:
+                _get(ref, START_TIMEOUT)
+            except ray.exceptions.RayActorError:
+                return                  # the monitor finds the dead actor
 
     def close(self) -> None:
         """Nothing to tear down."""
