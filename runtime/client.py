@@ -102,11 +102,13 @@ class Client:
         return run
 
     def _remember(self, run: Run) -> None:
-        """Keeps a run under way for `close`, forgetting the runs that are over now and then. Under the lock."""
+        """Keeps a run under way for `close`, forgetting now and then the runs the scheduler is done with (in
+        order: the scheduler retires its runs in flight as its admissions and a fast lane's credits need, so
+        those kept stay about as many as it holds). Under the lock."""
         active = self._active
         active.append(run)
         if len(active) % 64 == 0:
-            while active and (active[0].retired or self.runtime.run_done(active[0])):
+            while active and active[0].retired:
                 active.popleft()
 
     def _arguments(self, plan: ProgramPlan, args: Sequence) -> list:

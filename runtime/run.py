@@ -47,7 +47,8 @@ class Run:
         self.credit = None                # the fast lane whose credit holds its need (runtime/fast_lane.py), if any
         self.charged = 0.0                # the device seconds `share` charged it (estimated, then as measured)
         self.device_seconds: float | None = None   # measured once it is over, if its islands could tell
-        self.retired = False              # the gang scheduler saw it over and gave its memory back
+        self.retired = False              # the gang scheduler is done with it: over, its memory given back (or
+                                          # cancelled while queued)
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""

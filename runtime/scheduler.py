@@ -464,6 +464,7 @@ class GangScheduler:
             if run.reads:
                 self._results.unread(run)
             run.admitted = True
+            run.retired = True                # never in flight: nothing to give back
             self._admissions.notify_all()
 
     def _admission_loop(self) -> None:
