@@ -1,9 +1,8 @@
 """Backends: where a runtime's islands run, and the options only that place has.
 
 A backend starts a runtime's islands (an `Islands` group, which says what
-its islands can do: `fast_lanes`, `traces`, `reads_shared_in_place`,
-`keep_arguments`, and watches them where they can die on their own) and
-names the options of `Runtime` that only it takes. `Runtime(backend=name)`
+its islands can do: `fast_lanes`, `traces`, `keep_arguments`, and watches
+them where they can die on their own) and names the options of `Runtime` that only it takes. `Runtime(backend=name)`
 looks it up here; nothing else in the runtime asks which backend it runs on.
 
 - `embedded` (the default): every island in this process, on its JAX

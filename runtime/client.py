@@ -20,7 +20,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .dispatch import Dispatcher
 from .dispatch_mode import DispatchMode
 from .handles import Handle, release_dropped
-from .island_work import RunFailed, client_owner
+from .island_work import RunFailed, StoreRef, client_owner
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
 from .shared import SharedRef
@@ -117,17 +117,23 @@ class Client:
 
     def _argument(self, plan: ProgramPlan, buffer: int | None, arg):
         """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): where the
-        islands keep arguments, a handle's `StoreRef` for an input on its island, or its `PeerRef` for one
-        on another island that can pull it (`Islands.peer_reference`); else a handle's or shared object's
-        array (whose fetch raises the run's error if it failed). A reference to a result of a run known to
-        have failed (or been cancelled) is refused here, with an error of the failure's class: its island
-        might still hold the result, and the failure could reach it after this run's start."""
-        if isinstance(arg, Handle):
+        islands keep arguments, a handle's or shared object's `StoreRef` for an input on its island, or its
+        `PeerRef` for one on another island that can pull it (`Islands.peer_reference`); else its array (whose
+        fetch raises the run's error if it failed). A reference to a result of a run known to have failed (or
+        been cancelled) is refused here, with an error of the failure's class: its island might still hold the
+        result, and the failure could reach it after this run's start."""
+        if isinstance(arg, (Handle, SharedRef)):
             islands = self.runtime.islands
             target = plan.island_of(buffer) if buffer is not None and islands.keep_arguments else None
-            if target is not None and arg.island is not None and arg.shape == plan.buffers[buffer].shape:
-                ref = arg.reference()
-                if arg.island != target:
+            home = arg._run.island_of(arg._buffer)
+            if target is not None and home is not None and arg.shape == plan.buffers[buffer].shape:
+                if isinstance(arg, SharedRef):
+                    if arg.released:
+                        raise ValueError(arg.gone())
+                    ref = StoreRef(arg._run.id, arg._buffer)
+                else:
+                    ref = arg.reference()
+                if home != target:
                     ref = islands.peer_reference(arg._run, arg._buffer, plan, buffer)
                 if ref is not None:
                     failed = arg._run.error
@@ -136,7 +142,7 @@ class Client:
                             f"program @{plan.program} takes a result of run {arg._run.id}, which failed: {failed}")
                     return ref
             return arg.result()
-        return arg.result() if isinstance(arg, SharedRef) else arg
+        return arg
 
     def run(self, plan: ProgramPlan, args: Sequence, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
             timeout: float | None = None) -> list[Handle]:

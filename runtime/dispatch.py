@@ -99,8 +99,9 @@ class Dispatcher:
         """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode.
         With `timeout`, the run is cancelled if it is not over within that many seconds. `parent`: the run
         whose host cond starts this branch run (it stays in flight until the branch is over). `shared`: the
-        arguments (by position) that are the arrays of shared objects; the run reads them, and those on
-        their home sharding count nothing in its need (embedded backend: it reads the arrays themselves).
+        arguments (by position) that are shared objects (their arrays, or references where the islands keep
+        arguments); the run reads them, and those on their home sharding count nothing in its need (it
+        reads them where they are).
         `donations`: the (run id, buffer) of the held results passed as donated arguments; admission hands
         their bytes to this run."""
         loaded = self.runtime.load(plan)
@@ -111,10 +112,9 @@ class Dispatcher:
         run.donations = donations
         if shared:
             run.reads = tuple(ref.key for ref in shared.values())
-            if self.runtime.islands.reads_shared_in_place:
-                in_place = [loaded.inputs[i][0] for i, ref in shared.items()
-                            if ref.placed_as(loaded.plan, loaded.inputs[i][0])]
-                run.need = loaded.need_reading(frozenset(in_place))
+            in_place = [loaded.inputs[i][0] for i, ref in shared.items()
+                        if ref.placed_as(loaded.plan, loaded.inputs[i][0])]
+            run.need = loaded.need_reading(frozenset(in_place))
         inputs: dict[str, list[tuple[int, Any]]] = {}
         kept = []
         for (buffer, island, shape), value in zip(loaded.inputs, args):

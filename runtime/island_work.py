@@ -94,15 +94,12 @@ class Islands(dict):
     cheaper; remote ones keep it: Ray): a `StoreRef` to its own island, a
     `PeerRef` (`peer_reference`) to another; `fast_lanes`,
     whether a single-island plan's runs may execute on the caller's thread
-    (`runtime/fast_lane.py`); `traces`, whether the islands record traces;
-    `reads_shared_in_place`, whether a run reads a shared object's array
-    itself (else it travels, and counts in the run's need).
+    (`runtime/fast_lane.py`); `traces`, whether the islands record traces.
     """
 
     keep_arguments = False
     fast_lanes = True
     traces = True
-    reads_shared_in_place = True
 
     def peer_reference(self, run, buffer: int, plan, input_buffer: int) -> PeerRef | None:
         """A `PeerRef` to buffer `buffer` of `run`, kept on its island, for `plan`'s input `input_buffer` on

@@ -7,9 +7,9 @@ its programs as an argument, read-only, while the owner keeps the object:
 - The object stays where it is: a run that reads it on its home sharding
   gets the array itself, and the memory ledger counts its bytes once, for
   the owner, not again in each reader's peak (`admission.run_need`'s
-  `stored`). On the Ray backend an argument travels through the driver and
-  is placed again for the run, so there the reader's peak counts that copy,
-  which is real.
+  `stored`). On the Ray backend it goes as a reference, as a handle does
+  (`Client._argument`): read in place on its own island, pulled from there
+  by a reader on another, whose peak counts that copy, which is real.
 - A reader cannot release, donate or change it: the reference has no
   `delete` or `donate`, a program that donates it is refused before it runs
   (`frontend/compiled.py`), and only a donated input is ever written in

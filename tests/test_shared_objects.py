@@ -187,12 +187,26 @@ def test_sharing_on_the_ray_backend():
         with Client(rt) as owner, Client(rt) as reader:
             base = place.run(BASE, client=owner)
             ref = owner.share(base, timeout=TIMEOUT)
+            fetched = rt.islands["island0"].calls["fetch"]
             out = read.run(X, ref, client=reader)
             np.testing.assert_allclose(np.asarray(out.result(TIMEOUT)), np.asarray(jax.jit(head)(X, BASE)),
                                        rtol=1e-4, atol=1e-5)
-            # Held once; a run reads it through the driver, so its peak counts the copy it places.
+            fetched += 1                                                    # the reader's own result
+            # Held once, and read where it is kept (a reference, not an array through the driver): the reader's
+            # peak leaves it out.
             assert sum(rt.usage().values()) == 2 * BASE_BYTES + 2 * OUT_BYTES
-            assert out._run.need == rt.load(read.compiled(X, ref, runtime=rt).plan).need
+            full = rt.load(read.compiled(X, ref, runtime=rt).plan).need["island0"][0][2]
+            assert out._run.need["island0"] == [(0, 2, full - BASE_BYTES)]
+            assert rt.islands["island0"].calls["fetch"] == fetched      # the base never came to the driver
+            # A reader on the other island pulls it from island0 (its peak counts the copy it places).
+            there = pw.jit(head, slice=pw.virtual_slice(2, axes="x", island="island1"), in_specs=(None, None),
+                           out_specs=None)
+            far = there.run(X, ref, client=reader)
+            np.testing.assert_allclose(np.asarray(far.result(TIMEOUT)), np.asarray(jax.jit(head)(X, BASE)),
+                                       rtol=1e-4, atol=1e-5)
+            assert far._run.need == rt.load(there.compiled(X, ref, runtime=rt).plan).need
+            assert rt.islands["island0"].calls["fetch"] == fetched
+            far.delete()
             base.delete()
             assert sum(rt.usage().values()) == 2 * OUT_BYTES
             with pytest.raises(ValueError, match="was released by its owner"):

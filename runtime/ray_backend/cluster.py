@@ -49,7 +49,6 @@ class RayIslands(Islands):
     keep_arguments = True          # a handle passed to a later run stays on its island actor
     fast_lanes = False             # a run's work goes to the actors; nothing executes on the caller's thread
     traces = False                 # traces are recorded by the embedded backend only
-    reads_shared_in_place = False  # a shared object travels through the driver (see runtime/shared.py)
 
     def __init__(self, topology: Topology, emulate_dcn: bool, one_machine: bool, started_ray: bool,
                  actors: dict, nodes: dict[str, str], compiled_graph: bool):
