@@ -234,7 +234,7 @@ class Dispatcher:
             for step_id in order:
                 island, step = by_id[step_id]
                 for b in step.reads():
-                    self.fetch(run, b)                      # predecessors enqueued, their outputs exist
+                    self._produced(run, b)                  # predecessors enqueued, their outputs exist
                 if step.on_host:
                     inputs = self._run_cond(run, step, mode)
                     self.runtime.scheduler.continue_run(run, {i: ((), tuple(v), False) for i, v in inputs.items()})
@@ -242,10 +242,19 @@ class Dispatcher:
                 self.runtime.islands[island].prepare(run.key, (step_id,))
                 self.runtime.scheduler.continue_run(run, {island: ((step_id,), (), last[island] == step_id)})
                 for b in step.arrives():
-                    self.fetch(run, b)                      # the peer's send has arrived (the receiver asks
+                    self._produced(run, b)                  # the peer's send has arrived (the receiver asks
                                                             # for it once it has the step: Ray's data plane)
         except BaseException as error:  # noqa: BLE001
             self.runtime.fail_run(run, error)
+
+
+    def _produced(self, run: Run, buffer: int) -> None:
+        """Returns once a buffer of `run` exists (a host buffer's value is set), bringing no array here."""
+        island = run.island_of(buffer)
+        if island is None:
+            run.host.setdefault(buffer, Future()).result()
+        else:
+            self.runtime.islands[island].produced(run.id, buffer)
 
 
 def _done(value) -> Future:

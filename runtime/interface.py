@@ -84,6 +84,9 @@ class IslandEndpoint(Protocol):
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
         """Returns a run's buffer once it exists; raises the run's error if it failed."""
 
+    def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
+        """Returns once a run's buffer exists, bringing nothing back; raises as `fetch` does."""
+
     def release(self, run_id: int, buffer: int) -> None:
         """Drops a run's result (its handle was released)."""
 

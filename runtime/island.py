@@ -46,6 +46,7 @@ Python objects:
     fail_run(run_id, error)                   the run failed elsewhere (or was cancelled)
     lose(), restored()                        fail as a dead host would; a fresh island in its place
     fetch(run_id, buffer, timeout) -> array   a result or intermediate, once produced
+    produced(run_id, buffer, timeout)         the same, bringing nothing back
     release(run_id, buffer), release_owner(owner)
     run_done(run_id), wait_run(run_id, timeout)  whether the run's device work is over
     device_seconds(run_id)                    the device time a finished run took here (once)
@@ -319,6 +320,10 @@ class Island(IslandExecutor):
                     raise ValueError(f"buffer {buffer} of run {run_id} is not kept: the run is over and the "
                                      f"buffer was no result, or its result was released")
                 self._wait(deadline, f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
+
+    def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
+        """Returns once a run's buffer exists here; raises as `fetch` does."""
+        self.fetch(run_id, buffer, timeout)
 
     def release(self, run_id: int, buffer: int) -> None:
         """Drops a result (its handle was deleted); one not produced yet is dropped when it is."""

@@ -69,6 +69,22 @@ def test_a_program_across_islands_matches_jax(runtime, dispatch):
     assert settled(runtime, WAIT)
 
 
+def test_sequential_dispatch_with_a_timeout_runs_step_by_step_and_brings_nothing_back(runtime):
+    """Sequential dispatch waits for each step's inputs to exist on their island before it sends the step,
+    not for the run to be over (which, with a deadline, waited until the deadline cancelled it), and it
+    brings no intermediate back to the driver: where islands keep arguments, the one fetch is the caller's."""
+    def fetches():
+        return sum(getattr(island, "calls", {}).get("fetch", 0) for island in runtime.islands.values())
+
+    with Client(runtime) as client:
+        before = fetches()
+        out = across.run(X, client=client, dispatch="sequential", timeout=WAIT)
+        np.testing.assert_allclose(value(out), expected(X), rtol=1e-6)
+        if runtime.islands.keep_arguments:
+            assert fetches() - before == 1
+    assert settled(runtime, WAIT)
+
+
 def test_handles_go_on_to_later_runs_on_their_island_and_on_another(runtime):
     with Client(runtime) as client:
         y = across.run(X, client=client)

@@ -172,6 +172,10 @@ class IslandActor:
                 ready[other] = np.asarray(array)
         return value, ready
 
+    def produced(self, run_id: int, buffer: int, timeout: float | None) -> None:
+        """Returns once a buffer of a run exists here (nothing travels back)."""
+        self._island.produced(run_id, buffer, timeout)
+
     def _release(self, pairs) -> None:
         for run_id, buffer in pairs:
             self._island.release(run_id, buffer)

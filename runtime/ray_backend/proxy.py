@@ -188,6 +188,20 @@ class RayIsland:
             self._fetched.update(((run_id, b), v) for b, v in ready.items() if (run_id, b) not in released)
         return value
 
+    def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
+        """Returns once a buffer of a run exists on the actor, bringing nothing back; raises as `fetch` does."""
+        lost = self.lost_result(run_id)
+        if lost is not None:
+            raise lost
+        try:
+            reply = self._call("produced", run_id, buffer, timeout)
+            self._get(reply, None if timeout is None else timeout + STATUS_TIMEOUT)
+        except IslandLost:
+            raise
+        except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
+            cause = getattr(error, "cause", None)
+            raise (cause if isinstance(cause, BaseException) else error) from None
+
     def release(self, run_id: int, buffer: int) -> None:
         if not self._live() or self._dead is not None or run_id in self._failed:
             return       # handles dropped at exit, after the actors are gone, or of results gone: nothing to do
