@@ -32,7 +32,7 @@ from .profile import Accelerator, Host, LinkSpec, Profile
 PARAMETERS = (
     ("host", "run_us", 100.0), ("host", "input_us", 20.0), ("pcie", "bandwidth_gbps", 20.0),
     ("host", "message_us", 10.0), ("host", "message_latency_us", 50.0), ("host", "step_us", 20.0),
-    ("host", "recv_us", 100.0), ("host", "cond_us", 100.0),
+    ("host", "recv_us", 100.0), ("host", "cond_us", 100.0), ("host", "cond_thread_us", 100.0),
     ("host", "sequential_step_us", 40.0), ("accelerator", "launch_us", 20.0), ("accelerator", "launch_device_us", 20.0),
     ("accelerator", "peak_tflops", 0.02), ("accelerator", "memory_gbytes_per_s", 5.0),
     ("ici", "latency_us", 20.0), ("ici", "bandwidth_gbps", 20.0), ("dcn", "latency_us", 300.0),
@@ -56,8 +56,8 @@ def cpu_profile(values: dict[tuple[str, str], float], sources: dict[str, str]) -
         pcie=LinkSpec(0.0, get("pcie", "bandwidth_gbps")),
         host=Host(get("host", "run_us"), get("host", "input_us"), get("host", "message_us"),
                   get("host", "message_latency_us"), 0.0,
-                  get("host", "step_us"), get("host", "sequential_step_us"), get("host", "recv_us"), get("host", "cond_us"), inline=1,
-                  interpreter_lock=1),
+                  get("host", "step_us"), get("host", "sequential_step_us"), get("host", "recv_us"),
+                  get("host", "cond_us"), cond_thread_us=get("host", "cond_thread_us"), inline=1, interpreter_lock=1),
         sources=sources)
 
 

@@ -5,13 +5,21 @@ the host); which branch it takes comes from the simulation's
 `BranchOutcomes` (sim/branches.py), since no value is computed here. The
 chosen branch plan is called as a run of its own (`cond_us` and the
 controller's `run_us`, admitted beside its parent at once, its inputs the
-parent's buffers, put on the branch's devices as program inputs are), and
-once its outputs exist the
-controller puts them on the parent's islands, one message per island, with
-the steps that no cond holds back any more (parallel dispatch; in
-sequential dispatch the next steps follow one by one). In parallel dispatch
-a run's conds go one after another, beside its other steps; the parent is
-over once its steps and its branch runs are.
+parent's buffers), and once its outputs exist the controller puts them on
+the parent's islands, one message per island, with the steps that no cond
+holds back any more (parallel dispatch; in sequential dispatch the next
+steps follow one by one). A value a cond moves between slices of one island
+(the branch's inputs, its outputs) is an ICI copy, as the runtime's
+`copy_to` of a device array is (profiled here: 408-886 us, where they were
+put as program inputs, at 160-210 us); one from another island is put as a
+program input is. In parallel dispatch a run's conds go one after another
+on a thread of the run's own, beside its other steps: the caller starts it
+once its inline work is over and it ends after the last cond, each costing
+half of `cond_thread_us` of host work (profiled here: the new thread ran
+123-198 us after `Thread.start`, and after its last cond the island's
+executor took the held-back step 132-336 us after it was sent, against
+33-148 us from the caller's own thread in sequential dispatch). The parent
+is over once its steps and its branch runs are.
 """
 
 from __future__ import annotations
@@ -27,17 +35,34 @@ from .runs import RunRecord, RunState, SimError, Submission
 class HostConds:
     """The simulator's part that runs host conds (mixed into `Simulator`, whose state it shares)."""
 
+    def _cond_thread(self, run: RunState, then: Callable[[], None]) -> None:
+        """Parallel dispatch, once the call's inline work is over: the controller starts the run's cond thread
+        (half of `cond_thread_us`), which takes the conds; then `then`."""
+        self._thread_work(run, "start")
+        self._conds(run, 0)
+        then()
+
     def _conds(self, run: RunState, position: int) -> None:
-        """Parallel dispatch: the run's conds, one after another (the runtime's `_after_conds` thread)."""
+        """Parallel dispatch: the run's conds, one after another (the runtime's `_after_conds` thread), then
+        the thread's end (half of `cond_thread_us`: its last message and its exit)."""
         conds = run.prep.plan.host_steps
         if position < len(conds):
             self._cond(run, conds[position], lambda: self._conds(run, position + 1))
+        else:
+            self._thread_work(run, "end")
+
+    def _thread_work(self, run: RunState, what: str) -> None:
+        """The controller's half of `cond_thread_us` to start or end the run's cond thread."""
+        seconds = self.profile.host.cond_thread_us * 0.5e-6
+        if seconds:
+            start = self._controller_work(seconds)
+            self._span(f"{what} cond thread of @{run.prep.plan.program}", "controller", "", "controller", start,
+                       self.controller_free)
 
     def _cond(self, run: RunState, cond: Branch, then: Callable[[], None]) -> None:
-        """Reads the predicate once its value is computed (`cond_us` of host work: the read, and in parallel
-        dispatch the cond's thread), takes the branch the outcomes say, and calls its plan as a run of its own
-        on the cond's inputs (put on the branch's devices as program inputs are); `then` once the branch's
-        outputs are on the run's islands."""
+        """Reads the predicate once its value is computed (`cond_us` of host work: the read to the host), takes
+        the branch the outcomes say, and calls its plan as a run of its own on the cond's inputs (moved to the
+        branch's devices); `then` once the branch's outputs are on the run's islands."""
         missing = [b for b in cond.consumed() if b not in run.exists]
         if missing:
             run.waiters.setdefault(missing[0], []).append(lambda: self._cond(run, cond, then))
@@ -53,6 +78,8 @@ class HostConds:
         child.parent = run
         for outer, inner in zip(cond.inputs, branch.inputs):
             child.ready[inner] = run.ready.get(outer, self.now)
+            if run.prep.plan.island_of(outer) is not None:
+                child.on_devices[inner] = (run.prep.plan.island_of(outer), run.prep.plan.buffers[outer].slice)
         start = self._controller_work((self.profile.host.cond_us + self.profile.host.run_us) * 1e-6)
         self._span(f"call @{branch.program} (cond)", "controller", "", "controller", start, self.controller_free)
         self._at(self.controller_free, lambda: self._start_branch(child, cond, then))
@@ -81,6 +108,8 @@ class HostConds:
         puts: dict[str, list[int]] = {}
         for outer, inner in zip(cond.outputs, child.prep.plan.outputs):
             run.ready[outer] = child.ready.get(inner, self.now)
+            if child.prep.plan.island_of(inner) is not None:
+                run.on_devices[outer] = (child.prep.plan.island_of(inner), child.prep.plan.buffers[inner].slice)
             island = run.prep.plan.island_of(outer)
             if island is None:
                 run.set_exists(outer, self.now)

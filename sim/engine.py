@@ -42,7 +42,9 @@ scheduler.py, island_program.py), with times from the profile:
 5. A `pw.cond` (sim/conds.py): the predicate's value is not computed, so
    the `BranchOutcomes` given say which branch each cond takes (a
    probability, or a recorded trace); the branch plan is then called as a
-   run of its own and the steps the cond held back follow its outputs.
+   run of its own (its operands and results moved as ICI copies), and the
+   steps the cond held back follow its outputs; in parallel dispatch a
+   run's conds run on a thread of their own (`cond_thread_us`).
 """
 
 from __future__ import annotations
@@ -198,9 +200,9 @@ class Simulator(HostConds):
             arrive = self.controller_free + host.message_latency_us * 1e-6
             self._at(arrive, lambda i=island: self._receive(run, i, steps[i], first=True))
         then = run.after_dispatch if parallel else (lambda: self._sequential(run, 0))
-        self._at(self.controller_free, lambda: self._run_inline(run, own, steps, then))
         if parallel and run.prep.plan.host_steps:
-            self._at(self.controller_free, lambda: self._conds(run, 0))
+            then = lambda: self._cond_thread(run, run.after_dispatch)
+        self._at(self.controller_free, lambda: self._run_inline(run, own, steps, then))
 
     def _run_inline(self, run: RunState, islands: list[str], steps: dict, then: Callable[[], None]) -> None:
         """The controller runs the run's work on `islands[0]` itself, then on the rest, then goes on."""
@@ -262,15 +264,22 @@ class Simulator(HostConds):
         self._pump(island)
 
     def _put(self, run: RunState, island: str, buffers) -> None:
-        """The island's thread puts `buffers` on their devices (`input_us` each, then over PCIe), once their
-        source value is computed (a value of the host, or of another run on devices)."""
-        plan = run.prep.plan
-        run.fanout[island] = run.fanout.get(island, 0.0) + self.profile.host.input_us * 1e-6 * len(buffers)
+        """The island's thread puts `buffers` on their devices once their source value is computed: a value of
+        the host (`input_us` each, then over PCIe), or one a cond moves from another slice of this island (the
+        runtime's `copy_to` of a device array, as an ICI copy is: `step_us`, then over ICI)."""
+        plan, host = run.prep.plan, self.profile.host
+        sources = {b: run.on_devices.get(b, (None, None)) for b in buffers}
+        moved = {b: source for b, (on, source) in sources.items() if on == island}   # buffer -> its slice here
+        run.fanout[island] = run.fanout.get(island, 0.0) + (host.input_us * (len(buffers) - len(moved))
+                                                            + host.step_us * len(moved)) * 1e-6
         for b in buffers:
-            keys = ("pcie", island, plan.buffers[b].slice), *self._cores()
-            start, arrival = self.links.transfer(max(self.now + run.fanout[island], run.ready.get(b, 0.0)), keys,
-                                                 plan.buffers[b].bytes_per_device, self.profile.pcie)
-            self._span(f"input {b}", "input", island, f"pcie {plan.buffers[b].slice}", start, arrival)
+            dst = plan.buffers[b].slice
+            link = (("ici", "out", island, moved[b]), ("ici", "in", island, dst)) if b in moved \
+                else (("pcie", island, dst),)
+            start, arrival = self.links.transfer(max(self.now + run.fanout[island], run.ready.get(b, 0.0)),
+                                                 (*link, *self._cores()), plan.buffers[b].bytes_per_device,
+                                                 self.profile.ici if b in moved else self.profile.pcie)
+            self._span(f"input {b}", "input", island, f"{link[0][0]} {dst}", start, arrival)
             run.ready[b] = arrival
             run.set_exists(b, self.now + run.fanout[island])
 

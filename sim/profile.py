@@ -35,10 +35,11 @@ bundled ones are also the device-rate table placement and admission read
   per program input it puts on devices (`input_us`), per step (`step_us`)
   and per recv whose data arrived (`recv_us`: the delivery is moved to its
   home sharding on the island's thread), and the controller's work per step
-  when dispatch is sequential (`sequential_step_us`), and per `pw.cond`
-  beside the branch's call (`cond_us`: the predicate read to the host and,
-  in parallel dispatch, the thread that runs the conds). `inline` (0 or 1, 0 by
-  default): as the embedded runtime does, a run admitted at its call has the
+  when dispatch is sequential (`sequential_step_us`), per `pw.cond`
+  beside the branch's call (`cond_us`: the predicate read to the host), and
+  per run with conds in parallel dispatch (`cond_thread_us`: the thread of
+  its own that runs them, half to start it and half as it ends). `inline`
+  (0 or 1, 0 by default): as the embedded runtime does, a run admitted at its call has the
   work of each island that is idle then run by the controller's thread
   itself, island after island, until it parks at a recv or is done; the
   controller goes on after that.
@@ -119,7 +120,8 @@ class Host:
     step_us: float
     sequential_step_us: float
     recv_us: float = 0.0        # an island's work to take in a peer's send (the runtime's `deliver`)
-    cond_us: float = 0.0        # the controller's work per `pw.cond`: the predicate read, the cond's thread
+    cond_us: float = 0.0        # the controller's work per `pw.cond`: the predicate read to the host
+    cond_thread_us: float = 0.0  # per run with conds, parallel dispatch: starting and ending its cond thread
     inline: int = 0             # 1: the caller runs an idle island's work itself (the embedded runtime)
     interpreter_lock: int = 0   # 1: all host threads' work takes one lock (CPython's GIL), one piece at a time
 

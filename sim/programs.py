@@ -223,6 +223,7 @@ CALIBRATION = (
     ("dcn_hops4", hop((8, 16), cross_island=True, count=4), "parallel"),
     ("ici_hops4", hop((8, 16), cross_island=False, count=4), "parallel"),
     ("route16_parallel", route(16), "parallel"),
+    ("route16_sequential", route(16), "sequential"),   # tells the parallel cond thread from the predicate's read
 )
 VALIDATION = (
     ("chain16_parallel", chain(16, 4, (16, 32)), "parallel"),

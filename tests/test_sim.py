@@ -355,6 +355,29 @@ def test_a_cond_takes_the_branch_its_probability_or_trace_says(route_plan, dispa
     assert took[0] == pytest.approx(always.latency()) and took[1] == pytest.approx(never.latency())
 
 
+def test_parallel_dispatch_runs_a_runs_conds_on_a_thread_of_its_own_and_a_cond_moves_values_over_ici(route_plan):
+    from pathways_mlir.sim import calibrate
+    from pathways_mlir.sim.branches import BranchOutcomes
+
+    # cpu-here as `pw-sim calibrate` fits it (the caller runs idle islands' work, synchronous launches, one
+    # interpreter lock), at the fit's starting values.
+    base = calibrate.cpu_profile({(r, f): v for r, f, v in calibrate.PARAMETERS}, {})
+
+    def latency(dispatch, cond_thread_us):
+        profile = dataclasses.replace(base, host=dataclasses.replace(base.host, cond_thread_us=cond_thread_us))
+        result = Simulator(profile, record_spans=True, branches=BranchOutcomes(probability=1.0)).simulate(
+            [Submission(route_plan, dispatch)], closed_loop=True)
+        return result.latency(), result.spans
+
+    # The thread's start and end are host work on the cond's path in parallel dispatch (some of it beside the
+    # predicate's read and the moves); sequential dispatch has no such thread.
+    assert 100 * US < latency("parallel", 300.0)[0] - latency("parallel", 0.0)[0] <= 300 * US
+    assert latency("sequential", 300.0)[0] == latency("sequential", 0.0)[0]
+    # The branch's input and its result move between slices of island0: ICI copies, not PCIe puts.
+    moves = [s for s in latency("parallel", 0.0)[1] if s.kind == "input" and s.track.startswith("ici")]
+    assert [s.track for s in moves] == ["ici route_large", "ici route_small"]
+
+
 def test_a_cond_without_outcomes_or_with_too_short_a_trace_is_one_error(route_plan, tmp_path, capsys):
     from pathways_mlir.sim.branches import BranchOutcomes
 
