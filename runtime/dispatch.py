@@ -247,7 +247,6 @@ class Dispatcher:
         except BaseException as error:  # noqa: BLE001
             self.runtime.fail_run(run, error)
 
-
     def _produced(self, run: Run, buffer: int) -> None:
         """Returns once a buffer of `run` exists (a host buffer's value is set), bringing no array here."""
         island = run.island_of(buffer)

@@ -216,8 +216,8 @@ class RayIsland:
 
     def flush_releases(self, wait: bool = False) -> None:
         """Sends the queued releases now, in the start channel (`RayIslands.flush_releases`: a release never
-        overtakes a start that reads its object); with `wait`, returns once the islands took them and every
-        release sent before (before a question about objects: the actor runs calls concurrently)."""
+        overtakes a start that reads its object); with `wait`, returns once the islands took them, and this
+        one those sent before (`settled`; before a question about objects: the actor runs calls concurrently)."""
         if (wait or self._releases) and self._live() and self._dead is None:
             self._group.flush_releases(wait, self.name if wait else None)
 
