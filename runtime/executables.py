@@ -18,9 +18,11 @@ from typing import Callable, Sequence
 import numpy as np
 # JAX's array class (importing it starts no backend): the fast paths check their arguments' type against it,
 # where `isinstance(x, jax.Array)` runs Python (about 2 us here).
-from jaxlib._jax import ArrayImpl as ARRAY_TYPE
+from jaxlib._jax import ArrayImpl
 
 from pathways_mlir.dialect.plan import ProgramPlan
+
+ARRAY_TYPE = ArrayImpl   # what the fast paths compare `type(x)` with
 
 
 class MissingExecutable(ValueError):

@@ -432,7 +432,8 @@ class IslandExecutor:
     def send(self, run: IslandRun, peer: str, peer_buffer: int, array, nbytes: int, link) -> None:
         """Hands `array` to `peer` as its `peer_buffer` of the run (DCN), emulating the link if asked."""
         if self.tracer is not None:
-            self.trace(f"send to {peer}", "dcn", _devices_of(array, self), [array], ("out", _flow_id(run.id, peer_buffer)))
+            self.trace(f"send to {peer}", "dcn", _devices_of(array, self), [array],
+                       ("out", _flow_id(run.id, peer_buffer)))
         target = self._peer(peer)
         if self._transport is None or self._transport.inline:
             target.deliver(run.id, run.plan_key, peer_buffer, array)

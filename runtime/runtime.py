@@ -346,7 +346,8 @@ def configure(**options) -> None:
     known = set(inspect.signature(Runtime).parameters) - {"device_map"}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(unknown)} of pw.configure (options: {', '.join(sorted(known))})")
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} of pw.configure "
+                         f"(options: {', '.join(sorted(known))})")
     check_shape(options.get("islands"), options.get("per_island"))
     parse_policy(options.get("policy", "fifo"), options.get("window"))
     global _default, _default_options

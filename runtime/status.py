@@ -111,7 +111,8 @@ class Status(dict):
                       for r in island["runs"]]
             if "busy" in island:
                 busy = island["busy"]
-                lines.append(f"  busy with run {busy['run']} ({busy['program']}): {busy['with']}, for {busy['seconds']} s")
+                lines.append(f"  busy with run {busy['run']} ({busy['program']}): {busy['with']}, "
+                             f"for {busy['seconds']} s")
             if "wedged" in island:
                 lines.append(f"  {island['wedged']}")
             for peer, moves in island.get("transfers", {}).items():

@@ -4,8 +4,9 @@ One process per island and one track (thread) per device: every computation
 and transfer appears on each device it uses, from the time it could start on
 that device (enqueued, and the device's previous work done) until its outputs
 were ready. A DCN transfer is a send slice on the sending island's devices
-and a recv slice on the receiving island's, joined by a flow arrow. Measuring readiness waits on every output, so tracing perturbs
-timing a little; it is off unless asked for.
+and a recv slice on the receiving island's, joined by a flow arrow.
+Measuring readiness waits on every output, so tracing perturbs timing a
+little; it is off unless asked for.
 """
 
 from __future__ import annotations

@@ -258,7 +258,8 @@ def launch(topology: Topology, island: str, emulate_dcn: bool, one_machine: bool
         resources={} if one_machine else {island_name(island): 1},
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT",
         num_cpus=0, max_concurrency=64,
-        runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": "", "PW_DATA_PLANE": os.environ.get("PW_DATA_PLANE", "")}},
+        runtime_env={"env_vars": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PW_CLUSTER": "",
+                                  "PW_DATA_PLANE": os.environ.get("PW_DATA_PLANE", "")}},
     ).remote(island, topology.to_json(), emulate_dcn)
 
 

@@ -446,7 +446,8 @@ class DataPlane:
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["pulls"] += count
             for peer, _ in self._lent_out.values():
                 waiting.setdefault(peer, {"pulls": 0, "offers": 0})["offers"] += 1
-            return {peer: {"path": "transfer server", **counts, "under_way": waiting.get(peer, {"pulls": 0, "offers": 0})}
+            return {peer: {"path": "transfer server", **counts,
+                           "under_way": waiting.get(peer) or {"pulls": 0, "offers": 0}}
                     for peer, counts in sorted(self.counts.items())}
 
     def close(self) -> None:

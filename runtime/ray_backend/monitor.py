@@ -114,6 +114,6 @@ class IslandMonitor:
         if self._islands.one_machine:
             return []
         alive = [node for node in ray.nodes() if node["Alive"]]
+        nodes, failed = self._islands.nodes, self._islands.failed_nodes
         return [island for island, proxy in self._islands.items() if proxy.lost is not None and not proxy._closed and
-                {n["NodeID"] for n in alive if n["Resources"].get(island_name(island))} - {self._islands.nodes[island]} -
-                self._islands.failed_nodes]
+                {n["NodeID"] for n in alive if n["Resources"].get(island_name(island))} - {nodes[island]} - failed]
