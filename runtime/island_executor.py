@@ -190,12 +190,10 @@ class IslandExecutor:
         executed (a one-island plan has no `Recv` to park at), its results kept. `inline`: the caller runs it
         (`run_lane`), and the executor may take its turn after it, under the same take of the lock."""
         run, program, inputs = message
-        executing = False
+        run.last = True
         try:
-            layout, slots = run.layout, run.slots
-            for buffer, value in inputs:
-                slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
-            run.executing = executing = True
+            self._place(run, inputs)
+            run.executing = True
             run.began = now = time.monotonic()
             self._clock.begin(run.id, now)
             self._executing = (run, now)
@@ -204,17 +202,7 @@ class IslandExecutor:
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
         finally:
-            if executing:
-                self._executing = None
-                run.executing = False
-            with self.lock:
-                if self.wedged is not None and self._awaited is None:
-                    self.wedged = None           # the stuck instruction returned: the island serves again
-                if self._runs.get(run.id) is run:
-                    self._finish(run)
-                if inline:
-                    self._end_inline()
-                self._notify()
+            self._stopped(run, inline)
 
     @staticmethod
     def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:
@@ -297,14 +285,22 @@ class IslandExecutor:
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
         finally:
-            self._executing = None
-            run.executing = False
-            with self.lock:
-                if self.wedged is not None and self._awaited is None:
-                    self.wedged = None           # the stuck instruction returned: the island serves again
-                if self._runs.get(run.id) is run and run.last and not run.queue:
-                    self._finish(run)
-                self._notify()
+            self._stopped(run)
+
+    def _stopped(self, run: IslandRun, inline: bool = False) -> None:
+        """The run's instructions stopped (all done, parked, or failed; no lock held): a wedge they caused is
+        over, the run finishes if nothing of it is left here, and with `inline` the caller's turn ends, all
+        under one take of the lock."""
+        self._executing = None
+        run.executing = False
+        with self.lock:
+            if self.wedged is not None and self._awaited is None:
+                self.wedged = None           # the stuck instruction returned: the island serves again
+            if self._runs.get(run.id) is run and run.last and not run.queue:
+                self._finish(run)
+            if inline:
+                self._end_inline()
+            self._notify()
 
     def _finish(self, run: IslandRun) -> None:
         """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""

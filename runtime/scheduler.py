@@ -412,10 +412,8 @@ class GangScheduler:
         """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any."""
         self._polling = True
         try:
-            islands = self.islands
             done = [run for run in itertools.islice(self._in_flight.values(), limit)
-                    if (islands[run.islands[0]].run_done(run.id) if len(run.islands) == 1
-                        else all(islands[i].run_done(run.id) for i in run.islands))]
+                    if all(self.islands[i].run_done(run.id) for i in run.islands)]
             for run in done:
                 self._retire(run)
         finally:

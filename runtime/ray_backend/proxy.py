@@ -181,8 +181,7 @@ class RayIsland:
             if isinstance(error, ray.exceptions.RayActorError):
                 self._died(error)
                 return self.fetch(run_id, buffer, timeout)
-            cause = getattr(error, "cause", None)
-            raise (cause if isinstance(cause, BaseException) else error) from None
+            raise _island_error(error) from None
         with self._lock:
             released = set(self._releases)
             self._fetched.update(((run_id, b), v) for b, v in ready.items() if (run_id, b) not in released)
@@ -199,8 +198,7 @@ class RayIsland:
         except IslandLost:
             raise
         except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
-            cause = getattr(error, "cause", None)
-            raise (cause if isinstance(cause, BaseException) else error) from None
+            raise _island_error(error) from None
 
     def release(self, run_id: int, buffer: int) -> None:
         if not self._live() or self._dead is not None or run_id in self._failed:
@@ -219,7 +217,7 @@ class RayIsland:
         overtakes a start that reads its object); with `wait`, returns once the islands took them, and this
         one those sent before (`settled`; before a question about objects: the actor runs calls concurrently)."""
         if (wait or self._releases) and self._live() and self._dead is None:
-            self._group.flush_releases(wait, self.name if wait else None)
+            self._group.flush_releases(wait, self.name)
 
     def _live(self) -> bool:
         import ray
@@ -359,3 +357,9 @@ class RayIsland:
 def unreachable(error: BaseException) -> dict:
     """An island's report when it did not answer."""
     return {"unreachable": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
+
+
+def _island_error(error: BaseException) -> BaseException:
+    """The island's own error that Ray's task error `error` wraps (its `cause`), or `error` itself."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
