@@ -8,10 +8,10 @@ steps (built when the plan was loaded, frees folded into the launches),
 where each argument goes and what a run needs. A run through the lane:
 
 - takes a **credit** instead of being admitted: the lane reserves its plan's
-  peak in the scheduler's ledger for up to `CREDITS` runs, one more each time
-  it has no credit free and another fits (else it first retires the runs that
-  are over), and a run that is over gives its credit back to the lane, not to
-  the ledger. Whenever the scheduler must queue a run, or reason about what
+  peak in the scheduler's ledger one run more each time it has no credit
+  free and another fits (from `CREDITS` runs in use on, or when none fits, it
+  first retires the runs that are over), and a run that is over gives its
+  credit back to the lane, not to the ledger. Whenever the scheduler must queue a run, or reason about what
   runs in flight will free, it takes the lanes' unused credits back first
   (`GangScheduler._reclaim`), and while anything is queued a credit that
   comes back goes to the ledger;
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .island import Island
     from .scheduler import GangScheduler
 
-CREDITS = 32          # how many runs' peaks one lane may hold reserved (in use or not) at a time
+CREDITS = 32          # runs in use from which a lane retires the runs that are over before it reserves more
 
 
 class FastLane:
@@ -124,15 +124,22 @@ class FastLane:
         return run
 
     def _credit(self) -> bool:
-        """Makes a credit free: reserves one more run's peak if the lane may hold another and it fits, else
-        retires the runs that are over (their credits come back); returns whether one is free. Under the
-        scheduler's lock."""
+        """Makes a credit free; returns whether one is. From `CREDITS` runs in use on, the lane first retires
+        the runs that are over (their credits come back); if none is over (its runs still queued or
+        computing, as when several clients' bursts share the island) or it holds fewer, it reserves one more
+        run's peak if that fits; if it does not, it retires the runs that are over. Under the scheduler's
+        lock."""
         scheduler = self.scheduler
-        if self.in_use < CREDITS and scheduler.ledger.fits(self.loaded.need):
+        polled = self.in_use >= CREDITS
+        if polled:
+            scheduler._poll(len(scheduler._in_flight))
+            if self.free:
+                return True
+        if scheduler.ledger.fits(self.loaded.need):
             scheduler.ledger.take(self.loaded.need)
             self.free += 1
             return True
-        if self.in_use:
+        if self.in_use and not polled:
             scheduler._poll(len(scheduler._in_flight))
         return self.free > 0
 

@@ -67,7 +67,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .cluster import DeviceMap
 from .device_clock import DeviceClock
 from .executables import ExecutableCache, make_mesh
-from .island_executor import AWAIT_PAUSE, IslandExecutor
+from .island_executor import AWAIT_PAUSE, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
                           computed, raised, waits_for)
@@ -86,8 +86,7 @@ class Island(IslandExecutor):
         self.cache = ExecutableCache()
         self.store = ObjectStore()
         self.lock = threading.Lock()
-        self._changed = threading.Condition(self.lock)
-        self._waiting = 0
+        self._waiters: dict[int, RunWaiters] = {}    # run -> the threads waiting on it (see `_wait`)
         self._transport = transport
         self._peer = peer
         self.tracer: Tracer | None = None    # set while the runtime records a trace
@@ -262,8 +261,8 @@ class Island(IslandExecutor):
                                                  self._layout(plan_key))
             self.executed.append((ticket, run_id, len(program)))
             self._pending += 1
+            self._lane_started = time.monotonic()
             if self._pending == 1:
-                self._lane_started = time.monotonic()
                 self._inline = True
             else:
                 run.queued = True
@@ -319,7 +318,8 @@ class Island(IslandExecutor):
                 if run is None and run_id in self._in_flight:
                     raise ValueError(f"buffer {buffer} of run {run_id} is not kept: the run is over and the "
                                      f"buffer was no result, or its result was released")
-                self._wait(deadline, f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
+                self._wait(run_id, deadline,
+                           f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
 
     def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
         """Returns once a run's buffer exists here; raises as `fetch` does."""
@@ -355,7 +355,7 @@ class Island(IslandExecutor):
         deadline = None if timeout is None else began + timeout
         with self.lock:
             while run_id in self._runs:
-                self._wait(deadline, f"run {run_id} is still under way on {self.name}")
+                self._wait(run_id, deadline, f"run {run_id} is still under way on {self.name}")
             tracked = self._in_flight.get(run_id, ())
         for array in tracked:
             if not self._await(array, began, deadline):
@@ -414,7 +414,7 @@ class Island(IslandExecutor):
             self._closed = True
             for run_id in list(self._runs):
                 self._fail(run_id, RunFailed(f"{self.name} closed while run {run_id} was under way"))
-            self._changed.notify_all()
+            self._notify_all()
         self._stop()
 
     def lose(self) -> None:
@@ -433,7 +433,7 @@ class Island(IslandExecutor):
             self.store = ObjectStore()
             self._in_flight.clear()
             self._early.clear()
-            self._changed.notify_all()
+            self._notify_all()
         for peers, run_id in told:
             self._tell(peers, run_id)
         self._stop()

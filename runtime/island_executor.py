@@ -25,6 +25,16 @@ _AWAIT_PAUSE_MIN = 2e-4  # and the shortest
 _LANE_PAUSE = 0.02       # its pause while fast lane runs start on the island (see `_track`)
 
 
+class RunWaiters:
+    """The threads waiting on one run of an island (`IslandExecutor._wait`)."""
+
+    __slots__ = ("condition", "count")
+
+    def __init__(self, lock: threading.Lock):
+        self.condition = threading.Condition(lock)
+        self.count = 0
+
+
 class IslandExecutor:
     """The executor and completion tracker of an island (`Island` inherits them; its state is the island's)."""
 
@@ -109,9 +119,9 @@ class IslandExecutor:
         twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `AWAIT_PAUSE`), so the end of a computation
         is seen within about 5% of its duration; it pauses `AWAIT_PAUSE` when nothing is awaited (cut short
         when a run's dispatch ends with its computation still under way: one wake per busy spell, not per run), and
-        `_LANE_PAUSE` while a fast lane's caller dispatches here: each look takes the GIL from that thread, at
-        the cost of a handoff, which on a loaded machine is a wait for the scheduler (the lane looks itself
-        when it needs its credits back)."""
+        `_LANE_PAUSE` while fast lane runs start here (their caller or the executor dispatches them): each look
+        takes the GIL from the dispatching thread, at the cost of a handoff, which on a loaded machine is a wait
+        for the scheduler (the lane looks itself when it needs its credits back)."""
         while True:
             if not self._completions and self._closed:
                 return
@@ -167,7 +177,6 @@ class IslandExecutor:
                         del self._in_flight[run.id]  # nothing of the run needs to stay alive now
                 while len(self._seconds) > HISTORY:
                     self._seconds.popitem(last=False)
-                self._notify()
             over = run = None                    # a looking thread keeps no arrays alive
         if self.on_done is not None:
             self.on_done()
@@ -250,10 +259,10 @@ class IslandExecutor:
             run = self._runs.get(run_id)
             if run is None:
                 self._early.setdefault(run_id, {})[buffer] = moved
-                self._notify()
+                self._notify(run_id)
                 return
             run.slots[run.layout.slot[buffer]] = moved
-            self._notify()
+            self._notify(run_id)
         if self.tracer is not None:
             self.trace("recv over DCN", "dcn", _devices_of(moved, self), [moved], ("in", _flow_id(run_id, buffer)))
         self._advance(run)
@@ -279,9 +288,9 @@ class IslandExecutor:
                     pc += 1
                 run.queue.popleft()
                 run.pc = 0
-                if self._waiting:
+                if self._waiters:
                     with self.lock:
-                        self._changed.notify_all()      # a fetch may wait for what this program made
+                        self._notify(run.id)            # a fetch may wait for what this program made
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
         finally:
@@ -300,7 +309,7 @@ class IslandExecutor:
                 self._finish(run)
             if inline:
                 self._end_inline()
-            self._notify()
+            self._notify(run.id)
 
     def _finish(self, run: IslandRun) -> None:
         """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""
@@ -343,7 +352,7 @@ class IslandExecutor:
         self._failed[run_id] = without_traceback(error)
         while len(self._failed) > FAILED_HISTORY:
             self._failed.popitem(last=False)
-        self._notify()
+        self._notify(run_id)
         if plan_key is None or plan_key not in self._plans:
             return ()
         return tuple(island for island in self._plans[plan_key][0].islands if island != self.name)
@@ -410,20 +419,35 @@ class IslandExecutor:
         for island in peers:
             self._peer(island).fail_run(run_id, error)
 
-    def _wait(self, deadline: float | None, late: str) -> None:
-        """Waits (holding the lock) until something changes; TimeoutError(`late`) once `deadline` passed."""
+    def _wait(self, run_id: int, deadline: float | None, late: str) -> None:
+        """Waits (holding the lock) until something of run `run_id` changes here, or the island closes;
+        TimeoutError(`late`) once `deadline` passed. Only the threads waiting on that run wake: with several
+        clients each waiting for its own results, a run's end wakes its own client's thread, not all."""
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             raise TimeoutError(late)
-        self._waiting += 1
+        waiters = self._waiters.get(run_id)
+        if waiters is None:
+            waiters = self._waiters[run_id] = RunWaiters(self.lock)
+        waiters.count += 1
         try:
-            self._changed.wait(remaining)
+            waiters.condition.wait(remaining)
         finally:
-            self._waiting -= 1
+            waiters.count -= 1
+            if not waiters.count:
+                del self._waiters[run_id]
 
-    def _notify(self) -> None:
-        if self._waiting:
-            self._changed.notify_all()
+    def _notify(self, run_id: int) -> None:
+        """Wakes the threads waiting on run `run_id` here (`_wait`). Under the lock."""
+        if self._waiters:
+            waiters = self._waiters.get(run_id)
+            if waiters is not None:
+                waiters.condition.notify_all()
+
+    def _notify_all(self) -> None:
+        """Wakes every waiting thread (the island closes). Under the lock."""
+        for waiters in self._waiters.values():
+            waiters.condition.notify_all()
 
     def send(self, run: IslandRun, peer: str, peer_buffer: int, array, nbytes: int, link) -> None:
         """Hands `array` to `peer` as its `peer_buffer` of the run (DCN), emulating the link if asked."""
