@@ -5,6 +5,7 @@ Every wait here has a timeout; every runtime made here is closed.
 """
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +20,8 @@ from pathways_mlir.runtime.fast_lane import CREDITS
 from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 
-CHAIN = 3 * CREDITS      # more runs than one lane holds credits for: credits must come back
-# A lane without a free credit, whose earlier runs still compute, sends a run the general way: the chains
-# below wait for their latest run now and then, so that which path each run takes does not depend on timing.
+CHAIN = 3 * CREDITS      # more runs than a lane holds credits for before it retires its runs that are over
+# The chains below wait for their latest run now and then, so that credits come back however slow the devices.
 
 
 def small(plan_builder, topology, shape=(8, 16)):
@@ -198,6 +198,55 @@ def test_a_busy_island_queues_the_lane_run_behind_its_work(runtime, plan_builder
         client.wait(run, timeout=60)
         np.testing.assert_allclose(np.asarray(client.handles(run)[0]), chained_tanh2(X, 1), rtol=1e-6)
     assert_nothing_left(runtime)
+
+
+def test_a_burst_beyond_the_credits_on_a_busy_island_keeps_the_lane_while_it_fits(device_map, plan_builder):
+    """Two clients queue more runs than `CREDITS` behind a busy island: the lane reserves more while the
+    ledger has room (none of its runs is over to give one back), and the first run that does not fit takes
+    the general path, queued for admission until memory comes back. Threads fetching results meanwhile wait
+    on their own runs (a run's end wakes only its waiters) and leave nothing behind."""
+    fits = CREDITS + 8
+    rt = Runtime(device_map, device_memory_bytes=fits * ONE_RUN)
+    try:
+        plan = small(plan_builder, device_map.topology)
+        lane = rt.lane(plan)
+        island = rt.islands["island0"]
+        with Client(rt) as a, Client(rt) as b:
+            with island.lock:                    # as if a caller ran work inline: every lane run queues
+                island._pending += 1
+                island._inline = True
+            try:
+                runs = [(a if i % 2 else b).start(plan, [jnp.asarray(X)]) for i in range(fits)]
+                assert lane.runs == fits and all(run.admitted for run in runs)
+                beyond = a.start(plan, [jnp.asarray(X)])
+                assert lane.runs == fits and not beyond.admitted     # the general path: it waits for memory
+                fetched = {}
+                [result] = plan.outputs
+
+                def fetch(run):
+                    fetched[run.id] = island.fetch(run.id, result, timeout=60)
+                fetchers = [threading.Thread(target=fetch, args=(run,)) for run in (runs[0], runs[-1])]
+                for t in fetchers:
+                    t.start()
+                deadline = time.monotonic() + 60
+                while len(island._waiters) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert set(island._waiters) == {runs[0].id, runs[-1].id}    # each waits on its own run
+            finally:
+                island._inline_over()
+            for t in fetchers:
+                t.join(timeout=60)
+            assert len(fetched) == 2 and not island._waiters                # woken, and nothing left behind
+            for run in (*runs, beyond):
+                (a if run.client_id == a.id else b).wait(run, timeout=60)
+            want = chained_tanh2(X, 1)
+            for run in (*runs, beyond):
+                client = a if run.client_id == a.id else b
+                np.testing.assert_allclose(np.asarray(client.handles(run)[0]), want, rtol=1e-6)
+                rt.release_results(run)
+        assert_nothing_left(rt)
+    finally:
+        rt.close()
 
 
 def test_credits_go_back_when_the_scheduler_needs_the_memory(device_map, plan_builder):
