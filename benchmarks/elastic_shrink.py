@@ -118,7 +118,8 @@ def run(quick: bool) -> dict:
     table = [{"case": "elastic", "rep": i, **row, "shrunk_over_full": s, "regrown_over_full": g}
              for i, (row, s, g) in enumerate(zip(measured, shrunk, regrown))]
     table += [{"case": "unchanged", "rep": i, **row,
-               "last_over_first": row["regrown_steps_per_s"] / row["full_steps_per_s"]} for i, row in enumerate(control)]
+               "last_over_first": row["regrown_steps_per_s"] / row["full_steps_per_s"]}
+              for i, row in enumerate(control)]
     table += [{"case": case, "steps_per_s": phase / harness.median(times[case]), "spread": harness.spread(times[case])}
               for case in ("jax 8 devices", "jax 4 devices")]
     headline = {"shrunk_throughput_over_full": harness.median(shrunk), "regrown_over_full": min(regrown),

@@ -128,8 +128,8 @@ def run(quick: bool) -> dict:
     headline = {"ops_65536_over_8": by_n[65536]["ops"] / by_n[8]["ops"],
                 "time_65536_over_8": by_n[65536]["time_s"] / by_n[8]["time_s"],
                 "baseline_over_ours_2048": by_n[2048]["baseline_time_s"] / by_n[2048]["time_s"]}
-    return harness.record(NAME, {"sizes": SIZES, "repetitions": reps, "program": "a -> b, 2 x N (placed on one island, fused)"},
-                          table, headline)
+    return harness.record(NAME, {"sizes": SIZES, "repetitions": reps,
+                                 "program": "a -> b, 2 x N (placed on one island, fused)"}, table, headline)
 
 
 def plot(record: dict, ax) -> None:

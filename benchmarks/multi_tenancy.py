@@ -150,7 +150,8 @@ def other_island_latency(x, sharding, rounds: int, samples: int = 20) -> list[di
             row.update({f"{side}_idle_ms": harness.median(idle) * 1e3,
                         f"{side}_under_load_ms": harness.median(loaded) * 1e3 if loaded else None,
                         f"{side}_samples_under_load": len(loaded),
-                        f"{side}_under_load_over_idle": harness.median(loaded) / harness.median(idle) if loaded else None,
+                        f"{side}_under_load_over_idle":
+                            harness.median(loaded) / harness.median(idle) if loaded else None,
                         f"{side}_spread_idle": harness.spread(idle),
                         f"{side}_spread_under_load": harness.spread(loaded) if loaded else None})
         rows.append(row)

@@ -165,7 +165,8 @@ def run(quick: bool) -> dict:
     peak = {r["schedule"]: r["stage0_peak_bytes"] for r in rows}
     by = {r["schedule"]: r for r in rows}
     headline = {"onef1b_peak_over_gpipe_stage0": peak["1f1b"] / peak["gpipe"],
-                "gpipe_over_plain_jax": by["gpipe"]["over_plain_jax"], "onef1b_over_plain_jax": by["1f1b"]["over_plain_jax"],
+                "gpipe_over_plain_jax": by["gpipe"]["over_plain_jax"],
+                "onef1b_over_plain_jax": by["1f1b"]["over_plain_jax"],
                 "zbh1_over_plain_jax": by["zb-h1"]["over_plain_jax"],
                 "zbh1_step_over_onef1b": by["zb-h1"]["step_ms"] / by["1f1b"]["step_ms"],
                 "zbh1_trace_bubble_over_onef1b": by["zb-h1"]["trace_bubble"] / by["1f1b"]["trace_bubble"]}

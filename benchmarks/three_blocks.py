@@ -96,7 +96,8 @@ def run(quick: bool) -> dict:
              "ms_per_run": harness.median(times[case]) / runs * 1e3, "spread": harness.spread(times[case])}
             for case in ("ours", "ours, fuse=false", "JAX")]
     headline = {"three_blocks_over_jax": harness.median(times["JAX"]) / harness.median(times["ours"]),
-                "three_blocks_unfused_over_jax": harness.median(times["JAX"]) / harness.median(times["ours, fuse=false"])}
+                "three_blocks_unfused_over_jax":
+                    harness.median(times["JAX"]) / harness.median(times["ours, fuse=false"])}
     return harness.record(NAME, {"shape": SHAPE, "runs_per_case": runs, "repetitions": repetitions,
                                  "cluster": "2 islands x 4 devices", "baseline_matches_ours": same},
                           rows, headline)

@@ -173,7 +173,8 @@ def _run_script(path: pathlib.Path) -> None:
               help="Timed runs after the first (IR and plans).")
 @click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
               help="Write a Chrome/Perfetto trace (one track per device).")
-@click.option("--cluster", default=None, metavar="ISLANDSxDEVICES", help=f"Embedded cluster shape (sets {CLUSTER_ENV}).")
+@click.option("--cluster", default=None, metavar="ISLANDSxDEVICES",
+              help=f"Embedded cluster shape (sets {CLUSTER_ENV}).")
 @click.option("--emulate-dcn", is_flag=True, help="Sleep for the modelled DCN time on cross-island moves.")
 @click.option("--backend", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
               help="Run the islands in this process, or each in a Ray actor on a local Ray instance.")

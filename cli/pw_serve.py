@@ -70,7 +70,8 @@ class ServeError(Exception):
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--status", "status", is_flag=True, help="Print what the local service (or, with --address, a Ray cluster's islands) is doing.")
+@click.option("--status", "status", is_flag=True,
+              help="Print what the local service (or, with --address, a Ray cluster's islands) is doing.")
 @click.option("--service-file", default=None, type=click.Path(dir_okay=False),
               help="The service file to write (serving) or read (--status). [default: "
                    "$PW_SERVICE_DIR/service.json, else ~/.cache/pathways-mlir/service.json]")

@@ -85,7 +85,8 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
                 continue
             fused[launch.executable] = FusedExecutable(
                 tuple(FusedCall(c["callee"], c["operands"], c["results"],
-                                tuple(tuple(map(tuple, s)) for s in c.get("in_shardings", ()))) for c in calls["calls"]),
+                                tuple(tuple(map(tuple, s)) for s in c.get("in_shardings", ())))
+                      for c in calls["calls"]),
                 calls["results"], calls.get("scratch_bytes", 0))
             executables.update({c["callee"]: exports[c["callee"]] for c in calls["calls"]})
         launched = {*executables, *fused}

@@ -209,9 +209,10 @@ class ElasticTrainer:
 
     def run(self, state, steps: int, resume_from: str | os.PathLike | None = None):
         """Trains from `state` (or from the newest intact checkpoint in `resume_from`, `state` then giving
-        the structure, shapes and dtypes; a corrupted newer one is skipped with one line naming it) until `steps` steps are done; returns the final state as handles,
-        its device work complete (as host arrays when the loss of the final state was recovered from a
-        snapshot of that very step). Raises `RuntimeError` after `max_losses` losses in a row."""
+        the structure, shapes and dtypes; a corrupted newer one is skipped with one line naming it) until
+        `steps` steps are done; returns the final state as handles, its device work complete (as host arrays
+        when the loss of the final state was recovered from a snapshot of that very step). Raises
+        `RuntimeError` after `max_losses` losses in a row."""
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"steps must be a non-negative integer, not {steps!r}")
         leaves, treedef = jax.tree_util.tree_flatten(state)

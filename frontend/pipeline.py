@@ -419,8 +419,9 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     """
     if schedule == "auto":
         return schedule_choice.AutoPipeline(lambda s: pipeline(
-            stages, slices, loss=loss, schedule=s, micro_batches=micro_batches, optimizer=optimizer, batch_axis=batch_axis,
-            stateful=stateful, optimizer_scope=optimizer_scope, tied=tied), SCHEDULES, profile, memory_bytes)
+            stages, slices, loss=loss, schedule=s, micro_batches=micro_batches, optimizer=optimizer,
+            batch_axis=batch_axis, stateful=stateful, optimizer_scope=optimizer_scope, tied=tied),
+            SCHEDULES, profile, memory_bytes)
     if profile is not None or memory_bytes is not None:
         raise ValueError("profile and memory_bytes are for schedule='auto', which simulates the schedules")
     if optimizer_scope not in ("stage", "tree"):
@@ -443,7 +444,8 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
                             [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],
                             place(raw.forward_backward, last, (None, None, rows, rows, None), (None, rows, None)),
-                            [place(f, s, (None, None, rows, None, rows, None), rows) for s, f in enumerate(raw.input_grad)],
+                            [place(f, s, (None, None, rows, None, rows, None), rows)
+                             for s, f in enumerate(raw.input_grad)],
                             [place(f, s, (None, None, rows, None, rows, None), None)
                              for s, f in enumerate(raw.weight_grad)])
     update = None if optimizer is None else (

@@ -114,7 +114,8 @@ def draw(boxes: Sequence[Box], path: str, title: str, row_names: Sequence[str]) 
     ax.set_title(f"{title}: bubble {idle:.1%}")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("F", "B", "W", "FB")]
     ax.legend(handles, ["forward", "backward (ZB: input grad)", "weight grad", "last stage F+B"],
-              fontsize="small", ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(row_names) < 3 else -0.12))
+              fontsize="small", ncol=4, loc="upper center",
+              bbox_to_anchor=(0.5, -0.25 if len(row_names) < 3 else -0.12))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -137,8 +137,8 @@ class _ProgramEmitter:
         src_island, dst_island = self.island(src_slice), self.island(dst_slice)
         common = {"bytes": self.bytes_per_device(op.results[0]), "link": ops.attr(op, "link"), "subgraph": subgraph}
         if src_island == dst_island:
-            self.add(src_island, plan_ops.build_copy, {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst,
-                                             **common}, op.location, (dst,))
+            self.add(src_island, plan_ops.build_copy,
+                     {"after": self.after((src,)), "src_buffer": src, "dst_buffer": dst, **common}, op.location, (dst,))
             return
         send = self.add(src_island, plan_ops.build_send, {
             "after": self.after((src,)), "buffer": src, "peer_buffer": dst, "peer": dst_island,

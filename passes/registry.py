@@ -89,9 +89,9 @@ def option(default: Any, help: str) -> Any:
 class Pass:
     """Base class of `pw` passes.
 
-    A subclass sets `name`, `summary`, `needs_verified_input` and `requires_phase`, declares its options as `option(...)`
-    fields (the subclass is a `@dataclass`), documents what it requires and shows before/after IR in its
-    docstring, and implements `run`, which changes the module in place and reports problems through
+    A subclass sets `name`, `summary`, `needs_verified_input` and `requires_phase`, declares its options as
+    `option(...)` fields (the subclass is a `@dataclass`), documents what it requires and shows before/after IR
+    in its docstring, and implements `run`, which changes the module in place and reports problems through
     `diagnostics`.
     """
 
