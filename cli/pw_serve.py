@@ -34,6 +34,7 @@ for minutes, deaf to signals). Errors are one line each; no traceback.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -173,10 +174,8 @@ def _service_status(service_file: str | None, timeout: float) -> str:
 
 
 def _ray_status(address: str, timeout: float) -> str:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ServeError("pw-serve needs Ray: pip install 'pathways-mlir[ray]'") from None
+    if importlib.util.find_spec("ray") is None:
+        raise ServeError("pw-serve needs Ray: pip install 'pathways-mlir[ray]'")
     child = subprocess.Popen([sys.executable, "-c", _RAY_STATUS, address], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
