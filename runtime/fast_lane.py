@@ -11,10 +11,10 @@ where each argument goes and what a run needs. A run through the lane:
   peak in the scheduler's ledger one run more each time it has no credit
   free and another fits (from `CREDITS` runs in use on, or when none fits, it
   first retires the runs that are over), and a run that is over gives its
-  credit back to the lane, not to the ledger. Whenever the scheduler must queue a run, or reason about what
-  runs in flight will free, it takes the lanes' unused credits back first
-  (`GangScheduler._reclaim`), and while anything is queued a credit that
-  comes back goes to the ledger;
+  credit back to the lane, not to the ledger. Whenever the scheduler must
+  queue a run, or reason about what runs in flight will free, it takes the
+  lanes' unused credits back first (`GangScheduler._reclaim`), and while
+  anything is queued a credit that comes back goes to the ledger;
 - takes its ticket and is registered on its island under the scheduler's lock,
   as the general path does, so every island sees one order;
 - executes on the caller's thread (`Island.run_lane`) if the island is idle,
