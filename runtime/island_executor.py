@@ -445,7 +445,7 @@ class IslandExecutor:
                 waiters.condition.notify_all()
 
     def _notify_all(self) -> None:
-        """Wakes every waiting thread (the island closes). Under the lock."""
+        """Wakes every waiting thread (the island closes or is lost). Under the lock."""
         for waiters in self._waiters.values():
             waiters.condition.notify_all()
 

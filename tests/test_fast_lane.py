@@ -4,6 +4,7 @@ either way the results are JAX's, the tickets keep one order and nothing is left
 Every wait here has a timeout; every runtime made here is closed.
 """
 
+import contextlib
 import threading
 import time
 
@@ -34,6 +35,18 @@ def chained_tanh2(x, n):
     for _ in range(n):
         x = jax.jit(tanh2)(x)
     return np.asarray(x)
+
+
+@contextlib.contextmanager
+def running_inline(island):
+    """Holds `island` as if a caller ran work inline on it: the executor, and any new run, wait their turn."""
+    with island.lock:
+        island._pending += 1
+        island._inline = True
+    try:
+        yield
+    finally:
+        island._inline_over()
 
 
 def assert_nothing_left(rt: Runtime) -> None:
@@ -185,16 +198,11 @@ def test_a_busy_island_queues_the_lane_run_behind_its_work(runtime, plan_builder
     lane = runtime.lane(plan)
     island = runtime.islands["island0"]
     with Client(runtime) as client:
-        with island.lock:                        # as if a caller ran work inline: the executor waits its turn
-            island._pending += 1
-            island._inline = True
-        try:
+        with running_inline(island):
             run = client.start(plan, [jnp.asarray(X)])
             assert lane.runs == 1
             with island.lock:
                 assert run.id in island._runs    # queued for the executor, not executed by this thread
-        finally:
-            island._inline_over()
         client.wait(run, timeout=60)
         np.testing.assert_allclose(np.asarray(client.handles(run)[0]), chained_tanh2(X, 1), rtol=1e-6)
     assert_nothing_left(runtime)
@@ -212,10 +220,7 @@ def test_a_burst_beyond_the_credits_on_a_busy_island_keeps_the_lane_while_it_fit
         lane = rt.lane(plan)
         island = rt.islands["island0"]
         with Client(rt) as a, Client(rt) as b:
-            with island.lock:                    # as if a caller ran work inline: every lane run queues
-                island._pending += 1
-                island._inline = True
-            try:
+            with running_inline(island):             # every lane run queues behind it
                 runs = [(a if i % 2 else b).start(plan, [jnp.asarray(X)]) for i in range(fits)]
                 assert lane.runs == fits and all(run.admitted for run in runs)
                 beyond = a.start(plan, [jnp.asarray(X)])
@@ -232,8 +237,6 @@ def test_a_burst_beyond_the_credits_on_a_busy_island_keeps_the_lane_while_it_fit
                 while len(island._waiters) < 2 and time.monotonic() < deadline:
                     time.sleep(0.01)
                 assert set(island._waiters) == {runs[0].id, runs[-1].id}    # each waits on its own run
-            finally:
-                island._inline_over()
             for t in fetchers:
                 t.join(timeout=60)
             assert len(fetched) == 2 and not island._waiters                # woken, and nothing left behind
