@@ -327,22 +327,50 @@ def test_moves_between_island_actors_go_over_the_transfer_server(ray_runtime):
     assert "moves with island1: transfer server; pulled " in str(ray_runtime.status())
 
 
-def test_a_move_the_receiver_cannot_hold_as_sent_goes_by_actor_call(ray_runtime):
-    """Four distinct shards for a 2-device slice: the transfer server cannot land them, an actor call can."""
-    wide = pw.virtual_slice(4, axes="w", name="wide", island="island1")
-    spread = pw.jit(lambda x: jnp.cos(x), slice=wide, in_specs=P("w"), out_specs=P("w"))
+wide = pw.virtual_slice(4, axes="w", name="wide", island="island1")
+spread = pw.jit(lambda x: jnp.cos(x), slice=wide, in_specs=P("w"), out_specs=P("w"))
+square = pw.virtual_slice((2, 2), axes=("a", "b"), name="square", island="island1")
+tile = pw.jit(lambda x: jnp.sin(x), slice=square, in_specs=P("a", "b"), out_specs=P("a", "b"))
 
-    @pw.program
-    def narrow_after_wide(x):
-        return grow(spread(x))
 
-    before = moves(ray_runtime)
+@pw.program
+def spread_alone(x):
+    return spread(x)
+
+
+@pw.program
+def tiled_alone(x):
+    return tile(x)
+
+
+@pw.program
+def narrow_after_wide(x):
+    return grow(spread(x))
+
+
+def test_shards_that_outnumber_the_receivers_devices_travel_gathered_over_the_transfer_server(ray_runtime):
+    """Four distinct shards for a 2-device slice on the other island, sent by the plan (one mesh axis of 4)
+    and as handles (that one, and a (2, 2) tiling): the sender gathers them into 2 and the receiver pulls
+    them. Nothing goes by actor call or through the driver."""
+    g = jax.jit(grow.fn)
     with Client(ray_runtime) as client:
+        for program in (narrow_after_wide, spread_alone, tiled_alone, on_left):
+            program.compiled(X, runtime=ray_runtime)
+        before, fetched = moves(ray_runtime), fetches(ray_runtime)
         out = narrow_after_wide.run(X, client=client)
-        np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(grow.fn)(jnp.cos(X))), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(g(jnp.cos(X))), rtol=1e-6)
+        handles = [spread_alone.run(X, client=client), tiled_alone.run(X, client=client)]
+        outs = [on_left.run(h, client=client) for h in handles]
+        fetched_now = fetches(ray_runtime)
+        for out, want in zip(outs, (jnp.cos(X), jnp.sin(X))):
+            np.testing.assert_allclose(np.asarray(out.result(60)), np.asarray(g(want)), rtol=1e-6)
     after = moves(ray_runtime)
-    assert moved(before, after, "island1", "island0", "by_actor_call") == 1
-    assert moved(before, after, "island1", "island0", "offered") == 0
+    assert fetched_now["island1"] == fetched["island1"]
+    assert moved(before, after, "island1", "island0", "by_actor_call") == 0
+    assert moved(before, after, "island1", "island0", "offered") == 1
+    assert moved(before, after, "island0", "island1", "pulled") == 1
+    assert moved(before, after, "island0", "island1", "arguments_pulled") == 2
+    assert moved(before, after, "island1", "island0", "arguments_offered") == 2
 
 
 def test_a_run_failing_before_its_send_ends_the_peers_pull(ray_runtime):

@@ -8,9 +8,11 @@ buffer `B` of run `R` is a pull keyed by `transfer_id(R, B)`:
   at once, and its arrays fill when the bytes arrive;
 - the sending island offers it when its `Send` step runs (`DataPlane.offer`),
   as arrays that may not be computed yet; the server sends them once they are;
-- a thread of the receiver hands each pulled array to its island
+- a thread of the receiver per peer waits (without the interpreter lock) for
+  the oldest pull from that peer and hands each pulled array to its island
   (`Island.deliver`) once it is there, so an island program never runs on a
-  value still in flight.
+  value still in flight; a poller with growing pauses catches the pulls that
+  arrive out of order.
 
 A handle passed to a run whose input lives on another island travels the
 same way (`PeerRef` in the run's work, `runtime/island_work.py`): the
@@ -29,12 +31,14 @@ offer is replaced by one that expires at once, which lets the array go.
 No actor call, Ray object or driver is on that path. What travels is the
 buffer's distinct shards (`TransferLayout`): a replicated mesh axis sends
 one copy, and the receiver takes them onto the first devices of its own slice
-and moves them to their home sharding there (an ICI copy).
+and moves them to their home sharding there (an ICI copy). Where the
+distinct shards outnumber the receiving slice's devices, the sender first
+gathers them into fewer, larger shards (its last sharded mesh axes shrunk,
+an ICI copy on the sender), so every move fits the receiver.
 
-Where the receiving slice has fewer devices than the distinct shards, the
-move goes by actor call instead (`PeerSender`), as every move did before;
-`status()` counts both paths per peer. The same when the transfer server is
-missing from this JAX (`jax.experimental.transfer`).
+Where the transfer server is missing from this JAX (`jax.experimental.transfer`)
+or turned off (`PW_DATA_PLANE=off`), moves go by actor call instead
+(`PeerSender`); `status()` counts both paths per peer.
 
 Failures: a run that fails on the sender before offering a buffer its peer
 pulls gets an error array offered in its place (`make_error_array`), so the
@@ -63,9 +67,10 @@ from pathways_mlir.dialect.plan_steps import Recv, Send
 
 from ..executables import make_mesh, named_sharding, numpy_dtype
 from ..island_work import IslandLost, PeerRef, RunFailed
+from ..transfers import assemble_in_place, copy_to, shards_in_place
 
 ID_SPACE = 1 << 32          # transfer ids: run id * ID_SPACE + the receiving buffer
-_PAUSE_MIN = 1e-4           # the waiter's shortest and longest pause between looks at the pulls under way
+_PAUSE_MIN = 1e-4           # the poller's shortest and longest pause between looks at the pulls under way
 _PAUSE_MAX = 2e-3
 
 
@@ -76,40 +81,44 @@ def transfer_id(run_id: int, buffer: int) -> int:
 
 @dataclass(frozen=True)
 class TransferLayout:
-    """What travels for a sent buffer: its distinct shards, as a mesh of the sharded axes alone."""
+    """What travels for a sent buffer: its shards, as a mesh of the sharded axes alone (each at most its
+    size on the source slice: a smaller one gathers shards along it)."""
 
     mesh_shape: tuple[int, ...]
     axes: tuple[str, ...]
     kept: tuple[int, ...]              # the source mesh's dimensions that remain (the others are replicated)
 
-    @property
-    def shards(self) -> int:
-        return math.prod(self.mesh_shape)
 
+def transfer_layout(plan: ProgramPlan, buffer: int, devices: int | None = None) -> TransferLayout:
+    """The distinct shards of `buffer` on its slice (the mesh axes its sharding uses), as they travel to a
+    slice of `devices` devices: while they outnumber those devices, the last axes shrink, each to its
+    largest divisor that fits (down to 1: gathered along it). None: as they are on the source.
 
-def transfer_layout(plan: ProgramPlan, buffer: int) -> TransferLayout:
-    """The distinct shards of `buffer` on its slice: the mesh axes its sharding uses."""
+    For example, a buffer sharded over a (2, 2) mesh as ("data", "model") travels to a 2-device slice
+    as a (2, 1) mesh (gathered along "model"), and to a 1-device slice as (1, 1).
+    """
     info = plan.buffers[buffer]
     placement = plan.slices[info.slice]
     used = {axis for dim in info.sharding for axis in dim}
     kept = tuple(i for i, axis in enumerate(placement.axes) if axis in used)
-    return TransferLayout(tuple(placement.shape[i] for i in kept), tuple(placement.axes[i] for i in kept), kept)
+    shape = [placement.shape[i] for i in kept]
+    for j in reversed(range(len(shape))):
+        if devices is None or math.prod(shape) <= devices:
+            break
+        others = math.prod(shape) // shape[j]
+        shape[j] = max(d for d in range(1, shape[j] + 1) if shape[j] % d == 0 and (others * d <= devices or d == 1))
+    return TransferLayout(tuple(shape), tuple(placement.axes[i] for i in kept), kept)
 
 
-def pulled(plan: ProgramPlan, src_buffer: int, dst_buffer: int) -> bool:
-    """Whether a move travels over the transfer server: the receiving slice holds the distinct shards."""
-    return fits(transfer_layout(plan, src_buffer), plan, dst_buffer)
-
-
-def fits(layout: TransferLayout, plan: ProgramPlan, dst_buffer: int) -> bool:
-    """Whether `dst_buffer`'s slice has a device for each of the distinct shards `layout` sends."""
-    return layout.shards <= math.prod(plan.slices[plan.buffers[dst_buffer].slice].shape)
+def slice_devices(plan: ProgramPlan, buffer: int) -> int:
+    """The number of devices of `buffer`'s slice."""
+    return math.prod(plan.slices[plan.buffers[buffer].slice].shape)
 
 
 class Lend(NamedTuple):
     """What the island keeping a result is told when a run on `peer` takes it as an argument: buffer
     `buffer` of run `run_id` (plan `plan_key`) is offered for the receiving run `reader`'s input
-    `reader_buffer`."""
+    `reader_buffer`, its shards as a mesh of `mesh_shape` (`TransferLayout`)."""
 
     run_id: int
     buffer: int
@@ -117,6 +126,7 @@ class Lend(NamedTuple):
     reader: int
     reader_buffer: int
     peer: str
+    mesh_shape: tuple[int, ...]
 
     @property
     def transfer_id(self) -> int:
@@ -153,7 +163,9 @@ class DataPlane:
         self._offers: dict = {}                     # (plan key, receiving buffer) -> the sent sharding
         self._shardings: dict = {}                  # (plan key, sent buffer) -> the sharding it travels with
         self._lock = threading.Condition()
+        self._heads = threading.Condition(self._lock)   # wakes the followers (`_follow`) of the peers' pulls
         self._pending: list = []                    # (array, run id, plan key, buffer, peer) pulled, not there yet
+        self._followed: set[str] = set()            # the peers whose pulls a follower thread waits for
         self._owed: dict[int, dict] = {}            # run id -> {receiving buffer: (plan key, peer)} not offered
         self._arguments: dict[str, int] = {}        # peer -> arguments pulled from it, not there yet
         self._lent_out: dict[int, tuple] = {}       # transfer id -> (peer, lent result or None: an error) not pulled
@@ -175,11 +187,6 @@ class DataPlane:
                                                "arguments_offered": 0, "offers_withdrawn": 0})
         counts[what] += 1
 
-    def count_actor_call(self, peer: str) -> None:
-        """A move to `peer` went by actor call (its layout does not fit the receiver)."""
-        with self._lock:
-            self._count(peer, "by_actor_call")
-
     # -- the receiver ---------------------------------------------------------
 
     def expect(self, work) -> None:
@@ -197,6 +204,12 @@ class DataPlane:
                 arrays = self._peers[peer].pull(transfer_id(work.run_id, buffer), [spec])
                 self._pending.append((arrays[0], work.run_id, work.plan_key, buffer, peer))
                 self._count(peer, "pulled")
+                if peer not in self._followed:
+                    self._followed.add(peer)
+                    threading.Thread(target=self._follow, args=(peer,), name="pw-data-plane-follower",
+                                     daemon=True).start()
+            if pulls:
+                self._heads.notify_all()
             if pulls or sends:
                 self._lock.notify()
 
@@ -209,8 +222,6 @@ class DataPlane:
         for step in plan.islands.get(island.name, ()):
             if step.id not in step_ids or not isinstance(step, (Send, Recv)):
                 continue
-            if not pulled(plan, step.src_buffer, step.dst_buffer):
-                continue
             if isinstance(step, Recv):
                 pulls.append((step.peer, step.dst_buffer, self._landing(plan, step.src_buffer, step.dst_buffer)))
             else:
@@ -219,7 +230,7 @@ class DataPlane:
 
     def _landing(self, plan: ProgramPlan, src_buffer: int, dst_buffer: int):
         """What a pull asks for: the sent shards, on the first devices of the receiving slice."""
-        layout = transfer_layout(plan, src_buffer)
+        layout = transfer_layout(plan, src_buffer, slice_devices(plan, dst_buffer))
         return self._landing_of(plan, dst_buffer, layout.mesh_shape, layout.axes, plan.buffers[src_buffer].sharding,
                                 plan.buffers[dst_buffer].dtype)
 
@@ -264,7 +275,8 @@ class DataPlane:
             self._acknowledge(peer, transfer_id(run_id, buffer))
 
     def _wait_for_pulls(self) -> None:
-        """Hands each pulled array to the island once it is there; offers errors for what failed runs owe."""
+        """The poller: hands each pulled array to the island once it is there (those that arrive out of
+        order: a follower hands over the others as they come); offers errors for what failed runs owe."""
         pause = _PAUSE_MIN
         while True:
             with self._lock:
@@ -273,21 +285,50 @@ class DataPlane:
                     pause = _PAUSE_MIN
                 if self._closed:
                     return
-                arrived, waiting = [], []
-                for pull in self._pending:
-                    (arrived if pull[0].is_ready() else waiting).append(pull)
-                self._pending = waiting
-            for array, run_id, plan_key, buffer, peer in arrived:
-                try:
-                    array.block_until_ready()
-                except Exception as error:  # noqa: BLE001  (an error offered, or the peer's process is gone)
-                    self._island.fail_run(run_id, self._pull_failed(run_id, plan_key, peer, error))
-                    continue
-                self._island.deliver(run_id, plan_key, buffer, array)
+            arrived = self._hand_over()
             self._settle_failed()
             pause = _PAUSE_MIN if arrived else min(pause * 2, _PAUSE_MAX)
             with self._lock:
                 self._lock.wait(pause)
+
+    def _follow(self, peer: str) -> None:
+        """A follower: waits, without the interpreter lock, for the oldest pull under way from `peer`, and hands
+        over what arrived as soon as it is there. Polling alone saw an arrival up to a pause (2 ms) late, and
+        a shorter pause took the CPU the islands compute on. A pull dropped before it ends (its run failed
+        here) holds its follower until its sender offers the error that ends it; the poller hands over the
+        others meanwhile."""
+        while True:
+            with self._lock:
+                head = None
+                while not self._closed and head is None:
+                    head = next((pull[0] for pull in self._pending if pull[4] == peer), None)
+                    if head is None:
+                        self._heads.wait()
+                if self._closed:
+                    return
+            try:
+                head.block_until_ready()
+            except Exception:  # noqa: BLE001  (`_hand_over` reports it)
+                pass
+            del head
+            self._hand_over()
+
+    def _hand_over(self) -> bool:
+        """Hands the pulled arrays that are there to the island (a failed pull fails its run); returns whether
+        any was."""
+        with self._lock:
+            arrived, waiting = [], []
+            for pull in self._pending:
+                (arrived if pull[0].is_ready() else waiting).append(pull)
+            self._pending = waiting
+        for array, run_id, plan_key, buffer, peer in arrived:
+            try:
+                array.block_until_ready()
+            except Exception as error:  # noqa: BLE001  (an error offered, or the peer's process is gone)
+                self._island.fail_run(run_id, self._pull_failed(run_id, plan_key, peer, error))
+                continue
+            self._island.deliver(run_id, plan_key, buffer, array)
+        return bool(arrived)
 
     def _pull_failed(self, run_id: int, plan_key: int, peer: str, error: BaseException) -> RunFailed:
         """Why a pull ended without its arrays: the sender offered an error in their place (its run failed
@@ -325,8 +366,8 @@ class DataPlane:
     # -- the sender -----------------------------------------------------------
 
     def offer(self, run_id: int, plan_key: int, peer: str, buffer: int, array) -> bool:
-        """Offers `array` to `peer`, which pulls it as its `buffer` of the run; False if this move goes by
-        actor call instead."""
+        """Offers `array` to `peer`, which pulls it as its `buffer` of the run; False if the run does not owe
+        it (it failed here: `_settle_failed` offered an error in its place)."""
         with self._lock:
             owed = self._owed.get(run_id)
             if owed is None or owed.pop(buffer, None) is None:
@@ -394,7 +435,7 @@ class DataPlane:
 
     def _lent(self, lend: Lend, array, error: BaseException | None) -> None:
         """Offers a kept result (or `error` in its place) for the peer's pull. Maybe under the island's lock."""
-        sharding = self._sharding_of(lend.plan_key, lend.buffer)
+        sharding = self._sharding_of(lend.plan_key, lend.buffer, lend.mesh_shape)
         if error is not None:
             import jax
 
@@ -417,20 +458,22 @@ class DataPlane:
             plan = self._island.plan(plan_key)
             src_buffer = next(s.src_buffer for s in plan.islands[self._island.name]
                               if isinstance(s, Send) and s.dst_buffer == dst_buffer)
-            sharding = self._offers[key] = self._sharding_of(plan_key, src_buffer)
+            layout = transfer_layout(plan, src_buffer, slice_devices(plan, dst_buffer))
+            sharding = self._offers[key] = self._sharding_of(plan_key, src_buffer, layout.mesh_shape)
         return sharding
 
-    def _sharding_of(self, plan_key: int, buffer: int):
-        """The sharding `buffer` of a plan travels with: its distinct shards, on the devices of its slice
-        that hold them (index 0 along each replicated mesh axis)."""
-        key = (plan_key, buffer)
+    def _sharding_of(self, plan_key: int, buffer: int, mesh_shape: tuple[int, ...]):
+        """The sharding `buffer` of a plan travels with as a mesh of `mesh_shape` (`TransferLayout`): on the
+        first devices of its slice along each of its sharded mesh axes, index 0 along the replicated ones."""
+        key = (plan_key, buffer, mesh_shape)
         sharding = self._shardings.get(key)
         if sharding is None:
             plan = self._island.plan(plan_key)
             layout, info = transfer_layout(plan, buffer), plan.buffers[buffer]
             devices = self._island.mesh(plan, info.slice).devices
-            picked = devices[tuple(slice(None) if i in layout.kept else 0 for i in range(devices.ndim))]
-            mesh = make_mesh(list(np.asarray(picked, dtype=object).flat), layout.mesh_shape, layout.axes)
+            size = dict(zip(layout.kept, mesh_shape))
+            picked = devices[tuple(slice(size[i]) if i in size else 0 for i in range(devices.ndim))]
+            mesh = make_mesh(list(np.asarray(picked, dtype=object).flat), mesh_shape, layout.axes)
             sharding = self._shardings[key] = named_sharding(mesh, info.sharding)
         return sharding
 
@@ -457,12 +500,10 @@ class DataPlane:
 
 
 def _on(array, sharding):
-    """`array` as it travels: its shards on the devices of `sharding` (a subset of its own: one copy of each
-    distinct shard)."""
+    """`array` as it travels: its own shards on the devices of `sharding` where they are the ones it travels
+    as (one copy of each distinct shard), else gathered into the larger shards of `sharding` (an ICI copy)."""
     if array.sharding == sharding:
         return array
-    import jax
-
-    shards = {shard.device: shard.data for shard in array.addressable_shards}
-    return jax.make_array_from_single_device_arrays(array.shape, sharding,
-                                                    [shards[d] for d in sharding._device_assignment])
+    if shards_in_place(array.sharding, sharding, array.shape):
+        return assemble_in_place(array, sharding)
+    return copy_to(array, sharding)

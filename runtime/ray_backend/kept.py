@@ -5,9 +5,8 @@ A handle passed for an input on the island that keeps its result goes as a
 receiving island pulls from the keeping one over the data plane
 (`data_plane.py`), while the keeping island is told to offer it (a `Lend`)
 in the same start message, so before any later release reaches it. Where the
-data plane cannot carry it (an island without a transfer server, a
-receiving slice with fewer devices than the result's distinct shards) the
-driver fetches the value and sends it with the start, as before.
+data plane cannot carry it (an island without a transfer server) the driver
+fetches the value and sends it with the start, as before.
 
 A reference is pinned from the call that takes it until the start message
 carrying it is sent (or its run fails before that): a release of the result
@@ -28,7 +27,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from ..island_work import REFERENCES, IslandWork, PeerRef
 from ..run import Run
-from .data_plane import Lend, fits, transfer_layout
+from .data_plane import Lend, slice_devices, transfer_layout
 
 if TYPE_CHECKING:
     from .cluster import RayIslands
@@ -52,9 +51,7 @@ class KeptArguments:
         receiver = self._islands[plan.island_of(input_buffer)]
         if not (holder.transfers and receiver.transfers) or holder.lost_result(run.id) is not None:
             return None
-        layout = transfer_layout(run.plan, buffer)
-        if not fits(layout, plan, input_buffer):
-            return None
+        layout = transfer_layout(run.plan, buffer, slice_devices(plan, input_buffer))
         info = run.plan.buffers[buffer]
         return PeerRef(run.id, buffer, run.key, holder.name, info.dtype, layout.mesh_shape, layout.axes,
                        info.sharding)
@@ -113,5 +110,5 @@ class KeptArguments:
                 for buffer, value in work.inputs:
                     if isinstance(value, PeerRef) and self._islands[value.island]._dead is None:
                         lends.setdefault(value.island, []).append(
-                            Lend(value.run_id, value.buffer, value.plan_key, run.id, buffer, name))
+                            Lend(value.run_id, value.buffer, value.plan_key, run.id, buffer, name, value.mesh_shape))
         return lends
