@@ -23,6 +23,7 @@ CLOSE_JOIN = 1.0         # seconds close() waits for the executor (a wedged one 
 AWAIT_PAUSE = 0.002      # the longest pause of the completion tracker between looks at a computation
 _AWAIT_PAUSE_MIN = 2e-4  # and the shortest
 _LANE_PAUSE = 0.02       # its pause while fast lane runs start on the island (see `_track`)
+IN_FLIGHT = 16           # runs dispatched here whose computations may still run when the next run starts
 
 
 class RunWaiters:
@@ -200,6 +201,7 @@ class IslandExecutor:
         (`run_lane`), and the executor may take its turn after it, under the same take of the lock."""
         run, program, inputs = message
         run.last = True
+        self._hold_in_flight()
         try:
             self._place(run, inputs)
             run.executing = True
@@ -221,12 +223,31 @@ class IslandExecutor:
             if not isinstance(value, REFERENCES):
                 run.slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
+    def _hold_in_flight(self) -> None:
+        """Returns once fewer than `IN_FLIGHT` runs dispatched here are still computing (or the island closed),
+        before a run starts. XLA:CPU (jax 0.10.2) aborts the process in an all-reduce's rendezvous ("expected 4
+        threads to join ... only 3 arrived", after 40 s) when too many executions with a collective are in
+        flight: plain JAX calling a 4-device training step in a loop does, and so does blocking every 128 or
+        256 calls; blocking every 32 does not. The oldest runs need nothing more to finish, so waiting for them
+        cannot wait on this thread."""
+        while len(self._completions) >= IN_FLIGHT and not self._closed:
+            try:
+                oldest = self._completions[0]
+            except IndexError:                   # retired meanwhile by another look
+                continue
+            since = time.monotonic()
+            for array in oldest.tracked:
+                self._await(array, since)
+            del oldest
+            self.look()
+
     def _started(self, work: IslandWork) -> None:
         """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived)."""
         with self.lock:
             run = self._runs.get(work.run_id)
         if run is None:
             return                              # it failed (or was cancelled) meanwhile
+        self._hold_in_flight()
         try:
             self._place(run, work.inputs)
             if work.step_ids:

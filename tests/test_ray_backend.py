@@ -521,3 +521,31 @@ def test_a_question_about_objects_waits_for_releases_sent_with_earlier_starts(ra
             assert island0.object_count() == 0
             z.result(60)
             del z
+
+
+quad = pw.virtual_slice(4, axes="d", name="quad", island="island0")
+descend = pw.jit(lambda w, x: w - 0.01 * jnp.mean(jnp.tanh(x @ w), axis=0), slice=quad, in_specs=(P(), P("d")),
+                 out_specs=P())
+
+
+@pw.program
+def descend_step(w, x):
+    return descend(w, x)
+
+
+def test_a_loop_of_steps_with_an_all_reduce_never_waits_on_its_results(ray_runtime):
+    """`w = step(w, x)` 400 times with nothing read until the end, each step an all-reduce over 4 devices: the
+    island keeps at most `IN_FLIGHT` runs computing. Unbounded, XLA:CPU aborted the island's process in the
+    all-reduce's rendezvous after 40 s (the run then fails with `IslandLost`)."""
+    rng = np.random.default_rng(5)
+    w0 = rng.normal(size=(512, 512)).astype(np.float32) / 23
+    x = rng.normal(size=(512, 512)).astype(np.float32)
+    step = jax.jit(descend.fn)
+    want = w0
+    for _ in range(400):
+        want = step(want, x)
+    with Client(ray_runtime) as client:
+        w = descend_step.run(w0, x, client=client)
+        for _ in range(399):
+            w = descend_step.run(w, x, client=client)
+        np.testing.assert_allclose(np.asarray(w.result(120)), np.asarray(want), rtol=1e-4, atol=1e-5)
