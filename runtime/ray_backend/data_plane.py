@@ -161,7 +161,7 @@ class DataPlane:
         self._peers: dict = {}                      # peer island -> TransferConnection
         self._routes: dict = {}                     # (plan key, step ids) -> (pulls, sends)
         self._offers: dict = {}                     # (plan key, receiving buffer) -> the sent sharding
-        self._shardings: dict = {}                  # (plan key, sent buffer) -> the sharding it travels with
+        self._shardings: dict = {}                  # (plan key, sent buffer, mesh) -> the sharding it travels with
         self._lock = threading.Condition()
         self._heads = threading.Condition(self._lock)   # wakes the followers (`_follow`) of the peers' pulls
         self._pending: list = []                    # (array, run id, plan key, buffer, peer) pulled, not there yet
@@ -497,6 +497,7 @@ class DataPlane:
         with self._lock:
             self._closed = True
             self._lock.notify()
+            self._heads.notify_all()
 
 
 def _on(array, sharding):
