@@ -201,7 +201,6 @@ class IslandExecutor:
         (`run_lane`), and the executor may take its turn after it, under the same take of the lock."""
         run, program, inputs = message
         run.last = True
-        self._hold_in_flight()
         try:
             self._place(run, inputs)
             run.executing = True
@@ -225,7 +224,7 @@ class IslandExecutor:
 
     def _hold_in_flight(self) -> None:
         """Returns once fewer than `IN_FLIGHT` runs dispatched here are still computing (or the island closed),
-        before a run starts. XLA:CPU (jax 0.10.2) aborts the process in an all-reduce's rendezvous ("expected 4
+        before a run of the general path starts (a fast lane's runs keep to its credits). XLA:CPU (jax 0.10.2) aborts the process in an all-reduce's rendezvous ("expected 4
         threads to join ... only 3 arrived", after 40 s) when too many executions with a collective are in
         flight: plain JAX calling a 4-device training step in a loop does, and so does blocking every 128 or
         256 calls; blocking every 32 does not. The oldest runs need nothing more to finish, so waiting for them
