@@ -224,11 +224,11 @@ class IslandExecutor:
 
     def _hold_in_flight(self) -> None:
         """Returns once fewer than `IN_FLIGHT` runs dispatched here are still computing (or the island closed),
-        before a run of the general path starts (a fast lane's runs keep to its credits). XLA:CPU (jax 0.10.2) aborts the process in an all-reduce's rendezvous ("expected 4
-        threads to join ... only 3 arrived", after 40 s) when too many executions with a collective are in
-        flight: plain JAX calling a 4-device training step in a loop does, and so does blocking every 128 or
-        256 calls; blocking every 32 does not. The oldest runs need nothing more to finish, so waiting for them
-        cannot wait on this thread."""
+        before a run of the general path starts (a fast lane's runs keep to its credits). XLA:CPU (jax 0.10.2)
+        aborts the process in an all-reduce's rendezvous ("expected 4 threads to join ... only 3 arrived",
+        after 40 s) when too many executions with a collective are in flight: plain JAX calling a 4-device
+        training step in a loop does, and so does blocking every 128 or 256 calls; blocking every 32 does not.
+        The oldest runs need nothing more to finish, so waiting for them cannot wait on this thread."""
         while len(self._completions) >= IN_FLIGHT and not self._closed:
             try:
                 oldest = self._completions[0]
