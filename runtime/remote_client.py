@@ -39,6 +39,7 @@ from .wire import DTYPES, ERROR_KINDS, ProtocolError, recv_message, send_message
 
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
 POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
+UNANSWERED = 64      # release requests sent at most before their replies are read
 
 
 class RemoteError(RuntimeError):
@@ -80,7 +81,7 @@ class RemoteHandle(ArrayReference):
     def delete(self) -> None:
         """Releases the result on the cluster now."""
         if self._finalizer.detach() is not None and not self._client.closed:   # closing released it already
-            self._client._call({"op": "release"}, release=[self._key])
+            self._client._release_now(self._key)
 
     def _fetch(self, timeout: float | None, value: bool):
         """Asks for the value in requests the endpoint answers within `POLL` s (or half the client's
@@ -178,6 +179,7 @@ class RemoteClient:
             raise
         self._lock = threading.Lock()
         self._dropped: collections.deque[int] = collections.deque()   # handles to release with the next request
+        self._unanswered = 0                     # releases sent whose replies are not read yet
         self._names: dict[int, tuple[ProgramPlan, str, int]] = {}      # id(plan) -> (plan, name there, version)
         self._last = time.monotonic()            # when the connection last carried a request
         self._stop = threading.Event()
@@ -272,7 +274,8 @@ class RemoteClient:
             self.closed = True
             try:
                 send_message(self._socket, {"op": "close"}, (), self.limits)
-                recv_message(self._socket)
+                for _ in range(self._unanswered + 1):
+                    recv_message(self._socket)
             except (OSError, EOFError, ProtocolError):
                 pass   # the endpoint is gone, and with it everything this client owned
             finally:
@@ -301,16 +304,24 @@ class RemoteClient:
                 self._lock.release()
 
     def _drop(self, key: int) -> None:
-        """A remote handle was dropped: releases it now if the connection is free, else with the next request."""
+        """A remote handle was dropped: releases it now if the connection is free (`_send_release`), else with
+        the next request."""
         self._dropped.append(key)
         if not self.closed and self._lock.acquire(blocking=False):   # never waits: it may run inside `_call`
             try:
                 if self._dropped and not self.closed:
-                    self._exchange({"op": "release"}, (), ())
+                    self._send_release()
             except (OSError, RemoteError):
                 pass   # a closed connection released everything already
             finally:
                 self._lock.release()
+
+    def _release_now(self, key: int) -> None:
+        """Releases one handle now (`delete`), not waiting for the reply."""
+        with self._lock:
+            if self.closed:
+                raise ServiceError(f"the connection to the service at {self.name} is closed")
+            self._send_release([key])
 
     def _call(self, request: dict, arrays=(), release=()) -> tuple[dict, list[np.ndarray]]:
         with self._lock:
@@ -318,31 +329,64 @@ class RemoteClient:
                 raise ServiceError(f"the connection to the service at {self.name} is closed")
             return self._exchange(request, arrays, release)
 
+    def _send_release(self, release=()) -> None:
+        """Sends a `release` request for the dropped handles and `release` (holding the lock) without waiting
+        for its reply: the next exchange reads it. At most `UNANSWERED` such replies wait unread."""
+        if self._unanswered >= UNANSWERED:
+            self._read_unanswered()
+        self._send({"op": "release", "release": [*self._take_dropped(), *release]}, ())
+        self._unanswered += 1
+
     def _exchange(self, request: dict, arrays, release) -> tuple[dict, list[np.ndarray]]:
-        """Sends one request and reads its reply (holding the lock). A connection that breaks or stays
-        silent past the deadline is closed, and that is a ServiceError naming the service."""
+        """Sends one request and reads its reply (holding the lock), after the replies of releases sent
+        before it. A connection that breaks or stays silent past the deadline is closed, and that is a
+        ServiceError naming the service."""
+        dropped = self._take_dropped()
+        if dropped or release:
+            request = {**request, "release": [*dropped, *release]}
+        self._send(request, arrays)
+        self._read_unanswered()
+        reply, values = self._receive()
+        if reply.get("ok") is not True:
+            error = str(reply.get("error", "the endpoint sent a malformed reply"))
+            raise ERROR_KINDS.get(reply.get("kind"), RemoteError)(error)
+        return reply, values
+
+    def _take_dropped(self) -> list[int]:
         dropped = []
         while self._dropped:
             dropped.append(self._dropped.popleft())
-        if dropped or release:
-            request = {**request, "release": [*dropped, *release]}
+        return dropped
+
+    def _read_unanswered(self) -> None:
+        """Reads the replies of the releases sent without waiting (they only say the release was taken)."""
+        while self._unanswered:
+            self._receive()
+            self._unanswered -= 1
+
+    def _send(self, request: dict, arrays) -> None:
         self._last = time.monotonic()
         try:
             send_message(self._socket, request, arrays, self.limits)
-            reply, values = recv_message(self._socket)
+        except (OSError, ProtocolError) as error:
+            raise self._lost(error) from None
+
+    def _receive(self) -> tuple[dict, list[np.ndarray]]:
+        try:
+            return recv_message(self._socket)
         except TimeoutError:
             self._broken()   # a late reply would answer the next request
             raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; "
                                "the connection is closed") from None
         except (OSError, EOFError, ProtocolError) as error:
-            self._broken()
-            reason = "it closed the connection" if isinstance(error, EOFError) else \
-                getattr(error, "strerror", None) or str(error)
-            raise ServiceError(f"lost the service at {self.name}: {reason}") from None
-        if reply.get("ok") is not True:
-            error = str(reply.get("error", "the endpoint sent a malformed reply"))
-            raise ERROR_KINDS.get(reply.get("kind"), RemoteError)(error)
-        return reply, values
+            raise self._lost(error) from None
+
+    def _lost(self, error: BaseException) -> ServiceError:
+        """Closes a connection that broke (`error`); returns the ServiceError that says so."""
+        self._broken()
+        reason = "it closed the connection" if isinstance(error, EOFError) else \
+            getattr(error, "strerror", None) or str(error)
+        return ServiceError(f"lost the service at {self.name}: {reason}")
 
     def _broken(self) -> None:
         self.closed = True

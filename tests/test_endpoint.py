@@ -414,6 +414,39 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
     assert wait_released(runtime) == 0 and runtime.object_count() == 0
 
 
+def test_dropped_handles_are_released_without_waiting_for_replies(runtime, plan_builder, monkeypatch):
+    """A dropped (or deleted) remote handle's release is sent at once, its reply read with the next request's:
+    200 drops wait for no reply each, and every later reply still answers its own request."""
+    from pathways_mlir.runtime import remote_client
+
+    plan, want = program(plan_builder, runtime.resources.topology)
+    endpoint = Endpoint(runtime)
+    client = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+    events = []                                             # "s": a request sent, "r": a reply read
+    real_send, real_receive = remote_client.send_message, remote_client.recv_message
+    monkeypatch.setattr(remote_client, "send_message", lambda *a, **k: events.append("s") or real_send(*a, **k))
+    monkeypatch.setattr(remote_client, "recv_message", lambda *a, **k: events.append("r") or real_receive(*a, **k))
+    try:
+        handles = [h for _ in range(200) for h in client.run(plan, [X])]
+        handles[-1].block_until_ready()
+        assert client.object_count() == 200
+        events.clear()
+        for h in handles[:100]:
+            h.delete()
+        del h
+        handles.clear()                                     # the other 100 dropped
+        assert events.count("s") == 200                     # one release each: the connection was free
+        unanswered = max(len(sends) for sends in "".join(events).split("r"))
+        assert unanswered == remote_client.UNANSWERED      # replies read only once that many were unread
+        assert client.object_count() == 0                  # the releases were served before the question
+        [again] = client.run(plan, [X])
+        np.testing.assert_allclose(np.asarray(again), want, rtol=1e-6)
+    finally:
+        client.close()
+        endpoint.close()
+    assert wait_released(runtime) == 0 and runtime.object_count() == 0
+
+
 def test_programs_are_lowered_for_the_endpoint_and_again_when_its_topology_changes(runtime):
     s = pw.virtual_slice(2, axes="d")
     block = pw.jit(lambda x: jnp.tanh(x) * 2.0, slice=s, in_specs=P("d"), out_specs=P("d"))
