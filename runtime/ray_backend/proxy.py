@@ -172,12 +172,13 @@ class RayIsland:
                         if b != buffer and b in read and (run_id, b) not in self._fetched]
         if value is not None:
             return value
-        try:          # no wait for the start first: the island's fetch waits for the value itself
-            reply = self._call("fetch", run_id, buffer, timeout, siblings).future()   # the island waits `timeout`,
-            value, ready = reply.result(None if timeout is None else timeout + STATUS_TIMEOUT)   # the reply travels
-        except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
-            import ray
+        import ray
 
+        try:          # no wait for the start first: the island's fetch waits for the value itself
+            reply = self._call("fetch", run_id, buffer, timeout, siblings)    # the island waits `timeout`, and
+            wait = None if timeout is None else timeout + STATUS_TIMEOUT    # the reply has time to travel
+            value, ready = ray.get(reply, timeout=wait)
+        except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
             if isinstance(error, ray.exceptions.RayActorError):
                 self._died(error)
                 return self.fetch(run_id, buffer, timeout)
