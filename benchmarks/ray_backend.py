@@ -10,7 +10,15 @@ all), as milliseconds per run.
 - `ray_three_blocks_over_handwritten`: a hand-written chain of Ray actors
   (one actor per block or stage, each holding its jitted function; object
   references passed from actor to actor, the driver only fetching the end)
-  against our Ray backend on the same local Ray instance, interleaved.
+  against our Ray backend on the same local Ray instance, interleaved. Each
+  actor has `PER_ISLAND` CPU devices, as an island actor does, and its
+  function is jitted over the devices of the block's slice, sharded as the
+  program shards it (`BLOCK_MESHES`, `STAGE_MESH`): the same work on the
+  same devices.
+- `ray_three_blocks_over_handwritten_1dev`: the three-block chain with each
+  block jitted on one device instead, which is faster for these 8x16 arrays
+  (a multi-device CPU launch costs more than the work): the chain a user
+  might write who shards nothing.
 - `ray_three_blocks_over_handwritten_cgraph`: the same chains of actors
   (actors of their own) compiled into a Ray Compiled Graph, executed once
   per run (per micro-batch for the pipeline), against our Ray backend. A
@@ -62,7 +70,8 @@ from pathways_mlir.runtime.runtime import Runtime
 from . import harness
 
 NAME = "ray"
-HEADLINE = ("ray_three_blocks_over_handwritten", "ray_three_blocks_over_handwritten_cgraph",
+HEADLINE = ("ray_three_blocks_over_handwritten", "ray_three_blocks_over_handwritten_1dev",
+            "ray_three_blocks_over_handwritten_cgraph",
             "ray_handle_arg_over_handwritten_refs", "ray_over_embedded", "ray_compiled_graph_over_actor_calls",
             "ray_two_nodes_over_one", "actor_call_over_pull")
 ISLANDS, PER_ISLAND = 2, 4
@@ -90,6 +99,9 @@ def _block_c(x):
 
 
 BLOCKS = (_block_a, _block_b, _block_c)
+# Each block's mesh and sharding in the program below, which the hand-written actors use too.
+BLOCK_MESHES = (((2,), P("data")), ((2, 2), P("data", "model")), ((2,), P("data")))
+STAGE_MESH = ((2,), (P(), P("data")), P("data"))
 block_a = pw.jit(_block_a, slice=slice_a, in_specs=P("data"), out_specs=P("data"))
 block_b = pw.jit(_block_b, slice=slice_b, in_specs=P("data", "model"), out_specs=P("data", "model"))
 block_c = pw.jit(_block_c, slice=slice_c, in_specs=P("data"), out_specs=P("data"))
@@ -187,12 +199,23 @@ def start_cluster(nodes: int, num_cpus: int = 1, spare_head: bool = False):
 
 
 class _Actor:
-    """A hand-written Ray actor: holds one jitted function (and its constant operand) and applies it."""
+    """A hand-written Ray actor: holds one jitted function (and its constant operand) and applies it. With
+    `mesh_shape`, the function is jitted over that many of the actor's devices, its operands and result
+    sharded by `in_specs` and `out_spec` (as our program shards the block); without, on one device."""
 
-    def __init__(self, fn, constant=None):
+    def __init__(self, fn, constant=None, mesh_shape=None, in_specs=None, out_spec=None):
+        import math
+
         import jax as actor_jax
+        from jax.sharding import Mesh, NamedSharding
 
-        self._fn = actor_jax.jit(fn)
+        if mesh_shape is None:
+            self._fn = actor_jax.jit(fn)
+        else:
+            devices = np.array(actor_jax.devices()[:math.prod(mesh_shape)]).reshape(mesh_shape)
+            mesh = Mesh(devices, ("data", "model")[:len(mesh_shape)])
+            self._fn = actor_jax.jit(fn, in_shardings=tuple(NamedSharding(mesh, s) for s in in_specs),
+                                     out_shardings=NamedSharding(mesh, out_spec))
         self._constant = constant
 
     def apply(self, x):
@@ -280,14 +303,25 @@ def moves(ray, repetitions: int) -> list[dict]:
 
 
 def handwritten_chains(ray, pipeline_args):
-    """Returns the hand-written actor chains of both workloads: (three-block chain, pipeline chain)."""
-    actor = ray.remote(_Actor).options(num_cpus=0, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}})
-    blocks = [actor.remote(fn) for fn in BLOCKS]
+    """Returns the hand-written actor chains of both workloads, each actor with `PER_ISLAND` CPU devices and
+    its block or stage sharded over them as our program shards it: (three-block chain, pipeline chain)."""
+    flags = f"--xla_force_host_platform_device_count={PER_ISLAND}"
+    actor = ray.remote(_Actor).options(num_cpus=0, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu",
+                                                                             "XLA_FLAGS": flags}})
+    blocks = [actor.remote(fn, None, mesh, (spec,), spec) for fn, (mesh, spec) in zip(BLOCKS, BLOCK_MESHES)]
     weights, _ = pipeline_args
-    pipeline = [actor.remote(stage, w) for w in weights]
+    pipeline = [actor.remote(stage, w, *STAGE_MESH) for w in weights]
     ray.get([a.apply.remote(np.zeros((8, 16), np.float32)) for a in blocks] +
             [a.apply.remote(np.zeros((MICRO_BATCH, WIDTH), np.float32)) for a in pipeline], timeout=120)
     return blocks, pipeline
+
+
+def one_device_chain(ray):
+    """Returns the hand-written three-block chain with each block jitted on one device of its actor."""
+    actor = ray.remote(_Actor).options(num_cpus=0, runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}})
+    blocks = [actor.remote(fn) for fn in BLOCKS]
+    ray.get([a.apply.remote(np.zeros((8, 16), np.float32)) for a in blocks], timeout=120)
+    return blocks
 
 
 def handwritten_graphs(ray, pipeline_args):
@@ -324,14 +358,15 @@ def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_arg
                 jax.tree.map(np.asarray, out)
         return case
 
-    def chained(three, count):
-        blocks, pipeline = chains
+    def chained(workload, count):
+        blocks, pipeline, one_device = chains
 
         def case():
-            if three:
-                refs = [_chain(blocks, three_args[0]) for _ in range(count)]
-            else:
+            if workload == "pipeline":
                 refs = [_chain(pipeline, h) for _ in range(count) for h in pipeline_args[1]]
+            else:
+                refs = [_chain(one_device if workload == "one device" else blocks, three_args[0])
+                        for _ in range(count)]
             ray.get(refs, timeout=120)
         return case
 
@@ -369,8 +404,9 @@ def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_arg
             out[(prefix, "three blocks", mode)] = ours(three_blocks, three_args, count)
             out[(prefix, "4-stage pipeline", mode)] = ours(pipeline4, pipeline_args, count)
         if chains is not None:
-            out[("handwritten", "three blocks", mode)] = chained(True, count)
-            out[("handwritten", "4-stage pipeline", mode)] = chained(False, count)
+            out[("handwritten", "three blocks", mode)] = chained("three blocks", count)
+            out[("handwritten", "4-stage pipeline", mode)] = chained("pipeline", count)
+            out[("handwritten, 1 device", "three blocks", mode)] = chained("one device", count)
         if graphs is not None:
             out[("handwritten cgraph", "three blocks", mode)] = compiled(True, count)
             out[("handwritten cgraph", "4-stage pipeline", mode)] = compiled(False, count)
@@ -404,7 +440,7 @@ def run(quick: bool) -> dict:
     embedded = Runtime(islands=ISLANDS, per_island=PER_ISLAND)
     try:
         with Client(embedded) as embedded_client:
-            chains = handwritten_chains(ray, pipeline_args)
+            chains = (*handwritten_chains(ray, pipeline_args), one_device_chain(ray))
             for _ in range(blocks):
                 for compiled in (True, False):   # one runtime at a time: island actors have unique names
                     our_ray = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND, compiled_graph=compiled)
@@ -452,6 +488,7 @@ def run(quick: bool) -> dict:
     rows = [{"backend": b, "workload": w, "mode": m, "ms_per_run": t, "spread": harness.spread(times[(b, w, m)])}
             for (b, w, m), t in sorted(ms.items())]
     pairs = {"ray_three_blocks_over_handwritten": ("handwritten", "ray"),
+             "ray_three_blocks_over_handwritten_1dev": ("handwritten, 1 device", "ray"),
              "ray_three_blocks_over_handwritten_cgraph": ("handwritten cgraph", "ray, beside compiled chains"),
              "ray_handle_arg_over_handwritten_refs": ("handwritten refs", "ray"),
              "ray_over_embedded": ("embedded", "ray"),
