@@ -523,6 +523,27 @@ def test_a_question_about_objects_waits_for_releases_sent_with_earlier_starts(ra
             del z
 
 
+fan = pw.jit(lambda x: tuple(x * i for i in range(64)), slice=left, in_specs=P("x"), out_specs=(P("x"),) * 64)
+
+
+@pw.program
+def sixty_four_on_left(x):
+    return fan(x)
+
+
+def test_a_question_about_objects_waits_for_release_batches_sent_without_waiting(ray_runtime):
+    """Dropping `RELEASE_BATCH` x 24 handles sends their releases in 24 messages the driver does not wait
+    for, and leaves none queued; a question asked next waits on the actor until it took them all (on
+    db8518d it counted some of them, in each of two tries)."""
+    with Client(ray_runtime) as client:
+        for _ in range(8):
+            handles = [h for _ in range(24) for h in sixty_four_on_left.run(X, client=client)]
+            handles[-1].result(60)
+            assert ray_runtime.object_count() == 24 * 64
+            del handles
+            assert ray_runtime.object_count() == 0
+
+
 quad = pw.virtual_slice(4, axes="d", name="quad", island="island0")
 descend = pw.jit(lambda w, x: w - 0.01 * jnp.mean(jnp.tanh(x @ w), axis=0), slice=quad, in_specs=(P(), P("d")),
                  out_specs=P())

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the island up to this size each
 CONNECT_TIMEOUT = 60.0   # seconds to learn a peer actor's transfer address
 ACK_DELAY = 0.02         # seconds a lender's `Pulled` waits for sends to the same peer to go with
+SETTLE_TIMEOUT = 10.0    # seconds a question waits for the starts sent before it (`asked`)
+QUESTIONS = ("object_count", "owned_by", "compilations", "release_owner", "status")   # what `asked` answers
 
 
 def _data_plane(island, acknowledge) -> "DataPlane | None":
@@ -69,7 +71,8 @@ class IslandActor:
         self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
                               DcnTransport(emulate=emulate_dcn), self._peer)
         self._plane = _data_plane(self._island, lambda peer, transfer: self._senders[peer].pulled(transfer))
-        self._next = 0
+        self._next = 0                      # start calls taken (`start`)
+        self._executions = 0                # compiled start executions taken (`start_compiled`)
         self._turn = threading.Condition()
         self._closing = threading.Event()
 
@@ -127,13 +130,29 @@ class IslandActor:
         """One execution of the compiled start graph: this island's releases, the results kept here that the
         run takes on peer islands, then its work of the run (if any). Executions arrive in the order the
         driver made them."""
-        self._release(message["releases"].get(self._name, ()))
-        lends = message["lends"].get(self._name)
-        if lends:
-            self._plane.lend(lends)
-        work = message["works"].get(self._name)
-        if work is not None:
-            self._begin(work)
+        try:
+            self._release(message["releases"].get(self._name, ()))
+            lends = message["lends"].get(self._name)
+            if lends:
+                self._plane.lend(lends)
+            work = message["works"].get(self._name)
+            if work is not None:
+                self._begin(work)
+        finally:
+            with self._turn:
+                self._executions += 1
+                self._turn.notify_all()
+
+    def asked(self, executions: int, calls: int, message: str, *args):
+        """Answers the question `message` (`object_count`, `status`, ...) once this actor took the first
+        `executions` compiled start executions and `calls` start calls, and with them the releases they
+        carried: Ray runs a question beside the graph's thread and the start calls, so it could overtake
+        them. After `SETTLE_TIMEOUT` seconds it answers all the same."""
+        if message not in QUESTIONS:
+            raise ValueError(f"{message!r} is not a question an island answers")
+        with self._turn:
+            self._turn.wait_for(lambda: self._executions >= executions and self._next >= calls, SETTLE_TIMEOUT)
+        return getattr(self, message)(*args)
 
     def _begin(self, work: IslandWork) -> None:
         """Starts a run's work here, its pulls over the data plane first (those of the arguments kept on peer

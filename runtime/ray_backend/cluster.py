@@ -130,17 +130,19 @@ class RayIslands(Islands):
         self.kept.sent(run)
         return []
 
-    def flush_releases(self, wait: bool = False, island: str | None = None) -> None:
+    def flush_releases(self, wait: bool = False) -> None:
         """Sends the releases queued on every island now, through the start channel, so that a release never
-        overtakes a start that reads the object; with `wait`, returns once the islands took them, and once
-        `island` (one about to be asked about its objects) took those sent before (`settled`). Without
+        overtakes a start that reads the object; with `wait`, returns once the islands took them. Without
         `wait` (a handle dropped, maybe by the garbage collector amid a send) it never waits for the
         channel: if a message is being sent, the releases leave with the next one."""
         marker = -next(self._flushes)
         if self._send(marker, {}, {}, block=wait) and wait:
             self._starts.received(marker)
-        if wait and island is not None:
-            self._starts.settled(island)
+
+    def sent(self, island: RayIsland) -> tuple[int, int]:
+        """(compiled start executions, start calls) that `island`'s actor must have taken before it answers a
+        question: those of the start channel in use (one torn down delivers nothing more)."""
+        return self._starts.sent(island)
 
     def withdraw(self, island: str) -> None:
         """Lost island `island` pulls nothing more: every other live island withdraws what it offered it (a
@@ -225,7 +227,6 @@ class RayIslands(Islands):
         proxy = RayIsland(island, actor, self)
         proxy.transfers = address is not None
         self.nodes[island] = node
-        self._starts.restart(island)
         self._watch_actor(proxy)
         return proxy
 

@@ -57,6 +57,7 @@ class RayIsland:
         self._runs: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
         self._plans: dict[int, ProgramPlan] = {}   # plans loaded, by key: a run failing here names its program
         self.transfers = False                     # whether its actor runs a transfer server (`data_plane.py`)
+        self.calls_sent = 0                        # start calls made to its actor (`CalledStarts`)
         self._dead: IslandLost | None = None       # set once the actor is known to be dead
         self.lost: IslandLost | None = None        # set once the runtime took the island out (`lose`)
         # Runs failed here since the actor died, and (after `lose`) every run whose results lived here.
@@ -215,10 +216,9 @@ class RayIsland:
 
     def flush_releases(self, wait: bool = False) -> None:
         """Sends the queued releases now, in the start channel (`RayIslands.flush_releases`: a release never
-        overtakes a start that reads its object); with `wait`, returns once the islands took them, and this
-        one those sent before (`settled`; before a question about objects: the actor runs calls concurrently)."""
+        overtakes a start that reads its object); with `wait`, returns once the islands took them."""
         if (wait or self._releases) and self._live() and self._dead is None:
-            self._group.flush_releases(wait, self.name)
+            self._group.flush_releases(wait)
 
     def _live(self) -> bool:
         import ray
@@ -226,15 +226,20 @@ class RayIsland:
         return not self._closed and ray.is_initialized()
 
     def _ask(self, message: str, *args, otherwise=None):
-        """Calls the actor (after the queued releases) and returns its reply; `otherwise` once the island is
-        closed or its actor dead."""
+        """Asks the actor a question about its objects (after the queued releases) and returns its reply;
+        `otherwise` once the island is closed or its actor dead."""
         if self._closed or self._dead is not None:
             return otherwise
         try:
-            self.flush_releases(wait=True)
-            return self._get(self._call(message, *args))
+            return self._get(self._question(message, *args))
         except IslandLost:
             return otherwise
+
+    def _question(self, message: str, *args):
+        """Sends the queued releases, then asks `message`; the actor answers once it took every start sent
+        before (`IslandActor.asked`). Returns the reply's object reference."""
+        self.flush_releases(wait=True)
+        return self._call("asked", *self._group.sent(self), message, *args, counted_as=message)
 
     def release_owner(self, owner) -> int:
         if self._closed or self._dead is not None:
@@ -305,8 +310,7 @@ class RayIsland:
         if self._dead is not None:
             return unreachable(self._dead)
         try:
-            self.flush_releases(wait=True)
-            return self._get(self._call("status"), STATUS_TIMEOUT)
+            return self._get(self._question("status"), STATUS_TIMEOUT)
         except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
             return unreachable(error)
 

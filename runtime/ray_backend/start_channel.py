@@ -7,7 +7,6 @@ calls (`CalledStarts`: Ray runs an actor's calls concurrently, so the actor take
 from __future__ import annotations
 
 import collections
-import itertools
 import threading
 from typing import TYPE_CHECKING
 
@@ -65,6 +64,7 @@ class CompiledStarts:
         self._lock = threading.Lock()
         self.broken = False     # an island actor died: the graph delivers nothing more (see `_take`)
         self._unread: list = []  # the acknowledgements of executions that will never be read
+        self._executions = 0     # executions made
 
     def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list],
              lends: dict[str, list]) -> None:
@@ -77,6 +77,7 @@ class CompiledStarts:
         except (ray.exceptions.RayChannelError, ray.exceptions.RayActorError):
             self.broken = True          # an island actor died before the monitor saw it: nothing was sent
             raise GraphBroken("an island actor of the compiled start graph died") from None
+        self._executions += 1
         for name in works:
             self._islands[name].calls["start"] += 1
         with self._lock:
@@ -95,12 +96,10 @@ class CompiledStarts:
                 if taken == run_id:
                     return
 
-    def settled(self, island: str) -> None:
-        """Returns at once. Ray reads every output channel of an execution together, so waiting until `island`
-        took the executions made so far would wait for every other island too (one stopped would hold up a
-        question to this one for `START_TIMEOUT`). An execution reaches the actors through shared memory as it
-        is made, ahead of any actor call made after it, but a question could still overtake releases it
-        carried while the actor's graph thread is busy: that race is left here."""
+    def sent(self, island: RayIsland) -> tuple[int, int]:
+        """What `island`'s actor must have taken before it answers a question (`IslandActor.asked`): every
+        execution made (each reaches every actor), and no start call."""
+        return self._executions, 0
 
     def _take(self, run_id: int, names: tuple, refs) -> None:
         """Reads one execution's acknowledgements. Once an island actor died, every acknowledgement fails and
@@ -145,26 +144,32 @@ class CalledStarts:
 
     def __init__(self, islands: dict[str, RayIsland]):
         self._islands = islands
-        self._seq = {name: itertools.count() for name in islands}
         self._refs: collections.OrderedDict[int, list] = collections.OrderedDict()   # run -> (proxy, start call)s
         self._lock = threading.Lock()
-
-    def restart(self, name: str) -> None:
-        """Island `name` has a fresh actor: its start calls are numbered from 0 again."""
-        self._seq[name] = itertools.count()
 
     def send(self, run_id: int, works: dict[str, IslandWork], releases: dict[str, list],
              lends: dict[str, list]) -> None:
         """Calls `start` on every island of the run, and on every other island with releases queued or results
         to lend (with no work), so that releases keep their place among starts; called in ticket order."""
-        refs = [(self._islands[name], self._islands[name]._call(
-                    "start", next(self._seq[name]), works.get(name), releases.get(name, []), lends.get(name, []),
-                    counted_as="start" if name in works else "lends" if lends.get(name) else "releases"))
+        refs = [(self._islands[name], self._call(self._islands[name], works.get(name), releases.get(name, []),
+                                                 lends.get(name, [])))
                 for name in self._islands if name in works or releases.get(name) or lends.get(name)]
         with self._lock:
             self._refs[run_id] = refs
             while len(self._refs) > HISTORY:
                 self._refs.popitem(last=False)
+
+    @staticmethod
+    def _call(island: RayIsland, work: IslandWork | None, releases: list, lends: list):
+        """Calls `start` on one island, numbered by the start calls made to its actor (`calls_sent`)."""
+        seq, island.calls_sent = island.calls_sent, island.calls_sent + 1
+        return island._call("start", seq, work, releases, lends,
+                            counted_as="start" if work is not None else "lends" if lends else "releases")
+
+    def sent(self, island: RayIsland) -> tuple[int, int]:
+        """What `island`'s actor must have taken before it answers a question (`IslandActor.asked`): every
+        start call made to it (a restored actor's are counted from 0 again: its proxy is new)."""
+        return 0, island.calls_sent
 
     def received(self, run_id: int) -> None:
         """Returns once the run's start calls were taken (or their actors died)."""
@@ -177,19 +182,6 @@ class CalledStarts:
                 _get(ref, START_TIMEOUT)
             except ray.exceptions.RayActorError as error:
                 island._died(error)
-
-    def settled(self, island: str) -> None:
-        """Returns once `island` took every start call made to it so far (the releases they carried too), or its
-        actor died; an actor runs its calls concurrently, so a question asked next could overtake them."""
-        import ray
-
-        with self._lock:
-            calls = [ref for refs in self._refs.values() for proxy, ref in refs if proxy.name == island]
-        for ref in calls:
-            try:
-                _get(ref, START_TIMEOUT)
-            except ray.exceptions.RayActorError:
-                return                  # the monitor finds the dead actor
 
     def close(self) -> None:
         """Nothing to tear down."""
