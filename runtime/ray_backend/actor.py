@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the island up to this size each
 CONNECT_TIMEOUT = 60.0   # seconds to learn a peer actor's transfer address
 ACK_DELAY = 0.02         # seconds a lender's `Pulled` waits for sends to the same peer to go with
-SETTLE_TIMEOUT = 10.0    # seconds a question waits for the starts sent before it (`asked`)
+SETTLE_TIMEOUT = 5.0     # seconds a question waits for the starts sent before it (`asked`), under STATUS_TIMEOUT
 QUESTIONS = ("object_count", "owned_by", "compilations", "release_owner", "status")   # what `asked` answers
 
 
