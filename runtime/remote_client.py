@@ -319,15 +319,17 @@ class RemoteClient:
     def _release_now(self, key: int) -> None:
         """Releases one handle now (`delete`), not waiting for the reply."""
         with self._lock:
-            if self.closed:
-                raise ServiceError(f"the connection to the service at {self.name} is closed")
+            self._check_open()
             self._send_release([key])
 
     def _call(self, request: dict, arrays=(), release=()) -> tuple[dict, list[np.ndarray]]:
         with self._lock:
-            if self.closed:
-                raise ServiceError(f"the connection to the service at {self.name} is closed")
+            self._check_open()
             return self._exchange(request, arrays, release)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ServiceError(f"the connection to the service at {self.name} is closed")
 
     def _send_release(self, release=()) -> None:
         """Sends a `release` request for the dropped handles and `release` (holding the lock) without waiting

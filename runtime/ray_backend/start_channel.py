@@ -151,8 +151,8 @@ class CalledStarts:
              lends: dict[str, list]) -> None:
         """Calls `start` on every island of the run, and on every other island with releases queued or results
         to lend (with no work), so that releases keep their place among starts; called in ticket order."""
-        refs = [(self._islands[name], self._call(self._islands[name], works.get(name), releases.get(name, []),
-                                                 lends.get(name, [])))
+        refs = [(self._islands[name], self._start(self._islands[name], works.get(name), releases.get(name, []),
+                                                  lends.get(name, [])))
                 for name in self._islands if name in works or releases.get(name) or lends.get(name)]
         with self._lock:
             self._refs[run_id] = refs
@@ -160,7 +160,7 @@ class CalledStarts:
                 self._refs.popitem(last=False)
 
     @staticmethod
-    def _call(island: RayIsland, work: IslandWork | None, releases: list, lends: list):
+    def _start(island: RayIsland, work: IslandWork | None, releases: list, lends: list):
         """Calls `start` on one island, numbered by the start calls made to its actor (`calls_sent`)."""
         seq, island.calls_sent = island.calls_sent, island.calls_sent + 1
         return island._call("start", seq, work, releases, lends,
