@@ -12,12 +12,17 @@ within a fraction of that, so a hung endpoint (stopped, wedged, gone) is a
 `ServiceError` naming it within `timeout`, and the connection is closed.
 A thread sends a keepalive whenever the connection has been quiet for a
 quarter of the endpoint's idle timeout, so an idle client keeps its objects.
+
+A dropped handle's release goes with the connection's next request, or,
+if none comes within `RELEASE_DELAY`, that thread sends it; a release sent
+alone is not waited for: its reply is read with a later request's.
 """
 
 from __future__ import annotations
 
 import base64
 import collections
+import queue
 import socket
 import threading
 import time
@@ -40,6 +45,7 @@ from .wire import DTYPES, ERROR_KINDS, ProtocolError, recv_message, send_message
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
 POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
 UNANSWERED = 64      # release requests sent at most before their replies are read
+RELEASE_DELAY = 0.02  # seconds a dropped handle's release waits for a request to carry it
 
 
 class RemoteError(RuntimeError):
@@ -54,8 +60,9 @@ class RemoteHandle(ArrayReference):
     """A handle to a result held by an endpoint for this process; behaves like a local `Handle`.
 
     `np.asarray(h)`, `h.result(timeout)` (a JAX array here), `h.block_until_ready()`, `h.shape`,
-    `h.dtype`; passed to a later run of the same client, it stays on the cluster. Dropping the last
-    reference, or `delete()`, releases the result (with the connection's next request at the latest).
+    `h.dtype`; passed to a later run of the same client, it stays on the cluster. `delete()` releases the
+    result at once; dropping the last reference releases it with the connection's next request, or within
+    `RELEASE_DELAY` seconds.
     """
 
     __slots__ = ("_client", "_key", "shape", "dtype", "_finalizer", "__weakref__")
@@ -183,6 +190,8 @@ class RemoteClient:
         self._names: dict[int, tuple[ProgramPlan, str, int]] = {}      # id(plan) -> (plan, name there, version)
         self._last = time.monotonic()            # when the connection last carried a request
         self._stop = threading.Event()
+        self._wakeups: queue.SimpleQueue = queue.SimpleQueue()   # a drop (or closing) wakes `_keep_alive`
+        self._release_pending = False            # a wakeup for dropped handles is on its way
         self.closed = False
         self.resources = ServiceTopology(self)
         self._keepalive = threading.Thread(target=self._keep_alive, name="pw-remote-keepalive", daemon=True)
@@ -268,6 +277,7 @@ class RemoteClient:
         """Disconnects; the cluster releases everything this client owns. Stops being the default runtime."""
         release_default(self)
         self._stop.set()
+        self._wakeups.put(None)
         with self._lock:
             if self.closed:
                 return
@@ -290,13 +300,30 @@ class RemoteClient:
         self.close()
 
     def _keep_alive(self) -> None:
-        """Pings the endpoint whenever the connection has been quiet for a quarter of its idle timeout."""
+        """Sends the releases of dropped handles that no request has carried within `RELEASE_DELAY`, and pings
+        the endpoint whenever the connection has been quiet for a quarter of its idle timeout."""
         interval = self.limits.idle_timeout / 4
-        while not self._stop.wait(max(0.05, interval - (time.monotonic() - self._last))):
-            if time.monotonic() - self._last < interval or not self._lock.acquire(blocking=False):
+        while not self._stop.is_set():
+            try:
+                self._wakeups.get(timeout=max(0.05, interval - (time.monotonic() - self._last)))
+                if self._stop.wait(RELEASE_DELAY):      # a drop: the next request may carry its release meanwhile
+                    return
+            except queue.Empty:
+                pass
+            self._release_pending = False               # a drop from now on wakes this thread again
+            if not (self._dropped or time.monotonic() - self._last >= interval):
+                continue
+            if not self._lock.acquire(timeout=RELEASE_DELAY):
+                if self._dropped:                       # a long request holds the connection: try again later
+                    self._release_pending = True
+                    self._wakeups.put(None)
                 continue
             try:
-                if not self.closed:
+                if self.closed:
+                    return
+                if self._dropped:
+                    self._send_release()
+                else:
                     self._exchange({"op": "ping"}, (), ())
             except (OSError, RemoteError):
                 return     # the next request says what happened
@@ -304,17 +331,13 @@ class RemoteClient:
                 self._lock.release()
 
     def _drop(self, key: int) -> None:
-        """A remote handle was dropped: releases it now if the connection is free (`_send_release`), else with
-        the next request."""
+        """A remote handle was dropped: its release goes with the connection's next request, or within
+        `RELEASE_DELAY` (`_keep_alive`). It never waits: it may run inside `_call`, or in a finalizer on any
+        thread (a `SimpleQueue` may be put to there)."""
         self._dropped.append(key)
-        if not self.closed and self._lock.acquire(blocking=False):   # never waits: it may run inside `_call`
-            try:
-                if self._dropped and not self.closed:
-                    self._send_release()
-            except (OSError, RemoteError):
-                pass   # a closed connection released everything already
-            finally:
-                self._lock.release()
+        if not self._release_pending:
+            self._release_pending = True
+            self._wakeups.put(None)
 
     def _release_now(self, key: int) -> None:
         """Releases one handle now (`delete`), not waiting for the reply."""
@@ -393,6 +416,7 @@ class RemoteClient:
     def _broken(self) -> None:
         self.closed = True
         self._stop.set()
+        self._wakeups.put(None)
         self._socket.close()
 
 

@@ -38,6 +38,7 @@ DTYPES = {name: np.dtype(name) for name in (
 DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
 
 _LENGTH = struct.Struct(">I")
+_JOINED = 1 << 16                  # bytes of arrays at most sent in one call with their header
 
 # Error replies of these kinds are raised by the client as these errors; any other as a RemoteError.
 # Subclasses come before the classes they refine (the first match names the kind).
@@ -60,9 +61,12 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
     if len(data) > limits.max_header_bytes:
         raise ValueError(f"a header of {len(data)} bytes is over the endpoint's limit of "
                          f"{limits.max_header_bytes}")
-    sock.sendall(_LENGTH.pack(len(data)) + data)
-    for a in arrays:
-        sock.sendall(a.reshape(-1).view(np.uint8))
+    parts = [_LENGTH.pack(len(data)) + data, *(a.reshape(-1).view(np.uint8) for a in arrays)]
+    if total <= _JOINED:
+        sock.sendall(b"".join(parts))          # one call: a small frame's parts are not sent (and woken for) apart
+    else:
+        for part in parts:
+            sock.sendall(part)
 
 
 def recv_message(sock: socket.socket, limits: Limits = Limits(),

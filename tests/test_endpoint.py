@@ -414,17 +414,21 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
     assert wait_released(runtime) == 0 and runtime.object_count() == 0
 
 
-def test_dropped_handles_are_released_without_waiting_for_replies(runtime, plan_builder, monkeypatch):
-    """A dropped (or deleted) remote handle's release is sent at once, its reply read with the next request's:
-    200 drops wait for no reply each, and every later reply still answers its own request."""
+def test_dropped_handles_are_released_with_the_next_request_or_soon_after(runtime, plan_builder, monkeypatch):
+    """A dropped remote handle's release goes with the connection's next request, or the keep-alive thread sends
+    it within `RELEASE_DELAY`: dropping 100 handles sends a few requests, not 100, and none waits for a reply.
+    A deleted one's release is sent at once, its reply read with a later request's; every later reply still
+    answers its own request."""
     from pathways_mlir.runtime import remote_client
 
     plan, want = program(plan_builder, runtime.resources.topology)
     endpoint = Endpoint(runtime)
     client = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
-    events = []                                             # "s": a request sent, "r": a reply read
+    sent, events = [], []                                   # sent: the requests; events: "s" sent, "r" read
     real_send, real_receive = remote_client.send_message, remote_client.recv_message
-    monkeypatch.setattr(remote_client, "send_message", lambda *a, **k: events.append("s") or real_send(*a, **k))
+    monkeypatch.setattr(remote_client, "send_message",
+                        lambda sock, header, *a, **k: sent.append(header) or events.append("s")
+                        or real_send(sock, header, *a, **k))
     monkeypatch.setattr(remote_client, "recv_message", lambda *a, **k: events.append("r") or real_receive(*a, **k))
     try:
         handles = [h for _ in range(200) for h in client.run(plan, [X])]
@@ -434,13 +438,29 @@ def test_dropped_handles_are_released_without_waiting_for_replies(runtime, plan_
         for h in handles[:100]:
             h.delete()
         del h
-        handles.clear()                                     # the other 100 dropped
-        assert events.count("s") == 200                     # one release each: the connection was free
+        assert events.count("s") == 100                     # deleted: one release each, sent at once
         unanswered = max(len(sends) for sends in "".join(events).split("r"))
         assert unanswered == remote_client.UNANSWERED      # replies read only once that many were unread
-        assert client.object_count() == 0                  # the releases were served before the question
-        [again] = client.run(plan, [X])
-        np.testing.assert_allclose(np.asarray(again), want, rtol=1e-6)
+        assert client.object_count() == 100                # the releases were served before the question
+
+        sent.clear()
+        handles.clear()                                     # the other 100 dropped: the keep-alive thread sends them
+        deadline = time.monotonic() + TIMEOUT
+        while runtime.object_count() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runtime.object_count() == 0
+        assert 1 <= len(sent) < 20 and all(r["op"] == "release" for r in sent)
+        assert sum(len(r["release"]) for r in sent) == 100
+
+        [one, two] = client.run(plan, [X]) + client.run(plan, [X])
+        monkeypatch.setattr(remote_client, "RELEASE_DELAY", TIMEOUT)   # the keep-alive thread leaves it to the run
+        sent.clear()
+        key = one._key
+        del one                                             # dropped: the next request carries its release
+        [again] = client.run(plan, [two])
+        assert sent[0]["op"] == "run" and sent[0]["release"] == [key]
+        np.testing.assert_allclose(np.asarray(again), np.sin(np.asarray(want) * 3 - 1) ** 2, rtol=1e-5)
+        assert client.object_count() == 2
     finally:
         client.close()
         endpoint.close()
