@@ -237,8 +237,6 @@ class ElasticTrainer:
     def _loop(self, state, specs: list, treedef, done: int, steps: int):
         snapshots, pending, checked = self._snapshots, None, False
         runtime = self.client.runtime if self.client is not None else get_runtime()
-        resources = runtime.resources if isinstance(runtime, Runtime) else None    # a service re-lowers on refusal
-        version = None                     # the cluster's topology when the latest step was called
         while True:
             try:
                 if snapshots.failed():
@@ -253,7 +251,7 @@ class ElasticTrainer:
                     return state
                 # The state's handles go to the call as they are: on Ray a result stays on its island
                 # (a StoreRef); one that lived on a lost island raises IslandLost in the call.
-                began, version = time.perf_counter(), resources and resources.version
+                began = time.perf_counter()
                 batch = self._batch(done, runtime)
                 stage = self.step.compiled(state, batch, runtime=runtime)   # lowers again at the call, if due
                 out = self.step.run(state, batch, client=self.client)
@@ -272,8 +270,8 @@ class ElasticTrainer:
                 del out, metrics
             except IslandLost as error:
                 pending = self._lost(error, done)
-                if resources is not None:
-                    _await_change(resources, version, min(self.timeout, TOPOLOGY_WAIT))
+                if isinstance(runtime, Runtime):         # a service lowers the replay again if it is refused
+                    runtime.await_losses(min(self.timeout, TOPOLOGY_WAIT))
                 done, leaves = snapshots.latest()
                 state = jax.tree_util.tree_unflatten(treedef, leaves)
 
@@ -361,15 +359,6 @@ class ElasticTrainer:
                              f"resume from it (resume_from=) or use an empty directory")
         return Checkpoints(manager, self._checkpoint_manager, os.path.abspath(self.checkpoint_dir),
                             self.strict_checkpoints)
-
-
-def _await_change(resources, version: int, timeout: float) -> None:
-    """Waits, at most `timeout` s, until the cluster's topology is newer than `version`: on Ray the runtime's
-    monitor takes a dead island out moments after a run sees it dead, and a replay before that would be
-    placed on it again (the embedded backend takes it out before the error is raised)."""
-    deadline = time.monotonic() + timeout
-    while resources.version == version and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 def _to_host(leaf, timeout: float) -> np.ndarray:

@@ -75,6 +75,10 @@ class IslandEndpoint(Protocol):
 
     lost: BaseException | None
 
+    @property
+    def dying(self) -> bool:
+        """Whether the island's host was seen dead and the runtime has not taken it out yet."""
+
     def load(self, key: int, plan: ProgramPlan) -> None:
         """Keeps a plan under `key` for the runs that use this island."""
 

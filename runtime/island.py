@@ -131,6 +131,11 @@ class Island(IslandExecutor):
 
     # -- messages ------------------------------------------------------------
 
+    @property
+    def dying(self) -> bool:
+        """Never: an embedded island is taken out (`Runtime.lose_island`) before anything sees it lost."""
+        return False
+
     def load(self, plan_key: int, plan: ProgramPlan) -> None:
         """Keeps `plan` (with its frees and peaks, from pw-plan-memory) under `plan_key`."""
         with self.lock:

@@ -219,6 +219,14 @@ class Runtime:
             self.islands[name].lose()
             return version
 
+    def await_losses(self, timeout: float) -> None:
+        """Waits, at most `timeout` s, until every island whose loss was seen has been taken out of the topology.
+        On Ray a run may see an actor dead moments before the monitor takes its island out, and a program
+        lowered meanwhile would be placed on it again; an embedded island is out before anything sees it lost."""
+        deadline = time.monotonic() + timeout
+        while any(island.dying for island in self.islands.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def restore_island(self, name: str) -> int:
         """Brings a lost island back, fresh and empty; programs use it from their next lowering.
         Returns the new topology version. On Ray it starts a new actor, waiting (boundedly) for a node

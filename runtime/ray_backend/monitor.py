@@ -90,7 +90,7 @@ class IslandMonitor:
                     reported, self._reported = self._reported, set()
                 for island in reported:
                     proxy = self._islands[island]
-                    if proxy._dead is not None and proxy.lost is None and not proxy._closed:
+                    if proxy.dying:
                         log.warning("%s: its runs fail with IslandLost and programs lower again without it",
                                     proxy._dead)
                         lose(island)

@@ -63,6 +63,12 @@ class RayIsland:
         # Runs failed here since the actor died, and (after `lose`) every run whose results lived here.
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
 
+    @property
+    def dying(self) -> bool:
+        """Whether the actor is known dead and the runtime has not taken the island out yet (the monitor does,
+        moments later)."""
+        return self._dead is not None and self.lost is None and not self._closed
+
     def _call(self, message: str, *args, counted_as: str | None = None):
         """Calls the actor's `message` method; returns the reply's object reference. It counts in `calls` as
         `counted_as` (default: `message`).
