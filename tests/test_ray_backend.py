@@ -570,3 +570,30 @@ def test_a_loop_of_steps_with_an_all_reduce_never_waits_on_its_results(ray_runti
         for _ in range(399):
             w = descend_step.run(w, x, client=client)
         np.testing.assert_allclose(np.asarray(w.result(120)), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+churn = pw.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, y: jnp.sin(y) * 0.5 + 0.25, x), slice=left,
+               in_specs=(P("x"), P()), out_specs=P("x"))
+
+
+@pw.program
+def churn_on_left(x, n):
+    return churn(x, n)
+
+
+def test_runs_queued_behind_a_long_computation_do_not_hold_the_start_channel(ray_runtime):
+    """80 runs with host arguments queued on island0 behind a computation of several seconds are all sent
+    while it computes. Through the compiled graph each argument arrives as a view of one of the channel's 64
+    buffers; kept until its run executed, the 65th start waited (spinning) for the computation to end."""
+    with Client(ray_runtime) as client:
+        churn_on_left.run(X, np.int32(1), client=client).result(60)              # compiled
+        on_left.run(X, client=client).result(60)
+        began = time.perf_counter()
+        churn_on_left.run(X, np.int32(100_000), client=client).result(60)
+        iterations = int(100_000 * 8 / max(time.perf_counter() - began, 1e-3))    # about 8 s of computation
+        long = churn_on_left.run(X, np.int32(iterations), client=client)
+        queued = [on_left.run(X + i, client=client) for i in range(80)]
+        assert not ray_runtime.run_done(long._run)
+        for i in (0, 79):
+            np.testing.assert_allclose(np.asarray(queued[i].result(120)), np.asarray(grow.fn(X + i)), rtol=1e-6)
+        long.result(120)

@@ -50,6 +50,17 @@ def _data_plane(island, acknowledge) -> "DataPlane | None":
         return None
 
 
+def _copied_out(work: IslandWork) -> IslandWork:
+    """`work` with its host arrays copied. Read from a compiled graph's channel, they are views of its
+    shared-memory buffer, which the driver cannot write the next executions into while they live: a run
+    queued behind a long computation would hold its buffer, and the driver would spin in Ray's write,
+    taking a core from the computation (on 2 cores, 13.5 ms of the driver's CPU per 15 ms training step)."""
+    if not any(isinstance(value, np.ndarray) for _, value in work.inputs):
+        return work
+    return work._replace(inputs=tuple((buffer, np.array(value) if isinstance(value, np.ndarray) else value)
+                                      for buffer, value in work.inputs))
+
+
 class IslandActor:
     """The body of an island actor (made a Ray actor class by `cluster.launch`)."""
 
@@ -129,7 +140,7 @@ class IslandActor:
     def start_compiled(self, message: dict) -> None:
         """One execution of the compiled start graph: this island's releases, the results kept here that the
         run takes on peer islands, then its work of the run (if any). Executions arrive in the order the
-        driver made them."""
+        driver made them. The work's host arrays are copied out of the graph's channel first (`_copied_out`)."""
         try:
             self._release(message["releases"].get(self._name, ()))
             lends = message["lends"].get(self._name)
@@ -137,7 +148,7 @@ class IslandActor:
                 self._plane.lend(lends)
             work = message["works"].get(self._name)
             if work is not None:
-                self._begin(work)
+                self._begin(_copied_out(work))
         finally:
             with self._turn:
                 self._executions += 1
