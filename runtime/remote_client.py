@@ -323,7 +323,7 @@ class RemoteClient:
                     return
                 if self._dropped:
                     self._send_release()
-                else:
+                elif time.monotonic() - self._last >= interval:   # not when a request carried the drops meanwhile
                     self._exchange({"op": "ping"}, (), ())
             except (OSError, RemoteError):
                 return     # the next request says what happened
