@@ -1,13 +1,29 @@
 """The array protocol of a reference to an array that lives elsewhere (on devices, or in a service).
 
 A subclass gives `shape`, `dtype` and `result(timeout)`, the value as a JAX
-array; `ArrayReference` makes it behave like an array for the user:
-`np.asarray(ref)`, `ref.ndim`, `ref[index]`, and JAX functions accept it.
+array; `ArrayReference` makes it behave like an array for the user, on its
+value (waiting for it):
+
+- NumPy: `np.asarray(ref)`, `ref[index]`, `ref.item()`, `ref.tolist()`;
+- Python: `float(ref)`, `int(ref)`, `bool(ref)`, `f"{ref:.3f}"`, `len(ref)`,
+  `for row in ref`;
+- operators, as a JAX array's: `ref + 1`, `-ref`, `ref @ w`, `ref < 0`,
+  `ref == x`, ...; each gives a JAX array (`result()`'s operator);
+- `jnp.asarray(ref)` and `jnp.array(ref)` take it (`__jax_array__`), and so
+  does a program or placed function, where the value stays on the cluster.
+
+Other JAX functions (`jnp.sum(ref)`, a `jax.jit` function called on it)
+refuse it since JAX no longer abstracts `__jax_array__` objects: pass them
+`ref.result()` or `jnp.asarray(ref)`. A reference stays hashable by identity
+(a key in dicts and sets), though `==` compares values, as NumPy's does.
 `Handle`, `SharedRef` and `RemoteHandle` are such references; the first two
 name a result by its run and buffer (`RunResult`).
 """
 
 from __future__ import annotations
+
+import math
+import operator
 
 import numpy as np
 
@@ -36,6 +52,69 @@ class ArrayReference:
 
     def __getitem__(self, index):
         return np.asarray(self)[index]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def item(self, *index):
+        """The value's element (`np.ndarray.item`), as a Python scalar."""
+        return self._host_value().item(*index)
+
+    def tolist(self):
+        """The value as nested Python lists (`np.ndarray.tolist`)."""
+        return self._host_value().tolist()
+
+    def astype(self, dtype):
+        """The value converted to `dtype`, as a JAX array."""
+        return self.result().astype(dtype)
+
+    def __float__(self) -> float:
+        return float(self.result())
+
+    def __int__(self) -> int:
+        return int(self.result())
+
+    def __complex__(self) -> complex:
+        return complex(self.result())
+
+    def __index__(self) -> int:
+        return operator.index(self.result())
+
+    def __bool__(self) -> bool:
+        return bool(self.result())
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array reference")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array reference")
+        return iter(self.result())
+
+    def __format__(self, spec: str) -> str:
+        return format(self.result(), spec) if spec else str(self)
+
+    __hash__ = object.__hash__
+
+
+def _on_value(name: str):
+    """Returns the operator `name` of a reference: the JAX array operator of its value."""
+    def apply(self, *others):
+        return getattr(self.result(), name)(*others)
+    apply.__name__ = name
+    return apply
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__divmod__", "__rdivmod__", "__pow__",
+              "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
+              "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__lt__", "__le__", "__gt__",
+              "__ge__", "__eq__", "__ne__", "__neg__", "__pos__", "__abs__", "__invert__", "__round__"):
+    setattr(ArrayReference, _name, _on_value(_name))
+del _name
 
 
 class RunResult(ArrayReference):

@@ -84,6 +84,9 @@ def main(service_file: str, role: str) -> None:
     out = step(x)                                            # a program over both islands; a pytree of handles
     assert jax.tree.structure(out) == jax.tree.structure(reference(x))
     check(out, reference(x))
+    total, want = out[0]["total"], reference(x)[0]["total"]                # a remote handle is array-like too
+    assert abs(float(total) - float(want)) <= 1e-5 * abs(float(want)) and len(out[1]) == 4
+    np.testing.assert_allclose(out[1] * 2 - 1, reference(x)[1] * 2 - 1, rtol=1e-5, atol=1e-6)
     again = step.compiled(x)(x)                              # the cached stage, lowered for the service
     check(again, reference(x))
     twice = encode(encode(x))                                # op by op; a result passed back stays there

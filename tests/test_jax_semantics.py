@@ -290,3 +290,32 @@ def test_a_handle_passed_twice_cannot_be_donated():
                                          r"it is passed again as argument 1: donate a copy"):
         add(x, x)
     np.testing.assert_array_equal(np.asarray(x), np.full(4, 2.0))     # still usable
+
+
+# --- handles as arrays ----------------------------------------------------------------------------
+
+def test_handles_behave_like_jax_arrays_on_their_values():
+    s = pw.virtual_slice(2, axes="data")
+    stats = pw.jit(lambda x: (x * 2, jnp.mean(x), jnp.all(x > 5)), slice=s, in_specs=P("data"),
+                   out_specs=(P("data"), P(), P()))
+    x = jnp.arange(4.0)
+    doubled, mean, none_big = stats(x)
+    want_doubled, want_mean, want_none_big = jax.jit(lambda x: (x * 2, jnp.mean(x), jnp.all(x > 5)))(x)
+    # Python's conversions, as on the JAX array: a False scalar is False (not a truthy object).
+    assert float(mean) == float(want_mean) == 1.5 and int(mean) == 1 and f"{mean:.2f}" == "1.50"
+    assert bool(none_big) is False and not none_big and mean.item() == 1.5 and mean.size == 1
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(doubled)
+    assert len(doubled) == 4 and [float(v) for v in doubled] == [0.0, 2.0, 4.0, 6.0]
+    assert doubled.tolist() == want_doubled.tolist() and doubled.astype(jnp.int32).dtype == jnp.int32
+    with pytest.raises(TypeError, match="0-d"):
+        len(mean)
+    # Operators give what the JAX array's give, on either side.
+    for got, want in [(doubled + 1, want_doubled + 1), (1 - doubled, 1 - want_doubled), (-doubled, -want_doubled),
+                      (doubled @ doubled, want_doubled @ want_doubled), (doubled < 3, want_doubled < 3),
+                      (doubled == 2, want_doubled == 2), (x * doubled, x * want_doubled), (abs(-doubled), want_doubled)]:
+        assert isinstance(got, jax.Array)
+        np.testing.assert_array_equal(got, want)
+    # JAX's constructors take a handle; a handle stays a key by identity.
+    np.testing.assert_array_equal(jnp.asarray(doubled), want_doubled)
+    assert {doubled: "a", mean: "b"}[doubled] == "a" and doubled in {doubled}
