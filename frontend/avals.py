@@ -46,7 +46,7 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
     if isinstance(x, np.generic):
         x = np.asarray(x)
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise TypeError(f"expected an array, a scalar or a jax.ShapeDtypeStruct, not {type(x).__name__} {x!r}")
+        raise TypeError(f"expected an array, a scalar or a jax.ShapeDtypeStruct, not {type(x).__name__} {x!r:.80}")
     dtype = x.dtype if is_extended(x.dtype) else jax.dtypes.canonicalize_dtype(x.dtype)
     return jax.ShapeDtypeStruct(tuple(x.shape), dtype, weak_type=bool(getattr(x, "weak_type", False)))
 

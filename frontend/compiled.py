@@ -95,6 +95,7 @@ class Compiled:
                             f"not {tree}")
         if lowered.donated:
             _refuse_donated_shared(lowered, leaves)
+        _refuse_other_dtypes(lowered, leaves)
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals)]
         try:
             handles = client.run(self.plan, wire, dispatch, timeout)
@@ -128,12 +129,27 @@ def _refuse_donated_shared(lowered: Lowered, leaves: list) -> None:
                              f"read-only: it cannot be donated (leave it out of donate_argnums/donate_argnames)")
 
 
+def _refuse_other_dtypes(lowered: Lowered, leaves: list) -> None:
+    """Raises TypeError in one line if an array leaf's dtype is not the one the program was traced for, as a
+    compiled `jax.jit` function refuses it (a NumPy float64 is float32 unless x64 is on, as in JAX; Python
+    scalars take the traced dtype)."""
+    for position, (x, aval) in enumerate(zip(leaves, lowered.in_avals)):
+        dtype = getattr(x, "dtype", None)
+        if dtype is None or isinstance(x, (bool, int, float, complex)) or is_extended(aval.dtype):
+            continue
+        if jax.dtypes.canonicalize_dtype(dtype) != aval.dtype:
+            raise TypeError(f"argument leaf {position} of program @{lowered.program} has dtype {np.dtype(dtype).name}, "
+                            f"but it was compiled for {aval.dtype.name}{list(aval.shape)}")
+
+
 def _leaf_signature(x: Any) -> tuple:
     """What `jax.jit` keys a trace on for one argument: a Python scalar's type, an array's aval."""
     if isinstance(x, (bool, int, float, complex)):
         return type(x),
     if isinstance(x, np.generic):
         return (), x.dtype
+    if not hasattr(x, "shape"):
+        aval_of(x)        # raises its one-line TypeError: neither an array nor a scalar
     return tuple(x.shape), x.dtype, getattr(x, "weak_type", False)
 
 

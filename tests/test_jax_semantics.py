@@ -313,9 +313,24 @@ def test_handles_behave_like_jax_arrays_on_their_values():
     # Operators give what the JAX array's give, on either side.
     for got, want in [(doubled + 1, want_doubled + 1), (1 - doubled, 1 - want_doubled), (-doubled, -want_doubled),
                       (doubled @ doubled, want_doubled @ want_doubled), (doubled < 3, want_doubled < 3),
-                      (doubled == 2, want_doubled == 2), (x * doubled, x * want_doubled), (abs(-doubled), want_doubled)]:
+                      (doubled == 2, want_doubled == 2), (x * doubled, x * want_doubled),
+                      (abs(-doubled), want_doubled)]:
         assert isinstance(got, jax.Array)
         np.testing.assert_array_equal(got, want)
     # JAX's constructors take a handle; a handle stays a key by identity.
     np.testing.assert_array_equal(jnp.asarray(doubled), want_doubled)
     assert {doubled: "a", mean: "b"}[doubled] == "a" and doubled in {doubled}
+
+
+def test_arguments_jax_would_refuse_are_refused_at_the_call():
+    s = pw.virtual_slice(2, axes="data")
+    double = pw.jit(lambda x: x * 2, slice=s, in_specs=P("data"), out_specs=P("data"))
+    compiled = double.compiled(np.ones(4, np.float32))
+    for wrong in (np.arange(4, dtype=np.int32), jnp.arange(4, dtype=jnp.int32)):
+        with pytest.raises(TypeError, match=r"leaf 0 of program @lambda has dtype int32, but it was compiled for "
+                                            r"float32\[4\]"):
+            compiled(wrong)
+    # A NumPy float64 is float32 here, as jax.jit takes it without x64.
+    np.testing.assert_array_equal(np.asarray(compiled(np.ones(4, np.float64))), np.full(4, 2.0, np.float32))
+    with pytest.raises(TypeError, match="expected an array, a scalar or a jax.ShapeDtypeStruct, not str 'abc'"):
+        double("abc")
