@@ -15,7 +15,8 @@ import base64
 import threading
 from typing import Callable, Sequence
 
-import numpy as np
+import jax                 # before jaxlib's own module: imported first, jaxlib leaves XLA's C++ logging printing
+import numpy as np         # INFO lines when the backend starts
 # JAX's array class (importing it starts no backend): the fast paths check their arguments' type against it,
 # where `isinstance(x, jax.Array)` runs Python (about 2 us here).
 from jaxlib._jax import ArrayImpl
@@ -98,8 +99,6 @@ class ExecutableCache:
 
     @staticmethod
     def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs, donate: tuple[int, ...]) -> Callable:
-        import jax
-
         fused = plan.fused.get(name)
         if fused is None:
             body = _exported_call(name, plan.executables.get(name, ""))
@@ -127,8 +126,6 @@ class ExecutableCache:
 
 def _exported_call(name: str, export: str) -> Callable:
     """Returns a function of the export's flat argument leaves that returns its flat result leaves."""
-    import jax
-
     if not export:
         raise MissingExecutable(
             f"executable @{name} has no pw.export: lower it from JAX (pathways_mlir.jit) to run it")

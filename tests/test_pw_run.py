@@ -1,6 +1,7 @@
 """pw-run: scripts, pw IR and plans on the embedded cluster; one-line errors."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -8,15 +9,18 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def pw_run(*args, cwd=None):
+def pw_run(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_run", *map(str, args)],
-                          capture_output=True, text=True, timeout=300, cwd=cwd)
+                          capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 
 def test_runs_the_example_script_and_matches_jax():
-    result = pw_run(ROOT / "examples" / "three_blocks.py")
+    # As a shell starts it: JAX, imported here, sets TF_CPP_MIN_LOG_LEVEL, which would hide XLA's own logging.
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    result = pw_run(ROOT / "examples" / "three_blocks.py", env=env)
     assert result.returncode == 0, result.stderr
     assert "matches plain JAX: True" in result.stdout
+    assert result.stderr == ""                    # none of XLA's own INFO lines when its CPU devices start
 
 
 def test_runs_pw_ir_and_plans_with_a_trace(tmp_path):
