@@ -83,6 +83,11 @@ class Value:
     def __array__(self, *args, **kwargs):
         raise PlacementError(self._not_an_array())
 
+    def __bool__(self):
+        raise PlacementError(f"{self!r} has no value while the program is traced, so Python's `if`, `while`, "
+                             f"`and`, `or` and `bool()` cannot read it: branch on it with "
+                             f"pw.cond(pred, true_fn, false_fn, *operands)")
+
     def _not_an_array(self) -> str:
         lowering = _LOWERING.get()
         if lowering is None:

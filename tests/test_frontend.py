@@ -336,6 +336,18 @@ def test_value_captured_by_a_placed_function_must_be_sent_to_its_slice():
                             f"argument so that it is sent to slice @b")
 
 
+def test_a_python_branch_on_a_traced_value_is_refused_not_taken():
+    @pw.program
+    def prog(x):
+        if tanh_a(x):                     # was always taken: an object is true
+            return tanh_a(x)
+        return x
+
+    with pytest.raises(pw.PlacementError, match=r"Value\(f32\[8,16\], _tanh#0 result #0 in @prog\) has no value "
+                                                r"while the program is traced, .* branch on it with pw.cond"):
+        prog.lower(f32(8, 16))
+
+
 def test_values_of_another_trace_are_rejected():
     leaked = []
 
