@@ -98,6 +98,23 @@ class Value:
                 f"argument so that it is sent to slice @{slice_name}")
 
 
+def _refused_operator(name: str):
+    """Returns operator `name` of a traced `Value`, which raises: a program's arithmetic is in placed functions."""
+    def refuse(self, *others):
+        raise PlacementError(f"{self!r} has no data while the program is traced, so it has no operator "
+                             f"{name}: compute it in a placed function (pw.jit), and pass the value to it")
+    refuse.__name__ = name
+    return refuse
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__matmul__",
+              "__rmatmul__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__", "__abs__", "__invert__",
+              "__getitem__", "__float__", "__int__", "__index__"):
+    setattr(Value, _name, _refused_operator(_name))
+del _name
+
+
 class ModuleBuilder:
     """The pw module that one trace builds: its symbols, slices, compiled functions and labels."""
 

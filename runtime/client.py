@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import threading
 import weakref
 from typing import Sequence
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
+from .array_reference import ArrayReference
 from .dispatch import Dispatcher
 from .dispatch_mode import DispatchMode
 from .handles import Handle, release_dropped
@@ -33,8 +35,8 @@ class Client:
     """One user of the cluster, with its own objects and scheduling weight."""
 
     def __init__(self, runtime: Runtime | None = None, weight: float = 1.0):
-        if weight <= 0:
-            raise ValueError(f"a client's weight must be positive, not {weight}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+            raise ValueError(f"a client's weight must be a positive finite number, not {weight!r:.40}")
         self.runtime = runtime or get_runtime()
         if not isinstance(self.runtime, Runtime):
             raise ValueError("this process is a client of a service (pw.connect): its connection is its "
@@ -224,6 +226,8 @@ class Client:
 def cancel(handle) -> bool:
     """Cancels the run of `handle` (a `Handle`, or a `RemoteHandle` of a service) through the client that
     owns it (see `Client.cancel`); returns False if the run was already over."""
+    if not isinstance(handle, ArrayReference) or not hasattr(handle, "_client"):
+        raise TypeError(f"pw.cancel takes a handle a program returned, not {type(handle).__name__}")
     return handle._client.cancel(handle)
 
 

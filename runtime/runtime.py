@@ -18,7 +18,7 @@ from concurrent.futures import Future, InvalidStateError
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .admission import MemoryLedger
-from .backends import backend_named
+from .backends import BACKENDS, backend_named
 from .cluster import DeviceMap
 from .dispatch import LoadedPlan
 from .fast_lane import FastLane
@@ -347,8 +347,8 @@ def check_shape(islands, per_island) -> None:
 
 def configure(**options) -> None:
     """Sets the options of the default runtime (see `Runtime` for each); replaces one already made. An
-    unknown option or policy, a bad window or an impossible cluster shape is one ValueError line, raised
-    here."""
+    unknown option, policy or backend, an option of another backend, a bad window or an impossible cluster
+    shape is one ValueError line, raised here."""
     import inspect
 
     known = set(inspect.signature(Runtime).parameters) - {"device_map"}
@@ -358,6 +358,9 @@ def configure(**options) -> None:
                          f"(options: {', '.join(sorted(known))})")
     check_shape(options.get("islands"), options.get("per_island"))
     parse_policy(options.get("policy", "fifo"), options.get("window"))
+    settings = {name: p.default for name, p in inspect.signature(Runtime).parameters.items() if name in known}
+    settings.update(options)
+    backend_named(settings["backend"], {o: settings[o] for b in BACKENDS.values() for o in b.options})
     global _default, _default_options
     with _default_lock:
         if _default is not None:

@@ -348,6 +348,13 @@ def test_a_python_branch_on_a_traced_value_is_refused_not_taken():
         prog.lower(f32(8, 16))
 
 
+def test_arithmetic_on_a_traced_value_says_where_it_belongs():
+    for body in (lambda x: tanh_a(x) + 1, lambda x: 2 * tanh_a(x), lambda x: tanh_a(x)[0]):
+        with pytest.raises(pw.PlacementError, match=r"has no data while the program is traced, so it has no "
+                                                    r"operator __\w+__: compute it in a placed function \(pw.jit\)"):
+            pw.program(body).lower(f32(8, 16))
+
+
 def test_values_of_another_trace_are_rejected():
     leaked = []
 

@@ -365,9 +365,24 @@ def test_clients_in_threads_get_one_consistent_order_on_every_island(runtime, pl
     (dict(islands=0, per_island=4), "islands= must be a positive integer, not 0"),
     (dict(islands=2), r"islands= and per_island= go together \(got islands=2, per_island=None\)"),
     (dict(isands=2), "unknown option\\(s\\) isands of pw.configure"),
+    (dict(backend="tpu"), r"unknown backend 'tpu' \(choose from embedded, ray\)"),        # at configure, not later
+    (dict(address="auto"), "address= is an option of the ray backend: it needs backend='ray'"),
 ])
 def test_configure_refuses_impossible_options_in_one_line(options, message):
     import pathways_mlir as pw
 
     with pytest.raises(ValueError, match=message):
         pw.configure(**options)
+
+
+@pytest.mark.parametrize("weight", [0, -1, float("nan"), float("inf"), "2", True])
+def test_a_client_weight_is_a_positive_finite_number(runtime, weight):
+    with pytest.raises(ValueError, match="a client's weight must be a positive finite number"):
+        Client(runtime, weight=weight)
+
+
+def test_cancel_takes_a_handle():
+    import pathways_mlir as pw
+
+    with pytest.raises(TypeError, match="pw.cancel takes a handle a program returned, not int"):
+        pw.cancel(3)
