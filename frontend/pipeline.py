@@ -47,6 +47,7 @@ whose next step's inputs exist runs it):
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -73,7 +74,8 @@ def schedule_steps(schedule: str, stages: int, micro_batches: int, slices: int |
     "interleaved-1f1b", stage s runs on slice s % `slices`.
     """
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+        raise ValueError(f"unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)}; pw.pipeline "
+                         f"also takes 'auto')")
     if schedule == "interleaved-1f1b":
         return _interleaved(stages, micro_batches, slices or stages)
     steps = []
@@ -417,6 +419,8 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     the first-named stage's slice) and every copy gets that sum, so the
     copies, equal at the start, get the same update and stay equal.
     """
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, numbers.Integral) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be a positive integer, not {micro_batches!r:.40}")
     if schedule == "auto":
         return schedule_choice.AutoPipeline(lambda s: pipeline(
             stages, slices, loss=loss, schedule=s, micro_batches=micro_batches, optimizer=optimizer,

@@ -73,6 +73,10 @@ def test_unknown_schedules_and_mismatched_slices_are_errors():
         schedule_steps("zigzag", 2, 4)
     with pytest.raises(ValueError, match="one slice per stage: 2 stages, 1 slices"):
         pw.pipeline([jnp.tanh, jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=2)
+    for count in (0, -1, 2.5, "4", True):
+        with pytest.raises(ValueError, match="micro_batches must be a positive integer"):
+            pw.pipeline([jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=count)
+    pw.pipeline([jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=np.int64(2))
     a, b = pw.virtual_slice(1, axes="x"), pw.virtual_slice(1, axes="x")
     with pytest.raises(ValueError, match="stage s on slice s % D"):
         pw.pipeline([jnp.tanh] * 4, [a, a, b, b], loss=jnp.mean, schedule="interleaved-1f1b", micro_batches=2)
