@@ -265,3 +265,22 @@ def test_a_script_connecting_to_no_service_ends_in_one_line(tmp_path):
     script.write_text("import pathways_mlir as pw\n\n{}['key']\n")
     other = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT, env=env)
     assert other.returncode == 1 and other.stderr.startswith("Traceback") and "KeyError: 'key'" in other.stderr
+
+
+def test_a_bug_in_a_placed_function_shows_the_scripts_frames_not_the_packages(tmp_path):
+    """A script's own bug (a shape mismatch in its placed function) keeps its traceback, less the package's
+    frames (tracing, lowering, the runtime), with a note; `PW_TRACEBACK=1` shows them."""
+    script = tmp_path / "train.py"
+    script.write_text("import numpy as np, jax.numpy as jnp\nimport pathways_mlir as pw\n\n"
+                      "@pw.jit(slice=pw.virtual_slice(2, axes='data'))\ndef layer(x, w):\n    return x @ w\n\n"
+                      "layer(np.ones((4, 3), np.float32), np.ones((5, 2), np.float32))\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 1 and result.stderr.startswith("Traceback (most recent call last):")
+    assert f'File "{script}", line 8, in <module>' in result.stderr and f'File "{script}", line 6, in layer' \
+        in result.stderr and "TypeError: dot_general requires contracting dimensions" in result.stderr
+    own = [os.sep + os.path.join("frontend", ""), os.sep + os.path.join("runtime", "")]
+    assert not any(folder in result.stderr for folder in own), result.stderr
+    assert "pathways_mlir removed its own frames from this traceback; PW_TRACEBACK=1 shows them" in result.stderr
+    shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT,
+                           env={**os.environ, "PW_TRACEBACK": "1"})
+    assert shown.returncode == 1 and any(folder in shown.stderr for folder in own)
