@@ -59,12 +59,15 @@ def _without_own_frames(error: BaseException) -> bool:
     removed = False
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        steps = list(traceback.walk_tb(error.__traceback__))
-        kept = [(frame, line) for frame, line in steps if not _is_own_frame(frame)]
+        steps, step = [], error.__traceback__
+        while step is not None:
+            steps.append(step)
+            step = step.tb_next
+        kept = [step for step in steps if not _is_own_frame(step.tb_frame)]
         if kept and len(kept) < len(steps):
             trace = None
-            for frame, line in reversed(kept):
-                trace = TracebackType(trace, frame, frame.f_lasti, line)
+            for step in reversed(kept):
+                trace = TracebackType(trace, step.tb_frame, step.tb_lasti, step.tb_lineno)
             error.__traceback__ = trace
             removed = True
         error = error.__cause__ or error.__context__
