@@ -194,7 +194,11 @@ class StageCache:
         by identity first: the avals of its arrays and the plan buffers of its handles are the very objects
         of an earlier call (JAX gives the results of one executable one aval object; a handle's buffer is its
         plan's), so nothing is flattened and no dtype is built (`Compiled.call_plain`)."""
-        runtime = client.runtime if client else None
+        try:
+            runtime = client.runtime if client is not None else None
+        except AttributeError:
+            raise TypeError(f"client= takes a pw.Client (or the connection pw.connect makes), not "
+                            f"{type(client).__name__}") from None
         plain = dispatch == "parallel" and timeout is None and not call.kwargs and call.static == ((), ())
         identity = _identity(call.args) if plain else None
         if identity is not None:

@@ -19,7 +19,7 @@ from typing import Sequence
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .array_reference import ArrayReference
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, check_timeout
 from .dispatch_mode import DispatchMode
 from .handles import Handle, release_dropped
 from .island_work import RunFailed, StoreRef, client_owner
@@ -69,6 +69,8 @@ class Client:
         bytes as the run's own, which may write a result into its buffer."""
         release_dropped()
         dispatch = DispatchMode.parse(dispatch)
+        if timeout is not None:
+            check_timeout(timeout)
         lane = self.runtime.lane(plan) if timeout is None and dispatch is DispatchMode.PARALLEL else None
         if lane is not None:
             with self._lock:

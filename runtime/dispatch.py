@@ -47,6 +47,12 @@ if TYPE_CHECKING:
 _PAUSE_MIN, _PAUSE_MAX = 1e-4, 1e-3   # seconds between looks at a run with a deadline (`Dispatcher.fetch`)
 
 
+def check_timeout(timeout) -> None:
+    """Raises ValueError in one line unless a run's `timeout` is a positive number of seconds (below 1e9)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9:
+        raise ValueError(f"a run's timeout must be a positive number of seconds, not {timeout!r:.40}")
+
+
 @dataclass(frozen=True)
 class LoadedPlan:
     """A plan as a runtime holds it: host work done once, so a run costs a lookup and a message."""

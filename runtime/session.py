@@ -53,6 +53,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .client import Client
+from .dispatch import check_timeout
 from .handles import Handle
 from .resource_manager import TopologyChanged
 from .wire import ERROR_KINDS, ProtocolError, recv_message, send_message
@@ -145,9 +146,8 @@ class Session:
             else:
                 raise ValueError(f"argument array {arg[1]} is not in the request's {len(arrays)} arrays")
         timeout = request.get("timeout")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not 0 < timeout < 1e9):
-            raise ValueError(f"a run's timeout must be a positive number of seconds, not {str(timeout)[:40]}")
+        if timeout is not None:
+            check_timeout(timeout)
         results = self.client.run(self.plans[name], args, _field(request, "dispatch", str), timeout)
         reply = []
         for handle in results:

@@ -386,3 +386,14 @@ def test_cancel_takes_a_handle():
 
     with pytest.raises(TypeError, match="pw.cancel takes a handle a program returned, not int"):
         pw.cancel(3)
+
+
+def test_a_run_takes_a_positive_timeout_and_a_client():
+    import pathways_mlir as pw
+
+    double = pw.jit(lambda x: x * 2, slice=pw.virtual_slice(2, axes="data"))
+    for timeout in (-1, 0, "1", float("nan"), True):
+        with pytest.raises(ValueError, match="a run's timeout must be a positive number of seconds, not "):
+            double.run(X, timeout=timeout)
+    with pytest.raises(TypeError, match=r"client= takes a pw.Client \(or the connection pw.connect makes\), not str"):
+        double.run(X, client="me")
