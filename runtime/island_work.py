@@ -32,6 +32,19 @@ class IslandWedged(RunFailed):
     """An island's executor has been stuck in one instruction for longer than the runtime's `wedge_timeout`."""
 
 
+_FAILURES = {"failed": RunFailed, "lost": IslandLost, "cancelled": RunCancelled, "wedged": IslandWedged}
+
+
+def failure_kind(error: BaseException) -> str:
+    """The name under which a run's failure travels to another process (`failure` makes it again there)."""
+    return next((kind for kind, cls in _FAILURES.items() if type(error) is cls), "failed")
+
+
+def failure(kind: str, message: str) -> RunFailed:
+    """A run's failure that another process sent as `failure_kind` and message: of the same class."""
+    return _FAILURES.get(kind, RunFailed)(message)
+
+
 class StoreRef(NamedTuple):
     """An argument that is a result kept on the receiving island: buffer `buffer` of run `run_id`.
 

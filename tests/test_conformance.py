@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.interface import ClusterRuntime, IslandEndpoint, IslandGroup
-from pathways_mlir.runtime.island_work import RunFailed
+from pathways_mlir.runtime.island_work import RunCancelled
 from pathways_mlir.runtime.runtime import Runtime
 from across_islands import across, bend, expected, grow, left
 from fetching import settled
@@ -128,9 +128,9 @@ def cancelled_while_computing(runtime, client):
 def test_a_cancelled_run_fails_its_handles_and_runs_that_take_them(runtime):
     with Client(runtime) as client:
         made = cancelled_while_computing(runtime, client)
-        with pytest.raises(RunFailed, match=r"run \d+ of .* was cancelled by client"):
+        with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):
             value(made)
-        with pytest.raises(RunFailed, match=r"run \d+ of .* was cancelled by client"):
+        with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):     # Ray: sent by kind
             value(across.run(made, client=client))
     assert settled(runtime, WAIT)
 
@@ -142,7 +142,7 @@ def test_a_timeout_bounds_the_wait_for_a_result(runtime):
                   in_specs=P("x"), out_specs=P("x"))
     with Client(runtime) as client:
         spin.compiled(X, runtime=runtime)
-        with pytest.raises(RunFailed, match=r"run \d+ of lambda did not finish within its deadline: cancelled"):
+        with pytest.raises(RunCancelled, match=r"run \d+ of lambda did not finish within its deadline: cancelled"):
             value(spin.run(X, client=client, timeout=0.05))        # the loop takes about a second here
     assert settled(runtime, WAIT)
 

@@ -19,7 +19,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from ..island_work import IslandLost, IslandWork, PeerRef, RunFailed
+from ..island_work import IslandWork, PeerRef, failure, failure_kind
 from .data_plane import Pulled
 
 if TYPE_CHECKING:
@@ -183,10 +183,10 @@ class IslandActor:
             elif len(item) == 4:
                 self._island.deliver(*item)
             else:
-                self._island.fail_run(item[0], RunFailed(item[1]))
+                self._island.fail_run(item[0], failure(item[2], item[1]))
 
-    def fail_run(self, run_id: int, message: str, lost: bool = False) -> None:
-        self._island.fail_run(run_id, (IslandLost if lost else RunFailed)(message))
+    def fail_run(self, run_id: int, message: str, kind: str = "failed") -> None:
+        self._island.fail_run(run_id, failure(kind, message))
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None, siblings):
         """Returns a buffer's value, and those of the `siblings` (other results of its run) already produced
@@ -278,7 +278,7 @@ class PeerSender:
         self._put((run_id, key, buffer, array))
 
     def fail_run(self, run_id: int, error: BaseException) -> None:
-        self._put((run_id, str(error)))
+        self._put((run_id, str(error), failure_kind(error)))
 
     def pulled(self, transfer_id: int) -> None:
         """Tells the peer that this island's pull of what it lent (`transfer_id`) is over: with the next batch
@@ -307,6 +307,6 @@ class PeerSender:
                     try:
                         item = (*item[:3], np.asarray(item[3]))
                     except Exception as error:  # noqa: BLE001  (computing the value failed: the run fails)
-                        item = (item[0], f"run {item[0]} failed computing a sent buffer: {error}")
+                        item = (item[0], f"run {item[0]} failed computing a sent buffer: {error}", "failed")
                 items.append(item)
             self._actor.deliver_many.remote(items)

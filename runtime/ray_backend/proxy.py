@@ -10,7 +10,7 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from ..island_work import HISTORY, REFERENCES, IslandLost, IslandWork, RunFailed, client_owner
+from ..island_work import HISTORY, REFERENCES, IslandLost, IslandWork, RunFailed, client_owner, failure_kind
 from .names import wait_until_free
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ class RayIsland:
         if self._dead is not None:
             self._failed_here(run_id, error)
         elif self._live():
-            self._call("fail_run", run_id, str(error), isinstance(error, IslandLost))
+            self._call("fail_run", run_id, str(error), failure_kind(error))
 
     def lost_result(self, run_id: int) -> BaseException | None:
         """What reading a result of run `run_id` kept here raises once the actor died, or the run failed on an
