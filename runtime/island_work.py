@@ -32,17 +32,19 @@ class IslandWedged(RunFailed):
     """An island's executor has been stuck in one instruction for longer than the runtime's `wedge_timeout`."""
 
 
-_FAILURES = {"failed": RunFailed, "lost": IslandLost, "cancelled": RunCancelled, "wedged": IslandWedged}
+# The names under which a run's failure travels between processes (island actors, the service's clients), the
+# subclasses before their base.
+FAILURE_KINDS = {"cancelled": RunCancelled, "wedged": IslandWedged, "lost": IslandLost, "failed": RunFailed}
 
 
 def failure_kind(error: BaseException) -> str:
     """The name under which a run's failure travels to another process (`failure` makes it again there)."""
-    return next((kind for kind, cls in _FAILURES.items() if type(error) is cls), "failed")
+    return next((kind for kind, cls in FAILURE_KINDS.items() if isinstance(error, cls)), "failed")
 
 
 def failure(kind: str, message: str) -> RunFailed:
     """A run's failure that another process sent as `failure_kind` and message: of the same class."""
-    return _FAILURES.get(kind, RunFailed)(message)
+    return FAILURE_KINDS.get(kind, RunFailed)(message)
 
 
 class StoreRef(NamedTuple):

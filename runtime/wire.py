@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .admission import OutOfDeviceMemory
-from .island_work import IslandLost, IslandWedged, RunCancelled, RunFailed
+from .island_work import FAILURE_KINDS
 from .limits import Limits
 from .resource_manager import TopologyChanged
 
@@ -42,8 +42,7 @@ _JOINED = 1 << 16                  # bytes of arrays at most sent in one call wi
 
 # Error replies of these kinds are raised by the client as these errors; any other as a RemoteError.
 # Subclasses come before the classes they refine (the first match names the kind).
-ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged, "memory": OutOfDeviceMemory,
-               "cancelled": RunCancelled, "wedged": IslandWedged, "lost": IslandLost, "failed": RunFailed}
+ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged, "memory": OutOfDeviceMemory, **FAILURE_KINDS}
 
 
 class ProtocolError(ValueError):
