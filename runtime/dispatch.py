@@ -166,7 +166,12 @@ class Dispatcher:
     def fetch(self, run: Run, buffer: int, timeout: float | None = None):
         """Returns a buffer's array once it exists (a `fetch` message to its island). For a run with a
         deadline (started with `timeout=`), only once its device work is over: an array handed out before
-        would outlive the cancel, so the deadline would not bound the wait (`RunCancelled` if it passes)."""
+        would outlive the cancel, so the deadline would not bound the wait (`RunCancelled` if it passes).
+        A run failed here (cancelled, past its deadline, an island lost) raises its error at once: its islands
+        learn of the failure by messages of their own, which Ray may run after this fetch, once the run ended
+        there, so the island could still hand out the value."""
+        if run.error is not None:
+            raise raised(run.error)
         if run.deadline is not None:
             self._await_over(run, timeout)
         island = run.island_of(buffer)

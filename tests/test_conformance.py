@@ -21,7 +21,7 @@ from pathways_mlir.runtime.interface import ClusterRuntime, IslandEndpoint, Isla
 from pathways_mlir.runtime.island_work import RunCancelled
 from pathways_mlir.runtime.runtime import Runtime
 from across_islands import across, bend, expected, grow, left
-from fetching import settled
+from fetching import settled, until
 from protocols import check_implements
 
 WAIT = 60          # seconds: every wait is bounded
@@ -131,6 +131,32 @@ def test_a_cancelled_run_fails_its_handles_and_runs_that_take_them(runtime):
         with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):
             value(made)
         with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):     # Ray: sent by kind
+            value(across.run(made, client=client))
+    assert settled(runtime, WAIT)
+
+
+def test_a_cancelled_run_fails_its_handles_although_its_island_heard_of_it_only_after_it_ended(runtime, monkeypatch):
+    """A cancel tells each island of the run with a message of its own, and Ray runs an island actor's calls
+    in no set order: a fetch sent after the cancel could be taken first, once the run had ended there, and
+    handed out the value of a run the cancel had reported cancelled. The islands' messages are held back
+    here until the run is over on its island."""
+    held = []
+    for island in runtime.islands.values():
+        monkeypatch.setattr(island, "fail_run", lambda run_id, error, island=island: held.append((island, run_id,
+                                                                                                  error)))
+    with Client(runtime) as client:
+        try:
+            made = cancelled_while_computing(runtime, client)
+            run = made._run
+            until(lambda: all(runtime.islands[i].run_done(run.id) for i in run.islands), "the run over", WAIT)
+            with pytest.raises(RunFailed, match=r"run \d+ of .* was cancelled by client"):
+                value(made)
+        finally:
+            monkeypatch.undo()
+            for island, run_id, error in held:
+                island.fail_run(run_id, error)
+        assert held and all(run_id == run.id for _, run_id, _ in held)
+        with pytest.raises(RunFailed, match=r"run \d+ of .* was cancelled by client"):
             value(across.run(made, client=client))
     assert settled(runtime, WAIT)
 

@@ -7,7 +7,6 @@ import multiprocessing.connection as mpc
 import os
 import pickle
 import secrets
-import select
 import socket
 import stat
 import struct
@@ -31,6 +30,7 @@ from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError, Servi
 from pathways_mlir.runtime.wire import ProtocolError, recv_message, send_message
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
+import output_lines
 
 X = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
 TIMEOUT = 120
@@ -98,10 +98,8 @@ def start_remote(endpoint, tmp_path, plan, name, ending):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def read_line(proc, timeout=TIMEOUT):
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, "the client process printed nothing in time"
-    return proc.stdout.readline()
+def read_line(proc, timeout=TIMEOUT) -> str:
+    return output_lines.read_line(proc, timeout, "the client process")
 
 
 def wait_dropped(sock, timeout=30):

@@ -5,12 +5,13 @@ listens. Every wait has a timeout; every process started here is stopped.
 """
 
 import os
-import select
 import socket
 import subprocess
 import sys
 
 import pytest
+
+from output_lines import read_line
 
 SERVE = [sys.executable, "-m", "pathways_mlir.cli.pw_serve"]
 TIMEOUT = 120
@@ -25,8 +26,7 @@ def test_status_asks_the_service_of_the_default_service_file(tmp_path):
     proc = subprocess.Popen([*SERVE, "--islands", "2", "--per-island", "2", "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
-        line = proc.stdout.readline() if ready else ""
+        line = read_line(proc, TIMEOUT, "pw-serve")
         assert line.startswith("pw-serve: serving 2 island(s)"), line
         result = status("--timeout", "60", env=env)      # generous on a loaded machine; the default is 10 s
         assert result.returncode == 0, result.stderr

@@ -11,7 +11,6 @@ started here is stopped.
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pathways_mlir.runtime.service import ServiceError, open_connection
+from output_lines import read_line
 
 SERVE = [sys.executable, "-m", "pathways_mlir.cli.pw_serve"]
 CLIENT = str(Path(__file__).with_name("service_client.py"))
@@ -31,11 +31,9 @@ TIMEOUT = 300        # bounds each wait for a process: a client first traces, lo
 MEMORY = 327680
 
 
-def read_json(proc) -> dict:
-    """Reads one JSON line that `proc` prints (waits at most TIMEOUT)."""
-    ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
-    assert ready, "the process printed nothing in time"
-    line = proc.stdout.readline()
+def read_json(proc, timeout=TIMEOUT) -> dict:
+    """Reads one JSON line that `proc` prints (waits at most `timeout`)."""
+    line = read_line(proc, timeout)
     assert line, f"the process exited ({proc.wait(TIMEOUT)}): {proc.stderr.read()[-3000:]}"
     return json.loads(line)
 
@@ -57,8 +55,7 @@ def serve(procs, *args, env=None, backend="embedded"):
     proc = subprocess.Popen([*SERVE, "--islands", "2", "--per-island", "2", "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     procs.append(proc)
-    ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
-    line = proc.stdout.readline() if ready else ""
+    line = read_line(proc, TIMEOUT, "pw-serve")
     assert line.startswith(f"pw-serve: serving 2 island(s) (island0: 2 devices, island1: 2 devices, {backend} "
                            "backend) on unix:"), line + (proc.stderr.read()[-3000:] if proc.poll() else "")
     return proc
@@ -284,3 +281,17 @@ def test_a_bug_in_a_placed_function_shows_the_scripts_frames_not_the_packages(tm
     shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT,
                            env={**os.environ, "PW_TRACEBACK": "1"})
     assert shown.returncode == 1 and any(folder in shown.stderr for folder in own)
+
+
+def test_lines_a_process_printed_together_are_read_one_by_one(procs):
+    """The `hold` client prints "checked" and then "holding" at once; on a loaded machine both were in the
+    pipe when the test read the first, and a buffered readline took the second into Python's buffer,
+    where select() does not see it: the test waited 300 s for a line it already had."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys\nprint('{\"stage\": \"checked\"}')\n"
+                             "print('{\"stage\": \"holding\"}', flush=True)\nsys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs.append(proc)
+    assert read_json(proc) == {"stage": "checked"}
+    assert read_json(proc, timeout=10) == {"stage": "holding"}      # the process prints nothing more
+    proc.stdin.close()
+    assert proc.wait(TIMEOUT) == 0 and proc.stdout.read() == ""

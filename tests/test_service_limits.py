@@ -13,7 +13,6 @@ service, which goes on serving. Every wait is bounded; every process started her
 
 import json
 import os
-import select
 import signal
 import socket
 import struct
@@ -34,6 +33,7 @@ from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError
 from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.service import ServiceError, open_connection, read_service_file
 from pathways_mlir.runtime.wire import recv_message
+import output_lines
 from test_service import TIMEOUT, procs, serve, stop  # noqa: F401  (procs is a fixture)
 
 X = np.random.default_rng(2).normal(size=(8, 16)).astype(np.float32)
@@ -103,9 +103,7 @@ def runtime():
 
 
 def read_line(proc, timeout=TIMEOUT) -> str:
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, "the process printed nothing in time"
-    return proc.stdout.readline()
+    return output_lines.read_line(proc, timeout, "the process")
 
 
 def start(procs, *args, code=CLIENT):  # noqa: F811
