@@ -149,14 +149,14 @@ def test_a_cancelled_run_fails_its_handles_although_its_island_heard_of_it_only_
             made = cancelled_while_computing(runtime, client)
             run = made._run
             until(lambda: all(runtime.islands[i].run_done(run.id) for i in run.islands), "the run over", WAIT)
-            with pytest.raises(RunFailed, match=r"run \d+ of .* was cancelled by client"):
+            with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):
                 value(made)
         finally:
             monkeypatch.undo()
             for island, run_id, error in held:
                 island.fail_run(run_id, error)
         assert held and all(run_id == run.id for _, run_id, _ in held)
-        with pytest.raises(RunFailed, match=r"run \d+ of .* was cancelled by client"):
+        with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):
             value(across.run(made, client=client))
     assert settled(runtime, WAIT)
 
