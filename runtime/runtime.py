@@ -351,15 +351,15 @@ def configure(**options) -> None:
     shape is one ValueError line, raised here."""
     import inspect
 
-    known = set(inspect.signature(Runtime).parameters) - {"device_map"}
+    parameters = inspect.signature(Runtime).parameters
+    known = set(parameters) - {"device_map"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} of pw.configure "
                          f"(options: {', '.join(sorted(known))})")
     check_shape(options.get("islands"), options.get("per_island"))
     parse_policy(options.get("policy", "fifo"), options.get("window"))
-    settings = {name: p.default for name, p in inspect.signature(Runtime).parameters.items() if name in known}
-    settings.update(options)
+    settings = {**{name: parameters[name].default for name in known}, **options}
     backend_named(settings["backend"], {o: settings[o] for b in BACKENDS.values() for o in b.options})
     global _default, _default_options
     with _default_lock:

@@ -53,7 +53,6 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .client import Client
-from .dispatch import check_timeout
 from .handles import Handle
 from .resource_manager import TopologyChanged
 from .wire import ERROR_KINDS, ProtocolError, recv_message, send_message
@@ -145,10 +144,7 @@ class Session:
                 args.append(arrays[arg[1]])
             else:
                 raise ValueError(f"argument array {arg[1]} is not in the request's {len(arrays)} arrays")
-        timeout = request.get("timeout")
-        if timeout is not None:
-            check_timeout(timeout)
-        results = self.client.run(self.plans[name], args, _field(request, "dispatch", str), timeout)
+        results = self.client.run(self.plans[name], args, _field(request, "dispatch", str), request.get("timeout"))
         reply = []
         for handle in results:
             key = next(self.ids)

@@ -309,6 +309,8 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
                                ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
                                  "args": [["array", 0]]},
                                 "argument array 0 is not in the request's 0 arrays"),
+                               ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
+                                 "args": [], "timeout": -1}, "a run's timeout must be a positive number of seconds"),
                                ({"op": "objects", "release": ["0"]}, "'release' must be a list of handle keys"),
                                ({"op": "status", "release": [5, 6]}, None)]:
             if error is None:
