@@ -11,8 +11,9 @@ inserts, right before its first such use (later uses share it):
   whole destination shards (N-way from M-way, each dimension's ways a
   multiple of the source's);
 - `pw.gather` when every destination shard is assembled from `pieces` whole
-  source shards (the converse);
-- otherwise (equal ways under other axes, or tilings that do not nest), a
+  source shards (the converse), also one piece each when the tilings are the
+  same under other axis names (1-device slices whose specs differ, say);
+- otherwise (equal ways on other dimensions, or tilings that do not nest), a
   `pw.gather` to a replicated value on the source slice, then a `pw.scatter`
   from it: always correct, never per-device pieces in the IR.
 
@@ -105,7 +106,7 @@ class _Inserter:
             return ops.build_transfer(value, src_name, dst_name, src_sh, link, loc).result
         if math.prod(dst_ways) > math.prod(src_ways) and all(d % s == 0 for s, d in zip(src_ways, dst_ways)):
             return self.reshard(ops.build_scatter, value, have, want, link, loc)
-        if math.prod(src_ways) > math.prod(dst_ways) and all(s % d == 0 for s, d in zip(src_ways, dst_ways)):
+        if math.prod(src_ways) >= math.prod(dst_ways) and all(s % d == 0 for s, d in zip(src_ways, dst_ways)):
             return self.reshard(ops.build_gather, value, have, want, link, loc)
         whole = Home(src_name, Sharding.replicated(len(shape)))
         gathered = self.reshard(ops.build_gather, value, have, whole, "ici", loc)

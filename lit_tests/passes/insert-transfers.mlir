@@ -128,3 +128,35 @@ func.func @host_values(%p: tensor<i1>, %x: tensor<8xf32> {jax.arg_info = "x"}) -
   return %0, %1, %3, %2#1 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
 }
+
+// -----
+
+// The same tiling under other axis names: each destination shard is one whole
+// source shard, a one-piece gather (not a gather to a replicated copy, then a
+// scatter 1-way into 1-way, which pw-verify refuses). Here 1-device slices,
+// as on a machine with one accelerator, whose specs name different axes; and
+// 2x2 tiles whose axes swap places.
+// CHECK-LABEL: func.func @renamed_tiling
+// CHECK: %[[A:.*]] = "pw.compute"(%arg0) {{.*}}slice = @one
+// CHECK-NEXT: %[[G:.*]] = "pw.gather"(%[[A]]) {dst = @one_by_one, dst_sharding = {{\[\["d"\], \["m"\]\]}}, link = "ici", piece_shape = array<i64: 8, 4>, pieces = 1 : i64, src = @one, src_sharding = {{\[\["d"\], \[\]\]}}}
+// CHECK-NEXT: %[[B:.*]] = "pw.compute"(%[[G]]) {{.*}}slice = @one_by_one
+// CHECK-NEXT: %[[T:.*]] = "pw.scatter"(%[[B]]) {dst = @mesh, dst_sharding = {{\[\["c"\], \["r"\]\]}}, link = "ici", piece_shape = array<i64: 4, 2>, pieces = 4 : i64, src = @one_by_one, src_sharding = {{\[\["d"\], \["m"\]\]}}}
+// CHECK-NEXT: %[[M:.*]] = "pw.compute"(%[[T]]) {{.*}}slice = @mesh
+// CHECK-NEXT: %[[S:.*]] = "pw.gather"(%[[M]]) {dst = @mesh, dst_sharding = {{\[\["r"\], \["c"\]\]}}, link = "ici", piece_shape = array<i64: 4, 2>, pieces = 1 : i64, src = @mesh, src_sharding = {{\[\["c"\], \["r"\]\]}}}
+// CHECK-NEXT: "pw.compute"(%[[S]]) {{.*}}slice = @mesh
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "one", shape = array<i64: 1>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 1>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "one_by_one", shape = array<i64: 1, 1>, axes = ["d", "m"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 1>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "mesh", shape = array<i64: 2, 2>, axes = ["r", "c"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 4, 8>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8x4xf32>) -> tensor<8x4xf32> { return %x : tensor<8x4xf32> }
+}
+func.func @renamed_tiling(%x: tensor<8x4xf32>) -> tensor<8x4xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @one, in_shardings = [[["d"], []]], out_shardings = [[["d"], []]], label = "f#0"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %1 = "pw.compute"(%0) {callee = @f, slice = @one_by_one, in_shardings = [[["d"], ["m"]]], out_shardings = [[["d"], ["m"]]], label = "f#1"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %2 = "pw.compute"(%1) {callee = @f, slice = @mesh, in_shardings = [[["c"], ["r"]]], out_shardings = [[["c"], ["r"]]], label = "f#2"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %3 = "pw.compute"(%2) {callee = @f, slice = @mesh, in_shardings = [[["r"], ["c"]]], out_shardings = [[["r"], ["c"]]], label = "f#3"} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  return %3 : tensor<8x4xf32>
+}
+}
