@@ -62,7 +62,7 @@ def make_mesh(devices: Sequence, shape: Sequence[int], axes: Sequence[str]):
 
 
 class ExecutableCache:
-    """Compiled executables keyed by (name, devices, shardings, shapes)."""
+    """Compiled executables keyed by (name, mesh: its devices, shape and axes, shardings, shapes)."""
 
     def __init__(self):
         self._compiled: dict[tuple, Callable] = {}
@@ -83,7 +83,7 @@ class ExecutableCache:
         fused = plan.fused.get(name)
         parts = [c.callee for c in fused.calls] if fused else [name]
         key = (name, fused, tuple(hash(plan.executables.get(p, "")) for p in parts),
-               tuple(d.id for d in mesh.devices.flat), mesh.axis_names,
+               tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, mesh.axis_names,
                tuple(b.sharding for b in ins), tuple(b.sharding for b in outs),
                tuple((b.shape, b.dtype) for b in ins), donate)
         with self._lock:

@@ -91,6 +91,21 @@ def test_resharding_two_way_to_four_way_and_back(client, runtime):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
 
 
+def test_a_mesh_and_its_transpose_on_the_same_devices_have_their_own_executables(client):
+    """Slices 1x2 and 2x1 of the same axis names, on the same two devices, split a value differently
+    under the same spec: each runs its own compiled executable, not the other's."""
+    def add_one(x):
+        return x + 1.0
+
+    wide = pw.jit(add_one, slice=pw.virtual_slice((1, 2), axes=("a", "b"), island="island0"),
+                  in_specs=P(None, "b"), out_specs=P(None, "b"))
+    tall = pw.jit(add_one, slice=pw.virtual_slice((2, 1), axes=("a", "b"), island="island0"),
+                  in_specs=P(None, "b"), out_specs=P(None, "b"))
+    for placed in (wide, tall, wide):
+        out = placed.run(X, client=client)
+        np.testing.assert_array_equal(np.asarray(out), X + 1.0)
+
+
 def test_handles_feed_later_calls_and_pytrees_come_back(client):
     @partial(pw.jit, slice=grid, in_specs=(P("a"), P("a")), out_specs={"sum": P("a"), "diff": P("a")})
     def both(x, y):
