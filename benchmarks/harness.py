@@ -121,7 +121,16 @@ def machine_info() -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "run": os.environ.get(RUN_ID_VARIABLE),
         "packages": versions,
+        "jax_devices": jax_devices(),
     }
+
+
+def jax_devices() -> str:
+    """Names the devices of JAX's default backend, e.g. '16 x cpu' or '1 x NVIDIA H200'."""
+    import jax
+
+    devices = jax.devices()
+    return f"{len(devices)} x {devices[0].device_kind}"
 
 
 def record(benchmark: str, params: Mapping[str, Any], rows: list[Mapping[str, Any]],
@@ -137,11 +146,16 @@ def record(benchmark: str, params: Mapping[str, Any], rows: list[Mapping[str, An
 
 
 @contextlib.contextmanager
-def local_ray() -> Iterator[Any]:
-    """Starts a private Ray instance on this machine only (2 CPUs, no dashboard); shuts it down after."""
+def local_ray(required: bool = True) -> Iterator[Any]:
+    """Starts a private Ray instance on this machine only (2 CPUs, no dashboard); shuts it down after.
+    Where Ray is not installed it raises, or yields None when not `required` (a benchmark whose Ray
+    cases are extra baselines, on a machine image without Ray)."""
     try:
         import ray
     except ImportError:
+        if not required:
+            yield None
+            return
         raise RuntimeError("this benchmark's baseline needs Ray: pip install 'pathways-mlir[bench]'") from None
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)

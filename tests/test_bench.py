@@ -208,3 +208,29 @@ def test_default_paths_are_anchored_to_the_package(tmp_path, monkeypatch):
     root = pathlib.Path(package.__file__).resolve().parent
     for path in (pw_bench.RESULTS, pw_bench.QUICK_RESULTS, pw_bench.REPORT):
         assert path.is_absolute() and path.parent == root
+
+
+def test_three_blocks_on_one_device_per_slice_matches_jax():
+    """What `pw-bench three-blocks` runs on a one-accelerator machine: the three blocks on 1-device
+    slices sharing one device (their specs name different axes), fused and unfused, against JAX."""
+    import numpy as np
+
+    from pathways_mlir.runtime.client import Client
+    from pathways_mlir.runtime.cluster import embedded_device_map
+    from pathways_mlir.runtime.runtime import Runtime
+
+    three_blocks = load("three-blocks")
+    example = three_blocks.load_example()
+    assert three_blocks.program_on(example, three_blocks.slice_shapes(example)) is example.three_blocks
+    shapes = ((1,), (1, 1), (1,))
+    program, baseline = three_blocks.program_on(example, shapes), three_blocks.jax_three_blocks(example, shapes)
+    x = np.random.default_rng(0).normal(size=three_blocks.SHAPE).astype(np.float32)
+    runtime = Runtime(embedded_device_map(1, 1))
+    client = Client(runtime)
+    try:
+        unfused = harness.compile_program(program, (x,), runtime, fuse=False)
+        assert harness.same_results(program.run(x, client=client), baseline(x))
+        assert harness.same_results(unfused(client, x), baseline(x))
+    finally:
+        client.close()
+        runtime.close()
