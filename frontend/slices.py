@@ -64,7 +64,8 @@ def virtual_slice(shape: int | str | Sequence[int | str], axes: Sequence[str], *
     `name` is its symbol in the IR (by default `slice0`, `slice1`, ... in the
     order a program first uses them). Constraints: `device_kind` (str),
     `island` (str), `min_memory_bytes` (int), `same_island` (bool),
-    `min_shape` (a tuple: the slice is elastic, see below).
+    `min_shape` (a tuple: the slice is elastic, see below); a constraint given
+    as None is no constraint.
 
         pw.virtual_slice((2, 4), axes=("data", "model"), device_kind="cpu")
 
@@ -93,8 +94,11 @@ def virtual_slice(shape: int | str | Sequence[int | str], axes: Sequence[str], *
         if kind is None or key == "max_shape":
             known = ", ".join(k for k in ops.CONSTRAINT_KINDS if k != "max_shape")
             raise TypeError(f"unknown slice constraint '{key}' (known: {known})")
+        if value is None:
+            continue
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TypeError(f"slice constraint '{key}' must be a {kind.__name__}, not {value!r}")
+    constraints = {key: value for key, value in constraints.items() if value is not None}
     if low != shape:
         if "min_shape" in constraints:
             raise ValueError(f"{where}: give its range once, as 'lo..hi' sizes or as min_shape, not both")

@@ -386,6 +386,9 @@ def test_virtual_slice_checks_its_request():
         pw.virtual_slice(2, axes="x", color="red")
     with pytest.raises(TypeError, match="'min_memory_bytes' must be a int"):
         pw.virtual_slice(2, axes="x", min_memory_bytes=True)
+    # None is no constraint (a caller passing its own optional argument on)
+    assert pw.virtual_slice(2, axes="x", island=None, device_kind=None).constraints == {}
+    assert pw.virtual_slice(2, axes="x", island="island1", same_island=None).constraints == {"island": "island1"}
 
 
 # -- the exported compiled functions run -------------------------------------
