@@ -232,12 +232,18 @@ def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
     return forward_backward
 
 
-def _split(micro_batches: int) -> Callable:
+def _split(micro_batches: int, ways: int = 1, axis: str | None = None) -> Callable:
+    """Returns the function that cuts a batch into `micro_batches`, each of which `axis` then splits `ways`
+    ways (a pipeline's `batch_axis`)."""
     def split(batch):
         def cut(a):
             if a.shape[0] % micro_batches:
                 raise ValueError(f"a batch of {a.shape[0]} rows does not split into {micro_batches} "
                                  f"micro-batches")
+            if (a.shape[0] // micro_batches) % ways:
+                raise ValueError(f"a micro-batch of {a.shape[0] // micro_batches} rows ({a.shape[0]} rows over "
+                                 f"{micro_batches} micro-batches) does not split {ways} ways over batch_axis "
+                                 f"'{axis}'")
             return a.reshape(micro_batches, a.shape[0] // micro_batches, *a.shape[1:])
         stacked = jax.tree.map(cut, batch)
         return [jax.tree.map(lambda a: a[m], stacked) for m in range(micro_batches)]
@@ -432,7 +438,9 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
         raise ValueError(f"optimizer_scope is 'stage' or 'tree', not {optimizer_scope!r}")
     groups = _check_tied(tied, len(stages))
     if len(stages) != len(slices) or not stages:
-        raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices")
+        raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, {len(slices)} slices"
+                         + (" (interleaved-1f1b: repeat D distinct slices, [a, b, ..., a, b, ...])"
+                            if schedule == "interleaved-1f1b" else ""))
     distinct = list(dict.fromkeys(slices))
     if schedule == "interleaved-1f1b" and any(s is not distinct[i % len(distinct)] for i, s in enumerate(slices)):
         raise ValueError("interleaved-1f1b places stage s on slice s % D of D distinct slices: pass "
@@ -443,7 +451,9 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
 
     def place(fn, s, in_specs, out_specs):
         return jit(fn, slice=slices[s], in_specs=in_specs, out_specs=out_specs)
-    placed = StageFunctions(place(raw.split_batch, 0, rows, rows), place(raw.split_targets, last, rows, rows),
+    ways = [1 if batch_axis is None else slices[s].axis_sizes.get(batch_axis, 1) for s in (0, last)]
+    placed = StageFunctions(place(_split(micro_batches, ways[0], batch_axis), 0, rows, rows),
+                            place(_split(micro_batches, ways[1], batch_axis), last, rows, rows),
                             [place(f, s, (None, None, rows), (rows, None, None)) for s, f in enumerate(raw.forward)],
                             [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],

@@ -71,8 +71,11 @@ def test_interleaved_1f1b_runs_every_step_once_on_its_slice(slices, virtual, mic
 def test_unknown_schedules_and_mismatched_slices_are_errors():
     with pytest.raises(ValueError, match="unknown pipeline schedule 'zigzag'"):
         schedule_steps("zigzag", 2, 4)
-    with pytest.raises(ValueError, match="one slice per stage: 2 stages, 1 slices"):
+    with pytest.raises(ValueError, match="one slice per stage: 2 stages, 1 slices$"):
         pw.pipeline([jnp.tanh, jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=2)
+    with pytest.raises(ValueError, match=r"1 slices \(interleaved-1f1b: repeat D distinct slices"):
+        pw.pipeline([jnp.tanh, jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=2,
+                    schedule="interleaved-1f1b")
     for count in (0, -1, 2.5, "4", True):
         with pytest.raises(ValueError, match="micro_batches must be a positive integer"):
             pw.pipeline([jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=count)
@@ -154,6 +157,15 @@ def test_data_parallel_stages_split_micro_batches_and_equal_the_unpipelined_step
              if b.slice is not None and b.shape == (16, WIDTH) and b.sharding == (("rows",), ())
              and b.bytes_per_device == 8 * WIDTH * 4}
     assert split == {"island0", "island1"}
+
+
+def test_micro_batches_the_batch_axis_cannot_split_are_one_error_line():
+    params, x, target = two_stages(seed=1, rows=8)
+    slices = [pw.virtual_slice(2, axes="rows") for _ in range(2)]
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=8, batch_axis="rows")
+    with pytest.raises(ValueError, match=r"^a micro-batch of 1 rows \(8 rows over 8 micro-batches\) does not "
+                                         r"split 2 ways over batch_axis 'rows'"):
+        step.lower(params, x, target)
 
 
 def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
