@@ -12,7 +12,9 @@ its own, which is what the `pw` dialect means.
 The check runs after parsing and after every pass (`pw-opt` does both), as
 MLIR's verifier does for registered dialects: unknown `pw` ops, wrong operand
 or result counts, missing attributes and attributes of the wrong kind are
-reported at the op.
+reported at the op. So is, on any op, an attribute the MLIR Python bindings
+cannot read (a dense array of an element type they have no class for, such
+as `array<i65536: 4>`), before a pass would fail reading it.
 """
 
 from __future__ import annotations
@@ -140,10 +142,34 @@ def _check_values(op: ir.Operation, what: str, groups: tuple[ValueGroup, ...], t
     return problems
 
 
+def _unreadable(op: ir.Operation) -> list[str]:
+    """Returns a problem for each attribute of `op` (at any depth) that the bindings cannot read: a
+    TypeError when it is looked up. Only names are listed and entries looked up: a `NamedAttribute`'s
+    `.attr` of such an attribute aborts the process instead."""
+    def look(attr: ir.Attribute) -> None:
+        if isinstance(attr, ir.DictAttr):
+            for name in [attr[i].name for i in range(len(attr))]:
+                look(attr[name])
+        elif isinstance(attr, ir.ArrayAttr):
+            for i in range(len(attr)):
+                look(attr[i])
+
+    problems = []
+    attributes = op.attributes
+    for name in attributes.keys():
+        try:
+            look(attributes[name])
+        except TypeError as e:
+            problems.append(f"'{op.name}' op attribute '{name}' cannot be read by the MLIR Python bindings: {e}")
+    return problems
+
+
 def check_op(op: ir.Operation) -> list[str]:
-    """Returns the structural problems of one op (empty for a non-`pw` op)."""
-    if not op.name.startswith(DIALECT + "."):
-        return []
+    """Returns the structural problems of one op: its unreadable attributes, and for a `pw` op what its
+    IRDL definition does not allow."""
+    unreadable = _unreadable(op)
+    if unreadable or not op.name.startswith(DIALECT + "."):
+        return unreadable
     definition = definitions().get(op.name)
     if definition is None:
         return [f"unregistered operation '{op.name}' found in dialect ('{DIALECT}') that does not "

@@ -4,6 +4,8 @@
 // RUN: not pw-opt %t.missing-input 2>&1 | FileCheck %s --check-prefix=MISSING
 // RUN: %python -c "print('module {' * 300 + '}' * 300)" > %t.deep.mlir
 // RUN: not pw-opt %t.deep.mlir 2>&1 | FileCheck %s --check-prefix=DEEP
+// RUN: %python -c "print('\"pw.virtual_slice\"() {sym_name = \"v\", shape = array<i65536: 4>, axes = [\"x\"], constraints = {}} : () -> ()'); print('func.func @f() attributes {other = {d = [array<i24: 1>]}} { return }')" > %t.unreadable.mlir
+// RUN: not pw-opt %t.unreadable.mlir 2>&1 | FileCheck %s --check-prefix=UNREADABLE
 
 // Errors name the file, line and column, and no traceback is printed.
 
@@ -18,3 +20,10 @@
 // Nesting deep enough to overflow MLIR's parser is refused before parsing.
 // DEEP: deep.mlir:1:2056: error: '{' nests deeper than 256 levels
 // DEEP-NOT: Traceback
+
+// An attribute the MLIR Python bindings cannot read (a dense array of an
+// element type they have no class for), at any depth, on any op, is an error
+// at its op, not a crash of the pass that would read it.
+// UNREADABLE: unreadable.mlir:1:1: error: 'pw.virtual_slice' op attribute 'shape' cannot be read by the MLIR Python bindings: {{.*}}array<i65536: 4>
+// UNREADABLE: unreadable.mlir:2:1: error: 'func.func' op attribute 'other' cannot be read by the MLIR Python bindings: {{.*}}array<i24: 1>
+// UNREADABLE-NOT: Traceback
