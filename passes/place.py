@@ -354,6 +354,7 @@ def fitted_shape(s: ops.VirtualSlice, topology: Topology, values: Sequence[tuple
 class PlacePass(Pass):
     __doc__ = __doc__
     name = "pw-place"
+    needs_verified_input = True
     summary = "Map every virtual slice to devices of one island, minimising the estimated step time"
     topology: str = option("", "a JSON file or <islands>x<devices>; default: the module's pw.topology")
     strategy: Strategy = option(Strategy.AUTO, "auto (least estimated step time), spread (balance load) or pack")

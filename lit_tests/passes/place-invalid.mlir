@@ -71,3 +71,23 @@ module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100
 // expected-error@below {{cannot place slice @d: it needs 2 to 8 devices in one island; free: island0 has 1 of 4 devices available (cpu, 1024 bytes each)}}
 "pw.virtual_slice"() {sym_name = "d", shape = array<i64: 8>, axes = ["data"], constraints = {min_shape = array<i64: 2>}} : () -> ()
 }
+
+// -----
+
+// pw-place reads only verified input: a sharding that names an axis its
+// slice does not have is pw-verify's error, reported before placement.
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1073741824, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["y"], constraints = {}} : () -> ()
+module @tanh attributes {pw.executable} {
+  func.func public @main(%x: tensor<64x16xf32>) -> tensor<64x16xf32> {
+    %0 = "stablehlo.tanh"(%x) : (tensor<64x16xf32>) -> tensor<64x16xf32>
+    return %0 : tensor<64x16xf32>
+  }
+}
+func.func @big(%x: tensor<64x16xf32>) -> tensor<64x16xf32> attributes {pw.program} {
+  // expected-error@below {{sharding [["x"], []] names axis 'x' which the slice does not have (axes: y)}}
+  %a = "pw.compute"(%x) {callee = @tanh, slice = @a, in_shardings = [[["x"], []]], out_shardings = [[["y"], []]], label = "a#0"} : (tensor<64x16xf32>) -> tensor<64x16xf32>
+  return %a : tensor<64x16xf32>
+}
+}
