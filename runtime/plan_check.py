@@ -155,7 +155,11 @@ def _check_module(name: str, export, where: str) -> None:
 def _check_custom_call(name: str, op, where: str) -> None:
     from jax.extend.mlir import ir
 
-    target = ir.StringAttr(op.attributes["call_target_name"]).value
+    try:
+        target = ir.StringAttr(op.attributes["call_target_name"]).value
+    except (KeyError, TypeError, ValueError):      # absent, unreadable, or not a string
+        raise PlanError(f"{where}: executable @{name} makes a custom call without a readable target name") \
+            from None
     if target not in ALLOWED_TARGETS:
         raise PlanError(f"{where}: executable @{name} makes a custom call to {target[:80]!r}, which is not "
                         f"allowed in a plan (allowed: LAPACK kernels and XLA's sharding annotations)")
@@ -167,7 +171,11 @@ def _check_custom_call(name: str, op, where: str) -> None:
         results = [_tensor(r.type) for r in op.results]
     except ValueError:
         raise PlanError(f"{where}: executable @{name} calls {target} on unranked or dynamic types") from None
-    expected = _lapack_results(family, operands, _backend_config(op))
+    try:
+        config = _backend_config(op)
+    except (TypeError, ValueError):                # unreadable, or not a dictionary
+        raise PlanError(f"{where}: executable @{name} calls {target} with an unreadable backend config") from None
+    expected = _lapack_results(family, operands, config)
     if expected is None or results != expected:
         got = ", ".join(_show(t) for t in operands) + " -> " + ", ".join(_show(t) for t in results)
         raise PlanError(f"{where}: executable @{name} calls {target} with types ({got}) that are not the "
@@ -189,8 +197,10 @@ def _backend_config(op) -> dict[str, int]:
     if "mhlo.backend_config" not in op.attributes:
         return {}
     config = ir.DictAttr(op.attributes["mhlo.backend_config"])
-    return {config[i].name: ir.IntegerAttr(config[i].attr).value for i in range(len(config))
-            if isinstance(config[i].attr, ir.IntegerAttr)}
+    # Looked up by name: an entry's `.attr` that the bindings cannot read aborts the process, where a lookup
+    # raises TypeError.
+    values = {name: config[name] for name in [config[i].name for i in range(len(config))]}
+    return {name: ir.IntegerAttr(value).value for name, value in values.items() if isinstance(value, ir.IntegerAttr)}
 
 
 _REAL = {"f32": "f32", "f64": "f64", "complex<f32>": "f32", "complex<f64>": "f64"}
