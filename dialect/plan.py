@@ -457,6 +457,11 @@ class ProgramPlan:
             if island not in self.islands or len(flat) % 3 or any(v < 0 for v in flat):
                 raise PlanError(f"{where}: peak_bytes of '{island}' are not (begin, end, bytes) triples of an "
                                 f"island with steps")
+            devices = self.topology.island(island).num_devices
+            for begin, end in zip(flat[0::3], flat[1::3]):
+                if not begin < end <= devices:
+                    raise PlanError(f"{where}: peak_bytes of '{island}' name devices {begin}..{end}, not a range "
+                                    f"of its {devices} devices")
 
 
 def _cycle(waits: dict[int, set[int] | frozenset[int]]) -> list[int] | None:

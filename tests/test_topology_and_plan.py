@@ -31,6 +31,10 @@ def test_uniform_topology_round_trips_through_json():
     ('{"islands": [{"name": "a", "device_kind": "cpu", "hosts": 1, "devices_per_host": 4,'
      ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}, "unavailable": [9]}],'
      ' "dcn": {"latency_us": 1, "bandwidth_gbps": 1}}', "unavailable device 9 is not in 0..3"),
+    ('{"islands": [{"name": "a", "device_kind": "cpu", "hosts": 2147483648, "devices_per_host": 4,'
+     ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
+     ' "dcn": {"latency_us": 1, "bandwidth_gbps": 1}}',
+     "island 'a' has 8589934592 devices"),
 ])
 def test_topology_errors_name_the_problem(text, message):
     with pytest.raises(TopologyError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
@@ -103,6 +107,10 @@ def _deep(depth):
     (_mutated(lambda v: (v["slices"].update(v1={"name": "v1", "shape": [2], "axes": ["x"], "island": "island1",
                                                 "devices": [0, 2]}), v["buffers"][2].update(slice="v1"))),
      "step 0 \\(copy\\) on island0 writes buffer 2, which lives on island1"),
+    (_mutated(lambda v: v.update(peak_bytes={"island0": [3, 1, 64]})),
+     "peak_bytes of 'island0' name devices 3..1, not a range of its 4 devices"),
+    (_mutated(lambda v: v.update(peak_bytes={"island0": [0, 9, 64]})),
+     "peak_bytes of 'island0' name devices 0..9, not a range of its 4 devices"),
     (_mutated(lambda v: v["islands"]["island0"].append({"kind": "send", "id": 9, "after": [1], "src_buffer": 1,
                                                          "dst_buffer": 2, "peer": "island1", "link": "dcn"})),
      "step 9 \\(send\\) of buffer 1 has no matching recv of buffer 2 on island1"),
