@@ -22,6 +22,7 @@ from contextvars import ContextVar
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
+import numpy as np
 from mlir import ir
 from mlir.dialects import func
 
@@ -210,8 +211,10 @@ class ProgramBuilder:
     def own(self, x: Any, site: Site, what: str) -> Value:
         """Returns `x` if it is a value of this program, else raises an error naming `site`."""
         if not isinstance(x, Value):
-            raise TypeError(f"{site}: {what} is a {type(x).__name__}, not a program value: pass "
-                            f"program arguments or results of placed functions")
+            kind = "a JAX array" if isinstance(x, jax.Array) else "a NumPy array" if isinstance(x, np.ndarray) \
+                else f"a {type(x).__name__}"
+            raise TypeError(f"{site}: {what} is {kind}, not a program value: pass program arguments or results "
+                            f"of placed functions (a constant too: compute it in a placed function)")
         if x._program is not self:
             raise PlacementError(
                 f"{site}: {what} is {x!r}, a value of another trace than program @{self.name}: "

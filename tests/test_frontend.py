@@ -371,10 +371,12 @@ def test_values_of_another_trace_are_rejected():
     with pytest.raises(pw.PlacementError, match=rf"_tanh at .*:{call_line(second, 2)}: argument\[0\] is "
                                                 r"Value\(f32\[8\], argument #0 in @first\), a value of another"):
         second.lower(f32(8))
-    with pytest.raises(TypeError, match=r"argument\[0\] is a ndarray, not a program value"):
+    with pytest.raises(TypeError, match=r"argument\[0\] is a NumPy array, not a program value"):
         pw.program(lambda x: tanh_a(np.ones(8))).lower(f32(8))
     with pytest.raises(TypeError, match=r"result\[1\] is a float, not a program value"):
         pw.program(lambda x: (x, 1.0)).lower(f32(8))
+    with pytest.raises(TypeError, match=r"result\[1\] is a JAX array, not a program value: .*a constant too"):
+        pw.program(lambda x: (x, jnp.ones(3))).lower(f32(8))
 
 
 def test_virtual_slice_checks_its_request():
