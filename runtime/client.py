@@ -173,7 +173,13 @@ class Client:
 
     def fetch(self, run: Run, buffer: int, timeout: float | None = None):
         """Returns the array of one of a run's buffers once it exists."""
-        return self._dispatcher.fetch(run, buffer, timeout)
+        try:
+            return self._dispatcher.fetch(run, buffer, timeout)
+        except RunFailed:
+            if not self.runtime.closed:
+                raise
+            raise RunFailed(f"run {run.id} of {run.plan.program}: its results went with its runtime, which was "
+                            f"closed (pw.configure closes the default runtime it replaces)") from None
 
     def release(self, run: Run, buffer: int, donated: bool = False) -> None:
         """Releases one result of a run (a handle was deleted). A `donated` result's bytes stay reserved:

@@ -319,6 +319,11 @@ class Runtime:
             tracer.close()
         return tracer
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called (results it held are gone)."""
+        return self._closed.is_set()
+
     def close(self) -> None:
         """Stops the runtime in bounded time: runs still queued or under way fail (an island stuck in a
         computation is left to finish it on its own thread)."""

@@ -397,3 +397,17 @@ def test_a_run_takes_a_positive_timeout_and_a_client():
             double.run(X, timeout=timeout)
     with pytest.raises(TypeError, match=r"client= takes a pw.Client \(or the connection pw.connect makes\), not str"):
         double.run(X, client="me")
+
+
+def test_a_result_read_after_its_runtime_closed_says_so(runtime):
+    """pw.configure closes the default runtime it replaces; a handle kept from it says where its result went."""
+    import pathways_mlir as pw
+    from pathways_mlir.runtime.island_work import RunFailed
+
+    double = pw.jit(lambda x: x * 2, slice=pw.virtual_slice(2, axes="data"))
+    client = Client(runtime)
+    kept = double.run(X, client=client)
+    np.testing.assert_array_equal(np.asarray(kept), X * 2)
+    runtime.close()
+    with pytest.raises(RunFailed, match=r"its results went with its runtime, which was closed \(pw.configure"):
+        np.asarray(kept)
