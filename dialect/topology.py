@@ -232,6 +232,8 @@ def _positive(raw: Mapping, key: str, where: str) -> int:
     value = _field(raw, key, int, where)
     if value <= 0:
         raise TopologyError(f"{where}: '{key}' must be positive, not {value}")
+    if value >= 1 << 63:
+        raise TopologyError(f"{where}: '{key}' is {value}, more than a 64-bit integer holds (the IR's i64)")
     return value
 
 

@@ -35,6 +35,9 @@ def test_uniform_topology_round_trips_through_json():
      ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
      ' "dcn": {"latency_us": 1, "bandwidth_gbps": 1}}',
      "island 'a' has 8589934592 devices"),
+    ('{"islands": [{"name": "a", "device_kind": "cpu", "hosts": 1, "devices_per_host": 4,'
+     ' "device_memory_bytes": 9223372036854775808, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
+     ' "dcn": {"latency_us": 1, "bandwidth_gbps": 1}}', "'device_memory_bytes' is 9223372036854775808, more than"),
 ])
 def test_topology_errors_name_the_problem(text, message):
     with pytest.raises(TopologyError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
