@@ -28,11 +28,39 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class RecordError(ValueError):
+    """A file that is not a pw-bench record, or a record that does not hold what the report reads."""
+
+
 def load_records(results: pathlib.Path) -> list[dict]:
-    """Reads the JSON records in `results`, in `pw-bench list` order (unknown benchmarks last)."""
-    records = [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
+    """Reads the JSON records in `results`, in `pw-bench list` order (unknown benchmarks last); a file that
+    is not JSON or not shaped as `harness.record` makes them is a `RecordError` naming it."""
+    records = []
+    for path in sorted(results.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except ValueError as e:
+            raise RecordError(f"{path}: not JSON: {e}") from None
+        problem = _shape_problem(record)
+        if problem:
+            raise RecordError(f"{path}: not a pw-bench record: {problem}")
+        records.append(record)
     order = {name: i for i, name in enumerate(BENCHMARKS)}
     return sorted(records, key=lambda r: order.get(r["benchmark"], len(order)))
+
+
+def _shape_problem(record) -> str | None:
+    """Why `record` is not shaped as `harness.record` makes records (None if it is)."""
+    if not isinstance(record, dict):
+        return "not an object"
+    for key, kind in (("benchmark", str), ("params", dict), ("rows", list), ("headline", dict), ("machine", dict)):
+        if not isinstance(record.get(key), kind):
+            return f"'{key}' is missing or not a{'n' if kind is list else ''} {kind.__name__}"
+    if not all(isinstance(row, dict) for row in record["rows"]):
+        return "a row is not an object"
+    if not all(value is None or type(value) in (int, float) for value in record["headline"].values()):
+        return "a headline value is not a number"
+    return None
 
 
 def write_plot(record: dict, path: pathlib.Path) -> None:
@@ -87,7 +115,11 @@ def write_report(records: list[dict], out: pathlib.Path) -> list[pathlib.Path]:
         if name in BENCHMARKS:
             lines += [load(name).__doc__.strip().split("\n\n")[0], ""]
             plot = plots / f"{name}.png"
-            write_plot(record, plot)
+            try:
+                write_plot(record, plot)
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+                raise RecordError(f"the record of {name} does not hold what its plot reads: "
+                                  f"{type(e).__name__}: {e}") from None
             written.append(plot)
             lines += [f"![{name}](plots/{plot.name})", ""]
         lines += ["Parameters: " + ", ".join(f"{k} = {format_value(v)}" for k, v in record["params"].items()),

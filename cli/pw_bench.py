@@ -141,20 +141,22 @@ def list_benchmarks() -> None:
               show_default=True, help="Markdown report; plots go to plots/ beside it.")
 def report(results: pathlib.Path, out: pathlib.Path) -> None:
     """Write RESULTS.md (tables) and PNG plots from the JSON records."""
-    from pathways_mlir.benchmarks.report import load_records, write_report
+    from pathways_mlir.benchmarks.report import RecordError, load_records, write_report
 
     if not results.is_dir():
         raise BenchError(f"{results}: no such folder (run pw-bench all first)")
     try:
         records = load_records(results)
-    except (ValueError, KeyError) as e:
-        raise BenchError(f"{results}: not a pw-bench record: {type(e).__name__}: {e}") from None
+    except RecordError as e:
+        raise BenchError(str(e)) from None
     if not records:
         raise BenchError(f"{results}: no JSON records (run pw-bench all first)")
     try:
         written = write_report(records, out)
     except ImportError as e:
         raise BenchError(f"report: {e} (pip install 'pathways-mlir[bench]')") from None
+    except RecordError as e:
+        raise BenchError(f"report: {e}") from None
     for path in written:
         click.echo(str(path))
 

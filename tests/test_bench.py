@@ -121,6 +121,22 @@ def test_pw_bench_errors_are_one_line(tmp_path, capsys, monkeypatch):
     assert len(err) == 2 and all(line.startswith("pw-bench: error: ") for line in err)
 
 
+def test_report_names_a_record_it_cannot_read(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    results, out = tmp_path / "results", tmp_path / "RESULTS.md"
+    results.mkdir()
+    (results / "a.json").write_text("[1, 2]")
+    assert pw_bench.main(["report", "--results", str(results), "--out", str(out)]) == 1
+    (results / "a.json").write_text(json.dumps({**harness.record("crossover", {}, [], {}), "headline": {"r": "high"}}))
+    assert pw_bench.main(["report", "--results", str(results), "--out", str(out)]) == 1
+    (results / "a.json").write_text(json.dumps(harness.record("crossover", {}, [{"x": 1}], {})))
+    assert pw_bench.main(["report", "--results", str(results), "--out", str(out)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"pw-bench: error: {results / 'a.json'}: not a pw-bench record: not an object",
+        f"pw-bench: error: {results / 'a.json'}: not a pw-bench record: a headline value is not a number",
+        "pw-bench: error: report: the record of crossover does not hold what its plot reads: KeyError: 'duration_ms'"]
+
+
 def _synthetic_records() -> list[dict]:
     dispatch_rows = [{"devices": n, "case": case, "computations_per_s": 1000.0 * n, "spread": 0.1}
                      if case != "ours Chained+fusion" else
