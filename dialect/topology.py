@@ -37,11 +37,6 @@ class TopologyError(ValueError):
     """A topology description that is malformed or inconsistent."""
 
 
-# More devices than any machine has in one island; it bounds what a description read from a file or a
-# socket can make the simulator and the passes allocate.
-MAX_ISLAND_DEVICES = 1 << 20
-
-
 @dataclass(frozen=True)
 class Link:
     """A network link's one-way latency and bandwidth."""
@@ -65,11 +60,6 @@ class Island:
     device_memory_bytes: int
     ici: Link
     unavailable: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if self.num_devices > MAX_ISLAND_DEVICES:
-            raise TopologyError(f"island '{self.name}' has {self.num_devices} devices ({self.hosts} hosts of "
-                                f"{self.devices_per_host}); at most {MAX_ISLAND_DEVICES} are supported")
 
     @property
     def num_devices(self) -> int:

@@ -67,6 +67,18 @@ from .runs import RunRecord, RunState, SimError, SimResult, Span, Submission
 
 __all__ = ["RunRecord", "SimError", "SimResult", "Simulator", "Span", "Submission"]
 
+# The memory ledger keeps a count per device, so an island of more devices than this (a topology read from a
+# file may say anything; placement itself never walks the devices) is refused rather than allocated.
+MAX_SIMULATED_DEVICES = 1 << 22
+
+
+def check_simulated_size(plan: ProgramPlan) -> None:
+    """Raises SimError if an island of the plan's topology has more devices than pw-sim simulates."""
+    for island in plan.topology.islands:
+        if island.num_devices > MAX_SIMULATED_DEVICES:
+            raise SimError(f"@{plan.program}: {island.name} has {island.num_devices} devices; pw-sim simulates "
+                           f"islands of at most {MAX_SIMULATED_DEVICES} (its memory ledger counts each device)")
+
 
 class Simulator(HostConds):
     """Simulates submissions of plans on one profile's machine (see the module docstring); `branches` says
@@ -118,6 +130,7 @@ class Simulator(HostConds):
         return self._prepared[key]
 
     def _reset(self, plan: ProgramPlan) -> None:
+        check_simulated_size(plan)
         self.now = 0.0
         self.events: list = []
         self.seq = itertools.count()

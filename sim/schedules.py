@@ -18,7 +18,7 @@ import dataclasses
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.runtime.admission import MemoryLedger, run_need
 
-from .engine import Simulator, Submission
+from .engine import Simulator, Submission, check_simulated_size
 from .profile import Profile
 
 
@@ -29,6 +29,7 @@ def report(plan: ProgramPlan, profile: Profile, memory_bytes: int | None = None,
     It fits if the runtime would admit it (`MemoryLedger.never_fits`) on devices of `memory_bytes` each
     (default: the topology's); its step is simulated either way, so that one that does not fit is shown too.
     """
+    check_simulated_size(plan)
     ledger = MemoryLedger(plan.topology, memory_bytes)
     need = run_need(plan)
     roomy = max([profile.accelerator.memory_bytes, *(b for ranges in need.values() for _, _, b in ranges)])

@@ -97,6 +97,16 @@ def test_a_run_that_does_not_fit_waits_for_the_one_before():
         simulate(with_memory(peak - 1), 1)
 
 
+def test_an_island_too_large_to_simulate_is_one_error():
+    """A plan file's topology may say anything (placement never walks the devices); pw-sim's ledger counts
+    each device, so 2^33 of them are refused, not allocated."""
+    plan = plan_of(chain_ir(4), simple_profile())
+    huge = dataclasses.replace(plan.topology.islands[0], hosts=1 << 31)
+    plan = dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, islands=(huge,)))
+    with pytest.raises(SimError, match=r"has 8589934592 devices; pw-sim simulates islands of at most 4194304"):
+        Simulator(simple_profile()).simulate([Submission(plan)])
+
+
 def test_sequential_dispatch_pays_a_round_trip_per_step_and_parallel_does_not():
     profile = simple_profile(step_us=1.0, sequential_step_us=20.0, message_latency_us=50.0)
     latencies = {}
