@@ -42,27 +42,27 @@ def _cases():
     return cases
 
 
+def _replace_one(rng: random.Random, text: str, pattern: str, choices: list[str]) -> str:
+    """`text` with one match of `pattern`, picked at random, replaced by one of `choices`."""
+    found = list(re.finditer(pattern, text))
+    if not found:
+        return text
+    m = rng.choice(found)
+    return text[:m.start()] + rng.choice(choices) + text[m.end():]
+
+
 def _mutate_ir(rng: random.Random, text: str) -> str:
     kind = rng.randrange(9)
     if kind == 0:
-        found = list(re.finditer(r"-?\d+", text))
-        if found:
-            m = rng.choice(found)
-            return text[:m.start()] + rng.choice(["0", "-1", "3", "65536", "99999999999"]) + text[m.end():]
+        return _replace_one(rng, text, r"-?\d+", ["0", "-1", "3", "65536", "99999999999"])
     elif kind == 1:
-        found = list(re.finditer(r'"[^"\n]*"', text))
-        if found:
-            m = rng.choice(found)
-            return text[:m.start()] + rng.choice(['"x"', '""', '"island9"', '"ici"']) + text[m.end():]
+        return _replace_one(rng, text, r'"[^"\n]*"', ['"x"', '""', '"island9"', '"ici"'])
     elif kind == 2:
         lines = text.split("\n")
         del lines[rng.randrange(len(lines))]
         return "\n".join(lines)
     elif kind == 3:
-        found = list(re.finditer(r"[@\w.<>\[\]\"]+", text))
-        if found:
-            m = rng.choice(found)
-            return text[:m.start()] + rng.choice(TOKENS) + text[m.end():]
+        return _replace_one(rng, text, r"[@\w.<>\[\]\"]+", TOKENS)
     elif kind == 4:
         symbols = sorted(set(re.findall(r"@\w+", text)))
         if len(symbols) >= 2:
@@ -73,10 +73,7 @@ def _mutate_ir(rng: random.Random, text: str) -> str:
         i = rng.randrange(len(lines))
         return "\n".join(lines[:i + 1] + lines[i:])
     elif kind == 6:
-        found = list(re.finditer(r"tensor<[^>]*>", text))
-        if found:
-            m = rng.choice(found)
-            return text[:m.start()] + rng.choice(TYPES) + text[m.end():]
+        return _replace_one(rng, text, r"tensor<[^>]*>", TYPES)
     elif kind == 7:
         found = list(re.finditer(r"\{(sym_name|callee|label|src|dst|after|buffers|executable) = ", text))
         if found:
