@@ -55,7 +55,7 @@ def parse_expectations(text: str, first_line: int = 1) -> list[Expectation]:
                 target = i + int(offset)
             if target is None or not 0 <= target < len(lines):
                 raise AnnotationError(f"{first_line + i}:{match.start() + 1}: "
-                                      f"'{match.group(0)}' points outside the input")
+                                      f"error: '{match.group(0)}' points outside the input")
             expectations.append(Expectation(match.group("severity"), first_line + target,
                                             match.group("text"), first_line + i, match.start() + 1))
     return expectations
