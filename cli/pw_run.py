@@ -12,6 +12,7 @@ device. Errors are one line each; no Python traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import runpy
@@ -24,7 +25,7 @@ import click
 from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
-from .entry import run_command
+from .entry import run_command, write_output
 
 
 class RunError(Exception):
@@ -178,7 +179,7 @@ def _run_script(path: pathlib.Path) -> None:
 @click.option("--emulate-dcn", is_flag=True, help="Sleep for the modelled DCN time on cross-island moves.")
 @click.option("--backend", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
               help="Run the islands in this process, or each in a Ray actor on a local Ray instance.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs.")
 def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, backend, seed) -> None:
     """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the embedded cluster."""
     if cluster:
@@ -192,6 +193,8 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
 
     if trace_path and backend != "embedded":
         raise RunError("--trace records the embedded backend only")
+    if trace_path and not pathlib.Path(trace_path).resolve().parent.is_dir():
+        raise RunError(f"cannot write {trace_path}: its folder does not exist")
     pw.configure(emulate_dcn=emulate_dcn, backend=backend)
     runtime = pw.get_runtime()
     if trace_path:
@@ -203,7 +206,7 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
     else:
         raise RunError(f"{target}: expected a .py script, a .mlir file or a .json plan")
     if trace_path:
-        runtime.stop_tracing().write(trace_path)
+        write_output(trace_path, json.dumps(runtime.stop_tracing().to_chrome()), RunError)
         click.echo(f"trace: {trace_path}")
 
 

@@ -99,7 +99,7 @@ def run(target, profile_name, topology, program, dispatch, runs, closed_loop, tr
                f"latency {record['latency_ms']:.3f} ms, {record['runs_per_s']:.1f} runs/s, "
                f"makespan {record['makespan_ms']:.3f} ms")
     if trace_path:
-        trace.write(result, trace_path)
+        write_output(trace_path, json.dumps(trace.to_chrome(result)), SimCliError)
         click.echo(f"trace: {trace_path}")
     _emit(record, output)
 

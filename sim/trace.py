@@ -8,8 +8,6 @@ and each link a transfer leaves by. Every event is marked simulated.
 
 from __future__ import annotations
 
-import json
-
 from .engine import SimResult
 
 
@@ -29,9 +27,3 @@ def to_chrome(result: SimResult) -> dict:
                     "tid": tracks[key], "ts": span.start * 1e6, "dur": (span.end - span.start) * 1e6,
                     "args": {"simulated": True}})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
-
-
-def write(result: SimResult, path: str) -> None:
-    """Writes the trace JSON to `path`."""
-    with open(path, "w") as f:
-        json.dump(to_chrome(result), f)

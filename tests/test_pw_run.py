@@ -91,7 +91,14 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
                            "@three_blocks is placed for island0: 4 devices, island1: 4 devices, but the cluster "
                            "has island0: 4 devices (--cluster ISLANDSxDEVICES chooses it)"),
                           ((tmp_path / "plan.json", "--repeat", "-3"),
-                           "pw-run: error: Invalid value for '--repeat': -3 is not in the range x>=0.")]:
+                           "pw-run: error: Invalid value for '--repeat': -3 is not in the range x>=0."),
+                          ((tmp_path / "plan.json", "--seed", "-5"),
+                           "pw-run: error: Invalid value for '--seed': -5 is not in the range x>=0."),
+                          ((tmp_path / "plan.json", "--trace", str(tmp_path / "missing" / "t.json")),
+                           f"pw-run: error: cannot write {tmp_path / 'missing' / 't.json'}: its folder does not exist"),
+                          ((tmp_path / "plan.json", "--cluster", "99999x99999"),
+                           "pw-run: error: PW_CLUSTER='99999x99999': 9999800001 CPU devices; an embedded cluster has "
+                           "at most 4096")]:
         result = pw_run(*args)
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -404,3 +404,12 @@ def test_a_cond_without_outcomes_or_with_too_short_a_trace_is_one_error(route_pl
     plan_json.write_text(route_plan.to_json())
     assert pw_sim(["run", str(plan_json), "--profile", "cpu-here", "--branch-trace", str(bad)]) != 0
     assert "a trace of predicate values is a non-empty JSON list" in capsys.readouterr().err
+
+
+def test_a_trace_that_cannot_be_written_is_one_error(route_plan, tmp_path, capsys):
+    plan_json = tmp_path / "route.json"
+    plan_json.write_text(route_plan.to_json())
+    missing = tmp_path / "missing" / "trace.json"
+    assert pw_sim(["run", str(plan_json), "--profile", "cpu-here", "--branch-probability", "0.5",
+                   "--trace", str(missing)]) == 1
+    assert capsys.readouterr().err == f"pw-sim: error: cannot write {missing}: No such file or directory\n"
