@@ -26,6 +26,9 @@ _FLAG = "--xla_force_host_platform_device_count"
 EMBEDDED_ICI = Link(latency_us=1.0, bandwidth_gbps=100.0)
 EMBEDDED_DCN = Link(latency_us=100.0, bandwidth_gbps=25.0)
 EMBEDDED_DEVICE_MEMORY = 1 << 30
+# The most CPU devices an embedded cluster asks XLA for (XLA reads its device-count flag as a 32-bit int and
+# aborts on a larger one, printing every flag it has).
+MAX_HOST_DEVICES = 4096
 
 
 class ClusterError(RuntimeError):
@@ -40,7 +43,11 @@ def requested_shape() -> tuple[int, int]:
     match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
         raise ClusterError(f"{CLUSTER_ENV}={text!r}: expected ISLANDSxDEVICES, e.g. 2x4")
-    return int(match.group(1)), int(match.group(2))
+    islands, per_island = int(match.group(1)), int(match.group(2))
+    if islands * per_island > MAX_HOST_DEVICES:
+        raise ClusterError(f"{CLUSTER_ENV}={text!r}: {islands * per_island} CPU devices; an embedded cluster has at "
+                           f"most {MAX_HOST_DEVICES}")
+    return islands, per_island
 
 
 def prepare_host_devices(count: int | None = None) -> None:

@@ -19,7 +19,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .admission import MemoryLedger
 from .backends import BACKENDS, backend_named
-from .cluster import DeviceMap
+from .cluster import MAX_HOST_DEVICES, DeviceMap
 from .dispatch import LoadedPlan
 from .fast_lane import FastLane
 from .handles import release_dropped
@@ -348,6 +348,9 @@ def check_shape(islands, per_island) -> None:
     for name, value in (("islands", islands), ("per_island", per_island)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name}= must be a positive integer, not {value!r}")
+    if islands is not None and islands * per_island > MAX_HOST_DEVICES:
+        raise ValueError(f"islands={islands} x per_island={per_island} is {islands * per_island} devices; an "
+                         f"embedded cluster has at most {MAX_HOST_DEVICES}")
 
 
 def configure(**options) -> None:

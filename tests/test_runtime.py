@@ -363,6 +363,7 @@ def test_clients_in_threads_get_one_consistent_order_on_every_island(runtime, pl
 
 @pytest.mark.parametrize("options, message", [
     (dict(islands=0, per_island=4), "islands= must be a positive integer, not 0"),
+    (dict(islands=99999, per_island=99999), "is 9999800001 devices; an embedded cluster has at most 4096"),
     (dict(islands=2), r"islands= and per_island= go together \(got islands=2, per_island=None\)"),
     (dict(isands=2), "unknown option\\(s\\) isands of pw.configure"),
     (dict(backend="tpu"), r"unknown backend 'tpu' \(choose from embedded, ray\)"),        # at configure, not later
