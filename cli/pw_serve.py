@@ -60,6 +60,8 @@ try:
     report = cluster_status(sys.argv[1])
 except ConnectionError as e:
     sys.exit(f"cannot reach the Ray cluster at {sys.argv[1]}: {e}")
+except Exception as e:  # noqa: BLE001  (Ray's own errors, such as a malformed address: one line)
+    sys.exit(f"asking the Ray cluster at {sys.argv[1]} failed: {type(e).__name__}: {e}")
 if not report["islands"]:
     sys.exit(f"no island actors (pw-island-*) on the Ray cluster at {sys.argv[1]}")
 print(report)

@@ -54,3 +54,11 @@ def test_status_of_a_ray_address_where_nothing_answers_is_bounded():
     assert result.returncode == 1
     [line] = result.stderr.splitlines()
     assert line.startswith("pw-serve: error: "), line
+
+
+def test_status_of_a_malformed_ray_address_names_ray_s_error():
+    pytest.importorskip("ray")
+    result = status("--address", "1.2.3", "--timeout", "60")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "pw-serve: error: asking the Ray cluster at 1.2.3 failed: ValueError: Invalid address format: 1.2.3"]
