@@ -57,17 +57,21 @@ def blocks_of(example) -> tuple:
     return example.block_a, example.block_b, example.block_c
 
 
+def own_shapes(example) -> tuple:
+    """The example's slice shapes, (2, 2x2, 2)."""
+    return tuple(block.slice.shape for block in blocks_of(example))
+
+
 def slice_shapes(example) -> tuple:
-    """The blocks' slice shapes: the example's (2, 2x2, 2) where JAX has 8 devices or more, else one
-    device each."""
-    shapes = tuple(block.slice.shape for block in blocks_of(example))
+    """The blocks' slice shapes: the example's own where JAX has enough devices (8), else one device each."""
+    shapes = own_shapes(example)
     return shapes if len(jax.devices()) >= sum(map(math.prod, shapes)) else tuple((1,) * len(s) for s in shapes)
 
 
 def program_on(example, shapes: tuple):
     """The example's program where `shapes` are its own; else the same blocks, specs and calls on
     slices of `shapes`."""
-    if shapes == tuple(block.slice.shape for block in blocks_of(example)):
+    if shapes == own_shapes(example):
         return example.three_blocks
     block_a, block_b, block_c = (
         pw.jit(block.fn, slice=pw.virtual_slice(shape, axes=block.slice.axes),
