@@ -37,7 +37,7 @@ from pathways_mlir.dialect.plan_steps import Branch
 
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
-from .island_work import REFERENCES, raised
+from .island_work import REFERENCES, RunFailed, raised
 from .run import Run
 
 if TYPE_CHECKING:
@@ -169,7 +169,9 @@ class Dispatcher:
         would outlive the cancel, so the deadline would not bound the wait (`RunCancelled` if it passes).
         A run failed here (cancelled, past its deadline, an island lost) raises its error at once: its islands
         learn of the failure by messages of their own, which Ray may run after this fetch, once the run ended
-        there, so the island could still hand out the value."""
+        there, so the island could still hand out the value. A fetch that was waiting when the run failed here
+        raises that error too (say `OutOfDeviceMemory` in the queue), not the `RunFailed` an island wraps
+        it in."""
         if run.error is not None:
             raise raised(run.error)
         if run.deadline is not None:
@@ -177,7 +179,12 @@ class Dispatcher:
         island = run.island_of(buffer)
         if island is None:
             return run.host.setdefault(buffer, Future()).result(timeout)
-        return self.runtime.islands[island].fetch(run.id, buffer, timeout)
+        try:
+            return self.runtime.islands[island].fetch(run.id, buffer, timeout)
+        except RunFailed:
+            if run.error is not None:
+                raise raised(run.error) from None
+            raise
 
     def _await_over(self, run: Run, timeout: float | None) -> None:
         """Waits until a run's work is over or it failed (raising its error); TimeoutError after `timeout` s."""

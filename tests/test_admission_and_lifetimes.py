@@ -4,6 +4,7 @@ Every wait here has a timeout: a run that would hang fails the test instead.
 """
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +129,42 @@ def test_a_run_behind_memory_only_handles_hold_fails_at_once_naming_the_holder(d
             np.testing.assert_array_equal(np.asarray(first.result(timeout=60)), want)
             first.delete()
             np.testing.assert_array_equal(np.asarray(client.run(plan, [X])[0].result(timeout=60)), want)
+    finally:
+        rt.close()
+
+
+def test_a_result_awaited_while_its_run_queues_raises_the_runs_own_error(device_map, plan_builder):
+    # The run queues (admission held), a thread waits for its result on the island, then the run fails in
+    # the queue with OutOfDeviceMemory: the waiter gets that error, as a fetch after the failure does, not
+    # the island's RunFailed wrapping it.
+    rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 8 * 16 * 4 - 1)   # not one run beside a held result
+    try:
+        plan, want = one_step(plan_builder, rt.resources.topology)
+        with Client(rt) as client:
+            first = client.run(plan, [X])[0]
+            np.testing.assert_array_equal(np.asarray(first.result(timeout=60)), want)
+            rt.scheduler.hold()
+            [queued] = client.run(plan, [X])
+            raised = []
+
+            def wait_for_it():
+                try:
+                    queued.result(timeout=60)
+                except BaseException as error:  # noqa: BLE001  (the test looks at it)
+                    raised.append(error)
+            waiter = threading.Thread(target=wait_for_it)
+            waiter.start()
+            island = rt.islands["island0"]
+            deadline = time.monotonic() + 60
+            while queued._run.id not in island._waiters and waiter.is_alive():
+                assert time.monotonic() < deadline, "the waiter never waited on the island"
+                time.sleep(0.001)
+            rt.scheduler.release()
+            waiter.join(60)
+            assert not waiter.is_alive()
+            [error] = raised
+            assert isinstance(error, OutOfDeviceMemory), repr(error)
+            assert f"program main needs {ONE_RUN} bytes on device 0 of island0" in str(error)
     finally:
         rt.close()
 
