@@ -40,7 +40,13 @@ the release is refused.
 
 The rest of a run already admitted (the steps after a host `cond`, or the
 steps of a sequential dispatch) is delivered at once with a new ticket: it
-needs no more memory.
+needs no more memory. A cond's branch run (`Run.parent`) continues its
+admitted parent, which waits for it: it takes its parent's place in a
+policy's window, goes ahead of its client's queued runs and of a
+reservation, and waits only for memory (or fails with `OutOfDeviceMemory`
+if what blocks it is held by handles or by its parents). Had it waited for
+a place, or behind its client's later runs, those would have waited for its
+parent, and none would ever have gone on.
 
 Policies (`policies.py`, one object each: fifo, share, sjf, deadline) give
 the order in which clients' oldest queued runs are looked at. Every policy
@@ -146,19 +152,20 @@ class GangScheduler:
     def _admit_now(self, run: Run, works: Works) -> list | None:
         """Admits a run that fits if nothing of its client is queued (returns the work to run inline), or
         returns None: it queues. Under a policy with a window, only while nothing at all is queued (the
-        policy orders whatever waits) and the window has a place. Raises `OutOfDeviceMemory` if only handles
-        hold what it lacks."""
+        policy orders whatever waits) and the window has a place. A cond's branch run only needs to fit.
+        Raises `OutOfDeviceMemory` if only handles hold what it lacks."""
         self._submits += 1
-        if self._waiting.has_client(run.client_id) or self._held or \
-                (self.policy.windowed and (self._waiting or len(self._in_flight) >= self.window)):
+        branch = run.parent is not None
+        if self._held or not branch and (self._waiting.has_client(run.client_id) or self._window_closed()):
             return None
         if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
             self._poll(_POLL_AFTER)
-        if self._behind_reservation(run):
+        if not branch and self._behind_reservation(run):
             return None
         if self._fits(run) or (self._poll(len(self._in_flight)) and self._fits(run)) or \
                 (self._reclaim() and self._fits(run)):
-            self._waiting.overtaken_by_newcomer()
+            if not branch:
+                self._waiting.overtaken_by_newcomer()
             return self._admit(run, works, inline=True)
         held = self._held_by_handles(run)
         if held is not None:
@@ -247,9 +254,9 @@ class GangScheduler:
                         why = f"run {queue[0].run.id} of its client (a client's runs are admitted in order)"
                     elif self._held:
                         why = "admission, which is held"
-                    elif self.policy.windowed and len(self._in_flight) >= self.window:
+                    elif run.parent is None and self.policy.windowed and len(self._in_flight) >= self.window:
                         why = f"a place in the {self.policy.name} window ({self.window} runs on the devices)"
-                    elif self._behind_reservation(run, item):
+                    elif run.parent is None and self._behind_reservation(run, item):
                         why = f"run {self._waiting.reserved.run.id}, which holds a reservation (it was overtaken " \
                               f"{OVERTAKES} times)"
                     else:
@@ -320,16 +327,15 @@ class GangScheduler:
     def _admit_queued(self) -> None:
         polled = False
         while self._waiting and not self._held and not self._closed:
-            if self.policy.windowed and len(self._in_flight) >= self.window:
-                if polled or not self._poll(len(self._in_flight)):
-                    self._block()
-                    return
+            full = self._window_closed()
+            if full and not polled:
                 polled = True
+                full = not self._poll(len(self._in_flight)) or self._window_closed()
             progress = False
             for item in self._waiting.heads(self.policy, self.device_seconds):
                 run = item.run
-                if self._behind_reservation(run, item):
-                    continue
+                if run.parent is None and (full or self._behind_reservation(run, item)):
+                    continue             # a cond's branch run needs no place, and goes before a reservation
                 if not self._fits(run) and not polled:
                     polled = True
                     self._poll(len(self._in_flight))
@@ -349,6 +355,10 @@ class GangScheduler:
                 self._block()
                 return
         self._blocked = False
+
+    def _window_closed(self) -> bool:
+        """Whether the policy's window has no place for another run. Under the lock."""
+        return self.policy.windowed and len(self._in_flight) >= self.window
 
     def _block(self) -> None:
         self._blocked = True

@@ -44,9 +44,14 @@ class WaitingRuns:
         return self._count
 
     def add(self, run: Run, works: Any) -> None:
-        """Queues `run` behind its client's waiting runs."""
-        self._queues.setdefault(run.client_id, collections.deque()).append(
-            WaitingRun(run, works, next(self._arrivals)))
+        """Queues `run` behind its client's waiting runs; a cond's branch run (`run.parent`) goes first: its
+        parent, admitted before them, waits for it."""
+        queue = self._queues.setdefault(run.client_id, collections.deque())
+        item = WaitingRun(run, works, next(self._arrivals))
+        if run.parent is None:
+            queue.append(item)
+        else:
+            queue.appendleft(item)
         self._count += 1
 
     def has_client(self, client_id: int) -> bool:
@@ -76,7 +81,8 @@ class WaitingRuns:
         if self.reserved is item:
             self.reserved = None
             return
-        self._overtake(item.arrival)
+        if item.run.parent is None:       # a branch run continues its parent: it overtakes nobody
+            self._overtake(item.arrival)
 
     def overtaken_by_newcomer(self) -> None:
         """A run is admitted without waiting: it arrived after every waiting run, and overtakes each head."""
