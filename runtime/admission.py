@@ -27,15 +27,42 @@ class OutOfDeviceMemory(MemoryError):
 def run_need(plan: ProgramPlan, stored: frozenset[int] = frozenset()) -> Need:
     """Returns a run's static peak per island, from its plan (with frees and peaks); with `stored`, the peak
     of a run whose input buffers `stored` are objects the store already holds where the run reads them (a
-    shared object), which the ledger counts once, for their owner."""
+    shared object), which the ledger counts once, for their owner.
+
+    A plan with host conds needs, beside its own peak, the largest need of its branch plans (theirs with
+    their own conds'): a branch run is admitted within its parent's reservation (`Dispatcher.start`). A
+    parent waiting for its branch's memory while it holds its own could wait for ever on another parent
+    doing the same."""
     if not stored:
-        return {island: plan.peak(island) for island in plan.islands if plan.peak(island)}
-    need = {}
-    for island, steps in plan.islands.items():
-        flat = peak(plan, island, steps, stored)
-        if flat:
-            need[island] = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
-    return need
+        need = {island: plan.peak(island) for island in plan.islands if plan.peak(island)}
+    else:
+        need = {}
+        for island, steps in plan.islands.items():
+            flat = peak(plan, island, steps, stored)
+            if flat:
+                need[island] = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
+    branches = [run_need(branch) for cond in plan.host_steps for branch in (cond.then_plan, cond.else_plan)]
+    return beside_largest(need, branches) if branches else need
+
+
+def beside_largest(need: Need, others: list[Need]) -> Need:
+    """Returns `need` plus, on every device, the largest of `others` there (in ranges that do not overlap)."""
+    combined: Need = {}
+    for island in sorted({*need, *(i for other in others for i in other)}):
+        every = (need, *others)
+        points = sorted({p for n in every for begin, end, _ in n.get(island, ()) for p in (begin, end)})
+        ranges: list[tuple[int, int, int]] = []
+        for begin, end in zip(points, points[1:]):
+            def on(n: Need) -> int:
+                return sum(nbytes for b, e, nbytes in n.get(island, ()) if b <= begin and end <= e)
+            nbytes = on(need) + max(map(on, others), default=0)
+            if ranges and ranges[-1][1] == begin and ranges[-1][2] == nbytes:
+                ranges[-1] = (ranges[-1][0], end, nbytes)
+            elif nbytes:
+                ranges.append((begin, end, nbytes))
+        if ranges:
+            combined[island] = ranges
+    return combined
 
 
 def result_need(plan: ProgramPlan, buffer: int) -> Need:

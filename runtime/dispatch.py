@@ -113,8 +113,9 @@ class Dispatcher:
         loaded = self.runtime.load(plan)
         if len(args) != len(loaded.inputs):
             raise TypeError(f"program {plan.program} takes {len(loaded.inputs)} arrays, got {len(args)}")
-        run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need, self.weight, loaded.cost,
-                  parent)
+        # A cond's branch run needs nothing of its own: its parent's need reserved its largest branch's.
+        run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need if parent is None else {},
+                  self.weight, loaded.cost, parent)
         run.donations = donations
         if shared:
             run.reads = tuple(ref.key for ref in shared.values())

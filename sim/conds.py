@@ -4,7 +4,8 @@ The predicate is read once its value is computed (the runtime reads it to
 the host); which branch it takes comes from the simulation's
 `BranchOutcomes` (sim/branches.py), since no value is computed here. The
 chosen branch plan is called as a run of its own (`cond_us` and the
-controller's `run_us`, admitted beside its parent at once, its inputs the
+controller's `run_us`, admitted at once within its parent's reservation,
+which counts the largest branch's need as the runtime's does, its inputs the
 parent's buffers), and once its outputs exist the controller puts them on
 the parent's islands, one message per island, with the steps that no cond
 holds back any more (parallel dispatch; in sequential dispatch the next
@@ -29,7 +30,7 @@ from typing import Callable
 from pathways_mlir.dialect.plan_steps import Branch
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
-from .runs import RunRecord, RunState, SimError, Submission
+from .runs import RunRecord, RunState, Submission
 
 
 class HostConds:
@@ -85,12 +86,7 @@ class HostConds:
         self._at(self.controller_free, lambda: self._start_branch(child, cond, then))
 
     def _start_branch(self, child: RunState, cond: Branch, then: Callable[[], None]) -> None:
-        if not self.ledger.fits(child.prep.need):
-            raise SimError(f"the branch run of @{child.prep.plan.program} does not fit beside the run of "
-                           f"@{child.parent.prep.plan.program} that called it (the runtime fails it with "
-                           f"OutOfDeviceMemory)")
-        self.ledger.take(child.prep.need)
-        child.record.admitted = self.now
+        child.record.admitted = self.now     # within its parent's reservation, which counts its largest branch
         self._dispatch(child, inline=bool(self.profile.host.inline))
         self._when_exist(child, list(child.prep.plan.outputs), lambda: self._branch_over(child, cond, then))
 

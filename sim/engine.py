@@ -442,7 +442,8 @@ class Simulator(HostConds):
         run.record.done = self.now + self.profile.host.message_latency_us * 1e-6
         for island in run.prep.islands:
             self.island_runs[island].remove(run)
-        self.ledger.give(run.prep.need)
+        if run.parent is None:                           # a branch run took nothing: its parent reserved it
+            self.ledger.give(run.prep.need)
         self._admit()
         if run.parent is not None:                       # a branch run: its parent may be over now
             run.parent.last_end = max(run.parent.last_end, self.now)

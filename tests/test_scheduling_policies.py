@@ -13,6 +13,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 from test_admission_and_lifetimes import X, cross_island, tanh2
 from test_islands_on_their_own import V, small_plan, spin_plan
 from test_service import SERVE, TIMEOUT, procs, serve  # noqa: F401  (procs is a fixture)
@@ -169,3 +170,96 @@ def test_pw_serve_takes_a_policy_and_a_remote_runs_deadline(tmp_path, procs, pla
         [handle] = remote.run(plan, [X], timeout=600.0)
         np.testing.assert_array_equal(np.asarray(handle.result(timeout=TIMEOUT)), np.asarray(jax.jit(tanh2)(X)))
         assert remote.status(full=True)["scheduler"]["policy"] == "deadline"
+
+
+
+# -- a pw.cond's branch run continues its admitted parent ----------------------------------------------------
+
+_pair = pw.virtual_slice(2, axes="x", island="island0")
+_positive = pw.jit(lambda x: jax.numpy.sum(x) > 0, slice=_pair, in_specs=P("x"), out_specs=P())
+_double = pw.jit(lambda x: x * 2.0, slice=_pair, in_specs=P("x"), out_specs=P("x"))
+
+
+@pw.program
+def _route(x):
+    return pw.cond(_positive(x), _double, lambda v: v, x)
+
+
+@pw.program
+def _doubled(x):
+    return _double(x)
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "fifo"])
+def test_a_cond_runs_under_every_window_its_branch_taking_its_parents_place(device_map, policy):
+    # Under a policy with a window, the parent holds a place while its cond waits for the branch run; the
+    # branch needs no place of its own. It waited for one: with window=1 one run never ended, and with the
+    # default window as many cond programs at once as places hung every client for good.
+    x = np.arange(8, dtype=np.float32)
+    for window in (1, None):
+        rt = Runtime(device_map, policy=policy, window=window)
+        try:
+            with Client(rt) as one, Client(rt) as other:
+                rt.scheduler.hold()                   # admitted together at release: every place takes a parent
+                outs = [_route.run(x, client=client) for client in (one, other) * rt.scheduler.window]
+                rt.scheduler.release()
+                for out in outs:
+                    np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), x * 2.0)
+        finally:
+            rt.close()
+
+
+def test_a_conds_branch_run_is_not_queued_behind_its_clients_later_runs(plan_builder):
+    # fifo, one island of 2 devices: the client's next run waits for memory its cond program holds. The branch
+    # run, submitted after it by the cond's thread, went behind it in the client's queue: neither went on.
+    x, y = np.arange(4096, dtype=np.float32), np.ones(4 * 4096, np.float32)
+    rt = Runtime(embedded_device_map(1, 2))
+    try:
+        route = rt.load(_route.compiled(x, runtime=rt).plan)
+        branch = rt.load(route.plan.host_steps[0].then_plan)
+        after = rt.load(_doubled.compiled(y, runtime=rt).plan)
+    finally:
+        rt.close()
+
+    def peak(loaded):
+        return max(nbytes for ranges in loaded.need.values() for _, _, nbytes in ranges)
+    capacity = max(peak(route) + peak(branch), peak(after))
+    assert capacity < peak(route) + peak(after)           # the next run fits alone, not beside the cond program
+    rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=capacity)
+    try:
+        with Client(rt) as client:
+            rt.scheduler.hold()
+            out = _route.run(x, client=client)
+            later = _doubled.run(y, client=client)
+            rt.scheduler.release()
+            np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), x * 2.0)
+            np.testing.assert_array_equal(np.asarray(later.result(timeout=60)), y * 2.0)
+    finally:
+        rt.close()
+
+
+def test_cond_programs_that_each_fit_without_their_branch_do_not_wait_for_each_other_for_ever():
+    # One island of 2 devices: two cond programs fit together, each beside its branch run, not both beside
+    # both branches. Each parent was admitted alone, its branch run waited for memory the other held, and
+    # neither went on; a parent's need now counts its largest branch's, so the second waits for the first.
+    x = np.arange(4096, dtype=np.float32)
+    rt = Runtime(embedded_device_map(1, 2))
+    try:
+        route = rt.load(_route.compiled(x, runtime=rt).plan)
+        branch = rt.load(route.plan.host_steps[0].then_plan)
+    finally:
+        rt.close()
+    own, with_branch = max(n for _, _, n in route.plan.peak("island0")), max(n for _, _, n in route.need["island0"])
+    assert with_branch == own + max(n for _, _, n in branch.need["island0"])
+    capacity = 2 * own + (with_branch - own) // 2          # both parents, not both beside a branch
+    assert with_branch <= capacity
+    rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=capacity)
+    try:
+        with Client(rt) as one, Client(rt) as other:
+            rt.scheduler.hold()
+            outs = [_route.run(x, client=client) for client in (one, other)]
+            rt.scheduler.release()
+            for out in outs:
+                np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), x * 2.0)
+    finally:
+        rt.close()
