@@ -121,6 +121,9 @@ def _array_specs(specs, limit: int) -> list[tuple[np.dtype, tuple[int, ...], int
             raise ProtocolError(f"dtype {str(name)[:40]!r} is not allowed: only {', '.join(DTYPES)}")
         if len(shape) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in shape):
             raise ProtocolError(f"a shape must be at most {MAX_DIMS} non-negative integers, not {str(shape)[:80]}")
+        if math.prod(d for d in shape if d) * dtype.itemsize > limit:   # NumPy refuses such shapes, even of 0 bytes
+            raise ProtocolError(f"a shape of {str(shape)[:80]} is over the limit of {limit} bytes, counting its "
+                                f"dimensions other than 0")
         nbytes = math.prod(shape) * dtype.itemsize
         total += nbytes
         if total > limit:

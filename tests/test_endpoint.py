@@ -342,6 +342,21 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
     assert wait_released(runtime) == 0
 
 
+def test_a_zero_size_array_whose_other_dimensions_overflow_is_refused_in_one_line(runtime):
+    """[0, 2**64] holds 0 bytes, but NumPy cannot make the array: the service says so, not a dropped socket."""
+    with Endpoint(runtime) as endpoint:
+        for shape in (b"[0,18446744073709551616]", b"[0,4294967296,4294967296]"):
+            insider = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+            insider._socket.sendall(raw_frame(b'{"op":"ping","arrays":[["float32",' + shape + b']]}'))
+            reply, _ = recv_message(insider._socket)
+            assert reply["ok"] is False and "over the limit" in reply["error"] and \
+                "counting its dimensions other than 0" in reply["error"]
+            wait_dropped(insider._socket)
+            insider._socket.close()
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as later:
+            assert later.object_count() == 0
+
+
 def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path, plan_builder):
     plan, want = program(plan_builder, runtime.resources.topology)
     endpoint = Endpoint(runtime)
