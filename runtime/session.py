@@ -79,11 +79,13 @@ class Session:
                          "ping": self.release}
 
     def serve(self) -> None:
-        """Answers requests until the peer closes, sends a malformed frame or is idle too long."""
+        """Answers requests until the peer closes, sends a malformed frame, is idle too long or takes longer
+        than the idle timeout to send the rest of a frame."""
         try:
             while True:
                 try:
-                    request, arrays = recv_message(self.connection, self.endpoint.limits, self.endpoint._large)
+                    request, arrays = recv_message(self.connection, self.endpoint.limits, self.endpoint._large,
+                                                   self.endpoint.limits.idle_timeout)
                 except ProtocolError as error:
                     send_message(self.connection, {"ok": False, "error": str(error)})
                     return

@@ -21,6 +21,7 @@ import math
 import socket
 import struct
 import threading
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -68,24 +69,35 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
             sock.sendall(part)
 
 
-def recv_message(sock: socket.socket, limits: Limits = Limits(),
-                 large: threading.Lock | None = None) -> tuple[dict, list[np.ndarray]]:
+def recv_message(sock: socket.socket, limits: Limits = Limits(), large: threading.Lock | None = None,
+                 frame_timeout: float | None = None) -> tuple[dict, list[np.ndarray]]:
     """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left. A header
-    over `LARGE_HEADER` bytes is read and parsed holding `large` (if given)."""
-    (size,) = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))
-    if size > limits.max_header_bytes:
-        raise ProtocolError(f"a header of {size} bytes is over the limit of {limits.max_header_bytes}")
-    if large is not None and size > LARGE_HEADER:
-        with large:
-            header = _parse(recv_exact(sock, size))
-    else:
-        header = _parse(recv_exact(sock, size))
-    arrays = []
-    for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits.max_array_bytes):
-        data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
-        _recv_into(sock, memoryview(data))
-        arrays.append(data.view(dtype).reshape(shape))
-    return header, arrays
+    over `LARGE_HEADER` bytes is parsed holding `large` (if given). With `frame_timeout`, the rest of the
+    frame must arrive within that many seconds of its first byte, else TimeoutError (a peer that sends
+    a byte now and then cannot hold a frame open)."""
+    first = recv_exact(sock, 1)
+    deadline = None if frame_timeout is None else time.monotonic() + frame_timeout
+    previous = sock.gettimeout()
+    try:
+        rest = bytearray(_LENGTH.size - 1)
+        _recv_into(sock, memoryview(rest), deadline)
+        (size,) = _LENGTH.unpack(first + rest)
+        if size > limits.max_header_bytes:
+            raise ProtocolError(f"a header of {size} bytes is over the limit of {limits.max_header_bytes}")
+        if large is not None and size > LARGE_HEADER:
+            with large:
+                header = _parse(_recv_bytes(sock, size, deadline))
+        else:
+            header = _parse(_recv_bytes(sock, size, deadline))
+        arrays = []
+        for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits.max_array_bytes):
+            data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
+            _recv_into(sock, memoryview(data), deadline)
+            arrays.append(data.view(dtype).reshape(shape))
+        return header, arrays
+    finally:
+        if deadline is not None:
+            sock.settimeout(previous)
 
 
 def wire_array(value) -> np.ndarray:
@@ -139,8 +151,20 @@ def recv_exact(sock: socket.socket, size: int) -> bytearray:
     return data
 
 
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
+def _recv_bytes(sock: socket.socket, size: int, deadline: float | None) -> bytearray:
+    data = bytearray(size)
+    _recv_into(sock, memoryview(data), deadline)
+    return data
+
+
+def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fills `view` from `sock`; raises EOFError if the peer closes first, TimeoutError past `deadline`."""
     while view:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the rest of the frame did not arrive in time")
+            sock.settimeout(left)
         n = sock.recv_into(view)
         if n == 0:
             raise EOFError("the connection was closed")
