@@ -8,10 +8,10 @@ header is small (`Limits.max_header_bytes`, `runtime/limits.py`, 8 MiB by defaul
 structure, never its compiled functions, which travel as arrays of bytes),
 and every size is checked before anything is allocated: the header's buffer
 is allocated at its checked length, each array's at the size its checked
-shape gives, and an array's pages are committed only as its bytes arrive.
-Headers over 64 KiB are read and parsed one at a time per endpoint (JSON
-parsing can take about 25x the bytes it reads), so what all connections
-together hold for headers stays bounded.
+shape gives, and their pages are committed only as their bytes arrive.
+Headers over 64 KiB are parsed one at a time per endpoint, once their bytes
+have all arrived (JSON parsing can take about 25x the bytes it reads), so a
+slow peer holds up only its own connection.
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
 def recv_message(sock: socket.socket, limits: Limits = Limits(), large: threading.Lock | None = None,
                  frame_timeout: float | None = None) -> tuple[dict, list[np.ndarray]]:
     """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left. A header
-    over `LARGE_HEADER` bytes is parsed holding `large` (if given). With `frame_timeout`, the rest of the
-    frame must arrive within that many seconds of its first byte, else TimeoutError (a peer that sends
-    a byte now and then cannot hold a frame open)."""
+    over `LARGE_HEADER` bytes is parsed holding `large` (if given), once its bytes have all arrived. With
+    `frame_timeout`, the rest of the frame must arrive within that many seconds of its first byte, else
+    TimeoutError (a peer that sends a byte now and then cannot hold a frame open)."""
     first = recv_exact(sock, 1)
     deadline = None if frame_timeout is None else time.monotonic() + frame_timeout
     previous = sock.gettimeout()
@@ -84,11 +84,14 @@ def recv_message(sock: socket.socket, limits: Limits = Limits(), large: threadin
         (size,) = _LENGTH.unpack(first + rest)
         if size > limits.max_header_bytes:
             raise ProtocolError(f"a header of {size} bytes is over the limit of {limits.max_header_bytes}")
+        data = np.empty(size, np.uint8)          # read without `large`: a slow peer holds up only itself
+        _recv_into(sock, memoryview(data), deadline)
         if large is not None and size > LARGE_HEADER:
             with large:
-                header = _parse(_recv_bytes(sock, size, deadline))
+                header = _parse(data.tobytes())
         else:
-            header = _parse(_recv_bytes(sock, size, deadline))
+            header = _parse(data.tobytes())
+        del data
         arrays = []
         for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits.max_array_bytes):
             data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
@@ -148,12 +151,6 @@ def recv_exact(sock: socket.socket, size: int) -> bytearray:
     """Reads exactly `size` bytes; raises EOFError if the peer closes first."""
     data = bytearray(size)
     _recv_into(sock, memoryview(data))
-    return data
-
-
-def _recv_bytes(sock: socket.socket, size: int, deadline: float | None) -> bytearray:
-    data = bytearray(size)
-    _recv_into(sock, memoryview(data), deadline)
     return data
 
 
