@@ -357,6 +357,21 @@ def test_a_zero_size_array_whose_other_dimensions_overflow_is_refused_in_one_lin
             assert later.object_count() == 0
 
 
+def test_a_result_over_the_endpoints_array_limit_is_an_error_and_the_client_keeps_its_objects(runtime):
+    """The endpoint cannot send the value (default: over 4 GiB): the fetch says so in one line, and the
+    connection, and the client's objects, stay."""
+    tile = pw.jit(lambda x: jnp.tile(x, (40, 1)), slice=pw.virtual_slice(1, axes="d", island="island0"),
+                  in_specs=None, out_specs=None)
+    with Endpoint(runtime, limits=Limits(max_array_bytes=4096)) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        held = tile.compiled(X, runtime=client)(X)                   # 20480 bytes, from 512
+        with pytest.raises(RemoteError, match="the reply cannot be sent: arrays of 20480 bytes are over the "
+                                              "endpoint's limit of 4096"):
+            np.asarray(held)
+        held.block_until_ready()                                     # no value sent: fine
+        assert client.object_count() == 1
+
+
 def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path, plan_builder):
     plan, want = program(plan_builder, runtime.resources.topology)
     endpoint = Endpoint(runtime)
