@@ -398,7 +398,7 @@ class RemoteClient:
 
     def _receive(self) -> tuple[dict, list[np.ndarray]]:
         try:
-            return recv_message(self._socket)
+            return recv_message(self._socket, self.limits)
         except TimeoutError:
             self._broken()   # a late reply would answer the next request
             raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; "

@@ -79,11 +79,13 @@ class Session:
                          "ping": self.release}
 
     def serve(self) -> None:
-        """Answers requests until the peer closes, sends a malformed frame or is idle too long."""
+        """Answers requests until the peer closes, sends a malformed frame, is idle too long or takes longer
+        than the idle timeout to send the rest of a frame."""
         try:
             while True:
                 try:
-                    request, arrays = recv_message(self.connection, self.endpoint.limits, self.endpoint._large)
+                    request, arrays = recv_message(self.connection, self.endpoint.limits, self.endpoint._large,
+                                                   self.endpoint.limits.idle_timeout)
                 except ProtocolError as error:
                     send_message(self.connection, {"ok": False, "error": str(error)})
                     return
@@ -101,7 +103,11 @@ class Session:
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
                     kind = next((k for k in ERROR_KINDS if isinstance(error, ERROR_KINDS[k])), "error")
                     reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind}, []
-                send_message(self.connection, reply, out)
+                try:
+                    send_message(self.connection, reply, out, self.endpoint.limits)
+                except ValueError as error:   # over the endpoint's limits: found before a byte was sent
+                    send_message(self.connection, {"ok": False, "error": f"the reply cannot be sent: {error}",
+                                                   "kind": "error"})
         finally:
             self.endpoint.forget(self.tokens)
             self.handles.clear()

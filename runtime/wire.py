@@ -8,10 +8,10 @@ header is small (`Limits.max_header_bytes`, `runtime/limits.py`, 8 MiB by defaul
 structure, never its compiled functions, which travel as arrays of bytes),
 and every size is checked before anything is allocated: the header's buffer
 is allocated at its checked length, each array's at the size its checked
-shape gives, and an array's pages are committed only as its bytes arrive.
-Headers over 64 KiB are read and parsed one at a time per endpoint (JSON
-parsing can take about 25x the bytes it reads), so what all connections
-together hold for headers stays bounded.
+shape gives, and their pages are committed only as their bytes arrive.
+Headers over 64 KiB are parsed one at a time per endpoint, once their bytes
+have all arrived (JSON parsing can take about 25x the bytes it reads), so a
+slow peer holds up only its own connection.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import math
 import socket
 import struct
 import threading
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -68,24 +69,38 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
             sock.sendall(part)
 
 
-def recv_message(sock: socket.socket, limits: Limits = Limits(),
-                 large: threading.Lock | None = None) -> tuple[dict, list[np.ndarray]]:
+def recv_message(sock: socket.socket, limits: Limits = Limits(), large: threading.Lock | None = None,
+                 frame_timeout: float | None = None) -> tuple[dict, list[np.ndarray]]:
     """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left. A header
-    over `LARGE_HEADER` bytes is read and parsed holding `large` (if given)."""
-    (size,) = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))
-    if size > limits.max_header_bytes:
-        raise ProtocolError(f"a header of {size} bytes is over the limit of {limits.max_header_bytes}")
-    if large is not None and size > LARGE_HEADER:
-        with large:
-            header = _parse(recv_exact(sock, size))
-    else:
-        header = _parse(recv_exact(sock, size))
-    arrays = []
-    for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits.max_array_bytes):
-        data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
-        _recv_into(sock, memoryview(data))
-        arrays.append(data.view(dtype).reshape(shape))
-    return header, arrays
+    over `LARGE_HEADER` bytes is parsed holding `large` (if given), once its bytes have all arrived. With
+    `frame_timeout`, the rest of the frame must arrive within that many seconds of its first byte, else
+    TimeoutError (a peer that sends a byte now and then cannot hold a frame open)."""
+    first = recv_exact(sock, 1)
+    deadline = None if frame_timeout is None else time.monotonic() + frame_timeout
+    previous = sock.gettimeout()
+    try:
+        rest = bytearray(_LENGTH.size - 1)
+        _recv_into(sock, memoryview(rest), deadline)
+        (size,) = _LENGTH.unpack(first + rest)
+        if size > limits.max_header_bytes:
+            raise ProtocolError(f"a header of {size} bytes is over the limit of {limits.max_header_bytes}")
+        data = np.empty(size, np.uint8)          # read without `large`: a slow peer holds up only itself
+        _recv_into(sock, memoryview(data), deadline)
+        if large is not None and size > LARGE_HEADER:
+            with large:
+                header = _parse(data.tobytes())
+        else:
+            header = _parse(data.tobytes())
+        del data
+        arrays = []
+        for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits.max_array_bytes):
+            data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
+            _recv_into(sock, memoryview(data), deadline)
+            arrays.append(data.view(dtype).reshape(shape))
+        return header, arrays
+    finally:
+        if deadline is not None:
+            sock.settimeout(previous)
 
 
 def wire_array(value) -> np.ndarray:
@@ -121,6 +136,9 @@ def _array_specs(specs, limit: int) -> list[tuple[np.dtype, tuple[int, ...], int
             raise ProtocolError(f"dtype {str(name)[:40]!r} is not allowed: only {', '.join(DTYPES)}")
         if len(shape) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in shape):
             raise ProtocolError(f"a shape must be at most {MAX_DIMS} non-negative integers, not {str(shape)[:80]}")
+        if math.prod(d for d in shape if d) * dtype.itemsize > limit:   # NumPy refuses such shapes, even of 0 bytes
+            raise ProtocolError(f"a shape of {str(shape)[:80]} is over the limit of {limit} bytes, counting its "
+                                f"dimensions other than 0")
         nbytes = math.prod(shape) * dtype.itemsize
         total += nbytes
         if total > limit:
@@ -136,8 +154,14 @@ def recv_exact(sock: socket.socket, size: int) -> bytearray:
     return data
 
 
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
+def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fills `view` from `sock`; raises EOFError if the peer closes first, TimeoutError past `deadline`."""
     while view:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the rest of the frame did not arrive in time")
+            sock.settimeout(left)
         n = sock.recv_into(view)
         if n == 0:
             raise EOFError("the connection was closed")

@@ -342,6 +342,36 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
     assert wait_released(runtime) == 0
 
 
+def test_a_zero_size_array_whose_other_dimensions_overflow_is_refused_in_one_line(runtime):
+    """[0, 2**64] holds 0 bytes, but NumPy cannot make the array: the service says so, not a dropped socket."""
+    with Endpoint(runtime) as endpoint:
+        for shape in (b"[0,18446744073709551616]", b"[0,4294967296,4294967296]"):
+            insider = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+            insider._socket.sendall(raw_frame(b'{"op":"ping","arrays":[["float32",' + shape + b']]}'))
+            reply, _ = recv_message(insider._socket)
+            assert reply["ok"] is False and "over the limit" in reply["error"] and \
+                "counting its dimensions other than 0" in reply["error"]
+            wait_dropped(insider._socket)
+            insider._socket.close()
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as later:
+            assert later.object_count() == 0
+
+
+def test_a_result_over_the_endpoints_array_limit_is_an_error_and_the_client_keeps_its_objects(runtime):
+    """The endpoint cannot send the value (default: over 4 GiB): the fetch says so in one line, and the
+    connection, and the client's objects, stay."""
+    tile = pw.jit(lambda x: jnp.tile(x, (40, 1)), slice=pw.virtual_slice(1, axes="d", island="island0"),
+                  in_specs=None, out_specs=None)
+    with Endpoint(runtime, limits=Limits(max_array_bytes=4096)) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        held = tile.compiled(X, runtime=client)(X)                   # 20480 bytes, from 512
+        with pytest.raises(RemoteError, match="the reply cannot be sent: arrays of 20480 bytes are over the "
+                                              "endpoint's limit of 4096"):
+            np.asarray(held)
+        held.block_until_ready()                                     # no value sent: fine
+        assert client.object_count() == 1
+
+
 def test_clients_in_other_processes_share_the_cluster(runtime, tmp_path, plan_builder):
     plan, want = program(plan_builder, runtime.resources.topology)
     endpoint = Endpoint(runtime)

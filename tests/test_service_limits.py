@@ -154,6 +154,53 @@ def test_idle_connections_are_dropped_and_keepalives_keep_clients(runtime):
         silent.close()
 
 
+def test_a_frame_sent_a_byte_at_a_time_must_arrive_within_the_idle_timeout(runtime):
+    """Each byte comes well within the idle timeout, but the frame as a whole takes longer: dropped."""
+    header = json.dumps({"op": "ping", "pad": "x" * 100}).encode()
+    frame = struct.pack(">I", len(header)) + header
+    with Endpoint(runtime, limits=Limits(idle_timeout=1.5)) as endpoint:
+        drip = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        drip._stop.set()                                         # no keepalives: only the frame's bytes
+        drip._keepalive.join(10)
+        dropped = False
+        for i in range(len(frame)):                              # 0.1 s apart: about 12 s for the frame
+            try:
+                drip._socket.sendall(frame[i:i + 1])
+            except OSError:
+                dropped = True
+                break
+            time.sleep(0.1)
+        if not dropped:
+            drip._socket.settimeout(30)
+            with pytest.raises((EOFError, ConnectionResetError)):   # not the ping's reply
+                recv_message(drip._socket)
+        drip.close()
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as later:
+            assert later.object_count() == 0
+
+
+def test_a_large_header_that_stalls_holds_up_only_its_own_connection(runtime):
+    """Headers over 64 KiB are parsed one at a time; one whose bytes stop coming must not keep another
+    client's large request waiting."""
+    header = json.dumps({"op": "ping", "pad": "x" * (100 << 10)}).encode()
+    frame = struct.pack(">I", len(header)) + header
+    with Endpoint(runtime, limits=Limits(idle_timeout=TIMEOUT)) as endpoint:
+        stalled = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        stalled._stop.set()
+        stalled._keepalive.join(10)
+        stalled._socket.sendall(frame[:len(frame) // 2])         # and nothing more
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT / 4) as other:
+            with other._lock:
+                other._socket.sendall(frame)
+                reply, _ = recv_message(other._socket)           # a socket timeout of TIMEOUT / 4
+            assert reply == {"ok": True}
+            assert other.object_count() == 0
+        stalled._socket.sendall(frame[len(frame) // 2:])        # still served: its frame completes
+        reply, _ = recv_message(stalled._socket)
+        assert reply == {"ok": True}
+        stalled.close()
+
+
 def test_past_the_connection_cap_a_client_is_told(runtime):
     with Endpoint(runtime, limits=Limits(max_connections=1)) as endpoint:
         with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT):
