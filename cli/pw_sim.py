@@ -192,6 +192,11 @@ def pipeline(profile_name, stages, micro, slices, memory_bytes, here, rounds, ou
         if stages % slices or micro % slices or scale.DEVICES % stages:
             raise SimCliError(f"--stages {stages} and --micro-batches {micro} must be multiples of --slices {slices}, "
                               f"and {scale.DEVICES} devices a multiple of the stages")
+        if scale.LAYERS % stages:
+            raise SimCliError(f"--stages {stages} must divide the model's {scale.LAYERS} layers")
+        if scale.BATCH_TOKENS % micro or scale.BATCH_TOKENS // micro % (scale.DEVICES // slices):
+            raise SimCliError(f"--micro-batches {micro} must cut the batch of {scale.BATCH_TOKENS} tokens into "
+                              f"micro-batches that a slice's {scale.DEVICES // slices} devices split evenly")
         reports = {}
         for schedule, count in (("gpipe", stages), ("1f1b", stages), ("interleaved-1f1b", slices)):
             plan = scale.training_pipeline(stages, 1, profile, micro, schedule, count)
