@@ -288,12 +288,39 @@ def _check_tied(tied: Sequence[Sequence[tuple]], stages: int) -> list[list[tuple
     """Returns each group of tied parameters as (stage, path) pairs, checking the stages."""
     groups = []
     for group in tied:
+        if not isinstance(group, (list, tuple)) or any(not isinstance(e, (list, tuple)) or not e for e in group):
+            raise ValueError(f"tied group {group!r} must be a list of (stage, key, ...) tuples, as in "
+                             f"tied=[[(0, 'embedding'), (3, 'embedding')]]")
         pairs = [(entry[0], tuple(entry[1:])) for entry in group]
         if len(pairs) < 2 or any(not isinstance(s, int) or not 0 <= s < stages for s, _ in pairs):
             raise ValueError(f"tied group {group!r} must name two or more parameters as (stage, key, ...) "
                              f"with a stage in [0, {stages})")
         groups.append(pairs)
     return groups
+
+
+def _tied_parameters(params: Sequence, groups: list[list[tuple[int, tuple]]]) -> None:
+    """Checks that each tied group names parameters of `params` that have one structure, shape and dtype."""
+    for pairs in groups:
+        layouts = []
+        for s, path in pairs:
+            try:
+                found = _at(params[s], path)
+            except (KeyError, IndexError, TypeError):
+                raise ValueError(f"tied parameter {(s, *path)!r}: stage {s}'s params have nothing at "
+                                 f"{list(path)}") from None
+            leaves = [(tuple(v.shape), str(v.dtype)) for v in jax.tree.leaves(found)]
+            layouts.append((jax.tree.structure(found), leaves))
+        for (s, path), layout in zip(pairs[1:], layouts[1:]):
+            if layout != layouts[0]:
+                raise ValueError(f"tied parameters {(pairs[0][0], *pairs[0][1])!r} and {(s, *path)!r} differ "
+                                 f"({_describe(layouts[0])} and {_describe(layout)}): tied copies must have "
+                                 f"one shape and dtype")
+
+
+def _describe(layout: tuple) -> str:
+    """A tied parameter's shapes and dtypes as text: `float32[8, 8]`, several joined by commas."""
+    return ", ".join(f"{dtype}{list(shape)}" for shape, dtype in layout[1]) or "no arrays"
 
 
 @dataclass(frozen=True)
@@ -469,6 +496,7 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
 
     def train(params, opt_states, states, batch, targets):
         value, grads, states = run_schedule(ticks, placed, params, batch, targets, states)
+        _tied_parameters(params, groups)
         for pairs, add in zip(groups, sums):
             total = add(*(_at(grads[s], path) for s, path in pairs))
             for s, path in pairs:

@@ -241,6 +241,23 @@ def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands)
         pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
 
 
+def test_tied_parameters_must_exist_and_match_in_shape():
+    params, x, target = two_stages(seed=5, rows=8)
+    slices = [pw.virtual_slice(1, axes="x") for _ in range(2)]
+
+    def lower(tied):
+        pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, tied=tied).lower(params, x, target)
+    # A weight tied to a bias would get the sum broadcast to the weight's shape as the bias's gradient.
+    with pytest.raises(ValueError, match=r"^tied parameters \(0, 'w'\) and \(1, 'b'\) differ \(float32\[32, 32\] "
+                                         r"and float32\[32\]\): tied copies must have one shape and dtype$"):
+        lower([[(0, "w"), (1, "b")]])
+    with pytest.raises(ValueError, match=r"^tied parameter \(0, 'kernel'\): stage 0's params have nothing at "
+                                         r"\['kernel'\]$"):
+        lower([[(0, "kernel"), (1, "w")]])
+    with pytest.raises(ValueError, match=r"^tied group \(0, 'w'\) must be a list of \(stage, key, ...\) tuples"):
+        lower([(0, "w"), (1, "w")])
+
+
 def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_path):
     slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
     params, x, _ = two_stages(seed=4, rows=32)
