@@ -362,6 +362,16 @@ def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: i
                           [_backward(f, "weights", "weight_grad") for f in stages[:-1]])
 
 
+def _per_stage(name: str, values: Any, stages: int) -> Sequence:
+    """Returns `values`, checking that it is a list or tuple of one entry per stage (`name` in the error)."""
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{name} must be a list of one pytree per stage ({stages} stages), not a "
+                         f"{type(values).__name__}")
+    if len(values) != stages:
+        raise ValueError(f"{name} has {len(values)} entries for {stages} stages")
+    return values
+
+
 def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any,
                  states: Sequence | None = None):
     """Calls `functions` tick by tick (see `tick_order`); returns the loss, each stage's gradients
@@ -372,11 +382,8 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
     the same state as its forward.
     """
     last = len(functions.forward)
-    if len(params) != last + 1:
-        raise ValueError(f"params has {len(params)} entries for {last + 1} stages")
-    states = list(states) if states is not None else [None] * (last + 1)
-    if len(states) != last + 1:
-        raise ValueError(f"states has {len(states)} entries for {last + 1} stages")
+    _per_stage("params", params, last + 1)
+    states = list(_per_stage("states", states, last + 1)) if states is not None else [None] * (last + 1)
     inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
     targets = functions.split_targets(targets)
     saved, grad_in, sums, state_in = {}, {}, [None] * (last + 1), {}
@@ -506,6 +513,7 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
         if optimizer_scope == "tree":
             new_params, opt_states = update(list(params), grads, opt_states)
             return new_params, opt_states, states, value
+        _per_stage("opt_states", opt_states, len(stages))
         new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
         return [p for p, _ in new], [o for _, o in new], states, value
 

@@ -241,6 +241,25 @@ def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands)
         pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
 
 
+def test_params_and_opt_states_that_are_not_one_per_stage_are_one_error_line():
+    import optax
+
+    params, x, target = two_stages(seed=6, rows=8)
+    slices = [pw.virtual_slice(1, axes="x") for _ in range(2)]
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2)
+    with pytest.raises(ValueError, match=r"^params must be a list of one pytree per stage \(2 stages\), not a dict$"):
+        step.lower(params[0], x, target)          # one stage's params, not the list
+    with pytest.raises(ValueError, match=r"^params has 1 entries for 2 stages$"):
+        step.lower(params[:1], x, target)
+    tx = optax.sgd(0.1)
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, optimizer=tx)
+    with pytest.raises(ValueError, match=r"^opt_states has 1 entries for 2 stages$"):
+        step.lower(params, [tx.init(params[0])], x, target)
+    with pytest.raises(ValueError, match=r"^opt_states must be a list of one pytree per stage \(2 stages\), not a "
+                                         r"dict$"):
+        step.lower(params, {"stage0": tx.init(params[0]), "stage1": tx.init(params[1])}, x, target)
+
+
 def test_tied_parameters_must_exist_and_match_in_shape():
     params, x, target = two_stages(seed=5, rows=8)
     slices = [pw.virtual_slice(1, axes="x") for _ in range(2)]
