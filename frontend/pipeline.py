@@ -372,6 +372,22 @@ def _per_stage(name: str, values: Any, stages: int) -> Sequence:
     return values
 
 
+def _same_rows(batch: Any, targets: Any) -> None:
+    """Checks that every leaf of `batch` and `targets` has a first axis (the batch's rows), of one size."""
+    first = None
+    for name, tree in (("batch", batch), ("targets", targets)):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            where, shape = f"{name}{jax.tree_util.keystr(path)}", tuple(leaf.shape)
+            if not shape:
+                raise ValueError(f"{where} is a scalar: every leaf of a pipeline's batch and targets has the "
+                                 f"batch's rows on its first axis")
+            if first is None:
+                first = where, shape[0]
+            elif shape[0] != first[1]:
+                raise ValueError(f"{where} has {shape[0]} rows and {first[0]} {first[1]}: every leaf of a "
+                                 f"pipeline's batch and targets has the batch's rows on its first axis")
+
+
 def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any,
                  states: Sequence | None = None):
     """Calls `functions` tick by tick (see `tick_order`); returns the loss, each stage's gradients
@@ -384,6 +400,7 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
     last = len(functions.forward)
     _per_stage("params", params, last + 1)
     states = list(_per_stage("states", states, last + 1)) if states is not None else [None] * (last + 1)
+    _same_rows(batch, targets)
     inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
     targets = functions.split_targets(targets)
     saved, grad_in, sums, state_in = {}, {}, [None] * (last + 1), {}

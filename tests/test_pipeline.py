@@ -168,6 +168,18 @@ def test_micro_batches_the_batch_axis_cannot_split_are_one_error_line():
         step.lower(params, x, target)
 
 
+def test_batch_and_targets_leaves_without_one_number_of_rows_are_one_error_line():
+    params, x, target = two_stages(seed=7, rows=8)
+    step = pw.pipeline([stage, stage], [pw.virtual_slice(1, axes="x") for _ in range(2)], loss=mse, micro_batches=2)
+    # 2 target rows cut into 2 micro-batches are 1 row each, which broadcasts against 4 rows: a wrong loss, silently.
+    with pytest.raises(ValueError, match=r"^targets has 2 rows and batch 8: every leaf of a pipeline's batch and "
+                                         r"targets has the batch's rows on its first axis$"):
+        step.lower(params, x, target[:2])
+    with pytest.raises(ValueError, match=r"^batch\['mask'\] is a scalar: every leaf"):
+        pw.pipeline([lambda p, b: stage(p, b["x"]), stage], [pw.virtual_slice(1, axes="x") for _ in range(2)],
+                    loss=mse, micro_batches=2).lower(params, {"x": x, "mask": np.float32(1)}, target)
+
+
 def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
     import optax
 
