@@ -220,7 +220,11 @@ def _backward(stage: Callable, returns: str, name: str = "backward") -> Callable
 def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
     def mean_loss(params, x, state, target):
         y, new_state = stage(params, state, x)
-        return loss(y, target) / micro_batches, new_state
+        value = loss(y, target)
+        if jnp.ndim(value) != 0:
+            raise ValueError(f"loss {name_of(loss)!r} returned shape {jnp.shape(value)}, not a scalar: a pipeline's "
+                             f"loss is a mean over the rows of the last stage's output")
+        return value / micro_batches, new_state
 
     def forward_backward(params, state, x, target, sums):
         (value, new_state), (grad_params, grad_x) = jax.value_and_grad(

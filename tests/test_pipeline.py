@@ -180,6 +180,18 @@ def test_batch_and_targets_leaves_without_one_number_of_rows_are_one_error_line(
                     loss=mse, micro_batches=2).lower(params, {"x": x, "mask": np.float32(1)}, target)
 
 
+def test_a_loss_that_is_not_a_scalar_is_one_error_line():
+    params, x, target = two_stages(seed=8, rows=8)
+
+    def squared_errors(y, target):           # no mean: one loss per element
+        return (y - target) ** 2
+    step = pw.pipeline([stage, stage], [pw.virtual_slice(1, axes="x") for _ in range(2)], loss=squared_errors,
+                       micro_batches=2)
+    with pytest.raises(ValueError, match=r"^loss 'squared_errors' returned shape \(4, 32\), not a scalar: a "
+                                         r"pipeline's loss is a mean over the rows of the last stage's output"):
+        step.lower(params, x, target)
+
+
 def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
     import optax
 
