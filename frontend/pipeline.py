@@ -48,6 +48,7 @@ whose next step's inputs exist runs it):
 from __future__ import annotations
 
 import numbers
+from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -482,6 +483,17 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     """
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, numbers.Integral) or micro_batches < 1:
         raise ValueError(f"micro_batches must be a positive integer, not {micro_batches!r:.40}")
+    if isinstance(stages, str) or not isinstance(stages, abc.Sequence):
+        raise TypeError(f"stages must be a list of functions, one per stage, not a {type(stages).__name__}")
+    for s, stage in enumerate(stages):
+        if not callable(stage):
+            raise TypeError(f"stages[{s}] is {stage!r:.40}, not a function")
+    if isinstance(slices, str) or not isinstance(slices, abc.Sequence):
+        raise TypeError(f"slices must be a list of virtual slices, one per stage, not a {type(slices).__name__}")
+    if not callable(loss):
+        raise TypeError(f"loss must be a function loss(y, target), not {loss!r:.40}")
+    if optimizer is not None and not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        raise TypeError(f"optimizer must be an optax GradientTransformation (init and update), not {optimizer!r:.40}")
     if schedule == "auto":
         return schedule_choice.AutoPipeline(lambda s: pipeline(
             stages, slices, loss=loss, schedule=s, micro_batches=micro_batches, optimizer=optimizer,

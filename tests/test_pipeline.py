@@ -87,6 +87,21 @@ def test_unknown_schedules_and_mismatched_slices_are_errors():
         schedule_steps("interleaved-1f1b", 4, 3, 2)
 
 
+def test_stages_slices_loss_and_optimizer_of_the_wrong_kind_are_one_error_line():
+    a, b = pw.virtual_slice(1, axes="x"), pw.virtual_slice(1, axes="x")
+    for kwargs, message in (
+            (dict(stages=jnp.tanh, slices=[a]), r"^stages must be a list of functions, one per stage, not a "),
+            (dict(stages=[jnp.tanh, None], slices=[a, b]), r"^stages\[1\] is None, not a function$"),
+            (dict(stages=[jnp.tanh], slices=a), r"^slices must be a list of virtual slices, one per stage, not a "
+                                                r"Slice$"),
+            (dict(stages=[jnp.tanh], slices=[a], loss="mse"),
+             r"^loss must be a function loss\(y, target\), not 'mse'$"),
+            (dict(stages=[jnp.tanh], slices=[a], optimizer="adam"),
+             r"^optimizer must be an optax GradientTransformation \(init and update\), not 'adam'$")):
+        with pytest.raises(TypeError, match=message):
+            pw.pipeline(**{"loss": jnp.mean, "micro_batches": 2, **kwargs})
+
+
 def stage(params, x):
     return jnp.tanh(x @ params["w"] + params["b"])
 
