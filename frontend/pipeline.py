@@ -54,6 +54,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from . import schedule_choice, schedule_picture
@@ -201,15 +202,28 @@ def _forward(stage: Callable) -> Callable:
     return forward
 
 
+def _inexact(leaf) -> bool:
+    """Whether `leaf` has gradients: a floating or complex array, not integers or booleans (token ids, masks)."""
+    return jnp.issubdtype(leaf.dtype, jnp.inexact)
+
+
+def _cotangent(y: Any, grad_y: Any) -> Any:
+    """The cotangent of a stage's output `y` from the gradient its next stage sent: that has None for each
+    integer or boolean leaf of `y`, whose cotangent is float0 zeros."""
+    return jax.tree.map(lambda a, g: np.zeros(a.shape, jax.dtypes.float0) if g is None else g, y, grad_y)
+
+
 def _backward(stage: Callable, returns: str, name: str = "backward") -> Callable:
     """The backward of a stage from its saved residuals: it returns the running gradient sum and
     the input gradient ("both"), the sum only ("weights") or the input gradient only ("input";
     XLA then drops the weight gradient's work, and "weights" the input gradient's)."""
     def backward(params, state, x, saved, grad_y, grad_sum):
-        _, vjp, _ = _vjp(stage, params, state, x)
+        y, vjp, _ = _vjp(stage, params, state, x)
         leaves, tree = jax.tree.flatten(vjp)
         own, rest = _inputs((params, state, x)), iter(saved)
-        grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(grad_y)
+        grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(
+            _cotangent(y, grad_y))
+        grad_x = jax.tree.map(lambda g: None if g.dtype == jax.dtypes.float0 else g, grad_x)
         if returns == "input":
             return grad_x
         grad_sum = grad_params if grad_sum is None else jax.tree.map(jnp.add, grad_sum, grad_params)
@@ -228,8 +242,19 @@ def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
         return value / micro_batches, new_state
 
     def forward_backward(params, state, x, target, sums):
-        (value, new_state), (grad_params, grad_x) = jax.value_and_grad(
-            mean_loss, argnums=(0, 1), has_aux=True)(params, x, state, target)
+        # Only the inexact leaves of x have gradients; the others (token ids, masks) get None.
+        leaves, tree = jax.tree.flatten(x)
+        inexact = [i for i, leaf in enumerate(leaves) if _inexact(leaf)]
+
+        def mean_loss_of(params, floats):
+            whole = list(leaves)
+            for i, leaf in zip(inexact, floats):
+                whole[i] = leaf
+            return mean_loss(params, jax.tree.unflatten(tree, whole), state, target)
+        (value, new_state), (grad_params, grad_floats) = jax.value_and_grad(
+            mean_loss_of, argnums=(0, 1), has_aux=True)(params, [leaves[i] for i in inexact])
+        grads = dict(zip(inexact, grad_floats))
+        grad_x = jax.tree.unflatten(tree, [grads.get(i) for i in range(len(leaves))])
         if sums is not None:
             value, grad_params = jax.tree.map(jnp.add, (value, grad_params), sums)
         return (value, grad_params), grad_x, new_state
@@ -448,7 +473,8 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     stage (`[optimizer.init(p) for p in params]`), each stage updated on its
     slice. `params` is a sequence of one pytree per stage; `batch` and
     `targets` are pytrees whose leaves have the batch on their first axis.
-    `schedule` is "gpipe", "1f1b", "interleaved-1f1b" (virtual stages:
+    What a stage takes and returns may hold integer or boolean leaves (token
+    ids, masks), which have no gradient. `schedule` is "gpipe", "1f1b", "interleaved-1f1b" (virtual stages:
     slices repeat round-robin, stage s on the (s % D)-th of D slices),
     "zb-h1" (backwards split into input and weight gradients) or "auto"
     (each simulated, the fastest that fits picked: schedule_choice.py).

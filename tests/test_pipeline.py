@@ -316,6 +316,49 @@ def test_tied_parameters_must_exist_and_match_in_shape():
         lower([(0, "w"), (1, "w")])
 
 
+def embed_with_mask(params, tokens):
+    return params["embedding"][tokens], tokens > 3
+
+
+def masked_block(params, x):
+    hidden, mask = x
+    return jnp.tanh(hidden @ params["w"]) * mask[:, None], mask
+
+
+def masked_head(params, x):
+    hidden, mask = x
+    return jnp.where(mask[:, None], hidden @ params["w"], 0.0)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_integer_and_boolean_activations_pass_between_stages_without_gradients(two_islands, schedule):
+    rng = np.random.default_rng(9)
+    stages = [embed_with_mask, masked_block, masked_block, masked_head]
+    params = [{"embedding": rng.normal(0, 0.5, (16, 8)).astype(np.float32)}] + [
+        {"w": rng.normal(0, 0.3, (8, 8)).astype(np.float32)} for _ in range(3)]
+    tokens = rng.integers(0, 16, 16).astype(np.int32)
+    target = rng.normal(size=(16, 8)).astype(np.float32)
+
+    def unpipelined(params):
+        x = tokens
+        for fn, p in zip(stages, params):
+            x = fn(p, x)
+        return mse(x, target)
+    expected_loss, expected_grads = jax.value_and_grad(unpipelined)(params)
+    # The mask (bool) goes from stage 0 through the middle stages to the last; tokens (int32) are the
+    # only stage's input in a one-stage pipeline. Neither has a gradient.
+    slices = [pw.virtual_slice(1, axes="x", island=f"island{s % 2}") for s in range(4)]
+    step = pw.pipeline(stages, slices, loss=mse, schedule=schedule, micro_batches=4)
+    loss, grads = fetch(step.run(params, tokens, target, client=two_islands))
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    for ours, theirs in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)
+    step = pw.pipeline([embed], slices[:1], loss=mse, schedule=schedule, micro_batches=4)
+    loss, grads = fetch(step.run(params[:1], tokens, target, client=two_islands))
+    np.testing.assert_allclose(loss, mse(embed(params[0], tokens), target), rtol=1e-5)
+    assert grads[0]["embedding"].shape == (16, 8)
+
+
 def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_path):
     slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
     params, x, _ = two_stages(seed=4, rows=32)
