@@ -382,3 +382,17 @@ def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_pa
     bubbles = {s: pw.pipeline([stage] * 4, four, loss=mse, schedule=s, micro_batches=8).draw(str(tmp_path / f"{s}4.png"))
                for s in ("1f1b", "zb-h1")}
     assert bubbles["1f1b"] == pytest.approx(3 / 11) and bubbles["zb-h1"] < bubbles["1f1b"]
+
+
+def test_a_one_row_schedule_picture_has_room_for_its_title_axis_and_legend(tmp_path):
+    import warnings
+
+    # One stage, or all stages interleaved on one slice: one row, where matplotlib's tight layout gave up (a
+    # UserWarning, and a picture with its title and legend cut off).
+    one = pw.virtual_slice(1, axes="x")
+    for stages, schedule in ((1, "1f1b"), (3, "interleaved-1f1b")):
+        step = pw.pipeline([stage] * stages, [one] * stages, loss=mse, schedule=schedule, micro_batches=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert step.draw(str(tmp_path / f"{schedule}.png")) == 0.0
+        assert (tmp_path / f"{schedule}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
