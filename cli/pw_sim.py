@@ -181,6 +181,13 @@ def pipeline(profile_name, stages, micro, slices, memory_bytes, here, rounds, ou
     from pathways_mlir.sim import scale, schedules
     from pathways_mlir.sim.profile import load_profile
 
+    source = click.get_current_context().get_parameter_source
+    given = [flag for flag, name in (("--stages", "stages"), ("--micro-batches", "micro"), ("--slices", "slices"),
+                                     ("--memory", "memory_bytes"))
+             if source(name) is click.core.ParameterSource.COMMANDLINE]
+    if here and given:
+        raise SimCliError(f"--here measures its own 4-stage step (sim/programs.py's training_pipeline), which takes "
+                          f"no {' or '.join(given)}")
     if here:
         from pathways_mlir.runtime.cluster import prepare_host_devices
 
