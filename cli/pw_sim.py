@@ -181,6 +181,13 @@ def pipeline(profile_name, stages, micro, slices, memory_bytes, here, rounds, ou
     from pathways_mlir.sim import scale, schedules
     from pathways_mlir.sim.profile import load_profile
 
+    source = click.get_current_context().get_parameter_source
+    given = [flag for flag, name in (("--stages", "stages"), ("--micro-batches", "micro"), ("--slices", "slices"),
+                                     ("--memory", "memory_bytes"))
+             if source(name) is click.core.ParameterSource.COMMANDLINE]
+    if here and given:
+        raise SimCliError(f"--here measures its own 4-stage step (sim/programs.py's training_pipeline), which takes "
+                          f"no {' or '.join(given)}")
     if here:
         from pathways_mlir.runtime.cluster import prepare_host_devices
 
@@ -192,6 +199,11 @@ def pipeline(profile_name, stages, micro, slices, memory_bytes, here, rounds, ou
         if stages % slices or micro % slices or scale.DEVICES % stages:
             raise SimCliError(f"--stages {stages} and --micro-batches {micro} must be multiples of --slices {slices}, "
                               f"and {scale.DEVICES} devices a multiple of the stages")
+        if scale.LAYERS % stages:
+            raise SimCliError(f"--stages {stages} must divide the model's {scale.LAYERS} layers")
+        if scale.BATCH_TOKENS % micro or scale.BATCH_TOKENS // micro % (scale.DEVICES // slices):
+            raise SimCliError(f"--micro-batches {micro} must cut the batch of {scale.BATCH_TOKENS} tokens into "
+                              f"micro-batches that a slice's {scale.DEVICES // slices} devices split evenly")
         reports = {}
         for schedule, count in (("gpipe", stages), ("1f1b", stages), ("interleaved-1f1b", slices)):
             plan = scale.training_pipeline(stages, 1, profile, micro, schedule, count)

@@ -48,11 +48,13 @@ whose next step's inputs exist runs it):
 from __future__ import annotations
 
 import numbers
+from collections import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from . import schedule_choice, schedule_picture
@@ -200,15 +202,28 @@ def _forward(stage: Callable) -> Callable:
     return forward
 
 
+def _inexact(leaf) -> bool:
+    """Whether `leaf` has gradients: a floating or complex array, not integers or booleans (token ids, masks)."""
+    return jnp.issubdtype(leaf.dtype, jnp.inexact)
+
+
+def _cotangent(y: Any, grad_y: Any) -> Any:
+    """The cotangent of a stage's output `y` from the gradient its next stage sent: that has None for each
+    integer or boolean leaf of `y`, whose cotangent is float0 zeros."""
+    return jax.tree.map(lambda a, g: np.zeros(a.shape, jax.dtypes.float0) if g is None else g, y, grad_y)
+
+
 def _backward(stage: Callable, returns: str, name: str = "backward") -> Callable:
     """The backward of a stage from its saved residuals: it returns the running gradient sum and
     the input gradient ("both"), the sum only ("weights") or the input gradient only ("input";
     XLA then drops the weight gradient's work, and "weights" the input gradient's)."""
     def backward(params, state, x, saved, grad_y, grad_sum):
-        _, vjp, _ = _vjp(stage, params, state, x)
+        y, vjp, _ = _vjp(stage, params, state, x)
         leaves, tree = jax.tree.flatten(vjp)
         own, rest = _inputs((params, state, x)), iter(saved)
-        grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(grad_y)
+        grad_params, grad_x = jax.tree.unflatten(tree, [v if id(v) in own else next(rest) for v in leaves])(
+            _cotangent(y, grad_y))
+        grad_x = jax.tree.map(lambda g: None if g.dtype == jax.dtypes.float0 else g, grad_x)
         if returns == "input":
             return grad_x
         grad_sum = grad_params if grad_sum is None else jax.tree.map(jnp.add, grad_sum, grad_params)
@@ -220,11 +235,26 @@ def _backward(stage: Callable, returns: str, name: str = "backward") -> Callable
 def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
     def mean_loss(params, x, state, target):
         y, new_state = stage(params, state, x)
-        return loss(y, target) / micro_batches, new_state
+        value = loss(y, target)
+        if jnp.ndim(value) != 0:
+            raise ValueError(f"loss {name_of(loss)!r} returned shape {jnp.shape(value)}, not a scalar: a pipeline's "
+                             f"loss is a mean over the rows of the last stage's output")
+        return value / micro_batches, new_state
 
     def forward_backward(params, state, x, target, sums):
-        (value, new_state), (grad_params, grad_x) = jax.value_and_grad(
-            mean_loss, argnums=(0, 1), has_aux=True)(params, x, state, target)
+        # Only the inexact leaves of x have gradients; the others (token ids, masks) get None.
+        leaves, tree = jax.tree.flatten(x)
+        inexact = [i for i, leaf in enumerate(leaves) if _inexact(leaf)]
+
+        def mean_loss_of(params, floats):
+            whole = list(leaves)
+            for i, leaf in zip(inexact, floats):
+                whole[i] = leaf
+            return mean_loss(params, jax.tree.unflatten(tree, whole), state, target)
+        (value, new_state), (grad_params, grad_floats) = jax.value_and_grad(
+            mean_loss_of, argnums=(0, 1), has_aux=True)(params, [leaves[i] for i in inexact])
+        grads = dict(zip(inexact, grad_floats))
+        grad_x = jax.tree.unflatten(tree, [grads.get(i) for i in range(len(leaves))])
         if sums is not None:
             value, grad_params = jax.tree.map(jnp.add, (value, grad_params), sums)
         return (value, grad_params), grad_x, new_state
@@ -288,12 +318,39 @@ def _check_tied(tied: Sequence[Sequence[tuple]], stages: int) -> list[list[tuple
     """Returns each group of tied parameters as (stage, path) pairs, checking the stages."""
     groups = []
     for group in tied:
+        if not isinstance(group, (list, tuple)) or any(not isinstance(e, (list, tuple)) or not e for e in group):
+            raise ValueError(f"tied group {group!r} must be a list of (stage, key, ...) tuples, as in "
+                             f"tied=[[(0, 'embedding'), (3, 'embedding')]]")
         pairs = [(entry[0], tuple(entry[1:])) for entry in group]
         if len(pairs) < 2 or any(not isinstance(s, int) or not 0 <= s < stages for s, _ in pairs):
             raise ValueError(f"tied group {group!r} must name two or more parameters as (stage, key, ...) "
                              f"with a stage in [0, {stages})")
         groups.append(pairs)
     return groups
+
+
+def _tied_parameters(params: Sequence, groups: list[list[tuple[int, tuple]]]) -> None:
+    """Checks that each tied group names parameters of `params` that have one structure, shape and dtype."""
+    for pairs in groups:
+        layouts = []
+        for s, path in pairs:
+            try:
+                found = _at(params[s], path)
+            except (KeyError, IndexError, TypeError):
+                raise ValueError(f"tied parameter {(s, *path)!r}: stage {s}'s params have nothing at "
+                                 f"{list(path)}") from None
+            leaves = [(tuple(v.shape), str(v.dtype)) for v in jax.tree.leaves(found)]
+            layouts.append((jax.tree.structure(found), leaves))
+        for (s, path), layout in zip(pairs[1:], layouts[1:]):
+            if layout != layouts[0]:
+                raise ValueError(f"tied parameters {(pairs[0][0], *pairs[0][1])!r} and {(s, *path)!r} differ "
+                                 f"({_describe(layouts[0])} and {_describe(layout)}): tied copies must have "
+                                 f"one shape and dtype")
+
+
+def _describe(layout: tuple) -> str:
+    """A tied parameter's shapes and dtypes as text: `float32[8, 8]`, several joined by commas."""
+    return ", ".join(f"{dtype}{list(shape)}" for shape, dtype in layout[1]) or "no arrays"
 
 
 @dataclass(frozen=True)
@@ -335,6 +392,32 @@ def stage_functions(stages: Sequence[Callable], loss: Callable, micro_batches: i
                           [_backward(f, "weights", "weight_grad") for f in stages[:-1]])
 
 
+def _per_stage(name: str, values: Any, stages: int) -> Sequence:
+    """Returns `values`, checking that it is a list or tuple of one entry per stage (`name` in the error)."""
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{name} must be a list of one pytree per stage ({stages} stages), not a "
+                         f"{type(values).__name__}")
+    if len(values) != stages:
+        raise ValueError(f"{name} has {len(values)} entries for {stages} stages")
+    return values
+
+
+def _same_rows(batch: Any, targets: Any) -> None:
+    """Checks that every leaf of `batch` and `targets` has a first axis (the batch's rows), of one size."""
+    first = None
+    for name, tree in (("batch", batch), ("targets", targets)):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            where, shape = f"{name}{jax.tree_util.keystr(path)}", tuple(leaf.shape)
+            if not shape:
+                raise ValueError(f"{where} is a scalar: every leaf of a pipeline's batch and targets has the "
+                                 f"batch's rows on its first axis")
+            if first is None:
+                first = where, shape[0]
+            elif shape[0] != first[1]:
+                raise ValueError(f"{where} has {shape[0]} rows and {first[0]} {first[1]}: every leaf of a "
+                                 f"pipeline's batch and targets has the batch's rows on its first axis")
+
+
 def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch: Any, targets: Any,
                  states: Sequence | None = None):
     """Calls `functions` tick by tick (see `tick_order`); returns the loss, each stage's gradients
@@ -345,11 +428,9 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
     the same state as its forward.
     """
     last = len(functions.forward)
-    if len(params) != last + 1:
-        raise ValueError(f"params has {len(params)} entries for {last + 1} stages")
-    states = list(states) if states is not None else [None] * (last + 1)
-    if len(states) != last + 1:
-        raise ValueError(f"states has {len(states)} entries for {last + 1} stages")
+    _per_stage("params", params, last + 1)
+    states = list(_per_stage("states", states, last + 1)) if states is not None else [None] * (last + 1)
+    _same_rows(batch, targets)
     inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
     targets = functions.split_targets(targets)
     saved, grad_in, sums, state_in = {}, {}, [None] * (last + 1), {}
@@ -392,7 +473,8 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     stage (`[optimizer.init(p) for p in params]`), each stage updated on its
     slice. `params` is a sequence of one pytree per stage; `batch` and
     `targets` are pytrees whose leaves have the batch on their first axis.
-    `schedule` is "gpipe", "1f1b", "interleaved-1f1b" (virtual stages:
+    What a stage takes and returns may hold integer or boolean leaves (token
+    ids, masks), which have no gradient. `schedule` is "gpipe", "1f1b", "interleaved-1f1b" (virtual stages:
     slices repeat round-robin, stage s on the (s % D)-th of D slices),
     "zb-h1" (backwards split into input and weight gradients) or "auto"
     (each simulated, the fastest that fits picked: schedule_choice.py).
@@ -427,6 +509,17 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     """
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, numbers.Integral) or micro_batches < 1:
         raise ValueError(f"micro_batches must be a positive integer, not {micro_batches!r:.40}")
+    if isinstance(stages, str) or not isinstance(stages, abc.Sequence):
+        raise TypeError(f"stages must be a list of functions, one per stage, not a {type(stages).__name__}")
+    for s, stage in enumerate(stages):
+        if not callable(stage):
+            raise TypeError(f"stages[{s}] is {stage!r:.40}, not a function")
+    if isinstance(slices, str) or not isinstance(slices, abc.Sequence):
+        raise TypeError(f"slices must be a list of virtual slices, one per stage, not a {type(slices).__name__}")
+    if not callable(loss):
+        raise TypeError(f"loss must be a function loss(y, target), not {loss!r:.40}")
+    if optimizer is not None and not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        raise TypeError(f"optimizer must be an optax GradientTransformation (init and update), not {optimizer!r:.40}")
     if schedule == "auto":
         return schedule_choice.AutoPipeline(lambda s: pipeline(
             stages, slices, loss=loss, schedule=s, micro_batches=micro_batches, optimizer=optimizer,
@@ -469,6 +562,7 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
 
     def train(params, opt_states, states, batch, targets):
         value, grads, states = run_schedule(ticks, placed, params, batch, targets, states)
+        _tied_parameters(params, groups)
         for pairs, add in zip(groups, sums):
             total = add(*(_at(grads[s], path) for s, path in pairs))
             for s, path in pairs:
@@ -478,6 +572,7 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
         if optimizer_scope == "tree":
             new_params, opt_states = update(list(params), grads, opt_states)
             return new_params, opt_states, states, value
+        _per_stage("opt_states", opt_states, len(stages))
         new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
         return [p for p, _ in new], [o for _, o in new], states, value
 

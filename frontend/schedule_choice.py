@@ -145,6 +145,13 @@ class AutoPipeline:
         return self.choose(*args, runtime=runtime, **kwargs).program.run(
             *args, dispatch=dispatch, client=client, timeout=timeout, **kwargs)
 
+    def draw(self, path: str, trace=None) -> float:
+        """Draws the latest pick's schedule as `PipelineProgram.draw` does (planned, or measured with `trace`)."""
+        if self.choice is None:
+            raise ValueError("a pipeline with schedule='auto' has no schedule to draw before it picks one: call "
+                             "the step (or step.choose(*args)) first")
+        return self.choice.program.draw(path, trace)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the picked schedule's step on the cluster (results are handles)."""
         if current_program() is not None or has_tracers((args, kwargs)):

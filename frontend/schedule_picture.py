@@ -102,7 +102,8 @@ def draw(boxes: Sequence[Box], path: str, title: str, row_names: Sequence[str]) 
 
     idle = bubble(boxes)
     origin = min(b.start for b in boxes)
-    fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * len(row_names)))
+    # The layout makes room for the title, the axis and the legend below it, however few the rows.
+    fig, ax = plt.subplots(figsize=(10, 1.3 + 0.45 * len(row_names)), layout="constrained")
     for b in boxes:
         ax.broken_barh([(b.start - origin, b.end - b.start)], (b.row - 0.4, 0.8), facecolors=COLORS[b.kind],
                        edgecolor="white", linewidth=0.5)
@@ -113,10 +114,8 @@ def draw(boxes: Sequence[Box], path: str, title: str, row_names: Sequence[str]) 
     ax.invert_yaxis()
     ax.set_title(f"{title}: bubble {idle:.1%}")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("F", "B", "W", "FB")]
-    ax.legend(handles, ["forward", "backward (ZB: input grad)", "weight grad", "last stage F+B"],
-              fontsize="small", ncol=4, loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if len(row_names) < 3 else -0.12))
-    fig.tight_layout()
+    fig.legend(handles, ["forward", "backward (ZB: input grad)", "weight grad", "last stage F+B"],
+               fontsize="small", ncol=4, loc="outside lower center")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return idle

@@ -87,6 +87,21 @@ def test_unknown_schedules_and_mismatched_slices_are_errors():
         schedule_steps("interleaved-1f1b", 4, 3, 2)
 
 
+def test_stages_slices_loss_and_optimizer_of_the_wrong_kind_are_one_error_line():
+    a, b = pw.virtual_slice(1, axes="x"), pw.virtual_slice(1, axes="x")
+    for kwargs, message in (
+            (dict(stages=jnp.tanh, slices=[a]), r"^stages must be a list of functions, one per stage, not a "),
+            (dict(stages=[jnp.tanh, None], slices=[a, b]), r"^stages\[1\] is None, not a function$"),
+            (dict(stages=[jnp.tanh], slices=a), r"^slices must be a list of virtual slices, one per stage, not a "
+                                                r"Slice$"),
+            (dict(stages=[jnp.tanh], slices=[a], loss="mse"),
+             r"^loss must be a function loss\(y, target\), not 'mse'$"),
+            (dict(stages=[jnp.tanh], slices=[a], optimizer="adam"),
+             r"^optimizer must be an optax GradientTransformation \(init and update\), not 'adam'$")):
+        with pytest.raises(TypeError, match=message):
+            pw.pipeline(**{"loss": jnp.mean, "micro_batches": 2, **kwargs})
+
+
 def stage(params, x):
     return jnp.tanh(x @ params["w"] + params["b"])
 
@@ -168,6 +183,30 @@ def test_micro_batches_the_batch_axis_cannot_split_are_one_error_line():
         step.lower(params, x, target)
 
 
+def test_batch_and_targets_leaves_without_one_number_of_rows_are_one_error_line():
+    params, x, target = two_stages(seed=7, rows=8)
+    step = pw.pipeline([stage, stage], [pw.virtual_slice(1, axes="x") for _ in range(2)], loss=mse, micro_batches=2)
+    # 2 target rows cut into 2 micro-batches are 1 row each, which broadcasts against 4 rows: a wrong loss, silently.
+    with pytest.raises(ValueError, match=r"^targets has 2 rows and batch 8: every leaf of a pipeline's batch and "
+                                         r"targets has the batch's rows on its first axis$"):
+        step.lower(params, x, target[:2])
+    with pytest.raises(ValueError, match=r"^batch\['mask'\] is a scalar: every leaf"):
+        pw.pipeline([lambda p, b: stage(p, b["x"]), stage], [pw.virtual_slice(1, axes="x") for _ in range(2)],
+                    loss=mse, micro_batches=2).lower(params, {"x": x, "mask": np.float32(1)}, target)
+
+
+def test_a_loss_that_is_not_a_scalar_is_one_error_line():
+    params, x, target = two_stages(seed=8, rows=8)
+
+    def squared_errors(y, target):           # no mean: one loss per element
+        return (y - target) ** 2
+    step = pw.pipeline([stage, stage], [pw.virtual_slice(1, axes="x") for _ in range(2)], loss=squared_errors,
+                       micro_batches=2)
+    with pytest.raises(ValueError, match=r"^loss 'squared_errors' returned shape \(4, 32\), not a scalar: a "
+                                         r"pipeline's loss is a mean over the rows of the last stage's output"):
+        step.lower(params, x, target)
+
+
 def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
     import optax
 
@@ -241,6 +280,85 @@ def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands)
         pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
 
 
+def test_params_and_opt_states_that_are_not_one_per_stage_are_one_error_line():
+    import optax
+
+    params, x, target = two_stages(seed=6, rows=8)
+    slices = [pw.virtual_slice(1, axes="x") for _ in range(2)]
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2)
+    with pytest.raises(ValueError, match=r"^params must be a list of one pytree per stage \(2 stages\), not a dict$"):
+        step.lower(params[0], x, target)          # one stage's params, not the list
+    with pytest.raises(ValueError, match=r"^params has 1 entries for 2 stages$"):
+        step.lower(params[:1], x, target)
+    tx = optax.sgd(0.1)
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, optimizer=tx)
+    with pytest.raises(ValueError, match=r"^opt_states has 1 entries for 2 stages$"):
+        step.lower(params, [tx.init(params[0])], x, target)
+    with pytest.raises(ValueError, match=r"^opt_states must be a list of one pytree per stage \(2 stages\), not a "
+                                         r"dict$"):
+        step.lower(params, {"stage0": tx.init(params[0]), "stage1": tx.init(params[1])}, x, target)
+
+
+def test_tied_parameters_must_exist_and_match_in_shape():
+    params, x, target = two_stages(seed=5, rows=8)
+    slices = [pw.virtual_slice(1, axes="x") for _ in range(2)]
+
+    def lower(tied):
+        pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, tied=tied).lower(params, x, target)
+    # A weight tied to a bias would get the sum broadcast to the weight's shape as the bias's gradient.
+    with pytest.raises(ValueError, match=r"^tied parameters \(0, 'w'\) and \(1, 'b'\) differ \(float32\[32, 32\] "
+                                         r"and float32\[32\]\): tied copies must have one shape and dtype$"):
+        lower([[(0, "w"), (1, "b")]])
+    with pytest.raises(ValueError, match=r"^tied parameter \(0, 'kernel'\): stage 0's params have nothing at "
+                                         r"\['kernel'\]$"):
+        lower([[(0, "kernel"), (1, "w")]])
+    with pytest.raises(ValueError, match=r"^tied group \(0, 'w'\) must be a list of \(stage, key, ...\) tuples"):
+        lower([(0, "w"), (1, "w")])
+
+
+def embed_with_mask(params, tokens):
+    return params["embedding"][tokens], tokens > 3
+
+
+def masked_block(params, x):
+    hidden, mask = x
+    return jnp.tanh(hidden @ params["w"]) * mask[:, None], mask
+
+
+def masked_head(params, x):
+    hidden, mask = x
+    return jnp.where(mask[:, None], hidden @ params["w"], 0.0)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_integer_and_boolean_activations_pass_between_stages_without_gradients(two_islands, schedule):
+    rng = np.random.default_rng(9)
+    stages = [embed_with_mask, masked_block, masked_block, masked_head]
+    params = [{"embedding": rng.normal(0, 0.5, (16, 8)).astype(np.float32)}] + [
+        {"w": rng.normal(0, 0.3, (8, 8)).astype(np.float32)} for _ in range(3)]
+    tokens = rng.integers(0, 16, 16).astype(np.int32)
+    target = rng.normal(size=(16, 8)).astype(np.float32)
+
+    def unpipelined(params):
+        x = tokens
+        for fn, p in zip(stages, params):
+            x = fn(p, x)
+        return mse(x, target)
+    expected_loss, expected_grads = jax.value_and_grad(unpipelined)(params)
+    # The mask (bool) goes from stage 0 through the middle stages to the last; tokens (int32) are the
+    # only stage's input in a one-stage pipeline. Neither has a gradient.
+    slices = [pw.virtual_slice(1, axes="x", island=f"island{s % 2}") for s in range(4)]
+    step = pw.pipeline(stages, slices, loss=mse, schedule=schedule, micro_batches=4)
+    loss, grads = fetch(step.run(params, tokens, target, client=two_islands))
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    for ours, theirs in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)
+    step = pw.pipeline([embed], slices[:1], loss=mse, schedule=schedule, micro_batches=4)
+    loss, grads = fetch(step.run(params[:1], tokens, target, client=two_islands))
+    np.testing.assert_allclose(loss, mse(embed(params[0], tokens), target), rtol=1e-5)
+    assert grads[0]["embedding"].shape == (16, 8)
+
+
 def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_path):
     slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
     params, x, _ = two_stages(seed=4, rows=32)
@@ -264,3 +382,17 @@ def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_pa
     bubbles = {s: pw.pipeline([stage] * 4, four, loss=mse, schedule=s, micro_batches=8).draw(str(tmp_path / f"{s}4.png"))
                for s in ("1f1b", "zb-h1")}
     assert bubbles["1f1b"] == pytest.approx(3 / 11) and bubbles["zb-h1"] < bubbles["1f1b"]
+
+
+def test_a_one_row_schedule_picture_has_room_for_its_title_axis_and_legend(tmp_path):
+    import warnings
+
+    # One stage, or all stages interleaved on one slice: one row, where matplotlib's tight layout gave up (a
+    # UserWarning, and a picture with its title and legend cut off).
+    one = pw.virtual_slice(1, axes="x")
+    for stages, schedule in ((1, "1f1b"), (3, "interleaved-1f1b")):
+        step = pw.pipeline([stage] * stages, [one] * stages, loss=mse, schedule=schedule, micro_batches=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert step.draw(str(tmp_path / f"{schedule}.png")) == 0.0
+        assert (tmp_path / f"{schedule}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -98,6 +98,17 @@ def test_a_schedule_the_slices_rule_out_is_not_offered(four_islands):
     assert re.search(r"interleaved-1f1b +not offered: .*multiples of the slices \(4\)", choice.summary())
 
 
+def test_auto_draws_the_schedule_it_picked(four_islands, tmp_path):
+    params, x, target = example()
+    step = auto(micro_batches=4)
+    with pytest.raises(ValueError, match=r"^a pipeline with schedule='auto' has no schedule to draw before it picks "
+                                         r"one: call the step \(or step.choose\(\*args\)\) first$"):
+        step.draw(str(tmp_path / "auto.png"))
+    choice = step.choose(params, x, target, runtime=four_islands.runtime)
+    assert step.draw(str(tmp_path / "auto.png")) == choice.program.draw(str(tmp_path / "pick.png"))
+    assert (tmp_path / "auto.png").read_bytes() == (tmp_path / "pick.png").read_bytes()
+
+
 def test_bad_auto_options_are_one_line_errors():
     for bad in (0, -5, 1.5, True):
         with pytest.raises(ValueError, match=r"^memory_bytes must be a positive number of bytes per device"):

@@ -180,7 +180,14 @@ def test_bad_profiles_and_inputs_are_one_line(tmp_path, capsys):
             (["run", ir_path], "needs --topology"),
             (["run", str(tmp_path / "missing.json")], "no such file"),
             (["run", ir_path, "--topology", "2x6"], "multiple of 4"),
-            (["pipeline", "--stages", "6", "--slices", "4"], "must be multiples of --slices 4")):
+            (["pipeline", "--stages", "6", "--slices", "4"], "must be multiples of --slices 4"),
+            (["pipeline", "--stages", "64", "--slices", "32"], "--stages 64 must divide the model's 32 layers"),
+            (["pipeline", "--stages", "2", "--micro-batches", "3"], "--micro-batches 3 must cut the batch"),
+            (["pipeline", "--stages", "2", "--micro-batches", "16384"], "--micro-batches 16384 must cut"),
+            (["pipeline", "--here", "--stages", "8"], "--here measures its own 4-stage step (sim/programs.py's "
+                                                      "training_pipeline), which takes no --stages"),
+            (["pipeline", "--here", "--micro-batches", "4", "--memory", "5"], "which takes no --micro-batches or "
+                                                                               "--memory")):
         assert pw_sim(argv) == 1
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and message in err, (argv, err)
