@@ -179,7 +179,7 @@ class Dispatcher:
             self._await_over(run, timeout)
         island = run.island_of(buffer)
         if island is None:
-            return run.host.setdefault(buffer, Future()).result(timeout)
+            return run.host_value(buffer).result(timeout)
         try:
             return self.runtime.islands[island].fetch(run.id, buffer, timeout)
         except RunFailed:
@@ -235,7 +235,7 @@ class Dispatcher:
             value = self.fetch(inner, inner_buffer)
             island = run.island_of(buffer)
             if island is None:
-                run.host.setdefault(buffer, Future()).set_result(value)
+                run.settle_host(buffer, value)   # unless the run failed meanwhile (a cancel)
             else:
                 inputs.setdefault(island, []).append((buffer, value))
         self.runtime.release_results(inner)
@@ -270,7 +270,7 @@ class Dispatcher:
         """Returns once a buffer of `run` exists (a host buffer's value is set), bringing no array here."""
         island = run.island_of(buffer)
         if island is None:
-            run.host.setdefault(buffer, Future()).result()
+            run.host_value(buffer).result()
         else:
             self.runtime.islands[island].produced(run.id, buffer)
 

@@ -11,6 +11,7 @@ went wrong its error, and once it is over its measured device time.
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from pathways_mlir.dialect.plan import ProgramPlan
@@ -49,6 +50,22 @@ class Run:
         self.device_seconds: float | None = None   # measured once it is over, if its islands could tell
         self.retired = False              # the gang scheduler is done with it: over, its memory given back (or
                                           # cancelled while queued)
+
+    def host_value(self, buffer: int) -> Future:
+        """Returns the future of a host buffer's value (made the first time it is asked for)."""
+        return self.host.setdefault(buffer, Future())
+
+    def settle_host(self, buffer: int, value: Any = None, error: BaseException | None = None) -> None:
+        """Sets a host buffer's value, or with `error` its failure; the first outcome stays (a cancel and the
+        thread of the run's cond may both settle it)."""
+        future = self.host_value(buffer)
+        try:
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+        except InvalidStateError:
+            pass
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""

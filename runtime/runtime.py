@@ -13,7 +13,6 @@ import atexit
 import heapq
 import threading
 import time
-from concurrent.futures import Future, InvalidStateError
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
@@ -184,18 +183,16 @@ class Runtime:
             self.scheduler.release_result(run, buffer)
 
     def fail_run(self, run: Run, error: BaseException) -> None:
-        """Fails a run on every island it uses: whatever reads its buffers (host ones too) raises `error`."""
-        run.error = error
+        """Fails a run on every island it uses: whatever reads its buffers (host ones too) raises `error`. A run
+        that failed already keeps its first error (a cancel, then its cond's thread failing on that)."""
+        if run.error is None:
+            run.error = error
+        error = run.error
         for island in run.islands:
             self.islands[island].fail_run(run.id, error)
         for buffer, info in run.plan.buffers.items():
             if info.slice is None:
-                future = run.host.setdefault(buffer, Future())
-                if not future.done():
-                    try:
-                        future.set_exception(raised(error))
-                    except InvalidStateError:   # set by the branch meanwhile
-                        pass
+                run.settle_host(buffer, error=raised(error))
 
     def lose_island(self, name: str) -> int:
         """Fails island `name` as a dead host would; returns the new topology version.

@@ -8,6 +8,7 @@ test_ray_elastic.py. The Ray half is skipped where Ray is not installed.
 """
 
 import importlib.util
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -158,6 +159,31 @@ def test_a_cancelled_run_fails_its_handles_although_its_island_heard_of_it_only_
         assert held and all(run_id == run.id for _, run_id, _ in held)
         with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):
             value(across.run(made, client=client))
+    assert settled(runtime, WAIT)
+
+
+def test_a_cond_program_cancelled_while_its_branch_computes_raises_its_cancel(runtime):
+    """The cond's thread had the branch's result to hand on once the cancel had failed the program's result:
+    setting it raised InvalidStateError in that thread, which then failed the run with that error instead of
+    the cancel (the first failure is the run's)."""
+    spin = pw.jit(lambda x: jax.lax.fori_loop(0, 2_000_000, lambda i, y: jnp.cos(y), x), slice=left,
+                  in_specs=P("x"), out_specs=P("x"))
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=left, in_specs=P("x"), out_specs=P())
+
+    @pw.program
+    def slow_route(x):
+        return pw.cond(positive(x), spin, bend, x)       # the program's result is the cond's
+
+    with Client(runtime) as client:
+        made = slow_route.run(np.abs(X), client=client)
+        run = made._run
+        until(lambda: any(r.parent is run for r in list(runtime.scheduler._in_flight.values())),
+              "the branch run admitted", WAIT)
+        assert client.cancel(made)
+        until(lambda: not any(t.name == "pw-cond" and t.is_alive() for t in threading.enumerate()),
+              "the cond's thread over", WAIT)
+        with pytest.raises(RunCancelled, match=r"run \d+ of slow_route was cancelled by client"):
+            value(made)
     assert settled(runtime, WAIT)
 
 
