@@ -327,7 +327,9 @@ def test_measured_device_time_replaces_the_estimate(device_map, plan_builder):
         rt.close()
 
 
-def test_a_branch_that_cannot_fit_beside_its_parent_fails_instead_of_waiting_for_ever(device_map, plan_builder):
+def test_a_program_whose_branch_cannot_fit_beside_it_fails_at_once(device_map, plan_builder):
+    # A cond program reserves its largest branch's peak with its own: one that does not fit fails at its call,
+    # instead of its branch run waiting (or failing) once the predicate is read.
     topo = device_map.topology
     b = plan_builder(topo, "plus")
     w = b.slice("w", (2,), ("x",), "island0", (0, 2))
@@ -343,9 +345,10 @@ def test_a_branch_that_cannot_fit_beside_its_parent_fails_instead_of_waiting_for
     rt = Runtime(device_map, device_memory_bytes=parent_peak + 511)      # the branch needs 512 beside it
     try:
         with Client(rt) as client:
-            [h] = client.run(plan, [np.abs(X)])
-            with pytest.raises(OutOfDeviceMemory, match="program plus needs 512 bytes on device 0 of island0"):
-                h.result(timeout=60)
+            with pytest.raises(OutOfDeviceMemory, match=f"program main needs {parent_peak + 512} bytes on device 0 "
+                                                        f"of island0, which has only {parent_peak + 511}"):
+                client.run(plan, [np.abs(X)])
+            assert rt.status()["scheduler"]["queued"] == []
     finally:
         rt.close()
 
