@@ -27,9 +27,13 @@ class HeldResults:
     def check_shareable(self, run: Run, buffer: int) -> None:
         """Raises ValueError unless the result is held on devices (a run that is over, not released)."""
         key = (run.id, buffer)
+        if run.island_of(buffer) is None:
+            raise ValueError(f"buffer {buffer} of run {run.id} of {run.plan.program} cannot be shared: the host "
+                             f"keeps it (a pw.cond's result that the program returns as it is; pass it through a "
+                             f"placed function to keep it on an island)")
         if key not in self.held or key in self._unshared:
             raise ValueError(f"buffer {buffer} of run {run.id} of {run.plan.program} cannot be shared: it is "
-                             f"not held on devices (released, failed, or a host value)")
+                             f"not held on devices (released, or its run failed)")
 
     def release(self, run: Run, buffer: int, donated: bool = False) -> bool:
         """A result's handle was released; returns whether bytes went back to the ledger now (see

@@ -177,6 +177,23 @@ def test_only_a_result_the_client_owns_and_holds_can_be_shared(runtime, plan_bui
             elsewhere.close()
 
 
+def test_a_conds_result_that_the_host_keeps_cannot_be_shared_and_says_why(runtime):
+    from jax.sharding import PartitionSpec as P
+    pair = pw.virtual_slice(2, axes="x", island="island0")
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=pair, in_specs=P("x"), out_specs=P())
+    double = pw.jit(lambda x: x * 2.0, slice=pair, in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def route(x):
+        return pw.cond(positive(x), double, double, x)
+
+    with Client(runtime) as owner:
+        out = route.run(np.ones(8, np.float32), client=owner)
+        with pytest.raises(ValueError, match="cannot be shared: the host keeps it .a pw.cond's result that the "
+                                             "program returns as it is; pass it through a placed function"):
+            owner.share(out, timeout=TIMEOUT)
+
+
 def test_sharing_on_the_ray_backend():
     pytest.importorskip("ray")
     rt = Runtime(backend="ray", islands=2, per_island=2)
