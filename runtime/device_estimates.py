@@ -45,6 +45,10 @@ class DeviceTimeEstimates:
         """Returns the moving average of the measured device time of runs of a plan, or None before one."""
         return self._measured.get(plan_key)
 
+    def forget(self, plan_key: int) -> None:
+        """Forgets a plan that nothing runs any more."""
+        self._measured.pop(plan_key, None)
+
     def of(self, run: Run) -> float:
         """Returns the device time of a run of its plan: measured if known, else estimated (scaled by how
         measured runs compared with their estimates)."""

@@ -23,8 +23,10 @@ scheduler.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -53,13 +55,18 @@ def check_timeout(timeout) -> None:
         raise ValueError(f"a run's timeout must be a positive number of seconds, not {timeout!r:.40}")
 
 
+_plan_keys = itertools.count()
+
+
 @dataclass(frozen=True)
 class LoadedPlan:
-    """A plan as a runtime holds it: host work done once, so a run costs a lookup and a message."""
+    """A plan as a runtime holds it: host work done once, so a run costs a lookup and a message.
 
-    key: int
-    plan: ProgramPlan                          # the plan as given (its identity is the cache key), with its
-                                               # frees and peaks (pw-plan-memory)
+    It refers to its plan weakly: whoever runs the plan holds it (a compiled program, a run, a handle), and
+    once nobody does the runtime forgets it (`Runtime.load`)."""
+
+    key: int                                   # unique for the runtime's life (an id() is reused)
+    plan_ref: weakref.ref                      # the plan as given, with its frees and peaks (pw-plan-memory)
     islands: tuple[str, ...]                   # every island with steps or buffers
     need: Need
     inputs: tuple[tuple[int, str | None, tuple[int, ...]], ...]   # (buffer, island, shape) per argument
@@ -67,6 +74,11 @@ class LoadedPlan:
     held: dict[int, frozenset[int]]            # step -> the host conds it waits for (plan.conds_before)
     cost: float                                # estimated device-seconds of a run (dialect/device_time.py)
     _needs: dict = field(default_factory=dict, repr=False, compare=False)   # stored inputs -> need (cache)
+
+    @property
+    def plan(self) -> ProgramPlan | None:
+        """The plan (None once nothing else holds it)."""
+        return self.plan_ref()
 
     def need_reading(self, stored: frozenset[int]) -> Need:
         """Returns the need of a run whose input buffers `stored` are objects the store already holds on their
@@ -79,13 +91,13 @@ class LoadedPlan:
         return need
 
     @staticmethod
-    def build(key: int, plan: ProgramPlan) -> "LoadedPlan":
+    def build(plan: ProgramPlan) -> "LoadedPlan":
         """Works out what every run reuses (the plan's frees and peaks come from pw-plan-memory)."""
         held = plan.conds_before
         islands = {i for i, steps in plan.islands.items() if steps}
         islands |= {plan.island_of(b) for b in plan.buffers} - {None}
         return LoadedPlan(
-            key, plan, tuple(sorted(islands)), run_need(plan),
+            next(_plan_keys), weakref.ref(plan), tuple(sorted(islands)), run_need(plan),
             tuple((b, plan.island_of(b), plan.buffers[b].shape) for b in plan.inputs),
             {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
             held, device_seconds(plan))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import weakref
 from typing import Callable, Sequence
 
 import jax                 # before jaxlib's own module: imported first, jaxlib leaves XLA's C++ logging printing
@@ -62,10 +63,11 @@ def make_mesh(devices: Sequence, shape: Sequence[int], axes: Sequence[str]):
 
 
 class ExecutableCache:
-    """Compiled executables keyed by (name, mesh: its devices, shape and axes, shardings, shapes)."""
+    """Compiled executables keyed by (name, mesh: its devices, shape and axes, shardings, shapes), each kept
+    while an island program calls it (weakly: a plan unloaded takes the executables only it used along)."""
 
     def __init__(self):
-        self._compiled: dict[tuple, Callable] = {}
+        self._compiled: weakref.WeakValueDictionary[tuple, Callable] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self.compilations = 0
 
@@ -92,10 +94,11 @@ class ExecutableCache:
             return compiled
         compiled = self._compile(name, plan, mesh, ins, outs, donate)
         with self._lock:
-            if key not in self._compiled:
-                self._compiled[key] = compiled
+            kept = self._compiled.get(key)
+            if kept is None:
+                self._compiled[key] = kept = compiled
                 self.compilations += 1
-            return self._compiled[key]
+            return kept
 
     @staticmethod
     def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs, donate: tuple[int, ...]) -> Callable:

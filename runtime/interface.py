@@ -85,6 +85,9 @@ class IslandEndpoint(Protocol):
     def prepare(self, key: int, step_ids) -> None:
         """Compiles the executables of those steps of a loaded plan."""
 
+    def unload(self, key: int) -> None:
+        """Forgets a loaded plan that nothing runs any more (its runs are over)."""
+
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
         """Returns a run's buffer once it exists; raises the run's error if it failed."""
 

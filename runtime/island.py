@@ -60,6 +60,7 @@ import functools
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, Hashable
 
 from pathways_mlir.dialect.plan import ProgramPlan
@@ -90,7 +91,8 @@ class Island(IslandExecutor):
         self._transport = transport
         self._peer = peer
         self.tracer: Tracer | None = None    # set while the runtime records a trace
-        self._plans: dict[int, tuple[ProgramPlan, IslandLayout | None]] = {}
+        # Plans by key (weakly: whoever loaded one keeps it while it runs) and their layouts here.
+        self._plans: dict[int, tuple[weakref.ref, IslandLayout | None]] = {}
         self._programs: dict[tuple[int, tuple[int, ...]], tuple[Instruction, ...]] = {}
         self._meshes: dict[tuple, object] = {}
         self._runs: dict[int, IslandRun] = {}
@@ -139,11 +141,20 @@ class Island(IslandExecutor):
     def load(self, plan_key: int, plan: ProgramPlan) -> None:
         """Keeps `plan` (with its frees and peaks, from pw-plan-memory) under `plan_key`."""
         with self.lock:
-            self._plans.setdefault(plan_key, (plan, None))
+            self._plans.setdefault(plan_key, (weakref.ref(plan), None))
+
+    def unload(self, plan_key: int) -> None:
+        """Forgets a plan and its island programs (the runtime's `_forget_unused`: its runs are over here);
+        executables that no other program calls go with them (`ExecutableCache` keeps them weakly)."""
+        with self.lock:
+            self._plans.pop(plan_key, None)
+            for key in [k for k in self._programs if k[0] == plan_key]:
+                del self._programs[key]
+            self._timed_plans.discard(plan_key)
 
     def plan(self, plan_key: int) -> ProgramPlan:
         """Returns the plan kept under `plan_key`."""
-        return self._plans[plan_key][0]
+        return self._plans[plan_key][0]()
 
     def start(self, work: IslandWork, inline: bool = False) -> bool:
         """Registers the run (so it is under way from now on) and queues its work for the executor. With
@@ -164,7 +175,7 @@ class Island(IslandExecutor):
             else:
                 try:
                     if work.run_id not in self._runs:
-                        plan = self._plans[work.plan_key][0]
+                        plan = self.plan(work.plan_key)
                         run = self._runs[work.run_id] = IslandRun(work.run_id, work.client_id, work.plan_key,
                                                                   plan.program, self._layout(work.plan_key))
                         for buffer, array in self._early.pop(work.run_id, {}).items():
@@ -190,7 +201,7 @@ class Island(IslandExecutor):
         """Takes the kept array `ref` names for `run`'s input `buffer` now, so that no later release can take
         it away; one its run has not produced yet is awaited (`_produced`), and so is one the run donates
         while a peer has yet to pull it (`returned`): the run may overwrite it. Under the lock."""
-        donated = buffer in self._plans[run.plan_key][0].donated
+        donated = buffer in self.plan(run.plan_key).donated
         arrived = functools.partial(self._arrived, run, buffer, ref.run_id)
         if donated:
             arrived = functools.partial(self._unlent, ref, arrived)
@@ -262,7 +273,7 @@ class Island(IslandExecutor):
         with self.lock:
             if self._closed or self.wedged is not None:
                 return None
-            run = self._runs[run_id] = IslandRun(run_id, client_id, plan_key, self._plans[plan_key][0].program,
+            run = self._runs[run_id] = IslandRun(run_id, client_id, plan_key, self.plan(plan_key).program,
                                                  self._layout(plan_key))
             self.executed.append((ticket, run_id, len(program)))
             self._pending += 1
@@ -454,10 +465,10 @@ class Island(IslandExecutor):
     # -- host work, once per plan --------------------------------------------
 
     def _layout(self, plan_key: int) -> IslandLayout:
-        plan, layout = self._plans[plan_key]
+        plan_ref, layout = self._plans[plan_key]
         if layout is None:
-            layout = IslandLayout.build(self, plan)
-            self._plans[plan_key] = (plan, layout)
+            layout = IslandLayout.build(self, plan_ref())
+            self._plans[plan_key] = (plan_ref, layout)
         return layout
 
     def _program(self, plan_key: int, step_ids: tuple[int, ...]) -> tuple[Instruction, ...]:
@@ -465,7 +476,7 @@ class Island(IslandExecutor):
         lock held: a compile delays only whoever needs its program."""
         program = self._programs.get((plan_key, step_ids))
         if program is None:
-            plan = self._plans[plan_key][0]
+            plan = self.plan(plan_key)
             wanted = set(step_ids)
             steps = tuple(s for s in plan.islands.get(self.name, ()) if s.id in wanted)
             built = compile_steps(self, plan, self._layout(plan_key), steps)

@@ -375,7 +375,7 @@ class IslandExecutor:
         self._notify(run_id)
         if plan_key is None or plan_key not in self._plans:
             return ()
-        return tuple(island for island in self._plans[plan_key][0].islands if island != self.name)
+        return tuple(island for island in self._plans[plan_key][0]().islands if island != self.name)
 
     def _produced(self, run: IslandRun) -> None:
         """`run`'s results exist: whoever awaits them gets them (`Island._kept`). Under the lock."""

@@ -24,7 +24,7 @@ class Run:
 
     __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
                  "released", "host", "parent", "donations", "deadline", "reads", "credit", "charged", "device_seconds",
-                 "retired")
+                 "retired", "__weakref__")
 
     def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
                  weight: float = 1.0, cost: float = 1.0, parent: "Run | None" = None):

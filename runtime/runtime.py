@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import atexit
 import heapq
+import queue
 import threading
 import time
+import weakref
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
@@ -83,8 +85,10 @@ class Runtime:
         self.scheduler = GangScheduler(self.islands, MemoryLedger(device_map.topology, device_memory_bytes),
                                        policy, window)
         self.islands.on_run_done(self.scheduler.wake)
-        self._loaded: dict[int, LoadedPlan] = {}
+        self._loaded: dict[int, LoadedPlan] = {}        # plan id -> the plan as loaded
         self._lanes: dict[int, FastLane | None] = {}    # plan id -> its fast lane (runtime/fast_lane.py)
+        # (plan id, LoadedPlan) of loaded plans that nothing holds any more, put by their finalizers
+        self._unused: queue.SimpleQueue[tuple[int, LoadedPlan]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._loading: dict[int, threading.Lock] = {}   # plan id -> held while it loads (compiles)
         self._membership = threading.Lock()     # islands are lost and restored one at a time
@@ -114,24 +118,47 @@ class Runtime:
                     self._loading.pop(id(plan), None)
 
     def _load(self, plan: ProgramPlan) -> LoadedPlan:
-        """Loads a plan once (under its own loading lock)."""
+        """Loads a plan once (under its own loading lock). The runtime holds it only while something else
+        does (a compiled program, a run, a handle): once nothing does, the next load (or the watchdog)
+        forgets it here and on its islands (`_forget_unused`), as JAX drops a jitted function's
+        executables with the function."""
+        self._forget_unused()
         loaded = self._loaded.get(id(plan))
         if loaded is not None and loaded.plan is plan:
             return loaded
         plan.validate()
         check_plan(plan)         # untrusted executables are refused before anything compiles them
-        loaded = LoadedPlan.build(id(plan), plan)
+        loaded = LoadedPlan.build(plan)
         for island in loaded.islands:
-            self.islands[island].load(loaded.key, loaded.plan)
+            self.islands[island].load(loaded.key, plan)
         for island, steps in loaded.first.items():
-            everything = tuple(s.id for s in loaded.plan.islands.get(island, ()))
+            everything = tuple(s.id for s in plan.islands.get(island, ()))
             for step_ids in {steps, everything} - {()}:    # held steps' executables compile now too
                 self.islands[island].prepare(loaded.key, step_ids)
         lane = FastLane.build(self.scheduler, self.islands, loaded) if self.islands.fast_lanes else None
         with self._lock:
             self._lanes[id(plan)] = lane
-            self._loaded[id(plan)] = loaded      # keeps `plan` alive, so that its id stays unique
+            self._loaded[id(plan)] = loaded
+        weakref.finalize(plan, self._unused.put, (id(plan), loaded))
         return loaded
+
+    def _forget_unused(self) -> None:
+        """Forgets the loaded plans that nothing holds any more (their finalizers queued them): their fast
+        lanes and estimates, and on each island their programs, whose executables go with the last program
+        that calls them. Their runs are over: a run holds its plan."""
+        while not self._unused.empty():
+            key, loaded = self._unused.get()
+            with self._lock:
+                if self._loaded.get(key) is loaded:     # not a plan loaded since under the same id
+                    del self._loaded[key]
+                    lane = self._lanes.pop(key, None)
+                else:
+                    lane = None
+            self.scheduler.forget_plan(loaded.key, lane)
+            for name in loaded.islands:
+                island = self.islands.get(name)
+                if island is not None:
+                    island.unload(loaded.key)
 
     def lane(self, plan: ProgramPlan) -> FastLane | None:
         """Returns the fast lane of `plan` (loading it first if it is not loaded), or None if it has none."""
@@ -161,6 +188,7 @@ class Runtime:
     def _watch(self) -> None:
         """The watchdog: cancels runs past their deadline and declares islands wedged (`wedge_timeout`)."""
         while not self._closed.wait(_WATCH_PERIOD):
+            self._forget_unused()
             now = time.monotonic()
             expired = []
             with self._lock:

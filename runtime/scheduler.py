@@ -68,6 +68,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import weakref
 from typing import Any, Callable
 
 from .admission import MemoryLedger, OutOfDeviceMemory
@@ -83,6 +84,19 @@ Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   #
 _POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
 _UNTIMED = 64         # untimed runs of one plan kept to be charged once a run of it is measured
 _WAIT_SLICE = 0.02    # seconds the admission thread waits on one run before looking at the others
+
+
+class Untimed:
+    """What charging a run over that its islands could not time needs (`Policy.retired` reads and sets
+    `charged`; the estimate reads `key` and `cost`), with the run held weakly: holding it would keep its plan
+    loaded (`Runtime._forget_unused`). A run still alive gets the charge too."""
+
+    __slots__ = ("key", "cost", "client_id", "weight", "charged", "run")
+
+    def __init__(self, run: Run):
+        self.key, self.cost, self.client_id, self.weight, self.charged = (run.key, run.cost, run.client_id,
+                                                                          run.weight, run.charged)
+        self.run = weakref.ref(run)
 
 
 class GangScheduler:
@@ -109,7 +123,7 @@ class GangScheduler:
         self._pumping = False          # `_pump` is admitting (a look inside it may call `wake`, which pumps)
         self._polling = False          # `_poll` is retiring runs (likewise)
         # Runs over that their islands could not time, of plans with no measured run yet (see `_retire`).
-        self._untimed: collections.defaultdict[int, list[Run]] = collections.defaultdict(list)
+        self._untimed: collections.defaultdict[int, list[Untimed]] = collections.defaultdict(list)
         self._closed = False
         # The latest (ticket, client id) delivered, for share checks; bounded for long runs.
         self.delivered: collections.deque[tuple[int, int]] = collections.deque(maxlen=100_000)
@@ -451,16 +465,30 @@ class GangScheduler:
             self.policy.retired(run, self.estimates.record(run.key, run.device_seconds, run.cost))
             self._charge_untimed(run.key)
         elif self.estimates.measured(run.key) is None:
-            self._untimed[run.key].append(run)    # charged once a run of its plan is timed (a plan's first run)
+            self._untimed[run.key].append(Untimed(run))    # charged once a run of its plan is timed (a plan's
+                                                           # first run)
             if len(self._untimed[run.key]) >= _UNTIMED:
                 self._charge_untimed(run.key)
         else:
             self.policy.retired(run, self.estimates.of(run))   # untimed: its plan's estimate as it stands
 
+    def forget_plan(self, plan_key: int, lane=None) -> None:
+        """A plan nothing holds any more (`Runtime.load`): its untimed runs are charged its estimate as it
+        stands, its estimate and its fast lane (after its unused credits go back) are forgotten."""
+        with self._lock:
+            self._charge_untimed(plan_key)
+            self.estimates.forget(plan_key)
+            if lane is not None and lane in self._lanes:
+                lane.reclaim()
+                self._lanes.remove(lane)
+
     def _charge_untimed(self, plan_key: int) -> None:
         """Tells the policy that the untimed runs of a plan kept so far took its estimate as it stands."""
-        for run in self._untimed.pop(plan_key, ()):
-            self.policy.retired(run, self.estimates.of(run))
+        for untimed in self._untimed.pop(plan_key, ()):
+            self.policy.retired(untimed, self.estimates.of(untimed))
+            run = untimed.run()
+            if run is not None:
+                run.charged = untimed.charged
 
     def _cancel(self, run: Run, error: BaseException) -> None:
         run.error = error

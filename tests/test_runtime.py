@@ -412,3 +412,33 @@ def test_a_result_read_after_its_runtime_closed_says_so(runtime):
     runtime.close()
     with pytest.raises(RunFailed, match=r"its results went with its runtime, which was closed \(pw.configure"):
         np.asarray(kept)
+
+
+def test_a_program_nothing_holds_any_more_is_forgotten_with_its_executables(runtime):
+    """The runtime held every plan it ever loaded, with its island programs and executables (about 1.6 MB a
+    program here): a process, or a service, making programs as it goes grew for good. It now holds a plan
+    only while something else does (a compiled program, a run, a handle), as JAX drops a jitted function's
+    executables with the function."""
+    import gc
+
+    import pathways_mlir as pw
+    from jax.sharding import PartitionSpec as P
+    from fetching import until
+
+    pair = pw.virtual_slice(2, axes="x", island="island0")
+    kept = pw.program(pw.jit(lambda x: x - 1.0, slice=pair, in_specs=P("x"), out_specs=P("x")))
+    island = runtime.islands["island0"]
+    with Client(runtime) as client:
+        np.testing.assert_array_equal(np.asarray(kept.run(np.ones(8, np.float32), client=client)), np.zeros(8))
+        for k in range(20):
+            made = pw.program(pw.jit(lambda x, k=k: x * float(k), slice=pair, in_specs=P("x"), out_specs=P("x")))
+            np.testing.assert_array_equal(np.asarray(made.run(np.ones(8, np.float32), client=client)),
+                                          np.full(8, float(k)))
+    del made
+    runtime.usage()                  # retires the runs that are over (a run holds its plan)
+    gc.collect()
+    until(lambda: len(runtime._loaded) == 1 and len(island._plans) == 1, "the unused plans forgotten", 60)
+    assert len(island.cache._compiled) == 1 and len(runtime.scheduler._lanes) == 1
+    with Client(runtime) as client:      # the program still held runs on, without loading again
+        np.testing.assert_array_equal(np.asarray(kept.run(np.ones(8, np.float32), client=client)), np.zeros(8))
+    assert len(runtime._loaded) == 1 and island.cache.compilations == 21

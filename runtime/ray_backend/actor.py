@@ -77,6 +77,7 @@ class IslandActor:
         if len(devices) < count:
             raise RuntimeError(f"island {name} needs {count} devices but its process has {len(devices)}")
         self._name = name
+        self._plans: dict[int, ProgramPlan] = {}    # the plans loaded here, until the driver unloads them
         self._senders: dict[str, PeerSender] = {}
         # Without emulation a send is handed to the peer's sender at once (it batches and waits for the value).
         self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
@@ -117,10 +118,15 @@ class IslandActor:
         return self._senders[name]
 
     def load(self, key: int, plan_json: str) -> None:
-        self._island.load(key, ProgramPlan.from_json(plan_json))
+        plan = self._plans[key] = ProgramPlan.from_json(plan_json)   # the island keeps it weakly
+        self._island.load(key, plan)
 
     def prepare(self, key: int, step_ids) -> None:
         self._island.prepare(key, tuple(step_ids))
+
+    def unload(self, key: int) -> None:
+        self._island.unload(key)
+        self._plans.pop(key, None)
 
     def start(self, seq: int, work: IslandWork | None, releases, lends) -> None:
         """One run's work (after the releases made since the last message, and the results kept here that

@@ -55,7 +55,9 @@ class RayIsland:
         self._releases: list[tuple[int, int]] = []
         # Runs started here -> (plan key, client id), the latest `HISTORY` of them.
         self._runs: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
-        self._plans: dict[int, ProgramPlan] = {}   # plans loaded, by key: a run failing here names its program
+        # Of each plan loaded, by key, its program and islands: a run failing here names its program and tells
+        # its peers (not the plan: the runtime forgets a plan nothing holds, `Runtime._forget_unused`).
+        self._plans: dict[int, tuple[str, tuple[str, ...]]] = {}
         self.transfers = False                     # whether its actor runs a transfer server (`data_plane.py`)
         self.calls_sent = 0                        # start calls made to its actor (`CalledStarts`)
         self._dead: IslandLost | None = None       # set once the actor is known to be dead
@@ -108,10 +110,10 @@ class RayIsland:
 
     def lose_run(self, run_id: int, key: int) -> None:
         """Fails a run with `IslandLost` here and on its peers (a peer parked on a recv from here included)."""
-        plan = self._plans[key]
-        error = IslandLost(f"island {self.name} was lost: run {run_id} of {plan.program} used it")
+        program, islands = self._plans[key]
+        error = IslandLost(f"island {self.name} was lost: run {run_id} of {program} used it")
         self._failed_here(run_id, error)
-        for island in plan.islands:
+        for island in islands:
             if island != self.name:
                 self._group[island].fail_run(run_id, error)
 
@@ -126,12 +128,17 @@ class RayIsland:
         if self._dead is not None:
             raise self._dead
         self._get(self._call("load", key, plan.to_json()))
-        self._plans[key] = plan
+        self._plans[key] = (plan.program, tuple(plan.islands))
 
     def prepare(self, key: int, step_ids) -> None:
         if self._dead is not None:
             raise self._dead
         self._get(self._call("prepare", key, list(step_ids)))
+
+    def unload(self, key: int) -> None:
+        self._plans.pop(key, None)
+        if self._dead is None and not self._closed:
+            self._call("unload", key)          # not waited for: nothing of the plan runs any more
 
     def started(self, work: IslandWork) -> IslandWork:
         """Notes a run's start here; returns the work as it travels."""
