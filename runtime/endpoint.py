@@ -136,15 +136,14 @@ class Endpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def plan(self, structure: dict) -> tuple[str, ProgramPlan]:
+    def plan(self, parsed: ProgramPlan) -> tuple[str, ProgramPlan]:
         """Returns a plan's name (the SHA-256 of its JSON) and the plan, checking each distinct plan once, so
         that every connection running the same program shares one loaded plan on the islands."""
-        parsed = ProgramPlan.from_python(structure)       # raises PlanError on a bad plan; nothing is kept
         name = hashlib.sha256(parsed.to_json().encode()).hexdigest()
         with self._lock:
             found = self._plans.get(name)
         if found is None:
-            check_plan(parsed)                             # and on executables it does not trust
+            check_plan(parsed)                             # raises PlanError on executables it does not trust
             with self._lock:
                 found = self._plans.setdefault(name, parsed)
         return name, found
