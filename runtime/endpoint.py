@@ -244,9 +244,9 @@ class Endpoint:
             return
         same = [c for c, p in pending.items() if p.peer == peer]
         if len(same) >= self.limits.max_pending_per_peer:
-            _drop(same[0], pending, selector)
+            _drop(same[0], pending, selector, busy=True)
         elif len(pending) >= self.limits.max_pending:
-            _drop(next(iter(pending)), pending, selector)
+            _drop(next(iter(pending)), pending, selector, busy=True)
         handshake = ServerHandshake(connection, self._key)
         try:
             connection.setblocking(False)
@@ -352,8 +352,11 @@ def _peer(connection: socket.socket) -> tuple[tuple, int | None]:
     return ("host", connection.getpeername()[0]), None
 
 
-def _drop(connection: socket.socket, pending: dict, selector) -> None:
+def _drop(connection: socket.socket, pending: dict, selector, busy: bool = False) -> None:
+    """Ends a pending handshake; `busy`: dropped for the limits on handshakes, which the client is told."""
     selector.unregister(connection)
+    if busy:
+        pending[connection].handshake.refuse()
     del pending[connection]
     connection.close()
 

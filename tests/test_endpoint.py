@@ -8,6 +8,7 @@ import multiprocessing.connection as mpc
 import os
 import pickle
 import secrets
+import select
 import socket
 import stat
 import struct
@@ -24,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.authentication import AuthenticationError, ServerHandshake
+from pathways_mlir.runtime.authentication import AuthenticationError, ServerHandshake, client_handshake
 from pathways_mlir.runtime.endpoint import Endpoint
 from pathways_mlir.runtime.limits import Limits
 from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError, ServiceError
@@ -543,3 +544,26 @@ def test_an_argument_of_another_dtype_is_refused_when_its_run_is_submitted(runti
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
         assert np.asarray(y).dtype == np.float32
         local.close()
+
+
+def test_a_handshake_dropped_past_the_per_process_limit_says_so(runtime):
+    """A process opening more connections at once than the endpoint completes handshakes for has the oldest
+    dropped, by design: that client is told so, not that its key was refused. The newer one is served."""
+    with Endpoint(runtime, limits=Limits(max_pending_per_peer=1)) as endpoint:
+        key = bytes.fromhex(open(endpoint.key_path).read().strip())
+        first = unix(endpoint.address)
+        assert select.select([first], [], [], 30)[0]        # accepted: its handshake is under way
+        second = unix(endpoint.address)                     # the same process: the first is dropped
+        hello = second.recv(36, socket.MSG_PEEK | socket.MSG_WAITALL)
+        assert len(hello) == 36
+        with pytest.raises(AuthenticationError, match="the endpoint dropped the handshake: too many connections "
+                                                      r"from this process \(or host\) were completing their "
+                                                      "handshakes at once; open fewer at a time"):
+            client_handshake(first, key)
+        client_handshake(second, key)
+        welcome, _ = recv_message(second)
+        assert welcome["ok"] is True
+        first.close()
+        second.close()
+        with pytest.raises(AuthenticationError, match="the endpoint refused the key"):   # a wrong key: as before
+            RemoteClient(endpoint.address, key=secrets.token_bytes(32))
