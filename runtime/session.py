@@ -21,8 +21,8 @@ why it will not serve). Requests, one frame each:
   way to name it, for any connection the owner gives it to. `shared`
   {token}: checks a token, replying with the object's shape and dtype. An
   unknown token, or one whose object the owner released, is refused; a
-  reader cannot release the object (only its own handles), and its
-  references end with the owner's connection;
+  reader cannot release the object (only its own handles), and a token is
+  forgotten when the owner releases its handle, or with its connection;
 - `topology`: the cluster's topology (`Topology.to_json`) and its version;
 - `status` {full}: the runtime's status as this connection may see it: the
   queue, the islands and the reserved bytes, with its own runs and objects
@@ -82,7 +82,7 @@ class Session:
         self.endpoint, self.client, self.connection, self.owner = endpoint, client, connection, owner
         self.plans: dict[str, ProgramPlan] = {}
         self.handles: dict[int, Handle] = {}
-        self.tokens: set[str] = set()        # the shared objects this connection made
+        self.tokens: dict[int, list[str]] = {}   # handle key -> the tokens it was shared as (forgotten on release)
         self.ids = itertools.count()
         self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
                          "cancel": self.cancel, "share": self.share, "shared": self.shared,
@@ -118,7 +118,7 @@ class Session:
                     send_message(self.connection, {"ok": False, "error": f"the reply cannot be sent: {error}",
                                                    "kind": "error"})
         finally:
-            self.endpoint.forget(self.tokens)
+            self.endpoint.forget([t for tokens in self.tokens.values() for t in tokens])
             self.handles.clear()
 
     def load(self, request: dict, arrays) -> tuple[dict, list]:
@@ -173,9 +173,10 @@ class Session:
 
     def share(self, request: dict, arrays) -> tuple[dict, list]:
         """Shares one of this connection's results; replies with its token (see `Endpoint.share`)."""
-        ref = self.client.share(self._handle(_field(request, "handle", int)), timeout=_SHARE_WAIT)
+        key = _field(request, "handle", int)
+        ref = self.client.share(self._handle(key), timeout=_SHARE_WAIT)
         token = self.endpoint.share(ref)
-        self.tokens.add(token)
+        self.tokens.setdefault(key, []).append(token)
         return {"token": token, "shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
 
     def shared(self, request: dict, arrays) -> tuple[dict, list]:
@@ -259,6 +260,7 @@ class Session:
             handle = self.handles.pop(key, None)     # a key released twice, or never made, is ignored
             if handle is not None:
                 handle.delete()
+                self.endpoint.forget(self.tokens.pop(key, ()))   # its shared object is released with it
 
     def _handle(self, key: int) -> Handle:
         if key not in self.handles:
