@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from pathways_mlir.runtime.client import Client, default_client
+from pathways_mlir.runtime.dispatch import check_dtype
 from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.runtime import get_runtime
@@ -130,16 +131,14 @@ def _refuse_donated_shared(lowered: Lowered, leaves: list) -> None:
 
 
 def _refuse_other_dtypes(lowered: Lowered, leaves: list) -> None:
-    """Raises TypeError in one line if an array leaf's dtype is not the one the program was traced for, as a
-    compiled `jax.jit` function refuses it (a NumPy float64 is float32 unless x64 is on, as in JAX; Python
-    scalars take the traced dtype)."""
+    """Raises TypeError in one line if an array leaf's dtype is not the one the program was traced for
+    (`check_dtype`, which the runtime applies to every run's arguments too; Python scalars take the traced
+    dtype)."""
     for position, (x, aval) in enumerate(zip(leaves, lowered.in_avals)):
         dtype = getattr(x, "dtype", None)
         if dtype is None or isinstance(x, (bool, int, float, complex)) or is_extended(aval.dtype):
             continue
-        if jax.dtypes.canonicalize_dtype(dtype) != aval.dtype:
-            raise TypeError(f"argument leaf {position} of program @{lowered.program} has dtype {np.dtype(dtype).name}, "
-                            f"but it was compiled for {aval.dtype.name}{list(aval.shape)}")
+        check_dtype(lowered.program, position, dtype, aval.dtype, aval.shape)
 
 
 def _leaf_signature(x: Any) -> tuple:

@@ -6,7 +6,9 @@ a magic string and a fresh nonce; the client answers with its own nonce and
 HMAC-SHA256(key, "client" + both nonces), and the endpoint proves it back
 with HMAC-SHA256(key, "server" + both nonces). The key never crosses the
 socket. The endpoint's side (`ServerHandshake`) never blocks: the endpoint
-advances many handshakes from one thread as their bytes arrive.
+advances many handshakes from one thread as their bytes arrive. A handshake
+the endpoint drops because too many are under way (its limits) gets `BUSY`
+in place of the proof, so the client can say so rather than blame the key.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .wire import recv_exact
 
 MAGIC = b"PWE1"
 NONCE = 32
+BUSY = b"PWE1 too many handshakes".ljust(NONCE, b".")   # sent in place of the proof by an endpoint that drops one
 
 
 class AuthenticationError(ConnectionError):
@@ -84,6 +87,14 @@ class ServerHandshake:
         self.sock.sendall(_proof(self._key, b"server", self._nonce, client_nonce))
         return True
 
+    def refuse(self) -> None:
+        """Tells the client its handshake is dropped because too many are under way (before it is closed)."""
+        try:
+            self.sock.send(BUSY)
+            self.sock.recv(2 * NONCE)      # its answer, if it came: closed unread, it could reset BUSY away (TCP)
+        except OSError:
+            pass   # gone already, or nothing to read: it is closed all the same
+
 
 def client_handshake(sock: socket.socket, key: bytes) -> None:
     """The client's side, on a blocking socket; raises AuthenticationError if either end lacks the key."""
@@ -94,10 +105,16 @@ def client_handshake(sock: socket.socket, key: bytes) -> None:
     if hello[:len(MAGIC)] != MAGIC:
         raise AuthenticationError("the address is not a pathways-mlir endpoint")
     server_nonce, client_nonce = bytes(hello[len(MAGIC):]), secrets.token_bytes(NONCE)
-    sock.sendall(client_nonce + _proof(key, b"client", server_nonce, client_nonce))
+    try:
+        sock.sendall(client_nonce + _proof(key, b"client", server_nonce, client_nonce))
+    except (BrokenPipeError, ConnectionResetError):
+        pass   # the endpoint dropped the handshake already: what it sent says why
     try:
         proof = bytes(recv_exact(sock, NONCE))
     except (EOFError, ConnectionResetError):
         raise AuthenticationError("the endpoint refused the key") from None
+    if proof == BUSY:
+        raise AuthenticationError("the endpoint dropped the handshake: too many connections from this process "
+                                  "(or host) were completing their handshakes at once; open fewer at a time")
     if not hmac.compare_digest(proof, _proof(key, b"server", server_nonce, client_nonce)):
         raise AuthenticationError("the endpoint does not hold the key")

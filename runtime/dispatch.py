@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+import jax
 import numpy as np
 
 from pathways_mlir.dialect.device_time import device_seconds
@@ -39,6 +40,7 @@ from pathways_mlir.dialect.plan_steps import Branch
 
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
+from .executables import numpy_dtype
 from .island_work import REFERENCES, RunFailed, raised
 from .run import Run
 
@@ -58,6 +60,15 @@ def check_timeout(timeout) -> None:
 _plan_keys = itertools.count()
 
 
+def check_dtype(program: str, position: int, dtype, expected: np.dtype, shape) -> None:
+    """Raises TypeError in one line if argument leaf `position` of `program`, of `dtype`, is passed for one
+    compiled for `expected` (of `shape`), as a compiled `jax.jit` function refuses it: a dtype that JAX
+    takes as `expected` passes (float64 is float32 unless x64 is on, as in JAX)."""
+    if dtype != expected and jax.dtypes.canonicalize_dtype(dtype) != expected:
+        raise TypeError(f"argument leaf {position} of program @{program} has dtype {np.dtype(dtype).name}, "
+                        f"but it was compiled for {np.dtype(expected).name}{list(shape)}")
+
+
 @dataclass(frozen=True)
 class LoadedPlan:
     """A plan as a runtime holds it: host work done once, so a run costs a lookup and a message.
@@ -69,7 +80,8 @@ class LoadedPlan:
     plan_ref: weakref.ref                      # the plan as given, with its frees and peaks (pw-plan-memory)
     islands: tuple[str, ...]                   # every island with steps or buffers
     need: Need
-    inputs: tuple[tuple[int, str | None, tuple[int, ...]], ...]   # (buffer, island, shape) per argument
+    inputs: tuple[tuple[int, str | None, tuple[int, ...], np.dtype], ...]   # (buffer, island, shape, dtype)
+    #                                                                         per argument
     first: dict[str, tuple[int, ...]]          # island -> steps that no host step holds back
     held: dict[int, frozenset[int]]            # step -> the host conds it waits for (plan.conds_before)
     cost: float                                # estimated device-seconds of a run (dialect/device_time.py)
@@ -98,7 +110,8 @@ class LoadedPlan:
         islands |= {plan.island_of(b) for b in plan.buffers} - {None}
         return LoadedPlan(
             next(_plan_keys), weakref.ref(plan), tuple(sorted(islands)), run_need(plan),
-            tuple((b, plan.island_of(b), plan.buffers[b].shape) for b in plan.inputs),
+            tuple((b, plan.island_of(b), plan.buffers[b].shape, numpy_dtype(plan.buffers[b].dtype))
+                  for b in plan.inputs),
             {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
             held, device_seconds(plan))
 
@@ -136,7 +149,7 @@ class Dispatcher:
             run.need = loaded.need_reading(frozenset(in_place))
         inputs: dict[str, list[tuple[int, Any]]] = {}
         kept = []
-        for (buffer, island, shape), value in zip(loaded.inputs, args):
+        for position, ((buffer, island, shape, dtype), value) in enumerate(zip(loaded.inputs, args)):
             if isinstance(value, REFERENCES):        # a kept result (its client checked the shape)
                 inputs.setdefault(island, []).append((buffer, value))
                 kept.append((value.run_id, value.buffer))
@@ -145,6 +158,7 @@ class Dispatcher:
             if tuple(value.shape) != shape:
                 raise TypeError(f"argument for buffer {buffer} of {plan.program} has shape "
                                 f"{tuple(value.shape)}, expected {shape}")
+            check_dtype(plan.program, position, value.dtype, dtype, shape)
             if island is None:
                 run.host[buffer] = _done(value)
             else:

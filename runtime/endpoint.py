@@ -136,15 +136,14 @@ class Endpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def plan(self, structure: dict) -> tuple[str, ProgramPlan]:
+    def plan(self, parsed: ProgramPlan) -> tuple[str, ProgramPlan]:
         """Returns a plan's name (the SHA-256 of its JSON) and the plan, checking each distinct plan once, so
         that every connection running the same program shares one loaded plan on the islands."""
-        parsed = ProgramPlan.from_python(structure)       # raises PlanError on a bad plan; nothing is kept
         name = hashlib.sha256(parsed.to_json().encode()).hexdigest()
         with self._lock:
             found = self._plans.get(name)
         if found is None:
-            check_plan(parsed)                             # and on executables it does not trust
+            check_plan(parsed)                             # raises PlanError on executables it does not trust
             with self._lock:
                 found = self._plans.setdefault(name, parsed)
         return name, found
@@ -245,9 +244,9 @@ class Endpoint:
             return
         same = [c for c, p in pending.items() if p.peer == peer]
         if len(same) >= self.limits.max_pending_per_peer:
-            _drop(same[0], pending, selector)
+            _drop(same[0], pending, selector, busy=True)
         elif len(pending) >= self.limits.max_pending:
-            _drop(next(iter(pending)), pending, selector)
+            _drop(next(iter(pending)), pending, selector, busy=True)
         handshake = ServerHandshake(connection, self._key)
         try:
             connection.setblocking(False)
@@ -353,8 +352,11 @@ def _peer(connection: socket.socket) -> tuple[tuple, int | None]:
     return ("host", connection.getpeername()[0]), None
 
 
-def _drop(connection: socket.socket, pending: dict, selector) -> None:
+def _drop(connection: socket.socket, pending: dict, selector, busy: bool = False) -> None:
+    """Ends a pending handshake; `busy`: dropped for the limits on handshakes, which the client is told."""
     selector.unregister(connection)
+    if busy:
+        pending[connection].handshake.refuse()
     del pending[connection]
     connection.close()
 

@@ -59,8 +59,8 @@ class FastLane:
         self.scheduler = scheduler
         self.island = island
         self.loaded = loaded
-        self.buffers = tuple(buffer for buffer, _, _ in loaded.inputs)
-        self.shapes = tuple(shape for _, _, shape in loaded.inputs)
+        self.buffers = tuple(buffer for buffer, _, _, _ in loaded.inputs)
+        self.shapes = tuple(shape for _, _, shape, _ in loaded.inputs)
         self.program = island.program(loaded.key, loaded.first[island.name])   # built when the plan loaded
         self.free = 0         # credits reserved in the ledger and not used by a run
         self.in_use = 0       # credits held by runs not retired yet
@@ -72,7 +72,7 @@ class FastLane:
         plan = loaded.plan
         if scheduler.policy.windowed or len(loaded.islands) != 1 or plan.host_steps or plan.donated:
             return None
-        if any(island is None for _, island, _ in loaded.inputs):
+        if any(island is None for _, island, _, _ in loaded.inputs):
             return None
         lane = FastLane(scheduler, islands[loaded.islands[0]], loaded)
         scheduler.add_lane(lane)

@@ -21,8 +21,8 @@ why it will not serve). Requests, one frame each:
   way to name it, for any connection the owner gives it to. `shared`
   {token}: checks a token, replying with the object's shape and dtype. An
   unknown token, or one whose object the owner released, is refused; a
-  reader cannot release the object (only its own handles), and its
-  references end with the owner's connection;
+  reader cannot release the object (only its own handles), and a token is
+  forgotten when the owner releases its handle, or with its connection;
 - `topology`: the cluster's topology (`Topology.to_json`) and its version;
 - `status` {full}: the runtime's status as this connection may see it: the
   queue, the islands and the reserved bytes, with its own runs and objects
@@ -32,7 +32,12 @@ why it will not serve). Requests, one frame each:
   `close`.
 
 Any request may carry `release`, a list of this connection's handles to
-release before it is served (dropped handles travel this way). Every reply
+release before it is served (dropped handles travel this way). A request
+may carry only the fields its kind reads (`FIELDS`), and arrays only if it
+is a `load` or a `run`; any other is refused before anything is done, and the
+parsed request is dropped before its reply is sent, so a request keeps no
+more of its header than it reads (parsed JSON is about 25x its bytes), and
+none of it while its reply waits for the peer to read it. Every reply
 is `{"ok": true, ...}` or `{"ok": false, "error": "...", "kind": "..."}`
 (`timeout`, `topology`, `busy` or `error`).
 A request the endpoint cannot serve gets an error reply; a frame that breaks
@@ -60,6 +65,12 @@ from .wire import ERROR_KINDS, ProtocolError, recv_message, send_message
 if TYPE_CHECKING:
     from .endpoint import Endpoint
 
+# The fields each request kind reads, besides `op` and `release`; any other field is refused.
+FIELDS = {"load": {"plan", "executables"}, "run": {"name", "version", "dispatch", "args", "timeout"},
+          "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"}, "share": {"handle"},
+          "shared": {"token"}, "objects": set(), "topology": set(), "status": {"full"}, "ping": set()}
+_WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arrays
+
 _SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
 _PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
 
@@ -71,7 +82,7 @@ class Session:
         self.endpoint, self.client, self.connection, self.owner = endpoint, client, connection, owner
         self.plans: dict[str, ProgramPlan] = {}
         self.handles: dict[int, Handle] = {}
-        self.tokens: set[str] = set()        # the shared objects this connection made
+        self.tokens: dict[int, list[str]] = {}   # handle key -> the tokens it was shared as (forgotten on release)
         self.ids = itertools.count()
         self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
                          "cancel": self.cancel, "share": self.share, "shared": self.shared,
@@ -89,38 +100,40 @@ class Session:
                 except ProtocolError as error:
                     send_message(self.connection, {"ok": False, "error": str(error)})
                     return
-                op = request.get("op")
-                if op == "close":
+                if request.get("op") == "close":
                     send_message(self.connection, {"ok": True})
                     return
                 try:
-                    self._release(request.get("release", []))
-                    handler = self.requests.get(op) if isinstance(op, str) else None
-                    if handler is None:
-                        raise ValueError(f"unknown request {str(op)[:40]!r}")
-                    reply, out = handler(request, arrays)
+                    op = self._check_fields(request, arrays)
+                    self._release(request.pop("release", []))
+                    reply, out = self.requests[op](request, arrays)
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
                     kind = next((k for k in ERROR_KINDS if isinstance(error, ERROR_KINDS[k])), "error")
                     reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind}, []
+                del request, arrays          # not kept while the reply waits for the peer to read it
                 try:
                     send_message(self.connection, reply, out, self.endpoint.limits)
                 except ValueError as error:   # over the endpoint's limits: found before a byte was sent
                     send_message(self.connection, {"ok": False, "error": f"the reply cannot be sent: {error}",
                                                    "kind": "error"})
         finally:
-            self.endpoint.forget(self.tokens)
+            self.endpoint.forget([t for tokens in self.tokens.values() for t in tokens])
             self.handles.clear()
 
     def load(self, request: dict, arrays) -> tuple[dict, list]:
         """Reads a plan (its compiled functions are the frame's arrays, in the order `executables` names
-        them), checks it once per endpoint; replies with its name, the SHA-256 of its JSON."""
-        structure, names = _field(request, "plan", dict), _field(request, "executables", list)
+        them), checks it once per endpoint; replies with its name, the SHA-256 of its JSON. Its JSON is
+        converted holding the endpoint's parsing lock and then dropped, as a large header is parsed."""
+        _field(request, "plan", dict)
+        names = _field(request, "executables", list)
         if len(names) != len(arrays) or not all(isinstance(n, str) for n in names) \
                 or any(a.dtype != np.uint8 or a.ndim != 1 for a in arrays):
             raise ValueError("request 'load' needs one array of bytes (uint8) per name in 'executables'")
         executables = {n: base64.b64encode(a.tobytes()).decode("ascii") for n, a in zip(names, arrays)}
-        name, plan = self.endpoint.plan({**structure, "executables": executables})
+        with self.endpoint._large:          # the plan's JSON is referenced only here, and gone once converted
+            plan = ProgramPlan.from_python({**request.pop("plan"), "executables": executables})
+        name, plan = self.endpoint.plan(plan)
         self.plans[name] = plan
         return {"name": name}, []
 
@@ -160,9 +173,10 @@ class Session:
 
     def share(self, request: dict, arrays) -> tuple[dict, list]:
         """Shares one of this connection's results; replies with its token (see `Endpoint.share`)."""
-        ref = self.client.share(self._handle(_field(request, "handle", int)), timeout=_SHARE_WAIT)
+        key = _field(request, "handle", int)
+        ref = self.client.share(self._handle(key), timeout=_SHARE_WAIT)
         token = self.endpoint.share(ref)
-        self.tokens.add(token)
+        self.tokens.setdefault(key, []).append(token)
         return {"token": token, "shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
 
     def shared(self, request: dict, arrays) -> tuple[dict, list]:
@@ -178,6 +192,9 @@ class Session:
         """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists; sends
         it unless `value` is false. Gives up if the peer leaves meanwhile."""
         handle = self._handle(_field(request, "handle", int))
+        send = request.get("value", True)
+        if type(send) is not bool:
+            raise ValueError(f"request 'fetch' needs 'value' as bool, not {str(send)[:40]}")
         timeout = request.get("timeout")
         if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
                                     or not timeout >= 0):
@@ -193,7 +210,7 @@ class Session:
                     raise TimeoutError(f"the result was not ready within {timeout} s") from None
                 if _peer_left(self.connection):
                     raise EOFError("the client left while waiting for a result") from None
-        return {}, [np.asarray(value)] if request.get("value", True) else []
+        return {}, [np.asarray(value)] if send else []
 
     def release(self, request: dict, arrays) -> tuple[dict, list]:
         """Nothing more (also `ping`): every request releases the handles listed in its `release` field
@@ -212,11 +229,29 @@ class Session:
     def status(self, request: dict, arrays) -> tuple[dict, list]:
         """Sends the service's status as this connection may see it (`Endpoint.status`); the full report
         (`full: true`) only to the service's owner, on its Unix socket."""
-        if request.get("full", False) is not True:
+        full = request.get("full", False)
+        if type(full) is not bool:
+            raise ValueError(f"request 'status' needs 'full' as bool, not {str(full)[:40]}")
+        if not full:
             return {"status": self.endpoint.status(self.client.id)}, []
         if not self.owner:
             raise PermissionError("the full status is for the service's owner, on its Unix socket")
         return {"status": self.endpoint.status()}, []
+
+    def _check_fields(self, request: dict, arrays) -> str:
+        """Returns the request's kind; refuses an unknown one, a field its kind does not read, and arrays
+        sent with a request that reads none (see `FIELDS`)."""
+        op = request.get("op")
+        fields = FIELDS.get(op) if isinstance(op, str) else None
+        if fields is None:
+            raise ValueError(f"unknown request {str(op)[:40]!r}")
+        extra = sorted(k for k in request if k not in fields and k not in ("op", "release"))
+        if extra:
+            raise ValueError(f"request {op!r} has no field {extra[0][:40]!r}: it takes "
+                             + (", ".join(sorted(fields)) or "none") + " (and release)")
+        if arrays and op not in _WITH_ARRAYS:
+            raise ValueError(f"request {op!r} takes no arrays, not {len(arrays)}")
+        return op
 
     def _release(self, keys) -> None:
         if not isinstance(keys, list) or not all(type(k) is int for k in keys):
@@ -225,6 +260,7 @@ class Session:
             handle = self.handles.pop(key, None)     # a key released twice, or never made, is ignored
             if handle is not None:
                 handle.delete()
+                self.endpoint.forget(self.tokens.pop(key, ()))   # its shared object is released with it
 
     def _handle(self, key: int) -> Handle:
         if key not in self.handles:

@@ -6,7 +6,8 @@ The header's "arrays" lists `[dtype, shape]` per array. Dtypes are numeric
 only (`DTYPES`), in this machine's byte order (both ends share it). The
 header is small (`Limits.max_header_bytes`, `runtime/limits.py`, 8 MiB by default: a plan's
 structure, never its compiled functions, which travel as arrays of bytes),
-and every size is checked before anything is allocated: the header's buffer
+and every size, and the number of arrays (`Limits.max_arrays`: each costs a
+few hundred bytes, even empty), is checked before anything is allocated: the header's buffer
 is allocated at its checked length, each array's at the size its checked
 shape gives, and their pages are committed only as their bytes arrive.
 Headers over 64 KiB are parsed one at a time per endpoint, once their bytes
@@ -53,6 +54,8 @@ class ProtocolError(ValueError):
 def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = Limits()) -> None:
     """Sends one frame: `header` as JSON, then the raw bytes of `arrays` (numeric dtypes only)."""
     arrays = [wire_array(a) for a in arrays]
+    if len(arrays) > limits.max_arrays:
+        raise ValueError(f"{len(arrays)} arrays are over the endpoint's limit of {limits.max_arrays} per frame")
     total = sum(a.nbytes for a in arrays)
     if total > limits.max_array_bytes:
         raise ValueError(f"arrays of {total} bytes are over the endpoint's limit of {limits.max_array_bytes}")
@@ -93,7 +96,7 @@ def recv_message(sock: socket.socket, limits: Limits = Limits(), large: threadin
             header = _parse(data.tobytes())
         del data
         arrays = []
-        for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits.max_array_bytes):
+        for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits):
             data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
             _recv_into(sock, memoryview(data), deadline)
             arrays.append(data.view(dtype).reshape(shape))
@@ -122,11 +125,13 @@ def _parse(data: bytearray) -> dict:
     return header
 
 
-def _array_specs(specs, limit: int) -> list[tuple[np.dtype, tuple[int, ...], int]]:
-    """Checks a header's array list against the allow-list and the size limit."""
+def _array_specs(specs, limits: Limits) -> list[tuple[np.dtype, tuple[int, ...], int]]:
+    """Checks a header's array list against the allow-list, the count limit and the size limit."""
     if not isinstance(specs, list):
         raise ProtocolError("'arrays' must be a list of [dtype, shape]")
-    out, total = [], 0
+    if len(specs) > limits.max_arrays:
+        raise ProtocolError(f"{len(specs)} arrays are over the limit of {limits.max_arrays} per frame")
+    out, total, limit = [], 0, limits.max_array_bytes
     for spec in specs:
         if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], list)):
             raise ProtocolError(f"an array must be described as [dtype, shape], not {str(spec)[:80]}")

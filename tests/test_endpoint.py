@@ -3,10 +3,12 @@ with a per-service key on a private Unix socket, and an accept loop that outlive
 half-open connections."""
 
 import hashlib
+import re
 import multiprocessing.connection as mpc
 import os
 import pickle
 import secrets
+import select
 import socket
 import stat
 import struct
@@ -23,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.authentication import AuthenticationError, ServerHandshake
+from pathways_mlir.runtime.authentication import AuthenticationError, ServerHandshake, client_handshake
 from pathways_mlir.runtime.endpoint import Endpoint
 from pathways_mlir.runtime.limits import Limits
 from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError, ServiceError
@@ -517,3 +519,51 @@ def test_programs_are_lowered_for_the_endpoint_and_again_when_its_topology_chang
         np.testing.assert_allclose(np.asarray(step.run(X, client=remote)), want, rtol=1e-6)
         assert compiled.plan is not first and used not in [i.name for i in compiled.plan.topology.islands]
         assert step.compiled(X, runtime=remote) is compiled
+
+
+def test_an_argument_of_another_dtype_is_refused_when_its_run_is_submitted(runtime):
+    """A run sent to the service with an argument of another dtype than its plan's is refused at once, in the
+    line `Compiled.__call__` gives in-process (the same check, in the dispatcher), not later on the island;
+    float64 passes as float32 (no x64), as in JAX. A client holding a plan is refused the same way."""
+    tanh = pw.jit(lambda x: jnp.tanh(x) * 2.0, slice=pw.virtual_slice(2, axes="d"), in_specs=P("d"),
+                  out_specs=P("d"))
+    want = np.tanh(X) * 2.0
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        plan = tanh.compiled(X, runtime=remote).plan
+        local = pw.Client(runtime)
+        for dtype in (np.int8, np.bool_, jnp.bfloat16):
+            error = (f"argument leaf 0 of program @lambda has dtype {np.dtype(dtype).name}, but it was compiled "
+                     f"for float32[8, 16]")
+            with pytest.raises(RemoteError, match=re.escape(f"TypeError: {error}")):
+                remote.run(plan, [X.astype(dtype)])
+            with pytest.raises(TypeError, match=re.escape(error)):
+                local.run(plan, [X.astype(dtype)])
+        assert remote.object_count() == 0 and local.objects() == []
+        [y] = remote.run(plan, [X.astype(np.float64)])
+        np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+        assert np.asarray(y).dtype == np.float32
+        local.close()
+
+
+def test_a_handshake_dropped_past_the_per_process_limit_says_so(runtime):
+    """A process opening more connections at once than the endpoint completes handshakes for has the oldest
+    dropped, by design: that client is told so, not that its key was refused. The newer one is served."""
+    with Endpoint(runtime, limits=Limits(max_pending_per_peer=1)) as endpoint:
+        key = bytes.fromhex(open(endpoint.key_path).read().strip())
+        first = unix(endpoint.address)
+        assert select.select([first], [], [], 30)[0]        # accepted: its handshake is under way
+        second = unix(endpoint.address)                     # the same process: the first is dropped
+        hello = second.recv(36, socket.MSG_PEEK | socket.MSG_WAITALL)
+        assert len(hello) == 36
+        with pytest.raises(AuthenticationError, match="the endpoint dropped the handshake: too many connections "
+                                                      r"from this process \(or host\) were completing their "
+                                                      "handshakes at once; open fewer at a time"):
+            client_handshake(first, key)
+        client_handshake(second, key)
+        welcome, _ = recv_message(second)
+        assert welcome["ok"] is True
+        first.close()
+        second.close()
+        with pytest.raises(AuthenticationError, match="the endpoint refused the key"):   # a wrong key: as before
+            RemoteClient(endpoint.address, key=secrets.token_bytes(32))

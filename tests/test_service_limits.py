@@ -13,11 +13,13 @@ service, which goes on serving. Every wait is bounded; every process started her
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import jax.numpy as jnp
@@ -32,8 +34,9 @@ from pathways_mlir.runtime.limits import Limits
 from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError
 from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.service import ServiceError, open_connection, read_service_file
-from pathways_mlir.runtime.wire import recv_message
+from pathways_mlir.runtime.wire import recv_message, send_message
 import output_lines
+from test_endpoint import raw_frame, wait_dropped
 from test_service import TIMEOUT, procs, serve, stop  # noqa: F401  (procs is a fixture)
 
 X = np.random.default_rng(2).normal(size=(8, 16)).astype(np.float32)
@@ -156,7 +159,7 @@ def test_idle_connections_are_dropped_and_keepalives_keep_clients(runtime):
 
 def test_a_frame_sent_a_byte_at_a_time_must_arrive_within_the_idle_timeout(runtime):
     """Each byte comes well within the idle timeout, but the frame as a whole takes longer: dropped."""
-    header = json.dumps({"op": "ping", "pad": "x" * 100}).encode()
+    header = json.dumps({"op": "ping", "release": [0] * 50}).encode()     # keys never made: ignored
     frame = struct.pack(">I", len(header)) + header
     with Endpoint(runtime, limits=Limits(idle_timeout=1.5)) as endpoint:
         drip = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
@@ -182,7 +185,7 @@ def test_a_frame_sent_a_byte_at_a_time_must_arrive_within_the_idle_timeout(runti
 def test_a_large_header_that_stalls_holds_up_only_its_own_connection(runtime):
     """Headers over 64 KiB are parsed one at a time; one whose bytes stop coming must not keep another
     client's large request waiting."""
-    header = json.dumps({"op": "ping", "pad": "x" * (100 << 10)}).encode()
+    header = json.dumps({"op": "ping", "release": [0] * (50 << 10)}).encode()   # 150 KiB
     frame = struct.pack(">I", len(header)) + header
     with Endpoint(runtime, limits=Limits(idle_timeout=TIMEOUT)) as endpoint:
         stalled = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
@@ -199,6 +202,71 @@ def test_a_large_header_that_stalls_holds_up_only_its_own_connection(runtime):
         reply, _ = recv_message(stalled._socket)
         assert reply == {"ok": True}
         stalled.close()
+
+
+def serve_frame_waiting_to_send(timeout=TIMEOUT):
+    """The frame of the one connection thread's `Session.serve` once that thread is sending a reply (waits at
+    most `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        [thread] = [t for t in threading.enumerate() if t.name == "pw-endpoint-connection"]
+        frame, names = sys._current_frames().get(thread.ident), []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            if frame.f_code.co_name == "serve" and "send_message" in names:
+                return frame
+            frame = frame.f_back
+        time.sleep(0.05)
+    raise AssertionError(f"the connection thread is not sending a reply after {timeout} s")
+
+
+def test_a_request_keeps_only_the_fields_it_reads_and_none_while_its_reply_is_sent(runtime):
+    """A header's parsed JSON is about 25x its bytes: a field its request does not read, one of another
+    type, and arrays sent with a request that reads none are refused in one line; and the parsed request is
+    dropped before its reply is sent, so a peer that does not read a large reply holds none of it."""
+    tile = pw.jit(lambda x: jnp.tile(x, (8192, 1)), slice=pw.virtual_slice(1, axes="d", island="island0"),
+                  in_specs=None, out_specs=None)
+    with Endpoint(runtime) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        held = tile.compiled(X, runtime=client)(X)                       # 4 MiB: more than a socket buffers
+        held.block_until_ready()
+        for request, error in [
+                ({"op": "fetch", "handle": held._key, "junk": [[]] * 1000},
+                 "ValueError: request 'fetch' has no field 'junk': it takes handle, timeout, value (and release)"),
+                ({"op": "fetch", "handle": held._key, "value": "no"}, "needs 'value' as bool, not no"),
+                ({"op": "status", "full": 1}, "needs 'full' as bool, not 1"),
+                ({"op": "ping", "pad": "x"}, "request 'ping' has no field 'pad': it takes none (and release)")]:
+            with pytest.raises(RemoteError, match=re.escape(error)):
+                client._call(request)
+        with pytest.raises(RemoteError, match="request 'objects' takes no arrays, not 1"):
+            client._call({"op": "objects"}, [X])
+        assert client.object_count() == 1                               # refused requests: the connection serves
+        with client._lock:                                               # the reply is not read for now
+            send_message(client._socket, {"op": "fetch", "handle": held._key, "timeout": None, "value": True})
+            serving = serve_frame_waiting_to_send()
+            assert not {"request", "arrays"} & set(serving.f_locals)
+            del serving
+            reply, [value] = recv_message(client._socket)
+        assert reply == {"ok": True}
+        np.testing.assert_array_equal(value, np.tile(X, (8192, 1)))
+
+
+def test_a_frame_of_more_arrays_than_the_limit_is_refused_in_one_line(runtime):
+    """Each array costs the endpoint a few hundred bytes even when empty: past `max_arrays` (4096) a frame
+    is refused before any is made, and a client does not send one."""
+    specs = b",".join([b'["bool",[0]]'] * 4097)
+    with Endpoint(runtime) as endpoint:
+        insider = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        with pytest.raises(ValueError, match="4097 arrays are over the endpoint's limit of 4096 per frame"):
+            insider._call({"op": "run"}, [np.zeros(0, bool)] * 4097)
+        assert insider.object_count() == 0                              # nothing was sent
+        insider._socket.sendall(raw_frame(b'{"op":"ping","arrays":[' + specs + b']}'))
+        reply, _ = recv_message(insider._socket)
+        assert reply == {"ok": False, "error": "4097 arrays are over the limit of 4096 per frame"}
+        wait_dropped(insider._socket)
+        insider._socket.close()
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as later:
+            assert later.object_count() == 0
 
 
 def test_past_the_connection_cap_a_client_is_told(runtime):

@@ -6,14 +6,22 @@ service's ledger holds the base once; once the owner releases it the bytes come 
 refused. Every wait has a timeout; every process started here is stopped.
 """
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_service import TIMEOUT, procs, read_json, serve, wait_status  # noqa: F401  (procs: a fixture)
 
+import pathways_mlir as pw
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.endpoint import Endpoint
+from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError
+from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.service import open_connection
+from pathways_mlir.runtime.session import Session
 
 SHARING_CLIENT = str(Path(__file__).with_name("shared_client.py"))
 BASE_BYTES = 64 * 16 * 4                  # on each of island0's 2 devices
@@ -69,3 +77,36 @@ def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(t
         assert status["clients"] == {} and np.sum([v for v in status["reserved"].values()]) == 0
     finally:
         observer.close()
+
+
+def test_an_owner_that_shares_and_releases_again_and_again_leaves_no_tokens_behind():
+    """A long-lived owner's released shared objects take their tokens with them: the endpoint's table and the
+    connection's own list keep only the objects still shared (they had kept one entry per share ever made,
+    until the owner left or the token was looked up)."""
+    double = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=None,
+                    out_specs=None)
+    x = np.ones((8, 16), np.float32)
+    runtime = Runtime(embedded_device_map(2, 2))
+    try:
+        with Endpoint(runtime) as endpoint, \
+                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as owner, \
+                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as reader:
+            kept = double.compiled(x, runtime=owner)(x)
+            kept_ref = owner.share(kept)
+            for _ in range(20):
+                held = double.compiled(x, runtime=owner)(x)
+                ref = owner.share(held)
+                assert reader.shared(ref.token).shape == (8, 16)
+                held.delete()
+            assert owner.object_count() == 1
+            assert list(endpoint._shared) == [kept_ref.token]      # the released objects' tokens are gone
+            sessions = [o for o in gc.get_objects() if isinstance(o, Session)]
+            assert len(sessions) == 2 and [t for s in sessions for ts in s.tokens.values() for t in ts] == \
+                [kept_ref.token]
+            del sessions
+            with pytest.raises(RemoteError, match="PermissionError: no shared object has the reference"):
+                reader.shared(ref.token)
+            np.testing.assert_array_equal(np.asarray(double.compiled(x, runtime=reader)(reader.shared(
+                kept_ref.token))), np.full((8, 16), 4.0, np.float32))
+    finally:
+        runtime.close()
