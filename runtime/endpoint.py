@@ -40,6 +40,7 @@ import struct
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 from pathways_mlir.dialect.plan import ProgramPlan
@@ -101,7 +102,9 @@ class Endpoint:
         self._connections: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._closed = False
-        self._plans: dict[str, ProgramPlan] = {}     # by the SHA-256 of their JSON, shared by every connection
+        # Plans by the SHA-256 of their JSON, shared by every connection, while a connection that loaded one
+        # keeps it (weakly here: then the runtime forgets it too, `Runtime._forget_unused`).
+        self._plans: weakref.WeakValueDictionary[str, ProgramPlan] = weakref.WeakValueDictionary()
         self._clients: set[int] = set()               # the client ids of the connections being served
         self._shared: dict[str, SharedRef] = {}       # shared objects by their tokens, for every connection
         self._thread = threading.Thread(target=self._accept, name="pw-endpoint", daemon=True)

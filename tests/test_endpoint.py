@@ -30,6 +30,7 @@ from pathways_mlir.runtime.endpoint import Endpoint
 from pathways_mlir.runtime.limits import Limits
 from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError, ServiceError
 from pathways_mlir.runtime.wire import ProtocolError, recv_message, send_message
+from fetching import until
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
 import output_lines
@@ -567,3 +568,28 @@ def test_a_handshake_dropped_past_the_per_process_limit_says_so(runtime):
         second.close()
         with pytest.raises(AuthenticationError, match="the endpoint refused the key"):   # a wrong key: as before
             RemoteClient(endpoint.address, key=secrets.token_bytes(32))
+
+
+def test_a_plan_is_kept_while_a_connection_that_loaded_it_is_open(runtime, plan_builder):
+    """The endpoint kept every distinct plan any connection loaded, and the runtime its programs and
+    executables: a service that clients sent new programs grew for good. They now go with the last
+    connection that loaded them."""
+    import gc
+
+    plan, want = program(plan_builder, runtime.resources.topology)
+    with Endpoint(runtime) as endpoint:
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as one, \
+                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as two:
+            for client in (one, two):
+                [h] = client.run(plan, [X])
+                np.testing.assert_allclose(np.asarray(h), want, rtol=1e-6)
+            assert len(endpoint._plans) == 1 and len(runtime._loaded) == 1
+            one.close()
+            assert len(endpoint._plans) == 1                 # the other connection still has it
+
+        def forgotten():
+            runtime.usage()                                  # retires the runs that are over (a run holds its plan)
+            gc.collect()
+            return len(endpoint._plans) == 0 and len(runtime._loaded) == 0
+        until(forgotten, "the plan forgotten once the connections closed", TIMEOUT)
+        assert all(not island._plans for island in runtime.islands.values())

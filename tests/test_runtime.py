@@ -435,9 +435,12 @@ def test_a_program_nothing_holds_any_more_is_forgotten_with_its_executables(runt
             np.testing.assert_array_equal(np.asarray(made.run(np.ones(8, np.float32), client=client)),
                                           np.full(8, float(k)))
     del made
-    runtime.usage()                  # retires the runs that are over (a run holds its plan)
-    gc.collect()
-    until(lambda: len(runtime._loaded) == 1 and len(island._plans) == 1, "the unused plans forgotten", 60)
+
+    def forgotten():
+        runtime.usage()              # retires the runs that are over (a run holds its plan)
+        gc.collect()
+        return len(runtime._loaded) == 1 and len(island._plans) == 1
+    until(forgotten, "the unused plans forgotten", 60)
     assert len(island.cache._compiled) == 1 and len(runtime.scheduler._lanes) == 1
     with Client(runtime) as client:      # the program still held runs on, without loading again
         np.testing.assert_array_equal(np.asarray(kept.run(np.ones(8, np.float32), client=client)), np.zeros(8))
