@@ -132,8 +132,8 @@ def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...],
             for i in covers[b]:
                 live[i] += sign * mine[b].bytes_per_device
 
-    branch_results = {b for s in plan.host_steps for b in s.produced()}
-    alive = {b for b in mine if b in set(plan.inputs) | branch_results} - stored
+    from_start = set(plan.inputs) | {b for s in plan.host_steps for b in s.produced()}
+    alive = {b for b in mine if b in from_start} - stored
     add(alive, 1)
     high = list(live)
     reused = reuses(plan, island)
