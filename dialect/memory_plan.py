@@ -26,6 +26,7 @@ the peak and the runtime compiles the launch with the input donated.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 from typing import Iterator
@@ -39,6 +40,9 @@ def frees(plan: ProgramPlan, island: str, step_ids: Iterator[int]) -> dict[int |
     steps = plan.islands.get(island, ())
     rank = _ranks(plan)
     local = [s.id for s in steps]
+    # floor[k]: the smallest rank of local[k:]; it never decreases with k, so the island's last
+    # listed step ranked no later than r is local[k] for the largest k with floor[k] <= r.
+    floor = list(itertools.accumulate(reversed([rank[i] for i in local]), min))[::-1]
     outputs = set(plan.outputs)
     readers: dict[int, set[int]] = {}
     writer: dict[int, int] = {}
@@ -57,7 +61,8 @@ def frees(plan: ProgramPlan, island: str, step_ids: Iterator[int]) -> dict[int |
         users = readers.get(b) or ({writer[b]} if b in writer else set())
         last = max(users, key=rank.__getitem__, default=None)
         # After the island's last listed step that the dependency order puts no later than `last`.
-        position = None if last is None else next((i for i in reversed(local) if rank[i] <= rank[last]), None)
+        k = -1 if last is None else bisect.bisect_right(floor, rank[last]) - 1
+        position = None if k < 0 else local[k]
         dying.setdefault(position, []).append(b)
         last_users.setdefault(position, set()).update(users)
         subgraph[position] = max([subgraph.get(position, 0), *(by_id[u].subgraph for u in users)])
@@ -127,8 +132,8 @@ def peak(plan: ProgramPlan, island: str, steps: tuple[Step, ...],
             for i in covers[b]:
                 live[i] += sign * mine[b].bytes_per_device
 
-    branch_results = {b for s in plan.host_steps for b in s.produced()}
-    alive = {b for b in mine if b in set(plan.inputs) | branch_results} - stored
+    from_start = set(plan.inputs) | {b for s in plan.host_steps for b in s.produced()}
+    alive = {b for b in mine if b in from_start} - stored
     add(alive, 1)
     high = list(live)
     reused = reuses(plan, island)

@@ -84,8 +84,9 @@ def _fuse(module: ir.Operation, group: list[ir.Operation], name: str) -> None:
             numbered[result] = count
             count += 1
             produced.append((result, sharding))
-    escaping = [(r, s) for r, s in produced
-                if any(all(use.owner.operation != op for op in group) for use in r.uses)]
+    # A result escapes if some use is outside the group (ops hash and compare as the op they wrap).
+    inside = set(group)
+    escaping = [(r, s) for r, s in produced if any(use.owner.operation not in inside for use in r.uses)]
     types = [v.type for v in operands]
     results = [r.type for r, _ in escaping]
     with ir.InsertionPoint(module.regions[0].blocks[0]), group[0].location:
