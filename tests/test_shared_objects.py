@@ -194,6 +194,18 @@ def test_a_conds_result_that_the_host_keeps_cannot_be_shared_and_says_why(runtim
             owner.share(out, timeout=TIMEOUT)
 
 
+def test_a_client_forgets_what_it_shared_once_it_releases_it(runtime, plan_builder):
+    """A client that shares and releases results again and again keeps no entry for them (it kept one per
+    share until it closed)."""
+    plan = base_plan(plan_builder, runtime.resources.topology)
+    with Client(runtime) as owner:
+        for _ in range(5):
+            [base] = owner.run(plan, [BASE])
+            owner.share(base, timeout=TIMEOUT)
+            base.delete()
+        assert owner._shared == set()
+
+
 def test_sharing_on_the_ray_backend():
     pytest.importorskip("ray")
     rt = Runtime(backend="ray", islands=2, per_island=2)
