@@ -14,8 +14,7 @@ Admission never holds others back and cannot deadlock:
   `OutOfDeviceMemory`.
 - A run that does not fit now waits only for memory that runs in flight
   will give back. If it would not fit even once every run in flight is
-  over (what blocks it is held by live handles alone, or by the runs whose
-  host `cond` started it, which wait for it), it fails at once with
+  over (what blocks it is held by live handles alone), it fails at once with
   `OutOfDeviceMemory`, naming the device, the bytes it needs and who holds
   what there.
 - Each client's runs are admitted in its order, but a run waiting for
@@ -43,9 +42,9 @@ steps of a sequential dispatch) is delivered at once with a new ticket: it
 needs no more memory. A cond's branch run (`Run.parent`) continues its
 admitted parent, which waits for it: it takes its parent's place in a
 policy's window, goes ahead of its client's queued runs and of a
-reservation, and waits only for memory (or fails with `OutOfDeviceMemory`
-if what blocks it is held by handles or by its parents). Had it waited for
-a place, or behind its client's later runs, those would have waited for its
+reservation, and needs no memory of its own (its parent's need counts its
+largest branch's, `admission.run_need`). Had it waited for a place, for
+memory, or behind its client's later runs, those would have waited for its
 parent, and none would ever have gone on.
 
 Policies (`policies.py`, one object each: fifo, share, sjf, deadline) give

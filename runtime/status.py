@@ -47,14 +47,7 @@ def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
     clients are not `gone`), or None if it could then."""
     floor = ledger.copy()
     holders: dict[tuple[str, int], dict[int, list[int]]] = {}
-    ancestors = set()
-    parent = run.parent
-    while parent is not None:                   # a branch's parents wait for it: they free nothing first
-        ancestors.add(parent.id)
-        parent = parent.parent
     for other in in_flight:
-        if other.id in ancestors:
-            continue
         floor.give(other.need)
         for buffer in other.plan.outputs:
             if buffer not in other.released and other.error is None and other.client_id not in gone:
