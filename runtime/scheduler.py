@@ -165,8 +165,9 @@ class GangScheduler:
     def _admit_now(self, run: Run, works: Works) -> list | None:
         """Admits a run that fits if nothing of its client is queued (returns the work to run inline), or
         returns None: it queues. Under a policy with a window, only while nothing at all is queued (the
-        policy orders whatever waits) and the window has a place. A cond's branch run only needs to fit.
-        Raises `OutOfDeviceMemory` if only handles hold what it lacks."""
+        policy orders whatever waits) and the window has a place. A cond's branch run goes at once, unless
+        admission is held: it needs no place and no memory of its own. Raises `OutOfDeviceMemory` if only
+        handles hold what a run lacks."""
         self._submits += 1
         branch = run.parent is not None
         if self._held or not branch and (self._waiting.has_client(run.client_id) or self._window_closed()):
@@ -267,7 +268,7 @@ class GangScheduler:
                         why = f"run {queue[0].run.id} of its client (a client's runs are admitted in order)"
                     elif self._held:
                         why = "admission, which is held"
-                    elif run.parent is None and self.policy.windowed and len(self._in_flight) >= self.window:
+                    elif run.parent is None and self._window_closed():
                         why = f"a place in the {self.policy.name} window ({self.window} runs on the devices)"
                     elif run.parent is None and self._behind_reservation(run, item):
                         why = f"run {self._waiting.reserved.run.id}, which holds a reservation (it was overtaken " \
