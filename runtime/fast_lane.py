@@ -53,7 +53,7 @@ CREDITS = 32          # runs in use from which a lane retires the runs that are 
 class FastLane:
     """The pre-built path of one loaded plan; see the module."""
 
-    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "program", "free", "in_use", "runs")
+    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "program", "free", "in_use", "runs", "kept")
 
     def __init__(self, scheduler: "GangScheduler", island: "Island", loaded: "LoadedPlan"):
         self.scheduler = scheduler
@@ -65,6 +65,7 @@ class FastLane:
         self.free = 0         # credits reserved in the ledger and not used by a run
         self.in_use = 0       # credits held by runs not retired yet
         self.runs = 0         # runs that took the lane
+        self.kept = True      # the scheduler keeps the lane (False once its plan is forgotten)
 
     @staticmethod
     def build(scheduler: "GangScheduler", islands: dict, loaded: "LoadedPlan") -> "FastLane | None":
@@ -103,7 +104,7 @@ class FastLane:
             inputs.append((buffer, value))
         scheduler, loaded = self.scheduler, self.loaded
         with scheduler._lock:
-            if scheduler._waiting or scheduler._held or scheduler._closed:
+            if scheduler._waiting or scheduler._held or scheduler._closed or not self.kept:
                 return None
             if not self.free and not self._credit():
                 return None
@@ -144,10 +145,10 @@ class FastLane:
         return self.free > 0
 
     def returned(self, queued: bool) -> None:
-        """A run's credit comes back (its run is over): to the lane, or to the ledger if runs are `queued`.
-        Under the scheduler's lock."""
+        """A run's credit comes back (its run is over): to the lane, or to the ledger if runs are `queued` or
+        the lane is no longer kept (`GangScheduler.forget_plan`). Under the scheduler's lock."""
         self.in_use -= 1
-        if queued:
+        if queued or not self.kept:
             self.scheduler.ledger.give(self.loaded.need)
         else:
             self.free += 1

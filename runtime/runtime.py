@@ -261,9 +261,12 @@ class Runtime:
                 raise ValueError(f"island '{name}' is not lost")
             fresh = self.islands[name].restored()
             with self._lock:
+                dropped = [(loaded, self._lanes.pop(key, None)) for key, loaded in self._loaded.items()
+                           if name in loaded.islands]
                 self._loaded = {k: v for k, v in self._loaded.items() if name not in v.islands}
-                self._lanes = {k: v for k, v in self._lanes.items() if k in self._loaded}
                 self.islands[name] = fresh
+            for loaded, lane in dropped:         # loaded again onto the fresh island at their next run
+                self.scheduler.forget_plan(loaded.key, lane)
             return self.resources.add_island(name)
 
     def _island(self, name: str):

@@ -473,13 +473,15 @@ class GangScheduler:
             self.policy.retired(run, self.estimates.of(run))   # untimed: its plan's estimate as it stands
 
     def forget_plan(self, plan_key: int, lane=None) -> None:
-        """A plan nothing holds any more (`Runtime.load`): its untimed runs are charged its estimate as it
-        stands, its estimate and its fast lane (after its unused credits go back) are forgotten."""
+        """A plan nothing holds any more (`Runtime.load`), or one of a lost island (`Runtime.restore_island`): its
+        untimed runs are charged its estimate as it stands, its estimate and its fast lane (after its unused
+        credits go back) are forgotten."""
         with self._lock:
             self._charge_untimed(plan_key)
             self.estimates.forget(plan_key)
             if lane is not None and lane in self._lanes:
                 lane.reclaim()
+                lane.kept = False      # the credits of its runs still in flight go back to the ledger
                 self._lanes.remove(lane)
 
     def _charge_untimed(self, plan_key: int) -> None:

@@ -113,6 +113,27 @@ def test_results_that_lived_only_on_the_lost_island_raise(rt):
     assert settled(rt, WAIT)
 
 
+def test_a_restored_island_leaves_no_fast_lane_of_the_lost_one_behind(rt):
+    """Restoring an island forgot the plans loaded on the lost one, but the scheduler kept their fast lanes
+    (each holding the lost island, its programs and executables) for as long as the runtime lived: every loss
+    and return added one per plan that had run there."""
+    add1 = pw.program(pw.jit(lambda x: x + 1.0, slice=pinned("island1", "add1"), in_specs=P("x"),
+                             out_specs=P("x")))
+    slow = pw.program(slow1)
+    with Client(rt) as client:
+        for _ in range(3):
+            np.testing.assert_allclose(value(add1.run(jnp.asarray(X), client=client)), X + 1)
+            computing = slow.run(jnp.asarray(X), client=client)     # its lane's credit is in use when lost
+            assert computing._run.credit is not None
+            rt.lose_island("island1")
+            rt.restore_island("island1")
+            del computing
+        np.testing.assert_allclose(value(add1.run(jnp.asarray(X), client=client)), X + 1)
+    lanes = [lane for lane in rt._lanes.values() if lane is not None]
+    assert rt.scheduler._lanes == lanes and [lane.island for lane in lanes] == [rt.islands["island1"]]
+    assert settled(rt, WAIT)        # the credits of the runs lost with the island went back too
+
+
 def test_queued_runs_that_need_the_lost_island_fail(rt):
     with Client(rt) as client:
         rt.scheduler.hold()
