@@ -18,6 +18,7 @@ from pathways_mlir.dialect.topology import Topology
 
 # island -> (begin, end, bytes per device) ranges
 Need = dict[str, list[tuple[int, int, int]]]
+NEVER_CACHED = 1024      # needs whose verdict (`MemoryLedger.never_fits`) is kept at most
 
 
 class OutOfDeviceMemory(MemoryError):
@@ -81,14 +82,21 @@ class MemoryLedger:
         self.capacity = {i.name: device_memory_bytes or i.device_memory_bytes for i in topology.islands}
         # Plain lists: a slice's max is one C call, and the few devices of a range are cheap to add to.
         self.used = {i.name: [0] * i.num_devices for i in topology.islands}
-        self._never: dict[int, str | None] = {}
+        self._never: dict[int, tuple[Need, str | None]] = {}   # id(need) -> (need, its verdict)
 
     def never_fits(self, need: Need) -> str | None:
-        """Returns why `need` could never fit, even on empty devices, or None if it could (cached per need)."""
-        key = id(need)
-        if key not in self._never:
-            self._never[key] = self._never_fits(need)
-        return self._never[key]
+        """Returns why `need` could never fit, even on empty devices, or None if it could. Cached per need
+        object (a plan's need is one object for all its runs): the entry keeps the need, so that no other need
+        made at its address once it is gone takes its verdict, and the cache is emptied at `NEVER_CACHED`
+        entries (a cond's branch runs each have a need of their own)."""
+        cached = self._never.get(id(need))
+        if cached is not None and cached[0] is need:
+            return cached[1]
+        if len(self._never) >= NEVER_CACHED:
+            self._never.clear()
+        verdict = self._never_fits(need)
+        self._never[id(need)] = (need, verdict)
+        return verdict
 
     def _never_fits(self, need: Need) -> str | None:
         for island, ranges in need.items():

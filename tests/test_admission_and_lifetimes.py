@@ -114,6 +114,24 @@ def test_a_run_that_can_never_fit_fails_at_once_and_others_go_on(device_map, pla
         rt.close()
 
 
+def test_whether_a_need_can_ever_fit_is_never_taken_from_a_need_gone_before_it(device_map):
+    """The ledger cached each need's verdict by the need's id alone: a need made after another was dropped
+    (a plan forgotten, a cond's branch run over) could take its address, and with it its verdict, and the
+    cache kept one entry per need it ever saw (one per branch run)."""
+    from pathways_mlir.runtime.admission import MemoryLedger
+
+    ledger = MemoryLedger(device_map.topology, device_memory_bytes=ONE_RUN)
+    for _ in range(2000):
+        fits = {"island0": ((0, 1, ONE_RUN),)}
+        assert ledger.never_fits(fits) is None
+        del fits
+        never = {"island0": ((0, 1, ONE_RUN + 1),)}
+        assert ledger.never_fits(never) == (f"needs {ONE_RUN + 1} bytes on device 0 of island0, which has only "
+                                            f"{ONE_RUN} bytes: it can never fit")
+        del never
+    assert len(ledger._never) < 2000
+
+
 def test_a_run_behind_memory_only_handles_hold_fails_at_once_naming_the_holder(device_map, plan_builder):
     rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 8 * 16 * 4 - 1)   # not one run beside a held result
     try:
