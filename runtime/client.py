@@ -106,14 +106,13 @@ class Client:
         return run
 
     def _remember(self, run: Run) -> None:
-        """Keeps a run under way for `close`, forgetting now and then the runs the scheduler is done with (in
-        order: the scheduler retires its runs in flight as its admissions and a fast lane's credits need, so
-        those kept stay about as many as it holds). Under the lock."""
+        """Keeps a run under way for `close`, forgetting the runs the scheduler is done with, oldest first (the
+        scheduler retires its runs in flight as its admissions and a fast lane's credits need, so those kept
+        stay about as many as it holds; each holds its plan). Under the lock."""
         active = self._active
+        while active and active[0].retired:
+            active.popleft()
         active.append(run)
-        if len(active) % 64 == 0:
-            while active and active[0].retired:
-                active.popleft()
 
     def _arguments(self, plan: ProgramPlan, args: Sequence) -> list:
         """What the dispatcher gets for each argument (`_argument`), whatever their count."""

@@ -17,6 +17,8 @@ class Limits:
     - `max_array_bytes`: all the arrays of one frame together (4 GiB; a plan's compiled functions too);
     - `max_arrays`: the arrays of one frame, each a run's argument or a plan's compiled function (4096;
       each costs the endpoint a few hundred bytes, even of 0 bytes);
+    - `max_plans`: the plans one connection holds (4096; a `RemoteClient` has the endpoint forget a plan
+      once nothing holds it);
     - `idle_timeout`: seconds a connection may send nothing, or take to send the rest of a frame, before
       it is dropped (120 s; a `RemoteClient` sends a keepalive every quarter of it);
     - `handshake_timeout`: seconds a new connection has to prove it holds the key (10 s);
@@ -29,6 +31,7 @@ class Limits:
     max_header_bytes: int = 8 << 20
     max_array_bytes: int = 4 << 30
     max_arrays: int = 4096
+    max_plans: int = 4096
     idle_timeout: float = 120.0
     handshake_timeout: float = 10.0
     max_connections: int = 64

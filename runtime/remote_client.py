@@ -15,7 +15,10 @@ quarter of the endpoint's idle timeout, so an idle client keeps its objects.
 
 A dropped handle's release goes with the connection's next request, or,
 if none comes within `RELEASE_DELAY`, that thread sends it; a release sent
-alone is not waited for: its reply is read with a later request's.
+alone is not waited for: its reply is read with a later request's. A plan
+is sent once per plan object, and once the program that made it is gone
+(nothing holds the plan), its name goes the same way, and the endpoint
+forgets the plan (as the embedded runtime forgets a plan nothing holds).
 """
 
 from __future__ import annotations
@@ -186,8 +189,10 @@ class RemoteClient:
             raise
         self._lock = threading.Lock()
         self._dropped: collections.deque[int] = collections.deque()   # handles to release with the next request
+        self._forgotten: collections.deque[str] = collections.deque()  # names of plans gone, for the same request
         self._unanswered = 0                     # releases sent whose replies are not read yet
-        self._names: dict[int, tuple[ProgramPlan, str, int]] = {}      # id(plan) -> (plan, name there, version)
+        # id(plan) -> (the plan, weakly; its name there; the topology version it was lowered for)
+        self._names: dict[int, tuple[weakref.ref, str, int]] = {}
         self._last = time.monotonic()            # when the connection last carried a request
         self._stop = threading.Event()
         self._wakeups: queue.SimpleQueue = queue.SimpleQueue()   # a drop (or closing) wakes `_keep_alive`
@@ -206,7 +211,7 @@ class RemoteClient:
         """Sends a plan to the cluster (once per plan): its structure as JSON, each compiled function as
         bytes; returns its name there (the SHA-256 of the plan's JSON)."""
         found = self._names.get(id(plan))
-        if found is None or found[0] is not plan:
+        if found is None or found[0]() is not plan:
             if self.resources.version < 0:
                 self.resources.snapshot()        # a plan made without reading the topology: for the current one
             version = self.resources.version     # what the plan was lowered for: the latest topology read
@@ -214,8 +219,18 @@ class RemoteClient:
             names = sorted(structure.pop("executables"))
             blobs = [np.frombuffer(base64.b64decode(plan.executables[n]), np.uint8) for n in names]
             reply, _ = self._call({"op": "load", "plan": structure, "executables": names}, blobs)
-            found = self._names[id(plan)] = (plan, reply["name"], version)   # keeps `plan` alive, its id unique
+            found = self._names[id(plan)] = (weakref.ref(plan), reply["name"], version)
+            weakref.finalize(plan, self._forget, id(plan), reply["name"]).atexit = False
         return found[1]
+
+    def _forget(self, key: int, name: str) -> None:
+        """A plan sent here is gone (its finalizer): the endpoint forgets it with the connection's next
+        request, or within `RELEASE_DELAY`, as a dropped handle is released (`_drop`). Its id may be reused
+        from now on, not before."""
+        self._names.pop(key, None)
+        if not self.closed:
+            self._forgotten.append(name)
+            self._wake()
 
     def run(self, plan: ProgramPlan, args, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
             timeout: float | None = None) -> list[RemoteHandle]:
@@ -311,17 +326,17 @@ class RemoteClient:
             except queue.Empty:
                 pass
             self._release_pending = False               # a drop from now on wakes this thread again
-            if not (self._dropped or time.monotonic() - self._last >= interval):
+            if not (self._dropped or self._forgotten or time.monotonic() - self._last >= interval):
                 continue
             if not self._lock.acquire(timeout=RELEASE_DELAY):
-                if self._dropped:                       # a long request holds the connection: try again later
+                if self._dropped or self._forgotten:    # a long request holds the connection: try again later
                     self._release_pending = True
                     self._wakeups.put(None)
                 continue
             try:
                 if self.closed:
                     return
-                if self._dropped:
+                if self._dropped or self._forgotten:
                     self._send_release()
                 elif time.monotonic() - self._last >= interval:   # not when a request carried the drops meanwhile
                     self._exchange({"op": "ping"}, (), ())
@@ -335,6 +350,10 @@ class RemoteClient:
         `RELEASE_DELAY` (`_keep_alive`). It never waits: it may run inside `_call`, or in a finalizer on any
         thread (a `SimpleQueue` may be put to there)."""
         self._dropped.append(key)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wakes `_keep_alive` to send what was dropped, unless a wakeup is on its way already."""
         if not self._release_pending:
             self._release_pending = True
             self._wakeups.put(None)
@@ -355,21 +374,19 @@ class RemoteClient:
             raise ServiceError(f"the connection to the service at {self.name} is closed")
 
     def _send_release(self, release=()) -> None:
-        """Sends a `release` request for the dropped handles and `release` (holding the lock) without waiting
-        for its reply: the next exchange reads it. At most `UNANSWERED` such replies wait unread."""
+        """Sends a `release` request for the dropped handles and `release`, forgetting the plans gone
+        (holding the lock), without waiting for its reply: the next exchange reads it. At most `UNANSWERED`
+        such replies wait unread."""
         if self._unanswered >= UNANSWERED:
             self._read_unanswered()
-        self._send({"op": "release", "release": [*self._take_dropped(), *release]}, ())
+        self._send(self._carrying_drops({"op": "release"}, release), ())
         self._unanswered += 1
 
     def _exchange(self, request: dict, arrays, release) -> tuple[dict, list[np.ndarray]]:
         """Sends one request and reads its reply (holding the lock), after the replies of releases sent
         before it. A connection that breaks or stays silent past the deadline is closed, and that is a
         ServiceError naming the service."""
-        dropped = self._take_dropped()
-        if dropped or release:
-            request = {**request, "release": [*dropped, *release]}
-        self._send(request, arrays)
+        self._send(self._carrying_drops(request, release), arrays)
         self._read_unanswered()
         reply, values = self._receive()
         if reply.get("ok") is not True:
@@ -377,11 +394,16 @@ class RemoteClient:
             raise ERROR_KINDS.get(reply.get("kind"), RemoteError)(error)
         return reply, values
 
-    def _take_dropped(self) -> list[int]:
-        dropped = []
-        while self._dropped:
-            dropped.append(self._dropped.popleft())
-        return dropped
+    def _carrying_drops(self, request: dict, release=()) -> dict:
+        """Returns `request` carrying the releases of the dropped handles and `release`, and the names of the
+        plans gone (`forget`)."""
+        release = [*_take_all(self._dropped), *release]
+        forget = _take_all(self._forgotten)
+        if release:
+            request = {**request, "release": release}
+        if forget:
+            request = {**request, "forget": forget}
+        return request
 
     def _read_unanswered(self) -> None:
         """Reads the replies of the releases sent without waiting (they only say the release was taken)."""
@@ -446,3 +468,11 @@ def _connect(address, timeout: float | None) -> socket.socket:
 def _status(data: dict) -> Status:
     """A `Status` from its JSON form (client ids come back as numbers)."""
     return Status(data, clients={int(c): v for c, v in data["clients"].items()})
+
+
+def _take_all(items: collections.deque) -> list:
+    """Takes everything out of `items`, which finalizers on other threads may append to meanwhile."""
+    taken = []
+    while items:
+        taken.append(items.popleft())
+    return taken

@@ -32,7 +32,9 @@ why it will not serve). Requests, one frame each:
   `close`.
 
 Any request may carry `release`, a list of this connection's handles to
-release before it is served (dropped handles travel this way). A request
+release before it is served (dropped handles travel this way), and
+`forget`, names of plans it loaded that its client no longer holds (each
+`load` of a name counts once; at most `max_plans` names are held). A request
 may carry only the fields its kind reads (`FIELDS`), and arrays only if it
 is a `load` or a `run`; any other is refused before anything is done, and the
 parsed request is dropped before its reply is sent, so a request keeps no
@@ -65,7 +67,7 @@ from .wire import ERROR_KINDS, ProtocolError, recv_message, send_message
 if TYPE_CHECKING:
     from .endpoint import Endpoint
 
-# The fields each request kind reads, besides `op` and `release`; any other field is refused.
+# The fields each request kind reads, besides `op`, `release` and `forget`; any other field is refused.
 FIELDS = {"load": {"plan", "executables"}, "run": {"name", "version", "dispatch", "args", "timeout"},
           "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"}, "share": {"handle"},
           "shared": {"token"}, "objects": set(), "topology": set(), "status": {"full"}, "ping": set()}
@@ -81,6 +83,7 @@ class Session:
     def __init__(self, endpoint: Endpoint, client: Client, connection: socket.socket, owner: bool):
         self.endpoint, self.client, self.connection, self.owner = endpoint, client, connection, owner
         self.plans: dict[str, ProgramPlan] = {}
+        self.loads: dict[str, int] = {}          # plan name -> its loads not forgotten yet
         self.handles: dict[int, Handle] = {}
         self.tokens: dict[int, list[str]] = {}   # handle key -> the tokens it was shared as (forgotten on release)
         self.ids = itertools.count()
@@ -106,6 +109,7 @@ class Session:
                 try:
                     op = self._check_fields(request, arrays)
                     self._release(request.pop("release", []))
+                    self._forget(request.pop("forget", []))
                     reply, out = self.requests[op](request, arrays)
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
@@ -134,7 +138,11 @@ class Session:
         with self.endpoint._large:          # the plan's JSON is referenced only here, and gone once converted
             plan = ProgramPlan.from_python({**request.pop("plan"), "executables": executables})
         name, plan = self.endpoint.plan(plan)
+        if name not in self.plans and len(self.plans) >= self.endpoint.limits.max_plans:
+            raise ValueError(f"this connection holds {len(self.plans)} plans, the endpoint's limit (max_plans): "
+                             f"a plan is forgotten once its client no longer holds the program that made it")
         self.plans[name] = plan
+        self.loads[name] = self.loads.get(name, 0) + 1
         return {"name": name}, []
 
     def run(self, request: dict, arrays) -> tuple[dict, list]:
@@ -245,10 +253,10 @@ class Session:
         fields = FIELDS.get(op) if isinstance(op, str) else None
         if fields is None:
             raise ValueError(f"unknown request {str(op)[:40]!r}")
-        extra = sorted(k for k in request if k not in fields and k not in ("op", "release"))
+        extra = sorted(k for k in request if k not in fields and k not in ("op", "release", "forget"))
         if extra:
             raise ValueError(f"request {op!r} has no field {extra[0][:40]!r}: it takes "
-                             + (", ".join(sorted(fields)) or "none") + " (and release)")
+                             + (", ".join(sorted(fields)) or "none") + " (and release, forget)")
         if arrays and op not in _WITH_ARRAYS:
             raise ValueError(f"request {op!r} takes no arrays, not {len(arrays)}")
         return op
@@ -261,6 +269,18 @@ class Session:
             if handle is not None:
                 handle.delete()
                 self.endpoint.forget(self.tokens.pop(key, ()))   # its shared object is released with it
+
+    def _forget(self, names) -> None:
+        """Counts one load of each of `names` forgotten; a plan none of whose loads is left goes (its runs in
+        flight hold it until they are over). A name not loaded here is ignored, as a key released twice."""
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("'forget' must be a list of plan names")
+        for name in names:
+            left = self.loads.get(name, 0) - 1
+            if left > 0:
+                self.loads[name] = left
+            elif left == 0:
+                del self.loads[name], self.plans[name]
 
     def _handle(self, key: int) -> Handle:
         if key not in self.handles:

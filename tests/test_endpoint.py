@@ -570,6 +570,62 @@ def test_a_handshake_dropped_past_the_per_process_limit_says_so(runtime):
             RemoteClient(endpoint.address, key=secrets.token_bytes(32))
 
 
+def scaled(plan_builder, topology, k: float):
+    """A one-launch plan on island0 computing x * k: a distinct plan (and name) per `k`."""
+    p = plan_builder(topology)
+    a = p.slice("a", (2,), ("x",), "island0", (0, 2))
+    return p.build([p.launch(lambda x: x * k, [p.input((8, 16), a, [("x",), ()])], a, [("x",), ()])])
+
+
+def test_a_plan_its_client_drops_is_forgotten_while_the_connection_stays_open(runtime, plan_builder):
+    """A remote client kept every plan it sent, and its connection every plan it loaded, until it closed: a
+    client making programs as it went grew on both sides for good. Once nothing holds a plan in the client,
+    the endpoint forgets it (with the next request, or soon after), as the embedded runtime does (a client
+    keeps its runs until it sees them over: the next run lets go of those); a plan loaded twice (two plan
+    objects of one name) goes with the last."""
+    import gc
+
+    def forgotten_but(plan, k, what):
+        def only_it_left():
+            runtime.usage()                              # retires the runs that are over (a run holds its plan)
+            gc.collect()
+            return list(endpoint._plans.values()) == [plan] and len(runtime._loaded) == 1
+        gc.collect()
+        runtime.usage()
+        # the next run carries the names of the plans gone, and lets go of the client's runs over
+        np.testing.assert_allclose(np.asarray(client.run(plan, [X])[0]), X * k, rtol=1e-6)
+        until(only_it_left, what, TIMEOUT)
+        assert len(client._names) == 1
+
+    with Endpoint(runtime) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        for k in range(12):
+            plan = scaled(plan_builder, runtime.resources.topology, float(k))
+            [h] = client.run(plan, [X])
+            np.testing.assert_allclose(np.asarray(h), X * k, rtol=1e-6)
+            del plan, h
+        twin, again = (scaled(plan_builder, runtime.resources.topology, 99.0) for _ in range(2))
+        np.testing.assert_allclose(np.asarray(client.run(twin, [X])[0]), X * 99, rtol=1e-6)
+        del twin
+        forgotten_but(again, 99, "the dropped plans forgotten, not one whose twin is held")
+        del again
+        forgotten_but(scaled(plan_builder, runtime.resources.topology, 7.0), 7, "the last of two twins forgotten")
+
+
+def test_a_connection_holds_at_most_max_plans(runtime, plan_builder):
+    """A connection could load plans without bound, each kept by the endpoint until it closed."""
+    with Endpoint(runtime, limits=Limits(max_plans=3)) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        held = [scaled(plan_builder, runtime.resources.topology, float(k)) for k in range(4)]
+        for plan in held[:3]:
+            client.load(plan)
+        client.load(held[0])                           # loaded already: no more held
+        with pytest.raises((ValueError, RemoteError), match=r"^ValueError: this connection holds 3 plans, the endpoint's limit "
+                                             r"\(max_plans\)"):
+            client.load(held[3])
+        np.testing.assert_allclose(np.asarray(client.run(held[1], [X])[0]), X, rtol=1e-6)
+
+
 def test_a_plan_is_kept_while_a_connection_that_loaded_it_is_open(runtime, plan_builder):
     """The endpoint kept every distinct plan any connection loaded, and the runtime its programs and
     executables: a service that clients sent new programs grew for good. They now go with the last
