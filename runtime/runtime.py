@@ -35,6 +35,7 @@ from .tracing import Tracer
 
 
 _WATCH_PERIOD = 0.1      # seconds between the watchdog's looks at deadlines and busy islands
+_DEADLINES_KEPT = 1024   # deadlines kept before those of runs over are dropped (then twice as many as remain)
 
 
 class Runtime:
@@ -93,7 +94,9 @@ class Runtime:
         self._loading: dict[int, threading.Lock] = {}   # plan id -> held while it loads (compiles)
         self._membership = threading.Lock()     # islands are lost and restored one at a time
         self.wedge_timeout = wedge_timeout
-        self._deadlines: list[tuple[float, int, Run]] = []
+        # (deadline, run id, the run weakly): a heap; a run over is not kept till its deadline (`set_deadline`)
+        self._deadlines: list[tuple[float, int, weakref.ref]] = []
+        self._deadlines_kept = _DEADLINES_KEPT
         self._closed = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="pw-watchdog", daemon=True)
         self._watchdog.start()
@@ -183,7 +186,12 @@ class Runtime:
         """Cancels `run` if it is not over within `timeout` seconds (its handles then raise `RunCancelled`)."""
         run.deadline = time.monotonic() + timeout       # what the `deadline` policy orders by
         with self._lock:
-            heapq.heappush(self._deadlines, (run.deadline, run.id, run))
+            if len(self._deadlines) >= self._deadlines_kept:      # a timeout far longer than the runs take
+                self._deadlines = [entry for entry in self._deadlines
+                                   if (kept := entry[2]()) is not None and not kept.retired]
+                heapq.heapify(self._deadlines)
+                self._deadlines_kept = max(_DEADLINES_KEPT, 2 * len(self._deadlines))
+            heapq.heappush(self._deadlines, (run.deadline, run.id, weakref.ref(run)))
 
     def _watch(self) -> None:
         """The watchdog: cancels runs past their deadline and declares islands wedged (`wedge_timeout`)."""
@@ -193,9 +201,9 @@ class Runtime:
             expired = []
             with self._lock:
                 while self._deadlines and self._deadlines[0][0] <= now:
-                    expired.append(heapq.heappop(self._deadlines)[2])
+                    expired.append(heapq.heappop(self._deadlines)[2]())
             for run in expired:
-                if run.error is None and not self.run_done(run):
+                if run is not None and run.error is None and not self.run_done(run):
                     self.cancel(run, RunCancelled(f"run {run.id} of {run.plan.program} did not finish within "
                                                   f"its deadline: cancelled"))
             if self.wedge_timeout is not None:

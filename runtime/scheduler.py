@@ -223,6 +223,7 @@ class GangScheduler:
         with self._lock:
             self._results.release_client(client_id)
             self.policy.forget(client_id)
+            self._forget_gone(client_id)
             self._pump()
 
     def wake(self) -> None:
@@ -457,6 +458,7 @@ class GangScheduler:
         if run.reads:
             self._results.unread(run)
         self._results.keep(run)
+        self._forget_gone(run.client_id)
         seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
         if run.error is not None:
             return
@@ -471,6 +473,12 @@ class GangScheduler:
                 self._charge_untimed(run.key)
         else:
             self.policy.retired(run, self.estimates.of(run))   # untimed: its plan's estimate as it stands
+
+    def _forget_gone(self, client_id: int) -> None:
+        """Forgets a closed client once none of its runs is queued or on the devices (the results of those are
+        not kept, `HeldResults.keep`): no run of it comes after. Under the lock."""
+        if client_id in self._results.gone and self._idle(client_id):
+            self._results.gone.discard(client_id)
 
     def forget_plan(self, plan_key: int, lane=None) -> None:
         """A plan nothing holds any more (`Runtime.load`), or one of a lost island (`Runtime.restore_island`): its
@@ -503,6 +511,7 @@ class GangScheduler:
                 self._results.unread(run)
             run.admitted = True
             run.retired = True                # never in flight: nothing to give back
+            self._forget_gone(run.client_id)
             self._admissions.notify_all()
 
     def _admission_loop(self) -> None:

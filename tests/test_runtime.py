@@ -445,3 +445,32 @@ def test_a_program_nothing_holds_any_more_is_forgotten_with_its_executables(runt
     with Client(runtime) as client:      # the program still held runs on, without loading again
         np.testing.assert_array_equal(np.asarray(kept.run(np.ones(8, np.float32), client=client)), np.zeros(8))
     assert len(runtime._loaded) == 1 and island.cache.compilations == 21
+
+
+def test_runs_over_and_closed_clients_are_not_kept_for_good(runtime):
+    """Two records grew with a runtime's life: every run with a `timeout=` stayed referenced (with its plan)
+    until its deadline passed, however soon it was over (an hour's timeout on each step of a loop kept an
+    hour of runs), and every client that ever closed stayed in a set (one per connection of a service)."""
+    import gc
+    import weakref
+
+    import pathways_mlir as pw
+    from jax.sharding import PartitionSpec as P
+
+    pair = pw.virtual_slice(2, axes="x", island="island0")
+    step = pw.program(pw.jit(lambda x: x + 1.0, slice=pair, in_specs=P("x"), out_specs=P("x")))
+    with Client(runtime) as client:
+        first = step.run(X, client=client, timeout=3600)
+        np.testing.assert_allclose(np.asarray(first), X + 1)
+        first = weakref.ref(first._run)
+        for _ in range(3000):
+            step.run(X, client=client, timeout=3600).block_until_ready()
+        runtime.usage()                     # retires the runs that are over
+        gc.collect()
+        assert first() is None
+        assert len(runtime._deadlines) < 3000
+    for _ in range(20):
+        with Client(runtime) as client:
+            step.run(X, client=client).block_until_ready()
+    runtime.usage()
+    assert not runtime.scheduler._results.gone
