@@ -75,8 +75,12 @@ class WaitingRuns:
         return heads
 
     def take(self, item: WaitingRun) -> None:
-        """Takes a head off its client's queue to be admitted, counting it as overtaking older runs."""
-        self._queues[item.run.client_id].popleft()
+        """Takes a head off its client's queue to be admitted, counting it as overtaking older runs. A queue
+        left empty goes (one per client that ever waited would stay, and every admission looks at each)."""
+        queue = self._queues[item.run.client_id]
+        queue.popleft()
+        if not queue:
+            del self._queues[item.run.client_id]
         self._count -= 1
         if self.reserved is item:
             self.reserved = None
@@ -103,7 +107,10 @@ class WaitingRuns:
             kept = collections.deque()
             for item in queue:
                 (taken if doomed(item.run) else kept).append(item)
-            self._queues[client] = kept
+            if kept:
+                self._queues[client] = kept
+            else:
+                del self._queues[client]
         self._count -= len(taken)
         if self.reserved in taken:
             self.reserved = None

@@ -143,6 +143,26 @@ def test_a_run_that_shorter_runs_would_starve_waits_for_at_most_overtakes_of_the
         rt.close()
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_clients_whose_runs_waited_leave_no_queue_behind(device_map, plan_builder, policy):
+    """Each client whose run ever waited for admission left an empty queue, which every later admission
+    looked at: a service's scheduler slowed with every connection it had served."""
+    rt = Runtime(device_map, policy=policy)
+    try:
+        plan = small_plan(plan_builder, rt.resources.topology)
+        for _ in range(2):
+            rt.scheduler.hold()
+            clients = [Client(rt) for _ in range(8)]
+            runs = [client.start(plan, [X]) for client in clients]
+            rt.scheduler.release()
+            for client, run in zip(clients, runs):
+                client.wait(run, timeout=60)
+                client.close()
+        assert not rt.scheduler._waiting._queues
+    finally:
+        rt.close()
+
+
 def test_a_policy_is_checked_where_it_is_given():
     message = r"unknown scheduling policy 'lifo' \(choose from fifo, share, sjf, deadline\)"
     with pytest.raises(ValueError, match=message):
