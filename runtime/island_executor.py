@@ -211,6 +211,7 @@ class IslandExecutor:
                 instruction.execute(self, run)
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
+            _reraise_interrupt(error)
         finally:
             self._stopped(run, inline)
 
@@ -259,6 +260,7 @@ class IslandExecutor:
             self._place_referenced(run)
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
+            _reraise_interrupt(error)
             return
         self._advance(run)
 
@@ -313,6 +315,7 @@ class IslandExecutor:
                         self._notify(run.id)            # a fetch may wait for what this program made
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
+            _reraise_interrupt(error)
         finally:
             self._stopped(run)
 
@@ -492,3 +495,11 @@ def _devices_of(array, island) -> tuple[int, ...]:
     """The island-local ids of the devices an array lives on."""
     local = {d.id: i for i, d in enumerate(island.device_map.devices[island.name])}
     return tuple(sorted(local[d.id] for d in array.sharding.device_set if d.id in local))
+
+
+def _reraise_interrupt(error: BaseException) -> None:
+    """Raises `error` again if it is a KeyboardInterrupt (Ctrl-C, which Python raises on the main thread only):
+    work the caller's thread executes (`Island.run_inline`, a fast lane's run) fails its run with it, and the
+    caller gets it too, as plain JAX's would. Any other error fails the run alone."""
+    if isinstance(error, KeyboardInterrupt):
+        raise error

@@ -378,3 +378,57 @@ def test_a_placed_function_takes_a_deadline_and_pw_cancel(device_map):
                 cancelled.result(timeout=60)
     finally:
         rt.close()
+
+
+def _interrupted(call, timeout: float = 30) -> str:
+    """Runs `call()` on this (the main) thread while it is interrupted 0.1 s in, as Ctrl-C does; says where the
+    KeyboardInterrupt went: "raised by the call", "after the call" (it ended first), or "lost"."""
+    import _thread
+
+    timer = threading.Timer(0.1, _thread.interrupt_main)
+    timer.start()
+    try:
+        call()
+    except KeyboardInterrupt:
+        return "raised by the call"
+    try:
+        timer.join(timeout)
+        time.sleep(1.0)                          # a pending interrupt is raised here
+    except KeyboardInterrupt:
+        return "after the call"
+    return "lost"
+
+
+@pytest.mark.parametrize("path", ["fast lane", "general path across islands", "general path, other way"])
+def test_ctrl_c_during_a_run_the_caller_executes_raises_keyboard_interrupt(device_map, plan_builder, path):
+    """A run the caller's thread executes (an idle island's work, a fast lane's run) failed with the caller's
+    KeyboardInterrupt as its error: Ctrl-C did not stop a training loop, whose next call raised RunFailed,
+    or nothing at all. The run fails, the interrupt reaches the caller, and every island goes on."""
+    rt = Runtime(device_map)
+    try:
+        with Client(rt) as client:
+            first, then = ("island1", "island0") if path.endswith("other way") else ("island0", "island1")
+            trips = trips_for(client, spin_plan(plan_builder, rt.resources.topology, island=first), LONG_S)
+            # On 2 devices XLA:CPU computes on the launching thread (JAX's async dispatch is for 1 device), so
+            # the interrupt comes while the caller executes the run.
+            p = plan_builder(rt.resources.topology, program="spin_on_two")
+            v0 = p.slice("v0", (2,), ("x",), first, (0, 2))
+            spun = p.launch(spin, [p.input((1024,), v0, [("x",)]), p.input((), v0, dtype="i32")], v0, [("x",)])
+            if path == "fast lane":
+                spinning = p.build([spun])
+                args = [jnp.asarray(V), jnp.asarray(np.int32(trips))]      # arrays: the lane takes them
+                assert rt.lane(spinning) is not None
+            else:
+                v1 = p.slice("v1", (1,), ("x",), then, (0, 1))
+                spinning = p.build([p.launch(jnp.tanh, [p.dcn(spun, v1, [()])], v1, [()])])
+                args = [V, np.int32(trips)]
+            rt.load(spinning)                    # compiled before: the interrupt comes while it computes
+            where = _interrupted(lambda: client.run(spinning, args)[0].result(timeout=60).block_until_ready())
+            assert where == "raised by the call"
+            assert not any(island._inline for island in rt.islands.values())     # every caller's turn ended
+            for island in ("island0", "island1"):
+                small = small_plan(plan_builder, rt.resources.topology, island=island)
+                [h] = client.run(small, [X])
+                np.testing.assert_allclose(np.asarray(h.result(timeout=60)), np.asarray(tanh2(X)), rtol=1e-6)
+    finally:
+        rt.close()
