@@ -417,8 +417,25 @@ def top_level_ops(module: ir.Module | ir.Operation) -> list[ir.Operation]:
 
     # A pre-order walk hands over plain operations; going through `block.operations` builds a typed view
     # of each op first, which costs twice as much (the passes list top-level ops hundreds of times a lowering).
-    root.walk(visit, ir.WalkOrder.PRE_ORDER)
+    walk(root, visit, ir.WalkOrder.PRE_ORDER)
     return found
+
+
+def walk(root: ir.Operation, visit, order: ir.WalkOrder = ir.WalkOrder.POST_ORDER) -> None:
+    """`root.walk(visit, order)`, except that what `visit` raises is raised again as it is (the bindings make
+    it a RuntimeError quoting it, a KeyboardInterrupt from Ctrl-C too); the walk stops there."""
+    raised: list[BaseException] = []
+
+    def guarded(op: ir.Operation) -> ir.WalkResult:
+        try:
+            return visit(op)
+        except BaseException as error:  # noqa: BLE001  (raised again below, past the bindings)
+            raised.append(error)
+            return ir.WalkResult.INTERRUPT
+
+    root.walk(guarded, order)
+    if raised:
+        raise raised[0]
 
 
 def symbol_name(op: ir.Operation) -> str | None:

@@ -27,6 +27,7 @@ from mlir import ir
 
 from .context import IRDL_PATH
 from .diagnostics import Diagnostic, SourceLocation
+from .ops import walk
 
 DIALECT = "pw"
 
@@ -198,5 +199,5 @@ def verify_structure(module: ir.Module | ir.Operation) -> list[Diagnostic]:
             diagnostics.append(Diagnostic("error", SourceLocation.of(op.location), problem))
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(visit)
+    walk(module.operation, visit)
     return diagnostics

@@ -146,9 +146,17 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     phased = set()  # the phases the module was found in (a pass that changes IR empties it)
     structured = []  # holds True once the module passed the structural verifier and MLIR's
     changed = []  # holds True once a pass changed the IR
+    interrupted = []  # a KeyboardInterrupt (Ctrl-C) inside a pass: raised again once the pass manager returns
 
     def adapt(instance: Pass):
         def run(op: ir.Operation, mlir_pass) -> None:
+            try:
+                checked_run(op, mlir_pass)
+            except KeyboardInterrupt as interrupt:   # the pass manager would make it a RuntimeError
+                interrupted.append(interrupt)
+                mlir_pass.signal_pass_failure()
+
+        def checked_run(op: ir.Operation, mlir_pass) -> None:
             before = diagnostics.error_count
             if (instance.needs_verified_input or instance.requires_phase is not None) and not verified:
                 if not verify_module(op, diagnostics):
@@ -192,7 +200,10 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
     try:
         manager.run(module.operation)
     except ir.MLIRError as error:
-        if error.error_diagnostics or not diagnostics.has_errors:
-            diagnostics.diagnostics.extend(from_mlir_error(error))
-        return False
+        if not interrupted:
+            if error.error_diagnostics or not diagnostics.has_errors:
+                diagnostics.diagnostics.extend(from_mlir_error(error))
+            return False
+    if interrupted:
+        raise interrupted[0]
     return True

@@ -380,12 +380,12 @@ def test_a_placed_function_takes_a_deadline_and_pw_cancel(device_map):
         rt.close()
 
 
-def _interrupted(call, timeout: float = 30) -> str:
-    """Runs `call()` on this (the main) thread while it is interrupted 0.1 s in, as Ctrl-C does; says where the
-    KeyboardInterrupt went: "raised by the call", "after the call" (it ended first), or "lost"."""
+def _interrupted(call, after: float = 0.1, timeout: float = 30) -> str:
+    """Runs `call()` on this (the main) thread while it is interrupted `after` seconds in, as Ctrl-C does; says
+    where the KeyboardInterrupt went: "raised by the call", "after the call" (it ended first), or "lost"."""
     import _thread
 
-    timer = threading.Timer(0.1, _thread.interrupt_main)
+    timer = threading.Timer(after, _thread.interrupt_main)
     timer.start()
     try:
         call()

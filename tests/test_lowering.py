@@ -231,3 +231,25 @@ def test_lowered_ir_and_plans_do_not_grow_with_the_shard_count():
     assert max(plan_bytes) - min(plan_bytes) < 64
     # The per-shard baseline materialises 2N nodes and N edges.
     assert per_shard_baseline(64)[:2] == (128, 64)
+
+
+def test_ctrl_c_while_lowering_raises_keyboard_interrupt():
+    """Ctrl-C inside a pass went into MLIR's pass manager, which made it a RuntimeError ("Exception raised in
+    callback") or dropped it, the lowering going on to its end. Now the pass fails and the lowering raises
+    KeyboardInterrupt once the pass manager returns."""
+    from test_islands_on_their_own import _interrupted
+
+    from pathways_mlir.dialect.context import make_context, parse_module
+
+    t = "tensor<4x128xf32>"
+    computes = "".join(f'  %{i + 1} = "pw.compute"(%{i}) {{callee = @layer, slice = @v{i % 2}, '
+                       f'in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "l#{i}"}} '
+                       f': ({t}) -> {t}\n' for i in range(4000))
+    text = ("".join(f'"pw.virtual_slice"() {{sym_name = "v{s}", shape = array<i64: 4>, axes = ["x"], '
+                    f'constraints = {{}}}} : () -> ()\n' for s in range(2))
+            + f'module @layer attributes {{pw.executable}} {{\n  func.func @main(%x: {t}) -> {t} {{\n'
+            + f'    %0 = "stablehlo.tanh"(%x) : ({t}) -> {t}\n    return %0 : {t}\n  }}\n}}\n'
+            + f'func.func @chain(%0: {t}) -> {t} attributes {{pw.program}} {{\n{computes}  return %4000 : {t}\n}}\n')
+    with make_context():
+        module = parse_module(text, ir.Context.current)       # the passes take the time, not the parsing
+        assert _interrupted(lambda: lower(module, Topology.uniform(2, 4)), after=0.2) == "raised by the call"
