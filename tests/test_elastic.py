@@ -134,6 +134,29 @@ def test_a_restored_island_leaves_no_fast_lane_of_the_lost_one_behind(rt):
     assert settled(rt, WAIT)        # the credits of the runs lost with the island went back too
 
 
+def test_an_island_lost_and_restored_while_a_plan_loads_onto_it(rt, monkeypatch):
+    """The island goes and comes back between a plan's load onto it and its compile there: the load went on
+    onto the restored island, which had never been given the plan (KeyError), and a plan loaded onto the lost
+    island alone stayed loaded, its runs failing there."""
+    add1 = pw.program(pw.jit(lambda x: x + 1.0, slice=pinned("island1", "add1_loading"), in_specs=P("x"),
+                             out_specs=P("x")))
+    lost = rt.islands["island1"]
+    compile_there = lost.prepare
+
+    def lost_and_restored_first(plan_key, step_ids):
+        if rt.islands["island1"] is lost:
+            rt.lose_island("island1")
+            rt.restore_island("island1")
+        compile_there(plan_key, step_ids)
+
+    monkeypatch.setattr(lost, "prepare", lost_and_restored_first)
+    with Client(rt) as client:
+        add1.compiled(X, runtime=rt)
+        assert all(loaded.key in rt.islands[name]._plans for loaded in rt._loaded.values() for name in loaded.islands)
+        np.testing.assert_allclose(value(add1.run(jnp.asarray(X), client=client)), X + 1)
+    assert settled(rt, WAIT)
+
+
 def test_queued_runs_that_need_the_lost_island_fail(rt):
     with Client(rt) as client:
         rt.scheduler.hold()
