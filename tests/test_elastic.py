@@ -157,6 +157,21 @@ def test_an_island_lost_and_restored_while_a_plan_loads_onto_it(rt, monkeypatch)
     assert settled(rt, WAIT)
 
 
+def test_a_program_called_with_every_island_lost_is_a_one_line_error(rt):
+    """Lowering onto a topology with no island raised the topology format's own check ("pw.topology: 'islands'
+    is empty"), which named no slice and no loss."""
+    with Client(rt) as client:
+        rt.lose_island("island0")
+        rt.lose_island("island1")
+        with pytest.raises(ValueError, match=r"^error: cannot place any slice: the topology has no island \(every "
+                                             r"island was lost\)$"):
+            anywhere.run(X, client=client)
+        rt.restore_island("island1")
+        np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
+        rt.restore_island("island0")
+    assert settled(rt, WAIT)
+
+
 def test_queued_runs_that_need_the_lost_island_fail(rt):
     with Client(rt) as client:
         rt.scheduler.hold()
