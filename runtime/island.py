@@ -36,6 +36,7 @@ whose arguments are plans, integer ids, work items and arrays, never shared
 Python objects:
 
     load(plan_key, plan)                      keep a plan, check it, build its layout
+    has_plan(plan_key)                        whether a plan is kept here (none of a lost island's, once restored)
     prepare(plan_key, step_ids)               build (compile) an island program now
     start(work)                               place inputs, run the steps (see IslandWork)
     start_lane(...), run_lane(...)            the same for a fast lane's run, executed by its caller
@@ -142,6 +143,10 @@ class Island(IslandExecutor):
         """Keeps `plan` (with its frees and peaks, from pw-plan-memory) under `plan_key`."""
         with self.lock:
             self._plans.setdefault(plan_key, (weakref.ref(plan), None))
+
+    def has_plan(self, plan_key: int) -> bool:
+        """Whether a plan is kept here under `plan_key` (a restored island has none of the lost one's)."""
+        return plan_key in self._plans
 
     def unload(self, plan_key: int) -> None:
         """Forgets a plan and its island programs (the runtime's `_forget_unused`: its runs are over here);

@@ -172,6 +172,30 @@ def test_a_program_called_with_every_island_lost_is_a_one_line_error(rt):
     assert settled(rt, WAIT)
 
 
+def test_a_run_whose_island_is_lost_and_restored_while_it_starts_fails_with_island_lost(rt, monkeypatch):
+    """The island goes and comes back between a run's load and its delivery: the restored island was given work
+    of a plan it had never been given, and the run failed there with a KeyError."""
+    with Client(rt) as client:
+        plan = across.compiled(X, runtime=rt).plan
+        submit = rt.scheduler.submit
+
+        def lost_and_restored_first(run, works):
+            monkeypatch.undo()
+            rt.lose_island("island1")
+            rt.restore_island("island1")
+            submit(run, works)
+
+        monkeypatch.setattr(rt.scheduler, "submit", lost_and_restored_first)
+        run = client.start(plan, [X])
+        with pytest.raises(pw.IslandLost, match=f"island island1 was lost and restored while run {run.id} of across "
+                                                f"was starting: its plan was loaded onto the lost island"):
+            client.wait(run, timeout=WAIT)
+        with pytest.raises(pw.IslandLost):
+            value(client.handles(run)[0])
+        np.testing.assert_allclose(value(across.run(X, client=client)), np.asarray(jax.jit(heavy)(X)) + 1, rtol=1e-5)
+    assert settled(rt, WAIT)
+
+
 def test_queued_runs_that_need_the_lost_island_fail(rt):
     with Client(rt) as client:
         rt.scheduler.hold()
