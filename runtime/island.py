@@ -109,6 +109,7 @@ class Island(IslandExecutor):
         self._timed_plans: set[int] = set()     # plans whose first run here is over (that one is not timed)
         self._closed = False
         self.lost: IslandLost | None = None     # set once the island was lost
+        self._successor: Island | None = None   # the island restored in this lost one's place (`restored`)
         self._executing: tuple[IslandRun, float] | None = None   # the run whose instructions run, since when
         self._awaited: tuple[IslandRun, float] | None = None     # the run whose device work is awaited, since
         self.wedged: IslandWedged | None = None  # set while the island is stuck (see `wedge`)
@@ -460,11 +461,14 @@ class Island(IslandExecutor):
         self._stop()
 
     def restored(self) -> "Island":
-        """Returns a fresh island in place of this lost one; the results lost here still raise `IslandLost`."""
+        """Returns a fresh island in place of this lost one; the results lost here still raise `IslandLost`, and
+        so do those of runs that fail here from now on (a run delivered here before the fresh island takes
+        this one's place): the fresh island never sees them, and would take them as over (`_fail`)."""
         fresh = Island(self.name, self.device_map, self._transport, self._peer)
         fresh.tracer, fresh.on_done = self.tracer, self.on_done
         with self.lock:
             fresh._failed.update(self._failed)
+            self._successor = fresh
         return fresh
 
     # -- host work, once per plan --------------------------------------------

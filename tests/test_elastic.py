@@ -196,6 +196,32 @@ def test_a_run_whose_island_is_lost_and_restored_while_it_starts_fails_with_isla
     assert settled(rt, WAIT)
 
 
+def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_island_lost(rt, monkeypatch):
+    """A run delivered to the lost island after the island restored in its place had copied what failed there
+    (moments before it took the lost one's place): its failure stayed on the lost island, the restored one
+    took the run as over and its result as yet to come, and a fetch of that result waited until its timeout."""
+    add1 = pw.program(plus1)
+    with Client(rt) as client:
+        plan = add1.compiled(X, runtime=rt).plan
+        rt.lose_island("island1")
+        lost = rt.islands["island1"]
+        restored = lost.restored
+        started = []
+
+        def a_run_delivered_meanwhile():
+            fresh = restored()
+            started.append(client.start(plan, [X]))
+            return fresh
+
+        monkeypatch.setattr(lost, "restored", a_run_delivered_meanwhile)
+        rt.restore_island("island1")
+        [run] = started
+        with pytest.raises(pw.IslandLost, match=f"island island1 was lost"):
+            client.handles(run)[0].result(timeout=5)
+        np.testing.assert_allclose(value(add1.run(X, client=client)), X + 1)
+    assert settled(rt, WAIT)
+
+
 def test_queued_runs_that_need_the_lost_island_fail(rt):
     with Client(rt) as client:
         rt.scheduler.hold()
