@@ -118,7 +118,13 @@ def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str 
     passes run only with `verify_each=True` (see `run_passes`), as JAX
     verifies the module it lowered once, and as a release compiler runs
     without MLIR's verify-each. `pw-opt` runs them by default.
+    A topology with no island (a runtime whose every island is lost) places
+    nothing: `LoweringError` says so.
     """
+    if not topology.islands:
+        diagnostics = DiagnosticEngine()
+        diagnostics.error(None, "cannot place any slice: the topology has no island (every island was lost)")
+        raise LoweringError(diagnostics)
     lowered = parse_module(module, make_context()) if isinstance(module, str) else _copy(module)
     with lowered.context, lowered.operation.location:
         ops.set_topology(lowered, topology)

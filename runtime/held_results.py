@@ -39,11 +39,11 @@ class HeldResults:
         """A result's handle was released; returns whether bytes went back to the ledger now (see
         `GangScheduler.release_result`)."""
         key = (run.id, buffer)
+        run.released.add(buffer)         # `keep` skips it, and `Runtime.wait` looks for it no more
         if self._readers.get(key):
             self._unshared.add(key)
             return False
         if key not in self.held:
-            run.released.add(buffer)
             return False
         if donated:
             return False

@@ -85,6 +85,9 @@ class IslandEndpoint(Protocol):
     def prepare(self, key: int, step_ids) -> None:
         """Compiles the executables of those steps of a loaded plan."""
 
+    def has_plan(self, key: int) -> bool:
+        """Whether a plan is loaded here under `key` (a restored island has none of the lost one's)."""
+
     def unload(self, key: int) -> None:
         """Forgets a loaded plan that nothing runs any more (its runs are over)."""
 

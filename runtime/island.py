@@ -36,6 +36,7 @@ whose arguments are plans, integer ids, work items and arrays, never shared
 Python objects:
 
     load(plan_key, plan)                      keep a plan, check it, build its layout
+    has_plan(plan_key)                        whether a plan is kept here (none of a lost island's, once restored)
     prepare(plan_key, step_ids)               build (compile) an island program now
     start(work)                               place inputs, run the steps (see IslandWork)
     start_lane(...), run_lane(...)            the same for a fast lane's run, executed by its caller
@@ -108,6 +109,7 @@ class Island(IslandExecutor):
         self._timed_plans: set[int] = set()     # plans whose first run here is over (that one is not timed)
         self._closed = False
         self.lost: IslandLost | None = None     # set once the island was lost
+        self._successor: Island | None = None   # the island restored in this lost one's place (`restored`)
         self._executing: tuple[IslandRun, float] | None = None   # the run whose instructions run, since when
         self._awaited: tuple[IslandRun, float] | None = None     # the run whose device work is awaited, since
         self.wedged: IslandWedged | None = None  # set while the island is stuck (see `wedge`)
@@ -142,6 +144,10 @@ class Island(IslandExecutor):
         """Keeps `plan` (with its frees and peaks, from pw-plan-memory) under `plan_key`."""
         with self.lock:
             self._plans.setdefault(plan_key, (weakref.ref(plan), None))
+
+    def has_plan(self, plan_key: int) -> bool:
+        """Whether a plan is kept here under `plan_key` (a restored island has none of the lost one's)."""
+        return plan_key in self._plans
 
     def unload(self, plan_key: int) -> None:
         """Forgets a plan and its island programs (the runtime's `_forget_unused`: its runs are over here);
@@ -455,11 +461,14 @@ class Island(IslandExecutor):
         self._stop()
 
     def restored(self) -> "Island":
-        """Returns a fresh island in place of this lost one; the results lost here still raise `IslandLost`."""
+        """Returns a fresh island in place of this lost one; the results lost here still raise `IslandLost`, and
+        so do those of runs that fail here from now on (a run delivered here before the fresh island takes
+        this one's place): the fresh island never sees them, and would take them as over (`_fail`)."""
         fresh = Island(self.name, self.device_map, self._transport, self._peer)
         fresh.tracer, fresh.on_done = self.tracer, self.on_done
         with self.lock:
             fresh._failed.update(self._failed)
+            self._successor = fresh
         return fresh
 
     # -- host work, once per plan --------------------------------------------

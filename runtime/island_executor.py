@@ -376,6 +376,8 @@ class IslandExecutor:
         while len(self._failed) > FAILED_HISTORY:
             self._failed.popitem(last=False)
         self._notify(run_id)
+        if self._successor is not None:      # lost and restored: the island in its place fails the run too
+            self._successor.fail_run(run_id, error)
         if plan_key is None or plan_key not in self._plans:
             return ()
         return tuple(island for island in self._plans[plan_key][0]().islands if island != self.name)

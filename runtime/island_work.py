@@ -142,12 +142,28 @@ class Islands(dict):
 
     def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list[tuple[Any, IslandWork]]:
         """Delivers one run's work to its islands: one `start` message each, in ticket order. With `inline`,
-        returns the (island, work) pairs the caller runs itself, with `run_inline`, once it holds no lock."""
+        returns the (island, work) pairs the caller runs itself, with `run_inline`, once it holds no lock. A
+        run whose plan one of its islands lacks (`replaced`) is delivered nowhere: it fails on each."""
+        replaced = self.replaced(run, works)
+        if replaced is not None:
+            for name in works:
+                self[name].fail_run(run.id, replaced)
+            return []
         jobs = []
         for name, work in works.items():
             if self[name].start(work, inline):
                 jobs.append((self[name], work))
         return jobs
+
+    def replaced(self, run, works: dict[str, IslandWork]) -> "IslandLost | None":
+        """An `IslandLost` for a run whose plan one of the islands of `works` does not have: the plan was loaded
+        onto the island it replaced, lost and restored since (between the run's load and its delivery); None
+        if each has it."""
+        for name, work in works.items():
+            if not self[name].has_plan(work.plan_key):
+                return IslandLost(f"island {name} was lost and restored while run {run.id} of {run.plan.program} "
+                                  f"was starting: its plan was loaded onto the lost island")
+        return None
 
     def close(self) -> None:
         """Closes every island (runs still under way there fail)."""

@@ -38,7 +38,7 @@ class Run:
         self.id = next(_run_ids)
         self.admitted = False             # set by the gang scheduler, under its lock
         self.error: BaseException | None = None
-        self.released: set[int] = set()   # results released before the run was over
+        self.released: set[int] = set()   # results whose handles were released
         self.host: dict[int, Any] = {}    # host buffers' values (futures)
         self.parent = parent              # the run whose host cond started this branch run, if any
         self.donations: tuple[tuple[int, int], ...] = ()   # (run id, buffer) of the results donated to it

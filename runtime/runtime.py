@@ -132,18 +132,33 @@ class Runtime:
         plan.validate()
         check_plan(plan)         # untrusted executables are refused before anything compiles them
         loaded = LoadedPlan.build(plan)
-        for island in loaded.islands:
-            self.islands[island].load(loaded.key, plan)
-        for island, steps in loaded.first.items():
-            everything = tuple(s.id for s in plan.islands.get(island, ()))
-            for step_ids in {steps, everything} - {()}:    # held steps' executables compile now too
-                self.islands[island].prepare(loaded.key, step_ids)
-        lane = FastLane.build(self.scheduler, self.islands, loaded) if self.islands.fast_lanes else None
-        with self._lock:
-            self._lanes[id(plan)] = lane
-            self._loaded[id(plan)] = loaded
+        while True:
+            with self._lock:
+                islands = {name: self.islands[name] for name in loaded.islands}
+            lane = self._load_onto(islands, loaded)
+            with self._lock:
+                current = all(self.islands[name] is island for name, island in islands.items())
+                if current:
+                    self._lanes[id(plan)] = lane
+                    self._loaded[id(plan)] = loaded
+            if current:
+                break
+            self.scheduler.forget_plan(loaded.key, lane)     # an island was restored meanwhile: load again
         weakref.finalize(plan, self._unused.put, (id(plan), loaded))
         return loaded
+
+    def _load_onto(self, islands: dict, loaded: LoadedPlan) -> FastLane | None:
+        """Loads a plan onto `islands` (name -> island, read once: an island restored meanwhile is a new
+        object, which `_load` sees and loads the plan onto again) and compiles its programs there; returns
+        its fast lane."""
+        plan = loaded.plan
+        for island in islands.values():
+            island.load(loaded.key, plan)
+        for name, steps in loaded.first.items():
+            everything = tuple(s.id for s in plan.islands.get(name, ()))
+            for step_ids in {steps, everything} - {()}:    # held steps' executables compile now too
+                islands[name].prepare(loaded.key, step_ids)
+        return FastLane.build(self.scheduler, islands, loaded) if self.islands.fast_lanes else None
 
     def _forget_unused(self) -> None:
         """Forgets the loaded plans that nothing holds any more (their finalizers queued them): their fast

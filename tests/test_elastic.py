@@ -134,6 +134,94 @@ def test_a_restored_island_leaves_no_fast_lane_of_the_lost_one_behind(rt):
     assert settled(rt, WAIT)        # the credits of the runs lost with the island went back too
 
 
+def test_an_island_lost_and_restored_while_a_plan_loads_onto_it(rt, monkeypatch):
+    """The island goes and comes back between a plan's load onto it and its compile there: the load went on
+    onto the restored island, which had never been given the plan (KeyError), and a plan loaded onto the lost
+    island alone stayed loaded, its runs failing there."""
+    add1 = pw.program(pw.jit(lambda x: x + 1.0, slice=pinned("island1", "add1_loading"), in_specs=P("x"),
+                             out_specs=P("x")))
+    lost = rt.islands["island1"]
+    compile_there = lost.prepare
+
+    def lost_and_restored_first(plan_key, step_ids):
+        if rt.islands["island1"] is lost:
+            rt.lose_island("island1")
+            rt.restore_island("island1")
+        compile_there(plan_key, step_ids)
+
+    monkeypatch.setattr(lost, "prepare", lost_and_restored_first)
+    with Client(rt) as client:
+        add1.compiled(X, runtime=rt)
+        assert all(loaded.key in rt.islands[name]._plans for loaded in rt._loaded.values() for name in loaded.islands)
+        np.testing.assert_allclose(value(add1.run(jnp.asarray(X), client=client)), X + 1)
+    assert settled(rt, WAIT)
+
+
+def test_a_program_called_with_every_island_lost_is_a_one_line_error(rt):
+    """Lowering onto a topology with no island raised the topology format's own check ("pw.topology: 'islands'
+    is empty"), which named no slice and no loss."""
+    with Client(rt) as client:
+        rt.lose_island("island0")
+        rt.lose_island("island1")
+        with pytest.raises(ValueError, match=r"^error: cannot place any slice: the topology has no island \(every "
+                                             r"island was lost\)$"):
+            anywhere.run(X, client=client)
+        rt.restore_island("island1")
+        np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
+        rt.restore_island("island0")
+    assert settled(rt, WAIT)
+
+
+def test_a_run_whose_island_is_lost_and_restored_while_it_starts_fails_with_island_lost(rt, monkeypatch):
+    """The island goes and comes back between a run's load and its delivery: the restored island was given work
+    of a plan it had never been given, and the run failed there with a KeyError."""
+    with Client(rt) as client:
+        plan = across.compiled(X, runtime=rt).plan
+        submit = rt.scheduler.submit
+
+        def lost_and_restored_first(run, works):
+            monkeypatch.undo()
+            rt.lose_island("island1")
+            rt.restore_island("island1")
+            submit(run, works)
+
+        monkeypatch.setattr(rt.scheduler, "submit", lost_and_restored_first)
+        run = client.start(plan, [X])
+        with pytest.raises(pw.IslandLost, match=f"island island1 was lost and restored while run {run.id} of across "
+                                                f"was starting: its plan was loaded onto the lost island"):
+            client.wait(run, timeout=WAIT)
+        with pytest.raises(pw.IslandLost):
+            value(client.handles(run)[0])
+        np.testing.assert_allclose(value(across.run(X, client=client)), np.asarray(jax.jit(heavy)(X)) + 1, rtol=1e-5)
+    assert settled(rt, WAIT)
+
+
+def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_island_lost(rt, monkeypatch):
+    """A run delivered to the lost island after the island restored in its place had copied what failed there
+    (moments before it took the lost one's place): its failure stayed on the lost island, the restored one
+    took the run as over and its result as yet to come, and a fetch of that result waited until its timeout."""
+    add1 = pw.program(plus1)
+    with Client(rt) as client:
+        plan = add1.compiled(X, runtime=rt).plan
+        rt.lose_island("island1")
+        lost = rt.islands["island1"]
+        restored = lost.restored
+        started = []
+
+        def a_run_delivered_meanwhile():
+            fresh = restored()
+            started.append(client.start(plan, [X]))
+            return fresh
+
+        monkeypatch.setattr(lost, "restored", a_run_delivered_meanwhile)
+        rt.restore_island("island1")
+        [run] = started
+        with pytest.raises(pw.IslandLost, match=f"island island1 was lost"):
+            client.handles(run)[0].result(timeout=5)
+        np.testing.assert_allclose(value(add1.run(X, client=client)), X + 1)
+    assert settled(rt, WAIT)
+
+
 def test_queued_runs_that_need_the_lost_island_fail(rt):
     with Client(rt) as client:
         rt.scheduler.hold()

@@ -184,6 +184,30 @@ def train(client, steps, at=None):
                                   final), len(trainer.recoveries)
 
 
+def test_a_run_whose_island_is_lost_and_restored_while_it_starts_fails_with_island_lost(rt, monkeypatch):
+    """The island goes and comes back between a run's load and its delivery: the fresh actor was sent work of
+    a plan it had never been given, and the run failed there with a KeyError."""
+    program = there_and_back["island1"]
+    with Client(rt) as client:
+        plan = program.compiled(X, runtime=rt).plan
+        submit = rt.scheduler.submit
+
+        def lost_and_restored_first(run, works):
+            monkeypatch.undo()
+            rt.lose_island("island1")
+            rt.restore_island("island1")
+            submit(run, works)
+
+        monkeypatch.setattr(rt.scheduler, "submit", lost_and_restored_first)
+        run = client.start(plan, [X])
+        with pytest.raises(pw.IslandLost, match=f"island island1 was lost and restored while run {run.id} of "
+                                                f"there_and_back was starting: its plan was loaded onto the lost"):
+            value(client.handles(run)[0])
+        np.testing.assert_allclose(value(program.run(X, client=client)), np.asarray(jax.jit(heavy)(X)) + 2,
+                                   rtol=1e-5)
+    assert settled(rt, WAIT)
+
+
 @pytest.mark.parametrize("graceful", [True, False], ids=["stopped", "killed"])
 def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cluster, rt, graceful):
     with Client(rt) as client:

@@ -177,6 +177,30 @@ def test_only_a_result_the_client_owns_and_holds_can_be_shared(runtime, plan_bui
             elsewhere.close()
 
 
+def test_a_result_is_shared_and_its_run_waited_for_after_another_of_its_results_was_released(runtime):
+    """`Runtime.wait` (which `share` calls) checked every result of the run but those released before the run
+    was over: one released after it was over was looked for on its island, never found, and the wait raised
+    TimeoutError ("... was not produced within 0 s")."""
+    from jax.sharding import PartitionSpec as P
+    pair = pw.virtual_slice(2, axes="x", island="island0")
+    double = pw.jit(lambda x: x * 2.0, slice=pair, in_specs=P("x"), out_specs=P("x"))
+    triple = pw.jit(lambda x: x * 3.0, slice=pair, in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def both(x):
+        return double(x), triple(x)
+
+    x = np.ones(8, np.float32)
+    with Client(runtime) as owner:
+        kept, released = both.run(x, client=owner)
+        np.testing.assert_allclose(np.asarray(released.result(TIMEOUT)), x * 3)
+        until(lambda: runtime.usage() is not None and kept._run.retired, "the run was over", TIMEOUT)
+        released.delete()
+        owner.wait(kept._run, timeout=TIMEOUT)
+        ref = owner.share(kept, timeout=TIMEOUT)
+        np.testing.assert_allclose(np.asarray(ref.result(TIMEOUT)), x * 2)
+
+
 def test_a_conds_result_that_the_host_keeps_cannot_be_shared_and_says_why(runtime):
     from jax.sharding import PartitionSpec as P
     pair = pw.virtual_slice(2, axes="x", island="island0")

@@ -108,12 +108,14 @@ class RayIslands(Islands):
     def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list:
         """Sends one run's work to its islands as one start message each, with the releases queued; the run
         fails at once on an island whose actor is dead, and everywhere (unsent) if it takes a kept result whose
-        island was lost since the call. Nothing runs on the caller's thread (`inline`)."""
+        island was lost since the call, or if one of its islands lacks its plan (`replaced`). Nothing runs on the
+        caller's thread (`inline`)."""
         if run.key not in self._results:
             self._results[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
                                       for name in self}
-        lost = self.kept.lost(works)
-        if lost is not None:            # a result it takes is gone with its island: as a fetch of it raises
+        lost = self.kept.lost(works) or self.replaced(run, works)
+        if lost is not None:            # a result it takes is gone with its island (as a fetch of it raises), or
+                                        # its plan was loaded onto an island lost and restored since
             for name in works:
                 self[name].refuse(run.id, lost)
             if self.kept.sent(run):     # what it held back leaves now (unwaited: the scheduler's lock is held)

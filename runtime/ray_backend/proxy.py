@@ -135,6 +135,11 @@ class RayIsland:
             raise self._dead
         self._get(self._call("prepare", key, list(step_ids)))
 
+    def has_plan(self, key: int) -> bool:
+        """Whether a plan was loaded onto this island's actor under `key` (a restored island's fresh actor has
+        none of the lost one's)."""
+        return key in self._plans
+
     def unload(self, key: int) -> None:
         self._plans.pop(key, None)
         if self._dead is None and not self._closed:
