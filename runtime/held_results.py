@@ -59,6 +59,13 @@ class HeldResults:
             else:
                 self.ledger.give(self.held.pop(key)[1])
 
+    def forget_island(self, island: str) -> None:
+        """An island was lost: the results it held are gone (their handles raise `IslandLost`), and their bytes
+        go back, so that the island restored in its place starts empty."""
+        for key in [k for k, (_, need) in self.held.items() if island in need]:
+            self.ledger.give(self.held.pop(key)[1])
+            self._unshared.discard(key)
+
     def donated_needs(self, run: Run) -> list[Need]:
         """Returns the needs of the held results donated to `run`."""
         return [self.held[k][1] for k in run.donations if k in self.held]

@@ -281,10 +281,11 @@ class GangScheduler:
             return {"policy": self.policy.name, "queued": queued, "admitted": list(self._in_flight)}
 
     def fail_island(self, island: str, error: Callable[[Run], BaseException]) -> list[Run]:
-        """Fails the queued runs that need a lost island with `error(run)`; returns the admitted runs still
-        on the devices that use it."""
+        """Fails the queued runs that need a lost island with `error(run)`, and gives back the bytes of the
+        results it held; returns the admitted runs still on the devices that use it."""
         self._cancel_queued(lambda run: island in run.islands, error)
         with self._lock:
+            self._results.forget_island(island)
             return [run for run in self._in_flight.values() if island in run.islands]
 
     def cancel_client(self, client_id: int, error: Callable[[Run], BaseException]) -> int:

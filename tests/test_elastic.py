@@ -222,6 +222,26 @@ def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_isla
     assert settled(rt, WAIT)
 
 
+def test_results_lost_with_their_island_give_their_bytes_back(rt):
+    """The results a lost island held kept their bytes reserved until their handles went: the island restored
+    in its place started partly full, and could refuse runs as held by those handles."""
+    def reserved(island):
+        return sum(n for (name, _), n in rt.usage().items() if name == island)
+
+    with Client(rt) as client:
+        kept = plus1.run(X, client=client)
+        np.testing.assert_allclose(value(kept), X + 1)
+        assert reserved("island1") > 0
+        rt.lose_island("island1")
+        rt.restore_island("island1")
+        assert reserved("island1") == 0              # while `kept`, whose result went with the island, lives
+        with pytest.raises(pw.IslandLost):
+            value(kept)
+        np.testing.assert_allclose(value(plus1.run(X, client=client)), X + 1)
+        del kept
+    assert settled(rt, WAIT)
+
+
 def test_queued_runs_that_need_the_lost_island_fail(rt):
     with Client(rt) as client:
         rt.scheduler.hold()
