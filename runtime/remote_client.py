@@ -49,7 +49,26 @@ RELEASE_DELAY = 0.02  # seconds a dropped handle's release waits for a request t
 
 
 class RemoteError(RuntimeError):
-    """An error the endpoint reported for a request."""
+    """An error the endpoint reported for a request. One the embedded runtime raises as ValueError, TypeError or
+    PermissionError (a wrong argument, a released or donated handle, a shared object one may not read) is one of
+    the subclasses below, so that `except ValueError:` catches it here as it does in-process, and
+    `except RemoteError:` still does."""
+
+
+class RemoteValueError(RemoteError, ValueError):
+    """A request the service refused with a ValueError (see `RemoteError`)."""
+
+
+class RemoteTypeError(RemoteError, TypeError):
+    """A request the service refused with a TypeError (see `RemoteError`)."""
+
+
+class RemotePermissionError(RemoteError, PermissionError):
+    """A request the service refused with a PermissionError (see `RemoteError`)."""
+
+
+# The class the client raises for each kind of error reply (`wire.ERROR_KINDS`); any other kind: RemoteError.
+RAISED = {**ERROR_KINDS, "value": RemoteValueError, "type": RemoteTypeError, "permission": RemotePermissionError}
 
 
 class ServiceError(ConnectionError):
@@ -374,7 +393,7 @@ class RemoteClient:
         reply, values = self._receive()
         if reply.get("ok") is not True:
             error = str(reply.get("error", "the endpoint sent a malformed reply"))
-            raise ERROR_KINDS.get(reply.get("kind"), RemoteError)(error)
+            raise RAISED.get(reply.get("kind"), RemoteError)(error)
         return reply, values
 
     def _take_dropped(self) -> list[int]:

@@ -39,7 +39,8 @@ parsed request is dropped before its reply is sent, so a request keeps no
 more of its header than it reads (parsed JSON is about 25x its bytes), and
 none of it while its reply waits for the peer to read it. Every reply
 is `{"ok": true, ...}` or `{"ok": false, "error": "...", "kind": "..."}`
-(`timeout`, `topology`, `busy` or `error`).
+(`runtime/wire.py`'s `ERROR_KINDS`: `timeout`, `topology`, `memory`, a run's failure, `value`, `type`,
+`permission`; `busy`, or `error` for any other).
 A request the endpoint cannot serve gets an error reply; a frame that breaks
 the format gets one and the connection is dropped.
 """

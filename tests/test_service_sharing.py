@@ -51,7 +51,7 @@ def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(t
         reader = sharing_client(service_file, procs, "reader", token)
         guessed = read_json(reader)
         for refusal in guessed.values():
-            assert refusal.startswith("RemoteError: PermissionError: no shared object has the reference 'AAAAAA'...")
+            assert refusal.startswith("RemotePermissionError: PermissionError: no shared object has the reference 'AAAAAA'...")
             assert "\n" not in refusal
         assert read_json(reader) == {"read": True}
         donated = read_json(reader)["donated"]
@@ -68,7 +68,7 @@ def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(t
         reader.stdin.write("\n")
         reader.stdin.flush()
         after = read_json(reader)["after_release"]
-        assert after.startswith("RemoteError: PermissionError: no shared object has the reference ")
+        assert after.startswith("RemotePermissionError: PermissionError: no shared object has the reference ")
         for proc in (owner, reader):
             proc.stdin.write("\n")
             proc.stdin.flush()

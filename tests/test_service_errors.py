@@ -1,0 +1,107 @@
+"""A real `pw-serve` process raises what the embedded runtime raises: the same user misuse is an error a user
+catches the same way through the service (an instance of the embedded error's class), with one line saying
+what is wrong. Each check makes the same call on an embedded `Client` in this process and on a connection to
+the service (2 islands of 2 CPU devices each, both). Every wait has a timeout; the service is stopped.
+"""
+
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from test_service import TIMEOUT, serve, stop
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.remote_client import RemoteError, RemoteSharedRef
+from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.runtime.service import open_connection
+
+X = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
+island0 = pw.virtual_slice(2, axes="d", island="island0")
+inc = pw.jit(lambda x: x + 1.0, slice=island0, in_specs=P("d"), out_specs=P("d"))
+
+
+@pw.program(donate_argnums=0)
+def eat(x):
+    return inc(x)
+
+
+@pytest.fixture(scope="module")
+def sides(tmp_path_factory):
+    """{"embedded": (client, other client), "service": (connection, other connection)}; the embedded runtime has
+    the service's shape."""
+    directory = tmp_path_factory.mktemp("errors") / "service"
+    directory.mkdir(mode=0o700)
+    procs = []
+    runtime = Runtime(embedded_device_map(2, 2))
+    try:
+        serve(procs, "--service-file", str(directory / "service.json"))
+        connections = [open_connection(str(directory / "service.json"), timeout=TIMEOUT) for _ in range(2)]
+        clients = [Client(runtime), Client(runtime)]
+        yield {"embedded": tuple(clients), "service": tuple(connections)}
+        for client in clients + connections:
+            client.close()
+    finally:
+        for proc in procs:
+            stop(proc)
+        runtime.close()
+
+
+def raised(call) -> BaseException:
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
+
+
+def misuses(client, other):
+    """The same misuses, made with `client` (and `other`, another client of the same cluster): name -> call."""
+    plan = inc.compiled(X, runtime=client.runtime).plan
+    donated = inc.run(X, client=client)
+    eat.run(donated, client=client).block_until_ready()
+    owned = inc.run(X, client=client)
+    ref = client.share(owned)
+
+    return {
+        "a wrong shape": lambda: client.run(plan, [np.ones((6, 4), np.float32)]),
+        "a wrong dtype": lambda: client.run(plan, [X.astype(np.int8)]),
+        "too many arguments": lambda: client.run(plan, [X, X]),
+        "no arguments": lambda: client.run(plan, []),
+        "timeout=0": lambda: inc.run(X, client=client, timeout=0),
+        "timeout=-1": lambda: inc.run(X, client=client, timeout=-1),
+        "timeout=nan": lambda: inc.run(X, client=client, timeout=float("nan")),
+        "timeout=True": lambda: inc.run(X, client=client, timeout=True),
+        "timeout=1e10": lambda: inc.run(X, client=client, timeout=1e10),
+        "a donated handle read": lambda: np.asarray(donated),
+        "a donated handle passed again": lambda: inc.run(donated, client=client).result(TIMEOUT),
+        "a donated handle shared": lambda: client.share(donated),
+        "a shared handle donated by its owner": lambda: eat.run(owned, client=client),
+    }, ref
+
+
+def test_misuses_raise_the_embedded_runtimes_classes_through_the_service(sides):
+    """Errors the embedded runtime raises as ValueError or TypeError arrived through the service as a bare
+    RemoteError (a RuntimeError), so `except ValueError:` caught them in-process and not through pw-serve. Now
+    each is an instance of the embedded error's class, and still a RemoteError, in one line."""
+    embedded, _ = misuses(*sides["embedded"])
+    served, _ = misuses(*sides["service"])
+    for name, call in embedded.items():
+        want = raised(call)
+        assert type(want) in (ValueError, TypeError), (name, want)
+        got = raised(served[name])
+        assert isinstance(got, type(want)) and isinstance(got, RemoteError), (name, want, got)
+        assert "\n" not in str(got) and str(got), (name, got)
+        assert "Traceback" not in str(got) and "Error('" not in str(got), (name, got)
+
+
+def test_a_token_the_service_never_gave_is_a_permission_error(sides):
+    """A guessed token is refused as a PermissionError (and a RemoteError), in one line, when checked and when
+    passed to a run."""
+    connection, other = sides["service"]
+    owned = inc.run(X, client=connection)
+    token = connection.share(owned).token
+    guessed = RemoteSharedRef("A" * len(token), (8, 4), "float32")
+    for call in (lambda: other.shared(guessed.token), lambda: inc.run(guessed, client=other)):
+        error = raised(call)
+        assert isinstance(error, PermissionError) and isinstance(error, RemoteError), error
+        assert "no shared object has the reference 'AAAAAA'..." in str(error) and "\n" not in str(error)
+    assert other.shared(token).shape == (8, 4)
