@@ -14,8 +14,9 @@ why it will not serve). Requests, one frame each:
   has `[key, shape, dtype]` per output. A plan lowered
   for another topology `version` than the cluster's is refused
   (`TopologyChanged`), and the client lowers it again;
-- `fetch` {handle, timeout, value}: waits for a result (at most `timeout`
-  seconds, null: as long as it takes) and sends it unless `value` is false;
+- `fetch` {handle, timeout, value}: waits for a result to be computed (at
+  most `timeout` seconds, null: as long as it takes) and sends it unless
+  `value` is false;
 - `share` {handle}: shares one of this connection's results
   (`runtime/shared.py`); the reply's `token` (256 random bits) is the only
   way to name it, for any connection the owner gives it to. `shared`
@@ -74,6 +75,7 @@ _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arra
 
 _SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
 _PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
+_READY_PAUSE = 1e-4                 # seconds of the first pause between looks at a result still being computed
 
 
 class Session:
@@ -190,8 +192,9 @@ class Session:
         return {"cancelled": self.client.cancel(self._handle(_field(request, "handle", int)))}, []
 
     def fetch(self, request: dict, arrays) -> tuple[dict, list]:
-        """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists; sends
-        it unless `value` is false. Gives up if the peer leaves meanwhile."""
+        """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists and is
+        computed (`_computed`: reading an array JAX handed out early would wait for its device work unbounded);
+        sends it unless `value` is false. Gives up if the peer leaves meanwhile."""
         handle = self._handle(_field(request, "handle", int))
         send = request.get("value", True)
         if type(send) is not bool:
@@ -201,16 +204,21 @@ class Session:
                                     or not timeout >= 0):
             raise ValueError(f"request 'fetch' needs 'timeout' as a non-negative number or null, not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
+        value = None
         while True:
             wait = _PEER_CHECK if deadline is None else min(_PEER_CHECK, max(0.0, deadline - time.monotonic()))
+            until = time.monotonic() + wait
             try:
-                value = handle.result(wait)
-                break
+                if value is None:
+                    value = handle.result(wait)
+                if _computed(value, until):
+                    break
             except TimeoutError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"the result was not ready within {timeout} s") from None
-                if _peer_left(self.connection):
-                    raise EOFError("the client left while waiting for a result") from None
+                pass
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"the result was not ready within {timeout} s")
+            if _peer_left(self.connection):
+                raise EOFError("the client left while waiting for a result")
         return {}, [np.asarray(value)] if send else []
 
     def release(self, request: dict, arrays) -> tuple[dict, list]:
@@ -267,6 +275,21 @@ class Session:
         if key not in self.handles:
             raise ValueError(f"no handle {key}")
         return self.handles[key]
+
+
+def _computed(value, until: float) -> bool:
+    """Returns whether `value` (a result's array, which JAX may hand out before its device work is over) is
+    computed, waiting for it until `until` (a monotonic time) at most: reading it (`np.asarray`) would wait
+    for its computation however long that takes, and the client's wait is bounded by its deadline."""
+    ready = getattr(value, "is_ready", None)
+    pause = _READY_PAUSE
+    while ready is not None and not ready():
+        left = until - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, 0.05)
+    return True
 
 
 def _peer_left(connection: socket.socket) -> bool:

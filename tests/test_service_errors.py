@@ -4,6 +4,8 @@ what is wrong. Each check makes the same call on an embedded `Client` in this pr
 the service (2 islands of 2 CPU devices each, both). Every wait has a timeout; the service is stopped.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -12,6 +14,7 @@ from test_service import TIMEOUT, serve, stop
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.island_work import RunCancelled
 from pathways_mlir.runtime.remote_client import RemoteError, RemoteSharedRef
 from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.service import open_connection
@@ -19,6 +22,9 @@ from pathways_mlir.runtime.service import open_connection
 X = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
 island0 = pw.virtual_slice(2, axes="d", island="island0")
 inc = pw.jit(lambda x: x + 1.0, slice=island0, in_specs=P("d"), out_specs=P("d"))
+spin = pw.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, y: jnp.sin(y) * 0.5 + 0.25, x),
+              slice=pw.virtual_slice(2, axes="d", island="island1"), in_specs=(P(), P()), out_specs=P())
+FOREVER = np.int32(2**31 - 1)       # iterations of `spin`: hours of device work (cancelled, or killed with the service)
 
 
 @pw.program(donate_argnums=0)
@@ -28,8 +34,8 @@ def eat(x):
 
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory):
-    """{"embedded": (client, other client), "service": (connection, other connection)}; the embedded runtime has
-    the service's shape."""
+    """{"embedded": (client, other client), "service": (connection, other connection), "file": the service
+    file}; the embedded runtime has the service's shape."""
     directory = tmp_path_factory.mktemp("errors") / "service"
     directory.mkdir(mode=0o700)
     procs = []
@@ -38,7 +44,7 @@ def sides(tmp_path_factory):
         serve(procs, "--service-file", str(directory / "service.json"))
         connections = [open_connection(str(directory / "service.json"), timeout=TIMEOUT) for _ in range(2)]
         clients = [Client(runtime), Client(runtime)]
-        yield {"embedded": tuple(clients), "service": tuple(connections)}
+        yield {"embedded": tuple(clients), "service": tuple(connections), "file": str(directory / "service.json")}
         for client in clients + connections:
             client.close()
     finally:
@@ -105,3 +111,27 @@ def test_a_token_the_service_never_gave_is_a_permission_error(sides):
         assert isinstance(error, PermissionError) and isinstance(error, RemoteError), error
         assert "no shared object has the reference 'AAAAAA'..." in str(error) and "\n" not in str(error)
     assert other.shared(token).shape == (8, 4)
+
+
+def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within_the_deadline(sides):
+    """Last here: it leaves island1 of the service computing until the service is stopped.
+
+    The service read a result's array (`np.asarray`) as soon as JAX handed it out, before its device work was
+    over, so a fetch's reply waited for the computation however long it took: `result(timeout=1)` on a result
+    still being computed got no reply within the connection's deadline, which closed the connection (a
+    ServiceError, every object of the client released). Now the service waits for the computation in polls
+    like any other wait: a TimeoutError, and the connection keeps serving."""
+    warm = sides["service"][0]                 # loads the plan (compiling it) on a connection that waits long
+    np.testing.assert_allclose(np.asarray(spin.run(np.ones(256, np.float32), np.int32(1), client=warm)),
+                               np.full(256, np.sin(1.0) * 0.5 + 0.25, np.float32), rtol=1e-6)
+    connection = open_connection(sides["file"], timeout=10)
+    try:
+        long = spin.run(np.ones(256, np.float32), FOREVER, client=connection)
+        with pytest.raises(TimeoutError, match="not ready within 1 s"):
+            long.result(timeout=1)
+        assert not connection.closed and connection.object_count() == 1
+        assert connection.cancel(long)
+        with pytest.raises(RunCancelled, match="was cancelled by client"):
+            long.result(timeout=TIMEOUT)
+    finally:
+        connection.close()
