@@ -113,7 +113,10 @@ class Session:
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
                     kind = next((k for k in ERROR_KINDS if isinstance(error, ERROR_KINDS[k])), "error")
-                    reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind}, []
+                    # The client raises the kind's class: the message names the error's own class only if
+                    # that is another (a subclass, or an error of no kind), as the in-process error's does not.
+                    named = "" if type(error) is ERROR_KINDS.get(kind) else f"{type(error).__name__}: "
+                    reply, out = {"ok": False, "error": f"{named}{error}", "kind": kind}, []
                 del request, arrays          # not kept while the reply waits for the peer to read it
                 try:
                     send_message(self.connection, reply, out, self.endpoint.limits)

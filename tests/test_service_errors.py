@@ -4,6 +4,8 @@ what is wrong. Each check makes the same call on an embedded `Client` in this pr
 the service (2 islands of 2 CPU devices each, both). Every wait has a timeout; the service is stopped.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,12 +15,14 @@ from test_service import TIMEOUT, serve, stop
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.island_work import RunCancelled
 from pathways_mlir.runtime.remote_client import RemoteError, RemoteSharedRef
 from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.service import open_connection
 
+MEMORY = 1 << 20                    # bytes per device, on both sides
 X = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
 island0 = pw.virtual_slice(2, axes="d", island="island0")
 inc = pw.jit(lambda x: x + 1.0, slice=island0, in_specs=P("d"), out_specs=P("d"))
@@ -39,9 +43,9 @@ def sides(tmp_path_factory):
     directory = tmp_path_factory.mktemp("errors") / "service"
     directory.mkdir(mode=0o700)
     procs = []
-    runtime = Runtime(embedded_device_map(2, 2))
+    runtime = Runtime(embedded_device_map(2, 2), device_memory_bytes=MEMORY)
     try:
-        serve(procs, "--service-file", str(directory / "service.json"))
+        serve(procs, "--device-memory-bytes", str(MEMORY), "--service-file", str(directory / "service.json"))
         connections = [open_connection(str(directory / "service.json"), timeout=TIMEOUT) for _ in range(2)]
         clients = [Client(runtime), Client(runtime)]
         yield {"embedded": tuple(clients), "service": tuple(connections), "file": str(directory / "service.json")}
@@ -51,6 +55,11 @@ def sides(tmp_path_factory):
         for proc in procs:
             stop(proc)
         runtime.close()
+
+
+def numbered(error: BaseException) -> str:
+    """An error's message with every number as N (run, handle and client ids differ between runtimes)."""
+    return re.sub(r"\d+", "N", str(error))
 
 
 def raised(call) -> BaseException:
@@ -87,7 +96,8 @@ def misuses(client, other):
 def test_misuses_raise_the_embedded_runtimes_classes_through_the_service(sides):
     """Errors the embedded runtime raises as ValueError or TypeError arrived through the service as a bare
     RemoteError (a RuntimeError), so `except ValueError:` caught them in-process and not through pw-serve. Now
-    each is an instance of the embedded error's class, and still a RemoteError, in one line."""
+    each is an instance of the embedded error's class, and still a RemoteError, in the embedded error's line
+    (it had the class's name before it, which the class now says)."""
     embedded, _ = misuses(*sides["embedded"])
     served, _ = misuses(*sides["service"])
     for name, call in embedded.items():
@@ -95,6 +105,7 @@ def test_misuses_raise_the_embedded_runtimes_classes_through_the_service(sides):
         assert type(want) in (ValueError, TypeError), (name, want)
         got = raised(served[name])
         assert isinstance(got, type(want)) and isinstance(got, RemoteError), (name, want, got)
+        assert numbered(got) == numbered(want), (name, want, got)      # the same line, but for ids
         assert "\n" not in str(got) and str(got), (name, got)
         assert "Traceback" not in str(got) and "Error('" not in str(got), (name, got)
 
@@ -111,6 +122,17 @@ def test_a_token_the_service_never_gave_is_a_permission_error(sides):
         assert isinstance(error, PermissionError) and isinstance(error, RemoteError), error
         assert "no shared object has the reference 'AAAAAA'..." in str(error) and "\n" not in str(error)
     assert other.shared(token).shape == (8, 4)
+
+
+def test_a_run_that_can_never_fit_reads_as_in_process(sides):
+    """A run that can never fit raises OutOfDeviceMemory through the service (as before) with the embedded
+    runtime's message, which had its class's name before it (`OutOfDeviceMemory: program ...`); so does a
+    cancelled run's `RunCancelled` (the last test)."""
+    for side in ("embedded", "service"):
+        with pytest.raises(OutOfDeviceMemory) as huge:
+            inc.run(np.ones((2, 262144), np.float32), client=sides[side][0]).result(TIMEOUT)  # 1 MiB a device
+        assert str(huge.value) == ("program lambda needs 2097152 bytes on device 0 of island0, which has only "
+                                   "1048576 bytes: it can never fit"), (side, huge.value)
 
 
 def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within_the_deadline(sides):
@@ -131,7 +153,8 @@ def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within
             long.result(timeout=1)
         assert not connection.closed and connection.object_count() == 1
         assert connection.cancel(long)
-        with pytest.raises(RunCancelled, match="was cancelled by client"):
+        with pytest.raises(RunCancelled) as cancelled:
             long.result(timeout=TIMEOUT)
+        assert re.fullmatch(r"run \d+ of lambda was cancelled by client \d+", str(cancelled.value)), cancelled.value
     finally:
         connection.close()
