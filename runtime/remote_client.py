@@ -34,7 +34,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from .array_reference import ArrayReference
+from .array_reference import ArrayReference, wait_limit
 from .authentication import client_handshake, read_key
 from .dispatch_mode import DispatchMode
 from .runtime import release_default
@@ -93,8 +93,8 @@ class RemoteHandle(ArrayReference):
 
     def result(self, timeout: float | None = None):
         """Returns the value as a JAX array, waiting at most `timeout` seconds (None: as long as it takes)
-        for it to be produced; raises TimeoutError past it, RemoteError if the run failed."""
-        return jnp.asarray(self._fetch(timeout, True))
+        for it to be produced; raises TimeoutError past it, the run's error if it failed."""
+        return jnp.asarray(self._fetch(wait_limit(timeout), True))
 
     def block_until_ready(self) -> "RemoteHandle":
         """Waits until the value has been computed (nothing is sent back)."""

@@ -4,7 +4,9 @@ what is wrong. Each check makes the same call on an embedded `Client` in this pr
 the service (2 islands of 2 CPU devices each, both). Every wait has a timeout; the service is stopped.
 """
 
+import math
 import re
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +50,8 @@ def sides(tmp_path_factory):
         serve(procs, "--device-memory-bytes", str(MEMORY), "--service-file", str(directory / "service.json"))
         connections = [open_connection(str(directory / "service.json"), timeout=TIMEOUT) for _ in range(2)]
         clients = [Client(runtime), Client(runtime)]
-        yield {"embedded": tuple(clients), "service": tuple(connections), "file": str(directory / "service.json")}
+        yield {"embedded": tuple(clients), "service": tuple(connections), "file": str(directory / "service.json"),
+               "runtime": runtime}
         for client in clients + connections:
             client.close()
     finally:
@@ -60,6 +63,15 @@ def sides(tmp_path_factory):
 def numbered(error: BaseException) -> str:
     """An error's message with every number as N (run, handle and client ids differ between runtimes)."""
     return re.sub(r"\d+", "N", str(error))
+
+
+def raised_within(call, seconds=60) -> BaseException | str:
+    """What `call` raises (run on a thread), or "returned" or "still waiting" after `seconds`."""
+    box = []
+    thread = threading.Thread(target=lambda: box.append(raised(call)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box[0] if box else "still waiting"
 
 
 def raised(call) -> BaseException:
@@ -136,7 +148,7 @@ def test_a_run_that_can_never_fit_reads_as_in_process(sides):
 
 
 def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within_the_deadline(sides):
-    """Last here: it leaves island1 of the service computing until the service is stopped.
+    """Last here but one: it leaves island1 of the service computing until the service is stopped.
 
     The service read a result's array (`np.asarray`) as soon as JAX handed it out, before its device work was
     over, so a fetch's reply waited for the computation however long it took: `result(timeout=1)` on a result
@@ -158,3 +170,25 @@ def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within
         assert re.fullmatch(r"run \d+ of lambda was cancelled by client \d+", str(cancelled.value)), cancelled.value
     finally:
         connection.close()
+
+
+def test_a_result_timeout_that_is_nan_or_no_number_is_refused_not_waited_for_forever(sides):
+    """`result(timeout=nan)` on a result not produced yet waited forever, in-process (a NaN deadline is never
+    reached) and through the service (whose client polled it without end); `result(True)` waited 1 s and
+    `result("1")` failed adding a str to a float. Now each is a ValueError saying what a timeout must be, on
+    both sides; 0 and -1 are a TimeoutError (only what is there already) on both."""
+    runtime = sides["runtime"]
+    runtime.scheduler.hold()                   # in-process, runs wait in the queue
+    try:
+        pending = {"embedded": inc.run(X, client=sides["embedded"][0]),
+                   "service": spin.run(np.ones(256, np.float32), FOREVER, client=sides["service"][0])}
+        for side, handle in pending.items():   # the service's island1 is computing (the test before): it waits
+            for timeout in (math.nan, True, "1"):
+                error = raised_within(lambda: handle.result(timeout))
+                assert isinstance(error, ValueError), (side, timeout, error)
+                assert str(error) == f"a result's timeout must be a number of seconds or None, not {timeout!r}"
+            for timeout in (0, -1):
+                assert isinstance(raised_within(lambda: handle.result(timeout)), TimeoutError), (side, timeout)
+        assert sides["service"][0].cancel(pending["service"])
+    finally:
+        runtime.scheduler.release()
