@@ -109,11 +109,19 @@ class RemoteHandle(ArrayReference):
         if self._finalizer.detach() is not None and not self._client.closed:   # closing released it already
             self._client._release_now(self._key)
 
+    def _check(self) -> None:
+        """Raises ValueError in one line, as a `Handle` does, if this handle was released, or its connection
+        was closed (`close()`, which released its result); nothing is asked of the service."""
+        if not self._finalizer.alive:
+            raise ValueError(f"remote handle {self._key} was released")
+        if self._client.closed_here:
+            raise ValueError(f"remote handle {self._key} belongs to the closed connection to the service at "
+                             f"{self._client.name}: its result was released")
+
     def _fetch(self, timeout: float | None, value: bool):
         """Asks for the value in requests the endpoint answers within `POLL` s (or half the client's
         deadline), until it is there or `timeout` has passed."""
-        if not self._finalizer.alive:
-            raise ValueError(f"remote handle {self._key} was released")
+        self._check()
         deadline = None if timeout is None else time.monotonic() + timeout
         poll = POLL if self._client.timeout is None else min(POLL, self._client.timeout / 2)
         while True:
@@ -212,6 +220,7 @@ class RemoteClient:
         self._wakeups: queue.SimpleQueue = queue.SimpleQueue()   # a drop (or closing) wakes `_keep_alive`
         self._release_pending = False            # a wakeup for dropped handles is on its way
         self.closed = False
+        self.closed_here = False                 # closed by `close()` (not lost): its handles' results were released
         self.resources = ServiceTopology(self)
         self._keepalive = threading.Thread(target=self._keep_alive, name="pw-remote-keepalive", daemon=True)
         self._keepalive.start()
@@ -249,6 +258,7 @@ class RemoteClient:
             if isinstance(arg, RemoteHandle):
                 if arg._client is not self:
                     raise ValueError("a remote handle of another connection cannot be an argument here")
+                arg._check()
                 spec.append(["handle", arg._key])
             elif isinstance(arg, RemoteSharedRef):
                 spec.append(["shared", arg.token])
@@ -280,6 +290,9 @@ class RemoteClient:
         """Cancels the run of `handle` on the service (see `Client.cancel`); False if it was over."""
         if handle._client is not self:
             raise ValueError("a remote handle of another connection cannot be cancelled here")
+        if self.closed_here:
+            self._check_open()
+        handle._check()
         return self._call({"op": "cancel", "handle": handle._key})[0]["cancelled"]
 
     def object_count(self) -> int:
@@ -300,7 +313,7 @@ class RemoteClient:
         with self._lock:
             if self.closed:
                 return
-            self.closed = True
+            self.closed = self.closed_here = True
             try:
                 send_message(self._socket, {"op": "close"}, (), self.limits)
                 for _ in range(self._unanswered + 1):

@@ -147,6 +147,29 @@ def test_a_run_that_can_never_fit_reads_as_in_process(sides):
                                    "1048576 bytes: it can never fit"), (side, huge.value)
 
 
+def test_a_released_handle_or_one_of_a_closed_connection_reads_as_in_process(sides):
+    """A released remote handle passed to a run was sent, and the service answered `no handle 7`; a handle of a
+    connection its user closed raised ServiceError (`the connection ... is closed`) where an embedded client's
+    handle raises ValueError (`... belongs to closed client 3: its result was released`). Now both are the
+    client's own ValueError lines, as in-process, and nothing is sent."""
+    for side in ("embedded", "service"):
+        client = sides[side][0]
+        released = inc.run(X, client=client)
+        released.block_until_ready()
+        released.delete()
+        error = raised(lambda: inc.run(released, client=client))
+        assert type(error) is ValueError and re.fullmatch(r"(remote )?handle .* was released", str(error)), error
+        closing = Client(sides["runtime"]) if side == "embedded" else open_connection(sides["file"], timeout=TIMEOUT)
+        kept = inc.run(X, client=closing)
+        kept.block_until_ready()
+        closing.close()
+        for call in (lambda: np.asarray(kept), lambda: kept.result(TIMEOUT), lambda: closing.share(kept)):
+            error = raised(call)
+            assert type(error) is ValueError, (side, error)
+            assert re.fullmatch(r"(remote )?handle .* belongs to (the )?closed (client|connection).*: its result was "
+                                r"released", str(error)), error
+
+
 def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within_the_deadline(sides):
     """Last here but one: it leaves island1 of the service computing until the service is stopped.
 
