@@ -269,14 +269,25 @@ class RemoteClient:
                                "timeout": timeout}, arrays)
         return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
 
-    def share(self, handle: RemoteHandle) -> RemoteSharedRef:
-        """Shares one of this client's results (waiting until it is computed); returns its reference, whose
-        `token` other clients pass to `shared` (see `runtime/shared.py`)."""
+    def share(self, handle: RemoteHandle, timeout: float | None = None) -> RemoteSharedRef:
+        """Shares one of this client's results, waiting (at most `timeout` seconds, None: as long as it takes)
+        until its run is over, in requests the endpoint answers within `POLL` s, as `RemoteHandle.result`
+        waits; returns its reference, whose `token` other clients pass to `shared` (see `runtime/shared.py`
+        and `Client.share`)."""
         if handle._client is not self:
             raise ValueError("a remote handle of another connection cannot be shared here")
-        handle.block_until_ready()
-        reply, _ = self._call({"op": "share", "handle": handle._key})
-        return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"])
+        timeout = wait_limit(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        handle._fetch(timeout, False)
+        poll = POLL if self.timeout is None else min(POLL, self.timeout / 2)
+        while True:
+            wait = poll if deadline is None else min(poll, max(0.0, deadline - time.monotonic()))
+            try:
+                reply, _ = self._call({"op": "share", "handle": handle._key, "timeout": wait})
+                return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"])
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"the result's run was not over within {timeout} s") from None
 
     def shared(self, token: str) -> RemoteSharedRef:
         """Returns the shared object a token names, checked by the service (a token it never gave, or whose

@@ -17,7 +17,8 @@ why it will not serve). Requests, one frame each:
 - `fetch` {handle, timeout, value}: waits for a result to be computed (at
   most `timeout` seconds, null: as long as it takes) and sends it unless
   `value` is false;
-- `share` {handle}: shares one of this connection's results
+- `share` {handle, timeout}: shares one of this connection's results once
+  its run is over (waiting at most `timeout` seconds, default 60)
   (`runtime/shared.py`); the reply's `token` (256 random bits) is the only
   way to name it, for any connection the owner gives it to. `shared`
   {token}: checks a token, replying with the object's shape and dtype. An
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 
 # The fields each request kind reads, besides `op` and `release`; any other field is refused.
 FIELDS = {"load": {"plan", "executables"}, "run": {"name", "version", "dispatch", "args", "timeout"},
-          "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"}, "share": {"handle"},
+          "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"}, "share": {"handle", "timeout"},
           "shared": {"token"}, "objects": set(), "topology": set(), "status": {"full"}, "ping": set()}
 _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arrays
 
@@ -178,9 +179,12 @@ class Session:
         return {"handles": reply}, []
 
     def share(self, request: dict, arrays) -> tuple[dict, list]:
-        """Shares one of this connection's results; replies with its token (see `Endpoint.share`)."""
+        """Shares one of this connection's results once its run is over, waiting at most `timeout` seconds
+        (default and null: `_SHARE_WAIT`; TimeoutError past it, and the client asks again); replies with its
+        token (see `Endpoint.share`)."""
         key = _field(request, "handle", int)
-        ref = self.client.share(self._handle(key), timeout=_SHARE_WAIT)
+        timeout = _timeout(request)
+        ref = self.client.share(self._handle(key), timeout=_SHARE_WAIT if timeout is None else timeout)
         token = self.endpoint.share(ref)
         self.tokens.setdefault(key, []).append(token)
         return {"token": token, "shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
@@ -202,10 +206,7 @@ class Session:
         send = request.get("value", True)
         if type(send) is not bool:
             raise ValueError(f"request 'fetch' needs 'value' as bool, not {str(send)[:40]}")
-        timeout = request.get("timeout")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                                    or not timeout >= 0):
-            raise ValueError(f"request 'fetch' needs 'timeout' as a non-negative number or null, not {timeout!r}")
+        timeout = _timeout(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         value = None
         while True:
@@ -304,6 +305,16 @@ def _peer_left(connection: socket.socket) -> bool:
         return connection.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
+
+
+def _timeout(request: dict) -> float | None:
+    """A request's `timeout`: a non-negative number of seconds, or null (also when absent)."""
+    timeout = request.get("timeout")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                or not timeout >= 0):
+        raise ValueError(f"request {str(request.get('op'))[:40]!r} needs 'timeout' as a non-negative number or "
+                         f"null, not {timeout!r:.40}")
+    return timeout
 
 
 def _field(request: dict, name: str, kind: type):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from test_service import TIMEOUT, serve, stop
+from test_service import TIMEOUT, procs, serve, stop  # noqa: F401  (procs: a fixture)
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
@@ -30,7 +30,16 @@ island0 = pw.virtual_slice(2, axes="d", island="island0")
 inc = pw.jit(lambda x: x + 1.0, slice=island0, in_specs=P("d"), out_specs=P("d"))
 spin = pw.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, y: jnp.sin(y) * 0.5 + 0.25, x),
               slice=pw.virtual_slice(2, axes="d", island="island1"), in_specs=(P(), P()), out_specs=P())
-FOREVER = np.int32(2**31 - 1)       # iterations of `spin`: hours of device work (cancelled, or killed with the service)
+# Iterations of `spin`: hours of device work, which a cancel does not stop (and which keeps the service's CPU
+# devices from running anything else on a 2-core machine); the tests that run it start a service of their own
+# (`computing`), stopped at their end.
+FOREVER = np.int32(2**31 - 1)
+
+
+@pw.program
+def both(x, n):
+    y = inc(x)
+    return y, spin(y, n)           # y is computed before spin starts
 
 
 @pw.program(donate_argnums=0)
@@ -58,6 +67,24 @@ def sides(tmp_path_factory):
         for proc in procs:
             stop(proc)
         runtime.close()
+
+
+@pytest.fixture
+def computing(tmp_path, procs):
+    """A service of this test's own, for one whose device work it leaves going (`FOREVER`): (its service file,
+    a connection that waits long, on which `spin` and `both` ran once, so the service compiled their plans)."""
+    directory = tmp_path / "service"
+    directory.mkdir(mode=0o700)
+    serve(procs, "--service-file", str(directory / "service.json"))
+    warm = open_connection(str(directory / "service.json"), timeout=TIMEOUT)
+    try:
+        v = np.ones(256, np.float32)
+        np.testing.assert_allclose(np.asarray(spin.run(v, np.int32(1), client=warm)),
+                                   np.full(256, np.sin(1.0) * 0.5 + 0.25, np.float32), rtol=1e-6)
+        [np.asarray(h) for h in both.run(X, np.int32(1), client=warm)]
+        yield str(directory / "service.json"), warm
+    finally:
+        warm.close()
 
 
 def numbered(error: BaseException) -> str:
@@ -170,18 +197,13 @@ def test_a_released_handle_or_one_of_a_closed_connection_reads_as_in_process(sid
                                 r"released", str(error)), error
 
 
-def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within_the_deadline(sides):
-    """Last here but one: it leaves island1 of the service computing until the service is stopped.
-
-    The service read a result's array (`np.asarray`) as soon as JAX handed it out, before its device work was
+def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within_the_deadline(computing):
+    """    The service read a result's array (`np.asarray`) as soon as JAX handed it out, before its device work was
     over, so a fetch's reply waited for the computation however long it took: `result(timeout=1)` on a result
     still being computed got no reply within the connection's deadline, which closed the connection (a
     ServiceError, every object of the client released). Now the service waits for the computation in polls
     like any other wait: a TimeoutError, and the connection keeps serving."""
-    warm = sides["service"][0]                 # loads the plan (compiling it) on a connection that waits long
-    np.testing.assert_allclose(np.asarray(spin.run(np.ones(256, np.float32), np.int32(1), client=warm)),
-                               np.full(256, np.sin(1.0) * 0.5 + 0.25, np.float32), rtol=1e-6)
-    connection = open_connection(sides["file"], timeout=10)
+    connection = open_connection(computing[0], timeout=10)
     try:
         long = spin.run(np.ones(256, np.float32), FOREVER, client=connection)
         with pytest.raises(TimeoutError, match="not ready within 1 s"):
@@ -195,7 +217,32 @@ def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within
         connection.close()
 
 
-def test_a_result_timeout_that_is_nan_or_no_number_is_refused_not_waited_for_forever(sides):
+def test_sharing_a_result_whose_run_is_still_going_waits_in_requests_answered_within_the_deadline(computing):
+    """`RemoteClient.share` took no `timeout` (`Client.share` does), and the service waited up to 60 s for the
+    result's run to be over before it replied, so sharing a computed result of a run still going past the
+    connection's deadline closed the connection (ServiceError). Now it waits in polls, at most `timeout`
+    seconds (TimeoutError), else as long as it takes, as in-process."""
+    connection = open_connection(computing[0], timeout=10)
+    try:
+        ready, long = both.run(X, FOREVER, client=connection)
+        ready.block_until_ready()
+        with pytest.raises(TimeoutError, match="run was not over within 1 s"):
+            connection.share(ready, timeout=1)
+        outcome = []
+        sharing = threading.Thread(target=lambda: outcome.append(raised(lambda: connection.share(ready))),
+                                   daemon=True)
+        sharing.start()
+        sharing.join(15)                       # past the connection's deadline: still waiting, still connected
+        assert sharing.is_alive() and not connection.closed, outcome
+        assert connection.cancel(long)
+        sharing.join(TIMEOUT)
+        assert isinstance(outcome[0], RunCancelled), outcome
+        assert not connection.closed and connection.object_count() >= 0
+    finally:
+        connection.close()
+
+
+def test_a_result_timeout_that_is_nan_or_no_number_is_refused_not_waited_for_forever(sides, computing):
     """`result(timeout=nan)` on a result not produced yet waited forever, in-process (a NaN deadline is never
     reached) and through the service (whose client polled it without end); `result(True)` waited 1 s and
     `result("1")` failed adding a str to a float. Now each is a ValueError saying what a timeout must be, on
@@ -204,14 +251,14 @@ def test_a_result_timeout_that_is_nan_or_no_number_is_refused_not_waited_for_for
     runtime.scheduler.hold()                   # in-process, runs wait in the queue
     try:
         pending = {"embedded": inc.run(X, client=sides["embedded"][0]),
-                   "service": spin.run(np.ones(256, np.float32), FOREVER, client=sides["service"][0])}
-        for side, handle in pending.items():   # the service's island1 is computing (the test before): it waits
+                   "service": spin.run(np.ones(256, np.float32), FOREVER, client=computing[1])}
+        for side, handle in pending.items():
             for timeout in (math.nan, True, "1"):
                 error = raised_within(lambda: handle.result(timeout))
                 assert isinstance(error, ValueError), (side, timeout, error)
                 assert str(error) == f"a result's timeout must be a number of seconds or None, not {timeout!r}"
             for timeout in (0, -1):
                 assert isinstance(raised_within(lambda: handle.result(timeout)), TimeoutError), (side, timeout)
-        assert sides["service"][0].cancel(pending["service"])
+        assert computing[1].cancel(pending["service"])
     finally:
         runtime.scheduler.release()
