@@ -23,11 +23,26 @@ name a result by its run and buffer (`RunResult`).
 from __future__ import annotations
 
 import math
+import numbers
 import operator
+import threading
 
 import numpy as np
 
 from .executables import numpy_dtype
+
+
+def wait_limit(timeout) -> float | None:
+    """Returns the seconds a wait for a result may take, as a result's `timeout` gives them: None (as long as
+    it takes) for None or a number past what a lock can wait (`threading.TIMEOUT_MAX`, infinity), else the
+    number (0 or less: only what is there already). Raises ValueError in one line for anything else: a NaN
+    deadline is never reached, so such a wait would never end, and a bool is refused as a run's timeout is
+    (`dispatch.check_timeout`)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout != timeout:
+        raise ValueError(f"a result's timeout must be a number of seconds or None, not {timeout!r:.40}")
+    return None if timeout >= threading.TIMEOUT_MAX else timeout
 
 
 class ArrayReference:

@@ -16,7 +16,7 @@ import gc
 import queue
 from typing import TYPE_CHECKING
 
-from .array_reference import RunResult
+from .array_reference import RunResult, wait_limit
 from .island_work import StoreRef
 from .run import Run
 
@@ -76,7 +76,9 @@ class Handle(RunResult):
         return StoreRef(self._run.id, self._buffer)
 
     def result(self, timeout: float | None = None):
-        """Returns the JAX array, waiting until it is produced; raises if the run failed."""
+        """Returns the JAX array, waiting until it is produced (at most `timeout` seconds, None: as long as it
+        takes; TimeoutError past it); raises if the run failed."""
+        timeout = wait_limit(timeout)
         self._check()
         return self._client.fetch(self._run, self._buffer, timeout)
 

@@ -37,7 +37,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from .array_reference import ArrayReference
+from .array_reference import ArrayReference, wait_limit
 from .authentication import client_handshake, read_key
 from .dispatch_mode import DispatchMode
 from .runtime import release_default
@@ -52,7 +52,26 @@ RELEASE_DELAY = 0.02  # seconds a dropped handle's release waits for a request t
 
 
 class RemoteError(RuntimeError):
-    """An error the endpoint reported for a request."""
+    """An error the endpoint reported for a request. One the embedded runtime raises as ValueError, TypeError or
+    PermissionError (a wrong argument, a released or donated handle, a shared object one may not read) is one of
+    the subclasses below, so that `except ValueError:` catches it here as it does in-process, and
+    `except RemoteError:` still does."""
+
+
+class RemoteValueError(RemoteError, ValueError):
+    """A request the service refused with a ValueError (see `RemoteError`)."""
+
+
+class RemoteTypeError(RemoteError, TypeError):
+    """A request the service refused with a TypeError (see `RemoteError`)."""
+
+
+class RemotePermissionError(RemoteError, PermissionError):
+    """A request the service refused with a PermissionError (see `RemoteError`)."""
+
+
+# The class the client raises for each kind of error reply (`wire.ERROR_KINDS`); any other kind: RemoteError.
+RAISED = {**ERROR_KINDS, "value": RemoteValueError, "type": RemoteTypeError, "permission": RemotePermissionError}
 
 
 class ServiceError(ConnectionError):
@@ -77,8 +96,8 @@ class RemoteHandle(ArrayReference):
 
     def result(self, timeout: float | None = None):
         """Returns the value as a JAX array, waiting at most `timeout` seconds (None: as long as it takes)
-        for it to be produced; raises TimeoutError past it, RemoteError if the run failed."""
-        return jnp.asarray(self._fetch(timeout, True))
+        for it to be produced; raises TimeoutError past it, the run's error if it failed."""
+        return jnp.asarray(self._fetch(wait_limit(timeout), True))
 
     def block_until_ready(self) -> "RemoteHandle":
         """Waits until the value has been computed (nothing is sent back)."""
@@ -93,11 +112,19 @@ class RemoteHandle(ArrayReference):
         if self._finalizer.detach() is not None and not self._client.closed:   # closing released it already
             self._client._release_now(self._key)
 
+    def _check(self) -> None:
+        """Raises ValueError in one line, as a `Handle` does, if this handle was released, or its connection
+        was closed (`close()`, which released its result); nothing is asked of the service."""
+        if not self._finalizer.alive:
+            raise ValueError(f"remote handle {self._key} was released")
+        if self._client.closed_here:
+            raise ValueError(f"remote handle {self._key} belongs to the closed connection to the service at "
+                             f"{self._client.name}: its result was released")
+
     def _fetch(self, timeout: float | None, value: bool):
         """Asks for the value in requests the endpoint answers within `POLL` s (or half the client's
         deadline), until it is there or `timeout` has passed."""
-        if not self._finalizer.alive:
-            raise ValueError(f"remote handle {self._key} was released")
+        self._check()
         deadline = None if timeout is None else time.monotonic() + timeout
         poll = POLL if self._client.timeout is None else min(POLL, self._client.timeout / 2)
         while True:
@@ -198,6 +225,7 @@ class RemoteClient:
         self._wakeups: queue.SimpleQueue = queue.SimpleQueue()   # a drop (or closing) wakes `_keep_alive`
         self._release_pending = False            # a wakeup for dropped handles is on its way
         self.closed = False
+        self.closed_here = False                 # closed by `close()` (not lost): its handles' results were released
         self.resources = ServiceTopology(self)
         self._keepalive = threading.Thread(target=self._keep_alive, name="pw-remote-keepalive", daemon=True)
         self._keepalive.start()
@@ -245,6 +273,7 @@ class RemoteClient:
             if isinstance(arg, RemoteHandle):
                 if arg._client is not self:
                     raise ValueError("a remote handle of another connection cannot be an argument here")
+                arg._check()
                 spec.append(["handle", arg._key])
             elif isinstance(arg, RemoteSharedRef):
                 spec.append(["shared", arg.token])
@@ -255,14 +284,25 @@ class RemoteClient:
                                "timeout": timeout}, arrays)
         return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
 
-    def share(self, handle: RemoteHandle) -> RemoteSharedRef:
-        """Shares one of this client's results (waiting until it is computed); returns its reference, whose
-        `token` other clients pass to `shared` (see `runtime/shared.py`)."""
+    def share(self, handle: RemoteHandle, timeout: float | None = None) -> RemoteSharedRef:
+        """Shares one of this client's results, waiting (at most `timeout` seconds, None: as long as it takes)
+        until its run is over, in requests the endpoint answers within `POLL` s, as `RemoteHandle.result`
+        waits; returns its reference, whose `token` other clients pass to `shared` (see `runtime/shared.py`
+        and `Client.share`)."""
         if handle._client is not self:
             raise ValueError("a remote handle of another connection cannot be shared here")
-        handle.block_until_ready()
-        reply, _ = self._call({"op": "share", "handle": handle._key})
-        return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"])
+        timeout = wait_limit(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        handle._fetch(timeout, False)
+        poll = POLL if self.timeout is None else min(POLL, self.timeout / 2)
+        while True:
+            wait = poll if deadline is None else min(poll, max(0.0, deadline - time.monotonic()))
+            try:
+                reply, _ = self._call({"op": "share", "handle": handle._key, "timeout": wait})
+                return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"])
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"the result's run was not over within {timeout} s") from None
 
     def shared(self, token: str) -> RemoteSharedRef:
         """Returns the shared object a token names, checked by the service (a token it never gave, or whose
@@ -276,6 +316,9 @@ class RemoteClient:
         """Cancels the run of `handle` on the service (see `Client.cancel`); False if it was over."""
         if handle._client is not self:
             raise ValueError("a remote handle of another connection cannot be cancelled here")
+        if self.closed_here:
+            self._check_open()
+        handle._check()
         return self._call({"op": "cancel", "handle": handle._key})[0]["cancelled"]
 
     def object_count(self) -> int:
@@ -296,7 +339,7 @@ class RemoteClient:
         with self._lock:
             if self.closed:
                 return
-            self.closed = True
+            self.closed = self.closed_here = True
             try:
                 send_message(self._socket, {"op": "close"}, (), self.limits)
                 for _ in range(self._unanswered + 1):
@@ -391,7 +434,7 @@ class RemoteClient:
         reply, values = self._receive()
         if reply.get("ok") is not True:
             error = str(reply.get("error", "the endpoint sent a malformed reply"))
-            raise ERROR_KINDS.get(reply.get("kind"), RemoteError)(error)
+            raise RAISED.get(reply.get("kind"), RemoteError)(error)
         return reply, values
 
     def _carrying_drops(self, request: dict, release=()) -> dict:

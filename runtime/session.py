@@ -14,9 +14,11 @@ why it will not serve). Requests, one frame each:
   has `[key, shape, dtype]` per output. A plan lowered
   for another topology `version` than the cluster's is refused
   (`TopologyChanged`), and the client lowers it again;
-- `fetch` {handle, timeout, value}: waits for a result (at most `timeout`
-  seconds, null: as long as it takes) and sends it unless `value` is false;
-- `share` {handle}: shares one of this connection's results
+- `fetch` {handle, timeout, value}: waits for a result to be computed (at
+  most `timeout` seconds, null: as long as it takes) and sends it unless
+  `value` is false;
+- `share` {handle, timeout}: shares one of this connection's results once
+  its run is over (waiting at most `timeout` seconds, default 60)
   (`runtime/shared.py`); the reply's `token` (256 random bits) is the only
   way to name it, for any connection the owner gives it to. `shared`
   {token}: checks a token, replying with the object's shape and dtype. An
@@ -41,7 +43,8 @@ parsed request is dropped before its reply is sent, so a request keeps no
 more of its header than it reads (parsed JSON is about 25x its bytes), and
 none of it while its reply waits for the peer to read it. Every reply
 is `{"ok": true, ...}` or `{"ok": false, "error": "...", "kind": "..."}`
-(`timeout`, `topology`, `busy` or `error`).
+(`runtime/wire.py`'s `ERROR_KINDS`: `timeout`, `topology`, `memory`, a run's failure, `value`, `type`,
+`permission`; `busy`, or `error` for any other).
 A request the endpoint cannot serve gets an error reply; a frame that breaks
 the format gets one and the connection is dropped.
 """
@@ -69,12 +72,14 @@ if TYPE_CHECKING:
 
 # The fields each request kind reads, besides `op`, `release` and `forget`; any other field is refused.
 FIELDS = {"load": {"plan", "executables"}, "run": {"name", "version", "dispatch", "args", "timeout"},
-          "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"}, "share": {"handle"},
-          "shared": {"token"}, "objects": set(), "topology": set(), "status": {"full"}, "ping": set()}
+          "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"},
+          "share": {"handle", "timeout"}, "shared": {"token"}, "objects": set(), "topology": set(),
+          "status": {"full"}, "ping": set()}
 _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arrays
 
 _SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
 _PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
+_READY_PAUSE = 1e-4                 # seconds of the first pause between looks at a result still being computed
 
 
 class Session:
@@ -114,7 +119,10 @@ class Session:
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
                     kind = next((k for k in ERROR_KINDS if isinstance(error, ERROR_KINDS[k])), "error")
-                    reply, out = {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind}, []
+                    # The client raises the kind's class: the message names the error's own class only if
+                    # that is another (a subclass, or an error of no kind), as the in-process error's does not.
+                    named = "" if type(error) is ERROR_KINDS.get(kind) else f"{type(error).__name__}: "
+                    reply, out = {"ok": False, "error": f"{named}{error}", "kind": kind}, []
                 del request, arrays          # not kept while the reply waits for the peer to read it
                 try:
                     send_message(self.connection, reply, out, self.endpoint.limits)
@@ -180,9 +188,12 @@ class Session:
         return {"handles": reply}, []
 
     def share(self, request: dict, arrays) -> tuple[dict, list]:
-        """Shares one of this connection's results; replies with its token (see `Endpoint.share`)."""
+        """Shares one of this connection's results once its run is over, waiting at most `timeout` seconds
+        (default and null: `_SHARE_WAIT`; TimeoutError past it, and the client asks again); replies with its
+        token (see `Endpoint.share`)."""
         key = _field(request, "handle", int)
-        ref = self.client.share(self._handle(key), timeout=_SHARE_WAIT)
+        timeout = _timeout(request)
+        ref = self.client.share(self._handle(key), timeout=_SHARE_WAIT if timeout is None else timeout)
         token = self.endpoint.share(ref)
         self.tokens.setdefault(key, []).append(token)
         return {"token": token, "shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
@@ -197,27 +208,30 @@ class Session:
         return {"cancelled": self.client.cancel(self._handle(_field(request, "handle", int)))}, []
 
     def fetch(self, request: dict, arrays) -> tuple[dict, list]:
-        """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists; sends
-        it unless `value` is false. Gives up if the peer leaves meanwhile."""
+        """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists and is
+        computed (`_computed`: reading an array JAX handed out early would wait for its device work unbounded);
+        sends it unless `value` is false. Gives up if the peer leaves meanwhile."""
         handle = self._handle(_field(request, "handle", int))
         send = request.get("value", True)
         if type(send) is not bool:
             raise ValueError(f"request 'fetch' needs 'value' as bool, not {str(send)[:40]}")
-        timeout = request.get("timeout")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                                    or not timeout >= 0):
-            raise ValueError(f"request 'fetch' needs 'timeout' as a non-negative number or null, not {timeout!r}")
+        timeout = _timeout(request)
         deadline = None if timeout is None else time.monotonic() + timeout
+        value = None
         while True:
             wait = _PEER_CHECK if deadline is None else min(_PEER_CHECK, max(0.0, deadline - time.monotonic()))
+            until = time.monotonic() + wait
             try:
-                value = handle.result(wait)
-                break
+                if value is None:
+                    value = handle.result(wait)
+                if _computed(value, until):
+                    break
             except TimeoutError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"the result was not ready within {timeout} s") from None
-                if _peer_left(self.connection):
-                    raise EOFError("the client left while waiting for a result") from None
+                pass
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"the result was not ready within {timeout} s")
+            if _peer_left(self.connection):
+                raise EOFError("the client left while waiting for a result")
         return {}, [np.asarray(value)] if send else []
 
     def release(self, request: dict, arrays) -> tuple[dict, list]:
@@ -288,6 +302,21 @@ class Session:
         return self.handles[key]
 
 
+def _computed(value, until: float) -> bool:
+    """Returns whether `value` (a result's array, which JAX may hand out before its device work is over) is
+    computed, waiting for it until `until` (a monotonic time) at most: reading it (`np.asarray`) would wait
+    for its computation however long that takes, and the client's wait is bounded by its deadline."""
+    ready = getattr(value, "is_ready", None)
+    pause = _READY_PAUSE
+    while ready is not None and not ready():
+        left = until - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, 0.05)
+    return True
+
+
 def _peer_left(connection: socket.socket) -> bool:
     """Returns whether the peer has closed its end (it sends nothing while it waits for a reply)."""
     readable, _, _ = select.select([connection], [], [], 0)
@@ -297,6 +326,16 @@ def _peer_left(connection: socket.socket) -> bool:
         return connection.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
+
+
+def _timeout(request: dict) -> float | None:
+    """A request's `timeout`: a non-negative number of seconds, or null (also when absent)."""
+    timeout = request.get("timeout")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                or not timeout >= 0):
+        raise ValueError(f"request {str(request.get('op'))[:40]!r} needs 'timeout' as a non-negative number or "
+                         f"null, not {timeout!r:.40}")
+    return timeout
 
 
 def _field(request: dict, name: str, kind: type):

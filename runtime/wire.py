@@ -42,9 +42,13 @@ DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
 _LENGTH = struct.Struct(">I")
 _JOINED = 1 << 16                  # bytes of arrays at most sent in one call with their header
 
-# Error replies of these kinds are raised by the client as these errors; any other as a RemoteError.
-# Subclasses come before the classes they refine (the first match names the kind).
-ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged, "memory": OutOfDeviceMemory, **FAILURE_KINDS}
+# The kind of an error reply: the first of these classes the error is an instance of (subclasses come before
+# the classes they refine), else "error". The client raises a reply of these kinds as these errors, except
+# "value", "type" and "permission", which it raises as RemoteError subclasses that are also ValueError,
+# TypeError and PermissionError (`remote_client.RAISED`); any other kind as a RemoteError. Only the name of a
+# kind crosses the wire, never an object.
+ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged, "memory": OutOfDeviceMemory, **FAILURE_KINDS,
+               "permission": PermissionError, "value": ValueError, "type": TypeError}
 
 
 class ProtocolError(ValueError):

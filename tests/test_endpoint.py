@@ -306,7 +306,7 @@ def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, 
                                ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
                                  "args": [["shared", 0]]}, r"or \[\"shared\", token\], not \['shared', 0\]"),
                                ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
-                                 "args": [["shared", "guess"]]}, "PermissionError: no shared object has the reference"),
+                                 "args": [["shared", "guess"]]}, "^no shared object has the reference"),
                                ({"op": "share", "handle": 7}, "no handle 7"),
                                ({"op": "shared", "token": 7}, "needs 'token' as str"),
                                ({"op": "run", "name": live.load(plan), "version": 0, "dispatch": "parallel",
@@ -536,8 +536,9 @@ def test_an_argument_of_another_dtype_is_refused_when_its_run_is_submitted(runti
         for dtype in (np.int8, np.bool_, jnp.bfloat16):
             error = (f"argument leaf 0 of program @lambda has dtype {np.dtype(dtype).name}, but it was compiled "
                      f"for float32[8, 16]")
-            with pytest.raises(RemoteError, match=re.escape(f"TypeError: {error}")):
+            with pytest.raises(RemoteError, match=f"^{re.escape(error)}$") as refused:
                 remote.run(plan, [X.astype(dtype)])
+            assert isinstance(refused.value, TypeError)
             with pytest.raises(TypeError, match=re.escape(error)):
                 local.run(plan, [X.astype(dtype)])
         assert remote.object_count() == 0 and local.objects() == []
@@ -620,7 +621,7 @@ def test_a_connection_holds_at_most_max_plans(runtime, plan_builder):
         for plan in held[:3]:
             client.load(plan)
         client.load(held[0])                           # loaded already: no more held
-        with pytest.raises((ValueError, RemoteError), match=r"^ValueError: this connection holds 3 plans, the endpoint's limit "
+        with pytest.raises(ValueError, match=r"^this connection holds 3 plans, the endpoint's limit "
                                              r"\(max_plans\)"):
             client.load(held[3])
         np.testing.assert_allclose(np.asarray(client.run(held[1], [X])[0]), X, rtol=1e-6)

@@ -51,7 +51,7 @@ def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(t
         reader = sharing_client(service_file, procs, "reader", token)
         guessed = read_json(reader)
         for refusal in guessed.values():
-            assert refusal.startswith("RemoteError: PermissionError: no shared object has the reference 'AAAAAA'...")
+            assert refusal.startswith("RemotePermissionError: no shared object has the reference 'AAAAAA'...")
             assert "\n" not in refusal
         assert read_json(reader) == {"read": True}
         donated = read_json(reader)["donated"]
@@ -68,7 +68,7 @@ def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(t
         reader.stdin.write("\n")
         reader.stdin.flush()
         after = read_json(reader)["after_release"]
-        assert after.startswith("RemoteError: PermissionError: no shared object has the reference ")
+        assert after.startswith("RemotePermissionError: no shared object has the reference ")
         for proc in (owner, reader):
             proc.stdin.write("\n")
             proc.stdin.flush()
@@ -104,7 +104,7 @@ def test_an_owner_that_shares_and_releases_again_and_again_leaves_no_tokens_behi
             assert len(sessions) == 2 and [t for s in sessions for ts in s.tokens.values() for t in ts] == \
                 [kept_ref.token]
             del sessions
-            with pytest.raises(RemoteError, match="PermissionError: no shared object has the reference"):
+            with pytest.raises(RemoteError, match="^no shared object has the reference"):
                 reader.shared(ref.token)
             np.testing.assert_array_equal(np.asarray(double.compiled(x, runtime=reader)(reader.shared(
                 kept_ref.token))), np.full((8, 16), 4.0, np.float32))

@@ -1,0 +1,264 @@
+"""A real `pw-serve` process raises what the embedded runtime raises: the same user misuse is an error a user
+catches the same way through the service (an instance of the embedded error's class), with one line saying
+what is wrong. Each check makes the same call on an embedded `Client` in this process and on a connection to
+the service (2 islands of 2 CPU devices each, both). Every wait has a timeout; the service is stopped.
+"""
+
+import math
+import re
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from test_service import TIMEOUT, procs, serve, stop  # noqa: F401  (procs: a fixture)
+
+import pathways_mlir as pw
+from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.admission import OutOfDeviceMemory
+from pathways_mlir.runtime.cluster import embedded_device_map
+from pathways_mlir.runtime.island_work import RunCancelled
+from pathways_mlir.runtime.remote_client import RemoteError, RemoteSharedRef
+from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.runtime.service import open_connection
+
+MEMORY = 1 << 20                    # bytes per device, on both sides
+X = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
+island0 = pw.virtual_slice(2, axes="d", island="island0")
+inc = pw.jit(lambda x: x + 1.0, slice=island0, in_specs=P("d"), out_specs=P("d"))
+spin = pw.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, y: jnp.sin(y) * 0.5 + 0.25, x),
+              slice=pw.virtual_slice(2, axes="d", island="island1"), in_specs=(P(), P()), out_specs=P())
+# Iterations of `spin`: hours of device work, which a cancel does not stop (and which keeps the service's CPU
+# devices from running anything else on a 2-core machine); the tests that run it start a service of their own
+# (`computing`), stopped at their end.
+FOREVER = np.int32(2**31 - 1)
+
+
+@pw.program
+def both(x, n):
+    y = inc(x)
+    return y, spin(y, n)           # y is computed before spin starts
+
+
+@pw.program(donate_argnums=0)
+def eat(x):
+    return inc(x)
+
+
+@pytest.fixture(scope="module")
+def sides(tmp_path_factory):
+    """{"embedded": (client, other client), "service": (connection, other connection), "file": the service
+    file}; the embedded runtime has the service's shape."""
+    directory = tmp_path_factory.mktemp("errors") / "service"
+    directory.mkdir(mode=0o700)
+    procs = []
+    runtime = Runtime(embedded_device_map(2, 2), device_memory_bytes=MEMORY)
+    try:
+        serve(procs, "--device-memory-bytes", str(MEMORY), "--service-file", str(directory / "service.json"))
+        connections = [open_connection(str(directory / "service.json"), timeout=TIMEOUT) for _ in range(2)]
+        clients = [Client(runtime), Client(runtime)]
+        yield {"embedded": tuple(clients), "service": tuple(connections), "file": str(directory / "service.json"),
+               "runtime": runtime}
+        for client in clients + connections:
+            client.close()
+    finally:
+        for proc in procs:
+            stop(proc)
+        runtime.close()
+
+
+@pytest.fixture
+def computing(tmp_path, procs):
+    """A service of this test's own, for one whose device work it leaves going (`FOREVER`): (its service file,
+    a connection that waits long, on which `spin` and `both` ran once, so the service compiled their plans)."""
+    directory = tmp_path / "service"
+    directory.mkdir(mode=0o700)
+    serve(procs, "--service-file", str(directory / "service.json"))
+    warm = open_connection(str(directory / "service.json"), timeout=TIMEOUT)
+    try:
+        v = np.ones(256, np.float32)
+        np.testing.assert_allclose(np.asarray(spin.run(v, np.int32(1), client=warm)),
+                                   np.full(256, np.sin(1.0) * 0.5 + 0.25, np.float32), rtol=1e-6)
+        [np.asarray(h) for h in both.run(X, np.int32(1), client=warm)]
+        yield str(directory / "service.json"), warm
+    finally:
+        warm.close()
+
+
+def numbered(error: BaseException) -> str:
+    """An error's message with every number as N (run, handle and client ids differ between runtimes)."""
+    return re.sub(r"\d+", "N", str(error))
+
+
+def raised_within(call, seconds=60) -> BaseException | str:
+    """What `call` raises (run on a thread), or "returned" or "still waiting" after `seconds`."""
+    box = []
+    thread = threading.Thread(target=lambda: box.append(raised(call)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box[0] if box else "still waiting"
+
+
+def raised(call) -> BaseException:
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
+
+
+def misuses(client, other):
+    """The same misuses, made with `client` (and `other`, another client of the same cluster): name -> call."""
+    plan = inc.compiled(X, runtime=client.runtime).plan
+    donated = inc.run(X, client=client)
+    eat.run(donated, client=client).block_until_ready()
+    owned = inc.run(X, client=client)
+    ref = client.share(owned)
+
+    return {
+        "a wrong shape": lambda: client.run(plan, [np.ones((6, 4), np.float32)]),
+        "a wrong dtype": lambda: client.run(plan, [X.astype(np.int8)]),
+        "too many arguments": lambda: client.run(plan, [X, X]),
+        "no arguments": lambda: client.run(plan, []),
+        "timeout=0": lambda: inc.run(X, client=client, timeout=0),
+        "timeout=-1": lambda: inc.run(X, client=client, timeout=-1),
+        "timeout=nan": lambda: inc.run(X, client=client, timeout=float("nan")),
+        "timeout=True": lambda: inc.run(X, client=client, timeout=True),
+        "timeout=1e10": lambda: inc.run(X, client=client, timeout=1e10),
+        "a donated handle read": lambda: np.asarray(donated),
+        "a donated handle passed again": lambda: inc.run(donated, client=client).result(TIMEOUT),
+        "a donated handle shared": lambda: client.share(donated),
+        "a shared handle donated by its owner": lambda: eat.run(owned, client=client),
+    }, ref
+
+
+def test_misuses_raise_the_embedded_runtimes_classes_through_the_service(sides):
+    """Errors the embedded runtime raises as ValueError or TypeError arrived through the service as a bare
+    RemoteError (a RuntimeError), so `except ValueError:` caught them in-process and not through pw-serve. Now
+    each is an instance of the embedded error's class, and still a RemoteError, in the embedded error's line
+    (it had the class's name before it, which the class now says)."""
+    embedded, _ = misuses(*sides["embedded"])
+    served, _ = misuses(*sides["service"])
+    for name, call in embedded.items():
+        want = raised(call)
+        assert type(want) in (ValueError, TypeError), (name, want)
+        got = raised(served[name])
+        assert isinstance(got, type(want)) and isinstance(got, RemoteError), (name, want, got)
+        assert numbered(got) == numbered(want), (name, want, got)      # the same line, but for ids
+        assert "\n" not in str(got) and str(got), (name, got)
+        assert "Traceback" not in str(got) and "Error('" not in str(got), (name, got)
+
+
+def test_a_token_the_service_never_gave_is_a_permission_error(sides):
+    """A guessed token is refused as a PermissionError (and a RemoteError), in one line, when checked and when
+    passed to a run."""
+    connection, other = sides["service"]
+    owned = inc.run(X, client=connection)
+    token = connection.share(owned).token
+    guessed = RemoteSharedRef("A" * len(token), (8, 4), "float32")
+    for call in (lambda: other.shared(guessed.token), lambda: inc.run(guessed, client=other)):
+        error = raised(call)
+        assert isinstance(error, PermissionError) and isinstance(error, RemoteError), error
+        assert "no shared object has the reference 'AAAAAA'..." in str(error) and "\n" not in str(error)
+    assert other.shared(token).shape == (8, 4)
+
+
+def test_a_run_that_can_never_fit_reads_as_in_process(sides):
+    """A run that can never fit raises OutOfDeviceMemory through the service (as before) with the embedded
+    runtime's message, which had its class's name before it (`OutOfDeviceMemory: program ...`); so does a
+    cancelled run's `RunCancelled` (the last test)."""
+    for side in ("embedded", "service"):
+        with pytest.raises(OutOfDeviceMemory) as huge:
+            inc.run(np.ones((2, 262144), np.float32), client=sides[side][0]).result(TIMEOUT)  # 1 MiB a device
+        assert str(huge.value) == ("program lambda needs 2097152 bytes on device 0 of island0, which has only "
+                                   "1048576 bytes: it can never fit"), (side, huge.value)
+
+
+def test_a_released_handle_or_one_of_a_closed_connection_reads_as_in_process(sides):
+    """A released remote handle passed to a run was sent, and the service answered `no handle 7`; a handle of a
+    connection its user closed raised ServiceError (`the connection ... is closed`) where an embedded client's
+    handle raises ValueError (`... belongs to closed client 3: its result was released`). Now both are the
+    client's own ValueError lines, as in-process, and nothing is sent."""
+    for side in ("embedded", "service"):
+        client = sides[side][0]
+        released = inc.run(X, client=client)
+        released.block_until_ready()
+        released.delete()
+        error = raised(lambda: inc.run(released, client=client))
+        assert type(error) is ValueError and re.fullmatch(r"(remote )?handle .* was released", str(error)), error
+        closing = Client(sides["runtime"]) if side == "embedded" else open_connection(sides["file"], timeout=TIMEOUT)
+        kept = inc.run(X, client=closing)
+        kept.block_until_ready()
+        closing.close()
+        for call in (lambda: np.asarray(kept), lambda: kept.result(TIMEOUT), lambda: closing.share(kept)):
+            error = raised(call)
+            assert type(error) is ValueError, (side, error)
+            assert re.fullmatch(r"(remote )?handle .* belongs to (the )?closed (client|connection).*: its result was "
+                                r"released", str(error)), error
+
+
+def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within_the_deadline(computing):
+    """    The service read a result's array (`np.asarray`) as soon as JAX handed it out, before its device work was
+    over, so a fetch's reply waited for the computation however long it took: `result(timeout=1)` on a result
+    still being computed got no reply within the connection's deadline, which closed the connection (a
+    ServiceError, every object of the client released). Now the service waits for the computation in polls
+    like any other wait: a TimeoutError, and the connection keeps serving."""
+    connection = open_connection(computing[0], timeout=10)
+    try:
+        long = spin.run(np.ones(256, np.float32), FOREVER, client=connection)
+        with pytest.raises(TimeoutError, match="not ready within 1 s"):
+            long.result(timeout=1)
+        assert not connection.closed and connection.object_count() == 1
+        assert connection.cancel(long)
+        with pytest.raises(RunCancelled) as cancelled:
+            long.result(timeout=TIMEOUT)
+        assert re.fullmatch(r"run \d+ of lambda was cancelled by client \d+", str(cancelled.value)), cancelled.value
+    finally:
+        connection.close()
+
+
+def test_sharing_a_result_whose_run_is_still_going_waits_in_requests_answered_within_the_deadline(computing):
+    """`RemoteClient.share` took no `timeout` (`Client.share` does), and the service waited up to 60 s for the
+    result's run to be over before it replied, so sharing a computed result of a run still going past the
+    connection's deadline closed the connection (ServiceError). Now it waits in polls, at most `timeout`
+    seconds (TimeoutError), else as long as it takes, as in-process."""
+    connection = open_connection(computing[0], timeout=10)
+    try:
+        ready, long = both.run(X, FOREVER, client=connection)
+        ready.block_until_ready()
+        with pytest.raises(TimeoutError, match="run was not over within 1 s"):
+            connection.share(ready, timeout=1)
+        outcome = []
+        sharing = threading.Thread(target=lambda: outcome.append(raised(lambda: connection.share(ready))),
+                                   daemon=True)
+        sharing.start()
+        sharing.join(15)                       # past the connection's deadline: still waiting, still connected
+        assert sharing.is_alive() and not connection.closed, outcome
+        assert connection.cancel(long)
+        sharing.join(TIMEOUT)
+        assert isinstance(outcome[0], RunCancelled), outcome
+        assert not connection.closed and connection.object_count() >= 0
+    finally:
+        connection.close()
+
+
+def test_a_result_timeout_that_is_nan_or_no_number_is_refused_not_waited_for_forever(sides, computing):
+    """`result(timeout=nan)` on a result not produced yet waited forever, in-process (a NaN deadline is never
+    reached) and through the service (whose client polled it without end); `result(True)` waited 1 s and
+    `result("1")` failed adding a str to a float. Now each is a ValueError saying what a timeout must be, on
+    both sides; 0 and -1 are a TimeoutError (only what is there already) on both."""
+    runtime = sides["runtime"]
+    runtime.scheduler.hold()                   # in-process, runs wait in the queue
+    try:
+        pending = {"embedded": inc.run(X, client=sides["embedded"][0]),
+                   "service": spin.run(np.ones(256, np.float32), FOREVER, client=computing[1])}
+        for side, handle in pending.items():
+            for timeout in (math.nan, True, "1"):
+                error = raised_within(lambda: handle.result(timeout))
+                assert isinstance(error, ValueError), (side, timeout, error)
+                assert str(error) == f"a result's timeout must be a number of seconds or None, not {timeout!r}"
+            for timeout in (0, -1):
+                assert isinstance(raised_within(lambda: handle.result(timeout)), TimeoutError), (side, timeout)
+        assert computing[1].cancel(pending["service"])
+    finally:
+        runtime.scheduler.release()
