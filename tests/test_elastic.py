@@ -172,20 +172,25 @@ def test_a_program_called_with_every_island_lost_is_a_one_line_error(rt):
     assert settled(rt, WAIT)
 
 
+def lost_and_restored_at_next_submit(rt, monkeypatch, island: str) -> None:
+    """Loses and restores `island` when the next run is submitted, after its plan was loaded."""
+    submit = rt.scheduler.submit
+
+    def lost_and_restored_first(run, works):
+        monkeypatch.undo()
+        rt.lose_island(island)
+        rt.restore_island(island)
+        submit(run, works)
+
+    monkeypatch.setattr(rt.scheduler, "submit", lost_and_restored_first)
+
+
 def test_a_run_whose_island_is_lost_and_restored_while_it_starts_fails_with_island_lost(rt, monkeypatch):
     """The island goes and comes back between a run's load and its delivery: the restored island was given work
     of a plan it had never been given, and the run failed there with a KeyError."""
     with Client(rt) as client:
         plan = across.compiled(X, runtime=rt).plan
-        submit = rt.scheduler.submit
-
-        def lost_and_restored_first(run, works):
-            monkeypatch.undo()
-            rt.lose_island("island1")
-            rt.restore_island("island1")
-            submit(run, works)
-
-        monkeypatch.setattr(rt.scheduler, "submit", lost_and_restored_first)
+        lost_and_restored_at_next_submit(rt, monkeypatch, "island1")
         run = client.start(plan, [X])
         with pytest.raises(pw.IslandLost, match=f"island island1 was lost and restored while run {run.id} of across "
                                                 f"was starting: its plan was loaded onto the lost island"):

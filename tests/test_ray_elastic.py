@@ -30,6 +30,7 @@ from pathways_mlir.benchmarks import elastic as elastic_bench  # noqa: E402
 from pathways_mlir.benchmarks import ray_backend as workloads  # noqa: E402
 from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
 from fetching import settled, until  # noqa: E402
+from test_elastic import lost_and_restored_at_next_submit  # noqa: E402
 from training import (assert_same_training, batch, elastic_step, init, mesh_sizes, on_the_same_meshes,  # noqa: E402
                       preemption, train_elastic, train_step, training_island)
 
@@ -190,15 +191,7 @@ def test_a_run_whose_island_is_lost_and_restored_while_it_starts_fails_with_isla
     program = there_and_back["island1"]
     with Client(rt) as client:
         plan = program.compiled(X, runtime=rt).plan
-        submit = rt.scheduler.submit
-
-        def lost_and_restored_first(run, works):
-            monkeypatch.undo()
-            rt.lose_island("island1")
-            rt.restore_island("island1")
-            submit(run, works)
-
-        monkeypatch.setattr(rt.scheduler, "submit", lost_and_restored_first)
+        lost_and_restored_at_next_submit(rt, monkeypatch, "island1")
         run = client.start(plan, [X])
         with pytest.raises(pw.IslandLost, match=f"island island1 was lost and restored while run {run.id} of "
                                                 f"there_and_back was starting: its plan was loaded onto the lost"):
