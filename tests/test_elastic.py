@@ -221,7 +221,7 @@ def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_isla
         monkeypatch.setattr(lost, "restored", a_run_delivered_meanwhile)
         rt.restore_island("island1")
         [run] = started
-        with pytest.raises(pw.IslandLost, match=f"island island1 was lost"):
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
             client.handles(run)[0].result(timeout=5)
         np.testing.assert_allclose(value(add1.run(X, client=client)), X + 1)
     assert settled(rt, WAIT)
