@@ -53,7 +53,8 @@ CREDITS = 32          # runs in use from which a lane retires the runs that are 
 class FastLane:
     """The pre-built path of one loaded plan; see the module."""
 
-    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "program", "free", "in_use", "runs", "kept")
+    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "dtypes", "program", "free", "in_use", "runs",
+                 "kept")
 
     def __init__(self, scheduler: "GangScheduler", island: "Island", loaded: "LoadedPlan"):
         self.scheduler = scheduler
@@ -61,6 +62,7 @@ class FastLane:
         self.loaded = loaded
         self.buffers = tuple(buffer for buffer, _, _, _ in loaded.inputs)
         self.shapes = tuple(shape for _, _, shape, _ in loaded.inputs)
+        self.dtypes = tuple(dtype for _, _, _, dtype in loaded.inputs)
         self.program = island.program(loaded.key, loaded.first[island.name])   # built when the plan loaded
         self.free = 0         # credits reserved in the ledger and not used by a run
         self.in_use = 0       # credits held by runs not retired yet
@@ -81,14 +83,15 @@ class FastLane:
 
     def start(self, client_id: int, weight: float, args: Sequence) -> Run | None:
         """Starts a run on `args` through the lane and executes it on this thread; returns None, having changed
-        nothing, when the general path must take it. An argument is a JAX array of its input's shape, or a
-        handle whose result is kept on the lane's island (its array is read from the island's store, as
-        `fetch` reads it, without waiting); anything else takes the general path."""
+        nothing, when the general path must take it. An argument is a JAX array of its input's shape and
+        dtype, or a handle whose result is kept on the lane's island (its array is read from the island's
+        store, as `fetch` reads it, without waiting); anything else takes the general path (which refuses
+        another dtype, or takes one JAX takes as it)."""
         if len(args) != len(self.shapes):
             return None
         island = self.island
         inputs = []
-        for buffer, value, shape in zip(self.buffers, args, self.shapes):
+        for buffer, value, shape, dtype in zip(self.buffers, args, self.shapes, self.dtypes):
             kind = type(value)
             if kind is Handle:
                 run = value._run
@@ -99,7 +102,7 @@ class FastLane:
                     return None          # not produced yet, released or failed, or on another island
             elif kind is not ARRAY_TYPE:
                 return None
-            if value.shape != shape:
+            if value.shape != shape or value.dtype != dtype:
                 return None
             inputs.append((buffer, value))
         scheduler, loaded = self.scheduler, self.loaded

@@ -287,7 +287,9 @@ def test_a_failing_lane_run_fails_alone_and_keeps_nothing(runtime, plan_builder)
     plan = small(plan_builder, runtime.resources.topology)
     lane = runtime.lane(plan)
     with Client(runtime) as client:
-        [bad] = client.run(plan, [jnp.ones((8, 16), jnp.int32)])       # the wrong dtype: the launch fails
+        deleted = jnp.asarray(X)
+        deleted.delete()
+        [bad] = client.run(plan, [deleted])                              # a deleted array: the launch fails
         with pytest.raises(RunFailed):
             bad.result(timeout=60)
         [good] = client.run(plan, [jnp.asarray(X)])
@@ -312,4 +314,20 @@ def test_a_handle_the_lane_cannot_read_at_once_sends_the_run_the_general_way(run
             client.run(plan, [kept])                                 # the general path says what is wrong
         assert lane.runs == 1
         del timed, y
+    assert_nothing_left(runtime)
+
+
+def test_an_array_of_another_dtype_is_refused_at_the_call_as_the_general_path_refuses_it(runtime, plan_builder):
+    """The lane checked an array argument's shape, not its dtype: an int32 array for a float32 input was run,
+    and failed later on the island (RunFailed), where a NumPy array (the general path) is refused at the call."""
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    with Client(runtime) as client:
+        for wrong in (jnp.asarray(X.astype(np.int32)), X.astype(np.int32)):
+            with pytest.raises(TypeError, match=r"argument leaf 0 of program @small has dtype int32, but it was "
+                                                r"compiled for float32\[8, 16\]"):
+                client.run(plan, [wrong])
+        np.testing.assert_allclose(np.asarray(client.run(plan, [jnp.asarray(X)])[0]), chained_tanh2(X, 1),
+                                   rtol=1e-6)
+        assert lane.runs == 1
     assert_nothing_left(runtime)

@@ -185,8 +185,9 @@ def test_a_thousand_failed_runs_keep_no_arrays(device_map, plan_builder):
     rt = Runtime(device_map)
     try:
         plan = small_plan(plan_builder, device_map.topology, shape=(256, 1024))      # 1 MiB arguments
-        wrong = jnp.ones((256, 1024), jnp.int32)      # the wrong dtype, as a JAX array: the fast lane takes it
-        with Client(rt) as client:                    # to the island (the general path refuses it at the call)
+        wrong = jnp.ones((256, 1024), jnp.float32)    # a deleted JAX array: the fast lane takes it to the
+        wrong.delete()                                # island, where each run fails
+        with Client(rt) as client:
             client.run(plan, [np.ones((256, 1024), np.float32)])[0].result(timeout=60)
             gc.collect()
             before = len(jax.live_arrays())
