@@ -26,7 +26,7 @@ where each argument goes and what a run needs. A run through the lane:
 `start` falls back to the general path (returns None) whenever one of its
 conditions fails: a run queued, admission held or a reservation standing,
 the scheduler closed, the island wedged or closed, no credit and none
-fits, an argument that is neither a JAX array of its input's shape nor a
+fits, an argument that is neither a JAX array of its input's shape and dtype nor a
 handle whose result the lane's island already keeps (read from its store,
 with no fetch and no wait; a result of a run with a timeout is not). Plans
 on several islands, with host conds, host inputs or donated inputs never
