@@ -383,21 +383,28 @@ def test_a_placed_function_takes_a_deadline_and_pw_cancel(device_map):
 
 def _interrupted(call, after: float = 0.1, timeout: float = 30) -> str:
     """Runs `call()` on this (the main) thread while it is interrupted `after` seconds in, as Ctrl-C does; says
-    where the KeyboardInterrupt went: "raised by the call", "after the call" (it ended first), or "lost"."""
+    where the KeyboardInterrupt went: "raised by the call", "after the call" (it ended first), or "lost". Python
+    raises it only where SIGINT has its default handler, which a process started in the background lacks (the
+    shell ignores SIGINT there): the handler is set for the call."""
     import _thread
+    import signal
 
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(after, _thread.interrupt_main)
-    timer.start()
     try:
-        call()
-    except KeyboardInterrupt:
-        return "raised by the call"
-    try:
-        timer.join(timeout)
-        time.sleep(1.0)                          # a pending interrupt is raised here
-    except KeyboardInterrupt:
-        return "after the call"
-    return "lost"
+        timer.start()
+        try:
+            call()
+        except KeyboardInterrupt:
+            return "raised by the call"
+        try:
+            timer.join(timeout)
+            time.sleep(1.0)                      # a pending interrupt is raised here
+        except KeyboardInterrupt:
+            return "after the call"
+        return "lost"
+    finally:
+        signal.signal(signal.SIGINT, handler)
 
 
 @pytest.mark.parametrize("path", ["fast lane", "general path across islands", "general path, other way"])
