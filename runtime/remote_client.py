@@ -122,20 +122,12 @@ class RemoteHandle(ArrayReference):
                              f"{self._client.name}: its result was released")
 
     def _fetch(self, timeout: float | None, value: bool):
-        """Asks for the value in requests the endpoint answers within `POLL` s (or half the client's
-        deadline), until it is there or `timeout` has passed."""
+        """Asks for the value in polls (`RemoteClient._polled`) until it is there or `timeout` has passed."""
         self._check()
         deadline = None if timeout is None else time.monotonic() + timeout
-        poll = POLL if self._client.timeout is None else min(POLL, self._client.timeout / 2)
-        while True:
-            wait = poll if deadline is None else min(poll, max(0.0, deadline - time.monotonic()))
-            try:
-                reply, arrays = self._client._call({"op": "fetch", "handle": self._key, "timeout": wait,
-                                                    "value": value})
-                return arrays[0] if value else None
-            except TimeoutError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"the result was not ready within {timeout} s") from None
+        _, arrays = self._client._polled({"op": "fetch", "handle": self._key, "value": value}, deadline,
+                                         f"the result was not ready within {timeout} s")
+        return arrays[0] if value else None
 
     def __repr__(self) -> str:
         return f"RemoteHandle(shape={self.shape}, dtype={self.dtype.name})"
@@ -294,15 +286,9 @@ class RemoteClient:
         timeout = wait_limit(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         handle._fetch(timeout, False)
-        poll = POLL if self.timeout is None else min(POLL, self.timeout / 2)
-        while True:
-            wait = poll if deadline is None else min(poll, max(0.0, deadline - time.monotonic()))
-            try:
-                reply, _ = self._call({"op": "share", "handle": handle._key, "timeout": wait})
-                return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"])
-            except TimeoutError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"the result's run was not over within {timeout} s") from None
+        reply, _ = self._polled({"op": "share", "handle": handle._key}, deadline,
+                                f"the result's run was not over within {timeout} s")
+        return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"])
 
     def shared(self, token: str) -> RemoteSharedRef:
         """Returns the shared object a token names, checked by the service (a token it never gave, or whose
@@ -406,6 +392,19 @@ class RemoteClient:
         with self._lock:
             self._check_open()
             self._send_release([key])
+
+    def _polled(self, request: dict, deadline: float | None, late: str) -> tuple[dict, list[np.ndarray]]:
+        """Sends `request` (one that waits for a result) in polls the endpoint answers within `POLL` s (or half
+        the client's deadline), each with the `timeout` left, until one is answered; raises TimeoutError(`late`)
+        once `deadline` (a monotonic time, None: none) has passed."""
+        poll = POLL if self.timeout is None else min(POLL, self.timeout / 2)
+        while True:
+            wait = poll if deadline is None else min(poll, max(0.0, deadline - time.monotonic()))
+            try:
+                return self._call({**request, "timeout": wait})
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(late) from None
 
     def _call(self, request: dict, arrays=(), release=()) -> tuple[dict, list[np.ndarray]]:
         with self._lock:
