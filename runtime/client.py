@@ -19,8 +19,9 @@ from typing import Sequence
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from .array_reference import ArrayReference
-from .dispatch import Dispatcher, check_timeout
+from .dispatch import Dispatcher, check_dtype, check_timeout
 from .dispatch_mode import DispatchMode
+from .executables import numpy_dtype
 from .handles import Handle, release_dropped
 from .island_work import RunFailed, StoreRef, client_owner
 from .run import Run
@@ -116,20 +117,25 @@ class Client:
 
     def _arguments(self, plan: ProgramPlan, args: Sequence) -> list:
         """What the dispatcher gets for each argument (`_argument`), whatever their count."""
-        return [self._argument(plan, plan.inputs[i] if i < len(plan.inputs) else None, a) for i, a in enumerate(args)]
+        return [self._argument(plan, i, plan.inputs[i] if i < len(plan.inputs) else None, a)
+                for i, a in enumerate(args)]
 
-    def _argument(self, plan: ProgramPlan, buffer: int | None, arg):
-        """What the dispatcher gets for `arg`, passed for input `buffer` (None: no such input): where the
-        islands keep arguments, a handle's or shared object's `StoreRef` for an input on its island, or its
-        `PeerRef` for one on another island that can pull it (`Islands.peer_reference`); else its array (whose
-        fetch raises the run's error if it failed). A reference to a result of a run known to have failed (or
-        been cancelled) is refused here, with an error of the failure's class: its island might still hold the
-        result, and the failure could reach it after this run's start."""
+    def _argument(self, plan: ProgramPlan, position: int, buffer: int | None, arg):
+        """What the dispatcher gets for `arg`, argument `position`, passed for input `buffer` (None: no such
+        input): where the islands keep arguments, a handle's or shared object's `StoreRef` for an input on its
+        island, or its `PeerRef` for one on another island that can pull it (`Islands.peer_reference`); else its
+        array (whose fetch raises the run's error if it failed, and which the dispatcher checks). A reference
+        is checked here as the dispatcher checks an array: a result of another shape gives its array (refused
+        there), one of another dtype is refused (`check_dtype`), and one of a run known to have failed (or been
+        cancelled) is refused with an error of the failure's class: its island might still hold the result,
+        and the failure could reach it after this run's start."""
         if isinstance(arg, (Handle, SharedRef)):
             islands = self.runtime.islands
             target = plan.island_of(buffer) if buffer is not None and islands.keep_arguments else None
             home = arg._run.island_of(arg._buffer)
-            if target is not None and home is not None and arg.shape == plan.buffers[buffer].shape:
+            expected = plan.buffers[buffer] if buffer is not None else None
+            if target is not None and home is not None and arg.shape == expected.shape:
+                check_dtype(plan.program, position, arg.dtype, numpy_dtype(expected.dtype), expected.shape)
                 if isinstance(arg, SharedRef):
                     if arg.released:
                         raise ValueError(arg.gone())

@@ -209,6 +209,22 @@ def test_a_bad_argument_is_the_same_one_line_error(runtime):
             client.run(plan, [X, X])
 
 
+def test_a_handle_of_another_dtype_is_refused_at_the_call_as_an_array_is(runtime):
+    """Where islands keep arguments (Ray), a handle passed for an input of another dtype than its result's went
+    to the island as a reference after a check of its shape alone: the run failed there (RunFailed) instead of
+    being refused at the call with the TypeError an array of that dtype gets."""
+    as_int = pw.jit(lambda x: x.astype(jnp.int32), slice=left, in_specs=P("x"), out_specs=P("x"))
+    plan = across.compiled(X, runtime=runtime).plan
+    error = r"^argument leaf 0 of program @across has dtype int32, but it was compiled for float32\[8, 16\]$"
+    with Client(runtime) as client:
+        ints = as_int.run(X, client=client)
+        with pytest.raises(TypeError, match=error):
+            client.run(plan, [ints])
+        np.testing.assert_allclose(value(client.run(plan, [X])[0]), expected(X), rtol=1e-6)
+        del ints
+    assert settled(runtime, WAIT)
+
+
 def test_a_donated_handle_cannot_be_used_again(runtime):
     twice = pw.jit(lambda x: x * 2.0, slice=left, in_specs=P("x"), out_specs=P("x"), donate_argnums=0)
     with Client(runtime) as client:
