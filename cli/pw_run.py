@@ -1,4 +1,5 @@
-"""`pw-run`: run a program on the embedded cluster, printing results and timing.
+"""`pw-run`: run a program on the cluster (embedded, or Ray actors with --backend ray), printing results
+and timing.
 
     pw-run examples/three_blocks.py                 # a Python script, as __main__
     pw-run three_blocks.mlir --program three_blocks # pw IR (lowered here if needed)
@@ -181,7 +182,8 @@ def _run_script(path: pathlib.Path) -> None:
               help="Run the islands in this process, or each in a Ray actor on a local Ray instance.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs (IR and plans).")
 def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, backend, seed) -> None:
-    """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the embedded cluster."""
+    """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the cluster: embedded in this process, or
+    each island in a Ray actor with --backend ray."""
     if cluster:
         os.environ[CLUSTER_ENV] = cluster
     prepare_host_devices()
