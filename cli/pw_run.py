@@ -1,4 +1,5 @@
-"""`pw-run`: run a program on the embedded cluster, printing results and timing.
+"""`pw-run`: run a program on the cluster (embedded, or Ray actors with --backend ray), printing results
+and timing.
 
     pw-run examples/three_blocks.py                 # a Python script, as __main__
     pw-run three_blocks.mlir --program three_blocks # pw IR (lowered here if needed)
@@ -169,7 +170,7 @@ def _run_script(path: pathlib.Path) -> None:
 @click.argument("target", type=click.Path(path_type=pathlib.Path))
 @click.option("--program", default=None, help="Program to run from an IR or plan file.")
 @click.option("--dispatch", type=click.Choice([mode.value for mode in DispatchMode]), default="parallel",
-              help="Asynchronous dispatch mode.")
+              help="Asynchronous dispatch mode (IR and plans).")
 @click.option("--repeat", type=click.IntRange(min=0), default=0, show_default=True,
               help="Timed runs after the first (IR and plans).")
 @click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
@@ -179,9 +180,10 @@ def _run_script(path: pathlib.Path) -> None:
 @click.option("--emulate-dcn", is_flag=True, help="Sleep for the modelled DCN time on cross-island moves.")
 @click.option("--backend", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
               help="Run the islands in this process, or each in a Ray actor on a local Ray instance.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs (IR and plans).")
 def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, backend, seed) -> None:
-    """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the embedded cluster."""
+    """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the cluster: embedded in this process, or
+    each island in a Ray actor with --backend ray."""
     if cluster:
         os.environ[CLUSTER_ENV] = cluster
     prepare_host_devices()
@@ -200,6 +202,7 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
     if trace_path:
         runtime.start_tracing()
     if target.suffix == ".py":
+        _refuse_ir_options(target)
         _run_script(target)
     elif target.suffix in (".mlir", ".json"):
         _run_ir(target, program, DispatchMode(dispatch), repeat, seed)
@@ -208,6 +211,16 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
     if trace_path:
         write_output(trace_path, json.dumps(runtime.stop_tracing().to_chrome()), RunError)
         click.echo(f"trace: {trace_path}")
+
+
+def _refuse_ir_options(script: pathlib.Path) -> None:
+    """Raises RunError if the command line gives a script an option that only IR and plan files take."""
+    context = click.get_current_context()
+    given = [f"--{name}" for name in ("program", "dispatch", "repeat", "seed")
+             if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise RunError(f"{script}: {given[0]} applies to IR and plan files, not to a script, which chooses its own "
+                       f"programs, dispatch (f.run(..., dispatch=...)) and inputs")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,9 @@ The model (passes/placement_cost.py) estimates a step:
 
 - compute: each `pw.compute` takes flops / F + bytes / B seconds on each
   device (its cost from pw-schedule's model: the work over its slice's
-  shards), with (F, B) per device kind: cpu (1e11 flop/s, 2e10 B/s), gpu
-  (1e14, 2e12), tpu (1e14, 1e12), other (1e12, 1e11);
+  shards), with (F, B) the device kind's rates from the machine profiles
+  (`dialect/device_time.py`'s `DEVICE_RATES`, listed at the end; a kind no
+  profile names gets `DEFAULT_RATES`);
 - transfers: a value used on another slice or in another sharding moves once
   per (value, slice, sharding), as pw-insert-transfers moves it: inside an
   island each device receives its shard over ICI (latency + shard bytes /
@@ -105,6 +106,7 @@ from typing import Sequence
 from mlir import ir
 
 from pathways_mlir.dialect import ops
+from pathways_mlir.dialect.device_time import DEFAULT_RATES, DEVICE_RATES
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.homes import sharded_on
 from pathways_mlir.dialect.sharding import Sharding
@@ -360,6 +362,13 @@ class PlacePass(Pass):
     strategy: Strategy = option(Strategy.AUTO, "auto (least estimated step time), spread (balance load) or pack")
     pin: str = option("", "slice=island[:first_device],... placements to force")
     explain: bool = option(False, "attach pw.placement_cost (estimated costs, runner-up) to every slice")
+
+    @classmethod
+    def description(cls) -> str:
+        """Returns the docstring, then the device rates the cost model reads (the machine profiles')."""
+        rates = [f"  {kind}: {flops:.4g} flop/s, {memory:.4g} B/s" for kind, (flops, memory) in DEVICE_RATES.items()]
+        other = f"  any other kind: {DEFAULT_RATES[0]:.4g} flop/s, {DEFAULT_RATES[1]:.4g} B/s"
+        return "\n".join([super().description(), "", "Device rates (F, B) per device kind:", *rates, other])
 
     def __post_init__(self):
         super().__post_init__()

@@ -77,6 +77,16 @@ def test_list_passes_names_every_pass(capsys):
             assert f"{option.name}=<" in out
 
 
+def test_pass_help_of_pw_place_gives_the_device_rates_its_cost_model_reads(capsys):
+    from pathways_mlir.dialect.device_time import DEVICE_RATES
+
+    assert pw_opt.main(["--pass-help=pw-place"]) == 0
+    out = capsys.readouterr().out
+    flops, memory = DEVICE_RATES["cpu"]
+    assert f"  cpu: {flops:.4g} flop/s, {memory:.4g} B/s" in out
+    assert "1e11 flop/s" not in out
+
+
 def test_every_pass_has_a_lit_test_of_its_name():
     lit_files = {p.stem for p in (ROOT / "lit_tests").rglob("*.mlir")}
     for name in PASSES:

@@ -104,6 +104,22 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_a_script_is_refused_the_options_of_ir_and_plan_files_instead_of_ignoring_them():
+    script = ROOT / "examples" / "three_blocks.py"
+    for option in (["--dispatch", "sequential"], ["--repeat", "3"], ["--seed", "1"], ["--program", "three_blocks"]):
+        result = pw_run(script, *option)
+        assert result.returncode == 1, (option, result.stdout)
+        assert result.stderr.strip() == (f"pw-run: error: {script}: {option[0]} applies to IR and plan files, not "
+                                         f"to a script, which chooses its own programs, dispatch "
+                                         f"(f.run(..., dispatch=...)) and inputs")
+
+
+def test_help_says_the_cluster_may_be_ray_actors():
+    result = pw_run("--help")
+    assert result.returncode == 0 and "on the embedded cluster" not in result.stdout
+    assert "each island in a Ray actor with --backend ray" in " ".join(result.stdout.split())
+
+
 def test_pw_opt_writes_the_plan_json_that_pw_run_reads(tmp_path):
     plan = tmp_path / "plan.json"
     lowered = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", str(ROOT / "examples" /
