@@ -37,7 +37,7 @@ from pathways_mlir.runtime.runtime import get_runtime
 
 from .avals import aval_of, is_extended
 from .lowered import Lowered
-from .signature import Call
+from .signature import Call, Signature
 from .wire import from_wire, to_wire
 
 if TYPE_CHECKING:
@@ -159,8 +159,10 @@ class StageCache:
     tree of the traced arguments and each leaf's shape, dtype and weak type.
     """
 
-    def __init__(self, lower: Callable[[Call], Lowered]):
+    def __init__(self, lower: Callable[[Call], Lowered], signature: Signature):
         self._lower = lower
+        self._signature = signature
+        self._unsplit = not signature.static_nums and not signature.static_names   # positional args are the call's
         self._by_runtime: "weakref.WeakKeyDictionary[Any, dict[tuple, Compiled]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._last: tuple = (None, {})      # the runtime of the latest call and its stages: a fast lookup
@@ -185,26 +187,27 @@ class StageCache:
                 per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
             return per_runtime[key]
 
-    def run(self, call: Call, dispatch: str, client=None, timeout: float | None = None) -> Any:
-        """Runs `call` with `client` (default: the runtime's default client) in a dispatch mode, cancelled
-        after `timeout` seconds if it is not over.
+    def run(self, args: tuple, kwargs: dict, dispatch: str, client=None, timeout: float | None = None) -> Any:
+        """Runs the call of `args` and `kwargs` with `client` (default: the runtime's default client) in a
+        dispatch mode, cancelled after `timeout` seconds if it is not over.
 
         A call of positional arrays and handles only, in parallel dispatch without a timeout, is looked up
         by identity first: the avals of its arrays and the plan buffers of its handles are the very objects
         of an earlier call (JAX gives the results of one executable one aval object; a handle's buffer is its
-        plan's), so nothing is flattened and no dtype is built (`Compiled.call_plain`)."""
+        plan's), so nothing is split, flattened or built (`Compiled.call_plain`)."""
         try:
             runtime = client.runtime if client is not None else None
         except AttributeError:
             raise TypeError(f"client= takes a pw.Client (or the connection pw.connect makes), not "
                             f"{type(client).__name__}") from None
-        plain = dispatch == "parallel" and timeout is None and not call.kwargs and call.static == ((), ())
-        identity = _identity(call.args) if plain else None
+        plain = dispatch == "parallel" and timeout is None and not kwargs and self._unsplit
+        identity = _identity(args) if plain else None
         if identity is not None:
             runtime = runtime or get_runtime()
             found = self._identical.get(identity[0])
             if found is not None and found[0] is runtime and all(map(operator.is_, found[1], identity[1])):
-                return found[2].call_plain(call.args, client)
+                return found[2].call_plain(args, client)
+        call = self._signature.split(args, kwargs)
         compiled = self.get(call, runtime)
         if identity is not None and compiled.plain:
             if len(self._identical) >= _IDENTICAL:

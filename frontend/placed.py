@@ -40,7 +40,7 @@ class PlacedFunction:
         statics = dict(static_argnums=tuple(self._signature.static_nums) or None,
                        static_argnames=tuple(self._signature.static_names) or None)
         self._jitted = jax.jit(fn, **statics)      # what it is inside a JAX transformation
-        self._stages = StageCache(self._lower)
+        self._stages = StageCache(self._lower, self._signature)
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Exports this function on its own: a program with one computation (op-by-op mode)."""
@@ -72,7 +72,7 @@ class PlacedFunction:
             **kwargs: Any) -> Any:
         """Runs the function as a one-computation program with a chosen dispatch mode and client; with
         `timeout`, the run is cancelled if it is not over within that many seconds."""
-        return self._stages.run(self._signature.split(args, kwargs), dispatch, client, timeout)
+        return self._stages.run(args, kwargs, dispatch, client, timeout)
 
     def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""

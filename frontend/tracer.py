@@ -286,7 +286,7 @@ class Program:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._signature = Signature(fn, f"program {name_of(fn)}", **options)
-        self._stages = StageCache(self._lower)
+        self._stages = StageCache(self._lower, self._signature)
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Traces the program for arguments of these shapes (arrays, scalars or `jax.ShapeDtypeStruct`s)
@@ -311,7 +311,7 @@ class Program:
             **kwargs: Any) -> Any:
         """Runs the program with a chosen dispatch mode ("parallel" or "sequential") and client; with
         `timeout`, the run is cancelled if it is not over within that many seconds."""
-        return self._stages.run(self._signature.split(args, kwargs), dispatch, client, timeout)
+        return self._stages.run(args, kwargs, dispatch, client, timeout)
 
     def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""

@@ -40,8 +40,9 @@ class ResourceManager:
 
     @property
     def version(self) -> int:
-        with self._lock:
-            return self._version
+        """The topology's version (read without the lock, as every call of a program reads it: one attribute
+        read is atomic; `snapshot` reads it together with the topology)."""
+        return self._version
 
     def snapshot(self) -> tuple[int, Topology]:
         """Returns (version, topology) read together."""
