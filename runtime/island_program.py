@@ -38,18 +38,28 @@ class LaunchInstruction:
     """Runs a compiled executable on slots, writing its results to slots, then clears the slots of the frees
     folded into it."""
 
-    __slots__ = ("call", "inputs", "outputs", "label", "devices", "track", "clears")
+    __slots__ = ("call", "inputs", "outputs", "label", "devices", "track", "clears", "only_input", "only_output")
 
     def __init__(self, call: Callable, inputs: tuple[int, ...], outputs: tuple[int, ...], label: str, devices):
         self.call, self.inputs, self.outputs, self.label, self.devices = call, inputs, outputs, label, devices
         self.track = False
         self.clears: tuple[int, ...] = ()
+        # The slot of a launch's one input or output, else None: most launches have one of each, and reading
+        # it alone saves building a list and a loop per launch (a tenth of a one-device launch's host time).
+        self.only_input = inputs[0] if len(inputs) == 1 else None
+        self.only_output = outputs[0] if len(outputs) == 1 else None
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
         slots = run.slots
-        results = self.call(*[slots[i] for i in self.inputs])
-        for slot, array in zip(self.outputs, results):
-            slots[slot] = array
+        if self.only_input is not None:
+            results = self.call(slots[self.only_input])
+        else:
+            results = self.call(*[slots[i] for i in self.inputs])
+        if self.only_output is not None:
+            slots[self.only_output] = results[0]
+        else:
+            for slot, array in zip(self.outputs, results):
+                slots[slot] = array
         for slot in self.clears:
             slots[slot] = None
         if self.track:
