@@ -21,8 +21,10 @@ scheduler.py, island_program.py), with times from the profile:
    for each host the run uses on the island (the fan-out) and `input_us`
    per program input it puts on its devices (the data then crosses PCIe;
    inputs a submission says are resident already are not put), then
-   `step_us` per launch, copy and send, and `recv_us` per recv whose data
-   arrived (the delivery taken in). It takes runs in ticket order, one step
+   `step_us` per launch, copy and send (and per free in sequential
+   dispatch, where a free is a message of its own; parallel dispatch folds
+   it into the step before it), and `recv_us` per recv whose data arrived
+   (the delivery taken in). It takes runs in ticket order, one step
    at a time; a recv whose data has not arrived parks that run and the
    thread goes on with later runs: the gang scheduler's single order per
    island. With `host.inline` (the embedded runtime), a run admitted at its
@@ -327,8 +329,8 @@ class Simulator(HostConds):
                 return
             if not fanout and step is None:
                 continue
-            cost = fanout or (host.recv_us * 1e-6 if step.arrives() else 0.0 if step.frees()
-                              else host.step_us * 1e-6)
+            folded = step is not None and step.frees() and run.sub.dispatch is DispatchMode.PARALLEL
+            cost = fanout or (host.recv_us * 1e-6 if step.arrives() else 0.0 if folded else host.step_us * 1e-6)
             self.island_busy[island] = True
             start = self._locked(max(self.now, self.controller_free) if inline else self.now, cost)
             if inline:

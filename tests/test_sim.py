@@ -433,3 +433,16 @@ def test_a_copy_that_changes_its_layout_pays_the_reshard_and_one_that_keeps_it_d
         plan, _ = programs.plan_of(programs.hop((8, 16), cross_island=False, reshard=reshard), topology)
         times = [Simulator(p).simulate([Submission(plan)], closed_loop=True).latency() for p in (profile, resharded)]
         assert times[1] - times[0] == pytest.approx(added)
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_free_is_a_step_of_the_islands_thread_only_in_sequential_dispatch(dispatch):
+    from pathways_mlir.dialect.plan_steps import Free
+    from pathways_mlir.runtime.cluster import embedded_topology
+    from pathways_mlir.sim import programs
+
+    plan, _ = programs.plan_of(programs.chain(4, 2, (8, 16)), embedded_topology(2, 4))
+    frees = {f"prepare step {s.id}" for steps in plan.islands.values() for s in steps if isinstance(s, Free)}
+    result = Simulator(load_profile("cpu-here"), record_spans=True).simulate([Submission(plan, dispatch)])
+    taken = {s.name for s in result.spans if s.kind == "host"} & frees
+    assert frees and taken == (frees if dispatch == "sequential" else set())
