@@ -2,8 +2,8 @@
 
 The simulator is a black box of a few parameters: the controller's work per
 run, per message and per sequential step, an island's work per step, the
-device's fixed cost per launch, its flop rate and memory bandwidth, the ICI
-bandwidth and the DCN latency. Robust least squares (soft L1, in log space,
+device's fixed cost per launch, its flop rate and memory bandwidth, a copy's
+reshard, the ICI bandwidth and the DCN latency. Robust least squares (soft L1, in log space,
 so every parameter stays positive) finds the values whose simulated run times best
 match the measured medians of the calibration programs (the devices share
 this machine's cores, a measured fact, not a fitted one), with a weak pull
@@ -34,6 +34,7 @@ PARAMETERS = (
     ("host", "message_us", 10.0), ("host", "message_latency_us", 50.0), ("host", "step_us", 20.0),
     ("host", "recv_us", 100.0), ("host", "cond_us", 100.0), ("host", "cond_thread_us", 100.0),
     ("host", "sequential_step_us", 40.0), ("accelerator", "launch_us", 20.0), ("accelerator", "launch_device_us", 20.0),
+    ("accelerator", "reshard_us", 50.0),
     ("accelerator", "peak_tflops", 0.02), ("accelerator", "memory_gbytes_per_s", 5.0),
     ("ici", "latency_us", 20.0), ("ici", "bandwidth_gbps", 20.0), ("dcn", "latency_us", 300.0),
 )
@@ -50,7 +51,8 @@ def cpu_profile(values: dict[tuple[str, str], float], sources: dict[str, str]) -
         accelerator=Accelerator(get("accelerator", "peak_tflops"), get("accelerator", "memory_gbytes_per_s"),
                                 1 << 30, get("accelerator", "launch_us"), devices_per_host=8,
                                 shared_cores=os.cpu_count() or 1, synchronous=1,
-                                launch_device_us=get("accelerator", "launch_device_us")),
+                                launch_device_us=get("accelerator", "launch_device_us"),
+                                reshard_us=get("accelerator", "reshard_us")),
         ici=LinkSpec(get("ici", "latency_us"), get("ici", "bandwidth_gbps")),
         dcn=LinkSpec(get("dcn", "latency_us"), DCN_EMULATED_GBPS),
         pcie=LinkSpec(0.0, get("pcie", "bandwidth_gbps")),

@@ -30,6 +30,7 @@ from typing import Callable
 from pathways_mlir.dialect.plan_steps import Branch
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
+from .plan_view import layout
 from .runs import RunRecord, RunState, Submission
 
 
@@ -80,7 +81,8 @@ class HostConds:
         for outer, inner in zip(cond.inputs, branch.inputs):
             child.ready[inner] = run.ready.get(outer, self.now)
             if run.prep.plan.island_of(outer) is not None:
-                child.on_devices[inner] = (run.prep.plan.island_of(outer), run.prep.plan.buffers[outer].slice)
+                child.on_devices[inner] = (run.prep.plan.island_of(outer), run.prep.plan.buffers[outer].slice,
+                                           layout(run.prep.plan, outer))
         start = self._controller_work((self.profile.host.cond_us + self.profile.host.run_us) * 1e-6)
         self._span(f"call @{branch.program} (cond)", "controller", "", "controller", start, self.controller_free)
         self._at(self.controller_free, lambda: self._start_branch(child, cond, then))
@@ -105,7 +107,8 @@ class HostConds:
         for outer, inner in zip(cond.outputs, child.prep.plan.outputs):
             run.ready[outer] = child.ready.get(inner, self.now)
             if child.prep.plan.island_of(inner) is not None:
-                run.on_devices[outer] = (child.prep.plan.island_of(inner), child.prep.plan.buffers[inner].slice)
+                run.on_devices[outer] = (child.prep.plan.island_of(inner), child.prep.plan.buffers[inner].slice,
+                                         layout(child.prep.plan, inner))
             island = run.prep.plan.island_of(outer)
             if island is None:
                 run.set_exists(outer, self.now)

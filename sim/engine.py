@@ -21,8 +21,10 @@ scheduler.py, island_program.py), with times from the profile:
    for each host the run uses on the island (the fan-out) and `input_us`
    per program input it puts on its devices (the data then crosses PCIe;
    inputs a submission says are resident already are not put), then
-   `step_us` per launch, copy and send, and `recv_us` per recv whose data
-   arrived (the delivery taken in). It takes runs in ticket order, one step
+   `step_us` per launch, copy and send (and per free in sequential
+   dispatch, where a free is a message of its own; parallel dispatch folds
+   it into the step before it), and `recv_us` per recv whose data arrived
+   (the delivery taken in). It takes runs in ticket order, one step
    at a time; a recv whose data has not arrived parks that run and the
    thread goes on with later runs: the gang scheduler's single order per
    island. With `host.inline` (the embedded runtime), a run admitted at its
@@ -32,8 +34,10 @@ scheduler.py, island_program.py), with times from the profile:
    enqueued, its inputs exist and its slice's devices are free, and takes
    its launch cost (sim/profile.py) on the accelerator's roofline plus the
    all-reduces of its outputs on the ICI (sim/network.py). Copies and sends
-   go over their links (sim/network.py); a recv's data exists when it
-   arrives. Where the devices share cores (a CPU), launches, copies and
+   go over their links (sim/network.py), a copy that changes its array's
+   layout (another mesh shape or partitioning) after `reshard_us` (JAX
+   reshards it; to the same layout it moves each shard as it is); a recv's
+   data exists when it arrives. Where the devices share cores (a CPU), launches, copies and
    input puts all hold those cores, one at a time, and the host threads'
    work holds one core's share of them; with `accelerator.synchronous` a
    launch or copy also holds the thread that made it until it is over. With
@@ -61,7 +65,7 @@ from pathways_mlir.runtime.dispatch_mode import DispatchMode
 from .branches import BranchOutcomes
 from .conds import HostConds
 from .network import Links
-from .plan_view import PreparedPlan, check_describes
+from .plan_view import PreparedPlan, check_describes, layout
 from .profile import Profile
 from .runs import RunRecord, RunState, SimError, SimResult, Span, Submission
 
@@ -281,15 +285,16 @@ class Simulator(HostConds):
         the host (`input_us` each, then over PCIe), or one a cond moves from another slice of this island (the
         runtime's `copy_to` of a device array, as an ICI copy is: `step_us`, then over ICI)."""
         plan, host = run.prep.plan, self.profile.host
-        sources = {b: run.on_devices.get(b, (None, None)) for b in buffers}
-        moved = {b: source for b, (on, source) in sources.items() if on == island}   # buffer -> its slice here
+        sources = {b: run.on_devices.get(b, (None, None, None)) for b in buffers}
+        moved = {b: source for b, (on, source, _) in sources.items() if on == island}   # buffer -> its slice here
         run.fanout[island] = run.fanout.get(island, 0.0) + (host.input_us * (len(buffers) - len(moved))
                                                             + host.step_us * len(moved)) * 1e-6
         for b in buffers:
             dst = plan.buffers[b].slice
             link = (("ici", "out", island, moved[b]), ("ici", "in", island, dst)) if b in moved \
                 else (("pcie", island, dst),)
-            start, arrival = self.links.transfer(max(self.now + run.fanout[island], run.ready.get(b, 0.0)),
+            reshard = self._reshard_seconds(sources[b][2], plan, b) if b in moved else 0.0
+            start, arrival = self.links.transfer(max(self.now + run.fanout[island], run.ready.get(b, 0.0)) + reshard,
                                                  (*link, *self._cores()), plan.buffers[b].bytes_per_device,
                                                  self.profile.ici if b in moved else self.profile.pcie)
             self._span(f"input {b}", "input", island, f"{link[0][0]} {dst}", start, arrival)
@@ -324,8 +329,8 @@ class Simulator(HostConds):
                 return
             if not fanout and step is None:
                 continue
-            cost = fanout or (host.recv_us * 1e-6 if step.arrives() else 0.0 if step.frees()
-                              else host.step_us * 1e-6)
+            folded = step is not None and step.frees() and run.sub.dispatch is DispatchMode.PARALLEL
+            cost = fanout or (host.recv_us * 1e-6 if step.arrives() else 0.0 if folded else host.step_us * 1e-6)
             self.island_busy[island] = True
             start = self._locked(max(self.now, self.controller_free) if inline else self.now, cost)
             if inline:
@@ -365,7 +370,10 @@ class Simulator(HostConds):
             spec = self.profile.ici if link == "ici" else self.profile.dcn
             peer = island if isinstance(step, Copy) else step.peer
             keys = ((link, "out", island, src), (link, "in", peer, dst), *(self._cores() if link == "ici" else ()))
-            start, arrival = self.links.transfer(max(now, run.ready[step.src_buffer]), keys, step.bytes, spec)
+            reshard = self._reshard_seconds(layout(plan, step.src_buffer), plan, step.dst_buffer) \
+                if isinstance(step, Copy) else 0.0
+            start, arrival = self.links.transfer(max(now, run.ready[step.src_buffer]) + reshard, keys, step.bytes,
+                                                 spec)
             self._span(step.label or f"{step.kind} {step.src_buffer}->{step.dst_buffer}", step.kind, island,
                        f"{link} out {src}", start, arrival)
             run.last_end = max(run.last_end, arrival)
@@ -386,6 +394,12 @@ class Simulator(HostConds):
             self._at(blocked, lambda: self._enqueue(run, island, None))
             return
         self._pump(island)
+
+    def _reshard_seconds(self, source: tuple, plan: ProgramPlan, buffer: int) -> float:
+        """Returns what a copy of an array of layout `source` to `buffer` of `plan` costs before its transfer: the
+        profile's `reshard_us` if the layout changes (JAX's `device_put` reshards), else nothing (it moves each
+        shard as it is)."""
+        return self.profile.accelerator.reshard_us * 1e-6 if source != layout(plan, buffer) else 0.0
 
     def _controller_work(self, seconds: float, hold_cores: bool = True) -> float:
         """The controller's thread does `seconds` of work once it (and the interpreter lock) is free; returns

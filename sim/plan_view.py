@@ -59,3 +59,11 @@ def check_describes(plan: ProgramPlan, profile: Profile) -> None:
             raise ProfileError(f"@{plan.program}: {island.name} has device kind '{island.device_kind}', which "
                                f"profile {profile.name} does not describe (it describes: "
                                f"{', '.join(profile.device_kinds)})")
+
+
+def layout(plan: ProgramPlan, buffer: int) -> tuple:
+    """Returns the layout of a device buffer: its slice's mesh shape, and for each dimension the mesh axes (by
+    position, whatever their names) it is split over."""
+    info = plan.buffers[buffer]
+    placement = plan.slices[info.slice]
+    return placement.shape, tuple(tuple(placement.axes.index(a) for a in dim) for dim in info.sharding)

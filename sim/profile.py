@@ -24,7 +24,13 @@ bundled ones are also the device-rate table placement and admission read
   launch or copy holds the host thread that makes it until it is over, as
   XLA:CPU does with a computation on several devices (measured here: the
   call of a jitted function on 2 CPU devices returns after 97 us, and a
-  chain of them takes 97 us a call).
+  chain of them takes 97 us a call). `reshard_us` (0 by default): what a
+  copy inside an island costs, before its ICI transfer, when the array's
+  layout changes (the destination slice has another mesh shape, or the
+  buffer another partitioning): JAX's `device_put` then reshards it, where
+  a copy to the same layout on other devices moves each shard as it is
+  (measured here alone: 132 us from 2 devices to 2 others, 195-227 us from
+  2 to 1, 2 to 2x2 and 2x2 to 2; a cond's moves are such copies too).
 - ici / dcn / pcie: one-way latency and bandwidth in Gbit/s, per device
   (DCN: a host's NICs shared by its devices; PCIe: host to device, which
   program inputs cross). An all-reduce inside a launch runs on the ICI
@@ -79,6 +85,7 @@ class Accelerator:
     shared_cores: int = 0       # 0: every device computes on its own; k: all devices share k cores (CPU)
     synchronous: int = 0        # 1: a launch or copy holds the thread that makes it until it is over
     launch_device_us: float = 0.0   # a launch's fixed cost on each device, beside `launch_us` once
+    reshard_us: float = 0.0     # a copy that changes its array's layout: the reshard, before the ICI transfer
 
     def launch_seconds(self, flops: float, nbytes: float, devices: int) -> float:
         """Returns a launch's time on `devices` devices, each doing `flops` and `nbytes`.

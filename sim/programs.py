@@ -7,8 +7,9 @@ both the runtime runs and the simulator times (with its executables' flops).
 - chain: `k` elementwise computations on one slice of `n` devices (the
   dispatch chain, lowered without fusion so that each is its own launch);
 - matmul: one sharded matrix product (flops);
-- hop: two computations on two slices, of one island (an ICI copy) or two
-  (a DCN send and recv), on one input or several at once;
+- hop: two computations on two slices, of one island (an ICI copy, which
+  reshards, or keeps the layout on other devices) or two (a DCN send and
+  recv), on one input or several at once;
 - three_blocks: the README's example, slices of 2, 2x2 and 2 devices;
 - route: a `pw.cond` between a matrix product and an add (a host step);
 - pipeline: `stages` stages of 2 devices over both islands, `micro`
@@ -76,19 +77,22 @@ def matmul(size: int, n: int = 4) -> Program:
     return Program(f"matmul{size}_n{n}", build)
 
 
-def hop(shape: tuple[int, int], cross_island: bool, count: int = 1) -> Program:
+def hop(shape: tuple[int, int], cross_island: bool, count: int = 1, reshard: bool = True) -> Program:
     """Returns `tanh` on one slice of 2 devices, then `-x` on another (island1 if `cross_island`), on each
     of `count` independent inputs (several hops in flight at once); lowered without fusion, so that an ICI
-    hop keeps its copy (pw-fuse-island would make it one launch, and leave copies out of calibration)."""
+    hop keeps its copy (pw-fuse-island would make it one launch, and leave copies out of calibration). An
+    ICI hop goes to a 2 x 2 slice (the copy reshards), or with `reshard=False` to 2 other devices of the
+    same layout (the copy moves each shard as it is)."""
     def build():
         import jax.numpy as jnp
         import pathways_mlir as pw
         from jax.sharding import PartitionSpec as P
 
+        square = not cross_island and reshard
         a = pw.virtual_slice(2, axes="data", name="hop_a", island="island0")
-        b = pw.virtual_slice((2, 2) if not cross_island else 2, axes=("data", "model") if not cross_island
-                             else "data", name="hop_b", island="island1" if cross_island else "island0")
-        spec_b = P("data", "model") if not cross_island else P("data")
+        b = pw.virtual_slice((2, 2) if square else 2, axes=("data", "model") if square else "data", name="hop_b",
+                             island="island1" if cross_island else "island0")
+        spec_b = P("data", "model") if square else P("data")
         first = pw.jit(jnp.tanh, slice=a, in_specs=P("data"), out_specs=P("data"))
         second = pw.jit(lambda x: -x, slice=b, in_specs=spec_b, out_specs=spec_b)
 
@@ -97,7 +101,8 @@ def hop(shape: tuple[int, int], cross_island: bool, count: int = 1) -> Program:
             outs = tuple(second(first(x)) for x in xs)
             return outs if count > 1 else outs[0]
         return run, tuple(_rng().normal(size=shape).astype(np.float32) for _ in range(count))
-    return Program(f"{'dcn' if cross_island else 'ici'}_hop{count}_{shape[0]}x{shape[1]}", build, fuse=False)
+    name = f"{'dcn' if cross_island else 'ici'}_hop{count}{'' if reshard else '_same'}_{shape[0]}x{shape[1]}"
+    return Program(name, build, fuse=False, strategy="auto" if reshard else "spread")
 
 
 def three_blocks() -> Program:
@@ -222,6 +227,7 @@ CALIBRATION = (
     ("dcn_hop_sequential", hop((8, 16), cross_island=True), "sequential"),
     ("dcn_hops4", hop((8, 16), cross_island=True, count=4), "parallel"),
     ("ici_hops4", hop((8, 16), cross_island=False, count=4), "parallel"),
+    ("ici_hop_same", hop((8, 16), cross_island=False, reshard=False), "parallel"),   # a copy that keeps its layout
     ("route16_parallel", route(16), "parallel"),
     ("route16_sequential", route(16), "sequential"),   # tells the parallel cond thread from the predicate's read
 )

@@ -104,7 +104,7 @@ class RunState:
         self.open_conds = len(prep.plan.host_steps)       # conds whose branch run is not over
         self.conds_done: frozenset[int] = frozenset()
         self.parent: RunState | None = None                    # the run whose cond started this branch run
-        self.on_devices: dict[int, tuple[str, str]] = {}   # input -> (island, slice) a cond moves it from
+        self.on_devices: dict[int, tuple] = {}   # input -> (island, slice, layout) a cond moves it from
         self.after_dispatch: Callable[[], None] = lambda: None   # what the controller does next
 
     def set_exists(self, buffer: int, time: float) -> None:

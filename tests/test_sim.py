@@ -420,3 +420,29 @@ def test_a_trace_that_cannot_be_written_is_one_error(route_plan, tmp_path, capsy
     assert pw_sim(["run", str(plan_json), "--profile", "cpu-here", "--branch-probability", "0.5",
                    "--trace", str(missing)]) == 1
     assert capsys.readouterr().err == f"pw-sim: error: cannot write {missing}: No such file or directory\n"
+
+
+def test_a_copy_that_changes_its_layout_pays_the_reshard_and_one_that_keeps_it_does_not():
+    from pathways_mlir.runtime.cluster import embedded_topology
+    from pathways_mlir.sim import programs
+
+    topology = embedded_topology(2, 4)
+    profile = load_profile("cpu-here")
+    resharded = dataclasses.replace(profile, accelerator=dataclasses.replace(profile.accelerator, reshard_us=100.0))
+    for reshard, added in ((True, 100 * US), (False, 0.0)):
+        plan, _ = programs.plan_of(programs.hop((8, 16), cross_island=False, reshard=reshard), topology)
+        times = [Simulator(p).simulate([Submission(plan)], closed_loop=True).latency() for p in (profile, resharded)]
+        assert times[1] - times[0] == pytest.approx(added)
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_free_is_a_step_of_the_islands_thread_only_in_sequential_dispatch(dispatch):
+    from pathways_mlir.dialect.plan_steps import Free
+    from pathways_mlir.runtime.cluster import embedded_topology
+    from pathways_mlir.sim import programs
+
+    plan, _ = programs.plan_of(programs.chain(4, 2, (8, 16)), embedded_topology(2, 4))
+    frees = {f"prepare step {s.id}" for steps in plan.islands.values() for s in steps if isinstance(s, Free)}
+    result = Simulator(load_profile("cpu-here"), record_spans=True).simulate([Submission(plan, dispatch)])
+    taken = {s.name for s in result.spans if s.kind == "host"} & frees
+    assert frees and taken == (frees if dispatch == "sequential" else set())
