@@ -227,6 +227,20 @@ def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_isla
     assert settled(rt, WAIT)
 
 
+def test_an_island_is_restored_while_the_other_is_lost(rt):
+    """Both islands lost, one restored: its fresh actor was connected to the other's dead actor too, and the
+    restore failed (RayTaskError(ActorDiedError) from its `connect`)."""
+    with Client(rt) as client:
+        rt.lose_island("island0")
+        rt.lose_island("island1")
+        rt.restore_island("island1")
+        np.testing.assert_allclose(value(plus1["island1"].run(X, client=client)), X + 1)
+        rt.restore_island("island0")
+        np.testing.assert_allclose(value(there_and_back["island1"].run(X, client=client)),
+                                   np.asarray(jax.jit(heavy)(X)) + 2, rtol=1e-5)
+    assert settled(rt, WAIT)
+
+
 @pytest.mark.parametrize("graceful", [True, False], ids=["stopped", "killed"])
 def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cluster, rt, graceful):
     with Client(rt) as client:
