@@ -241,6 +241,21 @@ def test_an_island_is_restored_while_the_other_is_lost(rt):
     assert settled(rt, WAIT)
 
 
+def test_an_island_is_restored_while_the_other_islands_actor_dies(rt):
+    """The other island's actor dies while an island is restored, before the monitor sees it (stopped here): the
+    fresh actor's connect to it raised RayTaskError(ActorDiedError), the restore failed, and its node counted as
+    one a restart failed on (the monitor would never bring the island back there). The dead peer is lost
+    instead, and the restore goes on."""
+    with Client(rt) as client:
+        rt.lose_island("island0")
+        rt.islands.unwatch()
+        kill_by_name("island1")
+        rt.restore_island("island0")
+        assert rt.islands["island1"].dying and not rt.islands.failed_nodes
+        np.testing.assert_allclose(value(plus1["island0"].run(X, client=client)), X + 1)
+    assert settled(rt, WAIT)
+
+
 @pytest.mark.parametrize("graceful", [True, False], ids=["stopped", "killed"])
 def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cluster, rt, graceful):
     with Client(rt) as client:

@@ -187,7 +187,8 @@ class RayIslands(Islands):
         """Starts a fresh actor for lost island `island` on a node offering its resource, another than the
         one it was lost on (or one a restart failed on) if there is one; refused at once if no alive node
         offers it; the actor has `timeout` seconds to start. Connects it and the live islands' actors (another
-        island lost meanwhile meets it when restored) and returns its proxy (the runtime puts it in place)."""
+        island lost meanwhile, or whose actor dies meanwhile, meets it when restored) and returns its proxy (the
+        runtime puts it in place)."""
         import ray
 
         offering = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(island_name(island)))
@@ -210,12 +211,16 @@ class RayIslands(Islands):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        peers = {name: proxy._actor for name, proxy in self.items() if name != island and proxy._dead is None}
+        peers = [proxy for name, proxy in self.items() if name != island and proxy._dead is None]
         try:
-            address = ray.get(actor.connect.remote(peers), timeout=max(0.0, deadline - time.monotonic()))
+            address = ray.get(actor.connect.remote({peer.name: peer._actor for peer in peers}),
+                              timeout=max(0.0, deadline - time.monotonic()))
             node = ray.get(actor.node.remote(), timeout=max(0.0, deadline - time.monotonic()))
-            ray.get([peer.reconnect.remote(island, actor) for peer in peers.values()],
-                    timeout=max(0.0, deadline - time.monotonic()))
+            for peer, reply in [(peer, peer._actor.reconnect.remote(island, actor)) for peer in peers]:
+                try:
+                    ray.get(reply, timeout=max(0.0, deadline - time.monotonic()))
+                except ray.exceptions.RayActorError as error:    # a peer that died meanwhile is lost, not this
+                    peer._died(error)
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
             self.failed_nodes |= {target} - {None}
