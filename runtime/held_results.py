@@ -40,10 +40,10 @@ class HeldResults:
         `GangScheduler.release_result`)."""
         key = (run.id, buffer)
         run.released.add(buffer)         # `keep` skips it, and `Runtime.wait` looks for it no more
+        if key not in self.held:         # never held, or gone (with its island): nothing to give back, now or later
+            return False
         if self._readers.get(key):
             self._unshared.add(key)
-            return False
-        if key not in self.held:
             return False
         if donated:
             return False

@@ -201,6 +201,61 @@ def test_a_run_whose_island_is_lost_and_restored_while_it_starts_fails_with_isla
     assert settled(rt, WAIT)
 
 
+def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_island_lost(rt, monkeypatch):
+    """A run delivered to the lost island after the fresh actor's proxy had copied what failed there (moments
+    before it took the lost one's place): its failure stayed on the lost proxy, the fresh one asked its actor
+    for the result, which had never had the run, and a fetch of it waited until its timeout."""
+    program = plus1["island1"]
+    with Client(rt) as client:
+        plan = program.compiled(X, runtime=rt).plan
+        rt.lose_island("island1")
+        lost = rt.islands["island1"]
+        restored = lost.restored
+        started = []
+
+        def a_run_delivered_meanwhile():
+            fresh = restored()
+            started.append(client.start(plan, [X]))
+            return fresh
+
+        monkeypatch.setattr(lost, "restored", a_run_delivered_meanwhile)
+        rt.restore_island("island1")
+        [run] = started
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+            client.handles(run)[0].result(timeout=5)
+        np.testing.assert_allclose(value(program.run(X, client=client)), X + 1)
+    assert settled(rt, WAIT)
+
+
+def test_an_island_is_restored_while_the_other_is_lost(rt):
+    """Both islands lost, one restored: its fresh actor was connected to the other's dead actor too, and the
+    restore failed (RayTaskError(ActorDiedError) from its `connect`)."""
+    with Client(rt) as client:
+        rt.lose_island("island0")
+        rt.lose_island("island1")
+        rt.restore_island("island1")
+        np.testing.assert_allclose(value(plus1["island1"].run(X, client=client)), X + 1)
+        rt.restore_island("island0")
+        np.testing.assert_allclose(value(there_and_back["island1"].run(X, client=client)),
+                                   np.asarray(jax.jit(heavy)(X)) + 2, rtol=1e-5)
+    assert settled(rt, WAIT)
+
+
+def test_an_island_is_restored_while_the_other_islands_actor_dies(rt):
+    """The other island's actor dies while an island is restored, before the monitor sees it (stopped here): the
+    fresh actor's connect to it raised RayTaskError(ActorDiedError), the restore failed, and its node counted as
+    one a restart failed on (the monitor would never bring the island back there). The dead peer is lost
+    instead, and the restore goes on."""
+    with Client(rt) as client:
+        rt.lose_island("island0")
+        rt.islands.unwatch()
+        kill_by_name("island1")
+        rt.restore_island("island0")
+        assert rt.islands["island1"].dying and not rt.islands.failed_nodes
+        np.testing.assert_allclose(value(plus1["island0"].run(X, client=client)), X + 1)
+    assert settled(rt, WAIT)
+
+
 @pytest.mark.parametrize("graceful", [True, False], ids=["stopped", "killed"])
 def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cluster, rt, graceful):
     with Client(rt) as client:

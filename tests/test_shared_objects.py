@@ -117,6 +117,32 @@ def test_the_base_comes_back_only_after_the_owner_released_it_and_a_reader_in_fl
         reader.close()
 
 
+def test_the_owner_releases_a_shared_object_lost_with_its_island_while_a_reader_is_in_flight(runtime, plan_builder):
+    """The base's island is lost while a reader's run is in flight, then the owner releases the base: the
+    base, gone from the held results with its island, was counted as released while read, and once the
+    reader was retired the scheduler gave its bytes back a second time (a KeyError out of
+    `HeldResults.unread`, raised to whichever call polled the runs next: a run, or `usage`)."""
+    topology = runtime.resources.topology
+    owner, reader = Client(runtime), Client(runtime)
+    try:
+        [base] = owner.run(base_plan(plan_builder, topology), [BASE])
+        ref = owner.share(base, timeout=TIMEOUT)
+        runtime.islands["island0"].close()              # the reader's island1 part waits for ever
+        [out] = reader.run(parked_reader_plan(plan_builder, topology), [X, ref])
+        runtime.lose_island("island1")
+        base.delete()
+        with pytest.raises(pw.IslandLost):
+            out.result(TIMEOUT)
+        runtime.restore_island("island1")
+        [again] = owner.run(base_plan(plan_builder, runtime.resources.topology), [BASE])
+        np.testing.assert_array_equal(np.asarray(again.result(TIMEOUT)), BASE)
+        again.delete()
+        until(lambda: sum(runtime.usage().values()) == 0, "every result came back", TIMEOUT)
+    finally:
+        owner.close()
+        reader.close()
+
+
 def test_a_queued_reader_keeps_the_base_after_its_owner_closed_and_reads_it(runtime, plan_builder):
     topology = runtime.resources.topology
     owner, reader = Client(runtime), Client(runtime)

@@ -93,11 +93,17 @@ class IslandActor:
         return self._plane.address if self._plane is not None else None
 
     def connect(self, peers: dict) -> str | None:
-        """Meets the peer islands' actors: their senders, and their transfer servers. Returns this island's
-        transfer address (None: no transfer server here)."""
+        """Meets the peer islands' actors: their senders, and their transfer servers; a peer whose actor died
+        is left out (the driver loses it, and connects its fresh actor here once it is restored). Returns this
+        island's transfer address (None: no transfer server here)."""
+        import ray
+
         for name, actor in peers.items():
             if name != self._name:
-                self.reconnect(name, actor)
+                try:
+                    self.reconnect(name, actor)
+                except ray.exceptions.RayActorError:
+                    pass
         return self.transfer_address()
 
     def reconnect(self, name: str, actor) -> None:

@@ -186,8 +186,9 @@ class RayIslands(Islands):
     def restart(self, island: str, timeout: float = START_TIMEOUT) -> RayIsland:
         """Starts a fresh actor for lost island `island` on a node offering its resource, another than the
         one it was lost on (or one a restart failed on) if there is one; refused at once if no alive node
-        offers it; the actor has `timeout` seconds to start. Connects every island's actor to it and returns
-        its proxy (the runtime puts it in place)."""
+        offers it; the actor has `timeout` seconds to start. Connects it and the live islands' actors (another
+        island lost meanwhile, or whose actor dies meanwhile, meets it when restored) and returns its proxy (the
+        runtime puts it in place)."""
         import ray
 
         offering = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(island_name(island)))
@@ -210,12 +211,16 @@ class RayIslands(Islands):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        actors = {**{name: proxy._actor for name, proxy in self.items()}, island: actor}
+        peers = [proxy for name, proxy in self.items() if name != island and proxy._dead is None]
         try:
-            address = ray.get(actor.connect.remote(actors), timeout=max(0.0, deadline - time.monotonic()))
+            address = ray.get(actor.connect.remote({peer.name: peer._actor for peer in peers}),
+                              timeout=max(0.0, deadline - time.monotonic()))
             node = ray.get(actor.node.remote(), timeout=max(0.0, deadline - time.monotonic()))
-            ray.get([proxy._actor.reconnect.remote(island, actor) for name, proxy in self.items()
-                     if name != island and proxy._dead is None], timeout=max(0.0, deadline - time.monotonic()))
+            for peer, reply in [(peer, peer._actor.reconnect.remote(island, actor)) for peer in peers]:
+                try:
+                    ray.get(reply, timeout=max(0.0, deadline - time.monotonic()))
+                except ray.exceptions.RayActorError as error:    # a peer that died meanwhile is lost, not this
+                    peer._died(error)
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
             self.failed_nodes |= {target} - {None}

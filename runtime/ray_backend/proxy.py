@@ -64,6 +64,7 @@ class RayIsland:
         self.lost: IslandLost | None = None        # set once the runtime took the island out (`lose`)
         # Runs failed here since the actor died, and (after `lose`) every run whose results lived here.
         self._failed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+        self._successor: RayIsland | None = None   # the proxy of the actor restored in this lost one's place
 
     @property
     def dying(self) -> bool:
@@ -118,11 +119,15 @@ class RayIsland:
                 self._group[island].fail_run(run_id, error)
 
     def _failed_here(self, run_id: int, error: BaseException) -> None:
-        """Remembers that a run failed (the latest `HISTORY` of them)."""
+        """Remembers that a run failed (the latest `HISTORY` of them); once restored, the proxy in this one's
+        place remembers it too (`restored`)."""
         with self._lock:
             self._failed.setdefault(run_id, error)
             while len(self._failed) > HISTORY:
                 self._failed.popitem(last=False)
+            successor = self._successor
+        if successor is not None:
+            successor._failed_here(run_id, error)
 
     def load(self, key: int, plan: ProgramPlan) -> None:
         if self._dead is not None:
@@ -356,10 +361,13 @@ class RayIsland:
 
     def restored(self) -> "RayIsland":
         """Returns the proxy of a fresh actor in place of this lost island's (see `RayIslands.restart`); the
-        results lost here still raise `IslandLost`."""
+        results lost here still raise `IslandLost`, and so do those of runs that fail here from now on (a run
+        started here before the fresh proxy takes this one's place): the fresh actor never had them, and a
+        fetch of their results would wait for them."""
         fresh = self._group.restart(self.name)
         with self._lock:
             fresh._failed.update(self._failed)
+            self._successor = fresh
         return fresh
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ import collections
 import threading
 from typing import TYPE_CHECKING
 
-from ..island_work import HISTORY, IslandLost, IslandWork
+from ..island_work import IslandLost, IslandWork
 
 if TYPE_CHECKING:
     from .proxy import RayIsland
@@ -140,7 +140,9 @@ class CompiledStarts:
 
 class CalledStarts:
     """Start messages as actor calls: one `start` call per island per run, numbered in ticket order
-    (Ray runs an actor's calls concurrently, so each actor takes them in number order)."""
+    (Ray runs an actor's calls concurrently, so each actor takes them in number order). Each message's
+    replies are read later, in order, as `CompiledStarts` reads its acknowledgements: before asking an
+    island about a run (`received`), or when `PENDING` are unread."""
 
     def __init__(self, islands: dict[str, RayIsland]):
         self._islands = islands
@@ -156,8 +158,9 @@ class CalledStarts:
                 for name in self._islands if name in works or releases.get(name) or lends.get(name)]
         with self._lock:
             self._refs[run_id] = refs
-            while len(self._refs) > HISTORY:
-                self._refs.popitem(last=False)
+            oldest = [self._refs.popitem(last=False)[1] for _ in range(len(self._refs) - PENDING)]
+        for taken in oldest:
+            self._take(taken)
 
     @staticmethod
     def _start(island: RayIsland, work: IslandWork | None, releases: list, lends: list):
@@ -173,11 +176,16 @@ class CalledStarts:
 
     def received(self, run_id: int) -> None:
         """Returns once the run's start calls were taken (or their actors died)."""
-        import ray
-
         with self._lock:
             refs = self._refs.pop(run_id, None)
-        for island, ref in refs or ():
+        self._take(refs or ())
+
+    @staticmethod
+    def _take(refs: list) -> None:
+        """Reads the replies of one message's start calls (an actor that died is lost)."""
+        import ray
+
+        for island, ref in refs:
             try:
                 _get(ref, START_TIMEOUT)
             except ray.exceptions.RayActorError as error:
