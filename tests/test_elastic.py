@@ -201,6 +201,25 @@ def test_a_run_whose_island_is_lost_and_restored_while_it_starts_fails_with_isla
     assert settled(rt, WAIT)
 
 
+def started_while_restored(rt, monkeypatch, client, plan, args, island: str):
+    """Loses `island` and restores it, starting a run of `plan` on `args` in the moment between the fresh island
+    (or actor proxy) copying what failed on the lost one and its taking the lost one's place; returns that run."""
+    rt.lose_island(island)
+    lost = rt.islands[island]
+    restored = lost.restored
+    started = []
+
+    def a_run_delivered_meanwhile():
+        fresh = restored()
+        started.append(client.start(plan, args))
+        return fresh
+
+    monkeypatch.setattr(lost, "restored", a_run_delivered_meanwhile)
+    rt.restore_island(island)
+    [run] = started
+    return run
+
+
 def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_island_lost(rt, monkeypatch):
     """A run delivered to the lost island after the island restored in its place had copied what failed there
     (moments before it took the lost one's place): its failure stayed on the lost island, the restored one
@@ -208,19 +227,7 @@ def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_isla
     add1 = pw.program(plus1)
     with Client(rt) as client:
         plan = add1.compiled(X, runtime=rt).plan
-        rt.lose_island("island1")
-        lost = rt.islands["island1"]
-        restored = lost.restored
-        started = []
-
-        def a_run_delivered_meanwhile():
-            fresh = restored()
-            started.append(client.start(plan, [X]))
-            return fresh
-
-        monkeypatch.setattr(lost, "restored", a_run_delivered_meanwhile)
-        rt.restore_island("island1")
-        [run] = started
+        run = started_while_restored(rt, monkeypatch, client, plan, [X], "island1")
         with pytest.raises(pw.IslandLost, match="island island1 was lost"):
             client.handles(run)[0].result(timeout=5)
         np.testing.assert_allclose(value(add1.run(X, client=client)), X + 1)

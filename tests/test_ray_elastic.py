@@ -30,7 +30,7 @@ from pathways_mlir.benchmarks import elastic as elastic_bench  # noqa: E402
 from pathways_mlir.benchmarks import ray_backend as workloads  # noqa: E402
 from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
 from fetching import settled, until  # noqa: E402
-from test_elastic import lost_and_restored_at_next_submit  # noqa: E402
+from test_elastic import lost_and_restored_at_next_submit, started_while_restored  # noqa: E402
 from training import (assert_same_training, batch, elastic_step, init, mesh_sizes, on_the_same_meshes,  # noqa: E402
                       preemption, train_elastic, train_step, training_island)
 
@@ -208,19 +208,7 @@ def test_a_run_delivered_to_the_lost_island_while_it_is_restored_fails_with_isla
     program = plus1["island1"]
     with Client(rt) as client:
         plan = program.compiled(X, runtime=rt).plan
-        rt.lose_island("island1")
-        lost = rt.islands["island1"]
-        restored = lost.restored
-        started = []
-
-        def a_run_delivered_meanwhile():
-            fresh = restored()
-            started.append(client.start(plan, [X]))
-            return fresh
-
-        monkeypatch.setattr(lost, "restored", a_run_delivered_meanwhile)
-        rt.restore_island("island1")
-        [run] = started
+        run = started_while_restored(rt, monkeypatch, client, plan, [X], "island1")
         with pytest.raises(pw.IslandLost, match="island island1 was lost"):
             client.handles(run)[0].result(timeout=5)
         np.testing.assert_allclose(value(program.run(X, client=client)), X + 1)
