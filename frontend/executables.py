@@ -23,6 +23,7 @@ and the program's `Lowered`, and nothing about them is serialised.
 from __future__ import annotations
 
 import base64
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,6 +60,7 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
         leaves = [wrap_keys(x, a.dtype) if is_extended(a.dtype) else x for x, a in zip(wire_leaves, in_avals)]
         args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
         result_leaves, out_tree = jax.tree_util.tree_flatten(fn(*args, **kwargs))
+        warn_of_lost_changes(fn, leaves, (args, kwargs), result_leaves)
         out_avals = tuple(aval_of(jax.typeof(r)) for r in result_leaves)
         traced.append((out_tree, out_avals))
         return tuple(jax.random.key_data(r) if is_extended(a.dtype) else r for r, a in zip(result_leaves, out_avals))
@@ -89,3 +91,29 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     entry = ops.function_type(ops.executable_entry(op))
     out_tree, out_avals = traced[0]
     return Executable(symbol, op, out_tree, out_avals, tuple(entry.results))
+
+
+def warn_of_lost_changes(fn: Callable, leaves: list, arguments: tuple, result_leaves: list) -> None:
+    """Warns when `fn`, traced on `leaves` unflattened into `arguments` (`(args, kwargs)`), set values of its
+    arguments in place that it does not return.
+
+    A flax NNX step written for `nnx.jit` updates its model and optimizer in
+    place (`optimizer.update(model, grads)`); under `jax.jit`, and so here,
+    those objects are rebuilt inside the trace and the caller's keep their old
+    values, so such a step trains nothing. A value changed this way is a leaf
+    of the arguments after the call that is neither one of `leaves` nor among
+    `result_leaves`.
+    """
+    given, returned = {id(x) for x in leaves}, {id(r) for r in result_leaves}
+    changed = [path for path, x in jax.tree_util.tree_flatten_with_path(arguments)[0]
+               if id(x) not in given and id(x) not in returned]
+    if not changed:
+        return
+    names = [(f"argument {path[1].idx}" if path[0].idx == 0 else f"keyword argument {path[1].key}")
+             + jax.tree_util.keystr(path[2:]) for path in changed]
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    site = Site.of_definition(fn)
+    warnings.warn_explicit(f"{site.name} changes its arguments in place without returning them "
+                           f"({', '.join(names[:3])}{more}): as under jax.jit, the caller's objects keep their old "
+                           f"values; return what it changes (`return model, optimizer, loss`) and use what the "
+                           f"call returns", UserWarning, site.file, site.line)

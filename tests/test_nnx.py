@@ -1,6 +1,8 @@
 """flax NNX through pw programs, against nnx.jit: a small CNN with BatchNorm and Dropout (its RNG
 streams are typed keys), trained data-parallel on one slice and pipelined over two islands."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,6 +116,24 @@ def test_nnx_objects_train_data_parallel_as_with_nnx_jit():
     computed = fetched(metrics).compute()
     for name, value in want_metrics.compute().items():
         np.testing.assert_allclose(computed[name], value, rtol=1e-6)
+
+
+def test_a_step_that_updates_nnx_objects_in_place_without_returning_them_warns_once():
+    """Written for nnx.jit (no return of the objects): the update is lost, as under jax.jit, so the trace warns,
+    naming the Variables it changed; the step that returns its objects does not."""
+    data = pw.virtual_slice(2, axes="data")
+    placed = pw.jit(train_step, slice=data, in_specs=(None, None, None, P("data"), P("data")))
+    model, optimizer, metrics = new_training()
+    (x, labels), = batches()[:1]
+    with pytest.warns(UserWarning, match=r"train_step changes its arguments in place without returning them "
+                                         r"\(argument 0\.features\.[\w.]+\.value, .* more\): as under jax\.jit"):
+        first = np.asarray(placed(model, optimizer, metrics, x, labels))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(np.asarray(placed(model, optimizer, metrics, x, labels)), first)   # no update
+        returned = pw.jit(lambda *a: (*a[:3], train_step(*a)), slice=data,
+                          in_specs=(None, None, None, P("data"), P("data")))
+        returned(model, optimizer, metrics, x, labels)
 
 
 def test_nnx_split_and_merge_code_runs_in_a_placed_function():
