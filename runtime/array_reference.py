@@ -9,6 +9,9 @@ value (waiting for it):
   `for row in ref`;
 - operators, as a JAX array's: `ref + 1`, `-ref`, `ref @ w`, `ref < 0`,
   `ref == x`, ...; each gives a JAX array (`result()`'s operator);
+- the JAX array's methods and properties that compute on the value:
+  `ref.sum(axis=0)`, `ref.mean()`, `ref.argmax(-1)`, `ref.reshape(2, -1)`,
+  `ref.T`, ... (the list below); each gives a JAX array;
 - `jnp.asarray(ref)` and `jnp.array(ref)` take it (`__jax_array__`), and so
   does a program or placed function, where the value stays on the cluster.
 
@@ -116,11 +119,16 @@ class ArrayReference:
 
 
 def _on_value(name: str):
-    """Returns the operator `name` of a reference: the JAX array operator of its value."""
-    def apply(self, *others):
-        return getattr(self.result(), name)(*others)
+    """Returns the operator or method `name` of a reference: the JAX array's of its value."""
+    def apply(self, *others, **options):
+        return getattr(self.result(), name)(*others, **options)
     apply.__name__ = name
     return apply
+
+
+def _property_of_value(name: str) -> property:
+    """Returns the property `name` of a reference: the JAX array's of its value."""
+    return property(lambda self: getattr(self.result(), name), doc=f"The value's `{name}`, as a JAX array.")
 
 
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
@@ -129,6 +137,12 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__lt__", "__le__", "__gt__",
               "__ge__", "__eq__", "__ne__", "__neg__", "__pos__", "__abs__", "__invert__", "__round__"):
     setattr(ArrayReference, _name, _on_value(_name))
+for _name in ("reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "sum", "mean", "prod", "max",
+              "min", "std", "var", "all", "any", "argmax", "argmin", "sort", "argsort", "cumsum", "cumprod", "clip",
+              "round", "dot", "conj", "take", "diagonal", "trace", "repeat"):
+    setattr(ArrayReference, _name, _on_value(_name))
+for _name in ("T", "mT", "real", "imag"):
+    setattr(ArrayReference, _name, _property_of_value(_name))
 del _name
 
 

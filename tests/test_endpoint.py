@@ -418,6 +418,7 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
         np.testing.assert_allclose(value, want, rtol=1e-6)
         assert h.block_until_ready() is h
         np.testing.assert_allclose(h[1], want[1], rtol=1e-6)
+        np.testing.assert_allclose(h.sum(axis=0), np.asarray(want).sum(axis=0), rtol=1e-5)   # a method on the value
 
         [again] = one.run(plan, [h])                       # a result as an argument stays on the cluster
         np.testing.assert_allclose(np.asarray(again), np.sin(np.asarray(want) * 3 - 1) ** 2, rtol=1e-5)

@@ -317,6 +317,14 @@ def test_handles_behave_like_jax_arrays_on_their_values():
                       (abs(-doubled), want_doubled)]:
         assert isinstance(got, jax.Array)
         np.testing.assert_array_equal(got, want)
+    # The array's methods and properties that compute on its value, with their keywords: an eval loop's
+    # `(logits.argmax(-1) == labels).mean()`.
+    for got, want in [(doubled.sum(axis=0, keepdims=True), want_doubled.sum(axis=0, keepdims=True)),
+                      ((doubled.argmax(-1) == 3).mean(), (want_doubled.argmax(-1) == 3).mean()),
+                      (doubled.reshape(2, -1).T, want_doubled.reshape(2, -1).T), (doubled.max(), 6.0),
+                      (doubled.clip(1, 5), want_doubled.clip(1, 5)), (doubled.real, want_doubled)]:
+        assert isinstance(got, jax.Array)
+        np.testing.assert_array_equal(got, want)
     # JAX's constructors take a handle; a handle stays a key by identity.
     np.testing.assert_array_equal(jnp.asarray(doubled), want_doubled)
     assert {doubled: "a", mean: "b"}[doubled] == "a" and doubled in {doubled}
