@@ -72,7 +72,7 @@ from .executables import ExecutableCache, make_mesh
 from .island_executor import AWAIT_PAUSE, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
-                          computed, raised, waits_for)
+                          computed, host_arrays_copied, raised, waits_for)
 from .object_store import ObjectStore
 from .tracing import Tracer
 from .transfers import DcnTransport
@@ -196,6 +196,8 @@ class Island(IslandExecutor):
                     if inline and self._pending == 1:
                         self._inline = True
                         return True
+                    if inline:                   # the caller's arguments, placed once the executor takes them
+                        work = work._replace(inputs=host_arrays_copied(work.inputs))
                     self._inbox.put((self._started, work))
                     return False
                 except BaseException as error:  # noqa: BLE001  (the run fails alone)

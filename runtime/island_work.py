@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from .island_program import Instruction, IslandLayout, RecvInstruction
 
 HISTORY = 100_000        # how many work items (and, on Ray, runs) an island remembers
@@ -98,6 +100,18 @@ class IslandWork(NamedTuple):
     step_ids: tuple[int, ...]
     inputs: tuple[tuple[int, Any], ...] = ()
     last: bool = True
+
+
+def host_arrays_copied(inputs: tuple[tuple[int, Any], ...]) -> tuple[tuple[int, Any], ...]:
+    """`inputs` ((buffer, value) pairs) with each NumPy array replaced by a copy of it.
+
+    A run whose arguments are placed on their devices later than the call
+    (queued by the scheduler, or behind an island's other work) is given
+    copies, so that what the caller writes into its arrays after the call (a
+    data loader refilling one batch buffer) does not reach the run: `jax.jit`
+    copies a NumPy argument at the call too. JAX arrays cannot change.
+    """
+    return tuple((buffer, value.copy() if isinstance(value, np.ndarray) else value) for buffer, value in inputs)
 
 
 class Islands(dict):

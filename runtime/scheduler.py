@@ -73,7 +73,7 @@ from typing import Any, Callable
 from .admission import MemoryLedger, OutOfDeviceMemory
 from .device_estimates import DeviceTimeEstimates
 from .held_results import HeldResults
-from .island_work import IslandWork, RunFailed, raised
+from .island_work import IslandWork, RunFailed, host_arrays_copied, raised
 from .policies import Policy, parse_policy
 from .run import Run
 from .status import held_by_handles, shortfall
@@ -150,8 +150,9 @@ class GangScheduler:
             except BaseException:
                 self._results.unread(run)
                 raise
-            if jobs is None:
-                self._waiting.add(run, works)
+            if jobs is None:               # its arguments are placed once it is admitted
+                self._waiting.add(run, {island: (steps, host_arrays_copied(inputs), last)
+                                        for island, (steps, inputs, last) in works.items()})
                 self._pump()
                 return
         for island, work in jobs:

@@ -97,6 +97,26 @@ def test_handles_go_on_to_later_runs_on_their_island_and_on_another(runtime):
     assert settled(runtime, WAIT)
 
 
+def test_a_queued_run_reads_a_numpy_argument_as_it_was_at_the_call(runtime):
+    """A data loader refilling one batch buffer: each run, queued (admission held) and placed later, computes on
+    the buffer's contents at its call, as jax.jit copies a NumPy argument when called."""
+    buffer = X.copy()
+    with Client(runtime) as client:
+        on_right.run(buffer, client=client).result(WAIT)               # loaded and compiled before
+        runtime.scheduler.hold()
+        try:
+            outs = []
+            for k in range(3):
+                buffer[...] = X * k
+                outs.append(on_right.run(buffer, client=client))
+            buffer[...] = np.nan
+        finally:
+            runtime.scheduler.release()
+        for k, out in enumerate(outs):
+            np.testing.assert_allclose(value(out), np.asarray(jax.jit(bend.fn)(X * k)), rtol=1e-6)
+    assert settled(runtime, WAIT)
+
+
 def test_a_data_dependent_branch_runs_the_chosen_program(runtime):
     positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=left, in_specs=P("x"), out_specs=P())
 

@@ -14,9 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fetching import until
 from test_admission_and_lifetimes import X, cross_island, tanh2
 
 from pathways_mlir.dialect.memory_plan import with_memory_plan
+from pathways_mlir.runtime import island_executor
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.island_work import FAILED_HISTORY, IslandWedged, RunFailed
@@ -177,6 +179,35 @@ def test_a_second_result_that_cannot_fit_beside_the_first_fails_at_once(device_m
             np.testing.assert_array_equal(np.asarray(other.run(elsewhere, [X])[0].result(timeout=60)),
                                           np.asarray(jax.jit(tanh2)(X)))     # meanwhile another client runs
             a.delete()
+    finally:
+        rt.close()
+
+
+def test_a_run_queued_behind_an_islands_work_reads_a_numpy_argument_as_it_was_at_the_call(device_map, plan_builder,
+                                                                                         monkeypatch):
+    """Client a's second run waits, on its caller's thread, for its first's computation (one run in flight), so
+    client b's run goes to the island's executor, behind it, and is placed later: it computes on b's buffer as
+    it was at the call, not on what b wrote into it after."""
+    monkeypatch.setattr(island_executor, "IN_FLIGHT", 1)
+    rt = Runtime(device_map)
+    try:
+        long_plan, small = spin_plan(plan_builder, device_map.topology), small_plan(plan_builder, device_map.topology,
+                                                                                   "island1")
+        island = rt.islands["island1"]
+        with Client(rt) as a, Client(rt) as b:
+            trips = trips_for(a, long_plan, LONG_S)
+            b.run(small, [X])[0].result(timeout=60)                       # loaded and compiled before
+            [first] = a.run(long_plan, [V, np.int32(trips)])
+            second = threading.Thread(target=a.run, args=(long_plan, [V, np.int32(1)]))
+            second.start()
+            until(lambda: island._pending == 1, "client a's second run waiting on its thread", 30)
+            buffer = X.copy()
+            [out] = b.run(small, [buffer])
+            buffer[...] = np.nan
+            assert not rt.run_done(first._run)       # b's run was queued behind a's, not placed at the call
+            np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), np.asarray(jax.jit(tanh2)(X)))
+            second.join(60)
+            assert not second.is_alive()
     finally:
         rt.close()
 
