@@ -21,11 +21,11 @@ from .errors import PlacementError
 from .compiled import Compiled, StageCache
 from .lowered import Lowered
 from .provenance import Site, name_of
-from .signature import Call, Signature, check_options
+from .signature import BindsAsMethod, Call, Signature, check_options
 from .slices import Slice
 
 
-class PlacedFunction:
+class PlacedFunction(BindsAsMethod):
     """A Python function placed on a virtual slice; see `jit`."""
 
     def __init__(self, fn: Callable, slice_: Slice, in_specs: Any, out_specs: Any, **options: Any):

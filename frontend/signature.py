@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable
 
@@ -34,6 +35,14 @@ _NOT_SUPPORTED = {
     "abstracted_axes": "shapes are static in pw IR",
     "compiler_options": "XLA options are not passed through to the islands",
 }
+
+
+class BindsAsMethod:
+    """A placed function or program defined in a class body is a method, as a `jax.jit` function is: read from
+    an instance, it takes the instance as its first argument (static, say, with `static_argnums=0`)."""
+
+    def __get__(self, instance, owner=None):
+        return self if instance is None else types.MethodType(self, instance)
 
 
 def check_options(where: str, options: dict) -> None:

@@ -36,7 +36,7 @@ from .executables import Executable, compile_function
 from .compiled import Compiled, StageCache
 from .lowered import Lowered
 from .provenance import Site, name_of
-from .signature import Call, Signature, check_options
+from .signature import BindsAsMethod, Call, Signature, check_options
 from .slices import Slice
 
 _TRACING: ContextVar["ProgramBuilder | None"] = ContextVar("pw_tracing", default=None)
@@ -279,7 +279,7 @@ def has_tracers(tree: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
-class Program:
+class Program(BindsAsMethod):
     """A Python function traced as one pw program; see `program`."""
 
     def __init__(self, fn: Callable, **options: Any):

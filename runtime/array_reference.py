@@ -5,7 +5,8 @@ array; `ArrayReference` makes it behave like an array for the user, on its
 value (waiting for it):
 
 - NumPy: `np.asarray(ref)`, `ref[index]`, `ref.item()`, `ref.tolist()`;
-- Python: `float(ref)`, `int(ref)`, `bool(ref)`, `f"{ref:.3f}"`, `len(ref)`,
+- Python: `float(ref)`, `int(ref)`, `bool(ref)`, `print(ref)` and `str(ref)` (the value, as
+  the JAX array prints it; `repr` names the reference), `f"{ref:.3f}"`, `len(ref)`,
   `for row in ref`;
 - operators, as a JAX array's: `ref + 1`, `-ref`, `ref @ w`, `ref < 0`,
   `ref == x`, ...; each gives a JAX array (`result()`'s operator);
@@ -112,8 +113,12 @@ class ArrayReference:
             raise TypeError("iteration over a 0-d array reference")
         return iter(self.result())
 
+    def __str__(self) -> str:
+        """The value as the JAX array prints it (`print(loss)`), waiting for it; `repr` names the reference."""
+        return str(self.result())
+
     def __format__(self, spec: str) -> str:
-        return format(self.result(), spec) if spec else str(self)
+        return format(self.result(), spec)
 
     __hash__ = object.__hash__
 

@@ -84,7 +84,7 @@ class Client:
         shared = {i: a for i, a in enumerate(args) if isinstance(a, SharedRef)}
         for ref in shared.values():
             if ref._runtime is not self.runtime:
-                raise ValueError(f"{ref} belongs to another runtime than client {self.id}'s")
+                raise ValueError(f"{ref!r} belongs to another runtime than client {self.id}'s")
         donated = [(i, a) for i, (b, a) in enumerate(zip(plan.inputs, args))
                    if b in plan.donated and isinstance(a, Handle)] if plan.donated else ()
         for i, handle in donated:

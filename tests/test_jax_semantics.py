@@ -2,6 +2,8 @@
 scalars and weak types, jax.jit's static, donated and keyword arguments, and placed functions
 inside JAX transformations."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,6 +216,39 @@ def test_other_jax_jit_options_raise_one_line_errors():
         pw.jit(lambda x, n: x, slice=s, static_argnums=0, donate_argnums=0)
 
 
+class Scaler:
+    """Placed functions and a program in a class body: methods, as jax.jit functions are."""
+
+    def __init__(self, k: float):
+        self.k = k
+
+    def __hash__(self):
+        return hash(self.k)
+
+    def __eq__(self, other):
+        return isinstance(other, Scaler) and other.k == self.k
+
+    @functools.partial(pw.jit, slice=pw.virtual_slice(2, axes="data"), static_argnums=0)
+    def scale(self, x):
+        return x * self.k
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def scale_with_jax(self, x):
+        return x * self.k
+
+    @functools.partial(pw.program, static_argnums=0)
+    def twice(self, x):
+        return self.scale(self.scale(x))
+
+
+def test_a_placed_function_or_program_in_a_class_is_a_method_as_with_jax_jit():
+    x, scaler = np.arange(4, dtype=np.float32), Scaler(3.0)
+    np.testing.assert_array_equal(np.asarray(scaler.scale(x)), scaler.scale_with_jax(x))
+    np.testing.assert_array_equal(np.asarray(Scaler.scale(scaler, x)), scaler.scale_with_jax(x))   # unbound
+    np.testing.assert_array_equal(np.asarray(scaler.twice(x)), x * 9)
+    np.testing.assert_array_equal(np.asarray(Scaler(2.0).scale(x)), x * 2)       # another instance: its own trace
+
+
 # --- inside JAX transformations --------------------------------------------------------------------
 
 def test_placed_functions_inside_jax_transformations_trace_as_their_function():
@@ -303,6 +338,9 @@ def test_handles_behave_like_jax_arrays_on_their_values():
     want_doubled, want_mean, want_none_big = jax.jit(lambda x: (x * 2, jnp.mean(x), jnp.all(x > 5)))(x)
     # Python's conversions, as on the JAX array: a False scalar is False (not a truthy object).
     assert float(mean) == float(want_mean) == 1.5 and int(mean) == 1 and f"{mean:.2f}" == "1.50"
+    # print shows the value as the JAX array's print does; repr names the handle without waiting.
+    assert str(mean) == f"{mean}" == str(want_mean) and str(doubled) == str(want_doubled)
+    assert repr(doubled).startswith("Handle(shape=(4,), dtype=f32")
     assert bool(none_big) is False and not none_big and mean.item() == 1.5 and mean.size == 1
     with pytest.raises(ValueError, match="ambiguous"):
         bool(doubled)
