@@ -53,7 +53,8 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
 
 def is_extended(dtype) -> bool:
     """Whether `dtype` is a JAX extended dtype (a typed PRNG key's, for one)."""
-    return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+    # A NumPy dtype (bfloat16's too) never is: a look that saves JAX's issubdtype on every argument leaf.
+    return not isinstance(dtype, np.dtype) and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
 
 
 def wire_aval(aval: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:

@@ -12,6 +12,7 @@ compiled with that argument donated, so XLA writes the result into its buffer.
 from __future__ import annotations
 
 import base64
+import functools
 import threading
 import weakref
 from typing import Callable, Sequence
@@ -37,6 +38,7 @@ _DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat
            "complex<f32>": "complex64", "complex<f64>": "complex128"}
 
 
+@functools.cache                  # a handle's dtype is asked for at every call it is passed to
 def numpy_dtype(element_type: str):
     """Returns the NumPy dtype of an MLIR element type name ("f32", "bf16", "i1", ...)."""
     import jax.numpy as jnp
