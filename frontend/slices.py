@@ -83,6 +83,8 @@ def virtual_slice(shape: int | str | Sequence[int | str], axes: Sequence[str], *
     shape = (shape,) if isinstance(shape, (int, str)) else tuple(shape)
     low = tuple(_low(d, where) for d in shape)
     shape = tuple(_high(d) for d in shape)
+    if not isinstance(axes, str) and not (isinstance(axes, Sequence) and all(isinstance(a, str) for a in axes)):
+        raise TypeError(f"a slice's axes are a name or a sequence of names, not {type(axes).__name__} {axes!r:.40}")
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
     if not 1 <= len(shape) <= 3 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
         raise ValueError(f"a slice shape is 1 to 3 positive integers or 'lo..hi' ranges, not {shape}")

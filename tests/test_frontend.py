@@ -384,6 +384,9 @@ def test_virtual_slice_checks_its_request():
         pw.virtual_slice((2, 2, 2, 2), axes="abcd")
     with pytest.raises(ValueError, match="needs 2 distinct axis names"):
         pw.virtual_slice((2, 2), axes=("x", "x"))
+    for axes in (3, None, ["x", 3]):              # was "'int' object is not iterable"
+        with pytest.raises(TypeError, match="a slice's axes are a name or a sequence of names, not"):
+            pw.virtual_slice(2, axes=axes)
     with pytest.raises(TypeError, match="unknown slice constraint 'color'"):
         pw.virtual_slice(2, axes="x", color="red")
     with pytest.raises(TypeError, match="'min_memory_bytes' must be a int"):
