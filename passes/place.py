@@ -437,7 +437,11 @@ class PlacePass(Pass):
         if fits:
             return fits
         need = placer.needs.get(s.name)
-        if need is not None and all(need.bytes > i.device_memory_bytes for i in placer.topology.islands):
+        names = [i.name for i in placer.topology.islands]
+        if "island" in s.constraints and s.constraints["island"] not in names:
+            diagnostics.error(op, f"cannot place slice @{s.name}: it asks for island '{s.constraints['island']}', "
+                                  f"which the topology does not have (islands: {', '.join(names)})")
+        elif need is not None and all(need.bytes > i.device_memory_bytes for i in placer.topology.islands):
             most = max(i.device_memory_bytes for i in placer.topology.islands)
             diagnostics.error(op, f"cannot place slice @{s.name}: {_memory(need)}, but no island's devices "
                                   f"have more than {most} bytes")

@@ -21,8 +21,17 @@ module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100
 // Constraints no island meets.
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
-// expected-error@below {{cannot place slice @t: it needs 2 devices of kind 'tpu' with at least 4096 bytes each in island 'island7'; free: island0 has 4 of 4}}
-"pw.virtual_slice"() {sym_name = "t", shape = array<i64: 2>, axes = ["x"], constraints = {device_kind = "tpu", min_memory_bytes = 4096, island = "island7"}} : () -> ()
+// expected-error@below {{cannot place slice @t: it needs 2 devices of kind 'tpu' with at least 4096 bytes each in island 'island0'; free: island0 has 4 of 4}}
+"pw.virtual_slice"() {sym_name = "t", shape = array<i64: 2>, axes = ["x"], constraints = {device_kind = "tpu", min_memory_bytes = 4096, island = "island0"}} : () -> ()
+}
+
+// -----
+
+// An island the topology does not have.
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+// expected-error@below {{cannot place slice @t: it asks for island 'island7', which the topology does not have (islands: island0)}}
+"pw.virtual_slice"() {sym_name = "t", shape = array<i64: 2>, axes = ["x"], constraints = {island = "island7"}} : () -> ()
 }
 
 // -----
