@@ -37,6 +37,21 @@ def shards_in_place(src, dst, shape) -> bool:
     return all(have.get(device) == index for device, index in dst.devices_indices_map(tuple(shape)).items())
 
 
+def through_host(src, dst, shape) -> bool:
+    """Whether `jax.device_put` moves an array from sharding `src` to `dst` through the host: in jax 0.10,
+    an array on several devices is fetched whole and put again when some shard `dst` puts on a device is
+    none of `src`'s shards (`shard_sharded_device_array_slow_path`)."""
+    if len(src.device_set) == 1:
+        return False
+    have = {_bounds(index) for index in src.devices_indices_map(tuple(shape)).values()}
+    return any(_bounds(index) not in have for index in dst.devices_indices_map(tuple(shape)).values())
+
+
+def _bounds(index: tuple[slice, ...]) -> tuple:
+    """A shard's index (slices, unhashable before Python 3.12) as a hashable tuple."""
+    return tuple((s.start, s.stop, s.step) for s in index)
+
+
 def assemble_in_place(array, sharding):
     """Returns the array of `sharding` made of `array`'s own shards on its devices, without copying them
     (`shards_in_place` must hold); shards on other devices are left to `array`."""

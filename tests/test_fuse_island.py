@@ -158,3 +158,36 @@ def test_a_copy_shares_shards_only_of_the_runs_own_launch_results(runtime):
     # Were the fused result a program result too, the caller could donate it later: a real copy then.
     returned = dataclasses.replace(fused, outputs=(*fused.outputs, back.src_buffer))
     assert [c.in_place for c in copies(returned)] == [False]
+
+
+def test_a_host_argument_read_by_one_launch_is_placed_by_that_launch(runtime, monkeypatch):
+    import dataclasses
+
+    from pathways_mlir.runtime import island_executor
+    from pathways_mlir.runtime.island_program import launched_buffers
+
+    example = three_blocks_example()
+    expected = jax.jit(example.block_c.fn)(jax.jit(example.block_b.fn)(jax.jit(example.block_a.fn)(X)))
+    fused, unfused = (plan_of(example.three_blocks, runtime, fuse, X) for fuse in (True, False))
+    assert launched_buffers(fused, "island0") == set(fused.inputs)
+    copied = {s.dst_buffer for s in unfused.islands["island0"] if isinstance(s, Copy)}
+    assert launched_buffers(unfused, "island0") == set(unfused.inputs) | copied and len(copied) == 2
+    # An input that is a program result too, or that is donated, is placed first, as before.
+    assert not launched_buffers(dataclasses.replace(fused, outputs=(*fused.outputs, *fused.inputs)), "island0")
+    assert not launched_buffers(dataclasses.replace(fused, donated=fused.inputs), "island0")
+    placed = []
+
+    def counted(array, sharding):
+        placed.append(type(array))
+        return jax.device_put(array, sharding)
+    monkeypatch.setattr(island_executor, "copy_to", counted)
+    with Client(runtime) as client:
+        for plan in (fused, unfused):
+            [ours] = client.run(plan, [X])             # NumPy: handed to the launch, which puts it on its slice
+            np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), rtol=1e-6)
+            assert placed == []
+            [ours] = client.run(plan, [jax.device_put(X, jax.devices()[7])])   # an array elsewhere: moved first
+            np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), rtol=1e-6)
+            assert placed.pop() is not np.ndarray and placed == []
+            del ours
+    assert runtime.object_count() == 0
