@@ -452,13 +452,13 @@ class GangScheduler:
         run of the plan has been timed)."""
         del self._in_flight[run.id]
         run.retired = True
+        if run.reads:
+            self._results.unread(run)
+        self._results.keep(run)                  # first: a credit comes back only if it fits beside them
         if run.credit is not None:
             run.credit.returned(queued=bool(self._waiting))
         else:
             self.ledger.give(run.need)
-        if run.reads:
-            self._results.unread(run)
-        self._results.keep(run)
         self._forget_gone(run.client_id)
         seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
         if run.error is not None:
