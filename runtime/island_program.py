@@ -29,8 +29,8 @@ from pathways_mlir.dialect.memory_plan import reuses
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_steps import Copy, Free, Launch, Recv, Send, Step
 
-from .executables import named_sharding
-from .transfers import assemble_in_place, copy_to, shards_in_place, through_host
+from .executables import named_sharding, numpy_dtype
+from .transfers import copy_to, in_place_assembly, shards_in_place, through_host
 
 if TYPE_CHECKING:
     from .island import Island, IslandRun
@@ -74,13 +74,13 @@ class LaunchInstruction:
 class CopyInstruction:
     """Moves (and reshards) a slot's array to another slice of the island (ICI), then clears the slots of the
     frees folded into it. `in_place`: the source is the run's own and every destination device holds its
-    shard already, so the array is assembled from them (no copy). `to_host`: JAX's move would go through
+    shard already, so the array is assembled from them (no copy; `in_place_assembly`, built once). `to_host`: JAX's move would go through
     the host (`through_host`) and the destination's one reader is a launch that places a host array itself
     (`launched_buffers`), so the array is fetched to the host and handed to that launch as it is."""
 
     __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears", "in_place", "to_host")
 
-    def __init__(self, src: int, dst: int, sharding, label: str, devices, in_place: bool = False,
+    def __init__(self, src: int, dst: int, sharding, label: str, devices, in_place: Callable | None = None,
                  to_host: bool = False):
         self.src, self.dst, self.sharding, self.label, self.devices = src, dst, sharding, label, devices
         self.in_place, self.to_host = in_place, to_host
@@ -89,8 +89,8 @@ class CopyInstruction:
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
         array = run.slots[self.src]
-        if self.in_place:
-            moved = assemble_in_place(array, self.sharding)
+        if self.in_place is not None:
+            moved = self.in_place(array)
         elif self.to_host:
             moved = np.asarray(array)        # waits for it, as JAX's move through the host does
         else:
@@ -237,8 +237,9 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]
             src_sharding, dst_sharding = layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer]
-            in_place = step.src_buffer in owned and shards_in_place(src_sharding, dst_sharding, dst.shape)
-            to_host = not in_place and step.dst_buffer in layout.launched and through_host(
+            in_place = in_place_assembly(src_sharding, dst_sharding, dst.shape, numpy_dtype(dst.dtype)) if (
+                step.src_buffer in owned and shards_in_place(src_sharding, dst_sharding, dst.shape)) else None
+            to_host = in_place is None and step.dst_buffer in layout.launched and through_host(
                 src_sharding, dst_sharding, dst.shape)
             instructions.append(CopyInstruction(slot[step.src_buffer], slot[step.dst_buffer], dst_sharding,
                                                 step.label or "copy", plan.slices[dst.slice].device_ids(),

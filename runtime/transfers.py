@@ -13,6 +13,7 @@ the receiving island's `deliver` message.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -55,11 +56,29 @@ def _bounds(index: tuple[slice, ...]) -> tuple:
 def assemble_in_place(array, sharding):
     """Returns the array of `sharding` made of `array`'s own shards on its devices, without copying them
     (`shards_in_place` must hold); shards on other devices are left to `array`."""
-    import jax
+    return in_place_assembly(array.sharding, sharding, array.shape, array.dtype)(array)
 
-    shards = {shard.device: shard.data for shard in array.addressable_shards}
-    return jax.make_array_from_single_device_arrays(array.shape, sharding,
-                                                    [shards[d] for d in sharding.mesh.devices.flat])
+
+@functools.lru_cache(maxsize=256)
+def in_place_assembly(src, dst, shape: tuple, dtype) -> Callable:
+    """Returns the function that makes, out of an array of sharding `src` (of `shape` and `dtype`), the array
+    of sharding `dst` from the shards it already has on `dst`'s devices (`shards_in_place` must hold). Built
+    once per move: a call picks the shards by position and makes the array without JAX's checks of them,
+    which hold by construction; on an array just computed that is about 40 us less than
+    `jax.make_array_from_single_device_arrays` on these machines (it checks each shard's device, shape and
+    dtype, and `addressable_shards` builds a `Shard` per device). JAX's array constructor and its shards in
+    device order (`_arrays`) are not public: jax is pinned below 0.11."""
+    from jax._src import core as jax_core           # the aval of an array of `dst`, as JAX builds it
+    from jax._src.array import ArrayImpl
+
+    position = {device: i for i, device in enumerate(src._addressable_device_assignment)}
+    picks = tuple(position[device] for device in dst._addressable_device_assignment)
+    aval = jax_core.update_aval_with_sharding(jax_core.ShapedArray(tuple(shape), dtype, weak_type=False), dst)
+
+    def assemble(array):
+        shards = array._arrays
+        return ArrayImpl(aval, dst, [shards[i] for i in picks], committed=True, _skip_checks=True)
+    return assemble
 
 
 class DcnTransport:
