@@ -154,8 +154,7 @@ class GangScheduler:
                 self._waiting.add(run, works)
                 self._pump()
                 return
-        for island, work in jobs:
-            island.run_inline(work)
+        _run_inline(jobs)
 
     def _idle(self, client_id: int) -> bool:
         """Whether a client has no run queued and none on the devices. Under the lock."""
@@ -527,3 +526,17 @@ class GangScheduler:
                 self._poll(len(self._in_flight))
                 self._pump()
 
+
+def _run_inline(jobs: list) -> None:
+    """Runs on this thread the work its islands handed back (`Islands.start` with `inline`), in order. Each of
+    those islands waits for its caller's turn to end, so an interrupt one of them raises (Ctrl-C while it
+    computes on this thread; the run fails everywhere) is raised once every other has had its turn, in which
+    it finds the run failed."""
+    interrupted = None
+    for island, work in jobs:
+        try:
+            island.run_inline(work)
+        except BaseException as error:  # noqa: BLE001  (raised below)
+            interrupted = interrupted or error
+    if interrupted is not None:
+        raise interrupted
