@@ -74,9 +74,10 @@ class LaunchInstruction:
 class CopyInstruction:
     """Moves (and reshards) a slot's array to another slice of the island (ICI), then clears the slots of the
     frees folded into it. `in_place`: the source is the run's own and every destination device holds its
-    shard already, so the array is assembled from them (no copy; `in_place_assembly`, built once). `to_host`: JAX's move would go through
-    the host (`through_host`) and the destination's one reader is a launch that places a host array itself
-    (`launched_buffers`), so the array is fetched to the host and handed to that launch as it is."""
+    shard already, so the array is assembled from them by this function (`in_place_assembly`; no copy).
+    `to_host`: JAX's move would go through the host (`through_host`) and the destination's one reader is a
+    launch that places a host array itself (`launched_buffers`), so the array is fetched to the host and
+    handed to that launch as it is."""
 
     __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears", "in_place", "to_host")
 

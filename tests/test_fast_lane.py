@@ -94,6 +94,28 @@ def test_a_placed_function_called_op_by_op_takes_the_lane(runtime):
     assert_nothing_left(runtime)
 
 
+def test_a_host_array_call_is_looked_up_by_identity_and_takes_the_lane(runtime, monkeypatch):
+    from pathways_mlir.frontend.signature import Signature
+
+    s = pw.virtual_slice(1, axes="x")
+    step = pw.jit(tanh2, slice=s, in_specs=P(), out_specs=P())
+    with Client(runtime) as client:
+        first = step.run(X, client=client)
+        lane = runtime.lane(step.compiled(X, runtime=runtime).plan)
+        split = Signature.split
+        splits = []
+        monkeypatch.setattr(Signature, "split", lambda self, *a: splits.append(a) or split(self, *a))
+        again = step.run(X.copy(), client=client)           # another host array of that shape and dtype
+        assert splits == []                                 # nothing split or flattened: found by identity
+        other = step.run(np.ones((4, 16), np.float32), client=client)   # another shape: another stage
+        assert len(splits) == 1
+        for result, x in ((first, X), (again, X), (other, np.ones((4, 16), np.float32))):
+            np.testing.assert_allclose(np.asarray(result), np.asarray(jax.jit(tanh2)(x)), rtol=1e-6)
+        assert lane.runs == 2
+        del first, again, other
+    assert_nothing_left(runtime)
+
+
 def test_plans_and_calls_the_lane_does_not_take(runtime, plan_builder):
     topology = runtime.resources.topology
     two_islands, want = cross_island(plan_builder, topology)
