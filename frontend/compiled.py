@@ -107,9 +107,9 @@ class Compiled:
         return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
 
     def call_plain(self, args: tuple, client=None) -> Any:
-        """Runs the program on `args`, every one a JAX array or a handle of its traced aval (the caller checked:
-        `StageCache.run`), in parallel dispatch without a timeout, on a `plain` program: the same as calling it,
-        without flattening or converting anything."""
+        """Runs the program on `args`, every one a JAX or NumPy array or a handle of its traced aval (the caller
+        checked: `StageCache.run`), in parallel dispatch without a timeout, on a `plain` program: the same as
+        calling it, without flattening or converting anything."""
         client = client or default_client(self.runtime)
         if type(client) is not Client or self.runtime.resources.version != self._version:
             return self(*args, client=client)
@@ -192,9 +192,10 @@ class StageCache:
         dispatch mode, cancelled after `timeout` seconds if it is not over.
 
         A call of positional arrays and handles only, in parallel dispatch without a timeout, is looked up
-        by identity first: the avals of its arrays and the plan buffers of its handles are the very objects
-        of an earlier call (JAX gives the results of one executable one aval object; a handle's buffer is its
-        plan's), so nothing is split, flattened or built (`Compiled.call_plain`)."""
+        by identity first: the avals of its arrays, the dtypes of its NumPy arrays (with their shapes) and the
+        plan buffers of its handles are the very objects of an earlier call (JAX gives the results of one
+        executable one aval object; NumPy one dtype object per builtin type; a handle's buffer is its plan's),
+        so nothing is split, flattened or built (`Compiled.call_plain`)."""
         try:
             runtime = client.runtime if client is not None else None
         except AttributeError:
@@ -217,16 +218,23 @@ class StageCache:
         return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)
 
 
-def _identity(args: tuple) -> tuple[tuple[int, ...], tuple] | None:
-    """Returns the ids and objects that identify the signature of positional arguments that are all JAX arrays
-    (their aval) or handles (their plan buffer), or None if one is anything else."""
-    objects = []
+def _identity(args: tuple) -> tuple[tuple, tuple] | None:
+    """Returns the keys and objects that identify the signature of positional arguments that are all JAX arrays
+    (their aval), handles (their plan buffer) or NumPy arrays (their shape and dtype, all of a host array's
+    aval), or None if one is anything else."""
+    keys, objects = [], []
     for a in args:
         kind = type(a)
         if kind is ARRAY_TYPE:
-            objects.append(a.aval)
+            found = a.aval
+            keys.append(id(found))
         elif kind is Handle:
-            objects.append(a._run.plan.buffers[a._buffer])
+            found = a._run.plan.buffers[a._buffer]
+            keys.append(id(found))
+        elif kind is np.ndarray:
+            found = a.dtype
+            keys.append((a.shape, id(found)))
         else:
             return None
-    return tuple(map(id, objects)), tuple(objects)
+        objects.append(found)
+    return tuple(keys), tuple(objects)

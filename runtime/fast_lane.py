@@ -26,9 +26,11 @@ where each argument goes and what a run needs. A run through the lane:
 `start` falls back to the general path (returns None) whenever one of its
 conditions fails: a run queued, admission held or a reservation standing,
 the scheduler closed, the island wedged or closed, no credit and none
-fits, an argument that is neither a JAX array of its input's shape and dtype nor a
-handle whose result the lane's island already keeps (read from its store,
-with no fetch and no wait; a result of a run with a timeout is not). Plans
+fits, an argument that is neither a JAX or NumPy array of its input's shape
+and dtype nor a handle whose result the lane's island already keeps (read
+from its store, with no fetch and no wait; a result of a run with a timeout
+is not). A NumPy array is placed as the general path places it
+(`IslandExecutor._place`). Plans
 on several islands, with host conds, host inputs or donated inputs never
 get a lane, nor do runtimes under another policy than `fifo` or on Ray;
 calls with a timeout, sequential dispatch or shared objects never take it.
@@ -37,6 +39,8 @@ calls with a timeout, sequential dispatch or shared objects never take it.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
 
 from .executables import ARRAY_TYPE
 from .handles import Handle
@@ -83,8 +87,8 @@ class FastLane:
 
     def start(self, client_id: int, weight: float, args: Sequence) -> Run | None:
         """Starts a run on `args` through the lane and executes it on this thread; returns None, having changed
-        nothing, when the general path must take it. An argument is a JAX array of its input's shape and
-        dtype, or a handle whose result is kept on the lane's island (its array is read from the island's
+        nothing, when the general path must take it. An argument is a JAX or NumPy array of its input's shape
+        and dtype, or a handle whose result is kept on the lane's island (its array is read from the island's
         store, as `fetch` reads it, without waiting); anything else takes the general path (which refuses
         another dtype, or takes one JAX takes as it)."""
         if len(args) != len(self.shapes):
@@ -100,7 +104,7 @@ class FastLane:
                 value = island.store.get((run.id, value._buffer))     # a dict read: no lock needed
                 if value is None:
                     return None          # not produced yet, released or failed, or on another island
-            elif kind is not ARRAY_TYPE:
+            elif kind is not ARRAY_TYPE and kind is not np.ndarray:
                 return None
             if value.shape != shape or value.dtype != dtype:
                 return None
@@ -148,12 +152,15 @@ class FastLane:
         return self.free > 0
 
     def returned(self, queued: bool) -> None:
-        """A run's credit comes back (its run is over): to the lane, or to the ledger if runs are `queued` or
-        the lane is no longer kept (`GangScheduler.forget_plan`). Under the scheduler's lock."""
+        """A run's credit comes back (its run is over): to the lane, or to the ledger if runs are `queued`, the
+        lane is no longer kept (`GangScheduler.forget_plan`), or its run's peak no longer fits beside what is
+        reserved without it (the results that live handles hold are: the next run then takes the general
+        path, which says so). Under the scheduler's lock."""
         self.in_use -= 1
-        if queued or not self.kept:
-            self.scheduler.ledger.give(self.loaded.need)
-        else:
+        ledger = self.scheduler.ledger
+        ledger.give(self.loaded.need)
+        if not queued and self.kept and ledger.fits(self.loaded.need):
+            ledger.take(self.loaded.need)
             self.free += 1
 
     def reclaim(self) -> bool:

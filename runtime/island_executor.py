@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from .island_work import (FAILED_HISTORY, HISTORY, REFERENCES, IslandRun, IslandWedged, IslandWork, RunFailed,
                           client_owner, computed, without_traceback)
 from .transfers import copy_to
@@ -202,7 +204,7 @@ class IslandExecutor:
         run, program, inputs = message
         run.last = True
         try:
-            self._place(run, inputs)
+            self._place(run, inputs, True)
             run.executing = True
             run.began = now = time.monotonic()
             self._clock.begin(run.id, now)
@@ -216,11 +218,15 @@ class IslandExecutor:
             self._stopped(run, inline)
 
     @staticmethod
-    def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:
-        """Puts a run's arguments (not `StoreRef`s or `PeerRef`s) on their home shardings."""
+    def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...], executed: bool) -> None:
+        """Puts a run's arguments (not `StoreRef`s or `PeerRef`s) on their home shardings; with `executed` (the
+        island's program runs next, reading them), a NumPy argument its launch places is left to that launch
+        (`IslandLayout.launched`)."""
         layout = run.layout
         for buffer, value in inputs:
-            if not isinstance(value, REFERENCES):
+            if executed and type(value) is np.ndarray and buffer in layout.launched:
+                run.slots[layout.slot[buffer]] = value
+            elif not isinstance(value, REFERENCES):
                 run.slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
     def _hold_in_flight(self) -> None:
@@ -249,7 +255,7 @@ class IslandExecutor:
             return                              # it failed (or was cancelled) meanwhile
         self._hold_in_flight()
         try:
-            self._place(run, work.inputs)
+            self._place(run, work.inputs, bool(work.step_ids))
             if work.step_ids:
                 run.queue.append(self._program(work.plan_key, work.step_ids))
             run.last = work.last

@@ -12,7 +12,7 @@ One instruction class per kind of plan step:
 
     LaunchInstruction  slots[outputs] = executable(*slots[inputs])
     CopyInstruction    slots[dst] = device_put(slots[src], destination sharding), or its shards
-                       assembled where they are
+                       assembled where they are, or on the host for the launch that reads it
     SendInstruction    hand slots[src] to the peer island (DCN)
     RecvInstruction    continue only once slots[dst] has arrived
     FreeInstruction    slots[buffers] = None (folded into the launch or copy before it, if any)
@@ -23,12 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 from pathways_mlir.dialect.memory_plan import reuses
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_steps import Copy, Free, Launch, Recv, Send, Step
 
-from .executables import named_sharding
-from .transfers import assemble_in_place, copy_to, shards_in_place
+from .executables import named_sharding, numpy_dtype
+from .transfers import copy_to, in_place_assembly, shards_in_place, through_host
 
 if TYPE_CHECKING:
     from .island import Island, IslandRun
@@ -72,22 +74,35 @@ class LaunchInstruction:
 class CopyInstruction:
     """Moves (and reshards) a slot's array to another slice of the island (ICI), then clears the slots of the
     frees folded into it. `in_place`: the source is the run's own and every destination device holds its
-    shard already, so the array is assembled from them (no copy)."""
+    shard already, so the array is assembled from them by this function (`in_place_assembly`; no copy).
+    `to_host`: JAX's move would go through the host (`through_host`) and the destination's one reader is a
+    launch that places a host array itself (`launched_buffers`), so the array is fetched to the host and
+    handed to that launch as it is."""
 
-    __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears", "in_place")
+    __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears", "in_place", "to_host")
 
-    def __init__(self, src: int, dst: int, sharding, label: str, devices, in_place: bool = False):
+    def __init__(self, src: int, dst: int, sharding, label: str, devices, in_place: Callable | None = None,
+                 to_host: bool = False):
         self.src, self.dst, self.sharding, self.label, self.devices = src, dst, sharding, label, devices
-        self.in_place = in_place
+        self.in_place, self.to_host = in_place, to_host
         self.track = False
         self.clears: tuple[int, ...] = ()
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
         array = run.slots[self.src]
-        moved = assemble_in_place(array, self.sharding) if self.in_place else copy_to(array, self.sharding)
+        if self.in_place is not None:
+            moved = self.in_place(array)
+        elif self.to_host:
+            moved = np.asarray(array)        # waits for it, as JAX's move through the host does
+        else:
+            moved = copy_to(array, self.sharding)
         run.slots[self.dst] = moved
         for slot in self.clears:
             run.slots[slot] = None
+        if self.to_host:                     # on the host already: no device work of it to await
+            if island.tracer is not None:
+                island.trace(self.label, "copy", self.devices, [])
+            return True
         if self.track:
             run.tracked.append(moved)
         if island.tracer is not None:
@@ -152,6 +167,7 @@ class IslandLayout:
     shardings: dict[int, object]         # buffer id -> its home NamedSharding
     outputs: tuple[tuple[int, int], ...]  # (buffer, slot) of the program's results on this island
     devices: int                         # how many of the island's devices the plan's slices here cover
+    launched: frozenset[int]             # buffers whose one reader, a launch, places NumPy (`launched_buffers`)
 
     @staticmethod
     def build(island: "Island", plan: ProgramPlan) -> "IslandLayout":
@@ -161,7 +177,25 @@ class IslandLayout:
         shardings = {b: named_sharding(island.mesh(plan, plan.buffers[b].slice), plan.buffers[b].sharding)
                      for b in mine}
         covered = {d for s in plan.slices.values() if s.island == island.name for d in s.device_ids()}
-        return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot), len(covered))
+        return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot), len(covered),
+                            launched_buffers(plan, island.name))
+
+
+def launched_buffers(plan: ProgramPlan, island: str) -> frozenset[int]:
+    """Returns the buffers of `island` whose one reader is a launch on their own slice that reads them once,
+    neither program results nor donated. A NumPy array in such a buffer's slot is placed by that launch:
+    its executable is compiled with the buffer's home sharding, so JAX's call of it puts the array there
+    itself, in C++ (one transfer), where a `jax.device_put` first costs about 100 us of Python more. Host
+    arrays go there from a run's arguments (`IslandExecutor._place`) and from copies that go through the
+    host anyway (`CopyInstruction`)."""
+    readers: dict[int, list[Step]] = {}
+    for step in (*plan.islands.get(island, ()), *plan.host_steps):
+        for b in step.reads():
+            readers.setdefault(b, []).append(step)
+    return frozenset(
+        b for b, steps in readers.items()
+        if len(steps) == 1 and isinstance(launch := steps[0], Launch) and launch.inputs.count(b) == 1
+        and launch.slice == plan.buffers[b].slice and b not in plan.outputs and b not in plan.donated)
 
 
 def _awaited(plan: ProgramPlan, recv: Recv) -> str:
@@ -203,11 +237,14 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
             last_on_slice[step.slice] = instructions[-1]
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]
-            in_place = step.src_buffer in owned and shards_in_place(
-                layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer], dst.shape)
-            instructions.append(CopyInstruction(slot[step.src_buffer], slot[step.dst_buffer],
-                                                layout.shardings[step.dst_buffer], step.label or "copy",
-                                                plan.slices[dst.slice].device_ids(), in_place))
+            src_sharding, dst_sharding = layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer]
+            in_place = in_place_assembly(src_sharding, dst_sharding, dst.shape, numpy_dtype(dst.dtype)) if (
+                step.src_buffer in owned and shards_in_place(src_sharding, dst_sharding, dst.shape)) else None
+            to_host = in_place is None and step.dst_buffer in layout.launched and through_host(
+                src_sharding, dst_sharding, dst.shape)
+            instructions.append(CopyInstruction(slot[step.src_buffer], slot[step.dst_buffer], dst_sharding,
+                                                step.label or "copy", plan.slices[dst.slice].device_ids(),
+                                                in_place, to_host))
             last_on_slice[dst.slice] = instructions[-1]
         elif isinstance(step, Send):
             instructions.append(SendInstruction(slot[step.src_buffer], step.peer, step.dst_buffer, step.bytes,

@@ -155,8 +155,7 @@ class GangScheduler:
                                         for island, (steps, inputs, last) in works.items()})
                 self._pump()
                 return
-        for island, work in jobs:
-            island.run_inline(work)
+        _run_inline(jobs)
 
     def _idle(self, client_id: int) -> bool:
         """Whether a client has no run queued and none on the devices. Under the lock."""
@@ -453,13 +452,13 @@ class GangScheduler:
         run of the plan has been timed)."""
         del self._in_flight[run.id]
         run.retired = True
+        if run.reads:
+            self._results.unread(run)
+        self._results.keep(run)                  # first: a credit comes back only if it fits beside them
         if run.credit is not None:
             run.credit.returned(queued=bool(self._waiting))
         else:
             self.ledger.give(run.need)
-        if run.reads:
-            self._results.unread(run)
-        self._results.keep(run)
         self._forget_gone(run.client_id)
         seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
         if run.error is not None:
@@ -528,3 +527,17 @@ class GangScheduler:
                 self._poll(len(self._in_flight))
                 self._pump()
 
+
+def _run_inline(jobs: list) -> None:
+    """Runs on this thread the work its islands handed back (`Islands.start` with `inline`), in order. Each of
+    those islands waits for its caller's turn to end, so an interrupt one of them raises (Ctrl-C while it
+    computes on this thread; the run fails everywhere) is raised once every other has had its turn, in which
+    it finds the run failed."""
+    interrupted = None
+    for island, work in jobs:
+        try:
+            island.run_inline(work)
+        except BaseException as error:  # noqa: BLE001  (raised below)
+            interrupted = interrupted or error
+    if interrupted is not None:
+        raise interrupted

@@ -132,21 +132,25 @@ def test_whether_a_need_can_ever_fit_is_never_taken_from_a_need_gone_before_it(d
     assert len(ledger._never) < 2000
 
 
-def test_a_run_behind_memory_only_handles_hold_fails_at_once_naming_the_holder(device_map, plan_builder):
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_run_behind_memory_only_handles_hold_fails_at_once_naming_the_holder(device_map, plan_builder, on_device):
+    # Both take the fast lane: the first run's credit goes back to the ledger, since it no longer fits beside the
+    # result `first` holds, so the second run takes the general path, which refuses it.
     rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 8 * 16 * 4 - 1)   # not one run beside a held result
+    x = jnp.asarray(X) if on_device else X
     try:
         plan, want = one_step(plan_builder, rt.resources.topology)
         with Client(rt) as client:
-            first = client.run(plan, [X])[0]              # `a, b = f(x), f(x)`: `a` is still held
+            first = client.run(plan, [x])[0]              # `a, b = f(x), f(x)`: `a` is still held
             with pytest.raises(OutOfDeviceMemory, match=(
                     f"program main needs {ONE_RUN} bytes on device 0 of island0, which has {ONE_RUN + 8 * 16 * 4 - 1} "
                     f"bytes, {8 * 16 * 4} of them held by live handles that nothing in flight will free "
                     rf"\(client {client.id} holds 1 object\(s\), {8 * 16 * 4} bytes\)")):
-                client.run(plan, [X])
+                client.run(plan, [x])
             assert rt.status()["scheduler"]["queued"] == []
             np.testing.assert_array_equal(np.asarray(first.result(timeout=60)), want)
             first.delete()
-            np.testing.assert_array_equal(np.asarray(client.run(plan, [X])[0].result(timeout=60)), want)
+            np.testing.assert_array_equal(np.asarray(client.run(plan, [x])[0].result(timeout=60)), want)
     finally:
         rt.close()
 

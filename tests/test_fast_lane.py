@@ -84,13 +84,35 @@ def test_a_placed_function_called_op_by_op_takes_the_lane(runtime):
         np.testing.assert_allclose(np.asarray(y), chained_tanh2(X, CHAIN), rtol=1e-6)
         lane = runtime.lane(step.compiled(jnp.asarray(X), runtime=runtime).plan)
         assert lane.runs == CHAIN
-        z = step.run(np.asarray(X), client=client)   # a host array: the general path places it
+        z = step.run(np.asarray(X), client=client)   # a host array: the lane too, its launch places it
         np.testing.assert_allclose(np.asarray(z), np.asarray(jax.jit(tanh2)(X)), rtol=1e-6)
-        assert lane.runs == CHAIN
+        assert lane.runs == CHAIN + 1
         other = step.run(jnp.ones((4, 16)), client=client)     # another signature: another stage
         assert other.shape == (4, 16)
         np.testing.assert_allclose(np.asarray(other), np.asarray(jax.jit(tanh2)(jnp.ones((4, 16)))), rtol=1e-6)
         del y, z, other
+    assert_nothing_left(runtime)
+
+
+def test_a_host_array_call_is_looked_up_by_identity_and_takes_the_lane(runtime, monkeypatch):
+    from pathways_mlir.frontend.signature import Signature
+
+    s = pw.virtual_slice(1, axes="x")
+    step = pw.jit(tanh2, slice=s, in_specs=P(), out_specs=P())
+    with Client(runtime) as client:
+        first = step.run(X, client=client)
+        lane = runtime.lane(step.compiled(X, runtime=runtime).plan)
+        split = Signature.split
+        splits = []
+        monkeypatch.setattr(Signature, "split", lambda self, *a: splits.append(a) or split(self, *a))
+        again = step.run(X.copy(), client=client)           # another host array of that shape and dtype
+        assert splits == []                                 # nothing split or flattened: found by identity
+        other = step.run(np.ones((4, 16), np.float32), client=client)   # another shape: another stage
+        assert len(splits) == 1
+        for result, x in ((first, X), (again, X), (other, np.ones((4, 16), np.float32))):
+            np.testing.assert_allclose(np.asarray(result), np.asarray(jax.jit(tanh2)(x)), rtol=1e-6)
+        assert lane.runs == 2
+        del first, again, other
     assert_nothing_left(runtime)
 
 
@@ -171,11 +193,11 @@ def test_lane_and_general_runs_of_two_threads_keep_one_ticket_order(runtime, pla
     island = runtime.islands["island0"]
     errors = []
 
-    def loop(client, host):
+    def loop(client, general):
         try:
-            y = X if host else jnp.asarray(X)
+            y = jnp.asarray(X)
             for _ in range(CHAIN):
-                [y] = client.run(plan, [np.asarray(y) if host else y])   # host arrays: the general path
+                [y] = client.run(plan, [y], timeout=60) if general else client.run(plan, [y])  # a timeout: general
             np.testing.assert_allclose(np.asarray(y), chained_tanh2(X, CHAIN), rtol=1e-5)
         except BaseException as error:  # noqa: BLE001  (reported by the test)
             errors.append(error)

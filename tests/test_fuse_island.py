@@ -139,6 +139,14 @@ def test_a_move_whose_shards_are_in_place_assembles_them_without_a_copy():
     for shard in moved.addressable_shards:          # the very buffers of `array` on devices 2 and 3
         [same] = [s for s in array.addressable_shards if s.device == shard.device]
         assert shard.data.unsafe_buffer_pointer() == same.data.unsafe_buffer_pointer()
+    assert moved.aval == jax.device_put(X, home).aval
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v + 1)(moved)), X + 1)
+    everywhere = jax.device_put(X, NamedSharding(cover, P()))          # every shard the whole array
+    replicated = NamedSharding(home.mesh, P())
+    assert shards_in_place(everywhere.sharding, replicated, X.shape)
+    moved = assemble_in_place(everywhere, replicated)
+    assert moved.sharding == replicated and [s.device for s in moved.addressable_shards] == list(devices[2:4])
+    np.testing.assert_array_equal(np.asarray(moved), X)
 
 
 def test_a_copy_shares_shards_only_of_the_runs_own_launch_results(runtime):
@@ -154,7 +162,40 @@ def test_a_copy_shares_shards_only_of_the_runs_own_launch_results(runtime):
     def copies(plan):
         return [i for i in compile_steps(island, plan, IslandLayout.build(island, plan), plan.islands["island0"])
                 if isinstance(i, CopyInstruction)]
-    assert [c.in_place for c in copies(fused)] == [True]
+    assert [c.in_place is not None for c in copies(fused)] == [True]
     # Were the fused result a program result too, the caller could donate it later: a real copy then.
     returned = dataclasses.replace(fused, outputs=(*fused.outputs, back.src_buffer))
-    assert [c.in_place for c in copies(returned)] == [False]
+    assert [c.in_place is not None for c in copies(returned)] == [False]
+
+
+def test_a_host_argument_read_by_one_launch_is_placed_by_that_launch(runtime, monkeypatch):
+    import dataclasses
+
+    from pathways_mlir.runtime import island_executor
+    from pathways_mlir.runtime.island_program import launched_buffers
+
+    example = three_blocks_example()
+    expected = jax.jit(example.block_c.fn)(jax.jit(example.block_b.fn)(jax.jit(example.block_a.fn)(X)))
+    fused, unfused = (plan_of(example.three_blocks, runtime, fuse, X) for fuse in (True, False))
+    assert launched_buffers(fused, "island0") == set(fused.inputs)
+    copied = {s.dst_buffer for s in unfused.islands["island0"] if isinstance(s, Copy)}
+    assert launched_buffers(unfused, "island0") == set(unfused.inputs) | copied and len(copied) == 2
+    # An input that is a program result too, or that is donated, is placed first, as before.
+    assert not launched_buffers(dataclasses.replace(fused, outputs=(*fused.outputs, *fused.inputs)), "island0")
+    assert not launched_buffers(dataclasses.replace(fused, donated=fused.inputs), "island0")
+    placed = []
+
+    def counted(array, sharding):
+        placed.append(type(array))
+        return jax.device_put(array, sharding)
+    monkeypatch.setattr(island_executor, "copy_to", counted)
+    with Client(runtime) as client:
+        for plan in (fused, unfused):
+            [ours] = client.run(plan, [X])             # NumPy: handed to the launch, which puts it on its slice
+            np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), rtol=1e-6)
+            assert placed == []
+            [ours] = client.run(plan, [jax.device_put(X, jax.devices()[7])])   # an array elsewhere: moved first
+            np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), rtol=1e-6)
+            assert placed.pop() is not np.ndarray and placed == []
+            del ours
+    assert runtime.object_count() == 0
