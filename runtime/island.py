@@ -290,7 +290,7 @@ class Island(IslandExecutor):
                 self._inline = True
             else:
                 run.queued = True
-                self._inbox.put((self._lane_work, (run, program, inputs)))
+                self._inbox.put((self._lane_work, (run, program, host_arrays_copied(inputs))))
             return run
 
     def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], inputs: tuple[tuple[int, Any], ...]):

@@ -212,6 +212,34 @@ def test_a_run_queued_behind_an_islands_work_reads_a_numpy_argument_as_it_was_at
         rt.close()
 
 
+def add(x, y):
+    return x + y
+
+
+def test_a_run_parked_at_a_recv_reads_a_numpy_argument_as_it_was_at_the_call(device_map, plan_builder):
+    """Island1's launch reads a NumPy argument and what island0 computes for about LONG_S and sends (emulated DCN:
+    the send waits for the value): the run parks at its recv, the call returns, and the caller writes into the
+    argument, which the launch must not see (its launch places it, so it stayed in its slot)."""
+    rt = Runtime(device_map, emulate_dcn=True)
+    try:
+        p = plan_builder(device_map.topology, program="parked")
+        v0, v1 = p.slice("v0", (1,), ("x",), "island0", (0, 1)), p.slice("v1", (1,), ("x",), "island1", (0, 1))
+        spun = p.launch(spin, [p.input((1024,), v0), p.input((), v0, dtype="i32")], v0, [()])
+        plan = p.build([p.launch(add, [p.dcn(spun, v1, [()]), p.input((1024,), v1)], v1, [()])])
+        with Client(rt) as client:
+            trips = trips_for(client, spin_plan(plan_builder, device_map.topology, "island0"), LONG_S)
+            client.run(plan, [V, np.int32(1), V])[0].result(timeout=60)          # loaded and compiled before
+            until(lambda: all(i._pending == 0 for i in rt.islands.values()), "the islands idle", 30)   # inline next
+            y = V.copy()
+            [out] = client.run(plan, [V, np.int32(trips), y])
+            y[...] = np.nan
+            assert not rt.run_done(out._run)       # still parked at its recv when the argument was written
+            np.testing.assert_allclose(np.asarray(out.result(timeout=120)),
+                                       np.asarray(jax.jit(spin)(V, trips)) + V, rtol=1e-6)
+    finally:
+        rt.close()
+
+
 def test_a_thousand_failed_runs_keep_no_arrays(device_map, plan_builder):
     rt = Runtime(device_map)
     try:
