@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .input_files import parse_json, read_text
+
 
 class TopologyError(ValueError):
     """A topology description that is malformed or inconsistent."""
@@ -169,21 +171,12 @@ class Topology:
     @staticmethod
     def from_json(text: str, where: str = "topology") -> "Topology":
         """Parses JSON text (see the module docstring for the format)."""
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TopologyError(f"{where}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-        return Topology.from_python(value, where)
+        return Topology.from_python(parse_json(text, where, TopologyError), where)
 
     @staticmethod
     def load(path: str) -> "Topology":
         """Reads a topology JSON file."""
-        try:
-            with open(path) as f:
-                text = f.read()
-        except OSError as e:
-            raise TopologyError(f"{path}: cannot read topology: {e.strerror}") from None
-        return Topology.from_json(text, path)
+        return Topology.from_json(read_text(path, TopologyError, "topology"), path)
 
     @staticmethod
     def from_option(text: str) -> "Topology":

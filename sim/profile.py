@@ -60,12 +60,12 @@ fitted says so there.
 
 from __future__ import annotations
 
-import json
 import pathlib
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from pathways_mlir.dialect.device_time import PROFILE_DIR
+from pathways_mlir.dialect.input_files import read_json
 
 
 
@@ -180,15 +180,7 @@ def load_profile(name_or_path: str) -> Profile:
         path = PROFILE_DIR / f"{name_or_path}.json"
         if not path.exists():
             raise ProfileError(f"no profile named '{name_or_path}' (profiles: {', '.join(profile_names())})")
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    return Profile.from_python(value, str(path))
+    return Profile.from_python(read_json(path, ProfileError, "profile"), str(path))
 
 
 def profile_of_kind(device_kind: str) -> Profile:
