@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -224,8 +225,8 @@ def _number(raw: Mapping, key: str, where: str, positive: bool) -> float:
     if key not in raw:
         raise TopologyError(f"{where}: missing '{key}'")
     value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TopologyError(f"{where}: '{key}' must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= sys.float_info.max:
+        raise TopologyError(f"{where}: '{key}' must be a finite number, not {value!r:.40}")
     if value < 0 or (positive and value == 0):
         raise TopologyError(f"{where}: '{key}' must be {'positive' if positive else 'non-negative'}")
     return float(value)

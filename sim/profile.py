@@ -61,6 +61,7 @@ fitted says so there.
 from __future__ import annotations
 
 import pathlib
+import sys
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
@@ -210,8 +211,8 @@ def _record(cls, value: dict, key: str, where: str):
     kwargs = {}
     for f in fields(cls):
         v = raw.get(f.name, f.default if f.default is not MISSING else None)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ProfileError(f"{where}: {key}.{f.name} must be a non-negative number")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= sys.float_info.max:
+            raise ProfileError(f"{where}: {key}.{f.name} must be a finite non-negative number, not {v!r:.40}")
         kwargs[f.name] = int(v) if f.type == "int" else float(v)
     for f in fields(cls):
         if f.name in ("peak_tflops", "memory_gbytes_per_s", "bandwidth_gbps", "devices_per_host",
