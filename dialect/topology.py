@@ -147,8 +147,8 @@ class Topology:
             if not isinstance(raw, Mapping):
                 raise TopologyError(f"{at}: expected an object")
             island = Island(
-                name=_field(raw, "name", str, at),
-                device_kind=_field(raw, "device_kind", str, at),
+                name=_name(raw, "name", at),
+                device_kind=_name(raw, "device_kind", at),
                 hosts=_positive(raw, "hosts", at),
                 devices_per_host=_positive(raw, "devices_per_host", at),
                 device_memory_bytes=_positive(raw, "device_memory_bytes", at),
@@ -209,6 +209,14 @@ def _field(raw: Mapping, key: str, kind, where: str):
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         kind_name = getattr(kind, "__name__", str(kind))
         raise TopologyError(f"{where}: '{key}' must be {kind_name}, not {type(value).__name__}")
+    return value
+
+
+def _name(raw: Mapping, key: str, where: str) -> str:
+    """A name that every message quotes: non-empty and printable (a newline in it would break each one line)."""
+    value = _field(raw, key, str, where)
+    if not value or not value.isprintable():
+        raise TopologyError(f"{where}: '{key}' must be a non-empty printable name, not {value[:40]!r}")
     return value
 
 

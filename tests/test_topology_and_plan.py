@@ -43,6 +43,10 @@ def test_uniform_topology_round_trips_through_json():
      ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
      ' "dcn": {"latency_us": 1, "bandwidth_gbps": Infinity}}',
      "dcn: 'bandwidth_gbps' must be a finite number, not inf"),
+    # Quoted by every message about the island: a newline in it made pw-run's error two lines.
+    ('{"islands": [{"name": "x\\ny", "device_kind": "cpu", "hosts": 1, "devices_per_host": 4,'
+     ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
+     ' "dcn": {"latency_us": 1, "bandwidth_gbps": 1}}', "islands[0]: 'name' must be a non-empty printable name, not 'x"),
     ('{"islands": [{"name": "a", "device_kind": "cpu", "hosts": 1, "devices_per_host": 4,'
      ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
      ' "dcn": {"latency_us": 1' + "0" * 400 + ', "bandwidth_gbps": 1}}', "dcn: 'latency_us' must be a finite number"),
