@@ -20,6 +20,7 @@ import click
 from pathways_mlir import passes as _passes  # noqa: F401  (registers the passes)
 from pathways_mlir.dialect.context import ParseError, make_context, parse_module
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from_mlir_error
+from pathways_mlir.dialect.input_files import decode
 from pathways_mlir.dialect.structure import verify_structure
 from pathways_mlir.passes.pipeline import PipelineError, instantiate, parse_pipeline, run_passes, _parse_options
 from pathways_mlir.passes.registry import PASSES, PIPELINES, Pass
@@ -57,23 +58,6 @@ def split_input(text: str, split: bool) -> list[Chunk]:
         out.append(Chunk("\n" * (line - 1) + piece, line))
         line += piece.count("\n")
     return out
-
-
-def decode(data: bytes, filename: str) -> str:
-    """Decodes the input as UTF-8, or reports where it is not text."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{_position(data, e.start, filename)}: error: input is not valid UTF-8") from None
-    if "\x00" in text:
-        raise UsageError(f"{_position(data, data.index(0), filename)}: error: input contains a NUL byte")
-    return text
-
-
-def _position(data: bytes, offset: int, filename: str) -> str:
-    line = data.count(b"\n", 0, offset) + 1
-    column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
-    return f"{filename}:{line}:{column}"
 
 
 def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool, generic: bool,
@@ -196,7 +180,7 @@ def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | N
         data = sys.stdin.buffer.read() if input_file == "-" else open(input_file, "rb").read()
     except OSError as e:
         raise UsageError(f"{filename}: error: cannot read input: {e.strerror}") from None
-    text = decode(data, filename)
+    text = decode(data, filename, UsageError)
     outputs, failed = [], False
     for chunk in split_input(text, split_input_file):
         printed, diagnostics = process_chunk(chunk, passes, mlir_print_ir_after_all, mlir_print_op_generic,

@@ -23,6 +23,7 @@ import traceback
 
 import click
 
+from pathways_mlir.dialect.input_files import parse_json, read_text
 from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
@@ -54,14 +55,11 @@ def _plans_of(path: pathlib.Path, topology):
     from pathways_mlir.dialect.plan import ProgramPlan
     from pathways_mlir.passes import LoweringError, load_plans
 
-    text = path.read_text()
+    text = read_text(path, RunError)
     if path.suffix == ".json":
-        import json
-
+        value = parse_json(text, str(path), RunError)
         try:
-            plan = ProgramPlan.from_python(json.loads(text))
-        except RecursionError:
-            raise RunError(f"{path}: not a pw plan: JSON nested too deeply") from None
+            plan = ProgramPlan.from_python(value)
         except (ValueError, KeyError, TypeError) as e:
             raise RunError(f"{path}: not a pw plan: {type(e).__name__}: {e}") from None
         return _checked(path, {plan.program: plan})
@@ -151,7 +149,7 @@ def _describe(shape: dict[str, int]) -> str:
 
 
 def _run_script(path: pathlib.Path) -> None:
-    if not path.read_text().strip():
+    if not path.read_bytes().strip():          # its encoding is Python's to read (PEP 263)
         raise RunError(f"{path}: the script is empty: nothing to run")
     sys.argv = [str(path)]
     sys.path.insert(0, str(path.parent))

@@ -118,7 +118,10 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
     from pathways_mlir.runtime.runtime import Runtime
     from pathways_mlir.runtime.service import Service, ServiceError
 
-    limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections, max_header_bytes=max_header_bytes)
+    try:
+        limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections, max_header_bytes=max_header_bytes)
+    except ValueError as e:          # nan and inf pass click's FloatRange
+        raise ServeError(str(e)) from None
     try:
         runtime = Runtime(policy=policy, backend=backend, address=address, islands=islands, per_island=per_island,
                           device_memory_bytes=device_memory_bytes)

@@ -83,6 +83,8 @@ class DiagnosticEngine:
             location = SourceLocation("", 0, 0)
         else:
             location = SourceLocation.of(where.location)
+        # One line, whatever names the message quotes (a symbol or axis of the input may hold a newline).
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
         diagnostic = Diagnostic(severity, location, message, notes)
         self.diagnostics.append(diagnostic)
         return diagnostic

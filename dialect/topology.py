@@ -29,8 +29,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
+
+from .input_files import parse_json, read_text
 
 
 class TopologyError(ValueError):
@@ -144,8 +147,8 @@ class Topology:
             if not isinstance(raw, Mapping):
                 raise TopologyError(f"{at}: expected an object")
             island = Island(
-                name=_field(raw, "name", str, at),
-                device_kind=_field(raw, "device_kind", str, at),
+                name=_name(raw, "name", at),
+                device_kind=_name(raw, "device_kind", at),
                 hosts=_positive(raw, "hosts", at),
                 devices_per_host=_positive(raw, "devices_per_host", at),
                 device_memory_bytes=_positive(raw, "device_memory_bytes", at),
@@ -169,21 +172,12 @@ class Topology:
     @staticmethod
     def from_json(text: str, where: str = "topology") -> "Topology":
         """Parses JSON text (see the module docstring for the format)."""
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TopologyError(f"{where}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-        return Topology.from_python(value, where)
+        return Topology.from_python(parse_json(text, where, TopologyError), where)
 
     @staticmethod
     def load(path: str) -> "Topology":
         """Reads a topology JSON file."""
-        try:
-            with open(path) as f:
-                text = f.read()
-        except OSError as e:
-            raise TopologyError(f"{path}: cannot read topology: {e.strerror}") from None
-        return Topology.from_json(text, path)
+        return Topology.from_json(read_text(path, TopologyError, "topology"), path)
 
     @staticmethod
     def from_option(text: str) -> "Topology":
@@ -218,6 +212,14 @@ def _field(raw: Mapping, key: str, kind, where: str):
     return value
 
 
+def _name(raw: Mapping, key: str, where: str) -> str:
+    """A name that every message quotes: non-empty and printable (a newline in it would break each one line)."""
+    value = _field(raw, key, str, where)
+    if not value or not value.isprintable():
+        raise TopologyError(f"{where}: '{key}' must be a non-empty printable name, not {value[:40]!r}")
+    return value
+
+
 def _positive(raw: Mapping, key: str, where: str) -> int:
     value = _field(raw, key, int, where)
     if value <= 0:
@@ -231,8 +233,8 @@ def _number(raw: Mapping, key: str, where: str, positive: bool) -> float:
     if key not in raw:
         raise TopologyError(f"{where}: missing '{key}'")
     value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TopologyError(f"{where}: '{key}' must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= sys.float_info.max:
+        raise TopologyError(f"{where}: '{key}' must be a finite number, not {value!r:.40}")
     if value < 0 or (positive and value == 0):
         raise TopologyError(f"{where}: '{key}' must be {'positive' if positive else 'non-negative'}")
     return float(value)

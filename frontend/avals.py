@@ -86,6 +86,8 @@ def parse_aval(text: str) -> jax.ShapeDtypeStruct:
         raise ValueError(f"'{text}' has unknown element type '{match.group(1)}' "
                          f"(use f32, bf16, i32, i1, ui8, ... or a numpy dtype name)")
     shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+    if any(d >= 1 << 63 for d in shape):
+        raise ValueError(f"'{text}' has a dimension of more than a 64-bit integer holds (the IR's tensor types)")
     return aval_of(jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype)))
 
 

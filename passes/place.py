@@ -137,6 +137,8 @@ def parse_pins(text: str) -> dict[str, tuple[str, int | None]]:
         if match is None:
             raise OptionError(f"pin '{item}' of 'pw-place' must be slice=island or slice=island:first_device")
         first = match["first"]
+        if match["slice"] in pins:          # two places for one slice: neither is what was asked
+            raise OptionError(f"pin '{item}' of 'pw-place' pins slice '{match['slice']}' a second time")
         pins[match["slice"]] = (match["island"], None if first is None else int(first))
     return pins
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -64,9 +65,12 @@ class Option:
                 raise OptionError(f"option '{self.name}' of '{owner}' takes an integer, not '{text}'") from None
         if self.type is float:
             try:
-                return float(text)
+                value = float(text)
             except ValueError:
-                raise OptionError(f"option '{self.name}' of '{owner}' takes a number, not '{text}'") from None
+                value = math.nan
+            if not math.isfinite(value):      # nan and inf parse, and every comparison of the cost model is off
+                raise OptionError(f"option '{self.name}' of '{owner}' takes a finite number, not '{text}'")
+            return value
         return text
 
 

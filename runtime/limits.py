@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 
+MAX_SECONDS = 1e9      # a timeout past this (about 31 years) bounds nothing, and a socket cannot take inf
+
+
 @dataclass(frozen=True)
 class Limits:
     """What an endpoint allows each connection, and how many it serves; each is an `Endpoint` option.
@@ -20,7 +23,8 @@ class Limits:
     - `max_plans`: the plans one connection holds (4096; a `RemoteClient` has the endpoint forget a plan
       once nothing holds it);
     - `idle_timeout`: seconds a connection may send nothing, or take to send the rest of a frame, before
-      it is dropped (120 s; a `RemoteClient` sends a keepalive every quarter of it);
+      it is dropped (120 s; a `RemoteClient` sends a keepalive every quarter of it; at most `MAX_SECONDS`,
+      as `handshake_timeout`);
     - `handshake_timeout`: seconds a new connection has to prove it holds the key (10 s);
     - `max_connections`: connections served at once; the next is told so and closed (64);
     - `max_pending`: handshakes under way at once; past it the oldest is dropped (256);
@@ -42,6 +46,8 @@ class Limits:
         for name, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"endpoint limit {name} must be a positive number, not {value!r}")
+            if name.endswith("_timeout") and not value <= MAX_SECONDS:
+                raise ValueError(f"endpoint limit {name} must be at most {MAX_SECONDS:g} seconds, not {value!r}")
 
     def to_python(self) -> dict:
         """Returns the limits as JSON-ready data (sent to every client when it connects)."""

@@ -8,6 +8,9 @@ or a LAPACK kernel with results declared smaller than what it writes, and
 crash or corrupt the process that runs it. `check_plan` refuses, with one
 `PlanError` line naming the executable and the target or buffer:
 
+- ops outside `ALLOWED_DIALECTS` (MHLO's `custom_call` would go unchecked),
+  and ops that wait for the host (`HOST_OPS`: infeed, outfeed, send and
+  recv), whose launch would never end;
 - custom calls outside `ALLOWED_TARGETS`: the targets JAX guarantees stable
   (`jax.export`'s compatibility list) that run on the CPU without a host
   callback;
@@ -48,6 +51,14 @@ def _lapack(*families: str) -> dict[str, str]:
 _LAPACK_TARGETS = _lapack("potrf", "geqrf", "orgqr/ungqr", "syevd/heevd", "geev", "gesdd", "getrf",
                           "sytrd/hetrd", "gehrd", "gees", "trsm", "gtsv")
 ALLOWED_TARGETS = frozenset((*_XLA_TARGETS, *_LAPACK_TARGETS))
+
+# The dialects whose ops a plan's module may hold: what `jax.export` writes, and CHLO's and Shardy's ops, which
+# XLA expands or reads while compiling. An op of any other dialect JAX registers (MHLO's `custom_call`, which
+# XLA compiles as StableHLO's, and its `infeed`) is refused: the checks below read StableHLO's ops only.
+ALLOWED_DIALECTS = frozenset(("builtin", "func", "stablehlo", "chlo", "sdy"))
+# Ops that wait for the host to feed or read them, which nothing does: a launch of one never ends (XLA:CPU
+# blocks in `infeed` and `outfeed` forever) and holds its island.
+HOST_OPS = frozenset(("stablehlo.infeed", "stablehlo.outfeed", "stablehlo.send", "stablehlo.recv"))
 
 
 def check_plan(plan: ProgramPlan, where: str = "plan") -> None:
@@ -145,6 +156,12 @@ def _check_module(name: str, export, where: str) -> None:
         pending = [module.operation]
         while pending:
             op = pending.pop()
+            if op.name.partition(".")[0] not in ALLOWED_DIALECTS:
+                raise PlanError(f"{where}: executable @{name} holds a '{op.name[:80]}' op: a plan's executables "
+                                f"may hold ops of {', '.join(sorted(ALLOWED_DIALECTS))} only")
+            if op.name in HOST_OPS:
+                raise PlanError(f"{where}: executable @{name} holds a '{op.name}' op, which waits for the host: "
+                                f"nothing feeds it, and its launch would never end")
             if op.name == "stablehlo.custom_call":
                 _check_custom_call(name, op, where)
             for region in op.regions:

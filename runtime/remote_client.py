@@ -184,6 +184,7 @@ class RemoteClient:
             raise ValueError("RemoteClient needs the endpoint's key_path or its key (one of them)")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+        timeout = wait_limit(timeout)        # past what a lock can wait (infinity): no bound, as a result's
         key = read_key(key_path) if key is None else key
         self.address = address if isinstance(address, str) else tuple(address)
         self.name = name or (f"unix:{address}" if isinstance(address, str) else f"{address[0]}:{address[1]}")

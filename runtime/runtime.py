@@ -27,7 +27,7 @@ from .handles import release_dropped
 from .island_work import IslandLost, RunCancelled, client_owner, raised
 from .plan_check import check_plan
 from .policies import parse_policy
-from .resource_manager import ResourceManager
+from .resource_manager import ResourceManager, TopologyChanged
 from .run import Run
 from .scheduler import GangScheduler
 from .status import Status, gather
@@ -131,6 +131,7 @@ class Runtime:
             return loaded
         plan.validate()
         check_plan(plan)         # untrusted executables are refused before anything compiles them
+        self._check_fits(plan)
         loaded = LoadedPlan.build(plan)
         while True:
             with self._lock:
@@ -146,6 +147,22 @@ class Runtime:
             self.scheduler.forget_plan(loaded.key, lane)     # an island was restored meanwhile: load again
         weakref.finalize(plan, self._unused.put, (id(plan), loaded))
         return loaded
+
+    def _check_fits(self, plan: ProgramPlan) -> None:
+        """Raises TopologyChanged in one line if `plan` uses an island or devices this cluster does not have
+        now: a plan lowered for another cluster (or before an island was lost), or read from a file or a
+        socket. Its islands would fail it halfway (a device index or island name they do not have)."""
+        have = {island.name: island.num_devices for island in self.resources.topology.islands}
+        shown = ", ".join(f"{name}: {count} devices" for name, count in have.items())
+        for island in plan.islands:
+            if island not in have:
+                raise TopologyChanged(f"plan @{plan.program} has steps on {island[:40]!r}, which the cluster does "
+                                      f"not have ({shown}): lower it for this cluster")
+        for s in plan.slices.values():
+            if s.island not in have or s.devices[1] > have[s.island]:
+                raise TopologyChanged(f"plan @{plan.program} places slice {s.name[:40]!r} on devices "
+                                      f"[{s.devices[0]}, {s.devices[1]}) of {s.island[:40]!r}, which the cluster "
+                                      f"does not have ({shown}): lower it for this cluster")
 
     def _load_onto(self, islands: dict, loaded: LoadedPlan) -> FastLane | None:
         """Loads a plan onto `islands` (name -> island, read once: an island restored meanwhile is a new

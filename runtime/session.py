@@ -55,6 +55,7 @@ import base64
 import itertools
 import select
 import socket
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -329,10 +330,10 @@ def _peer_left(connection: socket.socket) -> bool:
 
 
 def _timeout(request: dict) -> float | None:
-    """A request's `timeout`: a non-negative number of seconds, or null (also when absent)."""
+    """A request's `timeout`: a finite non-negative number of seconds, or null (also when absent)."""
     timeout = request.get("timeout")
     if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                                or not timeout >= 0):
+                                or not 0 <= timeout <= sys.float_info.max):   # NaN, inf, ints past a float
         raise ValueError(f"request {str(request.get('op'))[:40]!r} needs 'timeout' as a non-negative number or "
                          f"null, not {timeout!r:.40}")
     return timeout

@@ -11,9 +11,10 @@ the simulation needs is an error, never wrapped around.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
+
+from pathways_mlir.dialect.input_files import read_json
 
 from .runs import SimError
 
@@ -59,13 +60,7 @@ class OutcomeStream:
 
 def load_trace(path: str) -> BranchOutcomes:
     """Reads a trace of predicate values: a JSON list of true/false or 1/0; one-line errors name the file."""
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except OSError as e:
-        raise SimError(f"{path}: cannot read the trace of predicate values: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise SimError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    value = read_json(path, SimError, "the trace of predicate values")
     if not isinstance(value, list) or not value or not all(v in (True, False) and not isinstance(v, float)
                                                            for v in value):
         raise SimError(f"{path}: a trace of predicate values is a non-empty JSON list of true/false or 1/0")

@@ -9,11 +9,11 @@ a plan JSON that lacks them for an executable it launches is refused.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 from dataclasses import dataclass
 
+from pathways_mlir.dialect.input_files import parse_json, read_text
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.plan_steps import Launch
 from pathways_mlir.dialect.topology import Island, Link, Topology, TopologyError
@@ -59,13 +59,11 @@ def profile_topology(text: str, profile: Profile) -> Topology:
 
 def load(path: pathlib.Path, topology: Topology | None) -> Loaded:
     """Reads plans from a plan JSON or a (lowered or not) `.mlir` file."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    text = read_text(path, InputError)
     if path.suffix == ".json":
+        value = parse_json(text, str(path), InputError)
         try:
-            plan = ProgramPlan.from_python(json.loads(text))
+            plan = ProgramPlan.from_python(value)
         except (ValueError, PlanError) as e:
             raise InputError(f"{path}: not a pw plan: {e}") from None
         missing = sorted({s.executable for steps in plan.islands.values() for s in steps

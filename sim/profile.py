@@ -60,12 +60,13 @@ fitted says so there.
 
 from __future__ import annotations
 
-import json
 import pathlib
+import sys
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from pathways_mlir.dialect.device_time import PROFILE_DIR
+from pathways_mlir.dialect.input_files import read_json
 
 
 
@@ -180,15 +181,7 @@ def load_profile(name_or_path: str) -> Profile:
         path = PROFILE_DIR / f"{name_or_path}.json"
         if not path.exists():
             raise ProfileError(f"no profile named '{name_or_path}' (profiles: {', '.join(profile_names())})")
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    return Profile.from_python(value, str(path))
+    return Profile.from_python(read_json(path, ProfileError, "profile"), str(path))
 
 
 def profile_of_kind(device_kind: str) -> Profile:
@@ -218,8 +211,8 @@ def _record(cls, value: dict, key: str, where: str):
     kwargs = {}
     for f in fields(cls):
         v = raw.get(f.name, f.default if f.default is not MISSING else None)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ProfileError(f"{where}: {key}.{f.name} must be a non-negative number")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= sys.float_info.max:
+            raise ProfileError(f"{where}: {key}.{f.name} must be a finite non-negative number, not {v!r:.40}")
         kwargs[f.name] = int(v) if f.type == "int" else float(v)
     for f in fields(cls):
         if f.name in ("peak_tflops", "memory_gbytes_per_s", "bandwidth_gbps", "devices_per_host",

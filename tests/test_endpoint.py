@@ -360,6 +360,25 @@ def test_a_zero_size_array_whose_other_dimensions_overflow_is_refused_in_one_lin
             assert later.object_count() == 0
 
 
+def test_a_timeout_that_is_not_a_finite_number_is_refused_by_name(runtime):
+    """Python's JSON reads Infinity, and integers of hundreds of digits no float holds: a fetch or share whose
+    timeout was one of these was served (Infinity) or failed with an OverflowError, not a refusal naming it."""
+    double = pw.jit(lambda x: 2 * x, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=None,
+                    out_specs=None)
+    with Endpoint(runtime) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        held = double.compiled(X, runtime=client)(X)
+        for op in (b"fetch", b"share"):
+            for timeout in (b"Infinity", b"NaN", b"1" + b"0" * 400):
+                header = b'{"op":"%s","handle":%d,"timeout":%s}' % (op, held._key, timeout)
+                with client._lock:
+                    client._socket.sendall(raw_frame(header))
+                    reply, _ = recv_message(client._socket)
+                assert reply["ok"] is False and reply["kind"] == "value" and reply["error"].startswith(
+                    f"request '{op.decode()}' needs 'timeout' as a non-negative number or null, not "), reply
+        np.testing.assert_allclose(np.asarray(held), 2 * X)          # the connection and its result stay
+
+
 def test_a_result_over_the_endpoints_array_limit_is_an_error_and_the_client_keeps_its_objects(runtime):
     """The endpoint cannot send the value (default: over 4 GiB): the fetch says so in one line, and the
     connection, and the client's objects, stay."""

@@ -6,7 +6,8 @@ the kernel writes, and a function returning (8192, 8192) where the plan declares
 check the first two crash the process (SIGSEGV, heap corruption); with it `Runtime.load`, `pw-run` and
 the service refuse each with one `PlanError` line naming the executable and the target or buffer, and
 the service goes on serving. JAX's own LAPACK lowerings (every kernel family, batched, real and complex,
-the modes that change shapes) pass.
+the modes that change shapes) pass. An op of a dialect JAX does not export (an MHLO custom call to the same
+host callback, which crashed pw-run) or one that waits for the host (infeed, which hung it) is refused too.
 """
 
 import base64
@@ -95,6 +96,60 @@ def test_pw_run_refuses_hostile_plan_files(tmp_path, fn, target, message):
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"pw-run: error: {path}: plan: executable @") and message in lines[0], lines
+
+
+T = "tensor<8x4xf32>"
+TOKEN = '%t = stablehlo.create_token : !stablehlo.token\n'
+# Modules JAX does not write, only a hand-made serialisation holds (`_with_body`): an MHLO custom call, which XLA
+# compiles as StableHLO's (this one crashed pw-run, SIGSEGV), and ops that wait for the host (XLA:CPU blocks in
+# infeed and outfeed forever: pw-run hung).
+HOSTILE_BODIES = {
+    "mhlo_callback": (f'%0 = "mhlo.custom_call"(%arg0) {{call_target_name = "xla_ffi_python_cpu_callback", '
+                      f'api_version = 4 : i32, has_side_effect = true, backend_config = {{index = 1099511627776 : '
+                      f'ui64}}}} : ({T}) -> {T}\nreturn %0 : {T}', "holds a 'mhlo.custom_call' op"),
+    "infeed": (TOKEN + f'%0:2 = "stablehlo.infeed"(%t) {{infeed_config = "", layout = [[1, 0]]}} : '
+                       f'(!stablehlo.token) -> ({T}, !stablehlo.token)\nreturn %0#0 : {T}',
+               "holds a 'stablehlo.infeed' op, which waits for the host"),
+    "outfeed": (TOKEN + f'%0 = "stablehlo.outfeed"(%arg0, %t) {{outfeed_config = ""}} : ({T}, !stablehlo.token) '
+                        f'-> !stablehlo.token\nreturn %arg0 : {T}', "holds a 'stablehlo.outfeed' op"),
+}
+
+
+def _with_body(plan, body: str):
+    """`plan` with its one executable's `@main` body replaced by the MLIR text `body`, serialised as
+    `jax.export` would (the module's bytecode in its `Exported`)."""
+    from jax.extend.mlir import ir
+    from jax.interpreters import mlir
+
+    (name,) = plan.executables
+    exported = jax.export.deserialize(bytearray(base64.b64decode(plan.executables[name])))
+    text = exported.mlir_module()
+    start = text.index("{\n", text.index("func.func public @main")) + 2
+    with mlir.make_ir_context():
+        module = ir.Module.parse(text[:start] + body + text[text.index("\n  }", start):])
+        hostile = dataclasses.replace(exported, mlir_module_serialized=mlir.module_to_bytecode(module))
+    return dataclasses.replace(plan, executables={name: base64.b64encode(hostile.serialize()).decode()})
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_BODIES))
+def test_ops_of_other_dialects_and_host_waits_are_refused(kind):
+    body, message = HOSTILE_BODIES[kind]
+    with pytest.raises(PlanError) as error:
+        pw.get_runtime().load(_with_body(_plan(), body))
+    text = str(error.value)
+    assert message in text and "executable @" in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("kind", ["mhlo_callback", "infeed"])
+def test_pw_run_refuses_them_in_one_line(tmp_path, kind):
+    body, message = HOSTILE_BODIES[kind]
+    path = tmp_path / "plan.json"
+    path.write_text(_with_body(_plan(), body).to_json())
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_run", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
 
 
 def test_an_arguments_mismatch_names_the_argument():

@@ -32,6 +32,8 @@ def test_module_targets_and_debug_info(capsys):
     ([f"{EXAMPLE}:nope"], "has no attribute 'nope'"),
     ([f"{EXAMPLE}:three_blocks", "--arg", "f32(8)"], "--arg 'f32(8)' is not a shape such as f32[8,16]"),
     ([f"{EXAMPLE}:three_blocks", "--arg", "q7[8]"], "unknown element type 'q7'"),
+    ([f"{EXAMPLE}:three_blocks", "--arg", f"f32[{1 << 63},16]"],      # was MLIR's two-line 'Unable to parse type'
+     "has a dimension of more than a 64-bit integer holds"),
     ([f"{EXAMPLE}:three_blocks", "--arg", "f32[3,16]"], "PlacementError: block_a at "),
     ([f"{EXAMPLE}:three_blocks"], "TypeError: three_blocks() missing 1 required positional argument"),
 ])

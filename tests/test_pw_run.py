@@ -66,7 +66,7 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
         tmp_path / "boom.py": "boom.py:2: ValueError: boom",
         tmp_path / "empty.py": "empty.py: the script is empty: nothing to run",
         tmp_path / "empty.mlir": "empty.mlir: no program to run: the file holds no pw.program",
-        tmp_path / "nested.json": "nested.json: not a pw plan: JSON nested too deeply",
+        tmp_path / "nested.json": "nested.json: invalid JSON: nested too deeply",
         tmp_path / "dir": "dir: is a directory: give a .py script, a .mlir file or a .json plan",
     }
     (tmp_path / "empty.py").write_text("")

@@ -31,6 +31,9 @@ def test_status_asks_the_service_of_the_default_service_file(tmp_path):
         result = status("--timeout", "60", env=env)      # generous on a loaded machine; the default is 10 s
         assert result.returncode == 0, result.stderr
         assert "island0" in result.stdout and "island1" in result.stdout
+        # No bound, as a result's infinite timeout (it was an internal error: OverflowError for time_t).
+        unbounded = status("--timeout", "inf", env=env)
+        assert unbounded.returncode == 0 and "island1" in unbounded.stdout, unbounded.stderr
     finally:
         proc.terminate()
         proc.wait(timeout=30)

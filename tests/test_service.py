@@ -211,6 +211,10 @@ def test_service_errors_are_one_line(service, tmp_path):
          "--status asks a service (--service-file) or a Ray cluster (--address), not both"),
         (["--islands", "2"], "--islands and --per-island go together"),
         (["--address", "auto"], "--address names a Ray cluster to own islands on: it needs --backend ray"),
+        # nan and inf pass click's FloatRange: nan was an internal error, and with inf the service dropped every
+        # connection before its welcome (a socket cannot take an infinite timeout).
+        (["--idle-timeout", "nan"], "endpoint limit idle_timeout must be a positive number, not nan"),
+        (["--idle-timeout", "inf"], "endpoint limit idle_timeout must be at most 1e+09 seconds, not inf"),
     ]
     for args, error in cases:
         result = subprocess.run([*SERVE, *args], capture_output=True, text=True, timeout=TIMEOUT)

@@ -21,6 +21,7 @@ from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.island_work import RunCancelled
 from pathways_mlir.runtime.remote_client import RemoteError, RemoteSharedRef
+from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.service import open_connection
 
@@ -195,6 +196,28 @@ def test_a_released_handle_or_one_of_a_closed_connection_reads_as_in_process(sid
             assert type(error) is ValueError, (side, error)
             assert re.fullmatch(r"(remote )?handle .* belongs to (the )?closed (client|connection).*: its result was "
                                 r"released", str(error)), error
+
+
+@pytest.mark.parametrize("pin, where", [("island0:6", "places slice '.*' on devices \\[6, 8\\) of 'island0'"),
+                                        ("island2", "has steps on 'island2'")])
+def test_a_plan_for_devices_the_cluster_lacks_is_refused_in_one_line(sides, pin, where):
+    """A plan placed on devices or an island the cluster does not have (lowered for another cluster, or sent by
+    a hostile peer) failed its run halfway with the island's `IndexError: tuple index out of range` (or
+    `KeyError: 'island2'`); now its load is refused with TopologyChanged naming the slice or island."""
+    from pathways_mlir.dialect.topology import Topology
+    from pathways_mlir.passes import lower_to_plans
+
+    anywhere = pw.jit(lambda x: x + 1.0, slice=pw.virtual_slice(2, axes="d"), in_specs=P("d"), out_specs=P("d"))
+    lowered = anywhere.lower(X)
+    [name] = [str(op.attributes["sym_name"]).strip('"') for op in lowered.module.body.operations
+              if op.operation.name == "pw.virtual_slice"]
+    plan = lower_to_plans(lowered.module, Topology.uniform(3, 8), pin=f"{name}={pin}")[lowered.program]
+    for side in ("embedded", "service"):
+        error = raised(lambda: sides[side][0].run(plan, [X]))
+        assert isinstance(error, TopologyChanged), (side, error)
+        assert re.search(f"plan @lambda {where}, which the cluster does not have \\(island0: 2 devices, island1: 2 "
+                         f"devices\\): lower it for this cluster", str(error)) and "\n" not in str(error), error
+    np.testing.assert_allclose(np.asarray(inc.run(X, client=sides["service"][0])), X + 1.0)
 
 
 def test_a_result_still_being_computed_is_waited_for_in_requests_answered_within_the_deadline(computing):

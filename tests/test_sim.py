@@ -11,7 +11,7 @@ from pathways_mlir.cli.pw_sim import main as pw_sim
 from pathways_mlir.sim import inputs, network, trace
 from pathways_mlir.dialect.plan_steps import Send
 from pathways_mlir.sim.engine import SimError, Simulator, Submission
-from pathways_mlir.sim.profile import Host, LinkSpec, ProfileError, load_profile
+from pathways_mlir.sim.profile import PROFILE_DIR, Host, LinkSpec, ProfileError, load_profile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 US = 1e-6
@@ -175,7 +175,7 @@ def test_bad_profiles_and_inputs_are_one_line(tmp_path, capsys):
     bad.write_text('{"name": "x", "device_kinds": ["x"], "accelerator": {"peak_tflops": -1}}')
     ir_path = str(ROOT / "examples" / "three_blocks.mlir")
     for argv, message in (
-            (["run", ir_path, "--profile", str(bad), "--topology", "2x8"], "must be a non-negative number"),
+            (["run", ir_path, "--profile", str(bad), "--topology", "2x8"], "must be a finite non-negative number"),
             (["run", ir_path, "--profile", "no-such"], "no profile named 'no-such'"),
             (["run", ir_path], "needs --topology"),
             (["run", str(tmp_path / "missing.json")], "no such file"),
@@ -191,6 +191,21 @@ def test_bad_profiles_and_inputs_are_one_line(tmp_path, capsys):
         assert pw_sim(argv) == 1
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and message in err, (argv, err)
+
+
+@pytest.mark.parametrize("field, value", [("peak_tflops", float("nan")), ("peak_tflops", float("inf")),
+                                          ("memory_bytes", float("inf"))])
+def test_a_profile_number_that_is_not_finite_is_one_line(tmp_path, capsys, field, value):
+    # NaN and Infinity are JSON to Python: a NaN rate simulated as if it were a number (exit 0), an infinite
+    # int field was an internal error (OverflowError).
+    profile = json.loads((PROFILE_DIR / "cpu-here.json").read_text())
+    profile["accelerator"][field] = value
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    ir_path = str(ROOT / "examples" / "three_blocks.mlir")
+    assert pw_sim(["run", ir_path, "--profile", str(path), "--topology", "2x8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"accelerator.{field} must be a finite non-negative number, not {value}" in err
 
 
 def test_pw_sim_run_writes_a_labelled_record_and_a_trace(tmp_path, capsys):

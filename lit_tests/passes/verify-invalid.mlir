@@ -163,6 +163,19 @@ func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
 
 // -----
 
+// A name of the input quoted in a message keeps it one line: a newline in it is escaped.
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
+}
+func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  // expected-error@below {{sharding [["x\ny"]] names axis 'x\ny' which the slice does not have (axes: x)}}
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[[]]], out_shardings = [[["x\0Ay"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 // An axis splits at most one dimension.
 "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
 module @f attributes {pw.executable} {

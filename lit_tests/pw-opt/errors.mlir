@@ -1,6 +1,8 @@
 // RUN: not pw-opt %s 2>&1 | FileCheck %s --check-prefix=PARSE
 // RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-nope)' 2>&1 | FileCheck %s --check-prefix=PIPELINE
 // RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-verify{bogus=1})' 2>&1 | FileCheck %s --check-prefix=OPTION
+// RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-fuse-island{step_us=nan})' 2>&1 | FileCheck %s --check-prefix=NAN
+// RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-place{pin=a=island0,a=island1})' 2>&1 | FileCheck %s --check-prefix=PIN
 // RUN: not pw-opt %t.missing-input 2>&1 | FileCheck %s --check-prefix=MISSING
 // RUN: %python -c "print('module {' * 300 + '}' * 300)" > %t.deep.mlir
 // RUN: not pw-opt %t.deep.mlir 2>&1 | FileCheck %s --check-prefix=DEEP
@@ -15,6 +17,8 @@
 
 // PIPELINE: pw-opt: error: invalid pass pipeline: 'pw-nope' is not a registered pass or pipeline (known: {{.*}}pw-verify
 // OPTION: pw-opt: error: invalid pass pipeline: 'pw-verify' has no option 'bogus'
+// PIN: pw-opt: error: invalid pass pipeline: pin 'a=island1' of 'pw-place' pins slice 'a' a second time
+// NAN: pw-opt: error: invalid pass pipeline: option 'step_us' of 'pw-fuse-island' takes a finite number, not 'nan'
 // MISSING: missing-input: error: cannot read input: No such file or directory
 
 // Nesting deep enough to overflow MLIR's parser is refused before parsing.

@@ -1,0 +1,84 @@
+"""Input files that are not UTF-8 or that Python's JSON reader cannot take are one-line errors in every tool.
+
+Before `dialect/input_files.py`, pw-opt alone checked its input's encoding: a profile, topology, trace of
+predicate values, plan JSON or IR file given to pw-sim or pw-run that held a byte that is not UTF-8, JSON
+nested deeper than Python's recursion limit, or an integer of more than 4300 digits ended in
+`internal error: UnicodeDecodeError` (RecursionError, ValueError) with exit status 2.
+"""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from pathways_mlir.dialect.input_files import read_json, read_text
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONTENTS = {
+    "not-utf8": (b'{"name": "\xff"}', ":1:11: error: {what} is not valid UTF-8"),
+    "deep": (b"[" * 100_000 + b"]" * 100_000, ": invalid JSON: nested too deeply"),
+    "digits": (b"[" + b"7" * 5000 + b"]", ": invalid JSON: Exceeds the limit (4300 digits)"),
+    "nul": (b'{"a":\n 1\x00}', ":2:3: error: {what} contains a NUL byte"),
+}
+
+
+class Refused(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kind", sorted(CONTENTS))
+def test_read_json_refuses_in_one_line(tmp_path, kind):
+    data, message = CONTENTS[kind]
+    path = tmp_path / f"{kind}.json"
+    path.write_bytes(data)
+    with pytest.raises(Refused) as raised:
+        read_json(path, Refused, "profile")
+    assert str(raised.value).startswith(f"{path}{message.format(what='profile')}")
+    assert "\n" not in str(raised.value)
+
+
+def test_read_text_names_a_file_it_cannot_read(tmp_path):
+    with pytest.raises(Refused, match=r"missing.json: cannot read topology: No such file or directory$"):
+        read_text(tmp_path / "missing.json", Refused, "topology")
+
+
+def _plan() -> str:
+    """A plan JSON of the three-block example, from pw-opt."""
+    ir = ROOT / "examples" / "three_blocks.mlir"
+    done = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", str(ir), "--pw-lower=topology=2x4",
+                           "--emit=plan-json", "-o", "-"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+# Each reader of an input file, through its tool, with one kind of bad content (the readers share
+# `read_json`/`read_text`, whose every kind the tests above check).
+READERS = {
+    "pw-sim --profile": ("profile.json", "not-utf8", ["pw_sim", "run", "{plan}", "--profile", "{bad}"]),
+    "pw-sim --topology": ("topology.json", "deep", ["pw_sim", "run", "{ir}", "--topology", "{bad}"]),
+    "pw-sim --branch-trace": ("trace.json", "digits", ["pw_sim", "run", "{plan}", "--branch-trace", "{bad}"]),
+    "pw-sim plan": ("plan.json", "not-utf8", ["pw_sim", "run", "{bad}"]),
+    "pw-sim ir": ("module.mlir", "not-utf8", ["pw_sim", "run", "{bad}", "--topology", "2x4"]),
+    "pw-run plan": ("plan.json", "not-utf8", ["pw_run", "{bad}"]),
+    "pw-run ir": ("module.mlir", "not-utf8", ["pw_run", "{bad}"]),
+    "pw-opt topology": ("topology.json", "not-utf8",
+                        ["pw_opt", "{ir}", "--pass-pipeline=builtin.module(pw-lower{{topology={bad}}})"]),
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_tool_refuses_a_bad_input_file_in_one_line(tmp_path, reader):
+    name, kind, argv = READERS[reader]
+    bad = tmp_path / name
+    bad.write_bytes(CONTENTS[kind][0])
+    plan = tmp_path / "good-plan.json"
+    if "{plan}" in argv:
+        plan.write_text(_plan())
+    args = [a.format(bad=bad, plan=plan, ir=ROOT / "examples" / "three_blocks.mlir") for a in argv]
+    done = subprocess.run([sys.executable, "-m", f"pathways_mlir.cli.{args[0]}", *args[1:]],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0], done.stderr
+    assert "internal error" not in done.stderr
