@@ -145,7 +145,8 @@ def test_an_island_actor_killed_is_lost_then_restored(rt, kill):
         # The next call lowers again, onto the survivor.
         np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
         assert anywhere.compiled(X, runtime=rt).plan.slices["ray_free"].island == survivor
-        with pytest.raises(ValueError, match=f"cannot place slice .* in island '{victim}'; free: island"):
+        with pytest.raises(ValueError, match=f"cannot place slice .*: it asks for island '{victim}', which the "
+                                             f"topology does not have"):
             plus1[victim].run(X, client=client)
         # Brought back by hand (its node is alive): a fresh actor, which its peer sends to and receives from.
         rt.restore_island(victim)
