@@ -38,17 +38,6 @@ class RunWaiters:
         self.count = 0
 
 
-def _copy_host_arrays(run: IslandRun) -> None:
-    """Replaces the NumPy arrays in a run's slots with copies, when its instructions stop before its program is
-    over (parked at a Recv, or waiting for its next work). `_place` leaves a caller's NumPy argument in its slot
-    for its launch to place; once the run stops here, its caller's call may return and write into that array
-    before the launch reads it (as `host_arrays_copied` copies a waiting run's)."""
-    slots = run.slots
-    for i, value in enumerate(slots):
-        if type(value) is np.ndarray:
-            slots[i] = value.copy()
-
-
 class IslandExecutor:
     """The executor and completion tracker of an island (`Island` inherits them; its state is the island's)."""
 
@@ -342,8 +331,6 @@ class IslandExecutor:
         under one take of the lock."""
         self._executing = None
         run.executing = False
-        if run.queue or not run.last:
-            _copy_host_arrays(run)               # parked, or waiting for its next work
         with self.lock:
             if self.wedged is not None and self._awaited is None:
                 self.wedged = None           # the stuck instruction returned: the island serves again
