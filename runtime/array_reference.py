@@ -140,9 +140,8 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__divmod__", "__rdivmod__", "__pow__",
               "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
               "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__lt__", "__le__", "__gt__",
-              "__ge__", "__eq__", "__ne__", "__neg__", "__pos__", "__abs__", "__invert__", "__round__"):
-    setattr(ArrayReference, _name, _on_value(_name))
-for _name in ("reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "sum", "mean", "prod", "max",
+              "__ge__", "__eq__", "__ne__", "__neg__", "__pos__", "__abs__", "__invert__", "__round__",
+              "reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "sum", "mean", "prod", "max",
               "min", "std", "var", "all", "any", "argmax", "argmin", "sort", "argsort", "cumsum", "cumprod", "clip",
               "round", "dot", "conj", "take", "diagonal", "trace", "repeat"):
     setattr(ArrayReference, _name, _on_value(_name))
