@@ -76,7 +76,7 @@ class CopyInstruction:
     frees folded into it. `in_place`: the source is the run's own and every destination device holds its
     shard already, so the array is assembled from them by this function (`in_place_assembly`; no copy).
     `to_host`: JAX's move would go through the host (`through_host`) and the destination's one reader is a
-    launch that places a host array itself (`launched_buffers`), so the array is fetched to the host and
+    launch that places a host array itself (`ProgramPlan.launch_placed`), so the array is fetched to the host and
     handed to that launch as it is."""
 
     __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears", "in_place", "to_host")
@@ -167,7 +167,7 @@ class IslandLayout:
     shardings: dict[int, object]         # buffer id -> its home NamedSharding
     outputs: tuple[tuple[int, int], ...]  # (buffer, slot) of the program's results on this island
     devices: int                         # how many of the island's devices the plan's slices here cover
-    launched: frozenset[int]             # buffers whose one reader, a launch, places NumPy (`launched_buffers`)
+    launched: frozenset[int]             # buffers whose one reader, a launch, places NumPy (`ProgramPlan.launch_placed`)
 
     @staticmethod
     def build(island: "Island", plan: ProgramPlan) -> "IslandLayout":
@@ -178,24 +178,7 @@ class IslandLayout:
                      for b in mine}
         covered = {d for s in plan.slices.values() if s.island == island.name for d in s.device_ids()}
         return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot), len(covered),
-                            launched_buffers(plan, island.name))
-
-
-def launched_buffers(plan: ProgramPlan, island: str) -> frozenset[int]:
-    """Returns the buffers of `island` whose one reader is a launch on their own slice that reads them once,
-    neither program results nor donated. A NumPy array in such a buffer's slot is placed by that launch:
-    its executable is compiled with the buffer's home sharding, so JAX's call of it puts the array there
-    itself, in C++ (one transfer), where a `jax.device_put` first costs about 100 us of Python more. Host
-    arrays go there from a run's arguments (`IslandExecutor._place`) and from copies that go through the
-    host anyway (`CopyInstruction`)."""
-    readers: dict[int, list[Step]] = {}
-    for step in (*plan.islands.get(island, ()), *plan.host_steps):
-        for b in step.reads():
-            readers.setdefault(b, []).append(step)
-    return frozenset(
-        b for b, steps in readers.items()
-        if len(steps) == 1 and isinstance(launch := steps[0], Launch) and launch.inputs.count(b) == 1
-        and launch.slice == plan.buffers[b].slice and b not in plan.outputs and b not in plan.donated)
+                            plan.launch_placed(island.name))
 
 
 def _awaited(plan: ProgramPlan, recv: Recv) -> str:

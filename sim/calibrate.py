@@ -1,7 +1,8 @@
 """Fitting the `cpu-here` profile to measured calibration programs.
 
 The simulator is a black box of a few parameters: the controller's work per
-run, per message and per sequential step, an island's work per step, the
+run, per message and per sequential step, an island's work per step and per
+input it puts (or, in parallel dispatch, that its launch places), the
 device's fixed cost per launch, its flop rate and memory bandwidth, a copy's
 reshard, the ICI bandwidth and the DCN latency. Robust least squares (soft L1, in log space,
 so every parameter stays positive) finds the values whose simulated run times best
@@ -30,7 +31,8 @@ from .profile import Accelerator, Host, LinkSpec, Profile
 
 # (record, field, starting value)
 PARAMETERS = (
-    ("host", "run_us", 100.0), ("host", "input_us", 20.0), ("pcie", "bandwidth_gbps", 20.0),
+    ("host", "run_us", 100.0), ("host", "input_us", 100.0), ("host", "launch_input_us", 20.0),
+    ("pcie", "bandwidth_gbps", 20.0),
     ("host", "message_us", 10.0), ("host", "message_latency_us", 50.0), ("host", "step_us", 20.0),
     ("host", "recv_us", 100.0), ("host", "cond_us", 100.0), ("host", "cond_thread_us", 100.0),
     ("host", "sequential_step_us", 40.0), ("accelerator", "launch_us", 20.0), ("accelerator", "launch_device_us", 20.0),
@@ -59,7 +61,8 @@ def cpu_profile(values: dict[tuple[str, str], float], sources: dict[str, str]) -
         host=Host(get("host", "run_us"), get("host", "input_us"), get("host", "message_us"),
                   get("host", "message_latency_us"), 0.0,
                   get("host", "step_us"), get("host", "sequential_step_us"), get("host", "recv_us"),
-                  get("host", "cond_us"), cond_thread_us=get("host", "cond_thread_us"), inline=1, interpreter_lock=1),
+                  get("host", "cond_us"), cond_thread_us=get("host", "cond_thread_us"), inline=1, interpreter_lock=1,
+                  launch_input_us=get("host", "launch_input_us")),
         sources=sources)
 
 

@@ -20,7 +20,10 @@ scheduler.py, island_program.py), with times from the profile:
 3. Each island has one host thread. A run's message costs it `per_host_us`
    for each host the run uses on the island (the fan-out) and `input_us`
    per program input it puts on its devices (the data then crosses PCIe;
-   inputs a submission says are resident already are not put), then
+   inputs a submission says are resident already are not put; in parallel
+   dispatch an input whose one reader is a launch on its slice,
+   `ProgramPlan.launch_placed`, is placed by that launch instead, for
+   `launch_input_us`), then
    `step_us` per launch, copy and send (and per free in sequential
    dispatch, where a free is a message of its own; parallel dispatch folds
    it into the step before it), and `recv_us` per recv whose data arrived
@@ -287,8 +290,11 @@ class Simulator(HostConds):
         plan, host = run.prep.plan, self.profile.host
         sources = {b: run.on_devices.get(b, (None, None, None)) for b in buffers}
         moved = {b: source for b, (on, source, _) in sources.items() if on == island}   # buffer -> its slice here
-        run.fanout[island] = run.fanout.get(island, 0.0) + (host.input_us * (len(buffers) - len(moved))
-                                                            + host.step_us * len(moved)) * 1e-6
+        launched = [b for b in buffers if b not in moved and b in run.prep.launch_placed
+                    and run.sub.dispatch is DispatchMode.PARALLEL]
+        run.fanout[island] = run.fanout.get(island, 0.0) + (
+            host.input_us * (len(buffers) - len(moved) - len(launched)) + host.launch_input_us * len(launched)
+            + host.step_us * len(moved)) * 1e-6
         for b in buffers:
             dst = plan.buffers[b].slice
             link = (("ici", "out", island, moved[b]), ("ici", "in", island, dst)) if b in moved \

@@ -28,6 +28,7 @@ class PreparedPlan:
         self.inputs: dict[str, list[int]] = {}
         for b in self.plan.inputs:
             self.inputs.setdefault(self.plan.island_of(b), []).append(b)
+        self.launch_placed = frozenset().union(*(self.plan.launch_placed(i) for i in self.islands))
         self.order = [self.plan.steps[sid] for sid in self.plan.topological_order]
         self.held = self.plan.conds_before
         self.first = {i: tuple(s for s in self.plan.islands[i] if not self.held[s.id]) for i in self.islands}

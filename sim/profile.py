@@ -38,7 +38,9 @@ bundled ones are also the device-rate table placement and admission read
 - host: the controller's work per run (`run_us`) and per message
   (`message_us`), a message's flight time (`message_latency_us`), an
   island's fan-out of a run to each of its hosts (`per_host_us`), its work
-  per program input it puts on devices (`input_us`), per step (`step_us`)
+  per program input it puts on devices (`input_us`; in parallel dispatch,
+  `launch_input_us` for an input the launch that reads it places itself,
+  `ProgramPlan.launch_placed`), per step (`step_us`)
   and per recv whose data arrived (`recv_us`: the delivery is moved to its
   home sharding on the island's thread), and the controller's work per step
   when dispatch is sequential (`sequential_step_us`), per `pw.cond`
@@ -132,6 +134,7 @@ class Host:
     cond_thread_us: float = 0.0  # per run with conds, parallel dispatch: starting and ending its cond thread
     inline: int = 0             # 1: the caller runs an idle island's work itself (the embedded runtime)
     interpreter_lock: int = 0   # 1: all host threads' work takes one lock (CPython's GIL), one piece at a time
+    launch_input_us: float = 0.0  # parallel dispatch: a launch's work to place a host input it reads itself
 
 
 @dataclass(frozen=True)

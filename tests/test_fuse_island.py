@@ -172,17 +172,16 @@ def test_a_host_argument_read_by_one_launch_is_placed_by_that_launch(runtime, mo
     import dataclasses
 
     from pathways_mlir.runtime import island_executor
-    from pathways_mlir.runtime.island_program import launched_buffers
 
     example = three_blocks_example()
     expected = jax.jit(example.block_c.fn)(jax.jit(example.block_b.fn)(jax.jit(example.block_a.fn)(X)))
     fused, unfused = (plan_of(example.three_blocks, runtime, fuse, X) for fuse in (True, False))
-    assert launched_buffers(fused, "island0") == set(fused.inputs)
+    assert fused.launch_placed("island0") == set(fused.inputs)
     copied = {s.dst_buffer for s in unfused.islands["island0"] if isinstance(s, Copy)}
-    assert launched_buffers(unfused, "island0") == set(unfused.inputs) | copied and len(copied) == 2
+    assert unfused.launch_placed("island0") == set(unfused.inputs) | copied and len(copied) == 2
     # An input that is a program result too, or that is donated, is placed first, as before.
-    assert not launched_buffers(dataclasses.replace(fused, outputs=(*fused.outputs, *fused.inputs)), "island0")
-    assert not launched_buffers(dataclasses.replace(fused, donated=fused.inputs), "island0")
+    assert not dataclasses.replace(fused, outputs=(*fused.outputs, *fused.inputs)).launch_placed("island0")
+    assert not dataclasses.replace(fused, donated=fused.inputs).launch_placed("island0")
     placed = []
 
     def counted(array, sharding):

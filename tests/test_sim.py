@@ -461,3 +461,16 @@ def test_a_free_is_a_step_of_the_islands_thread_only_in_sequential_dispatch(disp
     result = Simulator(load_profile("cpu-here"), record_spans=True).simulate([Submission(plan, dispatch)])
     taken = {s.name for s in result.spans if s.kind == "host"} & frees
     assert frees and taken == (frees if dispatch == "sequential" else set())
+
+
+def test_an_input_its_launch_places_costs_launch_input_us_in_parallel_dispatch_and_input_us_in_sequential():
+    """The runtime leaves a host input whose one reader is a launch to that launch (`ProgramPlan.launch_placed`)
+    in parallel dispatch; in sequential dispatch the input's own message puts it before the launch is sent."""
+    plan = plan_of(chain_ir(2), simple_profile())
+    assert set(plan.inputs) <= plan.launch_placed("island0")
+    for dispatch, charged in (("parallel", "launch_input_us"), ("sequential", "input_us")):
+        times = {name: Simulator(simple_profile(**{name: 40.0})).simulate(
+            [Submission(plan, dispatch)], closed_loop=True).latency() for name in ("input_us", "launch_input_us")}
+        base = Simulator(simple_profile()).simulate([Submission(plan, dispatch)], closed_loop=True).latency()
+        assert times[charged] - base == pytest.approx(40 * US)
+        assert times[({"input_us", "launch_input_us"} - {charged}).pop()] == pytest.approx(base)
