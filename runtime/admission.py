@@ -115,6 +115,16 @@ class MemoryLedger:
                     return False
         return True
 
+    def within(self, need: Need) -> bool:
+        """Returns whether what is reserved now on the devices of `need` is within their capacity: whether
+        `need`, reserved among it, would fit again once given back (a need's ranges do not overlap)."""
+        for island, ranges in need.items():
+            used, capacity = self.used[island], self.capacity[island]
+            for begin, end, _ in ranges:
+                if max(used[begin:end]) > capacity:
+                    return False
+        return True
+
     def take(self, need: Need) -> None:
         """Reserves `need`."""
         for island, ranges in need.items():

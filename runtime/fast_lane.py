@@ -157,11 +157,10 @@ class FastLane:
         reserved without it (the results that live handles hold are: the next run then takes the general
         path, which says so). Under the scheduler's lock."""
         self.in_use -= 1
-        ledger = self.scheduler.ledger
-        ledger.give(self.loaded.need)
-        if not queued and self.kept and ledger.fits(self.loaded.need):
-            ledger.take(self.loaded.need)
-            self.free += 1
+        if not queued and self.kept and self.scheduler.ledger.within(self.loaded.need):
+            self.free += 1       # its reservation stays, the lane's now
+        else:
+            self.scheduler.ledger.give(self.loaded.need)
 
     def reclaim(self) -> bool:
         """Gives the lane's unused credits back to the ledger; returns whether there were any. Under the
