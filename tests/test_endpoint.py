@@ -671,3 +671,44 @@ def test_a_plan_is_kept_while_a_connection_that_loaded_it_is_open(runtime, plan_
             return len(endpoint._plans) == 0 and len(runtime._loaded) == 0 and \
                 all(not island._plans for island in runtime.islands.values())
         until(forgotten, "the plan forgotten once the connections closed", TIMEOUT)
+
+
+def test_a_result_computed_when_its_run_is_answered_comes_with_the_answer(runtime):
+    """A run through an idle island goes through it on the request's own thread, so its results are often
+    computed when the endpoint answers: those within `INLINE_BYTES` then travel with the answer and are read
+    without a request (here, after the endpoint is gone); a larger one is fetched, as before."""
+    from pathways_mlir.runtime.session import INLINE_BYTES
+
+    one = pw.virtual_slice(1, axes="d", island="island0")
+    small = pw.jit(affine, slice=one, in_specs=None, out_specs=None)
+    tile = pw.jit(lambda x: jnp.tile(x, (INLINE_BYTES // X.nbytes + 1, 1)), slice=one, in_specs=None,
+                  out_specs=None)
+    endpoint = Endpoint(runtime)
+    client = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+    try:
+        # XLA computes a small computation on one device before its call returns, all but always.
+        brought = [h for h in (small.compiled(X, runtime=client)(X) for _ in range(20)) if h._value is not None]
+        assert brought
+        fetched = tile.compiled(X, runtime=client)(X)
+        assert fetched.size * fetched.dtype.itemsize > INLINE_BYTES
+        endpoint.close()
+        np.testing.assert_allclose(np.asarray(brought[0]), affine(X), rtol=1e-6)
+        assert brought[0].block_until_ready() is brought[0]
+        with pytest.raises(ServiceError, match="the service at unix:"):
+            np.asarray(fetched)
+    finally:
+        client.close()
+        endpoint.close()
+
+
+@pytest.mark.parametrize("entry", [[0, [8, 16], "float32", 1], [0, [8, 16], "float32", "0"],
+                                   [0, [4, 16], "float32", 0], [0, [8, 16], "int32", 0],
+                                   [0, [8, 16], "float32", 0, 0]])
+def test_a_run_reply_naming_a_value_it_does_not_bring_is_one_line(entry):
+    from pathways_mlir.runtime.remote_client import _brought
+
+    with pytest.raises(RemoteError, match=r"^the service at unix:/s sent a malformed run reply: handle entry .* "
+                                          r"names no array of its shape and dtype$"):
+        _brought(entry, [X], entry[1], entry[2], "unix:/s")
+    assert _brought(entry[:3], [], entry[1], entry[2], "unix:/s") is None
+    np.testing.assert_array_equal(_brought([0, [8, 16], "float32", 0], [X], [8, 16], "float32", "unix:/s"), X)
