@@ -257,14 +257,16 @@ class Dispatcher:
         branch = cond.then_plan if predicate else cond.else_plan
         inner = self.start(branch, [self.fetch(run, b) for b in cond.inputs], mode, parent=run)
         inputs: dict[str, list[tuple[int, Any]]] = {}
-        for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
-            value = self.fetch(inner, inner_buffer)
-            island = run.island_of(buffer)
-            if island is None:
-                run.settle_host(buffer, value)   # unless the run failed meanwhile (a cancel)
-            else:
-                inputs.setdefault(island, []).append((buffer, value))
-        self.runtime.release_results(inner)
+        try:
+            for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
+                value = self.fetch(inner, inner_buffer)
+                island = run.island_of(buffer)
+                if island is None:
+                    run.settle_host(buffer, value)   # unless the run failed meanwhile (a cancel)
+                else:
+                    inputs.setdefault(island, []).append((buffer, value))
+        finally:
+            self.runtime.release_results(inner)  # within the parent's reservation: none is kept for it
         return inputs
 
     # -- sequential ----------------------------------------------------------

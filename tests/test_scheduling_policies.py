@@ -14,7 +14,9 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from fetching import until
 from test_admission_and_lifetimes import X, cross_island, tanh2
+from test_fast_lane import running_inline
 from test_islands_on_their_own import V, small_plan, spin_plan
 from test_service import SERVE, TIMEOUT, procs, serve  # noqa: F401  (procs is a fixture)
 
@@ -210,6 +212,11 @@ def _doubled(x):
     return _double(x)
 
 
+@pw.program
+def _double_and_route(flag, x, y):
+    return _double(x), pw.cond(flag, _double, lambda v: v, y)   # flag and y stay on the host
+
+
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "fifo"])
 def test_a_cond_runs_under_every_window_its_branch_taking_its_parents_place(device_map, policy):
     # Under a policy with a window, the parent holds a place while its cond waits for the branch run; the
@@ -280,6 +287,46 @@ def test_cond_programs_that_each_fit_without_their_branch_do_not_wait_for_each_o
             outs = [_route.run(x, client=client) for client in (one, other)]
             rt.scheduler.release()
             for out in outs:
+                np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), x * 2.0)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("branch", ["computing", "over"])
+def test_a_conds_branch_results_are_not_counted_as_held_by_handles(branch):
+    # One island of 2 devices, room for one cond program beside its branch, not two. The branch run's result
+    # lies within its parent's reservation, and the cond's thread releases it before the parent goes on;
+    # counted as held by a live handle (the branch run in flight, or over before that release), the second
+    # program failed at once with OutOfDeviceMemory now and then on a loaded machine. Here the island's turn
+    # keeps the branch run computing, and the scheduler's lock keeps its result unreleased once it is over.
+    x = np.arange(4096, dtype=np.float32)
+    rt = Runtime(embedded_device_map(1, 2))
+    try:
+        need = max(n for _, _, n in rt.load(_double_and_route.compiled(True, x, x, runtime=rt).plan).need["island0"])
+    finally:
+        rt.close()
+    # Room for one program beside the other's result on the island (half of x per device): the second fits
+    # once the first is over.
+    rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=need + x.nbytes // 2)
+    island, scheduler = rt.islands["island0"], rt.scheduler
+    try:
+        with Client(rt) as one, Client(rt) as other:
+            with running_inline(island):                     # the branch run's work waits for this turn
+                first, _ = _double_and_route.run(True, x, x, client=one)
+                until(lambda: any(r.parent is first._run for r in list(scheduler._in_flight.values())),
+                      "the branch run admitted", 60)
+                [inner] = [r for r in scheduler._in_flight.values() if r.parent is first._run]
+                scheduler._lock.acquire()                    # the cond's thread cannot release the branch's result
+                if branch == "computing":
+                    second, _ = _double_and_route.run(True, x, x, client=other)
+            try:
+                if branch == "over":
+                    until(lambda: island.run_done(inner.id), "the branch run over", 60)
+                    second, _ = _double_and_route.run(True, x, x, client=other)
+                assert [q["run"] for q in scheduler.status()["queued"]] == [second._run.id]
+            finally:
+                scheduler._lock.release()
+            for out in (first, second):
                 np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), x * 2.0)
     finally:
         rt.close()
