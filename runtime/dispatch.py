@@ -78,7 +78,7 @@ class LoadedPlan:
 
     key: int                                   # unique for the runtime's life (an id() is reused)
     plan_ref: weakref.ref                      # the plan as given, with its frees and peaks (pw-plan-memory)
-    islands: tuple[str, ...]                   # every island with steps or buffers
+    islands: tuple[str, ...]                   # every island with steps or buffers, or where a branch runs
     need: Need
     inputs: tuple[tuple[int, str | None, tuple[int, ...], np.dtype], ...]   # (buffer, island, shape, dtype)
     #                                                                         per argument
@@ -106,10 +106,12 @@ class LoadedPlan:
     def build(plan: ProgramPlan) -> "LoadedPlan":
         """Works out what every run reuses (the plan's frees and peaks come from pw-plan-memory)."""
         held = plan.conds_before
+        need = run_need(plan)
         islands = {i for i, steps in plan.islands.items() if steps}
         islands |= {plan.island_of(b) for b in plan.buffers} - {None}
+        islands |= set(need)      # its branches' too: a run is over once its work there is, its conds' included
         return LoadedPlan(
-            next(_plan_keys), weakref.ref(plan), tuple(sorted(islands)), run_need(plan),
+            next(_plan_keys), weakref.ref(plan), tuple(sorted(islands)), need,
             tuple((b, plan.island_of(b), plan.buffers[b].shape, numpy_dtype(plan.buffers[b].dtype))
                   for b in plan.inputs),
             {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
@@ -186,7 +188,7 @@ class Dispatcher:
                                  daemon=True).start()
         else:
             stepped = {i for i, steps in loaded.plan.islands.items() if steps}
-            self.runtime.scheduler.submit(run, {i: ((), tuple(inputs.get(i, ())), i not in stepped)
+            self.runtime.scheduler.submit(run, {i: ((), tuple(inputs.get(i, ())), i not in stepped and not has_conds)
                                                 for i in loaded.islands})
             self._sequential(run, loaded, mode)
 
@@ -252,24 +254,31 @@ class Dispatcher:
             self.runtime.fail_run(run, error)
 
     def _run_cond(self, run: Run, cond: Branch, mode: DispatchMode) -> dict[str, list[tuple[int, Any]]]:
-        """The host step: read the predicate, run the chosen branch; returns its results by island."""
+        """The host step: read the predicate, run the chosen branch; returns its results by island. The branch
+        runs within its parent's reservation: not before the parent is admitted (a predicate and operands
+        that the host keeps are there at once)."""
+        self.runtime.scheduler.wait_admitted(run)
         predicate = bool(np.asarray(self.fetch(run, cond.pred_buffer)))
         branch = cond.then_plan if predicate else cond.else_plan
         inner = self.start(branch, [self.fetch(run, b) for b in cond.inputs], mode, parent=run)
         inputs: dict[str, list[tuple[int, Any]]] = {}
-        for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
-            value = self.fetch(inner, inner_buffer)
-            island = run.island_of(buffer)
-            if island is None:
-                run.settle_host(buffer, value)   # unless the run failed meanwhile (a cancel)
-            else:
-                inputs.setdefault(island, []).append((buffer, value))
-        self.runtime.release_results(inner)
+        try:
+            for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
+                value = self.fetch(inner, inner_buffer)
+                island = run.island_of(buffer)
+                if island is None:
+                    run.settle_host(buffer, value)   # unless the run failed meanwhile (a cancel)
+                else:
+                    inputs.setdefault(island, []).append((buffer, value))
+        finally:
+            self.runtime.release_results(inner)  # within the parent's reservation: none is kept for it
         return inputs
 
     # -- sequential ----------------------------------------------------------
 
     def _sequential(self, run: Run, loaded: LoadedPlan, mode: DispatchMode) -> None:
+        """Delivers the steps one at a time, in dependency order; a plan with host conds ends its work on every
+        island once they are over (a cond's branch runs within its reservation)."""
         plan = loaded.plan
         by_id = {s.id: (island, s) for island, steps in plan.islands.items() for s in steps}
         by_id.update({s.id: (None, s) for s in plan.host_steps})
@@ -285,10 +294,13 @@ class Dispatcher:
                     self.runtime.scheduler.continue_run(run, {i: ((), tuple(v), False) for i, v in inputs.items()})
                     continue
                 self.runtime.islands[island].prepare(run.key, (step_id,))
-                self.runtime.scheduler.continue_run(run, {island: ((step_id,), (), last[island] == step_id)})
+                self.runtime.scheduler.continue_run(run, {island: ((step_id,), (), not plan.host_steps and
+                                                                   last[island] == step_id)})
                 for b in step.arrives():
                     self._produced(run, b)                  # the peer's send has arrived (the receiver asks
                                                             # for it once it has the step: Ray's data plane)
+            if plan.host_steps:
+                self.runtime.scheduler.continue_run(run, {i: ((), (), True) for i in run.islands})
         except BaseException as error:  # noqa: BLE001
             self.runtime.fail_run(run, error)
 

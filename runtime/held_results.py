@@ -78,8 +78,10 @@ class HeldResults:
                 self.ledger.give(held[1])
 
     def keep(self, run: Run) -> None:
-        """`run` is over: reserves the bytes of each of its results that a live handle still holds."""
-        if run.error is not None or run.client_id in self.gone:
+        """`run` is over: reserves the bytes of each of its results that a live handle still holds. A cond's
+        branch run (`run.parent`) keeps nothing: its results lie within its parent's reservation, and its
+        cond's thread releases them before the parent goes on."""
+        if run.error is not None or run.client_id in self.gone or run.parent is not None:
             return
         for buffer in run.plan.outputs:
             if buffer in run.released:

@@ -44,11 +44,14 @@ def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
                     held_results: dict[tuple[int, int], tuple[int, Need]], gone: set[int]) -> str | None:
     """Says why `run` cannot fit even once every run `in_flight` is over (what blocks it is held by live
     handles: `held_results`, (run id, buffer) -> (client, need), and the results of runs in flight whose
-    clients are not `gone`), or None if it could then."""
+    clients are not `gone`, but for a cond's branch run's: its cond's thread releases them before the parent
+    is over), or None if it could then."""
     floor = ledger.copy()
     holders: dict[tuple[str, int], dict[int, list[int]]] = {}
     for other in in_flight:
         floor.give(other.need)
+        if other.parent is not None:
+            continue
         for buffer in other.plan.outputs:
             if buffer not in other.released and other.error is None and other.client_id not in gone:
                 need = result_need(other.plan, buffer)

@@ -1,5 +1,7 @@
-"""Bounded waits in tests: reading results, a condition coming true, a runtime emptying."""
+"""Bounded waits in tests: reading results, a condition coming true, a runtime emptying, a process stopping."""
 
+import os
+import signal
 import time
 
 import jax
@@ -32,3 +34,21 @@ def settled(runtime, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def stop_process(pid: int, timeout: float) -> None:
+    """Stops process `pid` (SIGSTOP) and waits until each of its threads has stopped; fails after `timeout`
+    seconds. `kill` returns before: the thread the signal wakes stops the others once it runs, and on a loaded
+    machine the others may go on meanwhile (a stopped service answered a request sent after the signal)."""
+    os.kill(pid, signal.SIGSTOP)
+    until(lambda: all(_thread_state(pid, tid) in "tTX" for tid in os.listdir(f"/proc/{pid}/task")),
+          f"every thread of process {pid} stopped", timeout)
+
+
+def _thread_state(pid: int, tid: str) -> str:
+    """The state letter of one thread (/proc's), "X" if it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return "X"

@@ -28,7 +28,7 @@ from pathways_mlir.runtime.ray_backend import NAMESPACE, CompiledStarts, island_
 from pathways_mlir.runtime.ray_backend.start_channel import PENDING  # noqa: E402
 
 from across_islands import across, bend, expected, grow, left  # noqa: E402
-from fetching import until  # noqa: E402
+from fetching import stop_process, until  # noqa: E402
 
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
@@ -424,8 +424,8 @@ def test_a_handle_lent_to_another_island_then_donated_waits_for_the_pull(ray_run
         on_right.compiled(X, runtime=ray_runtime), twice.compiled(X, runtime=ray_runtime)
         y = produced(on_left, client)
         pid = actor_process("island1")
-        os.kill(pid, signal.SIGSTOP)
         try:
+            stop_process(pid, 60)
             out = on_right.run(y, client=client)
             doubled = twice.run(y, client=client)
             until(lambda: waiting(doubled._run.id), "the donating run waits on island0 for island1's pull", 60)
@@ -451,8 +451,8 @@ def test_offers_to_a_lost_reader_are_withdrawn(ray_runtime):
         withdrawn = moves(ray_runtime)["island0"].get("island1", {}).get("offers_withdrawn", 0)
         pid = actor_process("island1")
         version = ray_runtime.resources.version
-        os.kill(pid, signal.SIGSTOP)
         try:
+            stop_process(pid, 60)
             out = on_right.run(y, client=client)
             until(lambda: offers(ray_runtime, "island0", "island1") == 1, "island0 offers y to island1", 60)
         finally:

@@ -8,13 +8,16 @@ runtime and process made here is stopped.
 """
 
 import subprocess
+import threading
 import time
 
 import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from fetching import until
 from test_admission_and_lifetimes import X, cross_island, tanh2
+from test_fast_lane import running_inline
 from test_islands_on_their_own import V, small_plan, spin_plan
 from test_service import SERVE, TIMEOUT, procs, serve  # noqa: F401  (procs is a fixture)
 
@@ -210,6 +213,11 @@ def _doubled(x):
     return _double(x)
 
 
+@pw.program
+def _double_and_route(flag, x, y):
+    return _double(x), pw.cond(flag, _double, lambda v: v, y)   # flag and y stay on the host
+
+
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "fifo"])
 def test_a_cond_runs_under_every_window_its_branch_taking_its_parents_place(device_map, policy):
     # Under a policy with a window, the parent holds a place while its cond waits for the branch run; the
@@ -281,5 +289,96 @@ def test_cond_programs_that_each_fit_without_their_branch_do_not_wait_for_each_o
             rt.scheduler.release()
             for out in outs:
                 np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), x * 2.0)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("branch", ["computing", "over"])
+def test_a_conds_branch_results_are_not_counted_as_held_by_handles(branch):
+    # One island of 2 devices, room for one cond program beside its branch, not two. The branch run's result
+    # lies within its parent's reservation, and the cond's thread releases it before the parent goes on;
+    # counted as held by a live handle (the branch run in flight, or over before that release), the second
+    # program failed at once with OutOfDeviceMemory now and then on a loaded machine. Here the island's turn
+    # keeps the branch run computing, and the scheduler's lock keeps its result unreleased once it is over.
+    x = np.arange(4096, dtype=np.float32)
+    rt = Runtime(embedded_device_map(1, 2))
+    try:
+        need = max(n for _, _, n in rt.load(_double_and_route.compiled(True, x, x, runtime=rt).plan).need["island0"])
+    finally:
+        rt.close()
+    # Room for one program beside the other's result on the island (half of x per device): the second fits
+    # once the first is over.
+    rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=need + x.nbytes // 2)
+    island, scheduler = rt.islands["island0"], rt.scheduler
+    try:
+        with Client(rt) as one, Client(rt) as other:
+            with running_inline(island):                     # the branch run's work waits for this turn
+                first, _ = _double_and_route.run(True, x, x, client=one)
+                until(lambda: any(r.parent is first._run for r in list(scheduler._in_flight.values())),
+                      "the branch run admitted", 60)
+                [inner] = [r for r in scheduler._in_flight.values() if r.parent is first._run]
+                scheduler._lock.acquire()                    # the cond's thread cannot release the branch's result
+                if branch == "computing":
+                    second, _ = _double_and_route.run(True, x, x, client=other)
+            try:
+                if branch == "over":
+                    until(lambda: island.run_done(inner.id), "the branch run over", 60)
+                    second, _ = _double_and_route.run(True, x, x, client=other)
+                assert [q["run"] for q in scheduler.status()["queued"]] == [second._run.id]
+            finally:
+                scheduler._lock.release()
+            for out in (first, second):
+                np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), x * 2.0)
+    finally:
+        rt.close()
+
+
+@pw.program
+def _route_by(flag, x):
+    return pw.cond(flag, _double, lambda v: v, x)       # no island work but in its branches
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_cond_program_holds_its_reservation_till_its_branch_is_over(dispatch):
+    # One island of 2 devices, room for one program whose need is its branch's (it has no island work of its
+    # own: its flag and operand stay on the host). It counted as over on its islands (none; in sequential
+    # dispatch, once its last island step was) while its branch ran, and the next look gave its reservation
+    # back: the second program was admitted beside that branch. Its cond started the branch before the program
+    # was admitted, too. The island's turn keeps the first branch run computing; each call is made on a thread
+    # of its own, a sequential one dispatching its steps (the branch's too) before it returns.
+    x = np.arange(4096, dtype=np.float32)
+    rt = Runtime(embedded_device_map(1, 2))
+    try:
+        need = max(n for _, _, n in rt.load(_route_by.compiled(True, x, runtime=rt).plan).need["island0"])
+    finally:
+        rt.close()
+    rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=need)
+    island, scheduler = rt.islands["island0"], rt.scheduler
+    outs, calls = [], []
+    try:
+        with Client(rt) as one, Client(rt) as other:
+            with running_inline(island):                       # the branch run's work waits for this turn
+                for client in (one, other):
+                    calls.append(threading.Thread(target=lambda c=client: outs.append(
+                        _route_by.run(True, x, client=c, dispatch=dispatch)), daemon=True))
+                    calls[-1].start()
+                    if client is one:
+                        until(lambda: any(r.parent is not None for r in list(scheduler._in_flight.values())),
+                              "the first program's branch run admitted", 60)
+                until(lambda: len(scheduler.status()["queued"]) == 1, "the second program queued", 60)
+                admitted = list(scheduler._in_flight.values())
+                assert len(admitted) == 2 and admitted[1].parent is admitted[0], \
+                    "only the first program and its branch run are admitted"
+                first, branch = admitted
+            for call in calls:
+                call.join(60)
+            for out in outs:
+                np.testing.assert_array_equal(np.asarray(out.result(timeout=60)), x * 2.0)
+            started = {}
+            for ticket, run_id, _ in island.executed:
+                started.setdefault(run_id, ticket)
+            second = next(out._run for out in outs if out._run is not first)
+            [second_branch] = set(started) - {first.id, branch.id, second.id}
+            assert started[second.id] < started[second_branch], "the second program went before its branch run"
     finally:
         rt.close()

@@ -36,6 +36,7 @@ from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.service import ServiceError, open_connection, read_service_file
 from pathways_mlir.runtime.wire import recv_message, send_message
 import output_lines
+from fetching import stop_process
 from test_endpoint import raw_frame, wait_dropped
 from test_service import TIMEOUT, procs, serve, stop  # noqa: F401  (procs is a fixture)
 
@@ -385,8 +386,8 @@ def test_a_stopped_or_dead_service_is_an_error_naming_it(tmp_path, procs):  # no
     proc = serve(procs, "--service-file", str(service_file))
     hung, dead = start(procs, service_file, 2, "wait"), start(procs, service_file, 30, "wait")
     assert read_line(hung).split() == ["ready", "0"] and read_line(dead).split() == ["ready", "0"]
-    proc.send_signal(signal.SIGSTOP)
     try:
+        stop_process(proc.pid, TIMEOUT)
         hung.stdin.write("go\n")
         hung.stdin.flush()
         line = read_line(hung).strip()
