@@ -35,7 +35,7 @@ from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.runtime import get_runtime
 
-from .avals import aval_of, is_extended
+from .avals import aval_of, has_tracers, is_extended
 from .lowered import Lowered
 from .signature import Call, Signature
 from .wire import from_wire, to_wire
@@ -187,9 +187,12 @@ class StageCache:
                 per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
             return per_runtime[key]
 
-    def run(self, args: tuple, kwargs: dict, dispatch: str, client=None, timeout: float | None = None) -> Any:
+    def run(self, args: tuple, kwargs: dict, dispatch: str, client=None, timeout: float | None = None,
+            traced: Callable | None = None) -> Any:
         """Runs the call of `args` and `kwargs` with `client` (default: the runtime's default client) in a
-        dispatch mode, cancelled after `timeout` seconds if it is not over.
+        dispatch mode, cancelled after `timeout` seconds if it is not over; with `traced`, returns
+        `traced(*args, **kwargs)` instead if a leaf of the arguments is a JAX tracer (the call is inside a JAX
+        transformation).
 
         A call of positional arguments only, in parallel dispatch without a timeout, is looked up by identity
         first when its leaves are arrays and handles only: the avals of its arrays, the dtypes of its NumPy
@@ -197,7 +200,7 @@ class StageCache:
         (JAX gives the results of one executable one aval object; NumPy one dtype object per builtin type; a
         handle's buffer is its plan's), and the pytree of arguments that are not all leaves is the earlier
         call's (as `jax.jit` looks up a flattened call's signature), so nothing is split or built and the leaves
-        go to the run as they are (`Compiled.call_plain`)."""
+        go to the run as they are (`Compiled.call_plain`); such leaves are never tracers."""
         try:
             runtime = client.runtime if client is not None else None
         except AttributeError:
@@ -215,6 +218,8 @@ class StageCache:
             found = self._identical.get(identity[0])
             if found is not None and found[0] is runtime and all(map(operator.is_, found[1], identity[1])):
                 return found[2].call_plain(args, leaves, client)
+        if traced is not None and has_tracers((args, kwargs)):
+            return traced(*args, **kwargs)
         call = self._signature.split(args, kwargs)
         compiled = self.get(call, runtime)
         if identity is not None and compiled.plain:
