@@ -51,6 +51,11 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(x.shape), dtype, weak_type=bool(getattr(x, "weak_type", False)))
 
 
+def has_tracers(tree: Any) -> bool:
+    """Whether `tree` holds a JAX tracer: the call happens inside `jax.jit`, `jax.grad`, ... of JAX."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
 def is_extended(dtype) -> bool:
     """Whether `dtype` is a JAX extended dtype (a typed PRNG key's, for one)."""
     # A NumPy dtype (bfloat16's too) never is: a look that saves JAX's issubdtype on every argument leaf.

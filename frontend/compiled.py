@@ -35,7 +35,7 @@ from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.runtime import get_runtime
 
-from .avals import aval_of, is_extended
+from .avals import aval_of, has_tracers, is_extended
 from .lowered import Lowered
 from .signature import Call, Signature
 from .wire import from_wire, to_wire
@@ -106,16 +106,16 @@ class Compiled:
             handles = client.run(self.plan, wire, dispatch, timeout)
         return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
 
-    def call_plain(self, args: tuple, client=None) -> Any:
-        """Runs the program on `args`, every one a JAX or NumPy array or a handle of its traced aval (the caller
-        checked: `StageCache.run`), in parallel dispatch without a timeout, on a `plain` program: the same as
-        calling it, without flattening or converting anything."""
+    def call_plain(self, args: tuple, leaves: tuple | list, client=None) -> Any:
+        """Runs the program on `args`, whose `leaves` are every one a JAX or NumPy array or a handle of its
+        traced aval (the caller checked: `StageCache.run`), in parallel dispatch without a timeout, on a `plain`
+        program: the same as calling it, without converting anything."""
         client = client or default_client(self.runtime)
         if type(client) is not Client or self.runtime.resources.version != self._version:
             return self(*args, client=client)
         if client.runtime is not self.runtime:
             raise ValueError("this program was compiled for another runtime than the client's")
-        handles = client.handles(client.start(self.plan, args))
+        handles = client.handles(client.start(self.plan, leaves))
         return handles[0] if self._single else jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)
 
 
@@ -187,43 +187,56 @@ class StageCache:
                 per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
             return per_runtime[key]
 
-    def run(self, args: tuple, kwargs: dict, dispatch: str, client=None, timeout: float | None = None) -> Any:
+    def run(self, args: tuple, kwargs: dict, dispatch: str, client=None, timeout: float | None = None,
+            traced: Callable | None = None) -> Any:
         """Runs the call of `args` and `kwargs` with `client` (default: the runtime's default client) in a
-        dispatch mode, cancelled after `timeout` seconds if it is not over.
+        dispatch mode, cancelled after `timeout` seconds if it is not over; with `traced`, returns
+        `traced(*args, **kwargs)` instead if a leaf of the arguments is a JAX tracer (the call is inside a JAX
+        transformation).
 
-        A call of positional arrays and handles only, in parallel dispatch without a timeout, is looked up
-        by identity first: the avals of its arrays, the dtypes of its NumPy arrays (with their shapes) and the
-        plan buffers of its handles are the very objects of an earlier call (JAX gives the results of one
-        executable one aval object; NumPy one dtype object per builtin type; a handle's buffer is its plan's),
-        so nothing is split, flattened or built (`Compiled.call_plain`)."""
+        A call of positional arguments only, in parallel dispatch without a timeout, is looked up by identity
+        first when its leaves are arrays and handles only: the avals of its arrays, the dtypes of its NumPy
+        arrays (with their shapes) and the plan buffers of its handles are the very objects of an earlier call
+        (JAX gives the results of one executable one aval object; NumPy one dtype object per builtin type; a
+        handle's buffer is its plan's), and the pytree of arguments that are not all leaves is the earlier
+        call's (as `jax.jit` looks up a flattened call's signature), so nothing is split or built and the leaves
+        go to the run as they are (`Compiled.call_plain`); such leaves are never tracers."""
         try:
             runtime = client.runtime if client is not None else None
         except AttributeError:
             raise TypeError(f"client= takes a pw.Client (or the connection pw.connect makes), not "
                             f"{type(client).__name__}") from None
-        plain = dispatch == "parallel" and timeout is None and not kwargs and self._unsplit
-        identity = _identity(args) if plain else None
+        identity = leaves = None
+        if dispatch == "parallel" and timeout is None and not kwargs and self._unsplit:
+            leaves = args
+            identity = _identity(args)
+            if identity is None:
+                leaves, tree = jax.tree_util.tree_flatten(args)
+                identity = _identity(leaves, tree)
         if identity is not None:
             runtime = runtime or get_runtime()
             found = self._identical.get(identity[0])
             if found is not None and found[0] is runtime and all(map(operator.is_, found[1], identity[1])):
-                return found[2].call_plain(args, client)
+                return found[2].call_plain(args, leaves, client)
+        if traced is not None and has_tracers((args, kwargs)):
+            return traced(*args, **kwargs)
         call = self._signature.split(args, kwargs)
         compiled = self.get(call, runtime)
         if identity is not None and compiled.plain:
             if len(self._identical) >= _IDENTICAL:
                 self._identical.clear()
             self._identical[identity[0]] = (runtime, identity[1], compiled)
-            return compiled.call_plain(call.args, client)
+            return compiled.call_plain(args, leaves, client)
         return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)
 
 
-def _identity(args: tuple) -> tuple[tuple, tuple] | None:
-    """Returns the keys and objects that identify the signature of positional arguments that are all JAX arrays
-    (their aval), handles (their plan buffer) or NumPy arrays (their shape and dtype, all of a host array's
-    aval), or None if one is anything else."""
+def _identity(leaves: tuple | list, tree=None) -> tuple[tuple, tuple] | None:
+    """Returns the key and objects that identify the signature of argument leaves that are all JAX arrays (their
+    aval), handles (their plan buffer) or NumPy arrays (their shape and dtype, all of a host array's aval), or
+    None if one is anything else; with `tree`, the leaves' pytree (a `PyTreeDef`) is part of the key, and
+    None is returned too if it is not hashable (a node's auxiliary data)."""
     keys, objects = [], []
-    for a in args:
+    for a in leaves:
         kind = type(a)
         if kind is ARRAY_TYPE:
             found = a.aval
@@ -237,4 +250,11 @@ def _identity(args: tuple) -> tuple[tuple, tuple] | None:
         else:
             return None
         objects.append(found)
-    return tuple(keys), tuple(objects)
+    if tree is None:
+        return tuple(keys), tuple(objects)
+    key = tree, tuple(keys)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key, tuple(objects)

@@ -17,6 +17,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 
 from . import specs, tracer
+from .avals import has_tracers
 from .errors import PlacementError
 from .compiled import Compiled, StageCache
 from .lowered import Lowered
@@ -62,7 +63,9 @@ class PlacedFunction(BindsAsMethod):
         """
         program = tracer.current_program()
         if program is None:
-            if tracer.has_tracers((args, kwargs)):
+            if not kwargs:       # (keywords may be `run`'s options)
+                return self._stages.run(args, kwargs, "parallel", traced=self._jitted)
+            if has_tracers((args, kwargs)):
                 return self._jitted(*args, **kwargs)
             return self.run(*args, **kwargs)
         site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)

@@ -29,7 +29,8 @@ import jax
 
 from .avals import aval_of, signature_of
 from .lowered import Lowered
-from .tracer import current_program, has_tracers
+from .avals import has_tracers
+from .tracer import current_program
 
 if TYPE_CHECKING:
     from .compiled import Compiled

@@ -30,7 +30,7 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.context import make_context
 from pathways_mlir.dialect.homes import sharded_on
 
-from .avals import aval_of, format_aval, signature_of, tensor_type
+from .avals import aval_of, format_aval, has_tracers, signature_of, tensor_type
 from .errors import PlacementError
 from .executables import Executable, compile_function
 from .compiled import Compiled, StageCache
@@ -274,11 +274,6 @@ def lower(site: Site, fn: Callable, example: Any, donated: tuple[bool, ...] = ()
                    donated if any(donated) else ())
 
 
-def has_tracers(tree: Any) -> bool:
-    """Whether `tree` holds a JAX tracer: the call happens inside `jax.jit`, `jax.grad`, ... of JAX."""
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
-
-
 class Program(BindsAsMethod):
     """A Python function traced as one pw program; see `program`."""
 
@@ -303,6 +298,8 @@ class Program(BindsAsMethod):
         Inside a JAX transformation (`jax.jit`, `jax.grad`, ...), it is its
         Python function, and the placed functions it calls trace as theirs.
         """
+        if not kwargs and current_program() is None:     # (keywords may be `run`'s options)
+            return self._stages.run(args, kwargs, "parallel", traced=self._fn)
         if current_program() is not None or has_tracers((args, kwargs)):
             return self._fn(*args, **kwargs)
         return self.run(*args, **kwargs)

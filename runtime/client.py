@@ -191,11 +191,13 @@ class Client:
         the run it was donated to takes them over when admitted."""
         if self.closed:
             return                       # closing released everything already
-        self._shared.discard((run.id, buffer))
-        island = run.island_of(buffer)
+        if self._shared:
+            self._shared.discard((run.id, buffer))
+        island = run.plan.island_of(buffer)
+        runtime = self.runtime
         if island is not None:
-            self.runtime.islands[island].release(run.id, buffer)
-        self.runtime.scheduler.release_result(run, buffer, donated)
+            runtime.islands[island].release(run.id, buffer)
+        runtime.scheduler.release_result(run, buffer, donated)
 
     def share(self, handle: Handle, timeout: float | None = None) -> SharedRef:
         """Returns a read-only reference to one of this client's results, which other clients may pass to

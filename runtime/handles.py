@@ -116,11 +116,11 @@ class Handle(RunResult):
         try:
             if self._deleted:
                 return
+            self._deleted = True
             if _COLLECTING[0]:              # inside a collection: released later, lock-free now
-                self._deleted = True
                 _DROPPED.put((self._client, self._run, self._buffer))
                 return
-            self.delete()
+            self._client.release(self._run, self._buffer)
         except Exception:  # noqa: BLE001  (interpreter shutdown: this module's globals may be gone already)
             pass
 

@@ -116,6 +116,35 @@ def test_a_host_array_call_is_looked_up_by_identity_and_takes_the_lane(runtime, 
     assert_nothing_left(runtime)
 
 
+def test_a_pytree_call_is_looked_up_by_identity_of_its_tree_and_leaves(runtime, monkeypatch):
+    from pathways_mlir.frontend.signature import Signature
+
+    def update(state, x):
+        return {k: jnp.tanh(v * 2) + x for k, v in state.items()}
+
+    s = pw.virtual_slice(1, axes="x")
+    step = pw.jit(update, slice=s, in_specs=P(), out_specs=P())
+    want = jax.jit(update)
+    x = jnp.float32(0.5)
+    with Client(runtime) as client:
+        state = {"a": jnp.asarray(X), "b": jnp.ones((4, 16))}
+        ours = step.run(step.run(state, x, client=client), x, client=client)
+        split = Signature.split
+        splits = []
+        monkeypatch.setattr(Signature, "split", lambda self, *a: splits.append(a) or split(self, *a))
+        ours = step.run(ours, x, client=client)              # handles passed back: found by their tree and buffers
+        assert splits == []
+        state = want(want(want(state, x), x), x)
+        renamed = {"a": ours["a"], "c": ours["b"]}            # the same leaves in another tree: another stage
+        again = step.run(renamed, x, client=client)
+        assert len(splits) == 1 and set(again) == {"a", "c"}
+        for key in state:
+            np.testing.assert_allclose(np.asarray(ours[key]), np.asarray(state[key]), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(again["c"]), np.asarray(want(state, x)["b"]), rtol=1e-6)
+        del ours, renamed, again
+    assert_nothing_left(runtime)
+
+
 def test_plans_and_calls_the_lane_does_not_take(runtime, plan_builder):
     topology = runtime.resources.topology
     two_islands, want = cross_island(plan_builder, topology)
