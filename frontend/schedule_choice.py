@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 
-from .avals import aval_of, signature_of
+from .avals import aval_of, has_tracers, signature_of
 from .lowered import Lowered
-from .avals import has_tracers
 from .tracer import current_program
 
 if TYPE_CHECKING:
