@@ -168,6 +168,7 @@ class IslandLayout:
     outputs: tuple[tuple[int, int], ...]  # (buffer, slot) of the program's results on this island
     devices: int                         # how many of the island's devices the plan's slices here cover
     launched: frozenset[int]             # buffers whose one reader, a launch, places NumPy (`ProgramPlan.launch_placed`)
+    one_device: dict[int, object]        # program inputs, not donated, whose home is one device -> that device
 
     @staticmethod
     def build(island: "Island", plan: ProgramPlan) -> "IslandLayout":
@@ -177,8 +178,10 @@ class IslandLayout:
         shardings = {b: named_sharding(island.mesh(plan, plan.buffers[b].slice), plan.buffers[b].sharding)
                      for b in mine}
         covered = {d for s in plan.slices.values() if s.island == island.name for d in s.device_ids()}
+        one_device = {b: next(iter(shardings[b].device_set)) for b in plan.inputs
+                      if b in slot and b not in plan.donated and len(shardings[b].device_set) == 1}
         return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot), len(covered),
-                            plan.launch_placed(island.name))
+                            plan.launch_placed(island.name), one_device)
 
 
 def _awaited(plan: ProgramPlan, recv: Recv) -> str:

@@ -200,3 +200,30 @@ def test_a_slice_that_no_longer_fits_fails_clearly(client):
     finally:
         for d in range(4):
             rt.resources.add_device("island1", d)
+
+
+def test_a_jax_array_already_on_its_inputs_one_device_is_used_as_it_is(client, runtime, monkeypatch):
+    """A JAX array on the one device of its input's home is not put there again (a `jax.device_put` to another
+    sharding object for the same place cost about 40 us a call); one elsewhere is, and so is a donated one."""
+    from pathways_mlir.runtime import island_executor
+
+    placed = []
+
+    def counted(array, sharding):
+        placed.append(array)
+        return jax.device_put(array, sharding)
+    monkeypatch.setattr(island_executor, "copy_to", counted)
+    one = pw.virtual_slice(1, axes="d", island="island0")
+    double = pw.jit(lambda a: a * 2.0, slice=one, in_specs=None, out_specs=None)
+    home = runtime.islands["island0"].device_map.device("island0", 0)
+    here, there = jax.device_put(X, home), jax.device_put(X, jax.devices()[7])
+    assert home is not jax.devices()[7]
+    for value, moved in ((here, False), (there, True)):
+        out = double.run(value, client=client)
+        np.testing.assert_allclose(np.asarray(out), X * 2.0, rtol=1e-6)
+        assert [a is value for a in placed] == ([True] if moved else [])
+        placed.clear()
+    eaten = pw.program(lambda a: double(a), donate_argnums=0)
+    out = eaten.run(jax.device_put(X, home), client=client)
+    np.testing.assert_allclose(np.asarray(out), X * 2.0, rtol=1e-6)
+    assert len(placed) == 1                                  # donated: the run's own copy
