@@ -68,6 +68,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .cluster import DeviceMap
 from .device_clock import DeviceClock
+from .device_estimates import DeviceTimeEstimates
 from .executables import ExecutableCache, make_mesh
 from .island_executor import AWAIT_PAUSE, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
@@ -107,6 +108,7 @@ class Island(IslandExecutor):
         self._seconds: collections.OrderedDict[int, float | None] = collections.OrderedDict()  # run -> s
         self._clock = DeviceClock(widest=2 * AWAIT_PAUSE)    # looks are at most AWAIT_PAUSE apart
         self._timed_plans: set[int] = set()     # plans whose first run here is over (that one is not timed)
+        self._durations = DeviceTimeEstimates()  # each plan's runs' time on the devices here (`_track`'s pauses)
         self._closed = False
         self.lost: IslandLost | None = None     # set once the island was lost
         self._successor: Island | None = None   # the island restored in this lost one's place (`restored`)
@@ -157,6 +159,7 @@ class Island(IslandExecutor):
             for key in [k for k in self._programs if k[0] == plan_key]:
                 del self._programs[key]
             self._timed_plans.discard(plan_key)
+            self._durations.forget(plan_key)
 
     def plan(self, plan_key: int) -> ProgramPlan:
         """Returns the plan kept under `plan_key`."""

@@ -121,7 +121,9 @@ class IslandExecutor:
         is polled, never woken per run: on these machines waking a waiting thread for every run cost the
         dispatching thread a GIL handoff of hundreds of microseconds. While a run is awaited it looks after a
         twentieth of the time waited (between `_AWAIT_PAUSE_MIN` and `AWAIT_PAUSE`), so the end of a computation
-        is seen within about 5% of its duration; it pauses `AWAIT_PAUSE` when nothing is awaited (cut short
+        is seen within about 5% of its duration, or, while the run is far from its expected end (its plan's
+        runs' moving average), after half the time left until then (`_pause`: a run of 7 ms is looked at
+        about 8 times instead of 30); it pauses `AWAIT_PAUSE` when nothing is awaited (cut short
         when a run's dispatch ends with its computation still under way: one wake per busy spell, not per run), and
         `_LANE_PAUSE` while fast lane runs start here (their caller or the executor dispatches them): each look
         takes the GIL from the dispatching thread, at the cost of a handoff, which on a loaded machine is a wait
@@ -140,8 +142,20 @@ class IslandExecutor:
                 self._tracker_pausing = False
                 self._tracker_idle.clear()
             else:
-                time.sleep(min(max((now - awaited[1]) / 20, _AWAIT_PAUSE_MIN), AWAIT_PAUSE))
+                time.sleep(self._pause(awaited[0].plan_key, awaited[1], now))
             del awaited
+
+    def _pause(self, plan_key: int, since: float, now: float) -> float:
+        """The tracker's pause at `now` while a run of a plan computes, on the devices `since`: a twentieth of the
+        time waited, or half the time left until the run's expected end (the moving average of the plan's runs'
+        time here, `device_clock.py`), whichever is longer, between `_AWAIT_PAUSE_MIN` and `AWAIT_PAUSE`. Looks
+        thin out while a run is far from its end (each costs the threads that dispatch a GIL handoff) and come
+        as often as before close to it."""
+        pause = (now - since) / 20
+        expected = self._durations.measured(plan_key)
+        if expected is not None:
+            pause = max(pause, (since + expected - now) / 2)
+        return min(max(pause, _AWAIT_PAUSE_MIN), AWAIT_PAUSE)
 
     def look(self) -> bool:
         """The completion tracker: retires, in the order their dispatch ended, the runs whose device work is
@@ -168,6 +182,8 @@ class IslandExecutor:
                 if run.plan_key not in self._timed_plans:
                     self._timed_plans.add(run.plan_key)
                     seconds = None                   # a plan's first run here includes its first execution
+                elif seconds is not None:
+                    self._durations.record(run.plan_key, seconds)
                 self._awaited = None
                 over.append((run, seconds))
             if not over:

@@ -313,6 +313,7 @@ class GangScheduler:
         """Resumes admitting work, in the order the policy gives."""
         with self._lock:
             self._held = False
+            self._unblocked.notify_all()      # the admission thread may wait for it (blocked, and held)
             self._pump()
 
     def close(self) -> None:
@@ -377,8 +378,12 @@ class GangScheduler:
         return self.policy.windowed and len(self._in_flight) >= self.window
 
     def _block(self) -> None:
-        self._blocked = True
-        self._unblocked.notify_all()
+        """Queued runs cannot be admitted now: the admission thread starts waiting for runs in flight to end
+        (woken only when it has nothing to wait for yet; while it waits it looks every `_WAIT_SLICE`, and the
+        thread that sees a run over admits)."""
+        if not self._blocked:
+            self._blocked = True
+            self._unblocked.notify_all()
 
     def _behind_reservation(self, run: Run, item=None) -> bool:
         """Whether the reservation holds `run` back: another waiting run holds it (not `item`, `run`'s own place

@@ -396,6 +396,35 @@ def test_measured_device_time_replaces_the_estimate(device_map, plan_builder):
         rt.close()
 
 
+def test_the_tracker_looks_seldom_far_from_a_runs_expected_end(device_map, plan_builder):
+    # An island keeps the time its plans' runs took on its devices; while a run computes, the completion
+    # tracker pauses half the time left until the run's expected end (at most AWAIT_PAUSE), and near that end
+    # (or for a plan not timed yet) a twentieth of the time waited, as before.
+    rt = Runtime(device_map)
+    try:
+        plan = spin_plan(plan_builder, device_map.topology)
+        island = rt.islands["island1"]
+        with Client(rt) as client:
+            key = rt.load(plan).key
+
+            def timed():
+                client.wait(client.start(plan, [V, np.int32(20_000)]), timeout=60)
+                rt.usage()                                # retires the run: its time is recorded
+                return island._durations.measured(key) is not None
+            until(timed, "a run of the plan timed on its island", 60)
+        expected = island._durations.measured(key)
+        assert expected > 0
+        lowest, highest = island_executor._AWAIT_PAUSE_MIN, island_executor.AWAIT_PAUSE
+        assert island._pause(key, 100.0, 100.0) == pytest.approx(min(max(expected / 2, lowest), highest))
+        assert island._pause(key, 100.0, 100.0 + expected) == pytest.approx(min(max(expected / 20, lowest), highest))
+        assert island._pause(key, 100.0, 100.0 + 2 * expected) == pytest.approx(min(max(expected / 10, lowest),
+                                                                                     highest))
+        assert island._pause(-1, 100.0, 100.01) == pytest.approx(0.01 / 20)      # a plan not timed here
+        assert island._pause(-1, 100.0, 200.0) == highest
+    finally:
+        rt.close()
+
+
 def test_a_program_whose_branch_cannot_fit_beside_it_fails_at_once(device_map, plan_builder):
     # A cond program reserves its largest branch's peak with its own: one that does not fit fails at its call,
     # instead of its branch run waiting (or failing) once the predicate is read.
