@@ -2,8 +2,7 @@
 
 `RemoteClient` sends plans (their structure as JSON, their compiled
 functions as bytes) and host arrays, and gets back `RemoteHandle`s that
-fetch their values on demand (a small value computed before the run's reply
-comes with it: `session.INLINE_BYTES`) and are released when dropped. To the front
+fetch their values on demand and are released when dropped. To the front
 end it is also a runtime: programs are lowered in the client's process for
 the endpoint's topology and run there (`pw.connect`, `runtime/service.py`).
 
@@ -88,11 +87,10 @@ class RemoteHandle(ArrayReference):
     `RELEASE_DELAY` seconds.
     """
 
-    __slots__ = ("_client", "_key", "shape", "dtype", "_value", "_finalizer", "__weakref__")
+    __slots__ = ("_client", "_key", "shape", "dtype", "_finalizer", "__weakref__")
 
-    def __init__(self, client: "RemoteClient", key: int, shape, dtype: str, value: np.ndarray | None = None):
+    def __init__(self, client: "RemoteClient", key: int, shape, dtype: str):
         self._client, self._key, self.shape, self.dtype = client, key, tuple(shape), np.dtype(DTYPES[dtype])
-        self._value = value              # the value, when the run's reply brought it (nothing to fetch)
         self._finalizer = weakref.finalize(self, client._drop, key)
         self._finalizer.atexit = False       # at exit the connection closes and releases everything
 
@@ -124,11 +122,8 @@ class RemoteHandle(ArrayReference):
                              f"{self._client.name}: its result was released")
 
     def _fetch(self, timeout: float | None, value: bool):
-        """Asks for the value in polls (`RemoteClient._polled`) until it is there or `timeout` has passed; a value
-        the run's reply brought is there already."""
+        """Asks for the value in polls (`RemoteClient._polled`) until it is there or `timeout` has passed."""
         self._check()
-        if self._value is not None:
-            return self._value if value else None
         deadline = None if timeout is None else time.monotonic() + timeout
         _, arrays = self._client._polled({"op": "fetch", "handle": self._key, "value": value}, deadline,
                                          f"the result was not ready within {timeout} s")
@@ -267,27 +262,20 @@ class RemoteClient:
         name = self.load(plan)
         version = self._names[id(plan)][2]
         spec, arrays = [], []
-        donated = {i for i, buffer in enumerate(plan.inputs) if buffer in plan.donated}
-        for position, arg in enumerate(args):
+        for arg in args:
             if isinstance(arg, RemoteHandle):
                 if arg._client is not self:
                     raise ValueError("a remote handle of another connection cannot be an argument here")
                 arg._check()
-                if position in donated:
-                    arg._value = None        # the service says what reading a donated handle does
                 spec.append(["handle", arg._key])
             elif isinstance(arg, RemoteSharedRef):
                 spec.append(["shared", arg.token])
             else:
                 spec.append(["array", len(arrays)])
                 arrays.append(arg)
-        reply, values = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch,
-                                    "args": spec, "timeout": timeout}, arrays)
-        handles = []
-        for entry in reply["handles"]:
-            key, shape, dtype = entry[:3]
-            handles.append(RemoteHandle(self, key, shape, dtype, _brought(entry, values, shape, dtype, self.name)))
-        return handles
+        reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec,
+                               "timeout": timeout}, arrays)
+        return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
 
     def share(self, handle: RemoteHandle, timeout: float | None = None) -> RemoteSharedRef:
         """Shares one of this client's results, waiting (at most `timeout` seconds, None: as long as it takes)
@@ -523,20 +511,6 @@ def _connect(address, timeout: float | None) -> socket.socket:
 def _status(data: dict) -> Status:
     """A `Status` from its JSON form (client ids come back as numbers)."""
     return Status(data, clients={int(c): v for c, v in data["clients"].items()})
-
-
-def _brought(entry: list, values: list, shape, dtype: str, name: str) -> np.ndarray | None:
-    """Returns the value a run's reply brought for one of its handles (`[key, shape, dtype, i]`: the reply's
-    i-th array), or None; raises RemoteError in one line if the entry names an array the reply does not
-    have, or one of another shape or dtype than the handle's."""
-    if len(entry) == 3:
-        return None
-    index = entry[3] if len(entry) == 4 else None
-    value = values[index] if type(index) is int and 0 <= index < len(values) else None
-    if value is None or value.shape != tuple(shape) or value.dtype.name != dtype:
-        raise RemoteError(f"the service at {name} sent a malformed run reply: handle entry {str(entry)[:80]} "
-                          f"names no array of its shape and dtype")
-    return value
 
 
 def _take_all(items: collections.deque) -> list:

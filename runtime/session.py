@@ -11,12 +11,7 @@ why it will not serve). Requests, one frame each:
 - `run` {name, version, dispatch, args}: each argument `["array", i]` (the
   frame's i-th array), `["handle", k]` (one of this connection's
   results) or `["shared", token]` (a shared object, read-only); the reply
-  has `[key, shape, dtype]` per output, and `[key, shape, dtype, i]` for an
-  output whose value is the reply's i-th array: the results already
-  computed when the reply is made (a run through an idle island goes
-  through it on the request's own thread, and XLA often has its results
-  by then), up to `INLINE_BYTES` of them in all, travel with it, and the
-  client reads them without a `fetch`. A plan lowered
+  has `[key, shape, dtype]` per output. A plan lowered
   for another topology `version` than the cluster's is refused
   (`TopologyChanged`), and the client lowers it again;
 - `fetch` {handle, timeout, value}: waits for a result to be computed (at
@@ -58,7 +53,6 @@ from __future__ import annotations
 
 import base64
 import itertools
-import math
 import select
 import socket
 import sys
@@ -87,7 +81,6 @@ _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arra
 _SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
 _PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
 _READY_PAUSE = 1e-4                 # seconds of the first pause between looks at a result still being computed
-INLINE_BYTES = 64 << 10             # bytes of a run's results at most sent with its reply when computed already
 
 
 class Session:
@@ -188,20 +181,12 @@ class Session:
             else:
                 raise ValueError(f"argument array {arg[1]} is not in the request's {len(arrays)} arrays")
         results = self.client.run(self.plans[name], args, _field(request, "dispatch", str), request.get("timeout"))
-        reply, values = [], []
-        room, count = min(INLINE_BYTES, self.endpoint.limits.max_array_bytes), self.endpoint.limits.max_arrays
+        reply = []
         for handle in results:
             key = next(self.ids)
             self.handles[key] = handle
-            entry = [key, list(handle.shape), np.dtype(handle.dtype).name]
-            nbytes = math.prod(handle.shape) * np.dtype(handle.dtype).itemsize
-            value = _computed_now(handle) if nbytes <= room and len(values) < count else None
-            if value is not None:
-                room -= nbytes
-                entry.append(len(values))
-                values.append(value)
-            reply.append(entry)
-        return {"handles": reply}, values
+            reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
+        return {"handles": reply}, []
 
     def share(self, request: dict, arrays) -> tuple[dict, list]:
         """Shares one of this connection's results once its run is over, waiting at most `timeout` seconds
@@ -316,20 +301,6 @@ class Session:
         if key not in self.handles:
             raise ValueError(f"no handle {key}")
         return self.handles[key]
-
-
-def _computed_now(handle: Handle) -> np.ndarray | None:
-    """Returns a result's value on the host if it is computed already (as it often is when its run went
-    through an idle island on the request's own thread), else None, waiting for nothing: a reply that waited
-    for device work would hold back a client that passes its results on unread (a chain of runs through the
-    service took 10% longer when the reply waited up to 0.5 ms). A result that is not there, or whose run
-    failed, is left to `fetch`, which waits for it or raises the run's error."""
-    try:
-        value = handle.result(0)
-    except Exception:  # noqa: BLE001  (not there yet, or failed: `fetch` says which, as it always did)
-        return None
-    ready = getattr(value, "is_ready", None)
-    return np.asarray(value) if ready is None or ready() else None
 
 
 def _computed(value, until: float) -> bool:
