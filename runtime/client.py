@@ -191,13 +191,11 @@ class Client:
         the run it was donated to takes them over when admitted."""
         if self.closed:
             return                       # closing released everything already
-        if self._shared:
-            self._shared.discard((run.id, buffer))
-        island = run.plan.island_of(buffer)
-        runtime = self.runtime
+        self._shared.discard((run.id, buffer))
+        island = run.island_of(buffer)
         if island is not None:
-            runtime.islands[island].release(run.id, buffer)
-        runtime.scheduler.release_result(run, buffer, donated)
+            self.runtime.islands[island].release(run.id, buffer)
+        self.runtime.scheduler.release_result(run, buffer, donated)
 
     def share(self, handle: Handle, timeout: float | None = None) -> SharedRef:
         """Returns a read-only reference to one of this client's results, which other clients may pass to

@@ -167,7 +167,7 @@ class IslandLayout:
     shardings: dict[int, object]         # buffer id -> its home NamedSharding
     outputs: tuple[tuple[int, int], ...]  # (buffer, slot) of the program's results on this island
     devices: int                         # how many of the island's devices the plan's slices here cover
-    launched: frozenset[int]             # buffers whose one reader, a launch, places NumPy (`ProgramPlan.launch_placed`)
+    launched: frozenset[int]             # buffers whose one reader, a launch, places NumPy (`plan.launch_placed`)
     one_device: dict[int, object]        # program inputs, not donated, whose home is one device -> that device
 
     @staticmethod

@@ -290,8 +290,8 @@ class Simulator(HostConds):
         plan, host = run.prep.plan, self.profile.host
         sources = {b: run.on_devices.get(b, (None, None, None)) for b in buffers}
         moved = {b: source for b, (on, source, _) in sources.items() if on == island}   # buffer -> its slice here
-        launched = [b for b in buffers if b not in moved and b in run.prep.launch_placed
-                    and run.sub.dispatch is DispatchMode.PARALLEL]
+        launched = [b for b in buffers if b not in moved and b in run.prep.launch_placed] \
+            if run.sub.dispatch is DispatchMode.PARALLEL else []
         run.fanout[island] = run.fanout.get(island, 0.0) + (
             host.input_us * (len(buffers) - len(moved) - len(launched)) + host.launch_input_us * len(launched)
             + host.step_us * len(moved)) * 1e-6
