@@ -130,6 +130,7 @@ class Island(IslandExecutor):
         self._previous_end = 0.0                 # when the latest run retired here was seen over
         self._tracker_idle = threading.Event()   # set to end the tracker's idle pause (see `_track`)
         self._tracker_pausing = False            # the tracker pauses with nothing awaited
+        self._tracker_asleep = False             # it sleeps until woken (`_track`)
         self._thread = threading.Thread(target=self._serve, name=f"pw-{name}", daemon=True)
         self._thread.start()
         self._tracker = threading.Thread(target=self._track, name=f"pw-{name}-done", daemon=True)

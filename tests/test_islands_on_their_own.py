@@ -425,6 +425,27 @@ def test_the_tracker_looks_seldom_far_from_a_runs_expected_end(device_map, plan_
         rt.close()
 
 
+def test_an_idle_islands_tracker_sleeps_until_a_run_wakes_it(device_map, plan_builder):
+    # With nothing to retire for IDLE_SLEEP, an island's completion tracker sleeps until woken (an idle island
+    # costs no wake-ups); the next run's dispatch wakes it, whether its computation is still under way or XLA
+    # ran it inline, and the tracker alone retires that run (nothing here looks for completions: a missed
+    # wake-up leaves the run unretired); close() stops it while it sleeps.
+    rt = Runtime(device_map)
+    island = rt.islands["island1"]
+    try:
+        plan = spin_plan(plan_builder, device_map.topology)
+        with Client(rt) as client:
+            rt.load(plan)
+            for n in (2_000, 1):
+                until(lambda: island._tracker_asleep, "the idle island's tracker asleep", 30)
+                run = client.start(plan, [V, np.int32(n)])
+                until(lambda: run.id in island._seconds, f"run {run.id} retired by the tracker", 30)
+            until(lambda: island._tracker_asleep, "the tracker asleep again", 30)
+    finally:
+        rt.close()
+    assert not island._tracker.is_alive()
+
+
 def test_a_program_whose_branch_cannot_fit_beside_it_fails_at_once(device_map, plan_builder):
     # A cond program reserves its largest branch's peak with its own: one that does not fit fails at its call,
     # instead of its branch run waiting (or failing) once the predicate is read.
