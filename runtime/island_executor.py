@@ -257,9 +257,7 @@ class IslandExecutor:
         for buffer, value in inputs:
             if executed and type(value) is np.ndarray and buffer in layout.launched:
                 run.slots[layout.slot[buffer]] = value
-            elif type(value) is ARRAY_TYPE and buffer in layout.one_device and \
-                    value.devices() == {layout.one_device[buffer]} and \
-                    value.sharding.memory_kind == layout.shardings[buffer].memory_kind:
+            elif type(value) is ARRAY_TYPE and buffer in layout.one_device and layout.on_home(buffer, value.sharding):
                 run.slots[layout.slot[buffer]] = value
             elif not isinstance(value, REFERENCES):
                 run.slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])

@@ -20,7 +20,7 @@ One instruction class per kind of plan step:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -169,6 +169,21 @@ class IslandLayout:
     devices: int                         # how many of the island's devices the plan's slices here cover
     launched: frozenset[int]             # buffers whose one reader, a launch, places NumPy (`plan.launch_placed`)
     one_device: dict[int, object]        # program inputs, not donated, whose home is one device -> that device
+    # Such an input -> the latest sharding object of an argument found on that device (see `on_home`).
+    found_home: dict[int, object] = field(default_factory=dict, compare=False)
+
+    def on_home(self, buffer: int, sharding) -> bool:
+        """Whether an array of `sharding` lies on the one device of input `buffer`'s home (`one_device`), in its
+        memory kind. The latest sharding object found there is kept per input and known at once the next time:
+        the arrays a loop passes (the same argument, or a launch's results) share one, and asking a sharding for
+        its devices and memory kind costs about 1 us."""
+        if self.found_home.get(buffer) is sharding:
+            return True
+        if sharding.device_set == {self.one_device[buffer]} and \
+                sharding.memory_kind == self.shardings[buffer].memory_kind:
+            self.found_home[buffer] = sharding
+            return True
+        return False
 
     @staticmethod
     def build(island: "Island", plan: ProgramPlan) -> "IslandLayout":
