@@ -213,7 +213,15 @@ class GangScheduler:
     def release_result(self, run: Run, buffer: int, donated: bool = False) -> None:
         """A result's handle was released: its bytes go back once the run is over (and, for a shared object,
         once the runs reading it are). A `donated` result that is held stays reserved until the run it was
-        donated to is admitted (`HeldResults.hand_over`)."""
+        donated to is admitted (`HeldResults.hand_over`).
+
+        A result of a run not retired yet is only marked released, without the lock: `_retire` marks its run
+        retired before it keeps the bytes of the results not released (`HeldResults.keep`), so a release that
+        finds the run not retired after marking the result is seen by `keep`, and one that finds it retired
+        gives the bytes back under the lock, as for any result of a run that is over."""
+        run.released.add(buffer)
+        if not run.retired:
+            return
         with self._lock:
             if self._results.release(run, buffer, donated):
                 self._pump()
@@ -456,7 +464,7 @@ class GangScheduler:
         tells the policy what the run took (a run its islands could not time takes its plan's estimate, once a
         run of the plan has been timed)."""
         del self._in_flight[run.id]
-        run.retired = True
+        run.retired = True                       # before `keep`: see `release_result`
         if run.reads:
             self._results.unread(run)
         self._results.keep(run)                  # first: a credit comes back only if it fits beside them
