@@ -25,6 +25,15 @@ faster), at 1 and at 8 devices, and the worst over every device count: with
 8 XLA CPU devices on 2 cores, device time hides our fixed host cost, so the
 small slices are where it shows.
 
+Ours and JAX's cases are interleaved with each other; the two Ray cases
+with each other, in a pass of their own after them on each slice: Ray's
+processes go on working after a case has its result (on these 2 cores a
+fused call after a Ray case took 350-400 us of ours and about 175 us of
+JAX's, against 65-210 and 30 after the others), so interleaved with the
+rest they made the 1-device fused ratio a measure of what ran before it
+(0.08-0.27 over four full runs, spreads 0.8-1.4 and 2-9; 0.33-0.35 with
+the Ray cases apart, spreads 0.55-0.97 and 0.5).
+
 On an accelerator the slices are those of 1, 2, 4 and 8 devices that its
 backend has (a one-GPU machine measures 1 device only; ratios at 8 devices
 are then absent), and the Ray cases run only where Ray is installed.
@@ -100,9 +109,8 @@ def ray_task_step(x: np.ndarray) -> np.ndarray:
     return np.asarray(_jitted(len(x))(jax.device_put(x, sharding(len(x)))))
 
 
-def cases(client: Client, ray, n: int, k: int) -> dict:
-    """Returns the cases on `n` devices, each running `k` computations and waiting for the last
-    (without the Ray cases when `ray` is None)."""
+def cases(client: Client, n: int, k: int) -> dict:
+    """Returns ours and JAX's cases on `n` devices, each running `k` computations and waiting for the last."""
     s = pw.virtual_slice(n, axes="x")
     step = pw.jit(allreduce_add, slice=s, in_specs=P("x"), out_specs=P("x"))
     fused_step = pw.jit(fused(k), slice=s, in_specs=P("x"), out_specs=P("x"))
@@ -138,8 +146,6 @@ def cases(client: Client, ray, n: int, k: int) -> dict:
         "JAX OpByOp": jax_opbyop,
         "JAX Fused": lambda: jax_fused(x).block_until_ready(),
     }
-    if ray is not None:
-        every.update(ray_cases(ray, n, k))
     return every
 
 
@@ -174,7 +180,9 @@ def run(quick: bool) -> dict:
         counts = tuple(n for n in DEVICES if n <= len(jax.devices()))
         try:
             for n in counts:
-                times = harness.measure(cases(client, ray, n, k), repetitions, seed=n)
+                times = harness.measure(cases(client, n, k), repetitions, seed=n)
+                if ray is not None:
+                    times.update(harness.measure(ray_cases(ray, n, k), repetitions, seed=n))
                 rows += [{"devices": n, "case": case, "computations_per_s": k / harness.median(times[case]),
                           "spread": harness.spread(times[case])} for case in CASES if case in times]
         finally:
