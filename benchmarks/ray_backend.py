@@ -10,35 +10,29 @@ all), as milliseconds per run.
 - `ray_three_blocks_over_handwritten`: a hand-written chain of Ray actors
   (one actor per block or stage, each holding its jitted function; object
   references passed from actor to actor, the driver only fetching the end)
-  against our Ray backend on the same local Ray instance, interleaved. Each
-  actor has `PER_ISLAND` CPU devices, as an island actor does, and its
-  function is jitted over the devices of the block's slice, sharded as the
-  program shards it (`BLOCK_MESHES`, `STAGE_MESH`): the same work on the
-  same devices.
+  against our Ray backend on the same local Ray instance. Each actor has
+  `PER_ISLAND` CPU devices, as an island actor does, and its function is
+  jitted over the devices of the block's slice, sharded as the program
+  shards it (`BLOCK_MESHES`, `STAGE_MESH`): the same work on the same
+  devices.
 - `ray_three_blocks_over_handwritten_1dev`: the three-block chain with each
   block jitted on one device instead, which is faster for these 8x16 arrays
   (a multi-device CPU launch costs more than the work): the chain a user
   might write who shards nothing.
 - `ray_three_blocks_over_handwritten_cgraph`: the same chains of actors
   (actors of their own) compiled into a Ray Compiled Graph, executed once
-  per run (per micro-batch for the pipeline), against our Ray backend. A
-  compiled graph's actors spin while they wait (Ray 2.60 polls its channels
-  with `sched_yield`), taking the cores every other case runs on, so these
-  graphs exist only in a block of their own, where our backend is timed
-  beside them again (`ray, beside compiled chains`).
+  per run (per micro-batch for the pipeline), against our Ray backend.
 - `ray_handle_arg_over_handwritten_refs`: `CHAIN` op-by-op calls of block A,
   each taking the previous call's handle, then one fetch, against a
   hand-written actor applying block A `CHAIN` times to the previous call's
   object reference; and the same alternating block A (island0) and block B
   (island1, its result sharded by rows), so each handle goes to the other
-  island, against the hand-written A and B actors alternating. Worst of the two.
+  island, against the hand-written A and B actors alternating.
 - `ray_over_embedded`: our embedded backend (every island in this process)
-  against our Ray backend, interleaved with the above.
+  against our Ray backend.
 - `ray_compiled_graph_over_actor_calls`: our Ray backend with start
   messages through a Ray Compiled Graph (the default on one node) against
-  the same with one actor call per island per run. Island actors have
-  unique names, so the two runtimes alternate in blocks, each interleaved
-  with the hand-written chains and the embedded backend.
+  the same with one actor call per island per run.
 - `ray_two_nodes_over_one`: our Ray backend on a `ray.cluster_utils.Cluster`
   of 2 nodes (one island each) against one node holding both islands. Only
   one cluster can be connected at a time, so the two alternate in blocks.
@@ -49,8 +43,33 @@ all), as milliseconds per run.
   call returning the array (`ray.get`), timed inside the receiver, for a
   small array (three blocks' 8x16 f32) and a 256 KiB one; worst over sizes.
 
+What is timed beside what. Island actors have unique names, so one runtime
+of ours lives at a time, and the local instance is timed in rounds of
+three blocks. The actors of a compiled graph spin while they wait (Ray 2.60 polls
+its channels with `sched_yield`: an idle island actor of the graph runtime
+takes most of a core), which changes how fast everything else on these
+cores runs: beside our idle graph runtime the hand-written chain took 6.3
+ms per run against 9.1 ms with nothing of ours alive (likely because the
+spinning keeps the cores awake), so a baseline must never be timed while some other system's
+graph is alive. A user compares each system as it runs alone, its own idle
+costs included, so:
+- the actor-call block: our runtime with actor calls, interleaved with the
+  hand-written actor chains and the embedded backend (all of whose actors
+  and threads sleep while idle). These are the only timings of those
+  baselines.
+- the graph block: our runtime with the compiled start channel, alone (its
+  readers' spinning is its own cost).
+- the hand-written graph block: the hand-written compiled graphs, alone
+  (their spinning is their own cost).
+The two runtimes' blocks alternate which goes first. Each ratio against a
+baseline (the first five above) is the worst over both of our runtimes:
+the actor-call one (the path across nodes) timed interleaved with the
+baseline, the graph one in the blocks beside it (not interleaved, so drift
+between blocks falls on it).
+
 Ratios are speeds (the other case's time over ours: above 1 means ours is
-faster) and each headline is the worst case over the workloads and modes.
+faster) and each headline is the worst case over the workloads and modes
+(and, against a baseline, both of our runtimes).
 Everything binds to 127.0.0.1.
 """
 
@@ -326,7 +345,7 @@ def one_device_chain(ray):
 
 def handwritten_graphs(ray, pipeline_args):
     """Returns the hand-written chains of both workloads as compiled Ray graphs, on actors of their own
-    (an actor in a compiled graph serves nothing else): (three-block graph, pipeline graph)."""
+    (an actor in a compiled graph serves nothing else): ((three-block graph, pipeline graph), actors)."""
     from ray.dag import InputNode
 
     blocks, pipeline = handwritten_chains(ray, pipeline_args)
@@ -337,7 +356,7 @@ def handwritten_graphs(ray, pipeline_args):
             for a in actors:
                 node = a.apply.bind(node)
         graphs.append(node.experimental_compile(_max_inflight_executions=inflight))
-    return graphs
+    return graphs, blocks + pipeline
 
 
 def _chain(actors, x):
@@ -410,7 +429,7 @@ def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_arg
         if graphs is not None:
             out[("handwritten cgraph", "three blocks", mode)] = compiled(True, count)
             out[("handwritten cgraph", "4-stage pipeline", mode)] = compiled(False, count)
-    if runtime is not None and prefix == "ray":
+    if runtime is not None and prefix in ("ray", "ray, actor calls"):
         out[(prefix, "handle-argument chain", "per run")] = handle_chain((block_a_alone,))
         out[(prefix, "handle-argument chain across islands", "per run")] = handle_chain((block_a_alone, block_b_alone))
     if chains is not None:
@@ -428,7 +447,8 @@ def _times(cases_: dict, repetitions: int) -> dict:
 
 def run(quick: bool) -> dict:
     """Measures both workloads on our Ray backend (start messages through a compiled graph, and as actor
-    calls), the hand-written chains, embedded, and 1 vs 2 nodes."""
+    calls), the hand-written chains, embedded, and 1 vs 2 nodes; see the module docstring for what is timed
+    beside what."""
     import ray
 
     from pathways_mlir.runtime.ray_backend import connect
@@ -436,35 +456,38 @@ def run(quick: bool) -> dict:
     repetitions, blocks = (5, 1) if quick else (21, 3)
     three_args, pipeline_args = inputs()
     times: dict[tuple, list[float]] = {}
+
+    def add(block):
+        for key, values in block.items():
+            times.setdefault(key, []).extend(values)
+
     connect(None, num_cpus=ISLANDS)      # one local Ray for our runtimes and the hand-written chains
     embedded = Runtime(islands=ISLANDS, per_island=PER_ISLAND)
     try:
         with Client(embedded) as embedded_client:
             chains = (*handwritten_chains(ray, pipeline_args), one_device_chain(ray))
-            for _ in range(blocks):
-                for compiled in (True, False):   # one runtime at a time: island actors have unique names
+            baselines = cases(ray, None, None, chains, three_args, pipeline_args)
+            baselines.update(cases(ray, embedded, embedded_client, None, three_args, pipeline_args, "embedded"))
+            for round_ in range(blocks):
+                for compiled in (True, False) if round_ % 2 == 0 else (False, True):
                     our_ray = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND, compiled_graph=compiled)
                     try:
                         with Client(our_ray) as client:
-                            all_cases = cases(ray, our_ray, client, chains, three_args, pipeline_args,
-                                              "ray" if compiled else "ray, actor calls")
-                            all_cases.update(cases(ray, embedded, embedded_client, None, three_args, pipeline_args,
-                                                   "embedded"))
-                            measured = [_times(all_cases, repetitions)]
-                            if compiled:
-                                graphs = handwritten_graphs(ray, pipeline_args)
-                                try:
-                                    measured.append(_times(cases(ray, our_ray, client, None, three_args,
-                                                                 pipeline_args, "ray, beside compiled chains",
-                                                                 graphs), repetitions))
-                                finally:
-                                    for graph in graphs:
-                                        graph.teardown()
-                            for block in measured:
-                                for key, values in block.items():
-                                    times.setdefault(key, []).extend(values)
+                            block = cases(ray, our_ray, client, None, three_args, pipeline_args,
+                                          "ray" if compiled else "ray, actor calls")
+                            if not compiled:     # baselines only beside the runtime whose actors sleep when idle
+                                block.update(baselines)
+                            add(_times(block, repetitions))
                     finally:
                         our_ray.close()
+                graphs, actors = handwritten_graphs(ray, pipeline_args)
+                try:
+                    add(_times(cases(ray, None, None, None, three_args, pipeline_args, graphs=graphs), repetitions))
+                finally:
+                    for graph in graphs:
+                        graph.teardown()
+                    for actor in actors:
+                        ray.kill(actor)
             moved = moves(ray, repetitions)
     finally:
         embedded.close()
@@ -482,28 +505,28 @@ def run(quick: bool) -> dict:
                     runtime.close()
             finally:
                 cluster.shutdown()
-            for key, values in block.items():
-                times.setdefault(key, []).extend(values)
+            add(block)
     ms = {key: harness.median(v) * 1e3 / (1 if key[2] == "per run" else IN_FLIGHT) for key, v in times.items()}
     rows = [{"backend": b, "workload": w, "mode": m, "ms_per_run": t, "spread": harness.spread(times[(b, w, m)])}
             for (b, w, m), t in sorted(ms.items())]
-    pairs = {"ray_three_blocks_over_handwritten": ("handwritten", "ray"),
-             "ray_three_blocks_over_handwritten_1dev": ("handwritten, 1 device", "ray"),
-             "ray_three_blocks_over_handwritten_cgraph": ("handwritten cgraph", "ray, beside compiled chains"),
-             "ray_handle_arg_over_handwritten_refs": ("handwritten refs", "ray"),
-             "ray_over_embedded": ("embedded", "ray"),
-             "ray_compiled_graph_over_actor_calls": ("ray, actor calls", "ray"),
-             "ray_two_nodes_over_one": ("ray, 1 node", "ray, 2 nodes")}
+    ours_on_ray = ("ray", "ray, actor calls")
+    pairs = {"ray_three_blocks_over_handwritten": ("handwritten", ours_on_ray),
+             "ray_three_blocks_over_handwritten_1dev": ("handwritten, 1 device", ours_on_ray),
+             "ray_three_blocks_over_handwritten_cgraph": ("handwritten cgraph", ours_on_ray),
+             "ray_handle_arg_over_handwritten_refs": ("handwritten refs", ours_on_ray),
+             "ray_over_embedded": ("embedded", ours_on_ray),
+             "ray_compiled_graph_over_actor_calls": ("ray, actor calls", ("ray",)),
+             "ray_two_nodes_over_one": ("ray, 1 node", ("ray, 2 nodes",))}
     rows += moved
     by = {(r["move"], r["bytes"]): r["ms_per_move"] for r in moved}
     headline = {}
     for name, (other, ours_) in pairs.items():
-        ratios = {(w, m): ms[(other, w, m)] / ms[(ours_, w, m)] for (b, w, m) in ms
-                  if b == ours_ and (other, w, m) in ms}
+        ratios = {(b, w, m): ms[(other, w, m)] / ms[(b, w, m)] for (b, w, m) in ms
+                  if b in ours_ and (other, w, m) in ms}
         worst = min(ratios, key=ratios.get)
         headline[name] = ratios[worst]
-        for (w, m), r in ratios.items():
-            rows.append({"ratio": name, "workload": w, "mode": m, "value": r, "worst": (w, m) == worst})
+        for (b, w, m), r in ratios.items():
+            rows.append({"ratio": name, "ours": b, "workload": w, "mode": m, "value": r, "worst": (b, w, m) == worst})
     headline["actor_call_over_pull"] = min(by[("actor call", n)] / by[("pull", n)] for _, n in by)
     return harness.record(NAME, {"islands": ISLANDS, "per_island": PER_ISLAND, "in_flight": IN_FLIGHT,
                                  "repetitions": repetitions, "cluster_blocks": blocks}, rows, headline)
