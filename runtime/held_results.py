@@ -36,10 +36,9 @@ class HeldResults:
                              f"not held on devices (released, or its run failed)")
 
     def release(self, run: Run, buffer: int, donated: bool = False) -> bool:
-        """A result's handle was released; returns whether bytes went back to the ledger now (see
-        `GangScheduler.release_result`)."""
+        """A result's handle was released (`GangScheduler.release_result` marked it in `run.released` first);
+        returns whether bytes went back to the ledger now."""
         key = (run.id, buffer)
-        run.released.add(buffer)         # `keep` skips it, and `Runtime.wait` looks for it no more
         if key not in self.held:         # never held, or gone (with its island): nothing to give back, now or later
             return False
         if self._readers.get(key):

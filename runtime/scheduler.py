@@ -219,7 +219,7 @@ class GangScheduler:
         retired before it keeps the bytes of the results not released (`HeldResults.keep`), so a release that
         finds the run not retired after marking the result is seen by `keep`, and one that finds it retired
         gives the bytes back under the lock, as for any result of a run that is over."""
-        run.released.add(buffer)
+        run.released.add(buffer)         # `keep` skips it, and `Runtime.wait` looks for it no more
         if not run.retired:
             return
         with self._lock:
