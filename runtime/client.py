@@ -191,7 +191,8 @@ class Client:
         the run it was donated to takes them over when admitted."""
         if self.closed:
             return                       # closing released everything already
-        self._shared.discard((run.id, buffer))
+        if self._shared:
+            self._shared.discard((run.id, buffer))
         island = run.island_of(buffer)
         if island is not None:
             self.runtime.islands[island].release(run.id, buffer)

@@ -57,8 +57,8 @@ CREDITS = 32          # runs in use from which a lane retires the runs that are 
 class FastLane:
     """The pre-built path of one loaded plan; see the module."""
 
-    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "dtypes", "program", "free", "in_use", "runs",
-                 "kept")
+    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "dtypes", "name", "layout", "program", "free",
+                 "in_use", "runs", "kept")
 
     def __init__(self, scheduler: "GangScheduler", island: "Island", loaded: "LoadedPlan"):
         self.scheduler = scheduler
@@ -67,6 +67,8 @@ class FastLane:
         self.buffers = tuple(buffer for buffer, _, _, _ in loaded.inputs)
         self.shapes = tuple(shape for _, _, shape, _ in loaded.inputs)
         self.dtypes = tuple(dtype for _, _, _, dtype in loaded.inputs)
+        self.name = loaded.plan.program
+        self.layout = island._layout(loaded.key)
         self.program = island.program(loaded.key, loaded.first[island.name])   # built when the plan loaded
         self.free = 0         # credits reserved in the ledger and not used by a run
         self.in_use = 0       # credits held by runs not retired yet
@@ -117,7 +119,8 @@ class FastLane:
                 return None
             run = Run(loaded.plan, loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
             ticket = next(scheduler._tickets)
-            island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.program, inputs)
+            island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.name, self.layout, self.program,
+                                           inputs)
             if island_run is None:
                 return None          # the island is closed or wedged (the ticket is left unused)
             self.free -= 1

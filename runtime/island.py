@@ -279,17 +279,17 @@ class Island(IslandExecutor):
         finally:
             self._inline_over()
 
-    def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int, program: tuple[Instruction, ...],
-                   inputs: tuple[tuple[int, Any], ...]) -> IslandRun | None:
-        """Registers a fast lane's run (`runtime/fast_lane.py`), all of whose steps are `program` on `inputs`
-        ((buffer, array) pairs), if the island is open and not wedged; otherwise takes nothing and returns
-        None. If the island is idle the caller then executes it (`run_lane`); if not, its work is queued for
-        the executor behind what is there (`run.queued` tells which)."""
+    def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int, name: str, layout: IslandLayout,
+                   program: tuple[Instruction, ...], inputs: tuple[tuple[int, Any], ...]) -> IslandRun | None:
+        """Registers a fast lane's run (`runtime/fast_lane.py`) of program `name`, all of whose steps are
+        `program` on `inputs` ((buffer, array) pairs) in the plan's `layout` here, if the island is open and
+        not wedged; otherwise takes nothing and returns None. If the island is idle the caller then executes it
+        (`run_lane`); if not, its work is queued for the executor behind what is there (`run.queued` tells
+        which)."""
         with self.lock:
             if self._closed or self.wedged is not None:
                 return None
-            run = self._runs[run_id] = IslandRun(run_id, client_id, plan_key, self.plan(plan_key).program,
-                                                 self._layout(plan_key))
+            run = self._runs[run_id] = IslandRun(run_id, client_id, plan_key, name, layout)
             self.executed.append((ticket, run_id, len(program)))
             self._pending += 1
             self._lane_started = time.monotonic()

@@ -25,7 +25,10 @@ class ObjectStore:
     def add(self, key: ObjectKey, owner: Hashable, array: Any) -> None:
         """Keeps `array` under `key` for `owner`."""
         self._objects[key] = (owner, array)
-        self._by_owner.setdefault(owner, set()).add(key)
+        keys = self._by_owner.get(owner)         # (no `setdefault(owner, set())`: a set made per result)
+        if keys is None:
+            keys = self._by_owner[owner] = set()
+        keys.add(key)
 
     def get(self, key: ObjectKey) -> Any:
         """Returns the array under `key`, or None if there is none (released, or not produced)."""
@@ -37,7 +40,9 @@ class ObjectStore:
         found = self._objects.pop(key, None)
         if found is None:
             return False
-        self._by_owner.get(found[0], set()).discard(key)
+        keys = self._by_owner.get(found[0])
+        if keys is not None:
+            keys.discard(key)
         return True
 
     def release_run(self, run_id: int) -> int:

@@ -450,9 +450,15 @@ class GangScheduler:
     def _poll(self, limit: int) -> bool:
         """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any."""
         self._polling = True
+        islands = self.islands
+        done = []
         try:
-            done = [run for run in itertools.islice(self._in_flight.values(), limit)
-                    if all(self.islands[i].run_done(run.id) for i in run.islands)]
+            for run in itertools.islice(self._in_flight.values(), limit):
+                for island in run.islands:       # (a loop, not a generator per run: most runs use one island)
+                    if not islands[island].run_done(run.id):
+                        break
+                else:
+                    done.append(run)
             for run in done:
                 self._retire(run)
         finally:
