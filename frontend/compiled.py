@@ -59,7 +59,9 @@ class Compiled:
         # returns its handles as they are (no key data to convert, nothing donated): `call_plain` then runs it.
         self.plain = not any(lowered.donated) and \
             not any(is_extended(a.dtype) for a in lowered.in_avals + lowered.out_avals)
-        self._single = jax.tree_util.treedef_is_leaf(lowered.out_tree)
+        # Whether the program returns one array (not a pytree of them): `()`, `None` and `{}` are leaf tree
+        # definitions too, of no leaf.
+        self._single = lowered.out_tree.num_leaves == 1 and jax.tree_util.treedef_is_leaf(lowered.out_tree)
         self._refresh()
 
     def _refresh(self) -> None:

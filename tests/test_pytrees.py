@@ -60,6 +60,24 @@ def test_custom_pytree_nodes_cross_slices_and_islands(two_islands):
     np.testing.assert_array_equal(np.asarray(extra["k"]), np.zeros(2, np.int32))
 
 
+def test_results_with_no_array_come_back_as_jax_jit_returns_them(two_islands):
+    """A function returning `()`, `None` or `{}` (no leaf) returns that, called alone or inside a program."""
+    s = pw.virtual_slice(2, axes="x")
+    x = np.ones(4, np.float32)
+    for empty in ((), None, {}):
+        nothing = pw.jit(lambda v, empty=empty: empty, slice=s)
+        assert nothing.run(x, client=two_islands) == jax.jit(lambda v: empty)(x) == empty
+    double, nothing = pw.jit(lambda v: v * 2, slice=s), pw.jit(lambda v: (), slice=s)
+
+    @pw.program
+    def both(v):
+        return nothing(v), double(v)
+
+    empty, doubled = both.run(x, client=two_islands)
+    assert empty == ()
+    np.testing.assert_array_equal(fetch(doubled), x * 2)
+
+
 class MLP(nn.Module):
     width: int
     out: int
