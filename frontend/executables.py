@@ -73,7 +73,7 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
             for w, a in zip(map(wire_aval, in_avals), in_avals)]
     with jax_config.include_full_tracebacks_in_locations(False):
         stablehlo = jitted.lower(*wire).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
-        exported = jax.export.export(jitted)(*wire)
+        exported = _export(fn, jitted, wire)
 
     parsed = ir.Module.parse(stablehlo)
     op = ir.Operation.create("builtin.module", regions=1, loc=Site.of_definition(fn).location(), ip=False)
@@ -91,6 +91,21 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     entry = ops.function_type(ops.executable_entry(op))
     out_tree, out_avals = traced[0]
     return Executable(symbol, op, out_tree, out_avals, tuple(entry.results))
+
+
+def _export(fn: Callable, jitted, wire: list) -> jax.export.Exported:
+    """Returns the `jax.export` of `jitted` (`fn`'s) for `wire`; a host callback in it, which `jax.export` cannot
+    serialise, is a NotImplementedError naming `fn` and saying what to do instead of JAX's own message."""
+    try:
+        return jax.export.export(jitted)(*wire)
+    except NotImplementedError as error:
+        if "host_callbacks" not in str(error):
+            raise
+        raise NotImplementedError(
+            f"{Site.of_definition(fn)} calls back to the host (jax.debug.print, jax.debug.callback, "
+            f"jax.pure_callback or io_callback): a placed function is shipped to its island as a jax.export "
+            f"serialisation, which cannot hold host callbacks; return the values and print them from the "
+            f"handles instead") from None
 
 
 def warn_of_lost_changes(fn: Callable, leaves: list, arguments: tuple, result_leaves: list) -> None:

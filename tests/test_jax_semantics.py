@@ -216,6 +216,18 @@ def test_other_jax_jit_options_raise_one_line_errors():
         pw.jit(lambda x, n: x, slice=s, static_argnums=0, donate_argnums=0)
 
 
+def test_a_host_callback_is_refused_naming_the_function():
+    """jax.export cannot serialise host callbacks (jax.debug.print and the like): the error names the
+    placed function and what to do, not JAX's own words."""
+    def printing(x):
+        jax.debug.print("x = {x}", x=x)
+        return x + 1
+
+    with pytest.raises(NotImplementedError, match=r"^printing at .*test_jax_semantics.py:\d+ calls back to "
+                                                   r"the host \(jax.debug.print"):
+        pw.jit(printing, slice=pw.virtual_slice(2, axes="data"))(np.ones(2, np.float32))
+
+
 class Scaler:
     """Placed functions and a program in a class body: methods, as jax.jit functions are."""
 
