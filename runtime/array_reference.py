@@ -13,12 +13,15 @@ value (waiting for it):
 - the JAX array's methods and properties that compute on the value:
   `ref.sum(axis=0)`, `ref.mean()`, `ref.argmax(-1)`, `ref.reshape(2, -1)`,
   `ref.T`, ... (the list below); each gives a JAX array;
-- `jnp.asarray(ref)` and `jnp.array(ref)` take it (`__jax_array__`), and so
-  does a program or placed function, where the value stays on the cluster.
+- JAX takes it wherever it takes an array, on its value: `jnp.asarray(ref)`,
+  `jnp.sum(ref)`, `jnp.where(ref > 0, ref, 0)`, a `jax.jit` function called
+  on it, `jax.grad(f)(ref)`. JAX no longer abstracts `__jax_array__` objects,
+  so the module registers the class with JAX's abstractification (an aval of
+  the reference's shape and dtype) and argument canonicalisation (its
+  `result()`), two registries of `jax._src` (jax 0.10). A program or placed
+  function takes it too, and there the value stays on the cluster.
 
-Other JAX functions (`jnp.sum(ref)`, a `jax.jit` function called on it)
-refuse it since JAX no longer abstracts `__jax_array__` objects: pass them
-`ref.result()` or `jnp.asarray(ref)`. A reference stays hashable by identity
+A reference stays hashable by identity
 (a key in dicts and sets), though `==` compares values, as NumPy's does.
 `Handle`, `SharedRef` and `RemoteHandle` are such references; the first two
 name a result by its run and buffer (`RunResult`).
@@ -32,6 +35,7 @@ import operator
 import threading
 
 import numpy as np
+from jax._src import core as jax_core, dtypes as jax_dtypes   # JAX's registries of array types (see the module)
 
 from .executables import numpy_dtype
 
@@ -163,3 +167,9 @@ class RunResult(ArrayReference):
     @property
     def dtype(self):
         return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)
+
+
+# JAX (0.10) looks up a type, then its bases, in these registries: every reference is abstracted by its shape
+# and dtype, without waiting for its value, and becomes its value where JAX places arguments.
+jax_core.pytype_aval_mappings[ArrayReference] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype)
+jax_dtypes.register_canonicalize_value_handler(ArrayReference, lambda ref: ref.result())

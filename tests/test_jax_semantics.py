@@ -375,8 +375,16 @@ def test_handles_behave_like_jax_arrays_on_their_values():
                       (doubled.clip(1, 5), want_doubled.clip(1, 5)), (doubled.real, want_doubled)]:
         assert isinstance(got, jax.Array)
         np.testing.assert_array_equal(got, want)
-    # JAX's constructors take a handle; a handle stays a key by identity.
+    # JAX takes a handle wherever it takes an array: its constructors, its functions, jax.jit, jax.grad; a
+    # handle stays a key by identity.
     np.testing.assert_array_equal(jnp.asarray(doubled), want_doubled)
+    for got, want in [(jnp.sum(doubled), jnp.sum(want_doubled)), (jnp.where(doubled > 2, doubled, 0),
+                                                                     jnp.where(want_doubled > 2, want_doubled, 0)),
+                      (jax.jit(lambda v, m: v * m)(doubled, mean), want_doubled * want_mean),
+                      (jax.grad(lambda v: (v ** 2).sum())(doubled), 2 * want_doubled),
+                      (jax.jit(lambda v: v + doubled)(x), x + want_doubled)]:
+        assert isinstance(got, jax.Array)
+        np.testing.assert_array_equal(got, want)
     assert {doubled: "a", mean: "b"}[doubled] == "a" and doubled in {doubled}
 
 
