@@ -294,6 +294,11 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
     At a loopback address (127.0.0.N) this process joins the node at that
     address: Ray would otherwise take the machine's outward address as this
     node's and find no node there. Nodes at 127.0.0.1 need `use_loopback`.
+
+    A new local instance starts no idle workers for this driver (Ray starts
+    `num_cpus` of them by default): an island actor needs a worker of its
+    own environment (`launch`), so they would idle beside the islands, a
+    Python process each.
     """
     import ray
 
@@ -307,7 +312,7 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
     options = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
     if address is None:
         ray.init(address="local", num_cpus=num_cpus, _node_ip_address=host, resources=resources,
-                 include_dashboard=False, **options)
+                 include_dashboard=False, _system_config={"prestart_worker_first_driver": False}, **options)
     else:
         ray.init(address=address, **({"_node_ip_address": host} if is_loopback(host) else {}), **options)
     return True
