@@ -120,7 +120,9 @@ class CompiledStarts:
                                                             f"{run_id} was on its way"))
 
     def close(self) -> None:
-        """Reads the acknowledgements still pending and tears the graph down (the actors stay).
+        """Reads the acknowledgements still pending, tears the graph down (the actors stay) and drops it, so
+        that Ray ends the graph's driver proxy actor (a Python process of its own, which outlived the
+        runtime on a Ray instance that outlives it).
 
         Once an island actor is dead, nothing is read from the graph's channels: Ray's own monitor
         tears the graph down on the death, and a read racing with that teardown can abort this
@@ -136,6 +138,7 @@ class CompiledStarts:
                 pass
             self._graph.teardown()
             self._unread.clear()
+            self._graph = None
 
 
 class CalledStarts:
