@@ -42,7 +42,7 @@ import sys
 
 import click
 
-from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
+from pathways_mlir.runtime.cluster import CLUSTER_ENV, MAX_HOST_DEVICES, ClusterError, prepare_host_devices
 
 from pathways_mlir.runtime.limits import Limits
 from pathways_mlir.runtime.policies import POLICIES
@@ -106,6 +106,9 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
         return
     if (islands is None) != (per_island is None):
         raise ServeError("--islands and --per-island go together")
+    if backend == "embedded" and islands is not None and islands * per_island > MAX_HOST_DEVICES:
+        raise ServeError(f"--islands {islands} --per-island {per_island} is {islands * per_island} CPU devices; "
+                         f"an embedded cluster has at most {MAX_HOST_DEVICES}")
     if address is not None and backend != "ray":
         raise ServeError("--address names a Ray cluster to own islands on: it needs --backend ray")
     # Before anything starts a thread (importing JAX does): SIGINT and SIGTERM wait for the main thread's

@@ -210,6 +210,8 @@ def test_service_errors_are_one_line(service, tmp_path):
         (["--status", "--service-file", str(service_file), "--address", "auto"],
          "--status asks a service (--service-file) or a Ray cluster (--address), not both"),
         (["--islands", "2"], "--islands and --per-island go together"),
+        (["--islands", "1", "--per-island", "100000"],            # it named PW_CLUSTER='1x100000', not the flags
+         "--islands 1 --per-island 100000 is 100000 CPU devices; an embedded cluster has at most 4096"),
         (["--address", "auto"], "--address names a Ray cluster to own islands on: it needs --backend ray"),
         # nan and inf pass click's FloatRange: nan was an internal error, and with inf the service dropped every
         # connection before its welcome (a socket cannot take an infinite timeout).
