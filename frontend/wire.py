@@ -21,6 +21,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from pathways_mlir.runtime.array_reference import register_with_jax
+
 from .avals import is_extended, wrap_keys
 
 
@@ -28,7 +30,12 @@ class KeyHandle:
     """A handle to typed PRNG keys on devices: `result()` returns the key array.
 
     It has the key array's `shape` and `dtype` (`key<fry>`), and programs and
-    placed functions take it as an argument like the key array it holds.
+    placed functions take it as an argument like the key array it holds. So
+    do JAX's transformations (`jax.jit`, `jax.vmap`, ...) and indexing
+    (`keys[0]`, `keys[...]`, `len(keys)`, `for key in keys`), on the key
+    array (waiting for it): a flax NNX model whose state a placed function
+    returned runs outside it too. `jax.random`'s functions take only JAX
+    arrays as keys: give them `result()`.
     """
 
     __slots__ = ("data", "dtype", "shape")
@@ -59,8 +66,27 @@ class KeyHandle:
         """Releases the keys, which `to` was given to reuse."""
         self.data.donate(to)
 
+    def __getitem__(self, index) -> jax.Array:
+        return self.result()[index]
+
+    def __setitem__(self, index, value):
+        raise TypeError("KeyHandle refers to an immutable key array, as a JAX array is: to change it in place "
+                        "(as flax NNX's RNG streams do outside a placed function), take it first (`.result()`)")
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d key array")
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(self.result())
+
     def __repr__(self) -> str:
-        return f"KeyHandle(shape={self.shape}, dtype={self.dtype}, slice={self.data.slice})"
+        where = getattr(self.data, "slice", None)       # a service's handle does not name its slice
+        return f"KeyHandle(shape={self.shape}, dtype={self.dtype}{'' if where is None else f', slice={where}'})"
+
+
+register_with_jax(KeyHandle)
 
 
 def to_wire(x: Any, aval: jax.ShapeDtypeStruct) -> Any:

@@ -4,12 +4,14 @@ A subclass gives `shape`, `dtype` and `result(timeout)`, the value as a JAX
 array; `ArrayReference` makes it behave like an array for the user, on its
 value (waiting for it):
 
-- NumPy: `np.asarray(ref)`, `ref[index]`, `ref.item()`, `ref.tolist()`;
+- NumPy: `np.asarray(ref)`, `ref.item()`, `ref.tolist()`;
 - Python: `float(ref)`, `int(ref)`, `bool(ref)`, `print(ref)` and `str(ref)` (the value, as
   the JAX array prints it; `repr` names the reference), `f"{ref:.3f}"`, `len(ref)`,
   `for row in ref`;
-- operators, as a JAX array's: `ref + 1`, `-ref`, `ref @ w`, `ref < 0`,
-  `ref == x`, ...; each gives a JAX array (`result()`'s operator);
+- operators and indexing, as a JAX array's: `ref + 1`, `-ref`, `ref @ w`,
+  `ref < 0`, `ref == x`, `ref[index]`, ...; each gives a JAX array
+  (`result()`'s operator), so `ref[...] += 1` makes a new array, as it
+  does for a JAX array (flax NNX's variables count so);
 - the JAX array's methods and properties that compute on the value:
   `ref.sum(axis=0)`, `ref.mean()`, `ref.argmax(-1)`, `ref.reshape(2, -1)`,
   `ref.T`, ... (the list below); each gives a JAX array;
@@ -74,7 +76,12 @@ class ArrayReference:
         return self.result()
 
     def __getitem__(self, index):
-        return np.asarray(self)[index]
+        return self.result()[index]
+
+    def __setitem__(self, index, value):
+        raise TypeError(f"{type(self).__name__} refers to an immutable array, as a JAX array is: to change "
+                        f"its value in place (as flax NNX does to a variable outside a placed function), "
+                        f"take the value first (`.result()`)")
 
     @property
     def size(self) -> int:
@@ -169,7 +176,13 @@ class RunResult(ArrayReference):
         return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)
 
 
-# JAX (0.10) looks up a type, then its bases, in these registries: every reference is abstracted by its shape
-# and dtype, without waiting for its value, and becomes its value where JAX places arguments.
-jax_core.pytype_aval_mappings[ArrayReference] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype)
-jax_dtypes.register_canonicalize_value_handler(ArrayReference, lambda ref: ref.result())
+def register_with_jax(kind: type) -> None:
+    """Makes JAX take instances of `kind` (and of its subclasses), which have `shape`, `dtype` and
+    `result()`, wherever it takes an array: JAX (0.10) looks up a type, then its bases, in these two
+    registries, so a reference is abstracted by its shape and dtype, without waiting for its value, and
+    becomes its value where JAX places arguments."""
+    jax_core.pytype_aval_mappings[kind] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype)
+    jax_dtypes.register_canonicalize_value_handler(kind, lambda ref: ref.result())
+
+
+register_with_jax(ArrayReference)

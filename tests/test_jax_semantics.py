@@ -3,6 +3,7 @@ scalars and weak types, jax.jit's static, donated and keyword arguments, and pla
 inside JAX transformations."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,12 @@ def test_typed_keys_go_in_and_out_of_placed_functions_as_in_jax():
     # The returned key handle goes back in as the key it holds.
     y2, _ = placed(x, next_key)
     np.testing.assert_array_equal(np.asarray(y2), jax.jit(noisy)(x, want_key)[0])
+    # JAX's transformations and indexing take it as the key array; it cannot change in place.
+    np.testing.assert_array_equal(np.asarray(jax.jit(noisy)(x, next_key)[0]), jax.jit(noisy)(x, want_key)[0])
+    np.testing.assert_array_equal(key_bits(next_key[...]), key_bits(want_key))
+    assert re.fullmatch(r"KeyHandle\(shape=\(\), dtype=key<fry>, slice=\w+\)", repr(next_key))
+    with pytest.raises(TypeError, match="KeyHandle refers to an immutable key array"):
+        next_key[...] = want_key
 
 
 def test_typed_keys_in_programs_and_cond_branches():
@@ -360,11 +367,13 @@ def test_handles_behave_like_jax_arrays_on_their_values():
     assert doubled.tolist() == want_doubled.tolist() and doubled.astype(jnp.int32).dtype == jnp.int32
     with pytest.raises(TypeError, match="0-d"):
         len(mean)
+    with pytest.raises(TypeError, match=r"Handle refers to an immutable array, as a JAX array is"):
+        doubled[0] = 1.0
     # Operators give what the JAX array's give, on either side.
     for got, want in [(doubled + 1, want_doubled + 1), (1 - doubled, 1 - want_doubled), (-doubled, -want_doubled),
                       (doubled @ doubled, want_doubled @ want_doubled), (doubled < 3, want_doubled < 3),
                       (doubled == 2, want_doubled == 2), (x * doubled, x * want_doubled),
-                      (abs(-doubled), want_doubled)]:
+                      (abs(-doubled), want_doubled), (doubled[1:], want_doubled[1:]), (doubled[...], want_doubled)]:
         assert isinstance(got, jax.Array)
         np.testing.assert_array_equal(got, want)
     # The array's methods and properties that compute on its value, with their keywords: an eval loop's

@@ -117,6 +117,24 @@ def test_nnx_objects_train_data_parallel_as_with_nnx_jit():
     for name, value in want_metrics.compute().items():
         np.testing.assert_allclose(computed[name], value, rtol=1e-6)
 
+    # The returned model (handles and key handles) runs outside pw: eagerly in eval mode, under nnx.jit in
+    # train mode (its Dropout draws from the returned RNG keys and counts on), and eagerly in train mode
+    # once fetched; unfetched, that refuses in one line, as an RNG stream counts in place.
+    x = batches()[0][0]
+    model.eval(), want_model.eval()
+    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(want_model(x)), rtol=1e-5, atol=1e-6)
+    model.train(), want_model.train()
+    forward = nnx.jit(lambda m, x: m(x))
+    np.testing.assert_allclose(np.asarray(forward(model, x)), np.asarray(forward(want_model, x)), rtol=1e-5,
+                               atol=1e-6)
+    assert_same_state(model, want_model)
+    model, _, _, _ = program_step(model, optimizer, metrics, x, batches()[0][1])
+    reference(want_model, want_optimizer, want_metrics, x, batches()[0][1])
+    np.testing.assert_allclose(np.asarray(fetched(model)(x)), np.asarray(want_model(x)), rtol=1e-5, atol=1e-6)
+    model, _, _, _ = program_step(model, optimizer, metrics, x, batches()[0][1])
+    with pytest.raises(TypeError, match=r"refers to an immutable .*take the value first \(`\.result\(\)`\)"):
+        model(x)
+
 
 def test_a_step_that_updates_nnx_objects_in_place_without_returning_them_warns_once():
     """Written for nnx.jit (no return of the objects): the update is lost, as under jax.jit, so the trace warns,
