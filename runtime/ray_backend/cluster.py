@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import Callable
 
 from pathways_mlir.dialect.topology import Topology
@@ -310,11 +311,15 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
     if host == "127.0.0.1":
         use_loopback()
     options = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
-    if address is None:
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address=host, resources=resources,
-                 include_dashboard=False, _system_config={"prestart_worker_first_driver": False}, **options)
-    else:
-        ray.init(address=address, **({"_node_ip_address": host} if is_loopback(host) else {}), **options)
+    with warnings.catch_warnings():
+        # Ray starts its processes with subprocess (a fork that execs at once), which JAX's fork hook warns
+        # about once JAX has started its threads.
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        if address is None:
+            ray.init(address="local", num_cpus=num_cpus, _node_ip_address=host, resources=resources,
+                     include_dashboard=False, _system_config={"prestart_worker_first_driver": False}, **options)
+        else:
+            ray.init(address=address, **({"_node_ip_address": host} if is_loopback(host) else {}), **options)
     return True
 
 
