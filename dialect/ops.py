@@ -470,6 +470,13 @@ def programs(module: ir.Module | ir.Operation) -> dict[str, ir.Operation]:
     return {symbol_name(op): op for op in top_level_ops(module) if is_program(op)}
 
 
+def names_its_mesh(executable: ir.Operation) -> bool:
+    """True if a compiled function's code names its slice's axes (`jax.shard_map`, collectives, sharding
+    constraints by `PartitionSpec`): its module declares a Shardy mesh (`sdy.mesh`), so it runs only on a
+    mesh of its own slice's axes."""
+    return any(op.name == "sdy.mesh" for op in top_level_ops(executable))
+
+
 def executable_entry(executable: ir.Operation) -> ir.Operation | None:
     """Returns the public entry function of a compiled function (`main`, or the only one)."""
     funcs = [op for op in top_level_ops(executable) if op.name == "func.func"]

@@ -11,6 +11,13 @@ export on a mesh of any size as
     exported = jax.export.deserialize(base64.b64decode(blob))
     jax.jit(exported.call, in_shardings=..., out_shardings=...)
 
+The exception is code that names its slice's axes (`jax.shard_map`,
+collectives, `with_sharding_constraint(x, P("data"))`): the function is
+traced under the slice's abstract mesh, so such code lowers to Shardy ops
+on that mesh (an `sdy.mesh` in the module), and runs on a mesh of the
+slice's shape only (`ops.names_its_mesh`). Code that names no axis lowers
+as it would without the mesh.
+
 Executables take and return flat leaves: the export is of `fn` wrapped to
 take its arguments' leaves and return its results' leaves, so the operands of
 a `pw.compute` are the export's positional arguments in order and its results
@@ -23,6 +30,7 @@ and the program's `Lowered`, and nothing about them is serialised.
 from __future__ import annotations
 
 import base64
+import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -49,10 +57,13 @@ class Executable:
 
 
 def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
-                     in_avals: list[jax.ShapeDtypeStruct]) -> Executable:
+                     in_avals: list[jax.ShapeDtypeStruct], mesh: jax.sharding.AbstractMesh | None) -> Executable:
     """Lowers `fn` for global argument shapes into executable `symbol` (needs an active context).
 
-    `in_tree` is the structure of `(args, kwargs)`, as `jax.jit`'s.
+    `in_tree` is the structure of `(args, kwargs)`, as `jax.jit`'s. `fn` is traced under `mesh`, its slice's
+    axes (None: no mesh), as `jax.jit` traces under `jax.set_mesh`: code that names the axes
+    (`jax.shard_map`, `jax.lax.psum`, `with_sharding_constraint(x, P("data"))`) lowers to Shardy ops on
+    that mesh, and code that does not lowers as it would without one.
     """
     traced = []          # the result tree and the results' abstract values, as `fn` returns them
 
@@ -71,7 +82,8 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     jitted = jax.jit(flat, keep_unused=True)
     wire = [jax.ShapeDtypeStruct(w.shape, w.dtype, weak_type=a.weak_type)
             for w, a in zip(map(wire_aval, in_avals), in_avals)]
-    with jax_config.include_full_tracebacks_in_locations(False):
+    with jax_config.include_full_tracebacks_in_locations(False), \
+            (jax.sharding.use_abstract_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
         stablehlo = jitted.lower(*wire).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
         exported = _export(fn, jitted, wire)
 

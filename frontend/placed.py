@@ -97,7 +97,16 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, 
     in_shardings = specs.shardings(placed.in_specs, (in_args, in_kwargs) if in_kwargs else in_args,
                                    "in", site, placed.slice, slice_name)
     with tracer.lowering(site, slice_name):
-        executable = module.executable(placed._signature.bound(call.static), in_tree, in_avals)
+        try:
+            executable = module.executable(placed._signature.bound(call.static), in_tree, in_avals,
+                                           placed.slice.mesh)
+        except (ValueError, RuntimeError) as error:
+            if not (placed.slice.elastic and "mesh" in str(error)):
+                raise
+            raise PlacementError(f"{site}: the function names mesh axes (jax.shard_map, a collective or a sharding "
+                                 f"constraint by PartitionSpec), but {placed.slice} is elastic: its shape is chosen "
+                                 f"when it is placed, so there is no mesh to trace the function under; give the "
+                                 f"slice a fixed shape") from None
     out_shardings = specs.shardings(placed.out_specs,
                                     jax.tree_util.tree_unflatten(executable.out_tree, executable.out_avals),
                                     "out", site, placed.slice, slice_name)

@@ -44,6 +44,15 @@ class Slice:
         """True if placement may give the slice a smaller shape (it has a range of sizes)."""
         return "min_shape" in self.constraints
 
+    @property
+    def mesh(self) -> "jax.sharding.AbstractMesh | None":
+        """The mesh a placed function on the slice is traced under (its axes, by name and size), so that its
+        code may name them (`jax.shard_map`, collectives, `with_sharding_constraint(x, P(...))`); None for an
+        elastic slice, whose size is known only when it is placed."""
+        import jax
+
+        return None if self.elastic else jax.sharding.AbstractMesh(self.shape, self.axes)
+
     def declared(self, symbol: str) -> ops.VirtualSlice:
         """Returns the slice as the IR declares it, under symbol `symbol`."""
         return ops.VirtualSlice(symbol, self.shape, self.axes, self.constraints)

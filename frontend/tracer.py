@@ -150,11 +150,12 @@ class ModuleBuilder:
         return self._slices[slice_]
 
     def executable(self, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
-                   in_avals: Sequence[jax.ShapeDtypeStruct]) -> Executable:
-        """Returns the compiled function `fn` for these arguments, compiling it once."""
-        key = (fn, in_tree, tuple(map(signature_of, in_avals)))
+                   in_avals: Sequence[jax.ShapeDtypeStruct], mesh: "jax.sharding.AbstractMesh | None") -> Executable:
+        """Returns the compiled function `fn` for these arguments, traced under `mesh` (see
+        `compile_function`), compiling it once."""
+        key = (fn, in_tree, tuple(map(signature_of, in_avals)), mesh)
         if key not in self._executables:
-            self._executables[key] = compile_function(self.symbol(name_of(fn)), fn, in_tree, list(in_avals))
+            self._executables[key] = compile_function(self.symbol(name_of(fn)), fn, in_tree, list(in_avals), mesh)
         return self._executables[key]
 
     def finish(self) -> None:

@@ -36,6 +36,10 @@ A run is fused only when all of these hold:
 - it has computations on at least two slices (one slice is
   `pw-fuse-launches`' case) and a cover slice exists;
 - every slice it names has a renaming onto the cover's axes (above);
+- no computation of it names its own slice's axes in its code
+  (`jax.shard_map`, collectives, sharding constraints: its executable
+  declares a Shardy mesh, `ops.names_its_mesh`), as it runs only on its
+  slice's mesh: such a computation ends a run;
 - no other program of the module uses a slice on any device of the cover:
   a fused launch holds all of them for its whole length, so a program that
   could run on some of them meanwhile (another entry point, a branch) would
@@ -93,10 +97,11 @@ from pathways_mlir.dialect.sharding import Sharding
 from .registry import Pass, option, register
 
 
-def _island_op(op: ir.Operation, islands: dict[str, str]) -> str | None:
-    """Returns the island of an op a run may hold (a compute, or an ICI move inside one island), or None."""
+def _island_op(op: ir.Operation, islands: dict[str, str], bound: set[str]) -> str | None:
+    """Returns the island of an op a run may hold (a compute whose executable is not `bound` to its own
+    slice's mesh, or an ICI move inside one island), or None."""
     if ops.Compute.isa(op):
-        return islands[ops.Compute(op).slice]
+        return None if ops.Compute(op).callee in bound else islands[ops.Compute(op).slice]
     move = ops.DataMovement.match(op)
     if move is not None and move.link == "ici" and islands[move.src] == islands[move.dst]:
         return islands[move.src]
@@ -110,16 +115,16 @@ def _slices_of(op: ir.Operation) -> list[str]:
     return [move.src, move.dst]
 
 
-def _runs(program: ir.Operation, islands: dict[str, str]) -> list[list[ir.Operation]]:
+def _runs(program: ir.Operation, islands: dict[str, str], bound: set[str]) -> list[list[ir.Operation]]:
     """Returns the maximal runs of consecutive ops of one island and one static subgraph, without
-    leading or trailing moves, that compute on two slices or more."""
+    leading or trailing moves, that compute on two slices or more, with no executable in `bound`."""
     static = {g["id"] for g in ops.attr(program, ops.SUBGRAPHS, []) if g["static"]}
     runs: list[list[ir.Operation]] = []
     current: list[ir.Operation] = []
     key = None
     for op in [*ops.program_body(program).operations, None]:
         op = op.operation if op is not None else None
-        island = None if op is None else _island_op(op, islands)
+        island = None if op is None else _island_op(op, islands, bound)
         subgraph = None if op is None else ops.attr(op, ops.SUBGRAPH, 0)
         here = (island, subgraph) if island is not None and subgraph in static else None
         if here is not None and here == key:
@@ -178,6 +183,7 @@ class _Fuser:
                            if (name := ops.symbol_name(op)) in self.slices}
         self.islands = {name: p["island"] for name, p in self.placements.items()}
         self.taken = set(ops.executables(module))
+        self.bound = {name for name, op in ops.executables(module).items() if ops.names_its_mesh(op)}
         self.used = {name: self.devices([s for op in ops.program_body(program).operations
                                          if ops.Compute.isa(op) or ops.DataMovement.isa(op)
                                          for s in _slices_of(op.operation)])
@@ -225,7 +231,7 @@ class _Fuser:
         """Fuses the runs of program `name` that qualify."""
         others = _merged((island, r) for other, used in self.used.items() if other != name
                          for island, ranges in used.items() for r in ranges)
-        for run in _runs(program, self.islands):
+        for run in _runs(program, self.islands, self.bound):
             fused_callee = next((op for op in run if ops.Compute.isa(op)
                                  and ops.FUSED in ops.executables(self.module)[ops.Compute(op).callee].attributes),
                                 None)

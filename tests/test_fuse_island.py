@@ -198,3 +198,36 @@ def test_a_host_argument_read_by_one_launch_is_placed_by_that_launch(runtime, mo
             assert placed.pop() is not np.ndarray and placed == []
             del ours
     assert runtime.object_count() == 0
+
+
+def test_computations_that_name_their_slices_axes_are_not_fused(runtime):
+    """Block A centres its rows with `jax.shard_map` and a psum over slice_a's "data"; block B constrains its
+    result to P("data", "model"). Each runs only on its own slice's mesh (on slice_b's, XLA refuses block
+    A's all-reduce: its replica groups are slice_a's two devices), so island fusion leaves both out, and
+    the three blocks equal plain JAX fused or not."""
+    slice_a = pw.virtual_slice(2, axes="data", name="slice_a")
+    slice_b = pw.virtual_slice((2, 2), axes=("data", "model"), name="slice_b")
+    slice_c = pw.virtual_slice(2, axes="data", name="slice_c")
+
+    def centred(x):
+        return jax.shard_map(lambda rows: rows - jax.lax.psum(rows.sum(0), "data") / x.shape[0],
+                             in_specs=P("data"), out_specs=P("data"))(x)
+
+    def projected(x):
+        return jax.lax.with_sharding_constraint(jnp.tanh(x) @ jnp.ones((16, 16)), P("data", "model"))
+
+    block_a = pw.jit(centred, slice=slice_a, in_specs=P("data"), out_specs=P("data"))
+    block_b = pw.jit(projected, slice=slice_b, in_specs=P("data", "model"), out_specs=P("data", "model"))
+    block_c = pw.jit(lambda x: 2 * x, slice=slice_c, in_specs=P("data"), out_specs=P("data"))
+
+    @pw.program
+    def three_blocks(x):
+        return block_c(block_b(block_a(x)))
+
+    expected = 2 * (jnp.tanh(X - X.mean(0)) @ jnp.ones((16, 16)))
+    for fuse in (True, False):
+        plan = plan_of(three_blocks, runtime, fuse, X)
+        assert [launch.label for launch in launches(plan)] == ["centred#0", "projected#0", "lambda#0"]
+        with Client(runtime) as client:
+            [result] = client.run(plan, [X])
+            np.testing.assert_allclose(np.asarray(result), expected, rtol=1e-5, atol=1e-5)

@@ -270,6 +270,32 @@ def test_a_placed_function_or_program_in_a_class_is_a_method_as_with_jax_jit():
 
 # --- inside JAX transformations --------------------------------------------------------------------
 
+def test_a_placed_function_names_its_slices_axes_as_under_jax_set_mesh():
+    """Code written for `jax.jit` under `jax.set_mesh`: `jax.shard_map` with collectives over the slice's
+    axes, `axis_index`, sharding constraints by `PartitionSpec`, the abstract mesh. Equal to that code
+    under `jax.set_mesh` on a mesh of the same shape; an elastic slice has no mesh to name."""
+    s = pw.virtual_slice((2, 2), axes=("data", "model"))
+
+    def layer(x, w):
+        # Megatron-style: rows over "data", w's columns over "model", a row sum over "model" by hand.
+        h = jax.lax.with_sharding_constraint(jnp.tanh(x @ w), P("data", "model"))
+        partial_sums = jax.shard_map(lambda block: jax.lax.psum(block.sum(1, keepdims=True), "model"),
+                                     in_specs=P("data", "model"), out_specs=P("data", None))(h)
+        ranks = jax.shard_map(lambda block: block * 0 + jax.lax.axis_index("data"), in_specs=P("data"),
+                              out_specs=P("data"))(partial_sums)
+        return partial_sums + ranks * jax.sharding.get_abstract_mesh().shape["model"]
+
+    x, w = jnp.arange(32.0).reshape(8, 4) / 32, jnp.ones((4, 6)) / 4
+    placed = pw.jit(layer, slice=s, in_specs=(P("data"), P(None, "model")), out_specs=P("data"))
+    with jax.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))):
+        want = jax.jit(layer)(x, w)
+    np.testing.assert_allclose(np.asarray(placed(x, w)), want, rtol=1e-6)
+    elastic = pw.virtual_slice(("1..2", 2), axes=("data", "model"))
+    with pytest.raises(pw.PlacementError, match=r"test_jax_semantics.py:\d+: the function names mesh axes .* but "
+                                                r"Slice\(unnamed: data=1..2, model=2\) is elastic"):
+        pw.jit(layer, slice=elastic, in_specs=(P("data"), P(None, "model")))(x, w)
+
+
 def test_placed_functions_inside_jax_transformations_trace_as_their_function():
     s = pw.virtual_slice(2, axes="data")
 

@@ -162,3 +162,36 @@ func.func @no_renaming(%x: tensor<8xf32> {pw.home = {slice = @e, sharding = [["x
   return %2 : tensor<8xf32>
 }
 }
+
+// -----
+
+// @f's code names its slice's axis (its module declares a Shardy mesh, as
+// jax.shard_map or a sharding constraint by PartitionSpec lowers): it runs
+// only on @a's mesh, so it ends the run, and only g#0 and h#0 are fused.
+// CHECK-LABEL: func.func @named_axes
+// CHECK-NEXT: %0 = "pw.compute"(%arg0) {callee = @f, {{.*}}label = "f#0"
+// CHECK-NEXT: %1 = "pw.scatter"(%0)
+// CHECK-NEXT: %2 = "pw.compute"(%1) {callee = @island_g_0, {{.*}}label = "g#0+h#0"
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [{device_kind = "cpu", device_memory_bytes = 1073741824, devices_per_host = 4, hosts = 1, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}, name = "island0"}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2, 2>, axes = ["d", "m"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 4>}} : () -> ()
+"pw.virtual_slice"() {sym_name = "c", shape = array<i64: 2>, axes = ["d"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 2, 4>}} : () -> ()
+module @f attributes {pw.executable} {
+  "sdy.mesh"() {sym_name = "mesh", mesh = #sdy.mesh<["d"=2]>} : () -> ()
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+module @g attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+module @h attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @named_axes(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["d"]]}}) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["d"]]], out_shardings = [[["d"]]], label = "f#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  %1 = "pw.scatter"(%0) {src = @a, dst = @b, src_sharding = [["d"]], dst_sharding = [["d", "m"]], pieces = 2, piece_shape = array<i64: 2>, link = "ici", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  %2 = "pw.compute"(%1) {callee = @g, slice = @b, in_shardings = [[["d", "m"]]], out_shardings = [[["d", "m"]]], label = "g#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  %3 = "pw.gather"(%2) {src = @b, dst = @c, src_sharding = [["d", "m"]], dst_sharding = [["d"]], pieces = 2, piece_shape = array<i64: 2>, link = "ici", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  %4 = "pw.compute"(%3) {callee = @h, slice = @c, in_shardings = [[["d"]]], out_shardings = [[["d"]]], label = "h#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  return %4 : tensor<8xf32>
+}
+}
