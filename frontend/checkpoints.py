@@ -14,7 +14,10 @@ import shutil
 import time
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
+
+from .avals import is_extended, wire_aval
 
 log = logging.getLogger("pathways_mlir.elastic")
 
@@ -136,7 +139,11 @@ def read_checkpoint(directory: str, like: Sequence) -> tuple[int, list[np.ndarra
 
 
 def shape_dtype(leaf) -> tuple[tuple[int, ...], np.dtype]:
-    """The shape and dtype of a state leaf (an array, a handle or a Python number), without reading it."""
+    """The shape and dtype of a state leaf (an array, a handle or a Python number) as a host snapshot holds
+    it (typed PRNG keys as their key data), without reading it."""
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        if is_extended(leaf.dtype):
+            data = wire_aval(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
+            return tuple(data.shape), np.dtype(data.dtype)
         return tuple(leaf.shape), np.dtype(leaf.dtype)
     return np.shape(leaf), np.result_type(leaf)

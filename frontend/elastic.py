@@ -35,7 +35,9 @@ from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.island_work import IslandLost
 from pathways_mlir.runtime.runtime import Runtime, get_runtime
 
+from .avals import is_extended, wrap_keys
 from .slices import Slice
+from .wire import KeyHandle
 
 from .checkpoints import Checkpoints, read_checkpoint, shape_dtype
 
@@ -216,25 +218,26 @@ class ElasticTrainer:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"steps must be a non-negative integer, not {steps!r}")
         leaves, treedef = jax.tree_util.tree_flatten(state)
+        keys = [_key_dtype(leaf) for leaf in leaves]
         if resume_from is not None:
             start, host = read_checkpoint(os.fspath(resume_from), leaves)
             if start >= steps:
                 raise ValueError(f"the checkpoint in {os.fspath(resume_from)} is of step {start}: "
                                  f"nothing is left to run for steps={steps}")
-            state = jax.tree_util.tree_unflatten(treedef, host)
+            state = _from_host(treedef, host, keys)
         else:
             start, host = 0, [_to_host(leaf, self.timeout) for leaf in leaves]
         self.start_step, self.recoveries, self.shapes = start, [], {}
         checkpoints = None if self.checkpoint_dir is None else self._checkpoints(start)
         self._snapshots = _Snapshots(start, host, checkpoints, self.timeout)
         try:
-            return self._loop(state, [shape_dtype(leaf) for leaf in leaves], treedef, start, steps)
+            return self._loop(state, [shape_dtype(leaf) for leaf in leaves], treedef, keys, start, steps)
         finally:
             self._snapshots.close()
             if checkpoints is not None:
                 checkpoints.close()
 
-    def _loop(self, state, specs: list, treedef, done: int, steps: int):
+    def _loop(self, state, specs: list, treedef, keys: list, done: int, steps: int):
         snapshots, pending, checked = self._snapshots, None, False
         runtime = self.client.runtime if self.client is not None else get_runtime()
         while True:
@@ -244,7 +247,7 @@ class ElasticTrainer:
                 if done == steps:
                     snapshots.settle()
                     for leaf in jax.tree_util.tree_leaves(state):
-                        if isinstance(leaf, Handle):
+                        if isinstance(leaf, (Handle, KeyHandle)):
                             value = leaf.result(self.timeout)   # a JAX array in process; NumPy from Ray
                             if hasattr(value, "block_until_ready"):
                                 value.block_until_ready()
@@ -273,7 +276,7 @@ class ElasticTrainer:
                 if isinstance(runtime, Runtime):         # a service lowers the replay again if it is refused
                     runtime.await_losses(min(self.timeout, TOPOLOGY_WAIT))
                 done, leaves = snapshots.latest()
-                state = jax.tree_util.tree_unflatten(treedef, leaves)
+                state = _from_host(treedef, leaves, keys)
 
     def _batch(self, step: int, runtime) -> Any:
         """Step `step`'s batch: `batch(step)`, or with shrink='batch', `batch(step, shards)`."""
@@ -362,7 +365,23 @@ class ElasticTrainer:
 
 
 def _to_host(leaf, timeout: float) -> np.ndarray:
-    """A copy of one state leaf in host memory (a handle is waited for, at most `timeout` s)."""
-    if isinstance(leaf, Handle):
+    """A copy of one state leaf in host memory (a handle is waited for, at most `timeout` s); typed PRNG keys
+    (every flax NNX model's RNG streams) as their key data."""
+    if isinstance(leaf, (Handle, KeyHandle)):
         leaf = leaf.result(timeout)
+    if _key_dtype(leaf) is not None:
+        leaf = jax.random.key_data(leaf)
     return np.array(leaf, copy=True)
+
+
+def _key_dtype(leaf) -> Any:
+    """The key dtype of a state leaf of typed PRNG keys, else None."""
+    dtype = getattr(leaf, "dtype", None)
+    return dtype if dtype is not None and is_extended(dtype) else None
+
+
+def _from_host(treedef, leaves: list[np.ndarray], keys: list) -> Any:
+    """The state of host `leaves` (from `_to_host`), its typed keys wrapped again (`keys`: each leaf's key
+    dtype, or None)."""
+    return jax.tree_util.tree_unflatten(treedef, [leaf if key is None else wrap_keys(leaf, key)
+                                                  for leaf, key in zip(leaves, keys)])

@@ -543,3 +543,66 @@ def test_a_corrupted_newest_checkpoint_is_skipped(rt, tmp_path, caplog):
             second.run(init(), 10, resume_from=tmp_path)
         del got
     assert settled(rt, WAIT)
+
+
+def test_a_flax_nnx_state_with_rng_keys_survives_a_loss_and_resumes_from_checkpoints(rt, tmp_path):
+    """Every flax NNX model's RNG streams are typed PRNG keys: snapshots and checkpoints hold their key data,
+    and the state restored after the loss, or read back by a new trainer, has them as keys again. The
+    Dropout masks then equal nnx.jit's, step for step."""
+    import optax
+    from flax import nnx
+
+    class Model(nnx.Module):
+        def __init__(self):
+            rngs = nnx.Rngs(0, dropout=1)
+            self.linear, self.dropout = nnx.Linear(4, 4, rngs=rngs), nnx.Dropout(0.25, rngs=rngs)
+
+        def __call__(self, x):
+            return self.dropout(self.linear(x))
+
+    def new_state():
+        model = Model()
+        return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    def update(model, optimizer, x):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - 1.0) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    def step(state, x):
+        model, optimizer = state
+        return (model, optimizer), update(model, optimizer, x)
+
+    def nnx_batch(i):
+        return jnp.full((8, 4), float(i % 3))
+
+    placed = pw.jit(step, slice=pw.virtual_slice(2, axes="data", name="train"))
+    want_model, want_optimizer = new_state()
+    reference = nnx.jit(update)
+    for i in range(10):
+        reference(want_model, want_optimizer, nnx_batch(i))
+    lost = []
+
+    def lose_at_step_5(n, metrics):
+        if n == 5 and not lost:
+            until(lambda: trainer.snapshot_step == 4, "the snapshot of step 4 was copied", WAIT)
+            lost.append(placed.compiled(new_state(), nnx_batch(0), runtime=rt).plan.slices["train"].island)
+            rt.lose_island(lost[0])
+
+    with Client(rt) as client:
+        trainer = pw.ElasticTrainer(placed, nnx_batch, snapshot_every=2, client=client, checkpoint_dir=tmp_path,
+                                    on_step=lose_at_step_5)
+        model, _ = trainer.run(new_state(), 8)
+        assert [(r.step, r.snapshot_step) for r in trainer.recoveries] == [(5, 4)]
+        resumed = pw.ElasticTrainer(placed, nnx_batch, snapshot_every=2, client=client, checkpoint_dir=tmp_path)
+        model, _ = resumed.run(new_state(), 10, resume_from=tmp_path)
+        assert resumed.start_step == 8
+        for got, want in zip(jax.tree_util.tree_leaves(nnx.state(model)),
+                             jax.tree_util.tree_leaves(nnx.state(want_model))):
+            got = got.result()
+            if jax.dtypes.issubdtype(want.dtype, jax.dtypes.extended):
+                np.testing.assert_array_equal(jax.random.key_data(got), jax.random.key_data(want))
+            else:
+                np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+        del model
+    assert settled(rt, WAIT)
