@@ -13,7 +13,8 @@ export on a mesh of any size as
 
 The exception is code that names its slice's axes (`jax.shard_map`,
 collectives, `with_sharding_constraint(x, P("data"))`): the function is
-traced under the slice's abstract mesh, so such code lowers to Shardy ops
+traced under the slice's abstract mesh (never a mesh the caller set with
+`jax.set_mesh` for its own code), so such code lowers to Shardy ops
 on that mesh (an `sdy.mesh` in the module), and runs on a mesh of the
 slice's shape only (`ops.names_its_mesh`). Code that names no axis lowers
 as it would without the mesh.
@@ -40,6 +41,7 @@ from jax._src import config as jax_config  # the location option has no public c
 from mlir import ir
 
 from pathways_mlir.dialect import ops
+from pathways_mlir.runtime.executables import without_context_mesh
 
 from .avals import aval_of, is_extended, wire_aval, wrap_keys
 from .provenance import Site
@@ -82,7 +84,7 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     jitted = jax.jit(flat, keep_unused=True)
     wire = [jax.ShapeDtypeStruct(w.shape, w.dtype, weak_type=a.weak_type)
             for w, a in zip(map(wire_aval, in_avals), in_avals)]
-    with jax_config.include_full_tracebacks_in_locations(False), \
+    with jax_config.include_full_tracebacks_in_locations(False), without_context_mesh(), \
             (jax.sharding.use_abstract_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
         stablehlo = jitted.lower(*wire).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
         exported = _export(fn, jitted, wire)

@@ -12,6 +12,7 @@ compiled with that argument donated, so XLA writes the result into its buffer.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import threading
 import weakref
@@ -26,6 +27,16 @@ from jaxlib._jax import ArrayImpl
 from pathways_mlir.dialect.plan import ProgramPlan
 
 ARRAY_TYPE = ArrayImpl   # what the fast paths compare `type(x)` with
+
+
+def without_context_mesh():
+    """A context with no mesh set on this thread (`jax.set_mesh(None)`), or nothing to do if none is: the
+    runtime's computations run on their slices' meshes on a caller's thread too (inline), where JAX would
+    check them against a mesh the caller set for its own code and refuse their devices."""
+    return _UNCHANGED if jax.sharding.get_abstract_mesh().empty else jax.set_mesh(None)
+
+
+_UNCHANGED = contextlib.nullcontext()
 
 
 class MissingExecutable(ValueError):

@@ -69,7 +69,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .cluster import DeviceMap
 from .device_clock import DeviceClock
 from .device_estimates import DeviceTimeEstimates
-from .executables import ExecutableCache, make_mesh
+from .executables import ExecutableCache, make_mesh, without_context_mesh
 from .island_executor import AWAIT_PAUSE, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
@@ -272,7 +272,8 @@ class Island(IslandExecutor):
         """Runs work that `start` handed back to the caller, on the caller's thread (holding no lock); the
         executor takes what came after it once it is done."""
         try:
-            self._started(work)
+            with without_context_mesh():
+                self._started(work)
             run = self._runs.get(work.run_id)
             if run is not None:                  # still under way here: the call returns before its launches
                 host_arguments_copied(run, work.inputs)
@@ -303,7 +304,8 @@ class Island(IslandExecutor):
     def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], inputs: tuple[tuple[int, Any], ...]):
         """Executes a fast lane's run that `start_lane` registered, on the caller's thread (holding no lock):
         places its arguments (`inputs`: (buffer, array) pairs) and runs its program."""
-        self._lane_work((run, program, inputs), inline=True)
+        with without_context_mesh():
+            self._lane_work((run, program, inputs), inline=True)
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
         """A buffer a peer island sent: the executor puts it on its home sharding and resumes the run."""
@@ -504,7 +506,8 @@ class Island(IslandExecutor):
     def prepare(self, plan_key: int, step_ids: tuple[int, ...]) -> None:
         """Builds the island program of these steps now, on the caller's thread (compiling its
         executables), so that the island's executor never compiles them."""
-        self._program(plan_key, tuple(step_ids))
+        with without_context_mesh():
+            self._program(plan_key, tuple(step_ids))
 
     def program(self, plan_key: int, step_ids: tuple[int, ...]) -> tuple[Instruction, ...]:
         """Returns the island program of these steps (built now if `prepare` did not)."""

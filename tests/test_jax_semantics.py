@@ -296,6 +296,27 @@ def test_a_placed_function_names_its_slices_axes_as_under_jax_set_mesh():
         pw.jit(layer, slice=elastic, in_specs=(P("data"), P(None, "model")))(x, w)
 
 
+def test_calls_inside_a_callers_jax_set_mesh_run_on_their_slices():
+    """A caller's `jax.set_mesh` is for its own code: a placed function or program called inside it (traced
+    anew, loaded and run inline on the caller's thread) still traces under its slice's mesh and runs on its
+    devices. Before, JAX refused the run ('incompatible devices ... jit's context mesh') or the trace (a
+    mesh of another size)."""
+    s = pw.virtual_slice(2, axes="data")
+    double = pw.jit(lambda a: 2 * a, slice=s, in_specs=P("data"), out_specs=P("data"))
+    constrained = pw.jit(lambda a: jax.lax.with_sharding_constraint(a, P("data")) + 1, slice=s)
+
+    @pw.program
+    def both(a):
+        return constrained(double(a))
+
+    mine = jax.sharding.Mesh(np.array(jax.devices()[4:8]), ("d",))
+    with jax.set_mesh(mine):
+        mine_x = jax.device_put(jnp.arange(8.0), P("d"))
+        np.testing.assert_array_equal(np.asarray(double(mine_x)), 2 * np.arange(8.0))
+        np.testing.assert_array_equal(np.asarray(both(jnp.ones(16))), np.full(16, 3.0))
+        assert jax.sharding.get_abstract_mesh() == mine.abstract_mesh     # the caller's mesh is left as it was
+
+
 def test_placed_functions_inside_jax_transformations_trace_as_their_function():
     s = pw.virtual_slice(2, axes="data")
 
