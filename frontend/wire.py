@@ -81,12 +81,27 @@ class KeyHandle:
     def __iter__(self):
         return iter(self.result())
 
+    def __copy__(self) -> "KeyHandle":
+        return self           # as a handle's copy (`runtime/array_reference.py`): one owner per result
+
+    def __deepcopy__(self, memo) -> "KeyHandle":
+        return self
+
+    def __reduce__(self):
+        """Pickles the keys' data and implementation (waiting for them); they unpickle as a key array."""
+        return _keys, (np.asarray(self.data), self.dtype._impl.name)
+
     def __repr__(self) -> str:
         where = getattr(self.data, "slice", None)       # a service's handle does not name its slice
         return f"KeyHandle(shape={self.shape}, dtype={self.dtype}{'' if where is None else f', slice={where}'})"
 
 
 register_with_jax(KeyHandle)
+
+
+def _keys(data: np.ndarray, impl: str) -> jax.Array:
+    """The key array of pickled key data (`KeyHandle.__reduce__`)."""
+    return jax.random.wrap_key_data(data, impl=impl)
 
 
 def to_wire(x: Any, aval: jax.ShapeDtypeStruct) -> Any:

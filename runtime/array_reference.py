@@ -25,6 +25,9 @@ value (waiting for it):
 
 A reference stays hashable by identity
 (a key in dicts and sets), though `==` compares values, as NumPy's does.
+`copy.copy` and `copy.deepcopy` give the reference itself (one owner per
+result; donating it donates the one result), and `pickle` writes its value,
+which loads as a NumPy array.
 `Handle`, `SharedRef` and `RemoteHandle` are such references; the first two
 name a result by its run and buffer (`RunResult`).
 """
@@ -132,6 +135,20 @@ class ArrayReference:
         return format(self.result(), spec)
 
     __hash__ = object.__hash__
+
+    def __copy__(self) -> "ArrayReference":
+        """The reference itself: its value is immutable, and a copy would be a second owner of one result (each
+        would release it). `copy.deepcopy` of a pytree of references shares them the same way; for a value
+        of its own, take `result()`."""
+        return self
+
+    def __deepcopy__(self, memo) -> "ArrayReference":
+        return self
+
+    def __reduce__(self):
+        """Pickles the value (waiting for it), which unpickles as a NumPy array: the reference names a result
+        in this process's cluster, which another process cannot reach."""
+        return np.asarray, (self._host_value(),)
 
 
 def _on_value(name: str):

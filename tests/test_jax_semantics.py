@@ -444,6 +444,27 @@ def test_handles_behave_like_jax_arrays_on_their_values():
     assert {doubled: "a", mean: "b"}[doubled] == "a" and doubled in {doubled}
 
 
+def test_copying_and_pickling_handles():
+    """`copy.copy`/`copy.deepcopy` of a pytree of handles (an EMA of the parameters, a "best" state) share
+    the handles: a copy was a second owner of one result, whose drop released it, and the original's
+    read then waited forever. `pickle` writes values, loaded as NumPy arrays (key handles as key arrays)."""
+    import copy
+    import gc
+    import pickle
+
+    s = pw.virtual_slice(2, axes="data")
+    step = pw.jit(lambda x, key: (2 * x, jax.random.split(key)), slice=s)
+    state = step(jnp.ones(4), jax.random.key(0))
+    for copied in (copy.copy(state), copy.deepcopy(state)):
+        assert all(a is b for a, b in zip(copied, state))
+    del copied
+    gc.collect()
+    np.testing.assert_array_equal(np.asarray(state[0].result(timeout=30)), np.full(4, 2.0))
+    values, keys = pickle.loads(pickle.dumps(state))
+    assert type(values) is np.ndarray and values.tolist() == [2.0] * 4
+    np.testing.assert_array_equal(jax.random.key_data(keys), jax.random.key_data(jax.random.split(jax.random.key(0))))
+
+
 def test_arguments_jax_would_refuse_are_refused_at_the_call():
     s = pw.virtual_slice(2, axes="data")
     double = pw.jit(lambda x: x * 2, slice=s, in_specs=P("data"), out_specs=P("data"))
