@@ -14,7 +14,8 @@ value (waiting for it):
   does for a JAX array (flax NNX's variables count so);
 - the JAX array's methods and properties that compute on the value:
   `ref.sum(axis=0)`, `ref.mean()`, `ref.argmax(-1)`, `ref.reshape(2, -1)`,
-  `ref.T`, ... (the list below); each gives a JAX array;
+  `ref.T`, `ref.at[0].set(1.0)`, `ref.copy()`, ... (the list below); each gives
+  a JAX array; `ref.nbytes` and `ref.itemsize` come from the shape and dtype;
 - JAX takes it wherever it takes an array, on its value: `jnp.asarray(ref)`,
   `jnp.sum(ref)`, `jnp.where(ref > 0, ref, 0)`, a `jax.jit` function called
   on it, `jax.grad(f)(ref)`. JAX no longer abstracts `__jax_array__` objects,
@@ -89,6 +90,15 @@ class ArrayReference:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """The value's bytes (all shards together), without waiting for it."""
+        return self.size * self.itemsize
 
     def item(self, *index):
         """The value's element (`np.ndarray.item`), as a Python scalar."""
@@ -171,9 +181,9 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__ge__", "__eq__", "__ne__", "__neg__", "__pos__", "__abs__", "__invert__", "__round__",
               "reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "sum", "mean", "prod", "max",
               "min", "std", "var", "all", "any", "argmax", "argmin", "sort", "argsort", "cumsum", "cumprod", "clip",
-              "round", "dot", "conj", "take", "diagonal", "trace", "repeat"):
+              "round", "dot", "conj", "take", "diagonal", "trace", "repeat", "copy", "view"):
     setattr(ArrayReference, _name, _on_value(_name))
-for _name in ("T", "mT", "real", "imag"):
+for _name in ("T", "mT", "real", "imag", "at"):
     setattr(ArrayReference, _name, _property_of_value(_name))
 del _name
 

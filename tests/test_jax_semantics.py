@@ -408,6 +408,7 @@ def test_handles_behave_like_jax_arrays_on_their_values():
     assert str(mean) == f"{mean}" == str(want_mean) and str(doubled) == str(want_doubled)
     assert repr(doubled).startswith("Handle(shape=(4,), dtype=f32")
     assert bool(none_big) is False and not none_big and mean.item() == 1.5 and mean.size == 1
+    assert (doubled.nbytes, doubled.itemsize) == (want_doubled.nbytes, want_doubled.itemsize) == (16, 4)
     with pytest.raises(ValueError, match="ambiguous"):
         bool(doubled)
     assert len(doubled) == 4 and [float(v) for v in doubled] == [0.0, 2.0, 4.0, 6.0]
@@ -428,7 +429,8 @@ def test_handles_behave_like_jax_arrays_on_their_values():
     for got, want in [(doubled.sum(axis=0, keepdims=True), want_doubled.sum(axis=0, keepdims=True)),
                       ((doubled.argmax(-1) == 3).mean(), (want_doubled.argmax(-1) == 3).mean()),
                       (doubled.reshape(2, -1).T, want_doubled.reshape(2, -1).T), (doubled.max(), 6.0),
-                      (doubled.clip(1, 5), want_doubled.clip(1, 5)), (doubled.real, want_doubled)]:
+                      (doubled.clip(1, 5), want_doubled.clip(1, 5)), (doubled.real, want_doubled),
+                      (doubled.at[0].set(9.0), want_doubled.at[0].set(9.0)), (doubled.copy(), want_doubled)]:
         assert isinstance(got, jax.Array)
         np.testing.assert_array_equal(got, want)
     # JAX takes a handle wherever it takes an array: its constructors, its functions, jax.jit, jax.grad; a
