@@ -118,8 +118,11 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
     if islands is not None:
         os.environ[CLUSTER_ENV] = f"{islands}x{per_island}"
     prepare_host_devices()            # before JAX starts: the embedded islands' CPU devices
+    from pathways_mlir.runtime.executables import keep_64_bit_values
     from pathways_mlir.runtime.runtime import Runtime
     from pathways_mlir.runtime.service import Service, ServiceError
+
+    keep_64_bit_values()
 
     try:
         limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections, max_header_bytes=max_header_bytes)

@@ -69,6 +69,13 @@ def check_dtype(program: str, position: int, dtype, expected: np.dtype, shape) -
                         f"but it was compiled for {np.dtype(expected).name}{list(shape)}")
 
 
+def narrowed(value, expected: np.dtype):
+    """`value`, an argument `check_dtype` passed, in dtype `expected` if JAX takes it as that (a float64 NumPy
+    array for float32, without x64): narrowed in the caller's process, as `jax.jit` narrows it there, since
+    islands in other processes (a service's, Ray actors) keep 64-bit values (`keep_64_bit_values`)."""
+    return value if value.dtype == expected else np.asarray(value).astype(expected)
+
+
 @dataclass(frozen=True)
 class LoadedPlan:
     """A plan as a runtime holds it: host work done once, so a run costs a lookup and a message.
@@ -161,6 +168,7 @@ class Dispatcher:
                 raise TypeError(f"argument for buffer {buffer} of {plan.program} has shape "
                                 f"{tuple(value.shape)}, expected {shape}")
             check_dtype(plan.program, position, value.dtype, dtype, shape)
+            value = narrowed(value, dtype)
             if island is None:
                 run.host[buffer] = _done(value)
             else:

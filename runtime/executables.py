@@ -39,6 +39,13 @@ def without_context_mesh():
 _UNCHANGED = contextlib.nullcontext()
 
 
+def keep_64_bit_values() -> None:
+    """Turns on JAX's 64-bit types in a process that hosts islands for others (`pw-serve`, a Ray island
+    actor). Arrays and executables arrive typed; without it JAX would narrow a client's 64-bit arrays (a
+    client with `jax_enable_x64`) to 32 bits, and its executables would refuse them."""
+    jax.config.update("jax_enable_x64", True)
+
+
 class MissingExecutable(ValueError):
     """A plan launches an executable that carries no `jax.export` serialisation."""
 

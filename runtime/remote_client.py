@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,7 +40,9 @@ from pathways_mlir.dialect.topology import Topology
 
 from .array_reference import ArrayReference, wait_limit
 from .authentication import client_handshake, read_key
+from .dispatch import narrowed
 from .dispatch_mode import DispatchMode
+from .executables import numpy_dtype
 from .runtime import release_default
 from .status import Status
 from .limits import Limits
@@ -262,7 +265,7 @@ class RemoteClient:
         name = self.load(plan)
         version = self._names[id(plan)][2]
         spec, arrays = [], []
-        for arg in args:
+        for position, arg in enumerate(args):
             if isinstance(arg, RemoteHandle):
                 if arg._client is not self:
                     raise ValueError("a remote handle of another connection cannot be an argument here")
@@ -272,10 +275,21 @@ class RemoteClient:
                 spec.append(["shared", arg.token])
             else:
                 spec.append(["array", len(arrays)])
-                arrays.append(arg)
+                arrays.append(self._narrowed(plan, position, arg))
         reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec,
                                "timeout": timeout}, arrays)
         return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
+
+    @staticmethod
+    def _narrowed(plan: ProgramPlan, position: int, arg):
+        """An array argument as this process's JAX takes it for its input (`dispatch.narrowed`: a float64 NumPy
+        array for a float32 input, without x64); the service checks the rest."""
+        if position >= len(plan.inputs) or not hasattr(arg, "dtype"):
+            return arg
+        expected = numpy_dtype(plan.buffers[plan.inputs[position]].dtype)
+        if arg.dtype == expected or jax.dtypes.canonicalize_dtype(arg.dtype) != expected:
+            return arg
+        return narrowed(arg, expected)
 
     def share(self, handle: RemoteHandle, timeout: float | None = None) -> RemoteSharedRef:
         """Shares one of this client's results, waiting (at most `timeout` seconds, None: as long as it takes)

@@ -67,6 +67,23 @@ def test_program_across_island_actors_matches_jax(ray_runtime, dispatch):
         np.testing.assert_array_equal(np.asarray(out), expected(X))
 
 
+def test_island_actors_keep_64_bit_values_and_the_driver_narrows_as_its_jax_does(ray_runtime):
+    """With `jax_enable_x64` in the driver, float64 and int64 arrays stay 64-bit on the actors (they once
+    narrowed them, and the executables refused them); without it, the driver narrows a float64 NumPy
+    argument to the float32 it was traced for, as `jax.jit` does, before an actor gets it."""
+    def scale():
+        return pw.jit(lambda a, b: a * b, slice=pw.virtual_slice(2, axes="x", island="island1"))
+
+    with Client(ray_runtime) as client:
+        narrowed = scale().run(np.arange(4.0), 2.0, client=client).result()
+        assert narrowed.dtype == np.float32 and np.asarray(narrowed).tolist() == [0.0, 2.0, 4.0, 6.0]
+        with jax.enable_x64(True):     # (a function traced without x64 keeps its trace, unlike jax.jit's)
+            floats = scale().run(np.arange(4.0), 2.0, client=client).result()
+            ints = scale().run(np.arange(4), 3, client=client).result()
+    assert (floats.dtype, ints.dtype) == (np.float64, np.int64)
+    assert np.asarray(floats).tolist() == [0.0, 2.0, 4.0, 6.0] and np.asarray(ints).tolist() == [0, 3, 6, 9]
+
+
 def test_many_runs_in_flight_keep_their_order_and_values(ray_runtime):
     with Client(ray_runtime) as client:
         outs = [across.run(X * k, client=client) for k in range(6)]

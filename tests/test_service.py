@@ -301,3 +301,28 @@ def test_lines_a_process_printed_together_are_read_one_by_one(procs):
     assert read_json(proc, timeout=10) == {"stage": "holding"}      # the process prints nothing more
     proc.stdin.close()
     assert proc.wait(TIMEOUT) == 0 and proc.stdout.read() == ""
+
+
+def test_a_client_with_jax_enable_x64_keeps_its_64_bit_values(service):
+    """The service's islands hold arrays as clients send them: a client with `jax_enable_x64` gets float64 and
+    int64 results (the service once narrowed its arrays to 32 bits and refused its executables' arguments:
+    'Dtype mismatch for args[0]: expected float64 and called with float32'); a client without it keeps
+    32-bit values on the same service."""
+    _, service_file, _ = service
+    snippet = """
+import sys
+import jax
+jax.config.update("jax_enable_x64", sys.argv[2] == "x64")
+import numpy as np
+import pathways_mlir as pw
+client = pw.connect(sys.argv[1])
+scale = pw.jit(lambda a, b: a * b, slice=pw.virtual_slice(2, axes="x"))
+floats, ints = scale(np.arange(4.0), 2.0), scale(np.arange(4), 3)
+print(np.asarray(floats).dtype, np.asarray(ints).dtype, np.asarray(floats).tolist(), np.asarray(ints).tolist())
+client.close()
+"""
+    for mode, want in [("x64", "float64 int64"), ("x32", "float32 int32")]:
+        result = subprocess.run([sys.executable, "-c", snippet, str(service_file), mode], capture_output=True,
+                                text=True, timeout=TIMEOUT)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout == f"{want} [0.0, 2.0, 4.0, 6.0] [0, 3, 6, 9]\n"

@@ -68,9 +68,11 @@ class IslandActor:
         import jax
 
         from ..cluster import DeviceMap
+        from ..executables import keep_64_bit_values
         from ..island import Island
         from ..transfers import DcnTransport
 
+        keep_64_bit_values()
         topology = Topology.from_json(topology_json)
         count = topology.island(name).num_devices
         devices = jax.devices()
