@@ -4,7 +4,7 @@ Layers, one folder each: `frontend` (the client API below, which traces JAX
 programs into pw IR), `dialect` (the `pw` dialect and its Python helpers),
 `passes` (the lowering passes and pipelines), `runtime` (the client,
 resource manager, schedulers, executors and object store) and `cli`
-(`pw-opt`, `pw-export`).
+(`pw-opt`, `pw-export`, `pw-run`, `pw-bench`, `pw-sim`, `pw-serve`).
 
     import pathways_mlir as pw
     s = pw.virtual_slice((2, 4), axes=("data", "model"))

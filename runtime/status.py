@@ -121,8 +121,9 @@ class Status(dict):
         lines += [f"client {c}: {v['objects']} object(s), {v['bytes']} bytes" for c, v in self["clients"].items()]
         service = self.get("service")
         if service is not None:
-            connected = ", ".join(map(str, service["connections"])) or "none"
-            lines.append(f"service on {service['address']}: connected clients {connected}")
+            connected = service["connections"]
+            lines.append(f"service on {service['address']}: {len(connected)} connected client(s)"
+                         + (f" (ids {', '.join(map(str, connected))})" if connected else ""))
         return "\n".join(lines)
 
 
