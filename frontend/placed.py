@@ -12,6 +12,7 @@ import inspect
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from mlir import ir
 
 from pathways_mlir.dialect import ops
@@ -42,6 +43,7 @@ class PlacedFunction(BindsAsMethod):
                        static_argnames=tuple(self._signature.static_names) or None)
         self._jitted = jax.jit(fn, **statics)      # what it is inside a JAX transformation
         self._stages = StageCache(self._lower, self._signature)
+        self._with_constants: dict = {}     # see `with_constants`
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Exports this function on its own: a program with one computation (op-by-op mode)."""
@@ -81,15 +83,39 @@ class PlacedFunction(BindsAsMethod):
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
         return self._stages.get(self._signature.split(args, kwargs), runtime)
 
+    def with_constants(self, fn: Callable, tree: Any, constants: dict[int, Any]) -> tuple[Callable, Any]:
+        """For a call inside a program whose argument leaves `constants` (by index in `tree`'s leaves) are
+        Python or NumPy scalars: returns `fn` of the other leaves, with the constants put back in its code (one
+        function per `fn`, tree and constants, so that one executable serves every call of them), and `tree`
+        with None in their places."""
+        full = jax.tree_util.tree_structure(tree)
+        key = (fn, full, tuple((i, type(x), x) for i, x in constants.items()))
+        bound = self._with_constants.get(key)
+        if bound is None:
+            def bound(*args, **kwargs):
+                rest = iter(jax.tree_util.tree_leaves((args, kwargs)))
+                leaves = [constants[i] if i in constants else next(rest) for i in range(full.num_leaves)]
+                args, kwargs = jax.tree_util.tree_unflatten(full, leaves)
+                return fn(*args, **kwargs)
+            bound = self._with_constants.setdefault(key, functools.wraps(fn)(bound))
+        leaves = jax.tree_util.tree_leaves(tree)
+        return bound, jax.tree_util.tree_unflatten(full, [None if i in constants else x for i, x in enumerate(leaves)])
+
 
 def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, site: Site) -> Any:
     """Adds the `pw.compute` of one call to `program`."""
     if call.kwargs and not specs.is_spec(placed.in_specs):
         raise PlacementError(f"{site}: keyword-only arguments {', '.join(call.kwargs)} need one in_specs "
                              f"for all arguments: a tuple of in_specs matches positional arguments only")
-    leaves = jax.tree_util.tree_flatten_with_path(call.tree if call.kwargs else call.args)[0]
-    in_tree = jax.tree_util.tree_structure(call.tree)
-    inputs = [program.own(x, site, f"argument{jax.tree_util.keystr(path)}") for path, x in leaves]
+    fn, tree = placed._signature.bound(call.static), call.tree
+    constants = {i: x for i, x in enumerate(jax.tree_util.tree_leaves(tree)) if _is_constant(x)}
+    if constants:
+        fn, tree = placed.with_constants(fn, tree, constants)
+    leaves = jax.tree_util.tree_flatten_with_path(tree if call.kwargs else tree[0])[0]
+    in_tree = jax.tree_util.tree_structure(tree)
+    inputs = [program.own(x, site, f"argument{jax.tree_util.keystr(path)}",
+                          "a Python or NumPy scalar is taken as a constant; an array constant: pass it as a "
+                          "program argument, or make it in a placed function") for path, x in leaves]
     in_avals = [v.aval for v in inputs]
     module = program.module
     slice_name = module.slice_symbol(placed.slice)
@@ -98,8 +124,7 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, 
                                    "in", site, placed.slice, slice_name)
     with tracer.lowering(site, slice_name):
         try:
-            executable = module.executable(placed._signature.bound(call.static), in_tree, in_avals,
-                                           placed.slice.mesh)
+            executable = module.executable(fn, in_tree, in_avals, placed.slice.mesh)
         except (ValueError, RuntimeError) as error:
             if not (placed.slice.elastic and "mesh" in str(error)):
                 raise
@@ -117,6 +142,12 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, 
                                loc=site.location())
     results = program.values(op.results, executable.out_avals, f"{label} result")
     return jax.tree_util.tree_unflatten(executable.out_tree, results)
+
+
+def _is_constant(x: Any) -> bool:
+    """Whether an argument leaf of a call inside a program is a constant that the computation takes in its
+    code, as `jax.jit` takes one in a trace: a Python scalar (weakly typed) or a NumPy scalar."""
+    return isinstance(x, (bool, int, float, complex, np.generic))
 
 
 def jit(fn: Callable | None = None, /, *, slice: Slice, in_specs: Any = None, out_specs: Any = None,

@@ -209,13 +209,15 @@ class ProgramBuilder:
         """Wraps the results of an op (named `origin` in messages) as values of this program."""
         return [Value(v, a, self, f"{origin} #{i}") for i, (v, a) in enumerate(zip(ir_values, avals))]
 
-    def own(self, x: Any, site: Site, what: str) -> Value:
-        """Returns `x` if it is a value of this program, else raises an error naming `site`."""
+    def own(self, x: Any, site: Site, what: str,
+            constants: str = "a constant too: compute it in a placed function") -> Value:
+        """Returns `x` if it is a value of this program, else raises an error naming `site` (and saying how to
+        give `constants`)."""
         if not isinstance(x, Value):
             kind = "a JAX array" if isinstance(x, jax.Array) else "a NumPy array" if isinstance(x, np.ndarray) \
                 else f"a {type(x).__name__}"
             raise TypeError(f"{site}: {what} is {kind}, not a program value: pass program arguments or results "
-                            f"of placed functions (a constant too: compute it in a placed function)")
+                            f"of placed functions ({constants})")
         if x._program is not self:
             raise PlacementError(
                 f"{site}: {what} is {x!r}, a value of another trace than program @{self.name}: "

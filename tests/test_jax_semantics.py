@@ -124,6 +124,48 @@ def test_python_scalars_are_weakly_typed_and_traced_by_type_not_value():
     assert placed(x, np.float32(2)).dtype == jax.jit(scale)(x, np.float32(2)).dtype == jnp.float32
 
 
+def test_python_and_numpy_scalars_inside_a_program_are_constants():
+    """`sgd(params, grads, 0.01)` inside a program, as inside a `jax.jit` step: a Python scalar (weakly
+    typed) or a NumPy scalar (strongly typed) passed to a placed function is a constant in that
+    computation's code, one executable per function and constant; arrays are still refused in one line."""
+    s = pw.virtual_slice(2, axes="data")
+    traces = []
+
+    def axpy(a, x, y, *, shift=0):
+        traces.append(jax.typeof(a))
+        return a * x + y + shift
+
+    placed = pw.jit(axpy, slice=s)
+
+    @pw.program
+    def step(x, y):
+        twice = placed(2, x, y)
+        again = placed(2, twice, y)                       # the same constant: the same executable
+        return placed(0.5, again, y, shift=np.float32(1)), placed(np.float32(3), x, y)
+
+    x, y = jnp.ones(4, jnp.bfloat16), jnp.full(4, 2.0, jnp.bfloat16)
+    weak, strong = step(x, y)
+
+    def reference(x, y):
+        return axpy(0.5, axpy(2, axpy(2, x, y), y), y, shift=np.float32(1)), axpy(np.float32(3), x, y)
+
+    want_weak, want_strong = jax.jit(reference)(x, y)
+    assert (weak.dtype, strong.dtype) == (want_weak.dtype, want_strong.dtype) == (jnp.float32, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(weak), want_weak)
+    np.testing.assert_array_equal(np.asarray(strong), want_strong)
+    assert len(ops.executables(step.lower(x, y).module)) == 3   # 2 (twice), 0.5 with the shift, np.float32(3)
+    bf16 = pw.program(lambda x, y: placed(2.5, x, y))(x, y)
+    assert bf16.dtype == jnp.bfloat16                         # a weak constant keeps bf16, as in jax.jit
+
+    @pw.program
+    def with_array_constant(x):
+        return placed(jnp.ones(4), x, x)
+
+    with pytest.raises(TypeError, match=r"argument\[0\] is a JAX array, not a program value: .*a Python or "
+                                        r"NumPy scalar is taken as a constant"):
+        with_array_constant(x)
+
+
 def test_a_python_int_step_counter_as_in_jax_mnist_example():
     s = pw.virtual_slice(2, axes="data")
 
