@@ -147,7 +147,7 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, 
 def _is_constant(x: Any) -> bool:
     """Whether an argument leaf of a call inside a program is a constant that the computation takes in its
     code, as `jax.jit` takes one in a trace: a Python scalar (weakly typed) or a NumPy scalar."""
-    return isinstance(x, (bool, int, float, complex, np.generic))
+    return isinstance(x, (bool, int, float, complex, np.number, np.bool_))
 
 
 def jit(fn: Callable | None = None, /, *, slice: Slice, in_specs: Any = None, out_specs: Any = None,
