@@ -89,7 +89,7 @@ class PlacedFunction(BindsAsMethod):
         function per `fn`, tree and constants, so that one executable serves every call of them), and `tree`
         with None in their places."""
         full = jax.tree_util.tree_structure(tree)
-        key = (fn, full, tuple((i, type(x), x) for i, x in constants.items()))
+        key = (fn, full, tuple((i, type(x), repr(x)) for i, x in constants.items()))   # repr: -0.0 is not 0.0
         bound = self._with_constants.get(key)
         if bound is None:
             def bound(*args, **kwargs):
