@@ -46,7 +46,7 @@ from .executables import numpy_dtype
 from .runtime import release_default
 from .status import Status
 from .limits import Limits
-from .wire import DTYPES, ERROR_KINDS, ProtocolError, recv_message, send_message
+from .wire import DTYPES, ERROR_KINDS, FrameReader, ProtocolError, send_message
 
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
 POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
@@ -196,7 +196,8 @@ class RemoteClient:
         try:
             client_handshake(self._socket, key)
             self._socket.settimeout(timeout)
-            welcome, _ = recv_message(self._socket)
+            self._reader = FrameReader(self._socket)
+            welcome, _ = self._reader.recv()
             if welcome.get("ok") is not True:
                 raise ServiceError(f"the service at {self.name} refused the connection: "
                                    f"{str(welcome.get('error'))[:200]}")
@@ -344,7 +345,7 @@ class RemoteClient:
             try:
                 send_message(self._socket, {"op": "close"}, (), self.limits)
                 for _ in range(self._unanswered + 1):
-                    recv_message(self._socket)
+                    self._reader.recv()
             except (OSError, EOFError, ProtocolError):
                 pass   # the endpoint is gone, and with it everything this client owned
             finally:
@@ -477,7 +478,7 @@ class RemoteClient:
 
     def _receive(self) -> tuple[dict, list[np.ndarray]]:
         try:
-            return recv_message(self._socket, self.limits)
+            return self._reader.recv(self.limits)
         except TimeoutError:
             self._broken()   # a late reply would answer the next request
             raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; "

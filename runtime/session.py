@@ -66,7 +66,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .client import Client
 from .handles import Handle
 from .resource_manager import TopologyChanged
-from .wire import ERROR_KINDS, ProtocolError, recv_message, send_message
+from .wire import ERROR_KINDS, FrameReader, ProtocolError, send_message
 
 if TYPE_CHECKING:
     from .endpoint import Endpoint
@@ -88,6 +88,7 @@ class Session:
 
     def __init__(self, endpoint: Endpoint, client: Client, connection: socket.socket, owner: bool):
         self.endpoint, self.client, self.connection, self.owner = endpoint, client, connection, owner
+        self.reader = FrameReader(connection)
         self.plans: dict[str, ProgramPlan] = {}
         self.loads: dict[str, int] = {}          # plan name -> its loads not forgotten yet
         self.handles: dict[int, Handle] = {}
@@ -104,8 +105,8 @@ class Session:
         try:
             while True:
                 try:
-                    request, arrays = recv_message(self.connection, self.endpoint.limits, self.endpoint._large,
-                                                   self.endpoint.limits.idle_timeout)
+                    request, arrays = self.reader.recv(self.endpoint.limits, self.endpoint._large,
+                                                       self.endpoint.limits.idle_timeout)
                 except ProtocolError as error:
                     send_message(self.connection, {"ok": False, "error": str(error)})
                     return

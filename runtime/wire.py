@@ -12,7 +12,9 @@ is allocated at its checked length, each array's at the size its checked
 shape gives, and their pages are committed only as their bytes arrive.
 Headers over 64 KiB are parsed one at a time per endpoint, once their bytes
 have all arrived (JSON parsing can take about 25x the bytes it reads), so a
-slow peer holds up only its own connection.
+slow peer holds up only its own connection. A connection's `FrameReader`
+asks its socket for up to 64 KiB at a time (the buffer it holds), so a small
+frame is one `recv` call, not one per part.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ DTYPES = {name: np.dtype(name) for name in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128")}
 DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}   # (`dtype.name` takes microseconds)
 
 _LENGTH = struct.Struct(">I")
 _JOINED = 1 << 16                  # bytes of arrays at most sent in one call with their header
+CHUNK = 1 << 16                    # bytes a `FrameReader` asks the socket for at a time, and holds
 
 # The kind of an error reply: the first of these classes the error is an instance of (subclasses come before
 # the classes they refine), else "error". The client raises a reply of these kinds as these errors, except
@@ -63,7 +67,7 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
     total = sum(a.nbytes for a in arrays)
     if total > limits.max_array_bytes:
         raise ValueError(f"arrays of {total} bytes are over the endpoint's limit of {limits.max_array_bytes}")
-    data = json.dumps({**header, "arrays": [[a.dtype.name, list(a.shape)] for a in arrays]},
+    data = json.dumps({**header, "arrays": [[_NAMES[a.dtype], list(a.shape)] for a in arrays]},
                       separators=(",", ":")).encode()
     if len(data) > limits.max_header_bytes:
         raise ValueError(f"a header of {len(data)} bytes is over the endpoint's limit of "
@@ -78,41 +82,80 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
 
 def recv_message(sock: socket.socket, limits: Limits = Limits(), large: threading.Lock | None = None,
                  frame_timeout: float | None = None) -> tuple[dict, list[np.ndarray]]:
-    """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left. A header
-    over `LARGE_HEADER` bytes is parsed holding `large` (if given), once its bytes have all arrived. With
-    `frame_timeout`, the rest of the frame must arrive within that many seconds of its first byte, else
-    TimeoutError (a peer that sends a byte now and then cannot hold a frame open)."""
-    first = recv_exact(sock, 1)
-    deadline = None if frame_timeout is None else time.monotonic() + frame_timeout
-    previous = sock.gettimeout()
-    try:
-        rest = bytearray(_LENGTH.size - 1)
-        _recv_into(sock, memoryview(rest), deadline)
-        (size,) = _LENGTH.unpack(first + rest)
-        if size > limits.max_header_bytes:
-            raise ProtocolError(f"a header of {size} bytes is over the limit of {limits.max_header_bytes}")
-        data = np.empty(size, np.uint8)          # read without `large`: a slow peer holds up only itself
-        _recv_into(sock, memoryview(data), deadline)
-        if large is not None and size > LARGE_HEADER:
-            with large:
+    """Receives one frame, reading no byte past it (`FrameReader.recv`, which reads ahead, says more)."""
+    return FrameReader(sock, read_ahead=False).recv(limits, large, frame_timeout)
+
+
+class FrameReader:
+    """Receives the frames of one socket. Reading ahead (the default), it asks the socket for up to `CHUNK`
+    bytes at a time and keeps those past a frame for the next ones, so a small frame takes one `recv` call
+    instead of one per part (each a system call and a GIL hand-off); it holds `CHUNK` bytes, and parts larger
+    than that are read straight into their arrays. Only one reader may read a socket that reads ahead."""
+
+    def __init__(self, sock: socket.socket, read_ahead: bool = True):
+        self.sock = sock
+        self._buffer = memoryview(bytearray(CHUNK)) if read_ahead else None
+        self._start = self._end = 0                  # the bytes read ahead: self._buffer[_start:_end]
+
+    def recv(self, limits: Limits = Limits(), large: threading.Lock | None = None,
+             frame_timeout: float | None = None) -> tuple[dict, list[np.ndarray]]:
+        """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left. A header
+        over `LARGE_HEADER` bytes is parsed holding `large` (if given), once its bytes have all arrived. With
+        `frame_timeout`, the rest of the frame must arrive within that many seconds of its first byte, else
+        TimeoutError (a peer that sends a byte now and then cannot hold a frame open)."""
+        length = bytearray(_LENGTH.size)
+        self._read_into(memoryview(length)[:1], None)   # waiting for a frame: the socket's own timeout
+        deadline = None if frame_timeout is None else time.monotonic() + frame_timeout
+        previous = self.sock.gettimeout()
+        try:
+            self._read_into(memoryview(length)[1:], deadline)
+            (size,) = _LENGTH.unpack(length)
+            if size > limits.max_header_bytes:
+                raise ProtocolError(f"a header of {size} bytes is over the limit of {limits.max_header_bytes}")
+            data = np.empty(size, np.uint8)          # read without `large`: a slow peer holds up only itself
+            self._read_into(memoryview(data), deadline)
+            if large is not None and size > LARGE_HEADER:
+                with large:
+                    header = _parse(data.tobytes())
+            else:
                 header = _parse(data.tobytes())
-        else:
-            header = _parse(data.tobytes())
-        del data
-        arrays = []
-        for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits):
-            data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
-            _recv_into(sock, memoryview(data), deadline)
-            arrays.append(data.view(dtype).reshape(shape))
-        return header, arrays
-    finally:
-        if deadline is not None:
-            sock.settimeout(previous)
+            del data
+            arrays = []
+            for dtype, shape, nbytes in _array_specs(header.pop("arrays", []), limits):
+                data = np.empty(nbytes, np.uint8)    # pages are committed as the bytes arrive
+                self._read_into(memoryview(data), deadline)
+                arrays.append(data.view(dtype).reshape(shape))
+            return header, arrays
+        finally:
+            if deadline is not None and self.sock.gettimeout() != previous:   # read past the first chunk
+                self.sock.settimeout(previous)
+
+    def _read_into(self, view: memoryview, deadline: float | None) -> None:
+        """Fills `view` with the bytes read ahead, then from the socket: through the buffer (reading ahead) if
+        what is missing fits in it, else straight into `view`."""
+        buffer = self._buffer
+        if buffer is not None and self._end > self._start:
+            n = min(len(view), self._end - self._start)
+            view[:n] = buffer[self._start:self._start + n]
+            self._start += n
+            view = view[n:]
+        if not view:
+            return
+        if buffer is None or len(view) >= CHUNK:
+            _recv_into(self.sock, view, deadline)
+            return
+        self._start = self._end = 0              # everything read ahead has been taken
+        while self._end < len(view):
+            self._end += _recv_some(self.sock, buffer[self._end:], deadline)
+        view[:] = buffer[:len(view)]
+        self._start = len(view)
 
 
 def wire_array(value) -> np.ndarray:
     """Returns `value` as a C-ordered array of a dtype frames carry; raises ValueError for any other."""
     array = np.asarray(value)
+    if array.dtype in _NAMES and array.flags.c_contiguous:
+        return array
     dtype = DTYPES.get(array.dtype.name)
     if dtype is None:
         raise ValueError(f"arrays of dtype {array.dtype} cannot be sent: only {', '.join(DTYPES)}")
@@ -166,12 +209,18 @@ def recv_exact(sock: socket.socket, size: int) -> bytearray:
 def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
     """Fills `view` from `sock`; raises EOFError if the peer closes first, TimeoutError past `deadline`."""
     while view:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the rest of the frame did not arrive in time")
-            sock.settimeout(left)
-        n = sock.recv_into(view)
-        if n == 0:
-            raise EOFError("the connection was closed")
-        view = view[n:]
+        view = view[_recv_some(sock, view, deadline):]
+
+
+def _recv_some(sock: socket.socket, view: memoryview, deadline: float | None) -> int:
+    """Reads at least one byte into `view`; returns how many. Raises EOFError if the peer closed, TimeoutError
+    past `deadline`."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the rest of the frame did not arrive in time")
+        sock.settimeout(left)
+    n = sock.recv_into(view)
+    if n == 0:
+        raise EOFError("the connection was closed")
+    return n

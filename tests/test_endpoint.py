@@ -29,7 +29,7 @@ from pathways_mlir.runtime.authentication import AuthenticationError, ServerHand
 from pathways_mlir.runtime.endpoint import Endpoint
 from pathways_mlir.runtime.limits import Limits
 from pathways_mlir.runtime.remote_client import RemoteClient, RemoteError, ServiceError
-from pathways_mlir.runtime.wire import ProtocolError, recv_message, send_message
+from pathways_mlir.runtime.wire import FrameReader, ProtocolError, recv_message, send_message
 from fetching import until
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
@@ -181,6 +181,43 @@ def test_frames_carry_numeric_arrays_only():
         a.sendall(struct.pack(">I", 1 << 31))
         with pytest.raises(ProtocolError, match="header of 2147483648 bytes"):
             recv_message(b)
+
+
+def test_a_reader_that_reads_ahead_keeps_each_frame_whole():
+    """A `FrameReader` asks its socket for up to 64 KiB at a time and keeps the bytes past a frame: frames that
+    arrived together, a frame whose array is larger than that, and one that arrives a byte at a time are read
+    one by one, each whole; a peer that leaves in the middle of a frame is EOFError."""
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(10), b.settimeout(10)
+        small = np.arange(6, dtype=np.int16).reshape(2, 3)
+        big = np.arange(100_000, dtype=np.float32)
+        frames = [({"n": i}, [small * i]) for i in range(3)] + [({"big": 1}, [small, big, small])]
+        slow = raw_frame(b'{"slow":1,"arrays":[["int16",[2,3]]]}') + small.tobytes()
+        together = threading.Event()
+
+        def send():
+            for i, (header, arrays) in enumerate(frames):
+                send_message(a, header, arrays)
+                if i == 2:
+                    together.set()           # the small frames wait in the socket together
+            for i in range(len(slow)):
+                a.sendall(slow[i:i + 1])
+            a.sendall(slow[:7])
+            a.shutdown(socket.SHUT_WR)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert together.wait(10)
+        reader = FrameReader(b)
+        for header, arrays in frames + [({"slow": 1}, [small])]:
+            got_header, got = reader.recv(frame_timeout=10)
+            assert got_header == header and len(got) == len(arrays)
+            for want, value in zip(arrays, got):
+                np.testing.assert_array_equal(value, want)
+        with pytest.raises(EOFError):
+            reader.recv()
+        sender.join(10)
 
 
 def test_key_is_random_per_service_private_and_removed_on_close(runtime, tmp_path):
@@ -478,11 +515,11 @@ def test_dropped_handles_are_released_with_the_next_request_or_soon_after(runtim
     endpoint = Endpoint(runtime)
     client = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
     sent, events = [], []                                   # sent: the requests; events: "s" sent, "r" read
-    real_send, real_receive = remote_client.send_message, remote_client.recv_message
+    real_send, real_receive = remote_client.send_message, client._reader.recv
     monkeypatch.setattr(remote_client, "send_message",
                         lambda sock, header, *a, **k: sent.append(header) or events.append("s")
                         or real_send(sock, header, *a, **k))
-    monkeypatch.setattr(remote_client, "recv_message", lambda *a, **k: events.append("r") or real_receive(*a, **k))
+    monkeypatch.setattr(client._reader, "recv", lambda *a, **k: events.append("r") or real_receive(*a, **k))
     try:
         handles = [h for _ in range(200) for h in client.run(plan, [X])]
         handles[-1].block_until_ready()
