@@ -51,6 +51,7 @@ class MissingExecutable(ValueError):
 
 
 _DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
+           "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2",
            "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool",
            "ui64": "uint64", "ui32": "uint32", "ui16": "uint16", "ui8": "uint8",
            "complex<f32>": "complex64", "complex<f64>": "complex128"}

@@ -39,7 +39,7 @@ LARGE_HEADER = 64 << 10          # headers past this are parsed one at a time (`
 DTYPES = {name: np.dtype(name) for name in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128")}
-DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
+DTYPES.update({name: np.dtype(getattr(jnp, name)) for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")})
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}   # (`dtype.name` takes microseconds)
 
 _LENGTH = struct.Struct(">I")
@@ -67,7 +67,7 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
     total = sum(a.nbytes for a in arrays)
     if total > limits.max_array_bytes:
         raise ValueError(f"arrays of {total} bytes are over the endpoint's limit of {limits.max_array_bytes}")
-    data = json.dumps({**header, "arrays": [[_NAMES[a.dtype], list(a.shape)] for a in arrays]},
+    data = json.dumps({**header, "arrays": [[_NAMES.get(a.dtype) or a.dtype.name, list(a.shape)] for a in arrays]},
                       separators=(",", ":")).encode()
     if len(data) > limits.max_header_bytes:
         raise ValueError(f"a header of {len(data)} bytes is over the endpoint's limit of "

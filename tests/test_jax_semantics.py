@@ -166,6 +166,21 @@ def test_python_and_numpy_scalars_inside_a_program_are_constants():
         with_array_constant(x)
 
 
+def test_float8_values_go_in_and_out_as_in_jax():
+    """An fp8 matmul's inputs and outputs (float8_e4m3fn and float8_e5m2) are plan dtypes of one byte."""
+    s = pw.virtual_slice(2, axes="data")
+
+    def fp8_matmul(a, b):
+        return (a.astype(jnp.float32) @ b.astype(jnp.float32)).astype(jnp.float8_e5m2)
+
+    a = jnp.arange(8.0).reshape(2, 4).astype(jnp.float8_e4m3fn)
+    b = jnp.ones((4, 3), jnp.float8_e4m3fn)
+    got = pw.jit(fp8_matmul, slice=s)(a, b)
+    want = jax.jit(fp8_matmul)(a, b)
+    assert got.dtype == want.dtype == jnp.float8_e5m2 and got.nbytes == 6
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32))
+
+
 def test_a_python_int_step_counter_as_in_jax_mnist_example():
     s = pw.virtual_slice(2, axes="data")
 
