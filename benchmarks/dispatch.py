@@ -34,6 +34,16 @@ rest they made the 1-device fused ratio a measure of what ran before it
 (0.08-0.27 over four full runs, spreads 0.8-1.4 and 2-9; 0.33-0.35 with
 the Ray cases apart, spreads 0.55-0.97 and 0.5).
 
+A realistic op-by-op case on one device: a training-like step over a
+pytree of `PYTREE_LEAVES` leaves (100 and 400: a model's parameters), each
+leaf updated from a small batch, its result fed back as the next call's
+argument, K calls; ours (`pw.jit` on a one-device slice) against `jax.jit`
+of the same step, interleaved with each other. Rows give microseconds per
+leaf per call; `opbyop_many_leaves_over_jax_*` is JAX's time over ours at
+each size and the worst of them: the runtime's cost per argument and result
+(handles, their release, the store, the completion tracker) shows there,
+where the scalar cases have one leaf.
+
 On an accelerator the slices are those of 1, 2, 4 and 8 devices that its
 backend has (a one-GPU machine measures 1 device only; ratios at 8 devices
 are then absent), and the Ray cases run only where Ray is installed.
@@ -66,8 +76,11 @@ RATIOS = {
     "chained_fused_over_jax_opbyop": ("ours Chained+fusion", "JAX OpByOp"),
     "fused_over_jax_fused": ("ours Fused", "JAX Fused"),
 }
+PYTREE_LEAVES = (100, 400)
+PYTREE_CASES = ("ours OpByOp pytree", "JAX OpByOp pytree")
 HEADLINE = (*(f"{name}_worst" for name in RATIOS), *(f"{name}_1dev" for name in RATIOS),
-            *(f"{name}_8dev" for name in RATIOS), "opbyop_over_ray_8dev")
+            *(f"{name}_8dev" for name in RATIOS), "opbyop_over_ray_8dev",
+            *(f"opbyop_many_leaves_over_jax_{n}" for n in PYTREE_LEAVES), "opbyop_many_leaves_over_jax_worst")
 
 
 def allreduce_add(x):
@@ -149,6 +162,35 @@ def cases(client: Client, n: int, k: int) -> dict:
     return every
 
 
+def update(params: dict, batch):
+    """A training-like step: every leaf of `params` moved by an amount the batch gives."""
+    return jax.tree.map(lambda w: w - 0.01 * batch.mean(), params)
+
+
+def pytree_cases(client: Client, leaves: int, k: int) -> dict:
+    """Returns ours and JAX's op-by-op loop of `k` steps over a pytree of `leaves` leaves on one device, each
+    step's result the next one's argument."""
+    device = jax.devices()[0]
+    params = {f"w{i}": jax.device_put(jnp.full((16,), float(i)), device) for i in range(leaves)}
+    batch = jax.device_put(jnp.ones(4), device)
+    step = pw.jit(update, slice=pw.virtual_slice(1, axes="x"))
+    jax_step = jax.jit(update)
+
+    def ours():
+        p = params
+        for _ in range(k):
+            p = step.run(p, batch, client=client)
+        for leaf in jax.tree.leaves(p):
+            leaf.block_until_ready()
+
+    def plain():
+        p = params
+        for _ in range(k):
+            p = jax_step(p, batch)
+        jax.block_until_ready(p)
+    return {"ours OpByOp pytree": ours, "JAX OpByOp pytree": plain}
+
+
 def ray_cases(ray, n: int, k: int) -> dict:
     """Returns the two Ray baselines on `n` devices, each running `k` computations."""
     actor = ray.remote(RayIsland).options(num_cpus=0).remote(n)
@@ -173,6 +215,7 @@ def run(quick: bool) -> dict:
     """Measures computations per second for every case and slice size; ratios at 1 and 8 devices
     and the worst over all."""
     k, repetitions = (32, 3) if quick else (128, 11)
+    pytree_k = 8 if quick else 32
     rows = []
     with harness.local_ray(required=False) as ray:      # before JAX starts its threads: Ray forks
         runtime = Runtime(embedded_device_map(1, max(DEVICES)))
@@ -185,10 +228,16 @@ def run(quick: bool) -> dict:
                     times.update(harness.measure(ray_cases(ray, n, k), repetitions, seed=n))
                 rows += [{"devices": n, "case": case, "computations_per_s": k / harness.median(times[case]),
                           "spread": harness.spread(times[case])} for case in CASES if case in times]
+            for leaves in PYTREE_LEAVES:
+                times = harness.measure(pytree_cases(client, leaves, pytree_k), repetitions, seed=leaves)
+                rows += [{"devices": 1, "case": case, "leaves": leaves,
+                          "us_per_leaf": 1e6 * harness.median(times[case]) / pytree_k / leaves,
+                          "spread": harness.spread(times[case])} for case in PYTREE_CASES]
         finally:
             client.close()
             runtime.close()
-    rate = {(r["devices"], r["case"]): r["computations_per_s"] for r in rows}
+    rate = {(r["devices"], r["case"]): r["computations_per_s"] for r in rows if r["case"] in CASES}
+    per_leaf = {(r["leaves"], r["case"]): r["us_per_leaf"] for r in rows if r["case"] in PYTREE_CASES}
 
     def ratio(n, ours, baseline):
         if (n, baseline) not in rate:
@@ -201,9 +250,16 @@ def run(quick: bool) -> dict:
         headline[f"{name}_1dev"] = ratio(1, ours, baseline)
         headline[f"{name}_8dev"] = ratio(8, ours, baseline)
     headline["opbyop_over_ray_8dev"] = ratio(8, "ours OpByOp", "Ray actor")
+    for leaves in PYTREE_LEAVES:
+        headline[f"opbyop_many_leaves_over_jax_{leaves}"] = \
+            per_leaf[leaves, "JAX OpByOp pytree"] / per_leaf[leaves, "ours OpByOp pytree"]
+    headline["opbyop_many_leaves_over_jax_worst"] = harness.worst(
+        headline[f"opbyop_many_leaves_over_jax_{leaves}"] for leaves in PYTREE_LEAVES)
     headline = {key: headline[key] for key in HEADLINE}
     return harness.record(NAME, {"chain_length": k, "repetitions": repetitions, "devices": counts,
-                                 "computation": "scalar all-reduce (mean) + add"}, rows, headline)
+                                 "computation": "scalar all-reduce (mean) + add",
+                                 "pytree_steps": pytree_k, "pytree_leaves": PYTREE_LEAVES,
+                                 "pytree_step": "every leaf (16 floats) minus 0.01 x a batch's mean"}, rows, headline)
 
 
 def plot(record: dict, ax) -> None:

@@ -193,10 +193,11 @@ class Client:
             return                       # closing released everything already
         if self._shared:
             self._shared.discard((run.id, buffer))
-        island = run.island_of(buffer)
+        island = run.plan.island_of(buffer)
+        runtime = self.runtime
         if island is not None:
-            self.runtime.islands[island].release(run.id, buffer)
-        self.runtime.scheduler.release_result(run, buffer, donated)
+            runtime.islands[island].release(run.id, buffer)
+        runtime.scheduler.release_result(run, buffer, donated)
 
     def share(self, handle: Handle, timeout: float | None = None) -> SharedRef:
         """Returns a read-only reference to one of this client's results, which other clients may pass to

@@ -96,21 +96,23 @@ class FastLane:
         if len(args) != len(self.shapes):
             return None
         island = self.island
-        inputs = []
-        for buffer, value, shape, dtype in zip(self.buffers, args, self.shapes, self.dtypes):
+        kept = island.store.get          # a dict read: no lock needed
+        values = []                      # (no (buffer, value) pair per argument: a pytree has hundreds)
+        for value, shape, dtype in zip(args, self.shapes, self.dtypes):
             kind = type(value)
             if kind is Handle:
                 run = value._run
                 if value._deleted or run.deadline is not None or value._client.closed:
                     return None
-                value = island.store.get((run.id, value._buffer))     # a dict read: no lock needed
+                value = kept((run.id, value._buffer))
                 if value is None:
                     return None          # not produced yet, released or failed, or on another island
             elif kind is not ARRAY_TYPE and kind is not np.ndarray:
                 return None
             if value.shape != shape or value.dtype != dtype:
                 return None
-            inputs.append((buffer, value))
+            values.append(value)
+        inputs = zip(self.buffers, values)       # iterated once: by the island's queue, or by `run_lane`
         scheduler, loaded = self.scheduler, self.loaded
         with scheduler._lock:
             if scheduler._waiting or scheduler._held or scheduler._closed or not self.kept:

@@ -62,7 +62,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterable
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
@@ -281,9 +281,10 @@ class Island(IslandExecutor):
             self._inline_over()
 
     def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int, name: str, layout: IslandLayout,
-                   program: tuple[Instruction, ...], inputs: tuple[tuple[int, Any], ...]) -> IslandRun | None:
+                   program: tuple[Instruction, ...], inputs: Iterable[tuple[int, Any]]) -> IslandRun | None:
         """Registers a fast lane's run (`runtime/fast_lane.py`) of program `name`, all of whose steps are
-        `program` on `inputs` ((buffer, array) pairs) in the plan's `layout` here, if the island is open and
+        `program` on `inputs` ((buffer, array) pairs, iterated once: here if the run is queued, else by
+        `run_lane`) in the plan's `layout` here, if the island is open and
         not wedged; otherwise takes nothing and returns None. If the island is idle the caller then executes it
         (`run_lane`); if not, its work is queued for the executor behind what is there (`run.queued` tells
         which)."""
@@ -301,7 +302,7 @@ class Island(IslandExecutor):
                 self._inbox.put((self._lane_work, (run, program, host_arrays_copied(inputs))))
             return run
 
-    def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], inputs: tuple[tuple[int, Any], ...]):
+    def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], inputs: Iterable[tuple[int, Any]]):
         """Executes a fast lane's run that `start_lane` registered, on the caller's thread (holding no lock):
         places its arguments (`inputs`: (buffer, array) pairs) and runs its program."""
         with without_context_mesh():
@@ -360,10 +361,10 @@ class Island(IslandExecutor):
 
     def release(self, run_id: int, buffer: int) -> None:
         """Drops a result (its handle was deleted); one not produced yet is dropped when it is."""
+        key = (run_id, buffer)
         with self.lock:
-            if not self.store.release((run_id, buffer)) and run_id not in self._failed and \
-                    run_id not in self._in_flight:
-                self._dropped.add((run_id, buffer))
+            if not self.store.release(key) and run_id not in self._failed and run_id not in self._in_flight:
+                self._dropped.add(key)
 
     def release_owner(self, owner: Hashable) -> int:
         """Drops every result of `owner`; returns how many."""

@@ -254,13 +254,16 @@ class IslandExecutor:
         used as it is: JAX's call of an executable takes it there, where a `jax.device_put` to the home's
         sharding, another object for the same place, cost about 40 us (`IslandLayout.one_device`)."""
         layout = run.layout
+        slots, slot, found_home = run.slots, layout.slot, layout.found_home
         for buffer, value in inputs:
-            if executed and type(value) is np.ndarray and buffer in layout.launched:
-                run.slots[layout.slot[buffer]] = value
-            elif type(value) is ARRAY_TYPE and buffer in layout.one_device and layout.on_home(buffer, value.sharding):
-                run.slots[layout.slot[buffer]] = value
+            kind = type(value)
+            if kind is ARRAY_TYPE and (found_home.get(buffer) is value.sharding or            # (`on_home`, inline)
+                                       buffer in layout.one_device and layout.on_home(buffer, value.sharding)):
+                slots[slot[buffer]] = value
+            elif executed and kind is np.ndarray and buffer in layout.launched:
+                slots[slot[buffer]] = value
             elif not isinstance(value, REFERENCES):
-                run.slots[layout.slot[buffer]] = copy_to(value, layout.shardings[buffer])
+                slots[slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
     def _hold_in_flight(self) -> None:
         """Returns once fewer than `IN_FLIGHT` runs dispatched here are still computing (or the island closed),

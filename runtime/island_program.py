@@ -38,12 +38,20 @@ if TYPE_CHECKING:
 
 class LaunchInstruction:
     """Runs a compiled executable on slots, writing its results to slots, then clears the slots of the frees
-    folded into it."""
+    folded into it. A tracked launch keeps one of its results in the run's `tracked` list, `computed` (an
+    output the executable computes, not an argument a fused one returns as it is), or all of them if it has
+    none: the results of one call of an executable become ready together (one execution on each device of
+    its mesh, over which every result is laid out), so one says when the launch's device work is over.
+    Keeping all of them kept every result of the runs in flight alive, and a pytree of hundreds of leaves
+    made them so many objects for the garbage collector to promote and traverse."""
 
-    __slots__ = ("call", "inputs", "outputs", "label", "devices", "track", "clears", "only_input", "only_output")
+    __slots__ = ("call", "inputs", "outputs", "label", "devices", "track", "clears", "only_input", "only_output",
+                 "computed")
 
-    def __init__(self, call: Callable, inputs: tuple[int, ...], outputs: tuple[int, ...], label: str, devices):
+    def __init__(self, call: Callable, inputs: tuple[int, ...], outputs: tuple[int, ...], label: str, devices,
+                 computed: int | None = 0):
         self.call, self.inputs, self.outputs, self.label, self.devices = call, inputs, outputs, label, devices
+        self.computed = computed if outputs else None
         self.track = False
         self.clears: tuple[int, ...] = ()
         # The slot of a launch's one input or output, else None: most launches have one of each, and reading
@@ -65,7 +73,10 @@ class LaunchInstruction:
         for slot in self.clears:
             slots[slot] = None
         if self.track:
-            run.tracked.extend(results)
+            if self.computed is not None:
+                run.tracked.append(results[self.computed])
+            else:
+                run.tracked.extend(results)
         if island.tracer is not None:
             island.trace(self.label, "launch", self.devices, results)
         return True
@@ -210,14 +221,24 @@ def _awaited(plan: ProgramPlan, recv: Recv) -> str:
     return f"buffer {recv.dst_buffer} from {recv.peer}{send}: its buffer {recv.src_buffer}{made_by}"
 
 
+def _computed_result(plan: ProgramPlan, launch: Launch) -> int | None:
+    """The position of a result the launch's executable computes: its first, or for a fused executable the
+    first that is not one of its arguments returned as it is; None if there is none."""
+    fused = plan.fused.get(launch.executable)
+    if fused is None:
+        return 0
+    return next((i for i, value in enumerate(fused.results) if value >= len(launch.inputs)), None)
+
+
 def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
                   steps: tuple[Step, ...]) -> tuple[Instruction, ...]:
     """Compiles steps into instructions (compiling executables and building shardings now). A free right
     after a launch or a copy is folded into it.
 
-    The last instruction that writes on each slice keeps its arrays in the
-    run's `tracked` list: once they are ready, every device of the island
-    has finished the run's work, which is when its memory is given back.
+    The last instruction that writes on each slice keeps its arrays (a
+    launch: one of its results) in the run's `tracked` list: once they are
+    ready, every device of the island has finished the run's work, which is
+    when its memory is given back.
     """
     instructions: list[Instruction] = []
     last_on_slice: dict[str, Instruction] = {}
@@ -234,7 +255,8 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
                                     step.outputs, donate)
             instructions.append(LaunchInstruction(call, tuple(slot[b] for b in step.inputs),
                                                   tuple(slot[b] for b in step.outputs),
-                                                  step.label or step.executable, placement.device_ids()))
+                                                  step.label or step.executable, placement.device_ids(),
+                                                  _computed_result(plan, step)))
             last_on_slice[step.slice] = instructions[-1]
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]

@@ -16,33 +16,34 @@ ObjectKey = tuple[int, int]   # (run id, buffer id)
 
 
 class ObjectStore:
-    """Arrays by key, and the keys of each owner. Not thread-safe: the island locks around it."""
+    """Arrays by key, and the keys of each owner. Not thread-safe: the island locks around it.
+
+    An array and its owner are kept in two dicts by the same key, not as a pair: a pair is one more object
+    per result for Python's garbage collector, and a step over a pytree keeps hundreds of results."""
 
     def __init__(self):
-        self._objects: dict[ObjectKey, tuple[Hashable, Any]] = {}
+        self._objects: dict[ObjectKey, Any] = {}
+        self._owners: dict[ObjectKey, Hashable] = {}
         self._by_owner: dict[Hashable, set[ObjectKey]] = {}
+        self.get = self._objects.get
+        """get(key) returns the array under `key`, or None if there is none (released, or not produced)."""
 
     def add(self, key: ObjectKey, owner: Hashable, array: Any) -> None:
         """Keeps `array` under `key` for `owner`."""
-        self._objects[key] = (owner, array)
+        self._objects[key] = array
+        self._owners[key] = owner
         keys = self._by_owner.get(owner)         # (no `setdefault(owner, set())`: a set made per result)
         if keys is None:
             keys = self._by_owner[owner] = set()
         keys.add(key)
 
-    def get(self, key: ObjectKey) -> Any:
-        """Returns the array under `key`, or None if there is none (released, or not produced)."""
-        found = self._objects.get(key)
-        return None if found is None else found[1]
-
     def release(self, key: ObjectKey) -> bool:
         """Drops an object; returns whether there was one."""
-        found = self._objects.pop(key, None)
-        if found is None:
+        owner = self._owners.pop(key, None)
+        if owner is None:
             return False
-        keys = self._by_owner.get(found[0])
-        if keys is not None:
-            keys.discard(key)
+        del self._objects[key]
+        self._by_owner[owner].discard(key)
         return True
 
     def release_run(self, run_id: int) -> int:
@@ -57,6 +58,7 @@ class ObjectStore:
         keys = self._by_owner.pop(owner, set())
         for key in keys:
             self._objects.pop(key, None)
+            self._owners.pop(key, None)
         return len(keys)
 
     def owned_by(self, owner: Hashable) -> list[ObjectKey]:
@@ -69,7 +71,7 @@ class ObjectStore:
 
     def owners(self) -> list[tuple[Hashable, Any]]:
         """Returns (owner, array) for every object."""
-        return list(self._objects.values())
+        return [(self._owners[key], array) for key, array in self._objects.items()]
 
     def __len__(self) -> int:
         return len(self._objects)

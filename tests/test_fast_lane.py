@@ -382,3 +382,32 @@ def test_an_array_of_another_dtype_is_refused_at_the_call_as_the_general_path_re
                                    rtol=1e-6)
         assert lane.runs == 1
     assert_nothing_left(runtime)
+
+
+def test_a_step_over_hundreds_of_leaves_keeps_counts_and_releases_each_leaf_on_drop(runtime):
+    leaves = 300
+
+    def update(params, batch):
+        return jax.tree.map(lambda w: w - 0.01 * batch.mean(), params)
+
+    step = pw.jit(update, slice=pw.virtual_slice(1, axes="x"))
+    want = jax.jit(update)
+    batch = jnp.arange(4.0)
+    params = {f"w{i}": jnp.full((16,), float(i)) for i in range(leaves)}
+    island = runtime.islands["island0"]
+    with Client(runtime) as client:
+        ours, theirs = params, params
+        for _ in range(CHAIN):
+            ours, theirs = step.run(ours, batch, client=client), want(theirs, batch)
+            with island.lock:         # a run in flight keeps one of its results to see its end, not all of them
+                assert all(len(tracked) == 1 for tracked in island._in_flight.values())
+        assert runtime.object_count() == len(client.objects()) == leaves
+        assert runtime.status()["clients"][client.id] == {"objects": leaves, "bytes": leaves * 16 * 4}
+        for key in list(ours)[: leaves // 2]:
+            np.testing.assert_allclose(np.asarray(ours[key]), np.asarray(theirs[key]), rtol=1e-6)
+            del ours[key]             # each leaf dropped is released at once, its siblings kept
+        assert runtime.object_count() == leaves - leaves // 2
+        for key in ours:
+            np.testing.assert_allclose(np.asarray(ours[key]), np.asarray(theirs[key]), rtol=1e-6)
+        del ours
+    assert_nothing_left(runtime)
