@@ -140,8 +140,13 @@ class ProgramPlan:
 
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""
-        info = self.buffers[buffer]
-        return None if info.slice is None else self.slices[info.slice].island
+        return self._islands_of[buffer]
+
+    @functools.cached_property
+    def _islands_of(self) -> dict[int, str | None]:
+        """Each buffer's island, looked up once per plan: a handle's release asks for its result's (a step
+        over a pytree releases hundreds per call)."""
+        return {b: None if info.slice is None else self.slices[info.slice].island for b, info in self.buffers.items()}
 
     def peak(self, island: str) -> list[tuple[int, int, int]]:
         """Returns a run's static peak on `island` as (begin, end, bytes per device) ranges."""
