@@ -42,7 +42,10 @@ of the same step, interleaved with each other. Rows give microseconds per
 leaf per call; `opbyop_many_leaves_over_jax_*` is JAX's time over ours at
 each size and the worst of them: the runtime's cost per argument and result
 (handles, their release, the store, the completion tracker) shows there,
-where the scalar cases have one leaf.
+where the scalar cases have one leaf. A repetition is K = 128 calls (32
+with --quick): a loop of hundreds of leaves makes Python's garbage collector
+run a full collection every few hundred calls, which a training loop pays
+and a median of short loops would leave out.
 
 On an accelerator the slices are those of 1, 2, 4 and 8 devices that its
 backend has (a one-GPU machine measures 1 device only; ratios at 8 devices
@@ -215,7 +218,7 @@ def run(quick: bool) -> dict:
     """Measures computations per second for every case and slice size; ratios at 1 and 8 devices
     and the worst over all."""
     k, repetitions = (32, 3) if quick else (128, 11)
-    pytree_k = 8 if quick else 32
+    pytree_k = 32 if quick else 128     # loops long enough to hold the garbage collector's full collections
     rows = []
     with harness.local_ray(required=False) as ray:      # before JAX starts its threads: Ray forks
         runtime = Runtime(embedded_device_map(1, max(DEVICES)))
