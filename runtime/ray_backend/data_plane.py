@@ -366,15 +366,19 @@ class DataPlane:
     # -- the sender -----------------------------------------------------------
 
     def offer(self, run_id: int, plan_key: int, peer: str, buffer: int, array) -> bool:
-        """Offers `array` to `peer`, which pulls it as its `buffer` of the run; False if the run does not owe
-        it (it failed here: `_settle_failed` offered an error in its place)."""
+        """Offers `array` to `peer`, which pulls it as its `buffer` of the run; returns whether the move is
+        taken care of. One the run no longer owes because it failed here (`_settle_failed` offered an error
+        in its place) is: nothing is sent (a failed run's late send once went by actor call, counted as a
+        move of a later run). Any other the run does not owe is not: the caller sends it by actor call."""
         with self._lock:
             owed = self._owed.get(run_id)
-            if owed is None or owed.pop(buffer, None) is None:
-                return False
-            if not owed:
-                del self._owed[run_id]
-            self._count(peer, "offered")
+            taken = owed is not None and owed.pop(buffer, None) is not None
+            if taken:
+                if not owed:
+                    del self._owed[run_id]
+                self._count(peer, "offered")
+        if not taken:
+            return bool(self._island.failures((run_id,)))      # (the island's lock, not ours)
         self._server.await_pull(transfer_id(run_id, buffer), [_on(array, self._sent_sharding(plan_key, buffer))])
         return True
 
