@@ -12,11 +12,14 @@ import inspect
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pathways_mlir.dialect import ops
 
 from .provenance import Site
+
+if TYPE_CHECKING:
+    import jax
 
 
 @dataclass(frozen=True, eq=False)
