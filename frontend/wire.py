@@ -21,12 +21,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from pathways_mlir.runtime.array_reference import register_with_jax
+from pathways_mlir.runtime.array_reference import Reference
 
 from .avals import is_extended, wrap_keys
 
 
-class KeyHandle:
+class KeyHandle(Reference):
     """A handle to typed PRNG keys on devices: `result()` returns the key array.
 
     It has the key array's `shape` and `dtype` (`key<fry>`), and programs and
@@ -39,15 +39,12 @@ class KeyHandle:
     """
 
     __slots__ = ("data", "dtype", "shape")
+    _kind = "key array"
 
     def __init__(self, data, aval: jax.ShapeDtypeStruct):
         self.data = data            # the runtime's handle of the key data
         self.dtype = aval.dtype
         self.shape = aval.shape
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
     def result(self, timeout: float | None = None) -> jax.Array:
         """Returns the typed key array, waiting until it is produced."""
@@ -66,27 +63,6 @@ class KeyHandle:
         """Releases the keys, which `to` was given to reuse."""
         self.data.donate(to)
 
-    def __getitem__(self, index) -> jax.Array:
-        return self.result()[index]
-
-    def __setitem__(self, index, value):
-        raise TypeError("KeyHandle refers to an immutable key array, as a JAX array is: to change it in place "
-                        "(as flax NNX's RNG streams do outside a placed function), take it first (`.result()`)")
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d key array")
-        return self.shape[0]
-
-    def __iter__(self):
-        return iter(self.result())
-
-    def __copy__(self) -> "KeyHandle":
-        return self           # as a handle's copy (`runtime/array_reference.py`): one owner per result
-
-    def __deepcopy__(self, memo) -> "KeyHandle":
-        return self
-
     def __reduce__(self):
         """Pickles the keys' data and implementation (waiting for them); they unpickle as a key array."""
         return _keys, (np.asarray(self.data), self.dtype._impl.name)
@@ -94,9 +70,6 @@ class KeyHandle:
     def __repr__(self) -> str:
         where = getattr(self.data, "slice", None)       # a service's handle does not name its slice
         return f"KeyHandle(shape={self.shape}, dtype={self.dtype}{'' if where is None else f', slice={where}'})"
-
-
-register_with_jax(KeyHandle)
 
 
 def _keys(data: np.ndarray, impl: str) -> jax.Array:

@@ -30,7 +30,10 @@ A reference stays hashable by identity
 result; donating it donates the one result), and `pickle` writes its value,
 which loads as a NumPy array.
 `Handle`, `SharedRef` and `RemoteHandle` are such references; the first two
-name a result by its run and buffer (`RunResult`).
+name a result by its run and buffer (`RunResult`). A reference to typed PRNG
+keys (`frontend/wire.KeyHandle`) shares their base, `Reference`: JAX, indexing,
+iteration, copies and the refusal to change in place, but no NumPy protocol or
+operators (a key array has neither).
 """
 
 from __future__ import annotations
@@ -59,14 +62,51 @@ def wait_limit(timeout) -> float | None:
     return None if timeout >= threading.TIMEOUT_MAX else timeout
 
 
-class ArrayReference:
-    """Base of the references that behave like arrays; see the module's docstring."""
+class Reference:
+    """Base of every reference to a value that lives elsewhere, of an array (`ArrayReference`) or of typed
+    PRNG keys (`frontend/wire.KeyHandle`): a subclass gives `shape`, `dtype` and `result(timeout)`. JAX takes
+    it wherever it takes its value, indexing and iteration are the value's, it cannot be changed in place,
+    and a copy is the reference itself (see the module's docstring)."""
 
     __slots__ = ()
+    _kind = "array"          # what it refers to, in messages
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    def __getitem__(self, index):
+        return self.result()[index]
+
+    def __setitem__(self, index, value):
+        raise TypeError(f"{type(self).__name__} refers to an immutable {self._kind}, as a JAX array is: to change "
+                        f"its value in place (as flax NNX does to a variable or an RNG stream outside a placed "
+                        f"function), take the value first (`.result()`)")
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of a 0-d {self._kind} reference")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError(f"iteration over a 0-d {self._kind} reference")
+        return iter(self.result())
+
+    def __copy__(self) -> "Reference":
+        """The reference itself: its value is immutable, and a copy would be a second owner of one result (each
+        would release it). `copy.deepcopy` of a pytree of references shares them the same way; for a value
+        of its own, take `result()`."""
+        return self
+
+    def __deepcopy__(self, memo) -> "Reference":
+        return self
+
+
+class ArrayReference(Reference):
+    """Base of the references that behave like arrays; see the module's docstring."""
+
+    __slots__ = ()
 
     def _host_value(self) -> np.ndarray:
         """The value as a NumPy array (a subclass may bring it here without making a JAX array first)."""
@@ -78,14 +118,6 @@ class ArrayReference:
 
     def __jax_array__(self):
         return self.result()
-
-    def __getitem__(self, index):
-        return self.result()[index]
-
-    def __setitem__(self, index, value):
-        raise TypeError(f"{type(self).__name__} refers to an immutable array, as a JAX array is: to change "
-                        f"its value in place (as flax NNX does to a variable outside a placed function), "
-                        f"take the value first (`.result()`)")
 
     @property
     def size(self) -> int:
@@ -127,16 +159,6 @@ class ArrayReference:
     def __bool__(self) -> bool:
         return bool(self.result())
 
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d array reference")
-        return self.shape[0]
-
-    def __iter__(self):
-        if not self.shape:
-            raise TypeError("iteration over a 0-d array reference")
-        return iter(self.result())
-
     def __str__(self) -> str:
         """The value as the JAX array prints it (`print(loss)`), waiting for it; `repr` names the reference."""
         return str(self.result())
@@ -145,15 +167,6 @@ class ArrayReference:
         return format(self.result(), spec)
 
     __hash__ = object.__hash__
-
-    def __copy__(self) -> "ArrayReference":
-        """The reference itself: its value is immutable, and a copy would be a second owner of one result (each
-        would release it). `copy.deepcopy` of a pytree of references shares them the same way; for a value
-        of its own, take `result()`."""
-        return self
-
-    def __deepcopy__(self, memo) -> "ArrayReference":
-        return self
 
     def __reduce__(self):
         """Pickles the value (waiting for it), which unpickles as a NumPy array: the reference names a result
@@ -203,13 +216,7 @@ class RunResult(ArrayReference):
         return numpy_dtype(self._run.plan.buffers[self._buffer].dtype)
 
 
-def register_with_jax(kind: type) -> None:
-    """Makes JAX take instances of `kind` (and of its subclasses), which have `shape`, `dtype` and
-    `result()`, wherever it takes an array: JAX (0.10) looks up a type, then its bases, in these two
-    registries, so a reference is abstracted by its shape and dtype, without waiting for its value, and
-    becomes its value where JAX places arguments."""
-    jax_core.pytype_aval_mappings[kind] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype)
-    jax_dtypes.register_canonicalize_value_handler(kind, lambda ref: ref.result())
-
-
-register_with_jax(ArrayReference)
+# JAX (0.10) looks up a type, then its bases, in these registries: every reference is abstracted by its shape
+# and dtype, without waiting for its value, and becomes its value where JAX places arguments.
+jax_core.pytype_aval_mappings[Reference] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype)
+jax_dtypes.register_canonicalize_value_handler(Reference, lambda ref: ref.result())
