@@ -41,7 +41,7 @@ from jax._src import config as jax_config  # the location option has no public c
 from mlir import ir
 
 from pathways_mlir.dialect import ops
-from pathways_mlir.runtime.executables import without_context_mesh
+from pathways_mlir.runtime.executables import InProcessFunction, keep_in_process, without_context_mesh
 
 from .avals import aval_of, is_extended, wire_aval, wrap_keys
 from .provenance import Site
@@ -73,9 +73,10 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
         leaves = [wrap_keys(x, a.dtype) if is_extended(a.dtype) else x for x, a in zip(wire_leaves, in_avals)]
         args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
         result_leaves, out_tree = jax.tree_util.tree_flatten(fn(*args, **kwargs))
-        warn_of_lost_changes(fn, leaves, (args, kwargs), result_leaves)
         out_avals = tuple(aval_of(jax.typeof(r)) for r in result_leaves)
-        traced.append((out_tree, out_avals))
+        if not traced:       # (a function kept in process is traced again where its island compiles it)
+            warn_of_lost_changes(fn, leaves, (args, kwargs), result_leaves)
+            traced.append((out_tree, out_avals))
         return tuple(jax.random.key_data(r) if is_extended(a.dtype) else r for r, a in zip(result_leaves, out_avals))
 
     # Unused arguments stay, so the signature is that of the pw.compute. Ops
@@ -87,7 +88,7 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     with jax_config.include_full_tracebacks_in_locations(False), without_context_mesh(), \
             (jax.sharding.use_abstract_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
         stablehlo = jitted.lower(*wire).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
-        exported = _export(fn, jitted, wire)
+        export = _export(fn, jitted, wire, lambda: _kept(jitted, mesh, wire, traced[0][1]))
 
     parsed = ir.Module.parse(stablehlo)
     op = ir.Operation.create("builtin.module", regions=1, loc=Site.of_definition(fn).location(), ip=False)
@@ -97,7 +98,7 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
             op.attributes[name] = parsed.operation.attributes[name]
     op.attributes["sym_name"] = ir.StringAttr.get(symbol)
     ops.set_attr(op, ops.EXECUTABLE, None)
-    ops.set_attr(op, ops.EXPORT, base64.b64encode(exported.serialize()).decode("ascii"))
+    ops.set_attr(op, ops.EXPORT, export)
     for child in list(parsed.body.operations):
         child.detach_from_parent()
         ir.InsertionPoint(body).insert(child)
@@ -107,19 +108,27 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     return Executable(symbol, op, out_tree, out_avals, tuple(entry.results))
 
 
-def _export(fn: Callable, jitted, wire: list) -> jax.export.Exported:
-    """Returns the `jax.export` of `jitted` (`fn`'s) for `wire`; a host callback in it, which `jax.export` cannot
-    serialise, is a NotImplementedError naming `fn` and saying what to do instead of JAX's own message."""
+def _export(fn: Callable, jitted, wire: list, keep: Callable[[], str]) -> str:
+    """Returns the `pw.export` of `jitted` (`fn`'s) for `wire`: base64 of its `jax.export` serialisation, or,
+    if it calls back to the host (`jax.debug.print`, `jax.debug.callback`, `pure_callback`, `io_callback`),
+    which `jax.export` cannot serialise, what `keep()` returns: the token of the function kept in this
+    process."""
     try:
-        return jax.export.export(jitted)(*wire)
+        return base64.b64encode(jax.export.export(jitted)(*wire).serialize()).decode("ascii")
     except NotImplementedError as error:
         if "host_callbacks" not in str(error):
             raise
-        raise NotImplementedError(
-            f"{Site.of_definition(fn)} calls back to the host (jax.debug.print, jax.debug.callback, "
-            f"jax.pure_callback or io_callback): a placed function is shipped to its island as a jax.export "
-            f"serialisation, which cannot hold host callbacks; return the values and print them from the "
-            f"handles instead") from None
+        return keep()
+
+
+def _kept(jitted, mesh: jax.sharding.AbstractMesh | None, wire: list, out_avals: tuple) -> str:
+    """Keeps `jitted` (traced on `wire`, its results `out_avals`) in this process, to be called where an
+    embedded island compiles it, under the slice's axes as it was traced; returns its token."""
+    def call(*leaves):
+        with without_context_mesh(), \
+                (jax.sharding.use_abstract_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+            return jitted(*leaves)
+    return keep_in_process(InProcessFunction(call, tuple(wire), tuple(map(wire_aval, out_avals))))
 
 
 def warn_of_lost_changes(fn: Callable, leaves: list, arguments: tuple, result_leaves: list) -> None:

@@ -1,7 +1,11 @@
 """Compiled functions, compiled once per device set.
 
 A plan's executables are `jax.export` serialisations of the user's functions
-with global (unsharded) semantics. To run one on a slice, the cache wraps it
+with global (unsharded) semantics, or, for a function that calls back to the
+host (`jax.debug.print`, `pure_callback`, ...), which no serialisation can
+hold, a token naming the function kept in the process that traced it
+(`keep_in_process`): only islands in that process (the embedded backend's)
+run it. To run one on a slice, the cache wraps it
 in `jax.jit` with the launch's input and output shardings over the slice's
 mesh and compiles it ahead of time; the result is kept per (executable,
 devices, shardings), so a program run many times compiles each computation
@@ -15,7 +19,9 @@ import base64
 import contextlib
 import functools
 import threading
+import uuid
 import weakref
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax                 # before jaxlib's own module: imported first, jaxlib leaves XLA's C++ logging printing
@@ -48,6 +54,40 @@ def keep_64_bit_values() -> None:
 
 class MissingExecutable(ValueError):
     """A plan launches an executable that carries no `jax.export` serialisation."""
+
+
+IN_PROCESS = "in-process:"    # how a `pw.export` naming a function kept in this process begins (never base64)
+
+
+@dataclass(frozen=True)
+class InProcessFunction:
+    """A traced function kept in the process that traced it instead of serialised, because it calls back to
+    the host: `call` takes the flat argument leaves and returns the flat result leaves (key data for keys),
+    `in_avals` and `out_avals` are theirs, as a `jax.export.Exported`'s."""
+
+    call: Callable
+    in_avals: tuple
+    out_avals: tuple
+
+
+_KEPT: dict[str, InProcessFunction] = {}     # every such function traced in this process (a few per program)
+
+
+def keep_in_process(function: InProcessFunction) -> str:
+    """Keeps `function` in this process until it exits; returns the `pw.export` naming it."""
+    token = IN_PROCESS + uuid.uuid4().hex
+    _KEPT[token] = function
+    return token
+
+
+def kept_in_process(blob: str) -> InProcessFunction | None:
+    """The function a `pw.export` of `keep_in_process` names, if this process traced it; None if not."""
+    return _KEPT.get(blob)
+
+
+def is_in_process(blob: str) -> bool:
+    """Whether a `pw.export` names a function kept in its tracing process rather than serialising one."""
+    return blob.startswith(IN_PROCESS)
 
 
 _DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
@@ -153,6 +193,12 @@ def _exported_call(name: str, export: str) -> Callable:
     if not export:
         raise MissingExecutable(
             f"executable @{name} has no pw.export: lower it from JAX (pathways_mlir.jit) to run it")
+    if is_in_process(export):
+        kept = kept_in_process(export)
+        if kept is None:
+            raise MissingExecutable(f"executable @{name} calls back to the host and was traced in another "
+                                    f"process: only the process that traced it runs it")
+        return kept.call
     exported = jax.export.deserialize(bytearray(base64.b64decode(export)))
 
     def call(*leaves):

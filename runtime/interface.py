@@ -144,6 +144,7 @@ class IslandGroup(Protocol):
     keep_arguments: bool
     fast_lanes: bool
     traces: bool
+    in_process: bool
 
     def start(self, run, works: dict, inline: bool = False) -> list:
         """Delivers one run's work to its islands, in ticket order; returns the work the caller runs inline."""

@@ -134,12 +134,15 @@ class Islands(dict):
     cheaper; remote ones keep it: Ray): a `StoreRef` to its own island, a
     `PeerRef` (`peer_reference`) to another; `fast_lanes`,
     whether a single-island plan's runs may execute on the caller's thread
-    (`runtime/fast_lane.py`); `traces`, whether the islands record traces.
+    (`runtime/fast_lane.py`); `traces`, whether the islands record traces;
+    `in_process`, whether they run in this process, and so can run the
+    functions it keeps instead of serialising (`runtime/executables.py`).
     """
 
     keep_arguments = False
     fast_lanes = True
     traces = True
+    in_process = True
 
     def peer_reference(self, run, buffer: int, plan, input_buffer: int) -> PeerRef | None:
         """A `PeerRef` to buffer `buffer` of `run`, kept on its island, for `plan`'s input `input_buffer` on

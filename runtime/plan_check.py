@@ -21,6 +21,12 @@ crash or corrupt the process that runs it. `check_plan` refuses, with one
   from the buffers the plan's launches give and take, or that were exported
   for more than one device.
 
+An executable that calls back to the host is not serialised at all: its
+`pw.export` names a function kept in the process that traced it
+(`runtime/executables.py`), which is that process's own code and is checked
+for its avals only; in any other process the name is unknown and the plan
+is refused.
+
 The walk reads every operation of the module with JAX's own MLIR bindings
 (`jax.extend.mlir`), nested regions and every function included.
 """
@@ -32,7 +38,7 @@ import base64
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.plan_steps import Launch
 
-from .executables import numpy_dtype
+from .executables import InProcessFunction, is_in_process, kept_in_process, numpy_dtype
 
 # Targets XLA itself implements while compiling (no kernel runs with the module's buffers).
 _XLA_TARGETS = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "annotate_device_placement")
@@ -65,11 +71,14 @@ def check_plan(plan: ProgramPlan, where: str = "plan") -> None:
     """Raises PlanError if an executable of `plan` (or of a branch plan) makes a custom call outside
     `ALLOWED_TARGETS`, a LAPACK call with the wrong types, or takes or returns other avals than the plan's
     buffers."""
-    exported = {name: _deserialize(name, blob, where) for name, blob in plan.executables.items() if blob}
+    exported = {name: _deserialize(name, blob, where) for name, blob in plan.executables.items()
+                if blob and not is_in_process(blob)}
     for name, export in exported.items():
         _check_module(name, export, where)
         if export.nr_devices != 1:
             raise PlanError(f"{where}: executable @{name} was exported for {export.nr_devices} devices, not 1")
+    exported.update((name, _kept(name, blob, where)) for name, blob in plan.executables.items()
+                    if is_in_process(blob))
     for steps in plan.islands.values():
         for step in steps:
             if isinstance(step, Launch):
@@ -77,6 +86,20 @@ def check_plan(plan: ProgramPlan, where: str = "plan") -> None:
     for step in plan.host_steps:
         check_plan(step.then_plan, f"{where}.host_steps[{step.id}].then")
         check_plan(step.else_plan, f"{where}.host_steps[{step.id}].else")
+
+
+def refuse_kept_functions(plan: ProgramPlan, why: str) -> None:
+    """Raises NotImplementedError in one line if `plan` (or a branch plan) launches a function kept in this
+    process (one that calls back to the host), which islands elsewhere cannot run; `why` says where they are."""
+    for name, blob in plan.executables.items():
+        if is_in_process(blob):
+            raise NotImplementedError(
+                f"executable @{name} calls back to the host (jax.debug.print, jax.debug.callback, "
+                f"jax.pure_callback or io_callback), which only islands in the process that traced it can run, "
+                f"and {why}: run it on the embedded backend, or return the values and print them from the handles")
+    for step in plan.host_steps:
+        refuse_kept_functions(step.then_plan, why)
+        refuse_kept_functions(step.else_plan, why)
 
 
 def _deserialize(name: str, blob: str, where: str):
@@ -87,6 +110,16 @@ def _deserialize(name: str, blob: str, where: str):
     except Exception as error:  # noqa: BLE001  (any failure to read untrusted bytes is the plan's fault)
         raise PlanError(f"{where}: executable @{name} is not a jax.export serialisation: "
                         f"{type(error).__name__}") from None
+
+
+def _kept(name: str, blob: str, where: str) -> InProcessFunction:
+    """The function kept in this process that executable `name` names (its code is this process's own trace,
+    its host callbacks included); PlanError if this process traced no such function."""
+    kept = kept_in_process(blob)
+    if kept is None:
+        raise PlanError(f"{where}: executable @{name} calls back to the host and was traced in another process: "
+                        f"only the process that traced it runs it (on the embedded runtime)")
+    return kept
 
 
 def _avals(plan: ProgramPlan, buffers) -> list[tuple[tuple[int, ...], str]]:

@@ -46,6 +46,7 @@ from .executables import numpy_dtype
 from .runtime import release_default
 from .status import Status
 from .limits import Limits
+from .plan_check import refuse_kept_functions
 from .wire import DTYPES, ERROR_KINDS, FrameReader, ProtocolError, send_message
 
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
@@ -240,6 +241,7 @@ class RemoteClient:
             if self.resources.version < 0:
                 self.resources.snapshot()        # a plan made without reading the topology: for the current one
             version = self.resources.version     # what the plan was lowered for: the latest topology read
+            refuse_kept_functions(plan, "the islands of pw-serve run in the service's process")
             structure = plan.to_python()
             names = sorted(structure.pop("executables"))
             blobs = [np.frombuffer(base64.b64decode(plan.executables[n]), np.uint8) for n in names]

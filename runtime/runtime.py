@@ -25,7 +25,7 @@ from .dispatch import LoadedPlan
 from .fast_lane import FastLane
 from .handles import release_dropped
 from .island_work import IslandLost, RunCancelled, client_owner, raised
-from .plan_check import check_plan
+from .plan_check import check_plan, refuse_kept_functions
 from .policies import parse_policy
 from .resource_manager import ResourceManager, TopologyChanged
 from .run import Run
@@ -131,6 +131,8 @@ class Runtime:
             return loaded
         plan.validate()
         check_plan(plan)         # untrusted executables are refused before anything compiles them
+        if not self.islands.in_process:
+            refuse_kept_functions(plan, "this runtime's islands are Ray actors")
         self._check_fits(plan)
         loaded = LoadedPlan.build(plan)
         while True:

@@ -2,6 +2,7 @@
 scalars and weak types, jax.jit's static, donated and keyword arguments, and placed functions
 inside JAX transformations."""
 
+import dataclasses
 import functools
 import re
 
@@ -15,6 +16,7 @@ import pathways_mlir as pw
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.sharding import Sharding
+from pathways_mlir.passes import lower, program_plans
 
 
 def noisy(x, key):
@@ -280,16 +282,64 @@ def test_other_jax_jit_options_raise_one_line_errors():
         pw.jit(lambda x, n: x, slice=s, static_argnums=0, donate_argnums=0)
 
 
-def test_a_host_callback_is_refused_naming_the_function():
-    """jax.export cannot serialise host callbacks (jax.debug.print and the like): the error names the
-    placed function and what to do, not JAX's own words."""
-    def printing(x):
-        jax.debug.print("x = {x}", x=x)
-        return x + 1
+def test_host_callbacks_run_on_the_embedded_runtime_as_in_jax(capsys):
+    """A placed function that calls back to the host (jax.debug.print, jax.debug.callback, pure_callback)
+    runs on the embedded islands as under jax.jit, once per run, alone, in a program, on several devices and
+    inside shard_map (jax.export cannot serialise it: it stays in the process that traced it)."""
+    s1, s2 = pw.virtual_slice(1, axes="x"), pw.virtual_slice(2, axes="data")
+    x = np.arange(4, dtype=np.float32)
 
-    with pytest.raises(NotImplementedError, match=r"^printing at .*test_jax_semantics.py:\d+ calls back to "
-                                                   r"the host \(jax.debug.print"):
-        pw.jit(printing, slice=pw.virtual_slice(2, axes="data"))(np.ones(2, np.float32))
+    def printing(v):
+        jax.debug.print("sum={s}", s=v.sum())
+        return v + 1
+
+    seen = []
+    alone = pw.jit(printing, slice=s1)
+    sharded = pw.jit(printing, slice=s2, in_specs=P("data"), out_specs=P("data"))
+    recorded = pw.jit(lambda v: (jax.debug.callback(lambda a: seen.append(np.asarray(a)), v), v * 2)[1], slice=s1)
+    tripled = pw.jit(lambda v: jax.pure_callback(lambda a: np.asarray(a) * 3, jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                                 v), slice=s1)
+
+    def per_shard(v):
+        def body(b):
+            jax.debug.print("shard={b}", b=b)
+            return jax.lax.psum(b, "data")
+        return jax.shard_map(body, in_specs=P("data"), out_specs=P())(v)
+
+    @pw.program
+    def both(v):
+        return sharded(alone(v))
+
+    capsys.readouterr()
+    np.testing.assert_array_equal(np.asarray(alone(x)), x + 1)
+    np.testing.assert_array_equal(np.asarray(alone(x)), x + 1)
+    assert capsys.readouterr().out == "sum=6.0\nsum=6.0\n"
+    np.testing.assert_array_equal(np.asarray(both(x)), x + 2)
+    assert capsys.readouterr().out == "sum=6.0\nsum=10.0\n"
+    np.testing.assert_array_equal(np.asarray(recorded(x)), x * 2)
+    np.testing.assert_array_equal(seen, [x])
+    np.testing.assert_array_equal(np.asarray(tripled(x)), x * 3)
+    np.testing.assert_array_equal(np.asarray(pw.jit(per_shard, slice=s2, in_specs=P("data"), out_specs=P())(x)),
+                                  [2.0, 4.0])
+    assert sorted(capsys.readouterr().out.splitlines()) == ["shard=[0. 1.]", "shard=[2. 3.]"]
+
+
+def test_a_plan_with_a_host_callback_runs_only_where_it_was_traced():
+    """Its executable's pw.export names a function this process keeps: a plan naming one this process does not
+    keep (read from another process's file) is refused in one line when loaded."""
+    def printing(v):
+        jax.debug.print("v={v}", v=v)
+        return v + 1
+
+    runtime = pw.get_runtime()
+    lowered = pw.jit(printing, slice=pw.virtual_slice(2, axes="data")).lower(np.ones(2, np.float32))
+    plan = program_plans(lower(lowered.module, runtime.resources.topology))[lowered.program]
+    (name, blob), = plan.executables.items()
+    assert blob.startswith("in-process:")
+    elsewhere = dataclasses.replace(plan, executables={name: "in-process:" + "0" * 32})
+    with pytest.raises(PlanError, match=rf"^plan: executable @{name} calls back to the host and was traced in "
+                                        r"another process: only the process that traced it runs it"):
+        runtime.load(elsewhere)
 
 
 class Scaler:

@@ -84,6 +84,22 @@ def test_island_actors_keep_64_bit_values_and_the_driver_narrows_as_its_jax_does
     assert np.asarray(floats).tolist() == [0.0, 2.0, 4.0, 6.0] and np.asarray(ints).tolist() == [0, 3, 6, 9]
 
 
+def test_a_host_callback_is_refused_on_island_actors_in_one_line(ray_runtime):
+    """A placed function that calls back to the host (jax.debug.print) stays in the driver's process, which the
+    island actors are not: its plan is refused in one line when it is loaded, before an actor sees it."""
+    def printing(v):
+        jax.debug.print("v={v}", v=v)
+        return v + 1
+
+    placed = pw.jit(printing, slice=pw.virtual_slice(2, axes="x"))
+    with Client(ray_runtime) as client, \
+            pytest.raises(NotImplementedError, match=r"^executable @printing\w* calls back to the host \(jax.debug."
+                                                     r"print, .*\), which only islands in the process that traced it "
+                                                     r"can run, and this runtime's islands are Ray actors: run it on "
+                                                     r"the embedded backend"):
+        placed.run(np.ones(2, np.float32), client=client)
+
+
 def test_many_runs_in_flight_keep_their_order_and_values(ray_runtime):
     with Client(ray_runtime) as client:
         outs = [across.run(X * k, client=client) for k in range(6)]

@@ -326,3 +326,34 @@ client.close()
                                 text=True, timeout=TIMEOUT)
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout == f"{want} [0.0, 2.0, 4.0, 6.0] [0, 3, 6, 9]\n"
+
+
+def test_a_host_callback_is_refused_through_the_service_in_one_line(service):
+    """A placed function that calls back to the host (jax.debug.print) stays in the process that traced it
+    (jax.export cannot serialise it): the service's islands, in another process, cannot run it, and the client
+    says so in one line before sending anything; the connection goes on serving."""
+    _, service_file, _ = service
+    snippet = """
+import sys
+import jax, numpy as np
+import pathways_mlir as pw
+client = pw.connect(sys.argv[1])
+def printing(v):
+    jax.debug.print("v={v}", v=v)
+    return v + 1
+try:
+    pw.jit(printing, slice=pw.virtual_slice(2, axes="x"))(np.ones(2, np.float32))
+except NotImplementedError as error:
+    print(error)
+print(np.asarray(pw.jit(lambda v: v * 2, slice=pw.virtual_slice(2, axes="x"))(np.ones(2, np.float32))).tolist())
+client.close()
+"""
+    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    refusal, doubled = result.stdout.splitlines()
+    assert re.fullmatch(r"executable @printing\w* calls back to the host \(jax.debug.print, jax.debug.callback, "
+                        r"jax.pure_callback or io_callback\), which only islands in the process that traced it can "
+                        r"run, and the islands of pw-serve run in the service's process: run it on the embedded "
+                        r"backend, or return the values and print them from the handles", refusal), refusal
+    assert doubled == "[2.0, 2.0]"

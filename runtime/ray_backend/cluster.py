@@ -50,6 +50,7 @@ class RayIslands(Islands):
     keep_arguments = True          # a handle passed to a later run stays on its island actor
     fast_lanes = False             # a run's work goes to the actors; nothing executes on the caller's thread
     traces = False                 # traces are recorded by the embedded backend only
+    in_process = False             # the actors run executables serialised, never this process's own functions
 
     def __init__(self, topology: Topology, emulate_dcn: bool, one_machine: bool, started_ray: bool,
                  actors: dict, nodes: dict[str, str], compiled_graph: bool):
