@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import io_callback
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
@@ -322,6 +323,23 @@ def test_host_callbacks_run_on_the_embedded_runtime_as_in_jax(capsys):
     np.testing.assert_array_equal(np.asarray(pw.jit(per_shard, slice=s2, in_specs=P("data"), out_specs=P())(x)),
                                   [2.0, 4.0])
     assert sorted(capsys.readouterr().out.splitlines()) == ["shard=[0. 1.]", "shard=[2. 3.]"]
+
+
+def test_an_ordered_io_callback_is_refused_in_one_line_and_an_unordered_one_runs():
+    """io_callback(ordered=True) threads a token through the computation, which a placed function (arrays in,
+    arrays out) cannot carry: refused at trace, naming the function; ordered=False runs as under jax.jit."""
+    seen = []
+
+    def logging_sum(v, ordered):
+        io_callback(lambda a: seen.append(float(a)), None, v.sum(), ordered=ordered)
+        return v + 1
+
+    x, s = np.arange(4, dtype=np.float32), pw.virtual_slice(1, axes="x")
+    with pytest.raises(NotImplementedError, match=r"^logging_sum at .*test_jax_semantics.py:\d+ has an ordered "
+                                                   r"effect \(io_callback\(..., ordered=True\)\).*use ordered=False$"):
+        pw.jit(logging_sum, slice=s, static_argnums=1)(x, True)
+    np.testing.assert_array_equal(np.asarray(pw.jit(logging_sum, slice=s, static_argnums=1)(x, False)), x + 1)
+    assert seen == [6.0]
 
 
 def test_a_plan_with_a_host_callback_runs_only_where_it_was_traced():
