@@ -56,6 +56,10 @@ class MissingExecutable(ValueError):
     """A plan launches an executable that carries no `jax.export` serialisation."""
 
 
+# The HLO instructions of collectives among an execution's devices (as the compiled module prints them).
+COLLECTIVES = ("all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter", "all-to-all",
+               "collective-permute", "collective-permute-start", "collective-broadcast")
+
 IN_PROCESS = "in-process:"    # how a `pw.export` naming a function kept in this process begins (never base64)
 
 
@@ -129,8 +133,14 @@ class ExecutableCache:
 
     def __init__(self):
         self._compiled: weakref.WeakValueDictionary[tuple, Callable] = weakref.WeakValueDictionary()
+        self._collective: weakref.WeakSet[Callable] = weakref.WeakSet()
         self._lock = threading.Lock()
         self.compilations = 0
+
+    def collective(self, compiled: Callable) -> bool:
+        """Whether a function this cache compiled runs a collective (an all-reduce, all-gather, ...) among its
+        devices: XLA:CPU's collectives wait for every device's part of one execution (`IN_FLIGHT`)."""
+        return compiled in self._collective
 
     def get(self, name: str, plan: ProgramPlan, mesh, inputs: Sequence[int], outputs: Sequence[int],
             donate: tuple[int, ...] = ()) -> Callable:
@@ -153,16 +163,19 @@ class ExecutableCache:
             compiled = self._compiled.get(key)
         if compiled is not None:
             return compiled
-        compiled = self._compile(name, plan, mesh, ins, outs, donate)
+        compiled, collective = self._compile(name, plan, mesh, ins, outs, donate)
         with self._lock:
             kept = self._compiled.get(key)
             if kept is None:
                 self._compiled[key] = kept = compiled
                 self.compilations += 1
+                if collective:
+                    self._collective.add(compiled)
             return kept
 
     @staticmethod
-    def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs, donate: tuple[int, ...]) -> Callable:
+    def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs, donate: tuple[int, ...]) -> tuple[Callable, bool]:
+        """Returns the launch's function, compiled, and whether it runs a collective."""
         fused = plan.fused.get(name)
         if fused is None:
             body = _exported_call(name, plan.executables.get(name, ""))
@@ -184,8 +197,8 @@ class ExecutableCache:
         jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
         avals = [jax.ShapeDtypeStruct(b.shape, numpy_dtype(b.dtype), sharding=s)
                  for b, s in zip(inputs, in_shardings)]
-        jitted.lower(*avals).compile()     # compile now: errors surface when the plan is loaded
-        return jitted                      # called through JAX's C++ dispatch fast path
+        text = jitted.lower(*avals).compile().as_text()     # compile now: errors surface when the plan is loaded
+        return jitted, any(f" {op}(" in text for op in COLLECTIVES)   # called through JAX's C++ fast path
 
 
 def _exported_call(name: str, export: str) -> Callable:

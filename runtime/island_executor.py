@@ -232,6 +232,8 @@ class IslandExecutor:
         (`run_lane`), and the executor may take its turn after it, under the same take of the lock."""
         run, program, inputs = message
         run.last = True
+        if len(self._completions) >= IN_FLIGHT and any(getattr(i, "collective", False) for i in program):
+            self._hold_in_flight()
         try:
             self._place(run, inputs, True)
             run.executing = True
@@ -267,11 +269,14 @@ class IslandExecutor:
 
     def _hold_in_flight(self) -> None:
         """Returns once fewer than `IN_FLIGHT` runs dispatched here are still computing (or the island closed),
-        before a run of the general path starts (a fast lane's runs keep to its credits). XLA:CPU (jax 0.10.2)
-        aborts the process in an all-reduce's rendezvous ("expected 4 threads to join ... only 3 arrived",
-        after 40 s) when too many executions with a collective are in flight: plain JAX calling a 4-device
-        training step in a loop does, and so does blocking every 128 or 256 calls; blocking every 32 does not.
-        The oldest runs need nothing more to finish, so waiting for them cannot wait on this thread."""
+        before a run of the general path starts, or a fast lane's run whose program runs a collective (a lane's
+        credits bound its memory, not its runs in flight). XLA:CPU (jax 0.10.2) aborts the process in an
+        all-reduce's rendezvous ("expected 4 threads to join ... only 3 arrived", after 40 s) when too many
+        executions with a collective are in flight: plain JAX calling a 4-device training step in a loop does,
+        and so does blocking every 128 or 256 calls; blocking every 32 does not for 4 devices, but 33 lane runs
+        of an 8-device step in flight did, on a loaded machine. Lane runs without a collective are not held:
+        holding them cost `pw-bench multi-tenancy`'s 4-client aggregate (4-device runs, no collective) a
+        quarter. The oldest runs need nothing more to finish, so waiting for them cannot wait on this thread."""
         while len(self._completions) >= IN_FLIGHT and not self._closed:
             try:
                 oldest = self._completions[0]

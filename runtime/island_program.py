@@ -46,11 +46,12 @@ class LaunchInstruction:
     made them so many objects for the garbage collector to promote and traverse."""
 
     __slots__ = ("call", "inputs", "outputs", "label", "devices", "track", "clears", "only_input", "only_output",
-                 "computed")
+                 "computed", "collective")
 
     def __init__(self, call: Callable, inputs: tuple[int, ...], outputs: tuple[int, ...], label: str, devices,
-                 computed: int | None = 0):
+                 computed: int | None = 0, collective: bool = False):
         self.call, self.inputs, self.outputs, self.label, self.devices = call, inputs, outputs, label, devices
+        self.collective = collective         # the executable runs a collective among its devices
         self.computed = computed if outputs else None
         self.track = False
         self.clears: tuple[int, ...] = ()
@@ -256,7 +257,7 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
             instructions.append(LaunchInstruction(call, tuple(slot[b] for b in step.inputs),
                                                   tuple(slot[b] for b in step.outputs),
                                                   step.label or step.executable, placement.device_ids(),
-                                                  _computed_result(plan, step)))
+                                                  _computed_result(plan, step), island.cache.collective(call)))
             last_on_slice[step.slice] = instructions[-1]
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]

@@ -18,6 +18,7 @@ from test_admission_and_lifetimes import ONE_RUN, X, cross_island, tanh2
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.fast_lane import CREDITS
+from pathways_mlir.runtime.island_executor import IN_FLIGHT
 from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 
@@ -411,3 +412,29 @@ def test_a_step_over_hundreds_of_leaves_keeps_counts_and_releases_each_leaf_on_d
             np.testing.assert_allclose(np.asarray(ours[key]), np.asarray(theirs[key]), rtol=1e-6)
         del ours
     assert_nothing_left(runtime)
+
+
+def test_a_lane_loop_of_all_reduce_steps_keeps_at_most_in_flight_runs_computing(runtime):
+    """`w = step(w, x)` with nothing read, each step an all-reduce over 4 devices, through the lane: the island
+    keeps at most `IN_FLIGHT` runs computing, as the general path does. The lane once let its credits' worth
+    (33) compute at once, and XLA:CPU aborted the process in the all-reduce's rendezvous ('expected 8 threads
+    to join the rendezvous, but only 6 of them arrived') in `pw-bench elastic-shrink` on a loaded machine."""
+    @pw.jit(slice=pw.virtual_slice(4, axes="x"), in_specs=(P(), P("x")), out_specs=P())
+    def descend(w, x):
+        return w - 1e-3 * (x.T @ (x @ w)) / x.shape[0]
+
+    rng = np.random.default_rng(5)
+    w0 = rng.normal(size=(256, 256)).astype(np.float32) / 16
+    x = rng.normal(size=(512, 256)).astype(np.float32)
+    plan = descend.compiled(w0, x, runtime=runtime).plan
+    island = runtime.islands[next(iter(plan.islands))]
+    want, step = w0, jax.jit(descend.fn)
+    with Client(runtime) as client:
+        w, most = descend.run(w0, x, client=client), 0
+        for _ in range(3 * IN_FLIGHT):
+            want = step(want, x)
+            w = descend.run(w, x, client=client)
+            most = max(most, len(island._completions))
+        assert runtime.lane(plan).runs >= 3 * IN_FLIGHT
+        np.testing.assert_allclose(np.asarray(w.result(120)), np.asarray(step(want, x)), rtol=1e-4, atol=1e-5)
+    assert most <= IN_FLIGHT
