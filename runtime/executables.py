@@ -174,7 +174,8 @@ class ExecutableCache:
             return kept
 
     @staticmethod
-    def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs, donate: tuple[int, ...]) -> tuple[Callable, bool]:
+    def _compile(name: str, plan: ProgramPlan, mesh, inputs, outputs,
+                 donate: tuple[int, ...]) -> tuple[Callable, bool]:
         """Returns the launch's function, compiled, and whether it runs a collective."""
         fused = plan.fused.get(name)
         if fused is None:
