@@ -58,7 +58,7 @@ class MissingExecutable(ValueError):
 
 # The HLO instructions of collectives among an execution's devices (as the compiled module prints them).
 COLLECTIVES = ("all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter", "all-to-all",
-               "collective-permute", "collective-permute-start", "collective-broadcast")
+               "ragged-all-to-all", "collective-permute", "collective-permute-start", "collective-broadcast")
 
 IN_PROCESS = "in-process:"    # how a `pw.export` naming a function kept in this process begins (never base64)
 

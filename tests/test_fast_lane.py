@@ -436,5 +436,10 @@ def test_a_lane_loop_of_all_reduce_steps_keeps_at_most_in_flight_runs_computing(
             w = descend.run(w, x, client=client)
             most = max(most, len(island._completions))
         assert runtime.lane(plan).runs >= 3 * IN_FLIGHT
+        assert [i.collective for i in runtime.lane(plan).program] == [True]     # read from the compiled HLO
+        elementwise = pw.jit(jnp.tanh, slice=pw.virtual_slice(4, axes="x"), in_specs=P("x"), out_specs=P("x"))
+        elementwise.run(x, client=client).result(60)
+        lane = runtime.lane(elementwise.compiled(x, runtime=runtime).plan)
+        assert [i.collective for i in lane.program] == [False]       # its runs keep to their credits only
         np.testing.assert_allclose(np.asarray(w.result(120)), np.asarray(step(want, x)), rtol=1e-4, atol=1e-5)
     assert most <= IN_FLIGHT
