@@ -158,7 +158,9 @@ class StageCache:
     """One `Compiled` per runtime and call signature, for one program or placed function.
 
     The signature is what `jax.jit` would retrace on: the static values, the
-    tree of the traced arguments and each leaf's shape, dtype and weak type.
+    tree of the traced arguments, each leaf's shape, dtype and weak type, and
+    whether JAX's 64-bit types are on (`jax_enable_x64`: a float64 NumPy array
+    or a Python int traces as another type with them).
     """
 
     def __init__(self, lower: Callable[[Call], Lowered], signature: Signature):
@@ -168,7 +170,7 @@ class StageCache:
         self._by_runtime: "weakref.WeakKeyDictionary[Any, dict[tuple, Compiled]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._last: tuple = (None, {})      # the runtime of the latest call and its stages: a fast lookup
-        self._identical: dict[tuple[int, ...], tuple] = {}   # ids -> (runtime, objects, stage); see `run`
+        self._identical: dict[tuple[int, ...], tuple] = {}   # ids -> (runtime, objects, stage, x64); see `run`
 
     def get(self, call: Call, runtime=None) -> Compiled:
         """Returns the stage for `call` on `runtime` (default: the process's), tracing and lowering
@@ -176,7 +178,7 @@ class StageCache:
         if runtime is None:
             runtime = get_runtime()
         leaves, tree = jax.tree_util.tree_flatten(call.tree)
-        key = call.static, tree, tuple(map(_leaf_signature, leaves))
+        key = call.static, tree, tuple(map(_leaf_signature, leaves)), jax.config.jax_enable_x64
         per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, {})
         found = per_runtime.get(key)
         if found is not None:
@@ -202,7 +204,8 @@ class StageCache:
         (JAX gives the results of one executable one aval object; NumPy one dtype object per builtin type; a
         handle's buffer is its plan's), and the pytree of arguments that are not all leaves is the earlier
         call's (as `jax.jit` looks up a flattened call's signature), so nothing is split or built and the leaves
-        go to the run as they are (`Compiled.call_plain`); such leaves are never tracers."""
+        go to the run as they are (`Compiled.call_plain`), under the same `jax_enable_x64`; such leaves are
+        never tracers."""
         try:
             runtime = client.runtime if client is not None else None
         except AttributeError:
@@ -218,7 +221,8 @@ class StageCache:
         if identity is not None:
             runtime = runtime or get_runtime()
             found = self._identical.get(identity[0])
-            if found is not None and found[0] is runtime and all(map(operator.is_, found[1], identity[1])):
+            if found is not None and found[0] is runtime and found[3] is jax.config.jax_enable_x64 and \
+                    all(map(operator.is_, found[1], identity[1])):
                 return found[2].call_plain(args, leaves, client)
         if traced is not None and has_tracers((args, kwargs)):
             return traced(*args, **kwargs)
@@ -227,7 +231,7 @@ class StageCache:
         if identity is not None and compiled.plain:
             if len(self._identical) >= _IDENTICAL:
                 self._identical.clear()
-            self._identical[identity[0]] = (runtime, identity[1], compiled)
+            self._identical[identity[0]] = (runtime, identity[1], compiled, jax.config.jax_enable_x64)
             return compiled.call_plain(args, leaves, client)
         return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)
 

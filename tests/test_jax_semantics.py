@@ -283,6 +283,22 @@ def test_other_jax_jit_options_raise_one_line_errors():
         pw.jit(lambda x, n: x, slice=s, static_argnums=0, donate_argnums=0)
 
 
+def test_a_call_under_another_jax_enable_x64_traces_again_as_jax_jit_does():
+    """A placed function called on a float64 NumPy array and Python scalars traces them as 32-bit without x64 and
+    as 64-bit with it, whichever was first: its signature includes `jax_enable_x64` (a function traced before x64
+    was switched once kept its trace), by identity of the arguments too."""
+    scale = pw.jit(lambda a, b: a * b, slice=pw.virtual_slice(2, axes="x"))
+    plain = jax.jit(lambda a, b: a * b)
+    x = np.arange(4.0)
+    for x64 in (False, True, False):
+        with jax.enable_x64(x64):
+            for b in (2.0, 2):
+                for _ in range(2):       # the second call is looked up by identity
+                    got = np.asarray(scale(x, b))
+                    assert got.dtype == plain(x, b).dtype == (np.float64 if x64 else np.float32)
+                    np.testing.assert_array_equal(got, x * b)
+
+
 def test_host_callbacks_run_on_the_embedded_runtime_as_in_jax(capsys):
     """A placed function that calls back to the host (jax.debug.print, jax.debug.callback, pure_callback)
     runs on the embedded islands as under jax.jit, once per run, alone, in a program, on several devices and

@@ -77,7 +77,7 @@ def test_island_actors_keep_64_bit_values_and_the_driver_narrows_as_its_jax_does
     with Client(ray_runtime) as client:
         narrowed = scale().run(np.arange(4.0), 2.0, client=client).result()
         assert narrowed.dtype == np.float32 and np.asarray(narrowed).tolist() == [0.0, 2.0, 4.0, 6.0]
-        with jax.enable_x64(True):     # (a function traced without x64 keeps its trace, unlike jax.jit's)
+        with jax.enable_x64(True):
             floats = scale().run(np.arange(4.0), 2.0, client=client).result()
             ints = scale().run(np.arange(4), 3, client=client).result()
     assert (floats.dtype, ints.dtype) == (np.float64, np.int64)
