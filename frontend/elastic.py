@@ -31,13 +31,12 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from pathways_mlir.runtime.handles import Handle
+from pathways_mlir.runtime.array_reference import Reference
 from pathways_mlir.runtime.island_work import IslandLost
 from pathways_mlir.runtime.runtime import Runtime, get_runtime
 
 from .avals import is_extended, wrap_keys
 from .slices import Slice
-from .wire import KeyHandle
 
 from .checkpoints import Checkpoints, read_checkpoint, shape_dtype
 
@@ -247,8 +246,8 @@ class ElasticTrainer:
                 if done == steps:
                     snapshots.settle()
                     for leaf in jax.tree_util.tree_leaves(state):
-                        if isinstance(leaf, (Handle, KeyHandle)):
-                            value = leaf.result(self.timeout)   # a JAX array in process; NumPy from Ray
+                        if isinstance(leaf, Reference):
+                            value = leaf.result(self.timeout)   # a JAX array in process; NumPy from Ray or a service
                             if hasattr(value, "block_until_ready"):
                                 value.block_until_ready()
                     return state
@@ -367,7 +366,7 @@ class ElasticTrainer:
 def _to_host(leaf, timeout: float) -> np.ndarray:
     """A copy of one state leaf in host memory (a handle is waited for, at most `timeout` s); typed PRNG keys
     (every flax NNX model's RNG streams) as their key data."""
-    if isinstance(leaf, (Handle, KeyHandle)):
+    if isinstance(leaf, Reference):
         leaf = leaf.result(timeout)
     if _key_dtype(leaf) is not None:
         leaf = jax.random.key_data(leaf)

@@ -357,3 +357,41 @@ client.close()
                         r"run, and the islands of pw-serve run in the service's process: run it on the embedded "
                         r"backend, or return the values and print them from the handles", refusal), refusal
     assert doubled == "[2.0, 2.0]"
+
+
+def test_an_elastic_trainer_trains_through_the_service_as_plain_jax_does(service):
+    """`pw.ElasticTrainer` with a client of the service: its state stays in the service between steps (remote
+    handles), its snapshots are read with its timeout, and the trained parameters are plain JAX's."""
+    _, service_file, _ = service
+    snippet = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import pathways_mlir as pw
+client = pw.connect(sys.argv[1])
+
+def loss(p, x, y):
+    return jnp.mean((x @ p["w"] - y) ** 2)
+
+def sgd(p, x, y):
+    value, g = jax.value_and_grad(loss)(p, x, y)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, p, g), value
+
+placed = pw.jit(sgd, slice=pw.virtual_slice(2, axes="data"), in_specs=(None, P("data"), P("data")), out_specs=None)
+step = pw.program(lambda p, b: placed(p, *b))
+
+def batch(i):
+    x = np.random.default_rng(i).normal(size=(8, 4)).astype(np.float32)
+    return x, x @ np.ones((4, 1), np.float32)
+
+state = pw.ElasticTrainer(step, batch, snapshot_every=5, client=client, timeout=60).run({"w": np.zeros((4, 1), np.float32)}, 20)
+want = {"w": jnp.zeros((4, 1))}
+for i in range(20):
+    want = jax.jit(sgd)(want, *batch(i))[0]
+print(type(state["w"]).__name__, np.allclose(np.asarray(state["w"]), np.asarray(want["w"]), rtol=1e-5, atol=1e-6))
+client.close()
+"""
+    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "RemoteHandle True\n"
