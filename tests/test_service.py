@@ -384,7 +384,8 @@ def batch(i):
     x = np.random.default_rng(i).normal(size=(8, 4)).astype(np.float32)
     return x, x @ np.ones((4, 1), np.float32)
 
-state = pw.ElasticTrainer(step, batch, snapshot_every=5, client=client, timeout=60).run({"w": np.zeros((4, 1), np.float32)}, 20)
+trainer = pw.ElasticTrainer(step, batch, snapshot_every=5, client=client, timeout=60)
+state = trainer.run({"w": np.zeros((4, 1), np.float32)}, 20)
 want = {"w": jnp.zeros((4, 1))}
 for i in range(20):
     want = jax.jit(sgd)(want, *batch(i))[0]
