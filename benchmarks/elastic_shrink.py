@@ -20,11 +20,17 @@ a machine whose CPU devices share fewer cores than there are devices (2 here)
 that ratio is near 1, not 0.5: the devices are threads on the same cores.
 Headline: `shrunk_throughput_over_full` (median over repetitions of shrunk
 steps/s over full steps/s, target 0.4-0.6 on devices that compute in
-parallel), `regrown_over_full` (the worst repetition's regrown steps/s over
-full, target >= 0.95), `jax_4_over_8` (plain JAX's own ratio, median) and
-`shrunk_over_jax_shrunk`, the worst repetition's shrunk-over-full ratio over
-plain JAX's 4-over-8 ratio of the same repetition: what shrinking costs
-beyond what the devices give (1.0: nothing).
+parallel), `regrown_over_full` (median over repetitions of regrown steps/s
+over full, target >= 0.95), `jax_4_over_8` (plain JAX's own ratio, median)
+and `shrunk_over_jax_shrunk`, the median over repetitions of the
+shrunk-over-full ratio over plain JAX's 4-over-8 ratio of the same
+repetition: what shrinking costs beyond what the devices give (1.0:
+nothing). Each is a median of per-repetition ratios, as every throughput
+ratio of `elastic` is: a phase times about 95 steps, which on this machine
+swing by up to 30% from one phase to the next with nothing changed (the
+unchanged run's last third over its first, in the record), so the worst
+repetition measures the load more than the trainer. The worst and best
+repetition of each are in the record's parameters.
 """
 
 from __future__ import annotations
@@ -96,7 +102,7 @@ def jax_loop(devices: int, steps: int):
 
 def run(quick: bool) -> dict:
     """Measures the three phases' throughput beside plain JAX on 8 and on 4 devices, interleaved."""
-    steps, warm, repetitions = (24, 2, 2) if quick else (150, 5, 7)
+    steps, warm, repetitions = (24, 2, 2) if quick else (300, 5, 9)
     runtime = Runtime(embedded_device_map(1, DEVICES))
     rows = []
     phase = steps // 3 - warm                              # the steps each phase times
@@ -122,13 +128,14 @@ def run(quick: bool) -> dict:
               for i, row in enumerate(control)]
     table += [{"case": case, "steps_per_s": phase / harness.median(times[case]), "spread": harness.spread(times[case])}
               for case in ("jax 8 devices", "jax 4 devices")]
-    headline = {"shrunk_throughput_over_full": harness.median(shrunk), "regrown_over_full": min(regrown),
-                "jax_4_over_8": harness.median(jax_ratio),
-                "shrunk_over_jax_shrunk": min(ours / theirs for ours, theirs in zip(shrunk, jax_ratio))}
+    beyond_jax = [ours / theirs for ours, theirs in zip(shrunk, jax_ratio)]
+    headline = {"shrunk_throughput_over_full": harness.median(shrunk), "regrown_over_full": harness.median(regrown),
+                "jax_4_over_8": harness.median(jax_ratio), "shrunk_over_jax_shrunk": harness.median(beyond_jax)}
     return harness.record(NAME, {
         "devices": DEVICES, "removed": list(REMOVED), "steps": steps, "warm": warm, "repetitions": repetitions,
         "shrunk_over_full_range": [min(shrunk), max(shrunk)], "jax_4_over_8_range": [min(jax_ratio), max(jax_ratio)],
-        "regrown_over_full_median": harness.median(regrown),
+        "regrown_over_full_range": [min(regrown), max(regrown)],
+        "shrunk_over_jax_shrunk_range": [min(beyond_jax), max(beyond_jax)],
         "unchanged_last_over_first": [r["regrown_steps_per_s"] / r["full_steps_per_s"] for r in control],
         "sizes_as_placed": all((r["full_devices"], r["shrunk_devices"], r["regrown_devices"]) == (8, 4, 8)
                                for r in measured)}, table, headline)
