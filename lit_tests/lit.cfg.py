@@ -1,7 +1,6 @@
 # lit configuration for pw IR tests: `lit lit_tests` (or through CMake's
 # check-pathways target, whose lit.site.cfg.py sets the values found there).
 import os
-import shutil
 import sys
 
 import lit.formats
