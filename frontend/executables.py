@@ -44,6 +44,7 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.runtime.executables import InProcessFunction, keep_in_process, without_context_mesh
 
 from .avals import aval_of, is_extended, wire_aval, wrap_keys
+from .errors import PlacementError
 from .provenance import Site
 
 
@@ -118,11 +119,17 @@ def _export(fn: Callable, jitted, wire: list, keep: Callable[[], str]) -> str:
     which `jax.export` cannot serialise, what `keep()` returns: the token of the function kept in this
     process."""
     try:
-        return base64.b64encode(jax.export.export(jitted)(*wire).serialize()).decode("ascii")
+        exported = jax.export.export(jitted)(*wire)
     except NotImplementedError as error:
         if "host_callbacks" not in str(error):
             raise
         return keep()
+    if exported.nr_devices != 1:
+        raise PlacementError(f"{Site.of_definition(fn)} places values on {exported.nr_devices} devices of its own "
+                             f"(a NamedSharding of a concrete Mesh in with_sharding_constraint, or a device_put): "
+                             f"inside a placed function, name its slice's axes with a PartitionSpec instead "
+                             f"(with_sharding_constraint(x, P('data'))); placement chooses the devices")
+    return base64.b64encode(exported.serialize()).decode("ascii")
 
 
 def _kept(jitted, mesh: jax.sharding.AbstractMesh | None, wire: list, out_avals: tuple) -> str:

@@ -437,6 +437,26 @@ def test_a_placed_function_names_its_slices_axes_as_under_jax_set_mesh():
         pw.jit(layer, slice=elastic, in_specs=(P("data"), P(None, "model")))(x, w)
 
 
+def test_a_sharding_of_a_concrete_mesh_inside_a_placed_function_is_refused_naming_it():
+    """`with_sharding_constraint(x, NamedSharding(mesh, P("data")))` or a `device_put` inside a placed function
+    puts values on devices of the user's choosing, which placement does not know: one line at trace naming the
+    function and what to write instead (it was a PlanError at load, 'exported for 2 devices, not 1')."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    s, x = pw.virtual_slice(2, axes="data"), np.ones((4, 4), np.float32)
+
+    def constrained(v):
+        return jax.lax.with_sharding_constraint(v * 2, jax.sharding.NamedSharding(mesh, P("data")))
+
+    for fn in (constrained, lambda v: jax.device_put(v, jax.sharding.NamedSharding(mesh, P()))):
+        with pytest.raises(pw.PlacementError, match=r"^\S+ at .*test_jax_semantics.py:\d+ places values on 2 "
+                                                    r"devices of its own .*name its slice's axes with a "
+                                                    r"PartitionSpec instead"):
+            pw.jit(fn, slice=s, in_specs=P("data"), out_specs=P("data"))(x)
+    by_spec = pw.jit(lambda v: jax.lax.with_sharding_constraint(v * 2, P("data")), slice=s, in_specs=P("data"),
+                     out_specs=P("data"))
+    np.testing.assert_array_equal(np.asarray(by_spec(x)), x * 2)
+
+
 def test_calls_inside_a_callers_jax_set_mesh_run_on_their_slices():
     """A caller's `jax.set_mesh` is for its own code: a placed function or program called inside it (traced
     anew, loaded and run inline on the caller's thread) still traces under its slice's mesh and runs on its
