@@ -57,6 +57,9 @@ class Executable:
     out_tree: jax.tree_util.PyTreeDef
     out_avals: tuple[jax.ShapeDtypeStruct, ...]
     result_types: tuple[ir.Type, ...]
+    # Per result, the PartitionSpec over the slice's axes that the function's last op on it constrains it to
+    # (`with_sharding_constraint(r, P("data"))`), or None: where it lands unless out_specs says otherwise.
+    out_constraints: tuple[jax.sharding.PartitionSpec | None, ...]
 
 
 def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
@@ -88,7 +91,8 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
             for w, a in zip(map(wire_aval, in_avals), in_avals)]
     with jax_config.include_full_tracebacks_in_locations(False), without_context_mesh(), \
             (jax.sharding.use_abstract_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
-        stablehlo = jitted.lower(*wire).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
+        trace = jitted.trace(*wire)
+        stablehlo = trace.lower().compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
         export = _export(fn, jitted, wire, lambda: _kept(jitted, mesh, wire, traced[0][1]))
 
     parsed = ir.Module.parse(stablehlo)
@@ -110,7 +114,21 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
                                   f"which threads a token through its computation: a placed function takes and "
                                   f"returns arrays only; use ordered=False")
     out_tree, out_avals = traced[0]
-    return Executable(symbol, op, out_tree, out_avals, tuple(entry.results))
+    return Executable(symbol, op, out_tree, out_avals, tuple(entry.results), _constrained(trace.jaxpr.jaxpr, mesh))
+
+
+def _constrained(jaxpr, mesh: jax.sharding.AbstractMesh | None) -> tuple[jax.sharding.PartitionSpec | None, ...]:
+    """The `PartitionSpec` over `mesh`'s axes that each result of `jaxpr` is made by a sharding constraint with
+    (the function's last word on where it lies), or None."""
+    made = {id(v): e.params["sharding"] for e in jaxpr.eqns if e.primitive.name == "sharding_constraint"
+            for v in e.outvars}
+    specs = []
+    for v in jaxpr.outvars:
+        sharding = made.get(id(v))
+        on_slice = isinstance(sharding, jax.sharding.NamedSharding) and mesh is not None and \
+            dict(sharding.mesh.shape) == dict(mesh.shape)
+        specs.append(sharding.spec if on_slice else None)
+    return tuple(specs)
 
 
 def _export(fn: Callable, jitted, wire: list, keep: Callable[[], str]) -> str:

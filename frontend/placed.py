@@ -132,8 +132,12 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, 
                                  f"constraint by PartitionSpec), but {placed.slice} is elastic: its shape is chosen "
                                  f"when it is placed, so there is no mesh to trace the function under; give the "
                                  f"slice a fixed shape") from None
-    out_shardings = specs.shardings(placed.out_specs,
-                                    jax.tree_util.tree_unflatten(executable.out_tree, executable.out_avals),
+    out_specs = placed.out_specs
+    if out_specs is None and any(executable.out_constraints):       # where the function itself puts its results
+        out_specs = jax.tree_util.tree_unflatten(executable.out_tree,
+                                                 [c if c is not None else jax.sharding.PartitionSpec()
+                                                  for c in executable.out_constraints])
+    out_shardings = specs.shardings(out_specs, jax.tree_util.tree_unflatten(executable.out_tree, executable.out_avals),
                                     "out", site, placed.slice, slice_name)
     label = module.label(site.name)
     with ir.InsertionPoint(program.block):

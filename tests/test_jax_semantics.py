@@ -457,6 +457,24 @@ def test_a_sharding_of_a_concrete_mesh_inside_a_placed_function_is_refused_namin
     np.testing.assert_array_equal(np.asarray(by_spec(x)), x * 2)
 
 
+def test_a_result_constrained_by_the_function_lands_as_constrained_unless_out_specs_say_otherwise():
+    """A placed function without out_specs whose last word on a result is `with_sharding_constraint(r,
+    P("data"))` returns it sharded so, as `jax.jit` keeps it (it was replicated); its other results stay
+    replicated, and out_specs given win."""
+    s, x = pw.virtual_slice(2, axes="data"), np.arange(16.0, dtype=np.float32).reshape(4, 4)
+
+    def both(v):
+        return jax.lax.with_sharding_constraint(v * 2, P("data")), v + 1
+
+    sharded, plain = pw.jit(both, slice=s)(x)
+    assert sharded.result().sharding.spec == P("data", None) and plain.result().sharding.spec == P(None, None)
+    np.testing.assert_array_equal(np.asarray(sharded), x * 2)
+    np.testing.assert_array_equal(np.asarray(plain), x + 1)
+    told, _ = pw.jit(both, slice=s, out_specs=P())(x)
+    assert told.result().sharding.spec == P(None, None)
+    np.testing.assert_array_equal(np.asarray(told), x * 2)
+
+
 def test_calls_inside_a_callers_jax_set_mesh_run_on_their_slices():
     """A caller's `jax.set_mesh` is for its own code: a placed function or program called inside it (traced
     anew, loaded and run inline on the caller's thread) still traces under its slice's mesh and runs on its

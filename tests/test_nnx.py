@@ -169,6 +169,46 @@ def test_nnx_split_and_merge_code_runs_in_a_placed_function():
                                jax.jit(logits)(params, rest, x), rtol=1e-6)
 
 
+class TwoDots(nnx.Module):
+    """The NNX "scale up" tutorial's model: parameters annotated with the mesh axes they are split over."""
+
+    def __init__(self, depth: int, rngs: nnx.Rngs):
+        init = nnx.initializers.lecun_normal()
+        self.dot1 = nnx.Linear(depth, depth, kernel_init=nnx.with_partitioning(init, (None, "model")),
+                               use_bias=False, rngs=rngs)
+        self.w2 = nnx.Param(init(rngs.params(), (depth, depth)), out_sharding=("model", None))
+
+    def __call__(self, x):
+        y = jax.lax.with_sharding_constraint(nnx.relu(self.dot1(x)), P("data", "model"))
+        return y @ self.w2[...]
+
+
+def test_a_model_created_sharded_by_its_annotations_stays_sharded_and_trains_as_under_jax_set_mesh():
+    """The NNX tutorial's sharded creation (`with_sharding_constraint(state, nnx.get_partition_spec(state))` in
+    the creating function, no out_specs) returns each parameter split as annotated, and a step on it computes
+    what `jax.jit` under `jax.set_mesh` does."""
+    s = pw.virtual_slice((2, 2), axes=("data", "model"))
+
+    def create():
+        model = TwoDots(16, rngs=nnx.Rngs(0))
+        state = nnx.state(model)
+        nnx.update(model, jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
+        return model
+
+    model = pw.jit(create, slice=s)()
+    assert model.dot1.kernel.get_value().result().sharding.spec == P(None, "model")
+    assert model.w2.get_value().result().sharding.spec == P("model", None)
+
+    def loss(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    x = np.linspace(-1, 1, 8 * 16, dtype=np.float32).reshape(8, 16)
+    with jax.set_mesh(jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices()[:4],
+                                    axis_types=(jax.sharding.AxisType.Auto,) * 2)):
+        want = jax.jit(loss)(jax.jit(create)(), x)
+    np.testing.assert_allclose(float(pw.jit(loss, slice=s)(model, x)), float(want), rtol=1e-6)
+
+
 def as_stage(graphdef):
     """An NNX module as a stateful pipeline stage: (params, state, x) -> (y, state).
 
