@@ -127,7 +127,8 @@ def _constrained(jaxpr, mesh: jax.sharding.AbstractMesh | None) -> tuple[jax.sha
         sharding = made.get(id(v))
         on_slice = isinstance(sharding, jax.sharding.NamedSharding) and mesh is not None and \
             dict(sharding.mesh.shape) == dict(mesh.shape)
-        specs.append(sharding.spec if on_slice else None)
+        chosen = on_slice and jax.sharding.PartitionSpec.UNCONSTRAINED not in sharding.spec   # (XLA's to choose)
+        specs.append(sharding.spec if chosen else None)
     return tuple(specs)
 
 
