@@ -89,8 +89,7 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     jitted = jax.jit(flat, keep_unused=True)
     wire = [jax.ShapeDtypeStruct(w.shape, w.dtype, weak_type=a.weak_type)
             for w, a in zip(map(wire_aval, in_avals), in_avals)]
-    with jax_config.include_full_tracebacks_in_locations(False), without_context_mesh(), \
-            (jax.sharding.use_abstract_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+    with jax_config.include_full_tracebacks_in_locations(False), _under(mesh):
         trace = jitted.trace(*wire)
         stablehlo = trace.lower().compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
         export = _export(fn, jitted, wire, lambda: _kept(jitted, mesh, wire, traced[0][1]))
@@ -115,6 +114,15 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
                                   f"returns arrays only; use ordered=False")
     out_tree, out_avals = traced[0]
     return Executable(symbol, op, out_tree, out_avals, tuple(entry.results), _constrained(trace.jaxpr.jaxpr, mesh))
+
+
+@contextlib.contextmanager
+def _under(mesh: jax.sharding.AbstractMesh | None):
+    """The context a placed function is traced in: no mesh the caller set for its own code, and `mesh`, its
+    slice's axes (None: no mesh), as JAX's abstract mesh."""
+    with without_context_mesh(), (jax.sharding.use_abstract_mesh(mesh) if mesh is not None else
+                                  contextlib.nullcontext()):
+        yield
 
 
 def _constrained(jaxpr, mesh: jax.sharding.AbstractMesh | None) -> tuple[jax.sharding.PartitionSpec | None, ...]:
@@ -155,8 +163,7 @@ def _kept(jitted, mesh: jax.sharding.AbstractMesh | None, wire: list, out_avals:
     """Keeps `jitted` (traced on `wire`, its results `out_avals`) in this process, to be called where an
     embedded island compiles it, under the slice's axes as it was traced; returns its token."""
     def call(*leaves):
-        with without_context_mesh(), \
-                (jax.sharding.use_abstract_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+        with _under(mesh):
             return jitted(*leaves)
     return keep_in_process(InProcessFunction(call, tuple(wire), tuple(map(wire_aval, out_avals))))
 
