@@ -32,16 +32,9 @@ all), as milliseconds per run.
   island, against the hand-written A and B actors alternating.
 - `ray_over_embedded`: our embedded backend (every island in this process)
   against our Ray backend.
-- `ray_compiled_graph_over_actor_calls`: our Ray backend with start
-  messages through a Ray Compiled Graph (the default on one node) against
-  the same with one actor call per island per run.
 - `ray_two_nodes_over_one`: our Ray backend on a `ray.cluster_utils.Cluster`
   of 2 nodes (one island each) against one node holding both islands. Only
-  one cluster can be connected at a time, so they alternate in blocks. Two
-  nodes take one start actor call per island per run, one node the compiled
-  start channel; the rows `two_nodes_over_one_both_actor_calls` (not a
-  headline) compare 2 nodes with one node taking actor calls too, which is
-  the cost of the second node alone.
+  one cluster can be connected at a time, so they alternate in blocks.
 - `actor_call_over_pull`: the mechanism under the data plane. Two
   hand-written actors, each with a `jax.experimental.transfer` server: the
   receiver takes `MOVES` arrays from the sender one after another, by a pull
@@ -51,31 +44,20 @@ all), as milliseconds per run.
 
 What is timed beside what. Island actors have unique names, so one runtime
 of ours lives at a time, and the local instance is timed in rounds of
-three blocks. The actors of a compiled graph spin while they wait (Ray 2.60 polls
-its channels with `sched_yield`: an idle island actor of the graph runtime
-takes most of a core), which changes how fast everything else on these
-cores runs: beside our idle graph runtime the hand-written chain took 6.3
-ms per run against 9.1 ms with nothing of ours alive (likely because the
-spinning keeps the cores awake), so a baseline must never be timed while some other system's
-graph is alive. A user compares each system as it runs alone, its own idle
-costs included, so:
-- the actor-call block: our runtime with actor calls, interleaved with the
-  hand-written actor chains and the embedded backend (all of whose actors
-  and threads sleep while idle). These are the only timings of those
-  baselines.
-- the graph block: our runtime with the compiled start channel, alone (its
-  readers' spinning is its own cost).
-- the hand-written graph block: the hand-written compiled graphs, alone
-  (their spinning is their own cost).
-The two runtimes' blocks alternate which goes first. Each ratio against a
-baseline (the first five above) is the worst over both of our runtimes:
-the actor-call one (the path across nodes) timed interleaved with the
-baseline, the graph one in the blocks beside it (not interleaved, so drift
-between blocks falls on it).
+two blocks:
+- our runtime interleaved with the hand-written actor chains and the
+  embedded backend (all of whose actors and threads sleep while idle);
+- the hand-written compiled graphs, alone. The actors of a compiled graph
+  spin while they wait (Ray 2.60 polls its channels with `sched_yield`: an
+  idle actor of a graph takes most of a core), which changes how fast
+  everything else on these cores runs: beside an idle compiled graph of
+  ours (a start channel we had until 2026-12-05) the hand-written chain
+  took 6.3 ms per run against 9.1 ms with nothing of ours alive, so no
+  other case is timed while a graph is alive, and the graphs' spinning is
+  their own cost.
 
 Ratios are speeds (the other case's time over ours: above 1 means ours is
-faster) and each headline is the worst case over the workloads and modes
-(and, against a baseline, both of our runtimes).
+faster) and each headline is the worst case over the workloads and modes.
 Everything binds to 127.0.0.1.
 """
 
@@ -97,8 +79,8 @@ from . import harness
 NAME = "ray"
 HEADLINE = ("ray_three_blocks_over_handwritten", "ray_three_blocks_over_handwritten_1dev",
             "ray_three_blocks_over_handwritten_cgraph",
-            "ray_handle_arg_over_handwritten_refs", "ray_over_embedded", "ray_compiled_graph_over_actor_calls",
-            "ray_two_nodes_over_one", "actor_call_over_pull")
+            "ray_handle_arg_over_handwritten_refs", "ray_over_embedded", "ray_two_nodes_over_one",
+            "actor_call_over_pull")
 ISLANDS, PER_ISLAND = 2, 4
 IN_FLIGHT = 8
 CHAIN = 8                # op-by-op calls in the handle-argument chain
@@ -434,7 +416,7 @@ def cases(ray, runtime: Runtime | None, client: Client | None, chains, three_arg
         if graphs is not None:
             out[("handwritten cgraph", "three blocks", mode)] = compiled(True, count)
             out[("handwritten cgraph", "4-stage pipeline", mode)] = compiled(False, count)
-    if runtime is not None and prefix in ("ray", "ray, actor calls"):
+    if runtime is not None and prefix == "ray":
         out[(prefix, "handle-argument chain", "per run")] = handle_chain((block_a_alone,))
         out[(prefix, "handle-argument chain across islands", "per run")] = handle_chain((block_a_alone, block_b_alone))
     if chains is not None:
@@ -451,9 +433,8 @@ def _times(cases_: dict, repetitions: int) -> dict:
 
 
 def run(quick: bool) -> dict:
-    """Measures both workloads on our Ray backend (start messages through a compiled graph, and as actor
-    calls), the hand-written chains, embedded, and 1 vs 2 nodes; see the module docstring for what is timed
-    beside what."""
+    """Measures both workloads on our Ray backend, the hand-written chains, embedded, and 1 vs 2 nodes; see the
+    module docstring for what is timed beside what."""
     import ray
 
     from pathways_mlir.runtime.ray_backend import connect
@@ -473,18 +454,14 @@ def run(quick: bool) -> dict:
             chains = (*handwritten_chains(ray, pipeline_args), one_device_chain(ray))
             baselines = cases(ray, None, None, chains, three_args, pipeline_args)
             baselines.update(cases(ray, embedded, embedded_client, None, three_args, pipeline_args, "embedded"))
-            for round_ in range(blocks):
-                for compiled in (True, False) if round_ % 2 == 0 else (False, True):
-                    our_ray = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND, compiled_graph=compiled)
-                    try:
-                        with Client(our_ray) as client:
-                            block = cases(ray, our_ray, client, None, three_args, pipeline_args,
-                                          "ray" if compiled else "ray, actor calls")
-                            if not compiled:     # baselines only beside the runtime whose actors sleep when idle
-                                block.update(baselines)
-                            add(_times(block, repetitions))
-                    finally:
-                        our_ray.close()
+            for _ in range(blocks):
+                our_ray = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND)
+                try:
+                    with Client(our_ray) as client:
+                        block = cases(ray, our_ray, client, None, three_args, pipeline_args, "ray")
+                        add(_times({**block, **baselines}, repetitions))
+                finally:
+                    our_ray.close()
                 graphs = handwritten_graphs(*chains[:2])
                 try:
                     add(_times(cases(ray, None, None, None, three_args, pipeline_args, graphs=graphs), repetitions))
@@ -496,12 +473,11 @@ def run(quick: bool) -> dict:
         embedded.close()
         ray.shutdown()
     for _ in range(blocks):
-        for nodes, compiled in ((ISLANDS, True), (1, True), (1, False)):
+        for nodes in (ISLANDS, 1):
             cluster = start_cluster(nodes)
             try:
-                runtime = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND, address=cluster.address,
-                                  compiled_graph=compiled)
-                prefix = f"ray, {nodes} node{'s' if nodes > 1 else ''}" + ("" if compiled else ", actor calls")
+                runtime = Runtime(backend="ray", islands=ISLANDS, per_island=PER_ISLAND, address=cluster.address)
+                prefix = f"ray, {nodes} node{'s' if nodes > 1 else ''}"
                 try:
                     with Client(runtime) as client:
                         block = _times(cases(ray, runtime, client, None, three_args, pipeline_args, prefix),
@@ -514,15 +490,13 @@ def run(quick: bool) -> dict:
     ms = {key: harness.median(v) * 1e3 / (1 if key[2] == "per run" else IN_FLIGHT) for key, v in times.items()}
     rows = [{"backend": b, "workload": w, "mode": m, "ms_per_run": t, "spread": harness.spread(times[(b, w, m)])}
             for (b, w, m), t in sorted(ms.items())]
-    ours_on_ray = ("ray", "ray, actor calls")
+    ours_on_ray = ("ray",)
     pairs = {"ray_three_blocks_over_handwritten": ("handwritten", ours_on_ray),
              "ray_three_blocks_over_handwritten_1dev": ("handwritten, 1 device", ours_on_ray),
              "ray_three_blocks_over_handwritten_cgraph": ("handwritten cgraph", ours_on_ray),
              "ray_handle_arg_over_handwritten_refs": ("handwritten refs", ours_on_ray),
              "ray_over_embedded": ("embedded", ours_on_ray),
-             "ray_compiled_graph_over_actor_calls": ("ray, actor calls", ("ray",)),
-             "ray_two_nodes_over_one": ("ray, 1 node", ("ray, 2 nodes",)),
-             "two_nodes_over_one_both_actor_calls": ("ray, 1 node, actor calls", ("ray, 2 nodes",))}
+             "ray_two_nodes_over_one": ("ray, 1 node", ("ray, 2 nodes",))}
     rows += moved
     by = {(r["move"], r["bytes"]): r["ms_per_move"] for r in moved}
     headline = {}

@@ -7,8 +7,8 @@ looks it up here; nothing else in the runtime asks which backend it runs on.
 
 - `embedded` (the default): every island in this process, on its JAX
   devices; option `wedge_timeout`.
-- `ray`: each island in its own Ray actor (`runtime/ray_backend/`); options
-  `address` and `compiled_graph`.
+- `ray`: each island in its own Ray actor (`runtime/ray_backend/`); option
+  `address`.
 """
 
 from __future__ import annotations
@@ -50,19 +50,19 @@ def _start_embedded(device_map: DeviceMap | None, islands: int | None, per_islan
 
 
 def _start_ray(device_map: DeviceMap | None, islands: int | None, per_island: int | None, emulate_dcn: bool,
-               peer: Callable[[str], Island], address: str | None, compiled_graph: bool) -> Started:
+               peer: Callable[[str], Island], address: str | None) -> Started:
     from .ray_backend import start_islands
 
     if device_map is not None:
         raise ValueError("device_map= gives this process's devices to the embedded backend; on Ray each island "
                          "actor has its own: give islands= and per_island=")
     topology = embedded_topology(*(requested_shape() if islands is None else (islands, per_island)))
-    return Started(DeviceMap(topology, {}), start_islands(topology, emulate_dcn, address, compiled_graph), None)
+    return Started(DeviceMap(topology, {}), start_islands(topology, emulate_dcn, address), None)
 
 
 BACKENDS = {
     "embedded": Backend("embedded", {"wedge_timeout": None}, _start_embedded),
-    "ray": Backend("ray", {"address": None, "compiled_graph": True}, _start_ray),
+    "ray": Backend("ray", {"address": None}, _start_ray),
 }
 
 

@@ -50,8 +50,6 @@ class Runtime:
     `address` runs the Ray backend on an existing Ray cluster ("auto" or
     "host:port"; none: a local Ray instance), where each island's actor
     goes to the node offering the resource `pw-island-<island>`.
-    `compiled_graph` (Ray) sends each run's start messages through a Ray
-    Compiled Graph (the default) rather than as one actor call per island.
     `device_memory_bytes` overrides each device's memory for admission.
     `policy` ("fifo", "share", "sjf" or "deadline") and `window` (how many
     admitted runs may be on the devices under a policy other than fifo;
@@ -70,15 +68,13 @@ class Runtime:
     def __init__(self, device_map: DeviceMap | None = None, policy: str = "fifo", window: int | None = None,
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
                  islands: int | None = None, per_island: int | None = None, address: str | None = None,
-                 compiled_graph: bool = True, wedge_timeout: float | None = None):
-        chosen = backend_named(backend, {"address": address, "compiled_graph": compiled_graph,
-                                         "wedge_timeout": wedge_timeout})
+                 wedge_timeout: float | None = None):
+        chosen = backend_named(backend, {"address": address, "wedge_timeout": wedge_timeout})
         policy = parse_policy(policy, window)
         check_shape(islands, per_island)
         self.backend = backend
         self.tracer: Tracer | None = None
-        options = {name: value for name, value in (("address", address), ("compiled_graph", compiled_graph))
-                   if name in chosen.options}
+        options = {"address": address} if "address" in chosen.options else {}
         started = chosen.start(device_map, islands, per_island, emulate_dcn, lambda name: self.islands[name],
                                **options)
         device_map, self.islands, self.transport = started.device_map, started.islands, started.transport
@@ -334,7 +330,7 @@ class Runtime:
             raise raised(run.error)
         for buffer in run.plan.outputs:
             if buffer not in run.released and run.island_of(buffer) is not None:
-                self.islands[run.island_of(buffer)].fetch(run.id, buffer, timeout=0)
+                self.islands[run.island_of(buffer)].produced(run.id, buffer, timeout=0)   # raises, brings nothing
 
     def usage(self) -> dict:
         """Returns the bytes reserved on every device, by (island, device)."""

@@ -97,6 +97,11 @@ class FrameReader:
         self._buffer = memoryview(bytearray(CHUNK)) if read_ahead else None
         self._start = self._end = 0                  # the bytes read ahead: self._buffer[_start:_end]
 
+    @property
+    def buffered(self) -> bool:
+        """Whether bytes of the next frame were read ahead already (the socket may have none left to read)."""
+        return self._end > self._start
+
     def recv(self, limits: Limits = Limits(), large: threading.Lock | None = None,
              frame_timeout: float | None = None) -> tuple[dict, list[np.ndarray]]:
         """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left. A header

@@ -288,8 +288,6 @@ def test_an_option_of_one_backend_given_to_the_other_is_one_line_error():
         Runtime(backend="tpu")
     with pytest.raises(ValueError, match=r"^address= is an option of the ray backend: it needs backend='ray'$"):
         Runtime(address="auto")
-    with pytest.raises(ValueError, match=r"^compiled_graph= is an option of the ray backend"):
-        Runtime(compiled_graph=False)
     with pytest.raises(ValueError, match=r"^wedge_timeout= is an option of the embedded backend: it needs "
                                          r"backend='embedded'$"):
         Runtime(backend="ray", wedge_timeout=1.0)

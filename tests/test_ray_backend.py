@@ -1,14 +1,14 @@
 """The Ray backend on a local Ray instance: each island a Ray actor with its own JAX devices.
 
 The same programs and plans as the embedded backend; arrays cross between
-islands actor to actor. Every test runs with start messages through a Ray
-Compiled Graph (the default on one node) and as actor calls. Skipped where
-Ray is not installed.
+islands actor to actor; start messages and fetches go over the driver's TCP
+connection to each actor. Skipped where Ray is not installed.
 """
 
 import contextlib
 import os
 import signal
+import socket
 import time
 
 import jax
@@ -18,13 +18,15 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
+from pathways_mlir.runtime.authentication import AuthenticationError, client_handshake
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.island_work import RunFailed
 from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.runtime.wire import send_message
 
 ray = pytest.importorskip("ray")
 
-from pathways_mlir.runtime.ray_backend import NAMESPACE, CompiledStarts, island_name  # noqa: E402
+from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
 from pathways_mlir.runtime.ray_backend.start_channel import PENDING  # noqa: E402
 
 from across_islands import across, bend, expected, grow, left  # noqa: E402
@@ -33,9 +35,9 @@ from fetching import stop_process, until  # noqa: E402
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["compiled-graph", "actor-calls"])
-def ray_runtime(request):
-    rt = Runtime(backend="ray", islands=2, per_island=4, compiled_graph=request.param)
+@pytest.fixture(scope="module")
+def ray_runtime():
+    rt = Runtime(backend="ray", islands=2, per_island=4)
     yield rt
     rt.close()
 
@@ -46,16 +48,16 @@ def test_a_second_owner_of_the_islands_is_one_clear_error(ray_runtime):
         Runtime(backend="ray", islands=2, per_island=2)
 
 
-def test_start_messages_take_the_path_asked_for_one_per_island_per_run(ray_runtime, request):
-    compiled = request.node.callspec.params["ray_runtime"]      # one node: the graph is used when asked for
-    assert isinstance(ray_runtime.islands._starts, CompiledStarts) is compiled
-    before = {name: island.calls["start"] for name, island in ray_runtime.islands.items()}
+def test_start_messages_are_one_per_island_per_run_and_results_one_request(ray_runtime):
+    before = {name: dict(island.calls) for name, island in ray_runtime.islands.items()}
     with Client(ray_runtime) as client:
         outs = [across.run(X, client=client) for _ in range(5)]
         for out in outs:
             np.testing.assert_array_equal(np.asarray(out), expected(X))
-    assert {name: island.calls["start"] - before[name] for name, island in ray_runtime.islands.items()} == \
-        {"island0": 5, "island1": 5}
+        assert {name: island.calls["start"] - before[name].get("start", 0)
+                for name, island in ray_runtime.islands.items()} == {"island0": 5, "island1": 5}
+        assert sum(island.calls["fetch"] - before[name].get("fetch", 0)
+                   for name, island in ray_runtime.islands.items()) == 5
 
 
 @pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
@@ -100,6 +102,24 @@ def test_a_host_callback_is_refused_on_island_actors_in_one_line(ray_runtime):
         placed.run(np.ones(2, np.float32), client=client)
 
 
+def test_the_driver_connection_refuses_a_peer_without_the_key_and_drops_a_malformed_frame(ray_runtime):
+    """Hostile input on an island actor's listener: a peer that does not hold the key is refused (and the
+    listener still takes the one that does); a frame that breaks the protocol drops that connection only; the
+    runtime's own connection goes on."""
+    actor = ray_runtime.islands["island0"]._actor
+    key = bytes(range(32))
+    host, port = ray.get(actor.open_connection.remote(key.hex()), timeout=60)
+    with socket.create_connection((host, port), timeout=30) as stranger:
+        with pytest.raises(AuthenticationError):
+            client_handshake(stranger, bytes(32))
+    with socket.create_connection((host, port), timeout=30) as keyed:
+        client_handshake(keyed, key)
+        send_message(keyed, {"number": "one", "work": None, "releases": [], "lends": []})
+        assert keyed.recv(1) == b""                      # dropped: closed without a reply
+    with Client(ray_runtime) as client:
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+
+
 def test_many_runs_in_flight_keep_their_order_and_values(ray_runtime):
     with Client(ray_runtime) as client:
         outs = [across.run(X * k, client=client) for k in range(6)]
@@ -108,13 +128,13 @@ def test_many_runs_in_flight_keep_their_order_and_values(ray_runtime):
 
 
 def test_the_start_channel_keeps_the_replies_of_at_most_pending_messages_unread(ray_runtime):
-    """Runs whose results are read, never waited for: the actor calls kept the replies of such a run's start
-    calls (object references) until HISTORY (100,000) later runs, about 1.4 KB each in the driver."""
+    """Runs whose results are read, never waited for: the start channel once kept the replies of such a run's
+    start calls (object references) until HISTORY (100,000) later runs, about 1.4 KB each in the driver."""
     starts = ray_runtime.islands._starts
     with Client(ray_runtime) as client:
         for _ in range(3 * PENDING):
             np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
-    assert len(starts._pending if isinstance(starts, CompiledStarts) else starts._refs) <= PENDING
+    assert len(starts._pending) <= PENDING
 
 
 def test_data_dependent_branch_on_actors(ray_runtime):
@@ -529,9 +549,8 @@ def test_a_holder_lost_before_the_pull_fails_the_reader_with_island_lost(ray_run
 
 
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
-    """Last for each runtime: island1's actor is killed. Programs move to island0 (the compiled graph, which
-    held the dead actor, gives way to actor calls), a result it kept raises `IslandLost` when passed on, and
-    restore_island brings a fresh actor back."""
+    """Last: island1's actor is killed. Programs move to island0, a result it kept raises `IslandLost` when
+    passed on, and restore_island brings a fresh actor back, with a connection of its own."""
     double = pw.program(pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(2, axes="x", name="anywhere"),
                                in_specs=P("x"), out_specs=P("x")))
     with Client(ray_runtime) as client:
@@ -549,7 +568,6 @@ def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
                                              "topology does not have \\(islands: island0\\)"):
             across.run(X, client=client)
         np.testing.assert_array_equal(np.asarray(double.run(X, client=client)), X * 2)
-        assert not ray_runtime.islands.compiled_graph
         with pytest.raises(pw.IslandLost, match="island island1 was lost"):
             on_left.run(kept, client=client)             # its holder died: no reference to it is sent
         ray_runtime.restore_island("island1")
@@ -635,8 +653,9 @@ def churn_on_left(x, n):
 
 def test_runs_queued_behind_a_long_computation_do_not_hold_the_start_channel(ray_runtime):
     """80 runs with host arguments queued on island0 behind a computation of several seconds are all sent
-    while it computes. Through the compiled graph each argument arrives as a view of one of the channel's 64
-    buffers; kept until its run executed, the 65th start waited (spinning) for the computation to end."""
+    while it computes. Through the compiled start graph (gone since) each argument arrived as a view of one of
+    the channel's 64 buffers; kept until its run executed, the 65th start waited (spinning) for the
+    computation to end."""
     with Client(ray_runtime) as client:
         churn_on_left.run(X, np.int32(1), client=client).result(60)              # compiled
         on_left.run(X, client=client).result(60)

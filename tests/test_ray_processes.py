@@ -1,7 +1,6 @@
 """The Ray processes a runtime leaves: on a local Ray instance that outlives it (started here), a runtime
-with the compiled start channel starts no idle worker, and once closed leaves none of its processes
-(island actors, the graph's driver proxy actor). Processes are read from /proc. Skipped where Ray is not
-installed."""
+starts no idle worker, and once closed leaves none of its processes (its island actors). Processes are read
+from /proc. Skipped where Ray is not installed."""
 
 import os
 
@@ -49,8 +48,7 @@ def test_a_closed_runtime_leaves_no_worker_on_a_ray_that_outlives_it():
             with Client(runtime) as client:
                 (x,), _ = workloads.inputs()
                 np.asarray(workloads.three_blocks.run(x, client=client))
-            assert sorted(title.split(".")[0] for title in ray_workers()) == \
-                ["ray::DAGDriverProxyActor", "ray::IslandActor", "ray::IslandActor"]
+            assert sorted(title.split(".")[0] for title in ray_workers()) == ["ray::IslandActor", "ray::IslandActor"]
         finally:
             runtime.close()
         until(lambda: not ray_workers(), "the runtime's Ray workers exit", timeout=60)

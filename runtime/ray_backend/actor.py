@@ -11,7 +11,10 @@ NumPy arrays in a `deliver_many` actor call (`PeerSender`).
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,16 +22,21 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
+from ..authentication import ServerHandshake
 from ..island_work import IslandWork, PeerRef, failure, failure_kind
+from ..wire import FrameReader, ProtocolError, send_message
+from .connection import CONNECT_TIMEOUT, LIMITS, decode_fetch, decode_start, error_reply
 from .data_plane import Pulled
 
 if TYPE_CHECKING:
     from .data_plane import DataPlane
 
 SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the island up to this size each
-CONNECT_TIMEOUT = 60.0   # seconds to learn a peer actor's transfer address
+PEER_TIMEOUT = 60.0      # seconds to learn a peer actor's transfer address
 ACK_DELAY = 0.02         # seconds a lender's `Pulled` waits for sends to the same peer to go with
 SETTLE_TIMEOUT = 5.0     # seconds a question waits for the starts sent before it (`asked`), under STATUS_TIMEOUT
+FETCHERS = 64            # requests of the driver's connection waiting for their values at once (as Ray's calls)
+HANDSHAKE_TIMEOUT = 10.0  # seconds a connection to the driver's listener has to prove it holds the key
 QUESTIONS = ("object_count", "owned_by", "compilations", "release_owner", "status")   # what `asked` answers
 
 
@@ -48,17 +56,6 @@ def _data_plane(island, acknowledge) -> "DataPlane | None":
         return DataPlane(island, ray.util.get_node_ip_address(), acknowledge)
     except (ImportError, AttributeError):
         return None
-
-
-def _copied_out(work: IslandWork) -> IslandWork:
-    """`work` with its host arrays copied. Read from a compiled graph's channel, they are views of its
-    shared-memory buffer, which the driver cannot write the next executions into while they live: a run
-    queued behind a long computation would hold its buffer, and the driver would spin in Ray's write,
-    taking a core from the computation (on 2 cores, 13.5 ms of the driver's CPU per 15 ms training step)."""
-    if not any(isinstance(value, np.ndarray) for _, value in work.inputs):
-        return work
-    return work._replace(inputs=tuple((buffer, np.array(value) if isinstance(value, np.ndarray) else value)
-                                      for buffer, value in work.inputs))
 
 
 class IslandActor:
@@ -85,8 +82,7 @@ class IslandActor:
         self._island = Island(name, DeviceMap(topology, {name: tuple(devices[:count])}),
                               DcnTransport(emulate=emulate_dcn), self._peer)
         self._plane = _data_plane(self._island, lambda peer, transfer: self._senders[peer].pulled(transfer))
-        self._next = 0                      # start calls taken (`start`)
-        self._executions = 0                # compiled start executions taken (`start_compiled`)
+        self._next = 0                      # start messages taken from the driver's connection (`_take_start`)
         self._turn = threading.Condition()
         self._closing = threading.Event()
 
@@ -112,7 +108,7 @@ class IslandActor:
         """Island `name` has a new actor (it was lost and restored): sends go there from now on."""
         import ray
 
-        address = ray.get(actor.transfer_address.remote(), timeout=CONNECT_TIMEOUT)
+        address = ray.get(actor.transfer_address.remote(), timeout=PEER_TIMEOUT)
         if self._plane is not None and address is not None:
             self._plane.connect(name, address)
         self._senders[name] = PeerSender(actor, name, self._plane if address is not None else None)
@@ -136,47 +132,109 @@ class IslandActor:
         self._island.unload(key)
         self._plans.pop(key, None)
 
-    def start(self, seq: int, work: IslandWork | None, releases, lends) -> None:
-        """One run's work (after the releases made since the last message, and the results kept here that
-        the run takes on peer islands; no work: those alone), in the order `seq` numbers."""
-        with self._turn:
-            self._turn.wait_for(lambda: self._next == seq)
-            try:
-                self._release(releases)
-                if lends:
-                    self._plane.lend(lends)
-                if work is not None:
-                    self._begin(work)
-            finally:
-                self._next += 1
-                self._turn.notify_all()
+    def open_connection(self, key_hex: str) -> tuple[str, int]:
+        """Listens on this node's address for the driver's connection (`connection.py`); returns where. The
+        first connection that proves it holds `key_hex` within `CONNECT_TIMEOUT` seconds is the driver's
+        (others are closed); a thread then takes its start messages in the order they come and hands its
+        requests to `fetchers` threads, each answering when its value exists."""
+        import ray
 
-    def start_compiled(self, message: dict) -> None:
-        """One execution of the compiled start graph: this island's releases, the results kept here that the
-        run takes on peer islands, then its work of the run (if any). Executions arrive in the order the
-        driver made them. The work's host arrays are copied out of the graph's channel first (`_copied_out`)."""
+        host = ray.util.get_node_ip_address()
+        listener = socket.create_server((host, 0))
+        listener.settimeout(CONNECT_TIMEOUT)
+        threading.Thread(target=self._serve, args=(listener, bytes.fromhex(key_hex)),
+                         name="pw-driver-connection", daemon=True).start()
+        return host, listener.getsockname()[1]
+
+    def _serve(self, listener: socket.socket, key: bytes) -> None:
+        """The connection's thread: the handshake, then each frame taken, until the driver closes the
+        connection or sends a malformed frame (the connection is dropped)."""
+        with listener:
+            while True:
+                try:
+                    connection, _ = listener.accept()
+                except OSError:
+                    return                      # nobody came in time
+                try:
+                    connection.settimeout(HANDSHAKE_TIMEOUT)
+                    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+                    handshake = ServerHandshake(connection, key)
+                    handshake.start()
+                    while not handshake.advance():
+                        if time.monotonic() > deadline:      # a peer that sends a byte now and then
+                            raise TimeoutError("the handshake took too long")
+                    break
+                except (OSError, EOFError):     # (AuthenticationError is a ConnectionError)
+                    connection.close()
+        reader = FrameReader(connection)
+        replying = threading.Lock()
+        fetchers = ThreadPoolExecutor(FETCHERS, thread_name_prefix="pw-fetch")
+        with connection:
+            connection.settimeout(None)
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                while True:
+                    header, arrays = reader.recv(LIMITS)
+                    if "fetch" in header:
+                        fetchers.submit(self._answer, connection, replying, *decode_fetch(header))
+                        continue
+                    number = self._take_start(*decode_start(header, arrays))
+                    with replying:
+                        send_message(connection, {"taken": number}, (), LIMITS)
+            except (OSError, EOFError, ProtocolError):
+                return
+            finally:
+                fetchers.shutdown(wait=False, cancel_futures=True)
+
+    def _answer(self, connection: socket.socket, replying: threading.Lock, request: int, run_id: int, buffer: int,
+                timeout: float | None, siblings: list[int], value: bool) -> None:
+        """Answers one request of the driver's connection once the value exists (or its wait failed)."""
         try:
-            self._release(message["releases"].get(self._name, ()))
-            lends = message["lends"].get(self._name)
+            if value:
+                array, ready = self.fetch(run_id, buffer, timeout, siblings)
+                header, arrays = {"reply": request, "siblings": list(ready)}, [array, *ready.values()]
+            else:
+                self._island.produced(run_id, buffer, timeout)
+                header, arrays = {"reply": request}, []
+        except Exception as error:  # noqa: BLE001  (the driver raises it)
+            header, arrays = error_reply(request, error), []
+        try:
+            with replying:
+                try:
+                    send_message(connection, header, arrays, LIMITS)
+                except ValueError as error:     # a value no frame carries (checked before a byte is sent)
+                    send_message(connection, error_reply(request, error), (), LIMITS)
+        except OSError:
+            pass                                # the driver is gone
+    def _take_start(self, number: int, work: IslandWork | None, releases, lends) -> int:
+        """One start message: the releases made since the last one, the results kept here that the run takes
+        on peer islands, then this island's work of the run (if any). A start that fails here fails its run.
+        Returns its number."""
+        try:
+            self._release(releases)
             if lends:
                 self._plane.lend(lends)
-            work = message["works"].get(self._name)
             if work is not None:
-                self._begin(_copied_out(work))
+                self._begin(work)
+        except Exception as error:  # noqa: BLE001  (the run fails, not the channel)
+            if work is not None:
+                self._island.fail_run(work.run_id, failure("failed", f"run {work.run_id} could not start on "
+                                                                     f"{self._name}: {type(error).__name__}: {error}"))
         finally:
             with self._turn:
-                self._executions += 1
+                self._next += 1
                 self._turn.notify_all()
+        return number
 
-    def asked(self, executions: int, calls: int, message: str, *args):
+    def asked(self, started: int, message: str, *args):
         """Answers the question `message` (`object_count`, `status`, ...) once this actor took the first
-        `executions` compiled start executions and `calls` start calls, and with them the releases they
-        carried: Ray runs a question beside the graph's thread and the start calls, so it could overtake
-        them. After `SETTLE_TIMEOUT` seconds it answers all the same."""
+        `started` start messages of its connection, and with them the releases they carried: Ray runs a
+        question beside the connection's thread, so it could overtake them. After `SETTLE_TIMEOUT` seconds it
+        answers all the same."""
         if message not in QUESTIONS:
             raise ValueError(f"{message!r} is not a question an island answers")
         with self._turn:
-            self._turn.wait_for(lambda: self._executions >= executions and self._next >= calls, SETTLE_TIMEOUT)
+            self._turn.wait_for(lambda: self._next >= started, SETTLE_TIMEOUT)
         return getattr(self, message)(*args)
 
     def _begin(self, work: IslandWork) -> None:
@@ -215,10 +273,6 @@ class IslandActor:
             if array.nbytes <= SIBLING_BYTES:
                 ready[other] = np.asarray(array)
         return value, ready
-
-    def produced(self, run_id: int, buffer: int, timeout: float | None) -> None:
-        """Returns once a buffer of a run exists here (nothing travels back)."""
-        self._island.produced(run_id, buffer, timeout)
 
     def _release(self, pairs) -> None:
         for run_id, buffer in pairs:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import os
+import secrets
 import sys
 import threading
 import time
@@ -24,12 +25,13 @@ from pathways_mlir.dialect.topology import Topology
 from ..island_work import Islands, IslandWork
 from ..status import Status, gather
 from .actor import IslandActor
+from .connection import IslandConnection
 from .data_plane import Withdraw
 from .kept import KeptArguments
 from .monitor import IslandMonitor
 from .names import NAMESPACE, island_name, wait_until_free
 from .proxy import STATUS_TIMEOUT, RayIsland, unreachable
-from .start_channel import START_TIMEOUT, CalledStarts, CompiledStarts, GraphBroken
+from .start_channel import START_TIMEOUT, StartChannel
 
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
 INLINE_BYTES = 512 * 1024   # a local instance's largest call argument or reply sent inline (Ray's default: 100 KiB)
@@ -39,13 +41,9 @@ class RayIslands(Islands):
     """The island proxies of a runtime on Ray (by island name), their start channel, their monitor, and
     what starts, restarts and stops their actors.
 
-    `compiled_graph=True` sends start messages through a Ray Compiled Graph
-    (`CompiledStarts`), else as actor calls (`CalledStarts`). The graph is
-    used only when every island actor runs on the driver's node: across
-    nodes, Ray's compiled-graph channels (Ray 2.60) stopped delivering
-    executions after the first few in our tests on a `Cluster` of 2 nodes,
-    so a cluster of several nodes gets actor calls. Once an actor dies, the
-    graph gives way to actor calls for good.
+    Start messages, fetches and their replies go over the driver's TCP
+    connection to each actor (`connection.py`, `start_channel.py`); the
+    other messages are Ray actor calls.
     """
 
     keep_arguments = True          # a handle passed to a later run stays on its island actor
@@ -54,15 +52,15 @@ class RayIslands(Islands):
     in_process = False             # the actors run executables serialised, never this process's own functions
 
     def __init__(self, topology: Topology, emulate_dcn: bool, one_machine: bool, started_ray: bool,
-                 actors: dict, nodes: dict[str, str], compiled_graph: bool):
+                 actors: dict, nodes: dict[str, str]):
         super().__init__({name: RayIsland(name, actor, self) for name, actor in actors.items()})
         self.topology = topology
         self.emulate_dcn = emulate_dcn
         self.one_machine = one_machine          # every island on the one node of a Ray without island resources
         self.started_ray = started_ray
-        self.compiled_graph = compiled_graph
         self.nodes = dict(nodes)                # island -> the node its actor runs on
-        self._starts = (CompiledStarts if compiled_graph else CalledStarts)(self)
+        self._starts = StartChannel(self)
+        self._key = secrets.token_bytes(32)     # what the actors' connections prove they hold (`connection.py`)
         self._sending = threading.Lock()        # start messages and releases leave one at a time, in order
         self._flushes = itertools.count(1)      # release-only messages, numbered -1, -2, ... as runs
         self._results: dict[int, dict[str, tuple[int, ...]]] = {}   # plan key -> the results on each island
@@ -73,7 +71,14 @@ class RayIslands(Islands):
             self._watch_actor(island)
 
     def _watch_actor(self, island: RayIsland) -> None:
-        """Hands the proxy its start channel and keeps the actor's `watch` call in flight."""
+        """Opens the proxy's connection to its actor (`connection.py`; an actor that died meanwhile is marked
+        dead), hands the proxy its start channel and keeps the actor's `watch` call in flight."""
+        import ray
+
+        try:
+            island.connection = IslandConnection.open(island._actor, self._key)
+        except (ray.exceptions.RayError, OSError) as error:
+            island._died(error)
         island.received = self._starts.received
         self.monitor.watch_actor(island)
 
@@ -124,8 +129,6 @@ class RayIslands(Islands):
             if self.kept.sent(run):     # what it held back leaves now (unwaited: the scheduler's lock is held)
                 self._send(-next(self._flushes), {}, {})
             return []
-        if self.compiled_graph and (self._starts.broken or any(p._dead is not None for p in self.values())):
-            self._use_calls()
         dead = [name for name in works if self[name]._dead is not None]
         for name in dead:
             self[name].lose_run(run.id, works[name].plan_key)
@@ -144,16 +147,9 @@ class RayIslands(Islands):
         if self._send(marker, {}, {}, block=wait) and wait:
             self._starts.received(marker)
 
-    def sent(self, island: RayIsland) -> tuple[int, int]:
-        """(compiled start executions, start calls) that `island`'s actor must have taken before it answers a
-        question: those of the start channel in use (one torn down delivers nothing more)."""
-        return self._starts.sent(island)
-
     def withdraw(self, island: str) -> None:
         """Lost island `island` pulls nothing more: every other live island withdraws what it offered it (a
         `Withdraw`, in the start channel, after the messages that lent it)."""
-        if self.compiled_graph:
-            self._use_calls()                   # the graph holds the lost actor
         withdrawals = {name: [Withdraw(island)] for name, proxy in self.items()
                        if name != island and proxy._dead is None and proxy.transfers}
         if withdrawals:
@@ -169,22 +165,10 @@ class RayIslands(Islands):
             releases = {name: island.take_releases() for name, island in self.items() if island._dead is None}
             if not works and not lends and not any(releases.values()):
                 return False
-            try:
-                self._starts.send(run_id, works, releases, lends)
-            except GraphBroken:
-                self._use_calls()
-                self._starts.send(run_id, works, releases, lends)
+            self._starts.send(run_id, works, releases, lends)
         finally:
             self._sending.release()
         return True
-
-    def _use_calls(self) -> None:
-        """Replaces the compiled graph (it holds a dead actor) with actor calls."""
-        graph, self._starts = self._starts, CalledStarts(self)
-        self.compiled_graph = False
-        for island in self.values():
-            island.received = self._starts.received
-        graph.close()
 
     def restart(self, island: str, timeout: float = START_TIMEOUT) -> RayIsland:
         """Starts a fresh actor for lost island `island` on a node offering its resource, another than the
@@ -202,8 +186,6 @@ class RayIslands(Islands):
         # frees its resource there: go elsewhere when another node offers it.
         elsewhere = [node for node in offering if node != self.nodes[island] and node not in self.failed_nodes]
         target = elsewhere[0] if elsewhere else None
-        if self.compiled_graph:
-            self._use_calls()
         ray.kill(self[island]._actor)      # frees the name: Ray keeps a dead actor's name while handles to it live
         deadline = time.monotonic() + timeout
         while True:
@@ -241,13 +223,12 @@ class RayIslands(Islands):
         return proxy
 
     def close(self, timeout: float = 10.0) -> None:
-        """Tears the start channel down, closes the island actors, waits until their names are free, and
-        stops Ray if the runtime started it."""
+        """Closes the island actors and their connections, waits until their names are free, and stops Ray if
+        the runtime started it."""
         import ray
 
         if not ray.is_initialized():
             return
-        self._starts.close()
         super().close()
         if self.started_ray:
             ray.shutdown()
@@ -360,8 +341,7 @@ def cluster_status(address: str) -> Status:
             ray.shutdown()
 
 
-def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | None = None,
-                  compiled_graph: bool = True) -> RayIslands:
+def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | None = None) -> RayIslands:
     """Starts one actor per island of `topology`, each on the node that offers its island's resource.
 
     `address` is an existing Ray cluster ("auto" or "host:port"); without
@@ -399,8 +379,7 @@ def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | 
             actors[island.name] = launch(topology, island.name, emulate_dcn, one_machine)
         addresses = ray.get([a.connect.remote(actors) for a in actors.values()], timeout=START_TIMEOUT)
         nodes = dict(zip(actors, ray.get([a.node.remote() for a in actors.values()], timeout=START_TIMEOUT)))
-        islands = RayIslands(topology, emulate_dcn, one_machine, started, actors, nodes,
-                             compiled_graph and set(nodes.values()) == {ray.get_runtime_context().get_node_id()})
+        islands = RayIslands(topology, emulate_dcn, one_machine, started, actors, nodes)
         for name, address in zip(actors, addresses):
             islands[name].transfers = address is not None
     except BaseException:

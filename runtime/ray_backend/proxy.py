@@ -1,4 +1,5 @@
-"""The driver's proxy for an island actor (`RayIsland`): the island messages, as actor calls."""
+"""The driver's proxy for an island actor (`RayIsland`): the island messages, as frames on its connection and
+actor calls."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 
 from ..island_work import HISTORY, REFERENCES, IslandLost, IslandWork, RunFailed, client_owner, failure_kind
+from .connection import ConnectionBroken, IslandConnection
 from .names import wait_until_free
 
 if TYPE_CHECKING:
@@ -59,7 +61,8 @@ class RayIsland:
         # its peers (not the plan: the runtime forgets a plan nothing holds, `Runtime._forget_unused`).
         self._plans: dict[int, tuple[str, tuple[str, ...]]] = {}
         self.transfers = False                     # whether its actor runs a transfer server (`data_plane.py`)
-        self.calls_sent = 0                        # start calls made to its actor (`CalledStarts`)
+        self.calls_sent = 0                        # start messages sent to its actor (`StartChannel`)
+        self.connection: IslandConnection | None = None   # to its actor (`connection.py`), once opened
         self._dead: IslandLost | None = None       # set once the actor is known to be dead
         self.lost: IslandLost | None = None        # set once the runtime took the island out (`lose`)
         # Runs failed here since the actor died, and (after `lose`) every run whose results lived here.
@@ -196,17 +199,7 @@ class RayIsland:
                         if b != buffer and b in read and (run_id, b) not in self._fetched]
         if value is not None:
             return value
-        import ray
-
-        try:          # no wait for the start first: the island's fetch waits for the value itself
-            reply = self._call("fetch", run_id, buffer, timeout, siblings)    # the island waits `timeout`, and
-            wait = None if timeout is None else timeout + STATUS_TIMEOUT    # the reply has time to travel
-            value, ready = ray.get(reply, timeout=wait)
-        except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
-            if isinstance(error, ray.exceptions.RayActorError):
-                self._died(error)
-                return self.fetch(run_id, buffer, timeout)
-            raise _island_error(error) from None
+        value, ready = self._request(run_id, buffer, timeout, siblings)
         with self._lock:
             released = set(self._releases)
             self._fetched.update(((run_id, b), v) for b, v in ready.items() if (run_id, b) not in released)
@@ -217,13 +210,24 @@ class RayIsland:
         lost = self.lost_result(run_id)
         if lost is not None:
             raise lost
-        try:
-            reply = self._call("produced", run_id, buffer, timeout)
-            self._get(reply, None if timeout is None else timeout + STATUS_TIMEOUT)
-        except IslandLost:
-            raise
-        except Exception as error:  # noqa: BLE001  (Ray wraps the island's error)
-            raise _island_error(error) from None
+        self._request(run_id, buffer, timeout, [], value=False)
+
+    def _request(self, run_id: int, buffer: int, timeout: float | None, siblings: list[int], value: bool = True):
+        """Asks the actor for a result over its connection (no wait for the start first: the island waits for
+        the value itself, `timeout` seconds, and the reply has `STATUS_TIMEOUT` more to travel); a connection
+        that broke marks the actor dead, and the result raises `IslandLost` (`lost_result`)."""
+        if self._closed:
+            raise RunFailed(f"{self.name} is closed")
+        connection = self.connection
+        if connection is not None:
+            self.calls["fetch" if value else "produced"] += 1
+            try:
+                return connection.fetch(run_id, buffer, timeout, siblings, value, slack=STATUS_TIMEOUT)
+            except ConnectionBroken as error:
+                if self._closed:
+                    raise RunFailed(f"{self.name} is closed") from None
+                self._died(error)
+        raise self.lost_result(run_id) or self._dead or RunFailed(f"{self.name} has no connection to its actor")
 
     def release(self, run_id: int, buffer: int) -> None:
         if not self._live() or self._dead is not None or run_id in self._failed:
@@ -262,7 +266,7 @@ class RayIsland:
         """Sends the queued releases, then asks `message`; the actor answers once it took every start sent
         before (`IslandActor.asked`). Returns the reply's object reference."""
         self.flush_releases(wait=True)
-        return self._call("asked", *self._group.sent(self), message, *args, counted_as=message)
+        return self._call("asked", self.calls_sent, message, *args, counted_as=message)
 
     def release_owner(self, owner) -> int:
         if self._closed or self._dead is not None:
@@ -382,15 +386,11 @@ class RayIsland:
                 except Exception:  # noqa: BLE001  (a dead or stuck island is killed all the same)
                     pass
             ray.kill(self._actor)
+        if self.connection is not None:
+            self.connection.close()
         self._closed = True
 
 
 def unreachable(error: BaseException) -> dict:
     """An island's report when it did not answer."""
     return {"unreachable": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
-
-
-def _island_error(error: BaseException) -> BaseException:
-    """The island's own error that Ray's task error `error` wraps (its `cause`), or `error` itself."""
-    cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, BaseException) else error

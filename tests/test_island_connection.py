@@ -1,0 +1,139 @@
+"""The driver's connection to an island actor (`runtime/ray_backend/connection.py`), without Ray: its frames
+encoded and read back, malformed ones refused, and replies handed to the waiters they answer, over a real
+socket pair whose other end the test plays."""
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from pathways_mlir.runtime.island_work import IslandWork, PeerRef, RunCancelled, StoreRef
+from pathways_mlir.runtime.ray_backend import connection
+from pathways_mlir.runtime.ray_backend.data_plane import Lend, Withdraw
+from pathways_mlir.runtime.wire import FrameReader, ProtocolError, send_message
+
+WAIT = 30.0     # seconds any wait of these tests may take
+
+
+def test_a_start_message_reads_back_as_sent():
+    work = IslandWork(7, 12, 3, 99, (0, 2), ((0, np.arange(6, dtype=np.float32).reshape(2, 3)), (1, StoreRef(4, 5)),
+                                             (2, PeerRef(4, 6, 98, "island1", "f32", (2,), ("data",), (("data",), ())))),
+                      last=False)
+    lends = [Lend(4, 6, 98, 12, 2, "island1", (2,)), Withdraw("island2")]
+    header, arrays = connection.encode_start(5, work, [(1, 2), (3, 4)], lends)
+    number, decoded, releases, lent = connection.decode_start(header, arrays)
+    assert (number, releases, lent) == (5, [(1, 2), (3, 4)], lends)
+    assert decoded._replace(inputs=()) == work._replace(inputs=())
+    np.testing.assert_array_equal(decoded.inputs[0][1], work.inputs[0][1])
+    assert decoded.inputs[1:] == work.inputs[1:]
+    assert connection.decode_start(*connection.encode_start(6, None, [], [])) == (6, None, [], [])
+
+
+@pytest.mark.parametrize("header", [
+    {"number": "5", "work": None, "releases": [], "lends": []},
+    {"number": 5, "work": None, "releases": [[1]], "lends": []},
+    {"number": 5, "work": None, "releases": [], "lends": [["steal", 1]]},
+    {"number": 5, "work": {"ticket": 1, "run": 2, "client": 3, "plan": 4, "steps": [0], "last": True,
+                           "inputs": [[0, "array", 3]]}, "releases": [], "lends": []},
+    {"number": 5, "work": {"ticket": 1, "run": 2, "client": 3, "plan": 4, "steps": [0], "last": True,
+                           "inputs": [[0, "pickle", "..."]]}, "releases": [], "lends": []},
+    {"work": None},
+], ids=["number", "release", "lend", "array", "input kind", "missing"])
+def test_a_malformed_start_message_is_a_protocol_error(header):
+    with pytest.raises(ProtocolError, match="^a malformed start message: "):
+        connection.decode_start(header, [])
+
+
+def test_a_malformed_request_is_a_protocol_error():
+    assert connection.decode_fetch({"fetch": 1, "run": 2, "buffer": 3, "timeout": None, "siblings": [4],
+                                    "value": True}) == (1, 2, 3, None, [4], True)
+    with pytest.raises(ProtocolError, match="^a malformed request: "):
+        connection.decode_fetch({"fetch": 1, "run": 2, "buffer": 3, "timeout": -1, "siblings": [], "value": True})
+
+
+class Peer:
+    """The actor's end of a socket pair, played by the test: reads the driver's frames, answers as told."""
+
+    def __init__(self, sock: socket.socket):
+        sock.settimeout(WAIT)
+        self.sock, self.reader = sock, FrameReader(sock)
+
+    def request(self) -> dict:
+        header, _ = self.reader.recv()
+        assert "fetch" in header
+        return header
+
+
+@pytest.fixture
+def pair():
+    driver_end, actor_end = socket.socketpair()
+    driver_end.settimeout(WAIT)
+    yield connection.IslandConnection(driver_end), Peer(actor_end)
+    driver_end.close()
+    actor_end.close()
+
+
+def test_replies_reach_the_waiters_they_answer_whatever_their_order(pair):
+    ours, peer = pair
+    results = {}
+
+    def fetch(run):
+        results[run] = ours.fetch(run, 0, None, [1] if run == 1 else [])
+
+    threads = [threading.Thread(target=fetch, args=(run,)) for run in (1, 2)]
+    for thread in threads:
+        thread.start()
+    requests = {(r := peer.request())["run"]: r["fetch"] for _ in range(2)}
+    send_message(peer.sock, {"taken": 0})                                      # an acknowledgement between them
+    send_message(peer.sock, {"reply": requests[2], "siblings": []}, [np.full(2, 2.0)])
+    send_message(peer.sock, {"reply": requests[1], "siblings": [1]}, [np.full(3, 1.0), np.zeros(1, np.int32)])
+    for thread in threads:
+        thread.join(WAIT)
+    assert not any(thread.is_alive() for thread in threads)
+    np.testing.assert_array_equal(results[2][0], np.full(2, 2.0))
+    np.testing.assert_array_equal(results[1][0], np.full(3, 1.0))
+    assert list(results[1][1]) == [1] and results[2][1] == {}
+    ours.wait_taken(0)                                                          # read by a fetch meanwhile
+    assert ours.taken == 0
+
+
+def test_an_error_reply_raises_the_islands_error_by_kind(pair):
+    ours, peer = pair
+    errors = []
+
+    def fetch():
+        try:
+            ours.fetch(1, 0, 5.0, [])
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    thread = threading.Thread(target=fetch)
+    thread.start()
+    request = peer.request()["fetch"]
+    send_message(peer.sock, connection.error_reply(request, RunCancelled("run 1 was cancelled")))
+    thread.join(WAIT)
+    assert type(errors[0]) is RunCancelled and str(errors[0]) == "run 1 was cancelled"
+
+
+def test_a_connection_that_breaks_fails_every_waiter_and_later_call(pair):
+    ours, peer = pair
+    errors = []
+
+    def fetch():
+        try:
+            ours.fetch(1, 0, None, [])
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    thread = threading.Thread(target=fetch)
+    thread.start()
+    peer.request()
+    send_message(peer.sock, {"surprise": 1})                 # neither an acknowledgement nor a reply
+    thread.join(WAIT)
+    assert isinstance(errors[0], connection.ConnectionBroken)
+    assert "neither an acknowledgement nor a reply" in str(errors[0])
+    with pytest.raises(connection.ConnectionBroken):
+        ours.wait_taken(0)
+    with pytest.raises(connection.ConnectionBroken):
+        ours.send({"number": 0})
