@@ -137,3 +137,23 @@ def test_a_connection_that_breaks_fails_every_waiter_and_later_call(pair):
         ours.wait_taken(0)
     with pytest.raises(connection.ConnectionBroken):
         ours.send({"number": 0})
+
+
+def test_closing_the_connection_fails_a_waiting_fetch(pair):
+    """A proxy hangs up on an actor it knows dead (a node killed hard never closes its end): the fetch that
+    waits for a value raises instead of waiting for it."""
+    ours, peer = pair
+    errors = []
+
+    def fetch():
+        try:
+            ours.fetch(1, 0, None, [])
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    thread = threading.Thread(target=fetch)
+    thread.start()
+    peer.request()                        # the request arrived; no reply will come
+    ours.close()
+    thread.join(WAIT)
+    assert not thread.is_alive() and isinstance(errors[0], connection.ConnectionBroken)

@@ -122,7 +122,12 @@ class IslandConnection:
         return arrays[0], dict(zip(named, arrays[1:]))
 
     def close(self) -> None:
-        """Closes the connection; the actor stops reading it."""
+        """Closes the connection (the actor stops reading it); a waiter reading it raises ConnectionBroken at once
+        (a host that died without closing its end, as a node killed hard, would leave it waiting)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass                       # closed already, or never connected
         self.sock.close()
 
     def _wait(self, ready, deadline: float | None):

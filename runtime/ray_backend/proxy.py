@@ -101,9 +101,16 @@ class RayIsland:
         if self._dead is None:
             self._dead = IslandLost(f"island {self.name} was lost ({type(error).__name__}: "
                                     f"{(str(error).splitlines() or [''])[0]})")
+            self._hang_up()
             self._fail_under_way()
             self._group.monitor.report(self.name)
         return self._dead
+
+    def _hang_up(self) -> None:
+        """Closes the connection to the dead actor: what waits on it (a fetch, a start's acknowledgement) fails
+        now, not when the actor's host closes its end, which a host that died never does."""
+        if self.connection is not None:
+            self.connection.close()
 
     def _fail_under_way(self) -> None:
         """Fails every run started here and not known to be over, as a lost embedded island does."""
@@ -352,6 +359,7 @@ class RayIsland:
 
         if self._dead is None:
             self._dead = IslandLost(f"island {self.name} was lost")
+            self._hang_up()
             self._fail_under_way()
         with self._lock:
             runs = list(self._done)
@@ -386,8 +394,7 @@ class RayIsland:
                 except Exception:  # noqa: BLE001  (a dead or stuck island is killed all the same)
                     pass
             ray.kill(self._actor)
-        if self.connection is not None:
-            self.connection.close()
+        self._hang_up()
         self._closed = True
 
 
