@@ -33,6 +33,7 @@ from typing import Any
 
 from .plan_json import JsonReader, PlanError, jsonable, step_from_python, step_to_python
 from .plan_steps import Branch, Launch, Recv, Send, Step
+from .sharding import zero_size
 from .topology import Topology, TopologyError
 
 # Element types a plan may name, with their size in bytes (i1 takes a byte).
@@ -342,6 +343,9 @@ class ProgramPlan:
             if b.slice is not None and len(b.sharding) != len(b.shape):
                 raise PlanError(f"{what}: sharding has {len(b.sharding)} entries for {len(b.shape)} dimensions",
                                 buffer=b.id)
+            if zero_size(b.shape) and any(b.sharding):
+                raise PlanError(f"{what}: shape {list(b.shape)} has no elements but is sharded: a zero-size buffer "
+                                f"is replicated", buffer=b.id)
             ways = 1
             if b.slice is not None:
                 placement = self.slices.get(b.slice)

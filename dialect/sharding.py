@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 
+def zero_size(shape: Sequence[int]) -> bool:
+    """Whether a tensor of `shape` has no elements. Such a tensor is always replicated: it has no data to
+    split, and JAX 0.10.2 lays out a `jax.jit` result of zero size sharded over several devices wrongly (each
+    shard keeps the whole shape, and the array's value cannot be read)."""
+    return 0 in shape
+
+
 @dataclass(frozen=True)
 class Sharding:
     """How each dimension of a tensor is split over slice axes."""

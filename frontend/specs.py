@@ -17,7 +17,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
-from pathways_mlir.dialect.sharding import Sharding
+from pathways_mlir.dialect.sharding import Sharding, zero_size
 
 from .avals import format_aval, wire_aval
 from .errors import PlacementError
@@ -75,6 +75,8 @@ def _sharding(spec: Any, path: tuple, aval: jax.ShapeDtypeStruct, kind: str, sit
                                  f"name, a tuple of axis names or None")
         dims.append(axes)
     shape = wire_aval(aval).shape       # a typed key's data has its key's shape, then unsharded dims
+    if zero_size(shape):
+        return Sharding.replicated(len(shape))
     sharding = Sharding(tuple(dims) + ((),) * (len(shape) - len(dims)))
     problems = sharding.problems(shape, slice_.axis_sizes)
     if problems and slice_.elastic and slice_.declared(slice_name).shapes([(shape, sharding)]):

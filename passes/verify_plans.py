@@ -47,7 +47,7 @@ from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.plan import BufferInfo, PlanError, ProgramPlan, SlicePlacement
 from pathways_mlir.dialect.plan_reader import read_buffer, read_slice, read_step
 from pathways_mlir.dialect.plan_steps import STEP_OPS, Branch, Launch, Move, Step
-from pathways_mlir.dialect.sharding import Sharding
+from pathways_mlir.dialect.sharding import Sharding, zero_size
 from pathways_mlir.dialect.topology import Topology
 
 from .registry import Pass, register
@@ -194,8 +194,8 @@ class _Checker:
             self.error(op, f"buffer {buffer} has type {type_}, but buffers are statically shaped tensors", program)
             raise _Invalid
         shape = ops.tensor_shape(type_)
-        if any(d <= 0 for d in shape):
-            self.error(op, f"buffer {buffer} has shape {list(shape)}: every dimension must be positive", program)
+        if any(d < 0 for d in shape):
+            self.error(op, f"buffer {buffer} has shape {list(shape)}: a dimension is negative", program)
             raise _Invalid
         if not home and where != HOST:
             self.error(op, f"buffer {buffer} has no home slice, but only host buffers have none", program)
@@ -222,6 +222,11 @@ class _Checker:
             raise _Invalid
         if sharding is None:
             self.error(op, f"buffer {buffer} has a sharding that is not a list of lists of axis names", program)
+            raise _Invalid
+        shape = ops.tensor_shape(self.value(op, "type", ir.Type, program))
+        if zero_size(shape) and sharding.used_axes():
+            self.error(op, f"buffer {buffer} has shape {list(shape)}, no elements, but is sharded: a zero-size "
+                           f"buffer is replicated", program)
             raise _Invalid
 
     def read_step(self, op: ir.Operation, kind: type[Step], program: _Program, where: str) -> None:

@@ -658,3 +658,29 @@ def test_arguments_jax_would_refuse_are_refused_at_the_call():
     np.testing.assert_array_equal(np.asarray(compiled(np.ones(4, np.float64))), np.full(4, 2.0, np.float32))
     with pytest.raises(TypeError, match="expected an array, a scalar or a jax.ShapeDtypeStruct, not str 'abc'"):
         double("abc")
+
+
+# --- arrays of zero size ------------------------------------------------------------------------------
+
+def test_arrays_of_zero_size_go_through_placed_functions_and_programs_as_in_jax():
+    """A dimension of 0 (an empty batch, an empty list of boxes) works as under `jax.jit`, whatever the specs
+    say: a zero-size buffer is replicated (no data to split; JAX lays out a sharded zero-size jit result
+    wrongly), also across islands."""
+    s = pw.virtual_slice(2, axes="data")
+    other = pw.virtual_slice(2, axes="data", island="island1")
+    double = pw.jit(lambda x: x * 2, slice=s, in_specs=P("data"), out_specs=P("data"))
+    shifted = pw.jit(lambda x: x - 1, slice=other, in_specs=P("data"), out_specs=P("data"))
+
+    @pw.program
+    def across(x):
+        return shifted(double(x))
+
+    empty = np.ones((4, 0), np.float32)
+    assert np.asarray(across(empty)).shape == (4, 0)
+    assert np.asarray(shifted(double(empty))).shape == (4, 0)              # handles from island to island
+    plan = across.compiled(empty).plan
+    assert {b.sharding for b in plan.buffers.values()} == {((), ())}
+    total = pw.jit(lambda x, y: (x.sum(), jnp.concatenate([y, y])), slice=s, in_specs=P("data"))
+    got, want = total(np.ones((2, 0), np.float32), np.zeros(0, np.int32)), jax.jit(
+        lambda x, y: (x.sum(), jnp.concatenate([y, y])))(np.ones((2, 0), np.float32), np.zeros(0, np.int32))
+    assert float(got[0]) == float(want[0]) == 0.0 and np.asarray(got[1]).shape == want[1].shape == (0,)

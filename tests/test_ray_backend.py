@@ -120,6 +120,16 @@ def test_the_driver_connection_refuses_a_peer_without_the_key_and_drops_a_malfor
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
 
 
+def test_arrays_of_zero_size_cross_between_island_actors(ray_runtime):
+    """The transfer server never completes a pull of a zero-size array (JAX 0.10.2): such a move goes by actor
+    call, and such a handle argument through the driver."""
+    empty = np.ones((4, 0), np.float32)
+    with Client(ray_runtime) as client:
+        assert np.asarray(across.run(empty, client=client).result(60)).shape == (4, 0)
+        kept = on_left.run(empty, client=client)
+        assert np.asarray(on_right.run(kept, client=client).result(60)).shape == (4, 0)
+
+
 def test_many_runs_in_flight_keep_their_order_and_values(ray_runtime):
     with Client(ray_runtime) as client:
         outs = [across.run(X * k, client=client) for k in range(6)]

@@ -103,6 +103,8 @@ def _deep(depth):
     (_deep(100_000), "nested too deeply"),
     (_mutated(lambda v: v["buffers"][0].update(shape=[1 << 40, 16])), "larger than"),
     (_mutated(lambda v: v["buffers"][0].update(shape=[-8, 4])), "negative"),
+    (_mutated(lambda v: v["buffers"][0].update(shape=[0, 4], bytes_per_device=0)),
+     "buffer 0: shape [0, 4] has no elements but is sharded: a zero-size buffer is replicated"),
     (_mutated(lambda v: v["buffers"][0].update(dtype="f7")), "unknown element type 'f7'"),
     (_mutated(lambda v: v["buffers"][0].update(bytes_per_device=-1)), "bytes_per_device is -1"),
     (_mutated(lambda v: v["islands"]["island0"][1].update(inputs=[42])), "names buffer 42, which is not declared"),

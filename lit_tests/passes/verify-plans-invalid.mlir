@@ -93,7 +93,7 @@ module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i6
 
 // -----
 
-// Every dimension is positive.
+// A zero-size buffer is replicated (JAX lays out a sharded one wrongly).
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
@@ -107,7 +107,7 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
 }
 module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
   "pw.buffer"() {id = 0, type = tensor<8xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
-// expected-error@below {{buffer 1 has shape [0]: every dimension must be positive}}
+// expected-error@below {{buffer 1 has shape [0], no elements, but is sharded: a zero-size buffer is replicated}}
   "pw.buffer"() {id = 1, type = tensor<0xf32>, home = {slice = @a, sharding = [["x"]]}, bytes_per_device = 16} : () -> ()
   "pw.launch"() {step = 0, after = array<i64>, executable = @f, slice = @a, devices = array<i64: 0, 2>, inputs = array<i64: 0>, outputs = array<i64: 1>, output_bytes = array<i64: 16>, subgraph = 0, label = "f#0"} : () -> ()
   "pw.send"() {step = 1, after = array<i64: 0>, buffer = 1, peer_buffer = 2, peer = "island1", bytes = 16, link = "dcn", devices = array<i64: 0, 2>, subgraph = 0} : () -> ()

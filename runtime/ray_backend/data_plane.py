@@ -64,6 +64,7 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_steps import Recv, Send
+from pathways_mlir.dialect.sharding import zero_size
 
 from ..executables import make_mesh, named_sharding, numpy_dtype
 from ..island_work import IslandLost, PeerRef, RunFailed
@@ -147,6 +148,12 @@ class Pulled(NamedTuple):
     transfer_id: int
 
 
+def carries(shape: tuple[int, ...]) -> bool:
+    """Whether the transfer server carries an array of `shape`: not one of zero elements (JAX 0.10.2's pull of
+    one never completes); such a move goes by actor call, and such an argument through the driver."""
+    return not zero_size(shape)
+
+
 class DataPlane:
     """One island actor's end of the data plane (see the module's docstring)."""
 
@@ -220,7 +227,8 @@ class DataPlane:
         plan = island.plan(plan_key)
         pulls, sends = [], {}
         for step in plan.islands.get(island.name, ()):
-            if step.id not in step_ids or not isinstance(step, (Send, Recv)):
+            if step.id not in step_ids or not isinstance(step, (Send, Recv)) or \
+                    not carries(plan.buffers[step.dst_buffer].shape):
                 continue
             if isinstance(step, Recv):
                 pulls.append((step.peer, step.dst_buffer, self._landing(plan, step.src_buffer, step.dst_buffer)))

@@ -27,7 +27,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from ..island_work import REFERENCES, IslandWork, PeerRef
 from ..run import Run
-from .data_plane import Lend, slice_devices, transfer_layout
+from .data_plane import Lend, carries, slice_devices, transfer_layout
 
 if TYPE_CHECKING:
     from .cluster import RayIslands
@@ -49,7 +49,8 @@ class KeptArguments:
         (the driver's fetch then raises why)."""
         holder = self._islands[run.island_of(buffer)]
         receiver = self._islands[plan.island_of(input_buffer)]
-        if not (holder.transfers and receiver.transfers) or holder.lost_result(run.id) is not None:
+        if not (holder.transfers and receiver.transfers) or holder.lost_result(run.id) is not None or \
+                not carries(run.plan.buffers[buffer].shape):
             return None
         layout = transfer_layout(run.plan, buffer, slice_devices(plan, input_buffer))
         info = run.plan.buffers[buffer]
