@@ -27,6 +27,7 @@ from pathways_mlir.runtime.wire import send_message
 ray = pytest.importorskip("ray")
 
 from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
+from pathways_mlir.runtime.ray_backend.connection import IslandConnection  # noqa: E402
 from pathways_mlir.runtime.ray_backend.start_channel import PENDING  # noqa: E402
 
 from across_islands import across, bend, expected, grow, left  # noqa: E402
@@ -118,6 +119,27 @@ def test_the_driver_connection_refuses_a_peer_without_the_key_and_drops_a_malfor
         assert keyed.recv(1) == b""                      # dropped: closed without a reply
     with Client(ray_runtime) as client:
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
+
+
+def test_an_island_actor_the_driver_cannot_reach_is_one_clear_error(ray_runtime):
+    """An actor whose listener the driver cannot reach (a node that accepts no TCP from the driver) is an error
+    naming the address and what is needed; the runtime would otherwise take the island as lost."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]              # nothing listens there once it is closed
+
+    @ray.remote(num_cpus=0)
+    class Unreachable:
+        def open_connection(self, key_hex):
+            return "127.0.0.1", closed_port
+
+    actor = Unreachable.remote()
+    try:
+        with pytest.raises(ConnectionError, match=rf"^cannot reach the island actor at 127.0.0.1:{closed_port} "
+                                                  rf"\(.*\): the driver must reach each island actor's node"):
+            IslandConnection.open(actor, bytes(32))
+    finally:
+        ray.kill(actor)
 
 
 def test_arrays_of_zero_size_cross_between_island_actors(ray_runtime):

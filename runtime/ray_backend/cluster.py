@@ -72,13 +72,16 @@ class RayIslands(Islands):
 
     def _watch_actor(self, island: RayIsland) -> None:
         """Opens the proxy's connection to its actor (`connection.py`; an actor that died meanwhile is marked
-        dead), hands the proxy its start channel and keeps the actor's `watch` call in flight."""
+        dead; one the driver cannot reach is a RuntimeError), hands the proxy its start channel and keeps the
+        actor's `watch` call in flight."""
         import ray
 
         try:
             island.connection = IslandConnection.open(island._actor, self._key)
-        except (ray.exceptions.RayError, OSError) as error:
+        except ray.exceptions.RayError as error:
             island._died(error)
+        except OSError as error:
+            raise RuntimeError(f"island {island.name}: {error}") from None
         island.received = self._starts.received
         self.monitor.watch_actor(island)
 
@@ -218,8 +221,13 @@ class RayIslands(Islands):
                                f"{(str(error).splitlines() or [''])[0]}") from None
         proxy = RayIsland(island, actor, self)
         proxy.transfers = address is not None
+        try:
+            self._watch_actor(proxy)
+        except RuntimeError:
+            ray.kill(actor)
+            self.failed_nodes |= {target} - {None}
+            raise
         self.nodes[island] = node
-        self._watch_actor(proxy)
         return proxy
 
     def close(self, timeout: float = 10.0) -> None:

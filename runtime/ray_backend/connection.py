@@ -67,11 +67,15 @@ class IslandConnection:
     @staticmethod
     def open(actor, key: bytes) -> "IslandConnection":
         """Connects to `actor`, which listens once asked (`IslandActor.open_connection`); raises Ray's error if
-        the actor is dead, OSError if its address cannot be reached or the handshake fails."""
+        the actor is dead, ConnectionError if its address cannot be reached or the handshake fails."""
         import ray
 
         host, port = ray.get(actor.open_connection.remote(key.hex()), timeout=CONNECT_TIMEOUT)
-        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+        try:
+            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+        except OSError as error:
+            raise ConnectionError(f"cannot reach the island actor at {host}:{port} ({error}): the driver must "
+                                  f"reach each island actor's node over TCP, on a port its system picks") from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client_handshake(sock, key)
