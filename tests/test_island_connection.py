@@ -45,11 +45,19 @@ def test_a_malformed_start_message_is_a_protocol_error(header):
         connection.decode_start(header, [])
 
 
-def test_a_malformed_request_is_a_protocol_error():
-    assert connection.decode_fetch({"fetch": 1, "run": 2, "buffer": 3, "timeout": None, "siblings": [4],
-                                    "value": True}) == (1, 2, 3, None, [4], True)
-    with pytest.raises(ProtocolError, match="^a malformed request: "):
-        connection.decode_fetch({"fetch": 1, "run": 2, "buffer": 3, "timeout": -1, "siblings": [], "value": True})
+def test_requests_read_back_and_malformed_ones_are_protocol_errors():
+    assert connection.decode_request({"request": 1, "kind": "fetch", "run": 2, "buffer": 3, "timeout": None,
+                                      "siblings": [4], "value": True}) == connection.Request(1, "fetch", 2, 3, None,
+                                                                                             (4,), True)
+    assert connection.decode_request({"request": 2, "kind": "runs_done", "runs": [5, 6]}).runs == (5, 6)
+    assert connection.decode_request({"request": 3, "kind": "wait_run", "run": 7, "timeout": 1.5}).timeout == 1.5
+    for header in ({"request": 1, "kind": "fetch", "run": 2, "buffer": 3, "timeout": -1, "siblings": [],
+                    "value": True},
+                   {"request": 1, "kind": "exec", "timeout": None},
+                   {"request": "1", "kind": "runs_done", "runs": []},
+                   {"request": 1, "kind": "runs_done", "runs": [True]}):
+        with pytest.raises(ProtocolError, match="^a malformed request: "):
+            connection.decode_request(header)
 
 
 class Peer:
@@ -61,7 +69,7 @@ class Peer:
 
     def request(self) -> dict:
         header, _ = self.reader.recv()
-        assert "fetch" in header
+        assert "request" in header
         return header
 
 
@@ -84,7 +92,7 @@ def test_replies_reach_the_waiters_they_answer_whatever_their_order(pair):
     threads = [threading.Thread(target=fetch, args=(run,)) for run in (1, 2)]
     for thread in threads:
         thread.start()
-    requests = {(r := peer.request())["run"]: r["fetch"] for _ in range(2)}
+    requests = {(r := peer.request())["run"]: r["request"] for _ in range(2)}
     send_message(peer.sock, {"taken": 0})                                      # an acknowledgement between them
     send_message(peer.sock, {"reply": requests[2], "siblings": []}, [np.full(2, 2.0)])
     send_message(peer.sock, {"reply": requests[1], "siblings": [1]}, [np.full(3, 1.0), np.zeros(1, np.int32)])
@@ -110,7 +118,7 @@ def test_an_error_reply_raises_the_islands_error_by_kind(pair):
 
     thread = threading.Thread(target=fetch)
     thread.start()
-    request = peer.request()["fetch"]
+    request = peer.request()["request"]
     send_message(peer.sock, connection.error_reply(request, RunCancelled("run 1 was cancelled")))
     thread.join(WAIT)
     assert type(errors[0]) is RunCancelled and str(errors[0]) == "run 1 was cancelled"

@@ -2,8 +2,8 @@
 
 The driver holds a proxy per island (`RayIsland`) that turns island
 messages into frames on its TCP connection to the actor (start messages,
-fetches and their replies: no Ray call on a run's path) or into actor calls
-(plans as JSON, questions, completions). A send between islands goes
+fetches, completions and their replies: no Ray call on a run's path) or into
+actor calls (plans as JSON, questions about objects). A send between islands goes
 straight from one actor to the other, never through the driver. One concept
 per module:
 

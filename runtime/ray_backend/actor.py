@@ -25,7 +25,7 @@ from pathways_mlir.dialect.topology import Topology
 from ..authentication import ServerHandshake
 from ..island_work import IslandWork, PeerRef, failure, failure_kind
 from ..wire import FrameReader, ProtocolError, send_message
-from .connection import CONNECT_TIMEOUT, LIMITS, decode_fetch, decode_start, error_reply
+from .connection import CONNECT_TIMEOUT, LIMITS, Request, decode_request, decode_start, error_reply
 from .data_plane import Pulled
 
 if TYPE_CHECKING:
@@ -175,8 +175,12 @@ class IslandActor:
             try:
                 while True:
                     header, arrays = reader.recv(LIMITS)
-                    if "fetch" in header:
-                        fetchers.submit(self._answer, connection, replying, *decode_fetch(header))
+                    if "request" in header:
+                        request = decode_request(header)
+                        if request.kind == "runs_done":          # answered at once: nothing to wait for
+                            self._answer(connection, replying, request)
+                        else:
+                            fetchers.submit(self._answer, connection, replying, request)
                         continue
                     number = self._take_start(*decode_start(header, arrays))
                     with replying:
@@ -186,24 +190,28 @@ class IslandActor:
             finally:
                 fetchers.shutdown(wait=False, cancel_futures=True)
 
-    def _answer(self, connection: socket.socket, replying: threading.Lock, request: int, run_id: int, buffer: int,
-                timeout: float | None, siblings: list[int], value: bool) -> None:
-        """Answers one request of the driver's connection once the value exists (or its wait failed)."""
+    def _answer(self, connection: socket.socket, replying: threading.Lock, request: Request) -> None:
+        """Answers one request of the driver's connection once it can (a value exists, a run is over), or with
+        the error its wait raised."""
+        header, arrays = {"reply": request.request}, []
         try:
-            if value:
-                array, ready = self.fetch(run_id, buffer, timeout, siblings)
-                header, arrays = {"reply": request, "siblings": list(ready)}, [array, *ready.values()]
+            if request.kind == "fetch" and request.value:
+                array, ready = self.fetch(request.run, request.buffer, request.timeout, request.siblings)
+                header["siblings"], arrays = list(ready), [array, *ready.values()]
+            elif request.kind == "fetch":
+                self._island.produced(request.run, request.buffer, request.timeout)
+            elif request.kind == "wait_run":
+                self._island.wait_run(request.run, request.timeout)
             else:
-                self._island.produced(run_id, buffer, timeout)
-                header, arrays = {"reply": request}, []
+                header["done"] = self.runs_done(request.runs)
         except Exception as error:  # noqa: BLE001  (the driver raises it)
-            header, arrays = error_reply(request, error), []
+            header, arrays = error_reply(request.request, error), []
         try:
             with replying:
                 try:
                     send_message(connection, header, arrays, LIMITS)
                 except ValueError as error:     # a value no frame carries (checked before a byte is sent)
-                    send_message(connection, error_reply(request, error), (), LIMITS)
+                    send_message(connection, error_reply(request.request, error), (), LIMITS)
         except OSError:
             pass                                # the driver is gone
     def _take_start(self, number: int, work: IslandWork | None, releases, lends) -> int:
@@ -284,9 +292,6 @@ class IslandActor:
     def runs_done(self, run_ids) -> list:
         """(run, device seconds or None) for each of `run_ids` whose work here is over."""
         return [(r, self._island.device_seconds(r)) for r in run_ids if self._island.run_done(r)]
-
-    def wait_run(self, run_id: int, timeout: float | None) -> None:
-        self._island.wait_run(run_id, timeout)
 
     def owned_by(self, owner) -> list:
         return self._island.owned_by(owner)

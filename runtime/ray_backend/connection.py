@@ -1,4 +1,4 @@
-"""The driver's TCP connection to an island actor: start messages one way, fetches and their replies both.
+"""The driver's TCP connection to an island actor: start messages one way, requests and their replies both.
 
 Opened when the runtime's islands are made (or an island's actor is
 restored): the driver gives the actor a fresh key through Ray
@@ -7,19 +7,22 @@ and proves it holds the key (`authentication.py`). Frames are the endpoint's
 wire format (`wire.py`: a JSON header and raw array bytes, never pickle):
 
     driver -> actor  {"number": n, "work": ..., "releases": ..., "lends": ...}  start message n (`encode_start`)
-                     {"fetch": i, "run": r, "buffer": b, "timeout": t,          request i: a result's value and
-                      "siblings": [...], "value": true}                         its siblings' (false: only
-                                                                                 once it exists)
-    actor -> driver  {"taken": n}                                               start message n was taken
-                     {"reply": i, "siblings": [...]} + arrays                   request i's value, siblings'
-                     {"reply": i, "kind": k, "error": message}                  request i raised
+                     {"request": i, "kind": "fetch", "run": r, "buffer": b,    a result's value and its
+                      "timeout": t, "siblings": [...], "value": true}          siblings' (false: only once
+                                                                               it exists)
+                     {"request": i, "kind": "wait_run", "run": r, "timeout": t}  once run r is over there
+                     {"request": i, "kind": "runs_done", "runs": [...]}        which of these runs are over
+    actor -> driver  {"taken": n}                                              start message n was taken
+                     {"reply": i, ...} + arrays                                request i's answer
+                     {"reply": i, "kind": k, "error": message}                 request i raised
 
 TCP keeps each direction in order, so start messages reach the actor in
-ticket order. About 20 us of the driver's time per message, against about
-1 ms for a Ray actor call here, and a result comes back in one hop, however
-large, with no object store between. Whoever waits for an acknowledgement
-or a reply reads the frames that come, one reader at a time, handing the
-others theirs.
+ticket order, and a request comes after the starts sent before it (no wait
+for their acknowledgements). About 20 us of the driver's time per message,
+against about 1 ms for a Ray actor call here, and a result comes back in
+one hop, however large, with no object store between. Whoever waits for an
+acknowledgement or a reply reads the frames that come, one reader at a
+time, handing the others theirs.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import select
 import socket
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -103,14 +107,40 @@ class IslandConnection:
               slack: float = 0.0):
         """Returns a result's value and those of its `siblings` the actor has ready ({buffer: array}), as
         `IslandActor.fetch` does; with `value` False returns once it exists (None, {}). The actor waits
-        `timeout` seconds for it (None: as long as it takes), the reply `slack` more; raises what the island
-        raised, rebuilt from its kind (`wire.ERROR_KINDS`; any other as RunFailed), or ConnectionBroken."""
+        `timeout` seconds for it (None: as long as it takes), the reply `slack` more."""
+        header, arrays = self.request("fetch", {"run": run_id, "buffer": buffer, "timeout": timeout,
+                                                "siblings": siblings, "value": value},
+                                      None if timeout is None else timeout + slack)
+        if not value:
+            return None, {}
+        named = header.get("siblings", [])
+        if len(arrays) != len(named) + 1:
+            raise self._broke(ProtocolError(f"a reply of {len(arrays)} arrays for {len(named)} siblings"))
+        return arrays[0], dict(zip(named, arrays[1:]))
+
+    def wait_run(self, run_id: int, timeout: float | None, slack: float = 0.0) -> None:
+        """Returns once run `run_id`'s work is over on the actor (which waits `timeout` seconds, the reply
+        `slack` more)."""
+        self.request("wait_run", {"run": run_id, "timeout": timeout}, None if timeout is None else timeout + slack)
+
+    def runs_done(self, run_ids: list[int], timeout: float) -> dict[int, float | None]:
+        """Returns which of `run_ids` are over on the actor: {run: the device seconds it measured, or None}."""
+        header, _ = self.request("runs_done", {"runs": run_ids}, timeout)
+        try:
+            return {_integer(run): seconds if type(seconds) in (int, float) else None
+                    for run, seconds in header["done"]}
+        except (KeyError, TypeError, ValueError) as error:
+            raise self._broke(ProtocolError(f"a malformed answer: {type(error).__name__}: {error}")) from None
+
+    def request(self, kind: str, fields: dict, timeout: float | None) -> tuple[dict, list]:
+        """Sends request `kind` with `fields`; returns its reply's header and arrays once it comes (within
+        `timeout` seconds, None: as long as it takes; TimeoutError past it). Raises what the island raised,
+        rebuilt from its kind (`wire.ERROR_KINDS`; any other as RunFailed), or ConnectionBroken."""
         request = next(self._requests)
-        self.send({"fetch": request, "run": run_id, "buffer": buffer, "timeout": timeout, "siblings": siblings,
-                   "value": value})
+        self.send({"request": request, "kind": kind, **fields})
         try:
             header, arrays = self._wait(lambda: self._replies.pop(request, None),
-                                        None if timeout is None else time.monotonic() + timeout + slack)
+                                        None if timeout is None else time.monotonic() + timeout)
         except TimeoutError:
             with self._state:
                 if self._replies.pop(request, None) is None:
@@ -118,12 +148,7 @@ class IslandConnection:
             raise
         if "error" in header:
             raise ERROR_KINDS.get(header.get("kind"), RunFailed)(str(header["error"]))
-        if not value:
-            return None, {}
-        named = header.get("siblings", [])
-        if len(arrays) != len(named) + 1:
-            raise self._broke(ProtocolError(f"a reply of {len(arrays)} arrays for {len(named)} siblings"))
-        return arrays[0], dict(zip(named, arrays[1:]))
+        return header, arrays
 
     def close(self) -> None:
         """Closes the connection (the actor stops reading it); a waiter reading it raises ConnectionBroken at once
@@ -210,15 +235,35 @@ def error_reply(request: int, error: BaseException) -> dict:
     return {"reply": request, "kind": kind, "error": f"{named}{error}"}
 
 
-def decode_fetch(header: dict) -> tuple[int, int, int, float | None, list[int], bool]:
-    """Reads a request (`IslandConnection.fetch`): (request, run, buffer, timeout, siblings, value); raises
-    ProtocolError if it is malformed."""
+class Request(NamedTuple):
+    """A request the actor read (`decode_request`): its id and kind, and the fields its kind has (the others
+    at their defaults)."""
+
+    request: int
+    kind: str
+    run: int = -1
+    buffer: int = -1
+    timeout: float | None = None
+    siblings: tuple[int, ...] = ()
+    value: bool = True
+    runs: tuple[int, ...] = ()
+
+
+def decode_request(header: dict) -> Request:
+    """Reads a request (`IslandConnection.request`); raises ProtocolError if it is malformed."""
     try:
+        request, kind = _integer(header["request"]), header["kind"]
+        if kind == "runs_done":
+            return Request(request, kind, runs=tuple(map(_integer, header["runs"])))
         timeout = header["timeout"]
         if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
             raise ValueError(f"timeout {timeout!r}")
-        return (_integer(header["fetch"]), _integer(header["run"]), _integer(header["buffer"]), timeout,
-                [_integer(b) for b in header["siblings"]], bool(header["value"]))
+        if kind == "wait_run":
+            return Request(request, kind, run=_integer(header["run"]), timeout=timeout)
+        if kind == "fetch":
+            return Request(request, kind, _integer(header["run"]), _integer(header["buffer"]), timeout,
+                           tuple(map(_integer, header["siblings"])), bool(header["value"]))
+        raise ValueError(f"unknown request kind {str(kind)[:40]!r}")
     except (KeyError, TypeError, ValueError) as error:
         raise ProtocolError(f"a malformed request: {type(error).__name__}: {error}") from None
 

@@ -24,7 +24,8 @@ RUNS_DONE_BATCH = 256   # earlier runs asked about with each `runs_done` call
 
 
 class RayIsland:
-    """The driver's proxy for an island actor: the island messages, as actor calls.
+    """The driver's proxy for an island actor: the island messages, as frames on its connection (`start`,
+    `fetch`, `produced`, `run_done`, `wait_run`) and actor calls (the others).
 
     `start` goes through the runtime's start channel (`RayIslands.start`).
     Releases are queued and travel with the island's next start message (or
@@ -33,7 +34,7 @@ class RayIsland:
     of device memory is the driver's and frees the bytes at once. A fetch
     brings back the run's other small results on the island that were read
     of an earlier run of the same plan, so reading a run's outputs one by one
-    costs one call, while results never read (a training state kept on the
+    costs one request, while results never read (a training state kept on the
     devices) never travel.
 
     Once its actor is dead (the monitor saw it, or Ray failed a call with
@@ -220,21 +221,33 @@ class RayIsland:
         self._request(run_id, buffer, timeout, [], value=False)
 
     def _request(self, run_id: int, buffer: int, timeout: float | None, siblings: list[int], value: bool = True):
-        """Asks the actor for a result over its connection (no wait for the start first: the island waits for
-        the value itself, `timeout` seconds, and the reply has `STATUS_TIMEOUT` more to travel); a connection
-        that broke marks the actor dead, and the result raises `IslandLost` (`lost_result`)."""
+        """Asks the actor for a result over its connection (the island waits for the value itself, `timeout`
+        seconds, and the reply has `STATUS_TIMEOUT` more to travel); once the actor is dead, the result raises
+        `IslandLost` (`lost_result`)."""
         if self._closed:
             raise RunFailed(f"{self.name} is closed")
+        try:
+            return self._ask_connection("fetch" if value else "produced", run_id, buffer, timeout, siblings, value,
+                                        slack=STATUS_TIMEOUT)
+        except IslandLost:
+            if self._dead is None:
+                raise                        # the run failed so (a peer island was lost)
+            raise self.lost_result(run_id) or self._dead from None
+
+    def _ask_connection(self, kind: str, *args, **kwargs):
+        """Calls the connection's `fetch` (counted as `kind`), `wait_run` or `runs_done` with `args`, requests that
+        come after every start sent before them (no wait for the starts' acknowledgements); a connection that
+        broke marks the actor dead and raises its `IslandLost`."""
         connection = self.connection
-        if connection is not None:
-            self.calls["fetch" if value else "produced"] += 1
-            try:
-                return connection.fetch(run_id, buffer, timeout, siblings, value, slack=STATUS_TIMEOUT)
-            except ConnectionBroken as error:
-                if self._closed:
-                    raise RunFailed(f"{self.name} is closed") from None
-                self._died(error)
-        raise self.lost_result(run_id) or self._dead or RunFailed(f"{self.name} has no connection to its actor")
+        if connection is None:
+            raise self._dead or IslandLost(f"island {self.name} has no connection to its actor")
+        self.calls[kind] += 1
+        try:
+            return getattr(connection, "fetch" if kind == "produced" else kind)(*args, **kwargs)
+        except ConnectionBroken as error:
+            if self._closed:
+                raise RunFailed(f"{self.name} is closed") from None
+            raise self._died(error) from None
 
     def release(self, run_id: int, buffer: int) -> None:
         if not self._live() or self._dead is not None or run_id in self._failed:
@@ -284,21 +297,20 @@ class RayIsland:
         return self._ask("release_owner", owner, otherwise=0)
 
     def run_done(self, run_id: int) -> bool:
-        """Returns whether the run's work here is over. One actor call also asks about every run started
+        """Returns whether the run's work here is over. One request also asks about every run started
         earlier that is not known to be over, and the answers are kept: the scheduler and the clients poll
         runs in order, so the next questions are answered here. Once the actor is dead, a run is over
         here if it was known to be, or failed, or the island was taken out."""
         if run_id in self._done:
             return True
-        if self._dead is None:
+        if self._dead is None and not self._closed:
+            with self._lock:
+                others = [r for r in self._runs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
             try:
-                self.received(run_id)
-                with self._lock:
-                    others = [r for r in self._runs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
-                self._over(dict(self._get(self._call("runs_done", [run_id] + others))))
+                self._over(self._ask_connection("runs_done", [run_id] + others, STATUS_TIMEOUT))
                 return run_id in self._done
-            except IslandLost:
-                pass
+            except (IslandLost, TimeoutError):
+                pass                         # (not answered in time: not known to be over)
         return run_id in self._failed or self.lost is not None
 
     def _over(self, seconds: dict[int, float | None]) -> None:
@@ -311,11 +323,10 @@ class RayIsland:
                 self._done.popitem(last=False)
 
     def wait_run(self, run_id: int, timeout: float | None = None) -> None:
-        if self._dead is not None:
+        if self._dead is not None or self._closed:
             return              # its work here ended with the actor
         try:
-            self.received(run_id)
-            self._get(self._call("wait_run", run_id, timeout))
+            self._ask_connection("wait_run", run_id, timeout, slack=STATUS_TIMEOUT)
         except IslandLost:
             return
         self._over({run_id: None})
