@@ -73,6 +73,21 @@ class Peer:
         return header
 
 
+def fetching(ours, timeout=None) -> tuple[threading.Thread, list]:
+    """Starts a thread fetching buffer 0 of run 1 over `ours`; returns it and the list its error goes to."""
+    errors = []
+
+    def fetch():
+        try:
+            ours.fetch(1, 0, timeout, [])
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    thread = threading.Thread(target=fetch)
+    thread.start()
+    return thread, errors
+
+
 @pytest.fixture
 def pair():
     driver_end, actor_end = socket.socketpair()
@@ -108,16 +123,7 @@ def test_replies_reach_the_waiters_they_answer_whatever_their_order(pair):
 
 def test_an_error_reply_raises_the_islands_error_by_kind(pair):
     ours, peer = pair
-    errors = []
-
-    def fetch():
-        try:
-            ours.fetch(1, 0, 5.0, [])
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-
-    thread = threading.Thread(target=fetch)
-    thread.start()
+    thread, errors = fetching(ours, 5.0)
     request = peer.request()["request"]
     send_message(peer.sock, connection.error_reply(request, RunCancelled("run 1 was cancelled")))
     thread.join(WAIT)
@@ -126,16 +132,7 @@ def test_an_error_reply_raises_the_islands_error_by_kind(pair):
 
 def test_a_connection_that_breaks_fails_every_waiter_and_later_call(pair):
     ours, peer = pair
-    errors = []
-
-    def fetch():
-        try:
-            ours.fetch(1, 0, None, [])
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-
-    thread = threading.Thread(target=fetch)
-    thread.start()
+    thread, errors = fetching(ours)
     peer.request()
     send_message(peer.sock, {"surprise": 1})                 # neither an acknowledgement nor a reply
     thread.join(WAIT)
@@ -151,16 +148,7 @@ def test_closing_the_connection_fails_a_waiting_fetch(pair):
     """A proxy hangs up on an actor it knows dead (a node killed hard never closes its end): the fetch that
     waits for a value raises instead of waiting for it."""
     ours, peer = pair
-    errors = []
-
-    def fetch():
-        try:
-            ours.fetch(1, 0, None, [])
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-
-    thread = threading.Thread(target=fetch)
-    thread.start()
+    thread, errors = fetching(ours)
     peer.request()                        # the request arrived; no reply will come
     ours.close()
     thread.join(WAIT)
