@@ -35,7 +35,7 @@ SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the is
 PEER_TIMEOUT = 60.0      # seconds to learn a peer actor's transfer address
 ACK_DELAY = 0.02         # seconds a lender's `Pulled` waits for sends to the same peer to go with
 SETTLE_TIMEOUT = 5.0     # seconds a question waits for the starts sent before it (`asked`), under STATUS_TIMEOUT
-FETCHERS = 64            # requests of the driver's connection waiting for their values at once (as Ray's calls)
+FETCHERS = 64            # requests of the driver's connection that may wait at once (as Ray's actor calls)
 HANDSHAKE_TIMEOUT = 10.0  # seconds a connection to the driver's listener has to prove it holds the key
 QUESTIONS = ("object_count", "owned_by", "compilations", "release_owner", "status")   # what `asked` answers
 
@@ -136,7 +136,7 @@ class IslandActor:
         """Listens on this node's address for the driver's connection (`connection.py`); returns where. The
         first connection that proves it holds `key_hex` within `CONNECT_TIMEOUT` seconds is the driver's
         (others are closed); a thread then takes its start messages in the order they come and hands its
-        requests to `fetchers` threads, each answering when its value exists."""
+        requests that may wait (a value, a run's end) to `FETCHERS` threads, each answering when it can."""
         import ray
 
         host = ray.util.get_node_ip_address()
@@ -214,6 +214,7 @@ class IslandActor:
                     send_message(connection, error_reply(request.request, error), (), LIMITS)
         except OSError:
             pass                                # the driver is gone
+
     def _take_start(self, number: int, work: IslandWork | None, releases, lends) -> int:
         """One start message: the releases made since the last one, the results kept here that the run takes
         on peer islands, then this island's work of the run (if any). A start that fails here fails its run.

@@ -41,9 +41,9 @@ class RayIslands(Islands):
     """The island proxies of a runtime on Ray (by island name), their start channel, their monitor, and
     what starts, restarts and stops their actors.
 
-    Start messages, fetches and their replies go over the driver's TCP
-    connection to each actor (`connection.py`, `start_channel.py`); the
-    other messages are Ray actor calls.
+    Start messages, fetches, completions and their replies go over the
+    driver's TCP connection to each actor (`connection.py`,
+    `start_channel.py`); the other messages are Ray actor calls.
     """
 
     keep_arguments = True          # a handle passed to a later run stays on its island actor
@@ -72,8 +72,7 @@ class RayIslands(Islands):
 
     def _watch_actor(self, island: RayIsland) -> None:
         """Opens the proxy's connection to its actor (`connection.py`; an actor that died meanwhile is marked
-        dead; one the driver cannot reach is a RuntimeError), hands the proxy its start channel and keeps the
-        actor's `watch` call in flight."""
+        dead; one the driver cannot reach is a RuntimeError) and keeps the actor's `watch` call in flight."""
         import ray
 
         try:
@@ -82,7 +81,6 @@ class RayIslands(Islands):
             island._died(error)
         except OSError as error:
             raise RuntimeError(f"island {island.name}: {error}") from None
-        island.received = self._starts.received
         self.monitor.watch_actor(island)
 
     def on_run_done(self, wake) -> None:

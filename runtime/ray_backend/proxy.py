@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,7 +49,6 @@ class RayIsland:
         self._group = group
         self._lock = threading.Lock()
         self._closed = False
-        self.received: Callable[[int], None] = lambda run_id: None   # set by `RayIslands`: a start was taken
         self.calls: collections.Counter[str] = collections.Counter()   # messages sent, by kind
         # Runs known to be over -> the device time the actor measured (None: not known), until it is read.
         self._done: collections.OrderedDict[int, float | None] = collections.OrderedDict()
