@@ -43,6 +43,7 @@ from .authentication import client_handshake, read_key
 from .dispatch import narrowed
 from .dispatch_mode import DispatchMode
 from .executables import numpy_dtype
+from .fair_lock import FairLock
 from .runtime import release_default
 from .status import Status
 from .limits import Limits
@@ -212,7 +213,7 @@ class RemoteClient:
         except BaseException:
             self._socket.close()
             raise
-        self._lock = threading.Lock()
+        self._lock = FairLock()      # first come, first served: a polling request never starves the others
         self._dropped: collections.deque[int] = collections.deque()   # handles to release with the next request
         self._forgotten: collections.deque[str] = collections.deque()  # names of plans gone, for the same request
         self._unanswered = 0                     # releases sent whose replies are not read yet
