@@ -201,12 +201,13 @@ class _Checker:
             self.error(op, f"buffer {buffer} has no home slice, but only host buffers have none", program)
             raise _Invalid
         if home:
-            self.check_home(op, program, buffer, home, where)
+            self.check_home(op, program, buffer, shape, home, where)
         program.buffers[buffer] = read_buffer(op)
 
-    def check_home(self, op: ir.Operation, program: _Program, buffer: int, home: dict, where: str) -> None:
+    def check_home(self, op: ir.Operation, program: _Program, buffer: int, shape: tuple[int, ...], home: dict,
+                   where: str) -> None:
         """Reports (and raises _Invalid for) a home other than a placed slice of the plan's island with a
-        well-formed sharding."""
+        well-formed sharding (replicated for a buffer of `shape` with no elements)."""
         if where == HOST:
             self.error(op, f"buffer {buffer} of the host plan has a home on a slice", program)
             raise _Invalid
@@ -223,7 +224,6 @@ class _Checker:
         if sharding is None:
             self.error(op, f"buffer {buffer} has a sharding that is not a list of lists of axis names", program)
             raise _Invalid
-        shape = ops.tensor_shape(self.value(op, "type", ir.Type, program))
         if zero_size(shape) and sharding.used_axes():
             self.error(op, f"buffer {buffer} has shape {list(shape)}, no elements, but is sharded: a zero-size "
                            f"buffer is replicated", program)

@@ -24,8 +24,9 @@ class StartChannel:
     no Ray call and no object store. TCP keeps an actor's messages in the order sent, which is ticket order,
     so one channel serves every client's runs, runs that park at a recv, and data-dependent steps (a cond's
     later steps are one more message). The actor acknowledges each message once taken; the
-    acknowledgements are read later, in order: before asking an island about a run (`received`), or when
-    `PENDING` messages are unread. A connection that broke (its actor died) marks the actor dead, as a
+    acknowledgements are read later, in order: when the releases a message carried must have been taken
+    (`received`, before a question about objects), or when `PENDING` messages are unread. Requests on a
+    connection need none: they follow the starts sent before them. A connection that broke (its actor died) marks the actor dead, as a
     failed actor call does."""
 
     def __init__(self, islands: dict[str, RayIsland]):
