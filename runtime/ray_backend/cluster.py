@@ -290,9 +290,11 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
     own environment (`launch`), so they would idle beside the islands, a
     Python process each. It sends call arguments and replies of up to
     `INLINE_BYTES` inline, in the call's message: Ray puts larger ones in its
-    shared-memory object store, which for a training step's 128 KiB batch in
-    the start call cost the driver, the raylet and the actor 2.8 ms of CPU
-    per call against 1.1 ms inline (at 1 MB the two cost the same).
+    shared-memory object store, which for a 128 KiB argument cost the driver,
+    the raylet and the actor 2.8 ms of CPU per call against 1.1 ms inline (at
+    1 MB the two cost the same; measured on the start calls before start
+    messages moved to the driver's connections, and kept for the calls left:
+    plans, and moves between actors that the transfer server does not carry).
     """
     import ray
 

@@ -231,7 +231,7 @@ class RayIsland:
         except IslandLost:
             if self._dead is None:
                 raise                        # the run failed so (a peer island was lost)
-            raise self.lost_result(run_id) or self._dead from None
+            raise self.lost_result(run_id) from None    # (the actor is dead: never None)
 
     def _ask_connection(self, kind: str, *args, **kwargs):
         """Calls the connection's `fetch` (counted as `kind`), `wait_run` or `runs_done` with `args`, requests that
