@@ -139,6 +139,12 @@ class ProgramPlan:
         if self.flops is None:
             object.__setattr__(self, "flops", {})
 
+    @functools.cached_property
+    def distinct_outputs(self) -> tuple[int, ...]:
+        """The buffers of `outputs` once each, in the order they first appear: a program that returns one value
+        twice (`return y, y`) lists its buffer twice, but it is one result, kept, reserved and released once."""
+        return tuple(dict.fromkeys(self.outputs))
+
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""
         return self._islands_of[buffer]

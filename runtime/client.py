@@ -169,8 +169,15 @@ class Client:
                                                      f"client {self.id}"))
 
     def handles(self, run: Run) -> list[Handle]:
-        """Returns handles to a run's outputs."""
-        return [Handle(self, run, b) for b in run.plan.outputs]
+        """Returns handles to a run's outputs, in order. An output the program returns more than once
+        (`return y, y`) is the same handle in each of its places: one result, released once it is dropped (two
+        handles of one result would release it with the first one dropped, and the other would never be
+        produced)."""
+        plan = run.plan
+        if len(plan.outputs) == len(plan.distinct_outputs):
+            return [Handle(self, run, b) for b in plan.outputs]
+        made = {b: Handle(self, run, b) for b in plan.distinct_outputs}
+        return [made[b] for b in plan.outputs]
 
     def wait(self, run: Run, timeout: float | None = None) -> None:
         """Waits until a run's work is over; raises its error if it failed."""

@@ -82,7 +82,7 @@ class HeldResults:
         cond's thread releases them before the parent goes on."""
         if run.error is not None or run.client_id in self.gone or run.parent is not None:
             return
-        for buffer in run.plan.outputs:
+        for buffer in run.plan.distinct_outputs:
             if buffer in run.released:
                 continue
             need = result_need(run.plan, buffer)

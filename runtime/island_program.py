@@ -207,7 +207,7 @@ class IslandLayout:
         covered = {d for s in plan.slices.values() if s.island == island.name for d in s.device_ids()}
         one_device = {b: next(iter(shardings[b].device_set)) for b in plan.inputs
                       if b in slot and b not in plan.donated and len(shardings[b].device_set) == 1}
-        return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.outputs if b in slot), len(covered),
+        return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.distinct_outputs if b in slot), len(covered),
                             plan.launch_placed(island.name), one_device)
 
 

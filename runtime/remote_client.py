@@ -282,7 +282,11 @@ class RemoteClient:
                 arrays.append(self._narrowed(plan, position, arg))
         reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec,
                                "timeout": timeout}, arrays)
-        return [RemoteHandle(self, key, shape, dtype) for key, shape, dtype in reply["handles"]]
+        made: dict[int, RemoteHandle] = {}        # a key listed twice (an output returned twice) is one handle
+        for key, shape, dtype in reply["handles"]:
+            if key not in made:
+                made[key] = RemoteHandle(self, key, shape, dtype)
+        return [made[key] for key, _, _ in reply["handles"]]
 
     @staticmethod
     def _narrowed(plan: ProgramPlan, position: int, arg):

@@ -242,7 +242,7 @@ class Runtime:
 
     def release_results(self, run: Run) -> None:
         """Releases every result of a run (no handle will be made for them)."""
-        for buffer in run.plan.outputs:
+        for buffer in run.plan.distinct_outputs:
             island = run.island_of(buffer)
             if island is not None:
                 self.islands[island].release(run.id, buffer)
@@ -328,7 +328,7 @@ class Runtime:
             self.islands[island].wait_run(run.id, None if deadline is None else max(0.0, deadline - time.monotonic()))
         if run.error is not None:
             raise raised(run.error)
-        for buffer in run.plan.outputs:
+        for buffer in run.plan.distinct_outputs:
             if buffer not in run.released and run.island_of(buffer) is not None:
                 self.islands[run.island_of(buffer)].produced(run.id, buffer, timeout=0)   # raises, brings nothing
 

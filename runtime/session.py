@@ -182,10 +182,12 @@ class Session:
             else:
                 raise ValueError(f"argument array {arg[1]} is not in the request's {len(arrays)} arrays")
         results = self.client.run(self.plans[name], args, _field(request, "dispatch", str), request.get("timeout"))
-        reply = []
+        reply, keys = [], {}
         for handle in results:
-            key = next(self.ids)
-            self.handles[key] = handle
+            key = keys.get(id(handle))
+            if key is None:                     # (an output returned twice is one handle: one key, `Client.handles`)
+                key = keys[id(handle)] = next(self.ids)
+                self.handles[key] = handle
             reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
         return {"handles": reply}, []
 

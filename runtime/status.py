@@ -52,7 +52,7 @@ def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
         floor.give(other.need)
         if other.parent is not None:
             continue
-        for buffer in other.plan.outputs:
+        for buffer in other.plan.distinct_outputs:
             if buffer not in other.released and other.error is None and other.client_id not in gone:
                 need = result_need(other.plan, buffer)
                 floor.take(need)

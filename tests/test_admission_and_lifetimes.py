@@ -59,6 +59,40 @@ def test_results_dropped_at_once_leave_nothing(runtime, plan_builder):
         assert settle(runtime, runs, client) == (0, 0)
 
 
+def test_a_result_returned_twice_is_one_handle_that_lives_while_either_name_does(device_map):
+    """A program that returns one value twice (`return y, y`) gets the same handle in
+    both places: dropping one name keeps the result for the other, the ledger holds its bytes once (not
+    twice, with one given back), and dropping both leaves nothing. Two handles of one result released it
+    with the first one dropped, and reading the other waited for ever."""
+    import gc
+
+    import pathways_mlir as pw
+
+    double = pw.jit(lambda x: x * 2, slice=pw.virtual_slice(1, axes="x"))
+
+    @pw.program
+    def twice(x):
+        y = double(x)
+        return y, y
+
+    rt = Runtime(device_map, device_memory_bytes=3 * 8 * 16 * 4)   # three results of (8, 16) floats per device
+    try:
+        with Client(rt) as client:
+            for _ in range(4):           # a result counted twice would fill the devices within two runs
+                first, second = twice.run(X, client=client)
+                assert first is second
+                client.wait(first._run, timeout=60)
+                assert sum(rt.usage().values()) == 8 * 16 * 4 and rt.object_count() == 1
+                del first
+                gc.collect()
+                np.testing.assert_allclose(np.asarray(second.result(timeout=60)), X * 2)
+                del second
+                gc.collect()
+                assert sum(rt.usage().values()) == 0 and rt.object_count() == 0
+    finally:
+        rt.close()
+
+
 def test_a_released_handle_raises_instead_of_returning_data(runtime, plan_builder):
     plan, want = one_step(plan_builder, runtime.resources.topology)
     client = Client(runtime)

@@ -328,6 +328,40 @@ client.close()
         assert result.stdout == f"{want} [0.0, 2.0, 4.0, 6.0] [0, 3, 6, 9]\n"
 
 
+def test_a_result_returned_twice_through_the_service_is_one_handle(service):
+    """A program returning one value twice (`return y, y`) gets one remote handle in both places: dropping one
+    name keeps the result for the other (two keys of one service handle released it with the first), and once
+    both are dropped the service holds nothing and reserves nothing."""
+    _, service_file, _ = service
+    snippet = """
+import gc, sys
+import numpy as np
+import pathways_mlir as pw
+client = pw.connect(sys.argv[1])
+double = pw.jit(lambda v: v * 2, slice=pw.virtual_slice(2, axes="x"))
+@pw.program
+def twice(v):
+    y = double(v)
+    return y, y
+for _ in range(3):
+    first, second = twice(np.ones(4, np.float32))
+    assert first is second
+    del first
+    gc.collect()
+    print(np.asarray(second.result(timeout=60)).tolist(), client.object_count())
+    del second
+    gc.collect()
+    print(client.object_count())
+client.close()
+"""
+    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "[2.0, 2.0, 2.0, 2.0] 1\n0\n" * 3
+    with open_connection(str(service_file), timeout=60) as observer:
+        assert baseline(wait_status(observer, baseline)), observer.status(full=True)
+
+
 def test_a_host_callback_is_refused_through_the_service_in_one_line(service):
     """A placed function that calls back to the host (jax.debug.print) stays in the process that traced it
     (jax.export cannot serialise it): the service's islands, in another process, cannot run it, and the client

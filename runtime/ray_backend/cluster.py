@@ -120,7 +120,7 @@ class RayIslands(Islands):
         island was lost since the call, or if one of its islands lacks its plan (`replaced`). Nothing runs on the
         caller's thread (`inline`)."""
         if run.key not in self._results:
-            self._results[run.key] = {name: tuple(b for b in run.plan.outputs if run.island_of(b) == name)
+            self._results[run.key] = {name: tuple(b for b in run.plan.distinct_outputs if run.island_of(b) == name)
                                       for name in self}
         lost = self.kept.lost(works) or self.replaced(run, works)
         if lost is not None:            # a result it takes is gone with its island (as a fetch of it raises), or
