@@ -33,7 +33,7 @@ from typing import Any
 
 from .plan_json import JsonReader, PlanError, jsonable, step_from_python, step_to_python
 from .plan_steps import Branch, Launch, Recv, Send, Step
-from .sharding import zero_size
+from .sharding import Sharding, zero_size
 from .topology import Topology, TopologyError
 
 # Element types a plan may name, with their size in bytes (i1 takes a byte).
@@ -358,13 +358,11 @@ class ProgramPlan:
                 if placement is None:
                     raise PlanError(f"{what}: unknown slice '{b.slice}'", buffer=b.id)
                 sizes = dict(zip(placement.axes, placement.shape))
-                for dim, axes in zip(b.shape, b.sharding):
-                    if any(a not in sizes for a in axes):
-                        raise PlanError(f"{what}: sharding names an axis that slice {b.slice} lacks", buffer=b.id)
-                    split = math.prod(sizes[a] for a in axes)
-                    if dim % split:
-                        raise PlanError(f"{what}: dimension {dim} does not split {split} ways", buffer=b.id)
-                    ways *= split
+                sharding = Sharding.from_python(b.sharding)
+                problems = sharding.problems(b.shape, sizes)
+                if problems:
+                    raise PlanError(f"{what}: {problems[0]} (slice {b.slice})", buffer=b.id)
+                ways = sharding.ways(sizes)
             expected = math.prod(b.shape) * ELEMENT_BYTES[b.dtype] // ways
             if b.bytes_per_device != expected:
                 raise PlanError(f"{what}: bytes_per_device is {b.bytes_per_device}, but its shape, type and "
@@ -373,6 +371,9 @@ class ProgramPlan:
             for b in ids:
                 if b not in self.buffers:
                     raise PlanError(f"{where}: {what} buffer {b} is not declared")
+        if len(set(self.inputs)) != len(self.inputs):
+            raise PlanError(f"{where}: input buffer {next(b for b in self.inputs if self.inputs.count(b) > 1)} is "
+                            f"listed twice: each argument is a buffer of its own")
         for b in self.donated:
             if b not in self.inputs:
                 raise PlanError(f"{where}: donated buffer {b} is not an input of the program")
@@ -420,8 +421,12 @@ class ProgramPlan:
                                     step=step_id)
                 axes = set(self.slices[s.slice].axes)
                 for call in self.fused[s.executable].calls if s.executable in self.fused else ():
+                    if call.callee not in self.executables:
+                        raise PlanError(f"{where}: step {step_id}: fused executable '{s.executable}' calls unknown "
+                                        f"executable '{call.callee}'", step=step_id)
                     if call.in_shardings and (len(call.in_shardings) != len(call.operands) or not all(
-                            a in axes for sharding in call.in_shardings for dim in sharding for a in dim)):
+                            a in axes for sharding in call.in_shardings for dim in sharding for a in dim)
+                            or any(_repeats_an_axis(sharding) for sharding in call.in_shardings)):
                         raise PlanError(f"{where}: step {step_id}: fused executable '{s.executable}' constrains "
                                         f"@{call.callee}'s operands to shardings that slice '{s.slice}' cannot hold",
                                         step=step_id)
@@ -492,6 +497,12 @@ class ProgramPlan:
                 if not begin < end <= devices:
                     raise PlanError(f"{where}: peak_bytes of '{island}' name devices {begin}..{end}, not a range "
                                     f"of its {devices} devices")
+
+
+def _repeats_an_axis(sharding) -> bool:
+    """Whether a sharding (`[["x"], ["x"]]`) splits over one mesh axis more than once, which no layout can."""
+    used = Sharding.from_python(sharding).used_axes()
+    return len(set(used)) != len(used)
 
 
 def _cycle(waits: dict[int, set[int] | frozenset[int]]) -> list[int] | None:

@@ -19,7 +19,11 @@ crash or corrupt the process that runs it. `check_plan` refuses, with one
   a result's shape, `gesdd`'s and `trsm`'s, are read from the call);
 - executables whose exported argument or result avals (shape, dtype) differ
   from the buffers the plan's launches give and take, or that were exported
-  for more than one device.
+  for more than one device;
+- fused executables that constrain a call's operand to a sharding that
+  cannot lay it out (`Sharding.problems`: its rank, an axis named twice, a
+  dimension it does not divide), which XLA would refuse only when the
+  launch compiles, at the run.
 
 An executable that calls back to the host is not serialised at all: its
 `pw.export` names a function kept in the process that traced it
@@ -36,6 +40,7 @@ from __future__ import annotations
 import base64
 
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
+from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.plan_steps import Launch
 
 from .executables import InProcessFunction, is_in_process, kept_in_process, numpy_dtype
@@ -135,11 +140,13 @@ def _check_launch(plan: ProgramPlan, step: Launch, exported: dict, where: str) -
     fused = plan.fused.get(step.executable)
     given = _avals(plan, step.inputs)
     if fused is None:
-        calls, results = [(step.executable, tuple(range(len(given))))], (len(given),)
+        calls, results = [(step.executable, tuple(range(len(given))), ())], (len(given),)
     else:
-        calls, results = [(c.callee, c.operands) for c in fused.calls], fused.results
+        calls, results = [(c.callee, c.operands, c.in_shardings) for c in fused.calls], fused.results
+    placement = plan.slices[step.slice]
+    sizes = dict(zip(placement.axes, placement.shape))
     values = list(given)
-    for callee, operands in calls:
+    for callee, operands, in_shardings in calls:
         export = exported.get(callee)
         if export is None:
             return   # no serialisation: the runtime says so (MissingExecutable) when it compiles the launch
@@ -148,6 +155,11 @@ def _check_launch(plan: ProgramPlan, step: Launch, exported: dict, where: str) -
                             f"has not made")
         _compare(f"{where}: step {step.id}: executable @{callee}", "arguments",
                  _exported_avals(export.in_avals), [values[i] for i in operands])
+        for position, (i, sharding) in enumerate(zip(operands, in_shardings)):
+            problems = Sharding.from_python(sharding).problems(values[i][0], sizes)
+            if problems:
+                raise PlanError(f"{where}: step {step.id}: fused @{step.executable} constrains argument {position} "
+                                f"of @{callee}: {problems[0]}")
         values.extend(_exported_avals(export.out_avals))
     if fused is None:
         produced = values[len(given):]

@@ -88,6 +88,41 @@ def test_a_plan_constraining_to_axes_its_slice_lacks_is_refused(runtime):
         ProgramPlan.from_python(value)
 
 
+@pytest.mark.parametrize("change, error", [
+    (lambda call: call.update(callee="slice0"), "fused executable '{name}' calls unknown executable 'slice0'"),
+    (lambda call: call.update(in_shardings=[[["model"], ["model"]]]),
+     "fused executable '{name}' constrains @block_b's operands to shardings that slice 'slice_b' cannot hold"),
+    (lambda call: call.update(in_shardings=[[["model"]]]),
+     "fused @{name} constrains argument 0 of @block_b: sharding \\[\\[\"model\"\\]\\] has rank 1 but the "
+     "tensor has rank 2"),
+])
+def test_a_fused_call_no_launch_could_make_is_refused_when_loaded(runtime, change, error):
+    """A fused executable's call of an executable the plan lacks, or that constrains an operand to a sharding
+    that cannot lay it out (an axis twice, another rank: `Sharding.problems`), is one `PlanError`
+    when the plan is loaded (found by mutating plans sent to `pw-serve`): XLA refused them only when the launch
+    compiled, at the run, and the call of no executable failed there as a missing export."""
+    from pathways_mlir.runtime.plan_check import check_plan
+
+    fused = plan_of(three_blocks_example().three_blocks, runtime, True, X)
+    value = fused.to_python()
+    [name] = value["fused"]
+    change(value["fused"][name]["calls"][1])
+    with pytest.raises(PlanError, match=error.format(name=name)):
+        check_plan(ProgramPlan.from_python(value))
+
+
+def test_a_plan_whose_buffer_sharding_names_an_axis_twice_or_whose_input_is_listed_twice_is_refused(runtime):
+    plan = plan_of(three_blocks_example().three_blocks, runtime, False, X)
+    value = plan.to_python()
+    value["buffers"][0]["sharding"] = [["data"], ["data"]]
+    with pytest.raises(PlanError, match="buffer 0: sharding .* uses axis 'data' more than once"):
+        ProgramPlan.from_python(value)
+    value = plan.to_python()
+    value["inputs"] = value["inputs"] * 2
+    with pytest.raises(PlanError, match="input buffer 0 is listed twice"):
+        ProgramPlan.from_python(value)
+
+
 wide = pw.virtual_slice((2, 2), axes=("data", "model"), name="wide")
 left = pw.virtual_slice(2, axes="data", name="left")
 
