@@ -166,3 +166,63 @@ def test_mutated_plan_json_is_refused_or_simulated_by_pw_sim(tmp_path):
         if _crashed(status, stderr):
             crashes.append(f"status {status}: {stderr.strip()[-300:]}")
     assert not crashes, f"{len(crashes)} of 300 crashed; the first: {crashes[0]}"
+
+
+def test_mutated_plans_of_a_jax_program_load_and_run_or_are_refused_in_one_line():
+    """The three-block example lowered from JAX with island fusion (its executables real exports), its plan
+    mutated and loaded on an embedded runtime: each mutation is refused at load in one line (`PlanError`, or
+    another `ValueError` or `TypeError`), or it runs and every result reads back, or fails in one line, within
+    a bound; the runtime runs the plan as lowered afterwards. Mutating the plan sent to `pw-serve` found three
+    kinds that loaded and failed only at the run (a fused call constraining an operand to an axis twice or to
+    another rank, one calling an executable the plan lacks) and one whose second result hung (`return y, y`)."""
+    import importlib.util
+
+    import jax
+    import numpy as np
+
+    from pathways_mlir.dialect.plan import ProgramPlan
+    from pathways_mlir.passes import lower_to_plans
+    from pathways_mlir.runtime.client import Client
+    from pathways_mlir.runtime.cluster import embedded_device_map
+    from pathways_mlir.runtime.island_work import RunFailed
+    from pathways_mlir.runtime.runtime import Runtime
+
+    spec = importlib.util.spec_from_file_location("three_blocks_example", ROOT / "examples" / "three_blocks.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    x = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
+    runtime = Runtime(embedded_device_map(2, 4))
+    try:
+        lowered = example.three_blocks.lower(jax.ShapeDtypeStruct(x.shape, x.dtype))
+        plan = lower_to_plans(lowered.module, runtime.resources.topology, fuse=True)[lowered.program]
+        base = plan.to_python()
+        paths = [p for p in _leaf_paths(base) if p and p[0] != "executables"]
+        rng, problems, ran = random.Random(5), [], 0
+        with Client(runtime) as client:
+            expected = np.asarray(client.run(plan, [x])[0])
+            for i in range(150):
+                value = copy.deepcopy(base)
+                for _ in range(rng.randint(1, 2)):
+                    _mutate_plan(rng, value, paths)
+                try:
+                    mutated = ProgramPlan.from_python(value)
+                    runtime.load(mutated)
+                except (ValueError, TypeError) as error:
+                    if "\n" in str(error) or not str(error):
+                        problems.append(f"mutation {i}: refused in more than one line: {error!r}"[:400])
+                    continue
+                ran += 1
+                try:
+                    handles = client.run(mutated, [x] * len(mutated.inputs))
+                    for handle in handles:
+                        np.asarray(handle.result(timeout=60))
+                except (RunFailed, ValueError, TypeError) as error:
+                    if "\n" in str(error):
+                        problems.append(f"mutation {i}: failed in more than one line: {error!r}"[:400])
+                except Exception as error:  # noqa: BLE001  (anything else is what this test looks for)
+                    problems.append(f"mutation {i} loaded, then its run raised {error!r}"[:400])
+            np.testing.assert_allclose(np.asarray(client.run(plan, [x])[0]), expected)
+        assert not problems, "\n".join(problems)
+        assert ran > 5          # mutations that load (values swapped for others that fit) are run, not only refused
+    finally:
+        runtime.close()
