@@ -267,6 +267,29 @@ def on_right(x):
     return bend(x)          # island1
 
 
+@pw.program
+def twice_across(x):
+    y = bend(grow(x))       # island0, then island1
+    return y, grow(x), y
+
+
+def test_a_result_returned_twice_is_one_handle_on_the_island_actors(ray_runtime):
+    """`return y, y` across island actors: one handle in both places, kept on its island while either name
+    holds it, and nothing left once both are dropped."""
+    import gc
+
+    with Client(ray_runtime) as client:
+        first, other, second = twice_across.run(X, client=client)
+        assert first is second
+        del first
+        gc.collect()
+        np.testing.assert_allclose(np.asarray(second.result(60)), np.asarray(jax.jit(bend.fn)(jax.jit(grow.fn)(X))),
+                                   rtol=1e-5)
+        del second, other
+        gc.collect()
+        assert ray_runtime.object_count() == 0
+
+
 def fetches(runtime) -> dict:
     """The driver's fetch messages so far, per island."""
     return {name: island.calls["fetch"] for name, island in runtime.islands.items()}
