@@ -426,7 +426,7 @@ class ProgramPlan:
                                         f"executable '{call.callee}'", step=step_id)
                     if call.in_shardings and (len(call.in_shardings) != len(call.operands) or not all(
                             a in axes for sharding in call.in_shardings for dim in sharding for a in dim)
-                            or any(_repeats_an_axis(sharding) for sharding in call.in_shardings)):
+                            or any(Sharding.from_python(sharding).repeated_axes() for sharding in call.in_shardings)):
                         raise PlanError(f"{where}: step {step_id}: fused executable '{s.executable}' constrains "
                                         f"@{call.callee}'s operands to shardings that slice '{s.slice}' cannot hold",
                                         step=step_id)
@@ -497,12 +497,6 @@ class ProgramPlan:
                 if not begin < end <= devices:
                     raise PlanError(f"{where}: peak_bytes of '{island}' name devices {begin}..{end}, not a range "
                                     f"of its {devices} devices")
-
-
-def _repeats_an_axis(sharding) -> bool:
-    """Whether a sharding (`[["x"], ["x"]]`) splits over one mesh axis more than once, which no layout can."""
-    used = Sharding.from_python(sharding).used_axes()
-    return len(set(used)) != len(used)
 
 
 def _cycle(waits: dict[int, set[int] | frozenset[int]]) -> list[int] | None:

@@ -56,6 +56,11 @@ class Sharding:
         """Returns every axis this sharding splits over, in dimension order."""
         return tuple(axis for axes in self.dims for axis in axes)
 
+    def repeated_axes(self) -> list[str]:
+        """Returns the axes this sharding splits over more than once (`[["x"], ["x"]]`), which no layout can."""
+        used = self.used_axes()
+        return sorted({a for a in used if used.count(a) > 1})
+
     def dim_ways(self, axis_sizes: Mapping[str, int]) -> tuple[int, ...]:
         """Returns into how many pieces each dimension is split."""
         return tuple(math.prod(axis_sizes[a] for a in axes) for axes in self.dims)
@@ -78,7 +83,7 @@ class Sharding:
             if axis not in axis_sizes:
                 problems.append(f"sharding {self} names axis '{axis}' which the slice does not have "
                                 f"(axes: {', '.join(axis_sizes) or 'none'})")
-        for axis in sorted({a for a in used if used.count(a) > 1}):
+        for axis in self.repeated_axes():
             problems.append(f"sharding {self} uses axis '{axis}' more than once")
         if problems:
             return problems

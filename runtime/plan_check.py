@@ -40,8 +40,8 @@ from __future__ import annotations
 import base64
 
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
-from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.plan_steps import Launch
+from pathways_mlir.dialect.sharding import Sharding
 
 from .executables import InProcessFunction, is_in_process, kept_in_process, numpy_dtype
 
