@@ -41,6 +41,7 @@ from .signature import Call, Signature
 from .wire import from_wire, to_wire
 
 if TYPE_CHECKING:
+    from pathways_mlir.dialect.plan import ProgramPlan
     from pathways_mlir.runtime.interface import ClusterRuntime, ProgramClient
 
 _IDENTICAL = 64                      # signatures a stage cache keeps by identity (then it starts again)
@@ -54,7 +55,9 @@ class Compiled:
         self.runtime = runtime
         self.plan = None
         self._version = -1
-        self._lock = threading.Lock()
+        # Reentrant: lowering again (`_refresh`) asks a service for its topology, which may first lower again a
+        # run of this program that the service refused (`RemoteClient._send_again`, `_lowered_again`).
+        self._lock = threading.RLock()
         # Whether a call whose arguments are arrays and handles, one leaf each, passes them as they are and
         # returns its handles as they are (no key data to convert, nothing donated): `call_plain` then runs it.
         self.plain = not any(lowered.donated) and \
@@ -82,6 +85,7 @@ class Compiled:
         again raises. A shared object (`SharedRef`) is read-only: donating
         one is refused before anything runs.
         """
+        from pathways_mlir.runtime.remote_client import RemoteClient
         from pathways_mlir.runtime.resource_manager import TopologyChanged
 
         if self.runtime.resources.version != self._version:
@@ -100,13 +104,23 @@ class Compiled:
             _refuse_donated_shared(lowered, leaves)
         _refuse_other_dtypes(lowered, leaves)
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals)]
+        # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
+        # it for a topology change (`RemoteClient.run`).
+        again = {"refresh": self._lowered_again} if isinstance(client, RemoteClient) else {}
         try:
-            handles = client.run(self.plan, wire, dispatch, timeout)
+            handles = client.run(self.plan, wire, dispatch, timeout, **again)
         except TopologyChanged:       # a service's topology changed since this process read it (pw.connect)
             with self._lock:
                 self._refresh()
-            handles = client.run(self.plan, wire, dispatch, timeout)
+            handles = client.run(self.plan, wire, dispatch, timeout, **again)
         return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
+
+    def _lowered_again(self) -> ProgramPlan:
+        """The plan for the cluster's topology as it is now: lowered again if it changed since this one was."""
+        with self._lock:
+            if self.runtime.resources.snapshot()[0] != self._version:
+                self._refresh()
+            return self.plan
 
     def call_plain(self, args: tuple, leaves: tuple | list, client=None) -> Any:
         """Runs the program on `args`, whose `leaves` are every one a JAX or NumPy array or a handle of its

@@ -15,7 +15,13 @@ quarter of the endpoint's idle timeout, so an idle client keeps its objects.
 
 A dropped handle's release goes with the connection's next request, or,
 if none comes within `RELEASE_DELAY`, that thread sends it; a release sent
-alone is not waited for: its reply is read with a later request's. A plan
+alone is not waited for: its reply is read with a later request's. So is a
+run of a program (`run` with `refresh`): its client chooses its result keys,
+returns its handles at once and reads its reply with the next request, so
+runs in flight cost no round trip each. A run the service refused makes its
+handles raise its error (and so does a later run taking one); one refused
+because the cluster's topology changed is lowered again (`refresh`) and
+sent again with the same keys, and a request it made fail is asked again. A plan
 is sent once per plan object, and once the program that made it is gone
 (nothing holds the plan), its name goes the same way, and the endpoint
 forgets the plan (as the embedded runtime forgets a plan nothing holds).
@@ -25,11 +31,13 @@ from __future__ import annotations
 
 import base64
 import collections
+import itertools
 import queue
 import socket
 import threading
 import time
 import weakref
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -48,11 +56,14 @@ from .runtime import release_default
 from .status import Status
 from .limits import Limits
 from .plan_check import refuse_kept_functions
+from .resource_manager import TopologyChanged
 from .wire import DTYPES, ERROR_KINDS, FrameReader, ProtocolError, send_message
 
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
 POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
-UNANSWERED = 64      # release requests sent at most before their replies are read
+UNANSWERED = 64      # release and run requests sent at most before their replies are read
+UNANSWERED_BYTES = 64 << 20   # bytes of arguments of runs whose replies are not read, at most (kept to resend)
+RETRIES = 3          # times a request is asked again after runs it followed were lowered again
 RELEASE_DELAY = 0.02  # seconds a dropped handle's release waits for a request to carry it
 
 
@@ -122,6 +133,9 @@ class RemoteHandle(ArrayReference):
         was closed (`close()`, which released its result); nothing is asked of the service."""
         if not self._finalizer.alive:
             raise ValueError(f"remote handle {self._key} was released")
+        refused = self._client._refused.get(self._key)
+        if refused is not None:
+            raise refused[0](refused[1])         # a new error each time: a raised one's frames would hold this
         if self._client.closed_here:
             raise ValueError(f"remote handle {self._key} belongs to the closed connection to the service at "
                              f"{self._client.name}: its result was released")
@@ -216,7 +230,12 @@ class RemoteClient:
         self._lock = FairLock()      # first come, first served: a polling request never starves the others
         self._dropped: collections.deque[int] = collections.deque()   # handles to release with the next request
         self._forgotten: collections.deque[str] = collections.deque()  # names of plans gone, for the same request
-        self._unanswered = 0                     # releases sent whose replies are not read yet
+        # the requests sent whose replies are not read yet, in order: None for a release, a `SentRun` for a run
+        self._unanswered: collections.deque[SentRun | None] = collections.deque()
+        self._unanswered_bytes = 0               # their arguments' bytes
+        self._refused: dict[int, tuple[type, str]] = {}   # handle key -> the error of the run refused with it
+        self._keys = itertools.count(1)          # the keys this client chooses for its runs' results
+        self._rerun: list[SentRun] = []          # runs refused for a topology change, to lower and send again
         # id(plan) -> (the plan, weakly; its name there; the topology version it was lowered for)
         self._names: dict[int, tuple[weakref.ref, str, int]] = {}
         self._last = time.monotonic()            # when the connection last carried a request
@@ -261,13 +280,39 @@ class RemoteClient:
             self._wake()
 
     def run(self, plan: ProgramPlan, args, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
-            timeout: float | None = None) -> list[RemoteHandle]:
+            timeout: float | None = None, refresh: Callable[[], ProgramPlan] | None = None) -> list[RemoteHandle]:
         """Runs `plan` on `args` (arrays, this client's remote handles, shared objects); returns one remote
         handle per output, at once. Raises TopologyChanged if the cluster's topology changed since `plan` was sent.
-        With `timeout`, the service cancels the run if it is not over by then (see `Client.start`)."""
+        With `timeout`, the service cancels the run if it is not over by then (see `Client.start`).
+
+        With `refresh` (which lowers the program again for the cluster's topology and returns its plan), a run
+        without a `timeout`, donated inputs or shared objects is sent without waiting for its reply (see the
+        module): the handles are made here, under keys this client chooses, and a run refused for a topology
+        change is lowered again and sent again. Those three are checked by the service when the run is
+        submitted, so such a run waits for its reply, and a misuse raises at the call, as in-process."""
         dispatch = DispatchMode.parse(dispatch)
+        self._send_again()                       # runs refused before this one go first
         name = self.load(plan)
         version = self._names[id(plan)][2]
+        spec, arrays = self._arguments(plan, args)
+        keys = {b: next(self._keys) for b in plan.distinct_outputs}     # (every run's: the service chooses none)
+        request = {"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec,
+                   "timeout": timeout, "keys": list(keys.values())}
+        if refresh is None or timeout is not None or plan.donated or any(a[0] == "shared" for a in spec):
+            self._call(request, arrays)
+        else:
+            sent = SentRun(request, arrays, refresh)
+            with self._lock:
+                self._check_open()
+                self._send_unanswered(request, arrays, sent)
+        made: dict[int, RemoteHandle] = {}        # an output returned twice is one handle
+        for b, key in keys.items():
+            if key not in made:
+                made[key] = RemoteHandle(self, key, plan.buffers[b].shape, numpy_dtype(plan.buffers[b].dtype).name)
+        return [made[keys[b]] for b in plan.outputs]
+
+    def _arguments(self, plan: ProgramPlan, args) -> tuple[list, list]:
+        """A run's `args` as the request names them, and the arrays its frame carries."""
         spec, arrays = [], []
         for position, arg in enumerate(args):
             if isinstance(arg, RemoteHandle):
@@ -280,13 +325,7 @@ class RemoteClient:
             else:
                 spec.append(["array", len(arrays)])
                 arrays.append(self._narrowed(plan, position, arg))
-        reply, _ = self._call({"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec,
-                               "timeout": timeout}, arrays)
-        made: dict[int, RemoteHandle] = {}        # a key listed twice (an output returned twice) is one handle
-        for key, shape, dtype in reply["handles"]:
-            if key not in made:
-                made[key] = RemoteHandle(self, key, shape, dtype)
-        return [made[key] for key, _, _ in reply["handles"]]
+        return spec, arrays
 
     @staticmethod
     def _narrowed(plan: ProgramPlan, position: int, arg):
@@ -351,7 +390,7 @@ class RemoteClient:
             self.closed = self.closed_here = True
             try:
                 send_message(self._socket, {"op": "close"}, (), self.limits)
-                for _ in range(self._unanswered + 1):
+                for _ in range(len(self._unanswered) + 1):
                     self._reader.recv()
             except (OSError, EOFError, ProtocolError):
                 pass   # the endpoint is gone, and with it everything this client owned
@@ -402,6 +441,7 @@ class RemoteClient:
         `RELEASE_DELAY` (`_keep_alive`). It never waits: it may run inside `_call`, or in a finalizer on any
         thread (a `SimpleQueue` may be put to there)."""
         self._dropped.append(key)
+        self._refused.pop(key, None)
         self._wake()
 
     def _wake(self) -> None:
@@ -430,9 +470,40 @@ class RemoteClient:
                     raise TimeoutError(late) from None
 
     def _call(self, request: dict, arrays=(), release=()) -> tuple[dict, list[np.ndarray]]:
+        """Sends one request and returns its reply (see `_exchange`). Runs sent before it that the service
+        refused for a topology change are lowered and sent again first (`_send_again`), and the request is asked
+        again if it failed after them (up to `RETRIES` times)."""
+        for attempt in range(RETRIES + 1):
+            self._send_again()
+            with self._lock:
+                self._check_open()
+                try:
+                    return self._exchange(request, arrays, release)
+                except TopologyChanged:          # (also what a request naming a refused run's handle gets)
+                    if not self._rerun or attempt == RETRIES:
+                        raise
+                release = ()                     # sent with the first attempt
+        raise AssertionError("unreachable")      # the last attempt returns or raises
+
+    def _send_again(self) -> None:
+        """Lowers the runs the service refused for a topology change again (each run's `refresh`, which asks
+        the service for its topology and loads the new plan) and sends them again, with the same keys, in the
+        order they were first sent; a run that cannot be lowered again has its handles raise why. Holds no
+        lock while it lowers."""
         with self._lock:
-            self._check_open()
-            return self._exchange(request, arrays, release)
+            rerun, self._rerun = self._rerun, []
+        for sent in rerun:
+            try:
+                plan = sent.refresh()
+                name = self.load(plan)
+                request = {**sent.request, "name": name, "version": self._names[id(plan)][2]}
+            except Exception as error:  # noqa: BLE001  (the run's handles raise it)
+                for key in sent.request["keys"]:
+                    self._refused[key] = (type(error), str(error))
+                continue
+            with self._lock:
+                self._check_open()
+                self._send_unanswered(request, sent.arrays, SentRun(request, sent.arrays, sent.refresh))
 
     def _check_open(self) -> None:
         if self.closed:
@@ -440,12 +511,21 @@ class RemoteClient:
 
     def _send_release(self, release=()) -> None:
         """Sends a `release` request for the dropped handles and `release`, forgetting the plans gone
-        (holding the lock), without waiting for its reply: the next exchange reads it. At most `UNANSWERED`
-        such replies wait unread."""
-        if self._unanswered >= UNANSWERED:
+        (holding the lock), without waiting for its reply: the next exchange reads it."""
+        self._send_unanswered(self._carrying_drops({"op": "release"}, release), (), None)
+
+    def _send_unanswered(self, request: dict, arrays, sent: "SentRun | None") -> None:
+        """Sends a request whose reply the next exchange reads (holding the lock): a release (`sent` None) or a
+        run. At most `UNANSWERED` such replies wait unread, and runs' arguments of at most `UNANSWERED_BYTES`
+        (kept to send a run again)."""
+        nbytes = sum(getattr(a, "nbytes", 0) for a in arrays)
+        if len(self._unanswered) >= UNANSWERED or self._unanswered_bytes + nbytes > UNANSWERED_BYTES:
             self._read_unanswered()
-        self._send(self._carrying_drops({"op": "release"}, release), ())
-        self._unanswered += 1
+        self._send(self._carrying_drops(request) if sent is not None else request, arrays)
+        self._unanswered.append(sent)
+        if sent is not None:
+            sent.nbytes = nbytes
+            self._unanswered_bytes += nbytes
 
     def _exchange(self, request: dict, arrays, release) -> tuple[dict, list[np.ndarray]]:
         """Sends one request and reads its reply (holding the lock), after the replies of releases sent
@@ -455,8 +535,7 @@ class RemoteClient:
         self._read_unanswered()
         reply, values = self._receive()
         if reply.get("ok") is not True:
-            error = str(reply.get("error", "the endpoint sent a malformed reply"))
-            raise RAISED.get(reply.get("kind"), RemoteError)(error)
+            raise _raised(reply)
         return reply, values
 
     def _carrying_drops(self, request: dict, release=()) -> dict:
@@ -471,10 +550,22 @@ class RemoteClient:
         return request
 
     def _read_unanswered(self) -> None:
-        """Reads the replies of the releases sent without waiting (they only say the release was taken)."""
+        """Reads the replies of the requests sent without waiting: a release's only says it was taken; a run
+        refused makes its handles raise its error, or, refused for a topology change, waits to be sent again
+        (`_send_again`)."""
         while self._unanswered:
-            self._receive()
-            self._unanswered -= 1
+            reply, _ = self._receive()
+            sent = self._unanswered.popleft()
+            if sent is None:
+                continue
+            self._unanswered_bytes -= sent.nbytes
+            if reply.get("ok") is not True:
+                error = _raised(reply)
+                if isinstance(error, TopologyChanged):
+                    self._rerun.append(sent)
+                else:
+                    for key in sent.request["keys"]:
+                        self._refused[key] = (type(error), str(error))
 
     def _send(self, request: dict, arrays) -> None:
         self._last = time.monotonic()
@@ -528,6 +619,21 @@ def _connect(address, timeout: float | None) -> socket.socket:
     sock = socket.create_connection(address, timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+class SentRun:
+    """A run sent without waiting for its reply: its request (with the keys chosen for its results), the arrays
+    it carries and how to lower its program again (`refresh`), kept until its reply is read."""
+
+    __slots__ = ("request", "arrays", "refresh", "nbytes")
+
+    def __init__(self, request: dict, arrays, refresh: Callable[[], ProgramPlan]):
+        self.request, self.arrays, self.refresh, self.nbytes = request, arrays, refresh, 0
+
+
+def _raised(reply: dict) -> BaseException:
+    """The error an error reply says, of its kind's class (`RAISED`)."""
+    return RAISED.get(reply.get("kind"), RemoteError)(str(reply.get("error", "the endpoint sent a malformed reply")))
 
 
 def _status(data: dict) -> Status:

@@ -8,10 +8,15 @@ why it will not serve). Requests, one frame each:
   the order `executables` names them; the reply names it by the SHA-256 of
   its JSON (`ProgramPlan.to_json`), and every connection loading the same
   plan shares it. A plan is checked (`runtime/plan_check.py`) once;
-- `run` {name, version, dispatch, args}: each argument `["array", i]` (the
+- `run` {name, version, dispatch, args, keys}: each argument `["array", i]` (the
   frame's i-th array), `["handle", k]` (one of this connection's
   results) or `["shared", token]` (a shared object, read-only); the reply
-  has `[key, shape, dtype]` per output. A plan lowered
+  has `[key, shape, dtype]` per output. `keys`, if given, are the keys the
+  client chose for the run's distinct results (`ProgramPlan.distinct_outputs`,
+  in order; keys not in use), so that it may send the run without waiting
+  for its reply: a run refused with them has its keys remembered
+  (`REFUSED` per connection), and a request naming one is refused with the
+  run's own error. A plan lowered
   for another topology `version` than the cluster's is refused
   (`TopologyChanged`), and the client lowers it again;
 - `fetch` {handle, timeout, value}: waits for a result to be computed (at
@@ -52,6 +57,7 @@ the format gets one and the connection is dropped.
 from __future__ import annotations
 
 import base64
+import collections
 import itertools
 import select
 import socket
@@ -72,7 +78,7 @@ if TYPE_CHECKING:
     from .endpoint import Endpoint
 
 # The fields each request kind reads, besides `op`, `release` and `forget`; any other field is refused.
-FIELDS = {"load": {"plan", "executables"}, "run": {"name", "version", "dispatch", "args", "timeout"},
+FIELDS = {"load": {"plan", "executables"}, "run": {"name", "version", "dispatch", "args", "timeout", "keys"},
           "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"},
           "share": {"handle", "timeout"}, "shared": {"token"}, "objects": set(), "topology": set(),
           "status": {"full"}, "ping": set()}
@@ -81,6 +87,8 @@ _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arra
 _SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
 _PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
 _READY_PAUSE = 1e-4                 # seconds of the first pause between looks at a result still being computed
+REFUSED = 4096                      # keys of refused runs a connection remembers (the oldest are forgotten)
+MAX_KEY = 2 ** 53                   # client-chosen keys are below this (JSON numbers every client reads exactly)
 
 
 class Session:
@@ -92,6 +100,8 @@ class Session:
         self.plans: dict[str, ProgramPlan] = {}
         self.loads: dict[str, int] = {}          # plan name -> its loads not forgotten yet
         self.handles: dict[int, Handle] = {}
+        # client-chosen key of a refused run -> (its error's class, its message), as `_handle` raises it again
+        self.refused: collections.OrderedDict[int, tuple[type, str]] = collections.OrderedDict()
         self.tokens: dict[int, list[str]] = {}   # handle key -> the tokens it was shared as (forgotten on release)
         self.ids = itertools.count()
         self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
@@ -120,11 +130,8 @@ class Session:
                     reply, out = self.requests[op](request, arrays)
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
-                    kind = next((k for k in ERROR_KINDS if isinstance(error, ERROR_KINDS[k])), "error")
-                    # The client raises the kind's class: the message names the error's own class only if
-                    # that is another (a subclass, or an error of no kind), as the in-process error's does not.
-                    named = "" if type(error) is ERROR_KINDS.get(kind) else f"{type(error).__name__}: "
-                    reply, out = {"ok": False, "error": f"{named}{error}", "kind": kind}, []
+                    kind, message = _reported(error)
+                    reply, out = {"ok": False, "error": message, "kind": kind}, []
                 del request, arrays          # not kept while the reply waits for the peer to read it
                 try:
                     send_message(self.connection, reply, out, self.endpoint.limits)
@@ -158,7 +165,37 @@ class Session:
     def run(self, request: dict, arrays) -> tuple[dict, list]:
         """Runs a plan this connection loaded, lowered for topology `version`, on `args` (each `["array", i]`,
         the frame's i-th array, `["handle", k]`, one of its handles, or `["shared", token]`, a shared object);
-        replies with one handle per output."""
+        replies with one handle per output, under the client's `keys` if it chose them (a run refused with them
+        has them remembered as refused, with its error)."""
+        keys = self._chosen_keys(request.get("keys"))
+        try:
+            return self._run(request, arrays, keys)
+        except Exception as error:
+            if keys:
+                kind, message = _reported(error)
+                for key in keys:        # (its own line: the one the call would have raised in-process)
+                    self.refused[key] = (ERROR_KINDS.get(kind, RuntimeError), message)
+                while len(self.refused) > REFUSED:
+                    self.refused.popitem(last=False)
+            raise
+
+    def _chosen_keys(self, keys) -> list[int] | None:
+        """The keys a `run` request chose for its results (None if it chose none): distinct integers in
+        [0, MAX_KEY) that name no handle of this connection; ValueError otherwise. A refused run's keys may be
+        chosen again (the client sends the run again)."""
+        if keys is None:
+            return None
+        if not (isinstance(keys, list) and all(type(k) is int and 0 <= k < MAX_KEY for k in keys)
+                and len(set(keys)) == len(keys)):
+            raise ValueError(f"request 'run' needs 'keys' as distinct integers in [0, 2**53), not {str(keys)[:80]}")
+        used = next((k for k in keys if k in self.handles), None)
+        if used is not None:
+            raise ValueError(f"request 'run' chose key {used}, which names a handle of this connection already")
+        for key in keys:
+            self.refused.pop(key, None)
+        return keys
+
+    def _run(self, request: dict, arrays, keys: list[int] | None) -> tuple[dict, list]:
         name = _field(request, "name", str)
         if name not in self.plans:
             raise ValueError(f"no plan is loaded as {name[:40]!r}")
@@ -181,15 +218,27 @@ class Session:
                 args.append(arrays[arg[1]])
             else:
                 raise ValueError(f"argument array {arg[1]} is not in the request's {len(arrays)} arrays")
-        results = self.client.run(self.plans[name], args, _field(request, "dispatch", str), request.get("timeout"))
-        reply, keys = [], {}
+        plan = self.plans[name]
+        if keys is not None and len(keys) != len(plan.distinct_outputs):
+            raise ValueError(f"request 'run' chose {len(keys)} keys for a plan of {len(plan.distinct_outputs)} "
+                             f"distinct results")
+        results = self.client.run(plan, args, _field(request, "dispatch", str), request.get("timeout"))
+        chosen = iter(keys) if keys is not None else None
+        reply, made = [], {}
         for handle in results:
-            key = keys.get(id(handle))
+            key = made.get(id(handle))
             if key is None:                     # (an output returned twice is one handle: one key, `Client.handles`)
-                key = keys[id(handle)] = next(self.ids)
+                key = made[id(handle)] = next(chosen) if chosen is not None else self._new_key()
                 self.handles[key] = handle
             reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
         return {"handles": reply}, []
+
+    def _new_key(self) -> int:
+        """A key no handle or refused run of this connection has (for a run whose client chose none)."""
+        key = next(self.ids)
+        while key in self.handles or key in self.refused:
+            key = next(self.ids)
+        return key
 
     def share(self, request: dict, arrays) -> tuple[dict, list]:
         """Shares one of this connection's results once its run is over, waiting at most `timeout` seconds
@@ -283,6 +332,7 @@ class Session:
         if not isinstance(keys, list) or not all(type(k) is int for k in keys):
             raise ValueError("'release' must be a list of handle keys")
         for key in keys:
+            self.refused.pop(key, None)
             handle = self.handles.pop(key, None)     # a key released twice, or never made, is ignored
             if handle is not None:
                 handle.delete()
@@ -302,6 +352,9 @@ class Session:
 
     def _handle(self, key: int) -> Handle:
         if key not in self.handles:
+            if key in self.refused:
+                kind, message = self.refused[key]
+                raise kind(message)
             raise ValueError(f"no handle {key}")
         return self.handles[key]
 
@@ -330,6 +383,15 @@ def _peer_left(connection: socket.socket) -> bool:
         return connection.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
+
+
+def _reported(error: BaseException) -> tuple[str, str]:
+    """The kind (`ERROR_KINDS`, else "error") and message an error is reported with. The client raises the
+    kind's class: the message names the error's own class only if that is another (a subclass, or an error of
+    no kind), as the in-process error's does not."""
+    kind = next((k for k in ERROR_KINDS if isinstance(error, ERROR_KINDS[k])), "error")
+    named = "" if type(error) is ERROR_KINDS.get(kind) else f"{type(error).__name__}: "
+    return kind, f"{named}{error}"
 
 
 def _timeout(request: dict) -> float | None:

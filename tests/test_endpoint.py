@@ -406,6 +406,7 @@ def test_a_timeout_that_is_not_a_finite_number_is_refused_by_name(runtime):
     with Endpoint(runtime) as endpoint, \
             RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
         held = double.compiled(X, runtime=client)(X)
+        assert client.object_count() == 1        # (its run's reply, read with this request: the socket is quiet)
         for op in (b"fetch", b"share"):
             for timeout in (b"Infinity", b"NaN", b"1" + b"0" * 400):
                 header = b'{"op":"%s","handle":%d,"timeout":%s}' % (op, held._key, timeout)
@@ -578,6 +579,58 @@ def test_programs_are_lowered_for_the_endpoint_and_again_when_its_topology_chang
         np.testing.assert_allclose(np.asarray(step.run(X, client=remote)), want, rtol=1e-6)
         assert compiled.plan is not first and used not in [i.name for i in compiled.plan.topology.islands]
         assert step.compiled(X, runtime=remote) is compiled
+
+
+def test_runs_in_flight_are_sent_without_waiting_and_a_refused_one_raises_where_it_is_used(runtime):
+    """A program's runs through a service are sent without waiting for their replies (the client chose their
+    result keys): eight in flight are eight requests unanswered, and their values come back right. A run the
+    service refuses (a handle donated there, passed again) makes its handle raise the line the call raises
+    in-process, where it is read or passed on; the connection goes on serving."""
+    s = pw.virtual_slice(2, axes="d")
+    double = pw.jit(lambda x: x * 2.0, slice=s, in_specs=P("d"), out_specs=P("d"))
+    eat = pw.jit(lambda x: x + 1.0, slice=s, in_specs=P("d"), out_specs=P("d"), donate_argnums=0)
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        np.asarray(double.run(X, client=remote))          # the plan loaded, its reply read
+        outs = [double.run(X * k, client=remote) for k in range(8)]
+        assert len(remote._unanswered) == 8
+        for k, out in enumerate(outs):
+            np.testing.assert_allclose(np.asarray(out), X * k * 2.0)
+        donated = double.run(X, client=remote, timeout=TIMEOUT)   # a run with a timeout waits for its reply,
+        eat.run(donated, client=remote).block_until_ready()        # and so does a donation; their keys are the
+        #                                                            client's too, never one it chooses later
+        refused = double.run(donated, client=remote)            # passed again: refused by the service, later
+        line = r"^handle to buffer \d+ of run \d+ was donated to program @lambda: a donated handle cannot be used again$"
+        with pytest.raises(ValueError, match=line):
+            refused.result(TIMEOUT)
+        with pytest.raises(ValueError, match=line):
+            double.run(refused, client=remote).result(TIMEOUT)
+        del outs, out, donated, refused
+        np.testing.assert_allclose(np.asarray(double.run(X, client=remote)), X * 2.0)
+        until(lambda: remote.object_count() == 0, "every result released", TIMEOUT)
+
+
+def test_runs_in_flight_when_the_topology_changes_are_lowered_again_and_sent_in_order(runtime):
+    """Runs sent without waiting that the service refuses because its topology changed (an island lost) are
+    lowered again and sent again with their keys, in order: a chain of them, each taking the one before,
+    gives plain JAX's values."""
+    s = pw.virtual_slice(2, axes="d")
+    block = pw.jit(lambda x: jnp.tanh(x) * 2.0, slice=s, in_specs=P("d"), out_specs=P("d"))
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        compiled = block.compiled(X, runtime=remote)
+        first = np.asarray(block.run(X, client=remote))
+        [used] = [island for island, steps in compiled.plan.islands.items() if steps]
+        runtime.lose_island(used)
+        chain = [block.run(X, client=remote)]
+        for _ in range(3):
+            chain.append(block.run(chain[-1], client=remote))
+        want = X
+        for value in chain:
+            want = np.tanh(want) * 2.0
+            np.testing.assert_allclose(np.asarray(value), want, rtol=1e-6)
+        np.testing.assert_allclose(first, np.tanh(X) * 2.0, rtol=1e-6)
+        assert used not in [i.name for i in compiled.plan.topology.islands]
 
 
 def test_an_argument_of_another_dtype_is_refused_when_its_run_is_submitted(runtime):
