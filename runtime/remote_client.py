@@ -305,11 +305,9 @@ class RemoteClient:
             with self._lock:
                 self._check_open()
                 self._send_unanswered(request, arrays, sent)
-        made: dict[int, RemoteHandle] = {}        # an output returned twice is one handle
-        for b, key in keys.items():
-            if key not in made:
-                made[key] = RemoteHandle(self, key, plan.buffers[b].shape, numpy_dtype(plan.buffers[b].dtype).name)
-        return [made[keys[b]] for b in plan.outputs]
+        made = {b: RemoteHandle(self, key, plan.buffers[b].shape, numpy_dtype(plan.buffers[b].dtype).name)
+                for b, key in keys.items()}
+        return [made[b] for b in plan.outputs]     # (an output returned twice is one handle)
 
     def _arguments(self, plan: ProgramPlan, args) -> tuple[list, list]:
         """A run's `args` as the request names them, and the arrays its frame carries."""

@@ -72,7 +72,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .client import Client
 from .handles import Handle
 from .resource_manager import TopologyChanged
-from .wire import ERROR_KINDS, FrameReader, ProtocolError, send_message
+from .wire import ERROR_KINDS, FrameReader, ProtocolError, reported, send_message
 
 if TYPE_CHECKING:
     from .endpoint import Endpoint
@@ -130,7 +130,7 @@ class Session:
                     reply, out = self.requests[op](request, arrays)
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
-                    kind, message = _reported(error)
+                    kind, message = reported(error, "error")
                     reply, out = {"ok": False, "error": message, "kind": kind}, []
                 del request, arrays          # not kept while the reply waits for the peer to read it
                 try:
@@ -172,7 +172,7 @@ class Session:
             return self._run(request, arrays, keys)
         except Exception as error:
             if keys:
-                kind, message = _reported(error)
+                kind, message = reported(error, "error")
                 for key in keys:        # (its own line: the one the call would have raised in-process)
                     self.refused[key] = (ERROR_KINDS.get(kind, RuntimeError), message)
                 while len(self.refused) > REFUSED:
@@ -383,15 +383,6 @@ def _peer_left(connection: socket.socket) -> bool:
         return connection.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
-
-
-def _reported(error: BaseException) -> tuple[str, str]:
-    """The kind (`ERROR_KINDS`, else "error") and message an error is reported with. The client raises the
-    kind's class: the message names the error's own class only if that is another (a subclass, or an error of
-    no kind), as the in-process error's does not."""
-    kind = next((k for k in ERROR_KINDS if isinstance(error, ERROR_KINDS[k])), "error")
-    named = "" if type(error) is ERROR_KINDS.get(kind) else f"{type(error).__name__}: "
-    return kind, f"{named}{error}"
 
 
 def _timeout(request: dict) -> float | None:

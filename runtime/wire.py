@@ -47,12 +47,22 @@ _JOINED = 1 << 16                  # bytes of arrays at most sent in one call wi
 CHUNK = 1 << 16                    # bytes a `FrameReader` asks the socket for at a time, and holds
 
 # The kind of an error reply: the first of these classes the error is an instance of (subclasses come before
-# the classes they refine), else "error". The client raises a reply of these kinds as these errors, except
-# "value", "type" and "permission", which it raises as RemoteError subclasses that are also ValueError,
-# TypeError and PermissionError (`remote_client.RAISED`); any other kind as a RemoteError. Only the name of a
-# kind crosses the wire, never an object.
+# the classes they refine), else the sender's kind for any other (`reported`: "error" from an endpoint). The
+# client raises a reply of these kinds as these errors, except "value", "type" and "permission", which it
+# raises as RemoteError subclasses that are also ValueError, TypeError and PermissionError
+# (`remote_client.RAISED`); any other kind as a RemoteError. Only the name of a kind crosses the wire, never an
+# object.
 ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged, "memory": OutOfDeviceMemory, **FAILURE_KINDS,
                "permission": PermissionError, "value": ValueError, "type": TypeError}
+
+
+def reported(error: BaseException, otherwise: str) -> tuple[str, str]:
+    """The kind (`ERROR_KINDS`, else `otherwise`) and message an error is sent back with. The receiver raises the
+    kind's class, so the message names the error's own class only if that is another (a subclass, or an error
+    of no kind), as the error's own message does not."""
+    kind = next((k for k, cls in ERROR_KINDS.items() if isinstance(error, cls)), otherwise)
+    named = "" if type(error) is ERROR_KINDS.get(kind) else f"{type(error).__name__}: "
+    return kind, f"{named}{error}"
 
 
 class ProtocolError(ValueError):

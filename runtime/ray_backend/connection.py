@@ -39,7 +39,7 @@ import numpy as np
 from ..authentication import client_handshake
 from ..island_work import IslandWork, PeerRef, RunFailed, StoreRef
 from ..limits import Limits
-from ..wire import ERROR_KINDS, FrameReader, ProtocolError, send_message
+from ..wire import ERROR_KINDS, FrameReader, ProtocolError, reported, send_message
 from .data_plane import Lend, Withdraw
 
 CONNECT_TIMEOUT = 120.0  # seconds for an actor to answer where it listens (its JAX may still be starting)
@@ -230,9 +230,8 @@ class IslandConnection:
 
 def error_reply(request: int, error: BaseException) -> dict:
     """The reply of a request that raised `error`: its kind (`wire.ERROR_KINDS`, else "failed") and message."""
-    kind = next((k for k, cls in ERROR_KINDS.items() if isinstance(error, cls)), "failed")
-    named = "" if type(error) is ERROR_KINDS.get(kind) else f"{type(error).__name__}: "
-    return {"reply": request, "kind": kind, "error": f"{named}{error}"}
+    kind, message = reported(error, "failed")
+    return {"reply": request, "kind": kind, "error": message}
 
 
 class Request(NamedTuple):
