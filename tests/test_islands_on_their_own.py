@@ -7,6 +7,7 @@ still computing), never about how fast this machine is.
 """
 
 import gc
+import sys
 import threading
 import time
 
@@ -503,11 +504,20 @@ def _interrupted(call, after: float = 0.1, timeout: float = 30) -> str:
     """Runs `call()` on this (the main) thread while it is interrupted `after` seconds in, as Ctrl-C does; says
     where the KeyboardInterrupt went: "raised by the call", "after the call" (it ended first), or "lost". Python
     raises it only where SIGINT has its default handler, which a process started in the background lacks (the
-    shell ignores SIGINT there): the handler is set for the call."""
+    shell ignores SIGINT there): the handler is set for the call. An interrupt that CPython itself drops, raised
+    where exceptions cannot propagate (JAX's gc callback, a `__del__`: "Exception ignored in ..."), is pressed
+    again, as a user would; one lost in any other way stays lost."""
     import _thread
     import signal
 
+    def press_again_if_dropped(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):    # pressed from a thread: raised here, it is dropped
+            threading.Timer(0.01, _thread.interrupt_main).start()
+        else:
+            hook(unraisable)
+
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    hook, sys.unraisablehook = sys.unraisablehook, press_again_if_dropped
     timer = threading.Timer(after, _thread.interrupt_main)
     try:
         timer.start()
@@ -522,6 +532,7 @@ def _interrupted(call, after: float = 0.1, timeout: float = 30) -> str:
             return "after the call"
         return "lost"
     finally:
+        sys.unraisablehook = hook
         signal.signal(signal.SIGINT, handler)
 
 
