@@ -56,10 +56,13 @@ class Client:
         return client_owner(self.id)
 
     def start(self, plan: ProgramPlan, args: Sequence, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
-              timeout: float | None = None) -> Run:
+              timeout: float | None = None, inline: bool = True) -> Run:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
         cancelled if it is not over by then, and its handles raise `RunCancelled`. An argument may be a
-        `SharedRef` (another client's shared object), read in place.
+        `SharedRef` (another client's shared object), read in place. With `inline`, this thread executes the
+        run's work on an island that is idle (on a CPU, XLA computes on the launching thread), saving a handoff
+        to the island's executor; a caller with other work waiting (a service's session with requests read
+        ahead) passes False and returns as soon as the work is queued.
 
         A handle goes to the island of the input it is passed for as a
         reference when the islands keep arguments (Ray: a `StoreRef` on its
@@ -77,7 +80,7 @@ class Client:
             with self._lock:
                 if self.closed:
                     raise RuntimeError(f"client {self.id} is closed")
-                run = lane.start(self.id, self.weight, args)
+                run = lane.start(self.id, self.weight, args, inline)
                 if run is not None:
                     self._remember(run)
                     return run
@@ -99,7 +102,7 @@ class Client:
         with self._lock:      # close() cannot slip between the check and the run's registration
             if self.closed:
                 raise RuntimeError(f"client {self.id} is closed")
-            run = self._dispatcher.start(plan, args, dispatch, timeout, shared=shared,
+            run = self._dispatcher.start(plan, args, dispatch, timeout, shared=shared, inline=inline,
                                          donations=tuple((h._run.id, h._buffer) for _, h in donated))
             for _, handle in donated:
                 handle.donate(f"program @{plan.program}")
@@ -154,9 +157,10 @@ class Client:
         return arg
 
     def run(self, plan: ProgramPlan, args: Sequence, dispatch: DispatchMode | str = DispatchMode.PARALLEL,
-            timeout: float | None = None) -> list[Handle]:
-        """Runs `plan` on `args`; returns one handle per program output (see `start` for `timeout`)."""
-        return self.handles(self.start(plan, args, dispatch, timeout))
+            timeout: float | None = None, inline: bool = True) -> list[Handle]:
+        """Runs `plan` on `args`; returns one handle per program output (see `start` for `timeout` and
+        `inline`)."""
+        return self.handles(self.start(plan, args, dispatch, timeout, inline))
 
     def cancel(self, target: "Handle | Run") -> bool:
         """Cancels the run of a handle (or a run): queued, it leaves the queue; admitted, it fails on every

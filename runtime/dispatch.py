@@ -135,8 +135,9 @@ class Dispatcher:
 
     def start(self, plan: ProgramPlan, args: Sequence, mode: DispatchMode = DispatchMode.PARALLEL,
               timeout: float | None = None, parent: Run | None = None, shared: dict[int, SharedRef] | None = None,
-              donations: tuple[tuple[int, int], ...] = ()) -> Run:
-        """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode.
+              donations: tuple[tuple[int, int], ...] = (), inline: bool = True) -> Run:
+        """Starts a run of `plan` on `args` (host or device arrays); returns at once in parallel mode (having
+        executed its work on islands that were idle with `inline`: `GangScheduler.submit`).
         With `timeout`, the run is cancelled if it is not over within that many seconds. `parent`: the run
         whose host cond starts this branch run (it stays in flight until the branch is over). `shared`: the
         arguments (by position) that are shared objects (their arrays, or references where the islands keep
@@ -176,28 +177,29 @@ class Dispatcher:
         if kept:
             self.runtime.islands.pin(run, kept)
         try:
-            self._submit(run, loaded, mode, inputs, timeout)
+            self._submit(run, loaded, mode, inputs, timeout, inline)
         except BaseException:
             if kept:
                 self.runtime.islands.unpin(run)
             raise
         return run
 
-    def _submit(self, run: Run, loaded: LoadedPlan, mode: DispatchMode, inputs: dict, timeout: float | None) -> None:
+    def _submit(self, run: Run, loaded: LoadedPlan, mode: DispatchMode, inputs: dict, timeout: float | None,
+                inline: bool) -> None:
         """Hands the run to the gang scheduler: all its work at once, or step by step (sequential)."""
         has_conds = bool(loaded.plan.host_steps)
         if timeout is not None:
             self.runtime.set_deadline(run, timeout)
         if mode is DispatchMode.PARALLEL:
             works = {i: (loaded.first[i], tuple(inputs.get(i, ())), not has_conds) for i in loaded.islands}
-            self.runtime.scheduler.submit(run, works)
+            self.runtime.scheduler.submit(run, works, inline)
             if has_conds:
                 threading.Thread(target=self._after_conds, args=(run, loaded, mode), name="pw-cond",
                                  daemon=True).start()
         else:
             stepped = {i for i, steps in loaded.plan.islands.items() if steps}
             self.runtime.scheduler.submit(run, {i: ((), tuple(inputs.get(i, ())), i not in stepped and not has_conds)
-                                                for i in loaded.islands})
+                                                for i in loaded.islands}, inline)
             self._sequential(run, loaded, mode)
 
     def fetch(self, run: Run, buffer: int, timeout: float | None = None):

@@ -87,9 +87,10 @@ class FastLane:
         scheduler.add_lane(lane)
         return lane
 
-    def start(self, client_id: int, weight: float, args: Sequence) -> Run | None:
-        """Starts a run on `args` through the lane and executes it on this thread; returns None, having changed
-        nothing, when the general path must take it. An argument is a JAX or NumPy array of its input's shape
+    def start(self, client_id: int, weight: float, args: Sequence, inline: bool = True) -> Run | None:
+        """Starts a run on `args` through the lane and executes it on this thread (with `inline`, if the island
+        is idle; else it is queued for the island's executor); returns None, having changed nothing, when the
+        general path must take it. An argument is a JAX or NumPy array of its input's shape
         and dtype, or a handle whose result is kept on the lane's island (its array is read from the island's
         store, as `fetch` reads it, without waiting); anything else takes the general path (which refuses
         another dtype, or takes one JAX takes as it)."""
@@ -122,7 +123,7 @@ class FastLane:
             run = Run(loaded.plan, loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
             ticket = next(scheduler._tickets)
             island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.name, self.layout, self.program,
-                                           inputs)
+                                           inputs, inline)
             if island_run is None:
                 return None          # the island is closed or wedged (the ticket is left unused)
             self.free -= 1

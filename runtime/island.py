@@ -281,13 +281,14 @@ class Island(IslandExecutor):
             self._inline_over()
 
     def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int, name: str, layout: IslandLayout,
-                   program: tuple[Instruction, ...], inputs: Iterable[tuple[int, Any]]) -> IslandRun | None:
+                   program: tuple[Instruction, ...], inputs: Iterable[tuple[int, Any]],
+                   inline: bool = True) -> IslandRun | None:
         """Registers a fast lane's run (`runtime/fast_lane.py`) of program `name`, all of whose steps are
         `program` on `inputs` ((buffer, array) pairs, iterated once: here if the run is queued, else by
         `run_lane`) in the plan's `layout` here, if the island is open and
-        not wedged; otherwise takes nothing and returns None. If the island is idle the caller then executes it
-        (`run_lane`); if not, its work is queued for the executor behind what is there (`run.queued` tells
-        which)."""
+        not wedged; otherwise takes nothing and returns None. If the island is idle and the caller executes
+        work `inline`, it then executes it (`run_lane`); if not, its work is queued for the executor behind what
+        is there (`run.queued` tells which)."""
         with self.lock:
             if self._closed or self.wedged is not None:
                 return None
@@ -295,7 +296,7 @@ class Island(IslandExecutor):
             self.executed.append((ticket, run_id, len(program)))
             self._pending += 1
             self._lane_started = time.monotonic()
-            if self._pending == 1:
+            if inline and self._pending == 1:
                 self._inline = True
             else:
                 run.queued = True

@@ -131,10 +131,11 @@ class GangScheduler:
 
     # -- submissions ---------------------------------------------------------
 
-    def submit(self, run: Run, works: Works) -> None:
+    def submit(self, run: Run, works: Works, inline: bool = True) -> None:
         """Admits `run` now if it fits and its client has nothing queued, else queues it; raises
-        `OutOfDeviceMemory` if it can never fit, or not until handles are released. A run admitted here
-        whose islands are idle is executed on this thread, after the lock is let go (see `Island.start`)."""
+        `OutOfDeviceMemory` if it can never fit, or not until handles are released. With `inline`, a run
+        admitted here whose islands are idle is executed on this thread, after the lock is let go (see
+        `Island.start`)."""
         why = self.ledger.never_fits(run.need)
         if why is not None:
             raise OutOfDeviceMemory(f"program {run.plan.program} {why}")
@@ -146,7 +147,7 @@ class GangScheduler:
             if run.reads:
                 self._results.read(run)
             try:
-                jobs = self._admit_now(run, works)
+                jobs = self._admit_now(run, works, inline)
             except BaseException:
                 self._results.unread(run)
                 raise
@@ -162,7 +163,7 @@ class GangScheduler:
         return not self._waiting.has_client(client_id) and \
             all(run.client_id != client_id for run in self._in_flight.values())
 
-    def _admit_now(self, run: Run, works: Works) -> list | None:
+    def _admit_now(self, run: Run, works: Works, inline: bool) -> list | None:
         """Admits a run that fits if nothing of its client is queued (returns the work to run inline), or
         returns None: it queues. Under a policy with a window, only while nothing at all is queued (the
         policy orders whatever waits) and the window has a place. A cond's branch run goes at once, unless
@@ -180,7 +181,7 @@ class GangScheduler:
                 (self._reclaim() and self._fits(run)):
             if not branch:
                 self._waiting.overtaken_by_newcomer()
-            return self._admit(run, works, inline=True)
+            return self._admit(run, works, inline)
         held = self._held_by_handles(run)
         if held is not None:
             raise OutOfDeviceMemory(held)

@@ -112,6 +112,14 @@ class FrameReader:
         """Whether bytes of the next frame were read ahead already (the socket may have none left to read)."""
         return self._end > self._start
 
+    def header_ahead(self) -> bytes:
+        """The next frame's header (its JSON, unparsed) if it was read ahead whole, else b""."""
+        if self._end - self._start < _LENGTH.size:
+            return b""
+        (size,) = _LENGTH.unpack_from(self._buffer, self._start)
+        begin = self._start + _LENGTH.size
+        return bytes(self._buffer[begin:begin + size]) if begin + size <= self._end else b""
+
     def recv(self, limits: Limits = Limits(), large: threading.Lock | None = None,
              frame_timeout: float | None = None) -> tuple[dict, list[np.ndarray]]:
         """Receives one frame; raises ProtocolError if it is malformed, EOFError if the peer left. A header
