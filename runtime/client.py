@@ -60,9 +60,9 @@ class Client:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
         cancelled if it is not over by then, and its handles raise `RunCancelled`. An argument may be a
         `SharedRef` (another client's shared object), read in place. With `inline`, this thread executes the
-        run's work on an island that is idle (on a CPU, XLA computes on the launching thread), saving a handoff
-        to the island's executor; a caller with other work waiting (a service's session with requests read
-        ahead) passes False and returns as soon as the work is queued.
+        run's work on an island that is idle (places its arguments and dispatches its launches), saving a
+        handoff to the island's executor; a caller with other work waiting (a service's session with another
+        run read ahead) passes False and returns as soon as the work is queued.
 
         A handle goes to the island of the input it is passed for as a
         reference when the islands keep arguments (Ray: a `StoreRef` on its
