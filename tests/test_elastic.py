@@ -176,11 +176,11 @@ def lost_and_restored_at_next_submit(rt, monkeypatch, island: str) -> None:
     """Loses and restores `island` when the next run is submitted, after its plan was loaded."""
     submit = rt.scheduler.submit
 
-    def lost_and_restored_first(run, works):
+    def lost_and_restored_first(run, works, inline):
         monkeypatch.undo()
         rt.lose_island(island)
         rt.restore_island(island)
-        submit(run, works)
+        submit(run, works, inline)
 
     monkeypatch.setattr(rt.scheduler, "submit", lost_and_restored_first)
 

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -272,13 +271,20 @@ def test_a_frame_of_more_arrays_than_the_limit_is_refused_in_one_line(runtime):
 
 
 def test_past_the_connection_cap_a_client_is_told(runtime):
+    """Past the cap a client is refused in one line. A client that closed finds its place free when it
+    connects again: the endpoint answered `close` before releasing the connection's objects and place, so on a
+    busy machine the next connection was refused now and then (a CI run of 2026-12-05)."""
     with Endpoint(runtime, limits=Limits(max_connections=1)) as endpoint:
-        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT):
+        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as first:
+            kept = step.run(X, client=first)                  # held at close, released there
             with pytest.raises(ServiceError, match="refused the connection: the service serves its limit of 1 "
                                                    "connections; try later"):
                 RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
-        with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as later:
-            assert later.object_count() == 0
+        for _ in range(10):
+            with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as later:
+                assert later.object_count() == 0
+                kept = step.run(X, client=later)                 # held at close, released there
+                np.testing.assert_allclose(np.asarray(kept), WANT, rtol=1e-6)
 
 
 def test_status_shows_a_client_its_own_and_the_owner_everything(runtime):
