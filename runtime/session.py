@@ -90,7 +90,6 @@ _PEER_CHECK = 0.5                   # seconds between checks that a client waiti
 _READY_PAUSE = 1e-4                 # seconds of the first pause between looks at a result still being computed
 REFUSED = 4096                      # keys of refused runs a connection remembers (the oldest are forgotten)
 MAX_KEY = 2 ** 53                   # client-chosen keys are below this (JSON numbers every client reads exactly)
-HELD_BYTES = 1 << 16                # bytes of replies to runs held to be sent together, at most
 
 
 class Session:
@@ -99,7 +98,6 @@ class Session:
     def __init__(self, endpoint: Endpoint, client: Client, connection: socket.socket, owner: bool):
         self.endpoint, self.client, self.connection, self.owner = endpoint, client, connection, owner
         self.reader = FrameReader(connection)
-        self._held = HeldReplies()                # replies to runs not sent yet (`_send`)
         self.plans: dict[str, ProgramPlan] = {}
         self.loads: dict[str, int] = {}          # plan name -> its loads not forgotten yet
         self.handles: dict[int, Handle] = {}
@@ -122,8 +120,8 @@ class Session:
                     request, arrays = self.reader.recv(self.endpoint.limits, self.endpoint._large,
                                                        self.endpoint.limits.idle_timeout)
                 except ProtocolError as error:
-                    self._send({"ok": False, "error": str(error)})
-                    return
+                    send_message(self.connection, {"ok": False, "error": str(error)})
+                    return False
                 if request.get("op") == "close":
                     return True
                 try:
@@ -137,32 +135,13 @@ class Session:
                     reply, out = {"ok": False, "error": message, "kind": kind}, []
                 del request, arrays          # not kept while the reply waits for the peer to read it
                 try:
-                    self._send(reply, out, hold=op == "run" and self._run_ahead())
+                    send_message(self.connection, reply, out, self.endpoint.limits)
                 except ValueError as error:   # over the endpoint's limits: found before a byte was sent
-                    self._send({"ok": False, "error": f"the reply cannot be sent: {error}", "kind": "error"})
+                    send_message(self.connection, {"ok": False, "error": f"the reply cannot be sent: {error}",
+                                                   "kind": "error"})
         finally:
             self.endpoint.forget([t for tokens in self.tokens.values() for t in tokens])
             self.handles.clear()
-
-    def _send(self, reply: dict, out=(), hold: bool = False) -> None:
-        """Sends a reply, in one write with the replies held before it if it has no arrays (else after them);
-        with `hold` (a run's reply while another run is read ahead), holds it instead, so that 8 runs in
-        flight take one write and one wake-up of the client, not 8. A reply is held only while the run after
-        it, read already, is served next, and at most `HELD_BYTES` are."""
-        held = self._held
-        if out or not (hold or held.data):
-            self._flush()
-            send_message(self.connection, reply, out, self.endpoint.limits)
-            return
-        send_message(held, reply, out, self.endpoint.limits)
-        if not hold or len(held.data) >= HELD_BYTES:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Sends the replies held (`_send`)."""
-        if self._held.data:
-            data, self._held.data = self._held.data, bytearray()
-            self.connection.sendall(data)
 
     def load(self, request: dict, arrays) -> tuple[dict, list]:
         """Reads a plan (its compiled functions are the frame's arrays, in the order `executables` names
@@ -389,16 +368,6 @@ class Session:
                 raise kind(message)
             raise ValueError(f"no handle {key}")
         return self.handles[key]
-
-
-class HeldReplies:
-    """Frames (`send_message`) held to be sent together."""
-
-    def __init__(self):
-        self.data = bytearray()
-
-    def sendall(self, data) -> None:
-        self.data += data
 
 
 def _computed(value, until: float) -> bool:

@@ -690,44 +690,6 @@ def test_a_run_read_with_requests_behind_it_is_launched_by_its_islands_executor(
         assert sorted(threads) == ["pw-endpoint-connection", "pw-endpoint-connection", "pw-island0"], threads
 
 
-def _whole_frames(data: bytes) -> tuple[int, bool]:
-    """How many whole frames without arrays `data` begins with, and whether they are all of it."""
-    count = at = 0
-    while at + 4 <= len(data) and at + 4 + struct.unpack_from(">I", data, at)[0] <= len(data):
-        at += 4 + struct.unpack_from(">I", data, at)[0]
-        count += 1
-    return count, at == len(data)
-
-
-def test_the_replies_to_runs_read_together_go_to_the_client_in_one_write(runtime):
-    """Each reply was a write of its own, waking the client once per run. A run's reply is held while another
-    run is read ahead, and goes with the next reply in one write; a reply with arrays (a fetch's value) goes
-    after the held ones."""
-    double = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=None,
-                    out_specs=None)
-    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
-                                                     timeout=TIMEOUT) as remote:
-        name = remote.load(double.compiled(X, runtime=remote).plan)
-        frames = _Frames()
-        for key in range(3):
-            send_message(frames, {"op": "run", "name": name, "version": remote.resources.version,
-                                  "dispatch": "parallel", "args": [["array", 0]], "keys": [key]}, [X])
-        with remote._lock:
-            remote._socket.sendall(frames.data)                    # one write: the session reads them at once
-            assert select.select([remote._socket], [], [], TIMEOUT)[0]
-            first = remote._socket.recv(1 << 16, socket.MSG_PEEK)  # what the first write brought
-            replies = [recv_message(remote._socket)[0] for _ in range(3)]
-            later = _Frames()
-            send_message(later, {"op": "run", "name": name, "version": remote.resources.version,
-                                 "dispatch": "parallel", "args": [["array", 0]], "keys": [3]}, [X])
-            send_message(later, {"op": "fetch", "handle": 3})
-            remote._socket.sendall(later.data)
-            run_reply, (fetched, [value]) = recv_message(remote._socket)[0], recv_message(remote._socket)
-        assert _whole_frames(first) == (3, True)                   # three whole frames, nothing more
-        assert [r["handles"][0][0] for r in replies] == [0, 1, 2] and run_reply["ok"] and fetched["ok"]
-        np.testing.assert_allclose(value, X * 2.0)
-
-
 def test_runs_in_flight_when_the_topology_changes_are_lowered_again_and_sent_in_order(runtime):
     """Runs sent without waiting that the service refuses because its topology changed (an island lost) are
     lowered again and sent again with their keys, in order: a chain of them, each taking the one before,
