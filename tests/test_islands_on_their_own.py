@@ -546,8 +546,7 @@ def test_ctrl_c_during_a_run_the_caller_executes_raises_keyboard_interrupt(devic
         with Client(rt) as client:
             first, then = ("island1", "island0") if path.endswith("other way") else ("island0", "island1")
             trips = trips_for(client, spin_plan(plan_builder, rt.resources.topology, island=first), LONG_S)
-            # On 2 devices XLA:CPU computes on the launching thread (JAX's async dispatch is for 1 device), so
-            # the interrupt comes while the caller executes the run.
+            # The call waits for the result: the interrupt comes while the caller executes the run or waits for it.
             p = plan_builder(rt.resources.topology, program="spin_on_two")
             v0 = p.slice("v0", (2,), ("x",), first, (0, 2))
             spun = p.launch(spin, [p.input((1024,), v0, [("x",)]), p.input((), v0, dtype="i32")], v0, [("x",)])
