@@ -300,7 +300,7 @@ class Endpoint:
             connection.close()
 
     def _serve(self, connection: socket.socket, uid: int | None) -> None:
-        client, closing = None, False
+        client = None
         try:
             if connection.family != socket.AF_UNIX:
                 connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # a frame's parts go at once
@@ -308,7 +308,7 @@ class Endpoint:
             client = Client(self.runtime)
             with self._lock:
                 self._clients.add(client.id)
-            closing = Session(self, client, connection, owner=uid == os.getuid()).serve()
+            Session(self, client, connection, owner=uid == os.getuid()).serve()
         except Exception:  # noqa: BLE001  (a bad, silent or vanished peer ends only its own connection)
             pass
         finally:
@@ -319,17 +319,12 @@ class Endpoint:
                     client.close()   # the remote process's objects are released here
                 except Exception:  # noqa: BLE001  (the runtime closed first: nothing is left to release)
                     pass
+            connection.close()
             with self._lock:
                 if client is not None:
                     self._clients.discard(client.id)
                 self._connections.discard(connection)
                 self._threads.discard(threading.current_thread())
-            if closing:              # answered now: a client that closed and connects again finds its place free
-                try:
-                    send_message(connection, {"ok": True})
-                except OSError:
-                    pass             # gone already
-            connection.close()
 
 
 def _unix_listener(path: str) -> socket.socket:

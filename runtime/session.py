@@ -36,8 +36,9 @@ why it will not serve). Requests, one frame each:
   only; `full: true`, every client's and the connections, is for the
   service's owner (its own user, on the Unix socket);
 - `objects`: how many objects this connection owns; `ping`; `release`;
-  `close`, answered once the connection's objects are released and its
-  place among the endpoint's `max_connections` is free (`Endpoint._serve`).
+  `close` (answered at once; the connection's objects are released and its
+  place among the endpoint's `max_connections` freed after it, once its runs
+  under way are over or `Client.close`'s bound has passed).
 
 Any request may carry `release`, a list of this connection's handles to
 release before it is served (dropped handles travel this way), and
@@ -110,10 +111,9 @@ class Session:
                          "objects": self.objects, "topology": self.topology, "status": self.status,
                          "ping": self.release}
 
-    def serve(self) -> bool:
+    def serve(self) -> None:
         """Answers requests until the peer closes, sends a malformed frame, is idle too long or takes longer
-        than the idle timeout to send the rest of a frame; returns True if it asked to close (the endpoint
-        answers it once the connection is released)."""
+        than the idle timeout to send the rest of a frame."""
         try:
             while True:
                 try:
@@ -121,9 +121,10 @@ class Session:
                                                        self.endpoint.limits.idle_timeout)
                 except ProtocolError as error:
                     send_message(self.connection, {"ok": False, "error": str(error)})
-                    return False
+                    return
                 if request.get("op") == "close":
-                    return True
+                    send_message(self.connection, {"ok": True})
+                    return
                 try:
                     op = self._check_fields(request, arrays)
                     self._release(request.pop("release", []))

@@ -35,7 +35,7 @@ from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.service import ServiceError, open_connection, read_service_file
 from pathways_mlir.runtime.wire import recv_message, send_message
 import output_lines
-from fetching import stop_process
+from fetching import stop_process, until
 from test_endpoint import raw_frame, wait_dropped
 from test_service import TIMEOUT, procs, serve, stop  # noqa: F401  (procs is a fixture)
 
@@ -271,9 +271,10 @@ def test_a_frame_of_more_arrays_than_the_limit_is_refused_in_one_line(runtime):
 
 
 def test_past_the_connection_cap_a_client_is_told(runtime):
-    """Past the cap a client is refused in one line. A client that closed finds its place free when it
-    connects again: the endpoint answered `close` before releasing the connection's objects and place, so on a
-    busy machine the next connection was refused now and then (a CI run of 2026-12-05)."""
+    """Past the cap a client is refused in one line. A connection's place is free once the endpoint has released
+    its objects, after it answered `close` (a client closing with a computation under way does not wait for
+    it): the test waits for that before it connects again, as it connected at once and was refused now and then
+    on a busy machine (a CI run of 2026-12-05)."""
     with Endpoint(runtime, limits=Limits(max_connections=1)) as endpoint:
         with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as first:
             kept = step.run(X, client=first)                  # held at close, released there
@@ -281,6 +282,7 @@ def test_past_the_connection_cap_a_client_is_told(runtime):
                                                    "connections; try later"):
                 RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
         for _ in range(10):
+            until(lambda: not endpoint.status()["service"]["connections"], "the connection released", TIMEOUT)
             with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as later:
                 assert later.object_count() == 0
                 kept = step.run(X, client=later)                 # held at close, released there
