@@ -651,7 +651,7 @@ def test_runs_in_flight_are_sent_without_waiting_and_a_refused_one_raises_where_
 
 def test_a_run_read_with_requests_behind_it_is_launched_by_its_islands_executor(runtime, monkeypatch):
     """The session's thread launched every run it served, so the runs a client had sent behind a run waited for
-    its launches (arguments placed, copies, XLA's dispatch; 8 runs in flight are 1.12-1.18x faster now on a quiet
+    its launches (arguments placed, copies, XLA's dispatch; 8 runs in flight are 1.18x faster now on a quiet
     machine). A run whose session has read another run behind it already is launched by its island's executor
     while the session serves that; a run alone in the socket, or with its fetch behind it, is still launched by
     the session's thread, which saves two handoffs."""
