@@ -239,10 +239,10 @@ class Session:
     def _run_ahead(self) -> bool:
         """Whether the client's next request, read ahead already, is another run (runs sent without waiting for
         their replies): the run before it is then launched by its islands' executors while this thread serves
-        the next (8 runs in flight through `pw-serve`: 1.18x quiet, 1.03-1.06x busy). Otherwise this thread launches it itself (an
-        idle island's work, `Client.start`): the next request, a fetch of its result say, would wait for two
-        handoffs between threads. Read from the header's bytes (a client's JSON has no spaces); a guess either
-        way costs only time."""
+        the next (8 runs in flight through `pw-serve`: 1.18x quiet, 1.03-1.06x busy). Otherwise this thread
+        launches it itself (an idle island's work, `Client.start`): the next request, a fetch of its result say,
+        would wait for two handoffs between threads. Read from the header's bytes (a client's JSON has no
+        spaces); a guess either way costs only time."""
         return b'"op":"run"' in self.reader.header_ahead()
 
     def _new_key(self) -> int:
