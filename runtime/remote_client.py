@@ -496,8 +496,7 @@ class RemoteClient:
                 name = self.load(plan)
                 request = {**sent.request, "name": name, "version": self._names[id(plan)][2]}
             except Exception as error:  # noqa: BLE001  (the run's handles raise it)
-                for key in sent.request["keys"]:
-                    self._refused[key] = (type(error), str(error))
+                self._refuse(sent, error)
                 continue
             with self._lock:
                 self._check_open()
@@ -510,16 +509,16 @@ class RemoteClient:
     def _send_release(self, release=()) -> None:
         """Sends a `release` request for the dropped handles and `release`, forgetting the plans gone
         (holding the lock), without waiting for its reply: the next exchange reads it."""
-        self._send_unanswered(self._carrying_drops({"op": "release"}, release), (), None)
+        self._send_unanswered({"op": "release"}, (), None, release)
 
-    def _send_unanswered(self, request: dict, arrays, sent: "SentRun | None") -> None:
-        """Sends a request whose reply the next exchange reads (holding the lock): a release (`sent` None) or a
-        run. At most `UNANSWERED` such replies wait unread, and runs' arguments of at most `UNANSWERED_BYTES`
-        (kept to send a run again)."""
+    def _send_unanswered(self, request: dict, arrays, sent: "SentRun | None", release=()) -> None:
+        """Sends a request whose reply the next exchange reads (holding the lock), carrying the dropped handles'
+        releases and `release`: a release (`sent` None) or a run. At most `UNANSWERED` such replies wait unread,
+        and runs' arguments of at most `UNANSWERED_BYTES` (kept to send a run again)."""
         nbytes = sum(getattr(a, "nbytes", 0) for a in arrays)
         if len(self._unanswered) >= UNANSWERED or self._unanswered_bytes + nbytes > UNANSWERED_BYTES:
             self._read_unanswered()
-        self._send(self._carrying_drops(request) if sent is not None else request, arrays)
+        self._send(self._carrying_drops(request, release), arrays)
         self._unanswered.append(sent)
         if sent is not None:
             sent.nbytes = nbytes
@@ -562,8 +561,13 @@ class RemoteClient:
                 if isinstance(error, TopologyChanged):
                     self._rerun.append(sent)
                 else:
-                    for key in sent.request["keys"]:
-                        self._refused[key] = (type(error), str(error))
+                    self._refuse(sent, error)
+
+    def _refuse(self, sent: "SentRun", error: BaseException) -> None:
+        """Makes the handles of a run sent without waiting raise `error` (a new one each time:
+        `RemoteHandle._check`)."""
+        for key in sent.request["keys"]:
+            self._refused[key] = (type(error), str(error))
 
     def _send(self, request: dict, arrays) -> None:
         self._last = time.monotonic()
