@@ -63,13 +63,18 @@ class Executable:
 
 
 def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
-                     in_avals: list[jax.ShapeDtypeStruct], mesh: jax.sharding.AbstractMesh | None) -> Executable:
+                     in_avals: list[jax.ShapeDtypeStruct], mesh: jax.sharding.AbstractMesh | None,
+                     in_types: tuple[jax.sharding.PartitionSpec, ...] = ()) -> Executable:
     """Lowers `fn` for global argument shapes into executable `symbol` (needs an active context).
 
     `in_tree` is the structure of `(args, kwargs)`, as `jax.jit`'s. `fn` is traced under `mesh`, its slice's
     axes (None: no mesh), as `jax.jit` traces under `jax.set_mesh`: code that names the axes
     (`jax.shard_map`, `jax.lax.psum`, `with_sharding_constraint(x, P("data"))`) lowers to Shardy ops on
-    that mesh, and code that does not lowers as it would without one.
+    that mesh, and code that does not lowers as it would without one. On a mesh with `Explicit` axes,
+    `in_types` gives each argument leaf's sharding over them (of its wire value, `explicit_types`): its type
+    carries it, as JAX's explicit sharding mode has it, and each result's type gives where it lands
+    (`Executable.out_constraints`); the export then names the mesh's devices (`jax.export`'s `nr_devices`),
+    so it runs on a mesh of the slice's shape only.
     """
     traced = []          # the result tree and the results' abstract values, as `fn` returns them
 
@@ -80,19 +85,25 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
         out_avals = tuple(aval_of(jax.typeof(r)) for r in result_leaves)
         if not traced:       # (a function kept in process is traced again where its island compiles it)
             warn_of_lost_changes(fn, leaves, (args, kwargs), result_leaves)
-            traced.append((out_tree, out_avals))
+            typed = tuple(jax.typeof(r).sharding.spec if in_types else None for r in result_leaves)
+            traced.append((out_tree, out_avals, typed))
         return tuple(jax.random.key_data(r) if is_extended(a.dtype) else r for r, a in zip(result_leaves, out_avals))
 
     # Unused arguments stay, so the signature is that of the pw.compute. Ops
     # are located at their line in `fn` only, not the whole Python stack of the
     # trace, so the same function exports to the same bytes wherever it is traced.
     jitted = jax.jit(flat, keep_unused=True)
-    wire = [jax.ShapeDtypeStruct(w.shape, w.dtype, weak_type=a.weak_type)
-            for w, a in zip(map(wire_aval, in_avals), in_avals)]
+    typed = [{"sharding": jax.sharding.NamedSharding(mesh, spec)} if in_types else {}
+             for spec in in_types or in_avals]
+    wire = [jax.ShapeDtypeStruct(w.shape, w.dtype, weak_type=a.weak_type, **t)
+            for w, a, t in zip(map(wire_aval, in_avals), in_avals, typed)]
     with jax_config.include_full_tracebacks_in_locations(False), _under(mesh):
         trace = jitted.trace(*wire)
-        stablehlo = trace.lower().compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
-        export = _export(fn, jitted, wire, lambda: _kept(jitted, mesh, wire, traced[0][1]))
+        # (JAX lowers a trace whose types name an abstract mesh only for platforms it is told: the export's)
+        platforms = {"lowering_platforms": (jax.default_backend(),)} if in_types else {}
+        stablehlo = trace.lower(**platforms).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
+        devices = mesh.size if in_types else 1
+        export = _export(fn, jitted, wire, devices, lambda: _kept(jitted, mesh, wire, traced[0][1]))
 
     parsed = ir.Module.parse(stablehlo)
     op = ir.Operation.create("builtin.module", regions=1, loc=Site.of_definition(fn).location(), ip=False)
@@ -112,8 +123,10 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
         raise NotImplementedError(f"{Site.of_definition(fn)} has an ordered effect (io_callback(..., ordered=True)), "
                                   f"which threads a token through its computation: a placed function takes and "
                                   f"returns arrays only; use ordered=False")
-    out_tree, out_avals = traced[0]
-    return Executable(symbol, op, out_tree, out_avals, tuple(entry.results), _constrained(trace.jaxpr.jaxpr, mesh))
+    out_tree, out_avals, out_types = traced[0]
+    constrained = _constrained(trace.jaxpr.jaxpr, mesh)
+    return Executable(symbol, op, out_tree, out_avals, tuple(entry.results),
+                      tuple(t if t is not None and any(t) else c for t, c in zip(out_types, constrained)))
 
 
 @contextlib.contextmanager
@@ -140,18 +153,24 @@ def _constrained(jaxpr, mesh: jax.sharding.AbstractMesh | None) -> tuple[jax.sha
     return tuple(specs)
 
 
-def _export(fn: Callable, jitted, wire: list, keep: Callable[[], str]) -> str:
-    """Returns the `pw.export` of `jitted` (`fn`'s) for `wire`: base64 of its `jax.export` serialisation, or,
-    if it calls back to the host (`jax.debug.print`, `jax.debug.callback`, `pure_callback`, `io_callback`),
-    which `jax.export` cannot serialise, what `keep()` returns: the token of the function kept in this
-    process."""
+def _export(fn: Callable, jitted, wire: list, devices: int, keep: Callable[[], str]) -> str:
+    """Returns the `pw.export` of `jitted` (`fn`'s) for `wire`: base64 of its `jax.export` serialisation (for
+    `devices` devices: 1, or its slice's when its arguments' types are sharded), or, if it calls back to the
+    host (`jax.debug.print`, `jax.debug.callback`, `pure_callback`, `io_callback`), which `jax.export` cannot
+    serialise, what `keep()` returns: the token of the function kept in this process (not for sharded types:
+    its island would call it on values of its own mesh, whose `Auto` axes its types do not name)."""
     try:
         exported = jax.export.export(jitted)(*wire)
     except NotImplementedError as error:
         if "host_callbacks" not in str(error):
             raise
+        if devices != 1:
+            raise NotImplementedError(f"{Site.of_definition(fn)} calls back to the host (jax.debug.print, "
+                                      f"jax.debug.callback, pure_callback or io_callback) on a slice with Explicit "
+                                      f"axes, which is not supported: give that function a slice of Auto axes, or "
+                                      f"return the values and print them from the handles") from None
         return keep()
-    if exported.nr_devices != 1:
+    if exported.nr_devices != devices:
         raise PlacementError(f"{Site.of_definition(fn)} places values on {exported.nr_devices} devices of its own "
                              f"(a NamedSharding of a concrete Mesh in with_sharding_constraint, or a device_put): "
                              f"inside a placed function, name its slice's axes with a PartitionSpec instead "

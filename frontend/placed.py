@@ -124,7 +124,8 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, 
                                    "in", site, placed.slice, slice_name)
     with tracer.lowering(site, slice_name):
         try:
-            executable = module.executable(fn, in_tree, in_avals, placed.slice.mesh)
+            executable = module.executable(fn, in_tree, in_avals, placed.slice.mesh,
+                                           specs.explicit_types(in_shardings, placed.slice))
         except (ValueError, RuntimeError) as error:
             if not (placed.slice.elastic and "mesh" in str(error)):
                 raise

@@ -31,6 +31,7 @@ class Slice:
     constraints: Mapping[str, Any] = field(default_factory=dict)
     name: str | None = None
     site: Site | None = None      # where it was requested: errors about the slice point there
+    explicit_axes: tuple[str, ...] = ()   # the axes of JAX's type `Explicit` (sharding in types); the rest `Auto`
 
     @property
     def size(self) -> int:
@@ -49,12 +50,17 @@ class Slice:
 
     @property
     def mesh(self) -> "jax.sharding.AbstractMesh | None":
-        """The mesh a placed function on the slice is traced under (its axes, by name and size), so that its
-        code may name them (`jax.shard_map`, collectives, `with_sharding_constraint(x, P(...))`); None for an
-        elastic slice, whose size is known only when it is placed."""
+        """The mesh a placed function on the slice is traced under (its axes, by name, size and type), so that
+        its code may name them (`jax.shard_map`, collectives, `with_sharding_constraint(x, P(...))`, and on
+        `Explicit` axes `jax.sharding.reshard` and `out_sharding=`); None for an elastic slice, whose size is
+        known only when it is placed."""
         import jax
 
-        return None if self.elastic else jax.sharding.AbstractMesh(self.shape, self.axes)
+        if self.elastic:
+            return None
+        types = tuple(jax.sharding.AxisType.Explicit if a in self.explicit_axes else jax.sharding.AxisType.Auto
+                      for a in self.axes)
+        return jax.sharding.AbstractMesh(self.shape, self.axes, axis_types=types)
 
     def declared(self, symbol: str) -> ops.VirtualSlice:
         """Returns the slice as the IR declares it, under symbol `symbol`."""
@@ -70,7 +76,7 @@ _RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
 
 
 def virtual_slice(shape: int | str | Sequence[int | str], axes: Sequence[str], *, name: str | None = None,
-                  **constraints: Any) -> Slice:
+                  axis_types: Any = None, **constraints: Any) -> Slice:
     """Requests a virtual slice: a 1-D, 2-D or 3-D mesh with one name per axis.
 
     `name` is its symbol in the IR (by default `slice0`, `slice1`, ... in the
@@ -90,6 +96,16 @@ def virtual_slice(shape: int | str | Sequence[int | str], axes: Sequence[str], *
     divide by.
 
         pw.virtual_slice(("4..8", 2), axes=("data", "model"))   # = (8, 2) with min_shape=(4, 2)
+
+    `axis_types` are the axes' `jax.sharding.AxisType`s, as `jax.make_mesh`
+    takes them (one for every axis, or one per axis; default `Auto`). On an
+    `Explicit` axis a placed function is written for JAX's explicit sharding
+    mode: its arguments' types carry their `in_specs` over the explicit axes
+    (`jax.typeof(x)` is `float32[8@data,2]`), its code may use
+    `jax.sharding.reshard` and `out_sharding=`, and a result lands as its type
+    says unless `out_specs` says otherwise. An elastic slice's axes are `Auto`.
+
+        pw.virtual_slice(4, axes="data", axis_types=jax.sharding.AxisType.Explicit)
     """
     where = f"slice '{name}'" if name else "a slice"
     shape = (shape,) if isinstance(shape, (int, str)) else tuple(shape)
@@ -122,8 +138,27 @@ def virtual_slice(shape: int | str | Sequence[int | str], axes: Sequence[str], *
         raise ValueError(f"{where}: {problem}")
     if constraints.get("min_shape") == shape:
         del constraints["min_shape"]
+    explicit = _explicit_axes(axis_types, axes, where)
+    if explicit and "min_shape" in constraints:
+        raise ValueError(f"{where}: an elastic slice's axes are Auto (its shape is chosen when it is placed, so "
+                         f"there is no mesh for types to name), not Explicit {list(explicit)}")
     return Slice(shape, axes, dict(constraints), name,
-                 Site.of_call("virtual_slice", inspect.currentframe().f_back))
+                 Site.of_call("virtual_slice", inspect.currentframe().f_back), explicit)
+
+
+def _explicit_axes(axis_types: Any, axes: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """The names of the axes `axis_types` makes `Explicit` (one `jax.sharding.AxisType` for all axes, or one per
+    axis; None: all `Auto`); ValueError for anything else, or a `Manual` axis (only `shard_map` makes one)."""
+    if axis_types is None:
+        return ()
+    from jax.sharding import AxisType
+
+    types = (axis_types,) * len(axes) if isinstance(axis_types, AxisType) else axis_types
+    if not isinstance(types, (tuple, list)) or len(types) != len(axes) or \
+            not all(isinstance(t, AxisType) and t is not AxisType.Manual for t in types):
+        raise ValueError(f"{where}: axis_types is one jax.sharding.AxisType (Auto or Explicit) for all its axes, "
+                         f"or one per axis ({len(axes)}), not {axis_types!r:.80}")
+    return tuple(a for a, t in zip(axes, types) if t is AxisType.Explicit)
 
 
 def _low(dim: int | str, where: str) -> int | str:

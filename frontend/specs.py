@@ -37,6 +37,20 @@ def shardings(specs: Any, tree: Any, kind: str, site: Site, slice_: Slice,
             for spec, (path, aval) in zip(_per_leaf(specs, tree, kind, site), leaves)]
 
 
+def explicit_types(leaf_shardings: list[Sharding], slice_: Slice) -> tuple[PartitionSpec, ...]:
+    """The sharding in the types of values laid out as `leaf_shardings` on `slice_` (JAX's explicit sharding
+    mode): each one's `PartitionSpec` over the slice's `Explicit` axes only (its `Auto` axes are XLA's to
+    use as it chooses, as `jax.jit`'s are); () if the slice has none."""
+    explicit = slice_.explicit_axes
+    if not explicit:
+        return ()
+
+    def entry(axes: tuple[str, ...]):
+        kept = tuple(a for a in axes if a in explicit)
+        return kept[0] if len(kept) == 1 else (kept or None)
+    return tuple(PartitionSpec(*map(entry, sharding.dims)) for sharding in leaf_shardings)
+
+
 def is_spec(x: Any) -> bool:
     """Whether `x` is one spec (a PartitionSpec or None) rather than a pytree of them."""
     return x is None or isinstance(x, PartitionSpec)

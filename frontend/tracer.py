@@ -150,12 +150,14 @@ class ModuleBuilder:
         return self._slices[slice_]
 
     def executable(self, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
-                   in_avals: Sequence[jax.ShapeDtypeStruct], mesh: "jax.sharding.AbstractMesh | None") -> Executable:
-        """Returns the compiled function `fn` for these arguments, traced under `mesh` (see
-        `compile_function`), compiling it once."""
-        key = (fn, in_tree, tuple(map(signature_of, in_avals)), mesh)
+                   in_avals: Sequence[jax.ShapeDtypeStruct], mesh: "jax.sharding.AbstractMesh | None",
+                   in_types: tuple = ()) -> Executable:
+        """Returns the compiled function `fn` for these arguments, traced under `mesh` with their types sharded
+        by `in_types` (see `compile_function`), compiling it once."""
+        key = (fn, in_tree, tuple(map(signature_of, in_avals)), mesh, in_types)
         if key not in self._executables:
-            self._executables[key] = compile_function(self.symbol(name_of(fn)), fn, in_tree, list(in_avals), mesh)
+            self._executables[key] = compile_function(self.symbol(name_of(fn)), fn, in_tree, list(in_avals), mesh,
+                                                      in_types)
         return self._executables[key]
 
     def finish(self) -> None:

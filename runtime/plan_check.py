@@ -19,7 +19,9 @@ crash or corrupt the process that runs it. `check_plan` refuses, with one
   a result's shape, `gesdd`'s and `trsm`'s, are read from the call);
 - executables whose exported argument or result avals (shape, dtype) differ
   from the buffers the plan's launches give and take, or that were exported
-  for more than one device;
+  for another number of devices than one (unsharded semantics) or their
+  launch's slice has (a function of JAX's explicit sharding mode, whose
+  argument types name its slice's axes);
 - fused executables that constrain a call's operand to a sharding that
   cannot lay it out (`Sharding.problems`: its rank, an axis named twice, a
   dimension it does not divide), which XLA would refuse only when the
@@ -38,6 +40,7 @@ The walk reads every operation of the module with JAX's own MLIR bindings
 from __future__ import annotations
 
 import base64
+import math
 
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.plan_steps import Launch
@@ -80,8 +83,6 @@ def check_plan(plan: ProgramPlan, where: str = "plan") -> None:
                 if blob and not is_in_process(blob)}
     for name, export in exported.items():
         _check_module(name, export, where)
-        if export.nr_devices != 1:
-            raise PlanError(f"{where}: executable @{name} was exported for {export.nr_devices} devices, not 1")
     exported.update((name, _kept(name, blob, where)) for name, blob in plan.executables.items()
                     if is_in_process(blob))
     for steps in plan.islands.values():
@@ -150,6 +151,10 @@ def _check_launch(plan: ProgramPlan, step: Launch, exported: dict, where: str) -
         export = exported.get(callee)
         if export is None:
             return   # no serialisation: the runtime says so (MissingExecutable) when it compiles the launch
+        devices = getattr(export, "nr_devices", 1)     # (a function kept in process runs on any mesh)
+        if devices not in (1, math.prod(placement.shape)):
+            raise PlanError(f"{where}: step {step.id}: executable @{callee} was exported for {devices} devices, "
+                            f"but the step launches it on slice @{step.slice} of {math.prod(placement.shape)}")
         if any(not 0 <= i < len(values) for i in operands):
             raise PlanError(f"{where}: step {step.id}: fused @{step.executable} calls @{callee} on a value it "
                             f"has not made")

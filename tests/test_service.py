@@ -393,6 +393,29 @@ client.close()
     assert doubled == "[2.0, 2.0]"
 
 
+def test_a_function_on_explicit_axes_runs_through_the_service(service):
+    """A placed function traced on a slice of Explicit axes (JAX's explicit sharding mode) is exported for its
+    slice's devices: the service's plan check takes it for a slice of that size (it refused any export for more
+    than one device), and its result is NumPy's."""
+    _, service_file, _ = service
+    snippet = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, PartitionSpec as P
+import pathways_mlir as pw
+client = pw.connect(sys.argv[1])
+s = pw.virtual_slice(2, axes="x", axis_types=AxisType.Explicit)
+layer = pw.jit(lambda v, w: jnp.einsum("bi,io->bo", v, w, out_sharding=P("x", None)), slice=s, in_specs=(P("x"), None))
+v, w = np.arange(8.0, dtype=np.float32).reshape(4, 2), np.ones((2, 3), np.float32)
+print(np.allclose(np.asarray(layer(v, w)), v @ w))
+client.close()
+"""
+    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "True\n"
+
+
 def test_an_elastic_trainer_trains_through_the_service_as_plain_jax_does(service):
     """`pw.ElasticTrainer` with a client of the service: its state stays in the service between steps (remote
     handles), its snapshots are read with its timeout, and the trained parameters are plain JAX's."""
