@@ -179,3 +179,26 @@ def test_a_plan_launching_an_executable_on_another_number_of_devices_than_it_nam
     with pytest.raises(PlanError, match=rf"^plan: step \d+: executable @{name} was exported for 4 devices, but the "
                                         rf"step launches it on slice @\w+ of 2$"):
         check_plan(two)
+
+
+def test_keys_scalars_and_axes_split_together_take_their_types_on_explicit_axes():
+    """A typed PRNG key array sharded over an Explicit axis has its sharding in its key type (its key data
+    crosses the boundary), a dimension split over two Explicit axes is typed over both, and a Python scalar
+    is a replicated weak scalar: values are plain JAX's."""
+    seen = []
+
+    def noise(keys, x, scale):
+        seen.append((str(jax.typeof(keys)), str(jax.typeof(x))))
+        return x * scale + jax.vmap(lambda k: jax.random.normal(k, ()))(keys)[:, None]
+
+    keys = jax.random.split(jax.random.key(0), 8)
+    x = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+    want = x * 2.0 + jax.vmap(lambda k: jax.random.normal(k, ()))(keys)[:, None]
+    on_one = pw.jit(noise, slice=pw.virtual_slice(4, axes="data", axis_types=EXPLICIT),
+                    in_specs=(P("data"), P("data"), None))
+    np.testing.assert_allclose(np.asarray(on_one(keys, x, 2.0)), want, rtol=1e-6)
+    on_two = pw.jit(noise, slice=pw.virtual_slice((2, 2), axes=("data", "model"), axis_types=EXPLICIT),
+                    in_specs=(P(("data", "model")), P(("data", "model")), None))
+    np.testing.assert_allclose(np.asarray(on_two(keys, x, 2.0)), want, rtol=1e-6)
+    assert seen == [("key<fry>[8@data]", "float32[8@data,2]"),
+                    ("key<fry>[8@(data,model)]", "float32[8@(data,model),2]")]
