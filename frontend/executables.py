@@ -57,8 +57,9 @@ class Executable:
     out_tree: jax.tree_util.PyTreeDef
     out_avals: tuple[jax.ShapeDtypeStruct, ...]
     result_types: tuple[ir.Type, ...]
-    # Per result, the PartitionSpec over the slice's axes that the function's last op on it constrains it to
-    # (`with_sharding_constraint(r, P("data"))`), or None: where it lands unless out_specs says otherwise.
+    # Per result, the PartitionSpec over the slice's axes that its type gives (Explicit axes) or the function's
+    # last op on it constrains it to (`with_sharding_constraint(r, P("data"))`), or None: where it lands unless
+    # out_specs says otherwise.
     out_constraints: tuple[jax.sharding.PartitionSpec | None, ...]
 
 
@@ -93,10 +94,9 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     # are located at their line in `fn` only, not the whole Python stack of the
     # trace, so the same function exports to the same bytes wherever it is traced.
     jitted = jax.jit(flat, keep_unused=True)
-    typed = [{"sharding": jax.sharding.NamedSharding(mesh, spec)} if in_types else {}
-             for spec in in_types or in_avals]
-    wire = [jax.ShapeDtypeStruct(w.shape, w.dtype, weak_type=a.weak_type, **t)
-            for w, a, t in zip(map(wire_aval, in_avals), in_avals, typed)]
+    typed = [jax.sharding.NamedSharding(mesh, spec) for spec in in_types] or [None] * len(in_avals)
+    wire = [jax.ShapeDtypeStruct(w.shape, w.dtype, weak_type=a.weak_type, sharding=sharding)
+            for w, a, sharding in zip(map(wire_aval, in_avals), in_avals, typed)]
     with jax_config.include_full_tracebacks_in_locations(False), _under(mesh):
         trace = jitted.trace(*wire)
         # (JAX lowers a trace whose types name an abstract mesh only for platforms it is told: the export's)
