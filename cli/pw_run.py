@@ -129,7 +129,7 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: DispatchMode, rep
                 h.block_until_ready()
             times.append(time.perf_counter() - start)
     except Exception as e:  # noqa: BLE001  (the program failed on the cluster: say so in one line)
-        raise RunError(f"{path}: running @{plan.program} failed: {type(e).__name__}: {e}") from None
+        raise RunError(f"{path}: running @{plan.program} failed: {type(e).__name__}: {_first_line(e)}") from None
     islands = sorted(i for i, steps in plan.islands.items() if steps)
     click.echo(f"program @{plan.program} on {', '.join(islands)} ({dispatch} dispatch)")
     for n, (h, value) in enumerate(zip(handles, values)):
@@ -138,6 +138,12 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: DispatchMode, rep
     click.echo(f"  first run (compiles): {first * 1e3:.2f} ms")
     if times:
         click.echo(f"  median of {repeat} runs: {sorted(times)[len(times) // 2] * 1e3:.3f} ms")
+
+
+def _first_line(error: Exception) -> str:
+    """The first line of `error`'s message: XLA's compile errors go on with the failing op and its source."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _shape(topology) -> dict[str, int]:
@@ -161,7 +167,7 @@ def _run_script(path: pathlib.Path) -> None:
     except Exception as e:  # noqa: BLE001  (the user's script failed: say where, briefly)
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
         where = f"{path}:{frames[-1].lineno}" if frames else str(path)
-        raise RunError(f"{where}: {type(e).__name__}: {e}") from None
+        raise RunError(f"{where}: {type(e).__name__}: {_first_line(e)}") from None
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -13,7 +13,8 @@ crash or corrupt the process that runs it. `check_plan` refuses, with one
   recv), whose launch would never end;
 - custom calls outside `ALLOWED_TARGETS`: the targets JAX guarantees stable
   (`jax.export`'s compatibility list) that run on the CPU without a host
-  callback;
+  callback, and whose buffers XLA checks (its own) or this module does
+  (LAPACK's);
 - LAPACK calls whose operand and result types are not those the kernel
   reads and writes for its operand's shape (`_LAPACK`; the modes that change
   a result's shape, `gesdd`'s and `trsm`'s, are read from the call);
@@ -48,8 +49,12 @@ from pathways_mlir.dialect.sharding import Sharding
 
 from .executables import InProcessFunction, is_in_process, kept_in_process, numpy_dtype
 
-# Targets XLA itself implements while compiling (no kernel runs with the module's buffers).
-_XLA_TARGETS = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "annotate_device_placement")
+# Targets XLA itself implements while compiling (no kernel runs with the module's buffers). XLA checks an
+# `ApproxTopK` call's operand, result and comparator types against each other and its `top_k` before it
+# expands the call into a sort (`jax.lax.approx_max_k` and `approx_min_k` off TPU): a call that declares
+# other results fails to compile.
+_XLA_TARGETS = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "annotate_device_placement",
+                "ApproxTopK")
 
 
 def _lapack(*families: str) -> dict[str, str]:
@@ -229,7 +234,7 @@ def _check_custom_call(name: str, op, where: str) -> None:
             from None
     if target not in ALLOWED_TARGETS:
         raise PlanError(f"{where}: executable @{name} makes a custom call to {target[:80]!r}, which is not "
-                        f"allowed in a plan (allowed: LAPACK kernels and XLA's sharding annotations)")
+                        f"allowed in a plan (allowed: LAPACK kernels, XLA's sharding annotations and ApproxTopK)")
     family = _LAPACK_TARGETS.get(target)
     if family is None:
         return

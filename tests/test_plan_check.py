@@ -198,3 +198,46 @@ def test_jax_lapack_lowerings_pass(name):
     exported = jax.export.export(jax.jit(fn))(jax.ShapeDtypeStruct(shape, dtype))
     assert "lapack_" in exported.mlir_module()
     _check_module(name, exported, "plan")     # raises PlanError if refused
+
+
+def test_approx_top_k_runs_as_under_jax_jit():
+    """`jax.lax.approx_max_k` and `approx_min_k` lower to XLA's `ApproxTopK` custom call, which a plan may make."""
+    def top(x):
+        return lax.approx_max_k(x, 3), lax.approx_min_k(x, 2, reduction_dimension=0, aggregate_to_topk=False)
+
+    x = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
+    sharded = pw.jit(lambda x: lax.approx_max_k(x, 3), slice=pw.virtual_slice(4, axes="d", island="island0"),
+                     in_specs=P("d"), out_specs=P("d"))
+    for ours, theirs in ((pw.jit(top, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=P(),
+                                 out_specs=P())(x), jax.jit(top)(x)),
+                         (sharded(x), jax.jit(lambda x: lax.approx_max_k(x, 3))(x))):
+        for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_an_approx_top_k_call_declaring_other_results_fails_in_one_line(tmp_path):
+    """XLA checks an `ApproxTopK` call's results against its operands and `top_k` when it compiles: a plan
+    whose call says k=1 but declares four results a row fails its run with one line naming the call."""
+    runtime = pw.get_runtime()
+    top4 = pw.jit(lambda x: lax.approx_max_k(x, 4)[0], slice=pw.virtual_slice(1, axes="d", island="island0"),
+                  in_specs=P(), out_specs=P())
+    lowered = top4.lower(np.ones((8, 4), np.float32))
+    plan = program_plans(lower(lowered.module, runtime.resources.topology))[lowered.program]
+    (name,) = plan.executables
+    exported = jax.export.deserialize(bytearray(base64.b64decode(plan.executables[name])))
+    assert "top_k = 4" in exported.mlir_module()
+    from jax.extend.mlir import ir
+    from jax.interpreters import mlir
+
+    with mlir.make_ir_context():
+        module = ir.Module.parse(exported.mlir_module().replace("top_k = 4", "top_k = 1"))
+        hostile = dataclasses.replace(exported, mlir_module_serialized=mlir.module_to_bytecode(module))
+    plan = dataclasses.replace(plan, executables={name: base64.b64encode(hostile.serialize()).decode()})
+    check_plan(plan)                      # its types agree with the plan's buffers: XLA is the one to refuse it
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_run", str(path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ApproxTopK aggregates to k=1, but got 4" in lines[0], lines
