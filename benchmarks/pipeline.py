@@ -3,7 +3,10 @@
 The model is an MLP of 8 tanh layers (width 256) trained with SGD on a mean
 squared error, a batch of 256. SPMD: one computation on an 8-device slice,
 the batch split over the devices, run by us and, as the baseline, by plain
-`jax.jit` on the same 8 devices. Pipelines of S = 2, 4, 8 stages: stage s
+`jax.jit` on the same 8 devices; the same on a slice of an `Explicit` axis
+(JAX's explicit sharding mode: the batch's sharding in its type), against
+plain `jax.jit` in explicit mode on a mesh of an `Explicit` axis over the
+same devices. Pipelines of S = 2, 4, 8 stages: stage s
 holds 8/S layers on its own slice of 8/S devices, on its own island of a
 cluster of S islands (so stage hops cross the emulated DCN, 100 us + bytes
 at 25 Gb/s); the batch is cut into 8 micro-batches that flow forward through
@@ -26,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
@@ -36,8 +39,8 @@ from pathways_mlir.runtime.runtime import Runtime
 from . import harness
 
 NAME = "pipeline"
-HEADLINE = ("pipeline4_over_jax_pipeline4", "spmd_over_jax_spmd", "pipeline4_over_jax_spmd",
-            "pipeline8_over_pipeline4", "two_islands_over_one")
+HEADLINE = ("pipeline4_over_jax_pipeline4", "spmd_over_jax_spmd", "spmd_explicit_over_jax_spmd_explicit",
+            "pipeline4_over_jax_spmd", "pipeline8_over_pipeline4", "two_islands_over_one")
 DEVICES = 8
 LAYERS = 8
 WIDTH = 256
@@ -55,12 +58,15 @@ def forward(params, x):
     return activations
 
 
-def backward(params, activations, grad_out):
-    """Backpropagates `grad_out` through layers `params`; returns their gradients and the input's."""
+def backward(params, activations, grad_out, weight_grads_sharding=None):
+    """Backpropagates `grad_out` through layers `params`; returns their gradients and the input's.
+
+    `weight_grads_sharding` lays out the weights' gradients, which contract the batch: JAX's explicit sharding
+    mode asks for it (`P()`) when the batch is sharded in the types."""
     grads = []
     for (w, _), x, y in reversed(list(zip(params, activations[:-1], activations[1:]))):
         grad_z = grad_out * (1.0 - y * y)
-        grads.append((x.T @ grad_z, grad_z.sum(0)))
+        grads.append((jnp.matmul(x.T, grad_z, out_sharding=weight_grads_sharding), grad_z.sum(0)))
         grad_out = grad_z @ w.T
     return grads[::-1], grad_out
 
@@ -80,11 +86,16 @@ def update(params, grads):
     return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads)
 
 
-def spmd_step(params, x, target):
-    """The whole training step as one computation."""
+def spmd_step(params, x, target, weight_grads_sharding=None):
+    """The whole training step as one computation (`weight_grads_sharding`: see `backward`)."""
     activations = forward(params, x)
-    grads, _ = backward(params, activations, loss_grad(activations[-1], target))
+    grads, _ = backward(params, activations, loss_grad(activations[-1], target), weight_grads_sharding)
     return update(params, grads)
+
+
+def spmd_step_explicit(params, x, target):
+    """`spmd_step` written for JAX's explicit sharding mode: the weights' gradients replicated."""
+    return spmd_step(params, x, target, P())
 
 
 def init_params(seed: int = 0):
@@ -94,10 +105,12 @@ def init_params(seed: int = 0):
             for _ in range(LAYERS)]
 
 
-def spmd_program():
-    """Returns the SPMD training step: one computation on all devices."""
-    s = pw.virtual_slice(DEVICES, axes="data")
-    step = pw.jit(spmd_step, slice=s, in_specs=(None, P("data"), P("data")), out_specs=None)
+def spmd_program(axis_type: AxisType = AxisType.Auto):
+    """Returns the SPMD training step: one computation on all devices, whose axis is of `axis_type` (on an
+    `Explicit` axis the batch's sharding is in its type, as in JAX's explicit sharding mode)."""
+    s = pw.virtual_slice(DEVICES, axes="data", axis_types=axis_type)
+    fn = spmd_step if axis_type == AxisType.Auto else spmd_step_explicit
+    step = pw.jit(fn, slice=s, in_specs=(None, P("data"), P("data")), out_specs=None)
     return pw.program(lambda params, x, target: step(params, x, target))
 
 
@@ -111,6 +124,21 @@ def jax_spmd():
     """Returns the SPMD training step as plain `jax.jit` on the first `DEVICES` devices."""
     replicated, split = _shardings(jax.devices()[:DEVICES])
     return jax.jit(spmd_step, in_shardings=(replicated, split, split), out_shardings=replicated)
+
+
+def jax_spmd_explicit():
+    """Returns the SPMD training step as plain `jax.jit` in JAX's explicit sharding mode, on a mesh of an
+    `Explicit` axis over the first `DEVICES` devices: it lays out its arguments itself (`jax.device_put`, a
+    no-op for parameters already there) as `jax_spmd`'s `in_shardings` say, and its results land where their
+    types say. (`in_shardings` given host arrays took twice as long a step in explicit mode, JAX 0.10.2.)"""
+    mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:DEVICES])
+    jitted = jax.jit(spmd_step_explicit)
+
+    def step(params, x, target):
+        with jax.set_mesh(mesh):
+            return jitted(jax.device_put(params, P()), jax.device_put(x, P("data")),
+                          jax.device_put(target, P("data")))
+    return step
 
 
 def jax_pipeline(stages: int):
@@ -188,11 +216,14 @@ def run(quick: bool) -> dict:
     target = np.tanh(rng.normal(size=(BATCH, WIDTH))).astype(np.float32)
     xs, targets = np.split(x, MICRO_BATCHES), np.split(target, MICRO_BATCHES)
     params = init_params()                                # host arrays, made once, outside the timing
-    variants = {"SPMD": (spmd_program(), 1, (x, target))}
+    variants = {"SPMD": (spmd_program(), 1, (x, target)),
+                "SPMD, Explicit axes": (spmd_program(AxisType.Explicit), 1, (x, target))}
     variants.update({f"{s} stages": (pipeline_program(s, s), s, (xs, targets)) for s in STAGES})
     variants["4 stages, 2 islands"] = (pipeline_program(4, 2), 2, (xs, targets))
     variants["4 stages, 1 island"] = (pipeline_program(4, 1), 1, (xs, targets))
-    baselines = {"JAX SPMD": (jax_spmd(), (x, target)), "JAX 4 stages": (jax_pipeline(4), (xs, targets))}
+    baselines = {"JAX SPMD": (jax_spmd(), (x, target)),
+                 "JAX SPMD, Explicit axes": (jax_spmd_explicit(), (x, target)),
+                 "JAX 4 stages": (jax_pipeline(4), (xs, targets))}
     runtimes = {islands: Runtime(embedded_device_map(islands, DEVICES // islands), emulate_dcn=True)
                 for islands in sorted({v[1] for v in variants.values()})}
     clients = {islands: Client(rt) for islands, rt in runtimes.items()}
@@ -215,7 +246,10 @@ def run(quick: bool) -> dict:
         same = {"pipeline": harness.same_results(variants["4 stages, 1 island"][0].run(
                     params, xs, targets, client=clients[1]), baselines["JAX 4 stages"][0](params, xs, targets)),
                 "spmd": harness.same_results(variants["SPMD"][0].run(params, x, target, client=clients[1]),
-                                             baselines["JAX SPMD"][0](params, x, target))}
+                                             baselines["JAX SPMD"][0](params, x, target)),
+                "spmd_explicit": harness.same_results(
+                    variants["SPMD, Explicit axes"][0].run(params, x, target, client=clients[1]),
+                    baselines["JAX SPMD, Explicit axes"][0](params, x, target))}
     finally:
         for islands in runtimes:
             clients[islands].close()
@@ -232,6 +266,7 @@ def run(quick: bool) -> dict:
             row["loss_per_added_stage"] = (1 - rate[row["variant"]] / rate[previous]) / added
     headline = {"pipeline4_over_jax_pipeline4": rate["4 stages, 1 island"] / rate["JAX 4 stages"],
                 "spmd_over_jax_spmd": rate["SPMD"] / rate["JAX SPMD"],
+                "spmd_explicit_over_jax_spmd_explicit": rate["SPMD, Explicit axes"] / rate["JAX SPMD, Explicit axes"],
                 "pipeline4_over_jax_spmd": rate["4 stages"] / rate["JAX SPMD"],
                 "pipeline8_over_pipeline4": rate["8 stages"] / rate["4 stages"],
                 "two_islands_over_one": rate["4 stages, 2 islands"] / rate["4 stages, 1 island"]}
