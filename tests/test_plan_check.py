@@ -32,15 +32,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 X = jax.ShapeDtypeStruct((8, 4), jnp.float32)
 
 
-def _plan():
-    """The plan of `double` on one island: one launch, input and result declared f32[8, 4]."""
+def double(x):
+    return x * 2.0
+
+
+def _plan(fn=double):
+    """The plan of `fn` on one island: one launch, input f32[8, 4] (and for `double` the result too)."""
     runtime = pw.get_runtime()
-
-    @pw.jit(slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=P(), out_specs=P())
-    def double(x):
-        return x * 2.0
-
-    lowered = double.lower(np.ones((8, 4), np.float32))
+    placed = pw.jit(fn, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=P(), out_specs=P())
+    lowered = placed.lower(np.ones((8, 4), np.float32))
     return program_plans(lower(lowered.module, runtime.resources.topology))[lowered.program]
 
 
@@ -115,20 +115,26 @@ HOSTILE_BODIES = {
 }
 
 
-def _with_body(plan, body: str):
-    """`plan` with its one executable's `@main` body replaced by the MLIR text `body`, serialised as
-    `jax.export` would (the module's bytecode in its `Exported`)."""
+def _with_text(plan, edit):
+    """`plan` with its one executable's module text replaced by `edit(text)`, serialised as `jax.export` would
+    (the module's bytecode in its `Exported`)."""
     from jax.extend.mlir import ir
     from jax.interpreters import mlir
 
     (name,) = plan.executables
     exported = jax.export.deserialize(bytearray(base64.b64decode(plan.executables[name])))
-    text = exported.mlir_module()
-    start = text.index("{\n", text.index("func.func public @main")) + 2
     with mlir.make_ir_context():
-        module = ir.Module.parse(text[:start] + body + text[text.index("\n  }", start):])
+        module = ir.Module.parse(edit(exported.mlir_module()))
         hostile = dataclasses.replace(exported, mlir_module_serialized=mlir.module_to_bytecode(module))
     return dataclasses.replace(plan, executables={name: base64.b64encode(hostile.serialize()).decode()})
+
+
+def _with_body(plan, body: str):
+    """`plan` with its one executable's `@main` body replaced by the MLIR text `body`."""
+    def splice(text: str) -> str:
+        start = text.index("{\n", text.index("func.func public @main")) + 2
+        return text[:start] + body + text[text.index("\n  }", start):]
+    return _with_text(plan, splice)
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE_BODIES))
@@ -218,21 +224,11 @@ def test_approx_top_k_runs_as_under_jax_jit():
 def test_an_approx_top_k_call_declaring_other_results_fails_in_one_line(tmp_path):
     """XLA checks an `ApproxTopK` call's results against its operands and `top_k` when it compiles: a plan
     whose call says k=1 but declares four results a row fails its run with one line naming the call."""
-    runtime = pw.get_runtime()
-    top4 = pw.jit(lambda x: lax.approx_max_k(x, 4)[0], slice=pw.virtual_slice(1, axes="d", island="island0"),
-                  in_specs=P(), out_specs=P())
-    lowered = top4.lower(np.ones((8, 4), np.float32))
-    plan = program_plans(lower(lowered.module, runtime.resources.topology))[lowered.program]
-    (name,) = plan.executables
-    exported = jax.export.deserialize(bytearray(base64.b64decode(plan.executables[name])))
-    assert "top_k = 4" in exported.mlir_module()
-    from jax.extend.mlir import ir
-    from jax.interpreters import mlir
+    def say_k_is_1(text: str) -> str:
+        assert "top_k = 4" in text
+        return text.replace("top_k = 4", "top_k = 1")
 
-    with mlir.make_ir_context():
-        module = ir.Module.parse(exported.mlir_module().replace("top_k = 4", "top_k = 1"))
-        hostile = dataclasses.replace(exported, mlir_module_serialized=mlir.module_to_bytecode(module))
-    plan = dataclasses.replace(plan, executables={name: base64.b64encode(hostile.serialize()).decode()})
+    plan = _with_text(_plan(lambda x: lax.approx_max_k(x, 4)[0]), say_k_is_1)
     check_plan(plan)                      # its types agree with the plan's buffers: XLA is the one to refuse it
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
