@@ -31,15 +31,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .element_types import ELEMENT_BYTES
 from .plan_json import JsonReader, PlanError, jsonable, step_from_python, step_to_python
 from .plan_steps import Branch, Launch, Recv, Send, Step
 from .sharding import Sharding, zero_size
 from .topology import Topology, TopologyError
 
-# Element types a plan may name, with their size in bytes (i1 takes a byte).
-ELEMENT_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
-                 "i64": 8, "i32": 4, "i16": 2, "i8": 1, "i1": 1,
-                 "ui64": 8, "ui32": 4, "ui16": 2, "ui8": 1, "complex<f32>": 8, "complex<f64>": 16}
 MAX_ELEMENTS = 1 << 40     # a larger buffer is a malformed plan, not a big one
 MAX_DEPTH = 16             # branch plans nested deeper than this are rejected
 

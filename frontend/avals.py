@@ -20,16 +20,9 @@ import jax
 import numpy as np
 from mlir import ir
 
-# numpy dtype name -> MLIR element type, as JAX's StableHLO spells it.
-_ELEMENT_TYPES = {
-    "bool": "i1",
-    "int4": "i4", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
-    "uint4": "ui4", "uint8": "ui8", "uint16": "ui16", "uint32": "ui32", "uint64": "ui64",
-    "float8_e4m3fn": "f8E4M3FN", "float8_e5m2": "f8E5M2",
-    "bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
-    "complex64": "complex<f32>", "complex128": "complex<f64>",
-}
-_DTYPE_NAMES = {element: name for name, element in _ELEMENT_TYPES.items()} | {"pred": "bool"}
+from pathways_mlir.dialect.element_types import ELEMENT_TYPES, NUMPY_NAMES
+
+_DTYPE_NAMES = NUMPY_NAMES | {"pred": "bool"}
 _AVAL_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*([\d\s,]*)\]\s*$")
 
 
@@ -87,7 +80,7 @@ def parse_aval(text: str) -> jax.ShapeDtypeStruct:
         raise ValueError(f"'{text}' is not a shape such as f32[8,16]")
     dtype, dims = match.groups()
     dtype = _DTYPE_NAMES.get(dtype, dtype)
-    if dtype not in _ELEMENT_TYPES:
+    if dtype not in ELEMENT_TYPES:
         raise ValueError(f"'{text}' has unknown element type '{match.group(1)}' "
                          f"(use f32, bf16, i32, i1, ui8, ... or a numpy dtype name)")
     shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
@@ -109,7 +102,13 @@ def tensor_type(aval: jax.ShapeDtypeStruct) -> ir.Type:
 
 
 def _element_type(aval: jax.ShapeDtypeStruct) -> str:
-    name = np.dtype(aval.dtype).name
-    if name not in _ELEMENT_TYPES:
-        raise TypeError(f"dtype {name} has no pw element type (known: {', '.join(_ELEMENT_TYPES)})")
-    return _ELEMENT_TYPES[name]
+    check_element_type(aval.dtype, "a value")
+    return ELEMENT_TYPES[np.dtype(aval.dtype).name]
+
+
+def check_element_type(dtype, what: str) -> None:
+    """Raises TypeError in one line, naming `what`, if `dtype` (not an extended one) has no pw element type."""
+    name = np.dtype(dtype).name
+    if name not in ELEMENT_TYPES:
+        raise TypeError(f"{what} has dtype {name}, which has no pw element type: jax.export, which carries a "
+                        f"placed function's code, cannot serialise it (known: {', '.join(ELEMENT_TYPES)})")

@@ -43,7 +43,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 from pathways_mlir.runtime.executables import InProcessFunction, keep_in_process, without_context_mesh
 
-from .avals import aval_of, is_extended, wire_aval, wrap_keys
+from .avals import aval_of, check_element_type, is_extended, wire_aval, wrap_keys
 from .errors import PlacementError
 from .provenance import Site
 
@@ -82,8 +82,12 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     def flat(*wire_leaves):
         leaves = [wrap_keys(x, a.dtype) if is_extended(a.dtype) else x for x, a in zip(wire_leaves, in_avals)]
         args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
-        result_leaves, out_tree = jax.tree_util.tree_flatten(fn(*args, **kwargs))
+        with_paths, out_tree = jax.tree_util.tree_flatten_with_path(fn(*args, **kwargs))
+        result_leaves = [r for _, r in with_paths]
         out_avals = tuple(aval_of(jax.typeof(r)) for r in result_leaves)
+        for (path, _), a in zip(with_paths, out_avals):
+            if not is_extended(a.dtype):
+                check_element_type(a.dtype, f"{Site.of_definition(fn)}: result{jax.tree_util.keystr(path)}")
         if not traced:       # (a function kept in process is traced again where its island compiles it)
             warn_of_lost_changes(fn, leaves, (args, kwargs), result_leaves)
             typed = tuple(jax.typeof(r).sharding.spec if in_types else None for r in result_leaves)

@@ -30,6 +30,7 @@ import numpy as np         # INFO lines when the backend starts
 # where `isinstance(x, jax.Array)` runs Python (about 2 us here).
 from jaxlib._jax import ArrayImpl
 
+from pathways_mlir.dialect.element_types import NUMPY_NAMES
 from pathways_mlir.dialect.plan import ProgramPlan
 
 ARRAY_TYPE = ArrayImpl   # what the fast paths compare `type(x)` with
@@ -94,19 +95,12 @@ def is_in_process(blob: str) -> bool:
     return blob.startswith(IN_PROCESS)
 
 
-_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
-           "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2",
-           "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "i1": "bool",
-           "ui64": "uint64", "ui32": "uint32", "ui16": "uint16", "ui8": "uint8",
-           "complex<f32>": "complex64", "complex<f64>": "complex128"}
-
-
 @functools.cache                  # a handle's dtype is asked for at every call it is passed to
 def numpy_dtype(element_type: str):
     """Returns the NumPy dtype of an MLIR element type name ("f32", "bf16", "i1", ...)."""
     import jax.numpy as jnp
 
-    name = _DTYPES.get(element_type)
+    name = NUMPY_NAMES.get(element_type)
     if name is None:
         raise ValueError(f"element type {element_type} has no NumPy equivalent")
     return jnp.dtype(name)

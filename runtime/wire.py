@@ -29,6 +29,8 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
+from pathways_mlir.dialect.element_types import ELEMENT_TYPES
+
 from .admission import OutOfDeviceMemory
 from .island_work import FAILURE_KINDS
 from .limits import Limits
@@ -36,10 +38,7 @@ from .resource_manager import TopologyChanged
 
 MAX_DIMS = 32
 LARGE_HEADER = 64 << 10          # headers past this are parsed one at a time (`recv_message`'s `large`)
-DTYPES = {name: np.dtype(name) for name in (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128")}
-DTYPES.update({name: np.dtype(getattr(jnp, name)) for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")})
+DTYPES = {name: jnp.dtype(name) for name in ELEMENT_TYPES}     # pw's element types (ml_dtypes' narrow ones too)
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}   # (`dtype.name` takes microseconds)
 
 _LENGTH = struct.Struct(">I")

@@ -21,7 +21,7 @@ from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.interface import ClusterRuntime, IslandEndpoint, IslandGroup
 from pathways_mlir.runtime.island_work import RunCancelled
 from pathways_mlir.runtime.runtime import Runtime
-from across_islands import across, bend, expected, grow, left
+from across_islands import across, bend, expected, grow, left, right
 from fetching import settled, until
 from protocols import check_implements
 
@@ -67,6 +67,26 @@ def test_a_program_across_islands_matches_jax(runtime, dispatch):
         outs = [across.run(X * k, client=client, dispatch=dispatch) for k in range(4)]
         for k, out in enumerate(outs):
             np.testing.assert_allclose(value(out), expected(X * k), rtol=1e-6)
+    assert settled(runtime, WAIT)
+
+
+def test_narrow_dtypes_move_between_islands(runtime):
+    """Values of JAX's narrow dtypes (int4, fp4, fp8) cross from island0 to island1 and back in a program, as
+    plain JAX computes them (where islands keep arguments, through the data plane's transfers)."""
+    @pw.program
+    def there_and_back(x):
+        return left_halves(right_doubles(left_halves(x)))
+
+    right_doubles = pw.jit(lambda x: (x.astype(jnp.float32) * 2).astype(x.dtype), slice=right,
+                           in_specs=P("a"), out_specs=P("a"))
+    left_halves = pw.jit(lambda x: (x.astype(jnp.float32) / 2).astype(x.dtype), slice=left, in_specs=P("x"),
+                         out_specs=P("x"))
+    with Client(runtime) as client:
+        for dtype in ("int4", "float4_e2m1fn", "float8_e4m3fnuz", "float8_e8m0fnu"):
+            x = np.array([4, 2, 4, 2], np.float32).astype(jnp.dtype(dtype))
+            out = there_and_back.run(x, client=client).result(WAIT)
+            assert out.dtype == jnp.dtype(dtype)
+            np.testing.assert_array_equal(np.asarray(out).astype(np.float32), [2, 1, 2, 1])
     assert settled(runtime, WAIT)
 
 

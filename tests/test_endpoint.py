@@ -154,7 +154,8 @@ def test_frames_carry_numeric_arrays_only():
         a.settimeout(10), b.settimeout(10)
         arrays = [np.arange(6, dtype=d).reshape(2, 3) for d in ("int8", "uint16", "int64", "float16", "float64")]
         arrays += [np.array(True), np.zeros((0, 4), np.complex64), np.ones(5, jnp.bfloat16),
-                   np.ones(3, jnp.float8_e4m3fn), np.ones(3, jnp.float8_e5m2),
+                   np.ones(3, jnp.float8_e4m3fn), np.ones(3, jnp.float8_e5m2), np.arange(-3, 3).astype(jnp.int4),
+                   np.ones(3, jnp.float4_e2m1fn), np.ones(3, jnp.float8_e8m0fnu),
                    np.arange(12, dtype=">i4")[::2]]
         send_message(a, {"op": "x", "n": [1, "two"]}, arrays)
         header, got = recv_message(b)
