@@ -108,6 +108,10 @@ def _element_type(aval: jax.ShapeDtypeStruct) -> str:
 
 def check_element_type(dtype, what: str) -> None:
     """Raises TypeError in one line, naming `what`, if `dtype` (not an extended one) has no pw element type."""
+    if dtype == jax.dtypes.float0:
+        raise TypeError(f"{what} has dtype float0, a gradient's with respect to an integer (allow_int=True), "
+                        f"which holds no data and has no pw element type: differentiate with respect to "
+                        f"floating-point values only")
     name = np.dtype(dtype).name
     if name not in ELEMENT_TYPES:
         raise TypeError(f"{what} has dtype {name}, which has no pw element type: jax.export, which carries a "

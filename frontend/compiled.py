@@ -59,9 +59,11 @@ class Compiled:
         # run of this program that the service refused (`RemoteClient._send_again`, `_lowered_again`).
         self._lock = threading.RLock()
         # Whether a call whose arguments are arrays and handles, one leaf each, passes them as they are and
-        # returns its handles as they are (no key data to convert, nothing donated): `call_plain` then runs it.
+        # returns its handles as they are (no key data to convert, no weakly typed result, nothing donated):
+        # `call_plain` then runs it.
         self.plain = not any(lowered.donated) and \
-            not any(is_extended(a.dtype) for a in lowered.in_avals + lowered.out_avals)
+            not any(is_extended(a.dtype) for a in lowered.in_avals + lowered.out_avals) and \
+            not any(a.weak_type for a in lowered.out_avals)
         # Whether the program returns one array (not a pytree of them): `()`, `None` and `{}` are leaf tree
         # definitions too, of no leaf.
         self._single = lowered.out_tree.num_leaves == 1 and jax.tree_util.treedef_is_leaf(lowered.out_tree)

@@ -24,6 +24,8 @@ from typing import Callable, Hashable, Iterable
 
 import jax
 
+from pathways_mlir.runtime.array_reference import Reference
+
 # jax.jit options that have no meaning for a placed function or program, and why.
 _NOT_SUPPORTED = {
     "in_shardings": "shard arguments with in_specs over the slice's axis names",
@@ -136,6 +138,10 @@ class Signature:
             except TypeError:
                 raise TypeError(f"{self.where}: static argument {what} is a {type(value).__name__}, which "
                                 f"is not hashable: static arguments must be hashable, as with jax.jit") from None
+            if isinstance(value, Reference):       # hashable by identity: each new one would trace again
+                raise TypeError(f"{self.where}: static argument {what} is a {type(value).__name__}, an array on "
+                                f"devices, which jax.jit refuses as not hashable: pass it as a traced argument, or "
+                                f"its Python value (int(h), float(h), h.tolist())")
         return Call(tuple(a for i, a in enumerate(args) if i not in self.static_nums),
                     {k: v for k, v in kwargs.items() if k not in self.static_names},
                     (static_args, static_kwargs))

@@ -89,6 +89,13 @@ class Value:
                              f"`and`, `or` and `bool()` cannot read it: branch on it with "
                              f"pw.cond(pred, true_fn, false_fn, *operands)")
 
+    def __getattr__(self, name: str):
+        # Only for what normal lookup did not find: a JAX array's method or property (`y.sum()`, `y.T`).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"{self!r} has no data while the program is traced, so it has no attribute '{name}' "
+                             f"of a JAX array: compute it in a placed function (pw.jit), and pass the value to it")
+
     def _not_an_array(self) -> str:
         lowering = _LOWERING.get()
         if lowering is None:

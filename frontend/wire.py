@@ -11,7 +11,12 @@ The runtime holds plain arrays only. A program's argument leaves go to it as
 and a result that the program returns as a typed key comes back as a
 `KeyHandle`: the handle of its key data and the key's dtype, which wraps it
 again (`jax.random.wrap_key_data`) when read and goes back to the wire as the
-same handle when passed to another program.
+same handle when passed to another program. A result JAX types weakly (a
+Python scalar returned, `lr * 0.5` of a Python float `lr`), which `jax.jit`
+returns as a weakly typed array, comes back as a `WeakHandle`: the runtime's
+handle (the plan and the runtime know no weak types), whose value is read
+weakly typed, so that it takes its type from what it meets (`bf16 * lr` stays
+bfloat16) and goes into another call traced as weak, as `jax.jit`'s does.
 """
 
 from __future__ import annotations
@@ -21,12 +26,37 @@ from typing import Any
 import jax
 import numpy as np
 
-from pathways_mlir.runtime.array_reference import Reference
+from jax._src.array import ArrayImpl      # to retype a result's array weakly, on its buffers (no copy)
+
+from pathways_mlir.runtime.array_reference import ArrayReference, Reference
 
 from .avals import is_extended, wrap_keys
 
 
-class KeyHandle(Reference):
+class _OfHandle:
+    """What a reference that wraps the runtime's handle of its value (`data`) does as that handle does."""
+
+    __slots__ = ("data",)
+
+    def owned(self):
+        """The runtime's handle this reference wraps."""
+        return self.data
+
+    def block_until_ready(self):
+        """Waits until the value has been computed."""
+        self.data.block_until_ready()
+        return self
+
+    def delete(self) -> None:
+        """Releases the value now."""
+        self.data.delete()
+
+    def donate(self, to: str) -> None:
+        """Releases the value, which `to` was given to reuse."""
+        self.data.donate(to)
+
+
+class KeyHandle(_OfHandle, Reference):
     """A handle to typed PRNG keys on devices: `result()` returns the key array.
 
     It has the key array's `shape` and `dtype` (`key<fry>`), and programs and
@@ -38,7 +68,7 @@ class KeyHandle(Reference):
     arrays as keys: give them `result()`.
     """
 
-    __slots__ = ("data", "dtype", "shape")
+    __slots__ = ("dtype", "shape")
     _kind = "key array"
 
     def __init__(self, data, aval: jax.ShapeDtypeStruct):
@@ -50,19 +80,6 @@ class KeyHandle(Reference):
         """Returns the typed key array, waiting until it is produced."""
         return wrap_keys(self.data.result(timeout), self.dtype)
 
-    def block_until_ready(self) -> "KeyHandle":
-        """Waits until the keys have been computed."""
-        self.data.block_until_ready()
-        return self
-
-    def delete(self) -> None:
-        """Releases the keys now."""
-        self.data.delete()
-
-    def donate(self, to: str) -> None:
-        """Releases the keys, which `to` was given to reuse."""
-        self.data.donate(to)
-
     def __reduce__(self):
         """Pickles the keys' data and implementation (waiting for them); they unpickle as a key array."""
         return _keys, (np.asarray(self.data), self.dtype._impl.name)
@@ -72,6 +89,36 @@ class KeyHandle(Reference):
         return f"KeyHandle(shape={self.shape}, dtype={self.dtype}{'' if where is None else f', slice={where}'})"
 
 
+class WeakHandle(_OfHandle, ArrayReference):
+    """A handle to a weakly typed result (see the module): an array reference whose `result()` is the weakly
+    typed JAX array that `jax.jit` would have returned, and whose `weak_type` is True."""
+
+    __slots__ = ()
+    weak_type = True
+
+    def __init__(self, data):
+        self.data = data            # the runtime's handle of the value
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def result(self, timeout: float | None = None) -> jax.Array:
+        """Returns the weakly typed JAX array, waiting until it is produced."""
+        value = self.data.result(timeout)
+        return ArrayImpl(value.aval.update(weak_type=True), value.sharding, value._arrays, committed=value._committed)
+
+    def _host_value(self) -> np.ndarray:
+        return self.data._host_value()
+
+    def __repr__(self) -> str:
+        return f"Weak{self.data!r}"
+
+
 def _keys(data: np.ndarray, impl: str) -> jax.Array:
     """The key array of pickled key data (`KeyHandle.__reduce__`)."""
     return jax.random.wrap_key_data(data, impl=impl)
@@ -79,7 +126,7 @@ def _keys(data: np.ndarray, impl: str) -> jax.Array:
 
 def to_wire(x: Any, aval: jax.ShapeDtypeStruct) -> Any:
     """Returns what the runtime receives for argument leaf `x`, traced as `aval`."""
-    if isinstance(x, KeyHandle):
+    if isinstance(x, _OfHandle):
         return x.data
     if is_extended(aval.dtype):
         return jax.random.key_data(x)
@@ -90,4 +137,6 @@ def to_wire(x: Any, aval: jax.ShapeDtypeStruct) -> Any:
 
 def from_wire(handle: Any, aval: jax.ShapeDtypeStruct) -> Any:
     """Returns what the user receives for a result handle of abstract value `aval`."""
-    return KeyHandle(handle, aval) if is_extended(aval.dtype) else handle
+    if is_extended(aval.dtype):
+        return KeyHandle(handle, aval)
+    return WeakHandle(handle) if aval.weak_type else handle

@@ -70,6 +70,7 @@ class Reference:
 
     __slots__ = ()
     _kind = "array"          # what it refers to, in messages
+    weak_type = False        # whether its value is weakly typed, as a Python scalar's (`frontend/wire.WeakHandle`)
 
     @property
     def ndim(self) -> int:
@@ -92,6 +93,11 @@ class Reference:
         if not self.shape:
             raise TypeError(f"iteration over a 0-d {self._kind} reference")
         return iter(self.result())
+
+    def owned(self) -> "Reference":
+        """The runtime's handle of the value, which a client cancels or shares: this reference, or the handle
+        that a front end's wrapper holds (a typed key's or a weakly typed value's, `frontend/wire.py`)."""
+        return self
 
     def __copy__(self) -> "Reference":
         """The reference itself: its value is immutable, and a copy would be a second owner of one result (each
@@ -218,5 +224,5 @@ class RunResult(ArrayReference):
 
 # JAX (0.10) looks up a type, then its bases, in these registries: every reference is abstracted by its shape
 # and dtype, without waiting for its value, and becomes its value where JAX places arguments.
-jax_core.pytype_aval_mappings[Reference] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype)
+jax_core.pytype_aval_mappings[Reference] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype, weak_type=ref.weak_type)
 jax_dtypes.register_canonicalize_value_handler(Reference, lambda ref: ref.result())

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from .array_reference import ArrayReference
+from .array_reference import Reference
 from .dispatch import Dispatcher, check_dtype, check_timeout
 from .dispatch_mode import DispatchMode
 from .executables import numpy_dtype
@@ -166,6 +166,7 @@ class Client:
         """Cancels the run of a handle (or a run): queued, it leaves the queue; admitted, it fails on every
         island, and its memory comes back once its device work is over. Its handles raise `RunCancelled`.
         Returns False if the run was already over."""
+        target = target.owned() if isinstance(target, Reference) else target
         run = target._run if isinstance(target, Handle) else target
         if run.client_id != self.id:
             raise ValueError(f"run {run.id} belongs to client {run.client_id}, not to client {self.id}")
@@ -214,6 +215,7 @@ class Client:
         """Returns a read-only reference to one of this client's results, which other clients may pass to
         their programs while this client keeps the handle (see `runtime/shared.py`). Waits (at most
         `timeout` seconds) until the result's run is over; raises ValueError for a result it cannot share."""
+        handle = handle.owned() if isinstance(handle, Reference) else handle
         if not isinstance(handle, Handle) or handle._client is not self:
             raise ValueError(f"client {self.id} can share only its own handles, not {handle!r}")
         handle.result(timeout)             # raises if released, donated or failed
@@ -253,9 +255,9 @@ class Client:
 def cancel(handle) -> bool:
     """Cancels the run of `handle` (a `Handle`, or a `RemoteHandle` of a service) through the client that
     owns it (see `Client.cancel`); returns False if the run was already over."""
-    if not isinstance(handle, ArrayReference) or not hasattr(handle, "_client"):
+    if not isinstance(handle, Reference) or not hasattr(handle.owned(), "_client"):
         raise TypeError(f"pw.cancel takes a handle a program returned, not {type(handle).__name__}")
-    return handle._client.cancel(handle)
+    return handle.owned()._client.cancel(handle.owned())
 
 
 _default_clients: "weakref.WeakKeyDictionary[Runtime, Client]" = weakref.WeakKeyDictionary()

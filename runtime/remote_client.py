@@ -46,7 +46,7 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
-from .array_reference import ArrayReference, wait_limit
+from .array_reference import ArrayReference, Reference, wait_limit
 from .authentication import client_handshake, read_key
 from .dispatch import narrowed
 from .dispatch_mode import DispatchMode
@@ -341,6 +341,7 @@ class RemoteClient:
         until its run is over, in requests the endpoint answers within `POLL` s, as `RemoteHandle.result`
         waits; returns its reference, whose `token` other clients pass to `shared` (see `runtime/shared.py`
         and `Client.share`)."""
+        handle = handle.owned() if isinstance(handle, Reference) else handle
         if handle._client is not self:
             raise ValueError("a remote handle of another connection cannot be shared here")
         timeout = wait_limit(timeout)
@@ -360,6 +361,7 @@ class RemoteClient:
 
     def cancel(self, handle: RemoteHandle) -> bool:
         """Cancels the run of `handle` on the service (see `Client.cancel`); False if it was over."""
+        handle = handle.owned() if isinstance(handle, Reference) else handle
         if handle._client is not self:
             raise ValueError("a remote handle of another connection cannot be cancelled here")
         if self.closed_here:

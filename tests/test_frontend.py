@@ -353,6 +353,11 @@ def test_arithmetic_on_a_traced_value_says_where_it_belongs():
         with pytest.raises(pw.PlacementError, match=r"has no data while the program is traced, so it has no "
                                                     r"operator __\w+__: compute it in a placed function \(pw.jit\)"):
             pw.program(body).lower(f32(8, 16))
+    # A JAX array's method or property: an AttributeError that says so (was "'Value' object has no attribute").
+    for body, name in ((lambda x: tanh_a(x).sum(), "sum"), (lambda x: tanh_a(x).T, "T")):
+        with pytest.raises(AttributeError, match=rf"has no data while the program is traced, so it has no "
+                                                 rf"attribute '{name}' of a JAX array: compute it in a placed"):
+            pw.program(body).lower(f32(8, 16))
 
 
 def test_values_of_another_trace_are_rejected():

@@ -4,6 +4,7 @@ inside JAX transformations."""
 
 import dataclasses
 import functools
+import pickle
 import re
 
 import jax
@@ -18,6 +19,7 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.passes import lower, program_plans
+from pathways_mlir.runtime.client import default_client
 
 
 def noisy(x, key):
@@ -125,6 +127,41 @@ def test_python_scalars_are_weakly_typed_and_traced_by_type_not_value():
     assert len(traces) == 2 * once
     # A NumPy scalar is strongly typed: it promotes bf16 to f32, as in jax.jit.
     assert placed(x, np.float32(2)).dtype == jax.jit(scale)(x, np.float32(2)).dtype == jnp.float32
+
+
+def test_weakly_typed_results_stay_weak_as_in_jax():
+    """A result that `jax.jit` returns weakly typed (a Python scalar returned, or computed from one) is weakly
+    typed here too: read, in operators, in JAX, passed to another placed function or program, and pickled, a
+    learning rate of a Python float meets bf16 parameters as bf16 (its handle was strongly float32, so
+    `params - lr * grads` made float32 parameters where `jax.jit` keeps bfloat16)."""
+    s = pw.virtual_slice(2, axes="data")
+
+    def schedule(x, lr):
+        return x * 2, lr * 0.5, 1.0, jnp.asarray(3)
+
+    x = jnp.ones(4, jnp.bfloat16)
+    want = jax.jit(schedule)(x, 0.1)
+    got = pw.jit(schedule, slice=s)(x, 0.1)
+    assert [g.weak_type for g in got] == [g.result().weak_type for g in got] == [w.weak_type for w in want] == \
+        [False, True, True, True]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    lr = got[1]
+    assert (x * lr).dtype == (x * lr.result()).dtype == jax.jit(jnp.multiply)(x, lr).dtype == jnp.bfloat16
+    sgd = pw.jit(lambda p, g, lr: p - lr * g, slice=s)
+    assert sgd(x, x, lr).dtype == jax.jit(lambda p, g, lr: p - lr * g)(x, x, want[1]).dtype == jnp.bfloat16
+
+    @pw.program
+    def step(p, lr):
+        _, half, _, _ = pw.jit(schedule, slice=s)(p, lr)
+        return sgd(p, p, half), half
+
+    params, half = step(x, lr)                 # its lr a handle of a weak value, traced weak
+    assert params.dtype == jnp.bfloat16 and half.weak_type and float(half) == np.float32(0.025)
+    assert pickle.loads(pickle.dumps(lr)) == np.float32(0.05)
+    assert pw.cancel(lr) is False                              # its run is over; cancelled and shared as the
+    assert float(default_client().share(lr)) == np.float32(0.05)       # handle it wraps (TypeError before)
 
 
 def test_python_and_numpy_scalars_inside_a_program_are_constants():
@@ -264,6 +301,10 @@ def test_static_arguments_compile_once_per_value():
     np.testing.assert_allclose(np.asarray(prog(x, 4)), x ** 4 + 1)
     with pytest.raises(TypeError, match=r"static argument position 1 is a list, which is not hashable"):
         placed(x, [2])
+    # A handle is hashable by identity, but jax.jit refuses arrays: it was taken, tracing again for each one.
+    with pytest.raises(TypeError, match=r"static argument position 1 is a Handle, an array on devices, which "
+                                        r"jax.jit refuses as not hashable: pass it as a traced argument"):
+        placed(x, pw.jit(lambda v: v.sum().astype(jnp.int32), slice=s)(x))
 
 
 def test_keyword_arguments_for_placed_functions_and_programs():

@@ -328,9 +328,10 @@ client.close()
         assert result.stdout == f"{want} [0.0, 2.0, 4.0, 6.0] [0, 3, 6, 9]\n"
 
 
-def test_narrow_dtypes_go_through_the_service(service):
+def test_narrow_dtypes_and_weak_types_go_through_the_service(service):
     """Arguments and results of JAX's narrow dtypes (int4, fp4, the fp8 variants) travel to and from the
-    service's islands in frames as they are (frames carried bfloat16 and two fp8 types only)."""
+    service's islands in frames as they are (frames carried bfloat16 and two fp8 types only), and a weakly
+    typed result is read weakly typed, as from the embedded runtime."""
     _, service_file, _ = service
     snippet = """
 import sys
@@ -342,13 +343,16 @@ same = pw.jit(lambda a: (a, (a.astype(jnp.float32) * 2).astype(a.dtype)), slice=
 for dtype in ("int4", "uint4", "float4_e2m1fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
     a, doubled = same(np.array([1, 2, 1, 2], np.float32).astype(jnp.dtype(dtype)))
     print(dtype, np.asarray(a).dtype, np.asarray(doubled).dtype, np.asarray(doubled).astype(np.float32).tolist())
+lr = pw.jit(lambda lr: lr * 0.5, slice=pw.virtual_slice(2, axes="x"))(0.1)
+print(type(lr).__name__, lr.weak_type, lr.result().weak_type, (jnp.ones(2, jnp.bfloat16) * lr).dtype)
 client.close()
 """
     result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
                             timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [f"{d} {d} {d} [2.0, 4.0, 2.0, 4.0]" for d in (
-        "int4", "uint4", "float4_e2m1fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")]
+        "int4", "uint4", "float4_e2m1fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")] + \
+        ["WeakHandle True True bfloat16"]
 
 
 def test_a_result_returned_twice_through_the_service_is_one_handle(service):
