@@ -43,10 +43,11 @@ import numbers
 import operator
 import threading
 
+import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core, dtypes as jax_dtypes   # JAX's registries of array types (see the module)
 
-from .executables import numpy_dtype
+from .executables import ARRAY_TYPE, numpy_dtype
 
 
 def wait_limit(timeout) -> float | None:
@@ -209,9 +210,20 @@ del _name
 
 class RunResult(ArrayReference):
     """A reference to buffer `_buffer` of run `_run` (set by the subclass): its shape and dtype are the
-    plan's."""
+    plan's. The subclass gives `_value(timeout)`, the array its island fetch returns: a JAX array from an
+    island in this process, NumPy from one in another (a Ray actor's); `result()` is always a JAX array, as
+    on every backend, and `np.asarray(ref)` takes NumPy's as it is."""
 
     __slots__ = ()
+
+    def result(self, timeout: float | None = None):
+        """Returns the JAX array, waiting until it is produced (at most `timeout` seconds, None: as long as it
+        takes; TimeoutError past it); raises if the run failed."""
+        value = self._value(timeout)
+        return value if type(value) is ARRAY_TYPE else jnp.asarray(value)
+
+    def _host_value(self) -> np.ndarray:
+        return np.asarray(self._value(None))
 
     @property
     def shape(self) -> tuple[int, ...]:

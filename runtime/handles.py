@@ -75,9 +75,7 @@ class Handle(RunResult):
         self._check()
         return StoreRef(self._run.id, self._buffer)
 
-    def result(self, timeout: float | None = None):
-        """Returns the JAX array, waiting until it is produced (at most `timeout` seconds, None: as long as it
-        takes; TimeoutError past it); raises if the run failed."""
+    def _value(self, timeout: float | None):
         timeout = wait_limit(timeout)
         self._check()
         return self._client.fetch(self._run, self._buffer, timeout)
@@ -94,8 +92,8 @@ class Handle(RunResult):
 
     def block_until_ready(self) -> "Handle":
         """Waits until the buffer's value has been computed."""
-        value = self.result()
-        if hasattr(value, "block_until_ready"):
+        value = self._value(None)
+        if hasattr(value, "block_until_ready"):      # (NumPy, from an island in another process, is ready)
             value.block_until_ready()
         return self
 

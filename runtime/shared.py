@@ -63,8 +63,8 @@ class SharedRef(RunResult):
         handle = self._owner()
         return handle is None or handle._deleted or handle._donated_to is not None or handle._client.closed
 
-    def result(self, timeout: float | None = None):
-        """Returns the object's array; raises ValueError once the owner has released it."""
+    def _value(self, timeout: float | None):
+        """The object's array; raises ValueError once the owner has released it."""
         if self.released:
             raise ValueError(self.gone())
         try:

@@ -90,6 +90,22 @@ def test_narrow_dtypes_move_between_islands(runtime):
     assert settled(runtime, WAIT)
 
 
+def test_results_are_jax_arrays_and_a_weakly_typed_one_is_read_weakly_typed(runtime):
+    """`result()` is a JAX array on both backends (on Ray it was the NumPy array the actor sent, so a handle's
+    operators had NumPy's semantics and `h.at` failed), and a result jax.jit returns weakly typed (a learning
+    rate computed from a Python float) is read as a weakly typed JAX array, so bf16 values it multiplies stay
+    bf16."""
+    halved = pw.jit(lambda x, lr: (x * lr, lr * 0.5), slice=left)
+    with Client(runtime) as client:
+        x, lr = halved.run(jnp.ones(4, jnp.bfloat16), 0.1, client=client)
+        assert isinstance(x.result(WAIT), jax.Array) and x.at[0].set(2).dtype == jnp.bfloat16
+        assert lr.weak_type and lr.result(WAIT).weak_type and float(lr) == np.float32(0.05)
+        assert (x * lr).dtype == (x.result(WAIT) * lr).dtype == jnp.bfloat16
+        assert type(np.asarray(x)) is np.ndarray
+        del x, lr
+    assert settled(runtime, WAIT)
+
+
 def test_sequential_dispatch_with_a_timeout_runs_step_by_step_and_brings_nothing_back(runtime):
     """Sequential dispatch waits for each step's inputs to exist on their island before it sends the step,
     not for the run to be over (which, with a deadline, waited until the deadline cancelled it), and it
