@@ -26,9 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax._src.array import ArrayImpl      # to retype a result's array weakly, on its buffers (no copy)
-
 from pathways_mlir.runtime.array_reference import ArrayReference, Reference
+from pathways_mlir.runtime.executables import ARRAY_TYPE
 
 from .avals import is_extended, wrap_keys
 
@@ -110,7 +109,8 @@ class WeakHandle(_OfHandle, ArrayReference):
     def result(self, timeout: float | None = None) -> jax.Array:
         """Returns the weakly typed JAX array, waiting until it is produced."""
         value = self.data.result(timeout)
-        return ArrayImpl(value.aval.update(weak_type=True), value.sharding, value._arrays, committed=value._committed)
+        # The same buffers, typed weakly: JAX's array class takes an aval, as JAX's own dispatch makes one.
+        return ARRAY_TYPE(value.aval.update(weak_type=True), value.sharding, value._arrays, committed=value._committed)
 
     def _host_value(self) -> np.ndarray:
         return self.data._host_value()
