@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from .avals import is_extended, wire_aval
+from .avals import aval_of, is_extended, wire_aval
 
 log = logging.getLogger("pathways_mlir.elastic")
 
@@ -140,10 +140,12 @@ def read_checkpoint(directory: str, like: Sequence) -> tuple[int, list[np.ndarra
 
 def shape_dtype(leaf) -> tuple[tuple[int, ...], np.dtype]:
     """The shape and dtype of a state leaf (an array, a handle or a Python number) as a host snapshot holds
-    it (typed PRNG keys as their key data), without reading it."""
+    it (typed PRNG keys as their key data), without reading it; a Python number's is the one JAX traces it
+    with (float32 for a float unless `jax_enable_x64`), as the step returns it."""
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
         if is_extended(leaf.dtype):
             data = wire_aval(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
             return tuple(data.shape), np.dtype(data.dtype)
         return tuple(leaf.shape), np.dtype(leaf.dtype)
-    return np.shape(leaf), np.result_type(leaf)
+    aval = aval_of(leaf)
+    return tuple(aval.shape), np.dtype(aval.dtype)

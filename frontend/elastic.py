@@ -217,26 +217,26 @@ class ElasticTrainer:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"steps must be a non-negative integer, not {steps!r}")
         leaves, treedef = jax.tree_util.tree_flatten(state)
-        keys = [_key_dtype(leaf) for leaf in leaves]
+        restore = _Restore(treedef, [_key_dtype(leaf) for leaf in leaves], [_weak_scalar(leaf) for leaf in leaves])
         if resume_from is not None:
             start, host = read_checkpoint(os.fspath(resume_from), leaves)
             if start >= steps:
                 raise ValueError(f"the checkpoint in {os.fspath(resume_from)} is of step {start}: "
                                  f"nothing is left to run for steps={steps}")
-            state = _from_host(treedef, host, keys)
+            state = restore(host)
         else:
             start, host = 0, [_to_host(leaf, self.timeout) for leaf in leaves]
         self.start_step, self.recoveries, self.shapes = start, [], {}
         checkpoints = None if self.checkpoint_dir is None else self._checkpoints(start)
         self._snapshots = _Snapshots(start, host, checkpoints, self.timeout)
         try:
-            return self._loop(state, [shape_dtype(leaf) for leaf in leaves], treedef, keys, start, steps)
+            return self._loop(state, [shape_dtype(leaf) for leaf in leaves], treedef, restore, start, steps)
         finally:
             self._snapshots.close()
             if checkpoints is not None:
                 checkpoints.close()
 
-    def _loop(self, state, specs: list, treedef, keys: list, done: int, steps: int):
+    def _loop(self, state, specs: list, treedef, restore: "_Restore", done: int, steps: int):
         snapshots, pending, checked = self._snapshots, None, False
         runtime = self.client.runtime if self.client is not None else get_runtime()
         while True:
@@ -247,9 +247,7 @@ class ElasticTrainer:
                     snapshots.settle()
                     for leaf in jax.tree_util.tree_leaves(state):
                         if isinstance(leaf, Reference):
-                            value = leaf.result(self.timeout)   # a JAX array in process; NumPy from Ray or a service
-                            if hasattr(value, "block_until_ready"):
-                                value.block_until_ready()
+                            leaf.result(self.timeout).block_until_ready()    # its device work complete
                     return state
                 # The state's handles go to the call as they are: on Ray a result stays on its island
                 # (a StoreRef); one that lived on a lost island raises IslandLost in the call.
@@ -275,7 +273,7 @@ class ElasticTrainer:
                 if isinstance(runtime, Runtime):         # a service lowers the replay again if it is refused
                     runtime.await_losses(min(self.timeout, TOPOLOGY_WAIT))
                 done, leaves = snapshots.latest()
-                state = _from_host(treedef, leaves, keys)
+                state = restore(leaves)
 
     def _batch(self, step: int, runtime) -> Any:
         """Step `step`'s batch: `batch(step)`, or with shrink='batch', `batch(step, shards)`."""
@@ -370,7 +368,7 @@ def _to_host(leaf, timeout: float) -> np.ndarray:
         leaf = leaf.result(timeout)
     if _key_dtype(leaf) is not None:
         leaf = jax.random.key_data(leaf)
-    return np.array(leaf, copy=True)
+    return np.array(leaf, dtype=shape_dtype(leaf)[1], copy=True)
 
 
 def _key_dtype(leaf) -> Any:
@@ -379,8 +377,26 @@ def _key_dtype(leaf) -> Any:
     return dtype if dtype is not None and is_extended(dtype) else None
 
 
-def _from_host(treedef, leaves: list[np.ndarray], keys: list) -> Any:
-    """The state of host `leaves` (from `_to_host`), its typed keys wrapped again (`keys`: each leaf's key
-    dtype, or None)."""
-    return jax.tree_util.tree_unflatten(treedef, [leaf if key is None else wrap_keys(leaf, key)
-                                                  for leaf, key in zip(leaves, keys)])
+def _weak_scalar(leaf) -> bool:
+    """Whether a state leaf is a weakly typed scalar: a Python number, or a result JAX types weakly (a learning
+    rate a step computes from one)."""
+    if isinstance(leaf, (int, float, complex)):
+        return not isinstance(leaf, bool)            # (JAX types a Python bool strongly)
+    return bool(getattr(leaf, "weak_type", False)) and getattr(leaf, "shape", None) == ()
+
+
+@dataclasses.dataclass
+class _Restore:
+    """Makes the state of host leaves (`_to_host`'s, a snapshot's or a checkpoint's) as the state it copies:
+    typed keys wrapped again (`keys`: each leaf's key dtype, or None), and a weakly typed scalar (`weak`) a
+    Python number again, so the step traces it weak, as it did (a NumPy scalar is strongly typed: bf16
+    parameters updated with it would become float32)."""
+
+    treedef: Any
+    keys: list
+    weak: list[bool]
+
+    def __call__(self, leaves: list[np.ndarray]) -> Any:
+        return jax.tree_util.tree_unflatten(self.treedef, [
+            wrap_keys(leaf, key) if key is not None else leaf.item() if weak else leaf
+            for leaf, key, weak in zip(leaves, self.keys, self.weak)])

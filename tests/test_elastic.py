@@ -20,7 +20,7 @@ from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.runtime import Runtime
 from fetching import settled, until
-from training import batch, init, sgd, sgd_step, train_step, training_island
+from training import batch, init, loss, sgd, sgd_step, train_step, training_island
 
 X = np.full((512, 512), 0.01, np.float32)
 WAIT = 30       # seconds: every wait is bounded
@@ -605,4 +605,47 @@ def test_a_flax_nnx_state_with_rng_keys_survives_a_loss_and_resumes_from_checkpo
             else:
                 np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
         del model
+    assert settled(rt, WAIT)
+
+
+def test_a_bf16_state_with_a_python_float_learning_rate_survives_a_loss_and_resumes_from_checkpoints(rt, tmp_path):
+    """A state of bf16 parameters and a learning rate given as a Python float, which the step decays: the
+    rate is weakly typed in JAX (float32 that takes bf16's type from the parameters), so the parameters stay
+    bf16. Restored after the loss, or read back by a new trainer, the rate is a Python number again, not a
+    NumPy float32, which would make the parameters float32 (the trainer then refused the step's state); and
+    a Python float in the initial state was refused as float64, which the step returns as float32."""
+    def decayed_sgd(state, batch_):
+        params, lr = state
+        value, grads = jax.value_and_grad(loss)(params, *batch_)
+        return (jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), lr * 0.9), value
+
+    def new_state():
+        return jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.bfloat16), init()), 0.1
+
+    placed = pw.jit(decayed_sgd, slice=pw.virtual_slice(4, axes="x", name="train"), in_specs=(None, (P("x"), P("x"))))
+    want, reference = new_state(), jax.jit(decayed_sgd)
+    for i in range(10):
+        want, _ = reference(want, batch(i))
+    lost = []
+
+    def lose_at_step_5(n, metrics):
+        if n == 5 and not lost:
+            until(lambda: trainer.snapshot_step == 4, "the snapshot of step 4 was copied", WAIT)
+            lost.append(placed.compiled(new_state(), batch(0), runtime=rt).plan.slices["train"].island)
+            rt.lose_island(lost[0])
+
+    with Client(rt) as client:
+        trainer = pw.ElasticTrainer(placed, batch, snapshot_every=2, client=client, checkpoint_dir=tmp_path,
+                                    on_step=lose_at_step_5)
+        trainer.run(new_state(), 8)
+        assert [(r.step, r.snapshot_step) for r in trainer.recoveries] == [(5, 4)]
+        resumed = pw.ElasticTrainer(placed, batch, snapshot_every=2, client=client, checkpoint_dir=tmp_path)
+        params, lr = resumed.run(new_state(), 10, resume_from=tmp_path)
+        assert resumed.start_step == 8
+        assert all(p.dtype == jnp.bfloat16 for p in jax.tree_util.tree_leaves(params))
+        assert lr.weak_type and lr.dtype == want[1].dtype == jnp.float32 and float(lr) == float(want[1])
+        for name in want[0]:
+            np.testing.assert_allclose(np.asarray(params[name], np.float32), np.asarray(want[0][name], np.float32),
+                                       rtol=1e-2, atol=1e-2)
+        del params, lr
     assert settled(rt, WAIT)
