@@ -104,6 +104,7 @@ class Compiled:
                             f"not {tree}")
         if lowered.donated:
             _refuse_donated_shared(lowered, leaves)
+        _refuse_abstract_values(lowered, leaves)
         _refuse_other_dtypes(lowered, leaves)
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals)]
         # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
@@ -146,6 +147,16 @@ def _refuse_donated_shared(lowered: Lowered, leaves: list) -> None:
         if donated and isinstance(x, (SharedRef, RemoteSharedRef)):
             raise ValueError(f"argument leaf {position} of program @{lowered.program} is a shared object, which is "
                              f"read-only: it cannot be donated (leave it out of donate_argnums/donate_argnames)")
+
+
+def _refuse_abstract_values(lowered: Lowered, leaves: list) -> None:
+    """Raises TypeError in one line if an argument leaf is a `jax.ShapeDtypeStruct`, which has no value to run
+    on (as `jax.jit` refuses it; its run failed on the island instead)."""
+    for position, x in enumerate(leaves):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            raise TypeError(f"argument leaf {position} of program @{lowered.program} is a jax.ShapeDtypeStruct, "
+                            f"which has no value to run on: a call takes arrays; trace with abstract values "
+                            f"through .lower(...)")
 
 
 def _refuse_other_dtypes(lowered: Lowered, leaves: list) -> None:

@@ -726,6 +726,13 @@ def test_arguments_jax_would_refuse_are_refused_at_the_call():
     np.testing.assert_array_equal(np.asarray(compiled(np.ones(4, np.float64))), np.full(4, 2.0, np.float32))
     with pytest.raises(TypeError, match="expected an array, a scalar or a jax.ShapeDtypeStruct, not str 'abc'"):
         double("abc")
+    # An abstract value traces (`lower`, `compiled`) but has no value to run on: its run failed on the island.
+    abstract = jax.ShapeDtypeStruct((4,), jnp.float32)
+    assert double.lower(abstract).as_text() and double.compiled(abstract) is compiled
+    for call in (lambda: double(abstract), lambda: compiled(abstract), lambda: pw.program(double)(abstract)):
+        with pytest.raises(TypeError, match=r"argument leaf 0 of program @\w+ is a jax.ShapeDtypeStruct, which has "
+                                            r"no value to run on: a call takes arrays; trace with abstract values"):
+            call()
 
 
 # --- arrays of zero size ------------------------------------------------------------------------------
