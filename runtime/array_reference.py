@@ -201,7 +201,8 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__ge__", "__eq__", "__ne__", "__neg__", "__pos__", "__abs__", "__invert__", "__round__",
               "reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "sum", "mean", "prod", "max",
               "min", "std", "var", "all", "any", "argmax", "argmin", "sort", "argsort", "cumsum", "cumprod", "clip",
-              "round", "dot", "conj", "take", "diagonal", "trace", "repeat", "copy", "view"):
+              "round", "dot", "conj", "take", "diagonal", "trace", "repeat", "copy", "view", "argpartition", "choose",
+              "clone", "compress", "conjugate", "nonzero", "ptp", "searchsorted", "tobytes"):
     setattr(ArrayReference, _name, _on_value(_name))
 for _name in ("T", "mT", "real", "imag", "at"):
     setattr(ArrayReference, _name, _property_of_value(_name))

@@ -677,9 +677,13 @@ def test_handles_behave_like_jax_arrays_on_their_values():
                       ((doubled.argmax(-1) == 3).mean(), (want_doubled.argmax(-1) == 3).mean()),
                       (doubled.reshape(2, -1).T, want_doubled.reshape(2, -1).T), (doubled.max(), 6.0),
                       (doubled.clip(1, 5), want_doubled.clip(1, 5)), (doubled.real, want_doubled),
-                      (doubled.at[0].set(9.0), want_doubled.at[0].set(9.0)), (doubled.copy(), want_doubled)]:
+                      (doubled.at[0].set(9.0), want_doubled.at[0].set(9.0)), (doubled.copy(), want_doubled),
+                      (doubled.searchsorted(3.0), want_doubled.searchsorted(3.0)), (doubled.ptp(), 6.0),
+                      (doubled.nonzero()[0], want_doubled.nonzero()[0]), (doubled.clone(), want_doubled),
+                      (doubled.argpartition(1), want_doubled.argpartition(1)), (doubled.conjugate(), want_doubled)]:
         assert isinstance(got, jax.Array)
         np.testing.assert_array_equal(got, want)
+    assert doubled.tobytes() == want_doubled.tobytes()
     # JAX takes a handle wherever it takes an array: its constructors, its functions, jax.jit, jax.grad; a
     # handle stays a key by identity.
     np.testing.assert_array_equal(jnp.asarray(doubled), want_doubled)
