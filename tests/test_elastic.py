@@ -545,6 +545,28 @@ def test_a_corrupted_newest_checkpoint_is_skipped(rt, tmp_path, caplog):
     assert settled(rt, WAIT)
 
 
+def lose_at_step_5_and_resume(rt, client, placed, new_state, batch_of, checkpoint_dir):
+    """Trains `placed` from `new_state()` for 8 steps with a snapshot and a checkpoint every 2, losing its
+    island at step 5 (once the snapshot of step 4 is copied), then resumes a new trainer from the checkpoint
+    of step 8 up to step 10; returns the final state."""
+    lost = []
+
+    def lose_at_step_5(n, metrics):
+        if n == 5 and not lost:
+            until(lambda: trainer.snapshot_step == 4, "the snapshot of step 4 was copied", WAIT)
+            lost.append(placed.compiled(new_state(), batch_of(0), runtime=rt).plan.slices["train"].island)
+            rt.lose_island(lost[0])
+
+    trainer = pw.ElasticTrainer(placed, batch_of, snapshot_every=2, client=client, checkpoint_dir=checkpoint_dir,
+                                on_step=lose_at_step_5)
+    trainer.run(new_state(), 8)
+    assert [(r.step, r.snapshot_step) for r in trainer.recoveries] == [(5, 4)]
+    resumed = pw.ElasticTrainer(placed, batch_of, snapshot_every=2, client=client, checkpoint_dir=checkpoint_dir)
+    state = resumed.run(new_state(), 10, resume_from=checkpoint_dir)
+    assert resumed.start_step == 8
+    return state
+
+
 def test_a_flax_nnx_state_with_rng_keys_survives_a_loss_and_resumes_from_checkpoints(rt, tmp_path):
     """Every flax NNX model's RNG streams are typed PRNG keys: snapshots and checkpoints hold their key data,
     and the state restored after the loss, or read back by a new trainer, has them as keys again. The
@@ -581,22 +603,8 @@ def test_a_flax_nnx_state_with_rng_keys_survives_a_loss_and_resumes_from_checkpo
     reference = nnx.jit(update)
     for i in range(10):
         reference(want_model, want_optimizer, nnx_batch(i))
-    lost = []
-
-    def lose_at_step_5(n, metrics):
-        if n == 5 and not lost:
-            until(lambda: trainer.snapshot_step == 4, "the snapshot of step 4 was copied", WAIT)
-            lost.append(placed.compiled(new_state(), nnx_batch(0), runtime=rt).plan.slices["train"].island)
-            rt.lose_island(lost[0])
-
     with Client(rt) as client:
-        trainer = pw.ElasticTrainer(placed, nnx_batch, snapshot_every=2, client=client, checkpoint_dir=tmp_path,
-                                    on_step=lose_at_step_5)
-        model, _ = trainer.run(new_state(), 8)
-        assert [(r.step, r.snapshot_step) for r in trainer.recoveries] == [(5, 4)]
-        resumed = pw.ElasticTrainer(placed, nnx_batch, snapshot_every=2, client=client, checkpoint_dir=tmp_path)
-        model, _ = resumed.run(new_state(), 10, resume_from=tmp_path)
-        assert resumed.start_step == 8
+        model, _ = lose_at_step_5_and_resume(rt, client, placed, new_state, nnx_batch, tmp_path)
         for got, want in zip(jax.tree_util.tree_leaves(nnx.state(model)),
                              jax.tree_util.tree_leaves(nnx.state(want_model))):
             got = got.result()
@@ -626,22 +634,8 @@ def test_a_bf16_state_with_a_python_float_learning_rate_survives_a_loss_and_resu
     want, reference = new_state(), jax.jit(decayed_sgd)
     for i in range(10):
         want, _ = reference(want, batch(i))
-    lost = []
-
-    def lose_at_step_5(n, metrics):
-        if n == 5 and not lost:
-            until(lambda: trainer.snapshot_step == 4, "the snapshot of step 4 was copied", WAIT)
-            lost.append(placed.compiled(new_state(), batch(0), runtime=rt).plan.slices["train"].island)
-            rt.lose_island(lost[0])
-
     with Client(rt) as client:
-        trainer = pw.ElasticTrainer(placed, batch, snapshot_every=2, client=client, checkpoint_dir=tmp_path,
-                                    on_step=lose_at_step_5)
-        trainer.run(new_state(), 8)
-        assert [(r.step, r.snapshot_step) for r in trainer.recoveries] == [(5, 4)]
-        resumed = pw.ElasticTrainer(placed, batch, snapshot_every=2, client=client, checkpoint_dir=tmp_path)
-        params, lr = resumed.run(new_state(), 10, resume_from=tmp_path)
-        assert resumed.start_step == 8
+        params, lr = lose_at_step_5_and_resume(rt, client, placed, new_state, batch, tmp_path)
         assert all(p.dtype == jnp.bfloat16 for p in jax.tree_util.tree_leaves(params))
         assert lr.weak_type and lr.dtype == want[1].dtype == jnp.float32 and float(lr) == float(want[1])
         for name in want[0]:
