@@ -40,7 +40,7 @@ from pathways_mlir.dialect.plan_steps import Branch
 
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
-from .executables import numpy_dtype
+from .executables import ARRAY_TYPE, numpy_dtype
 from .island_work import REFERENCES, RunFailed, raised
 from .run import Run
 
@@ -168,6 +168,9 @@ class Dispatcher:
             if tuple(value.shape) != shape:
                 raise TypeError(f"argument for buffer {buffer} of {plan.program} has shape "
                                 f"{tuple(value.shape)}, expected {shape}")
+            if type(value) is ARRAY_TYPE and value.is_deleted():        # refused at the call, as jax.jit does
+                raise RuntimeError(f"argument {position} of program @{plan.program} is a deleted jax.Array (deleted, "
+                                   f"or donated to another computation, before the call)")
             check_dtype(plan.program, position, value.dtype, dtype, shape)
             value = narrowed(value, dtype)
             if island is None:

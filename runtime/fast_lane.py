@@ -108,7 +108,10 @@ class FastLane:
                 value = kept((run.id, value._buffer))
                 if value is None:
                     return None          # not produced yet, released or failed, or on another island
-            elif kind is not ARRAY_TYPE and kind is not np.ndarray:
+            elif kind is ARRAY_TYPE:
+                if value.is_deleted():
+                    return None          # the general path refuses it
+            elif kind is not np.ndarray:
                 return None
             if value.shape != shape or value.dtype != dtype:
                 return None

@@ -50,6 +50,15 @@ def running_inline(island):
         island._inline_over()
 
 
+def run_failing_on_the_island(client, plan, island, array):
+    """Starts a run of `plan` on `array` that fails on `island`: queued there while the island is held, it finds
+    its argument deleted when it launches (a deleted array is refused at the call). Returns its handle."""
+    with running_inline(island):
+        [handle] = client.run(plan, [array])
+        array.delete()
+    return handle
+
+
 def assert_nothing_left(rt: Runtime) -> None:
     """The scheduler's ledger is back to zero and the islands keep no objects."""
     assert set(rt.usage().values()) == {0}
@@ -339,10 +348,8 @@ def test_a_failing_lane_run_fails_alone_and_keeps_nothing(runtime, plan_builder)
     plan = small(plan_builder, runtime.resources.topology)
     lane = runtime.lane(plan)
     with Client(runtime) as client:
-        deleted = jnp.asarray(X)
-        deleted.delete()
-        [bad] = client.run(plan, [deleted])                              # a deleted array: the launch fails
-        with pytest.raises(RunFailed):
+        bad = run_failing_on_the_island(client, plan, lane.island, jnp.asarray(X))
+        with pytest.raises(RunFailed, match="deleted"):
             bad.result(timeout=60)
         [good] = client.run(plan, [jnp.asarray(X)])
         np.testing.assert_allclose(np.asarray(good), chained_tanh2(X, 1), rtol=1e-6)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fetching import until
+from test_fast_lane import run_failing_on_the_island
 from test_admission_and_lifetimes import X, cross_island, tanh2
 
 from pathways_mlir.dialect.memory_plan import with_memory_plan
@@ -250,14 +251,12 @@ def test_a_thousand_failed_runs_keep_no_arrays(device_map, plan_builder):
     rt = Runtime(device_map)
     try:
         plan = small_plan(plan_builder, device_map.topology, shape=(256, 1024))      # 1 MiB arguments
-        wrong = jnp.ones((256, 1024), jnp.float32)    # a deleted JAX array: the fast lane takes it to the
-        wrong.delete()                                # island, where each run fails
         with Client(rt) as client:
             client.run(plan, [np.ones((256, 1024), np.float32)])[0].result(timeout=60)
             gc.collect()
             before = len(jax.live_arrays())
-            for _ in range(1000):
-                [h] = client.run(plan, [wrong])
+            for _ in range(1000):                     # each taken by the fast lane, failing on the island
+                h = run_failing_on_the_island(client, plan, rt.islands["island0"], jnp.ones((256, 1024), jnp.float32))
                 with pytest.raises(RunFailed):
                     h.result(timeout=60)
                 del h

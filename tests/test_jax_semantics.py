@@ -737,6 +737,15 @@ def test_arguments_jax_would_refuse_are_refused_at_the_call():
         with pytest.raises(TypeError, match=r"argument leaf 0 of program @\w+ is a jax.ShapeDtypeStruct, which has "
                                             r"no value to run on: a call takes arrays; trace with abstract values"):
             call()
+    # A deleted jax.Array (or one donated to a jax.jit computation) is refused at the call, as jax.jit refuses
+    # it, on the fast lane's path too: its run failed, and reading the result raised RunFailed.
+    deleted, donated = jnp.ones(4), jnp.ones(4)
+    deleted.delete()
+    jax.jit(lambda v: v * 2, donate_argnums=0)(donated)
+    for call in (lambda: double(deleted), lambda: double(donated), lambda: pw.program(double)(deleted)):
+        with pytest.raises(RuntimeError, match=r"argument 0 of program @\w+ is a deleted jax.Array \(deleted, or "
+                                               r"donated to another computation, before the call\)"):
+            call()
 
 
 # --- arrays of zero size ------------------------------------------------------------------------------
