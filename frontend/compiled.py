@@ -38,7 +38,7 @@ from pathways_mlir.runtime.runtime import get_runtime
 from .avals import aval_of, has_tracers, is_extended
 from .lowered import Lowered
 from .signature import Call, Signature
-from .wire import from_wire, to_wire
+from .wire import WeakHandle, from_wire, to_wire
 
 if TYPE_CHECKING:
     from pathways_mlir.dialect.plan import ProgramPlan
@@ -59,11 +59,13 @@ class Compiled:
         # run of this program that the service refused (`RemoteClient._send_again`, `_lowered_again`).
         self._lock = threading.RLock()
         # Whether a call whose arguments are arrays and handles, one leaf each, passes them as they are and
-        # returns its handles as they are (no key data to convert, no weakly typed result, nothing donated):
-        # `call_plain` then runs it.
+        # returns its handles (no key data to convert, nothing donated): `call_plain` then runs it, unwrapping
+        # the `WeakHandle`s given for weakly typed arguments and wrapping the handles of weakly typed results,
+        # as `to_wire` and `from_wire` do.
         self.plain = not any(lowered.donated) and \
-            not any(is_extended(a.dtype) for a in lowered.in_avals + lowered.out_avals) and \
-            not any(a.weak_type for a in lowered.out_avals)
+            not any(is_extended(a.dtype) for a in lowered.in_avals + lowered.out_avals)
+        self._weak_arguments = any(a.weak_type for a in lowered.in_avals)
+        self._weak_results = tuple(i for i, a in enumerate(lowered.out_avals) if a.weak_type)
         # Whether the program returns one array (not a pytree of them): `()`, `None` and `{}` are leaf tree
         # definitions too, of no leaf.
         self._single = lowered.out_tree.num_leaves == 1 and jax.tree_util.treedef_is_leaf(lowered.out_tree)
@@ -126,15 +128,19 @@ class Compiled:
             return self.plan
 
     def call_plain(self, args: tuple, leaves: tuple | list, client=None) -> Any:
-        """Runs the program on `args`, whose `leaves` are every one a JAX or NumPy array or a handle of its
-        traced aval (the caller checked: `StageCache.run`), in parallel dispatch without a timeout, on a `plain`
-        program: the same as calling it, without converting anything."""
+        """Runs the program on `args`, whose `leaves` are every one a JAX or NumPy array or a handle (or a
+        `WeakHandle` of one) of its traced aval (the caller checked: `StageCache.run`), in parallel dispatch
+        without a timeout, on a `plain` program: the same as calling it, converting nothing but weak handles."""
         client = client or default_client(self.runtime)
         if type(client) is not Client or self.runtime.resources.version != self._version:
             return self(*args, client=client)
         if client.runtime is not self.runtime:
             raise ValueError("this program was compiled for another runtime than the client's")
+        if self._weak_arguments:
+            leaves = [x.data if type(x) is WeakHandle else x for x in leaves]
         handles = client.handles(client.start(self.plan, leaves))
+        for i in self._weak_results:
+            handles[i] = WeakHandle(handles[i])
         return handles[0] if self._single else jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)
 
 
@@ -227,12 +233,12 @@ class StageCache:
 
         A call of positional arguments only, in parallel dispatch without a timeout, is looked up by identity
         first when its leaves are arrays and handles only: the avals of its arrays, the dtypes of its NumPy
-        arrays (with their shapes) and the plan buffers of its handles are the very objects of an earlier call
-        (JAX gives the results of one executable one aval object; NumPy one dtype object per builtin type; a
-        handle's buffer is its plan's), and the pytree of arguments that are not all leaves is the earlier
-        call's (as `jax.jit` looks up a flattened call's signature), so nothing is split or built and the leaves
-        go to the run as they are (`Compiled.call_plain`), under the same `jax_enable_x64`; such leaves are
-        never tracers."""
+        arrays (with their shapes) and the plan buffers of its handles (or of those its `WeakHandle`s wrap) are
+        the very objects of an earlier call (JAX gives the results of one executable one aval object; NumPy one
+        dtype object per builtin type; a handle's buffer is its plan's), and the pytree of arguments that are not
+        all leaves is the earlier call's (as `jax.jit` looks up a flattened call's signature), so nothing is split
+        or built and the leaves go to the run as they are (`Compiled.call_plain`), under the same
+        `jax_enable_x64`; such leaves are never tracers."""
         try:
             runtime = client.runtime if client is not None else None
         except AttributeError:
@@ -265,9 +271,9 @@ class StageCache:
 
 def _identity(leaves: tuple | list, tree=None) -> tuple[tuple, tuple] | None:
     """Returns the key and objects that identify the signature of argument leaves that are all JAX arrays (their
-    aval), handles (their plan buffer) or NumPy arrays (their shape and dtype, all of a host array's aval), or
-    None if one is anything else; with `tree`, the leaves' pytree (a `PyTreeDef`) is part of the key, and
-    None is returned too if it is not hashable (a node's auxiliary data)."""
+    aval), handles or `WeakHandle`s of them (their plan buffer) or NumPy arrays (their shape and dtype, all of a
+    host array's aval), or None if one is anything else; with `tree`, the leaves' pytree (a `PyTreeDef`) is
+    part of the key, and None is returned too if it is not hashable (a node's auxiliary data)."""
     keys, objects = [], []
     for a in leaves:
         kind = type(a)
@@ -277,6 +283,9 @@ def _identity(leaves: tuple | list, tree=None) -> tuple[tuple, tuple] | None:
         elif kind is Handle:
             found = a._run.plan.buffers[a._buffer]
             keys.append(id(found))
+        elif kind is WeakHandle and type(a.data) is Handle:
+            found = a.data._run.plan.buffers[a.data._buffer]
+            keys.append(("weak", id(found)))
         elif kind is np.ndarray:
             found = a.dtype
             keys.append((a.shape, id(found)))

@@ -164,6 +164,26 @@ def test_weakly_typed_results_stay_weak_as_in_jax():
     assert float(default_client().share(lr)) == np.float32(0.05)       # handle it wraps (TypeError before)
 
 
+def test_a_loop_passing_a_weak_result_back_takes_the_identity_path(monkeypatch):
+    """A step that returns a weakly typed rate and takes it back goes, from its second call on, the way a
+    strongly typed loop goes (`Compiled.call_plain`, no signature split): it went the general way every call,
+    about 1.6x a tiny step's time. Values, dtypes and weak types are jax.jit's."""
+    from pathways_mlir.frontend.compiled import Compiled
+
+    plain, call_plain = [], Compiled.call_plain
+    monkeypatch.setattr(Compiled, "call_plain", lambda self, *a: plain.append(self) or call_plain(self, *a))
+    decay = pw.jit(lambda x, lr: (x * lr, lr * 0.5), slice=pw.virtual_slice(2, axes="data"))
+    reference = jax.jit(decay.fn)
+    x, lr = want_x, want_lr = jnp.ones(4, jnp.bfloat16), 1.0
+    for _ in range(5):
+        x, lr = decay(x, lr)
+        want_x, want_lr = reference(want_x, want_lr)
+    assert len(plain) == 4                  # the first call's rate was a Python float, a signature of its own
+    assert x.dtype == want_x.dtype == jnp.bfloat16 and lr.weak_type and want_lr.weak_type
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(want_x))
+    assert float(lr) == float(want_lr) == 1 / 32
+
+
 def test_python_and_numpy_scalars_inside_a_program_are_constants():
     """`sgd(params, grads, 0.01)` inside a program, as inside a `jax.jit` step: a Python scalar (weakly
     typed) or a NumPy scalar (strongly typed) passed to a placed function is a constant in that
