@@ -107,7 +107,10 @@ def _element_type(aval: jax.ShapeDtypeStruct) -> str:
 
 
 def check_element_type(dtype, what: str) -> None:
-    """Raises TypeError in one line, naming `what`, if `dtype` (not an extended one) has no pw element type."""
+    """Raises TypeError in one line, naming `what`, if `dtype` has no pw element type (an extended one, a typed
+    key's, travels as its key data)."""
+    if is_extended(dtype):
+        return
     if dtype == jax.dtypes.float0:
         raise TypeError(f"{what} has dtype float0, a gradient's with respect to an integer (allow_int=True), "
                         f"which holds no data and has no pw element type: differentiate with respect to "

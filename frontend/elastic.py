@@ -31,7 +31,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from pathways_mlir.runtime.array_reference import Reference
+from pathways_mlir.runtime.array_reference import ArrayReference, Reference
 from pathways_mlir.runtime.island_work import IslandLost
 from pathways_mlir.runtime.runtime import Runtime, get_runtime
 
@@ -364,8 +364,10 @@ class ElasticTrainer:
 def _to_host(leaf, timeout: float) -> np.ndarray:
     """A copy of one state leaf in host memory (a handle is waited for, at most `timeout` s); typed PRNG keys
     (every flax NNX model's RNG streams) as their key data."""
-    if isinstance(leaf, Reference):
-        leaf = leaf.result(timeout)
+    if isinstance(leaf, ArrayReference):
+        leaf = leaf._host_value(timeout)      # NumPy as fetched (a Ray actor's or a service's): no JAX array made
+    elif isinstance(leaf, Reference):
+        leaf = leaf.result(timeout)           # typed keys
     if _key_dtype(leaf) is not None:
         leaf = jax.random.key_data(leaf)
     return np.array(leaf, dtype=shape_dtype(leaf)[1], copy=True)

@@ -86,8 +86,7 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
         result_leaves = [r for _, r in with_paths]
         out_avals = tuple(aval_of(jax.typeof(r)) for r in result_leaves)
         for (path, _), a in zip(with_paths, out_avals):
-            if not is_extended(a.dtype):
-                check_element_type(a.dtype, f"{Site.of_definition(fn)}: result{jax.tree_util.keystr(path)}")
+            check_element_type(a.dtype, f"{Site.of_definition(fn)}: result{jax.tree_util.keystr(path)}")
         if not traced:       # (a function kept in process is traced again where its island compiles it)
             warn_of_lost_changes(fn, leaves, (args, kwargs), result_leaves)
             typed = tuple(jax.typeof(r).sharding.spec if in_types else None for r in result_leaves)

@@ -30,7 +30,7 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.context import make_context
 from pathways_mlir.dialect.homes import sharded_on
 
-from .avals import aval_of, check_element_type, format_aval, has_tracers, is_extended, signature_of, tensor_type
+from .avals import aval_of, check_element_type, format_aval, has_tracers, signature_of, tensor_type
 from .errors import PlacementError
 from .executables import Executable, compile_function
 from .compiled import Compiled, StageCache
@@ -277,8 +277,7 @@ def lower(site: Site, fn: Callable, example: Any, donated: tuple[bool, ...] = ()
             aval = aval_of(x)
         except TypeError as e:
             raise TypeError(f"{site}: example argument{jax.tree_util.keystr(path)}: {e}") from None
-        if not is_extended(aval.dtype):
-            check_element_type(aval.dtype, f"{site}: example argument{jax.tree_util.keystr(path)}")
+        check_element_type(aval.dtype, f"{site}: example argument{jax.tree_util.keystr(path)}")
         in_avals.append(aval)
     module = ModuleBuilder()
     with module.context, ir.Location.unknown():

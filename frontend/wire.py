@@ -112,8 +112,8 @@ class WeakHandle(_OfHandle, ArrayReference):
         # The same buffers, typed weakly: JAX's array class takes an aval, as JAX's own dispatch makes one.
         return ARRAY_TYPE(value.aval.update(weak_type=True), value.sharding, value._arrays, committed=value._committed)
 
-    def _host_value(self) -> np.ndarray:
-        return self.data._host_value()
+    def _host_value(self, timeout: float | None = None) -> np.ndarray:
+        return self.data._host_value(timeout)
 
     def __repr__(self) -> str:
         return f"Weak{self.data!r}"

@@ -115,9 +115,10 @@ class ArrayReference(Reference):
 
     __slots__ = ()
 
-    def _host_value(self) -> np.ndarray:
-        """The value as a NumPy array (a subclass may bring it here without making a JAX array first)."""
-        return np.asarray(self.result())
+    def _host_value(self, timeout: float | None = None) -> np.ndarray:
+        """The value as a NumPy array, waiting at most `timeout` seconds as `result` does (a subclass may bring
+        it here without making a JAX array first)."""
+        return np.asarray(self.result(timeout))
 
     def __array__(self, dtype=None, copy=None):
         value = self._host_value()
@@ -223,8 +224,8 @@ class RunResult(ArrayReference):
         value = self._value(timeout)
         return value if type(value) is ARRAY_TYPE else jnp.asarray(value)
 
-    def _host_value(self) -> np.ndarray:
-        return np.asarray(self._value(None))
+    def _host_value(self, timeout: float | None = None) -> np.ndarray:
+        return np.asarray(self._value(timeout))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -237,5 +238,6 @@ class RunResult(ArrayReference):
 
 # JAX (0.10) looks up a type, then its bases, in these registries: every reference is abstracted by its shape
 # and dtype, without waiting for its value, and becomes its value where JAX places arguments.
-jax_core.pytype_aval_mappings[Reference] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype, weak_type=ref.weak_type)
+jax_core.pytype_aval_mappings[Reference] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype,
+                                                                           weak_type=ref.weak_type)
 jax_dtypes.register_canonicalize_value_handler(Reference, lambda ref: ref.result())

@@ -218,7 +218,7 @@ class Client:
         handle = handle.owned() if isinstance(handle, Reference) else handle
         if not isinstance(handle, Handle) or handle._client is not self:
             raise ValueError(f"client {self.id} can share only its own handles, not {handle!r}")
-        handle.result(timeout)             # raises if released, donated or failed
+        handle._value(timeout)             # raises if released, donated or failed (its value as fetched)
         self.runtime.wait(handle._run, timeout)
         self.runtime.scheduler.share(handle._run, handle._buffer)
         self._shared.add((handle._run.id, handle._buffer))
@@ -255,9 +255,10 @@ class Client:
 def cancel(handle) -> bool:
     """Cancels the run of `handle` (a `Handle`, or a `RemoteHandle` of a service) through the client that
     owns it (see `Client.cancel`); returns False if the run was already over."""
-    if not isinstance(handle, Reference) or not hasattr(handle.owned(), "_client"):
+    owner = handle.owned() if isinstance(handle, Reference) else None
+    if not hasattr(owner, "_client"):
         raise TypeError(f"pw.cancel takes a handle a program returned, not {type(handle).__name__}")
-    return handle.owned()._client.cancel(handle.owned())
+    return owner._client.cancel(owner)
 
 
 _default_clients: "weakref.WeakKeyDictionary[Runtime, Client]" = weakref.WeakKeyDictionary()

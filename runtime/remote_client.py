@@ -120,8 +120,8 @@ class RemoteHandle(ArrayReference):
         self._fetch(None, False)
         return self
 
-    def _host_value(self):
-        return self._fetch(None, True)
+    def _host_value(self, timeout: float | None = None):
+        return self._fetch(wait_limit(timeout), True)
 
     def delete(self) -> None:
         """Releases the result on the cluster now."""
