@@ -46,6 +46,14 @@ class _OfHandle:
         self.data.block_until_ready()
         return self
 
+    def is_ready(self) -> bool:
+        """Whether reading the value would not wait (the runtime handle's `is_ready`)."""
+        return self.data.is_ready()
+
+    def is_deleted(self) -> bool:
+        """Whether the value was released."""
+        return self.data.is_deleted()
+
     def delete(self) -> None:
         """Releases the value now."""
         self.data.delete()

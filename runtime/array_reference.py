@@ -22,7 +22,17 @@ value (waiting for it):
   so the module registers the class with JAX's abstractification (an aval of
   the reference's shape and dtype) and argument canonicalisation (its
   `result()`), two registries of `jax._src` (jax 0.10). A program or placed
-  function takes it too, and there the value stays on the cluster.
+  function takes it too, and there the value stays on the cluster;
+- where the value lies, as the JAX array `result()` gives it in this process
+  (waiting for it): `ref.sharding`, `ref.device`, `ref.devices()`,
+  `ref.addressable_shards`, `ref.is_fully_addressable`,
+  `ref.is_fully_replicated`, so Orbax's restore
+  target `jax.tree.map(ocp.utils.to_shape_dtype_struct, state)` takes a state of
+  references; on the embedded backend these are the devices the value lives on,
+  from an island in another process (a Ray actor's, a service's) the array
+  fetched here; `np.from_dlpack(ref)` takes the value too;
+- `ref.is_ready()` and `ref.is_deleted()`, as a JAX array's, without waiting
+  (each subclass says how it knows).
 
 A reference stays hashable by identity
 (a key in dicts and sets), though `==` compares values, as NumPy's does.
@@ -207,6 +217,12 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
     setattr(ArrayReference, _name, _on_value(_name))
 for _name in ("T", "mT", "real", "imag", "at"):
     setattr(ArrayReference, _name, _property_of_value(_name))
+for _name in ("__dlpack__", "__dlpack_device__"):
+    setattr(ArrayReference, _name, _on_value(_name))
+# Where the value lies, as the JAX array `result()` gives it in this process: a key array has these too.
+for _name in ("sharding", "device", "addressable_shards", "is_fully_addressable", "is_fully_replicated"):
+    setattr(Reference, _name, _property_of_value(_name))
+Reference.devices = _on_value("devices")
 del _name
 
 

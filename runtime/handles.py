@@ -97,6 +97,17 @@ class Handle(RunResult):
             value.block_until_ready()
         return self
 
+    def is_ready(self) -> bool:
+        """Whether reading the value would not wait, without waiting: True once the run that computes it is
+        over (its value computed, or its run failed, whose error reading it raises). Raises ValueError as
+        reading it would if it was released."""
+        self._check()
+        return self._run.error is not None or self._client.runtime.run_done(self._run)
+
+    def is_deleted(self) -> bool:
+        """Whether the result was released: deleted, donated, or its client closed."""
+        return self._deleted or self._client.closed
+
     def delete(self) -> None:
         """Releases the result now."""
         if not self._deleted:

@@ -46,12 +46,14 @@ import numpy as np
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
+from .admission import OutOfDeviceMemory
 from .array_reference import ArrayReference, Reference, wait_limit
 from .authentication import client_handshake, read_key
 from .dispatch import narrowed
 from .dispatch_mode import DispatchMode
 from .executables import numpy_dtype
 from .fair_lock import FairLock
+from .island_work import RunFailed
 from .runtime import release_default
 from .status import Status
 from .limits import Limits
@@ -122,6 +124,21 @@ class RemoteHandle(ArrayReference):
 
     def _host_value(self, timeout: float | None = None):
         return self._fetch(wait_limit(timeout), True)
+
+    def is_ready(self) -> bool:
+        """Whether reading the value would not wait: one request that waits for nothing (True once its value is
+        computed, or its run failed, whose error reading it raises)."""
+        try:
+            self._fetch(0.0, False)
+        except TimeoutError:
+            return False
+        except (RunFailed, OutOfDeviceMemory):
+            return True
+        return True
+
+    def is_deleted(self) -> bool:
+        """Whether the result was released here: deleted, or its connection closed."""
+        return not self._finalizer.alive or self._client.closed_here
 
     def delete(self) -> None:
         """Releases the result on the cluster now."""

@@ -74,6 +74,16 @@ class SharedRef(RunResult):
                 raise ValueError(self.gone()) from None
             raise
 
+    def is_ready(self) -> bool:
+        """True: an object is shared once its run is over (`Client.share`); raises ValueError once released."""
+        if self.released:
+            raise ValueError(self.gone())
+        return True
+
+    def is_deleted(self) -> bool:
+        """Whether the owner has released the object."""
+        return self.released
+
     def placed_as(self, plan: ProgramPlan, buffer: int) -> bool:
         """Whether input `buffer` of `plan` has this object's placement and sharding, so that a run reads the
         array itself (embedded backend), with no copy."""

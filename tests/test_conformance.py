@@ -106,6 +106,42 @@ def test_results_are_jax_arrays_and_a_weakly_typed_one_is_read_weakly_typed(runt
     assert settled(runtime, WAIT)
 
 
+def test_a_handle_says_where_its_value_lies_whether_it_is_ready_and_whether_it_was_deleted(runtime, tmp_path):
+    """A JAX array's `sharding`, `devices()`, `is_ready()` and `is_deleted()` on a handle, as code written for
+    `jax.jit` reads them: Orbax's restore target `jax.tree.map(ocp.utils.to_shape_dtype_struct, state)` of a
+    state of handles (it read `h.sharding`, which a handle lacked) restores the saved values. `is_ready()` is
+    False while the run is queued, True once it is over; a deleted handle says so."""
+    import orbax.checkpoint as ocp
+
+    with Client(runtime) as client:
+        on_right.run(X, client=client).result(WAIT)                   # loaded and compiled before
+        runtime.scheduler.hold()
+        try:
+            y = on_right.run(X, client=client)
+            assert y.is_ready() is False and y.is_deleted() is False
+        finally:
+            runtime.scheduler.release()
+        until(y.is_ready, "the released run over", WAIT)
+        assert y.sharding == y.result().sharding and y.devices() == y.result().devices()
+        assert [s.index for s in y.addressable_shards] == [s.index for s in y.result().addressable_shards]
+        state = {"y": y, "z": on_right.run(y, client=client)}
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(tmp_path / "state", state)
+        checkpointer.wait_until_finished()
+        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        assert target["y"].sharding == y.sharding
+        restored = checkpointer.restore(tmp_path / "state", target)
+        np.testing.assert_array_equal(restored["y"], value(y))
+        np.testing.assert_array_equal(restored["z"], value(state["z"]))
+        assert restored["y"].sharding == y.sharding
+        y.delete()
+        assert y.is_deleted()
+        with pytest.raises(ValueError, match="was released"):
+            y.is_ready()
+        del state, target, restored
+    assert settled(runtime, WAIT)
+
+
 def test_sequential_dispatch_with_a_timeout_runs_step_by_step_and_brings_nothing_back(runtime):
     """Sequential dispatch waits for each step's inputs to exist on their island before it sends the step,
     not for the run to be over (which, with a deadline, waited until the deadline cancelled it), and it
@@ -185,6 +221,7 @@ def cancelled_while_computing(runtime, client):
 def test_a_cancelled_run_fails_its_handles_and_runs_that_take_them(runtime):
     with Client(runtime) as client:
         made = cancelled_while_computing(runtime, client)
+        assert made.is_ready()                 # reading it would not wait: it raises the cancel at once
         with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):
             value(made)
         with pytest.raises(RunCancelled, match=r"run \d+ of .* was cancelled by client"):     # Ray: sent by kind

@@ -510,7 +510,9 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
         assert (h.shape, h.dtype, h.ndim) == ((8, 16), np.float32, 2)
         with pytest.raises(TimeoutError, match="not ready within 0.2 s"):
             h.result(timeout=0.2)
+        assert h.is_ready() is False and h.is_deleted() is False
         runtime.scheduler.release()
+        until(h.is_ready, "the released run over", TIMEOUT)
         value = h.result(timeout=TIMEOUT)
         assert isinstance(value, jax.Array)
         np.testing.assert_allclose(value, want, rtol=1e-6)
@@ -530,6 +532,7 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
         assert one.object_count() == 1
         h.delete()
         h.delete()                                         # twice is harmless
+        assert h.is_deleted()
         with pytest.raises(ValueError, match="was released"):
             np.asarray(h)
         assert one.object_count() == 0

@@ -717,6 +717,25 @@ def test_handles_behave_like_jax_arrays_on_their_values():
     assert {doubled: "a", mean: "b"}[doubled] == "a" and doubled in {doubled}
 
 
+def test_a_handle_lies_where_its_value_does_as_a_jax_array_says():
+    """`sharding`, `devices()`, `addressable_shards` and DLPack are the value's (on the embedded backend, the
+    devices it lives on), for a key handle too; JAX's own refusals hold (DLPack of an array on two devices)."""
+    s = pw.virtual_slice(2, axes="data")
+    split = pw.jit(lambda x: (x * 2, x.sum(), jax.random.split(jax.random.key(0), 2)), slice=s, in_specs=P("data"),
+                   out_specs=(P("data"), P(), P()))
+    doubled, total, keys = split(jnp.arange(4.0))
+    assert doubled.sharding == doubled.result().sharding and doubled.sharding.spec == P("data")
+    assert doubled.devices() == doubled.result().devices() and len(doubled.devices()) == 2
+    assert doubled.is_fully_addressable and not doubled.is_fully_replicated and total.is_fully_replicated
+    assert [shard.index for shard in doubled.addressable_shards] == [(slice(0, 2),), (slice(2, 4),)]
+    assert keys.sharding == keys.result().sharding and keys.is_ready() and not keys.is_deleted()
+    with pytest.raises(BufferError, match="singular device"):
+        np.from_dlpack(doubled)
+    one = pw.jit(lambda x: x + 1, slice=pw.virtual_slice(1, axes="d"))(jnp.arange(3.0))
+    np.testing.assert_array_equal(np.from_dlpack(one), [1.0, 2.0, 3.0])
+    assert one.device == one.result().device and doubled.device == doubled.sharding
+
+
 def test_copying_and_pickling_handles():
     """`copy.copy`/`copy.deepcopy` of a pytree of handles (an EMA of the parameters, a "best" state) share
     the handles: a copy was a second owner of one result, whose drop released it, and the original's
