@@ -28,3 +28,6 @@ NUMPY_NAMES = {element: name for element, name, _ in _TABLE}
 """MLIR element type -> NumPy dtype name."""
 ELEMENT_TYPES = {name: element for element, name, _ in _TABLE}
 """NumPy dtype name -> MLIR element type."""
+SUB_BYTE_TYPES = frozenset({"i4", "ui4", "f4E2M1FN"})
+"""The 4-bit types: XLA:CPU packs two elements in a byte in the arrays its computations make, but not in those
+`jax.device_put` makes (`runtime/executables.py` says what follows)."""

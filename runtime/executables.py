@@ -9,8 +9,16 @@ run it. To run one on a slice, the cache wraps it
 in `jax.jit` with the launch's input and output shardings over the slice's
 mesh and compiles it ahead of time; the result is kept per (executable,
 devices, shardings), so a program run many times compiles each computation
-once. A launch that overwrites a donated input (`memory_plan.reuses`) is
-compiled with that argument donated, so XLA writes the result into its buffer.
+once. A launch calls the compiled executable itself (JAX's `Compiled`, through
+its C++ fast path), not the `jax.jit` function, which would trace again for an
+argument whose type names no mesh (a NumPy array, an array on the one device of
+a slice) where the compiled inputs' types name the slice's, and so compile the
+computation a second time, on the island's thread, at its first call. A launch
+with a 4-bit input (`SUB_BYTE_TYPES`) calls the `jax.jit` function still: XLA:CPU
+packs such an array in its executables but not in `jax.device_put`'s, which
+`Compiled` refuses as laid out otherwise. A launch
+that overwrites a donated input (`memory_plan.reuses`) is compiled with that
+argument donated, so XLA writes the result into its buffer.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import numpy as np         # INFO lines when the backend starts
 # where `isinstance(x, jax.Array)` runs Python (about 2 us here).
 from jaxlib._jax import ArrayImpl
 
-from pathways_mlir.dialect.element_types import NUMPY_NAMES
+from pathways_mlir.dialect.element_types import NUMPY_NAMES, SUB_BYTE_TYPES
 from pathways_mlir.dialect.plan import ProgramPlan
 
 ARRAY_TYPE = ArrayImpl   # what the fast paths compare `type(x)` with
@@ -192,8 +200,11 @@ class ExecutableCache:
         jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
         avals = [jax.ShapeDtypeStruct(b.shape, numpy_dtype(b.dtype), sharding=s)
                  for b, s in zip(inputs, in_shardings)]
-        text = jitted.lower(*avals).compile().as_text()     # compile now: errors surface when the plan is loaded
-        return jitted, any(f" {op}(" in text for op in COLLECTIVES)   # called through JAX's C++ fast path
+        compiled = jitted.lower(*avals).compile()       # now: errors surface when the plan is loaded
+        collective = any(f" {op}(" in compiled.as_text() for op in COLLECTIVES)
+        if any(b.dtype in SUB_BYTE_TYPES for b in inputs):
+            return jitted, collective       # it lays such an argument out as compiled; `Compiled` refuses it
+        return compiled, collective
 
 
 def _exported_call(name: str, export: str) -> Callable:

@@ -51,13 +51,25 @@ def test_chain_across_islands_matches_jax(runtime, mode, plan_builder):
 
 
 def test_parallel_and_sequential_agree_and_compile_once(runtime, plan_builder):
+    """Each executable compiles once, when its plan is loaded, for every form its arguments take: XLA compiles
+    nothing more. A launch called the `jax.jit` function, which traced again for a NumPy argument (whose type
+    names no mesh) and compiled the executable a second time, on the island's thread, at its first call."""
+    from jax._src import monitoring
+    from jax._src.dispatch import BACKEND_COMPILE_EVENT
+
     plan, _ = two_island_chain(plan_builder, runtime.resources.topology)
-    with Client(runtime) as client:
-        par = [np.asarray(h) for h in [client.run(plan, [X * i], "parallel")[0] for i in range(4)]]
-        seq = [np.asarray(h) for h in [client.run(plan, [X * i], "sequential")[0] for i in range(4)]]
+    compiles = []
+    listener = lambda event, duration, **_: event == BACKEND_COMPILE_EVENT and compiles.append(duration)
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        with Client(runtime) as client:
+            par = [np.asarray(h) for h in [client.run(plan, [X * i], "parallel")[0] for i in range(4)]]
+            seq = [np.asarray(h) for h in [client.run(plan, [X * i], "sequential")[0] for i in range(4)]]
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
     for a, b in zip(par, seq):
         np.testing.assert_array_equal(a, b)
-    assert runtime.compilations() == 2
+    assert runtime.compilations() == 2 and len(compiles) == 2
 
 
 def test_an_unknown_dispatch_mode_is_refused_in_one_line(runtime, plan_builder):
