@@ -15,6 +15,7 @@ from types import ModuleType
 BENCHMARKS = {
     "dispatch": "dispatch",
     "crossover": "crossover",
+    "first-call": "first_call",
     "parallel-dispatch": "parallel_dispatch",
     "multi-tenancy": "multi_tenancy",
     "mixed-serving": "mixed_serving",

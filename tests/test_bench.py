@@ -16,6 +16,7 @@ HEADLINES = {
     + ("opbyop_over_ray_8dev", "opbyop_many_leaves_over_jax_100", "opbyop_many_leaves_over_jax_400",
        "opbyop_many_leaves_over_jax_worst"),
     "crossover": ("crossover_ms_95", "crossover_ms_99"),
+    "first-call": ("first_call_over_jax_worst",),
     "parallel-dispatch": ("parallel_over_sequential_latency_k16_1ms", "parallel_over_sequential_throughput_k16_1ms",
                           "parallel_over_sequential_latency_k16_1ms_heavy",
                           "parallel_over_sequential_throughput_k16_1ms_heavy", "parallel_over_sequential_worst",
