@@ -21,6 +21,7 @@ import numpy as np
 from mlir import ir
 
 from pathways_mlir.dialect.element_types import ELEMENT_TYPES, NUMPY_NAMES
+from pathways_mlir.runtime.executables import native_dtype
 
 _DTYPE_NAMES = NUMPY_NAMES | {"pred": "bool"}
 _AVAL_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*([\d\s,]*)\]\s*$")
@@ -30,7 +31,7 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
     """Returns the abstract value of an array, a scalar or a `jax.ShapeDtypeStruct`.
 
     The dtype is canonicalised as JAX would (float64 becomes float32 unless
-    x64 is enabled); Python scalars are weakly typed, NumPy scalars are not;
+    x64 is enabled, a big-endian one is native); Python scalars are weakly typed, NumPy scalars are not;
     extended dtypes (typed PRNG keys) are kept.
     """
     if isinstance(x, (bool, int, float, complex)):
@@ -40,8 +41,9 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
         x = np.asarray(x)
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise TypeError(f"expected an array, a scalar or a jax.ShapeDtypeStruct, not {type(x).__name__} {x!r:.80}")
-    dtype = x.dtype if is_extended(x.dtype) else jax.dtypes.canonicalize_dtype(x.dtype)
+    dtype = x.dtype if is_extended(x.dtype) else native_dtype(jax.dtypes.canonicalize_dtype(x.dtype))
     return jax.ShapeDtypeStruct(tuple(x.shape), dtype, weak_type=bool(getattr(x, "weak_type", False)))
+
 
 
 def has_tracers(tree: Any) -> bool:

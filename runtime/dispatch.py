@@ -40,7 +40,7 @@ from pathways_mlir.dialect.plan_steps import Branch
 
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
-from .executables import ARRAY_TYPE, numpy_dtype
+from .executables import ARRAY_TYPE, native_dtype, numpy_dtype
 from .island_work import REFERENCES, RunFailed, raised
 from .run import Run
 
@@ -63,10 +63,18 @@ _plan_keys = itertools.count()
 def check_dtype(program: str, position: int, dtype, expected: np.dtype, shape) -> None:
     """Raises TypeError in one line if argument leaf `position` of `program`, of `dtype`, is passed for one
     compiled for `expected` (of `shape`), as a compiled `jax.jit` function refuses it: a dtype that JAX
-    takes as `expected` passes (float64 is float32 unless x64 is on, as in JAX)."""
-    if dtype != expected and jax.dtypes.canonicalize_dtype(dtype) != expected:
-        raise TypeError(f"argument leaf {position} of program @{program} has dtype {np.dtype(dtype).name}, "
+    takes as `expected` passes (`taken_as`)."""
+    if not taken_as(dtype, expected):
+        raise TypeError(f"argument leaf {position} of program @{program} has dtype {getattr(dtype, 'name', dtype)}, "
                         f"but it was compiled for {np.dtype(expected).name}{list(shape)}")
+
+
+def taken_as(dtype, expected: np.dtype) -> bool:
+    """Whether JAX takes an array of `dtype` as one of `expected`: the same, or the same once canonical (float64
+    is float32 unless x64 is on, as in JAX) and in this machine's byte order (`native_dtype`)."""
+    if dtype == expected:
+        return True
+    return jax.dtypes.canonicalize_dtype(native_dtype(dtype), allow_extended_dtype=True) == expected
 
 
 def narrowed(value, expected: np.dtype):

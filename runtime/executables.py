@@ -114,6 +114,12 @@ def numpy_dtype(element_type: str):
     return jnp.dtype(name)
 
 
+def native_dtype(dtype):
+    """A NumPy `dtype` in this machine's byte order (an extended one as it is): a NumPy array read from a file
+    or a socket may be big-endian (`>f4`), which JAX's operations do not take."""
+    return dtype if getattr(dtype, "isnative", True) else dtype.newbyteorder("=")
+
+
 def named_sharding(mesh, sharding: Sequence[Sequence[str]]):
     """Returns the `NamedSharding` of a pw sharding over `mesh`."""
     from jax.sharding import NamedSharding, PartitionSpec

@@ -39,7 +39,6 @@ import time
 import weakref
 from typing import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -49,7 +48,7 @@ from pathways_mlir.dialect.topology import Topology
 from .admission import OutOfDeviceMemory
 from .array_reference import ArrayReference, Reference, wait_limit
 from .authentication import client_handshake, read_key
-from .dispatch import narrowed
+from .dispatch import narrowed, taken_as
 from .dispatch_mode import DispatchMode
 from .executables import numpy_dtype
 from .fair_lock import FairLock
@@ -349,9 +348,7 @@ class RemoteClient:
         if position >= len(plan.inputs) or not hasattr(arg, "dtype"):
             return arg
         expected = numpy_dtype(plan.buffers[plan.inputs[position]].dtype)
-        if arg.dtype == expected or jax.dtypes.canonicalize_dtype(arg.dtype) != expected:
-            return arg
-        return narrowed(arg, expected)
+        return narrowed(arg, expected) if arg.dtype != expected and taken_as(arg.dtype, expected) else arg
 
     def share(self, handle: RemoteHandle, timeout: float | None = None) -> RemoteSharedRef:
         """Shares one of this client's results, waiting (at most `timeout` seconds, None: as long as it takes)

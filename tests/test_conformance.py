@@ -318,6 +318,25 @@ def test_a_handle_of_another_dtype_is_refused_at_the_call_as_an_array_is(runtime
     assert settled(runtime, WAIT)
 
 
+def test_a_big_endian_numpy_argument_is_read_as_its_values(runtime):
+    """A NumPy array read from a file or a socket may be big-endian (`>f4`): the program takes its values as the
+    native dtype's (a float64 one narrowed to float32, as any float64 argument is). Its trace failed inside JAX
+    (`dtype('>f4') is not a valid dtype for JAX type promotion`); a compiled stage refused it as `float32`
+    compiled for float32. A key array for a uint32 input is refused in one line (canonicalising it raised
+    JAX's internal ValueError)."""
+    want = np.asarray(jax.jit(bend.fn)(X))
+    with Client(runtime) as client:
+        for dtype in (">f4", ">f8"):
+            np.testing.assert_allclose(value(on_right.run(X.astype(dtype), client=client)), want, rtol=1e-6)
+        compiled = on_right.compiled(X, runtime=runtime)
+        np.testing.assert_allclose(value(compiled(X.astype(">f4"), client=client)), want, rtol=1e-6)
+        as_ints = pw.jit(lambda x: x + 1, slice=left).compiled(np.ones(2, np.uint32), runtime=runtime)
+        np.testing.assert_array_equal(value(as_ints(np.ones(2, ">u4"), client=client)), [2, 2])
+        with pytest.raises(TypeError, match=r"has dtype key<fry>, but it was compiled for uint32\[2\]$"):
+            as_ints(jax.random.key(0), client=client)
+    assert settled(runtime, WAIT)
+
+
 def test_a_donated_handle_cannot_be_used_again(runtime):
     twice = pw.jit(lambda x: x * 2.0, slice=left, in_specs=P("x"), out_specs=P("x"), donate_argnums=0)
     with Client(runtime) as client:
