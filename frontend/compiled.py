@@ -157,12 +157,22 @@ def _refuse_donated_shared(lowered: Lowered, leaves: list) -> None:
 
 def _refuse_abstract_values(lowered: Lowered, leaves: list) -> None:
     """Raises TypeError in one line if an argument leaf is a `jax.ShapeDtypeStruct`, which has no value to run
-    on (as `jax.jit` refuses it; its run failed on the island instead)."""
+    on (as `jax.jit` refuses it; its run failed on the island instead), or a NumPy masked array
+    (`_refuse_masked`)."""
     for position, x in enumerate(leaves):
         if isinstance(x, jax.ShapeDtypeStruct):
             raise TypeError(f"argument leaf {position} of program @{lowered.program} is a jax.ShapeDtypeStruct, "
                             f"which has no value to run on: a call takes arrays; trace with abstract values "
                             f"through .lower(...)")
+        _refuse_masked(x)
+
+
+def _refuse_masked(x: Any) -> None:
+    """Raises ValueError in one line if `x` is a NumPy masked array, as JAX refuses one: taken as an array, its
+    mask would be lost (its run failed on the island with JAX's refusal, or read its data alone)."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise ValueError("a NumPy masked array is not an argument, as JAX refuses it (its mask would be lost): "
+                         "pass arr.filled(value), or its data and mask as two arrays")
 
 
 def _refuse_other_dtypes(lowered: Lowered, leaves: list) -> None:
@@ -182,8 +192,9 @@ def _leaf_signature(x: Any) -> tuple:
         return type(x),
     if isinstance(x, np.generic):
         return (), x.dtype
-    if not hasattr(x, "shape"):
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         aval_of(x)        # raises its one-line TypeError: neither an array nor a scalar
+    _refuse_masked(x)
     return tuple(x.shape), x.dtype, getattr(x, "weak_type", False)
 
 

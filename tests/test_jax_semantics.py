@@ -785,6 +785,15 @@ def test_arguments_jax_would_refuse_are_refused_at_the_call():
         with pytest.raises(RuntimeError, match=r"argument 0 of program @\w+ is a deleted jax.Array \(deleted, or "
                                                r"donated to another computation, before the call\)"):
             call()
+    # A NumPy masked array, which JAX refuses: taken by its data, its mask was lost (a compiled stage's run
+    # failed on the island); a memoryview raised AttributeError ('no attribute dtype').
+    masked = np.ma.masked_array(np.ones(4, np.float32), mask=[0, 1, 0, 0])
+    for call in (lambda: double(masked), lambda: compiled(masked), lambda: pw.program(double)({"x": masked}["x"])):
+        with pytest.raises(ValueError, match=r"^a NumPy masked array is not an argument, as JAX refuses it \(its "
+                                             r"mask would be lost\): pass arr.filled\(value\)"):
+            call()
+    with pytest.raises(TypeError, match="expected an array, a scalar or a jax.ShapeDtypeStruct, not memoryview"):
+        double(memoryview(b"abcd"))
 
 
 # --- arrays of zero size ------------------------------------------------------------------------------
