@@ -597,8 +597,9 @@ class RemoteClient:
             return self._reader.recv(self.limits)
         except TimeoutError:
             self._broken()   # a late reply would answer the next request
-            raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; "
-                               "the connection is closed") from None
+            raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; the connection is "
+                               f"closed (a program's first run waits for its compile there: pw.connect(timeout=...) "
+                               f"allows a longer one)") from None
         except (OSError, EOFError, ProtocolError) as error:
             raise self._lost(error) from None
 
