@@ -16,8 +16,9 @@ import gc
 import queue
 from typing import TYPE_CHECKING
 
+from .admission import OutOfDeviceMemory
 from .array_reference import RunResult, wait_limit
-from .island_work import StoreRef
+from .island_work import RunFailed, StoreRef
 from .run import Run
 
 if TYPE_CHECKING:
@@ -98,11 +99,19 @@ class Handle(RunResult):
         return self
 
     def is_ready(self) -> bool:
-        """Whether reading the value would not wait, without waiting: True once the run that computes it is
-        over (its value computed, or its run failed, whose error reading it raises). Raises ValueError as
-        reading it would if it was released."""
+        """Whether reading the value would not wait, without waiting: True once its run is over or failed
+        (reading raises its error), or once the value is there and computed (a run's results may be before the
+        run is seen over). Raises ValueError as reading it would if it was released."""
         self._check()
-        return self._run.error is not None or self._client.runtime.run_done(self._run)
+        if self._run.error is not None or self._client.runtime.run_done(self._run):
+            return True
+        try:
+            value = self._value(0)
+        except TimeoutError:
+            return False
+        except (RunFailed, OutOfDeviceMemory):
+            return True
+        return value.is_ready() if hasattr(value, "is_ready") else True   # (NumPy, from another process: ready)
 
     def is_deleted(self) -> bool:
         """Whether the result was released: deleted, donated, or its client closed."""
