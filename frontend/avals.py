@@ -31,8 +31,8 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
     """Returns the abstract value of an array, a scalar or a `jax.ShapeDtypeStruct`.
 
     The dtype is canonicalised as JAX would (float64 becomes float32 unless
-    x64 is enabled, a big-endian one is native); Python scalars are weakly typed, NumPy scalars are not;
-    extended dtypes (typed PRNG keys) are kept.
+    x64 is enabled), in this machine's byte order; Python scalars are weakly
+    typed, NumPy scalars are not; extended dtypes (typed PRNG keys) are kept.
     """
     if isinstance(x, (bool, int, float, complex)):
         aval = jax.typeof(x)
@@ -43,7 +43,6 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
         raise TypeError(f"expected an array, a scalar or a jax.ShapeDtypeStruct, not {type(x).__name__} {x!r:.80}")
     dtype = x.dtype if is_extended(x.dtype) else native_dtype(jax.dtypes.canonicalize_dtype(x.dtype))
     return jax.ShapeDtypeStruct(tuple(x.shape), dtype, weak_type=bool(getattr(x, "weak_type", False)))
-
 
 
 def has_tracers(tree: Any) -> bool:

@@ -14,11 +14,11 @@ its C++ fast path), not the `jax.jit` function, which would trace again for an
 argument whose type names no mesh (a NumPy array, an array on the one device of
 a slice) where the compiled inputs' types name the slice's, and so compile the
 computation a second time, on the island's thread, at its first call. A launch
-with a 4-bit input (`SUB_BYTE_TYPES`) calls the `jax.jit` function still: XLA:CPU
-packs such an array in its executables but not in `jax.device_put`'s, which
-`Compiled` refuses as laid out otherwise. A launch
-that overwrites a donated input (`memory_plan.reuses`) is compiled with that
-argument donated, so XLA writes the result into its buffer.
+with a 4-bit input (`SUB_BYTE_TYPES`) calls the `jax.jit` function still:
+XLA:CPU packs such an array in its executables but not in `jax.device_put`'s,
+which `Compiled` refuses as laid out otherwise. A launch that overwrites a
+donated input (`memory_plan.reuses`) is compiled with that argument donated,
+so XLA writes the result into its buffer.
 """
 
 from __future__ import annotations
