@@ -106,7 +106,7 @@ class Compiled:
                             f"not {tree}")
         if lowered.donated:
             _refuse_donated_shared(lowered, leaves)
-        _refuse_abstract_values(lowered, leaves)
+        _refuse_unrunnable(lowered, leaves)
         _refuse_other_dtypes(lowered, leaves)
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals)]
         # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
@@ -155,10 +155,9 @@ def _refuse_donated_shared(lowered: Lowered, leaves: list) -> None:
                              f"read-only: it cannot be donated (leave it out of donate_argnums/donate_argnames)")
 
 
-def _refuse_abstract_values(lowered: Lowered, leaves: list) -> None:
-    """Raises TypeError in one line if an argument leaf is a `jax.ShapeDtypeStruct`, which has no value to run
-    on (as `jax.jit` refuses it; its run failed on the island instead), or a NumPy masked array
-    (`_refuse_masked`)."""
+def _refuse_unrunnable(lowered: Lowered, leaves: list) -> None:
+    """Raises in one line, as `jax.jit` refuses them, if an argument leaf is a `jax.ShapeDtypeStruct` (TypeError:
+    it has no value to run on; its run failed on the island instead) or a NumPy masked array (`_refuse_masked`)."""
     for position, x in enumerate(leaves):
         if isinstance(x, jax.ShapeDtypeStruct):
             raise TypeError(f"argument leaf {position} of program @{lowered.program} is a jax.ShapeDtypeStruct, "

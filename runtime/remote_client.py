@@ -132,7 +132,7 @@ class RemoteHandle(ArrayReference):
         except TimeoutError:
             return False
         except (RunFailed, OutOfDeviceMemory):
-            return True
+            pass                                 # failed: reading raises its error at once
         return True
 
     def is_deleted(self) -> bool:
@@ -348,7 +348,7 @@ class RemoteClient:
         if position >= len(plan.inputs) or not hasattr(arg, "dtype"):
             return arg
         expected = numpy_dtype(plan.buffers[plan.inputs[position]].dtype)
-        return narrowed(arg, expected) if arg.dtype != expected and taken_as(arg.dtype, expected) else arg
+        return narrowed(arg, expected) if taken_as(arg.dtype, expected) else arg
 
     def share(self, handle: RemoteHandle, timeout: float | None = None) -> RemoteSharedRef:
         """Shares one of this client's results, waiting (at most `timeout` seconds, None: as long as it takes)
