@@ -60,8 +60,9 @@ irdl.dialect @pw {
     }
   }
 
-  // A data-dependent step: the host reads the scalar `pred` (a tensor<i1>)
-  // and runs the program `then_program` or `else_program` on `inputs`. What
+  // A data-dependent step: the host reads the scalar `pred` (a tensor<i1>, or
+  // of an integer or float type: true when nonzero, as `jax.lax.cond` reads
+  // it) and runs the program `then_program` or `else_program` on `inputs`. What
   // follows it cannot be dispatched before the predicate is known.
   irdl.operation @cond {
     %pred = irdl.any

@@ -6,7 +6,6 @@ import inspect
 from typing import Any, Callable
 
 import jax
-import numpy as np
 from mlir import ir
 
 from pathways_mlir.dialect import ops
@@ -19,7 +18,8 @@ from .provenance import Site, name_of
 def cond(pred: tracer.Value, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
     """Runs `true_fn(*operands)` if the computed scalar `pred` is true, else `false_fn(*operands)`.
 
-    Use inside a program, like `jax.lax.cond`. Both branches are traced, each
+    Use inside a program, like `jax.lax.cond`; `pred` is a boolean, integer
+    or float scalar, true when nonzero, as there. Both branches are traced, each
     into its own program (a `func.func {pw.program}` named after the branch
     function), and the call becomes one `pw.cond` op. Branches see only their
     operands: pass every value a branch uses as an operand. Both must return
@@ -35,8 +35,8 @@ def cond(pred: tracer.Value, true_fn: Callable, false_fn: Callable, *operands: A
     if program is None:
         raise RuntimeError(f"{site}: pathways_mlir.cond works only inside a @pathways_mlir.program trace")
     pred = program.own(pred, site, "the predicate")
-    if pred.shape != () or pred.dtype != np.bool_:
-        raise TypeError(f"{site}: the predicate must be a scalar bool, not {format_aval(pred.aval)}")
+    if pred.shape != () or pred.dtype.kind not in "biuf":
+        raise TypeError(f"{site}: the predicate must be a scalar boolean or number, not {format_aval(pred.aval)}")
     leaves = jax.tree_util.tree_flatten_with_path(operands)[0]
     in_tree = jax.tree_util.tree_structure((operands, {}))
     inputs = [program.own(x, site, f"operand{jax.tree_util.keystr(path)}") for path, x in leaves]

@@ -12,8 +12,9 @@ pass checks meaning, reporting each problem at the op at fault:
 - computations: one sharding per operand and result, each naming the slice's
   axes at most once, of the tensor's rank, splitting every dimension evenly;
   operand and result types equal to the compiled function's signature;
-- data-dependent steps: a `tensor<i1>` predicate, branch programs whose
-  signature matches;
+- data-dependent steps: a scalar predicate of a boolean, integer or float
+  type (true when nonzero, as `jax.lax.cond` reads it), branch programs
+  whose signature matches;
 - data movement: a known link, shardings valid on both slices, the number of
   pieces and their shape consistent with the two shardings (a one-piece
   gather moves whole shards between axes of other names);
@@ -258,9 +259,8 @@ class _Checker:
     def check_cond(self, op: ir.Operation) -> None:
         pred = op.operands[0].type
         if not (isinstance(pred, ir.RankedTensorType) and ir.RankedTensorType(pred).rank == 0
-                and isinstance(ir.RankedTensorType(pred).element_type, ir.IntegerType)
-                and ir.IntegerType(ir.RankedTensorType(pred).element_type).width == 1):
-            self.error(op, f"predicate must be a tensor<i1>, not {pred}")
+                and isinstance(ir.RankedTensorType(pred).element_type, (ir.IntegerType, ir.FloatType))):
+            self.error(op, f"predicate must be a scalar of a boolean, integer or float type, not {pred}")
         actual = ir.FunctionType.get([v.type for v in list(op.operands)[1:]], [r.type for r in op.results])
         for key in ("then_program", "else_program"):
             program = self.resolve(op, key, "program")

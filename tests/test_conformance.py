@@ -280,6 +280,24 @@ def test_a_cond_program_cancelled_while_its_branch_computes_raises_its_cancel(ru
     assert settled(runtime, WAIT)
 
 
+@pytest.mark.parametrize("predicate", [lambda x: (x > 0).sum(), lambda x: jnp.mean(x > 0),
+                                       lambda x: (x > 0).sum().astype(jnp.uint8), lambda x: jnp.max(x).astype(jnp.float16)],
+                         ids=["int32 count", "float32 fraction", "uint8", "float16"])
+def test_a_conds_predicate_may_be_an_integer_or_a_float_true_when_nonzero(runtime, predicate):
+    """As `jax.lax.cond` takes it: a count of positives as the predicate was refused ("must be a scalar bool")."""
+    decide = pw.jit(predicate, slice=left)
+
+    @pw.program
+    def route(x):
+        return pw.cond(decide(x), grow, bend, x)
+
+    with Client(runtime) as client:
+        for x in (X, -np.abs(X), np.zeros_like(X)):
+            plain = jax.lax.cond(predicate(x), jax.jit(grow.fn), jax.jit(bend.fn), x)
+            np.testing.assert_allclose(value(route.run(x, client=client)), np.asarray(plain), rtol=1e-6)
+    assert settled(runtime, WAIT)
+
+
 def test_a_timeout_bounds_the_wait_for_a_result(runtime):
     """A run still computing when its deadline passes raises at once: its result was not handed out early
     (a JAX array still computing would have outlived the cancel)."""

@@ -242,11 +242,11 @@ func.func @main(%a: tensor<4xi32>) -> tensor<4xi32> attributes {pw.program} {
 
 // -----
 
-// A cond's predicate is a tensor<i1>.
+// A cond's predicate is a scalar of a boolean, integer or float type.
 func.func @a(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} { return %x : tensor<4xf32> }
-func.func @main(%p: tensor<i32>, %x: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
-  // expected-error@below {{predicate must be a tensor<i1>, not tensor<i32>}}
-  %0 = "pw.cond"(%p, %x) {then_program = @a, else_program = @a, label = "c#0"} : (tensor<i32>, tensor<4xf32>) -> tensor<4xf32>
+func.func @main(%p: tensor<complex<f32>>, %x: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  // expected-error@below {{predicate must be a scalar of a boolean, integer or float type, not tensor<complex<f32>>}}
+  %0 = "pw.cond"(%p, %x) {then_program = @a, else_program = @a, label = "c#0"} : (tensor<complex<f32>>, tensor<4xf32>) -> tensor<4xf32>
   return %0 : tensor<4xf32>
 }
 
@@ -266,9 +266,9 @@ func.func @main(%p: tensor<i1>, %x: tensor<4xf32>) -> tensor<4xf32> attributes {
 func.func @a(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} { return %x : tensor<4xf32> }
 func.func @b(%x: tensor<4xf32>) -> tensor<2xf32> attributes {pw.program} {
   %0 = "pw.cond"(%x, %x) {then_program = @a, else_program = @a, label = "c#1"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
-  // expected-error@-1 {{predicate must be a tensor<i1>}}
+  // expected-error@-1 {{predicate must be a scalar of a boolean, integer or float type}}
   %c = "pw.cond"(%x, %x) {then_program = @a, else_program = @a, label = "c#2"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<2xf32>
-  // expected-error@-1 {{predicate must be a tensor<i1>}}
+  // expected-error@-1 {{predicate must be a scalar of a boolean, integer or float type}}
   // expected-error@-2 {{passes (tensor<4xf32>) -> tensor<2xf32> but 'then_program' @a has type (tensor<4xf32>) -> tensor<4xf32>}}
   // expected-error@-3 {{passes (tensor<4xf32>) -> tensor<2xf32> but 'else_program' @a has type}}
   return %c : tensor<2xf32>
