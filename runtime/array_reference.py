@@ -23,10 +23,16 @@ value (waiting for it):
   the reference's shape and dtype) and argument canonicalisation (its
   `result()`), two registries of `jax._src` (jax 0.10). A program or placed
   function takes it too, and there the value stays on the cluster;
+- NumPy defers to it as to a JAX array (`__array_priority__`): `np_array + ref`,
+  `np.float64(2) * ref` and `np_mask < ref` are the JAX array's operators, so
+  they give a JAX array of JAX's dtype (float32 beside a float64 NumPy array),
+  not a NumPy array of NumPy's; `ref.aval` is JAX's abstract value, without
+  waiting; `x in ref` and `ref.__array_namespace__()` are the JAX array's;
 - where the value lies, as the JAX array `result()` gives it in this process
   (waiting for it): `ref.sharding`, `ref.device`, `ref.devices()`,
-  `ref.addressable_shards`, `ref.is_fully_addressable`,
-  `ref.is_fully_replicated`, so Orbax's restore
+  `ref.addressable_shards`, `ref.addressable_data(i)`, `ref.global_shards`,
+  `ref.is_fully_addressable`, `ref.is_fully_replicated`, `ref.committed`,
+  `ref.format`, `ref.on_device_size_in_bytes()`, `ref.to_device(d)`, so Orbax's restore
   target `jax.tree.map(ocp.utils.to_shape_dtype_struct, state)` takes a state of
   references; on the embedded backend these are the devices the value lives on,
   from an island in another process (a Ray actor's, a service's) the array
@@ -87,6 +93,11 @@ class Reference:
     def ndim(self) -> int:
         return len(self.shape)
 
+    @property
+    def aval(self) -> jax_core.ShapedArray:
+        """JAX's abstract value of the value (shape, dtype, weak type), without waiting for it."""
+        return jax_core.ShapedArray(self.shape, self.dtype, weak_type=self.weak_type)
+
     def __getitem__(self, index):
         return self.result()[index]
 
@@ -124,6 +135,7 @@ class ArrayReference(Reference):
     """Base of the references that behave like arrays; see the module's docstring."""
 
     __slots__ = ()
+    __array_priority__ = 100     # NumPy's binary operators defer to ours, as to a JAX array's (which sets 100)
 
     def _host_value(self, timeout: float | None = None) -> np.ndarray:
         """The value as a NumPy array, waiting at most `timeout` seconds as `result` does (a subclass may bring
@@ -213,16 +225,19 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "sum", "mean", "prod", "max",
               "min", "std", "var", "all", "any", "argmax", "argmin", "sort", "argsort", "cumsum", "cumprod", "clip",
               "round", "dot", "conj", "take", "diagonal", "trace", "repeat", "copy", "view", "argpartition", "choose",
-              "clone", "compress", "conjugate", "nonzero", "ptp", "searchsorted", "tobytes"):
+              "clone", "compress", "conjugate", "nonzero", "ptp", "searchsorted", "tobytes", "__contains__",
+              "__array_namespace__"):
     setattr(ArrayReference, _name, _on_value(_name))
-for _name in ("T", "mT", "real", "imag", "at"):
+for _name in ("T", "mT", "real", "imag", "at", "flat"):
     setattr(ArrayReference, _name, _property_of_value(_name))
 for _name in ("__dlpack__", "__dlpack_device__"):
     setattr(ArrayReference, _name, _on_value(_name))
 # Where the value lies, as the JAX array `result()` gives it in this process: a key array has these too.
-for _name in ("sharding", "device", "addressable_shards", "is_fully_addressable", "is_fully_replicated"):
+for _name in ("sharding", "device", "addressable_shards", "global_shards", "is_fully_addressable",
+              "is_fully_replicated", "committed", "format"):
     setattr(Reference, _name, _property_of_value(_name))
-Reference.devices = _on_value("devices")
+for _name in ("devices", "addressable_data", "on_device_size_in_bytes", "to_device"):
+    setattr(Reference, _name, _on_value(_name))
 del _name
 
 
@@ -254,6 +269,5 @@ class RunResult(ArrayReference):
 
 # JAX (0.10) looks up a type, then its bases, in these registries: every reference is abstracted by its shape
 # and dtype, without waiting for its value, and becomes its value where JAX places arguments.
-jax_core.pytype_aval_mappings[Reference] = lambda ref: jax_core.ShapedArray(ref.shape, ref.dtype,
-                                                                           weak_type=ref.weak_type)
+jax_core.pytype_aval_mappings[Reference] = lambda ref: ref.aval
 jax_dtypes.register_canonicalize_value_handler(Reference, lambda ref: ref.result())

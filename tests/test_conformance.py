@@ -8,6 +8,7 @@ test_ray_elastic.py. The Ray half is skipped where Ray is not installed.
 """
 
 import importlib.util
+import operator
 import threading
 
 import jax
@@ -100,6 +101,7 @@ def test_results_are_jax_arrays_and_a_weakly_typed_one_is_read_weakly_typed(runt
         x, lr = halved.run(jnp.ones(4, jnp.bfloat16), 0.1, client=client)
         assert isinstance(x.result(WAIT), jax.Array) and x.at[0].set(2).dtype == jnp.bfloat16
         assert lr.weak_type and lr.result(WAIT).weak_type and float(lr) == np.float32(0.05)
+        assert lr.aval == jax.core.ShapedArray((), jnp.float32, weak_type=True)
         assert (x * lr).dtype == (x.result(WAIT) * lr).dtype == jnp.bfloat16
         assert type(np.asarray(x)) is np.ndarray
         del x, lr
@@ -139,6 +141,35 @@ def test_a_handle_says_where_its_value_lies_whether_it_is_ready_and_whether_it_w
         with pytest.raises(ValueError, match="was released"):
             y.is_ready()
         del state, target, restored
+    assert settled(runtime, WAIT)
+
+
+def test_numpy_defers_to_a_handle_as_to_a_jax_array_and_a_handle_has_the_arrays_attributes(runtime):
+    """`np_array + h`, `np.float64(2) * h`: NumPy's operator took the handle's value as a NumPy array (a float64
+    NumPy array came back where `jax.jit`'s result gives a float32 JAX array), as a handle set no
+    `__array_priority__`. `aval`, `x in h`, `__array_namespace__`, `addressable_data`, `global_shards`,
+    `committed`, `format`, `on_device_size_in_bytes()` and `to_device` were missing; each is the JAX array's."""
+    wide = np.ones(X.shape)                                             # float64
+    with Client(runtime) as client:
+        y = on_right.run(X, client=client)
+        a = y.result(WAIT)
+        for op in (operator.add, operator.mul, operator.truediv, operator.lt, operator.eq, operator.pow):
+            for other in (wide, np.float64(2.0), np.int32(3)):
+                got, want = op(other, y), op(other, a)
+                assert type(got) is type(want) and got.dtype == want.dtype, (op, other)
+                np.testing.assert_array_equal(got, want)
+        assert type(wide @ y.T) is type(wide @ a.T) and (wide @ y.T).dtype == jnp.float32
+        assert y.aval == a.aval.update(sharding=y.aval.sharding) and y.aval.shape == X.shape
+        row = grow.run(X[0], client=client)
+        assert (float(row.result(WAIT)[3]) in row) and (7.5 not in row)
+        with pytest.raises(ValueError, match="one-dimensional"):
+            0.0 in y
+        assert y.__array_namespace__() is jnp
+        assert y.committed == a.committed and y.format == a.format and len(y.global_shards) == len(a.global_shards)
+        assert y.on_device_size_in_bytes() == a.on_device_size_in_bytes()
+        np.testing.assert_array_equal(y.addressable_data(0), a.addressable_data(0))
+        assert y.to_device(jax.devices()[0]).devices() == {jax.devices()[0]}
+        del y, a, row
     assert settled(runtime, WAIT)
 
 

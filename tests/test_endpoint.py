@@ -519,6 +519,8 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
         assert h.block_until_ready() is h
         np.testing.assert_allclose(h[1], want[1], rtol=1e-6)
         np.testing.assert_allclose(h.sum(axis=0), np.asarray(want).sum(axis=0), rtol=1e-5)   # a method on the value
+        assert isinstance(np.float64(2) * h, jax.Array) and (np.ones(h.shape) + h).dtype == np.float32  # as JAX's
+        assert h.aval.shape == (8, 16) and h.aval.dtype == np.float32
 
         [again] = one.run(plan, [h])                       # a result as an argument stays on the cluster
         np.testing.assert_allclose(np.asarray(again), np.sin(np.asarray(want) * 3 - 1) ** 2, rtol=1e-5)
