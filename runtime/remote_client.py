@@ -9,7 +9,10 @@ the endpoint's topology and run there (`pw.connect`, `runtime/service.py`).
 Liveness: every reply is awaited at most `timeout` seconds (`DEADLINE` by
 default); a wait for a result is made of requests the endpoint answers
 within a fraction of that, so a hung endpoint (stopped, wedged, gone) is a
-`ServiceError` naming it within `timeout`, and the connection is closed.
+`ServiceError` naming it within `timeout`, and the connection is closed. A
+run's first compiles its plan there, which may take longer: the endpoint
+says it is compiling every quarter of `timeout` until then, and each such
+frame starts the wait again.
 A thread sends a keepalive whenever the connection has been quiet for a
 quarter of the endpoint's idle timeout, so an idle client keeps its objects.
 
@@ -58,7 +61,7 @@ from .status import Status
 from .limits import Limits
 from .plan_check import refuse_kept_functions
 from .resource_manager import TopologyChanged
-from .wire import DTYPES, ERROR_KINDS, FrameReader, ProtocolError, send_message
+from .wire import DTYPES, ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, send_message
 
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
 POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
@@ -224,6 +227,8 @@ class RemoteClient:
         self.address = address if isinstance(address, str) else tuple(address)
         self.name = name or (f"unix:{address}" if isinstance(address, str) else f"{address[0]}:{address[1]}")
         self.timeout = timeout
+        # seconds between the service's frames saying a run's plan still compiles (None: no bound, none needed)
+        self._progress = None if timeout is None else max(MIN_PROGRESS, timeout / 4)
         self._socket = _connect(self.address, timeout)
         try:
             client_handshake(self._socket, key)
@@ -313,7 +318,7 @@ class RemoteClient:
         spec, arrays = self._arguments(plan, args)
         keys = {b: next(self._keys) for b in plan.distinct_outputs}     # (every run's: the service chooses none)
         request = {"op": "run", "name": name, "version": version, "dispatch": dispatch, "args": spec,
-                   "timeout": timeout, "keys": list(keys.values())}
+                   "timeout": timeout, "keys": list(keys.values()), "progress": self._progress}
         if refresh is None or timeout is not None or plan.donated or any(a[0] == "shared" for a in spec):
             self._call(request, arrays)
         else:
@@ -593,13 +598,16 @@ class RemoteClient:
             raise self._lost(error) from None
 
     def _receive(self) -> tuple[dict, list[np.ndarray]]:
+        """Reads the next reply, past the frames saying a run's plan still compiles (each awaited `timeout` s)."""
         try:
-            return self._reader.recv(self.limits)
+            while True:
+                reply, values = self._reader.recv(self.limits)
+                if "progress" not in reply:
+                    return reply, values
         except TimeoutError:
             self._broken()   # a late reply would answer the next request
             raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; the connection is "
-                               f"closed (a program's first run waits for its compile there: pw.connect(timeout=...) "
-                               f"allows a longer one)") from None
+                               f"closed") from None
         except (OSError, EOFError, ProtocolError) as error:
             raise self._lost(error) from None
 

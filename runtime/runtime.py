@@ -116,6 +116,11 @@ class Runtime:
                 with self._lock:
                     self._loading.pop(id(plan), None)
 
+    def is_loaded(self, plan: ProgramPlan) -> bool:
+        """Whether `plan` is loaded on its islands (its executables compiled), so `load` is a lookup."""
+        loaded = self._loaded.get(id(plan))
+        return loaded is not None and loaded.plan is plan
+
     def _load(self, plan: ProgramPlan) -> LoadedPlan:
         """Loads a plan once (under its own loading lock). The runtime holds it only while something else
         does (a compiled program, a run, a handle): once nothing does, the next load (or the watchdog)
@@ -195,8 +200,7 @@ class Runtime:
 
     def lane(self, plan: ProgramPlan) -> FastLane | None:
         """Returns the fast lane of `plan` (loading it first if it is not loaded), or None if it has none."""
-        loaded = self._loaded.get(id(plan))
-        if loaded is None or loaded.plan is not plan:
+        if not self.is_loaded(plan):
             self.load(plan)
         return self._lanes.get(id(plan))
 

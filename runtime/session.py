@@ -8,7 +8,7 @@ why it will not serve). Requests, one frame each:
   the order `executables` names them; the reply names it by the SHA-256 of
   its JSON (`ProgramPlan.to_json`), and every connection loading the same
   plan shares it. A plan is checked (`runtime/plan_check.py`) once;
-- `run` {name, version, dispatch, args, keys}: each argument `["array", i]` (the
+- `run` {name, version, dispatch, args, keys, progress}: each argument `["array", i]` (the
   frame's i-th array), `["handle", k]` (one of this connection's
   results) or `["shared", token]` (a shared object, read-only); the reply
   has `[key, shape, dtype]` per output. `keys`, if given, are the keys the
@@ -18,7 +18,11 @@ why it will not serve). Requests, one frame each:
   (`REFUSED` per connection), and a request naming one is refused with the
   run's own error. A plan lowered
   for another topology `version` than the cluster's is refused
-  (`TopologyChanged`), and the client lowers it again;
+  (`TopologyChanged`), and the client lowers it again. The plan's first run
+  compiles it, for as long as that takes: with `progress` (seconds, at least
+  `MIN_PROGRESS`), the endpoint sends `{"ok": true, "progress": "compiling
+  ..."}` that often until then, before the reply, so a client that bounds its
+  wait for a frame knows the service is at work;
 - `fetch` {handle, timeout, value}: waits for a result to be computed (at
   most `timeout` seconds, null: as long as it takes) and sends it unless
   `value` is false;
@@ -64,6 +68,7 @@ import itertools
 import select
 import socket
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -74,13 +79,14 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .client import Client
 from .handles import Handle
 from .resource_manager import TopologyChanged
-from .wire import ERROR_KINDS, FrameReader, ProtocolError, reported, send_message
+from .wire import ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, reported, send_message
 
 if TYPE_CHECKING:
     from .endpoint import Endpoint
 
 # The fields each request kind reads, besides `op`, `release` and `forget`; any other field is refused.
-FIELDS = {"load": {"plan", "executables"}, "run": {"name", "version", "dispatch", "args", "timeout", "keys"},
+FIELDS = {"load": {"plan", "executables"},
+          "run": {"name", "version", "dispatch", "args", "timeout", "keys", "progress"},
           "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"},
           "share": {"handle", "timeout"}, "shared": {"token"}, "objects": set(), "topology": set(),
           "status": {"full"}, "ping": set()}
@@ -224,8 +230,10 @@ class Session:
         if keys is not None and len(keys) != len(plan.distinct_outputs):
             raise ValueError(f"request 'run' chose {len(keys)} keys for a plan of {len(plan.distinct_outputs)} "
                              f"distinct results")
-        results = self.client.run(plan, args, _field(request, "dispatch", str), request.get("timeout"),
-                                  inline=not self._run_ahead())
+        dispatch, progress = _field(request, "dispatch", str), _seconds(request, "progress", MIN_PROGRESS)
+        if progress is not None and not self.client.runtime.is_loaded(plan):
+            self._compile(plan, progress)
+        results = self.client.run(plan, args, dispatch, request.get("timeout"), inline=not self._run_ahead())
         chosen = iter(keys) if keys is not None else None
         reply, made = [], {}
         for handle in results:
@@ -235,6 +243,28 @@ class Session:
                 self.handles[key] = handle
             reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
         return {"handles": reply}, []
+
+    def _compile(self, plan: ProgramPlan, every: float) -> None:
+        """Loads `plan` on the islands, which compiles its executables, sending the client a progress frame
+        `every` seconds until it is done: a client bounds its wait for each frame, and a compile longer than
+        that made it give the connection up, its objects with it."""
+        done = threading.Event()
+
+        def tell() -> None:
+            frame = {"ok": True, "progress": f"compiling @{plan.program[:80]}"}
+            try:
+                while not done.wait(every):
+                    send_message(self.connection, frame)
+            except OSError:
+                return              # the client left: the session's next read finds it
+
+        teller = threading.Thread(target=tell, name="pw-session-progress", daemon=True)
+        teller.start()
+        try:
+            self.client.runtime.load(plan)
+        finally:
+            done.set()
+            teller.join()        # no progress frame after the reply
 
     def _run_ahead(self) -> bool:
         """Whether the client's next request, read ahead already, is another run (runs sent without waiting for
@@ -257,7 +287,7 @@ class Session:
         (default and null: `_SHARE_WAIT`; TimeoutError past it, and the client asks again); replies with its
         token (see `Endpoint.share`)."""
         key = _field(request, "handle", int)
-        timeout = _timeout(request)
+        timeout = _seconds(request, "timeout")
         ref = self.client.share(self._handle(key), timeout=_SHARE_WAIT if timeout is None else timeout)
         token = self.endpoint.share(ref)
         self.tokens.setdefault(key, []).append(token)
@@ -280,7 +310,7 @@ class Session:
         send = request.get("value", True)
         if type(send) is not bool:
             raise ValueError(f"request 'fetch' needs 'value' as bool, not {str(send)[:40]}")
-        timeout = _timeout(request)
+        timeout = _seconds(request, "timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         value = None
         while True:
@@ -397,14 +427,15 @@ def _peer_left(connection: socket.socket) -> bool:
         return True
 
 
-def _timeout(request: dict) -> float | None:
-    """A request's `timeout`: a finite non-negative number of seconds, or null (also when absent)."""
-    timeout = request.get("timeout")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                                or not 0 <= timeout <= sys.float_info.max):   # NaN, inf, ints past a float
-        raise ValueError(f"request {str(request.get('op'))[:40]!r} needs 'timeout' as a non-negative number or "
-                         f"null, not {timeout!r:.40}")
-    return timeout
+def _seconds(request: dict, name: str, least: float = 0.0) -> float | None:
+    """A request's field `name` in seconds: a finite number of at least `least`, or null (also when absent)."""
+    value = request.get(name)
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                              or not least <= value <= sys.float_info.max):   # NaN, inf, ints past a float
+        bound = "a non-negative number" if least == 0 else f"a number of seconds of at least {least}"
+        raise ValueError(f"request {str(request.get('op'))[:40]!r} needs {name!r} as {bound} or null, not "
+                         f"{value!r:.40}")
+    return value
 
 
 def _field(request: dict, name: str, kind: type):

@@ -44,6 +44,7 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}   # (`dtype.name` takes
 _LENGTH = struct.Struct(">I")
 _JOINED = 1 << 16                  # bytes of arrays at most sent in one call with their header
 CHUNK = 1 << 16                    # bytes a `FrameReader` asks the socket for at a time, and holds
+MIN_PROGRESS = 0.01                # seconds between the progress frames of a run whose plan compiles, at least
 
 # The kind of an error reply: the first of these classes the error is an instance of (subclasses come before
 # the classes they refine), else the sender's kind for any other (`reported`: "error" from an endpoint). The

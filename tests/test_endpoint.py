@@ -313,6 +313,39 @@ def test_clients_check_the_endpoint_and_time_out_waiting():
         assert not thread.is_alive()
 
 
+def slow_to_compile(x):
+    """Some 3 s of XLA:CPU compile here: 300 dependent matrix products."""
+    for i in range(300):
+        x = jnp.sin(x @ jnp.ones((16, 16)) * (1.0 + i * 1e-3))
+    return x
+
+
+def test_a_compile_longer_than_the_clients_timeout_keeps_the_connection(runtime, plan_builder):
+    """A plan's first run compiles it on the service's thread, and a client waits at most its timeout for any
+    frame: a compile longer than that made it give the connection up (`no reply ... in 1.0 s`), and the service
+    released the client's objects with it. The service now says it is still compiling every quarter of the
+    client's timeout, and the client waits on; the timeout is a third of what this compile takes here."""
+    started = time.perf_counter()
+    jax.jit(slow_to_compile).lower(X).compile()
+    timeout = max(0.25, (time.perf_counter() - started) / 3)
+    p = plan_builder(runtime.resources.topology)
+    a = p.slice("a", (2,), ("x",), "island0", (0, 2))
+    plan = p.build([p.launch(slow_to_compile, [p.input((8, 16), a, [("x",), ()])], a, [("x",), ()])])
+    endpoint = Endpoint(runtime)
+    client = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=timeout)
+    try:
+        [kept] = client.run(program(plan_builder, runtime.resources.topology)[0], [X])
+        [y] = client.run(plan, [X])                                    # waits for its compile
+        np.testing.assert_allclose(np.asarray(y), np.asarray(jax.jit(slow_to_compile)(X)), rtol=1e-5)
+        assert client.object_count() == 2 and np.asarray(kept).shape == (8, 16)   # the connection and its objects
+        with pytest.raises(RemoteError, match=r"'progress' as a number of seconds of at least 0.01 or null"):
+            client._call({"op": "run", "name": client.load(plan), "version": runtime.resources.version,
+                           "dispatch": "parallel", "args": [["array", 0]], "progress": 0}, [X])
+    finally:
+        client.close()
+        endpoint.close()
+
+
 def test_attacks_run_nothing_and_later_clients_still_connect(runtime, tmp_path, plan_builder):
     plan, want = program(plan_builder, runtime.resources.topology)
     control, target = tmp_path / "control", tmp_path / "pwned"
