@@ -64,6 +64,7 @@ import numpy as np
 from jax._src import core as jax_core, dtypes as jax_dtypes   # JAX's registries of array types (see the module)
 
 from .executables import ARRAY_TYPE, numpy_dtype
+from .orbax_checkpoints import register_with_orbax
 
 
 def wait_limit(timeout) -> float | None:
@@ -271,3 +272,5 @@ class RunResult(ArrayReference):
 # and dtype, without waiting for its value, and becomes its value where JAX places arguments.
 jax_core.pytype_aval_mappings[Reference] = lambda ref: ref.aval
 jax_dtypes.register_canonicalize_value_handler(Reference, lambda ref: ref.result())
+# Orbax's PyTree checkpointing saves an array reference as its value, once Orbax is imported (`orbax_checkpoints`).
+register_with_orbax(ArrayReference)

@@ -35,3 +35,29 @@ def test_jax_used_after_the_import_sees_the_cluster_devices():
     # JAX imported first but not yet started: still in time.
     before = python("import jax, pathways_mlir; print(len(jax.devices()))", PW_CLUSTER="3x2")
     assert (after.stdout.strip(), before.stdout.strip()) == ("6", "6"), after.stderr + before.stderr
+
+
+_ORBAX_SAVE = """
+import os, sys, tempfile, numpy as np
+{first}
+import jax.numpy as jnp
+s = pw.virtual_slice(2, axes="d")
+h = pw.jit(lambda x: x * 2, slice=s)(jnp.arange(4.0))
+{then}
+path = os.path.join(tempfile.mkdtemp(), "state")
+ocp.PyTreeCheckpointer().save(path, {{"h": h, "rows": [h, h + 1]}})
+restored = ocp.PyTreeCheckpointer().restore(path)
+print(np.asarray(restored["h"]).tolist(), np.asarray(restored["rows"][1]).tolist(), type(restored["h"]).__name__,
+      sum(type(f).__name__ == "_AfterImport" for f in sys.meta_path))
+"""
+
+
+def test_orbax_pytree_checkpointing_takes_handles_whichever_is_imported_first():
+    """Orbax's PyTree checkpointing had no type handler for a handle ("TypeHandler lookup failed"); the handle
+    types are registered with its `jax.Array` handler when `orbax.checkpoint` is imported, before or after
+    pathways_mlir (then by an import hook, which goes once it has run)."""
+    for first, then in (("import pathways_mlir as pw", "import orbax.checkpoint as ocp"),
+                        ("import orbax.checkpoint as ocp\nimport pathways_mlir as pw", "")):
+        result = python(_ORBAX_SAVE.format(first=first, then=then), PW_CLUSTER="1x2")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.split("\n")[-2] == "[0.0, 2.0, 4.0, 6.0] [1.0, 3.0, 5.0, 7.0] ArrayImpl 0", result.stdout

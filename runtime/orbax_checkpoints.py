@@ -1,0 +1,95 @@
+"""Orbax's PyTree checkpointing saves a handle as the JAX array it refers to.
+
+`ocp.PyTreeCheckpointer`, `ocp.args.PyTreeSave` and a `CheckpointManager`
+over them look each leaf's type up in Orbax's registry of type handlers,
+which knows `jax.Array`, NumPy arrays and scalars. A handle is none of them
+(JAX's array type cannot be subclassed), so saving a state of handles failed:
+`TypeHandler lookup failed for: type=<class '...Handle'>`. `register_with_orbax`
+registers every array reference with the very handler Orbax uses for
+`jax.Array`, which reads a handle's `shape`, `dtype`, `sharding` and shards (its
+value's: `runtime/array_reference.py`), so a checkpoint of handles is the
+checkpoint of their values, restored as JAX arrays; nothing else changes.
+(`ocp.StandardCheckpointer` needs none of this: it saves any leaf with
+`__array__` as the NumPy array it gives.)
+
+Orbax is an optional dependency, imported in 0.2 s here, so it is not imported
+for this: the registration happens when `orbax.checkpoint` is imported, at
+once if it already is, else right after its import (`_AfterImport`, a finder on
+`sys.meta_path` that wraps the module's loader and takes itself off the path).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import logging
+import sys
+import warnings
+
+ORBAX = "orbax.checkpoint"
+
+
+def register_with_orbax(kind: type) -> None:
+    """Makes Orbax's PyTree checkpointing save instances of `kind` (and its subclasses) with its `jax.Array`
+    handler, once `orbax.checkpoint` is imported (now, if it is)."""
+    if ORBAX in sys.modules:
+        _register(kind)
+    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(kind))
+
+
+def _register(kind: type) -> None:
+    """Registers `kind` with Orbax's `jax.Array` handler; an Orbax whose registry is not as this one knows it
+    gets a warning, never an error in its import."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)    # registering says it overrides `jax.Array`'s handler name, with the same handler
+    try:
+        from orbax.checkpoint import type_handlers
+
+        type_handlers.register_type_handler(kind, type_handlers.get_type_handler(_jax_array()), override=True)
+    except Exception as error:  # noqa: BLE001  (Orbax's own import must not fail for this)
+        warnings.warn(f"Orbax's PyTree checkpointing cannot take pathways_mlir's handles: {error}; save their "
+                      f"values (`h.result()`) or use ocp.StandardCheckpointer", stacklevel=2)
+    finally:
+        absl.setLevel(level)
+
+
+def _jax_array() -> type:
+    import jax
+
+    return jax.Array
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds `orbax.checkpoint` as the other finders do, with a loader that registers `kind` once the module
+    has run; leaves `sys.meta_path` as it was."""
+
+    def __init__(self, kind: type):
+        self.kind = kind
+
+    def find_spec(self, name, path=None, target=None):
+        if name != ORBAX:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _RegisteringLoader(spec.loader, self.kind)
+        return spec
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    """The module's own loader (every other attribute is its), registering `kind` after the module ran."""
+
+    def __init__(self, loader, kind: type):
+        self.loader, self.kind = loader, kind
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        _register(self.kind)
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
