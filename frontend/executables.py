@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import jax
+from jax._src import api_util  # the debug info JAX names a traced function and its arguments by
 from jax._src import config as jax_config  # the location option has no public context manager
 from mlir import ir
 
@@ -93,6 +94,9 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
             traced.append((out_tree, out_avals, typed))
         return tuple(jax.random.key_data(r) if is_extended(a.dtype) else r for r, a in zip(result_leaves, out_avals))
 
+    # JAX's messages of a failing trace ("while tracing the function f at f.py:3 for jit ... the argument x")
+    # name `fn` and its arguments, as `jax.jit(fn)`'s do, not this wrapper and its leaves.
+    flat.__fun_debug_info__ = api_util.debug_info("jit", fn, *jax.tree_util.tree_unflatten(in_tree, in_avals))
     # Unused arguments stay, so the signature is that of the pw.compute. Ops
     # are located at their line in `fn` only, not the whole Python stack of the
     # trace, so the same function exports to the same bytes wherever it is traced.

@@ -797,6 +797,27 @@ def test_arguments_jax_would_refuse_are_refused_at_the_call():
         double(memoryview(b"abcd"))
 
 
+def test_a_failing_trace_names_the_function_and_its_arguments_as_jax_jit_does():
+    """JAX's message of a value needed in Python while tracing named our wrapper and its leaves ("while tracing
+    the function flat at .../frontend/executables.py:82 ... the argument wire_leaves[1]"), not the user's code."""
+    s = pw.virtual_slice(2, axes="data")
+
+    def clipped(params, x, *, scale):
+        if params["w"].sum() > 0:                      # Python control flow on a traced value
+            return x * scale
+        return -x
+
+    def message(f, error):
+        with pytest.raises(error) as info:
+            f({"b": jnp.zeros(2), "w": jnp.ones(2)}, jnp.ones(2), scale=2.0)
+        return str(info.value).split("The error occurred", 1)[1].split("\n")[0]
+
+    want = message(jax.jit(clipped), jax.errors.TracerBoolConversionError)
+    assert "clipped at" in want and "argument params['w']" in want
+    for placed in (pw.jit(clipped, slice=s), pw.program(pw.jit(clipped, slice=s))):
+        assert message(placed, jax.errors.TracerBoolConversionError) == want
+
+
 # --- arrays of zero size ------------------------------------------------------------------------------
 
 def test_arrays_of_zero_size_go_through_placed_functions_and_programs_as_in_jax():
