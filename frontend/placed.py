@@ -36,7 +36,8 @@ class PlacedFunction(BindsAsMethod):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.slice = slice_
-        self.in_specs = in_specs
+        # a list is the tuple of positional arguments' specs, as `jax.jit` takes its `in_shardings` list
+        self.in_specs = tuple(in_specs) if isinstance(in_specs, list) else in_specs
         self.out_specs = out_specs
         self._signature = Signature(fn, name_of(fn), **options)
         statics = dict(static_argnums=tuple(self._signature.static_nums) or None,

@@ -341,6 +341,18 @@ def test_keyword_arguments_for_placed_functions_and_programs():
     assert prog.lower(a, b=b).in_tree == jax.tree_util.tree_structure(((a,), {"b": b}))
 
 
+def test_in_specs_as_a_list_are_the_positional_arguments_specs_as_jax_jit_takes_in_shardings():
+    """`jax.jit` canonicalises an `in_shardings` list to the tuple of its positional arguments' shardings; a list
+    of in_specs was refused ("do not match the arguments PyTreeDef((*, *))")."""
+    s = pw.virtual_slice(2, axes="data")
+    add = pw.jit(lambda a, b: a + b, slice=s, in_specs=[P("data"), P()], out_specs=P(None, "data"))
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    y = add(x, x)
+    np.testing.assert_array_equal(np.asarray(y), 2 * x)
+    assert y.sharding.spec == P(None, "data")
+    assert add.lower(x, x).as_text().count('[["data"], []]') == 1      # the first argument's home only
+
+
 def test_donated_handles_raise_when_used_again():
     s = pw.virtual_slice(2, axes="data")
     double = pw.jit(lambda x: x * 2, slice=s)
