@@ -445,8 +445,8 @@ class PlacePass(Pass):
                                   f"which the topology does not have (islands: {', '.join(names)})")
         elif need is not None and all(need.bytes > i.device_memory_bytes for i in placer.topology.islands):
             most = max(i.device_memory_bytes for i in placer.topology.islands)
-            diagnostics.error(op, f"cannot place slice @{s.name}: {_memory(need)}, but no island's devices "
-                                  f"have more than {most} bytes")
+            diagnostics.error(need.location, f"cannot place slice @{s.name}: {_memory(need)}, but no island's "
+                                             f"devices have more than {most} bytes")
         else:
             diagnostics.error(op, f"cannot place slice @{s.name}: it needs {_needs(s)}; free: {placer.free()}")
         return None

@@ -117,6 +117,7 @@ class Need:
     compute: str
     value: str
     value_bytes: int
+    location: ir.Location      # the computation's, where an error that it fits nowhere is reported
 
 
 @dataclass
@@ -207,7 +208,7 @@ class Model:
         if total > (self.needs[s.name].bytes if s.name in self.needs else -1):
             largest, value = max(parts, key=lambda p: p[0])
             self.needs[s.name] = Need(total, ops.attr(op, "label") or op.name,
-                                      f"{value.get_name(state)} ({value.type})", largest)
+                                      f"{value.get_name(state)} ({value.type})", largest, op.location)
 
     # -- estimates ---------------------------------------------------------
 

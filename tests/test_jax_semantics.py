@@ -4,6 +4,7 @@ inside JAX transformations."""
 
 import dataclasses
 import functools
+import inspect
 import pickle
 import re
 
@@ -19,6 +20,7 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.passes import lower, program_plans
+from pathways_mlir.passes.lower import LoweringError
 from pathways_mlir.runtime.client import default_client
 
 
@@ -339,6 +341,20 @@ def test_keyword_arguments_for_placed_functions_and_programs():
 
     np.testing.assert_allclose(np.asarray(prog(a, b=b)), a * 2 + b)
     assert prog.lower(a, b=b).in_tree == jax.tree_util.tree_structure(((a,), {"b": b}))
+
+
+def test_a_computation_no_device_can_hold_is_reported_at_its_code():
+    """Placement's error that no island's devices can hold a computation's buffers pointed at the line that made
+    the slice, not at the computation's call."""
+    s = pw.virtual_slice(2, axes="data")
+
+    def huge(x):
+        return jnp.zeros((1 << 16, 1 << 16)) + x
+
+    call = inspect.currentframe().f_lineno + 3
+    with pytest.raises(LoweringError, match=rf"test_jax_semantics.py:{call}:\d+: error: cannot place slice @\w+: "
+                                            rf"computation 'huge#0' needs 17179869188 bytes per device"):
+        pw.jit(huge, slice=s)(jnp.ones(()))
 
 
 def test_in_specs_as_a_list_are_the_positional_arguments_specs_as_jax_jit_takes_in_shardings():

@@ -53,12 +53,11 @@ module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100
 
 // -----
 
-// Buffers no device can hold (a 2^40 x 16 input): the error names the bytes,
-// the computation, the value and the slice.
+// Buffers no device can hold (a 2^40 x 16 input): the error, at the computation,
+// names the bytes, the computation, the value and the slice.
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1073741824, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}},
     {name = "island1", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 2147483648, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
-// expected-error@below {{cannot place slice @a: computation 'huge#0' needs 70368744177664 bytes per device for its operands and results (value %arg0 (tensor<1099511627776x16xf32>) alone is 35184372088832 bytes per device), but no island's devices have more than 2147483648 bytes}}
 "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
 module @tanh attributes {pw.executable} {
   func.func public @main(%x: tensor<1099511627776x16xf32>) -> tensor<1099511627776x16xf32> {
@@ -67,6 +66,7 @@ module @tanh attributes {pw.executable} {
   }
 }
 func.func @huge(%x: tensor<1099511627776x16xf32>) -> tensor<1099511627776x16xf32> attributes {pw.program} {
+  // expected-error@below {{cannot place slice @a: computation 'huge#0' needs 70368744177664 bytes per device for its operands and results (value %arg0 (tensor<1099511627776x16xf32>) alone is 35184372088832 bytes per device), but no island's devices have more than 2147483648 bytes}}
   %0 = "pw.compute"(%x) {callee = @tanh, slice = @a, in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "huge#0"} : (tensor<1099511627776x16xf32>) -> tensor<1099511627776x16xf32>
   return %0 : tensor<1099511627776x16xf32>
 }
