@@ -88,6 +88,7 @@ class Runtime:
         self._unused: queue.SimpleQueue[tuple[int, LoadedPlan]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._loading: dict[int, threading.Lock] = {}   # plan id -> held while it loads (compiles)
+        self._compiling: dict[int, tuple[str, float]] = {}   # plan id -> (its program, monotonic start) while it loads
         self._membership = threading.Lock()     # islands are lost and restored one at a time
         self.wedge_timeout = wedge_timeout
         # (deadline, run id, the run weakly): a heap; a run over is not kept till its deadline (`set_deadline`)
@@ -110,11 +111,13 @@ class Runtime:
         with self._lock:
             loading = self._loading.setdefault(id(plan), threading.Lock())
         with loading:
+            self._compiling[id(plan)] = (plan.program, time.monotonic())
             try:
                 return self._load(plan)
             finally:
                 with self._lock:
                     self._loading.pop(id(plan), None)
+                    self._compiling.pop(id(plan), None)
 
     def is_loaded(self, plan: ProgramPlan) -> bool:
         """Whether `plan` is loaded on its islands (its executables compiled), so `load` is a lookup."""
@@ -357,14 +360,17 @@ class Runtime:
         return count
 
     def status(self) -> Status:
-        """Returns what is queued, what every waiting run waits for, each client's objects, and the bytes
-        reserved on every device."""
+        """Returns what is queued, what every waiting run waits for, each client's objects, the bytes
+        reserved on every device, and the plans compiling for their first run."""
         release_dropped()
         reserved: dict[str, list[int]] = {}
         for (island, _), nbytes in sorted(self.usage().items()):
             reserved.setdefault(island, []).append(nbytes)
+        now = time.monotonic()
+        compiling = [{"program": program, "seconds": round(now - started, 1)}
+                     for program, started in list(self._compiling.values())]
         return gather(self.scheduler.status(), {name: island.status() for name, island in self.islands.items()},
-                      reserved)
+                      reserved, compiling)
 
     def compilations(self) -> int:
         """Returns how many executables the islands have compiled."""

@@ -14,6 +14,8 @@ gathers, as plain data that travels through Ray:
   and bytes; an island that does not answer says why;
 - every client, summed over the islands: its objects and bytes;
 - the bytes the scheduler reserves on every device (runs admitted, results held);
+- the plans compiling (`Runtime.load`: a program's first run waits for it), each with its program and for
+  how long;
 - served by `pw-serve` (`runtime/service.py`): the service's address and the
   clients connected to it.
 
@@ -119,6 +121,7 @@ class Status(dict):
                              f"under way: {under_way['pulls']} pull(s), {under_way['offers']} offer(s)")
         lines += [f"{island}: bytes reserved per device: {nbytes}" for island, nbytes in self["reserved"].items()]
         lines += [f"client {c}: {v['objects']} object(s), {v['bytes']} bytes" for c, v in self["clients"].items()]
+        lines += [f"compiling {c['program']} for its first run, for {c['seconds']} s" for c in self.get("compiling", ())]
         service = self.get("service")
         if service is not None:
             connected = service["connections"]
@@ -128,10 +131,10 @@ class Status(dict):
 
 
 def gather(scheduler_status: dict | None, island_status: dict[str, dict],
-           reserved: dict[str, list[int]] | None = None) -> Status:
-    """Builds a `Status` from the scheduler's report (None where it is out of reach), the islands', and the
-    bytes the scheduler reserves per device of each island (None: out of reach), summing each client's
-    objects."""
+           reserved: dict[str, list[int]] | None = None, compiling: list[dict] = ()) -> Status:
+    """Builds a `Status` from the scheduler's report (None where it is out of reach), the islands', the
+    bytes the scheduler reserves per device of each island (None: out of reach) and the plans compiling,
+    summing each client's objects."""
     clients: dict[int, dict[str, int]] = {}
     for island in island_status.values():
         for client, entry in island.get("clients", {}).items():
@@ -139,4 +142,4 @@ def gather(scheduler_status: dict | None, island_status: dict[str, dict],
             total["objects"] += entry["objects"]
             total["bytes"] += entry["bytes"]
     return Status(scheduler=scheduler_status, islands=island_status, clients=dict(sorted(clients.items())),
-                  reserved=reserved or {})
+                  reserved=reserved or {}, compiling=list(compiling))

@@ -5,10 +5,14 @@ A run queued for memory and its reason are checked in test_admission_and_lifetim
 Every wait has a timeout; every runtime made here is closed.
 """
 
+import threading
+
 import jax
 import numpy as np
 import pytest
+from fetching import until
 from test_admission_and_lifetimes import X, cross_island
+from test_endpoint import slow_to_compile
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
@@ -49,3 +53,23 @@ def test_pw_status_reports_the_default_runtime():
         assert set(status["islands"]) == {"island0", "island1"} and "island0: 0 run(s) under way" in str(status)
     finally:
         pw.configure()
+
+
+def test_status_names_a_plan_compiling_for_its_first_run(device_map, plan_builder):
+    """A program's first run waits for its plan to compile (`Runtime.load`), which status did not show: a call
+    waiting for a long compile looked like a hang."""
+    rt = Runtime(device_map)
+    try:
+        p = plan_builder(rt.resources.topology)
+        a = p.slice("a", (2,), ("x",), "island0", (0, 2))
+        plan = p.build([p.launch(slow_to_compile, [p.input((8, 16), a, [("x",), ()])], a, [("x",), ()])])
+        loader = threading.Thread(target=rt.load, args=(plan,), daemon=True)
+        loader.start()
+        until(lambda: rt.status()["compiling"], "the compile reported", 60)
+        status = rt.status()
+        assert [c["program"] for c in status["compiling"]] == [plan.program]
+        assert f"compiling {plan.program} for its first run, for " in str(status)
+        loader.join(60)
+        assert not loader.is_alive() and rt.status()["compiling"] == []
+    finally:
+        rt.close()
