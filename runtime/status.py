@@ -121,7 +121,8 @@ class Status(dict):
                              f"under way: {under_way['pulls']} pull(s), {under_way['offers']} offer(s)")
         lines += [f"{island}: bytes reserved per device: {nbytes}" for island, nbytes in self["reserved"].items()]
         lines += [f"client {c}: {v['objects']} object(s), {v['bytes']} bytes" for c, v in self["clients"].items()]
-        lines += [f"compiling {c['program']} for its first run, for {c['seconds']} s" for c in self.get("compiling", ())]
+        lines += [f"compiling {c['program']} for its first run, for {c['seconds']} s"
+                  for c in self.get("compiling", ())]
         service = self.get("service")
         if service is not None:
             connected = service["connections"]

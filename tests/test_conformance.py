@@ -333,7 +333,8 @@ def test_a_cond_program_cancelled_while_its_branch_computes_raises_its_cancel(ru
 
 
 @pytest.mark.parametrize("predicate", [lambda x: (x > 0).sum(), lambda x: jnp.mean(x > 0),
-                                       lambda x: (x > 0).sum().astype(jnp.uint8), lambda x: jnp.max(x).astype(jnp.float16)],
+                                       lambda x: (x > 0).sum().astype(jnp.uint8),
+                                       lambda x: jnp.max(x).astype(jnp.float16)],
                          ids=["int32 count", "float32 fraction", "uint8", "float16"])
 def test_a_conds_predicate_may_be_an_integer_or_a_float_true_when_nonzero(runtime, predicate):
     """As `jax.lax.cond` takes it: a count of positives as the predicate was refused ("must be a scalar bool")."""

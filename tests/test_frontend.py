@@ -226,7 +226,8 @@ def test_cond_rejects_bad_predicates_and_branches():
     def not_bool(x):
         return pw.cond(tanh_a(x), lambda v: v, lambda v: v, x)
 
-    with pytest.raises(TypeError, match=rf"cond at .*:{call_line(not_bool, 2)}: the predicate must be a scalar boolean or number, not f32\[8,16\]"):
+    with pytest.raises(TypeError, match=rf"cond at .*:{call_line(not_bool, 2)}: the predicate must be a scalar "
+                                        rf"boolean or number, not f32\[8,16\]"):
         not_bool.lower(f32(8, 16))
 
     is_pos = pw.jit(lambda x: x[0] > 0, slice=slice_a)

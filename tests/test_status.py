@@ -8,7 +8,6 @@ Every wait has a timeout; every runtime made here is closed.
 import threading
 
 import jax
-import numpy as np
 import pytest
 from fetching import until
 from test_admission_and_lifetimes import X, cross_island
