@@ -9,7 +9,7 @@ registers every array reference with the very handler Orbax uses for
 `jax.Array`, which reads a handle's `shape`, `dtype`, `sharding` and shards (its
 value's: `runtime/array_reference.py`), so a checkpoint of handles is the
 checkpoint of their values, restored as JAX arrays; nothing else changes.
-(`ocp.StandardCheckpointer` needs none of this: it saves any leaf with
+(`ocp.StandardCheckpointer` never looks a handle up: it saves any leaf with
 `__array__` as the NumPy array it gives.)
 
 Orbax is an optional dependency, imported in 0.2 s here, so it is not imported
@@ -45,20 +45,15 @@ def _register(kind: type) -> None:
     level = absl.level
     absl.setLevel(logging.ERROR)    # registering says it overrides `jax.Array`'s handler name, with the same handler
     try:
+        import jax
         from orbax.checkpoint import type_handlers
 
-        type_handlers.register_type_handler(kind, type_handlers.get_type_handler(_jax_array()), override=True)
+        type_handlers.register_type_handler(kind, type_handlers.get_type_handler(jax.Array), override=True)
     except Exception as error:  # noqa: BLE001  (Orbax's own import must not fail for this)
         warnings.warn(f"Orbax's PyTree checkpointing cannot take pathways_mlir's handles: {error}; save their "
                       f"values (`h.result()`) or use ocp.StandardCheckpointer", stacklevel=2)
     finally:
         absl.setLevel(level)
-
-
-def _jax_array() -> type:
-    import jax
-
-    return jax.Array
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

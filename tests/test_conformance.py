@@ -173,6 +173,7 @@ def test_numpy_defers_to_a_handle_as_to_a_jax_array_and_a_handle_has_the_arrays_
     assert settled(runtime, WAIT)
 
 
+@pytest.mark.filterwarnings("ignore:Sharding info not provided when restoring")   # restored as saved, on purpose
 def test_orbax_pytree_checkpointing_saves_handles_as_their_values(runtime, tmp_path):
     """`ocp.PyTreeCheckpointer`, and `ocp.args.PyTreeSave` under a `CheckpointManager`, look each leaf's type up
     in Orbax's registry of type handlers, which had none for a handle: saving a state of handles failed
