@@ -15,13 +15,12 @@ checkpoint of their values, restored as JAX arrays; nothing else changes.
 Orbax is an optional dependency, imported in 0.2 s here, so it is not imported
 for this: the registration happens when `orbax.checkpoint` is imported, at
 once if it already is, else right after its import (`_AfterImport`, a finder on
-`sys.meta_path` that wraps the module's loader and takes itself off the path).
+`sys.meta_path` that wraps the module's loader, and goes once the module has run).
 """
 
 from __future__ import annotations
 
 import importlib.abc
-import importlib.util
 import logging
 import sys
 import warnings
@@ -57,8 +56,9 @@ def _register(kind: type) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds `orbax.checkpoint` as the other finders do, with a loader that registers `kind` once the module
-    has run; leaves `sys.meta_path` as it was."""
+    """Finds `orbax.checkpoint` as the other finders on `sys.meta_path` do, with a loader that registers `kind`
+    once the module has run and then takes this finder off the path. A lookup that imports nothing
+    (`importlib.util.find_spec`, as a library checks for an optional dependency) leaves it there."""
 
     def __init__(self, kind: type):
         self.kind = kind
@@ -66,25 +66,30 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != ORBAX:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _RegisteringLoader(spec.loader, self.kind)
-        return spec
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = None if finder is self or find is None else find(name, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _RegisteringLoader(spec.loader, self)
+                return spec
+        return None
 
 
 class _RegisteringLoader(importlib.abc.Loader):
-    """The module's own loader (every other attribute is its), registering `kind` after the module ran."""
+    """The module's own loader (every other attribute is its), registering `finder.kind` after the module ran."""
 
-    def __init__(self, loader, kind: type):
-        self.loader, self.kind = loader, kind
+    def __init__(self, loader, finder: _AfterImport):
+        self.loader, self.finder = loader, finder
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
     def exec_module(self, module) -> None:
         self.loader.exec_module(module)
-        _register(self.kind)
+        if self.finder in sys.meta_path:
+            sys.meta_path.remove(self.finder)
+        _register(self.finder.kind)
 
     def __getattr__(self, name: str):
         return getattr(self.loader, name)

@@ -55,8 +55,11 @@ print(np.asarray(restored["h"]).tolist(), np.asarray(restored["rows"][1]).tolist
 def test_orbax_pytree_checkpointing_takes_handles_whichever_is_imported_first():
     """Orbax's PyTree checkpointing had no type handler for a handle ("TypeHandler lookup failed"); the handle
     types are registered with its `jax.Array` handler when `orbax.checkpoint` is imported, before or after
-    pathways_mlir (then by an import hook, which goes once it has run)."""
+    pathways_mlir (then by an import hook, which goes once it has run, not at a lookup that imports nothing)."""
+    # (a library checking for an optional dependency looks Orbax up without importing it: the hook stays)
     for first, then in (("import pathways_mlir as pw", "import orbax.checkpoint as ocp"),
+                        ("import pathways_mlir as pw", "import importlib.util\n"
+                         "assert importlib.util.find_spec('orbax.checkpoint')\nimport orbax.checkpoint as ocp"),
                         ("import orbax.checkpoint as ocp\nimport pathways_mlir as pw", "")):
         result = python(_ORBAX_SAVE.format(first=first, then=then), PW_CLUSTER="1x2")
         assert result.returncode == 0, result.stderr[-3000:]
