@@ -606,8 +606,8 @@ class RemoteClient:
                     return reply, values
         except TimeoutError:
             self._broken()   # a late reply would answer the next request
-            raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; the connection is "
-                               f"closed") from None
+            raise ServiceError(f"no reply from the service at {self.name} in {self.timeout} s; "
+                               "the connection is closed") from None
         except (OSError, EOFError, ProtocolError) as error:
             raise self._lost(error) from None
 

@@ -87,8 +87,8 @@ class Runtime:
         # (plan id, LoadedPlan) of loaded plans that nothing holds any more, put by their finalizers
         self._unused: queue.SimpleQueue[tuple[int, LoadedPlan]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._loading: dict[int, threading.Lock] = {}   # plan id -> held while it loads (compiles)
-        self._compiling: dict[int, tuple[str, float]] = {}   # plan id -> (its program, monotonic start) while it loads
+        # plan id -> (a lock held while it loads (compiles), its program, the monotonic time its load began)
+        self._loading: dict[int, tuple[threading.Lock, str, float]] = {}
         self._membership = threading.Lock()     # islands are lost and restored one at a time
         self.wedge_timeout = wedge_timeout
         # (deadline, run id, the run weakly): a heap; a run over is not kept till its deadline (`set_deadline`)
@@ -105,24 +105,26 @@ class Runtime:
         Its executables compile here, on the caller's thread, under a lock of this plan alone: a run
         whose plan is still compiling waits alone, and no island, client or scheduler waits for it.
         """
-        loaded = self._loaded.get(id(plan))
-        if loaded is not None and loaded.plan is plan:
+        loaded = self._loaded_as(plan)
+        if loaded is not None:
             return loaded
         with self._lock:
-            loading = self._loading.setdefault(id(plan), threading.Lock())
+            loading = self._loading.setdefault(id(plan), (threading.Lock(), plan.program, time.monotonic()))[0]
         with loading:
-            self._compiling[id(plan)] = (plan.program, time.monotonic())
             try:
                 return self._load(plan)
             finally:
                 with self._lock:
                     self._loading.pop(id(plan), None)
-                    self._compiling.pop(id(plan), None)
 
     def is_loaded(self, plan: ProgramPlan) -> bool:
         """Whether `plan` is loaded on its islands (its executables compiled), so `load` is a lookup."""
+        return self._loaded_as(plan) is not None
+
+    def _loaded_as(self, plan: ProgramPlan) -> LoadedPlan | None:
+        """`plan` as loaded, or None if it is not (a plan loaded under its id before may be gone)."""
         loaded = self._loaded.get(id(plan))
-        return loaded is not None and loaded.plan is plan
+        return loaded if loaded is not None and loaded.plan is plan else None
 
     def _load(self, plan: ProgramPlan) -> LoadedPlan:
         """Loads a plan once (under its own loading lock). The runtime holds it only while something else
@@ -130,8 +132,8 @@ class Runtime:
         forgets it here and on its islands (`_forget_unused`), as JAX drops a jitted function's
         executables with the function."""
         self._forget_unused()
-        loaded = self._loaded.get(id(plan))
-        if loaded is not None and loaded.plan is plan:
+        loaded = self._loaded_as(plan)
+        if loaded is not None:
             return loaded
         plan.validate()
         check_plan(plan)         # untrusted executables are refused before anything compiles them
@@ -368,7 +370,7 @@ class Runtime:
             reserved.setdefault(island, []).append(nbytes)
         now = time.monotonic()
         compiling = [{"program": program, "seconds": round(now - started, 1)}
-                     for program, started in list(self._compiling.values())]
+                     for _, program, started in list(self._loading.values())]
         return gather(self.scheduler.status(), {name: island.status() for name, island in self.islands.items()},
                       reserved, compiling)
 
