@@ -21,9 +21,11 @@ lowers or parses a plan again.
 
 from __future__ import annotations
 
+import math
 import operator
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import jax
@@ -47,8 +49,29 @@ if TYPE_CHECKING:
 _IDENTICAL = 64                      # signatures a stage cache keeps by identity (then it starts again)
 
 
+@dataclass(frozen=True)
+class MemoryAnalysis:
+    """A compiled program's device memory, read from its plan: what admission reserves for one run.
+
+    `peak_bytes` gives a run's static peak on each device of each range it uses ("island0 devices 0-3"),
+    intermediates included; `peak_memory_in_bytes` is the largest (as JAX names one device's peak).
+    `argument_bytes` and `output_bytes` count whole arrays, not one device's shards.
+    """
+
+    argument_bytes: int
+    output_bytes: int
+    peak_memory_in_bytes: int
+    peak_bytes: dict[str, int]
+
+
 class Compiled:
-    """A program's plan on one runtime; calling it runs the program and returns handles."""
+    """A program's plan on one runtime; calling it runs the program and returns handles.
+
+    Like `jax.jit`'s compiled stage, it gives the lowered stage's `in_tree`,
+    `out_tree`, `args_info`, `out_info`, `donate_argnums` and
+    `cost_analysis()`, and its own `as_text()` (the plans, as `pw-opt`
+    prints them) and `memory_analysis()`.
+    """
 
     def __init__(self, lowered: Lowered, runtime: "ClusterRuntime"):
         self.lowered = lowered
@@ -119,6 +142,33 @@ class Compiled:
                 self._refresh()
             handles = client.run(self.plan, wire, dispatch, timeout, **again)
         return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
+
+    in_tree = property(lambda self: self.lowered.in_tree, doc="the traced arguments' structure, `(args, kwargs)`")
+    out_tree = property(lambda self: self.lowered.out_tree, doc="the results' structure")
+    args_info = property(lambda self: self.lowered.args_info, doc="see `Lowered.args_info`")
+    out_info = property(lambda self: self.lowered.out_info, doc="see `Lowered.out_info`")
+    donate_argnums = property(lambda self: self.lowered.donate_argnums, doc="see `Lowered.donate_argnums`")
+
+    def cost_analysis(self) -> dict[str, float]:
+        """Returns the estimated cost of one run (see `Lowered.cost_analysis`)."""
+        return self.lowered.cost_analysis()
+
+    def as_text(self, *, debug_info: bool = False) -> str:
+        """Returns the program lowered onto the cluster, as `pw-opt` prints it: placed slices, transfers and
+        one plan per island (lowered again from the traced module for the topology of this plan)."""
+        from pathways_mlir.passes import lower
+
+        return lower(self.lowered.module, self.plan.topology).operation.get_asm(enable_debug_info=debug_info)
+
+    def memory_analysis(self) -> MemoryAnalysis:
+        """Returns the device memory one run needs, from its plan (see `MemoryAnalysis`)."""
+        from pathways_mlir.runtime.admission import by_device_range, run_need
+
+        def nbytes(avals) -> int:
+            return sum(math.prod(a.shape) * a.dtype.itemsize for a in avals)
+        peaks = by_device_range(run_need(self.plan))
+        return MemoryAnalysis(nbytes(self.lowered.in_avals), nbytes(self.lowered.out_avals),
+                              max(peaks.values(), default=0), peaks)
 
     def _lowered_again(self) -> ProgramPlan:
         """The plan for the cluster's topology as it is now: lowered again if it changed since this one was."""

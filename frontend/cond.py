@@ -11,7 +11,7 @@ from mlir import ir
 from pathways_mlir.dialect import ops
 
 from . import tracer
-from .avals import format_aval
+from .avals import format_aval, has_tracers
 from .provenance import Site, name_of
 
 
@@ -29,9 +29,15 @@ def cond(pred: tracer.Value, true_fn: Callable, false_fn: Callable, *operands: A
     before it can dispatch either branch, so nothing after the `pw.cond` can
     be dispatched ahead of the computation that produces `pred`. Static
     subgraphs end at a cond.
+
+    Inside a JAX transformation of a program (`jax.jit`, `jax.grad`,
+    `jax.eval_shape`, ...), where the program is its Python function, it is
+    `jax.lax.cond`.
     """
     site = Site.of_call("cond", inspect.currentframe().f_back)
     program = tracer.current_program()
+    if program is None and has_tracers((pred, operands)):
+        return jax.lax.cond(pred, true_fn, false_fn, *operands)
     if program is None:
         raise RuntimeError(f"{site}: pathways_mlir.cond works only inside a @pathways_mlir.program trace")
     pred = program.own(pred, site, "the predicate")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 from mlir import ir
@@ -24,6 +24,12 @@ class Lowered:
     structure `in_tree`, as `jax.jit`'s) and its results the leaves of the
     Python function's result (`out_tree`). `donated` says, per argument
     leaf, whether the call donates it (empty when none is).
+
+    It answers what `jax.jit(f).lower(...)` answers (`args_info`,
+    `out_info`, `donate_argnums`, `as_text`, `compiler_ir`,
+    `cost_analysis`), for the whole program: its IR is the pw dialect, which
+    holds each computation's StableHLO as a nested module. Unlike JAX's,
+    `in_avals` and `out_avals` are flat, one per leaf.
     """
 
     module: ir.Module  # keeps its context alive
@@ -34,9 +40,48 @@ class Lowered:
     out_avals: tuple[jax.ShapeDtypeStruct, ...]
     donated: tuple[bool, ...] = ()
 
-    def as_text(self, *, debug_info: bool = False) -> str:
-        """Returns the pw IR as text; `debug_info` adds the Python locations of ops."""
-        return self.module.operation.get_asm(enable_debug_info=debug_info)
+    @property
+    def args_info(self) -> Any:
+        """The arguments as `jax.stages.ArgInfo`s (aval and whether it is donated), in the traced arguments'
+        structure `(args, kwargs)`, as `jax.jit`'s stages give them."""
+        donated = self.donated or (False,) * len(self.in_avals)
+        return self.in_tree.unflatten([jax.stages.ArgInfo(a, d) for a, d in zip(self.in_avals, donated)])
+
+    @property
+    def out_info(self) -> Any:
+        """The results' `jax.ShapeDtypeStruct`s, in the structure of the Python function's result."""
+        return self.out_tree.unflatten(self.out_avals)
+
+    @property
+    def donate_argnums(self) -> tuple[int, ...]:
+        """The indices of the donated argument leaves, as `jax.jit`'s stages give them."""
+        return tuple(i for i, d in enumerate(self.donated) if d)
+
+    def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> str:
+        """Returns the pw IR as text; `debug_info` adds the Python locations of ops. `dialect` may only be
+        "pw" (the default)."""
+        return self.compiler_ir(dialect).operation.get_asm(enable_debug_info=debug_info)
+
+    def compiler_ir(self, dialect: str | None = None) -> ir.Module:
+        """Returns the pw module; `dialect` may only be "pw" (the default): the program spans several
+        computations, each with its StableHLO nested in the module, so there is no one StableHLO module."""
+        if dialect not in (None, "pw"):
+            raise ValueError(f"program @{self.program} is lowered to the pw dialect, not {dialect!r}: each of its "
+                             f"computations' StableHLO is a nested module of the pw module (compiler_ir())")
+        return self.module
+
+    def cost_analysis(self) -> dict[str, float]:
+        """Returns the estimated cost of one run, keyed as `jax.jit`'s stages key theirs: "flops" and "bytes
+        accessed" (the bytes each computation must read and write), from pw's one cost model
+        (`passes/cost.py`), summed over the computations a run calls (a `cond`: its costlier branch). With
+        "unknown_trip_counts", some loops counted once (their trip count is not static)."""
+        from pathways_mlir.passes.cost import program_cost
+
+        cost = program_cost(self.module, self.program)
+        analysis = {"flops": float(cost.flops), "bytes accessed": float(cost.bytes)}
+        if cost.unknown_trip_counts:
+            analysis["unknown_trip_counts"] = float(cost.unknown_trip_counts)
+        return analysis
 
     def save(self, path: str | os.PathLike, *, debug_info: bool = False) -> None:
         """Writes the pw IR to `path`, for `pw-opt` to read."""

@@ -84,6 +84,10 @@ class PlacedFunction(BindsAsMethod):
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
         return self._stages.get(self._signature.split(args, kwargs), runtime)
 
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Returns the results' `jax.ShapeDtypeStruct`s for these arguments, running nothing (`jax.jit`'s)."""
+        return self._signature.eval_shape(args, kwargs)
+
     def with_constants(self, fn: Callable, tree: Any, constants: dict[int, Any]) -> tuple[Callable, Any]:
         """For a call inside a program whose argument leaves `constants` (by index in `tree`'s leaves) are
         Python or NumPy scalars: returns `fn` of the other leaves, with the constants put back in its code (one

@@ -138,6 +138,10 @@ class AutoPipeline:
         """Returns the `Compiled` stage of the schedule picked for these arguments on `runtime`."""
         return self.choose(*args, runtime=runtime, **kwargs).program.compiled(*args, runtime=runtime, **kwargs)
 
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Returns the step's results' `jax.ShapeDtypeStruct`s (every schedule's are the same), running nothing."""
+        return next(iter(self.candidates.values())).eval_shape(*args, **kwargs)
+
     def run(self, *args: Any, dispatch: str = "parallel", client=None, timeout: float | None = None,
             **kwargs: Any) -> Any:
         """Runs the picked schedule's step, as `Program.run` does."""

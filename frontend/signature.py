@@ -20,7 +20,7 @@ import functools
 import inspect
 import types
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 import jax
 
@@ -162,6 +162,12 @@ class Signature:
                 return self.fn(*merged, **kwargs, **dict(static_kwargs))
             self._bound[static] = functools.wraps(self.fn)(call)
         return self._bound[static]
+
+    def eval_shape(self, args: tuple, kwargs: dict) -> Any:
+        """Returns the `jax.ShapeDtypeStruct`s of `fn`'s results for these arguments, running nothing, as
+        `jax.jit(fn).eval_shape` does (placed functions inside trace as their functions)."""
+        call = self.split(args, kwargs)
+        return jax.eval_shape(self.bound(call.static), *call.args, **call.kwargs)
 
     def donated(self, call: Call) -> tuple[bool, ...]:
         """Whether each leaf of `call.tree` is donated."""

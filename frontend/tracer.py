@@ -328,6 +328,10 @@ class Program(BindsAsMethod):
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
         return self._stages.get(self._signature.split(args, kwargs), runtime)
 
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Returns the results' `jax.ShapeDtypeStruct`s for these arguments, running nothing (`jax.jit`'s)."""
+        return self._signature.eval_shape(args, kwargs)
+
 
 
 def program(fn: Callable | None = None, /, *, static_argnums=None, static_argnames=None,

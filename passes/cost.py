@@ -197,3 +197,29 @@ def fused_cost(executable: ir.Operation, parts: dict[str, Cost]) -> Cost:
     nbytes = sum(ops.tensor_bytes(t) for t in [*signature.inputs, *signature.results])
     called = [parts[c["callee"]] for c in ops.attr(executable, ops.FUSED)["calls"]]
     return Cost(sum(c.flops for c in called), nbytes, sum(c.unknown_trip_counts for c in called))
+
+
+def program_cost(module: ir.Module | ir.Operation, program: str) -> Cost:
+    """Returns the cost of one run of `program` in a device-agnostic module (as traced): the whole cost of
+    each computation it calls, once per `pw.compute`; a `pw.cond` counts its costlier branch, by FLOPs (as
+    XLA's cost analysis counts a conditional). Data movement between slices is not counted."""
+    programs = ops.programs(module)
+    executables = ops.executables(module)
+    costs: dict[str, Cost] = {}
+
+    def one_run(name: str) -> Cost:
+        flops = nbytes = unknown = 0
+        for op in ops.program_body(programs[name]).operations:
+            compute, cond = ops.Compute.match(op), ops.Cond.match(op)
+            if compute is not None:
+                if compute.callee not in costs:
+                    costs[compute.callee] = executable_cost(executables[compute.callee])
+                cost = costs[compute.callee]
+            elif cond is not None:
+                cost = max(one_run(cond.then_program), one_run(cond.else_program), key=lambda c: c.flops)
+            else:
+                continue
+            flops, nbytes, unknown = flops + cost.flops, nbytes + cost.bytes, unknown + cost.unknown_trip_counts
+        return Cost(flops, nbytes, unknown)
+
+    return one_run(program)

@@ -46,6 +46,11 @@ def run_need(plan: ProgramPlan, stored: frozenset[int] = frozenset()) -> Need:
     return beside_largest(need, branches) if branches else need
 
 
+def by_device_range(need: Need) -> dict[str, int]:
+    """Returns a need's bytes per device keyed by the device range they are needed on ("island0 devices 0-3")."""
+    return {f"{island} devices {b}-{e - 1}": nbytes for island, ranges in need.items() for b, e, nbytes in ranges}
+
+
 def beside_largest(need: Need, others: list[Need]) -> Need:
     """Returns `need` plus, on every device, the largest of `others` there (in ranges that do not overlap)."""
     combined: Need = {}

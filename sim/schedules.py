@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from pathways_mlir.dialect.plan import ProgramPlan
-from pathways_mlir.runtime.admission import MemoryLedger, run_need
+from pathways_mlir.runtime.admission import MemoryLedger, by_device_range, run_need
 
 from .engine import Simulator, Submission, check_simulated_size
 from .profile import Profile
@@ -41,7 +41,7 @@ def report(plan: ProgramPlan, profile: Profile, memory_bytes: int | None = None,
         if span.kind == "launch":
             key = f"{span.island} {span.track}"
             busy[key] = busy.get(key, 0.0) + span.end - span.start
-    peaks = {f"{island} devices {b}-{e - 1}": nbytes for island, ranges in need.items() for b, e, nbytes in ranges}
+    peaks = by_device_range(need)
     return {"step_ms": step * 1e3, "bubble_fraction": 1 - sum(busy.values()) / len(busy) / step if busy else 0.0,
             "peak_bytes": peaks, "fits": ledger.never_fits(need) is None,
             "memory_bytes": min(ledger.capacity[island] for island in need) if need else memory_bytes}

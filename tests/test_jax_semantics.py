@@ -637,6 +637,22 @@ def test_placed_functions_inside_jax_transformations_trace_as_their_function():
 
     np.testing.assert_allclose(jax.grad(prog)(x), jax.grad(f)(x), rtol=1e-6)
 
+    # A program's cond is `jax.lax.cond` there.
+    above = pw.jit(lambda x, t: f(x) - t, slice=s)
+    negated = pw.jit(lambda x: -f(x), slice=s)
+
+    @pw.program
+    def branching(x, t):
+        return pw.cond(above(x, t), placed, negated, x)
+
+    def reference(x, t):
+        return jax.lax.cond(f(x) - t, f, lambda v: -f(v), x)
+
+    for t in (0.0, 10.0):
+        np.testing.assert_allclose(np.asarray(branching(x, t)), reference(x, t), rtol=1e-6)
+        np.testing.assert_allclose(jax.grad(branching)(x, t), jax.grad(reference)(x, t), rtol=1e-6)
+        np.testing.assert_allclose(jax.jit(branching)(x, t), reference(x, t), rtol=1e-6)
+
 
 def test_a_donated_argument_is_reused_by_the_memory_plan_admission_and_xla():
     """A result laid out as a donated input is written into its buffer: the plan's peak counts one of the
@@ -870,3 +886,70 @@ def test_arrays_of_zero_size_go_through_placed_functions_and_programs_as_in_jax(
     got, want = total(np.ones((2, 0), np.float32), np.zeros(0, np.int32)), jax.jit(
         lambda x, y: (x.sum(), jnp.concatenate([y, y])))(np.ones((2, 0), np.float32), np.zeros(0, np.int32))
     assert float(got[0]) == float(want[0]) == 0.0 and np.asarray(got[1]).shape == want[1].shape == (0,)
+
+
+def test_stages_answer_what_jax_jits_stages_answer():
+    """`lower(...)` and `compile()` give the arguments, results, donations and a run's cost as `jax.jit`'s stages
+    do; `compile()` adds the plans as text and the memory one run needs; `eval_shape` runs nothing."""
+    from pathways_mlir.runtime.cluster import embedded_device_map
+    from pathways_mlir.runtime.runtime import Runtime
+
+    s = pw.virtual_slice(2, axes="data")
+
+    def step(w, batch, *, scale):
+        return {"loss": (batch["x"] @ w).sum() * scale, "w": w * 0.5}
+
+    placed = pw.jit(step, slice=s, in_specs=None, donate_argnums=0)
+    reference = jax.jit(step, donate_argnums=0)
+    w, batch = jnp.ones((32, 16)), {"x": jnp.ones((64, 32))}
+    ours, theirs = placed.lower(w, batch, scale=2.0), reference.lower(w, batch, scale=2.0)
+    assert ours.in_tree == theirs.in_tree and ours.out_tree == theirs.out_tree
+    assert ours.donate_argnums == theirs.donate_argnums == (0,)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype, a.donated), ours.args_info) == \
+        jax.tree.map(lambda a: (a.shape, a.dtype, a.donated), theirs.args_info)
+    assert ours.out_info == theirs.out_info == placed.eval_shape(w, batch, scale=2.0) == \
+        reference.eval_shape(w, batch, scale=2.0)
+    # The matmul's FLOPs are XLA's count; the sum, the scale's conversion and product, and w * 0.5 add one
+    # per element each.
+    matmul = 2 * 64 * 16 * 32
+    assert ours.cost_analysis()["flops"] == matmul + 64 * 16 + 1 + 1 + 32 * 16
+    assert theirs.compile().cost_analysis()["flops"] >= matmul
+    assert ours.compiler_ir() is ours.module and ours.as_text("pw") == ours.as_text()
+    with pytest.raises(ValueError, match=r"^program @step is lowered to the pw dialect, not 'stablehlo'"):
+        ours.compiler_ir("stablehlo")
+
+    # A program counts each computation it calls, and its costlier branch of a cond.
+    square = pw.jit(lambda x: x @ x, slice=s)
+    total = pw.jit(lambda x: x.sum(), slice=s)
+    bump = pw.jit(lambda x: x + 1.0, slice=s)
+
+    @pw.program
+    def branching(x):
+        y = square(square(x))
+        return pw.cond(total(y), lambda v: square(v), lambda v: bump(v), y)
+
+    x = jnp.ones((8, 8))
+    one_square = 2 * 8 * 8 * 8
+    assert branching.lower(x).cost_analysis() == {"flops": 3 * one_square + 64.0,      # the sum: 64
+                                                   "bytes accessed": 3 * 512.0 + 256.0 + 4.0}
+    assert branching.eval_shape(x) == jax.ShapeDtypeStruct((8, 8), jnp.float32)
+
+    # The compiled stage: the plans as pw-opt prints them, and the memory admission reserves for a run.
+    double = pw.jit(lambda v: v * 2.0, slice=s, in_specs=P("data"), out_specs=P("data"))
+    kept, reused = pw.program(lambda v: double(v)), pw.program(lambda v: double(v), donate_argnums=0)
+    v = np.ones((256, 64), np.float32)
+    rt = Runtime(embedded_device_map(2, 4))
+    try:
+        undonated, donated = (f.lower(v).compile(runtime=rt) for f in (kept, reused))
+        assert "pw.island_plan" in undonated.as_text() and "pw.placement" in undonated.as_text()
+        assert undonated.in_tree == undonated.lowered.in_tree and donated.donate_argnums == (0,)
+        assert undonated.cost_analysis() == undonated.lowered.cost_analysis()
+        shard = v.nbytes // 2                                # one device's half of v, and of 2v
+        for compiled, peak in ((undonated, 2 * shard), (donated, shard)):
+            memory = compiled.memory_analysis()
+            assert memory.argument_bytes == memory.output_bytes == v.nbytes
+            assert memory.peak_memory_in_bytes == peak
+            [(devices, nbytes)] = memory.peak_bytes.items()
+            assert re.fullmatch(r"island\d devices \d-\d", devices) and nbytes == peak
+    finally:
+        rt.close()

@@ -57,6 +57,7 @@ def test_auto_picks_the_fastest_simulated_schedule_and_runs_it(four_islands):
         assert alone[name]["peak_bytes"] == choice.reports[name]["peak_bytes"]
     assert choice.pick == min(alone, key=lambda name: alone[name]["step_ms"])
     assert compiled.plan.program == f"pipeline_{choice.pick}" and choice.profile == "cpu-here"
+    assert compiled.memory_analysis().peak_bytes == choice.reports[choice.pick]["peak_bytes"]
     # The pick runs, and its loss and gradients are the unpipelined step's.
     loss, grads = fetch(step(params, x, target, client=four_islands))
 
@@ -66,6 +67,7 @@ def test_auto_picks_the_fastest_simulated_schedule_and_runs_it(four_islands):
             y = stage(p, y)
         return mse(y, target)
     expected_loss, expected_grads = jax.jit(jax.value_and_grad(unpipelined))(params)
+    assert step.eval_shape(params, x, target) == jax.eval_shape(jax.value_and_grad(unpipelined), params)
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
     for ours, theirs in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)
