@@ -5,10 +5,12 @@ over them look each leaf's type up in Orbax's registry of type handlers,
 which knows `jax.Array`, NumPy arrays and scalars. A handle is none of them
 (JAX's array type cannot be subclassed), so saving a state of handles failed:
 `TypeHandler lookup failed for: type=<class '...Handle'>`. `register_with_orbax`
-registers every array reference with the very handler Orbax uses for
-`jax.Array`, which reads a handle's `shape`, `dtype`, `sharding` and shards (its
-value's: `runtime/array_reference.py`), so a checkpoint of handles is the
-checkpoint of their values, restored as JAX arrays; nothing else changes.
+registers every array reference with the handler Orbax uses for `jax.Array`,
+given each reference's JAX array (`result()`) once per save (`_OfValues`), so a
+checkpoint of handles is the checkpoint of their values, restored as JAX
+arrays; nothing else changes. (Orbax reads an array's `sharding` and shards
+nine times in a save: a handle of a service or of another process's island
+fetches its value for each, `runtime/array_reference.py`.)
 (`ocp.StandardCheckpointer` never looks a handle up: it saves any leaf with
 `__array__` as the NumPy array it gives.)
 
@@ -47,12 +49,32 @@ def _register(kind: type) -> None:
         import jax
         from orbax.checkpoint import type_handlers
 
-        type_handlers.register_type_handler(kind, type_handlers.get_type_handler(jax.Array), override=True)
+        # One handler for both: Orbax saves each handler's values as one batch, whose array metadata file a
+        # second batch would overwrite.
+        handler = _OfValues(type_handlers.get_type_handler(jax.Array), kind)
+        type_handlers.register_type_handler(jax.Array, handler, override=True)
+        type_handlers.register_type_handler(kind, handler, override=True)
     except Exception as error:  # noqa: BLE001  (Orbax's own import must not fail for this)
         warnings.warn(f"Orbax's PyTree checkpointing cannot take pathways_mlir's handles: {error}; save their "
                       f"values (`h.result()`) or use ocp.StandardCheckpointer", stacklevel=2)
     finally:
         absl.setLevel(level)
+
+
+class _OfValues:
+    """An Orbax type handler (every attribute is `handler`'s) that saves each instance of `kind` as its JAX
+    array, read once; for every other value (a `jax.Array`), and to restore, it is `handler`."""
+
+    def __init__(self, handler, kind: type):
+        self.handler, self.kind = handler, kind
+
+    async def serialize(self, values, infos, args=None):
+        """Saves `values`, each reference as its value (`result()`), with `handler`."""
+        values = [v.result() if isinstance(v, self.kind) else v for v in values]
+        return await self.handler.serialize(values, infos, args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.handler, name)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

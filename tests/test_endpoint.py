@@ -881,3 +881,30 @@ def test_a_plan_is_kept_while_a_connection_that_loaded_it_is_open(runtime, plan_
             return len(endpoint._plans) == 0 and len(runtime._loaded) == 0 and \
                 all(not island._plans for island in runtime.islands.values())
         until(forgotten, "the plan forgotten once the connections closed", TIMEOUT)
+
+
+def test_orbax_saves_a_services_handles_fetching_each_value_once(runtime, tmp_path, monkeypatch):
+    """Orbax reads an array's sharding and shards nine times in a save; a service's handle fetched its whole
+    value for each. Each is now read once, and the checkpoint restores the values as JAX arrays."""
+    import orbax.checkpoint as ocp
+
+    from pathways_mlir.runtime.remote_client import RemoteHandle
+
+    s = pw.virtual_slice(2, axes="d")
+    init = pw.jit(lambda x: {"w": x * 2.0, "b": x[0] + 1.0}, slice=s, in_specs=P("d"), out_specs=P("d"))
+    fetched = []
+    fetch = RemoteHandle._fetch
+    monkeypatch.setattr(RemoteHandle, "_fetch", lambda h, timeout, value: (fetched.append(value), fetch(h, timeout,
+                                                                                                       value))[1])
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        params = init.run(X, client=remote)
+        state = {"params": params, "plain": jnp.arange(3.0)}          # a JAX array saved beside them
+        ocp.PyTreeCheckpointer().save(tmp_path / "state", state)
+        assert fetched.count(True) == 2
+        with pytest.warns(UserWarning, match="Sharding info not provided"):      # Orbax's, without a target
+            restored = ocp.PyTreeCheckpointer().restore(tmp_path / "state")
+        assert all(isinstance(v, jax.Array) for v in jax.tree.leaves(restored))
+        np.testing.assert_array_equal(restored["params"]["w"], X * 2.0)
+        np.testing.assert_array_equal(restored["params"]["b"], X[0] + 1.0)
+        np.testing.assert_array_equal(restored["plain"], np.arange(3.0))
