@@ -35,7 +35,7 @@ from .avals import is_extended, wrap_keys
 class _OfHandle:
     """What a reference that wraps the runtime's handle of its value (`data`) does as that handle does."""
 
-    __slots__ = ("data",)
+    __slots__ = ()      # each subclass holds `data` (in its own layout: a weakly typed one's is JAX's array's)
 
     def owned(self):
         """The runtime's handle this reference wraps."""
@@ -75,7 +75,7 @@ class KeyHandle(_OfHandle, Reference):
     arrays as keys: give them `result()`.
     """
 
-    __slots__ = ("dtype", "shape")
+    __slots__ = ("data", "dtype", "shape")
     _kind = "key array"
 
     def __init__(self, data, aval: jax.ShapeDtypeStruct):
@@ -100,7 +100,7 @@ class WeakHandle(_OfHandle, ArrayReference):
     """A handle to a weakly typed result (see the module): an array reference whose `result()` is the weakly
     typed JAX array that `jax.jit` would have returned, and whose `weak_type` is True."""
 
-    __slots__ = ()
+    __slots__ = ("data",)
     weak_type = True
 
     def __init__(self, data):

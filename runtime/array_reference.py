@@ -2,7 +2,10 @@
 
 A subclass gives `shape`, `dtype` and `result(timeout)`, the value as a JAX
 array; `ArrayReference` makes it behave like an array for the user, on its
-value (waiting for it):
+value (waiting for it). It is a `jax.Array` (a subclass of JAX's array base,
+as JAX's own array types are), so `isinstance(ref, jax.Array)` holds where a
+library checks for an array (Orbax's checkpointers, optax, flax), and every
+method, operator and property that JAX's array declares is its value's:
 
 - NumPy: `np.asarray(ref)`, `ref.item()`, `ref.tolist()`;
 - Python: `float(ref)`, `int(ref)`, `bool(ref)`, `print(ref)` and `str(ref)` (the value, as
@@ -38,7 +41,8 @@ value (waiting for it):
   from an island in another process (a Ray actor's, a service's) the array
   fetched here; `np.from_dlpack(ref)` takes the value too;
 - `ref.is_ready()` and `ref.is_deleted()`, as a JAX array's, without waiting
-  (each subclass says how it knows).
+  (each subclass says how it knows); `ref.copy_to_host_async()` does nothing
+  (the value is copied when it is read), so `jax.device_get` takes it.
 
 A reference stays hashable by identity
 (a key in dicts and sets), though `==` compares values, as NumPy's does.
@@ -49,7 +53,8 @@ which loads as a NumPy array.
 name a result by its run and buffer (`RunResult`). A reference to typed PRNG
 keys (`frontend/wire.KeyHandle`) shares their base, `Reference`: JAX, indexing,
 iteration, copies and the refusal to change in place, but no NumPy protocol or
-operators (a key array has neither).
+operators (a key array has neither); it is not a `jax.Array`, whose
+functions would take its key array apart by JAX's own registry of key types.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ import numbers
 import operator
 import threading
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core, dtypes as jax_dtypes   # JAX's registries of array types (see the module)
@@ -87,6 +93,7 @@ class Reference:
     and a copy is the reference itself (see the module's docstring)."""
 
     __slots__ = ()
+    __hash__ = object.__hash__   # by identity (JAX's array base has none: its `==` compares values)
     _kind = "array"          # what it refers to, in messages
     weak_type = False        # whether its value is weakly typed, as a Python scalar's (`frontend/wire.WeakHandle`)
 
@@ -117,6 +124,10 @@ class Reference:
             raise TypeError(f"iteration over a 0-d {self._kind} reference")
         return iter(self.result())
 
+    def copy_to_host_async(self) -> None:
+        """Does nothing: JAX's hint to start copying the value to the host (`jax.device_get` gives it before it
+        reads each value); a reference's value is copied when it is read, waiting for it if need be."""
+
     def owned(self) -> "Reference":
         """The runtime's handle of the value, which a client cancels or shares: this reference, or the handle
         that a front end's wrapper holds (a typed key's or a weakly typed value's, `frontend/wire.py`)."""
@@ -132,7 +143,7 @@ class Reference:
         return self
 
 
-class ArrayReference(Reference):
+class ArrayReference(Reference, jax.Array):
     """Base of the references that behave like arrays; see the module's docstring."""
 
     __slots__ = ()
@@ -197,8 +208,6 @@ class ArrayReference(Reference):
     def __format__(self, spec: str) -> str:
         return format(self.result(), spec)
 
-    __hash__ = object.__hash__
-
     def __reduce__(self):
         """Pickles the value (waiting for it), which unpickles as a NumPy array: the reference names a result
         in this process's cluster, which another process cannot reach."""
@@ -218,28 +227,22 @@ def _property_of_value(name: str) -> property:
     return property(lambda self: getattr(self.result(), name), doc=f"The value's `{name}`, as a JAX array.")
 
 
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
-              "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__divmod__", "__rdivmod__", "__pow__",
-              "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
-              "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__lt__", "__le__", "__gt__",
-              "__ge__", "__eq__", "__ne__", "__neg__", "__pos__", "__abs__", "__invert__", "__round__",
-              "reshape", "transpose", "swapaxes", "squeeze", "ravel", "flatten", "sum", "mean", "prod", "max",
-              "min", "std", "var", "all", "any", "argmax", "argmin", "sort", "argsort", "cumsum", "cumprod", "clip",
-              "round", "dot", "conj", "take", "diagonal", "trace", "repeat", "copy", "view", "argpartition", "choose",
-              "clone", "compress", "conjugate", "nonzero", "ptp", "searchsorted", "tobytes", "__contains__",
-              "__array_namespace__"):
-    setattr(ArrayReference, _name, _on_value(_name))
-for _name in ("T", "mT", "real", "imag", "at", "flat"):
-    setattr(ArrayReference, _name, _property_of_value(_name))
-for _name in ("__dlpack__", "__dlpack_device__"):
-    setattr(ArrayReference, _name, _on_value(_name))
 # Where the value lies, as the JAX array `result()` gives it in this process: a key array has these too.
 for _name in ("sharding", "device", "addressable_shards", "global_shards", "is_fully_addressable",
               "is_fully_replicated", "committed", "format"):
     setattr(Reference, _name, _property_of_value(_name))
 for _name in ("devices", "addressable_data", "on_device_size_in_bytes", "to_device"):
     setattr(Reference, _name, _on_value(_name))
-del _name
+# Every other method, operator and property of JAX's array is an array reference's value's: JAX's array base only
+# declares them, for its own array types; so are a few of its array type beyond its base.
+_OWN = {"__doc__", "__module__", "__slots__", "__weakref__", "__hash__", "__numpy_dtype__", "shape", "dtype"}
+for _name, _member in list(vars(jax.Array).items()):
+    if _name not in _OWN and _name not in vars(Reference) and _name not in vars(ArrayReference):
+        setattr(ArrayReference, _name,
+                _property_of_value(_name) if isinstance(_member, property) else _on_value(_name))
+for _name in ("clone", "tobytes", "__dlpack__", "__dlpack_device__"):
+    setattr(ArrayReference, _name, _on_value(_name))
+del _name, _member
 
 
 class RunResult(ArrayReference):

@@ -1,18 +1,14 @@
-"""Orbax's PyTree checkpointing saves a handle as the JAX array it refers to.
+"""Orbax saves a handle as the JAX array it refers to, reading its value once.
 
-`ocp.PyTreeCheckpointer`, `ocp.args.PyTreeSave` and a `CheckpointManager`
-over them look each leaf's type up in Orbax's registry of type handlers,
-which knows `jax.Array`, NumPy arrays and scalars. A handle is none of them
-(JAX's array type cannot be subclassed), so saving a state of handles failed:
-`TypeHandler lookup failed for: type=<class '...Handle'>`. `register_with_orbax`
-registers every array reference with the handler Orbax uses for `jax.Array`,
-given each reference's JAX array (`result()`) once per save (`_OfValues`), so a
-checkpoint of handles is the checkpoint of their values, restored as JAX
-arrays; nothing else changes. (Orbax reads an array's `sharding` and shards
-nine times in a save: a handle of a service or of another process's island
-fetches its value for each, `runtime/array_reference.py`.)
-(`ocp.StandardCheckpointer` never looks a handle up: it saves any leaf with
-`__array__` as the NumPy array it gives.)
+An array reference is a `jax.Array` (`runtime/array_reference.py`), so
+Orbax's checkpointers (`ocp.PyTreeCheckpointer`, `ocp.StandardCheckpointer`,
+their `args` under a `CheckpointManager`) save it with their `jax.Array` type
+handler, and restore it as a JAX array laid out as saved. That handler reads
+an array's `sharding` and shards nine times in a save; a reference's are its
+value's, and a handle of a service or of another process's island fetches the
+whole value for each. `register_with_orbax` puts a wrapper in its place
+(`_OfValues`) that gives it each reference's JAX array (`result()`), read once;
+for a JAX array, and to restore, it is Orbax's handler.
 
 Orbax is an optional dependency, imported in 0.2 s here, so it is not imported
 for this: the registration happens when `orbax.checkpoint` is imported, at
@@ -31,8 +27,8 @@ ORBAX = "orbax.checkpoint"
 
 
 def register_with_orbax(kind: type) -> None:
-    """Makes Orbax's PyTree checkpointing save instances of `kind` (and its subclasses) with its `jax.Array`
-    handler, once `orbax.checkpoint` is imported (now, if it is)."""
+    """Makes Orbax's `jax.Array` type handler save instances of `kind`, a subclass of `jax.Array`, as their
+    values, each read once, once `orbax.checkpoint` is imported (now, if it is)."""
     if ORBAX in sys.modules:
         _register(kind)
     elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
@@ -40,23 +36,22 @@ def register_with_orbax(kind: type) -> None:
 
 
 def _register(kind: type) -> None:
-    """Registers `kind` with Orbax's `jax.Array` handler; an Orbax whose registry is not as this one knows it
-    gets a warning, never an error in its import."""
+    """Puts `_OfValues` in place of Orbax's `jax.Array` handler; an Orbax whose registry is not as this one
+    knows it gets a warning, never an error in its import."""
     absl = logging.getLogger("absl")
     level = absl.level
-    absl.setLevel(logging.ERROR)    # registering says it overrides `jax.Array`'s handler name, with the same handler
+    absl.setLevel(logging.ERROR)    # registering warns that it overrides `jax.Array`'s handler
     try:
         import jax
         from orbax.checkpoint import type_handlers
 
-        # One handler for both: Orbax saves each handler's values as one batch, whose array metadata file a
-        # second batch would overwrite.
+        # In `jax.Array`'s place, not beside it for `kind` only: Orbax saves each handler's values as one batch,
+        # whose array metadata file a second batch would overwrite.
         handler = _OfValues(type_handlers.get_type_handler(jax.Array), kind)
         type_handlers.register_type_handler(jax.Array, handler, override=True)
-        type_handlers.register_type_handler(kind, handler, override=True)
     except Exception as error:  # noqa: BLE001  (Orbax's own import must not fail for this)
-        warnings.warn(f"Orbax's PyTree checkpointing cannot take pathways_mlir's handles: {error}; save their "
-                      f"values (`h.result()`) or use ocp.StandardCheckpointer", stacklevel=2)
+        warnings.warn(f"Orbax's checkpointers will read each pathways_mlir handle's value several times a save: "
+                      f"{error}", stacklevel=2)
     finally:
         absl.setLevel(level)
 

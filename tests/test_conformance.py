@@ -198,6 +198,15 @@ def test_orbax_pytree_checkpointing_saves_handles_as_their_values(runtime, tmp_p
             manager.save(1, args=ocp.args.PyTreeSave(state))
             manager.wait_until_finished()
             jax.tree.map(np.testing.assert_array_equal, manager.restore(1, args=ocp.args.PyTreeRestore()), want)
+        # A handle is a jax.Array, so the standard checkpointer (flax NNX's guide's) saves it as one too, where it
+        # saved NumPy's copy: without a target, it restored NumPy arrays.
+        arrays = {"y": state["y"], "rows": state["rows"]}
+        with ocp.StandardCheckpointer() as standard:
+            standard.save(tmp_path / "standard", arrays)
+            standard.wait_until_finished()
+            restored = standard.restore(tmp_path / "standard")
+        assert isinstance(restored["y"], jax.Array) and restored["y"].sharding == state["y"].sharding
+        jax.tree.map(np.testing.assert_array_equal, restored, {"y": want["y"], "rows": want["rows"]})
         del state, restored
     assert settled(runtime, WAIT)
 

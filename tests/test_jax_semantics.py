@@ -733,7 +733,7 @@ def test_handles_behave_like_jax_arrays_on_their_values():
                       (doubled @ doubled, want_doubled @ want_doubled), (doubled < 3, want_doubled < 3),
                       (doubled == 2, want_doubled == 2), (x * doubled, x * want_doubled),
                       (abs(-doubled), want_doubled), (doubled[1:], want_doubled[1:]), (doubled[...], want_doubled)]:
-        assert isinstance(got, jax.Array)
+        assert type(got) is type(x)           # a JAX array, not the handle
         np.testing.assert_array_equal(got, want)
     # The array's methods and properties that compute on its value, with their keywords: an eval loop's
     # `(logits.argmax(-1) == labels).mean()`.
@@ -745,7 +745,7 @@ def test_handles_behave_like_jax_arrays_on_their_values():
                       (doubled.searchsorted(3.0), want_doubled.searchsorted(3.0)), (doubled.ptp(), 6.0),
                       (doubled.nonzero()[0], want_doubled.nonzero()[0]), (doubled.clone(), want_doubled),
                       (doubled.argpartition(1), want_doubled.argpartition(1)), (doubled.conjugate(), want_doubled)]:
-        assert isinstance(got, jax.Array)
+        assert type(got) is type(x)           # a JAX array, not the handle
         np.testing.assert_array_equal(got, want)
     assert doubled.tobytes() == want_doubled.tobytes()
     # JAX takes a handle wherever it takes an array: its constructors, its functions, jax.jit, jax.grad; a
@@ -756,9 +756,14 @@ def test_handles_behave_like_jax_arrays_on_their_values():
                       (jax.jit(lambda v, m: v * m)(doubled, mean), want_doubled * want_mean),
                       (jax.grad(lambda v: (v ** 2).sum())(doubled), 2 * want_doubled),
                       (jax.jit(lambda v: v + doubled)(x), x + want_doubled)]:
-        assert isinstance(got, jax.Array)
+        assert type(got) is type(x)           # a JAX array, not the handle
         np.testing.assert_array_equal(got, want)
     assert {doubled: "a", mean: "b"}[doubled] == "a" and doubled in {doubled}
+    # It is a jax.Array, where a library checks for one; jax.device_get reads it as JAX's array.
+    assert isinstance(doubled, jax.Array) and isinstance(mean, jax.Array)
+    got = jax.device_get({"d": doubled, "m": mean})
+    assert type(got["d"]) is np.ndarray and got["m"].shape == ()
+    jax.tree.map(np.testing.assert_array_equal, got, jax.device_get({"d": want_doubled, "m": want_mean}))
 
 
 def test_a_handle_lies_where_its_value_does_as_a_jax_array_says():

@@ -118,8 +118,8 @@ def test_nnx_objects_train_data_parallel_as_with_nnx_jit():
         np.testing.assert_allclose(computed[name], value, rtol=1e-6)
 
     # The returned model (handles and key handles) runs outside pw: eagerly in eval mode, under nnx.jit in
-    # train mode (its Dropout draws from the returned RNG keys and counts on), and eagerly in train mode
-    # once fetched; unfetched, that refuses in one line, as an RNG stream counts in place.
+    # train mode (its Dropout draws from the returned RNG keys and counts on), and eagerly in train mode,
+    # fetched or not: NNX counts an RNG stream on by a new value of its count, a handle being a jax.Array.
     x = batches()[0][0]
     model.eval(), want_model.eval()
     np.testing.assert_allclose(np.asarray(model(x)), np.asarray(want_model(x)), rtol=1e-5, atol=1e-6)
@@ -132,8 +132,9 @@ def test_nnx_objects_train_data_parallel_as_with_nnx_jit():
     reference(want_model, want_optimizer, want_metrics, x, batches()[0][1])
     np.testing.assert_allclose(np.asarray(fetched(model)(x)), np.asarray(want_model(x)), rtol=1e-5, atol=1e-6)
     model, _, _, _ = program_step(model, optimizer, metrics, x, batches()[0][1])
-    with pytest.raises(TypeError, match=r"refers to an immutable .*take the value first \(`\.result\(\)`\)"):
-        model(x)
+    values = fetched(model)
+    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(values(x)), rtol=1e-5, atol=1e-6)
+    assert_same_state(model, values)                  # both counted their RNG streams on
 
 
 def test_a_step_that_updates_nnx_objects_in_place_without_returning_them_warns_once():
@@ -254,3 +255,21 @@ def test_a_cnn_pipelined_over_two_islands_equals_nnx_jit(schedule):
     for module, (graphdef, _, _), p, s in zip((got.features, got.head), parts, params, states):
         nnx.update(module, *fetched((p, s)))
     assert_same_state(got, want)
+
+
+def test_nnx_state_holds_a_handle_an_object_keeps_as_a_plain_attribute():
+    """NNX counts `jax.Array`s and NumPy arrays as state leaves; a handle was neither, so `nnx.state` left out
+    one that a step assigned as a plain attribute (optax's `inject_hyperparams` learning rate): a handle is a
+    `jax.Array` now, and the state holds it, as it holds the JAX array `jax.jit` returns."""
+    s = pw.virtual_slice(2, axes="data")
+    schedule = pw.jit(lambda step: 0.1 / (1.0 + step), slice=s)
+    reference = jax.jit(lambda step: 0.1 / (1.0 + step))
+    states = []
+    for rate in (schedule, reference):
+        optimizer = nnx.Optimizer(nnx.Linear(2, 2, rngs=nnx.Rngs(0)),
+                                  optax.inject_hyperparams(optax.sgd)(learning_rate=0.1), wrt=nnx.Param)
+        optimizer.opt_state.hyperparams["learning_rate"] = rate(jnp.float32(3.0))
+        states.append(nnx.state(optimizer))
+    ours, theirs = (jax.tree.leaves(state) for state in states)
+    assert len(ours) == len(theirs) and isinstance(states[0]["opt_state"]["hyperparams"]["learning_rate"], jax.Array)
+    jax.tree.map(np.testing.assert_array_equal, ours, theirs)
