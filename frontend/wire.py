@@ -36,6 +36,7 @@ class _OfHandle:
     """What a reference that wraps the runtime's handle of its value (`data`) does as that handle does."""
 
     __slots__ = ()      # each subclass holds `data` (in its own layout: a weakly typed one's is JAX's array's)
+    _from_elsewhere = property(lambda self: self.data._from_elsewhere)
 
     def owned(self):
         """The runtime's handle this reference wraps."""

@@ -37,9 +37,11 @@ method, operator and property that JAX's array declares is its value's:
   `ref.is_fully_addressable`, `ref.is_fully_replicated`, `ref.committed`,
   `ref.format`, `ref.on_device_size_in_bytes()`, `ref.to_device(d)`, so Orbax's restore
   target `jax.tree.map(ocp.utils.to_shape_dtype_struct, state)` takes a state of
-  references; on the embedded backend these are the devices the value lives on,
-  from an island in another process (a Ray actor's, a service's) the array
-  fetched here; `np.from_dlpack(ref)` takes the value too;
+  references; on the embedded backend these are the devices the value lives on;
+  from an island in another process (a Ray actor's, a service's), the array
+  fetched here, whose `sharding`, `device`, `devices()`, `committed` and
+  `is_fully_*` are those of an array made here from host data, read without
+  fetching it; `np.from_dlpack(ref)` takes the value too;
 - `ref.is_ready()` and `ref.is_deleted()`, as a JAX array's, without waiting
   (each subclass says how it knows); `ref.copy_to_host_async()` does nothing
   (the value is copied when it is read), so `jax.device_get` takes it.
@@ -94,6 +96,7 @@ class Reference:
 
     __slots__ = ()
     __hash__ = object.__hash__   # by identity (JAX's array base has none: its `==` compares values)
+    _from_elsewhere = False      # whether `result()` is made here of a value fetched from another process
     _kind = "array"          # what it refers to, in messages
     weak_type = False        # whether its value is weakly typed, as a Python scalar's (`frontend/wire.WeakHandle`)
 
@@ -227,11 +230,28 @@ def _property_of_value(name: str) -> property:
     return property(lambda self: getattr(self.result(), name), doc=f"The value's `{name}`, as a JAX array.")
 
 
+def _placement(name: str, method: bool = False):
+    """Returns the property (or method) `name` of a reference that says where its value lies, as the JAX array
+    `result()` gives it in this process: of a value from another process, it is that of an array made here
+    from host data, fetching nothing (reading `sharding` fetched the whole value each time)."""
+    def get(self):
+        value = jnp.zeros((0,), np.uint8) if self._from_elsewhere else self.result()
+        return getattr(value, name)
+    if method:
+        def call(self, *args, **options):
+            return get(self)(*args, **options)
+        call.__name__ = name
+        return call
+    return property(get, doc=f"The value's `{name}`, as a JAX array here.")
+
+
 # Where the value lies, as the JAX array `result()` gives it in this process: a key array has these too.
-for _name in ("sharding", "device", "addressable_shards", "global_shards", "is_fully_addressable",
-              "is_fully_replicated", "committed", "format"):
+for _name in ("sharding", "device", "is_fully_addressable", "is_fully_replicated", "committed"):
+    setattr(Reference, _name, _placement(_name))
+Reference.devices = _placement("devices", method=True)
+for _name in ("addressable_shards", "global_shards", "format"):
     setattr(Reference, _name, _property_of_value(_name))
-for _name in ("devices", "addressable_data", "on_device_size_in_bytes", "to_device"):
+for _name in ("addressable_data", "on_device_size_in_bytes", "to_device"):
     setattr(Reference, _name, _on_value(_name))
 # Every other method, operator and property of JAX's array is an array reference's value's: JAX's array base only
 # declares them, for its own array types; so are a few of its array type beyond its base.

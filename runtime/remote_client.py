@@ -108,6 +108,7 @@ class RemoteHandle(ArrayReference):
     """
 
     __slots__ = ("_client", "_key", "shape", "dtype", "_finalizer", "__weakref__")
+    _from_elsewhere = True
 
     def __init__(self, client: "RemoteClient", key: int, shape, dtype: str):
         self._client, self._key, self.shape, self.dtype = client, key, tuple(shape), np.dtype(DTYPES[dtype])

@@ -124,7 +124,12 @@ def test_a_handle_says_where_its_value_lies_whether_it_is_ready_and_whether_it_w
         finally:
             runtime.scheduler.release()
         until(y.is_ready, "the released run over", WAIT)
-        assert y.sharding == y.result().sharding and y.devices() == y.result().devices()
+        before = island_fetches(runtime)
+        where = (y.sharding, y.device, y.devices(), y.committed, y.is_fully_addressable, y.is_fully_replicated)
+        assert island_fetches(runtime) == before       # a Ray island's value came here for each of them
+        here = y.result()
+        assert where == (here.sharding, here.device, here.devices(), here.committed, here.is_fully_addressable,
+                         here.is_fully_replicated)
         assert [s.index for s in y.addressable_shards] == [s.index for s in y.result().addressable_shards]
         state = {"y": y, "z": on_right.run(y, client=client)}
         checkpointer = ocp.StandardCheckpointer()

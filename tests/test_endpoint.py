@@ -554,6 +554,12 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
         np.testing.assert_allclose(h.sum(axis=0), np.asarray(want).sum(axis=0), rtol=1e-5)   # a method on the value
         assert isinstance(np.float64(2) * h, jax.Array) and (np.ones(h.shape) + h).dtype == np.float32  # as JAX's
         assert h.aval.shape == (8, 16) and h.aval.dtype == np.float32
+        # Where it lies is where its value, fetched, would: said without fetching it.
+        fetch = one._polled
+        one._polled = lambda *a: pytest.fail("read where the value lies by fetching it")
+        where = (h.sharding, h.device, h.devices(), h.committed, h.is_fully_replicated)
+        one._polled = fetch
+        assert where == (value.sharding, value.device, value.devices(), value.committed, value.is_fully_replicated)
 
         [again] = one.run(plan, [h])                       # a result as an argument stays on the cluster
         np.testing.assert_allclose(np.asarray(again), np.sin(np.asarray(want) * 3 - 1) ** 2, rtol=1e-5)
