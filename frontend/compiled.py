@@ -70,7 +70,8 @@ class Compiled:
     Like `jax.jit`'s compiled stage, it gives the lowered stage's `in_tree`,
     `out_tree`, `args_info`, `out_info`, `donate_argnums` and
     `cost_analysis()`, and its own `as_text()` (the plans, as `pw-opt`
-    prints them) and `memory_analysis()`.
+    prints them), `memory_analysis()`, `input_shardings` and
+    `output_shardings`.
     """
 
     def __init__(self, lowered: Lowered, runtime: "ClusterRuntime"):
@@ -148,6 +149,32 @@ class Compiled:
     args_info = property(lambda self: self.lowered.args_info, doc="see `Lowered.args_info`")
     out_info = property(lambda self: self.lowered.out_info, doc="see `Lowered.out_info`")
     donate_argnums = property(lambda self: self.lowered.donate_argnums, doc="see `Lowered.donate_argnums`")
+
+    @property
+    def input_shardings(self) -> Any:
+        """Where the plan puts each argument: a `NamedSharding` over its slice's devices, in the traced arguments'
+        structure, as `jax.jit`'s compiled stage gives them. Only where the islands run in this process (the
+        embedded backend): NotImplementedError elsewhere."""
+        return self.lowered.in_tree.unflatten(self._shardings(self.plan.inputs, self.lowered.in_avals))
+
+    @property
+    def output_shardings(self) -> Any:
+        """Where the plan puts each result, as `input_shardings` says it for arguments."""
+        return self.lowered.out_tree.unflatten(self._shardings(self.plan.outputs, self.lowered.out_avals))
+
+    def _shardings(self, buffers, avals) -> list:
+        from pathways_mlir.runtime.executables import named_sharding
+
+        islands = getattr(self.runtime, "islands", None)
+        if islands is None or not islands.in_process:
+            raise NotImplementedError(f"program @{self.lowered.program} runs on devices of another process (a "
+                                      f"service's or Ray's), which have no JAX sharding here")
+        shardings = []
+        for buffer, aval in zip(buffers, avals):
+            info = self.plan.buffers[buffer]
+            mesh = islands[self.plan.island_of(buffer)].mesh(self.plan, info.slice)
+            shardings.append(named_sharding(mesh, info.sharding[:len(aval.shape)]))   # (a key's data has one more)
+        return shardings
 
     def cost_analysis(self) -> dict[str, float]:
         """Returns the estimated cost of one run (see `Lowered.cost_analysis`)."""

@@ -656,6 +656,8 @@ def test_programs_are_lowered_for_the_endpoint_and_again_when_its_topology_chang
                                                      timeout=TIMEOUT) as remote:
         compiled = step.compiled(X, runtime=remote)
         assert compiled.runtime is remote and compiled.plan.topology == runtime.resources.topology
+        with pytest.raises(NotImplementedError, match=r"runs on devices of another process"):
+            compiled.input_shardings
         np.testing.assert_allclose(np.asarray(step.run(X, client=remote)), want, rtol=1e-6)
         first = compiled.plan
         [used] = [island for island, steps in first.islands.items() if steps]

@@ -896,6 +896,7 @@ def test_arrays_of_zero_size_go_through_placed_functions_and_programs_as_in_jax(
 def test_stages_answer_what_jax_jits_stages_answer():
     """`lower(...)` and `compile()` give the arguments, results, donations and a run's cost as `jax.jit`'s stages
     do; `compile()` adds the plans as text and the memory one run needs; `eval_shape` runs nothing."""
+    from pathways_mlir.runtime.client import Client
     from pathways_mlir.runtime.cluster import embedded_device_map
     from pathways_mlir.runtime.runtime import Runtime
 
@@ -949,6 +950,12 @@ def test_stages_answer_what_jax_jits_stages_answer():
         assert "pw.island_plan" in undonated.as_text() and "pw.placement" in undonated.as_text()
         assert undonated.in_tree == undonated.lowered.in_tree and donated.donate_argnums == (0,)
         assert undonated.cost_analysis() == undonated.lowered.cost_analysis()
+        # Where the plan puts arguments and results: a result lies as `output_shardings` says.
+        [[placed_at], _] = undonated.input_shardings
+        assert placed_at.spec == P("data", None) and len(placed_at.device_set) == 2
+        result = undonated(jax.device_put(v, placed_at), client=Client(rt))
+        assert result.sharding == undonated.output_shardings == placed_at
+        result.delete()
         shard = v.nbytes // 2                                # one device's half of v, and of 2v
         for compiled, peak in ((undonated, 2 * shard), (donated, shard)):
             memory = compiled.memory_analysis()
