@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import tree_util as jax_tree_util   # JAX's dispatch registry (see KeyHandle)
 
 from pathways_mlir.runtime.array_reference import ArrayReference, Reference
 from pathways_mlir.runtime.executables import ARRAY_TYPE
@@ -64,7 +65,7 @@ class _OfHandle:
         self.data.donate(to)
 
 
-class KeyHandle(_OfHandle, Reference):
+class KeyHandle(_OfHandle, Reference, jax.Array):
     """A handle to typed PRNG keys on devices: `result()` returns the key array.
 
     It has the key array's `shape` and `dtype` (`key<fry>`), and programs and
@@ -72,8 +73,9 @@ class KeyHandle(_OfHandle, Reference):
     do JAX's transformations (`jax.jit`, `jax.vmap`, ...) and indexing
     (`keys[0]`, `keys[...]`, `len(keys)`, `for key in keys`), on the key
     array (waiting for it): a flax NNX model whose state a placed function
-    returned runs outside it too. `jax.random`'s functions take only JAX
-    arrays as keys: give them `result()`.
+    returned runs outside it too. It is a `jax.Array`, as a key array is, so
+    `jax.random`'s functions, `jax.device_get` and every method of the key
+    array take it.
     """
 
     __slots__ = ("data", "dtype", "shape")
@@ -95,6 +97,12 @@ class KeyHandle(_OfHandle, Reference):
     def __repr__(self) -> str:
         where = getattr(self.data, "slice", None)       # a service's handle does not name its slice
         return f"KeyHandle(shape={self.shape}, dtype={self.dtype}{'' if where is None else f', slice={where}'})"
+
+
+# JAX takes a key array apart by its registry of extended-dtype arrays where it dispatches (`jax.jit`'s arguments,
+# `jax.device_get`): a key handle is its key array there.
+jax_tree_util.dispatch_registry.register_node(KeyHandle, lambda keys: ((keys.result(),), None),
+                                              lambda _, parts: parts[0])
 
 
 class WeakHandle(_OfHandle, ArrayReference):

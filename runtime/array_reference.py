@@ -55,8 +55,7 @@ which loads as a NumPy array.
 name a result by its run and buffer (`RunResult`). A reference to typed PRNG
 keys (`frontend/wire.KeyHandle`) shares their base, `Reference`: JAX, indexing,
 iteration, copies and the refusal to change in place, but no NumPy protocol or
-operators (a key array has neither); it is not a `jax.Array`, whose
-functions would take its key array apart by JAX's own registry of key types.
+operators (a key array has neither); it is a `jax.Array` too.
 """
 
 from __future__ import annotations
@@ -253,13 +252,12 @@ for _name in ("addressable_shards", "global_shards", "format"):
     setattr(Reference, _name, _property_of_value(_name))
 for _name in ("addressable_data", "on_device_size_in_bytes", "to_device"):
     setattr(Reference, _name, _on_value(_name))
-# Every other method, operator and property of JAX's array is an array reference's value's: JAX's array base only
-# declares them, for its own array types; so are a few of its array type beyond its base.
+# Every other method, operator and property of JAX's array is a reference's value's: JAX's array base only declares
+# them, for its own array types; so are a few of its array type beyond its base, for an array reference.
 _OWN = {"__doc__", "__module__", "__slots__", "__weakref__", "__hash__", "__numpy_dtype__", "shape", "dtype"}
 for _name, _member in list(vars(jax.Array).items()):
-    if _name not in _OWN and _name not in vars(Reference) and _name not in vars(ArrayReference):
-        setattr(ArrayReference, _name,
-                _property_of_value(_name) if isinstance(_member, property) else _on_value(_name))
+    if _name not in _OWN and _name not in vars(Reference):
+        setattr(Reference, _name, _property_of_value(_name) if isinstance(_member, property) else _on_value(_name))
 for _name in ("clone", "tobytes", "__dlpack__", "__dlpack_device__"):
     setattr(ArrayReference, _name, _on_value(_name))
 del _name, _member

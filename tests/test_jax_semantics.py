@@ -51,6 +51,15 @@ def test_typed_keys_go_in_and_out_of_placed_functions_as_in_jax():
     # JAX's transformations and indexing take it as the key array; it cannot change in place.
     np.testing.assert_array_equal(np.asarray(jax.jit(noisy)(x, next_key)[0]), jax.jit(noisy)(x, want_key)[0])
     np.testing.assert_array_equal(key_bits(next_key[...]), key_bits(want_key))
+    # It is a jax.Array, as the key array is: jax.random's functions, jax.device_get and the key array's methods
+    # take it (jax.random refused it: "unexpected PRNG key type").
+    assert isinstance(next_key, jax.Array)
+    np.testing.assert_array_equal(jax.random.normal(next_key, (3,)), jax.random.normal(want_key, (3,)))
+    np.testing.assert_array_equal(key_bits(jax.random.split(next_key)), key_bits(jax.random.split(want_key)))
+    np.testing.assert_array_equal(key_bits(jax.device_get(next_key)), key_bits(want_key))
+    assert next_key.reshape(1).shape == (1,) and next_key.size == 1
+    with pytest.raises(TypeError, match="add does not accept dtypes key<fry>"):
+        next_key + 1
     assert re.fullmatch(r"KeyHandle\(shape=\(\), dtype=key<fry>, slice=\w+\)", repr(next_key))
     with pytest.raises(TypeError, match="KeyHandle refers to an immutable key array"):
         next_key[...] = want_key
