@@ -68,7 +68,7 @@ class Compiled:
     """A program's plan on one runtime; calling it runs the program and returns handles.
 
     Like `jax.jit`'s compiled stage, it gives the lowered stage's `in_tree`,
-    `out_tree`, `args_info`, `out_info`, `donate_argnums` and
+    `out_tree`, `in_avals`, `args_info`, `out_info`, `donate_argnums` and
     `cost_analysis()`, and its own `as_text()` (the plans, as `pw-opt`
     prints them), `memory_analysis()`, `input_shardings` and
     `output_shardings`.
@@ -87,9 +87,9 @@ class Compiled:
         # the `WeakHandle`s given for weakly typed arguments and wrapping the handles of weakly typed results,
         # as `to_wire` and `from_wire` do.
         self.plain = not any(lowered.donated) and \
-            not any(is_extended(a.dtype) for a in lowered.in_avals + lowered.out_avals)
-        self._weak_arguments = any(a.weak_type for a in lowered.in_avals)
-        self._weak_results = tuple(i for i, a in enumerate(lowered.out_avals) if a.weak_type)
+            not any(is_extended(a.dtype) for a in lowered.in_avals_flat + lowered.out_avals_flat)
+        self._weak_arguments = any(a.weak_type for a in lowered.in_avals_flat)
+        self._weak_results = tuple(i for i, a in enumerate(lowered.out_avals_flat) if a.weak_type)
         # Whether the program returns one array (not a pytree of them): `()`, `None` and `{}` are leaf tree
         # definitions too, of no leaf.
         self._single = lowered.out_tree.num_leaves == 1 and jax.tree_util.treedef_is_leaf(lowered.out_tree)
@@ -132,7 +132,7 @@ class Compiled:
             _refuse_donated_shared(lowered, leaves)
         _refuse_unrunnable(lowered, leaves)
         _refuse_other_dtypes(lowered, leaves)
-        wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals)]
+        wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals_flat)]
         # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
         # it for a topology change (`RemoteClient.run`).
         again = {"refresh": self._lowered_again} if isinstance(client, RemoteClient) else {}
@@ -142,10 +142,11 @@ class Compiled:
             with self._lock:
                 self._refresh()
             handles = client.run(self.plan, wire, dispatch, timeout, **again)
-        return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals))
+        return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals_flat))
 
     in_tree = property(lambda self: self.lowered.in_tree, doc="the traced arguments' structure, `(args, kwargs)`")
     out_tree = property(lambda self: self.lowered.out_tree, doc="the results' structure")
+    in_avals = property(lambda self: self.lowered.in_avals, doc="see `Lowered.in_avals`")
     args_info = property(lambda self: self.lowered.args_info, doc="see `Lowered.args_info`")
     out_info = property(lambda self: self.lowered.out_info, doc="see `Lowered.out_info`")
     donate_argnums = property(lambda self: self.lowered.donate_argnums, doc="see `Lowered.donate_argnums`")
@@ -155,12 +156,12 @@ class Compiled:
         """Where the plan puts each argument: a `NamedSharding` over its slice's devices, in the traced arguments'
         structure, as `jax.jit`'s compiled stage gives them. Only where the islands run in this process (the
         embedded backend): NotImplementedError elsewhere."""
-        return self.lowered.in_tree.unflatten(self._shardings(self.plan.inputs, self.lowered.in_avals))
+        return self.lowered.in_tree.unflatten(self._shardings(self.plan.inputs, self.lowered.in_avals_flat))
 
     @property
     def output_shardings(self) -> Any:
         """Where the plan puts each result, as `input_shardings` says it for arguments."""
-        return self.lowered.out_tree.unflatten(self._shardings(self.plan.outputs, self.lowered.out_avals))
+        return self.lowered.out_tree.unflatten(self._shardings(self.plan.outputs, self.lowered.out_avals_flat))
 
     def _shardings(self, buffers, avals) -> list:
         from pathways_mlir.runtime.executables import named_sharding
@@ -194,7 +195,7 @@ class Compiled:
         def nbytes(avals) -> int:
             return sum(math.prod(a.shape) * a.dtype.itemsize for a in avals)
         peaks = by_device_range(run_need(self.plan))
-        return MemoryAnalysis(nbytes(self.lowered.in_avals), nbytes(self.lowered.out_avals),
+        return MemoryAnalysis(nbytes(self.lowered.in_avals_flat), nbytes(self.lowered.out_avals_flat),
                               max(peaks.values(), default=0), peaks)
 
     def _lowered_again(self) -> ProgramPlan:
@@ -255,7 +256,7 @@ def _refuse_other_dtypes(lowered: Lowered, leaves: list) -> None:
     """Raises TypeError in one line if an array leaf's dtype is not the one the program was traced for
     (`check_dtype`, which the runtime applies to every run's arguments too; Python scalars take the traced
     dtype)."""
-    for position, (x, aval) in enumerate(zip(leaves, lowered.in_avals)):
+    for position, (x, aval) in enumerate(zip(leaves, lowered.in_avals_flat)):
         dtype = getattr(x, "dtype", None)
         if dtype is None or isinstance(x, (bool, int, float, complex)) or is_extended(aval.dtype):
             continue

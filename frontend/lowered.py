@@ -25,32 +25,39 @@ class Lowered:
     Python function's result (`out_tree`). `donated` says, per argument
     leaf, whether the call donates it (empty when none is).
 
-    It answers what `jax.jit(f).lower(...)` answers (`args_info`,
+    `in_avals_flat` and `out_avals_flat` are their avals, one per leaf.
+
+    It answers what `jax.jit(f).lower(...)` answers (`in_avals`, `args_info`,
     `out_info`, `donate_argnums`, `as_text`, `compiler_ir`,
     `cost_analysis`), for the whole program: its IR is the pw dialect, which
-    holds each computation's StableHLO as a nested module. Unlike JAX's,
-    `in_avals` and `out_avals` are flat, one per leaf.
+    holds each computation's StableHLO as a nested module.
     """
 
     module: ir.Module  # keeps its context alive
     program: str
     in_tree: jax.tree_util.PyTreeDef
-    in_avals: tuple[jax.ShapeDtypeStruct, ...]
+    in_avals_flat: tuple[jax.ShapeDtypeStruct, ...]
     out_tree: jax.tree_util.PyTreeDef
-    out_avals: tuple[jax.ShapeDtypeStruct, ...]
+    out_avals_flat: tuple[jax.ShapeDtypeStruct, ...]
     donated: tuple[bool, ...] = ()
 
     @property
     def args_info(self) -> Any:
         """The arguments as `jax.stages.ArgInfo`s (aval and whether it is donated), in the traced arguments'
         structure `(args, kwargs)`, as `jax.jit`'s stages give them."""
-        donated = self.donated or (False,) * len(self.in_avals)
-        return self.in_tree.unflatten([jax.stages.ArgInfo(a, d) for a, d in zip(self.in_avals, donated)])
+        donated = self.donated or (False,) * len(self.in_avals_flat)
+        avals = (jax.core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type) for a in self.in_avals_flat)
+        return self.in_tree.unflatten([jax.stages.ArgInfo(a, d) for a, d in zip(avals, donated)])
+
+    @property
+    def in_avals(self) -> Any:
+        """The arguments' abstract values (`jax.core.ShapedArray`), in the traced arguments' structure."""
+        return jax.tree.map(lambda info: info._aval, self.args_info)
 
     @property
     def out_info(self) -> Any:
         """The results' `jax.ShapeDtypeStruct`s, in the structure of the Python function's result."""
-        return self.out_tree.unflatten(self.out_avals)
+        return self.out_tree.unflatten(self.out_avals_flat)
 
     @property
     def donate_argnums(self) -> tuple[int, ...]:

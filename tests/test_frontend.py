@@ -145,7 +145,7 @@ def test_pytrees_of_arguments_and_results():
     assert ops.out_shardings(op) == [Sharding((("data",), ("model",))), Sharding(((), ()))]
     assert lowered.in_tree == jax.tree_util.tree_structure(((params, 0), {}))   # (args, kwargs), as jax.jit
     assert lowered.out_tree == jax.tree_util.tree_structure(((0,), [0]))
-    assert len(lowered.in_avals) == 3 and len(lowered.out_avals) == 2
+    assert len(lowered.in_avals_flat) == 3 and len(lowered.out_avals_flat) == 2
 
 
 # The dialect's IRDL definition gives each variadic operand and result list one

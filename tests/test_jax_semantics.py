@@ -294,7 +294,7 @@ def test_a_python_int_step_counter_as_in_jax_mnist_example():
 
     params, batch = jnp.ones((3,)), jnp.arange(6.0).reshape(2, 3)
     lowered = step.lower(3, params, batch)
-    assert lowered.in_avals[0] == jax.ShapeDtypeStruct((), jnp.int32, weak_type=True)
+    assert lowered.in_avals_flat[0] == jax.ShapeDtypeStruct((), jnp.int32, weak_type=True)
     want = params
     got = params
     for i in range(3):
@@ -920,6 +920,7 @@ def test_stages_answer_what_jax_jits_stages_answer():
     ours, theirs = placed.lower(w, batch, scale=2.0), reference.lower(w, batch, scale=2.0)
     assert ours.in_tree == theirs.in_tree and ours.out_tree == theirs.out_tree
     assert ours.donate_argnums == theirs.donate_argnums == (0,)
+    assert ours.in_avals == theirs.in_avals == ours.compile().in_avals
     assert jax.tree.map(lambda a: (a.shape, a.dtype, a.donated), ours.args_info) == \
         jax.tree.map(lambda a: (a.shape, a.dtype, a.donated), theirs.args_info)
     assert ours.out_info == theirs.out_info == placed.eval_shape(w, batch, scale=2.0) == \
