@@ -42,17 +42,17 @@ class Lowered:
     donated: tuple[bool, ...] = ()
 
     @property
+    def in_avals(self) -> Any:
+        """The arguments' abstract values (`jax.core.ShapedArray`), in the traced arguments' structure."""
+        return self.in_tree.unflatten([jax.core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
+                                       for a in self.in_avals_flat])
+
+    @property
     def args_info(self) -> Any:
         """The arguments as `jax.stages.ArgInfo`s (aval and whether it is donated), in the traced arguments'
         structure `(args, kwargs)`, as `jax.jit`'s stages give them."""
         donated = self.donated or (False,) * len(self.in_avals_flat)
-        avals = (jax.core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type) for a in self.in_avals_flat)
-        return self.in_tree.unflatten([jax.stages.ArgInfo(a, d) for a, d in zip(avals, donated)])
-
-    @property
-    def in_avals(self) -> Any:
-        """The arguments' abstract values (`jax.core.ShapedArray`), in the traced arguments' structure."""
-        return jax.tree.map(lambda info: info._aval, self.args_info)
+        return jax.tree.map(jax.stages.ArgInfo, self.in_avals, self.in_tree.unflatten(donated))
 
     @property
     def out_info(self) -> Any:
