@@ -108,6 +108,19 @@ class Reference:
         """JAX's abstract value of the value (shape, dtype, weak type), without waiting for it."""
         return jax_core.ShapedArray(self.shape, self.dtype, weak_type=self.weak_type)
 
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """The value's bytes (all shards together), without waiting for it: Orbax reads it of every leaf."""
+        return self.size * self.itemsize
+
     def __getitem__(self, index):
         return self.result()[index]
 
@@ -162,19 +175,6 @@ class ArrayReference(Reference, jax.Array):
 
     def __jax_array__(self):
         return self.result()
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return np.dtype(self.dtype).itemsize
-
-    @property
-    def nbytes(self) -> int:
-        """The value's bytes (all shards together), without waiting for it."""
-        return self.size * self.itemsize
 
     def item(self, *index):
         """The value's element (`np.ndarray.item`), as a Python scalar."""
@@ -293,5 +293,6 @@ class RunResult(ArrayReference):
 # and dtype, without waiting for its value, and becomes its value where JAX places arguments.
 jax_core.pytype_aval_mappings[Reference] = lambda ref: ref.aval
 jax_dtypes.register_canonicalize_value_handler(Reference, lambda ref: ref.result())
-# Orbax's PyTree checkpointing saves an array reference as its value, once Orbax is imported (`orbax_checkpoints`).
-register_with_orbax(ArrayReference)
+# Orbax's checkpointers save a reference (a key handle's too) as its value, read once, once Orbax is imported
+# (`orbax_checkpoints`).
+register_with_orbax(Reference)

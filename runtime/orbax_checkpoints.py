@@ -1,9 +1,10 @@
 """Orbax saves a handle as the JAX array it refers to, reading its value once.
 
-An array reference is a `jax.Array` (`runtime/array_reference.py`), so
-Orbax's checkpointers (`ocp.PyTreeCheckpointer`, `ocp.StandardCheckpointer`,
-their `args` under a `CheckpointManager`) save it with their `jax.Array` type
-handler, and restore it as a JAX array laid out as saved. That handler reads
+A handle (an array's or a key handle) is a `jax.Array`
+(`runtime/array_reference.py`), so Orbax's checkpointers
+(`ocp.PyTreeCheckpointer`, `ocp.StandardCheckpointer`, their `args` under a
+`CheckpointManager`) save it with their `jax.Array` type handler, and restore
+it as a JAX array laid out as saved. That handler reads
 an array's `sharding` and shards nine times in a save; a reference's are its
 value's, and a handle of a service or of another process's island fetches the
 whole value for each. `register_with_orbax` puts a wrapper in its place
@@ -27,7 +28,7 @@ ORBAX = "orbax.checkpoint"
 
 
 def register_with_orbax(kind: type) -> None:
-    """Makes Orbax's `jax.Array` type handler save instances of `kind`, a subclass of `jax.Array`, as their
+    """Makes Orbax's `jax.Array` type handler save instances of `kind` (those that are `jax.Array`s) as their
     values, each read once, once `orbax.checkpoint` is imported (now, if it is)."""
     if ORBAX in sys.modules:
         _register(kind)

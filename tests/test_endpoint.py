@@ -899,7 +899,8 @@ def test_orbax_saves_a_services_handles_fetching_each_value_once(runtime, tmp_pa
     from pathways_mlir.runtime.remote_client import RemoteHandle
 
     s = pw.virtual_slice(2, axes="d")
-    init = pw.jit(lambda x: {"w": x * 2.0, "b": x[0] + 1.0}, slice=s, in_specs=P("d"), out_specs=P("d"))
+    init = pw.jit(lambda x: {"w": x * 2.0, "b": x[0] + 1.0, "key": jax.random.key(7)}, slice=s,
+                  in_specs=P("d"), out_specs={"w": P("d"), "b": P("d"), "key": P()})
     fetched = []
     fetch = RemoteHandle._fetch
     monkeypatch.setattr(RemoteHandle, "_fetch", lambda h, timeout, value: (fetched.append(value), fetch(h, timeout,
@@ -909,10 +910,12 @@ def test_orbax_saves_a_services_handles_fetching_each_value_once(runtime, tmp_pa
         params = init.run(X, client=remote)
         state = {"params": params, "plain": jnp.arange(3.0)}          # a JAX array saved beside them
         ocp.PyTreeCheckpointer().save(tmp_path / "state", state)
-        assert fetched.count(True) == 2
+        assert fetched.count(True) == 3                                 # a key handle's key data too
         with pytest.warns(UserWarning, match="Sharding info not provided"):      # Orbax's, without a target
             restored = ocp.PyTreeCheckpointer().restore(tmp_path / "state")
         assert all(isinstance(v, jax.Array) for v in jax.tree.leaves(restored))
         np.testing.assert_array_equal(restored["params"]["w"], X * 2.0)
         np.testing.assert_array_equal(restored["params"]["b"], X[0] + 1.0)
         np.testing.assert_array_equal(restored["plain"], np.arange(3.0))
+        np.testing.assert_array_equal(jax.random.key_data(restored["params"]["key"]),
+                                      jax.random.key_data(jax.random.key(7)))
