@@ -39,7 +39,7 @@ from pathways_mlir.runtime.runtime import get_runtime
 
 from .avals import aval_of, has_tracers, is_extended
 from .lowered import Lowered
-from .signature import Call, Signature
+from .signature import BindsAsMethod, Call, Signature
 from .wire import WeakHandle, from_wire, to_wire
 
 if TYPE_CHECKING:
@@ -355,6 +355,28 @@ class StageCache:
             self._identical[identity[0]] = (runtime, identity[1], compiled, jax.config.jax_enable_x64)
             return compiled.call_plain(args, leaves, client)
         return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)
+
+
+class StagedFunction(BindsAsMethod):
+    """What placed functions and programs share: their calls go through one `StageCache` (`_stages`) and one
+    `Signature` (`_signature`), which the subclass makes."""
+
+    _stages: StageCache
+    _signature: Signature
+
+    def run(self, *args: Any, dispatch: str = "parallel", client=None, timeout: float | None = None,
+            **kwargs: Any) -> Any:
+        """Runs the call with a chosen dispatch mode ("parallel" or "sequential") and client; with `timeout`,
+        the run is cancelled if it is not over within that many seconds."""
+        return self._stages.run(args, kwargs, dispatch, client, timeout)
+
+    def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
+        """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
+        return self._stages.get(self._signature.split(args, kwargs), runtime)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Returns the results' `jax.ShapeDtypeStruct`s for these arguments, running nothing (`jax.jit`'s)."""
+        return self._signature.eval_shape(args, kwargs)
 
 
 def _identity(leaves: tuple | list, tree=None) -> tuple[tuple, tuple] | None:

@@ -20,14 +20,14 @@ from pathways_mlir.dialect import ops
 from . import specs, tracer
 from .avals import has_tracers
 from .errors import PlacementError
-from .compiled import Compiled, StageCache
+from .compiled import StageCache, StagedFunction
 from .lowered import Lowered
 from .provenance import Site, name_of
-from .signature import BindsAsMethod, Call, Signature, check_options
+from .signature import Call, Signature, check_options
 from .slices import Slice
 
 
-class PlacedFunction(BindsAsMethod):
+class PlacedFunction(StagedFunction):
     """A Python function placed on a virtual slice; see `jit`."""
 
     def __init__(self, fn: Callable, slice_: Slice, in_specs: Any, out_specs: Any, **options: Any):
@@ -73,20 +73,6 @@ class PlacedFunction(BindsAsMethod):
             return self.run(*args, **kwargs)
         site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)
         return _record(program, self, self._signature.split(args, kwargs), site)
-
-    def run(self, *args: Any, dispatch: str = "parallel", client=None, timeout: float | None = None,
-            **kwargs: Any) -> Any:
-        """Runs the function as a one-computation program with a chosen dispatch mode and client; with
-        `timeout`, the run is cancelled if it is not over within that many seconds."""
-        return self._stages.run(args, kwargs, dispatch, client, timeout)
-
-    def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
-        """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
-        return self._stages.get(self._signature.split(args, kwargs), runtime)
-
-    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        """Returns the results' `jax.ShapeDtypeStruct`s for these arguments, running nothing (`jax.jit`'s)."""
-        return self._signature.eval_shape(args, kwargs)
 
     def with_constants(self, fn: Callable, tree: Any, constants: dict[int, Any]) -> tuple[Callable, Any]:
         """For a call inside a program whose argument leaves `constants` (by index in `tree`'s leaves) are

@@ -33,10 +33,10 @@ from pathways_mlir.dialect.homes import sharded_on
 from .avals import aval_of, check_element_type, format_aval, has_tracers, signature_of, tensor_type
 from .errors import PlacementError
 from .executables import Executable, compile_function
-from .compiled import Compiled, StageCache
+from .compiled import StageCache, StagedFunction
 from .lowered import Lowered
 from .provenance import Site, name_of
-from .signature import BindsAsMethod, Call, Signature, check_options
+from .signature import Call, Signature, check_options
 from .slices import Slice
 
 _TRACING: ContextVar["ProgramBuilder | None"] = ContextVar("pw_tracing", default=None)
@@ -288,7 +288,7 @@ def lower(site: Site, fn: Callable, example: Any, donated: tuple[bool, ...] = ()
                    donated if any(donated) else ())
 
 
-class Program(BindsAsMethod):
+class Program(StagedFunction):
     """A Python function traced as one pw program; see `program`."""
 
     def __init__(self, fn: Callable, **options: Any):
@@ -317,21 +317,6 @@ class Program(BindsAsMethod):
         if current_program() is not None or has_tracers((args, kwargs)):
             return self._fn(*args, **kwargs)
         return self.run(*args, **kwargs)
-
-    def run(self, *args: Any, dispatch: str = "parallel", client=None, timeout: float | None = None,
-            **kwargs: Any) -> Any:
-        """Runs the program with a chosen dispatch mode ("parallel" or "sequential") and client; with
-        `timeout`, the run is cancelled if it is not over within that many seconds."""
-        return self._stages.run(args, kwargs, dispatch, client, timeout)
-
-    def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
-        """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""
-        return self._stages.get(self._signature.split(args, kwargs), runtime)
-
-    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        """Returns the results' `jax.ShapeDtypeStruct`s for these arguments, running nothing (`jax.jit`'s)."""
-        return self._signature.eval_shape(args, kwargs)
-
 
 
 def program(fn: Callable | None = None, /, *, static_argnums=None, static_argnames=None,
