@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import numpy as np
+from jax._src.config import trace_context   # what jax.jit keys its cache on besides arguments
 
 from pathways_mlir.runtime.client import Client, default_client
 from pathways_mlir.runtime.dispatch import check_dtype
@@ -129,7 +130,7 @@ class Compiled:
             raise TypeError(f"program @{lowered.program} was traced for arguments {lowered.in_tree}, "
                             f"not {tree}")
         if lowered.donated:
-            _refuse_donated_shared(lowered, leaves)
+            _refuse_bad_donations(lowered, leaves)
         _refuse_unrunnable(lowered, leaves)
         _refuse_other_dtypes(lowered, leaves)
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals_flat)]
@@ -222,15 +223,24 @@ class Compiled:
         return handles[0] if self._single else jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)
 
 
-def _refuse_donated_shared(lowered: Lowered, leaves: list) -> None:
-    """Raises ValueError in one line if a donated argument leaf is a shared object (read-only)."""
+def _refuse_bad_donations(lowered: Lowered, leaves: list) -> None:
+    """Raises ValueError in one line if a donated argument leaf is a shared object (read-only), or a JAX array
+    passed again as another leaf, whose buffer `jax.jit` refuses to donate twice (the run failed on its island
+    instead; a handle passed twice is refused by the client, `Client.start`)."""
     from pathways_mlir.runtime.remote_client import RemoteSharedRef
     from pathways_mlir.runtime.shared import SharedRef
 
     for position, (x, donated) in enumerate(zip(leaves, lowered.donated)):
-        if donated and isinstance(x, (SharedRef, RemoteSharedRef)):
+        if not donated:
+            continue
+        if isinstance(x, (SharedRef, RemoteSharedRef)):
             raise ValueError(f"argument leaf {position} of program @{lowered.program} is a shared object, which is "
                              f"read-only: it cannot be donated (leave it out of donate_argnums/donate_argnames)")
+        if type(x) is ARRAY_TYPE:
+            again = next((i for i, other in enumerate(leaves) if other is x and i != position), None)
+            if again is not None:
+                raise ValueError(f"argument leaf {position} of program @{lowered.program} is donated, but the same "
+                                 f"array is passed again as leaf {again}: donate a copy, or neither")
 
 
 def _refuse_unrunnable(lowered: Lowered, leaves: list) -> None:
@@ -278,10 +288,12 @@ def _leaf_signature(x: Any) -> tuple:
 class StageCache:
     """One `Compiled` per runtime and call signature, for one program or placed function.
 
-    The signature is what `jax.jit` would retrace on: the static values, the
-    tree of the traced arguments, each leaf's shape, dtype and weak type, and
-    whether JAX's 64-bit types are on (`jax_enable_x64`: a float64 NumPy array
-    or a Python int traces as another type with them).
+    The signature is what `jax.jit` would retrace on: the static values (of
+    their types), the tree of the traced arguments, each leaf's shape, dtype
+    and weak type, and JAX's configuration that tracing reads (its trace
+    context: `jax_enable_x64`, with which a float64 NumPy array or a Python
+    int traces as another type, `jax.threefry_partitionable`,
+    `jax.numpy_rank_promotion`, `jax.disable_jit`, ...).
     """
 
     def __init__(self, lower: Callable[[Call], Lowered], signature: Signature):
@@ -299,7 +311,7 @@ class StageCache:
         if runtime is None:
             runtime = get_runtime()
         leaves, tree = jax.tree_util.tree_flatten(call.tree)
-        key = call.static, tree, tuple(map(_leaf_signature, leaves)), jax.config.jax_enable_x64
+        key = call.static, tree, tuple(map(_leaf_signature, leaves)), trace_context()
         per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, {})
         found = per_runtime.get(key)
         if found is not None:
@@ -326,7 +338,8 @@ class StageCache:
         dtype object per builtin type; a handle's buffer is its plan's), and the pytree of arguments that are not
         all leaves is the earlier call's (as `jax.jit` looks up a flattened call's signature), so nothing is split
         or built and the leaves go to the run as they are (`Compiled.call_plain`), under the same
-        `jax_enable_x64`; such leaves are never tracers."""
+        trace context; such leaves are never tracers. Under `jax.disable_jit()` a call with `traced` runs it,
+        as `jax.jit` runs its function eagerly there."""
         try:
             runtime = client.runtime if client is not None else None
         except AttributeError:
@@ -342,17 +355,18 @@ class StageCache:
         if identity is not None:
             runtime = runtime or get_runtime()
             found = self._identical.get(identity[0])
-            if found is not None and found[0] is runtime and found[3] is jax.config.jax_enable_x64 and \
+            context = trace_context()
+            if found is not None and found[0] is runtime and found[3] == context and \
                     all(map(operator.is_, found[1], identity[1])):
                 return found[2].call_plain(args, leaves, client)
-        if traced is not None and has_tracers((args, kwargs)):
+        if traced is not None and (jax.config.jax_disable_jit or has_tracers((args, kwargs))):
             return traced(*args, **kwargs)
         call = self._signature.split(args, kwargs)
         compiled = self.get(call, runtime)
         if identity is not None and compiled.plain:
             if len(self._identical) >= _IDENTICAL:
                 self._identical.clear()
-            self._identical[identity[0]] = (runtime, identity[1], compiled, jax.config.jax_enable_x64)
+            self._identical[identity[0]] = (runtime, identity[1], compiled, context)
             return compiled.call_plain(args, leaves, client)
         return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)
 

@@ -56,8 +56,9 @@ class Lowered:
 
     @property
     def out_info(self) -> Any:
-        """The results' `jax.ShapeDtypeStruct`s, in the structure of the Python function's result."""
-        return self.out_tree.unflatten(self.out_avals_flat)
+        """The results' `jax.ShapeDtypeStruct`s, in the structure of the Python function's result; without weak
+        types, as `jax.jit`'s stages give them (a weakly typed result is still a `WeakHandle` when run)."""
+        return self.out_tree.unflatten([jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.out_avals_flat])
 
     @property
     def donate_argnums(self) -> tuple[int, ...]:

@@ -61,16 +61,20 @@ class PlacedFunction(StagedFunction):
         """Runs the function on its slice (op-by-op); inside a program trace, records one computation.
 
         Inside a JAX transformation (`jax.jit`, `jax.grad`, `jax.vmap`,
-        `lax.scan`, ...) it traces as its function, as a nested `jax.jit`:
-        placement applies only where a program calls it.
+        `lax.scan`, ...), the body of another placed function included, it
+        traces as its function, as a nested `jax.jit`: placement applies only
+        where a program calls it. Under `jax.disable_jit()` it runs its
+        function eagerly, as `jax.jit` does.
         """
         program = tracer.current_program()
         if program is None:
             if not kwargs:       # (keywords may be `run`'s options)
                 return self._stages.run(args, kwargs, "parallel", traced=self._jitted)
-            if has_tracers((args, kwargs)):
+            if jax.config.jax_disable_jit or has_tracers((args, kwargs)):
                 return self._jitted(*args, **kwargs)
             return self.run(*args, **kwargs)
+        if has_tracers((args, kwargs)):
+            return self._jitted(*args, **kwargs)      # called by a placed function's body as the program traces
         site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)
         return _record(program, self, self._signature.split(args, kwargs), site)
 

@@ -9,8 +9,15 @@ static or donated when passed by name, and the other way round. The traced
 arguments of a call are the pytree `(args, kwargs)` with the static ones
 taken out, as in `jax.jit`'s `in_tree`.
 
+A static value is kept as a `StaticValue`: equal to another only if both
+are of one type, as `jax.jit` keys its cache (`1`, `True` and `1.0` are
+equal in Python, but each traces its own code). A function with `*args`
+takes static numbers past its named parameters, and a negative number
+counts from the end of each call's positional arguments; one with
+`**kwargs` takes any static name, as `jax.jit` does.
+
     signature = Signature(fn, "f", static_argnums=1)
-    call = signature.split((x, 3), {})       # call.args == (x,), call.static == ((1, 3),)
+    call = signature.split((x, 3), {})       # call.args == (x,), call.static == (((1, StaticValue(3)),), ())
     signature.bound(call.static)(x)          # fn(x, 3)
 """
 
@@ -37,6 +44,32 @@ _NOT_SUPPORTED = {
     "abstracted_axes": "shapes are static in pw IR",
     "compiler_options": "XLA options are not passed through to the islands",
 }
+
+
+class StaticValue:
+    """A static argument's value in a cache key: equal to another only if both are of one type and equal, as
+    `jax.jit` compares static arguments; a comparison that raises is one ValueError, as in `jax.jit`."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: Hashable):
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not StaticValue or type(self.value) is not type(other.value):
+            return False
+        try:
+            return bool(self.value == other.value)
+        except Exception as error:  # noqa: BLE001  (whatever the user's __eq__ raises)
+            raise ValueError(f"static arguments should be comparable using __eq__: comparing two "
+                             f"{type(self.value).__name__} values raised {type(error).__name__}: {error}") from None
+
+    def __repr__(self) -> str:
+        return f"StaticValue({self.value!r})"
 
 
 class BindsAsMethod:
@@ -91,32 +124,35 @@ class Signature:
         positional = [p.name for p in parameters
                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         by_name = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        any_positional = not parameters or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+        any_name = not parameters or any(p.kind is p.VAR_KEYWORD for p in parameters)
 
         def resolve(kind: str, nums, names) -> tuple[frozenset[int], frozenset[str]]:
             nums, names = _ints(nums), _strs(names)
             for n in nums:
-                if positional and not -len(positional) <= n < len(positional):
+                if not any_positional and not -len(positional) <= n < len(positional):
                     raise ValueError(f"{where}: {kind}_argnums {n} is not a positional parameter of "
                                      f"{fn.__name__}{inspect.signature(fn)}")
             for name in names:
-                if parameters and name not in by_name:
+                if not any_name and name not in by_name:
                     raise ValueError(f"{where}: {kind}_argnames '{name}' is not a parameter of "
                                      f"{fn.__name__}{inspect.signature(fn)}")
-            nums = {n % len(positional) if positional else n for n in nums}
+            nums = {n if any_positional else n % len(positional) for n in nums}    # (see `_positions`)
             nums |= {positional.index(name) for name in names if name in positional}
-            names = set(names) | {positional[n] for n in nums if n < len(positional)}
+            names = set(names) | {positional[n] for n in nums if 0 <= n < len(positional)}
             return frozenset(nums), frozenset(names)
 
         self._positional = positional
         self.static_nums, self.static_names = resolve("static", static_argnums, static_argnames)
         self.donate_nums, self.donate_names = resolve("donate", donate_argnums, donate_argnames)
+        self._from_end = any(n < 0 for n in self.static_nums | self.donate_nums)
         both = (self.static_nums & self.donate_nums) or (self.static_names & self.donate_names)
         if both:
             raise ValueError(f"{where}: argument {sorted(both)[0]!r} is both static and donated")
         self._bound: dict[Hashable, Callable] = {}
 
     def split(self, args: tuple, kwargs: dict) -> Call:
-        """Takes the static arguments out of a call; raises if one is not hashable.
+        """Takes the static arguments out of a call; raises ValueError, as `jax.jit` does, if one is not hashable.
 
         Keyword arguments for positional parameters right after the given
         positional ones become positional, so `f(x, y=y)` is `f(x, y)`.
@@ -129,22 +165,32 @@ class Signature:
                 args.append(kwargs.pop(name))
         if not self.static_nums and not self.static_names:
             return Call(tuple(args), dict(kwargs), ((), ()))
-        static_args = tuple((i, a) for i, a in enumerate(args) if i in self.static_nums)
-        static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_names))
+        nums = self._positions(self.static_nums, len(args))
+        static_args = tuple((i, a) for i, a in enumerate(args) if i in nums)
+        static_kwargs = tuple(sorted(((k, v) for k, v in kwargs.items() if k in self.static_names),
+                                     key=lambda item: item[0]))
         for what, value in [*((f"position {i}", a) for i, a in static_args),
                             *((f"'{k}'", v) for k, v in static_kwargs)]:
             try:
                 hash(value)
             except TypeError:
-                raise TypeError(f"{self.where}: static argument {what} is a {type(value).__name__}, which "
-                                f"is not hashable: static arguments must be hashable, as with jax.jit") from None
+                raise ValueError(f"{self.where}: static argument {what} is a {type(value).__name__}, which "
+                                 f"is not hashable: static arguments must be hashable, as with jax.jit") from None
             if isinstance(value, Reference):       # hashable by identity: each new one would trace again
-                raise TypeError(f"{self.where}: static argument {what} is a {type(value).__name__}, an array on "
-                                f"devices, which jax.jit refuses as not hashable: pass it as a traced argument, or "
-                                f"its Python value (int(h), float(h), h.tolist())")
-        return Call(tuple(a for i, a in enumerate(args) if i not in self.static_nums),
+                raise ValueError(f"{self.where}: static argument {what} is a {type(value).__name__}, an array on "
+                                 f"devices, which jax.jit refuses as not hashable: pass it as a traced argument, or "
+                                 f"its Python value (int(h), float(h), h.tolist())")
+        return Call(tuple(a for i, a in enumerate(args) if i not in nums),
                     {k: v for k, v in kwargs.items() if k not in self.static_names},
-                    (static_args, static_kwargs))
+                    (tuple((i, StaticValue(a)) for i, a in static_args),
+                     tuple((k, StaticValue(v)) for k, v in static_kwargs)))
+
+    def _positions(self, nums: frozenset[int], count: int) -> frozenset[int]:
+        """`nums` as positions in a call of `count` positional arguments: a negative number (kept as given for a
+        function with `*args`) counts from the end of the call's arguments, as in `jax.jit`."""
+        if not self._from_end:
+            return nums
+        return frozenset(n + count if n < 0 else n for n in nums)
 
     def bound(self, static: Hashable) -> Callable:
         """Returns `fn` of the traced arguments only, with `static`'s values put back (one per value)."""
@@ -152,14 +198,14 @@ class Signature:
             return self.fn
         if static not in self._bound:
             static_args, static_kwargs = static
-
-            by_position = dict(static_args)
+            by_position = {i: value.value for i, value in static_args}
+            by_name = {k: value.value for k, value in static_kwargs}
 
             def call(*args, **kwargs):
                 rest = iter(args)
                 merged = [by_position[i] if i in by_position else next(rest)
                           for i in range(len(args) + len(by_position))]
-                return self.fn(*merged, **kwargs, **dict(static_kwargs))
+                return self.fn(*merged, **kwargs, **by_name)
             self._bound[static] = functools.wraps(self.fn)(call)
         return self._bound[static]
 
@@ -172,7 +218,9 @@ class Signature:
     def donated(self, call: Call) -> tuple[bool, ...]:
         """Whether each leaf of `call.tree` is donated."""
         static_positions = {p for p, _ in call.static[0]}
-        positions = [p for p in range(len(call.args) + len(static_positions)) if p not in static_positions]
-        args = [jax.tree.map(lambda _, d=positions[i] in self.donate_nums: d, a) for i, a in enumerate(call.args)]
+        count = len(call.args) + len(static_positions)
+        donated = self._positions(self.donate_nums, count)
+        positions = [p for p in range(count) if p not in static_positions]
+        args = [jax.tree.map(lambda _, d=positions[i] in donated: d, a) for i, a in enumerate(call.args)]
         kwargs = {k: jax.tree.map(lambda _, d=k in self.donate_names: d, v) for k, v in call.kwargs.items()}
         return tuple(jax.tree.leaves((args, kwargs)))

@@ -310,11 +310,12 @@ class Program(StagedFunction):
         """Runs the program on the cluster (results are handles); inside another trace, inlines it.
 
         Inside a JAX transformation (`jax.jit`, `jax.grad`, ...), it is its
-        Python function, and the placed functions it calls trace as theirs.
+        Python function, and the placed functions it calls trace as theirs;
+        so it is under `jax.disable_jit()`, where they run eagerly.
         """
         if not kwargs and current_program() is None:     # (keywords may be `run`'s options)
             return self._stages.run(args, kwargs, "parallel", traced=self._fn)
-        if current_program() is not None or has_tracers((args, kwargs)):
+        if current_program() is not None or jax.config.jax_disable_jit or has_tracers((args, kwargs)):
             return self._fn(*args, **kwargs)
         return self.run(*args, **kwargs)
 

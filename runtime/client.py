@@ -154,6 +154,8 @@ class Client:
                             f"program @{plan.program} takes a result of run {arg._run.id}, which failed: {failed}")
                     return ref
             return arg.result()
+        if isinstance(arg, Reference) and arg.is_deleted():
+            arg.result()         # raises its one-line error now, not on the island (a service's closed handle)
         return arg
 
     def run(self, plan: ProgramPlan, args: Sequence, dispatch: DispatchMode | str = DispatchMode.PARALLEL,

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import numpy as np
+from jax._src.api_util import InternalFloatingPointError   # what an executable raises under jax_debug_nans
 
 from .island_work import (FAILED_HISTORY, HISTORY, REFERENCES, IslandRun, IslandWedged, IslandWork, RunFailed,
                           client_owner, computed, without_traceback)
@@ -415,6 +416,8 @@ class IslandExecutor:
             self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
         if self._dropped:
             self._dropped = {k for k in self._dropped if k[0] != run_id}
+        if isinstance(error, InternalFloatingPointError):     # `jax_debug_nans`/`_infs`: what jax.jit raises
+            error = FloatingPointError(f"invalid value ({error.ty}) encountered in {error.name}")
         if not isinstance(error, RunFailed):
             failed = RunFailed(f"run {run_id} failed on {self.name}: {type(error).__name__}: {error}")
             failed.__cause__ = without_traceback(error)

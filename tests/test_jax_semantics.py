@@ -22,6 +22,7 @@ from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.passes import lower, program_plans
 from pathways_mlir.passes.lower import LoweringError
 from pathways_mlir.runtime.client import default_client
+from pathways_mlir.runtime.island_work import RunFailed
 
 
 def noisy(x, key):
@@ -330,12 +331,96 @@ def test_static_arguments_compile_once_per_value():
 
     np.testing.assert_allclose(np.asarray(prog(x, n=4)), x ** 4 + 1)
     np.testing.assert_allclose(np.asarray(prog(x, 4)), x ** 4 + 1)
-    with pytest.raises(TypeError, match=r"static argument position 1 is a list, which is not hashable"):
+    with pytest.raises(ValueError, match=r"static argument position 1 is a list, which is not hashable"):
         placed(x, [2])
     # A handle is hashable by identity, but jax.jit refuses arrays: it was taken, tracing again for each one.
-    with pytest.raises(TypeError, match=r"static argument position 1 is a Handle, an array on devices, which "
+    with pytest.raises(ValueError, match=r"static argument position 1 is a Handle, an array on devices, which "
                                         r"jax.jit refuses as not hashable: pass it as a traced argument"):
         placed(x, pw.jit(lambda v: v.sum().astype(jnp.int32), slice=s)(x))
+
+
+def test_static_values_equal_in_python_but_of_other_types_trace_apart_as_in_jax_jit():
+    """1, True and 1.0 are equal and hash alike; jax.jit traces each (its cache compares types too), and so do
+    placed functions and programs (they shared the first one's trace: wrong numbers). A static value whose
+    __eq__ raises is one ValueError, as in jax.jit."""
+    s = pw.virtual_slice(1, axes="x")
+
+    def f(x, n):
+        return x * (2 if n is True else 3 if isinstance(n, float) else 5)
+
+    placed = pw.jit(f, slice=s, static_argnums=1)
+    prog = pw.program(lambda x, n: placed(x, n), static_argnums=1)
+    x = np.ones(3, np.float32)
+    for n in (1, True, 1.0, np.float32(1)):
+        want = jax.jit(f, static_argnums=1)(x, n)
+        np.testing.assert_array_equal(np.asarray(placed(x, n)), want)
+        np.testing.assert_array_equal(np.asarray(prog(x, n)), want)
+
+    class Incomparable:
+        def __hash__(self):
+            return 0
+
+        def __eq__(self, other):
+            raise RuntimeError("no comparison")
+
+    scaled = pw.jit(lambda x, k: x * 2, slice=s, static_argnums=1)
+    scaled(x, Incomparable())
+    with pytest.raises(ValueError, match=r"^static arguments should be comparable using __eq__: comparing two "
+                                         r"Incomparable values raised RuntimeError: no comparison$"):
+        scaled(x, Incomparable())
+
+
+def test_static_arguments_through_args_and_kwargs_as_in_jax_jit():
+    """With `*args`, static numbers past the named parameters are taken, and a negative one counts from the end
+    of each call's arguments (it was taken modulo the named parameters: an IndexError with none); with
+    `**kwargs`, any static name is."""
+    s = pw.virtual_slice(1, axes="x")
+    x = np.ones(3, np.float32)
+
+    def rest(x, *more):
+        return x * more[0] * more[-1]
+
+    def named(x, **options):
+        return x * options["n"]
+
+    cases = [(lambda *a: a[0] * a[-1], dict(static_argnums=-1), (x, 3), {}),
+             (rest, dict(static_argnums=1), (x, 3), {}),
+             (rest, dict(static_argnums=-1), (x, 2, 3), {}),
+             (named, dict(static_argnames="n"), (x,), dict(n=3))]
+    for fn, statics, args, kwargs in cases:
+        want = jax.jit(fn, **statics)(*args, **kwargs)
+        np.testing.assert_array_equal(np.asarray(pw.jit(fn, slice=s, **statics)(*args, **kwargs)), want)
+    placed = pw.jit(rest, slice=s, static_argnums=(1, 2))
+    prog = pw.program(lambda x, *more: placed(x, *more), static_argnums=(1, -1))
+    np.testing.assert_array_equal(np.asarray(prog(x, 2, 3)), jax.jit(rest, static_argnums=(1, 2))(x, 2, 3))
+
+
+def test_a_change_of_jax_trace_configuration_traces_again_as_jax_jit_does():
+    """jax.jit keys its cache on JAX's trace context as well as its arguments; so does the call signature of a
+    placed function or program (it kept the first trace: stale random numbers under another
+    threefry_partitionable, no error under numpy_rank_promotion('raise')). Under jax.disable_jit() they run their
+    functions eagerly, as jax.jit does, so Python control flow on values works."""
+    s = pw.virtual_slice(1, axes="x")
+    uniform = pw.jit(lambda k: jax.random.uniform(k, (4,)), slice=s)
+    key = jax.random.key(1)
+    for partitionable in (True, False, True):
+        with jax.threefry_partitionable(partitionable):
+            for _ in range(2):           # the second call is looked up by identity
+                np.testing.assert_array_equal(np.asarray(uniform(key)), jax.random.uniform(key, (4,)))
+    add = pw.jit(lambda a, b: a + b, slice=s)
+    a, b = np.ones((2, 3), np.float32), np.ones(3, np.float32)
+    add(a, b)
+    with jax.numpy_rank_promotion("raise"), pytest.raises(ValueError, match="could not be broadcast"):
+        add(a, b)
+
+    def branchy(x):
+        return x * 2 if x.sum() > 0 else x
+
+    placed = pw.jit(branchy, slice=s)
+    prog = pw.program(lambda x: placed(x))
+    with jax.disable_jit():
+        np.testing.assert_array_equal(np.asarray(placed(np.ones(3, np.float32))), np.full(3, 2.0))
+        np.testing.assert_array_equal(np.asarray(prog(-np.ones(3, np.float32))), -np.ones(3))
 
 
 def test_keyword_arguments_for_placed_functions_and_programs():
@@ -663,6 +748,19 @@ def test_placed_functions_inside_jax_transformations_trace_as_their_function():
         np.testing.assert_allclose(jax.jit(branching)(x, t), reference(x, t), rtol=1e-6)
 
 
+def test_a_placed_function_called_by_another_placed_functions_body_traces_as_a_nested_jax_jit():
+    """A placed function's body may call another placed function, as a jax.jit body calls a nested jax.jit, in
+    a call on its own and inside a program (it was recorded into the program: 'not a program value')."""
+    s = pw.virtual_slice(2, axes="data")
+    inner = pw.jit(lambda y: y + 1, slice=s)
+    outer = pw.jit(lambda v: inner(v) * 2, slice=s)
+    twice = pw.jit(pw.jit(lambda v: v * 2, slice=s), slice=s)
+    x = np.ones(4, np.float32)
+    np.testing.assert_array_equal(np.asarray(outer(x)), np.full(4, 4.0))
+    np.testing.assert_array_equal(np.asarray(twice(x)), np.full(4, 2.0))
+    np.testing.assert_array_equal(np.asarray(pw.program(lambda v: outer(twice(v)))(x)), np.full(4, 6.0))
+
+
 def test_a_donated_argument_is_reused_by_the_memory_plan_admission_and_xla():
     """A result laid out as a donated input is written into its buffer: the plan's peak counts one of the
     two, admission hands the held handle's bytes to the run (which fits where the undonated run cannot),
@@ -711,6 +809,37 @@ def test_a_handle_passed_twice_cannot_be_donated():
                                          r"it is passed again as argument 1: donate a copy"):
         add(x, x)
     np.testing.assert_array_equal(np.asarray(x), np.full(4, 2.0))     # still usable
+
+
+def test_a_jax_array_passed_twice_cannot_be_donated():
+    """jax.jit refuses to donate a buffer it is also given elsewhere in the call (JaxRuntimeError); a placed
+    function refuses it at the call, in one line. It failed the run on its island instead, and on a slice of
+    several devices crashed the process (SIGSEGV in XLA): `{'params': w, 'ema': w}`, say."""
+    s = pw.virtual_slice(2, axes="data")
+    w = jnp.ones(4)
+    state = pw.jit(lambda st: jax.tree.map(lambda v: v * 2, st), slice=s, donate_argnums=0)
+    with pytest.raises(ValueError, match=r"^argument leaf 0 of program @lambda is donated, but the same array is "
+                                         r"passed again as leaf 1: donate a copy, or neither$"):
+        state({"ema": w, "params": w})
+    add = pw.jit(lambda a, b: a + b, slice=s, donate_argnums=0)
+    with pytest.raises(ValueError, match=r"leaf 0 .* passed again as leaf 1"):
+        add(w, w)
+    assert not w.is_deleted()
+    np.testing.assert_array_equal(np.asarray(add(w, jnp.ones(4))), np.full(4, 2.0))
+    assert w.is_deleted()
+
+
+def test_a_nan_under_jax_debug_nans_fails_the_run_with_jaxs_floating_point_error():
+    """Under jax_debug_nans an executable raises JAX's internal error; the run fails with the FloatingPointError
+    jax.jit raises, not JAX's internal exception."""
+    log = pw.jit(lambda a: jnp.log(a - 10), slice=pw.virtual_slice(1, axes="x"))
+    with jax.debug_nans(True):
+        with pytest.raises(FloatingPointError):
+            jax.jit(lambda a: jnp.log(a - 10))(np.ones(3, np.float32))
+        result = log(np.ones(3, np.float32))
+        with pytest.raises(RunFailed, match=r"FloatingPointError: invalid value \(nan\) encountered in "):
+            np.asarray(result)
+
 
 
 # --- handles as arrays ----------------------------------------------------------------------------

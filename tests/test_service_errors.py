@@ -179,7 +179,8 @@ def test_a_released_handle_or_one_of_a_closed_connection_reads_as_in_process(sid
     """A released remote handle passed to a run was sent, and the service answered `no handle 7`; a handle of a
     connection its user closed raised ServiceError (`the connection ... is closed`) where an embedded client's
     handle raises ValueError (`... belongs to closed client 3: its result was released`). Now both are the
-    client's own ValueError lines, as in-process, and nothing is sent."""
+    client's own ValueError lines, as in-process, and nothing is sent, also when the handle is passed to another
+    client's run."""
     for side in ("embedded", "service"):
         client = sides[side][0]
         released = inc.run(X, client=client)
@@ -191,7 +192,11 @@ def test_a_released_handle_or_one_of_a_closed_connection_reads_as_in_process(sid
         kept = inc.run(X, client=closing)
         kept.block_until_ready()
         closing.close()
-        for call in (lambda: np.asarray(kept), lambda: kept.result(TIMEOUT), lambda: closing.share(kept)):
+        # Passed to a run of the embedded runtime, a closed connection's handle raised only when the run's result
+        # was read (RunFailed), after the run had started.
+        embedded = sides["embedded"][1]
+        for call in (lambda: np.asarray(kept), lambda: kept.result(TIMEOUT), lambda: closing.share(kept),
+                     lambda: inc.run(kept, client=embedded)):
             error = raised(call)
             assert type(error) is ValueError, (side, error)
             assert re.fullmatch(r"(remote )?handle .* belongs to (the )?closed (client|connection).*: its result was "
