@@ -102,6 +102,10 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, 
     if call.kwargs and not specs.is_spec(placed.in_specs):
         raise PlacementError(f"{site}: keyword-only arguments {', '.join(call.kwargs)} need one in_specs "
                              f"for all arguments: a tuple of in_specs matches positional arguments only")
+    for _, static in (*call.static[0], *call.static[1]):
+        if isinstance(static.value, tracer.Value):      # jax.jit refuses a tracer there: not hashable
+            raise ValueError(f"{site}: static argument {static.value!r} has no value while the program is traced: "
+                             f"pass it as a traced argument, or a Python value")
     fn, tree = placed._signature.bound(call.static), call.tree
     constants = {i: x for i, x in enumerate(jax.tree_util.tree_leaves(tree)) if _is_constant(x)}
     if constants:

@@ -337,6 +337,11 @@ def test_static_arguments_compile_once_per_value():
     with pytest.raises(ValueError, match=r"static argument position 1 is a Handle, an array on devices, which "
                                         r"jax.jit refuses as not hashable: pass it as a traced argument"):
         placed(x, pw.jit(lambda v: v.sum().astype(jnp.int32), slice=s)(x))
+    # A program's traced value for a static argument: one ValueError naming it, as jax.jit refuses a tracer there
+    # (a PlacementError said the function used the value "without receiving it as an argument").
+    with pytest.raises(ValueError, match=r"static argument Value\(i32\[\], argument #1 in @lambda\) has no value "
+                                         r"while the program is traced: pass it as a traced argument"):
+        pw.program(lambda x, n: placed(x, n))(x, 3)
 
 
 def test_static_values_equal_in_python_but_of_other_types_trace_apart_as_in_jax_jit():
@@ -922,6 +927,14 @@ def test_a_handle_lies_where_its_value_does_as_a_jax_array_says():
     one = pw.jit(lambda x: x + 1, slice=pw.virtual_slice(1, axes="d"))(jnp.arange(3.0))
     np.testing.assert_array_equal(np.from_dlpack(one), [1.0, 2.0, 3.0])
     assert one.device == one.result().device and doubled.device == doubled.sharding
+    # Values on two islands are committed there, as JAX arrays with those shardings: JAX refuses to combine them
+    # until one is moved (README, Known limits).
+    other = "island1" if min(d.id for d in doubled.devices()) < 4 else "island0"    # (2 islands of 4 devices)
+    elsewhere = pw.jit(lambda x: x * 3, slice=pw.virtual_slice(2, axes="data", island=other), in_specs=P("data"),
+                       out_specs=P("data"))(jnp.arange(4.0))
+    with pytest.raises(ValueError, match="incompatible devices"):
+        doubled + elsewhere
+    np.testing.assert_array_equal(doubled + jax.device_put(elsewhere, doubled.sharding), jnp.arange(4.0) * 5)
 
 
 def test_copying_and_pickling_handles():
