@@ -20,7 +20,7 @@ import click
 from pathways_mlir import passes as _passes  # noqa: F401  (registers the passes)
 from pathways_mlir.dialect.context import ParseError, make_context, parse_module
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from_mlir_error
-from pathways_mlir.dialect.input_files import decode
+from pathways_mlir.dialect.input_files import decode, read_bounded
 from pathways_mlir.dialect.structure import verify_structure
 from pathways_mlir.passes.pipeline import PipelineError, instantiate, parse_pipeline, run_passes, _parse_options
 from pathways_mlir.passes.registry import PASSES, PIPELINES, Pass
@@ -177,7 +177,11 @@ def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | N
     passes = _build_passes(pass_pipeline, ctx.meta["pass_flags"])
     filename = "<stdin>" if input_file == "-" else input_file
     try:
-        data = sys.stdin.buffer.read() if input_file == "-" else open(input_file, "rb").read()
+        if input_file == "-":
+            data = read_bounded(sys.stdin.buffer)
+        else:
+            with open(input_file, "rb") as file:
+                data = read_bounded(file)
     except OSError as e:
         raise UsageError(f"{filename}: error: cannot read input: {e.strerror}") from None
     text = decode(data, filename, UsageError)

@@ -13,24 +13,47 @@ other input errors.
 from __future__ import annotations
 
 import json
-import pathlib
 from typing import Any, Callable
 
 ErrorClass = Callable[[str], Exception]
+MAX_INPUT_BYTES = 1 << 30           # an input file larger than this is refused (a plan's is a few MiB)
+_CHUNK = 1 << 20
 
 
 def read_text(path, error: ErrorClass, what: str = "input") -> str:
-    """Returns the UTF-8 text of the file `path`; raises `error` if it cannot be read or is not text."""
+    """Returns the UTF-8 text of the file `path`; raises `error` if it cannot be read, is not text or is larger
+    than `MAX_INPUT_BYTES`."""
     try:
-        data = pathlib.Path(path).read_bytes()
+        with open(path, "rb") as file:
+            data = read_bounded(file)
     except OSError as e:
         raise error(f"{path}: cannot read {what}: {e.strerror}") from None
     return decode(data, str(path), error, what)
 
 
+def read_bounded(file) -> bytes:
+    """Reads a binary file to its end, or to its first NUL byte (kept: `decode` says where it is), or to one
+    byte past `MAX_INPUT_BYTES` (`decode` refuses that): a device or pipe that never ends (`/dev/zero`) is
+    refused after its first read, or at that size, instead of filling memory."""
+    chunks, size = [], 0
+    while size <= MAX_INPUT_BYTES:
+        chunk = file.read(min(_CHUNK, MAX_INPUT_BYTES + 1 - size))
+        if not chunk:
+            break
+        nul = chunk.find(0)
+        if nul >= 0:
+            chunks.append(chunk[:nul + 1])
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def decode(data: bytes, filename: str, error: ErrorClass, what: str = "input") -> str:
     """Decodes `data` as UTF-8; raises `error` at the line and column of the first byte that is not text
-    (a NUL byte included)."""
+    (a NUL byte included), or if it is larger than `MAX_INPUT_BYTES`."""
+    if len(data) > MAX_INPUT_BYTES:
+        raise error(f"{filename}: error: {what} is larger than {MAX_INPUT_BYTES >> 20} MiB")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

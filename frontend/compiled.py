@@ -36,6 +36,7 @@ from pathways_mlir.runtime.client import Client, default_client
 from pathways_mlir.runtime.dispatch import check_dtype
 from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
+from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import get_runtime
 
 from .avals import aval_of, has_tracers, is_extended
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     from pathways_mlir.runtime.interface import ClusterRuntime, ProgramClient
 
 _IDENTICAL = 64                      # signatures a stage cache keeps by identity (then it starts again)
+
+
+TOPOLOGY_TRIES = 8      # lowerings of a call whose cluster keeps changing under it before TopologyChanged is raised
 
 
 @dataclass(frozen=True)
@@ -115,12 +119,7 @@ class Compiled:
         one is refused before anything runs.
         """
         from pathways_mlir.runtime.remote_client import RemoteClient
-        from pathways_mlir.runtime.resource_manager import TopologyChanged
 
-        if self.runtime.resources.version != self._version:
-            with self._lock:
-                if self.runtime.resources.version != self._version:
-                    self._refresh()
         client = client or default_client(self.runtime)
         if client.runtime is not self.runtime:
             raise ValueError("this program was compiled for another runtime than the client's")
@@ -137,12 +136,21 @@ class Compiled:
         # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
         # it for a topology change (`RemoteClient.run`).
         again = {"refresh": self._lowered_again} if isinstance(client, RemoteClient) else {}
-        try:
-            handles = client.run(self.plan, wire, dispatch, timeout, **again)
-        except TopologyChanged:       # a service's topology changed since this process read it (pw.connect)
-            with self._lock:
-                self._refresh()
-            handles = client.run(self.plan, wire, dispatch, timeout, **again)
+        stale = False
+        for attempt in range(TOPOLOGY_TRIES):
+            try:
+                if stale or self.runtime.resources.version != self._version:
+                    with self._lock:
+                        if stale or self.runtime.resources.version != self._version:
+                            self._refresh()
+                handles = client.run(self.plan, wire, dispatch, timeout, **again)
+                break
+            except TopologyChanged:
+                # The cluster changed between the plan's lowering and its load or run (an island lost or back in
+                # between; a service's topology changed since this process read it): it is lowered again.
+                if attempt == TOPOLOGY_TRIES - 1:
+                    raise
+                stale = True
         return jax.tree_util.tree_unflatten(lowered.out_tree, map(from_wire, handles, lowered.out_avals_flat))
 
     in_tree = property(lambda self: self.lowered.in_tree, doc="the traced arguments' structure, `(args, kwargs)`")
@@ -217,7 +225,10 @@ class Compiled:
             raise ValueError("this program was compiled for another runtime than the client's")
         if self._weak_arguments:
             leaves = [x.data if type(x) is WeakHandle else x for x in leaves]
-        handles = client.handles(client.start(self.plan, leaves))
+        try:
+            handles = client.handles(client.start(self.plan, leaves))
+        except TopologyChanged:              # changed since the check above: `__call__` lowers it again
+            return self(*args, client=client)
         for i in self._weak_results:
             handles[i] = WeakHandle(handles[i])
         return handles[0] if self._single else jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)

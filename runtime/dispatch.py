@@ -182,7 +182,9 @@ class Dispatcher:
             check_dtype(plan.program, position, value.dtype, dtype, shape)
             value = narrowed(value, dtype)
             if island is None:
-                run.host[buffer] = _done(value)
+                # A NumPy argument is copied, as jax.jit copies it: a program that returns it as it is handed it
+                # back, and the caller's later writes changed that result.
+                run.host[buffer] = _done(np.array(value) if isinstance(value, np.ndarray) else value)
             else:
                 inputs.setdefault(island, []).append((buffer, value))
         if kept:
@@ -226,6 +228,14 @@ class Dispatcher:
             raise raised(run.error)
         if run.deadline is not None:
             self._await_over(run, timeout)
+        return self._value(run, buffer, timeout)
+
+    def _value(self, run: Run, buffer: int, timeout: float | None = None):
+        """A buffer's array once it exists, as `fetch` returns it but without waiting for a run with a deadline to
+        be over: what the run's own host steps read (a cond's predicate and operands, which the run waits for, so
+        waiting for the run to be over waited until its deadline cancelled it)."""
+        if run.error is not None:
+            raise raised(run.error)
         island = run.island_of(buffer)
         if island is None:
             return run.host_value(buffer).result(timeout)
@@ -279,13 +289,13 @@ class Dispatcher:
         runs within its parent's reservation: not before the parent is admitted (a predicate and operands
         that the host keeps are there at once)."""
         self.runtime.scheduler.wait_admitted(run)
-        predicate = bool(np.asarray(self.fetch(run, cond.pred_buffer)))
+        predicate = bool(np.asarray(self._value(run, cond.pred_buffer)))
         branch = cond.then_plan if predicate else cond.else_plan
-        inner = self.start(branch, [self.fetch(run, b) for b in cond.inputs], mode, parent=run)
+        inner = self.start(branch, [self._value(run, b) for b in cond.inputs], mode, parent=run)
         inputs: dict[str, list[tuple[int, Any]]] = {}
         try:
             for buffer, inner_buffer in zip(cond.outputs, branch.outputs):
-                value = self.fetch(inner, inner_buffer)
+                value = self._value(inner, inner_buffer)
                 island = run.island_of(buffer)
                 if island is None:
                     run.settle_host(buffer, value)   # unless the run failed meanwhile (a cancel)

@@ -75,7 +75,7 @@ from .executables import ExecutableCache, make_mesh, without_context_mesh
 from .island_executor import AWAIT_PAUSE, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
-                          computed, host_arguments_copied, host_arrays_copied, raised, waits_for)
+                          computed, host_arrays_copied, raised, waits_for)
 from .object_store import ObjectStore
 from .tracing import Tracer
 from .transfers import DcnTransport
@@ -275,10 +275,7 @@ class Island(IslandExecutor):
         executor takes what came after it once it is done."""
         try:
             with without_context_mesh():
-                self._started(work)
-            run = self._runs.get(work.run_id)
-            if run is not None:                  # still under way here: the call returns before its launches
-                host_arguments_copied(run, work.inputs)
+                self._started(work, inline=True)
         finally:
             self._inline_over()
 

@@ -236,7 +236,7 @@ class IslandExecutor:
         if len(self._completions) >= IN_FLIGHT and any(getattr(i, "collective", False) for i in program):
             self._hold_in_flight()
         try:
-            self._place(run, inputs, True)
+            self._place(run, inputs, True, inline)
             run.executing = True
             run.began = now = time.monotonic()
             self._clock.begin(run.id, now)
@@ -250,10 +250,14 @@ class IslandExecutor:
             self._stopped(run, inline)
 
     @staticmethod
-    def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...], executed: bool) -> None:
+    def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...], executed: bool, callers: bool = False) -> None:
         """Puts a run's arguments (not `StoreRef`s or `PeerRef`s) on their home shardings; with `executed` (the
         island's program runs next, reading them), a NumPy argument its launch places is left to that launch
-        (`IslandLayout.launched`). A JAX array that lies on the one device of its input's home (not donated) is
+        (`IslandLayout.launched`), a copy of it if the arrays are still the caller's (`callers`: its work runs
+        inline; a queued run's are copies already, `host_arrays_copied`): JAX's call of an executable on XLA:CPU
+        may read a NumPy argument where it lies once its computation runs, after the call has returned (behind
+        device work still in flight), so a batch buffer the caller refilled at once reached the run, as it
+        reaches plain `jax.jit`'s. A JAX array that lies on the one device of its input's home (not donated) is
         used as it is: JAX's call of an executable takes it there, where a `jax.device_put` to the home's
         sharding, another object for the same place, cost about 40 us (`IslandLayout.one_device`)."""
         layout = run.layout
@@ -264,7 +268,7 @@ class IslandExecutor:
                                        buffer in layout.one_device and layout.on_home(buffer, value.sharding)):
                 slots[slot[buffer]] = value
             elif executed and kind is np.ndarray and buffer in layout.launched:
-                slots[slot[buffer]] = value
+                slots[slot[buffer]] = value.copy() if callers else value
             elif not isinstance(value, REFERENCES):
                 slots[slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
@@ -289,15 +293,16 @@ class IslandExecutor:
             del oldest
             self.look()
 
-    def _started(self, work: IslandWork) -> None:
-        """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived)."""
+    def _started(self, work: IslandWork, inline: bool = False) -> None:
+        """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived); with
+        `inline`, on the caller's thread, its NumPy arguments still the caller's (`_place`)."""
         with self.lock:
             run = self._runs.get(work.run_id)
         if run is None:
             return                              # it failed (or was cancelled) meanwhile
         self._hold_in_flight()
         try:
-            self._place(run, work.inputs, bool(work.step_ids))
+            self._place(run, work.inputs, bool(work.step_ids), inline)
             if work.step_ids:
                 run.queue.append(self._program(work.plan_key, work.step_ids))
             run.last = work.last

@@ -114,17 +114,6 @@ def host_arrays_copied(inputs: tuple[tuple[int, Any], ...]) -> tuple[tuple[int, 
     return tuple((buffer, value.copy() if isinstance(value, np.ndarray) else value) for buffer, value in inputs)
 
 
-def host_arguments_copied(run: IslandRun, inputs: tuple[tuple[int, Any], ...]) -> None:
-    """Replaces the NumPy arrays of `inputs` that `run`'s slots still hold (left for their launch to place,
-    `IslandExecutor._place`) with copies: its caller ran its work inline and the call is about to return with
-    the run parked before that launch (at a Recv) or waiting for its next work, so the caller may write into
-    those arrays before the launch reads them (as `host_arrays_copied` copies a waiting run's)."""
-    slots, slot = run.slots, run.layout.slot
-    for buffer, value in inputs:
-        if type(value) is np.ndarray and slots[slot[buffer]] is value:
-            slots[slot[buffer]] = value.copy()
-
-
 class Islands(dict):
     """A runtime's islands by name, and how a run's work reaches them.
 

@@ -370,6 +370,23 @@ def test_a_conds_predicate_may_be_an_integer_or_a_float_true_when_nonzero(runtim
     assert settled(runtime, WAIT)
 
 
+def test_a_cond_program_with_a_timeout_finishes_well_within_it(runtime):
+    """The cond's thread read its predicate as a client reads a result of a run with a deadline, which waits
+    for the whole run to be over: the run waited for the cond, so every cond program run with `timeout=` was
+    cancelled at its deadline however short its work."""
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=left, in_specs=P("x"), out_specs=P())
+
+    @pw.program
+    def route(x):
+        return pw.cond(positive(x), grow, bend, x)
+
+    with Client(runtime) as client:
+        for x in (X, -np.abs(X)):
+            plain = jax.lax.cond(jnp.sum(x) > 0, jax.jit(grow.fn), jax.jit(bend.fn), x)
+            np.testing.assert_allclose(value(route.run(x, client=client, timeout=WAIT)), np.asarray(plain),
+                                       rtol=1e-6)
+    assert settled(runtime, WAIT)
+
 def test_a_timeout_bounds_the_wait_for_a_result(runtime):
     """A run still computing when its deadline passes raises at once: its result was not handed out early
     (a JAX array still computing would have outlived the cancel)."""

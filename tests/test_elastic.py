@@ -157,6 +157,30 @@ def test_an_island_lost_and_restored_while_a_plan_loads_onto_it(rt, monkeypatch)
     assert settled(rt, WAIT)
 
 
+def test_a_call_whose_island_is_lost_while_it_lowers_lowers_again(rt, monkeypatch):
+    """The cluster changed between a call's reading of the topology and its plan's load: the call raised the
+    runtime's TopologyChanged ("lower it for this cluster"), out of pw.ElasticTrainer too, where it now lowers
+    the program again, for the cluster as it is."""
+    import pathways_mlir.passes as passes
+
+    with Client(rt) as client:
+        np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
+        home = anywhere.compiled(X, runtime=rt).plan.slices["free"].island
+        rt.lose_island(home)
+        rt.restore_island(home)          # a new topology version, the same islands: the next call lowers again
+        lower_to_plans = passes.lower_to_plans
+
+        def island_lost_once_lowered(module, topology):
+            plans = lower_to_plans(module, topology)
+            if home in [island.name for island in rt.resources.topology.islands]:
+                rt.lose_island(home)
+            return plans
+
+        monkeypatch.setattr(passes, "lower_to_plans", island_lost_once_lowered)
+        np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
+        assert anywhere.compiled(X, runtime=rt).plan.slices["free"].island != home
+    assert settled(rt, WAIT)
+
 def test_a_program_called_with_every_island_lost_is_a_one_line_error(rt):
     """Lowering onto a topology with no island raised the topology format's own check ("pw.topology: 'islands'
     is empty"), which named no slice and no loss."""

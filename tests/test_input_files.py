@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from pathways_mlir.dialect import input_files
 from pathways_mlir.dialect.input_files import read_json, read_text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -42,6 +43,20 @@ def test_read_text_names_a_file_it_cannot_read(tmp_path):
     with pytest.raises(Refused, match=r"missing.json: cannot read topology: No such file or directory$"):
         read_text(tmp_path / "missing.json", Refused, "topology")
 
+
+def test_an_input_that_never_ends_or_is_too_large_is_refused_without_reading_it_all(tmp_path, monkeypatch):
+    """pw-opt and every reader read a file whole before looking at it: `pw-opt /dev/zero` filled memory (10 GB
+    in 20 s here) until the kernel killed it. Reading stops at the first NUL byte, or past the size limit."""
+    done = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", "/dev/zero", "-o", "/dev/null"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr == "/dev/zero:1:1: error: input contains a NUL byte\n", done.stderr
+    with pytest.raises(Refused, match=r"^/dev/zero:1:1: error: topology contains a NUL byte$"):
+        read_text("/dev/zero", Refused, "topology")
+    monkeypatch.setattr(input_files, "MAX_INPUT_BYTES", 3 << 20)
+    large = tmp_path / "large.json"
+    large.write_bytes(b" " * (4 << 20))
+    with pytest.raises(Refused, match=r"large.json: error: topology is larger than 3 MiB$"):
+        read_text(large, Refused, "topology")
 
 def _plan() -> str:
     """A plan JSON of the three-block example, from pw-opt."""
