@@ -150,8 +150,11 @@ def _shape(topology) -> dict[str, int]:
     return {island.name: island.num_devices for island in topology.islands}
 
 
-def _describe(shape: dict[str, int]) -> str:
-    return ", ".join(f"{name}: {devices} devices" for name, devices in shape.items())
+def _describe(shape: dict[str, int], shown: int = 8) -> str:
+    """`shape`'s islands and their device counts, the first `shown` of them (a plan file may name thousands)."""
+    named = [f"{name[:40]}: {devices} devices" for name, devices in list(shape.items())[:shown]]
+    more = f" and {len(shape) - shown} more island(s)" if len(shape) > shown else ""
+    return ", ".join(named) + more
 
 
 def _run_script(path: pathlib.Path) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from .element_types import ELEMENT_BYTES
 from .plan_json import JsonReader, PlanError, jsonable, step_from_python, step_to_python
-from .plan_steps import Branch, Launch, Recv, Send, Step
+from .plan_steps import Branch, Launch, Move, Recv, Send, Step
 from .sharding import Sharding, zero_size
 from .topology import Topology, TopologyError
 
@@ -430,6 +430,13 @@ class ProgramPlan:
             if isinstance(s, (Send, Recv)):
                 if s.peer not in {i.name for i in self.topology.islands} or s.peer == island:
                     raise PlanError(f"{where}: step {step_id} ({s.kind}) has peer '{s.peer}', not another island",
+                                    step=step_id)
+            if isinstance(s, Move):
+                src, dst = self.buffers.get(s.src_buffer), self.buffers.get(s.dst_buffer)
+                if src is None or dst is None or (src.shape, src.dtype) != (dst.shape, dst.dtype):
+                    types = [f"{b.dtype}{list(b.shape)}" if b is not None else "undeclared" for b in (src, dst)]
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}) moves buffer {s.src_buffer} ({types[0]}) "
+                                    f"into buffer {s.dst_buffer} ({types[1]}): a move keeps its shape and dtype",
                                     step=step_id)
         readers: dict[int, list[int]] = {}
         # A send and its recv agree on both buffers and both islands: (to, dst_buffer, src_buffer, from).

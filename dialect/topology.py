@@ -160,9 +160,11 @@ class Topology:
                 raise TopologyError(f"{at}: unavailable device {bad[0]} is not in 0..{island.num_devices - 1}")
             islands.append(island)
         names = [i.name for i in islands]
+        seen: set[str] = set()
         for name in names:
-            if names.count(name) > 1:
+            if name in seen:
                 raise TopologyError(f"{where}: island name '{name}' is used twice")
+            seen.add(name)
         dcn_pairs = None
         if "dcn_pairs" in value:
             dcn_pairs = _island_pairs(value["dcn_pairs"], names, where)
@@ -185,7 +187,7 @@ class Topology:
         match = re.fullmatch(r"(\d+)x(\d+)", text)
         if match and int(match[1]) > 0 and int(match[2]) > 0:
             return Topology.uniform(int(match[1]), int(match[2]))
-        if re.fullmatch(r"\d*x\d*", text) and not os.path.exists(text):
+        if re.fullmatch(r"[-+]?\d*x[-+]?\d*", text) and not os.path.exists(text):
             raise TopologyError(f"topology '{text}': expected ISLANDSxDEVICES, two positive integers such as 2x4, "
                                 "or a topology JSON file")
         return Topology.load(text)

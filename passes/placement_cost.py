@@ -237,7 +237,7 @@ class Model:
     def estimate(self, plan: dict[str, Window]) -> Estimate:
         """Returns the estimated step time of `plan`; slices it does not place cost nothing."""
         result = Estimate(0.0, {s: 0.0 for s in plan}, {s: 0.0 for s in plan})
-        dcn = {name: 0.0 for name in self.islands}
+        dcn: dict[str, float] = {}            # DCN seconds per island that sends or receives (few: not all islands)
         for nodes in self.programs:
             ready: dict[int, float] = {}
             homes: dict[int, Home | None] = {}
@@ -255,8 +255,8 @@ class Model:
                             moved[value, want] = seconds
                             result.transfer_s[want[0]] += seconds
                             if crosses:
-                                dcn[plan[have[0]].island] += seconds
-                                dcn[plan[want[0]].island] += seconds
+                                for island in (plan[have[0]].island, plan[want[0]].island):
+                                    dcn[island] = dcn.get(island, 0.0) + seconds
                         at += moved[value, want]
                     start = max(start, at)
                 finish = start

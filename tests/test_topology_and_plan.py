@@ -131,6 +131,10 @@ def _deep(depth):
     (_mutated(lambda v: v["islands"]["island0"].append({"kind": "send", "id": 9, "after": [1], "src_buffer": 1,
                                                          "dst_buffer": 2, "peer": "island1", "link": "dcn"})),
      "step 9 \\(send\\) of buffer 1 has no matching recv of buffer 2 on island1"),
+    # A copy into a buffer of another dtype or shape ran: its values converted (int32 zeros), or failed halfway.
+    (_mutated(lambda v: v["buffers"][2].update(dtype="i32")),
+     "step 0 \\(copy\\) moves buffer 0 \\(f32[8, 4]\\) into buffer 2 \\(i32[8, 4]\\): a move keeps its "
+     "shape and dtype"),
 ])
 def test_hostile_plan_json_is_one_clear_error(text, message):
     with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("'", "'")):
@@ -156,7 +160,7 @@ def test_topology_from_option(tmp_path):
     path = tmp_path / "cluster.json"
     path.write_text(Topology.uniform(1, 8).to_json())
     assert Topology.from_option(str(path)) == Topology.uniform(1, 8)
-    for shape in ("0x4", "2x", "x4"):
+    for shape in ("0x4", "2x", "x4", "-1x4", "2x-4"):   # (a negative count said "No such file")
         with pytest.raises(TopologyError, match=f"topology '{shape}': expected ISLANDSxDEVICES, two positive "
                                                 "integers such as 2x4, or a topology JSON file"):
             Topology.from_option(shape)
