@@ -289,11 +289,14 @@ class _Search:
         return best
 
     def greedy(self) -> dict[str, Window]:
-        """Places slices in module order, each on its cheapest candidate given those before it."""
+        """Places slices in module order, each on its cheapest candidate given those before it; a slice no
+        computation runs on costs the same anywhere, so it takes the strategy's choice."""
         plan: dict[str, Window] = {}
         for name in self.order:
             first = self.candidates(name, plan)[0]
             self.place(plan, name, first)
+            if name not in self.model.used_slices:
+                continue
             current = self.cost(plan)
             self.unplace(plan, name)
             _, window = self.best_move(name, plan, current)
@@ -301,10 +304,11 @@ class _Search:
         return plan
 
     def local(self, plan: dict[str, Window]) -> dict[str, Window]:
-        """Moves one slice at a time to a cheaper candidate, for at most LOCAL_ROUNDS rounds."""
+        """Moves one slice that a computation runs on at a time to a cheaper candidate, for at most
+        LOCAL_ROUNDS rounds."""
         for _ in range(LOCAL_ROUNDS):
             moved = False
-            for name in self.order:
+            for name in [name for name in self.order if name in self.model.used_slices]:
                 current = self.cost(plan)
                 old = self.unplace(plan, name)
                 _, window = self.best_move(name, plan, current)

@@ -165,6 +165,9 @@ class Model:
         for program in ops.programs(module).values():
             self.programs.append(self._read(program, costs))
         self.ops = sum(len(nodes) for nodes in self.programs)  # what one estimate walks
+        # The slices computations run on or values live on: where any other slice goes changes no estimate.
+        self.used_slices = {node.slice for nodes in self.programs for node in nodes} | {
+            home[0] for nodes in self.programs for node in nodes for _, home in (*node.inputs, *node.outputs) if home}
 
     def _value(self, value: ir.Value, ids: dict[ir.Value, int]) -> int:
         if value not in ids:
@@ -274,8 +277,9 @@ class Model:
         """Returns the largest busy time of any device: the compute of every window covering it."""
         events: dict[str, list[tuple[int, float]]] = {}
         for name, window in plan.items():
-            events.setdefault(window.island, []).extend(
-                [(window.start, compute_s[name]), (window.end, -compute_s[name])])
+            if compute_s[name]:                  # (a slice nothing computes on adds no busy time)
+                events.setdefault(window.island, []).extend(
+                    [(window.start, compute_s[name]), (window.end, -compute_s[name])])
         busiest = 0.0
         for points in events.values():
             busy = 0.0
