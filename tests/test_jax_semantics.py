@@ -1097,6 +1097,8 @@ def test_stages_answer_what_jax_jits_stages_answer():
         jax.tree.map(lambda a: (a.shape, a.dtype, a.donated), theirs.args_info)
     assert ours.out_info == theirs.out_info == placed.eval_shape(w, batch, scale=2.0) == \
         reference.eval_shape(w, batch, scale=2.0)
+    weak = jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)      # out_info drops weak types, as JAX's does
+    assert pw.jit(lambda a: a * 2, slice=s).lower(weak).out_info == jax.jit(lambda a: a * 2).lower(weak).out_info
     # The matmul's FLOPs are XLA's count; the sum, the scale's conversion and product, and w * 0.5 add one
     # per element each.
     matmul = 2 * 64 * 16 * 32
