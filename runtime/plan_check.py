@@ -117,10 +117,14 @@ def _deserialize(name: str, blob: str, where: str):
     import jax
 
     try:
-        return jax.export.deserialize(bytearray(base64.b64decode(blob, validate=True)))
+        data = base64.b64decode(blob, validate=True)
+    except ValueError:                   # (binascii.Error)
+        raise PlanError(f"{where}: executable @{name} is not base64 text, as a plan's executables are") from None
+    try:
+        return jax.export.deserialize(bytearray(data))
     except Exception as error:  # noqa: BLE001  (any failure to read untrusted bytes is the plan's fault)
-        raise PlanError(f"{where}: executable @{name} is not a jax.export serialisation: "
-                        f"{type(error).__name__}") from None
+        raise PlanError(f"{where}: executable @{name} is not a jax.export serialisation: its {len(data)} bytes "
+                        f"do not read as one ({type(error).__name__})") from None
 
 
 def _kept(name: str, blob: str, where: str) -> InProcessFunction:

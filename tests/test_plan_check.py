@@ -167,7 +167,10 @@ def test_an_arguments_mismatch_names_the_argument():
                                         r"float32\[8, 4\]"):
         check_plan(plan)
     plan = dataclasses.replace(plan, executables={name: base64.b64encode(b"not an export").decode()})
-    with pytest.raises(PlanError, match="is not a jax.export serialisation"):
+    with pytest.raises(PlanError, match=r"is not a jax.export serialisation: its 13 bytes do not read as one \("):
+        check_plan(plan)
+    plan = dataclasses.replace(plan, executables={name: "!!!!"})     # (said only "...serialisation: Error")
+    with pytest.raises(PlanError, match=r"executable @\w+ is not base64 text, as a plan's executables are$"):
         check_plan(plan)
 
 
