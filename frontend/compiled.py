@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax._src.config import trace_context   # what jax.jit keys its cache on besides arguments
 
-from pathways_mlir.runtime.client import Client, default_client
+from pathways_mlir.runtime.client import Client, default_client, positions_by_identity
 from pathways_mlir.runtime.dispatch import check_dtype
 from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
@@ -241,6 +241,7 @@ def _refuse_bad_donations(lowered: Lowered, leaves: list) -> None:
     from pathways_mlir.runtime.remote_client import RemoteSharedRef
     from pathways_mlir.runtime.shared import SharedRef
 
+    passed_at = positions_by_identity(leaves, ARRAY_TYPE)
     for position, (x, donated) in enumerate(zip(leaves, lowered.donated)):
         if not donated:
             continue
@@ -248,7 +249,7 @@ def _refuse_bad_donations(lowered: Lowered, leaves: list) -> None:
             raise ValueError(f"argument leaf {position} of program @{lowered.program} is a shared object, which is "
                              f"read-only: it cannot be donated (leave it out of donate_argnums/donate_argnames)")
         if type(x) is ARRAY_TYPE:
-            again = next((i for i, other in enumerate(leaves) if other is x and i != position), None)
+            again = next((i for i in passed_at[id(x)] if i != position), None)
             if again is not None:
                 raise ValueError(f"argument leaf {position} of program @{lowered.program} is donated, but the same "
                                  f"array is passed again as leaf {again}: donate a copy, or neither")
