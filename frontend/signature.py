@@ -166,24 +166,25 @@ class Signature:
         if not self.static_nums and not self.static_names:
             return Call(tuple(args), dict(kwargs), ((), ()))
         nums = self._positions(self.static_nums, len(args))
-        static_args = tuple((i, a) for i, a in enumerate(args) if i in nums)
-        static_kwargs = tuple(sorted(((k, v) for k, v in kwargs.items() if k in self.static_names),
+        static_args = tuple((i, self._static(f"position {i}", a)) for i, a in enumerate(args) if i in nums)
+        static_kwargs = tuple((k, self._static(f"'{k}'", v)) for k, v in
+                              sorted(((k, v) for k, v in kwargs.items() if k in self.static_names),
                                      key=lambda item: item[0]))
-        for what, value in [*((f"position {i}", a) for i, a in static_args),
-                            *((f"'{k}'", v) for k, v in static_kwargs)]:
-            try:
-                hash(value)
-            except TypeError:
-                raise ValueError(f"{self.where}: static argument {what} is a {type(value).__name__}, which "
-                                 f"is not hashable: static arguments must be hashable, as with jax.jit") from None
-            if isinstance(value, Reference):       # hashable by identity: each new one would trace again
-                raise ValueError(f"{self.where}: static argument {what} is a {type(value).__name__}, an array on "
-                                 f"devices, which jax.jit refuses as not hashable: pass it as a traced argument, or "
-                                 f"its Python value (int(h), float(h), h.tolist())")
         return Call(tuple(a for i, a in enumerate(args) if i not in nums),
                     {k: v for k, v in kwargs.items() if k not in self.static_names},
-                    (tuple((i, StaticValue(a)) for i, a in static_args),
-                     tuple((k, StaticValue(v)) for k, v in static_kwargs)))
+                    (static_args, static_kwargs))
+
+    def _static(self, what: str, value: Any) -> StaticValue:
+        """`value` as static argument `what`; ValueError, as `jax.jit` raises, if it cannot be one."""
+        if isinstance(value, Reference):       # hashable by identity: each new one would trace again
+            raise ValueError(f"{self.where}: static argument {what} is a {type(value).__name__}, an array on "
+                             f"devices, which jax.jit refuses as not hashable: pass it as a traced argument, or "
+                             f"its Python value (int(h), float(h), h.tolist())")
+        try:
+            return StaticValue(value)            # (hashes it)
+        except TypeError:
+            raise ValueError(f"{self.where}: static argument {what} is a {type(value).__name__}, which "
+                             f"is not hashable: static arguments must be hashable, as with jax.jit") from None
 
     def _positions(self, nums: frozenset[int], count: int) -> frozenset[int]:
         """`nums` as positions in a call of `count` positional arguments: a negative number (kept as given for a
