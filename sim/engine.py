@@ -56,6 +56,7 @@ scheduler.py, island_program.py), with times from the profile:
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 from typing import Callable
@@ -146,8 +147,11 @@ class Simulator(HostConds):
         self.ledger = MemoryLedger(plan.topology, self.profile.accelerator.memory_bytes)
         self.controller_free = 0.0
         self.lock_free = 0.0                        # when the interpreter lock is free (host.interpreter_lock)
-        self.admission: list[RunState] = []
-        self.island_runs: dict[str, list[RunState]] = {}
+        self.admission: collections.deque[RunState] = collections.deque()
+        # island -> heap of (ticket, run): every run with work for the island's thread (and some without,
+        # dropped when found at the top), so the thread takes the next in ticket order without a scan
+        self.with_work: dict[str, list[tuple[int, RunState]]] = {}
+        self.in_with_work: dict[str, set[int]] = {}    # island -> the tickets in its heap
         self.island_busy: dict[str, bool] = {}
         self.inline: dict[str, tuple] = {}          # island -> (run, resume the controller) while run inline
         self.device_free: dict[tuple, float] = {}   # (island, segment start), or the shared cores -> free at
@@ -195,7 +199,7 @@ class Simulator(HostConds):
     def _admit(self, caller: RunState | None = None) -> None:
         """Admits runs in ticket order while they fit; `caller`, if admitted at its own call, runs inline."""
         while self.admission and self.ledger.fits(self.admission[0].prep.need):
-            run = self.admission.pop(0)
+            run = self.admission.popleft()
             self.ledger.take(run.prep.need)
             run.record.admitted = self.now
             self._dispatch(run, inline=run is caller and bool(self.profile.host.inline))
@@ -236,8 +240,7 @@ class Simulator(HostConds):
 
     def _idle(self, island: str) -> bool:
         """Whether nothing is queued or under way on the island's host thread."""
-        return not self.island_busy.get(island) and island not in self.inline and all(
-            not r.fanout.get(island) and self._available(r, island) is None for r in self.island_runs.get(island, ()))
+        return not self.island_busy.get(island) and island not in self.inline and self._first_with_work(island) is None
 
     def _sequential(self, run: RunState, position: int) -> None:
         """Sends step `position` of the run's dependency order once the buffers it reads exist (a cond:
@@ -277,11 +280,28 @@ class Simulator(HostConds):
                 run.set_exists(b, self.now)
             run.fanout[island] = self.profile.host.per_host_us * run.prep.hosts[island] * 1e-6
             self._put(run, island, inputs)
-            runs = self.island_runs.setdefault(island, [])
-            runs.append(run)
-            runs.sort(key=lambda r: r.ticket)
         run.delivered[island].extend(steps)
+        self._has_work(run, island)
         self._pump(island)
+
+    def _has_work(self, run: RunState, island: str) -> None:
+        """Notes that `run` may have work for the island's thread now (a delivery, a fan-out or an arrival)."""
+        tickets = self.in_with_work.setdefault(island, set())
+        if run.ticket not in tickets:
+            tickets.add(run.ticket)
+            heapq.heappush(self.with_work.setdefault(island, []), (run.ticket, run))
+
+    def _first_with_work(self, island: str) -> RunState | None:
+        """The run of lowest ticket that has work for the island's thread (a fan-out, or a step it can take),
+        if any: the thread's next, in gang order."""
+        heap = self.with_work.get(island)
+        while heap:
+            run = heap[0][1]
+            if run.fanout.get(island) or self._available(run, island) is not None:
+                return run
+            heapq.heappop(heap)
+            self.in_with_work[island].discard(run.ticket)
+        return None
 
     def _put(self, run: RunState, island: str, buffers) -> None:
         """The island's thread puts `buffers` on their devices once their source value is computed: a value of
@@ -325,30 +345,29 @@ class Simulator(HostConds):
         if inline is not None and inline[1] is None:
             return                                       # held for the controller, whose turn has not come
         host = self.profile.host
-        for run in (inline[0],) if inline else self.island_runs.get(island, ()):
-            fanout = run.fanout.pop(island, 0.0)
-            step = None if fanout else self._available(run, island)
-            if inline and not fanout and (step is None or step.arrives()):
-                del self.inline[island]                  # parked (a delivery waits for the executor) or done
-                inline[1]()
-                self._pump(island)
-                return
-            if not fanout and step is None:
-                continue
-            folded = step is not None and step.frees() and run.sub.dispatch is DispatchMode.PARALLEL
-            cost = fanout or (host.recv_us * 1e-6 if step.arrives() else 0.0 if folded else host.step_us * 1e-6)
-            self.island_busy[island] = True
-            start = self._locked(max(self.now, self.controller_free) if inline else self.now, cost)
-            if inline:
-                self.controller_free = start + cost
-            if step is not None:
-                run.cursor[island] += 1
-            if cost:
-                self._span(f"prepare step {step.id}" if step else f"inputs of @{run.prep.plan.program}", "host",
-                           island, "controller" if inline else "host", start, start + cost)
-            self._hold_cores(cost)
-            self._at(start + cost, lambda r=run, s=step: self._enqueue(r, island, s))
+        run = inline[0] if inline else self._first_with_work(island)
+        if run is None:
             return
+        fanout = run.fanout.pop(island, 0.0)
+        step = None if fanout else self._available(run, island)
+        if inline and not fanout and (step is None or step.arrives()):
+            del self.inline[island]                      # parked (a delivery waits for the executor) or done
+            inline[1]()
+            self._pump(island)
+            return
+        folded = step is not None and step.frees() and run.sub.dispatch is DispatchMode.PARALLEL
+        cost = fanout or (host.recv_us * 1e-6 if step.arrives() else 0.0 if folded else host.step_us * 1e-6)
+        self.island_busy[island] = True
+        start = self._locked(max(self.now, self.controller_free) if inline else self.now, cost)
+        if inline:
+            self.controller_free = start + cost
+        if step is not None:
+            run.cursor[island] += 1
+        if cost:
+            self._span(f"prepare step {step.id}" if step else f"inputs of @{run.prep.plan.program}", "host",
+                       island, "controller" if inline else "host", start, start + cost)
+        self._hold_cores(cost)
+        self._at(start + cost, lambda: self._enqueue(run, island, step))
 
     def _enqueue(self, run: RunState, island: str, step: Step | None) -> None:
         self.island_busy[island] = False
@@ -447,6 +466,7 @@ class Simulator(HostConds):
         run.arrived.add(recv.id)
         run.ready[recv.dst_buffer] = arrival
         run.set_exists(recv.dst_buffer, arrival)
+        self._has_work(run, island)
         self._pump(island)
 
     def _finish_step(self, run: RunState, island: str) -> None:
@@ -460,8 +480,6 @@ class Simulator(HostConds):
 
     def _done(self, run: RunState) -> None:
         run.record.done = self.now + self.profile.host.message_latency_us * 1e-6
-        for island in run.prep.islands:
-            self.island_runs[island].remove(run)
         if run.parent is None:                           # a branch run took nothing: its parent reserved it
             self.ledger.give(run.prep.need)
         self._admit()
