@@ -139,17 +139,19 @@ class Endpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def plan(self, parsed: ProgramPlan) -> tuple[str, ProgramPlan]:
-        """Returns a plan's name (the SHA-256 of its JSON) and the plan, checking each distinct plan once, so
-        that every connection running the same program shares one loaded plan on the islands."""
-        name = hashlib.sha256(parsed.to_json().encode()).hexdigest()
+    def plan(self, parsed: ProgramPlan) -> tuple[str, ProgramPlan, int]:
+        """Returns a plan's name (the SHA-256 of its JSON), the plan and its JSON's bytes, checking each
+        distinct plan once, so that every connection running the same program shares one loaded plan on the
+        islands."""
+        text = parsed.to_json().encode()
+        name = hashlib.sha256(text).hexdigest()
         with self._lock:
             found = self._plans.get(name)
         if found is None:
             check_plan(parsed)                             # raises PlanError on executables it does not trust
             with self._lock:
                 found = self._plans.setdefault(name, parsed)
-        return name, found
+        return name, found, len(text)
 
     def share(self, ref: SharedRef) -> str:
         """Returns a new unguessable token naming the shared object `ref` for every connection."""

@@ -22,6 +22,8 @@ class Limits:
       each costs the endpoint a few hundred bytes, even of 0 bytes);
     - `max_plans`: the plans one connection holds (4096; a `RemoteClient` has the endpoint forget a plan
       once nothing holds it);
+    - `max_plan_bytes`: the plans one connection holds together, each counted as its JSON with its compiled
+      functions (1 GiB; a plan several connections load counts for each);
     - `idle_timeout`: seconds a connection may send nothing, or take to send the rest of a frame, before
       it is dropped (120 s; a `RemoteClient` sends a keepalive every quarter of it; at most `MAX_SECONDS`,
       as `handshake_timeout`);
@@ -36,6 +38,7 @@ class Limits:
     max_array_bytes: int = 4 << 30
     max_arrays: int = 4096
     max_plans: int = 4096
+    max_plan_bytes: int = 1 << 30
     idle_timeout: float = 120.0
     handshake_timeout: float = 10.0
     max_connections: int = 64

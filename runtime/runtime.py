@@ -139,7 +139,7 @@ class Runtime:
         check_plan(plan)         # untrusted executables are refused before anything compiles them
         if not self.islands.in_process:
             refuse_kept_functions(plan, "this runtime's islands are Ray actors")
-        self._check_fits(plan)
+        self.check_fits(plan)
         loaded = LoadedPlan.build(plan)
         while True:
             with self._lock:
@@ -156,7 +156,7 @@ class Runtime:
         weakref.finalize(plan, self._unused.put, (id(plan), loaded))
         return loaded
 
-    def _check_fits(self, plan: ProgramPlan) -> None:
+    def check_fits(self, plan: ProgramPlan) -> None:
         """Raises TopologyChanged in one line if `plan` uses an island or devices this cluster does not have
         now: a plan lowered for another cluster (or before an island was lost), or read from a file or a
         socket. Its islands would fail it halfway (a device index or island name they do not have)."""

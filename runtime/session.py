@@ -47,7 +47,9 @@ why it will not serve). Requests, one frame each:
 Any request may carry `release`, a list of this connection's handles to
 release before it is served (dropped handles travel this way), and
 `forget`, names of plans it loaded that its client no longer holds (each
-`load` of a name counts once; at most `max_plans` names are held). A request
+`load` of a name counts once; at most `max_plans` names, of `max_plan_bytes`
+together, are held; a plan for islands or devices the cluster does not have
+is refused at `load`, as `TopologyChanged`). A request
 may carry only the fields its kind reads (`FIELDS`), and arrays only if it
 is a `load` or a `run`; any other is refused before anything is done, and the
 parsed request is dropped before its reply is sent, so a request keeps no
@@ -107,6 +109,7 @@ class Session:
         self.reader = FrameReader(connection)
         self.plans: dict[str, ProgramPlan] = {}
         self.loads: dict[str, int] = {}          # plan name -> its loads not forgotten yet
+        self.plan_bytes: dict[str, int] = {}     # plan name -> its JSON's bytes, compiled functions included
         self.handles: dict[int, Handle] = {}
         # client-chosen key of a refused run -> (its error's class, its message), as `_handle` raises it again
         self.refused: collections.OrderedDict[int, tuple[type, str]] = collections.OrderedDict()
@@ -162,13 +165,28 @@ class Session:
         executables = {n: base64.b64encode(a.tobytes()).decode("ascii") for n, a in zip(names, arrays)}
         with self.endpoint._large:          # the plan's JSON is referenced only here, and gone once converted
             plan = ProgramPlan.from_python({**request.pop("plan"), "executables": executables})
-        name, plan = self.endpoint.plan(plan)
-        if name not in self.plans and len(self.plans) >= self.endpoint.limits.max_plans:
-            raise ValueError(f"this connection holds {len(self.plans)} plans, the endpoint's limit (max_plans): "
-                             f"a plan is forgotten once its client no longer holds the program that made it")
+        name, plan, size = self.endpoint.plan(plan)
+        if name not in self.plans:
+            self._check_room(plan, size)
         self.plans[name] = plan
+        self.plan_bytes[name] = size
         self.loads[name] = self.loads.get(name, 0) + 1
         return {"name": name}, []
+
+    def _check_room(self, plan: ProgramPlan, size: int) -> None:
+        """Raises in one line if this connection may not hold one more plan, of `size` bytes (the endpoint's
+        `max_plans` and `max_plan_bytes`), or if `plan` uses islands or devices the cluster does not have
+        (`TopologyChanged`: the client lowers it again), so a plan that could never run is not kept."""
+        limits = self.endpoint.limits
+        if len(self.plans) >= limits.max_plans:
+            raise ValueError(f"this connection holds {len(self.plans)} plans, the endpoint's limit (max_plans): "
+                             f"a plan is forgotten once its client no longer holds the program that made it")
+        held = sum(self.plan_bytes.values())
+        if held + size > limits.max_plan_bytes:
+            raise ValueError(f"this connection holds plans of {held} bytes, and this one of {size} bytes would pass "
+                             f"the endpoint's limit of {limits.max_plan_bytes} (max_plan_bytes): a plan is "
+                             f"forgotten once its client no longer holds the program that made it")
+        self.client.runtime.check_fits(plan)
 
     def run(self, request: dict, arrays) -> tuple[dict, list]:
         """Runs a plan this connection loaded, lowered for topology `version`, on `args` (each `["array", i]`,
@@ -390,7 +408,7 @@ class Session:
             if left > 0:
                 self.loads[name] = left
             elif left == 0:
-                del self.loads[name], self.plans[name]
+                del self.loads[name], self.plans[name], self.plan_bytes[name]
 
     def _handle(self, key: int) -> Handle:
         if key not in self.handles:

@@ -33,6 +33,7 @@ from pathways_mlir.runtime.wire import FrameReader, ProtocolError, recv_message,
 from fetching import until
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.dialect.topology import Topology
 import output_lines
 
 X = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
@@ -863,6 +864,46 @@ def test_a_connection_holds_at_most_max_plans(runtime, plan_builder):
                                              r"\(max_plans\)"):
             client.load(held[3])
         np.testing.assert_allclose(np.asarray(client.run(held[1], [X])[0]), X, rtol=1e-6)
+
+
+def test_a_connection_holds_plans_of_at_most_max_plan_bytes(runtime, plan_builder):
+    """Under `max_plans` alone, a connection could hold 4096 plans of up to 8 MiB of JSON each, with their
+    compiled functions: 300 distinct 0.5 MB plans grew the service by 430 MB. Their bytes together are now
+    bounded, and a plan forgotten gives its bytes back."""
+    import gc
+
+    topology = runtime.resources.topology
+    size = len(scaled(plan_builder, topology, 0.0).to_json())
+    with Endpoint(runtime, limits=Limits(max_plan_bytes=int(2.5 * size))) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        zero, one, two = (scaled(plan_builder, topology, float(k)) for k in range(3))
+        client.load(zero)
+        client.load(one)
+        with pytest.raises(ValueError, match=r"^this connection holds plans of \d+ bytes, and this one of \d+ "
+                                             r"bytes would pass the endpoint's limit of \d+ \(max_plan_bytes\)"):
+            client.load(two)
+        np.testing.assert_allclose(np.asarray(client.run(one, [X])[0]), X, rtol=1e-6)
+        del zero
+        gc.collect()
+        until(lambda: len(endpoint._plans) == 1, "the dropped plan forgotten by the service", TIMEOUT)
+        np.testing.assert_allclose(np.asarray(client.run(two, [X])[0]), X * 2, rtol=1e-6)
+
+
+def test_a_plan_for_devices_the_cluster_lacks_is_refused_at_load(runtime, plan_builder):
+    """A plan placed on devices the service's cluster does not have was kept at `load`, and refused only
+    when it ran. It is now refused when it is loaded, as a run of it is: `TopologyChanged` (the client lowers
+    its program again), and the connection holds nothing for it."""
+    import gc
+
+    p = plan_builder(Topology.uniform(2, 8))
+    a = p.slice("a", (8,), ("x",), "island0", (0, 8))
+    plan = p.build([p.launch(affine, [p.input((8, 16), a, [("x",), ()])], a, [("x",), ()])])
+    with Endpoint(runtime) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        with pytest.raises(TopologyChanged, match=r"^plan @\w+ places slice 'a' on devices \[0, 8\) of 'island0', "
+                                                  r"which the cluster does not have"):
+            client.load(plan)
+        until(lambda: gc.collect() >= 0 and not endpoint._plans, "the refused plan not kept", TIMEOUT)
 
 
 def test_a_plan_is_kept_while_a_connection_that_loaded_it_is_open(runtime, plan_builder):
