@@ -294,6 +294,32 @@ def _sum(*trees):
     return total
 
 
+def _sum_once(*trees):
+    """The sum of `trees` first, then zeros for every other tree: a tied group's gradients as one
+    optimizer over the whole tree should see them, the parameter counted once."""
+    return (_sum(*trees), *(jax.tree.map(jnp.zeros_like, tree) for tree in trees[1:]))
+
+
+def _identity(tree):
+    return tree
+
+
+def _rows_first(forward: Callable, stage: int, batch_axis: str, ways: int) -> Callable:
+    """`forward` checking that each leaf of what stage `stage` passes on has the micro-batch's rows first, in a
+    number `ways` divides: with `batch_axis` each is split over that axis by its first axis."""
+    def checked(params, state, x):
+        out = forward(params, state, x)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(out[0])[0]:
+            if not leaf.shape or leaf.shape[0] % ways:
+                raise ValueError(f"pipeline stage {stage} passes on y{jax.tree_util.keystr(path)} of shape "
+                                 f"{tuple(leaf.shape)}: with batch_axis={batch_axis!r} every leaf a stage passes "
+                                 f"on is split over {batch_axis!r} by its first axis (the micro-batch's rows), in "
+                                 f"{ways} parts here; pass other values in the stages' params, or leave "
+                                 f"batch_axis out")
+        return out
+    return checked
+
+
 def _at(tree: Any, path: tuple) -> Any:
     for key in path:
         tree = tree[key]
@@ -504,8 +530,12 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     `tied` lists groups of parameters that are one parameter used by several
     stages, each named `(stage, key, ...)` into that stage's params, such as
     `[[(0, "embedding"), (3, "embedding")]]`: their gradients are summed (on
-    the first-named stage's slice) and every copy gets that sum, so the
-    copies, equal at the start, get the same update and stay equal.
+    the first-named stage's slice) and every copy gets that sum. With an
+    optimizer, the first-named copy's update is computed and every other copy
+    is given its new value (on its own stage's slice), so the copies stay
+    bit-equal; with `optimizer_scope="tree"` the optimizer sees the sum in the
+    first-named copy and zeros in the others, so a global norm counts the
+    parameter once, as in the unpipelined step.
     """
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, numbers.Integral) or micro_batches < 1:
         raise ValueError(f"micro_batches must be a positive integer, not {micro_batches!r:.40}")
@@ -547,7 +577,9 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     ways = [1 if batch_axis is None else slices[s].axis_sizes.get(batch_axis, 1) for s in (0, last)]
     placed = StageFunctions(place(_split(micro_batches, ways[0], batch_axis), 0, rows, rows),
                             place(_split(micro_batches, ways[1], batch_axis), last, rows, rows),
-                            [place(f, s, (None, None, rows), (rows, None, None)) for s, f in enumerate(raw.forward)],
+                            [place(f if batch_axis is None else
+                                   _rows_first(f, s, batch_axis, slices[s].axis_sizes.get(batch_axis, 1)),
+                                   s, (None, None, rows), (rows, None, None)) for s, f in enumerate(raw.forward)],
                             [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],
                             place(raw.forward_backward, last, (None, None, rows, rows, None), (None, rows, None)),
@@ -558,23 +590,30 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     update = None if optimizer is None else (
         [jit(_update(optimizer), slice=s) for s in slices] if optimizer_scope == "stage"
         else jit(_update(optimizer), slice=slices[0]))
-    sums = [jit(_sum, slice=slices[pairs[0][0]]) for pairs in groups]
+    once = optimizer is not None and optimizer_scope == "tree"
+    sums = [jit(_sum_once if once else _sum, slice=slices[pairs[0][0]]) for pairs in groups]
+    copies = [jit(_identity, slice=s) for s in slices]
 
     def train(params, opt_states, states, batch, targets):
         value, grads, states = run_schedule(ticks, placed, params, batch, targets, states)
         _tied_parameters(params, groups)
         for pairs, add in zip(groups, sums):
-            total = add(*(_at(grads[s], path) for s, path in pairs))
-            for s, path in pairs:
-                grads[s] = _replace(grads[s], path, total)
+            totals = add(*(_at(grads[s], path) for s, path in pairs))
+            for k, (s, path) in enumerate(pairs):
+                grads[s] = _replace(grads[s], path, totals[k] if once else totals)
         if optimizer is None:
             return value, grads, states
         if optimizer_scope == "tree":
             new_params, opt_states = update(list(params), grads, opt_states)
-            return new_params, opt_states, states, value
-        _per_stage("opt_states", opt_states, len(stages))
-        new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
-        return [p for p, _ in new], [o for _, o in new], states, value
+        else:
+            _per_stage("opt_states", opt_states, len(stages))
+            new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
+            new_params, opt_states = [p for p, _ in new], [o for _, o in new]
+        new_params = list(new_params)
+        for (first, first_path), *others in groups:
+            for s, path in others:
+                new_params[s] = _replace(new_params[s], path, copies[s](_at(new_params[first], first_path)))
+        return new_params, opt_states, states, value
 
     if stateful and optimizer is None:
         def step(params, states, batch, targets):

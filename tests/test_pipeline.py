@@ -280,6 +280,68 @@ def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands)
         pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
 
 
+def test_a_tied_embedding_counts_once_in_a_tree_optimizers_global_norm_and_its_copies_stay_bit_equal(two_islands):
+    """Every copy of a tied parameter was given the summed gradient before the optimizer ran: under
+    `optimizer_scope="tree"` a global norm counted the parameter once per copy, so a clipped update was
+    1/sqrt(2) of the unpipelined step's; under "stage" each copy's own update drifted from the others by
+    rounding (6e-8 after 5 adam steps). The first-named copy's update is now computed once (the others' gradients
+    zeros in what a tree optimizer sees) and every other copy is given its new value, on its own stage's slice."""
+    import optax
+
+    rng = np.random.default_rng(3)
+    embedding = rng.normal(0, 0.5, (16, 8)).astype(np.float32)
+    tokens = rng.integers(0, 16, 32).astype(np.int32)
+    targets = rng.integers(0, 16, 32).astype(np.int32)
+    slices = [pw.virtual_slice(1, axes="x", island=f"island{s}") for s in range(2)]
+    for scope, tx in (("tree", optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(1.0))),
+                      ("stage", optax.adam(1e-2))):
+        step = pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, optimizer=tx,
+                           optimizer_scope=scope, tied=[[(0, "embedding"), (1, "embedding")]])
+
+        @jax.jit
+        def plain(embedding, opt_state):         # one embedding, used twice
+            loss, grad = jax.value_and_grad(lambda e: cross_entropy(unembed({"embedding": e},
+                                                                            embed({"embedding": e}, tokens)),
+                                                                    targets))(embedding)
+            updates, opt_state = tx.update(grad, opt_state, embedding)
+            return optax.apply_updates(embedding, updates), opt_state, loss
+
+        params = [{"embedding": embedding}, {"embedding": embedding}]
+        opt_states = tx.init(params) if scope == "tree" else [tx.init(p) for p in params]
+        want, want_state = embedding, tx.init(embedding)
+        for _ in range(5):
+            params, opt_states, loss = step.run(params, opt_states, tokens, targets, client=two_islands)
+            want, want_state, expected_loss = plain(want, want_state)
+            np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
+        first, second = (fetch(p["embedding"]) for p in params)
+        np.testing.assert_array_equal(first, second)
+        np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-6)
+        homes = [p["embedding"].devices() for p in params]      # each copy on its own stage's slice
+        assert homes[0] != homes[1] and all(len(h) == 1 for h in homes)
+
+
+def test_a_stage_passing_on_a_value_without_rows_under_batch_axis_is_one_error_line():
+    """With `batch_axis`, every leaf a stage passes on is split over that axis by its first axis; a scalar (an
+    auxiliary loss passed along) failed with a PlacementError about a spec `P('r',)` the user never wrote."""
+    def first(params, x):
+        h = jnp.tanh(x @ params["w"])
+        return h, jnp.mean(h ** 2)
+
+    def second(params, y):
+        h, aux = y
+        return jnp.tanh(h @ params["w"]) + aux
+
+    params = [{"w": np.eye(4, dtype=np.float32)} for _ in range(2)]
+    x = np.ones((8, 4), np.float32)
+    slices = [pw.virtual_slice(2, axes="r", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([first, second], slices, loss=mse, micro_batches=2, batch_axis="r")
+    with pytest.raises(ValueError, match=r"^pipeline stage 0 passes on y\[1\] of shape \(\): with batch_axis='r' "
+                                         r"every leaf a stage passes on is split over 'r' by its first axis"):
+        step.lower(params, x, x)
+    loss, _ = pw.pipeline([first, second], slices, loss=mse, micro_batches=2)(params, x, x)
+    assert np.isfinite(float(loss))
+
+
 def test_params_and_opt_states_that_are_not_one_per_stage_are_one_error_line():
     import optax
 
