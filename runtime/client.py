@@ -3,15 +3,14 @@
 A client runs program plans and holds the results as handles. Several clients
 (threads of one process) share one runtime; each sees only its own objects,
 unless their owner shares them (`share`, `runtime/shared.py`), and closing a
-client releases everything it owns. A client's weight is its
-share when the runtime's scheduler uses the `share` policy.
+client releases everything it owns. A client's weight (from 1e-6 to 1e6) is
+its share when the runtime's scheduler uses the `share` policy.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
-import math
 import threading
 import weakref
 from typing import Sequence
@@ -29,6 +28,9 @@ from .runtime import RunCancelled, Runtime, get_runtime
 from .shared import SharedRef
 
 _client_ids = itertools.count(1)
+# A weight's bounds: under `share` a client's virtual time grows by its runs' device time over its weight, and
+# one of 1e-300 pushed every later client's start past where their own runs' charges round away.
+MIN_WEIGHT = 1e-6
 _CLOSE_TIMEOUT = 60.0    # seconds close() waits for the client's runs before releasing anyway
 
 
@@ -36,8 +38,10 @@ class Client:
     """One user of the cluster, with its own objects and scheduling weight."""
 
     def __init__(self, runtime: Runtime | None = None, weight: float = 1.0):
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
-            raise ValueError(f"a client's weight must be a positive finite number, not {weight!r:.40}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or \
+                not MIN_WEIGHT <= weight <= 1 / MIN_WEIGHT:
+            raise ValueError(f"a client's weight must be a number from {MIN_WEIGHT:g} to {1 / MIN_WEIGHT:g}, not "
+                             f"{weight!r:.40}")
         self.runtime = runtime or get_runtime()
         if not isinstance(self.runtime, Runtime):
             raise ValueError("this process is a client of a service (pw.connect): its connection is its "

@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import collections
 import itertools
+import numbers
 import queue
 import socket
 import threading
@@ -204,6 +205,14 @@ class ServiceTopology:
         return reply["version"], Topology.from_json(reply["topology"], "the endpoint's topology")
 
 
+def check_reply_timeout(timeout) -> None:
+    """Raises ValueError in one line unless `timeout`, a client's bound on each reply, is None or a positive
+    number of seconds."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+                                or not timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r:.40}")
+
+
 class RemoteClient:
     """A client of a cluster served by an `Endpoint` in another process.
 
@@ -221,8 +230,7 @@ class RemoteClient:
                  timeout: float | None = DEADLINE, name: str | None = None):
         if (key_path is None) == (key is None):
             raise ValueError("RemoteClient needs the endpoint's key_path or its key (one of them)")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+        check_reply_timeout(timeout)
         timeout = wait_limit(timeout)        # past what a lock can wait (infinity): no bound, as a result's
         key = read_key(key_path) if key is None else key
         self.address = address if isinstance(address, str) else tuple(address)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import heapq
+import numbers
 import queue
 import threading
 import time
@@ -25,6 +26,7 @@ from .dispatch import LoadedPlan
 from .fast_lane import FastLane
 from .handles import release_dropped
 from .island_work import IslandLost, RunCancelled, client_owner, raised
+from .limits import MAX_SECONDS
 from .plan_check import check_plan, refuse_kept_functions
 from .policies import parse_policy
 from .resource_manager import ResourceManager, TopologyChanged
@@ -72,6 +74,7 @@ class Runtime:
         chosen = backend_named(backend, {"address": address, "wedge_timeout": wedge_timeout})
         policy = parse_policy(policy, window)
         check_shape(islands, per_island)
+        check_bounds(device_memory_bytes, wedge_timeout)
         self.backend = backend
         self.tracer: Tracer | None = None
         options = {"address": address} if "address" in chosen.options else {}
@@ -431,10 +434,24 @@ def check_shape(islands, per_island) -> None:
                          f"embedded cluster has at most {MAX_HOST_DEVICES}")
 
 
+def check_bounds(device_memory_bytes, wedge_timeout) -> None:
+    """Raises ValueError in one line unless `device_memory_bytes` is None or a positive integer, and
+    `wedge_timeout` None or a positive number of seconds (at most `MAX_SECONDS`)."""
+    if device_memory_bytes is not None and (isinstance(device_memory_bytes, bool) or
+                                            not isinstance(device_memory_bytes, numbers.Integral) or
+                                            device_memory_bytes < 1):
+        raise ValueError(f"device_memory_bytes= must be a positive integer (bytes per device), not "
+                         f"{device_memory_bytes!r:.40}")
+    if wedge_timeout is not None and (isinstance(wedge_timeout, bool) or not isinstance(wedge_timeout, numbers.Real)
+                                      or not 0 < wedge_timeout <= MAX_SECONDS):
+        raise ValueError(f"wedge_timeout= must be a positive number of seconds, at most {MAX_SECONDS:g} (None: "
+                         f"never), not {wedge_timeout!r:.40}")
+
+
 def configure(**options) -> None:
     """Sets the options of the default runtime (see `Runtime` for each); replaces one already made. An
-    unknown option, policy or backend, an option of another backend, a bad window or an impossible cluster
-    shape is one ValueError line, raised here."""
+    unknown option, policy or backend, an option of another backend, a bad window, an impossible cluster
+    shape, device memory or wedge timeout is one ValueError line, raised here."""
     import inspect
 
     parameters = inspect.signature(Runtime).parameters
@@ -444,6 +461,7 @@ def configure(**options) -> None:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} of pw.configure "
                          f"(options: {', '.join(sorted(known))})")
     check_shape(options.get("islands"), options.get("per_island"))
+    check_bounds(options.get("device_memory_bytes"), options.get("wedge_timeout"))
     parse_policy(options.get("policy", "fifo"), options.get("window"))
     settings = {**{name: parameters[name].default for name in known}, **options}
     backend_named(settings["backend"], {o: settings[o] for b in BACKENDS.values() for o in b.options})

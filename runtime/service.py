@@ -30,7 +30,7 @@ import stat
 from .authentication import write_private
 from .endpoint import Endpoint
 from .limits import Limits
-from .remote_client import DEADLINE, RemoteClient, ServiceError
+from .remote_client import DEADLINE, RemoteClient, ServiceError, check_reply_timeout
 from .runtime import Runtime, connect_default
 
 SERVICE_DIR_ENV = "PW_SERVICE_DIR"
@@ -130,6 +130,7 @@ def connect(address: str | None = None, key_path: str | None = None,
 def open_connection(address: str | None = None, key_path: str | None = None,
                     timeout: float | None = DEADLINE) -> RemoteClient:
     """Connects to a service as one client (see `connect`) without making it the default runtime."""
+    check_reply_timeout(timeout)
     address = address or default_service_file()
     if re.fullmatch(r"[^:/\\]+:\d+", address):
         if key_path is None:

@@ -380,17 +380,30 @@ def test_clients_in_threads_get_one_consistent_order_on_every_island(runtime, pl
     (dict(isands=2), "unknown option\\(s\\) isands of pw.configure"),
     (dict(backend="tpu"), r"unknown backend 'tpu' \(choose from embedded, ray\)"),        # at configure, not later
     (dict(address="auto"), "address= is an option of the ray backend: it needs backend='ray'"),
+    # Taken as they came: a string wedge timeout killed the watchdog thread, so no timeout= was enforced any
+    # more; 0, nan or inf device memory meant the device's own or no admission at all, and "100" a TypeError
+    # at every run.
+    *((dict(wedge_timeout=v), r"^wedge_timeout= must be a positive number of seconds, at most 1e\+09 \(None: "
+                              r"never\), not ") for v in ("3", 0, -1, float("nan"), float("inf"), True)),
+    *((dict(device_memory_bytes=v), r"^device_memory_bytes= must be a positive integer \(bytes per device\), not ")
+      for v in ("100", 0, -1, 1.5, float("nan"), float("inf"), True)),
 ])
 def test_configure_refuses_impossible_options_in_one_line(options, message):
     import pathways_mlir as pw
+    from pathways_mlir.runtime.runtime import Runtime
 
     with pytest.raises(ValueError, match=message):
         pw.configure(**options)
+    if "wedge_timeout" in options or "device_memory_bytes" in options:
+        with pytest.raises(ValueError, match=message):
+            Runtime(**options)
 
 
-@pytest.mark.parametrize("weight", [0, -1, float("nan"), float("inf"), "2", True])
-def test_a_client_weight_is_a_positive_finite_number(runtime, weight):
-    with pytest.raises(ValueError, match="a client's weight must be a positive finite number"):
+@pytest.mark.parametrize("weight", [0, -1, float("nan"), float("inf"), "2", True, 1e-300, 5e-324, 1e7])
+def test_a_client_weight_is_a_number_within_bounds(runtime, weight):
+    """A weight of 1e-300 was taken: under `share` its charge pushed the policy's virtual time to 3.6e299, where
+    every later client's own charges rounded away, so they tied and the lowest client id took every turn."""
+    with pytest.raises(ValueError, match=r"^a client's weight must be a number from 1e-06 to 1e\+06, not "):
         Client(runtime, weight=weight)
 
 

@@ -480,3 +480,11 @@ client.close()
                             timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "RemoteHandle True\n"
+
+
+@pytest.mark.parametrize("timeout", ["5", 0, -1, float("nan"), True])
+def test_a_bad_reply_timeout_is_refused_before_connecting(tmp_path, timeout):
+    """`timeout="5"` was a bare TypeError, and 0, -1 or nan a ServiceError saying the service could not be
+    reached; each is now refused, in one line, before any service is looked for."""
+    with pytest.raises(ValueError, match=r"^timeout must be a positive number of seconds or None, not "):
+        open_connection(str(tmp_path / "no-service.json"), timeout=timeout)
