@@ -72,7 +72,7 @@ from .cluster import DeviceMap
 from .device_clock import DeviceClock
 from .device_estimates import DeviceTimeEstimates
 from .executables import ExecutableCache, make_mesh, without_context_mesh
-from .island_executor import AWAIT_PAUSE, IslandExecutor, RunWaiters
+from .island_executor import AWAIT_PAUSE, IN_FLIGHT, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
                           computed, host_arrays_copied, raised, waits_for)
@@ -199,8 +199,8 @@ class Island(IslandExecutor):
                         elif isinstance(value, PeerRef):
                             run.awaiting += 1        # its pull hands it over (`argument`)
                     self._pending += 1
-                    if inline and self._pending == 1:
-                        self._inline = True
+                    if inline and self._pending == 1 and len(self._completions) < IN_FLIGHT:
+                        self._inline = True      # (with IN_FLIGHT runs computing, the executor waits, not the caller)
                         return True
                     if inline:                   # the caller's arguments, placed once the executor takes them
                         work = work._replace(inputs=host_arrays_copied(work.inputs))

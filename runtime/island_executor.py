@@ -182,7 +182,8 @@ class IslandExecutor:
         with self._looking:
             while self._completions:
                 run = self._completions[0]
-                if run.latest_end is None and not self._closed and not all(map(computed, run.tracked)):
+                if run.latest_end is None and not self._closed and (run.executing or
+                                                                     not all(map(computed, run.tracked))):
                     run.earliest_end = time.monotonic()
                     if self._awaited is None or self._awaited[0] is not run:
                         self._awaited = (run, max(run.began or 0.0, self._previous_end))
@@ -192,7 +193,9 @@ class IslandExecutor:
                     seen = time.monotonic()
                 self._previous_end = end = run.latest_end or seen
                 seconds = self._clock.end(run.id, run.earliest_end, end)
-                if run.plan_key not in self._timed_plans:
+                if run.id in self._failed:
+                    seconds = None                   # a failed run's time is not its plan's
+                elif run.plan_key not in self._timed_plans:
                     self._timed_plans.add(run.plan_key)
                     seconds = None                   # a plan's first run here includes its first execution
                 elif seconds is not None:
@@ -233,9 +236,11 @@ class IslandExecutor:
         (`run_lane`), and the executor may take its turn after it, under the same take of the lock."""
         run, program, inputs = message
         run.last = True
-        if len(self._completions) >= IN_FLIGHT and any(getattr(i, "collective", False) for i in program):
-            self._hold_in_flight()
         try:
+            if len(self._completions) >= IN_FLIGHT and any(getattr(i, "collective", False) for i in program):
+                self._hold_in_flight()
+            if self._runs.get(run.id) is not run:
+                return                           # cancelled before it ran: nothing of it runs
             self._place(run, inputs, True, inline)
             run.executing = True
             run.began = now = time.monotonic()
@@ -272,7 +277,7 @@ class IslandExecutor:
             elif not isinstance(value, REFERENCES):
                 slots[slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
-    def _hold_in_flight(self) -> None:
+    def _hold_in_flight(self) -> bool:
         """Returns once fewer than `IN_FLIGHT` runs dispatched here are still computing (or the island closed),
         before a run of the general path starts, or a fast lane's run whose program runs a collective (a lane's
         credits bound its memory, not its runs in flight). XLA:CPU (jax 0.10.2) aborts the process in an
@@ -281,8 +286,11 @@ class IslandExecutor:
         and so does blocking every 128 or 256 calls; blocking every 32 does not for 4 devices, but 33 lane runs
         of an 8-device step in flight did, on a loaded machine. Lane runs without a collective are not held:
         holding them cost `pw-bench multi-tenancy`'s 4-client aggregate (4-device runs, no collective) a
-        quarter. The oldest runs need nothing more to finish, so waiting for them cannot wait on this thread."""
+        quarter. The oldest runs need nothing more to finish, so waiting for them cannot wait on this thread.
+        Returns whether it waited (the run about to start may have been cancelled meanwhile)."""
+        waited = False
         while len(self._completions) >= IN_FLIGHT and not self._closed:
+            waited = True
             try:
                 oldest = self._completions[0]
             except IndexError:                   # retired meanwhile by another look
@@ -292,15 +300,15 @@ class IslandExecutor:
                 self._await(array, since)
             del oldest
             self.look()
+        return waited
 
     def _started(self, work: IslandWork, inline: bool = False) -> None:
         """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived); with
         `inline`, on the caller's thread, its NumPy arguments still the caller's (`_place`)."""
         with self.lock:
             run = self._runs.get(work.run_id)
-        if run is None:
+        if run is None or (self._hold_in_flight() and self._runs.get(work.run_id) is not run):
             return                              # it failed (or was cancelled) meanwhile
-        self._hold_in_flight()
         try:
             self._place(run, work.inputs, bool(work.step_ids), inline)
             if work.step_ids:
@@ -419,6 +427,13 @@ class IslandExecutor:
         self._clock.drop(run_id)
         if run is None:
             self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
+        elif run.executing or not all(map(computed, run.tracked)):
+            # Its instruction under way, or device work it launched, still uses its memory: the run is over
+            # here (`run_done`, which gives its reservation back) once the tracker sees both end.
+            run.earliest_end = time.monotonic()
+            self._in_flight[run_id] = run.tracked
+            self._completions.append(run)
+            self._tracker_idle.set()
         if self._dropped:
             self._dropped = {k for k in self._dropped if k[0] != run_id}
         if isinstance(error, InternalFloatingPointError):     # `jax_debug_nans`/`_infs`: what jax.jit raises

@@ -567,3 +567,80 @@ def test_ctrl_c_during_a_run_the_caller_executes_raises_keyboard_interrupt(devic
                 np.testing.assert_allclose(np.asarray(h.result(timeout=60)), np.asarray(tanh2(X)), rtol=1e-6)
     finally:
         rt.close()
+
+
+def test_a_run_cancelled_inside_its_launch_keeps_its_memory_until_the_launch_returns(device_map):
+    """A cancel failed the run on its island at once; when the island's thread was inside the run's launch
+    (XLA:CPU runs a computation that calls the host on the launching thread), the run was over (`run_done`),
+    and its reservation given back, while its computation still ran. It is now over once the launch returns."""
+    import pathways_mlir as pw
+
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(v):
+        entered.set()
+        release.wait(60)
+        return v
+
+    rt = Runtime(device_map)
+    try:
+        s = pw.virtual_slice(1, axes="x", island="island1")
+
+        @pw.jit(slice=s)
+        def blocked(x):
+            return jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+        client, results = Client(rt), []
+        caller = threading.Thread(target=lambda: results.append(blocked.run(X, client=client)), daemon=True)
+        caller.start()
+        assert entered.wait(60)
+        [run] = rt.scheduler._in_flight.values()
+        assert rt.cancel(run)
+        assert not rt.run_done(run) and sum(rt.usage().values()) > 0
+        release.set()
+        caller.join(60)
+        until(lambda: rt.run_done(run) and sum(rt.usage().values()) == 0, "the run over once its launch returned",
+              60)
+        with pytest.raises(RunCancelled):
+            np.asarray(results[0])
+    finally:
+        release.set()
+        rt.close()
+
+
+def test_runs_cancelled_while_they_wait_for_the_in_flight_bound_never_execute(device_map, monkeypatch):
+    """A run waiting for fewer than `IN_FLIGHT` runs to be computing on its island (on the caller's thread, when
+    it ran inline) was executed after its cancel: 40 calls with `timeout=0.05` of a 0.08 s computation all
+    ran, blocking the caller 2 s and a later run of the island 2 s more. The caller no longer runs a run inline
+    while the island has `IN_FLIGHT` runs computing, and a run cancelled while it waited is dropped."""
+    import pathways_mlir as pw
+
+    started = []
+    advance = island_executor.IslandExecutor._advance
+    monkeypatch.setattr(island_executor.IslandExecutor, "_advance",
+                        lambda self, run: started.append(run.id) or advance(self, run))
+    rt = Runtime(device_map)
+    try:
+        s = pw.virtual_slice(1, axes="x", island="island0")
+
+        @pw.jit(slice=s)
+        def slow(x, n):
+            return jax.lax.fori_loop(0, n, lambda i, a: jnp.tanh(a @ a), x)
+
+        client = Client(rt)
+        x, n = np.eye(256, dtype=np.float32) * 0.5, np.int32(300)
+        np.asarray(slow.run(x, n, client=client))
+        started.clear()
+        handles = [slow.run(x, n, client=client, timeout=600) for _ in range(40)]   # (the general path)
+        for h in handles:
+            client.cancel(h)
+        for h in handles:
+            try:
+                np.asarray(h.result(timeout=60))
+            except RunCancelled:
+                pass
+        assert len(started) <= island_executor.IN_FLIGHT + 2, len(started)
+        del handles, h
+        until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
+    finally:
+        rt.close()
