@@ -23,6 +23,7 @@ from .dispatch_mode import DispatchMode
 from .executables import numpy_dtype
 from .handles import Handle, release_dropped
 from .island_work import RunFailed, StoreRef, client_owner
+from .plan_check import refuse_debug_checks
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
 from .shared import SharedRef
@@ -88,6 +89,8 @@ class Client:
                 if run is not None:
                     self._remember(run)
                     return run
+        if not self.runtime.islands.in_process:          # (no lane there)
+            refuse_debug_checks("this runtime's islands are Ray actors")
         shared = {i: a for i, a in enumerate(args) if isinstance(a, SharedRef)}
         for ref in shared.values():
             if ref._runtime is not self.runtime:

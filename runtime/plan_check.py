@@ -113,6 +113,19 @@ def refuse_kept_functions(plan: ProgramPlan, why: str) -> None:
         refuse_kept_functions(step.else_plan, why)
 
 
+def refuse_debug_checks(why: str) -> None:
+    """Raises NotImplementedError in one line if JAX's `jax_debug_nans` or `jax_debug_infs` is on here: islands
+    elsewhere (`why` says where) call their executables under their own process's JAX configuration, so a NaN
+    would not fail the run, as it does on the embedded backend and under `jax.jit`."""
+    import jax
+
+    for flag in ("jax_debug_nans", "jax_debug_infs"):
+        if getattr(jax.config, flag):
+            raise NotImplementedError(
+                f"{flag} is on, but {why}, under their own JAX configuration, so a run would not fail on a "
+                f"NaN or inf: check for them on the embedded backend, or in the values the handles hold")
+
+
 def _deserialize(name: str, blob: str, where: str):
     import jax
 

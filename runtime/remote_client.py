@@ -60,7 +60,7 @@ from .island_work import RunFailed
 from .runtime import release_default
 from .status import Status
 from .limits import Limits
-from .plan_check import refuse_kept_functions
+from .plan_check import refuse_debug_checks, refuse_kept_functions
 from .resource_manager import TopologyChanged
 from .wire import DTYPES, ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, send_message
 
@@ -321,6 +321,7 @@ class RemoteClient:
         change is lowered again and sent again. Those three are checked by the service when the run is
         submitted, so such a run waits for its reply, and a misuse raises at the call, as in-process."""
         dispatch = DispatchMode.parse(dispatch)
+        refuse_debug_checks("the islands of pw-serve run in the service's process")
         self._send_again()                       # runs refused before this one go first
         name = self.load(plan)
         version = self._names[id(plan)][2]

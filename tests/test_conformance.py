@@ -490,3 +490,22 @@ def test_an_option_of_one_backend_given_to_the_other_is_one_line_error():
     with pytest.raises(ValueError, match=r"^wedge_timeout= is an option of the embedded backend: it needs "
                                          r"backend='embedded'$"):
         Runtime(backend="ray", wedge_timeout=1.0)
+
+
+def test_a_nan_under_jax_debug_nans_fails_the_run_or_is_refused_at_the_call(runtime):
+    """Under `jax_debug_nans` a NaN fails an embedded run with JAX's FloatingPointError, as `jax.jit` raises.
+    Ray's island actors call their executables under their own JAX configuration, where the run returned the
+    NaN: the call is refused there in one line, as a host callback is."""
+    from pathways_mlir.runtime.island_work import RunFailed
+
+    bad = -np.ones((8, 16), np.float32)
+    log = pw.jit(jnp.log, slice=pw.virtual_slice(2, axes="d", island="island0"), in_specs=P("d"), out_specs=P("d"))
+    with Client(runtime) as client, jax.debug_nans(True):
+        if runtime.islands.in_process:
+            with pytest.raises(RunFailed, match=r"FloatingPointError: invalid value \(nan\)"):
+                value(log.run(bad, client=client))
+        else:
+            with pytest.raises(NotImplementedError, match=r"^jax_debug_nans is on, but this runtime's islands are "
+                                                          r"Ray actors"):
+                log.run(bad, client=client)
+    assert settled(runtime, WAIT)

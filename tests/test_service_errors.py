@@ -19,7 +19,7 @@ import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.cluster import embedded_device_map
-from pathways_mlir.runtime.island_work import RunCancelled
+from pathways_mlir.runtime.island_work import RunCancelled, RunFailed
 from pathways_mlir.runtime.remote_client import RemoteError, RemoteSharedRef
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import Runtime
@@ -290,3 +290,18 @@ def test_a_result_timeout_that_is_nan_or_no_number_is_refused_not_waited_for_for
         assert computing[1].cancel(pending["service"])
     finally:
         runtime.scheduler.release()
+
+
+def test_jax_debug_nans_is_refused_in_one_line_through_the_service(sides):
+    """Under `jax_debug_nans` a NaN fails an embedded run with JAX's FloatingPointError, as `jax.jit` raises;
+    through the service the run returned the NaN: its islands call their executables under the service's
+    own configuration. The call is now refused in one line, as a host callback is."""
+    bad = -np.ones((8, 4), np.float32)
+    log = pw.jit(jnp.log, slice=island0, in_specs=P("d"), out_specs=P("d"))
+    with jax.debug_nans(True):
+        with pytest.raises(RunFailed, match=r"FloatingPointError: invalid value \(nan\)"):
+            np.asarray(log.run(bad, client=sides["embedded"][0]))
+        with pytest.raises(NotImplementedError, match=r"^jax_debug_nans is on, but the islands of pw-serve run in "
+                                                      r"the service's process, under their own JAX configuration"):
+            log.run(bad, client=sides["service"][0])
+    assert np.isnan(np.asarray(log.run(bad, client=sides["service"][0]))).all()
