@@ -165,8 +165,12 @@ class RemoteHandle(ArrayReference):
         """Asks for the value in polls (`RemoteClient._polled`) until it is there or `timeout` has passed."""
         self._check()
         deadline = None if timeout is None else time.monotonic() + timeout
-        _, arrays = self._client._polled({"op": "fetch", "handle": self._key, "value": value}, deadline,
-                                         f"the result was not ready within {timeout} s")
+        try:
+            _, arrays = self._client._polled({"op": "fetch", "handle": self._key, "value": value}, deadline,
+                                             f"the result was not ready within {timeout} s")
+        except ValueError:
+            self._check()                        # released by another thread meanwhile: says so, as above
+            raise
         return arrays[0] if value else None
 
     def __repr__(self) -> str:

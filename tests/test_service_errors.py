@@ -305,3 +305,23 @@ def test_jax_debug_nans_is_refused_in_one_line_through_the_service(sides):
                                                       r"the service's process, under their own JAX configuration"):
             log.run(bad, client=sides["service"][0])
     assert np.isnan(np.asarray(log.run(bad, client=sides["service"][0]))).all()
+
+
+def test_a_result_released_by_another_thread_while_it_is_read_says_so(computing):
+    """A read waits for a result in polls; a thread that released the handle meanwhile made the next poll
+    fail with the service's bare `no handle N`. The read now raises the handle's own line, as a read after
+    the release does."""
+    connection = open_connection(computing[0], timeout=10)
+    try:
+        long = spin.run(np.ones(256, np.float32), FOREVER, client=connection)
+        reading = threading.Thread(target=lambda: box.append(raised(lambda: long.result(timeout=TIMEOUT))),
+                                   daemon=True)
+        box = []
+        reading.start()
+        reading.join(1.0)                    # polling by now: the result is hours away
+        long.delete()
+        reading.join(TIMEOUT)
+        assert isinstance(box[0], ValueError) and re.fullmatch(r"remote handle \d+ was released", str(box[0])), \
+            box[0]
+    finally:
+        connection.close()
