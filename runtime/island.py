@@ -397,7 +397,9 @@ class Island(IslandExecutor):
         del tracked
         self.look()                              # retires it as the tracker does, timing it
         with self.lock:
-            self._in_flight.pop(run_id, None)    # its device work is over even if a run before it is not
+            executing = self._executing
+            if executing is None or executing[0].id != run_id:     # (a failed run's instruction may still be)
+                self._in_flight.pop(run_id, None)    # its device work is over even if a run before it is not
 
     def device_seconds(self, run_id: int) -> float | None:
         """Returns (once) the device time a finished run took here: from when the run before it here was over

@@ -298,6 +298,8 @@ class IslandExecutor:
             since = time.monotonic()
             for array in oldest.tracked:
                 self._await(array, since)
+            if oldest.executing:                 # a failed run whose instruction is still under way
+                time.sleep(_AWAIT_PAUSE_MIN)
             del oldest
             self.look()
         return waited
