@@ -175,8 +175,11 @@ class Client:
     def cancel(self, target: "Handle | Run") -> bool:
         """Cancels the run of a handle (or a run): queued, it leaves the queue; admitted, it fails on every
         island, and its memory comes back once its device work is over. Its handles raise `RunCancelled`.
-        Returns False if the run was already over."""
+        Returns False if the run was already over. A handle released or donated raises ValueError, as reading
+        it does."""
         target = target.owned() if isinstance(target, Reference) else target
+        if isinstance(target, Handle):
+            target._check()                  # released or donated: raises as a read would, as a remote handle does
         run = target._run if isinstance(target, Handle) else target
         if run.client_id != self.id:
             raise ValueError(f"run {run.id} belongs to client {run.client_id}, not to client {self.id}")

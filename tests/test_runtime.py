@@ -414,6 +414,19 @@ def test_cancel_takes_a_handle():
         pw.cancel(3)
 
 
+def test_cancelling_through_a_released_handle_raises_as_reading_it_does(runtime):
+    """`pw.cancel` of a handle already deleted cancelled its run in-process (True) and raised through the
+    service; both now raise the handle's ValueError, as a read of it does."""
+    import pathways_mlir as pw
+
+    double = pw.jit(lambda x: x * 2, slice=pw.virtual_slice(2, axes="data"))
+    with Client(runtime) as client:
+        h = double.run(np.ones(4, np.float32), client=client)
+        h.delete()
+        with pytest.raises(ValueError, match=r"^handle to buffer \d+ of run \d+ was released$"):
+            pw.cancel(h)
+
+
 def test_a_run_takes_a_positive_timeout_and_a_client():
     import pathways_mlir as pw
 

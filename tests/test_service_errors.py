@@ -129,6 +129,7 @@ def misuses(client, other):
         "a donated handle read": lambda: np.asarray(donated),
         "a donated handle passed again": lambda: inc.run(donated, client=client).result(TIMEOUT),
         "a donated handle shared": lambda: client.share(donated),
+        "a donated handle cancelled": lambda: client.cancel(donated),
         "a shared handle donated by its owner": lambda: eat.run(owned, client=client),
     }, ref
 
