@@ -236,8 +236,11 @@ class Runtime:
             heapq.heappush(self._deadlines, (run.deadline, run.id, weakref.ref(run)))
 
     def _watch(self) -> None:
-        """The watchdog: cancels runs past their deadline and declares islands wedged (`wedge_timeout`)."""
+        """The watchdog: retires the runs that are over and forgets the plans nothing holds, cancels runs past
+        their deadline and declares islands wedged (`wedge_timeout`)."""
         while not self._closed.wait(_WATCH_PERIOD):
+            if self.islands.in_process:          # (fast lanes are; on Ray a look at a run is a request)
+                self.scheduler.retire_over()
             self._forget_unused()
             now = time.monotonic()
             expired = []

@@ -448,6 +448,14 @@ class GangScheduler:
                                                            last)
                                         for island, (steps, inputs, last) in works.items()}, inline)
 
+    def retire_over(self) -> None:
+        """Retires every admitted run whose device work is over (the runtime's watchdog calls it). A fast lane
+        retires its runs only when it needs their credits back, so a program called a few times and dropped
+        kept its runs in flight, and each run its plan, loaded for good."""
+        with self._lock:
+            if self._in_flight:
+                self._poll(len(self._in_flight))
+
     def _poll(self, limit: int) -> bool:
         """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any."""
         self._polling = True

@@ -485,6 +485,27 @@ def test_a_program_nothing_holds_any_more_is_forgotten_with_its_executables(runt
     assert len(runtime._loaded) == 1 and island.cache.compilations == 21
 
 
+def test_programs_called_once_and_dropped_are_forgotten_without_anyone_asking(runtime):
+    """A fast lane retires its runs only when it needs their credits back (32 in use), so a program called once
+    and dropped kept its run in flight, and the run its plan: 150 such programs kept 150 plans loaded (0.23 MB
+    each), until something asked the scheduler about its runs. The watchdog now retires the runs that are
+    over, so the plans go within its period."""
+    import gc
+
+    import pathways_mlir as pw
+    from fetching import until
+
+    pair = pw.virtual_slice(2, axes="x", island="island0")
+    x = np.ones((8, 128), np.float32)
+    with Client(runtime) as client:
+        for k in range(20):
+            made = pw.jit(lambda v, k=k: jnp.tanh(v) * k, slice=pair)
+            np.asarray(made.run(x, client=client))
+            del made
+        gc.collect()
+        until(lambda: gc.collect() >= 0 and len(runtime._loaded) <= 1, "the dropped programs' plans forgotten", 60)
+
+
 def test_runs_over_and_closed_clients_are_not_kept_for_good(runtime):
     """Two records grew with a runtime's life: every run with a `timeout=` stayed referenced (with its plan)
     until its deadline passed, however soon it was over (an hour's timeout on each step of a loop kept an
