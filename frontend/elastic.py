@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -177,8 +178,14 @@ class ElasticTrainer:
                             ("max_losses", max_losses)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be positive, not {timeout!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r:.40}")
+        if on_step is not None and not callable(on_step):
+            raise TypeError(f"on_step must be a function on_step(step, metrics), not {type(on_step).__name__}")
+        if client is not None and not hasattr(client, "runtime"):
+            raise TypeError(f"client must be a pw.Client or a pw.connect() connection, not {type(client).__name__}")
+        if checkpoint_dir is not None and os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
+            raise ValueError(f"checkpoint_dir {os.fspath(checkpoint_dir)} is not a directory")
         if shrink not in SHRINK_MODES:
             raise ValueError(f"shrink must be one of {', '.join(map(repr, SHRINK_MODES))}, not {shrink!r}")
         if (shrink == "batch") != (data_slice is not None):
@@ -227,7 +234,9 @@ class ElasticTrainer:
         else:
             start, host = 0, [_to_host(leaf, self.timeout) for leaf in leaves]
         self.start_step, self.recoveries, self.shapes = start, [], {}
-        checkpoints = None if self.checkpoint_dir is None else self._checkpoints(start)
+        here = resume_from is not None and self.checkpoint_dir is not None and \
+            os.path.abspath(os.fspath(resume_from)) == os.path.abspath(self.checkpoint_dir)
+        checkpoints = None if self.checkpoint_dir is None else self._checkpoints(start, here)
         self._snapshots = _Snapshots(start, host, checkpoints, self.timeout)
         try:
             return self._loop(state, [shape_dtype(leaf) for leaf in leaves], treedef, restore, start, steps)
@@ -237,7 +246,7 @@ class ElasticTrainer:
                 checkpoints.close()
 
     def _loop(self, state, specs: list, treedef, restore: "_Restore", done: int, steps: int):
-        snapshots, pending, checked = self._snapshots, None, False
+        snapshots, pending, checked = self._snapshots, None, None
         runtime = self.client.runtime if self.client is not None else get_runtime()
         while True:
             try:
@@ -254,13 +263,15 @@ class ElasticTrainer:
                 began = time.perf_counter()
                 batch = self._batch(done, runtime)
                 stage = self.step.compiled(state, batch, runtime=runtime)   # lowers again at the call, if due
+                if stage.plan.donated:
+                    snapshots.settle()      # the copy in flight reads the state this call donates
                 out = self.step.run(state, batch, client=self.client)
                 self._placed(done, stage.plan)
                 if pending is not None:
                     self._recovered(*pending, began)
                     pending = None
-                state, metrics = self._split(out, treedef, None if checked else specs)
-                checked = True
+                state, metrics = self._split(out, treedef, None if checked is stage else specs)
+                checked = stage             # a state the same stage returned is checked already
                 done += 1
                 if done % self.snapshot_every == 0:
                     snapshots.settle()                       # at most one copy in flight
@@ -349,14 +360,24 @@ class ElasticTrainer:
         return ocp.CheckpointManager(os.path.abspath(self.checkpoint_dir), options=ocp.CheckpointManagerOptions(
             max_to_keep=self.max_to_keep, enable_async_checkpointing=True))
 
-    def _checkpoints(self, start: int) -> Checkpoints:
-        """The run's checkpoints; refuses a `checkpoint_dir` holding newer ones than `start`."""
+    def _checkpoints(self, start: int, resumed_here: bool) -> Checkpoints:
+        """The run's checkpoints; refuses a `checkpoint_dir` holding newer ones than `start`, unless the run
+        resumed from it (`resumed_here`): those could not be read, and are deleted, to be written again."""
+        try:
+            os.makedirs(self.checkpoint_dir, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"checkpoint_dir {self.checkpoint_dir} cannot be made: {error.strerror}") from None
         manager = self._checkpoint_manager()
-        newest = manager.latest_step()
-        if newest is not None and newest > start:
+        newer = [step for step in manager.all_steps() if step > start]
+        if newer and resumed_here:
+            for step in newer:
+                log.warning("deleting the checkpoint %s, which could not be read: the run writes it again",
+                            os.path.join(self.checkpoint_dir, str(step)))
+                manager.delete(step)
+        elif newer:
             manager.close()
-            raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints up to step {newest}: "
-                             f"resume from it (resume_from=) or use an empty directory")
+            raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints up to step "
+                             f"{max(newer)}: resume from it (resume_from=) or use an empty directory")
         return Checkpoints(manager, self._checkpoint_manager, os.path.abspath(self.checkpoint_dir),
                             self.strict_checkpoints)
 

@@ -569,6 +569,76 @@ def test_a_corrupted_newest_checkpoint_is_skipped(rt, tmp_path, caplog):
     assert settled(rt, WAIT)
 
 
+def test_resuming_from_its_own_checkpoint_dir_past_a_corrupted_newest_checkpoint_writes_it_again(rt, tmp_path):
+    """The README's pattern, `checkpoint_dir` and `resume_from` one directory: after the newest checkpoint was
+    skipped as corrupted, the run refused the directory for holding a checkpoint newer than its start. The
+    unreadable one is now deleted, and the run writes it again."""
+    with Client(rt) as client:
+        pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, checkpoint_dir=tmp_path).run(init(), 9)
+        [metadata] = (tmp_path / "9").rglob("_METADATA")
+        metadata.write_text("")                                  # step 9 cannot be read
+        again = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, checkpoint_dir=tmp_path)
+        got = again.run(init(), 10, resume_from=tmp_path)
+        assert again.start_step == 6
+        assert_same_params(got, plain_jax(10))
+        fresh = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client)
+        got = fresh.run(init(), 10, resume_from=tmp_path)
+        assert fresh.start_step == 9                             # written again, readable
+        assert_same_params(got, plain_jax(10))
+        del got
+    assert settled(rt, WAIT)
+
+
+def test_a_step_that_donates_its_state_is_snapshotted_before_the_next_step_takes_it(rt):
+    """The snapshot copy read step k's state while step k+1 had donated it: 'Array has been deleted', 'Buffer
+    has been deleted or donated' or '... was donated to program', in 3 runs of 4 with a snapshot every step. A
+    donating step's call now waits for the copy in flight."""
+    placed = pw.jit(sgd_step, slice=pw.virtual_slice(4, axes="x", name="train"), in_specs=(None, (P("x"), P("x"))),
+                    out_specs=None, donate_argnums=0)
+    program = pw.program(donate_argnums=0)(lambda params, b: placed(params, b))
+    with Client(rt) as client:
+        for donating in (placed, program):
+            got = pw.ElasticTrainer(donating, batch, snapshot_every=1, client=client).run(init(), 40)
+            assert_same_params(got, plain_jax(40))
+        del got
+    assert settled(rt, WAIT)
+
+
+def test_a_state_whose_dtypes_change_after_its_first_step_is_refused(rt):
+    """The state's dtypes were checked after the first step only: a learning rate given as a Python float and
+    returned strongly typed traced step 2 again, which turned every bfloat16 parameter float32, and the run
+    went on writing checkpoints its initial state could not resume from. Each new compiled step's state is
+    now checked."""
+    one = pw.virtual_slice(1, axes="x")
+
+    @pw.jit(slice=one)
+    def decay(state, batch):
+        params, lr = state
+        return (params - lr * batch, jnp.float32(lr) * 0.9), lr
+
+    with Client(rt) as client:
+        trainer = pw.ElasticTrainer(decay, lambda i: jnp.ones(4, jnp.bfloat16), snapshot_every=2, client=client)
+        with pytest.raises(TypeError, match=r"^step returned a state whose array 0 is float32\[4\], the state "
+                                            r"given bfloat16\[4\]"):
+            trainer.run((jnp.zeros(4, jnp.bfloat16), 0.1), 4)
+    assert settled(rt, WAIT)
+
+
+@pytest.mark.parametrize("option, message", [
+    (dict(timeout=None), r"^timeout must be a positive number of seconds, not None$"),
+    (dict(timeout="5"), r"^timeout must be a positive number of seconds, not '5'$"),
+    (dict(on_step=5), r"^on_step must be a function on_step\(step, metrics\), not int$"),
+    (dict(client="x"), r"^client must be a pw.Client or a pw.connect\(\) connection, not str$"),
+    (dict(checkpoint_dir=__file__), r"^checkpoint_dir .* is not a directory$"),
+])
+def test_elastic_trainer_options_are_checked_in_one_line(option, message):
+    """These were taken as they came: a TypeError from a comparison, an AttributeError or a call of an int after
+    the first step, and a file as `checkpoint_dir` gave Orbax's tracebacks from its threads, then a process that
+    never exited."""
+    with pytest.raises((TypeError, ValueError), match=message):
+        pw.ElasticTrainer(train_step, batch, snapshot_every=1, **option)
+
+
 def lose_at_step_5_and_resume(rt, client, placed, new_state, batch_of, checkpoint_dir):
     """Trains `placed` from `new_state()` for 8 steps with a snapshot and a checkpoint every 2, losing its
     island at step 5 (once the snapshot of step 4 is copied), then resumes a new trainer from the checkpoint
