@@ -20,11 +20,15 @@ from .runtime.uncaught import install as _install_one_line_errors
 __version__ = "0.1.0"
 
 _FRONTEND = ["ElasticTrainer", "PlacementError", "cond", "jit", "pipeline", "program", "virtual_slice"]
-_RUNTIME = {"Client": "client", "IslandLost": "island_work", "IslandWedged": "island_work",
-            "RunCancelled": "island_work",
-            "OutOfDeviceMemory": "admission", "SharedRef": "shared", "cancel": "client", "configure": "runtime",
-            "connect": "service", "get_runtime": "runtime", "status": "runtime"}
-__all__ = [*_FRONTEND, *_RUNTIME]
+# name -> its module under the package (the runtime's, or the dialect's for a plan's errors)
+_MODULES = {"Client": "runtime.client", "IslandLost": "runtime.island_work", "IslandWedged": "runtime.island_work",
+            "RunCancelled": "runtime.island_work", "RunFailed": "runtime.island_work",
+            "TopologyChanged": "runtime.resource_manager", "ServiceError": "runtime.remote_client",
+            "PlanError": "dialect.plan_json",
+            "OutOfDeviceMemory": "runtime.admission", "SharedRef": "runtime.shared", "cancel": "runtime.client",
+            "configure": "runtime.runtime", "connect": "runtime.service", "get_runtime": "runtime.runtime",
+            "status": "runtime.runtime"}
+__all__ = [*_FRONTEND, *_MODULES]
 
 # The embedded cluster's CPU devices must be asked of XLA before JAX starts:
 # importing pathways_mlir first arranges it for JAX's first import (PW_CLUSTER,
@@ -45,8 +49,8 @@ def __getattr__(name: str):
         from . import frontend
 
         return getattr(frontend, name)
-    if name in _RUNTIME:
+    if name in _MODULES:
         import importlib
 
-        return getattr(importlib.import_module(f".runtime.{_RUNTIME[name]}", __name__), name)
+        return getattr(importlib.import_module(f".{_MODULES[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

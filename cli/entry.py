@@ -25,6 +25,15 @@ def write_output(output: str, text: str, error: Callable[[str], Exception]) -> N
         raise error(f"cannot write {output}: {e.strerror}") from None
 
 
+def error_line(prog: str) -> Callable[[Exception], str]:
+    """Formats a user error of tool `prog`: as it is if it names its place already (`file:line:col: error:
+    ...`), else `prog: error: ...`."""
+    def line(error: Exception) -> str:
+        text = str(error)
+        return text if ": error: " in text else f"{prog}: error: {text}"
+    return line
+
+
 def run_command(command: click.Command, argv: list[str] | None, prog: str,
                 user_errors: tuple[type[Exception], ...], format_error: Callable[[Exception], str]) -> int:
     """Runs `command`; returns 0, 1 for bad input (`user_errors`, or a bad command line), click's status,

@@ -84,8 +84,8 @@ def _benchmark_command(name: str) -> click.Command:
     @click.command(name, help=f"Run the {name} benchmark (see pw-bench list).")
     @click.option("--quick", is_flag=True, help="Fewer repetitions and sizes: under a minute.")
     @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-                  help=f"Write the JSON record here (default: {RESULTS}/{name}.json, or {QUICK_RESULTS} with "
-                       "--quick: where report reads it).")
+                  help=f"Write the JSON record here (default: {RESULTS}/{name}.json, where report reads by "
+                       f"default, or {QUICK_RESULTS} with --quick: report --results reads it there).")
     def command(quick: bool, json_path: pathlib.Path | None) -> None:
         record = run_benchmark(name, quick)
         click.echo(_summary(record))

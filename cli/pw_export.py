@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from .entry import run_command, write_output
+from .entry import error_line, run_command, write_output
 
 
 class _ExportError(Exception):
@@ -86,7 +86,7 @@ def cli(target: str, args: tuple[str, ...], output: str, debug_info: bool) -> No
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-export`; returns the exit status."""
-    return run_command(cli, argv, "pw-export", (_ExportError,), lambda e: f"pw-export: error: {e}")
+    return run_command(cli, argv, "pw-export", (_ExportError,), error_line("pw-export"))
 
 
 if __name__ == "__main__":

@@ -216,6 +216,8 @@ def _build_passes(pass_pipeline: str | None, flags: list[tuple[str, str]]) -> li
             given, _ = _parse_options("{" + value + "}", 0, name)
             passes.extend(instantiate(name, given))
     except PipelineError as e:
+        if ": error: " in str(e):            # a file an option names, with the place in it: said as it is
+            raise UsageError(str(e)) from None
         raise UsageError(f"pw-opt: error: invalid pass pipeline: {e}") from None
     return passes
 

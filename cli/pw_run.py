@@ -27,7 +27,7 @@ from pathways_mlir.dialect.input_files import parse_json, read_text
 from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
-from .entry import run_command, write_output
+from .entry import error_line, run_command, write_output
 
 
 class RunError(Exception):
@@ -232,12 +232,7 @@ def _refuse_ir_options(script: pathlib.Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-run`; returns the exit status."""
-    return run_command(cli, argv, "pw-run", (RunError, ClusterError), _format_error)
-
-
-def _format_error(error: Exception) -> str:
-    text = str(error)
-    return text if ": error: " in text else f"pw-run: error: {text}"
+    return run_command(cli, argv, "pw-run", (RunError, ClusterError), error_line("pw-run"))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import click
 
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
-from .entry import run_command, write_output
+from .entry import error_line, run_command, write_output
 
 
 class SimCliError(Exception):
@@ -238,7 +238,7 @@ def profiles() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pw-sim`; returns the exit status."""
-    return run_command(cli, argv, "pw-sim", _user_errors(), lambda e: f"pw-sim: error: {e}")
+    return run_command(cli, argv, "pw-sim", _user_errors(), error_line("pw-sim"))
 
 
 if __name__ == "__main__":

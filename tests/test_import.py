@@ -64,3 +64,17 @@ def test_orbax_pytree_checkpointing_takes_handles_whichever_is_imported_first():
         result = python(_ORBAX_SAVE.format(first=first, then=then), PW_CLUSTER="1x2")
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.split("\n")[-2] == "[0.0, 2.0, 4.0, 6.0] [1.0, 3.0, 5.0, 7.0] ArrayImpl 0", result.stdout
+
+
+def test_the_errors_the_readme_names_are_the_packages_own_names():
+    """`ServiceError`, `PlanError`, `RunFailed` and `TopologyChanged` were named by the README as the package's
+    exceptions but could be caught only from their submodules; each is now `pw.<name>`, as the others are."""
+    import pathways_mlir as pw
+    from pathways_mlir.dialect.plan_json import PlanError
+    from pathways_mlir.runtime.island_work import RunFailed
+    from pathways_mlir.runtime.remote_client import ServiceError
+    from pathways_mlir.runtime.resource_manager import TopologyChanged
+
+    assert (pw.PlanError, pw.RunFailed, pw.ServiceError, pw.TopologyChanged) == \
+        (PlanError, RunFailed, ServiceError, TopologyChanged)
+    assert all(isinstance(getattr(pw, name), type) or callable(getattr(pw, name)) for name in pw.__all__)

@@ -97,3 +97,4 @@ def test_every_tool_refuses_a_bad_input_file_in_one_line(tmp_path, reader):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0], done.stderr
     assert "internal error" not in done.stderr
+    assert lines[0].count("error:") == 1, lines[0]       # pw-sim wrote `pw-sim: error: plan.json:1:8: error: ...`
