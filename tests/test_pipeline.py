@@ -246,41 +246,9 @@ def cross_entropy(logits, tokens):
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, None], axis=1))
 
 
-def test_a_tied_embedding_gets_one_update_and_its_copies_stay_equal(two_islands):
-    import optax
-
-    rng = np.random.default_rng(3)
-    embedding = rng.normal(0, 0.5, (16, 8)).astype(np.float32)
-    tokens = rng.integers(0, 16, 32).astype(np.int32)
-    targets = rng.integers(0, 16, 32).astype(np.int32)
-    tx = optax.adam(1e-2)
-    slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
-    step = pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, optimizer=tx,
-                       tied=[[(0, "embedding"), (1, "embedding")]])
-
-    @jax.jit
-    def plain(embedding, opt_state):         # one embedding, used twice
-        loss, grad = jax.value_and_grad(lambda e: cross_entropy(unembed({"embedding": e},
-                                                                        embed({"embedding": e}, tokens)),
-                                                                targets))(embedding)
-        updates, opt_state = tx.update(grad, opt_state, embedding)
-        return optax.apply_updates(embedding, updates), opt_state, loss
-
-    params = [{"embedding": embedding}, {"embedding": embedding}]
-    opt_states = [tx.init(p) for p in params]
-    want, want_state = embedding, tx.init(embedding)
-    for _ in range(3):
-        params, opt_states, loss = step.run(params, opt_states, tokens, targets, client=two_islands)
-        want, want_state, expected_loss = plain(want, want_state)
-        np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
-    first, second = (fetch(p["embedding"]) for p in params)
-    np.testing.assert_array_equal(first, second)
-    np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match=r"tied group \[\(0, 'embedding'\)\] must name two or more"):
-        pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
-
-
-def test_a_tied_embedding_counts_once_in_a_tree_optimizers_global_norm_and_its_copies_stay_bit_equal(two_islands):
+@pytest.mark.parametrize("scope, optimizer, devices", [("stage", "adam", 2), ("stage", "adam", 1),
+                                                       ("tree", "clipped sgd", 1)])
+def test_a_tied_embedding_gets_one_update_and_its_copies_stay_bit_equal(two_islands, scope, optimizer, devices):
     """Every copy of a tied parameter was given the summed gradient before the optimizer ran: under
     `optimizer_scope="tree"` a global norm counted the parameter once per copy, so a clipped update was
     1/sqrt(2) of the unpipelined step's; under "stage" each copy's own update drifted from the others by
@@ -292,32 +260,33 @@ def test_a_tied_embedding_counts_once_in_a_tree_optimizers_global_norm_and_its_c
     embedding = rng.normal(0, 0.5, (16, 8)).astype(np.float32)
     tokens = rng.integers(0, 16, 32).astype(np.int32)
     targets = rng.integers(0, 16, 32).astype(np.int32)
-    slices = [pw.virtual_slice(1, axes="x", island=f"island{s}") for s in range(2)]
-    for scope, tx in (("tree", optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(1.0))),
-                      ("stage", optax.adam(1e-2))):
-        step = pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, optimizer=tx,
-                           optimizer_scope=scope, tied=[[(0, "embedding"), (1, "embedding")]])
+    tx = optax.adam(1e-2) if optimizer == "adam" else optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(1.0))
+    slices = [pw.virtual_slice(devices, axes="x", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, optimizer=tx,
+                       optimizer_scope=scope, tied=[[(0, "embedding"), (1, "embedding")]])
 
-        @jax.jit
-        def plain(embedding, opt_state):         # one embedding, used twice
-            loss, grad = jax.value_and_grad(lambda e: cross_entropy(unembed({"embedding": e},
-                                                                            embed({"embedding": e}, tokens)),
-                                                                    targets))(embedding)
-            updates, opt_state = tx.update(grad, opt_state, embedding)
-            return optax.apply_updates(embedding, updates), opt_state, loss
+    @jax.jit
+    def plain(embedding, opt_state):         # one embedding, used twice
+        loss, grad = jax.value_and_grad(lambda e: cross_entropy(unembed({"embedding": e},
+                                                                        embed({"embedding": e}, tokens)),
+                                                                targets))(embedding)
+        updates, opt_state = tx.update(grad, opt_state, embedding)
+        return optax.apply_updates(embedding, updates), opt_state, loss
 
-        params = [{"embedding": embedding}, {"embedding": embedding}]
-        opt_states = tx.init(params) if scope == "tree" else [tx.init(p) for p in params]
-        want, want_state = embedding, tx.init(embedding)
-        for _ in range(5):
-            params, opt_states, loss = step.run(params, opt_states, tokens, targets, client=two_islands)
-            want, want_state, expected_loss = plain(want, want_state)
-            np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
-        first, second = (fetch(p["embedding"]) for p in params)
-        np.testing.assert_array_equal(first, second)
-        np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-6)
-        homes = [p["embedding"].devices() for p in params]      # each copy on its own stage's slice
-        assert homes[0] != homes[1] and all(len(h) == 1 for h in homes)
+    params = [{"embedding": embedding}, {"embedding": embedding}]
+    opt_states = tx.init(params) if scope == "tree" else [tx.init(p) for p in params]
+    want, want_state = embedding, tx.init(embedding)
+    for _ in range(5):
+        params, opt_states, loss = step.run(params, opt_states, tokens, targets, client=two_islands)
+        want, want_state, expected_loss = plain(want, want_state)
+        np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
+    first, second = (fetch(p["embedding"]) for p in params)
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-6)
+    homes = [p["embedding"].devices() for p in params]      # each copy on its own stage's slice
+    assert homes[0] != homes[1] and all(len(h) == devices for h in homes)
+    with pytest.raises(ValueError, match=r"tied group \[\(0, 'embedding'\)\] must name two or more"):
+        pw.pipeline([embed, unembed], slices, loss=cross_entropy, micro_batches=2, tied=[[(0, "embedding")]])
 
 
 def test_a_stage_passing_on_a_value_without_rows_under_batch_axis_is_one_error_line():
