@@ -455,9 +455,11 @@ class ProgramPlan:
                     raise PlanError(f"{where}: step {step_id} ({s.kind}) reads buffer {b}, which nothing writes",
                                     step=step_id)
                 home, producer = written[b]
-                if island is not None and home is not None and home != island:
+                # (a cond's result, which a host step writes, is on whichever slice its branch left it)
+                if island is not None and home != island and (home is not None or producer < 0):
+                    lives = home or "the host: a program argument with no home slice (pw-insert-transfers gives each one)"
                     raise PlanError(f"{where}: step {step_id} ({s.kind}) on {island} reads buffer {b}, "
-                                    f"which lives on {home}", step=step_id)
+                                    f"which lives on {lives}", step=step_id)
             if isinstance(s, Recv):
                 sends = sends_of.get((island, s.dst_buffer, s.src_buffer, s.peer), ())
                 if len(sends) != 1 or sends[0] not in s.after:

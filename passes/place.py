@@ -109,6 +109,7 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.device_time import DEFAULT_RATES, DEVICE_RATES
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.homes import sharded_on
+from pathways_mlir.dialect.phases import holds_plans
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import Island, Topology, TopologyError
 
@@ -357,6 +358,18 @@ def fitted_shape(s: ops.VirtualSlice, topology: Topology, values: Sequence[tuple
     return None
 
 
+def _values_moved(module: ir.Operation) -> bool:
+    """Whether pw-insert-transfers has run on the module: a program argument or a cond's results have homes."""
+    for program in ops.top_level_ops(module):
+        if not ops.is_program(program):
+            continue
+        if any(ops.HOME in attrs for attrs in ops.attr(program, "arg_attrs") or ()):
+            return True
+        if any(ops.RESULT_HOMES in op.attributes for op in ops.program_body(program).operations):
+            return True
+    return False
+
+
 @register
 @dataclass
 class PlacePass(Pass):
@@ -387,6 +400,11 @@ class PlacePass(Pass):
                 raise OptionError(str(e)) from None
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
+        if holds_plans(module) or _values_moved(module):
+            diagnostics.error(module, "pw-place runs on programs before pw-insert-transfers moves their values for "
+                                      "a placement, but this module's are moved already (it holds pw.home marks or "
+                                      "plans): place the module as it was before lowering")
+            return
         topology = self.given_topology or ops.required_topology(
             module, diagnostics, "pw-place needs a topology: give option topology=<file.json or "
                                  "<islands>x<devices>> or set pw.topology on the module")

@@ -135,6 +135,11 @@ def _deep(depth):
     (_mutated(lambda v: v["buffers"][2].update(dtype="i32")),
      "step 0 \\(copy\\) moves buffer 0 \\(f32[8, 4]\\) into buffer 2 \\(i32[8, 4]\\): a move keeps its "
      "shape and dtype"),
+    # A program argument with no home (pw-lower's passes without pw-insert-transfers) passed every check, and
+    # its run failed with an internal KeyError.
+    (_mutated(lambda v: v["buffers"][0].update(slice=None, sharding=[], bytes_per_device=128)),
+     "step 0 \\(copy\\) on island0 reads buffer 0, which lives on the host: a program argument with no home "
+     "slice \\(pw-insert-transfers gives each one\\)"),
 ])
 def test_hostile_plan_json_is_one_clear_error(text, message):
     with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("'", "'")):

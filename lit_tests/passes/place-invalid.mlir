@@ -100,3 +100,21 @@ func.func @big(%x: tensor<64x16xf32>) -> tensor<64x16xf32> attributes {pw.progra
   return %a : tensor<64x16xf32>
 }
 }
+
+// -----
+
+// A module pw-insert-transfers has lowered already (its argument has a home):
+// placing it again moved its slices to other islands, and left the transfers
+// it had written for the old placement (an ICI link now crossing islands).
+// expected-error@below {{pw-place runs on programs before pw-insert-transfers moves their values for a placement, but this module's are moved already (it holds pw.home marks or plans): place the module as it was before lowering}}
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1073741824, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {devices = array<i64: 0, 2>, island = "island0"}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}) -> tensor<8xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+}
