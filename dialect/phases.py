@@ -88,14 +88,15 @@ def holds_plans(module) -> bool:
                for op in ops.top_level_ops(module))
 
 
-def phase_problems(module, phase: Phase):
-    """Yields (op, message) for every op of `module` (top level, program bodies, plan modules) that is not
-    legal in `phase`, lacks a mark that `phase` requires, or (from the lowered phase on) uses an operand
-    somewhere other than where it lives. Requires IR that passes pw-verify."""
+def phase_problems(module, phase: Phase, plans: bool = True):
+    """Yields (op, message) for every op of `module` (top level, program bodies, plan modules unless not
+    `plans`: a pass that replaces them) that is not legal in `phase`, lacks a mark that `phase` requires, or
+    (from the lowered phase on) uses an operand somewhere other than where it lives. Requires IR that passes
+    pw-verify."""
     yield from _missing(module.operation, "the module", MODULE_MARKS, phase)
     for op in ops.top_level_ops(module):
         if op.name == "builtin.module":             # a plan, an executable (not pw's), or other IR
-            if ops.ISLAND_PLAN in op.attributes or ops.HOST_PLAN in op.attributes:
+            if plans and (ops.ISLAND_PLAN in op.attributes or ops.HOST_PLAN in op.attributes):
                 yield from _plan_ops(op, phase)
         elif ops.is_program(op):
             yield from _missing(op, f"program @{ops.symbol_name(op)}", PROGRAM_MARKS, phase)

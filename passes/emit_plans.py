@@ -198,6 +198,7 @@ def _check(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
 class EmitPlansPass(Pass):
     __doc__ = __doc__
     name = "pw-emit-plans"
+    replaces_plans = True
     summary = "Emit one plan per island (and a host plan) for every program, in schedule order"
     needs_verified_input = True
     requires_phase = Phase.SCHEDULED

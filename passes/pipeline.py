@@ -13,7 +13,7 @@ from mlir import ir
 from mlir.passmanager import PassManager
 
 from pathways_mlir.dialect.diagnostics import Diagnostic, DiagnosticEngine, from_mlir_error
-from pathways_mlir.dialect.phases import phase_problems
+from pathways_mlir.dialect.phases import Phase, holds_plans, phase_problems
 from pathways_mlir.dialect.structure import verify_structure
 
 from .registry import PASSES, PIPELINES, OptionError, Pass
@@ -165,7 +165,13 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                 verified.append(True)
             phase = instance.requires_phase
             if phase is not None and phase not in phased and (verify_each or not changed):
-                for at, message in phase_problems(op, phase):
+                planned = phase.rank < Phase.PLANNED.rank and holds_plans(op)
+                if planned and not instance.replaces_plans:         # (one line, not one per plan op)
+                    diagnostics.error(op, f"{instance.name} runs on programs before their plans exist, but this "
+                                          f"module holds plans already (pw-emit-plans has run)")
+                    mlir_pass.signal_pass_failure()
+                    return
+                for at, message in phase_problems(op, phase, plans=not planned):
                     diagnostics.error(at, f"{message}, before {instance.name}")
                 if diagnostics.error_count > before:
                     mlir_pass.signal_pass_failure()

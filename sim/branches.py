@@ -54,7 +54,7 @@ class OutcomeStream:
             return self.random.random() < self.outcomes.probability
         if self.taken > len(trace):
             raise SimError(f"the trace of predicate values has {len(trace)} values, but the simulation "
-                           f"evaluates more conds (the {self.taken}th, of @{program})")
+                           f"evaluates more conds (cond number {self.taken}, of @{program})")
         return trace[self.taken - 1]
 
 

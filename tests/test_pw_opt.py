@@ -186,3 +186,17 @@ def test_fuzzed_lit_inputs_exit_0_or_1():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "400 cases in" in result.stdout and "0 failures" in result.stdout
+
+
+def test_a_pass_that_runs_before_plans_on_a_planned_module_is_one_error_line(tmp_path, capsys):
+    """A pass that reads programs before their plans exist, given a lowered module, reported each plan op as
+    not legal in its phase: 146 lines for a pipeline's plans. It is now one line; pw-emit-plans, which writes
+    the plans anew, runs again."""
+    lowered = tmp_path / "lowered.mlir"
+    assert pw_opt.main([str(ROOT / "examples" / "three_blocks.mlir"), "--pw-lower=topology=2x4",
+                        "-o", str(lowered)]) == 0
+    capsys.readouterr()
+    assert pw_opt.main([str(lowered), "--pw-insert-transfers", "-o", str(tmp_path / "again.mlir")]) == 1
+    assert capsys.readouterr().err == (f"{lowered}:1:1: error: pw-insert-transfers runs on programs before their "
+                                       f"plans exist, but this module holds plans already (pw-emit-plans has run)\n")
+    assert pw_opt.main([str(lowered), "--pw-emit-plans", "--pw-verify-plans", "-o", str(tmp_path / "again.mlir")]) == 0
