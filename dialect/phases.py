@@ -94,6 +94,9 @@ def phase_problems(module, phase: Phase, plans: bool = True):
     (from the lowered phase on) uses an operand somewhere other than where it lives. Requires IR that passes
     pw-verify."""
     yield from _missing(module.operation, "the module", MODULE_MARKS, phase)
+    if phase.rank >= Phase.PLANNED.rank and ops.programs(module) and not holds_plans(module):
+        yield module.operation, (f"the module has no plans, which the {phase} phase requires "
+                                 f"({MADE_BY[Phase.PLANNED]} writes them)")
     for op in ops.top_level_ops(module):
         if op.name == "builtin.module":             # a plan, an executable (not pw's), or other IR
             if plans and (ops.ISLAND_PLAN in op.attributes or ops.HOST_PLAN in op.attributes):

@@ -98,7 +98,7 @@ def instantiate(name: str, given: dict[str, str]) -> list[Pass]:
         if name in PIPELINES:
             return PIPELINES[name].from_text(given)
     except OptionError as e:
-        raise PipelineError(str(e)) from None
+        raise PipelineError(str(e) if name in PASSES else f"{e} (in '{name}')") from None
     known = ", ".join(sorted([*PASSES, *PIPELINES]))
     raise PipelineError(f"'{name}' is not a registered pass or pipeline (known: {known})")
 

@@ -397,7 +397,7 @@ class PlacePass(Pass):
             try:
                 self.given_topology = Topology.from_option(self.topology)
             except TopologyError as e:
-                raise OptionError(str(e)) from None
+                raise OptionError(f"option 'topology' of 'pw-place': {e}") from None
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if holds_plans(module) or _values_moved(module):

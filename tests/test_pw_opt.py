@@ -200,3 +200,32 @@ def test_a_pass_that_runs_before_plans_on_a_planned_module_is_one_error_line(tmp
     assert capsys.readouterr().err == (f"{lowered}:1:1: error: pw-insert-transfers runs on programs before their "
                                        f"plans exist, but this module holds plans already (pw-emit-plans has run)\n")
     assert pw_opt.main([str(lowered), "--pw-emit-plans", "--pw-verify-plans", "-o", str(tmp_path / "again.mlir")]) == 0
+
+
+def test_pw_plan_memory_before_the_plans_exist_says_which_pass_writes_them(tmp_path, capsys):
+    """The planned phase made plan ops legal but did not require them, so pw-plan-memory run before
+    pw-emit-plans exited 0 having planned nothing."""
+    pipeline = "builtin.module(pw-place{topology=2x4},pw-insert-transfers,pw-mark-static-subgraphs,pw-schedule," \
+               "pw-plan-memory)"
+    source = ROOT / "examples" / "three_blocks.mlir"
+    assert pw_opt.main([str(source), f"--pass-pipeline={pipeline}", "-o", str(tmp_path / "out.mlir")]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{source}:") and line.endswith(
+        ": error: the module has no plans, which the planned phase requires (pw-emit-plans writes them), before "
+        "pw-plan-memory")
+
+
+@pytest.mark.parametrize("pipeline, message", [
+    ("pw-lower{topology=3}", "option 'topology' of 'pw-place': 3: cannot read topology: No such file or directory "
+                             "(in 'pw-lower')"),
+    ("pw-place{topology=0x4}", "option 'topology' of 'pw-place': topology '0x4': expected ISLANDSxDEVICES"),
+    ("pw-lower{strategy=random}", "option 'strategy' of 'pw-place' takes auto, spread or pack, not 'random' "
+                                  "(in 'pw-lower')"),
+])
+def test_a_bad_option_names_the_pass_and_the_option(pipeline, message, capsys):
+    """A bad topology named neither the pass nor the option (`invalid pass pipeline: 3: cannot read
+    topology`), and an option of a pipeline's pass did not say which pipeline the user wrote."""
+    source = ROOT / "examples" / "three_blocks.mlir"
+    assert pw_opt.main([str(source), f"--pass-pipeline=builtin.module({pipeline})", "-o", "-"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"pw-opt: error: invalid pass pipeline: {message}"), line
