@@ -246,8 +246,11 @@ class IslandExecutor:
             run.began = now = time.monotonic()
             self._clock.begin(run.id, now)
             self._executing = (run, now)
+            runs = self._runs
             for instruction in program:
                 instruction.execute(self, run)
+                if runs.get(run.id) is not run:
+                    return                       # failed or cancelled: its next steps do not run
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
             _reraise_interrupt(error)
@@ -362,6 +365,7 @@ class IslandExecutor:
             run.began = now
             self._clock.begin(run.id, now)
         self._executing = (run, now)
+        runs = self._runs
         try:
             while run.queue:
                 program = run.queue[0]
@@ -371,6 +375,8 @@ class IslandExecutor:
                         run.pc = pc
                         return
                     pc += 1
+                    if runs.get(run.id) is not run:
+                        return                   # failed or cancelled: its next steps do not run
                 run.queue.popleft()
                 run.pc = 0
                 if self._waiters:
