@@ -108,7 +108,8 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
         trace = jitted.trace(*wire)
         # (JAX lowers a trace whose types name an abstract mesh only for platforms it is told: the export's)
         platforms = {"lowering_platforms": (jax.default_backend(),)} if in_types else {}
-        stablehlo = trace.lower(**platforms).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
+        stablehlo = _calls_inlined_in_manual_computations(
+            trace.lower(**platforms).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True))
         devices = mesh.size if in_types else 1
         export = _export(fn, jitted, wire, devices, lambda: _kept(jitted, mesh, wire, traced[0][1]))
 
@@ -134,6 +135,48 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     constrained = _constrained(trace.jaxpr.jaxpr, mesh)
     return Executable(symbol, op, out_tree, out_avals, tuple(entry.results),
                       tuple(t if t is not None and any(t) else c for t, c in zip(out_types, constrained)))
+
+
+def _calls_inlined_in_manual_computations(stablehlo: str) -> str:
+    """`stablehlo` (generic form) with every function call inside a `jax.shard_map` body (an
+    `sdy.manual_computation`) replaced by the callee's ops. JAX lowers a helper it jits (`jax.nn.relu`,
+    `jnp.cumsum`, a user's `jax.jit` function) to a `func.call`; pw's MLIR context does not know the `sdy`
+    dialect, so it takes the unregistered op for a symbol table of its own and finds no callee there, and the
+    module did not parse. The callees stay, as JAX wrote them; what runs is the export, not this text."""
+    if '"sdy.manual_computation"' not in stablehlo or '"func.call"' not in stablehlo:
+        return stablehlo
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir import ir as jax_ir
+
+    with jax_mlir.make_ir_context():
+        module = jax_ir.Module.parse(stablehlo)
+        functions = {jax_ir.StringAttr(op.attributes["sym_name"]).value: op.operation
+                     for op in module.body.operations if op.operation.name == "func.func"}
+
+        def manual_calls(op, inside: bool):
+            for region in op.regions:
+                for block in region.blocks:
+                    for child in block.operations:
+                        child = child.operation
+                        if inside and child.name == "func.call":
+                            yield child
+                        yield from manual_calls(child, inside or child.name == "sdy.manual_computation")
+
+        while calls := [call for function in functions.values() for call in manual_calls(function, False)]:
+            for call in calls:                   # (a callee's own calls are inlined in the next round)
+                callee = functions[jax_ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
+                copy = callee.clone(ip=jax_ir.InsertionPoint(call))
+                block = copy.regions[0].blocks[0]
+                for argument, operand in zip(block.arguments, call.operands):
+                    argument.replace_all_uses_with(operand)
+                *body, ret = [op.operation for op in block.operations]
+                for op in body:
+                    op.move_before(call)
+                for result, value in zip(call.results, ret.operands):
+                    result.replace_all_uses_with(value)
+                call.erase()
+                copy.erase()
+        return module.operation.get_asm(print_generic_op_form=True)
 
 
 @contextlib.contextmanager

@@ -682,6 +682,25 @@ def test_a_placed_function_names_its_slices_axes_as_under_jax_set_mesh():
         pw.jit(layer, slice=elastic, in_specs=(P("data"), P(None, "model")))(x, w)
 
 
+def test_a_shard_map_body_may_call_functions_jax_jits():
+    """A helper JAX lowers as a call (`jax.nn.relu`, `jax.nn.one_hot`, `jnp.cumsum`, a user's `jax.jit`
+    function) inside a `jax.shard_map` body failed the trace: 'func.call' op 'relu' does not reference a valid
+    function (pw's MLIR context does not know the shard_map body's `sdy` op), so an expert-parallel MoE with
+    `all_to_all` could not be written. The calls are now inlined in the IR pw keeps."""
+    s = pw.virtual_slice(2, axes="data")
+    double = jax.jit(lambda v: v * 2)
+
+    def layer(x):
+        body = lambda rows: jax.lax.psum(double(jnp.cumsum(jax.nn.relu(rows), axis=1)), "data")  # noqa: E731
+        return jax.shard_map(body, in_specs=P("data"), out_specs=P())(x)
+
+    x = jnp.arange(32.0).reshape(8, 4) / 16 - 1
+    placed = pw.jit(layer, slice=s, in_specs=P("data"), out_specs=P())
+    with jax.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))):
+        want = jax.jit(layer)(x)
+    np.testing.assert_allclose(np.asarray(placed(x)), want, rtol=1e-6)
+
+
 def test_a_sharding_of_a_concrete_mesh_inside_a_placed_function_is_refused_naming_it():
     """`with_sharding_constraint(x, NamedSharding(mesh, P("data")))` or a `device_put` inside a placed function
     puts values on devices of the user's choosing, which placement does not know: one line at trace naming the
