@@ -14,6 +14,7 @@ running the same steps on the same device; the heads and losses are equal.
 """
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -135,14 +136,17 @@ def plain_jax_jobs(base_values: dict, data: list, device=None) -> list[tuple[dic
     return results
 
 
-def held_bytes(runtime) -> int:
-    """The device bytes the runtime's memory ledger holds now (after retiring the runs that are over)."""
+def held_bytes(runtime, timeout: float = 60.0) -> int:
+    """The device bytes the runtime's memory ledger holds once no run is under way: the results that handles
+    hold. A run gives its reservation back when its islands are done with it, which may be just after its
+    results have been read (its frees after them), so this waits for that, `timeout` seconds at most."""
+    deadline = time.monotonic() + timeout
+    while runtime.status()["scheduler"]["admitted"] and time.monotonic() < deadline:
+        time.sleep(0.01)
     return sum(runtime.usage().values())
 
 
 if __name__ == "__main__":
-    import time
-
     steps = 40
     runtime = pw.get_runtime()
     base_values = init_base()
