@@ -457,7 +457,8 @@ class ProgramPlan:
                 home, producer = written[b]
                 # (a cond's result, which a host step writes, is on whichever slice its branch left it)
                 if island is not None and home != island and (home is not None or producer < 0):
-                    lives = home or "the host: a program argument with no home slice (pw-insert-transfers gives each one)"
+                    lives = home or ("the host: a program argument with no home slice (pw-insert-transfers gives "
+                                     "each one)")
                     raise PlanError(f"{where}: step {step_id} ({s.kind}) on {island} reads buffer {b}, "
                                     f"which lives on {lives}", step=step_id)
             if isinstance(s, Recv):
