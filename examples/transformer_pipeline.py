@@ -163,10 +163,10 @@ if __name__ == "__main__":
 
     chosen = sys.argv[1:] or ["1f1b"]
     chosen = list(SCHEDULES) if chosen == ["all"] else chosen
-    unknown = [s for s in chosen if s not in SCHEDULES]
+    unknown = [s for s in chosen if s not in (*SCHEDULES, "auto")]
     if unknown:
         sys.exit(f"transformer_pipeline.py: error: unknown schedule {unknown[0]!r} (choose from "
-                 f"{', '.join(SCHEDULES)} or all)")
+                 f"{', '.join(SCHEDULES)}, auto or all)")
     steps = 150
     figure, ax = plt.subplots(figsize=(6, 3.5))
     for schedule in chosen:
