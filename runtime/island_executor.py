@@ -280,7 +280,7 @@ class IslandExecutor:
             elif not isinstance(value, REFERENCES):
                 slots[slot[buffer]] = copy_to(value, layout.shardings[buffer])
 
-    def _hold_in_flight(self) -> bool:
+    def _hold_in_flight(self) -> None:
         """Returns once fewer than `IN_FLIGHT` runs dispatched here are still computing (or the island closed),
         before a run of the general path starts, or a fast lane's run whose program runs a collective (a lane's
         credits bound its memory, not its runs in flight). XLA:CPU (jax 0.10.2) aborts the process in an
@@ -289,11 +289,8 @@ class IslandExecutor:
         and so does blocking every 128 or 256 calls; blocking every 32 does not for 4 devices, but 33 lane runs
         of an 8-device step in flight did, on a loaded machine. Lane runs without a collective are not held:
         holding them cost `pw-bench multi-tenancy`'s 4-client aggregate (4-device runs, no collective) a
-        quarter. The oldest runs need nothing more to finish, so waiting for them cannot wait on this thread.
-        Returns whether it waited (the run about to start may have been cancelled meanwhile)."""
-        waited = False
+        quarter. The oldest runs need nothing more to finish, so waiting for them cannot wait on this thread."""
         while len(self._completions) >= IN_FLIGHT and not self._closed:
-            waited = True
             try:
                 oldest = self._completions[0]
             except IndexError:                   # retired meanwhile by another look
@@ -305,15 +302,17 @@ class IslandExecutor:
                 time.sleep(_AWAIT_PAUSE_MIN)
             del oldest
             self.look()
-        return waited
 
     def _started(self, work: IslandWork, inline: bool = False) -> None:
         """A run's work: its inputs placed, its steps queued and executed (parking at a Recv not arrived); with
         `inline`, on the caller's thread, its NumPy arguments still the caller's (`_place`)."""
         with self.lock:
             run = self._runs.get(work.run_id)
-        if run is None or (self._hold_in_flight() and self._runs.get(work.run_id) is not run):
+        if run is None:
             return                              # it failed (or was cancelled) meanwhile
+        self._hold_in_flight()
+        if self._runs.get(work.run_id) is not run:
+            return                              # cancelled while it waited: nothing of it runs
         try:
             self._place(run, work.inputs, bool(work.step_ids), inline)
             if work.step_ids:
