@@ -251,9 +251,10 @@ class Runtime:
                 if run is not None and run.error is None and not self.run_done(run):
                     self.cancel(run, RunCancelled(f"run {run.id} of {run.plan.program} did not finish within "
                                                   f"its deadline: cancelled"))
-            if self.wedge_timeout is not None:
+            wedge_timeout = self.wedge_timeout   # (read once: a caller may set it to None meanwhile)
+            if wedge_timeout is not None:
                 for island in list(self.islands.values()):
-                    island.wedge(self.wedge_timeout)
+                    island.wedge(wedge_timeout)
 
     def release_results(self, run: Run) -> None:
         """Releases every result of a run (no handle will be made for them)."""

@@ -325,7 +325,7 @@ def test_credits_go_back_when_the_scheduler_needs_the_memory(device_map, plan_bu
                 [y] = client.run(plan, [y])
             client.wait(y._run, timeout=60)
             del y
-            rt.scheduler._poll(len(rt.scheduler._in_flight))
+            rt.scheduler.retire_over()
             assert lane.free > 0                 # reserved for the lane's next runs
             rt.scheduler.hold()                  # runs will queue: the credits go back to the ledger
             assert lane.free == 0 and set(rt.scheduler.ledger.usage().values()) == {0}
@@ -333,7 +333,7 @@ def test_credits_go_back_when_the_scheduler_needs_the_memory(device_map, plan_bu
             [y] = client.run(plan, [jnp.asarray(X)])
             client.wait(y._run, timeout=60)
             del y
-            rt.scheduler._poll(len(rt.scheduler._in_flight))
+            rt.scheduler.retire_over()
             assert lane.free > 0
             [h] = client.run(big, [np.ones((8, 48), np.float32)])      # fits only once they are back
             np.testing.assert_allclose(np.asarray(h), np.asarray(jax.jit(tanh2)(np.ones((8, 48)))), rtol=1e-6)

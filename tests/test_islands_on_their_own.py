@@ -616,13 +616,18 @@ def test_runs_cancelled_while_they_wait_for_the_in_flight_bound_never_execute(de
     """A run waiting for fewer than `IN_FLIGHT` runs to be computing on its island (on the caller's thread, when
     it ran inline) was executed after its cancel: 40 calls with `timeout=0.05` of a 0.08 s computation all
     ran, blocking the caller 2 s and a later run of the island 2 s more. The caller no longer runs a run inline
-    while the island has `IN_FLIGHT` runs computing, and a run cancelled while it waited is dropped."""
+    while the island has `IN_FLIGHT` runs computing, and a run cancelled while it waited is dropped. The island
+    sees no computation over until every run is cancelled (`computed` is gated), so the bound holds the runs
+    beyond the first `IN_FLIGHT` however slowly this thread submits and cancels them."""
     import pathways_mlir as pw
 
     started = []
     advance = island_executor.IslandExecutor._advance
     monkeypatch.setattr(island_executor.IslandExecutor, "_advance",
                         lambda self, run: started.append(run.id) or advance(self, run))
+    cancelled = threading.Event()
+    opener = threading.Timer(60, cancelled.set)
+    computed = island_executor.computed
     rt = Runtime(device_map)
     try:
         s = pw.virtual_slice(1, axes="x", island="island0")
@@ -634,17 +639,23 @@ def test_runs_cancelled_while_they_wait_for_the_in_flight_bound_never_execute(de
         client = Client(rt)
         x, n = np.eye(256, dtype=np.float32) * 0.5, np.int32(300)
         np.asarray(slow.run(x, n, client=client))
+        until(lambda: not rt.islands["island0"]._completions, "the first run retired", 60)
         started.clear()
+        monkeypatch.setattr(island_executor, "computed", lambda array: cancelled.is_set() and computed(array))
+        opener.start()                           # (a caller blocked behind the gate would wait for it for good)
         handles = [slow.run(x, n, client=client, timeout=600) for _ in range(40)]   # (the general path)
+        until(lambda: len(started) == island_executor.IN_FLIGHT, "the island's first runs under way", 60)
         for h in handles:
             client.cancel(h)
+        cancelled.set()
         for h in handles:
             try:
                 np.asarray(h.result(timeout=60))
             except RunCancelled:
                 pass
-        assert len(started) <= island_executor.IN_FLIGHT + 2, len(started)
+        assert len(started) == island_executor.IN_FLIGHT, len(started)
         del handles, h
         until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
     finally:
+        opener.cancel()
         rt.close()
