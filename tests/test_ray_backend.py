@@ -6,10 +6,12 @@ connection to each actor. Skipped where Ray is not installed.
 """
 
 import contextlib
+import gc
 import os
 import signal
 import socket
 import time
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -605,19 +607,31 @@ def test_a_holder_lost_before_the_pull_fails_the_reader_with_island_lost(ray_run
 
 def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
     """Last: island1's actor is killed. Programs move to island0, a result it kept raises `IslandLost` when
-    passed on, and restore_island brings a fresh actor back, with a connection of its own."""
+    passed on, and restore_island brings a fresh actor back, with a connection of its own. A run under way on
+    it raises `IslandLost` when read, and its handle, dropped, is collected (raising the proxy's kept error
+    attached the reader's frames to it, which kept the handle, and its bytes, for good)."""
     double = pw.program(pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(2, axes="x", name="anywhere"),
                                in_specs=P("x"), out_specs=P("x")))
+    spin = pw.program(pw.jit(lambda x: jax.lax.fori_loop(0, 50_000_000, lambda i, y: jnp.tanh(y), x),
+                             slice=pw.virtual_slice(2, axes="x", island="island1", name="spinning")))
     with Client(ray_runtime) as client:
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client)), expected(X))
         kept = on_right.run(X, client=client)            # kept on island1
         kept.result(60)
+        spin.compiled(X, runtime=ray_runtime)
+        busy = spin.run(X, client=client)                # under way on island1 when it dies
         version = ray_runtime.resources.version
         ray.kill(ray.get_actor(island_name("island1"), namespace=NAMESPACE))
         deadline = time.monotonic() + 60
         while ray_runtime.resources.version == version:
             assert time.monotonic() < deadline, "the monitor takes island1 out within 60 s"
             time.sleep(0.02)
+        for _ in range(2):
+            with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+                busy.result(60)
+        busy = weakref.ref(busy)
+        gc.collect()
+        assert busy() is None
         assert [i.name for i in ray_runtime.resources.topology.islands] == ["island0"]
         with pytest.raises(ValueError, match="cannot place slice .*: it asks for island 'island1', which the "
                                              "topology does not have \\(islands: island0\\)"):
@@ -626,6 +640,8 @@ def test_zz_a_killed_island_actor_is_lost_and_can_be_restored(ray_runtime):
         with pytest.raises(pw.IslandLost, match="island island1 was lost"):
             on_left.run(kept, client=client)             # its holder died: no reference to it is sent
         ray_runtime.restore_island("island1")
+        fresh = ray_runtime.islands["island1"].status()["transfers"]["island0"]
+        assert fresh["path"] == "transfer server" and fresh["pulled"] == 0   # its path, before its first move
         with pytest.raises(pw.IslandLost, match="island island1 was lost"):
             on_left.run(kept, client=client)             # nor to the fresh actor, which never had it
         for k in range(3):

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..authentication import client_handshake
-from ..island_work import IslandWork, PeerRef, RunFailed, StoreRef
+from ..island_work import IslandWork, PeerRef, RunFailed, StoreRef, raised
 from ..limits import Limits
 from ..wire import ERROR_KINDS, FrameReader, ProtocolError, reported, send_message
 from .data_plane import Lend, Withdraw
@@ -92,7 +92,7 @@ class IslandConnection:
     def send(self, header: dict, arrays=()) -> None:
         """Sends one frame; raises ConnectionBroken if the connection broke."""
         if self.broken is not None:
-            raise self.broken
+            raise raised(self.broken)
         try:
             with self._sending:
                 send_message(self.sock, header, arrays, LIMITS)
@@ -168,7 +168,7 @@ class IslandConnection:
                 if found:
                     return found
                 if self.broken is not None:
-                    raise self.broken
+                    raise raised(self.broken)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError("an island actor did not answer in time")
@@ -219,13 +219,14 @@ class IslandConnection:
         self._state.notify_all()
 
     def _broke(self, error: BaseException) -> ConnectionBroken:
-        """Marks the connection broken by `error` (every waiter raises it from now on); returns it."""
+        """Marks the connection broken by `error` (every waiter raises it from now on); returns a copy of it
+        to raise (`raised`: each raise of the kept one would add the raiser's frames to it)."""
         with self._state:
             if self.broken is None:
                 self.broken = ConnectionBroken(f"the connection to the island actor broke: {type(error).__name__}: "
                                                f"{(str(error).splitlines() or [''])[0]}")
                 self._state.notify_all()
-            return self.broken
+            return raised(self.broken)
 
 
 def error_reply(request: int, error: BaseException) -> dict:

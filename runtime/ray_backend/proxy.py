@@ -11,7 +11,8 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from ..island_work import HISTORY, REFERENCES, IslandLost, IslandWork, RunFailed, client_owner, failure_kind
+from ..island_work import (HISTORY, REFERENCES, IslandLost, IslandWork, RunFailed, client_owner, failure_kind,
+                           raised)
 from .connection import ConnectionBroken, IslandConnection
 from .names import wait_until_free
 
@@ -97,14 +98,14 @@ class RayIsland:
 
     def _died(self, error: BaseException) -> IslandLost:
         """Marks the actor dead (Ray said so with `error`): the runs under way here fail, and the monitor
-        takes the island out. Returns the `IslandLost` that stands for it."""
+        takes the island out. Returns a copy (`raised`) of the `IslandLost` that stands for it."""
         if self._dead is None:
             self._dead = IslandLost(f"island {self.name} was lost ({type(error).__name__}: "
                                     f"{(str(error).splitlines() or [''])[0]})")
             self._hang_up()
             self._fail_under_way()
             self._group.monitor.report(self.name)
-        return self._dead
+        return raised(self._dead)
 
     def _hang_up(self) -> None:
         """Closes the connection to the dead actor: what waits on it (a fetch, a start's acknowledgement) fails
@@ -141,13 +142,13 @@ class RayIsland:
 
     def load(self, key: int, plan: ProgramPlan) -> None:
         if self._dead is not None:
-            raise self._dead
+            raise raised(self._dead)
         self._get(self._call("load", key, plan.to_json()))
         self._plans[key] = (plan.program, tuple(plan.islands))
 
     def prepare(self, key: int, step_ids) -> None:
         if self._dead is not None:
-            raise self._dead
+            raise raised(self._dead)
         self._get(self._call("prepare", key, list(step_ids)))
 
     def has_plan(self, key: int) -> bool:
@@ -183,11 +184,13 @@ class RayIsland:
 
     def lost_result(self, run_id: int) -> BaseException | None:
         """What reading a result of run `run_id` kept here raises once the actor died, or the run failed on an
-        actor that died (also after a restore: the fresh actor never had it); None if it may be kept."""
+        actor that died (also after a restore: the fresh actor never had it); None if it may be kept. A copy of
+        the kept error (`raised`): raised, the kept one would hold the raiser's frames (a handle among them)."""
         if self._dead is None and run_id not in self._failed:
             return None
-        return self._failed.get(run_id) or IslandLost(f"island {self.name} was lost, with the results of run "
-                                                      f"{run_id} that lived there")
+        kept = self._failed.get(run_id)
+        return raised(kept) if kept is not None else IslandLost(f"island {self.name} was lost, with the results "
+                                                                f"of run {run_id} that lived there")
 
     def refuse(self, run_id: int, error: BaseException) -> None:
         """A run is not sent here (it takes a result that `lost_result`): it fails with `error`."""
@@ -239,7 +242,8 @@ class RayIsland:
         broke marks the actor dead and raises its `IslandLost`."""
         connection = self.connection
         if connection is None:
-            raise self._dead or IslandLost(f"island {self.name} has no connection to its actor")
+            raise raised(self._dead) if self._dead is not None else \
+                IslandLost(f"island {self.name} has no connection to its actor")
         self.calls[kind] += 1
         try:
             return getattr(connection, "fetch" if kind == "produced" else kind)(*args, **kwargs)
