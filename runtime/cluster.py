@@ -32,7 +32,8 @@ MAX_HOST_DEVICES = 4096
 
 
 class ClusterError(RuntimeError):
-    """The requested cluster cannot be made from the devices JAX has."""
+    """The requested cluster cannot be made: from the devices JAX has, or (Ray backend) from the Ray cluster's
+    nodes, or an island's actor cannot be reached or restored."""
 
 
 def requested_shape() -> tuple[int, int]:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import ClusterError
 from pathways_mlir.runtime.runtime import Runtime
 
 ray = pytest.importorskip("ray")
@@ -69,7 +70,8 @@ def test_each_island_is_a_named_actor_on_the_node_holding_its_devices(runtime):
 
 
 def test_a_cluster_without_an_islands_resource_is_refused(runtime):
-    with pytest.raises(RuntimeError, match="offers the resource of island.* island2"):
+    # A ClusterError: pw-serve says it in one line as a user's error (a RuntimeError was its "internal error").
+    with pytest.raises(ClusterError, match="offers the resource of island.* island2"):
         Runtime(backend="ray", islands=3, per_island=2)
 
 

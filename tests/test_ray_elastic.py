@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.cluster import ClusterError
 from pathways_mlir.runtime.runtime import Runtime
 
 ray = pytest.importorskip("ray")
@@ -260,7 +261,7 @@ def test_training_survives_a_removed_node_and_uses_it_again_once_a_node_joins(cl
             until(lambda: rt.resources.version > version, "the monitor takes the island out", WAIT)
             assert islands(rt) == [OTHER[home]]
             if graceful:           # a node killed hard counts as alive (offering the resource) for a while
-                with pytest.raises(RuntimeError, match=f"no node of the Ray cluster offers the resource of "
+                with pytest.raises(ClusterError, match=f"no node of the Ray cluster offers the resource of "
                                                        f"island {home}: start one with ray start"):
                     rt.restore_island(home)
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 from pathways_mlir.dialect.topology import Topology
 
+from ..cluster import ClusterError
 from ..island_work import Islands, IslandWork
 from ..status import Status, gather
 from .actor import IslandActor
@@ -72,7 +73,7 @@ class RayIslands(Islands):
 
     def _watch_actor(self, island: RayIsland) -> None:
         """Opens the proxy's connection to its actor (`connection.py`; an actor that died meanwhile is marked
-        dead; one the driver cannot reach is a RuntimeError) and keeps the actor's `watch` call in flight."""
+        dead; one the driver cannot reach is a ClusterError) and keeps the actor's `watch` call in flight."""
         import ray
 
         try:
@@ -80,7 +81,7 @@ class RayIslands(Islands):
         except ray.exceptions.RayError as error:
             island._died(error)
         except OSError as error:
-            raise RuntimeError(f"island {island.name}: {error}") from None
+            raise ClusterError(f"island {island.name}: {error}") from None
         self.monitor.watch_actor(island)
 
     def on_run_done(self, wake) -> None:
@@ -181,7 +182,7 @@ class RayIslands(Islands):
 
         offering = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(island_name(island)))
         if not self.one_machine and not offering:
-            raise RuntimeError(f"no node of the Ray cluster offers the resource of island {island}: start one "
+            raise ClusterError(f"no node of the Ray cluster offers the resource of island {island}: start one "
                                f"with ray start --resources='{{\"{island_name(island)}\": 1}}'")
         # A node killed hard counts as alive until Ray's health checks fail, and killing its dead actor
         # frees its resource there: go elsewhere when another node offers it.
@@ -215,13 +216,13 @@ class RayIslands(Islands):
         except ray.exceptions.RayError as error:
             ray.kill(actor)
             self.failed_nodes |= {target} - {None}
-            raise RuntimeError(f"island {island} was not restored: {type(error).__name__}: "
+            raise ClusterError(f"island {island} was not restored: {type(error).__name__}: "
                                f"{(str(error).splitlines() or [''])[0]}") from None
         proxy = RayIsland(island, actor, self)
         proxy.transfers = address is not None
         try:
             self._watch_actor(proxy)
-        except RuntimeError:
+        except ClusterError:
             ray.kill(actor)
             self.failed_nodes |= {target} - {None}
             raise
@@ -362,7 +363,7 @@ def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | 
     try:
         import ray
     except ImportError:
-        raise RuntimeError("the Ray backend needs Ray: pip install 'pathways-mlir[ray]'") from None
+        raise ClusterError("the Ray backend needs Ray: pip install 'pathways-mlir[ray]'") from None
     started = connect(address, num_cpus=max(2, len(topology.islands)),
                       resources={island_name(i.name): 1 for i in topology.islands})
     actors: dict = {}
@@ -371,7 +372,7 @@ def start_islands(topology: Topology, emulate_dcn: bool = False, address: str | 
         missing = [i.name for i in topology.islands if island_name(i.name) not in offered]
         one_machine = len(missing) == len(topology.islands) and len([n for n in ray.nodes() if n["Alive"]]) == 1
         if missing and not one_machine:
-            raise RuntimeError("no node of the Ray cluster offers the resource of island(s) " +
+            raise ClusterError("no node of the Ray cluster offers the resource of island(s) " +
                                ", ".join(missing) + ": start the node holding island I's devices with "
                                "ray start --resources='{\"pw-island-I\": 1}'")
         for island in topology.islands:
