@@ -186,13 +186,18 @@ class DataPlane:
         return self._server.address()
 
     def connect(self, peer: str, address: str) -> None:
-        """Connects to island `peer`'s transfer server (again, when its actor was restored)."""
+        """Connects to island `peer`'s transfer server (again, when its actor was restored); `status` reports
+        the peer's path from now on, before its first move too."""
         self._peers[peer] = self._server.connect(address)
+        with self._lock:
+            self._counts_of(peer)
 
     def _count(self, peer: str, what: str) -> None:
-        counts = self.counts.setdefault(peer, {"pulled": 0, "offered": 0, "by_actor_call": 0, "arguments_pulled": 0,
-                                               "arguments_offered": 0, "offers_withdrawn": 0})
-        counts[what] += 1
+        self._counts_of(peer)[what] += 1
+
+    def _counts_of(self, peer: str) -> dict[str, int]:
+        return self.counts.setdefault(peer, {"pulled": 0, "offered": 0, "by_actor_call": 0, "arguments_pulled": 0,
+                                             "arguments_offered": 0, "offers_withdrawn": 0})
 
     # -- the receiver ---------------------------------------------------------
 
