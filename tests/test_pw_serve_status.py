@@ -1,5 +1,6 @@
 """`pw-serve --status`: asks the local service by default, a Ray cluster only with `--address`, and is
-bounded (`--timeout`, default 10 s) whoever it asks. Real processes: a `pw-serve` (embedded backend, 2
+bounded (`--timeout`, default 10 s) whoever it asks; `pw-serve --address` where no Ray cluster answers stops
+at once. Real processes: a `pw-serve` (embedded backend, 2
 islands of 2 CPU devices) found through the default service file, and a Ray address where nothing
 listens. Every wait has a timeout; every process started here is stopped.
 """
@@ -57,6 +58,20 @@ def test_status_of_a_ray_address_where_nothing_answers_is_bounded():
     assert result.returncode == 1
     [line] = result.stderr.splitlines()
     assert line.startswith("pw-serve: error: "), line
+
+
+def test_serving_a_ray_address_where_nothing_answers_is_one_line(tmp_path):
+    # Not --status: the service itself. It waited for Ray's retries of the address for many minutes, with
+    # SIGINT and SIGTERM blocked (they wait for the service's sigwait); it checks the address answers first.
+    with socket.socket() as s:                   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pytest.importorskip("ray")
+    result = subprocess.run([*SERVE, "--backend", "ray", "--address", f"127.0.0.1:{port}"], capture_output=True,
+                            text=True, timeout=TIMEOUT, env={**os.environ, "PW_SERVICE_DIR": str(tmp_path / "s")})
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"pw-serve: error: no Ray cluster answers at 127.0.0.1:{port}: "
+                                          f"Connection refused"]
 
 
 def test_status_of_a_malformed_ray_address_names_ray_s_error():

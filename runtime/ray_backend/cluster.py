@@ -14,6 +14,7 @@ import ipaddress
 import itertools
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ from .start_channel import START_TIMEOUT, StartChannel
 
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1
 INLINE_BYTES = 512 * 1024   # a local instance's largest call argument or reply sent inline (Ray's default: 100 KiB)
+PROBE_TIMEOUT = 10.0        # seconds a Ray cluster's address has to accept a connection (`_check_answers`)
 
 
 class RayIslands(Islands):
@@ -316,8 +318,23 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
             ray.init(address="local", num_cpus=num_cpus, _node_ip_address=host, resources=resources,
                      include_dashboard=False, _system_config=config, **options)
         else:
+            _check_answers(named)
             ray.init(address=address, **({"_node_ip_address": host} if is_loopback(host) else {}), **options)
     return True
+
+
+def _check_answers(address: str) -> None:
+    """Raises ClusterError unless something accepts connections at a Ray cluster's `host:port` within
+    `PROBE_TIMEOUT` seconds: `ray.init` retries an address where nothing answers for many minutes, and
+    `pw-serve` waits for it before it takes signals. (An empty or portless address is Ray's to resolve.)"""
+    host, _, port = address.rpartition(":")
+    if not (host and port.isdigit()):
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT).close()
+    except (OSError, OverflowError) as error:
+        reason = "timed out" if isinstance(error, TimeoutError) else getattr(error, "strerror", None) or error
+        raise ClusterError(f"no Ray cluster answers at {address}: {reason}") from None
 
 
 def is_loopback(host: str) -> bool:
