@@ -329,8 +329,10 @@ def test_a_cancelled_run_fails_its_handles_although_its_island_heard_of_it_only_
 def test_a_cond_program_cancelled_while_its_branch_computes_raises_its_cancel(runtime):
     """The cond's thread had the branch's result to hand on once the cancel had failed the program's result:
     setting it raised InvalidStateError in that thread, which then failed the run with that error instead of
-    the cancel (the first failure is the run's)."""
-    spin = pw.jit(lambda x: jax.lax.fori_loop(0, 2_000_000, lambda i, y: jnp.cos(y), x), slice=left,
+    the cancel (the first failure is the run's). The branch computes over a second here: the test sees it in flight
+    and cancels before it is over and retired (the watchdog retires a finished run within 0.1 s) on a busy
+    machine too."""
+    spin = pw.jit(lambda x: jax.lax.fori_loop(0, 4_000_000, lambda i, y: jnp.cos(y), x), slice=left,
                   in_specs=P("x"), out_specs=P("x"))
     positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=left, in_specs=P("x"), out_specs=P())
 
