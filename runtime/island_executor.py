@@ -243,6 +243,8 @@ class IslandExecutor:
                 return                           # cancelled before it ran: nothing of it runs
             self._place(run, inputs, True, inline)
             run.executing = True
+            if self._runs.get(run.id) is not run:
+                return                           # failed or cancelled while its arguments were placed (`_fail`)
             run.began = now = time.monotonic()
             self._clock.begin(run.id, now)
             self._executing = (run, now)
@@ -359,13 +361,15 @@ class IslandExecutor:
         if run.parked:
             return                               # a delivery came first; its arguments are still awaited
         run.executing = True
-        now = time.monotonic()
-        if run.began is None:
-            run.began = now
-            self._clock.begin(run.id, now)
-        self._executing = (run, now)
         runs = self._runs
         try:
+            if runs.get(run.id) is not run:
+                return                           # failed or cancelled while its arguments were placed (`_fail`)
+            now = time.monotonic()
+            if run.began is None:
+                run.began = now
+                self._clock.begin(run.id, now)
+            self._executing = (run, now)
             while run.queue:
                 program = run.queue[0]
                 pc, end = run.pc, len(program)
@@ -425,22 +429,29 @@ class IslandExecutor:
 
     def _fail(self, run_id: int, error: BaseException, plan_key: int | None = None) -> tuple[str, ...]:
         """Fails a run here (under the lock); returns the other islands of its plan, to be told."""
-        run = self._runs.pop(run_id, None)
+        self._clock.drop(run_id)                 # (first: a look that retires the run times nothing of it)
+        run = self._runs.get(run_id)
+        if run is not None:
+            # Into `_in_flight` before it leaves `_runs` (`run_done` reads without the lock), and out of `_runs`
+            # before `executing` is read: an executor that marks it executing after that read sees it gone
+            # (`_advance`, `_lane_work`) and runs nothing more of it.
+            self._in_flight[run_id] = run.tracked
+            del self._runs[run_id]
+            if run.executing or not all(map(computed, run.tracked)):
+                # Its instruction under way, or device work it launched, still uses its memory: the run is over
+                # here (`run_done`, which gives its reservation back) once the tracker sees both end.
+                run.earliest_end = time.monotonic()
+                self._completions.append(run)
+                self._tracker_idle.set()
+            else:
+                del self._in_flight[run_id]
         plan_key = run.plan_key if run is not None else plan_key
         self._early.pop(run_id, None)
         for key in [k for k in self._awaited_results if k[0] == run_id]:
             for waiter in self._awaited_results.pop(key):      # their argument will never exist
                 waiter(None, error)
-        self._clock.drop(run_id)
         if run is None:
             self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
-        elif run.executing or not all(map(computed, run.tracked)):
-            # Its instruction under way, or device work it launched, still uses its memory: the run is over
-            # here (`run_done`, which gives its reservation back) once the tracker sees both end.
-            run.earliest_end = time.monotonic()
-            self._in_flight[run_id] = run.tracked
-            self._completions.append(run)
-            self._tracker_idle.set()
         if self._dropped:
             self._dropped = {k for k in self._dropped if k[0] != run_id}
         if isinstance(error, InternalFloatingPointError):     # `jax_debug_nans`/`_infs`: what jax.jit raises

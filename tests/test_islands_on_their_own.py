@@ -659,3 +659,42 @@ def test_runs_cancelled_while_they_wait_for_the_in_flight_bound_never_execute(de
     finally:
         opener.cancel()
         rt.close()
+
+
+@pytest.mark.parametrize("path", ["fast lane", "general"])
+def test_a_run_cancelled_while_its_arguments_are_placed_never_executes(device_map, monkeypatch, path):
+    """A cancel that landed while the island placed a run's arguments (after the island's last look at whether
+    the run was cancelled) let the run's first step execute all the same, on its own: the run was already over
+    for the scheduler, which had given its memory back (found by a review; a large NumPy argument and a
+    deadline hit it with no help). The island looks again once the arguments are placed."""
+    import pathways_mlir as pw
+    from pathways_mlir.runtime import island_program
+
+    launched = []
+    execute = island_program.LaunchInstruction.execute
+    monkeypatch.setattr(island_program.LaunchInstruction, "execute",
+                        lambda self, island, run: launched.append(run.id) or execute(self, island, run))
+    rt = Runtime(device_map)
+    try:
+        s = pw.virtual_slice(1, axes="x", island="island0")
+        plus = pw.jit(lambda x: x + 1.0, slice=s)
+        client = Client(rt)
+        x = np.ones((8,), np.float32)
+        options = {"timeout": 600} if path == "general" else {}          # a timeout takes the general path
+        np.asarray(plus.run(x, client=client, **options))                 # compiled
+        launched.clear()
+        place, cancelled = island_executor.IslandExecutor._place, []
+
+        def placed_then_cancelled(run, *args):
+            place(run, *args)
+            cancelled.append(rt.cancel(rt.scheduler._in_flight[run.id]))   # lands as the placing ends
+
+        monkeypatch.setattr(island_executor.IslandExecutor, "_place", staticmethod(placed_then_cancelled))
+        handle = plus.run(x, client=client, **options)
+        with pytest.raises(RunCancelled):
+            np.asarray(handle.result(timeout=60))
+        assert cancelled == [True] and launched == []
+        del handle
+        until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
+    finally:
+        rt.close()
