@@ -3,9 +3,13 @@
 Each benchmark module has `NAME`, `HEADLINE` (the names of its headline
 ratios), `run(quick: bool) -> dict`, returning a record made by
 `harness.record`, and `plot(record, ax)`, drawing its figure of the paper on
-a matplotlib axes. Our system and its baselines run in the same process,
-interleaved, several times; the results are medians and ratios. `report`
-turns records into `RESULTS.md` and plots.
+a matplotlib axes. Optional: `LOWER_IS_BETTER`, the headlines that read the
+other way (a time, bytes or an error of ours; the report marks them), and
+`FIGURES`, the file names of the figures that its `run(quick, plots=FOLDER)`
+draws into FOLDER (`pw-bench` passes plots/ beside the record). Our system
+and its baselines run in the same process, interleaved, several times; the
+results are medians and ratios. `report` turns records into `RESULTS.md`
+and plots.
 """
 
 import importlib

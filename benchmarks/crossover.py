@@ -27,6 +27,8 @@ from . import harness
 
 NAME = "crossover"
 HEADLINE = ("crossover_ms_95", "crossover_ms_99")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("crossover_ms_95", "crossover_ms_99")
 DEVICES = 8
 WIDTH = 2048      # floats per device
 
@@ -87,7 +89,7 @@ def run(quick: bool) -> dict:
             ours, theirs = harness.median(times["ours"]), harness.median(times["jax"])
             rows.append({"iterations": n, "duration_ms": theirs / k * 1e3, "ours_chained_per_s": k / ours,
                          "jax_opbyop_per_s": k / theirs, "ratio": theirs / ours,
-                         "spread": max(harness.spread(times["ours"]), harness.spread(times["jax"]))})
+                         "spread": harness.widest_spread(times["ours"], times["jax"])})
     finally:
         client.close()
         runtime.close()

@@ -54,6 +54,8 @@ from . import harness
 NAME = "elastic"
 HEADLINE = ("recovery_s", "recovery_s_cached", "elastic_after_over_before", "trainer_over_plain_loop",
             "ray_elastic_trainer_over_embedded")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("recovery_s", "recovery_s_cached")
 BATCH, WIDTHS = 128, (256, 512, 512, 1)
 SNAPSHOT_EVERY = 5
 WAIT = 120.0          # seconds any one wait may take

@@ -96,12 +96,19 @@ def median(values) -> float:
     return float(statistics.median(values))
 
 
-def spread(values) -> float:
-    """Returns the relative interquartile range of a sequence (0 for fewer than 4 values)."""
+def spread(values) -> float | None:
+    """Returns the relative interquartile range of a sequence (None for fewer than 4 values: too few to say;
+    a report shows it as a dash)."""
     if len(values) < 4:
-        return 0.0
+        return None
     q = statistics.quantiles(values, n=4)
     return float((q[2] - q[0]) / q[1]) if q[1] else 0.0
+
+
+def widest_spread(*samples) -> float | None:
+    """Returns the largest `spread` of several sequences (None when any has too few values to say)."""
+    spreads = [spread(values) for values in samples]
+    return None if None in spreads else max(spreads)
 
 
 def machine_info() -> dict[str, Any]:

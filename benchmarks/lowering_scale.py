@@ -38,6 +38,8 @@ from . import harness
 
 NAME = "lowering-scale"
 HEADLINE = ("ops_65536_over_8", "time_65536_over_8", "baseline_over_ours_2048")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("ops_65536_over_8", "time_65536_over_8")
 SIZES = (8, 64, 512, 2048, 8192, 65536)
 
 

@@ -57,6 +57,8 @@ from . import harness
 NAME = "mixed-serving"
 HEADLINE = ("sjf_p99_over_fifo_p99", "sjf_training_over_fifo", "deadline_p99_over_fifo_p99",
             "deadline_training_over_fifo")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("sjf_p99_over_fifo_p99", "deadline_p99_over_fifo_p99")
 DEVICES = 4
 WIDTH = 256
 LAYERS = 4

@@ -27,6 +27,8 @@ from .examples import load_example
 
 NAME = "moe"
 HEADLINE = ("moe_bytes_over_dense", "moe_time_over_dense")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("moe_bytes_over_dense", "moe_time_over_dense")
 
 
 def dense_layer(moe):

@@ -56,6 +56,8 @@ NAME = "multi-tenancy"
 HEADLINE = ("aggregate_4clients_over_1", "aggregate_4clients_over_1_worst", "jax_4threads_over_1_worst",
             "aggregate_4clients_over_jax_4threads_worst", "jax_4threads_in_order_over_1_worst", "share_error_1111",
             "share_error_1248", "other_island_latency_under_load")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("share_error_1111", "share_error_1248", "other_island_latency_under_load")
 DEVICES = 4
 WIDTH = 1024                       # floats per device
 DURATIONS_MS = (0.05, 0.5, 2.0)

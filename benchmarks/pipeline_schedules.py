@@ -22,8 +22,9 @@ Per schedule:
   `trace_bubble`: the idle fraction of the islands in the trace of one
   step (`Runtime.start_tracing`), between its first and last stage launch;
   `planned_bubble`: the same of the schedule timed with nominal costs (F 1,
-  backward 2, ZB-H1's B and W 1 each). A full run also draws the planned
-  and measured schedules of 1F1B and ZB-H1 into `plots/schedule-*.png`.
+  backward 2, ZB-H1's B and W 1 each). A full run through `pw-bench` also
+  draws the planned and measured schedules of 1F1B and ZB-H1 (`FIGURES`)
+  into `plots/` beside its record (the package's `plots/` for its records).
 - `stage0_peak_bytes`: the static peak per device of island0 from the plan
   (`compiled.plan.peak`); `in_flight`: the most stage steps whose residuals
   the first slice keeps at once in the schedule's order (M for GPipe, S for
@@ -51,9 +52,13 @@ from . import harness
 NAME = "pipeline-schedules"
 HEADLINE = ("onef1b_peak_over_gpipe_stage0", "gpipe_over_plain_jax", "onef1b_over_plain_jax",
             "zbh1_over_plain_jax", "zbh1_step_over_onef1b", "zbh1_trace_bubble_over_onef1b")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("onef1b_peak_over_gpipe_stage0", "zbh1_step_over_onef1b", "zbh1_trace_bubble_over_onef1b")
 STAGES, DEVICES_PER_STAGE, LAYERS, WIDTH, ROWS, MICRO_BATCHES = 4, 1, 2, 128, 512, 8
 SCHEDULES = {"gpipe": STAGES, "1f1b": STAGES, "interleaved-1f1b": 2, "zb-h1": STAGES}   # schedule -> slices (D)
-PLOTS = pathlib.Path(__file__).parent / "plots"
+# The figures a full run draws: the schedules of 1F1B and ZB-H1, measured and planned.
+FIGURES = {schedule: (f"schedule-{schedule}-measured.png", f"schedule-{schedule}-planned.png")
+           for schedule in ("1f1b", "zb-h1")}
 
 
 def stage(params, x):
@@ -111,8 +116,9 @@ def stage_alone_seconds(functions, params, x, target, repetitions: int) -> float
     return total
 
 
-def run(quick: bool) -> dict:
-    """Measures each schedule's step time, bubble and static peak beside plain JAX."""
+def run(quick: bool, plots: pathlib.Path | None = None) -> dict:
+    """Measures each schedule's step time, bubble and static peak beside plain JAX; a full run given `plots`
+    draws `FIGURES` there."""
     repetitions = 3 if quick else 11
     rng = np.random.default_rng(0)
     params = [[(rng.normal(0, WIDTH ** -0.5, (WIDTH, WIDTH)).astype(np.float32), np.zeros(WIDTH, np.float32))
@@ -141,9 +147,11 @@ def run(quick: bool) -> dict:
             tracer = runtime.stop_tracing()
             islands = [f"island{d}" for d in range(count)]
             traced[schedule] = schedule_picture.bubble(schedule_picture.measured(tracer, islands))
-            if not quick and schedule in ("1f1b", "zb-h1"):
-                programs[schedule].draw(str(PLOTS / f"schedule-{schedule}-measured.png"), tracer)
-                programs[schedule].draw(str(PLOTS / f"schedule-{schedule}-planned.png"))
+            if plots is not None and not quick and schedule in FIGURES:
+                measured, planned = FIGURES[schedule]
+                plots.mkdir(parents=True, exist_ok=True)
+                programs[schedule].draw(str(plots / measured), tracer)
+                programs[schedule].draw(str(plots / planned))
         work = stage_alone_seconds(stage_functions([stage] * STAGES, mse, MICRO_BATCHES).map(
             lambda f, s: jax.jit(f)), params, x, target, repetitions)   # on one device, as a stage
     finally:

@@ -43,23 +43,26 @@ def start_service(directory: str) -> tuple[subprocess.Popen, str]:
                              "4", "--port", "0", "--service-file", service_file],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
-    if not (ready and proc.stdout.readline().startswith("pw-serve: serving")):
+    if not ready:
         stop_service(proc)
-        raise RuntimeError(f"pw-serve did not start: {proc.stderr.read()[-2000:]}")
+        raise RuntimeError(f"pw-serve did not say it serves within {START_TIMEOUT:g} s")
+    if not proc.stdout.readline().startswith("pw-serve: serving"):
+        said = stop_service(proc).strip().splitlines()
+        raise RuntimeError(f"pw-serve did not start: {said[-1] if said else 'it exited without a word'}")
     return proc, service_file
 
 
-def stop_service(proc: subprocess.Popen) -> None:
-    """Stops `pw-serve` as Ctrl-C would (killed if it does not stop within a minute)."""
+def stop_service(proc: subprocess.Popen) -> str:
+    """Stops `pw-serve` as Ctrl-C would (killed if it does not stop within a minute); returns what it
+    wrote to stderr, read before its pipes are closed."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=60)
-    proc.stdout.close()
-    proc.stderr.close()
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, stderr = proc.communicate(timeout=60)
+    return stderr
 
 
 def run(quick: bool) -> dict:

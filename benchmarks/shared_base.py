@@ -40,6 +40,8 @@ from .examples import load_example
 NAME = "shared-base"
 HEADLINE = ("shared_base_bytes_4_over_1", "unshared_base_bytes_4_over_1", "shared_over_plain_jax",
             "shared_over_unshared")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("shared_base_bytes_4_over_1", "unshared_base_bytes_4_over_1")
 BATCHES = (64, 512)
 
 

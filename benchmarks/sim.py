@@ -28,6 +28,9 @@ NAME = "sim"
 HEADLINE = ("median_abs_error", "worst_abs_error", "crossover_2048_over_128", "stages16_over_stages4",
             "islands4_over_one", "two_islands_over_one_sim", "parallel_over_sequential_dispatch",
             "seconds_to_simulate_65536_devices", "schedule_pick_over_best_measured")
+# Headlines that read lower is better (times, bytes, errors; `pw-bench report` marks them).
+LOWER_IS_BETTER = ("median_abs_error", "worst_abs_error", "crossover_2048_over_128",
+                   "seconds_to_simulate_65536_devices")
 SCALE_PROFILE = "tpu-v4"
 
 

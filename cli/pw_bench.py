@@ -12,7 +12,9 @@ is run from); `--json-dir`, `--results` and `--out` name others.
 Every benchmark process asks XLA for `harness.HOST_DEVICES` CPU devices before
 JAX starts; `all` runs each benchmark in its own process, so one's threads,
 caches and Ray instance never touch the next one's figures. Errors are one
-line each; no Python traceback.
+line each; no Python traceback. SIGTERM stops `pw-bench` as an exception would,
+so that its cleanup runs: a benchmark shuts its Ray instance down, and `all`
+stops the benchmark process it waits for.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +40,7 @@ BENCHMARKS_DIR = pathlib.Path(benchmarks.__file__).resolve().parent
 RESULTS = BENCHMARKS_DIR / "results"
 QUICK_RESULTS = BENCHMARKS_DIR / "results-quick"
 REPORT = BENCHMARKS_DIR / "RESULTS.md"
+CHILD_STOP_TIMEOUT = 60.0   # seconds a benchmark process of `all` has to stop on SIGTERM before it is killed
 
 
 class BenchError(Exception):
@@ -49,11 +53,41 @@ def _use_host_devices(count: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
-def run_benchmark(name: str, quick: bool) -> dict:
-    """Runs benchmark `name` in this process (XLA's device count already set); returns its record."""
+def _cannot_write(path: pathlib.Path | str, error: OSError) -> BenchError:
+    """The one-line error for an output `path` that cannot be written."""
+    return BenchError(f"cannot write {path}: {error.strerror or error}")
+
+
+def _check_writable(path: pathlib.Path) -> None:
+    """Makes `path`'s folder and checks that `path` can be written, leaving no new file there: a bad output
+    path is an error before a run of minutes, not after it."""
+    nearest = next(folder for folder in (path.parent, *path.parent.parents) if folder.exists())
+    if not nearest.is_dir():
+        raise BenchError(f"cannot write {path}: {nearest} is not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with open(path, "a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as e:
+        raise _cannot_write(path, e) from None
+
+
+def figures_folder(json_path: pathlib.Path) -> pathlib.Path:
+    """Where a benchmark draws figures of its own (`FIGURES`) beside its record at `json_path`: plots/ beside
+    the record, or the package's plots/ (which its RESULTS.md and README link) for a record in its results/."""
+    return REPORT.parent / "plots" if json_path.parent.resolve() == RESULTS else json_path.parent / "plots"
+
+
+def run_benchmark(name: str, quick: bool, json_path: pathlib.Path) -> dict:
+    """Runs benchmark `name` in this process (XLA's device count already set); returns its record, whose
+    place is `json_path` (a benchmark with `FIGURES` draws them in `figures_folder(json_path)`)."""
     module = load(name)
     try:
-        record = module.run(quick)
+        record = (module.run(quick, plots=figures_folder(json_path)) if hasattr(module, "FIGURES")
+                  else module.run(quick))
     except ImportError as e:
         raise BenchError(f"{name}: {e} (pip install 'pathways-mlir[bench]')") from None
     except Exception as e:  # noqa: BLE001  (a benchmark failed: one line, no traceback)
@@ -87,11 +121,14 @@ def _benchmark_command(name: str) -> click.Command:
                   help=f"Write the JSON record here (default: {RESULTS}/{name}.json, where report reads by "
                        f"default, or {QUICK_RESULTS} with --quick: report --results reads it there).")
     def command(quick: bool, json_path: pathlib.Path | None) -> None:
-        record = run_benchmark(name, quick)
-        click.echo(_summary(record))
         json_path = json_path or (QUICK_RESULTS if quick else RESULTS) / f"{name}.json"
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(record, indent=1) + "\n")
+        _check_writable(json_path)
+        record = run_benchmark(name, quick, json_path)
+        click.echo(_summary(record))
+        try:
+            json_path.write_text(json.dumps(record, indent=1) + "\n")
+        except OSError as e:
+            raise _cannot_write(json_path, e) from None
         click.echo(f"record: {json_path}")
     return command
 
@@ -109,7 +146,8 @@ for _name in BENCHMARKS:
 def run_all(quick: bool, json_dir: pathlib.Path | None) -> None:
     """Run every benchmark, each in its own process."""
     json_dir = json_dir or (QUICK_RESULTS if quick else RESULTS)
-    json_dir.mkdir(parents=True, exist_ok=True)
+    for name in BENCHMARKS:
+        _check_writable(json_dir / f"{name}.json")
     failed = []
     start = time.perf_counter()
     env = {**os.environ, harness.RUN_ID_VARIABLE: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -118,13 +156,30 @@ def run_all(quick: bool, json_dir: pathlib.Path | None) -> None:
         began = time.perf_counter()
         command = [sys.executable, "-m", "pathways_mlir.cli.pw_bench", name, "--json",
                    str(json_path := json_dir / f"{name}.json")] + (["--quick"] if quick else [])
-        if subprocess.run(command, env=env).returncode != 0:
+        if _run_child(command, env) != 0:
             failed.append(name)
         else:
             click.echo(f"   {json_path} ({time.perf_counter() - began:.0f} s)", err=True)
     click.echo(f"all benchmarks: {time.perf_counter() - start:.0f} s", err=True)
     if failed:
         raise BenchError(f"failed: {', '.join(failed)}")
+
+
+def _run_child(command: list[str], env: dict[str, str]) -> int:
+    """Runs a benchmark's process and returns its exit status. If `pw-bench` is stopped meanwhile (SIGTERM,
+    Ctrl-C), the child is terminated so that its own cleanup runs, and killed if it has not stopped within
+    CHILD_STOP_TIMEOUT."""
+    child = subprocess.Popen(command, env=env)
+    try:
+        return child.wait()
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=CHILD_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(timeout=CHILD_STOP_TIMEOUT)
 
 
 @cli.command("list")
@@ -151,19 +206,32 @@ def report(results: pathlib.Path, out: pathlib.Path) -> None:
         raise BenchError(str(e)) from None
     if not records:
         raise BenchError(f"{results}: no JSON records (run pw-bench all first)")
+    _check_writable(out)
     try:
         written = write_report(records, out)
     except ImportError as e:
         raise BenchError(f"report: {e} (pip install 'pathways-mlir[bench]')") from None
     except RecordError as e:
-        raise BenchError(f"report: {e}") from None
+        raise BenchError(str(e)) from None
+    except OSError as e:
+        raise _cannot_write(e.filename or out, e) from None
     for path in written:
         click.echo(str(path))
 
 
+def _stop_on_sigterm(signum: int, frame) -> None:
+    """Turns SIGTERM into SystemExit (status 128 + SIGTERM, as the signal would give), so that `finally`
+    blocks run: a benchmark's Ray shutdown, `all`'s termination of its child."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `pw-bench`; returns the exit status."""
-    return run_command(cli, argv, "pw-bench", (BenchError,), lambda e: f"pw-bench: error: {e}")
+    """Entry point of `pw-bench`; returns the exit status (SIGTERM: SystemExit, after cleaning up)."""
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        return run_command(cli, argv, "pw-bench", (BenchError,), lambda e: f"pw-bench: error: {e}")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,13 @@
 
 import json
 import math
+import os
 import pathlib
+import signal
+import subprocess
+import sys
+import time
+import types
 
 import pytest
 
@@ -73,8 +79,10 @@ def test_median_and_spread():
     assert harness.median([3.0, 1.0, 2.0]) == 2.0
     assert harness.median([4.0, 1.0, 2.0, 3.0]) == 2.5
     assert harness.spread([1.0, 1.0, 1.0, 1.0]) == 0.0
-    assert harness.spread([1.0, 2.0]) == 0.0               # too few values to say
+    assert harness.spread([0.001, 0.002, 0.5]) is None     # too few values to say, not "steady"
     assert harness.spread([1.0, 2.0, 3.0, 4.0, 5.0]) > 0
+    assert harness.widest_spread([1.0, 2.0, 3.0, 4.0, 5.0], [1.0] * 4) == harness.spread([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert harness.widest_spread([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0]) is None
 
 
 def test_worst_is_the_smallest_ratio_and_none_if_any_is_missing():
@@ -108,6 +116,26 @@ def test_every_benchmark_declares_its_headline():
     assert all(load(name).NAME == name for name in BENCHMARKS)
 
 
+# Headlines that read lower is better: times, bytes, errors and latencies of ours (over a baseline's).
+LOWER_IS_BETTER = {
+    "crossover": ("crossover_ms_95", "crossover_ms_99"),
+    "multi-tenancy": ("share_error_1111", "share_error_1248", "other_island_latency_under_load"),
+    "mixed-serving": ("sjf_p99_over_fifo_p99", "deadline_p99_over_fifo_p99"),
+    "pipeline-schedules": ("onef1b_peak_over_gpipe_stage0", "zbh1_step_over_onef1b", "zbh1_trace_bubble_over_onef1b"),
+    "lowering-scale": ("ops_65536_over_8", "time_65536_over_8"),
+    "moe": ("moe_bytes_over_dense", "moe_time_over_dense"),
+    "sim": ("median_abs_error", "worst_abs_error", "crossover_2048_over_128", "seconds_to_simulate_65536_devices"),
+    "elastic": ("recovery_s", "recovery_s_cached"),
+    "shared-base": ("shared_base_bytes_4_over_1", "unshared_base_bytes_4_over_1"),
+}
+
+
+def test_every_benchmark_declares_which_headlines_read_lower_is_better():
+    declared = {name: load(name).LOWER_IS_BETTER for name in BENCHMARKS if hasattr(load(name), "LOWER_IS_BETTER")}
+    assert declared == LOWER_IS_BETTER
+    assert all(set(keys) <= set(HEADLINES[name]) for name, keys in declared.items())
+
+
 def test_pw_bench_list_names_every_benchmark_and_headline(capsys, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")      # pw-bench sets its device count; keep this process's
     assert pw_bench.main(["list"]) == 0
@@ -136,10 +164,70 @@ def test_report_names_a_record_it_cannot_read(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == [
         f"pw-bench: error: {results / 'a.json'}: not a pw-bench record: not an object",
         f"pw-bench: error: {results / 'a.json'}: not a pw-bench record: a headline value is not a number",
-        "pw-bench: error: report: the record of crossover does not hold what its plot reads: KeyError: 'duration_ms'"]
+        f"pw-bench: error: {results / 'a.json'}: the record of crossover does not hold what its plot reads: "
+        "KeyError: 'duration_ms'"]
+
+
+def _report_error(results: pathlib.Path, out: pathlib.Path | str, capsys) -> str:
+    """Runs `pw-bench report` on `results`, expecting a user error; returns its one line."""
+    assert pw_bench.main(["report", "--results", str(results), "--out", str(out)]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    return line
+
+
+def test_report_names_a_malformed_record_in_one_line(tmp_path, capsys):
+    """Records that pass as JSON objects but would crash the report: one line naming the file."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out" / "RESULTS.md"
+    cases = {"machine": json.dumps({**harness.record("custom", {}, [{"x": 1}], {"h": 1.0}), "machine": {}}),
+             "deep": "[" * 100000 + "]" * 100000}
+    sim = json.loads((pathlib.Path(pw_bench.RESULTS) / "sim.json").read_text())
+    for row in sim["rows"]:
+        if row["name"] == "table2_tokens_per_s_4":
+            row["value"] = 0                                       # the plot divides by it
+    cases["sim"] = json.dumps(sim)
+    cases["ray"] = json.dumps(harness.record("ray", {}, [], {}))   # no ms_per_run rows to plot
+    for name, text in cases.items():
+        results = tmp_path / name
+        results.mkdir()
+        (results / f"{name}.json").write_text(text)
+        assert _report_error(results, out, capsys).startswith(f"pw-bench: error: {results / name}.json: "), name
+    assert list(out.parent.iterdir()) == []
+
+
+def test_report_draws_nothing_until_every_record_is_drawn(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    results, out = tmp_path / "results", tmp_path / "out" / "RESULTS.md"
+    results.mkdir()
+    (results / "dispatch.json").write_text(json.dumps(_synthetic_records()[1]))
+    (results / "crossover.json").write_text(json.dumps(harness.record("crossover", {}, [{"x": 1}], {})))
+    assert "crossover.json: the record of crossover" in _report_error(results, out, capsys)
+    assert list(out.parent.iterdir()) == []      # dispatch's plot, drawn first, was not written
+
+
+def test_report_skips_folders_named_like_records(tmp_path):
+    pytest.importorskip("matplotlib")
+    results, out = tmp_path / "results", tmp_path / "RESULTS.md"
+    (results / "old.json").mkdir(parents=True)
+    (results / "dispatch.json").write_text(json.dumps(_synthetic_records()[1]))
+    assert pw_bench.main(["report", "--results", str(results), "--out", str(out)]) == 0
+    assert [path.name for path, _ in load_records(results)] == ["dispatch.json"]
+
+
+def test_report_output_that_cannot_be_written_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "dispatch.json").write_text(json.dumps(_synthetic_records()[1]))
+    (tmp_path / "afile").write_text("")
+    assert "afile is not a folder" in _report_error(results, tmp_path / "afile" / "RESULTS.md", capsys)
+    monkeypatch.chdir(tmp_path / "results")
+    assert _report_error(results, "", capsys).startswith("pw-bench: error: cannot write")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "results"]
+    assert [p.name for p in results.iterdir()] == ["dispatch.json"]
 
 
 def _synthetic_records() -> list[dict]:
+    """A crossover and a dispatch record, as `harness.record` makes them."""
     dispatch_rows = [{"devices": n, "case": case, "computations_per_s": 1000.0 * n, "spread": 0.1}
                      if case != "ours Chained+fusion" else
                      {"devices": n, "case": case, "computations_per_s": None, "note": "unavailable"}
@@ -160,12 +248,12 @@ def test_report_writes_tables_and_plots(tmp_path):
     for record in _synthetic_records():
         (results / f"{record['benchmark']}.json").write_text(json.dumps(record))
     records = load_records(results)
-    assert [r["benchmark"] for r in records] == ["dispatch", "crossover"]   # pw-bench list order
+    assert [r["benchmark"] for _, r in records] == ["dispatch", "crossover"]   # pw-bench list order
     out = tmp_path / "report" / "RESULTS.md"
     written = write_report(records, out)
     text = out.read_text()
-    assert "| dispatch | chained_over_jax_opbyop_8dev | 1.5 |" in text
-    assert "| crossover | crossover_ms_99 | – |" in text
+    assert "| dispatch | dispatch.json | chained_over_jax_opbyop_8dev | 1.5 | higher |" in text
+    assert "| crossover | crossover.json | crossover_ms_99 | – | lower |" in text
     assert "![dispatch](plots/dispatch.png)" in text
     assert "Warning: these records do not come from one `pw-bench all` run" in text   # made outside `all`
     plots = [p for p in written if p.suffix == ".png"]
@@ -176,10 +264,38 @@ def test_report_writes_tables_and_plots(tmp_path):
 def test_report_says_when_records_come_from_one_run(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     monkeypatch.setenv(harness.RUN_ID_VARIABLE, "run-1")
-    records = _synthetic_records()
+    records = [(tmp_path / f"{record['benchmark']}.json", record) for record in _synthetic_records()]
     out = tmp_path / "RESULTS.md"
     write_report(records, out)
     assert "All records come from one `pw-bench all` run (run-1)." in out.read_text()
+
+
+def test_report_draws_each_record_of_one_benchmark_apart(tmp_path):
+    """Several records of one benchmark (as benchmarks/results-h200/ holds) each get their plot and say their file."""
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "results"
+    results.mkdir()
+    for n in (1, 2):
+        (results / f"dispatch-{n}.json").write_text(json.dumps(_synthetic_records()[1]))
+    out = tmp_path / "RESULTS.md"
+    written = write_report(load_records(results), out)
+    assert sorted(p.name for p in written if p.suffix == ".png") == ["dispatch-1.png", "dispatch-2.png"]
+    first, second = out.read_text().split("\n## dispatch\n")[1:]
+    assert "Record: `dispatch-1.json`." in first and "![dispatch-1](plots/dispatch-1.png)" in first
+    assert "Record: `dispatch-2.json`." in second and "![dispatch-2](plots/dispatch-2.png)" in second
+
+
+def test_report_says_which_way_each_headline_reads(tmp_path):
+    """Lower-is-better headlines (ours over a baseline of a time or bytes) are named in the header and marked."""
+    pytest.importorskip("matplotlib")
+    moe = harness.record("moe", {}, [{"variant": "routed", "ms": 2.495, "bytes_moved": 1},
+                                     {"variant": "dense exchange", "ms": 2.577, "bytes_moved": 4}],
+                         {"moe_bytes_over_dense": 0.25, "moe_time_over_dense": 0.968})
+    out = tmp_path / "RESULTS.md"
+    write_report([(tmp_path / "moe.json", moe)], out)
+    header, table = out.read_text().split("## Headline ratios")
+    assert "above 1: ours is faster" in header and "`moe_time_over_dense`" in header
+    assert "| moe | moe.json | moe_time_over_dense | 0.968 | lower |" in table
 
 
 def test_markdown_table_formats_cells():
@@ -219,6 +335,119 @@ def test_pw_bench_all_quick_runs_green(tmp_path):
         params = json.loads((tmp_path / f"{name}.json").read_text())["params"]
         matches = params.get("baselines_match_ours", params.get("baseline_matches_ours"))
         assert matches is True or (isinstance(matches, dict) and all(matches.values()))
+
+
+def _fake_benchmark(monkeypatch, **attributes) -> list:
+    """Makes every benchmark `pw-bench` loads a stand-in whose `run` records its arguments (returned)."""
+    calls = []
+
+    def run(quick, **kwargs):
+        calls.append((quick, kwargs))
+        return harness.record("moe", {}, [{"x": 1}], {})
+    monkeypatch.setattr(pw_bench, "load", lambda name: types.SimpleNamespace(run=run, **attributes))
+    return calls
+
+
+def test_benchmark_output_is_checked_before_it_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")
+    calls = _fake_benchmark(monkeypatch)
+    (tmp_path / "afile").write_text("")
+    assert pw_bench.main(["moe", "--quick", "--json", str(tmp_path / "afile" / "moe.json")]) == 1
+    assert pw_bench.main(["all", "--quick", "--out", str(tmp_path / "afile" / "records")]) == 1
+    assert calls == []
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(line.startswith("pw-bench: error: cannot write ") for line in err)
+    assert pw_bench.main(["moe", "--quick", "--json", str(tmp_path / "records" / "moe.json")]) == 0
+    assert calls == [(True, {})] and json.loads((tmp_path / "records" / "moe.json").read_text())["rows"]
+
+
+def test_benchmark_figures_go_beside_its_record(tmp_path, monkeypatch):
+    """A benchmark that draws figures of its own (pipeline-schedules) draws them beside the record it writes;
+    only a record in the package's results/ has them in the package's plots/."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+    calls = _fake_benchmark(monkeypatch, FIGURES=("figure.png",))
+    assert pw_bench.main(["pipeline-schedules", "--json", str(tmp_path / "records" / "p.json")]) == 0
+    assert calls == [(False, {"plots": tmp_path / "records" / "plots"})]
+    assert pw_bench.figures_folder(pw_bench.RESULTS / "p.json") == pw_bench.REPORT.parent / "plots"
+    assert load("pipeline-schedules").FIGURES          # so pw-bench passes it where to draw them
+
+
+def _wait_for(condition, timeout: float = 120.0) -> None:
+    """Polls `condition` until it holds; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+SIGTERM_IN_A_BENCHMARK = """
+import os, signal, sys, time, types
+from pathways_mlir.cli import pw_bench
+
+def run(quick):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(120)
+    finally:
+        print("cleaned up", flush=True)          # as harness.local_ray's ray.shutdown()
+
+pw_bench.load = lambda name: types.SimpleNamespace(run=run)
+sys.exit(pw_bench.main(["moe", "--json", sys.argv[1]]))
+"""
+
+
+def test_sigterm_runs_a_benchmarks_cleanup(tmp_path):
+    result = subprocess.run([sys.executable, "-c", SIGTERM_IN_A_BENCHMARK, str(tmp_path / "moe.json")],
+                            capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (128 + signal.SIGTERM, "cleaned up\n")
+    assert "Traceback" not in result.stderr
+
+
+ALL_WITH_A_STAND_IN = """
+import sys
+from pathways_mlir.cli import pw_bench
+sys.executable = sys.argv[1]             # `all` starts the stand-in as each benchmark's process
+sys.exit(pw_bench.main(["all", "--out", sys.argv[2]]))
+"""
+
+STAND_IN_BENCHMARK = """#!{python}
+import pathlib, signal, sys, time
+marks = pathlib.Path({marks!r})
+
+def stop(signum, frame):
+    (marks / "terminated").touch()
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+(marks / "started").write_text("")
+time.sleep(120)
+"""
+
+
+def test_sigterm_to_all_terminates_its_benchmark_process(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    stand_in = tmp_path / "benchmark"
+    stand_in.write_text(STAND_IN_BENCHMARK.format(python=sys.executable, marks=str(marks)))
+    stand_in.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-c", ALL_WITH_A_STAND_IN, str(stand_in), str(tmp_path / "records")])
+    try:
+        _wait_for((marks / "started").exists)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        assert (marks / "terminated").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+
+
+def test_service_that_does_not_start_says_why(tmp_path):
+    """pw-serve's own error, read before its pipes are closed (not 'I/O operation on closed file')."""
+    service = load("service")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(RuntimeError, match="^pw-serve did not start: pw-serve: "):
+        service.start_service(str(tmp_path / "afile"))
 
 
 def test_default_paths_are_anchored_to_the_package(tmp_path, monkeypatch):
