@@ -169,8 +169,14 @@ def _trusted(path: str, what: str, missing_ok: bool = False) -> None:
 
 
 def _private_directory(directory: str) -> None:
-    """Makes `directory` (mode 0700) if missing; refuses one that others can enter or that is not ours."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    """Makes `directory` (mode 0700) if missing; refuses one that others can enter or that is not ours, and
+    one that cannot be made (a plain file on its path: one line, not an internal error)."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as error:
+        reason = "a file on its path is not a folder" if isinstance(error, (FileExistsError, NotADirectoryError)) \
+            else error.strerror or error
+        raise ServiceError(f"cannot make the service's directory {directory}: {reason}") from None
     info = os.stat(directory)
     if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
         raise ServiceError(f"{directory} must belong to you and be private for the service's key "

@@ -202,6 +202,8 @@ def test_service_errors_are_one_line(service, tmp_path):
          f"cannot listen on 127.0.0.1:{port}: Address already in use (another pw-serve? --port 0 picks a free port)"),
         (["--port", "0", "--service-file", str(public / "service.json")],
          f"{public} must belong to you and be private for the service's key (chmod 700 {public})"),
+        (["--port", "0", "--service-file", str(other / "bad.json" / "service.json")],     # it was an internal error
+         f"cannot make the service's directory {other / 'bad.json'}: a file on its path is not a folder"),
         (["--status", "--service-file", str(other / "none.json")],
          f"no service file at {other / 'none.json'}: is pw-serve running?"),
         (["--status", "--service-file", str(other / "bad.json")],
