@@ -161,6 +161,7 @@ class Model:
         self.values: list[int] = []  # bytes by value id
         self.needs: dict[str, Need] = {}
         self.unknown_trip_counts: dict[str, int] = {}  # per slice: loops its computations count once
+        self._layouts: dict[tuple[Home, Home], bool] = {}  # (have, want) -> same_layout
         costs = {name: executable_cost(e) for name, e in ops.executables(module).items()}
         for program in ops.programs(module).values():
             self.programs.append(self._read(program, costs))
@@ -225,7 +226,7 @@ class Model:
         if have == want:
             return 0.0, False
         a, b = plan[have[0]], plan[want[0]]
-        if a == b and same_layout(have, want, self.slices):
+        if a == b and self._same_layout(have, want):
             return 0.0, False
         nbytes = self.values[value]
         if a.island == b.island:
@@ -236,6 +237,13 @@ class Model:
         if not self.topology.connected(a.island, b.island):
             return math.inf, True
         return self.topology.dcn.transfer_seconds(nbytes), True
+
+    def _same_layout(self, have: Home, want: Home) -> bool:
+        """`same_layout`, computed once per pair of homes (the search asks again for every candidate)."""
+        same = self._layouts.get((have, want))
+        if same is None:
+            same = self._layouts[have, want] = same_layout(have, want, self.slices)
+        return same
 
     def estimate(self, plan: dict[str, Window]) -> Estimate:
         """Returns the estimated step time of `plan`; slices it does not place cost nothing."""
