@@ -118,6 +118,11 @@ class Compiled:
         again raises. A shared object (`SharedRef`) is read-only: donating
         one is refused before anything runs.
         """
+        return self._run(args, kwargs, client, dispatch, timeout)
+
+    def _run(self, args: tuple, kwargs: dict, client, dispatch: str, timeout: float | None) -> Any:
+        """`__call__`, with the function's keyword arguments in a dict of their own: one named `client`,
+        `dispatch` or `timeout` is the function's (`StagedFunction._call`)."""
         from pathways_mlir.runtime.remote_client import RemoteClient
 
         client = client or default_client(self.runtime)
@@ -380,7 +385,10 @@ class StageCache:
                 self._identical.clear()
             self._identical[identity[0]] = (runtime, identity[1], compiled, context)
             return compiled.call_plain(args, leaves, client)
-        return compiled(*call.args, client=client, dispatch=dispatch, timeout=timeout, **call.kwargs)
+        return compiled._run(call.args, call.kwargs, client, dispatch, timeout)
+
+
+RUN_OPTIONS = ("dispatch", "client", "timeout")     # `StagedFunction.run`'s keywords
 
 
 class StagedFunction(BindsAsMethod):
@@ -393,8 +401,19 @@ class StagedFunction(BindsAsMethod):
     def run(self, *args: Any, dispatch: str = "parallel", client=None, timeout: float | None = None,
             **kwargs: Any) -> Any:
         """Runs the call with a chosen dispatch mode ("parallel" or "sequential") and client; with `timeout`,
-        the run is cancelled if it is not over within that many seconds."""
+        the run is cancelled if it is not over within that many seconds. (A keyword argument of the function
+        named `dispatch`, `client` or `timeout` is passed by calling it: see `_call`.)"""
         return self._stages.run(args, kwargs, dispatch, client, timeout)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        """A call with keywords, outside a program trace: `dispatch=`, `client=` and `timeout=` are `run`'s
+        options, unless the function takes a keyword of that name: then it is the function's, as `jax.jit`
+        passes it (it was taken as an option: `f(x, timeout=5.0)` of `def f(x, timeout=1.0)` ran `f(x)` with
+        a 5 s deadline). `kwargs` is the call's own dict."""
+        options = {name: kwargs.pop(name) for name in RUN_OPTIONS
+                   if name in kwargs and not self._signature.takes_keyword(name)}
+        return self._stages.run(args, kwargs, options.get("dispatch", "parallel"), options.get("client"),
+                                options.get("timeout"))
 
     def compiled(self, *args: Any, runtime=None, **kwargs: Any) -> Compiled:
         """Returns the `Compiled` stage a call with these arguments uses on `runtime` (cached)."""

@@ -72,7 +72,7 @@ class PlacedFunction(StagedFunction):
                 return self._stages.run(args, kwargs, "parallel", traced=self._jitted)
             if jax.config.jax_disable_jit or has_tracers((args, kwargs)):
                 return self._jitted(*args, **kwargs)
-            return self.run(*args, **kwargs)
+            return self._call(args, kwargs)
         if has_tracers((args, kwargs)):
             return self._jitted(*args, **kwargs)      # called by a placed function's body as the program traces
         site = Site.of_call(name_of(self.fn), inspect.currentframe().f_back)

@@ -143,6 +143,7 @@ class Signature:
             return frozenset(nums), frozenset(names)
 
         self._positional = positional
+        self._keywords, self._any_keyword = frozenset(by_name), any_name
         self.static_nums, self.static_names = resolve("static", static_argnums, static_argnames)
         self.donate_nums, self.donate_names = resolve("donate", donate_argnums, donate_argnames)
         self._from_end = any(n < 0 for n in self.static_nums | self.donate_nums)
@@ -150,6 +151,10 @@ class Signature:
         if both:
             raise ValueError(f"{where}: argument {sorted(both)[0]!r} is both static and donated")
         self._bound: dict[Hashable, Callable] = {}
+
+    def takes_keyword(self, name: str) -> bool:
+        """Whether `fn` takes a keyword argument `name` (a parameter of that name, or `**kwargs`)."""
+        return self._any_keyword or name in self._keywords
 
     def split(self, args: tuple, kwargs: dict) -> Call:
         """Takes the static arguments out of a call; raises ValueError, as `jax.jit` does, if one is not hashable.

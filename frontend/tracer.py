@@ -317,7 +317,7 @@ class Program(StagedFunction):
             return self._stages.run(args, kwargs, "parallel", traced=self._fn)
         if current_program() is not None or jax.config.jax_disable_jit or has_tracers((args, kwargs)):
             return self._fn(*args, **kwargs)
-        return self.run(*args, **kwargs)
+        return self._call(args, kwargs)
 
 
 def program(fn: Callable | None = None, /, *, static_argnums=None, static_argnames=None,

@@ -472,6 +472,33 @@ def test_keyword_arguments_for_placed_functions_and_programs():
     assert prog.lower(a, b=b).in_tree == jax.tree_util.tree_structure(((a,), {"b": b}))
 
 
+def test_keywords_named_as_run_options_are_the_functions_own_when_it_takes_them():
+    """`client=`, `timeout=` and `dispatch=` in a call are run options, unless the function takes a keyword of
+    that name, as `jax.jit` would pass it: `scale(x, timeout=5.0)` ran `scale(x)` (timeout 1.0) with a 5 s
+    deadline, and `shift(x, dispatch=1.0)` was an unknown dispatch mode (found by differential fuzzing)."""
+    s = pw.virtual_slice(2, axes="data")
+    x = np.ones(4, np.float32)
+
+    def scale(x, timeout=1.0):
+        return x * timeout
+
+    def shift(x, dispatch, **others):
+        return x - dispatch + others.get("client", 0.0)
+
+    placed = pw.jit(scale, slice=s)
+
+    @pw.program
+    def program(x, timeout=1.0):
+        return placed(x, timeout=timeout)
+
+    for call in (placed, program, pw.program(pw.jit(scale, slice=s))):
+        np.testing.assert_array_equal(np.asarray(call(x, timeout=5.0)), jax.jit(scale)(x, timeout=5.0))
+    np.testing.assert_array_equal(np.asarray(pw.jit(shift, slice=s)(x, dispatch=1.0, client=3.0)), x + 2.0)
+    with pw.Client() as client:                  # a keyword the function does not take is still an option
+        affine = pw.jit(lambda a: a * 2, slice=s)
+        assert affine(x, client=client, timeout=60)._client is client
+
+
 def test_a_computation_no_device_can_hold_is_reported_at_its_code():
     """Placement's error that no island's devices can hold a computation's buffers pointed at the line that made
     the slice, not at the computation's call."""
