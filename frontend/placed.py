@@ -12,6 +12,7 @@ import inspect
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from mlir import ir
 
@@ -80,8 +81,10 @@ class PlacedFunction(StagedFunction):
 
     def with_constants(self, fn: Callable, tree: Any, constants: dict[int, Any]) -> tuple[Callable, Any]:
         """For a call inside a program whose argument leaves `constants` (by index in `tree`'s leaves) are
-        Python or NumPy scalars: returns `fn` of the other leaves, with the constants put back in its code (one
-        function per `fn`, tree and constants, so that one executable serves every call of them), and `tree`
+        Python or NumPy scalars: returns `fn` of the other leaves, with the constants put back in its code as
+        JAX arrays, as a `jax.jit` trace gives them (weakly typed for a Python scalar: `c * c` of an int wraps
+        in int32, and `lr.astype` exists; the raw Python value computed exactly, or had no `astype`), one
+        function per `fn`, tree and constants, so that one executable serves every call of them; and `tree`
         with None in their places."""
         full = jax.tree_util.tree_structure(tree)
         key = (fn, full, tuple((i, type(x), repr(x)) for i, x in constants.items()))   # repr: -0.0 is not 0.0
@@ -89,7 +92,8 @@ class PlacedFunction(StagedFunction):
         if bound is None:
             def bound(*args, **kwargs):
                 rest = iter(jax.tree_util.tree_leaves((args, kwargs)))
-                leaves = [constants[i] if i in constants else next(rest) for i in range(full.num_leaves)]
+                leaves = [jnp.asarray(constants[i]) if i in constants else next(rest)
+                          for i in range(full.num_leaves)]
                 args, kwargs = jax.tree_util.tree_unflatten(full, leaves)
                 return fn(*args, **kwargs)
             bound = self._with_constants.setdefault(key, functools.wraps(fn)(bound))

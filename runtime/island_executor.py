@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+import jax
 import numpy as np
 from jax._src.api_util import InternalFloatingPointError   # what an executable raises under jax_debug_nans
 
@@ -408,10 +409,13 @@ class IslandExecutor:
 
     def _finish(self, run: IslandRun) -> None:
         """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""
+        layout = run.layout
+        for buffer, slot in layout.passed_through:   # a result its caller's argument would be the same array
+            run.slots[slot] = jax.device_put(run.slots[slot], layout.shardings[buffer], may_alias=False)
         if self._awaited_results:
             self._produced(run)
         owner = client_owner(run.client_id)
-        for buffer, slot in run.layout.outputs:
+        for buffer, slot in layout.outputs:
             key = (run.id, buffer)
             if key in self._dropped:
                 self._dropped.discard(key)

@@ -181,6 +181,9 @@ class IslandLayout:
     devices: int                         # how many of the island's devices the plan's slices here cover
     launched: frozenset[int]             # buffers whose one reader, a launch, places NumPy (`plan.launch_placed`)
     one_device: dict[int, object]        # program inputs, not donated, whose home is one device -> that device
+    # (buffer, slot) of the results that are program inputs, not donated, returned as they are: the caller's
+    # array (or a placed copy of it), which the island copies, as `jax.jit` returns a new array (`_finish`).
+    passed_through: tuple[tuple[int, int], ...]
     # Such an input -> the latest sharding object of an argument found on that device (see `on_home`).
     found_home: dict[int, object] = field(default_factory=dict, compare=False)
 
@@ -207,8 +210,10 @@ class IslandLayout:
         covered = {d for s in plan.slices.values() if s.island == island.name for d in s.device_ids()}
         one_device = {b: next(iter(shardings[b].device_set)) for b in plan.inputs
                       if b in slot and b not in plan.donated and len(shardings[b].device_set) == 1}
-        return IslandLayout(slot, shardings, tuple((b, slot[b]) for b in plan.distinct_outputs if b in slot), len(covered),
-                            plan.launch_placed(island.name), one_device)
+        outputs = tuple((b, slot[b]) for b in plan.distinct_outputs if b in slot)
+        passed_through = tuple((b, i) for b, i in outputs if b in plan.inputs and b not in plan.donated)
+        return IslandLayout(slot, shardings, outputs, len(covered), plan.launch_placed(island.name), one_device,
+                            passed_through)
 
 
 def _awaited(plan: ProgramPlan, recv: Recv) -> str:

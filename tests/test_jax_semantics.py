@@ -238,6 +238,36 @@ def test_python_and_numpy_scalars_inside_a_program_are_constants():
         with_array_constant(x)
 
 
+def test_a_constant_inside_a_program_is_the_weakly_typed_array_a_jax_jit_trace_sees():
+    """A Python scalar passed to a placed function inside a program reached it as the Python object: `c * c`
+    was computed exactly (then overflowed int32 in one error naming another argument) where `jax.jit` wraps in
+    int32, and `lr.astype` did not exist (found by differential fuzzing against `jax.jit`)."""
+    s = pw.virtual_slice(2, axes="data")
+
+    def squares(x, c):
+        return x + c * c
+
+    def scaled(x, lr):
+        return x * lr.astype(x.dtype)
+
+    x = np.ones(2, np.float32)
+    program = pw.program(lambda x: (pw.jit(squares, slice=s)(x, 100_000), pw.jit(scaled, slice=s)(x, 0.5)))
+    for got, want in zip(program(x), (jax.jit(squares)(x, 100_000), jax.jit(scaled)(x, 0.5))):
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_a_program_returning_its_argument_returns_a_new_array():
+    """As `jax.jit` does: the result was the caller's `jax.Array` itself, so deleting or donating the argument
+    afterwards took the result with it (found by differential fuzzing against `jax.jit`)."""
+    s = pw.virtual_slice(2, axes="data")
+    double = pw.jit(lambda x: x * 2, slice=s)
+    a = jnp.arange(3.0)
+    kept, doubled = pw.program(lambda x: (x, double(x)))(a)
+    a.delete()
+    np.testing.assert_array_equal(np.asarray(kept), [0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(doubled), [0.0, 2.0, 4.0])
+
+
 # JAX's narrow dtypes (ml_dtypes'): every one jax.export serialises, with a value it represents exactly.
 NARROW = ["int4", "uint4", "float4_e2m1fn", "float8_e3m4", "float8_e4m3", "float8_e4m3fn", "float8_e4m3fnuz",
           "float8_e4m3b11fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"]
