@@ -159,6 +159,8 @@ class Dispatcher:
         # A cond's branch run needs nothing of its own: its parent's need reserved its largest branch's.
         run = Run(loaded.plan, loaded.key, self.client_id, loaded.islands, loaded.need if parent is None else {},
                   self.weight, loaded.cost, parent)
+        if parent is not None:
+            parent.branch = run                  # the parent is over only once it is (`GangScheduler._poll`)
         run.donations = donations
         if shared:
             run.reads = tuple(ref.key for ref in shared.values())

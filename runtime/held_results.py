@@ -22,7 +22,7 @@ class HeldResults:
         self.held: dict[tuple[int, int], tuple[int, Need]] = {}   # (run, buffer) -> (client, need)
         self.gone: set[int] = set()       # closed clients: results of their runs are not kept
         self._readers: dict[tuple[int, int], int] = {}   # shared object -> its runs submitted and not over
-        self._unshared: set[tuple[int, int]] = set()     # shared objects released while read: kept till then
+        self.unshared: set[tuple[int, int]] = set()      # shared objects released while read: kept till then
 
     def check_shareable(self, run: Run, buffer: int) -> None:
         """Raises ValueError unless the result is held on devices (a run that is over, not released)."""
@@ -31,7 +31,7 @@ class HeldResults:
             raise ValueError(f"buffer {buffer} of run {run.id} of {run.plan.program} cannot be shared: the host "
                              f"keeps it (a pw.cond's result that the program returns as it is; pass it through a "
                              f"placed function to keep it on an island)")
-        if key not in self.held or key in self._unshared:
+        if key not in self.held or key in self.unshared:
             raise ValueError(f"buffer {buffer} of run {run.id} of {run.plan.program} cannot be shared: it is "
                              f"not held on devices (released, or its run failed)")
 
@@ -42,7 +42,7 @@ class HeldResults:
         if key not in self.held:         # never held, or gone (with its island): nothing to give back, now or later
             return False
         if self._readers.get(key):
-            self._unshared.add(key)
+            self.unshared.add(key)
             return False
         if donated:
             return False
@@ -54,7 +54,7 @@ class HeldResults:
         self.gone.add(client_id)
         for key in [k for k, (c, _) in self.held.items() if c == client_id]:
             if self._readers.get(key):
-                self._unshared.add(key)
+                self.unshared.add(key)
             else:
                 self.ledger.give(self.held.pop(key)[1])
 
@@ -63,7 +63,7 @@ class HeldResults:
         go back, so that the island restored in its place starts empty."""
         for key in [k for k, (_, need) in self.held.items() if island in need]:
             self.ledger.give(self.held.pop(key)[1])
-            self._unshared.discard(key)
+            self.unshared.discard(key)
 
     def donated_needs(self, run: Run) -> list[Need]:
         """Returns the needs of the held results donated to `run`."""
@@ -93,7 +93,7 @@ class HeldResults:
     def read(self, run: Run) -> None:
         """Counts `run` as a reader of the shared objects it reads; raises ValueError if one was released."""
         for key in run.reads:
-            if key not in self.held or key in self._unshared:
+            if key not in self.held or key in self.unshared:
                 raise ValueError(f"program {run.plan.program} reads a shared object (buffer {key[1]} of run "
                                  f"{key[0]}) that its owner has released")
         for key in run.reads:
@@ -108,7 +108,7 @@ class HeldResults:
                 self._readers[key] = left
                 continue
             self._readers.pop(key, None)
-            if key in self._unshared:
-                self._unshared.discard(key)
+            if key in self.unshared:
+                self.unshared.discard(key)
                 self.ledger.give(self.held.pop(key)[1])
         run.reads = ()

@@ -243,12 +243,13 @@ class IslandExecutor:
             if self._runs.get(run.id) is not run:
                 return                           # cancelled before it ran: nothing of it runs
             self._place(run, inputs, True, inline)
+            now = time.monotonic()
+            self._executing = (run, now)         # before `executing`: `wait_run` reads them in that order
             run.executing = True
             if self._runs.get(run.id) is not run:
                 return                           # failed or cancelled while its arguments were placed (`_fail`)
-            run.began = now = time.monotonic()
+            run.began = now
             self._clock.begin(run.id, now)
-            self._executing = (run, now)
             runs = self._runs
             for instruction in program:
                 instruction.execute(self, run)
@@ -361,16 +362,16 @@ class IslandExecutor:
         """Executes the run's queued programs from where it stopped, until done or parked (no lock held)."""
         if run.parked:
             return                               # a delivery came first; its arguments are still awaited
+        now = time.monotonic()
+        self._executing = (run, now)             # before `executing`: `wait_run` reads them in that order
         run.executing = True
         runs = self._runs
         try:
             if runs.get(run.id) is not run:
                 return                           # failed or cancelled while its arguments were placed (`_fail`)
-            now = time.monotonic()
             if run.began is None:
                 run.began = now
                 self._clock.begin(run.id, now)
-            self._executing = (run, now)
             while run.queue:
                 program = run.queue[0]
                 pc, end = run.pc, len(program)

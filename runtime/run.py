@@ -24,7 +24,7 @@ class Run:
 
     __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
                  "released", "host", "parent", "donations", "deadline", "reads", "credit", "charged", "device_seconds",
-                 "retired", "__weakref__")
+                 "retired", "branch", "__weakref__")
 
     def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
                  weight: float = 1.0, cost: float = 1.0, parent: "Run | None" = None):
@@ -41,6 +41,7 @@ class Run:
         self.released: set[int] = set()   # results whose handles were released
         self.host: dict[int, Any] = {}    # host buffers' values (futures)
         self.parent = parent              # the run whose host cond started this branch run, if any
+        self.branch: "Run | None" = None  # the latest branch run its host cond started, if any
         self.donations: tuple[tuple[int, int], ...] = ()   # (run id, buffer) of the results donated to it
         # When its `timeout=` ends (monotonic seconds), if it has one; a branch run has its parent's.
         self.deadline: float | None = None if parent is None else parent.deadline

@@ -291,9 +291,12 @@ class GangScheduler:
 
     def fail_island(self, island: str, error: Callable[[Run], BaseException]) -> list[Run]:
         """Fails the queued runs that need a lost island with `error(run)`, and gives back the bytes of the
-        results it held; returns the admitted runs still on the devices that use it."""
+        results it held (those of runs over and not retired yet too: retired first, later they kept their
+        results' bytes on the lost island); returns the admitted runs still on the devices that use it."""
         self._cancel_queued(lambda run: island in run.islands, error)
         with self._lock:
+            if self._in_flight:
+                self._poll(len(self._in_flight))
             self._results.forget_island(island)
             return [run for run in self._in_flight.values() if island in run.islands]
 
@@ -416,7 +419,7 @@ class GangScheduler:
     def _held_by_handles(self, run: Run) -> str | None:
         """Says why `run` cannot fit even once every run in flight is over, or None if it could then."""
         return held_by_handles(self.ledger, run, self._in_flight.values(), self._results.held,
-                               self._results.gone)
+                               self._results.gone, self._results.unshared)
 
     def add_lane(self, lane) -> None:
         """Keeps a fast lane (`runtime/fast_lane.py`), whose unused credits `_reclaim` takes back."""
@@ -457,7 +460,9 @@ class GangScheduler:
                 self._poll(len(self._in_flight))
 
     def _poll(self, limit: int) -> bool:
-        """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any."""
+        """Retires admitted runs whose device work is over, looking at the oldest `limit`; True if any. A cond's
+        parent run is over only once its branch run is retired: the branch computes within the parent's
+        reservation (a parent cancelled or failed while its branch computed gave the branch's memory back)."""
         self._polling = True
         islands = self.islands
         done = []
@@ -467,7 +472,9 @@ class GangScheduler:
                     if not islands[island].run_done(run.id):
                         break
                 else:
-                    done.append(run)
+                    branch = run.branch
+                    if branch is None or not branch.admitted:
+                        done.append(run)
             for run in done:
                 self._retire(run)
         finally:
@@ -480,6 +487,8 @@ class GangScheduler:
         run of the plan has been timed)."""
         del self._in_flight[run.id]
         run.retired = True                       # before `keep`: see `release_result`
+        if run.parent is not None and run.parent.branch is run:
+            run.parent.branch = None             # (its parent keeps nothing of it)
         if run.reads:
             self._results.unread(run)
         self._results.keep(run)                  # first: a credit comes back only if it fits beside them

@@ -43,11 +43,13 @@ def shortfall(ledger: MemoryLedger, need: Need) -> str | None:
 
 
 def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
-                    held_results: dict[tuple[int, int], tuple[int, Need]], gone: set[int]) -> str | None:
+                    held_results: dict[tuple[int, int], tuple[int, Need]], gone: set[int],
+                    unshared: set[tuple[int, int]] = frozenset()) -> str | None:
     """Says why `run` cannot fit even once every run `in_flight` is over (what blocks it is held by live
-    handles: `held_results`, (run id, buffer) -> (client, need), and the results of runs in flight whose
-    clients are not `gone`, but for a cond's branch run's: its cond's thread releases them before the parent
-    is over), or None if it could then."""
+    handles: `held_results`, (run id, buffer) -> (client, need), but for the `unshared` ones, shared objects
+    released while runs read them, whose bytes come back once those are over; and the results of runs in
+    flight whose clients are not `gone`, but for a cond's branch run's: its cond's thread releases them before
+    the parent is over), or None if it could then."""
     floor = ledger.copy()
     holders: dict[tuple[str, int], dict[int, list[int]]] = {}
     for other in in_flight:
@@ -60,8 +62,8 @@ def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
                 floor.take(need)
                 _count(holders, other.client_id, need)
     for key, (client, need) in held_results.items():
-        if key in run.donations:
-            floor.give(need)                    # the run takes these bytes over
+        if key in run.donations or key in unshared:
+            floor.give(need)                    # the run takes these bytes over, or their readers give them back
         else:
             _count(holders, client, need)
     where = floor.first_short(run.need)

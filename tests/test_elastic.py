@@ -278,6 +278,32 @@ def test_results_lost_with_their_island_give_their_bytes_back(rt):
     assert settled(rt, WAIT)
 
 
+def test_results_of_a_run_over_but_not_retired_when_its_island_is_lost_give_their_bytes_back(monkeypatch):
+    """A run whose device work was over, not yet retired by the scheduler, when its island was lost: the loss
+    gave back the bytes of the results the island held, then the run's retirement kept its result's bytes on
+    the lost island, so the island restored in its place started partly full (found by a review). The
+    watchdog, which retires runs that are over, is kept from looking, so that none is retired before the loss."""
+    from pathways_mlir.runtime import runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "_WATCH_PERIOD", 3600.0)
+    rt = Runtime(embedded_device_map(2, 4))
+    try:
+        with Client(rt) as client:
+            value(plus1.run(X, client=client))                     # compiled
+            kept = plus1.run(X, client=client)
+            rt.islands["island1"].wait_run(kept._run.id, WAIT)        # over on the devices
+            assert kept._run.id in rt.scheduler._in_flight            # not retired
+            rt.lose_island("island1")
+            rt.restore_island("island1")
+            with pytest.raises(pw.IslandLost):
+                value(kept)
+            assert sum(n for (name, _), n in rt.usage().items() if name == "island1") == 0
+            del kept
+        assert settled(rt, WAIT)
+    finally:
+        rt.close()
+
+
 def test_queued_runs_that_need_the_lost_island_fail(rt):
     with Client(rt) as client:
         rt.scheduler.hold()

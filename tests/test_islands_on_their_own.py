@@ -698,3 +698,39 @@ def test_a_run_cancelled_while_its_arguments_are_placed_never_executes(device_ma
         until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
     finally:
         rt.close()
+
+
+def test_a_cond_program_cancelled_while_its_branch_computes_keeps_its_reservation_until_the_branch_is_over(
+        device_map):
+    """A branch run needs nothing of its own (its parent's reservation holds its memory): a parent cancelled
+    while its branch computed was retired at once (nothing of it left on its islands), its memory given back
+    under the computing branch, and a run needing the whole device was admitted beside it (found by a review).
+    It stays in flight until its branch is retired."""
+    import pathways_mlir as pw
+
+    rt = Runtime(device_map)
+    try:
+        s = pw.virtual_slice(2, axes="x", island="island0")
+        spin = pw.jit(lambda x: jax.lax.fori_loop(0, 4_000_000, lambda i, y: jnp.cos(y), x), slice=s)
+        rest = pw.jit(lambda x: x, slice=s)
+        positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=s)
+        slow_route = pw.program(lambda x: pw.cond(positive(x), spin, rest, x))
+        with Client(rt) as client:
+            made = slow_route.run(np.ones((8, 16), np.float32), client=client)
+            parent = made._run
+            until(lambda: any(r.parent is parent for r in list(rt.scheduler._in_flight.values())),
+                  "the branch admitted", 60)
+            [branch] = [r for r in list(rt.scheduler._in_flight.values()) if r.parent is parent]
+            assert client.cancel(made)
+            deadline = time.monotonic() + 60
+            while branch.id in rt.scheduler._in_flight:
+                used = sum(rt.usage().values())
+                assert used > 0 or branch.id not in rt.scheduler._in_flight, "memory given back under the branch"
+                assert time.monotonic() < deadline, "the branch over within 60 s"
+                time.sleep(0.01)
+            with pytest.raises(RunCancelled):
+                np.asarray(made.result(60))
+            del made, branch
+        until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
+    finally:
+        rt.close()

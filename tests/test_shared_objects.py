@@ -7,6 +7,8 @@ receive that never comes, and a run queued behind a held scheduler). A reader ca
 it. The service's side, with real processes, is in tests/test_service_sharing.py. Every wait is bounded.
 """
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -309,3 +311,47 @@ def test_the_readme_snippet_runs():
     result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "[0.7615942 0.7615942]\n270336\n"
+
+
+def test_a_shared_object_released_while_read_is_not_counted_as_held_for_good():
+    """Its owner released the base while a reader computed with it: its bytes come back once the reader is
+    over, but a run that fits then was refused at once with `OutOfDeviceMemory`, as if live handles held them
+    for good (found by a review). It waits for the reader instead. The reader blocks in a host callback, on a
+    thread of its own, until that run is submitted."""
+    reading, go_on = threading.Event(), threading.Event()
+
+    def wait(y):
+        reading.set()
+        go_on.wait(TIMEOUT)
+        return y
+
+    def gated_head(x, b):
+        return jax.pure_callback(wait, jax.ShapeDtypeStruct((8, 64), jnp.float32), head(x, b))
+
+    s = pw.virtual_slice(1, axes="x", island="island1")
+    place, read = pw.jit(copy_base, slice=s), pw.jit(gated_head, slice=s)
+    # The base placed (its copy from the host, and the result), beside the reader's features and results.
+    capacity = 2 * BASE_BYTES + FEATURES_BYTES + 2 * OUT_BYTES + 1024
+    rt = Runtime(embedded_device_map(2, 4), device_memory_bytes=capacity)
+    owner, reading_client, third = Client(rt), Client(rt), Client(rt)
+    outs = []
+    reader = threading.Thread(target=lambda: outs.append(read.run(X, ref, client=reading_client)))
+    try:
+        base = place.run(BASE, client=owner)
+        ref = owner.share(base, timeout=TIMEOUT)
+        reader.start()
+        assert reading.wait(TIMEOUT)
+        base.delete()                            # released while read: its bytes come back when the read is over
+        copy = place.run(BASE, client=third)     # fits once the reader is over: it waits
+        go_on.set()
+        reader.join(TIMEOUT)
+        np.testing.assert_allclose(np.asarray(outs[0].result(TIMEOUT)), np.asarray(jax.jit(head)(X, BASE)),
+                                   rtol=1e-5)
+        np.testing.assert_array_equal(np.asarray(copy.result(TIMEOUT)), BASE)
+    finally:
+        go_on.set()
+        if reader.ident is not None:
+            reader.join(TIMEOUT)
+        for client in (owner, reading_client, third):
+            client.close()
+        rt.close()
