@@ -243,13 +243,8 @@ class IslandExecutor:
             if self._runs.get(run.id) is not run:
                 return                           # cancelled before it ran: nothing of it runs
             self._place(run, inputs, True, inline)
-            now = time.monotonic()
-            self._executing = (run, now)         # before `executing`: `wait_run` reads them in that order
-            run.executing = True
-            if self._runs.get(run.id) is not run:
-                return                           # failed or cancelled while its arguments were placed (`_fail`)
-            run.began = now
-            self._clock.begin(run.id, now)
+            if not self._begin(run):
+                return
             runs = self._runs
             for instruction in program:
                 instruction.execute(self, run)
@@ -362,16 +357,10 @@ class IslandExecutor:
         """Executes the run's queued programs from where it stopped, until done or parked (no lock held)."""
         if run.parked:
             return                               # a delivery came first; its arguments are still awaited
-        now = time.monotonic()
-        self._executing = (run, now)             # before `executing`: `wait_run` reads them in that order
-        run.executing = True
         runs = self._runs
         try:
-            if runs.get(run.id) is not run:
-                return                           # failed or cancelled while its arguments were placed (`_fail`)
-            if run.began is None:
-                run.began = now
-                self._clock.begin(run.id, now)
+            if not self._begin(run):
+                return
             while run.queue:
                 program = run.queue[0]
                 pc, end = run.pc, len(program)
@@ -392,6 +381,21 @@ class IslandExecutor:
             _reraise_interrupt(error)
         finally:
             self._stopped(run)
+
+    def _begin(self, run: IslandRun) -> bool:
+        """Marks `run` executing here (no lock held; `_stopped` ends it) and, at its first instruction, starts
+        its clock; returns False if it failed or was cancelled before (while its arguments were placed): then
+        nothing of it runs. The island's executing run is set before the run's flag (`wait_run` reads them in
+        that order), and the flag before the look at `_runs` (`_fail` reads them in the other order)."""
+        now = time.monotonic()
+        self._executing = (run, now)
+        run.executing = True
+        if self._runs.get(run.id) is not run:
+            return False
+        if run.began is None:
+            run.began = now
+            self._clock.begin(run.id, now)
+        return True
 
     def _stopped(self, run: IslandRun, inline: bool = False) -> None:
         """The run's instructions stopped (all done, parked, or failed; no lock held): a wedge they caused is

@@ -44,7 +44,7 @@ def shortfall(ledger: MemoryLedger, need: Need) -> str | None:
 
 def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
                     held_results: dict[tuple[int, int], tuple[int, Need]], gone: set[int],
-                    unshared: set[tuple[int, int]] = frozenset()) -> str | None:
+                    unshared: set[tuple[int, int]]) -> str | None:
     """Says why `run` cannot fit even once every run `in_flight` is over (what blocks it is held by live
     handles: `held_results`, (run id, buffer) -> (client, need), but for the `unshared` ones, shared objects
     released while runs read them, whose bytes come back once those are over; and the results of runs in
