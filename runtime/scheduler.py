@@ -45,7 +45,9 @@ policy's window, goes ahead of its client's queued runs and of a
 reservation, and needs no memory of its own (its parent's need counts its
 largest branch's, `admission.run_need`). Had it waited for a place, for
 memory, or behind its client's later runs, those would have waited for its
-parent, and none would ever have gone on.
+parent, and none would ever have gone on. A branch run whose parent failed
+(a cancel) before it was admitted fails with its parent's error instead: its
+parent may be retired already, its reservation given back.
 
 Policies (`policies.py`, one object each: fifo, share, sjf, deadline) give
 the order in which clients' oldest queued runs are looked at. Every policy
@@ -171,6 +173,8 @@ class GangScheduler:
         handles hold what a run lacks."""
         self._submits += 1
         branch = run.parent is not None
+        if branch and run.parent.error is not None:
+            raise raised(run.parent.error)      # its parent's reservation may be given back (module doc)
         if self._held or not branch and (self._waiting.has_client(run.client_id) or self._window_closed()):
             return None
         if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
@@ -363,6 +367,11 @@ class GangScheduler:
             progress = False
             for item in self._waiting.heads(self.policy, self.device_seconds):
                 run = item.run
+                if run.parent is not None and run.parent.error is not None:
+                    self._waiting.take(item)
+                    self._cancel(run, raised(run.parent.error))     # as in `_admit_now`
+                    progress = True
+                    break
                 if run.parent is None and (full or self._behind_reservation(run, item)):
                     continue             # a cond's branch run needs no place, and goes before a reservation
                 if not self._fits(run) and not polled:
@@ -549,6 +558,8 @@ class GangScheduler:
                 self._results.unread(run)
             run.admitted = True
             run.retired = True                # never in flight: nothing to give back
+            if run.parent is not None and run.parent.branch is run:
+                run.parent.branch = None      # a cond's branch never admitted: its parent is over without it
             self._forget_gone(run.client_id)
             self._admissions.notify_all()
 

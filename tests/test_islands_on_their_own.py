@@ -734,3 +734,99 @@ def test_a_cond_program_cancelled_while_its_branch_computes_keeps_its_reservatio
         until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["admitted-at-once", "queued-while-admission-held"])
+def test_a_conds_branch_whose_parent_failed_before_it_started_is_never_admitted(device_map, monkeypatch, held):
+    """A branch run needs nothing of its own: its parent's reservation holds its memory. A parent cancelled after
+    its predicate was read, and retired (its reservation given back) before its branch was submitted, had the
+    branch admitted anyway, computing on memory nobody reserved (found by a review). The branch now fails with
+    its parent's error, whether it would have been admitted at once or was queued while admission was held."""
+    import pathways_mlir as pw
+    from pathways_mlir.runtime.scheduler import GangScheduler
+
+    rt = Runtime(device_map)
+    submitted = []
+    original = GangScheduler.submit
+
+    def parent_retired_first(self, run, works, inline=True):
+        if run.parent is None:
+            return original(self, run, works, inline)
+        rt.cancel(run.parent)
+        until(lambda: run.parent.retired, "the cancelled parent retired", 60)
+        if held:
+            self.hold()
+        try:
+            original(self, run, works, inline)
+        except BaseException as error:
+            submitted.append(error)
+            raise
+        finally:
+            if held:
+                self.release()
+        submitted.append(run)
+
+    monkeypatch.setattr(GangScheduler, "submit", parent_retired_first)
+    try:
+        s = pw.virtual_slice(2, axes="x", island="island0")
+        twice = pw.jit(lambda x: x * 2, slice=s)
+        rest = pw.jit(lambda x: x, slice=s)
+        positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=s)
+        route = pw.program(lambda x: pw.cond(positive(x), twice, rest, x))
+        with Client(rt) as client:
+            made = route.run(np.ones((8, 16), np.float32), client=client)
+            with pytest.raises(RunCancelled):
+                np.asarray(made.result(60))
+            until(lambda: submitted, "the branch submitted", 60)
+            [outcome] = submitted
+            if isinstance(outcome, BaseException):
+                assert isinstance(outcome, RunCancelled)     # refused at its submission
+            else:                                            # queued: refused once admission goes on
+                until(lambda: outcome.admitted, "the queued branch taken from its queue", 60)
+                assert isinstance(outcome.error, RunCancelled), "a branch admitted on memory nobody reserved"
+            del made
+        until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
+        assert not rt.scheduler._in_flight
+    finally:
+        rt.close()
+
+
+def test_a_conds_branch_cancelled_in_its_queue_lets_its_parent_retire(device_map):
+    """A branch run queues only while admission is held; cancelled there (`_cancel`), it was marked admitted
+    but never retired, so its parent, over only once its branch is, stayed in flight for good, its reservation
+    with it (found by a review)."""
+    import pathways_mlir as pw
+
+    rt = Runtime(device_map)
+    try:
+        s = pw.virtual_slice(2, axes="x", island="island0")
+        twice = pw.jit(lambda x: x * 2, slice=s)
+        rest = pw.jit(lambda x: x, slice=s)
+        positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=s)
+        route = pw.program(lambda x: pw.cond(positive(x), twice, rest, x))
+        with Client(rt) as client:
+            np.asarray(route.run(np.ones((8, 16), np.float32), client=client).result(60))   # compiled
+            until(lambda: not rt.scheduler._in_flight, "the first run retired", 60)
+            admitted = rt.scheduler.wait_admitted
+
+            def held_once_admitted(run, timeout=None):        # the cond's thread, before it starts the branch
+                answer = admitted(run, timeout)
+                rt.scheduler.hold()
+                return answer
+
+            rt.scheduler.wait_admitted = held_once_admitted
+            made = route.run(np.ones((8, 16), np.float32), client=client)
+            try:
+                until(lambda: rt.scheduler.status()["queued"], "the branch queued", 60)
+                branch = made._run.branch
+                assert [q["run"] for q in rt.scheduler.status()["queued"]] == [branch.id]
+                assert rt.cancel(branch)
+            finally:
+                rt.scheduler.release()
+            with pytest.raises(RunCancelled):
+                np.asarray(made.result(60))
+            del made
+        until(lambda: not rt.scheduler._in_flight, "the parent retired", 60)
+        until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
+    finally:
+        rt.close()
