@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import time
 import weakref
 from typing import Sequence
 
@@ -32,7 +33,7 @@ _client_ids = itertools.count(1)
 # A weight's bounds: under `share` a client's virtual time grows by its runs' device time over its weight, and
 # one of 1e-300 pushed every later client's start past where their own runs' charges round away.
 MIN_WEIGHT = 1e-6
-_CLOSE_TIMEOUT = 60.0    # seconds close() waits for the client's runs before releasing anyway
+_CLOSE_TIMEOUT = 60.0    # seconds close() waits for the client's runs under way before releasing anyway
 
 
 class Client:
@@ -243,7 +244,8 @@ class Client:
         return self.runtime.owned_by(self.owner)
 
     def close(self) -> None:
-        """Waits (boundedly) for the client's runs under way, then releases every object it owns.
+        """Cancels the client's queued runs (their results would be released unread), waits for its runs
+        under way (`_CLOSE_TIMEOUT` seconds in all), then releases every object it owns.
 
         The client can no longer run programs, and its handles raise.
         """
@@ -251,9 +253,12 @@ class Client:
             self.closed = True
             active = list(self._active)
             self._active.clear()
+        self.runtime.scheduler.cancel_client(self.id, lambda run: RunCancelled(
+            f"run {run.id} of {run.plan.program} was queued when client {self.id} closed"))
+        deadline = time.monotonic() + _CLOSE_TIMEOUT
         for run in active:
             try:
-                self.runtime.wait(run, _CLOSE_TIMEOUT)
+                self.runtime.wait(run, max(0.0, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001  (a failed run owns nothing more)
                 pass
         self.runtime.release_client(self.id)

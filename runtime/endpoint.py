@@ -47,7 +47,6 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .authentication import AuthenticationError, ServerHandshake, read_key, write_private
 from .client import Client
-from .island_work import RunFailed
 from .plan_check import check_plan
 from .runtime import Runtime
 from .session import Session
@@ -316,9 +315,7 @@ class Endpoint:
         finally:
             if client is not None:
                 try:
-                    self.runtime.scheduler.cancel_client(client.id, lambda run: RunFailed(
-                        f"run {run.id} of {run.plan.program} was queued when client {client.id} disconnected"))
-                    client.close()   # the remote process's objects are released here
+                    client.close()   # its queued runs are cancelled and the remote process's objects released here
                 except Exception:  # noqa: BLE001  (the runtime closed first: nothing is left to release)
                     pass
             connection.close()

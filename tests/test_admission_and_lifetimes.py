@@ -290,6 +290,31 @@ def test_close_racing_start_leaves_nothing(runtime, plan_builder):
     assert (deadline_usage, runtime.object_count()) == (0, 0)
 
 
+def test_closing_a_client_cancels_its_queued_runs_instead_of_waiting_a_minute_for_each(runtime, plan_builder):
+    """`close` waited up to a minute for each of the client's runs, one after the other, so a client with
+    three runs queued (behind admission here; behind another client's long runs in use) took three
+    minutes to close, and then their results were released unread. Its queued runs now fail at once, as a
+    service's client's do when it disconnects, and the runs under way share one bound."""
+    from pathways_mlir.runtime.runtime import RunCancelled
+
+    plan, _ = one_step(plan_builder, runtime.resources.topology)
+    client = Client(runtime)
+    client.run(plan, [X])[0].result(timeout=60)               # compiled, and its run over
+    runtime.scheduler.hold()
+    try:
+        queued = [client.start(plan, [X]) for _ in range(3)]
+        closing = threading.Thread(target=client.close, daemon=True)
+        closing.start()
+        closing.join(30)
+        assert not closing.is_alive(), "close() returned within 30 s"
+    finally:
+        runtime.scheduler.release()
+    for run in queued:
+        assert isinstance(run.error, RunCancelled) and "queued when client" in str(run.error)
+    assert all(run.retired and run.id not in runtime.scheduler._in_flight for run in queued)
+    assert (sum(runtime.usage().values()), runtime.object_count()) == (0, 0)
+
+
 def test_closing_the_runtime_with_a_stuck_run_is_bounded(device_map, plan_builder):
     rt = Runtime(device_map, device_memory_bytes=ONE_RUN + 300)    # one run, or the parked run and its result
     parked_plan, _ = cross_island(plan_builder, rt.resources.topology)
