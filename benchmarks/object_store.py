@@ -12,7 +12,8 @@ not. Baseline: M times `ray.put` of the same host array, `ray.get` of it
 local Ray instance. Rates are objects per second for a 32-byte and a 1 MiB
 array; the headline ratios are ours over Ray (above 1: ours is faster) at
 the worse of the two sizes. Reclaim latency: the time `Client.close()` takes
-to release M/10 objects the client holds, per object, as when a client ends.
+to release M/10 objects the client holds (M/100 on our Ray backend), per object,
+as when a client ends.
 Device memory is set far above what any case holds, so nothing waits on it.
 """
 
