@@ -115,6 +115,9 @@ class IslandEndpoint(Protocol):
     def run_done(self, run_id: int) -> bool:
         """Whether a run's work here is over (dispatched, and its device work finished)."""
 
+    def failure(self, run_id: int) -> BaseException | None:
+        """The error a run failed with here, as far as this island knows now (no wait), else None."""
+
     def wait_run(self, run_id: int, timeout: float | None = None) -> None:
         """Waits until a run's work here is over; TimeoutError after `timeout` seconds."""
 

@@ -371,6 +371,11 @@ class Island(IslandExecutor):
         with self.lock:
             return self.store.release_owner(owner)
 
+    def failure(self, run_id: int) -> BaseException | None:
+        """Returns the error a run failed with here, or None (also once it failed too long ago to remember).
+        One dict read, no lock needed."""
+        return self._failed.get(run_id)
+
     def run_done(self, run_id: int) -> bool:
         """Returns whether the run's work here is over (dispatched, and its device work finished), as the
         completion tracker sees it (it looks first). Reads without the lock: a run only ever goes from

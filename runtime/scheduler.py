@@ -495,6 +495,8 @@ class GangScheduler:
         tells the policy what the run took (a run its islands could not time takes its plan's estimate, once a
         run of the plan has been timed)."""
         del self._in_flight[run.id]
+        if run.error is None:
+            run.error = self._failure(run)       # before `keep`: a run that failed on an island has no results
         run.retired = True                       # before `keep`: see `release_result`
         if run.parent is not None and run.parent.branch is run:
             run.parent.branch = None             # (its parent keeps nothing of it)
@@ -520,6 +522,16 @@ class GangScheduler:
                 self._charge_untimed(run.key)
         else:
             self.policy.retired(run, self.estimates.of(run))   # untimed: its plan's estimate as it stands
+
+    def _failure(self, run: Run) -> BaseException | None:
+        """The error `run` failed with on one of its islands (a launch that raised there), if any: the islands
+        fail a run without the scheduler."""
+        islands = self.islands
+        for island in run.islands:
+            error = islands[island].failure(run.id)
+            if error is not None:
+                return error
+        return None
 
     def _forget_gone(self, client_id: int) -> None:
         """Forgets a closed client once none of its runs is queued or on the devices (the results of those are

@@ -830,3 +830,31 @@ def test_a_conds_branch_cancelled_in_its_queue_lets_its_parent_retire(device_map
         until(lambda: sum(rt.usage().values()) == 0, "every reservation given back", 60)
     finally:
         rt.close()
+
+
+def test_a_run_that_failed_on_its_island_keeps_no_bytes_for_its_handles(device_map):
+    """A run that fails on its island (a launch raising: here under `jax_debug_nans`) never has results, but the
+    scheduler learnt nothing of the failure and kept their bytes reserved for as long as their handles lived:
+    the next run was refused with `OutOfDeviceMemory`, "held by live handles" (found by a README walk-through).
+    A run cancelled by the client gave them back; one failed by its island now does too."""
+    import pathways_mlir as pw
+
+    rt = Runtime(device_map, device_memory_bytes=600_000)     # one run of `log` (argument and result) fits
+    try:
+        log = pw.jit(jnp.log, slice=pw.virtual_slice(1, axes="x", island="island0"))
+        x = np.ones((256, 256), np.float32)
+        with Client(rt) as client:
+            np.asarray(log.run(x, client=client).result(60))
+            jax.config.update("jax_debug_nans", True)
+            try:
+                failed = log.run(-x, client=client)
+                with pytest.raises(RunFailed, match="invalid value"):
+                    np.asarray(failed.result(60))
+            finally:
+                jax.config.update("jax_debug_nans", False)
+            until(lambda: failed._run.retired, "the failed run retired", 60)
+            assert sum(rt.usage().values()) == 0, "a failed run's handle holds bytes"
+            np.testing.assert_allclose(np.asarray(log.run(x, client=client).result(60)), 0.0)
+            del failed
+    finally:
+        rt.close()

@@ -299,6 +299,11 @@ class RayIsland:
                              if client_owner(self._runs.get(k[0], (None, None))[1]) != owner}
         return self._ask("release_owner", owner, otherwise=0)
 
+    def failure(self, run_id: int) -> BaseException | None:
+        """Returns the error a run failed with here as this process knows it (cancelled, failed elsewhere, or
+        the island lost), else None: a failure inside the actor is learnt when a result is read."""
+        return self._failed.get(run_id)
+
     def run_done(self, run_id: int) -> bool:
         """Returns whether the run's work here is over. One request also asks about every run started
         earlier that is not known to be over, and the answers are kept: the scheduler and the clients poll
