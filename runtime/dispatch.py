@@ -185,8 +185,13 @@ class Dispatcher:
             value = narrowed(value, dtype)
             if island is None:
                 # A NumPy argument is copied, as jax.jit copies it: a program that returns it as it is handed it
-                # back, and the caller's later writes changed that result.
-                run.host[buffer] = _done(np.array(value) if isinstance(value, np.ndarray) else value)
+                # back, and the caller's later writes changed that result. A JAX array it returns as it is is
+                # copied too, as jax.jit returns a new array: deleting or donating the argument took the result.
+                if isinstance(value, np.ndarray):
+                    value = np.array(value)
+                elif type(value) is ARRAY_TYPE and buffer in plan.outputs:
+                    value = jax.device_put(value, value.sharding, may_alias=False)
+                run.host[buffer] = _done(value)
             else:
                 inputs.setdefault(island, []).append((buffer, value))
         if kept:

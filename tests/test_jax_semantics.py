@@ -268,6 +268,27 @@ def test_a_program_returning_its_argument_returns_a_new_array():
     np.testing.assert_array_equal(np.asarray(doubled), [0.0, 2.0, 4.0])
 
 
+def test_a_program_returning_an_argument_no_computation_reads_returns_a_new_array():
+    """The same where no placed function reads the argument (its buffer lives on the host): the result was the
+    caller's `jax.Array` (or the array behind a handle) itself, so deleting or donating the argument took it
+    (found by a README walk-through)."""
+    s = pw.virtual_slice(1, axes="x")
+    inc = pw.jit(lambda x: x + 1, slice=s)
+    donating = pw.program(pw.jit(lambda x: x * 10, slice=s), donate_argnums=0)
+    a = jnp.ones(2)
+    kept = pw.program(lambda x: x)(a)
+    a.delete()
+    np.testing.assert_array_equal(np.asarray(kept), [1.0, 1.0])
+    a = jnp.ones(2)
+    _, passed = pw.program(lambda x, y: (inc(x), y))(np.ones(2, np.float32), a)
+    jax.jit(lambda v: v * 2, donate_argnums=0)(a)
+    np.testing.assert_array_equal(np.asarray(passed), [1.0, 1.0])
+    handle = inc(np.ones(2, np.float32))
+    kept = pw.program(lambda x: x)(handle)
+    np.testing.assert_array_equal(np.asarray(donating(handle)), [20.0, 20.0])
+    np.testing.assert_array_equal(np.asarray(kept), [2.0, 2.0])
+
+
 # JAX's narrow dtypes (ml_dtypes'): every one jax.export serialises, with a value it represents exactly.
 NARROW = ["int4", "uint4", "float4_e2m1fn", "float8_e3m4", "float8_e4m3", "float8_e4m3fn", "float8_e4m3fnuz",
           "float8_e4m3b11fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"]
