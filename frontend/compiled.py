@@ -101,10 +101,8 @@ class Compiled:
         self._refresh()
 
     def _refresh(self) -> None:
-        from pathways_mlir.passes import lower_to_plans
-
         version, topology = self.runtime.resources.snapshot()
-        plan = lower_to_plans(self.lowered.module, topology)[self.lowered.program]
+        plan = self.lowered.plan_on(topology)
         self.runtime.load(plan)
         self.plan, self._version = plan, version
 

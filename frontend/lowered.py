@@ -9,7 +9,11 @@ from typing import TYPE_CHECKING, Any
 import jax
 from mlir import ir
 
+from .errors import PlacementError
+
 if TYPE_CHECKING:
+    from pathways_mlir.dialect.plan import ProgramPlan
+
     from .compiled import Compiled
 
 
@@ -95,6 +99,17 @@ class Lowered:
         """Writes the pw IR to `path`, for `pw-opt` to read."""
         with open(path, "w") as f:
             f.write(self.as_text(debug_info=debug_info))
+
+    def plan_on(self, topology) -> "ProgramPlan":
+        """The entry program's plan, lowered onto `topology` (every pass of `pw-lower`). Raises `PlacementError`
+        with the lowering's diagnostics if no island can hold a slice (more devices or bytes than an island
+        has, its pinned island lost): the program cannot run where it is placed."""
+        from pathways_mlir.passes import LoweringError, lower_to_plans
+
+        try:
+            return lower_to_plans(self.module, topology)[self.program]
+        except LoweringError as error:
+            raise PlacementError(str(error)) from None
 
     def compile(self, runtime=None) -> "Compiled":
         """Lowers the program for `runtime`'s cluster (default: the process's) and loads its plans there."""

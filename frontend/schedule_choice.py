@@ -111,7 +111,6 @@ class AutoPipeline:
         return found
 
     def _simulate(self, args: tuple, kwargs: dict, runtime) -> ScheduleChoice:
-        from pathways_mlir.passes import lower_to_plans
         from pathways_mlir.sim.profile import profile_of_kind
         from pathways_mlir.sim.schedules import pick, report
 
@@ -120,7 +119,7 @@ class AutoPipeline:
         plans, reports = {}, {}
         for schedule, step in self.candidates.items():
             lowered = step.lower(*args, **kwargs)
-            plans[schedule] = lower_to_plans(lowered.module, topology)[lowered.program]
+            plans[schedule] = lowered.plan_on(topology)
             reports[schedule] = report(plans[schedule], profile, self._memory_bytes)
         chosen = pick(reports)
         if chosen is None:

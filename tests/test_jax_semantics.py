@@ -20,7 +20,6 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.passes import lower, program_plans
-from pathways_mlir.passes.lower import LoweringError
 from pathways_mlir.runtime.client import default_client
 from pathways_mlir.runtime.island_work import RunFailed
 
@@ -287,6 +286,30 @@ def test_a_program_returning_an_argument_no_computation_reads_returns_a_new_arra
     kept = pw.program(lambda x: x)(handle)
     np.testing.assert_array_equal(np.asarray(donating(handle)), [20.0, 20.0])
     np.testing.assert_array_equal(np.asarray(kept), [2.0, 2.0])
+
+
+def test_a_slice_no_island_can_hold_is_a_placement_error():
+    """A slice bigger than any island, or pinned to an island that was lost, is `pw.PlacementError`, as the README
+    says (it was the passes' `LoweringError`, which `except pw.PlacementError` missed; found by a README
+    walk-through)."""
+    from pathways_mlir.runtime.cluster import embedded_device_map
+    from pathways_mlir.runtime.runtime import Runtime
+
+    x = np.ones((16,), np.float32)
+    too_big = pw.jit(lambda v: v + 1, slice=pw.virtual_slice(16, axes="x"), in_specs=P("x"), out_specs=P("x"))
+    pinned = pw.jit(lambda v: v + 1, slice=pw.virtual_slice(4, axes="x", island="island0"), in_specs=P("x"),
+                    out_specs=P("x"))
+    rt = Runtime(embedded_device_map(2, 4))
+    try:
+        with pw.Client(rt) as client:
+            with pytest.raises(pw.PlacementError, match="cannot place slice @\\w+: it needs 16 devices in one island"):
+                too_big(x, client=client)
+            np.testing.assert_array_equal(np.asarray(pinned(x, client=client)), x + 1)
+            rt.lose_island("island0")
+            with pytest.raises(pw.PlacementError, match="island0"):
+                pinned(x, client=client)
+    finally:
+        rt.close()
 
 
 # JAX's narrow dtypes (ml_dtypes'): every one jax.export serialises, with a value it represents exactly.
@@ -559,7 +582,7 @@ def test_a_computation_no_device_can_hold_is_reported_at_its_code():
         return jnp.zeros((1 << 16, 1 << 16)) + x
 
     call = inspect.currentframe().f_lineno + 3
-    with pytest.raises(LoweringError, match=rf"test_jax_semantics.py:{call}:\d+: error: cannot place slice @\w+: "
+    with pytest.raises(pw.PlacementError, match=rf"test_jax_semantics.py:{call}:\d+: error: cannot place slice @\w+: "
                                             rf"computation 'huge#0' needs 17179869188 bytes per device"):
         pw.jit(huge, slice=s)(jnp.ones(()))
 
