@@ -77,6 +77,7 @@ from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
                           computed, host_arrays_copied, raised, waits_for)
 from .object_store import ObjectStore
+from .status import unreachable
 from .tracing import Tracer
 from .transfers import DcnTransport
 
@@ -429,8 +430,11 @@ class Island(IslandExecutor):
 
     def status(self) -> dict:
         """Returns each run under way here with what it waits for, the runs whose device work is not
-        over yet, each client's objects and bytes, and what the executor is busy with."""
+        over yet, each client's objects and bytes, and what the executor is busy with; of a lost island, that
+        it is unreachable."""
         with self.lock:
+            if self.lost is not None:
+                return unreachable(self.lost)
             runs = [{"run": run.id, "client": run.client_id, "program": run.program,
                      "waits_for": waits_for(run)} for run in self._runs.values()]
             clients: dict[int, dict[str, int]] = {}

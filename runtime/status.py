@@ -88,6 +88,11 @@ def _count(holders: dict, client: int, need: dict) -> None:
                 entry[1] += nbytes
 
 
+def unreachable(error: BaseException) -> dict:
+    """An island's report when it did not answer, or was lost."""
+    return {"unreachable": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
+
+
 class Status(dict):
     """A runtime's status (see the module docstring); prints as a report."""
 

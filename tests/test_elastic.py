@@ -107,7 +107,10 @@ def test_results_that_lived_only_on_the_lost_island_raise(rt):
         with pytest.raises(pw.IslandLost):
             plus1.run(there, client=client)            # using it as an argument raises too
         np.testing.assert_allclose(value(here), X + 1)
+        # A lost island is reported as such until it is restored (it was listed as an idle one).
+        assert "island0: unreachable: IslandLost: island island0 was lost" in str(rt.status())
         rt.restore_island("island0")
+        assert "island0: 0 run(s) under way" in str(rt.status())
         with pytest.raises(pw.IslandLost):             # a restored island does not bring results back
             value(there)
     assert settled(rt, WAIT)

@@ -25,14 +25,14 @@ from pathways_mlir.dialect.topology import Topology
 
 from ..cluster import ClusterError
 from ..island_work import Islands, IslandWork
-from ..status import Status, gather
+from ..status import Status, gather, unreachable
 from .actor import IslandActor
 from .connection import IslandConnection
 from .data_plane import Withdraw
 from .kept import KeptArguments
 from .monitor import IslandMonitor
 from .names import NAMESPACE, island_name, wait_until_free
-from .proxy import STATUS_TIMEOUT, RayIsland, unreachable
+from .proxy import STATUS_TIMEOUT, RayIsland
 from .start_channel import START_TIMEOUT, StartChannel
 
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray's node address is 127.0.0.1

@@ -13,6 +13,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from ..island_work import (HISTORY, REFERENCES, IslandLost, IslandWork, RunFailed, client_owner, failure_kind,
                            raised)
+from ..status import unreachable
 from .connection import ConnectionBroken, IslandConnection
 from .names import wait_until_free
 
@@ -416,7 +417,3 @@ class RayIsland:
         self._hang_up()
         self._closed = True
 
-
-def unreachable(error: BaseException) -> dict:
-    """An island's report when it did not answer."""
-    return {"unreachable": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
