@@ -736,13 +736,23 @@ def test_a_cond_program_cancelled_while_its_branch_computes_keeps_its_reservatio
         rt.close()
 
 
+def doubling_route():
+    """A program whose cond doubles its argument if it sums to more than 0, else returns it, on island0."""
+    import pathways_mlir as pw
+
+    s = pw.virtual_slice(2, axes="x", island="island0")
+    twice = pw.jit(lambda x: x * 2, slice=s)
+    rest = pw.jit(lambda x: x, slice=s)
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=s)
+    return pw.program(lambda x: pw.cond(positive(x), twice, rest, x))
+
+
 @pytest.mark.parametrize("held", [False, True], ids=["admitted-at-once", "queued-while-admission-held"])
 def test_a_conds_branch_whose_parent_failed_before_it_started_is_never_admitted(device_map, monkeypatch, held):
     """A branch run needs nothing of its own: its parent's reservation holds its memory. A parent cancelled after
     its predicate was read, and retired (its reservation given back) before its branch was submitted, had the
     branch admitted anyway, computing on memory nobody reserved (found by a review). The branch now fails with
     its parent's error, whether it would have been admitted at once or was queued while admission was held."""
-    import pathways_mlir as pw
     from pathways_mlir.runtime.scheduler import GangScheduler
 
     rt = Runtime(device_map)
@@ -768,11 +778,7 @@ def test_a_conds_branch_whose_parent_failed_before_it_started_is_never_admitted(
 
     monkeypatch.setattr(GangScheduler, "submit", parent_retired_first)
     try:
-        s = pw.virtual_slice(2, axes="x", island="island0")
-        twice = pw.jit(lambda x: x * 2, slice=s)
-        rest = pw.jit(lambda x: x, slice=s)
-        positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=s)
-        route = pw.program(lambda x: pw.cond(positive(x), twice, rest, x))
+        route = doubling_route()
         with Client(rt) as client:
             made = route.run(np.ones((8, 16), np.float32), client=client)
             with pytest.raises(RunCancelled):
@@ -795,15 +801,9 @@ def test_a_conds_branch_cancelled_in_its_queue_lets_its_parent_retire(device_map
     """A branch run queues only while admission is held; cancelled there (`_cancel`), it was marked admitted
     but never retired, so its parent, over only once its branch is, stayed in flight for good, its reservation
     with it (found by a review)."""
-    import pathways_mlir as pw
-
     rt = Runtime(device_map)
     try:
-        s = pw.virtual_slice(2, axes="x", island="island0")
-        twice = pw.jit(lambda x: x * 2, slice=s)
-        rest = pw.jit(lambda x: x, slice=s)
-        positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=s)
-        route = pw.program(lambda x: pw.cond(positive(x), twice, rest, x))
+        route = doubling_route()
         with Client(rt) as client:
             np.asarray(route.run(np.ones((8, 16), np.float32), client=client).result(60))   # compiled
             until(lambda: not rt.scheduler._in_flight, "the first run retired", 60)
@@ -852,7 +852,8 @@ def test_a_run_that_failed_on_its_island_keeps_no_bytes_for_its_handles(device_m
                     np.asarray(failed.result(60))
             finally:
                 jax.config.update("jax_debug_nans", False)
-            until(lambda: failed._run.retired, "the failed run retired", 60)
+            run = failed._run
+            until(lambda: run.retired, "the failed run retired", 60)
             assert sum(rt.usage().values()) == 0, "a failed run's handle holds bytes"
             np.testing.assert_allclose(np.asarray(log.run(x, client=client).result(60)), 0.0)
             del failed
