@@ -23,7 +23,7 @@ import traceback
 
 import click
 
-from pathways_mlir.dialect.input_files import parse_json, read_text
+from pathways_mlir.dialect.input_files import MAX_INPUT_BYTES, parse_json, read_bounded, read_text
 from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
@@ -134,10 +134,18 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: DispatchMode, rep
     click.echo(f"program @{plan.program} on {', '.join(islands)} ({dispatch} dispatch)")
     for n, (h, value) in enumerate(zip(handles, values)):
         click.echo(f"  result {n}: {value.dtype}{list(value.shape)} on {h.slice} "
-                   f"sum={value.astype(np.float64).sum():.6g} first={value.ravel()[:4].tolist()}")
+                   f"sum={_sum(value):.6g} first={value.ravel()[:4].tolist()}")
     click.echo(f"  first run (compiles): {first * 1e3:.2f} ms")
     if times:
         click.echo(f"  median of {repeat} runs: {sorted(times)[len(times) // 2] * 1e3:.3f} ms")
+
+
+def _sum(value):
+    """Returns the sum of array `value` in double precision: complex128 for a complex array (float64 would drop
+    its imaginary part), float64 otherwise."""
+    import numpy as np
+
+    return value.astype(np.complex128 if np.iscomplexobj(value) else np.float64).sum()
 
 
 def _first_line(error: Exception) -> str:
@@ -158,7 +166,16 @@ def _describe(shape: dict[str, int], shown: int = 8) -> str:
 
 
 def _run_script(path: pathlib.Path) -> None:
-    if not path.read_bytes().strip():          # its encoding is Python's to read (PEP 263)
+    try:
+        with open(path, "rb") as file:
+            source = read_bounded(file)        # its encoding is Python's to read (PEP 263)
+    except OSError as e:
+        raise RunError(f"{path}: cannot read the script: {e.strerror}") from None
+    if len(source) > MAX_INPUT_BYTES:
+        raise RunError(f"{path}: the script is larger than {MAX_INPUT_BYTES >> 20} MiB")
+    if b"\0" in source:
+        raise RunError(f"{path}: the script contains a NUL byte, which Python source cannot")
+    if not source.strip():
         raise RunError(f"{path}: the script is empty: nothing to run")
     sys.argv = [str(path)]
     sys.path.insert(0, str(path.parent))

@@ -15,6 +15,7 @@ Errors are one line each; no Python traceback.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import sys
 
@@ -39,11 +40,24 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return (SimCliError, PlanError, ProfileError, InputError, SimError, ClusterError)
 
 
+def _strict_json(value, where: str, **options) -> str:
+    """Returns `value` as standard JSON (no Infinity or NaN, which strict readers and Perfetto refuse); raises
+    SimCliError naming `where` if a figure in it is not finite."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:
+        raise SimCliError(f"cannot write {where}: a simulated figure is not a finite number") from None
+
+
 def _emit(record: dict, output: str | None) -> None:
-    text = json.dumps(record, indent=2) + "\n"
     if output:
-        write_output(output, text, SimCliError)
+        write_output(output, _strict_json(record, output, indent=2) + "\n", SimCliError)
         click.echo(f"wrote {output}")
+
+
+def _finite_or_none(value: float) -> float | None:
+    """Returns `value`, or None (JSON's null) if it is not finite: the rate of runs that take no simulated time."""
+    return value if math.isfinite(value) else None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -93,13 +107,13 @@ def run(target, profile_name, topology, program, dispatch, runs, closed_loop, tr
               "dispatch": dispatch, "runs": runs, "closed_loop": closed_loop,
               **({"branch_probability": branch_probability} if branch_probability is not None else {}),
               **({"branch_trace": branch_trace} if branch_trace else {}),
-              "latency_ms": result.latency() * 1e3, "runs_per_s": result.throughput(),
+              "latency_ms": result.latency() * 1e3, "runs_per_s": _finite_or_none(result.throughput()),
               "makespan_ms": result.makespan() * 1e3}
     click.echo(f"SIMULATED @{plan.program} on {profile.name} ({dispatch} dispatch, {runs} run(s)): "
-               f"latency {record['latency_ms']:.3f} ms, {record['runs_per_s']:.1f} runs/s, "
+               f"latency {record['latency_ms']:.3f} ms, {result.throughput():.1f} runs/s, "
                f"makespan {record['makespan_ms']:.3f} ms")
     if trace_path:
-        write_output(trace_path, json.dumps(trace.to_chrome(result)), SimCliError)
+        write_output(trace_path, _strict_json(trace.to_chrome(result), trace_path), SimCliError)
         click.echo(f"trace: {trace_path}")
     _emit(record, output)
 

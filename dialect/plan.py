@@ -39,6 +39,7 @@ from .topology import Topology, TopologyError
 
 MAX_ELEMENTS = 1 << 40     # a larger buffer is a malformed plan, not a big one
 MAX_DEPTH = 16             # branch plans nested deeper than this are rejected
+MAX_FLOPS = (1 << 63) - 1  # an executable's flops are an i64 (`pw.cost`), as the IR keeps them
 
 
 @dataclass(frozen=True)
@@ -374,6 +375,10 @@ class ProgramPlan:
         for b in self.donated:
             if b not in self.inputs:
                 raise PlanError(f"{where}: donated buffer {b} is not an input of the program")
+        for name, flops in self.flops.items():
+            if isinstance(flops, bool) or not isinstance(flops, int) or not 0 <= flops <= MAX_FLOPS:
+                raise PlanError(f"{where}: flops of executable '{name}' are {_number(flops)}, not an integer from 0 "
+                                f"to 2**63 - 1")
         self._validate_steps(where)
 
     def _validate_steps(self, where: str) -> None:
@@ -438,6 +443,15 @@ class ProgramPlan:
                     raise PlanError(f"{where}: step {step_id} ({s.kind}) moves buffer {s.src_buffer} ({types[0]}) "
                                     f"into buffer {s.dst_buffer} ({types[1]}): a move keeps its shape and dtype",
                                     step=step_id)
+                if s.bytes != dst.bytes_per_device:     # (a send and its recv: the same dst_buffer)
+                    raise PlanError(f"{where}: step {step_id} ({s.kind}): its 'bytes' is {_number(s.bytes)}, but "
+                                    f"buffer {s.dst_buffer} has {dst.bytes_per_device} bytes per device", step=step_id)
+            if isinstance(s, Branch):
+                pred = self.buffers[s.pred_buffer]
+                if pred.shape or pred.dtype.startswith("complex"):
+                    raise PlanError(f"{where}: step {step_id} (cond) reads buffer {s.pred_buffer} "
+                                    f"({pred.dtype}{list(pred.shape)}) as its predicate, which must be a scalar of "
+                                    f"a boolean, integer or float type", step=step_id)
         readers: dict[int, list[int]] = {}
         # A send and its recv agree on both buffers and both islands: (to, dst_buffer, src_buffer, from).
         sends_of: dict[tuple, list[int]] = {}
@@ -504,6 +518,12 @@ class ProgramPlan:
                 if not begin < end <= devices:
                     raise PlanError(f"{where}: peak_bytes of '{island}' name devices {begin}..{end}, not a range "
                                     f"of its {devices} devices")
+
+
+def _number(value: Any) -> str:
+    """Returns `value` as a message shows it: a number of more than 20 digits by its count of digits."""
+    text = str(value)
+    return text if len(text) <= 20 else f"a {len(text)}-digit number"
 
 
 def _cycle(waits: dict[int, set[int] | frozenset[int]]) -> list[int] | None:

@@ -276,8 +276,9 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
                                                 in_place, to_host))
             last_on_slice[dst.slice] = instructions[-1]
         elif isinstance(step, Send):
+            # The cluster's own link (--emulate-dcn sleeps for its time), not the figures a plan file declares.
             instructions.append(SendInstruction(slot[step.src_buffer], step.peer, step.dst_buffer, step.bytes,
-                                                plan.topology.link(island.name, step.peer)[1]))
+                                                island.device_map.topology.link(island.name, step.peer)[1]))
         elif isinstance(step, Recv):
             instructions.append(RecvInstruction(slot[step.dst_buffer], _awaited(plan, step)))
             last_on_slice[plan.buffers[step.dst_buffer].slice] = instructions[-1]

@@ -2,7 +2,10 @@
 
 A `.mlir` file without plans yet is lowered with `pw-lower` for a
 topology: `<islands>x<devices>` builds islands of the profile's device kind
-(its memory, its devices per host), or a topology JSON file is used as is.
+(its memory, its devices per host), or a topology JSON file is used as is;
+IR that holds plans already is refused a topology, as a plan JSON is.
+Every plan's executables are checked as pw-run checks them
+(`runtime/plan_check.check_plan`).
 Each plan carries its executables' `pw.cost` flops (`ProgramPlan.flops`);
 a plan JSON that lacks them for an executable it launches is refused.
 """
@@ -47,10 +50,11 @@ def profile_topology(text: str, profile: Profile) -> Topology:
         except TopologyError as e:
             raise InputError(str(e)) from None
     islands, devices = int(match[1]), int(match[2])
+    if islands < 1 or devices < 1:
+        raise InputError(f"--topology {text}: need at least one island of at least one device")
     per_host = min(profile.accelerator.devices_per_host, devices)
-    if islands < 1 or devices % per_host:
-        raise InputError(f"--topology {text}: need at least one island, and devices a multiple of "
-                         f"{per_host} per host")
+    if devices % per_host:
+        raise InputError(f"--topology {text}: devices must be a multiple of {per_host} per host")
     ici = Link(profile.ici.latency_us, profile.ici.bandwidth_gbps)
     return Topology(tuple(Island(f"island{i}", profile.device_kinds[0], devices // per_host, per_host,
                                  profile.accelerator.memory_bytes, ici) for i in range(islands)),
@@ -58,7 +62,20 @@ def profile_topology(text: str, profile: Profile) -> Topology:
 
 
 def load(path: pathlib.Path, topology: Topology | None) -> Loaded:
-    """Reads plans from a plan JSON or a (lowered or not) `.mlir` file."""
+    """Reads plans from a plan JSON or a (lowered or not) `.mlir` file, and checks their executables as pw-run
+    does (`runtime/plan_check.check_plan`: nothing is compiled), so that pw-sim simulates only plans pw-run runs."""
+    from pathways_mlir.runtime.plan_check import check_plan
+
+    loaded = _read(path, topology)
+    for plan in loaded.plans.values():
+        try:
+            check_plan(plan)
+        except PlanError as e:
+            raise InputError(f"{path}: {e}") from None
+    return loaded
+
+
+def _read(path: pathlib.Path, topology: Topology | None) -> Loaded:
     text = read_text(path, InputError)
     if path.suffix == ".json":
         value = parse_json(text, str(path), InputError)
@@ -78,13 +95,20 @@ def load(path: pathlib.Path, topology: Topology | None) -> Loaded:
 
 
 def lower_text(text: str, topology: Topology | None, where: str = "input") -> Loaded:
-    """Returns the plans of pw IR (`passes.load_plans`): lowered for `topology` unless it is lowered already,
-    in which case they are verified first."""
+    """Returns the plans of pw IR (`passes.load_plans`): lowered for `topology` if the IR holds no plans yet, or
+    its own plans, verified, if it does, in which case `topology` must be None (the plans are placed already)."""
     from pathways_mlir.passes import LoweringError, TopologyNeeded, load_plans
 
     try:
-        return Loaded(load_plans(text, topology))
-    except TopologyNeeded:
-        raise InputError(f"{where}: pw IR without plans needs --topology") from None
+        try:
+            plans = load_plans(text, None)
+        except TopologyNeeded:
+            if topology is None:
+                raise InputError(f"{where}: pw IR without plans needs --topology") from None
+            return Loaded(load_plans(text, topology))
     except LoweringError as e:
         raise InputError("\n".join(d.format(where) for d in e.diagnostics)) from None
+    if topology is not None:
+        raise InputError(f"{where}: the IR is lowered already (it holds plans); --topology applies to pw IR "
+                         f"without plans only")
+    return Loaded(plans)

@@ -56,6 +56,10 @@ bundled ones are also the device-rate table placement and admission read
   of it run at once, as the embedded runtime's Python threads share one
   interpreter lock (the GIL; an XLA call lets go of it while it computes).
 
+Rates (`peak_tflops`, `memory_gbytes_per_s`, `bandwidth_gbps`) are at
+least 1e-6, and fixed costs (`*_us`) at most 1e12 us, so that every
+simulated time is finite.
+
 `sources` cites where each figure comes from; a figure that is assumed or
 fitted says so there.
 """
@@ -70,6 +74,11 @@ from typing import Any
 from pathways_mlir.dialect.device_time import PROFILE_DIR
 from pathways_mlir.dialect.input_files import read_json
 
+# The least rates and sizes a profile may give (a rate of 5e-324 made every simulated time infinite), and the
+# most microseconds a fixed cost may take: a simulated time stays a finite number of seconds.
+_LEAST = {"peak_tflops": 1e-6, "memory_gbytes_per_s": 1e-6, "bandwidth_gbps": 1e-6, "devices_per_host": 1,
+          "memory_bytes": 1}
+MAX_US = 1e12
 
 
 class ProfileError(ValueError):
@@ -218,9 +227,11 @@ def _record(cls, value: dict, key: str, where: str):
             raise ProfileError(f"{where}: {key}.{f.name} must be a finite non-negative number, not {v!r:.40}")
         kwargs[f.name] = int(v) if f.type == "int" else float(v)
     for f in fields(cls):
-        if f.name in ("peak_tflops", "memory_gbytes_per_s", "bandwidth_gbps", "devices_per_host",
-                      "memory_bytes") and kwargs[f.name] <= 0:
-            raise ProfileError(f"{where}: {key}.{f.name} must be positive")
+        least = _LEAST.get(f.name)
+        if least is not None and kwargs[f.name] < least:
+            raise ProfileError(f"{where}: {key}.{f.name} must be at least {least:g}, not {kwargs[f.name]:g}")
+        if f.name.endswith("_us") and kwargs[f.name] > MAX_US:
+            raise ProfileError(f"{where}: {key}.{f.name} must be at most {MAX_US:g} us, not {kwargs[f.name]:g}")
     unknown = set(raw) - {f.name for f in fields(cls)}
     if unknown:
         raise ProfileError(f"{where}: {key} has no field '{sorted(unknown)[0]}'")

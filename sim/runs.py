@@ -3,6 +3,7 @@ a run in flight."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -72,11 +73,11 @@ class SimResult:
         return times[len(times) // 2]
 
     def throughput(self) -> float:
-        """Returns runs per second in steady state (between the first and the last run's end)."""
+        """Returns runs per second in steady state (between the first and the last run's end); inf if the runs
+        take no simulated time (a profile whose costs are zero)."""
         ends = sorted(r.done for r in self.runs)
-        if len(ends) < 2:
-            return 1.0 / (ends[0] - self.runs[0].submitted)
-        return (len(ends) - 1) / (ends[-1] - ends[0])
+        runs, span = (1, ends[0] - self.runs[0].submitted) if len(ends) < 2 else (len(ends) - 1, ends[-1] - ends[0])
+        return runs / span if span > 0 else math.inf
 
     def makespan(self) -> float:
         """Returns the time from the first call to the last run's end."""

@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .engine import Simulator, Submission
+from .engine import SimError, Simulator, Submission
 from .inputs import profile_topology
 from .profile import Profile
 from .programs import forward_pipeline
@@ -50,6 +50,7 @@ PAPER_TOKENS_PER_S = {"4": 133700, "16": 131400, "16 over 4 islands": 131400}
 # Section 5.3: (parameters, devices in all, DCN bytes of the gradient reduction per step, both ways).
 LARGE_MODELS = {"64B": (64e9, 512, 457e9), "136B": (136e9, 1024, 1030e9)}
 GRADIENT_CHUNKS = 16
+MAX_TRIPS = 1 << 24        # Figure 6's crossover search gives up at this many loop trips (an int32 bounds them)
 
 
 def _layer(trips: int):
@@ -60,7 +61,7 @@ def _layer(trips: int):
 
 
 def _lowered(traced, args, topology, pin: str = ""):
-    from pathways_mlir.passes import lower_to_plans
+    from pathways_mlir.passes import LoweringError, lower_to_plans
 
     lowered = traced.lower(*args)
     # pw-place's exhaustive search recurses once per slice; a 1,000-stage pipeline (1,000 pinned
@@ -69,6 +70,11 @@ def _lowered(traced, args, topology, pin: str = ""):
     sys.setrecursionlimit(max(limit, 20 * len(pin.split(","))))
     try:
         plans = lower_to_plans(lowered.module, topology, pin=pin)
+    except LoweringError as error:
+        island = topology.islands[0]
+        raise SimError(f"@{lowered.program} cannot be lowered onto {len(topology.islands)} island(s) of "
+                       f"{island.num_devices} {island.device_kind} devices: "
+                       f"{error.diagnostics[0].message.splitlines()[0]}") from None
     finally:
         sys.setrecursionlimit(limit)
     return plans[lowered.program]
@@ -168,7 +174,10 @@ def crossover(devices: int, profile: Profile, runs: int = 40, target: float = 0.
         seconds = one_launch_seconds(plan, profile)
         return throughput(plan, profile, runs) * seconds, seconds
     low, high = 1, 2
-    while efficiency(high)[0] < target:
+    while (eff := efficiency(high)[0]) < target:
+        if high >= MAX_TRIPS:
+            raise SimError(f"profile {profile.name}: no computation of up to {MAX_TRIPS} loop trips reaches "
+                           f"{target:.0%} of the ideal throughput on {devices} devices (it reaches {eff:.1%})")
         low, high = high, high * 2
     while high - low > max(1, low // 50):
         middle = (low + high) // 2

@@ -95,17 +95,19 @@ class PlanBuilder:
 
     def copy(self, src, dst_slice, sharding):
         dst = self.buffer(self.buffers[src].shape, self.buffers[src].dtype, dst_slice, sharding)
-        self._step(self.slices[dst_slice].island, kind="copy", src_buffer=src, dst_buffer=dst, link="ici")
+        self._step(self.slices[dst_slice].island, kind="copy", src_buffer=src, dst_buffer=dst, link="ici",
+                   bytes=self.buffers[dst].bytes_per_device)
         return dst
 
     def dcn(self, src, dst_slice, sharding):
         info = self.buffers[src]
         src_island, dst_island = self.slices[info.slice].island, self.slices[dst_slice].island
         dst = self.buffer(info.shape, info.dtype, dst_slice, sharding)
+        moved = self.buffers[dst].bytes_per_device          # what each device receives, as pw-emit-plans writes
         send = self._step(src_island, kind="send", src_buffer=src, dst_buffer=dst, link="dcn",
-                          peer=dst_island, bytes=info.bytes_per_device)
+                          peer=dst_island, bytes=moved)
         self._step(dst_island, kind="recv", after=(send,), src_buffer=src, dst_buffer=dst, link="dcn",
-                   peer=src_island, bytes=info.bytes_per_device)
+                   peer=src_island, bytes=moved)
         return dst
 
     def cond(self, pred, inputs, then_plan, else_plan, out_shapes):

@@ -143,3 +143,51 @@ def test_runs_the_example_on_the_ray_backend():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "matches plain JAX: True" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_a_complex_result_sums_both_its_parts_without_a_warning(tmp_path):
+    # The sum was cast to float64: the imaginary part dropped, and NumPy's ComplexWarning on stderr.
+    import numpy as np
+
+    (tmp_path / "progs.py").write_text(
+        "from jax.sharding import PartitionSpec as P\nimport pathways_mlir as pw\n"
+        "a = pw.virtual_slice(2, axes='data', name='a')\n\n"
+        "@pw.jit(slice=a, in_specs=P('data'), out_specs=P('data'))\ndef scale(x):\n    return x * (1 + 2j)\n\n"
+        "@pw.program\ndef pc(x):\n    return scale(x)\n")
+    exported = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_export", "progs.py:pc", "--arg",
+                               "complex64[4,2]", "-o", "pc.mlir"], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    result = pw_run("pc.mlir", "--seed", "1", cwd=tmp_path)
+    assert result.returncode == 0 and "Warning" not in result.stderr, result.stderr
+    x = np.random.default_rng(1).integers(-8, 8, size=(4, 2)).astype(np.complex64)
+    assert f"sum={(x * (1 + 2j)).sum():.6g} " in result.stdout, result.stdout
+
+
+def test_a_script_that_never_ends_is_refused_at_its_first_read(tmp_path):
+    # A script linked to /dev/zero was read whole to see whether it was empty: memory filled (a MemoryError under
+    # the address-space limit set here).
+    import resource
+
+    (tmp_path / "z.py").symlink_to("/dev/zero")
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))   # noqa: E731
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_run", "z.py"], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path, preexec_fn=limit)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == "pw-run: error: z.py: the script contains a NUL byte, which Python source cannot"
+
+
+def test_emulated_dcn_takes_the_clusters_link_not_the_figures_the_plan_declares(tmp_path):
+    # A plan whose topology declared a DCN latency of 1e12 us made `pw-run --emulate-dcn` sleep for 11 days.
+    from pathways_mlir.dialect.topology import Topology
+    from pathways_mlir.passes import lower, program_plans
+
+    plan = program_plans(lower((ROOT / "examples" / "three_blocks.mlir").read_text(), Topology.uniform(2, 4),
+                               strategy="spread"))["three_blocks"]
+    assert any(s.kind == "send" for steps in plan.islands.values() for s in steps)
+    value = plan.to_python()
+    value["topology"]["dcn"]["latency_us"] = 1e12
+    (tmp_path / "plan.json").write_text(json.dumps(value))
+    result = pw_run(tmp_path / "plan.json", "--emulate-dcn")     # (bounded: pw_run's timeout)
+    assert result.returncode == 0, result.stderr
+    assert "result 0: float32[8, 16]" in result.stdout

@@ -495,3 +495,125 @@ def test_an_open_loop_of_many_runs_takes_work_without_scanning_every_run(monkeyp
                         available(self, run, island))
     few, many = count(100), count(800)
     assert many < 8 * few * 1.5, (few, many)
+
+
+def _profile_file(tmp_path, section: str, field: str, value) -> str:
+    """Writes cpu-here with `section.field` set to `value`; returns its path."""
+    profile = json.loads((PROFILE_DIR / "cpu-here.json").read_text())
+    profile[section][field] = value
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    return str(path)
+
+
+@pytest.mark.parametrize("shape", ["1x0", "0x0", "0x4"])
+def test_a_topology_without_devices_is_one_line(shape, capsys):
+    # 1x0 was an internal ZeroDivisionError; 0x0 said "a multiple of 0 per host".
+    assert pw_sim(["run", str(ROOT / "examples" / "three_blocks.mlir"), "--topology", shape]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"pw-sim: error: --topology {shape}: need at least one island of at least one device"
+
+
+def test_runs_that_take_no_simulated_time_have_no_rate(tmp_path, capsys):
+    # A program that returns its argument, under a profile whose run_us is 0: an internal ZeroDivisionError.
+    t = "tensor<4xf32>"
+    ir = tmp_path / "passthru.mlir"
+    ir.write_text(f"func.func @passthru(%x: {t}) -> {t} attributes {{pw.program}} {{\n  return %x : {t}\n}}\n")
+    out = tmp_path / "r.json"
+    assert pw_sim(["run", str(ir), "--topology", "1x8", "--profile", _profile_file(tmp_path, "host", "run_us", 0),
+                   "-o", str(out)]) == 0
+    assert "latency 0.000 ms, inf runs/s" in capsys.readouterr().out
+    assert json.loads(out.read_text())["runs_per_s"] is None
+
+
+@pytest.mark.parametrize("section, field, value, message", [
+    ("accelerator", "peak_tflops", 5e-324, "accelerator.peak_tflops must be at least 1e-06, not 4.94066e-324"),
+    ("dcn", "bandwidth_gbps", 1e-9, "dcn.bandwidth_gbps must be at least 1e-06, not 1e-09"),
+    ("host", "run_us", 1e300, "host.run_us must be at most 1e+12 us, not 1e+300")])
+def test_a_profile_rate_too_small_or_cost_too_large_for_finite_times_is_one_line(tmp_path, capsys, section, field,
+                                                                                  value, message):
+    # A peak of 5e-324 TFLOPS made every time infinite: pw-sim wrote "Infinity" into its record and trace.
+    ir_path = str(ROOT / "examples" / "three_blocks.mlir")
+    assert pw_sim(["run", ir_path, "--profile", _profile_file(tmp_path, section, field, value),
+                   "--topology", "2x8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+
+
+def test_a_record_that_is_not_finite_is_refused_not_written_as_nonstandard_json(tmp_path):
+    from pathways_mlir.cli.pw_sim import SimCliError, _emit
+
+    out = tmp_path / "r.json"
+    with pytest.raises(SimCliError, match=f"cannot write {out}: a simulated figure is not a finite number"):
+        _emit({"latency_ms": float("inf")}, str(out))
+    assert not out.exists()
+
+
+def test_topology_is_refused_for_ir_that_is_lowered_already(tmp_path, capsys):
+    # It was ignored: the IR's own 2x4 simulated while the command asked for 7x16.
+    from pathways_mlir.dialect.topology import Topology
+    from pathways_mlir.passes import lower
+
+    lowered = tmp_path / "lowered.mlir"
+    lowered.write_text(str(lower((ROOT / "examples" / "three_blocks.mlir").read_text(), Topology.uniform(2, 4))))
+    assert pw_sim(["run", str(lowered), "--topology", "7x16", "--profile", "cpu-here"]) == 1
+    assert capsys.readouterr().err.strip() == (f"pw-sim: error: {lowered}: the IR is lowered already (it holds "
+                                               f"plans); --topology applies to pw IR without plans only")
+    assert pw_sim(["run", str(lowered), "--profile", "cpu-here"]) == 0
+
+
+def test_a_plan_pw_run_refuses_for_its_executables_is_refused_too(tmp_path, capsys):
+    # Buffers declared f32[16,8] where the executables take f32[8,16] (the same bytes): pw-run refuses the plan at
+    # load (runtime/plan_check.py), and pw-sim simulated it.
+    cpu = load_profile("cpu-here")
+    plan = inputs.load(ROOT / "examples" / "three_blocks.mlir", inputs.profile_topology("2x8", cpu)).program(None, "")
+    value = plan.to_python()
+    for buffer in value["buffers"]:
+        buffer["shape"] = buffer["shape"][::-1]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(value))
+    assert pw_sim(["run", str(path), "--profile", "cpu-here"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is float32[8, 16], but the plan's" in err and "float32[16, 8]" in err, err
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda v: next(s for s in v["islands"]["island0"] if s["kind"] == "copy").update(bytes=10 ** 15),
+     "its 'bytes' is 1000000000000000"),
+    (lambda v: v["flops"].update({next(iter(v["flops"])): 10 ** 400}), "are a 401-digit number"),
+])
+def test_a_plan_with_unbounded_numbers_is_one_line(tmp_path, capsys, change, message):
+    # Flops of 10**400 were an internal OverflowError; a move of 10**15 bytes simulated for 320,000 s.
+    cpu = load_profile("cpu-here")
+    plan = inputs.load(ROOT / "examples" / "three_blocks.mlir", inputs.profile_topology("1x8", cpu)).program(None, "")
+    value = plan.to_python()
+    change(value)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(value))
+    assert pw_sim(["run", str(path), "--profile", "cpu-here"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+
+
+def test_a_cond_whose_predicate_is_not_a_scalar_is_refused(route_plan, tmp_path, capsys):
+    # It simulated; pw-run failed at the run with NumPy's "truth value of an array" message.
+    value = route_plan.to_python()
+    value["host_steps"][0]["pred_buffer"] = value["inputs"][0]
+    path = tmp_path / "route.json"
+    path.write_text(json.dumps(value))
+    assert pw_sim(["run", str(path), "--profile", "cpu-here", "--branch-probability", "0.5"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "as its predicate, which must be a scalar" in err, err
+
+
+def test_pipeline_and_scale_on_a_profile_too_small_or_too_slow_are_one_line(capsys):
+    # cpu-here's 1 GiB devices cannot hold the 3B model (an internal LoweringError over two lines), and no
+    # computation reaches 95% of ideal throughput on its 2 shared cores (the trip count doubled until it
+    # overflowed an int32: an internal OverflowError).
+    assert pw_sim(["pipeline", "--stages", "2", "--micro-batches", "2", "--profile", "cpu-here"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "@step cannot be lowered onto 1 island(s) of 128 cpu devices: " in err, err
+    assert pw_sim(["scale", "--quick", "--profile", "cpu-here"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and ("profile cpu-here: no computation of up to 16777216 loop trips reaches 95% of "
+                                     "the ideal throughput on 128 devices") in err, err

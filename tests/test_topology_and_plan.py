@@ -68,13 +68,14 @@ def _plan():
         slices={"v0": SlicePlacement("v0", (2,), ("x",), "island0", (0, 2))},
         buffers={0: BufferInfo(0, (8, 4), "f32", "v0", (("x",), ()), 64),
                  1: BufferInfo(1, (8, 4), "f32", "v0", (("x",), ()), 64),
-                 2: BufferInfo(2, (8, 4), "f32", "v0", (("x",), ()), 64)},
+                 2: BufferInfo(2, (8, 4), "f32", "v0", (("x",), ()), 64),
+                 3: BufferInfo(3, (), "i1", "v0", (), 1)},
         executables={"f": "AAAA"}, inputs=(0,), outputs=(1,),
-        islands={"island0": (Copy(0, src_buffer=0, dst_buffer=2, link="ici"),
-                             Launch(1, after=(0,), executable="f", slice="v0", inputs=(2,), outputs=(1,),
+        islands={"island0": (Copy(0, src_buffer=0, dst_buffer=2, link="ici", bytes=64),
+                             Launch(1, after=(0,), executable="f", slice="v0", inputs=(2,), outputs=(1, 3),
                                     label="f#0"))},
         subgraphs=(Subgraph(0, True, ("island0",)),),
-        host_steps=(Branch(2, after=(1,), pred_buffer=1, then_plan=inner, else_plan=inner),))
+        host_steps=(Branch(2, after=(1,), pred_buffer=3, then_plan=inner, else_plan=inner),), flops={"f": 512})
 
 
 def test_plan_round_trips_through_json():
@@ -129,7 +130,8 @@ def _deep(depth):
     (_mutated(lambda v: v.update(peak_bytes={"island0": [0, 9, 64]})),
      "peak_bytes of 'island0' name devices 0..9, not a range of its 4 devices"),
     (_mutated(lambda v: v["islands"]["island0"].append({"kind": "send", "id": 9, "after": [1], "src_buffer": 1,
-                                                         "dst_buffer": 2, "peer": "island1", "link": "dcn"})),
+                                                         "dst_buffer": 2, "peer": "island1", "link": "dcn",
+                                                         "bytes": 64})),
      "step 9 \\(send\\) of buffer 1 has no matching recv of buffer 2 on island1"),
     # A copy into a buffer of another dtype or shape ran: its values converted (int32 zeros), or failed halfway.
     (_mutated(lambda v: v["buffers"][2].update(dtype="i32")),
@@ -140,10 +142,33 @@ def _deep(depth):
     (_mutated(lambda v: v["buffers"][0].update(slice=None, sharding=[], bytes_per_device=128)),
      "step 0 \\(copy\\) on island0 reads buffer 0, which lives on the host: a program argument with no home "
      "slice \\(pw-insert-transfers gives each one\\)"),
+    # A move's bytes were never checked: 10**15 made pw-run --emulate-dcn sleep for days, a negative count failed
+    # the run halfway, and pw-sim simulated either.
+    (_mutated(lambda v: v["islands"]["island0"][0].update(bytes=10 ** 15)),
+     "step 0 \\(copy\\): its 'bytes' is 1000000000000000, but buffer 2 has 64 bytes per device"),
+    (_mutated(lambda v: v["islands"]["island0"][0].update(bytes=-64)), "step 0 \\(copy\\): its 'bytes' is -64"),
+    (_mutated(lambda v: v["islands"]["island0"][0].update(bytes=10 ** 400)),
+     "its 'bytes' is a 401-digit number, but buffer 2"),
+    # Flops of 10**400 were an OverflowError in pw-sim and in pw-run's admission; negative or boolean ones passed.
+    (_mutated(lambda v: v["flops"].update(f=10 ** 400)),
+     "flops of executable 'f' are a 401-digit number, not an integer from 0 to 2\\*\\*63 - 1"),
+    (_mutated(lambda v: v["flops"].update(f=-1)), "flops of executable 'f' are -1, not an integer"),
+    (_mutated(lambda v: v["flops"].update(f=True)), "flops of executable 'f' are True, not an integer"),
+    # A cond that reads a tensor as its predicate passed, and failed only at the run with NumPy's message.
+    (_mutated(lambda v: v["host_steps"][0].update(pred_buffer=1)),
+     "step 2 \\(cond\\) reads buffer 1 \\(f32[8, 4]\\) as its predicate, which must be a scalar of a boolean, "
+     "integer or float type"),
 ])
 def test_hostile_plan_json_is_one_clear_error(text, message):
     with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("'", "'")):
         ProgramPlan.from_json(text)
+
+
+@pytest.mark.parametrize("dtype, size", [("i32", 4), ("f16", 2), ("ui8", 1)])
+def test_a_conds_predicate_may_be_an_integer_or_a_float_scalar(dtype, size):
+    value = _plan().to_python()
+    value["buffers"][3].update(dtype=dtype, bytes_per_device=size)
+    assert ProgramPlan.from_json(json.dumps(value)).buffers[3].dtype == dtype
 
 
 def test_dcn_pairs_limit_connectivity_and_round_trip():
