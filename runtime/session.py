@@ -81,7 +81,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .client import Client
 from .handles import Handle
 from .resource_manager import TopologyChanged
-from .wire import ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, reported, send_message
+from .wire import MIN_PROGRESS, FrameReader, ProtocolError, Reported, reported, send_message
 
 if TYPE_CHECKING:
     from .endpoint import Endpoint
@@ -111,8 +111,8 @@ class Session:
         self.loads: dict[str, int] = {}          # plan name -> its loads not forgotten yet
         self.plan_bytes: dict[str, int] = {}     # plan name -> its JSON's bytes, compiled functions included
         self.handles: dict[int, Handle] = {}
-        # client-chosen key of a refused run -> (its error's class, its message), as `_handle` raises it again
-        self.refused: collections.OrderedDict[int, tuple[type, str]] = collections.OrderedDict()
+        # client-chosen key of a refused run -> (its error's kind, its message), as `_handle` raises it again
+        self.refused: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
         self.tokens: dict[int, list[str]] = {}   # handle key -> the tokens it was shared as (forgotten on release)
         self.ids = itertools.count()
         self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
@@ -198,9 +198,9 @@ class Session:
             return self._run(request, arrays, keys)
         except Exception as error:
             if keys:
-                kind, message = reported(error, "error")
+                refused = reported(error, "error")
                 for key in keys:        # (its own line: the one the call would have raised in-process)
-                    self.refused[key] = (ERROR_KINDS.get(kind, RuntimeError), message)
+                    self.refused[key] = refused
                 while len(self.refused) > REFUSED:
                     self.refused.popitem(last=False)
             raise
@@ -413,8 +413,7 @@ class Session:
     def _handle(self, key: int) -> Handle:
         if key not in self.handles:
             if key in self.refused:
-                kind, message = self.refused[key]
-                raise kind(message)
+                raise Reported(*self.refused[key])
             raise ValueError(f"no handle {key}")
         return self.handles[key]
 

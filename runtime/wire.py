@@ -56,10 +56,20 @@ ERROR_KINDS = {"timeout": TimeoutError, "topology": TopologyChanged, "memory": O
                "permission": PermissionError, "value": ValueError, "type": TypeError}
 
 
+class Reported(Exception):
+    """An error sent back before, to send again as it was: its kind and message (`reported`)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
 def reported(error: BaseException, otherwise: str) -> tuple[str, str]:
     """The kind (`ERROR_KINDS`, else `otherwise`) and message an error is sent back with. The receiver raises the
     kind's class, so the message names the error's own class only if that is another (a subclass, or an error
-    of no kind), as the error's own message does not."""
+    of no kind), as the error's own message does not. A `Reported` error goes as it went before."""
+    if isinstance(error, Reported):
+        return error.kind, str(error)
     kind = next((k for k, cls in ERROR_KINDS.items() if isinstance(error, cls)), otherwise)
     named = "" if type(error) is ERROR_KINDS.get(kind) else f"{type(error).__name__}: "
     return kind, f"{named}{error}"

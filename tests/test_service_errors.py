@@ -326,3 +326,32 @@ def test_a_result_released_by_another_thread_while_it_is_read_says_so(computing)
             box[0]
     finally:
         connection.close()
+
+
+def test_a_refused_runs_error_is_sent_again_as_it_was_first_sent():
+    """A run sent without waiting for its reply (with keys of its own choosing) and refused has its error
+    remembered for its keys; a request naming a key gets that error again. An error of no kind the wire knows
+    came back with its class's name twice (`RuntimeError: RuntimeError: client 3 is closed`, seen as the
+    service stopped), as it was remembered with the name and sent with it again (found by fault-finding)."""
+    import socket
+
+    from pathways_mlir.runtime.session import Session
+    from pathways_mlir.runtime.wire import reported
+
+    runtime = Runtime(embedded_device_map(2, 2))
+    ends = socket.socketpair()
+    try:
+        client = Client(runtime)
+        session = Session(None, client, ends[0], owner=True)
+        session.plans["inc"] = inc.compiled(X, runtime=runtime).plan
+        client.close()                           # its runs are refused: RuntimeError, of no kind of the wire's
+        request = {"name": "inc", "version": runtime.resources.version, "args": [["array", 0]],
+                   "dispatch": "parallel", "keys": [5]}
+        first = reported(raised(lambda: session.run(request, [X])), "error")
+        again = reported(raised(lambda: session.fetch({"handle": 5}, [])), "error")
+        assert first == ("error", f"RuntimeError: client {client.id} is closed")
+        assert again == first
+    finally:
+        for end in ends:
+            end.close()
+        runtime.close()
