@@ -12,7 +12,8 @@ within a fraction of that, so a hung endpoint (stopped, wedged, gone) is a
 `ServiceError` naming it within `timeout`, and the connection is closed. A
 run's first compiles its plan there, which may take longer: the endpoint
 says it is compiling every quarter of `timeout` until then, and each such
-frame starts the wait again.
+frame starts the wait again, for a reply and for a send that waits for the
+endpoint to read (a large run sent while it compiles the one before).
 A thread sends a keepalive whenever the connection has been quiet for a
 quarter of the endpoint's idle timeout, so an idle client keeps its objects.
 
@@ -62,7 +63,7 @@ from .status import Status
 from .limits import Limits
 from .plan_check import refuse_debug_checks, refuse_kept_functions
 from .resource_manager import TopologyChanged
-from .wire import DTYPES, ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, send_message
+from .wire import DTYPES, ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, send_message, unread_bytes
 
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
 POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
@@ -606,8 +607,16 @@ class RemoteClient:
 
     def _send(self, request: dict, arrays) -> None:
         self._last = time.monotonic()
+        unread = 0
+
+        def heard() -> bool:            # the service said something meanwhile (that it compiles a plan, say)
+            nonlocal unread
+            before, unread = unread, unread_bytes(self._socket)
+            return unread > before
+
         try:
-            send_message(self._socket, request, arrays, self.limits)
+            unread = unread_bytes(self._socket)
+            send_message(self._socket, request, arrays, self.limits, heard)
         except (OSError, ProtocolError) as error:
             raise self._lost(error) from None
 

@@ -19,12 +19,15 @@ frame is one `recv` call, not one per part.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import socket
 import struct
+import termios
 import threading
 import time
+from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -79,8 +82,12 @@ class ProtocolError(ValueError):
     """A frame that breaks the wire format; the connection is dropped."""
 
 
-def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = Limits()) -> None:
-    """Sends one frame: `header` as JSON, then the raw bytes of `arrays` (numeric dtypes only)."""
+def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = Limits(),
+                 heard: Callable[[], bool] | None = None) -> None:
+    """Sends one frame: `header` as JSON, then the raw bytes of `arrays` (numeric dtypes only). With `heard`
+    (whether the peer sent bytes since it was last asked), a send that waited the socket's timeout for the peer
+    to read goes on waiting while the peer is heard from: a service compiling a plan reads nothing, but says it
+    still compiles (a client's timeout bounded the whole send of a large run sent meanwhile)."""
     arrays = [wire_array(a) for a in arrays]
     if len(arrays) > limits.max_arrays:
         raise ValueError(f"{len(arrays)} arrays are over the endpoint's limit of {limits.max_arrays} per frame")
@@ -94,10 +101,30 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
                          f"{limits.max_header_bytes}")
     parts = [_LENGTH.pack(len(data)) + data, *(a.reshape(-1).view(np.uint8) for a in arrays)]
     if total <= _JOINED:
-        sock.sendall(b"".join(parts))          # one call: a small frame's parts are not sent (and woken for) apart
+        _send_all(sock, b"".join(parts), heard)  # one call: a small frame's parts are not sent (and woken for) apart
     else:
         for part in parts:
-            sock.sendall(part)
+            _send_all(sock, part, heard)
+
+
+def _send_all(sock: socket.socket, data, heard: Callable[[], bool] | None) -> None:
+    """Sends all of `data` (bytes, or an array of bytes); see `send_message` for `heard`."""
+    if heard is None:
+        sock.sendall(data)
+        return
+    view = memoryview(data).cast("B")
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except TimeoutError:
+            if not heard():
+                raise
+
+
+def unread_bytes(sock: socket.socket) -> int:
+    """The bytes that arrived on `sock` and are not read yet (the kernel's count); 0 once it is closed."""
+    fd = sock.fileno()
+    return 0 if fd < 0 else struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
 def recv_message(sock: socket.socket, limits: Limits = Limits(), large: threading.Lock | None = None,
