@@ -98,10 +98,12 @@ class ServeError(Exception):
               show_default=True, help="The largest JSON header of a request.")
 @click.option("--max-plan-bytes", type=click.IntRange(min=1), default=Limits.max_plan_bytes,
               show_default=True, help="The plans one connection holds together (their JSON and compiled functions).")
+@click.option("--max-objects", type=click.IntRange(min=1), default=Limits.max_objects, show_default=True,
+              help="The results one connection holds.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=STATUS_TIMEOUT, show_default=True,
               help="Seconds --status may take.")
 def cli(status, service_file, address, backend, islands, per_island, device_memory_bytes, policy, port,
-        idle_timeout, max_connections, max_header_bytes, max_plan_bytes, timeout) -> None:
+        idle_timeout, max_connections, max_header_bytes, max_plan_bytes, max_objects, timeout) -> None:
     """Serve a cluster to other processes (pw.connect), or report on one (--status)."""
     if status:
         _status(service_file, address, timeout)
@@ -128,7 +130,7 @@ def cli(status, service_file, address, backend, islands, per_island, device_memo
 
     try:
         limits = Limits(idle_timeout=idle_timeout, max_connections=max_connections, max_header_bytes=max_header_bytes,
-                        max_plan_bytes=max_plan_bytes)
+                        max_plan_bytes=max_plan_bytes, max_objects=max_objects)
     except ValueError as e:          # nan and inf pass click's FloatRange
         raise ServeError(str(e)) from None
     try:

@@ -24,6 +24,8 @@ class Limits:
       once nothing holds it);
     - `max_plan_bytes`: the plans one connection holds together, each counted as its JSON with its compiled
       functions (1 GiB; a plan several connections load counts for each);
+    - `max_objects`: the results one connection holds (65536; each costs the endpoint a few KiB, even of 0
+      bytes, which device memory does not count);
     - `idle_timeout`: seconds a connection may send nothing, or take to send the rest of a frame, before
       it is dropped (120 s; a `RemoteClient` sends a keepalive every quarter of it; at most `MAX_SECONDS`,
       as `handshake_timeout`);
@@ -39,6 +41,7 @@ class Limits:
     max_arrays: int = 4096
     max_plans: int = 4096
     max_plan_bytes: int = 1 << 30
+    max_objects: int = 1 << 16
     idle_timeout: float = 120.0
     handshake_timeout: float = 10.0
     max_connections: int = 64

@@ -245,6 +245,11 @@ class Session:
             else:
                 raise ValueError(f"argument array {arg[1]} is not in the request's {len(arrays)} arrays")
         plan = self.plans[name]
+        held, limit = len(self.handles), self.endpoint.limits.max_objects
+        if held + len(plan.distinct_outputs) > limit:
+            raise ValueError(f"this connection holds {held} results; a run of @{plan.program[:80]} would make it "
+                             f"hold {held + len(plan.distinct_outputs)}, over the endpoint's limit (max_objects) of "
+                             f"{limit}: release results (handle.delete())")
         if keys is not None and len(keys) != len(plan.distinct_outputs):
             raise ValueError(f"request 'run' chose {len(keys)} keys for a plan of {len(plan.distinct_outputs)} "
                              f"distinct results")

@@ -894,6 +894,22 @@ def test_a_connection_holds_at_most_max_plans(runtime, plan_builder):
         np.testing.assert_allclose(np.asarray(client.run(held[1], [X])[0]), X, rtol=1e-6)
 
 
+def test_a_connection_holds_at_most_max_objects_results(runtime, plan_builder):
+    """A connection could hold results without bound: 30,001 results of 0 bytes reserved no device memory and
+    grew the service by 127 MB (found by fault-finding). A run that would take a connection past `max_objects`
+    is refused in one line, naming the limit; a result released makes room again."""
+    plan, _ = program(plan_builder, runtime.resources.topology)
+    with Endpoint(runtime, limits=Limits(max_objects=3)) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        held = [client.run(plan, [X])[0] for _ in range(3)]
+        with pytest.raises(ValueError, match=r"^this connection holds 3 results; a run of .* would make it hold 4, "
+                                             r"over the endpoint's limit \(max_objects\)"):
+            client.run(plan, [X])
+        held.pop().delete()
+        client.object_count()                          # (the release goes with a request)
+        np.asarray(client.run(plan, [X])[0])
+
+
 def test_a_connection_holds_plans_of_at_most_max_plan_bytes(runtime, plan_builder):
     """Under `max_plans` alone, a connection could hold 4096 plans of up to 8 MiB of JSON each, with their
     compiled functions: 300 distinct 0.5 MB plans grew the service by 430 MB. Their bytes together are now

@@ -334,7 +334,9 @@ def test_a_refused_runs_error_is_sent_again_as_it_was_first_sent():
     came back with its class's name twice (`RuntimeError: RuntimeError: client 3 is closed`, seen as the
     service stopped), as it was remembered with the name and sent with it again (found by fault-finding)."""
     import socket
+    import types
 
+    from pathways_mlir.runtime.limits import Limits
     from pathways_mlir.runtime.session import Session
     from pathways_mlir.runtime.wire import reported
 
@@ -342,7 +344,8 @@ def test_a_refused_runs_error_is_sent_again_as_it_was_first_sent():
     ends = socket.socketpair()
     try:
         client = Client(runtime)
-        session = Session(None, client, ends[0], owner=True)
+        endpoint = types.SimpleNamespace(limits=Limits())        # what a session reads of its endpoint here
+        session = Session(endpoint, client, ends[0], owner=True)
         session.plans["inc"] = inc.compiled(X, runtime=runtime).plan
         client.close()                           # its runs are refused: RuntimeError, of no kind of the wire's
         request = {"name": "inc", "version": runtime.resources.version, "args": [["array", 0]],
