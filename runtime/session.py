@@ -113,7 +113,7 @@ class Session:
         self.handles: dict[int, Handle] = {}
         # client-chosen key of a refused run -> (its error's kind, its message), as `_handle` raises it again
         self.refused: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
-        self.tokens: dict[int, list[str]] = {}   # handle key -> the tokens it was shared as (forgotten on release)
+        self.tokens: dict[int, str] = {}         # handle key -> the token it is shared as (forgotten on release)
         self.ids = itertools.count()
         self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
                          "cancel": self.cancel, "share": self.share, "shared": self.shared,
@@ -150,7 +150,7 @@ class Session:
                     send_message(self.connection, {"ok": False, "error": f"the reply cannot be sent: {error}",
                                                    "kind": "error"})
         finally:
-            self.endpoint.forget([t for tokens in self.tokens.values() for t in tokens])
+            self.endpoint.forget(list(self.tokens.values()))
             self.handles.clear()
 
     def load(self, request: dict, arrays) -> tuple[dict, list]:
@@ -308,12 +308,16 @@ class Session:
     def share(self, request: dict, arrays) -> tuple[dict, list]:
         """Shares one of this connection's results once its run is over, waiting at most `timeout` seconds
         (default and null: `_SHARE_WAIT`; TimeoutError past it, and the client asks again); replies with its
-        token (see `Endpoint.share`)."""
+        token (see `Endpoint.share`), made once per result (each kept till the result is released)."""
         key = _field(request, "handle", int)
         timeout = _seconds(request, "timeout")
-        ref = self.client.share(self._handle(key), timeout=_SHARE_WAIT if timeout is None else timeout)
-        token = self.endpoint.share(ref)
-        self.tokens.setdefault(key, []).append(token)
+        handle = self._handle(key)
+        token = self.tokens.get(key)
+        if token is None:
+            ref = self.client.share(handle, timeout=_SHARE_WAIT if timeout is None else timeout)
+            token = self.tokens[key] = self.endpoint.share(ref)
+        else:
+            ref = self.endpoint.shared(token)
         return {"token": token, "shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
 
     def shared(self, request: dict, arrays) -> tuple[dict, list]:
@@ -401,7 +405,9 @@ class Session:
             handle = self.handles.pop(key, None)     # a key released twice, or never made, is ignored
             if handle is not None:
                 handle.delete()
-                self.endpoint.forget(self.tokens.pop(key, ()))   # its shared object is released with it
+                token = self.tokens.pop(key, None)
+                if token is not None:
+                    self.endpoint.forget((token,))       # its shared object is released with it
 
     def _forget(self, names) -> None:
         """Counts one load of each of `names` forgotten; a plan none of whose loads is left goes (its runs in

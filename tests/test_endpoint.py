@@ -910,6 +910,21 @@ def test_a_connection_holds_at_most_max_objects_results(runtime, plan_builder):
         np.asarray(client.run(plan, [X])[0])
 
 
+def test_a_result_shared_again_keeps_its_one_token(runtime, plan_builder):
+    """Each share of the same result made another token, which the endpoint kept until the result was released:
+    sharing one result in a loop grew the service without bound (found by fault-finding). Its token is now
+    made once, and given again."""
+    plan, _ = program(plan_builder, runtime.resources.topology)
+    with Endpoint(runtime) as endpoint, \
+            RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as client:
+        [result] = client.run(plan, [X])
+        tokens = {client.share(result).token for _ in range(5)}
+        assert len(tokens) == 1 and len(endpoint._shared) == 1
+        result.delete()
+        client.object_count()                          # (the release goes with a request)
+        assert not endpoint._shared
+
+
 def test_a_connection_holds_plans_of_at_most_max_plan_bytes(runtime, plan_builder):
     """Under `max_plans` alone, a connection could hold 4096 plans of up to 8 MiB of JSON each, with their
     compiled functions: 300 distinct 0.5 MB plans grew the service by 430 MB. Their bytes together are now

@@ -101,8 +101,7 @@ def test_an_owner_that_shares_and_releases_again_and_again_leaves_no_tokens_behi
             assert owner.object_count() == 1
             assert list(endpoint._shared) == [kept_ref.token]      # the released objects' tokens are gone
             sessions = [o for o in gc.get_objects() if isinstance(o, Session) and o.endpoint is endpoint]
-            assert len(sessions) == 2 and [t for s in sessions for ts in s.tokens.values() for t in ts] == \
-                [kept_ref.token]
+            assert len(sessions) == 2 and [t for s in sessions for t in s.tokens.values()] == [kept_ref.token]
             del sessions
             with pytest.raises(RemoteError, match="^no shared object has the reference"):
                 reader.shared(ref.token)
