@@ -425,6 +425,8 @@ class Session:
         if key not in self.handles:
             if key in self.refused:
                 raise Reported(*self.refused[key])
+            if not 0 <= key < MAX_KEY:           # (not echoed: it may have thousands of digits)
+                raise ValueError("no handle: a handle's key is an integer from 0 to 2**53 - 1")
             raise ValueError(f"no handle {key}")
         return self.handles[key]
 

@@ -596,6 +596,8 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
             two.run(plan, [h])
         with pytest.raises(RemoteError, match="'timeout' as a non-negative number or null"):
             one._call({"op": "fetch", "handle": h._key, "timeout": -1})
+        with pytest.raises(RemoteError, match=r"^no handle: a handle's key is an integer from 0 to 2\*\*53 - 1$"):
+            one._call({"op": "fetch", "handle": 10 ** 4000})
         assert (one.object_count(), two.object_count()) == (2, 0)
 
         del again                                          # dropped: released at once, the connection is free
