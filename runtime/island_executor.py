@@ -439,6 +439,18 @@ class IslandExecutor:
     def _fail(self, run_id: int, error: BaseException, plan_key: int | None = None) -> tuple[str, ...]:
         """Fails a run here (under the lock); returns the other islands of its plan, to be told."""
         self._clock.drop(run_id)                 # (first: a look that retires the run times nothing of it)
+        failed = error
+        if isinstance(failed, InternalFloatingPointError):   # `jax_debug_nans`/`_infs`: what jax.jit raises
+            failed = FloatingPointError(f"invalid value ({failed.ty}) encountered in {failed.name}")
+        if not isinstance(failed, RunFailed):
+            cause = failed
+            failed = RunFailed(f"run {run_id} failed on {self.name}: {type(cause).__name__}: {cause}")
+            failed.__cause__ = without_traceback(cause)
+        # Before the run can look over (`run_done` and `failure` read without the lock): a scheduler that saw it
+        # over with no failure retired it as a success, keeping its results' bytes for its handles.
+        self._failed[run_id] = without_traceback(failed)
+        while len(self._failed) > FAILED_HISTORY:
+            self._failed.popitem(last=False)
         run = self._runs.get(run_id)
         if run is not None:
             # Into `_in_flight` before it leaves `_runs` (`run_done` reads without the lock), and out of `_runs`
@@ -463,18 +475,9 @@ class IslandExecutor:
             self.store.release_run(run_id)   # its results raise from now on (a run cancelled after dispatch)
         if self._dropped:
             self._dropped = {k for k in self._dropped if k[0] != run_id}
-        if isinstance(error, InternalFloatingPointError):     # `jax_debug_nans`/`_infs`: what jax.jit raises
-            error = FloatingPointError(f"invalid value ({error.ty}) encountered in {error.name}")
-        if not isinstance(error, RunFailed):
-            failed = RunFailed(f"run {run_id} failed on {self.name}: {type(error).__name__}: {error}")
-            failed.__cause__ = without_traceback(error)
-            error = failed
-        self._failed[run_id] = without_traceback(error)
-        while len(self._failed) > FAILED_HISTORY:
-            self._failed.popitem(last=False)
         self._notify(run_id)
         if self._successor is not None:      # lost and restored: the island in its place fails the run too
-            self._successor.fail_run(run_id, error)
+            self._successor.fail_run(run_id, failed)
         if plan_key is None or plan_key not in self._plans:
             return ()
         return tuple(island for island in self._plans[plan_key][0]().islands if island != self.name)

@@ -833,10 +833,11 @@ def test_a_conds_branch_cancelled_in_its_queue_lets_its_parent_retire(device_map
 
 
 def test_a_run_that_failed_on_its_island_keeps_no_bytes_for_its_handles(device_map):
-    """A run that fails on its island (a launch raising: here under `jax_debug_nans`) never has results, but the
-    scheduler learnt nothing of the failure and kept their bytes reserved for as long as their handles lived:
-    the next run was refused with `OutOfDeviceMemory`, "held by live handles" (found by a README walk-through).
-    A run cancelled by the client gave them back; one failed by its island now does too."""
+    """A run that fails on its island (a launch raising: here it finds its argument deleted, as one under
+    `jax_debug_nans` finds a NaN) never has results, but the scheduler learnt nothing of the failure and kept
+    their bytes reserved for as long as their handles lived: the next run was refused with
+    `OutOfDeviceMemory`, "held by live handles" (found by a README walk-through). A run cancelled by the
+    client gave them back; one failed by its island now does too."""
     import pathways_mlir as pw
 
     rt = Runtime(device_map, device_memory_bytes=600_000)     # one run of `log` (argument and result) fits
@@ -844,18 +845,63 @@ def test_a_run_that_failed_on_its_island_keeps_no_bytes_for_its_handles(device_m
         log = pw.jit(jnp.log, slice=pw.virtual_slice(1, axes="x", island="island0"))
         x = np.ones((256, 256), np.float32)
         with Client(rt) as client:
-            np.asarray(log.run(x, client=client).result(60))
-            jax.config.update("jax_debug_nans", True)
-            try:
-                failed = log.run(-x, client=client)
-                with pytest.raises(RunFailed, match="invalid value"):
-                    np.asarray(failed.result(60))
-            finally:
-                jax.config.update("jax_debug_nans", False)
+            plan = log.compiled(x, runtime=rt).plan
+            np.asarray(client.run(plan, [x])[0].result(60))
+            failed = run_failing_on_the_island(client, plan, rt.islands["island0"], jnp.asarray(x))
+            with pytest.raises(RunFailed):
+                np.asarray(failed.result(60))
             run = failed._run
             until(lambda: run.retired, "the failed run retired", 60)
             assert sum(rt.usage().values()) == 0, "a failed run's handle holds bytes"
-            np.testing.assert_allclose(np.asarray(log.run(x, client=client).result(60)), 0.0)
+            np.testing.assert_allclose(np.asarray(client.run(plan, [x])[0].result(60)), 0.0)
             del failed
+    finally:
+        rt.close()
+
+
+def test_a_run_failed_before_it_executed_is_never_retired_as_a_success(device_map, monkeypatch):
+    """An island failing a run that was neither executing nor computing took it out of its runs in flight (so
+    `run_done` said it was over) before it recorded the failure (what `failure` reads), both read without the
+    island's lock: a scheduler's poll between the two retired the run as a success and kept its results' bytes
+    for its live handle (found by a review). Here the run fails while its argument is placed (the caller
+    deleted it), and the scheduler polls inside `_fail`."""
+    import pathways_mlir as pw
+
+    rt = Runtime(device_map)
+    try:
+        s = pw.virtual_slice(2, axes="x", island="island0")
+        slow = pw.jit(lambda v: v @ v @ v @ v, slice=s)
+        inc = pw.jit(lambda v: v + 1, slice=s)
+        big, x = np.ones((1024, 1024), np.float32), np.ones((64, 64), np.float32)
+        slow_plan, inc_plan = slow.compiled(big, runtime=rt).plan, inc.compiled(x, runtime=rt).plan
+        with Client(rt) as client:
+            for handle in client.run(slow_plan, [big]) + client.run(inc_plan, [x]):
+                np.asarray(handle.result(60))                                # compiled
+            until(lambda: not rt.scheduler._in_flight, "the first runs retired", 60)
+            kept = without_traceback = island_executor.without_traceback
+            in_fail, polled = threading.Event(), threading.Event()
+
+            def poll_inside_fail(error):                     # `_fail` calls it, holding the island's lock
+                if not in_fail.is_set():
+                    in_fail.set()
+                    polled.wait(5)                           # (bounded: a poll that needs the lock waits for it)
+                return kept(error)
+
+            monkeypatch.setattr(island_executor, "without_traceback", poll_inside_fail)
+            busy = client.run(slow_plan, [big], timeout=600, inline=False)      # island0's executor is busy
+            arg = jax.device_put(x, jax.devices()[-1])                          # placed by the executor
+            run = client.start(inc_plan, [arg], timeout=600, inline=False)      # behind `busy`
+            [handle] = client.handles(run)
+            arg.delete()                                                        # gone before it is placed
+            assert in_fail.wait(60), "the run failed within 60 s"
+            rt.scheduler.retire_over()
+            polled.set()
+            monkeypatch.setattr(island_executor, "without_traceback", without_traceback)
+            with pytest.raises(RunFailed):
+                np.asarray(handle.result(60))
+            del busy
+            until(lambda: not rt.scheduler._in_flight, "every run retired", 60)
+            assert run.error is not None and sum(rt.usage().values()) == 0, "a failed run's handle holds bytes"
+            del handle
     finally:
         rt.close()
