@@ -448,7 +448,8 @@ def test_a_result_read_after_its_runtime_closed_says_so(runtime):
     kept = double.run(X, client=client)
     np.testing.assert_array_equal(np.asarray(kept), X * 2)
     runtime.close()
-    with pytest.raises(RunFailed, match=r"its results went with its runtime, which was closed \(by Runtime.close, by pw.configure "):
+    with pytest.raises(RunFailed, match=r"its results went with its runtime, which was closed \(by Runtime.close, "
+                                        r"by pw.configure "):
         np.asarray(kept)
 
 
