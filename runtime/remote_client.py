@@ -63,7 +63,7 @@ from .status import Status
 from .limits import Limits
 from .plan_check import refuse_debug_checks, refuse_kept_functions
 from .resource_manager import TopologyChanged
-from .wire import DTYPES, ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, send_message, unread_bytes
+from .wire import DTYPES, ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, send_message
 
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
 POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
@@ -607,16 +607,8 @@ class RemoteClient:
 
     def _send(self, request: dict, arrays) -> None:
         self._last = time.monotonic()
-        unread = 0
-
-        def heard() -> bool:            # the service said something meanwhile (that it compiles a plan, say)
-            nonlocal unread
-            before, unread = unread, unread_bytes(self._socket)
-            return unread > before
-
         try:
-            unread = unread_bytes(self._socket)
-            send_message(self._socket, request, arrays, self.limits, heard)
+            send_message(self._socket, request, arrays, self.limits, patient=True)
         except (OSError, ProtocolError) as error:
             raise self._lost(error) from None
 

@@ -83,11 +83,11 @@ class ProtocolError(ValueError):
 
 
 def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = Limits(),
-                 heard: Callable[[], bool] | None = None) -> None:
-    """Sends one frame: `header` as JSON, then the raw bytes of `arrays` (numeric dtypes only). With `heard`
-    (whether the peer sent bytes since it was last asked), a send that waited the socket's timeout for the peer
-    to read goes on waiting while the peer is heard from: a service compiling a plan reads nothing, but says it
-    still compiles (a client's timeout bounded the whole send of a large run sent meanwhile)."""
+                 patient: bool = False) -> None:
+    """Sends one frame: `header` as JSON, then the raw bytes of `arrays` (numeric dtypes only). `patient`: a
+    send that waited the socket's timeout for the peer to read goes on waiting while bytes from the peer keep
+    arriving unread: a service compiling a plan reads nothing, but says it still compiles (a client's timeout
+    bounded the whole send of a large run sent meanwhile)."""
     arrays = [wire_array(a) for a in arrays]
     if len(arrays) > limits.max_arrays:
         raise ValueError(f"{len(arrays)} arrays are over the endpoint's limit of {limits.max_arrays} per frame")
@@ -100,6 +100,7 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
         raise ValueError(f"a header of {len(data)} bytes is over the endpoint's limit of "
                          f"{limits.max_header_bytes}")
     parts = [_LENGTH.pack(len(data)) + data, *(a.reshape(-1).view(np.uint8) for a in arrays)]
+    heard = _arrivals(sock) if patient else None
     if total <= _JOINED:
         _send_all(sock, b"".join(parts), heard)  # one call: a small frame's parts are not sent (and woken for) apart
     else:
@@ -121,7 +122,19 @@ def _send_all(sock: socket.socket, data, heard: Callable[[], bool] | None) -> No
                 raise
 
 
-def unread_bytes(sock: socket.socket) -> int:
+def _arrivals(sock: socket.socket) -> Callable[[], bool]:
+    """Returns a function that says whether more bytes arrived on `sock`, unread, than when it was last called
+    (first: than now)."""
+    unread = _unread_bytes(sock)
+
+    def heard() -> bool:
+        nonlocal unread
+        before, unread = unread, _unread_bytes(sock)
+        return unread > before
+    return heard
+
+
+def _unread_bytes(sock: socket.socket) -> int:
     """The bytes that arrived on `sock` and are not read yet (the kernel's count); 0 once it is closed."""
     fd = sock.fileno()
     return 0 if fd < 0 else struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
