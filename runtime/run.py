@@ -68,6 +68,12 @@ class Run:
         except InvalidStateError:
             pass
 
+    def leave_parent(self) -> None:
+        """This branch run is over (retired, or cancelled before it was admitted): its parent, which is over only
+        once its branch is (`GangScheduler._poll`), no longer waits for it. Under the scheduler's lock."""
+        if self.parent is not None and self.parent.branch is self:
+            self.parent.branch = None
+
     def island_of(self, buffer: int) -> str | None:
         """Returns the island a buffer lives on (None for a host buffer)."""
         return self.plan.island_of(buffer)

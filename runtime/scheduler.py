@@ -498,8 +498,7 @@ class GangScheduler:
         if run.error is None:
             run.error = self._failure(run)       # before `keep`: a run that failed on an island has no results
         run.retired = True                       # before `keep`: see `release_result`
-        if run.parent is not None and run.parent.branch is run:
-            run.parent.branch = None             # (its parent keeps nothing of it)
+        run.leave_parent()                       # (its parent keeps nothing of it)
         if run.reads:
             self._results.unread(run)
         self._results.keep(run)                  # first: a credit comes back only if it fits beside them
@@ -570,8 +569,7 @@ class GangScheduler:
                 self._results.unread(run)
             run.admitted = True
             run.retired = True                # never in flight: nothing to give back
-            if run.parent is not None and run.parent.branch is run:
-                run.parent.branch = None      # a cond's branch never admitted: its parent is over without it
+            run.leave_parent()
             self._forget_gone(run.client_id)
             self._admissions.notify_all()
 
