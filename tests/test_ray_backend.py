@@ -209,6 +209,35 @@ def test_the_scheduler_charges_the_device_time_the_actors_measured(ray_runtime):
         assert 0 < ray_runtime.scheduler.estimates.measured(key) < 60
 
 
+@pytest.mark.parametrize("learnt_by", ["the scheduler's poll", "the client's wait"])
+def test_a_run_that_failed_inside_its_actor_keeps_no_bytes_for_its_handles(ray_runtime, learnt_by):
+    """A run that fails inside its island's actor (a launch raising there; here the actor's own island is told
+    so, behind a long run) never has results, but the driver learnt of the failure only once a result was read:
+    the scheduler kept its results' bytes for as long as their handles lived, so the next run on full memory
+    was refused with `OutOfDeviceMemory`, "held by live handles". The actor now says what a run failed with
+    when it says that the run is over, to the scheduler's poll (`runs_done`) and to a client's `wait`."""
+    spin = pw.jit(lambda x: jax.lax.fori_loop(0, 2_000_000, lambda i, y: jnp.cos(y), x), slice=left,
+                  in_specs=P("x"), out_specs=P("x"))
+    inc = pw.jit(lambda x: x + 1, slice=left, in_specs=P("x"), out_specs=P("x"))
+    actor = ray.get_actor(island_name("island0"), namespace=NAMESPACE)
+    with Client(ray_runtime) as client:
+        spin.compiled(X, runtime=ray_runtime), inc.compiled(X, runtime=ray_runtime)
+        busy = spin.run(X, client=client)            # island0 computes for a while
+        made = inc.run(X, client=client)             # behind it on island0
+        run = made._run
+        ray.get(actor.fail_run.remote(run.id, "a launch raised", "failed"), timeout=60)
+        np.asarray(busy.result(120))
+        del busy
+        if learnt_by == "the client's wait":
+            with pytest.raises(RunFailed, match=r"^a launch raised$"):
+                client.wait(run, timeout=60)
+        until(lambda: ray_runtime.usage() is not None and run.retired, "the failed run retired", 60)
+        assert sum(ray_runtime.usage().values()) == 0, "a run that failed in its actor holds bytes for its handle"
+        assert isinstance(run.error, RunFailed) and str(run.error) == "a launch raised"
+        with pytest.raises(RunFailed, match=r"^a launch raised$"):
+            np.asarray(made)
+
+
 def test_handles_passed_to_later_runs_stay_on_their_island(ray_runtime):
     """A chain of runs each taking the last one's handle: the value never comes to the driver (no fetch
     until the end), even with each handle released right after the call that takes it."""

@@ -202,6 +202,7 @@ class IslandActor:
                 self._island.produced(request.run, request.buffer, request.timeout)
             elif request.kind == "wait_run":
                 self._island.wait_run(request.run, request.timeout)
+                header["failed"] = self._failed(request.run)
             else:
                 header["done"] = self.runs_done(request.runs)
         except Exception as error:  # noqa: BLE001  (the driver raises it)
@@ -291,8 +292,15 @@ class IslandActor:
         return self._island.release_owner(owner)
 
     def runs_done(self, run_ids) -> list:
-        """(run, device seconds or None) for each of `run_ids` whose work here is over."""
-        return [(r, self._island.device_seconds(r)) for r in run_ids if self._island.run_done(r)]
+        """(run, device seconds or None, what it failed with or None: `_failed`) for each of `run_ids` whose
+        work here is over."""
+        return [(r, self._island.device_seconds(r), self._failed(r)) for r in run_ids if self._island.run_done(r)]
+
+    def _failed(self, run_id: int) -> tuple[str, str] | None:
+        """The kind and message of the error a run failed with here (a launch that raised, a peer's failure),
+        else None: the driver learns of it with the run's end, not only once it reads a result."""
+        error = self._island.failure(run_id)
+        return None if error is None else (failure_kind(error), str(error))
 
     def owned_by(self, owner) -> list:
         return self._island.owned_by(owner)

@@ -13,7 +13,8 @@ wire format (`wire.py`: a JSON header and raw array bytes, never pickle):
                      {"request": i, "kind": "wait_run", "run": r, "timeout": t}  once run r is over there
                      {"request": i, "kind": "runs_done", "runs": [...]}        which of these runs are over
     actor -> driver  {"taken": n}                                              start message n was taken
-                     {"reply": i, ...} + arrays                                request i's answer
+                     {"reply": i, ...} + arrays                                request i's answer (a run's
+                                                                               end says what it failed with)
                      {"reply": i, "kind": k, "error": message}                 request i raised
 
 TCP keeps each direction in order, so start messages reach the actor in
@@ -37,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..authentication import client_handshake
-from ..island_work import IslandWork, PeerRef, RunFailed, StoreRef, raised
+from ..island_work import IslandWork, PeerRef, RunFailed, StoreRef, failure, raised
 from ..limits import Limits
 from ..wire import ERROR_KINDS, FrameReader, ProtocolError, reported, send_message
 from .data_plane import Lend, Withdraw
@@ -118,17 +119,23 @@ class IslandConnection:
             raise self._broke(ProtocolError(f"a reply of {len(arrays)} arrays for {len(named)} siblings"))
         return arrays[0], dict(zip(named, arrays[1:]))
 
-    def wait_run(self, run_id: int, timeout: float | None, slack: float = 0.0) -> None:
+    def wait_run(self, run_id: int, timeout: float | None, slack: float = 0.0) -> RunFailed | None:
         """Returns once run `run_id`'s work is over on the actor (which waits `timeout` seconds, the reply
-        `slack` more)."""
-        self.request("wait_run", {"run": run_id, "timeout": timeout}, None if timeout is None else timeout + slack)
+        `slack` more): the error the run failed with there, or None."""
+        header, _ = self.request("wait_run", {"run": run_id, "timeout": timeout},
+                                 None if timeout is None else timeout + slack)
+        try:
+            return _failure(header["failed"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise self._broke(ProtocolError(f"a malformed answer: {type(error).__name__}: {error}")) from None
 
-    def runs_done(self, run_ids: list[int], timeout: float) -> dict[int, float | None]:
-        """Returns which of `run_ids` are over on the actor: {run: the device seconds it measured, or None}."""
+    def runs_done(self, run_ids: list[int], timeout: float) -> dict[int, tuple[float | None, RunFailed | None]]:
+        """Returns which of `run_ids` are over on the actor: {run: (the device seconds it measured, or None;
+        the error it failed with there, or None)}."""
         header, _ = self.request("runs_done", {"runs": run_ids}, timeout)
         try:
-            return {_integer(run): seconds if type(seconds) in (int, float) else None
-                    for run, seconds in header["done"]}
+            return {_integer(run): (seconds if type(seconds) in (int, float) else None, _failure(failed))
+                    for run, seconds, failed in header["done"]}
         except (KeyError, TypeError, ValueError) as error:
             raise self._broke(ProtocolError(f"a malformed answer: {type(error).__name__}: {error}")) from None
 
@@ -336,3 +343,13 @@ def _integer(value) -> int:
     if type(value) is not int:
         raise TypeError(f"{value!r} is not an integer")
     return value
+
+
+def _failure(failed) -> RunFailed | None:
+    """A run's failure as the actor sent it (null, or [kind, message]: `IslandActor._failed`), made again."""
+    if failed is None:
+        return None
+    kind, message = failed
+    if type(kind) is not str or type(message) is not str:
+        raise TypeError(f"{str(failed)[:80]!r} is not a failure's kind and message")
+    return failure(kind, message)

@@ -301,8 +301,8 @@ class RayIsland:
         return self._ask("release_owner", owner, otherwise=0)
 
     def failure(self, run_id: int) -> BaseException | None:
-        """Returns the error a run failed with here as this process knows it (cancelled, failed elsewhere, or
-        the island lost), else None: a failure inside the actor is learnt when a result is read."""
+        """Returns the error a run failed with here (cancelled, failed elsewhere, the island lost, or failed
+        inside the actor: `run_done` and `wait_run` learn that with the run's end), else None."""
         return self._failed.get(run_id)
 
     def run_done(self, run_id: int) -> bool:
@@ -322,10 +322,14 @@ class RayIsland:
                 pass                         # (not answered in time: not known to be over)
         return run_id in self._failed or self.lost is not None
 
-    def _over(self, seconds: dict[int, float | None]) -> None:
-        """Remembers runs whose work here is over, with their device time (the latest `HISTORY` of them)."""
+    def _over(self, ended: dict[int, tuple[float | None, BaseException | None]]) -> None:
+        """Remembers runs whose work here is over, with their device time (the latest `HISTORY` of them), and
+        what those that failed inside the actor failed with."""
+        for run_id, (_, error) in ended.items():
+            if error is not None:
+                self._failed_here(run_id, error)      # first: a run known to be over is known to have failed
         with self._lock:
-            for run_id, taken in seconds.items():
+            for run_id, (taken, _) in ended.items():
                 if taken is not None or run_id not in self._done:
                     self._done[run_id] = taken
             while len(self._done) > HISTORY:
@@ -335,10 +339,10 @@ class RayIsland:
         if self._dead is not None or self._closed:
             return              # its work here ended with the actor
         try:
-            self._ask_connection("wait_run", run_id, timeout, slack=STATUS_TIMEOUT)
+            error = self._ask_connection("wait_run", run_id, timeout, slack=STATUS_TIMEOUT)
         except IslandLost:
             return
-        self._over({run_id: None})
+        self._over({run_id: (None, error)})
 
     def device_seconds(self, run_id: int) -> float | None:
         """Returns (once) the device time a finished run took here, as the actor measured it (`runs_done`
