@@ -41,7 +41,7 @@ from pathways_mlir.dialect.plan_steps import Branch
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
 from .executables import ARRAY_TYPE, native_dtype, numpy_dtype
-from .island_work import REFERENCES, RunFailed, raised
+from .island_work import REFERENCES, RunFailed, debug_checks, raised
 from .run import Run
 
 if TYPE_CHECKING:
@@ -161,6 +161,8 @@ class Dispatcher:
                   self.weight, loaded.cost, parent)
         if parent is not None:
             parent.branch = run                  # the parent is over only once it is (`GangScheduler._poll`)
+        else:
+            run.checks = debug_checks()          # the caller's: an island's executor may launch its steps
         run.donations = donations
         if shared:
             run.reads = tuple(ref.key for ref in shared.values())

@@ -75,7 +75,7 @@ from .executables import ExecutableCache, make_mesh, without_context_mesh
 from .island_executor import AWAIT_PAUSE, IN_FLIGHT, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
-                          computed, host_arrays_copied, raised, waits_for)
+                          computed, debug_checks, host_arrays_copied, raised, waits_for)
 from .object_store import ObjectStore
 from .status import unreachable
 from .tracing import Tracer
@@ -191,6 +191,7 @@ class Island(IslandExecutor):
                         plan = self.plan(work.plan_key)
                         run = self._runs[work.run_id] = IslandRun(work.run_id, work.client_id, work.plan_key,
                                                                   plan.program, self._layout(work.plan_key))
+                        run.checks = work.checks
                         for buffer, array in self._early.pop(work.run_id, {}).items():
                             run.slots[run.layout.slot[buffer]] = array
                     run = self._runs[work.run_id]
@@ -300,6 +301,7 @@ class Island(IslandExecutor):
                 self._inline = True
             else:
                 run.queued = True
+                run.checks = debug_checks()      # the caller's: the executor launches it
                 self._inbox.put((self._lane_work, (run, program, host_arrays_copied(inputs))))
             return run
 

@@ -20,7 +20,7 @@ import numpy as np
 from jax._src.api_util import InternalFloatingPointError   # what an executable raises under jax_debug_nans
 
 from .island_work import (FAILED_HISTORY, HISTORY, REFERENCES, IslandRun, IslandWedged, IslandWork, RunFailed,
-                          client_owner, computed, without_traceback)
+                          checking, client_owner, computed, without_traceback)
 from .executables import ARRAY_TYPE
 from .transfers import copy_to
 
@@ -246,10 +246,11 @@ class IslandExecutor:
             if not self._begin(run):
                 return
             runs = self._runs
-            for instruction in program:
-                instruction.execute(self, run)
-                if runs.get(run.id) is not run:
-                    return                       # failed or cancelled: its next steps do not run
+            with checking(run.checks):
+                for instruction in program:
+                    instruction.execute(self, run)
+                    if runs.get(run.id) is not run:
+                        return                   # failed or cancelled: its next steps do not run
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
             _reraise_interrupt(error)
@@ -361,21 +362,22 @@ class IslandExecutor:
         try:
             if not self._begin(run):
                 return
-            while run.queue:
-                program = run.queue[0]
-                pc, end = run.pc, len(program)
-                while pc < end:
-                    if not program[pc].execute(self, run):
-                        run.pc = pc
-                        return
-                    pc += 1
-                    if runs.get(run.id) is not run:
-                        return                   # failed or cancelled: its next steps do not run
-                run.queue.popleft()
-                run.pc = 0
-                if self._waiters:
-                    with self.lock:
-                        self._notify(run.id)            # a fetch may wait for what this program made
+            with checking(run.checks):
+                while run.queue:
+                    program = run.queue[0]
+                    pc, end = run.pc, len(program)
+                    while pc < end:
+                        if not program[pc].execute(self, run):
+                            run.pc = pc
+                            return
+                        pc += 1
+                        if runs.get(run.id) is not run:
+                            return               # failed or cancelled: its next steps do not run
+                    run.queue.popleft()
+                    run.pc = 0
+                    if self._waiters:
+                        with self.lock:
+                            self._notify(run.id)        # a fetch may wait for what this program made
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
             _reraise_interrupt(error)

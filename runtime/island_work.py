@@ -7,9 +7,12 @@ Ray backend, which all speak of runs in these terms.
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
+from jax._src import config as jax_config   # the thread's own value of a flag: no public reader
 
 from .island_program import Instruction, IslandLayout, RecvInstruction
 
@@ -37,6 +40,31 @@ class IslandWedged(RunFailed):
 # The names under which a run's failure travels between processes (island actors, the service's clients), the
 # subclasses before their base.
 FAILURE_KINDS = {"cancelled": RunCancelled, "wedged": IslandWedged, "lost": IslandLost, "failed": RunFailed}
+
+UNCHECKED = (False, False)
+_UNCHECKED_CONTEXT = contextlib.nullcontext()
+
+
+def debug_checks() -> tuple[bool, bool]:
+    """Whether JAX's `jax_debug_nans` and `jax_debug_infs` are on in this thread, as (nans, infs).
+
+    `jax.jit` checks a launch's results on the thread that calls it, under
+    that thread's flags (`with jax.debug_nans(True)` sets them for it
+    alone). A run takes the flags of the call that started it, so that its
+    launches are checked the same way wherever they execute (`checking`).
+    """
+    nans, infs = jax_config.debug_nans.value, jax_config.debug_infs.value
+    return UNCHECKED if not (nans or infs) else (nans, infs)
+
+
+def checking(checks: tuple[bool, bool]):
+    """A context in which launches check their results as `checks` (`debug_checks`) say."""
+    if checks is UNCHECKED:
+        return _UNCHECKED_CONTEXT
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.debug_nans(checks[0]))
+    stack.enter_context(jax.debug_infs(checks[1]))
+    return stack
 
 
 def failure_kind(error: BaseException) -> str:
@@ -100,6 +128,7 @@ class IslandWork(NamedTuple):
     step_ids: tuple[int, ...]
     inputs: tuple[tuple[int, Any], ...] = ()
     last: bool = True
+    checks: tuple[bool, bool] = UNCHECKED     # the JAX debug checks of the call that started it (`debug_checks`)
 
 
 def host_arrays_copied(inputs: tuple[tuple[int, Any], ...]) -> tuple[tuple[int, Any], ...]:
@@ -227,7 +256,7 @@ class IslandRun:
 
     __slots__ = ("id", "client_id", "plan_key", "program", "layout", "slots", "queue", "pc", "tracked", "last",
                  "executing", "began", "earliest_end", "latest_end", "referenced", "awaiting", "parked",
-                 "queued")
+                 "queued", "checks")
 
     def __init__(self, run_id: int, client_id: int, plan_key: int, program: str, layout: IslandLayout):
         self.id, self.client_id, self.plan_key, self.program, self.layout = run_id, client_id, plan_key, program, layout
@@ -244,6 +273,7 @@ class IslandRun:
         self.awaiting = 0                # such arguments not here yet (not produced, or on their way)
         self.parked = False              # its work waits for those arguments (resumed by `_resume`)
         self.queued = False              # a fast lane's run queued for the executor (not run by its caller)
+        self.checks = UNCHECKED          # the JAX debug checks its launches make (`debug_checks`)
 
 
 def waits_for(run: IslandRun) -> str:

@@ -16,6 +16,8 @@ from typing import Any
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
+from .island_work import UNCHECKED
+
 _run_ids = itertools.count()
 
 
@@ -24,7 +26,7 @@ class Run:
 
     __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
                  "released", "host", "parent", "donations", "deadline", "reads", "credit", "charged", "device_seconds",
-                 "retired", "branch", "__weakref__")
+                 "retired", "branch", "checks", "__weakref__")
 
     def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
                  weight: float = 1.0, cost: float = 1.0, parent: "Run | None" = None):
@@ -51,6 +53,8 @@ class Run:
         self.device_seconds: float | None = None   # measured once it is over, if its islands could tell
         self.retired = False              # the gang scheduler is done with it: over, its memory given back (or
                                           # cancelled while queued)
+        # The JAX debug checks its launches make: those of the call that started it, or its parent's.
+        self.checks = UNCHECKED if parent is None else parent.checks
 
     def host_value(self, buffer: int) -> Future:
         """Returns the future of a host buffer's value (made the first time it is asked for)."""

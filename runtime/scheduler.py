@@ -457,7 +457,7 @@ class GangScheduler:
         ticket = next(self._tickets)
         self.delivered.append((ticket, run.client_id))
         return self.islands.start(run, {island: IslandWork(ticket, run.id, run.client_id, run.key, steps, inputs,
-                                                           last)
+                                                           last, run.checks)
                                         for island, (steps, inputs, last) in works.items()}, inline)
 
     def retire_over(self) -> None:

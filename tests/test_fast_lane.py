@@ -269,6 +269,45 @@ def test_a_busy_island_queues_the_lane_run_behind_its_work(runtime, plan_builder
     assert_nothing_left(runtime)
 
 
+def below_ten_log(x):
+    return jnp.log(x - 10.0)          # NaN for X
+
+
+@pytest.mark.parametrize("path", ["fast lane", "general path"])
+def test_a_run_its_islands_executor_launches_checks_for_nans_as_its_call_said(runtime, plan_builder, path):
+    """`with jax.debug_nans(True)` turns the check on for the calling thread alone, and JAX checks a launch's
+    results under the flags of the thread that launches it: a run queued behind its island's work, launched by
+    the island's executor, returned its NaN silently where `jax.jit` raises (a test of the inline case failed
+    now and then in the full suite). A run now takes the flags of its call, on both paths; a run called
+    without them is not checked."""
+    p = plan_builder(runtime.resources.topology, program="log")
+    v0 = p.slice("v0", (1,), ("x",), "island0", (0, 1))
+    if path == "fast lane":
+        plan = p.build([p.launch(below_ten_log, [p.input((8, 16), v0)], v0, [(), ()])])
+    else:                              # two islands: never the lane
+        v1 = p.slice("v1", (1,), ("x",), "island1", (0, 1))
+        made = p.launch(tanh2, [p.input((8, 16), v0)], v0, [(), ()])
+        plan = p.build([p.launch(below_ten_log, [p.dcn(made, v1, [(), ()])], v1, [(), ()])])
+    island = runtime.islands["island0" if path == "fast lane" else "island1"]
+    with Client(runtime) as client:
+        np.asarray(client.run(plan, [X])[0].result(60))                  # compiled; NaN, not checked
+        for checked in (True, False):
+            lane = runtime.lane(plan)            # (none for two islands)
+            before = lane.runs if lane else 0
+            with running_inline(island), jax.debug_nans(checked):
+                run = client.start(plan, [X])
+                with island.lock:
+                    assert run.id in island._runs or run.id in island._failed   # the executor launches it
+                assert (lane.runs if lane else 0) == before + (path == "fast lane")
+            if checked:
+                with pytest.raises(RunFailed, match=r"FloatingPointError: invalid value \(nan\) encountered in "):
+                    client.wait(run, timeout=60)
+            else:
+                assert np.isnan(np.asarray(client.handles(run)[0].result(60))).all()
+            del run
+    assert_nothing_left(runtime)
+
+
 def test_a_burst_beyond_the_credits_on_a_busy_island_keeps_the_lane_while_it_fits(device_map, plan_builder):
     """Two clients queue more runs than `CREDITS` behind a busy island: the lane reserves more while the
     ledger has room (none of its runs is over to give one back), and the first run that does not fit takes
