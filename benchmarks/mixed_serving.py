@@ -242,6 +242,18 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
+def check_samples(results: dict[tuple[str, str], list[dict]], seconds: float) -> None:
+    """Raises RuntimeError, naming the session, if a session (`session`'s dict) of `results` (by training
+    variant and policy) completed no inference request (its percentiles need one) or, under fifo, started no
+    training step (the other policies' rates are ratios to fifo's)."""
+    for (variant, policy), sessions in results.items():
+        for s in sessions:
+            if not s["latencies"] or (policy == "fifo" and not s["steps"]):
+                raise RuntimeError(f"{variant} training under {policy}: a {seconds:g} s session completed "
+                                   f"{len(s['latencies'])} inference requests ({s['cancelled']} cancelled) and "
+                                   f"started {s['steps']} training steps: too few to measure")
+
+
 def run(quick: bool) -> dict:
     """Runs the sessions, interleaved, and reports each policy's latencies and steps/s."""
     repetitions, seconds = (2, 1.0) if quick else (5, SESSION_S)      # quick: that it runs, not a figure
@@ -270,6 +282,7 @@ def run(quick: bool) -> dict:
     finally:
         for runtime in runtimes.values():
             runtime.close()
+    check_samples(results, seconds)
     rows = []
     for (variant, policy), sessions in results.items():
         p50 = [percentile(s["latencies"], 50) for s in sessions]

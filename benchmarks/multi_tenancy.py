@@ -207,6 +207,15 @@ def with_untimed_filled(seconds: list[float | None], neighbours: int = 10) -> li
             for i, s in enumerate(seconds)]
 
 
+def check_timed(measured: list[list[float | None]], weights: tuple[int, ...]) -> None:
+    """Raises RuntimeError if the island timed none of a client's runs (`measured`: each client's runs' device
+    seconds, None where untimed), as a loaded machine may leave them: that client's device time is unknown."""
+    for n, seconds in enumerate(measured):
+        if all(s is None for s in seconds):
+            raise RuntimeError(f"share run {':'.join(map(str, weights))}: the island timed none of client {n}'s "
+                               f"{len(seconds)} runs (see runtime/device_clock.py), so its device time is unknown")
+
+
 def shares(programs: dict[float, tuple[object, float]], x, sharding, weights: tuple[int, ...],
            base: int) -> list[dict]:
     """Queues each client's programs under the share policy; returns each client's device-time share.
@@ -241,6 +250,7 @@ def shares(programs: dict[float, tuple[object, float]], x, sharding, weights: tu
         for c in clients:
             c.close()
         runtime.close()
+    check_timed(measured, weights)
     known = {ms: [s for n, m in enumerate(SHARE_PROGRAM_MS) if m == ms for s in measured[n] if s is not None]
              for ms in set(SHARE_PROGRAM_MS)}
     typical = {ms: harness.median(seconds) for ms, seconds in known.items()}

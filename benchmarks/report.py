@@ -154,6 +154,7 @@ def write_report(records: list[tuple[pathlib.Path, dict]], out: pathlib.Path) ->
             lines += [f"![{path.stem}](plots/{path.stem}.png)", ""]
         lines += ["Parameters: " + ", ".join(f"{k} = {format_value(v)}" for k, v in record["params"].items()),
                   "", markdown_table(record["rows"]), ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
     if pictures:
         plots.mkdir(parents=True, exist_ok=True)
     for picture, png in pictures.items():

@@ -19,6 +19,7 @@ stops the benchmark process it waits for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -59,8 +60,10 @@ def _cannot_write(path: pathlib.Path | str, error: OSError) -> BenchError:
 
 
 def _check_writable(path: pathlib.Path) -> None:
-    """Makes `path`'s folder and checks that `path` can be written, leaving no new file there: a bad output
-    path is an error before a run of minutes, not after it."""
+    """Checks that `path` can be written, making its folder for the check, and leaves no new file or folder
+    there (the writer makes the folder once there is something to write: a run that fails leaves none): a bad
+    output path is an error before a run of minutes, not after it."""
+    missing = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
     nearest = next(folder for folder in (path.parent, *path.parent.parents) if folder.exists())
     if not nearest.is_dir():
         raise BenchError(f"cannot write {path}: {nearest} is not a folder")
@@ -73,6 +76,10 @@ def _check_writable(path: pathlib.Path) -> None:
             path.unlink()
     except OSError as e:
         raise _cannot_write(path, e) from None
+    finally:
+        for folder in missing:                   # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def figures_folder(json_path: pathlib.Path) -> pathlib.Path:
@@ -126,6 +133,7 @@ def _benchmark_command(name: str) -> click.Command:
         record = run_benchmark(name, quick, json_path)
         click.echo(_summary(record))
         try:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(record, indent=1) + "\n")
         except OSError as e:
             raise _cannot_write(json_path, e) from None

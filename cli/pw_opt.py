@@ -174,6 +174,9 @@ def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | N
     if pass_help is not None:
         click.echo(_pass_help(pass_help))
         return
+    if program is not None and emit != "plan-json":
+        raise UsageError("pw-opt: error: --program chooses the program of --emit=plan-json: add --emit=plan-json, "
+                         "or leave --program out to write the IR of every program")
     passes = _build_passes(pass_pipeline, ctx.meta["pass_flags"])
     filename = "<stdin>" if input_file == "-" else input_file
     try:

@@ -131,9 +131,10 @@ def _run_ir(path: pathlib.Path, program: str | None, dispatch: DispatchMode, rep
     except Exception as e:  # noqa: BLE001  (the program failed on the cluster: say so in one line)
         raise RunError(f"{path}: running @{plan.program} failed: {type(e).__name__}: {_first_line(e)}") from None
     islands = sorted(i for i, steps in plan.islands.items() if steps)
-    click.echo(f"program @{plan.program} on {', '.join(islands)} ({dispatch} dispatch)")
+    where = ", ".join(islands) or "the host alone"       # no island has a step: it returns its arguments
+    click.echo(f"program @{plan.program} on {where} ({dispatch} dispatch)")
     for n, (h, value) in enumerate(zip(handles, values)):
-        click.echo(f"  result {n}: {value.dtype}{list(value.shape)} on {h.slice} "
+        click.echo(f"  result {n}: {value.dtype}{list(value.shape)} on {h.slice or 'the host'} "
                    f"sum={_sum(value):.6g} first={value.ravel()[:4].tolist()}")
     click.echo(f"  first run (compiles): {first * 1e3:.2f} ms")
     if times:
@@ -204,7 +205,8 @@ def _run_script(path: pathlib.Path) -> None:
 @click.option("--emulate-dcn", is_flag=True, help="Sleep for the modelled DCN time on cross-island moves.")
 @click.option("--backend", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
               help="Run the islands in this process, or each in a Ray actor on a local Ray instance.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs (IR and plans).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the random inputs (IR and plans).")
 def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, backend, seed) -> None:
     """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the cluster: embedded in this process, or
     each island in a Ray actor with --backend ray."""
@@ -217,6 +219,10 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
         raise RunError(f"{target}: is a directory: give a .py script, a .mlir file or a .json plan")
     import pathways_mlir as pw
 
+    if trace_path == "":
+        raise click.BadParameter("an empty path names no file", param_hint="'--trace'")
+    if trace_path and pathlib.Path(trace_path).resolve() == target.resolve():
+        raise RunError(f"--trace {trace_path} is {target}, the file to run: the trace would replace it")
     if trace_path and backend != "embedded":
         raise RunError("--trace records the embedded backend only")
     if trace_path and not pathlib.Path(trace_path).resolve().parent.is_dir():

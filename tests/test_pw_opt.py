@@ -1,5 +1,6 @@
 """The pw-opt driver: options, pipelines, diagnostics, and robustness to bad input."""
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -229,3 +230,18 @@ def test_a_bad_option_names_the_pass_and_the_option(pipeline, message, capsys):
     assert pw_opt.main([str(source), f"--pass-pipeline=builtin.module({pipeline})", "-o", "-"]) == 1
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"pw-opt: error: invalid pass pipeline: {message}"), line
+
+
+def test_program_without_plan_json_output_is_refused_not_ignored(capsys):
+    """`--program` chooses the program of `--emit=plan-json`; with the IR written it was silently ignored,
+    even when it named no program of the input."""
+    source = ROOT / "examples" / "three_blocks.mlir"
+    for program in ("three_blocks", "nosuch"):
+        assert pw_opt.main([str(source), "--program", program, "-o", "-"]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.splitlines() == [
+            "pw-opt: error: --program chooses the program of --emit=plan-json: add --emit=plan-json, or leave "
+            "--program out to write the IR of every program"]
+    assert pw_opt.main([str(source), "--pw-lower=topology=2x4", "--emit=plan-json", "--program", "three_blocks",
+                        "-o", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["program"] == "three_blocks"

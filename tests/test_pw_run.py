@@ -191,3 +191,35 @@ def test_emulated_dcn_takes_the_clusters_link_not_the_figures_the_plan_declares(
     result = pw_run(tmp_path / "plan.json", "--emulate-dcn")     # (bounded: pw_run's timeout)
     assert result.returncode == 0, result.stderr
     assert "result 0: float32[8, 16]" in result.stdout
+
+
+IDENTITY = """module {
+  func.func @ident(%arg0: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {pw.program} {
+    return %arg0 : tensor<8x16xf32>
+  }
+}
+"""
+
+
+def test_a_program_with_no_island_step_is_said_to_run_on_the_host(tmp_path):
+    # A program that returns its argument has no step on any island: pw-run printed "program @ident on  (parallel
+    # dispatch)" and "result 0: ... on None".
+    (tmp_path / "ident.mlir").write_text(IDENTITY)
+    result = pw_run(tmp_path / "ident.mlir")
+    assert result.returncode == 0, result.stderr
+    assert "program @ident on the host alone (parallel dispatch)" in result.stdout, result.stdout
+    assert "result 0: float32[8, 16] on the host sum=" in result.stdout, result.stdout
+
+
+def test_a_trace_path_that_is_empty_or_the_file_to_run_is_refused(tmp_path):
+    # `--trace ""` ran without a trace, saying nothing; `--trace` naming the file to run replaced it with the trace.
+    (tmp_path / "ident.mlir").write_text(IDENTITY)
+    for trace, message in [("", "pw-run: error: Invalid value for '--trace': an empty path names no file "
+                                "(--help for usage)"),
+                           (tmp_path / "ident.mlir", f"pw-run: error: --trace {tmp_path / 'ident.mlir'} is "
+                                                     f"{tmp_path / 'ident.mlir'}, the file to run: the trace would "
+                                                     f"replace it")]:
+        result = pw_run(tmp_path / "ident.mlir", "--trace", trace)
+        assert result.returncode == 1 and result.stderr.strip() == message, result.stderr
+        assert result.stdout == "", result.stdout
+    assert (tmp_path / "ident.mlir").read_text() == IDENTITY
