@@ -221,7 +221,7 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
 
     if trace_path == "":
         raise click.BadParameter("an empty path names no file", param_hint="'--trace'")
-    if trace_path and pathlib.Path(trace_path).resolve() == target.resolve():
+    if trace_path and os.path.exists(trace_path) and os.path.samefile(trace_path, target):    # links too
         raise RunError(f"--trace {trace_path} is {target}, the file to run: the trace would replace it")
     if trace_path and backend != "embedded":
         raise RunError("--trace records the embedded backend only")

@@ -46,15 +46,19 @@ _UNCHECKED_CONTEXT = contextlib.nullcontext()
 
 
 def debug_checks() -> tuple[bool, bool]:
-    """Whether JAX's `jax_debug_nans` and `jax_debug_infs` are on in this thread, as (nans, infs).
+    """Whether JAX's `jax_debug_nans` and `jax_debug_infs` are on in this thread, as (nans, infs); UNCHECKED
+    when they are off here and for every thread (`jax.config.update`).
 
     `jax.jit` checks a launch's results on the thread that calls it, under
     that thread's flags (`with jax.debug_nans(True)` sets them for it
-    alone). A run takes the flags of the call that started it, so that its
-    launches are checked the same way wherever they execute (`checking`).
+    alone, and `with jax.debug_nans(False)` turns a global one off for it).
+    A run takes the flags of the call that started it, so that its launches
+    are checked the same way wherever they execute (`checking`).
     """
     nans, infs = jax_config.debug_nans.value, jax_config.debug_infs.value
-    return UNCHECKED if not (nans or infs) else (nans, infs)
+    if nans or infs or jax_config.debug_nans.get_global() or jax_config.debug_infs.get_global():
+        return nans, infs
+    return UNCHECKED
 
 
 def checking(checks: tuple[bool, bool]):

@@ -269,6 +269,19 @@ def test_a_busy_island_queues_the_lane_run_behind_its_work(runtime, plan_builder
     assert_nothing_left(runtime)
 
 
+@contextlib.contextmanager
+def on_for_every_thread(nans: bool):
+    """`jax_debug_nans` set for every thread (`jax.config.update`) in the block, if `nans`."""
+    if not nans:
+        yield
+        return
+    jax.config.update("jax_debug_nans", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_debug_nans", False)
+
+
 def below_ten_log(x):
     return jnp.log(x - 10.0)          # NaN for X
 
@@ -306,6 +319,29 @@ def test_a_run_its_islands_executor_launches_checks_for_nans_as_its_call_said(ru
                 assert np.isnan(np.asarray(client.handles(run)[0].result(60))).all()
             del run
     assert_nothing_left(runtime)
+
+
+def test_a_run_whose_call_turned_off_a_check_on_for_every_thread_is_not_checked(device_map, plan_builder):
+    """`jax_debug_nans` on for every thread (`jax.config.update`) and turned off for the caller's (`with
+    jax.debug_nans(False)`): `jax.jit` returns the NaN there, but a run queued behind its island's work was
+    checked by the executor, under the global flag (found by a review). The runtime is made here: a thread
+    that once ran under JAX's `debug_nans` context no longer sees the global flag in its launches (JAX's own
+    behaviour), which would hide the fault."""
+    with on_for_every_thread(True):
+        rt = Runtime(device_map)
+        try:
+            p = plan_builder(rt.resources.topology, program="log")
+            v = p.slice("v", (1,), ("x",), "island0", (0, 1))
+            plan = p.build([p.launch(below_ten_log, [p.input((8, 16), v)], v, [(), ()])])
+            with Client(rt) as client, jax.debug_nans(False):
+                assert np.isnan(jax.jit(below_ten_log)(X)).all()
+                with running_inline(rt.islands["island0"]):
+                    [handle] = client.run(plan, [X])         # queued: the island's executor launches it
+                assert np.isnan(np.asarray(handle.result(60))).all()
+                del handle
+            assert_nothing_left(rt)
+        finally:
+            rt.close()
 
 
 def test_a_burst_beyond_the_credits_on_a_busy_island_keeps_the_lane_while_it_fits(device_map, plan_builder):

@@ -213,12 +213,13 @@ def test_a_program_with_no_island_step_is_said_to_run_on_the_host(tmp_path):
 
 def test_a_trace_path_that_is_empty_or_the_file_to_run_is_refused(tmp_path):
     # `--trace ""` ran without a trace, saying nothing; `--trace` naming the file to run replaced it with the trace.
+    # So did a hard link to it (found by a review).
     (tmp_path / "ident.mlir").write_text(IDENTITY)
+    os.link(tmp_path / "ident.mlir", tmp_path / "linked.mlir")
+    same = [(path, f"pw-run: error: --trace {path} is {tmp_path / 'ident.mlir'}, the file to run: the trace would "
+                   f"replace it") for path in (tmp_path / "ident.mlir", tmp_path / "linked.mlir")]
     for trace, message in [("", "pw-run: error: Invalid value for '--trace': an empty path names no file "
-                                "(--help for usage)"),
-                           (tmp_path / "ident.mlir", f"pw-run: error: --trace {tmp_path / 'ident.mlir'} is "
-                                                     f"{tmp_path / 'ident.mlir'}, the file to run: the trace would "
-                                                     f"replace it")]:
+                                "(--help for usage)"), *same]:
         result = pw_run(tmp_path / "ident.mlir", "--trace", trace)
         assert result.returncode == 1 and result.stderr.strip() == message, result.stderr
         assert result.stdout == "", result.stdout

@@ -12,6 +12,7 @@ import signal
 import socket
 import time
 import weakref
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -236,6 +237,44 @@ def test_a_run_that_failed_inside_its_actor_keeps_no_bytes_for_its_handles(ray_r
         assert isinstance(run.error, RunFailed) and str(run.error) == "a launch raised"
         with pytest.raises(RunFailed, match=r"^a launch raised$"):
             np.asarray(made)
+
+
+@partial(pw.jit, slice=left, in_specs=P("x"), out_specs=(P("x"), P("x")))
+def two_on_left(x):
+    return x * 2.0, x * 3.0
+
+
+@pw.program
+def two_then_long_across(x):
+    a, b = two_on_left(x)
+    return a, b, grow(spin_on_right(a))
+
+
+@partial(pw.jit, slice=pw.virtual_slice(2, axes="x", name="right", island="island1"), in_specs=P("x"),
+         out_specs=P("x"))
+def spin_on_right(x):
+    return jax.lax.fori_loop(0, 5_000_000, lambda i, y: jnp.cos(y), x)     # seconds
+
+
+def test_a_failed_runs_values_fetched_with_a_sibling_go_when_its_handles_do(ray_runtime):
+    """Reading a result brings back the run's other small results already produced (siblings), kept in the
+    driver until read or released. Once the driver learnt of a run's failure from its actor, a release of such
+    a result returned before it dropped the kept value: it stayed for as long as the client lived (found by a
+    review)."""
+    proxy = ray_runtime.islands["island0"]
+    with Client(ray_runtime) as client:
+        [np.asarray(h) for h in two_then_long_across.run(X, client=client)]    # read both: siblings from now on
+        made = two_then_long_across.run(X, client=client)
+        run = made[0]._run
+        np.asarray(made[0])                      # made[1] comes back with it, while island1 computes
+        assert (run.id, made[1]._buffer) in proxy._fetched
+        assert client.cancel(made[0])
+        until(lambda: ray_runtime.usage() is not None and run.retired and run.id in proxy._failed,
+              "the cancelled run retired, its failure known", 120)
+        del made
+        gc.collect()
+        ray_runtime.usage()                      # (handles dropped in a cycle are released with the next call)
+        assert [key for key in proxy._fetched if key[0] == run.id] == []
 
 
 def test_handles_passed_to_later_runs_stay_on_their_island(ray_runtime):

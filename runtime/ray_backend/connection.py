@@ -349,7 +349,6 @@ def _failure(failed) -> RunFailed | None:
     """A run's failure as the actor sent it (null, or [kind, message]: `IslandActor._failed`), made again."""
     if failed is None:
         return None
-    kind, message = failed
-    if type(kind) is not str or type(message) is not str:
+    if type(failed) is not list or len(failed) != 2 or not all(type(part) is str for part in failed):
         raise TypeError(f"{str(failed)[:80]!r} is not a failure's kind and message")
-    return failure(kind, message)
+    return failure(*failed)

@@ -255,6 +255,8 @@ class RayIsland:
 
     def release(self, run_id: int, buffer: int) -> None:
         if not self._live() or self._dead is not None or run_id in self._failed:
+            with self._lock:    # (a value fetched with a sibling before the run failed goes all the same)
+                self._fetched.pop((run_id, buffer), None)
             return       # handles dropped at exit, after the actors are gone, or of results gone: nothing to do
         if self._group.kept.hold_back(self, (run_id, buffer)):
             return       # a run whose start is not sent yet takes it: released after that start
