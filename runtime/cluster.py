@@ -21,6 +21,7 @@ from pathways_mlir.dialect.topology import Island, Link, Topology
 CLUSTER_ENV = "PW_CLUSTER"
 DEFAULT_SHAPE = (2, 4)
 _FLAG = "--xla_force_host_platform_device_count"
+_asked: int | None = None     # the CPU device count asked for in XLA_FLAGS here (None: none, or the user's flag)
 # The modelled links of the embedded cluster. DCN emulation (off unless asked
 # for) sleeps for the DCN link's modelled time on every cross-island move.
 EMBEDDED_ICI = Link(latency_us=1.0, bandwidth_gbps=100.0)
@@ -54,15 +55,21 @@ def requested_shape() -> tuple[int, int]:
 def prepare_host_devices(count: int | None = None) -> None:
     """Asks XLA for `count` CPU devices (default: what `PW_CLUSTER` needs).
 
-    Takes effect only before JAX creates its CPU backend; an explicit
-    device-count flag already in `XLA_FLAGS` is kept.
+    Takes effect only before JAX creates its CPU backend; a device-count
+    flag the user put in `XLA_FLAGS` is kept, and one asked for here before
+    is raised to `count` (`pw.configure` asks for its cluster's devices).
     """
+    global _asked
     if count is None:
         islands, per_island = requested_shape()
         count = islands * per_island
     flags = os.environ.get("XLA_FLAGS", "")
     if _FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={count}".strip()
+        _asked = count
+    elif _asked is not None and count > _asked:
+        os.environ["XLA_FLAGS"] = re.sub(rf"{_FLAG}=\d+", f"{_FLAG}={count}", flags)
+        _asked = count
 
 
 class _BeforeJax(importlib.abc.MetaPathFinder):

@@ -21,7 +21,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 
 from .admission import MemoryLedger
 from .backends import BACKENDS, backend_named
-from .cluster import MAX_HOST_DEVICES, DeviceMap
+from .cluster import MAX_HOST_DEVICES, DeviceMap, prepare_host_devices
 from .dispatch import LoadedPlan
 from .fast_lane import FastLane
 from .handles import release_dropped
@@ -455,7 +455,8 @@ def check_bounds(device_memory_bytes, wedge_timeout) -> None:
 def configure(**options) -> None:
     """Sets the options of the default runtime (see `Runtime` for each); replaces one already made. An
     unknown option, policy or backend, an option of another backend, a bad window, an impossible cluster
-    shape, device memory or wedge timeout is one ValueError line, raised here."""
+    shape, device memory or wedge timeout is one ValueError line, raised here. Before JAX's first use, an
+    embedded cluster's `islands` x `per_island` CPU devices are asked of XLA here."""
     import inspect
 
     parameters = inspect.signature(Runtime).parameters
@@ -469,6 +470,8 @@ def configure(**options) -> None:
     parse_policy(options.get("policy", "fifo"), options.get("window"))
     settings = {**{name: parameters[name].default for name in known}, **options}
     backend_named(settings["backend"], {o: settings[o] for b in BACKENDS.values() for o in b.options})
+    if settings["backend"] == "embedded" and settings["islands"] and settings["per_island"]:
+        prepare_host_devices(settings["islands"] * settings["per_island"])
     global _default, _default_options
     with _default_lock:
         if _default is not None:

@@ -37,6 +37,25 @@ def test_jax_used_after_the_import_sees_the_cluster_devices():
     assert (after.stdout.strip(), before.stdout.strip()) == ("6", "6"), after.stderr + before.stderr
 
 
+def test_configure_before_jax_is_used_asks_for_its_clusters_devices():
+    """`pw.configure(islands=, per_island=)` before JAX's first use (as examples/rl_loop.py does) asked XLA for
+    no devices: the first call failed with a ClusterError advising to do just that. A larger count is asked
+    for (before or after JAX's import); the user's own XLA_FLAGS count is kept, and a cluster larger than it is
+    the same one-line error as before."""
+    code = ("import pathways_mlir as pw, numpy as np\n{first}"
+            "pw.configure(islands=4, per_island=4)\n"
+            "f = pw.jit(lambda x: x + 1, slice=pw.virtual_slice(1, axes='x', island='island3'))\n"
+            "print(np.asarray(f(np.ones(2, np.float32))).tolist(), len(__import__('jax').devices()))")
+    for first in ("", "import jax\n"):
+        result = python(code.format(first=first), PW_CLUSTER="1x2")
+        assert (result.returncode, result.stdout.strip()) == (0, "[2.0, 2.0] 16"), result.stderr
+    mine = python(code.format(first=""), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    assert mine.returncode == 1 and mine.stderr.strip().splitlines()[-1].endswith(
+        "ClusterError: the embedded cluster needs 16 CPU devices but JAX has 8: import pathways_mlir (or call "
+        "pathways_mlir.configure) before JAX is first used, or set XLA_FLAGS=--xla_force_host_platform_device_count=16"
+    ), mine.stderr
+
+
 _ORBAX_SAVE = """
 import os, sys, tempfile, numpy as np
 {first}
