@@ -22,9 +22,13 @@ from mlir import ir
 
 from pathways_mlir.dialect.element_types import ELEMENT_TYPES, NUMPY_NAMES
 from pathways_mlir.runtime.executables import native_dtype
+from pathways_mlir.runtime.remote_client import RemoteSharedRef
 
 _DTYPE_NAMES = NUMPY_NAMES | {"pred": "bool"}
 _AVAL_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*([\d\s,]*)\]\s*$")
+# What is taken as an array besides scalars: NumPy and JAX arrays (a handle is one, a JAX tracer too), abstract
+# values and a service's shared object (duck typing took any object with a shape and a dtype, whose run failed).
+ARRAYS = (np.ndarray, jax.Array, jax.ShapeDtypeStruct, jax.core.ShapedArray, RemoteSharedRef)
 
 
 def aval_of(x: Any) -> jax.ShapeDtypeStruct:
@@ -39,8 +43,10 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
     if isinstance(x, np.generic):
         x = np.asarray(x)
-    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+    if not isinstance(x, ARRAYS):
         raise TypeError(f"expected an array, a scalar or a jax.ShapeDtypeStruct, not {type(x).__name__} {x!r:.80}")
+    if isinstance(x, jax.ShapeDtypeStruct) and not all(isinstance(d, (int, np.integer)) and d >= 0 for d in x.shape):
+        raise TypeError(f"a jax.ShapeDtypeStruct's dimensions are integers of 0 or more, not {tuple(x.shape)}")
     dtype = x.dtype if is_extended(x.dtype) else native_dtype(jax.dtypes.canonicalize_dtype(x.dtype))
     return jax.ShapeDtypeStruct(tuple(x.shape), dtype, weak_type=bool(getattr(x, "weak_type", False)))
 

@@ -39,14 +39,15 @@ from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import get_runtime
 
-from .avals import aval_of, has_tracers, is_extended
+from .avals import ARRAYS, aval_of, has_tracers, is_extended
 from .lowered import Lowered
+from .provenance import Site
 from .signature import BindsAsMethod, Call, Signature
 from .wire import WeakHandle, from_wire, to_wire
 
 if TYPE_CHECKING:
     from pathways_mlir.dialect.plan import ProgramPlan
-    from pathways_mlir.runtime.interface import ClusterRuntime, ProgramClient
+    from pathways_mlir.runtime.interface import ClusterRuntime
 
 _IDENTICAL = 64                      # signatures a stage cache keeps by identity (then it starts again)
 
@@ -98,6 +99,8 @@ class Compiled:
         # Whether the program returns one array (not a pytree of them): `()`, `None` and `{}` are leaf tree
         # definitions too, of no leaf.
         self._single = lowered.out_tree.num_leaves == 1 and jax.tree_util.treedef_is_leaf(lowered.out_tree)
+        # The keyword arguments it was traced with: one named as a run option is the function's (`__call__`).
+        self._keywords = frozenset(lowered.in_tree.unflatten([None] * lowered.in_tree.num_leaves)[1])
         self._refresh()
 
     def _refresh(self) -> None:
@@ -106,25 +109,31 @@ class Compiled:
         self.runtime.load(plan)
         self.plan, self._version = plan, version
 
-    def __call__(self, *args: Any, client: "ProgramClient | None" = None, dispatch: str = "parallel",
-                 timeout: float | None = None, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the program on `args` and `kwargs` (shaped like the traced ones); returns handles.
-        With `timeout` (seconds), the run is cancelled if it is not over by then (its handles raise).
+        Keywords `client=`, `dispatch=` and `timeout=` (seconds, after which the run is cancelled if it is not
+        over: its handles raise) are the run's options, unless the function was traced with a keyword argument
+        of that name, as `StagedFunction._call` takes them.
 
         Static arguments are not passed again: they are part of the program.
-        A donated handle is released once the run has taken it; using it
-        again raises. A shared object (`SharedRef`) is read-only: donating
-        one is refused before anything runs.
+        An argument leaf of another dtype or shape than the traced one, or a
+        JAX tracer, is refused in one line, as `jax.jit`'s compiled stage
+        refuses it. A donated handle is released once the run has taken it;
+        using it again raises. A shared object (`SharedRef`) is read-only:
+        donating one is refused before anything runs.
         """
-        return self._run(args, kwargs, client, dispatch, timeout)
+        options = {name: kwargs.pop(name) for name in RUN_OPTIONS if name in kwargs and name not in self._keywords}
+        return self._run(args, kwargs, options.get("client"), options.get("dispatch", "parallel"),
+                         options.get("timeout"), matched=False)
 
-    def _run(self, args: tuple, kwargs: dict, client, dispatch: str, timeout: float | None) -> Any:
+    def _run(self, args: tuple, kwargs: dict, client, dispatch: str, timeout: float | None, matched: bool) -> Any:
         """`__call__`, with the function's keyword arguments in a dict of their own: one named `client`,
-        `dispatch` or `timeout` is the function's (`StagedFunction._call`)."""
+        `dispatch` or `timeout` is the function's (`StagedFunction._call`). `matched`: the arguments' leaves
+        are of the traced signature (`StageCache` found this stage by it), so their avals are not checked."""
         from pathways_mlir.runtime.remote_client import RemoteClient
 
         client = client or default_client(self.runtime)
-        if client.runtime is not self.runtime:
+        if _runtime_of(client) is not self.runtime:
             raise ValueError("this program was compiled for another runtime than the client's")
         lowered = self.lowered
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
@@ -134,7 +143,8 @@ class Compiled:
         if lowered.donated:
             _refuse_bad_donations(lowered, leaves)
         _refuse_unrunnable(lowered, leaves)
-        _refuse_other_dtypes(lowered, leaves)
+        if not matched:
+            _refuse_other_avals(lowered, leaves)
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals_flat)]
         # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
         # it for a topology change (`RemoteClient.run`).
@@ -237,6 +247,15 @@ class Compiled:
         return handles[0] if self._single else jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)
 
 
+def _runtime_of(client) -> "ClusterRuntime":
+    """The runtime `client` runs on; TypeError in one line if it is no client."""
+    try:
+        return client.runtime
+    except AttributeError:
+        raise TypeError(f"client= takes a pw.Client (or the connection pw.connect makes), not "
+                        f"{type(client).__name__}") from None
+
+
 def _refuse_bad_donations(lowered: Lowered, leaves: list) -> None:
     """Raises ValueError in one line if a donated argument leaf is a shared object (read-only), or a JAX array
     passed again as another leaf, whose buffer `jax.jit` refuses to donate twice (the run failed on its island
@@ -277,15 +296,36 @@ def _refuse_masked(x: Any) -> None:
                          "pass arr.filled(value), or its data and mask as two arrays")
 
 
-def _refuse_other_dtypes(lowered: Lowered, leaves: list) -> None:
-    """Raises TypeError in one line if an array leaf's dtype is not the one the program was traced for
-    (`check_dtype`, which the runtime applies to every run's arguments too; Python scalars take the traced
-    dtype)."""
+def _refuse_other_avals(lowered: Lowered, leaves: list) -> None:
+    """Raises TypeError in one line, as `jax.jit`'s compiled stage refuses it, if an argument leaf is a JAX tracer
+    (the call is inside a JAX transformation), neither an array nor a scalar, or not of the dtype and shape the
+    program was traced for: an array's dtype as `check_dtype` takes it (which the runtime applies to every run's
+    arguments too), a scalar's as JAX types it (weak types aside: a float is no int), a typed key's exactly."""
     for position, (x, aval) in enumerate(zip(leaves, lowered.in_avals_flat)):
-        dtype = getattr(x, "dtype", None)
-        if dtype is None or isinstance(x, (bool, int, float, complex)) or is_extended(aval.dtype):
-            continue
-        check_dtype(lowered.program, position, dtype, aval.dtype, aval.shape)
+        kind = type(x)
+        if kind is ARRAY_TYPE or kind is np.ndarray:          # (the common case first: a few checks per leaf)
+            dtype, shape = x.dtype, x.shape
+        elif isinstance(x, jax.core.Tracer):
+            raise TypeError(f"argument leaf {position} of program @{lowered.program} is a JAX tracer: a compiled "
+                            f"program cannot be called inside a JAX transformation, as jax.jit's compiled stage "
+                            f"cannot; call the placed function or program itself there")
+        elif isinstance(x, (bool, int, float, complex, np.generic)):
+            dtype, shape = jax.typeof(x).dtype, ()
+        elif isinstance(x, ARRAYS):
+            dtype, shape = x.dtype, tuple(x.shape)
+        else:
+            raise TypeError(f"argument leaf {position} of program @{lowered.program} is a {type(x).__name__}: "
+                            f"expected an array or a scalar")
+        if dtype != aval.dtype:
+            if is_extended(dtype) or is_extended(aval.dtype):
+                raise TypeError(f"argument leaf {position} of program @{lowered.program} has dtype {dtype}, but it "
+                                f"was compiled for {aval.dtype}{list(aval.shape)}")
+            check_dtype(lowered.program, position, dtype, aval.dtype, aval.shape)
+        if shape != aval.shape:
+            path = jax.tree_util.tree_flatten_with_path(lowered.in_tree.unflatten(leaves))[0][position][0]
+            raise TypeError(f"argument leaf {position} of program @{lowered.program} "
+                            f"(argument{jax.tree_util.keystr(path)}) has shape {shape}, but it was compiled for "
+                            f"{aval.dtype}{list(aval.shape)}")
 
 
 def _leaf_signature(x: Any) -> tuple:
@@ -294,7 +334,7 @@ def _leaf_signature(x: Any) -> tuple:
         return type(x),
     if isinstance(x, np.generic):
         return (), x.dtype
-    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+    if not isinstance(x, ARRAYS):
         aval_of(x)        # raises its one-line TypeError: neither an array nor a scalar
     _refuse_masked(x)
     return tuple(x.shape), x.dtype, getattr(x, "weak_type", False)
@@ -326,7 +366,13 @@ class StageCache:
         if runtime is None:
             runtime = get_runtime()
         leaves, tree = jax.tree_util.tree_flatten(call.tree)
-        key = call.static, tree, tuple(map(_leaf_signature, leaves)), trace_context()
+        try:
+            key = call.static, tree, tuple(map(_leaf_signature, leaves)), trace_context()
+        except TypeError as error:           # neither an array nor a scalar: named as `tracer.lower` names it
+            path = next(path for path, x in jax.tree_util.tree_flatten_with_path(call.tree)[0]
+                        if not isinstance(x, (bool, int, float, complex, np.generic, *ARRAYS)))
+            raise TypeError(f"{Site.of_definition(self._signature.fn)}: argument{jax.tree_util.keystr(path)}: "
+                            f"{error}") from None
         per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, {})
         found = per_runtime.get(key)
         if found is not None:
@@ -355,11 +401,7 @@ class StageCache:
         or built and the leaves go to the run as they are (`Compiled.call_plain`), under the same
         trace context; such leaves are never tracers. Under `jax.disable_jit()` a call with `traced` runs it,
         as `jax.jit` runs its function eagerly there."""
-        try:
-            runtime = client.runtime if client is not None else None
-        except AttributeError:
-            raise TypeError(f"client= takes a pw.Client (or the connection pw.connect makes), not "
-                            f"{type(client).__name__}") from None
+        runtime = _runtime_of(client) if client is not None else None
         identity = leaves = None
         if dispatch == "parallel" and timeout is None and not kwargs and self._unsplit:
             leaves = args
@@ -383,7 +425,7 @@ class StageCache:
                 self._identical.clear()
             self._identical[identity[0]] = (runtime, identity[1], compiled, context)
             return compiled.call_plain(args, leaves, client)
-        return compiled._run(call.args, call.kwargs, client, dispatch, timeout)
+        return compiled._run(call.args, call.kwargs, client, dispatch, timeout, matched=True)
 
 
 RUN_OPTIONS = ("dispatch", "client", "timeout")     # `StagedFunction.run`'s keywords

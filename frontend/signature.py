@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
@@ -89,7 +90,13 @@ def check_options(where: str, options: dict) -> None:
 
 
 def _ints(value: int | Iterable[int] | None) -> tuple[int, ...]:
-    return () if value is None else (value,) if isinstance(value, int) else tuple(value)
+    """An int or ints (a NumPy integer is one, as `jax.jit` takes it: `operator.index`) as a tuple."""
+    if value is None:
+        return ()
+    try:
+        return operator.index(value),
+    except TypeError:
+        return tuple(map(operator.index, value))
 
 
 def _strs(value: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -138,8 +145,9 @@ class Signature:
                     raise ValueError(f"{where}: {kind}_argnames '{name}' is not a parameter of "
                                      f"{fn.__name__}{inspect.signature(fn)}")
             nums = {n if any_positional else n % len(positional) for n in nums}    # (see `_positions`)
-            nums |= {positional.index(name) for name in names if name in positional}
-            names = set(names) | {positional[n] for n in nums if 0 <= n < len(positional)}
+            # A positional-only parameter has no name a call can pass (one that `**kwargs` takes is another).
+            nums |= {positional.index(name) for name in names if name in positional and name in by_name}
+            names = set(names) | {positional[n] for n in nums if 0 <= n < len(positional) and positional[n] in by_name}
             return frozenset(nums), frozenset(names)
 
         self._positional = positional
@@ -160,12 +168,13 @@ class Signature:
         """Takes the static arguments out of a call; raises ValueError, as `jax.jit` does, if one is not hashable.
 
         Keyword arguments for positional parameters right after the given
-        positional ones become positional, so `f(x, y=y)` is `f(x, y)`.
+        positional ones become positional, so `f(x, y=y)` is `f(x, y)` (not
+        for a positional-only one: its name is `**kwargs`'s, as in Python).
         """
         if kwargs:
             args, kwargs = list(args), dict(kwargs)
             for name in self._positional[len(args):]:
-                if name not in kwargs:
+                if name not in kwargs or name not in self._keywords:
                     break
                 args.append(kwargs.pop(name))
         if not self.static_nums and not self.static_names:

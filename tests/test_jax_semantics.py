@@ -89,6 +89,17 @@ def test_typed_keys_in_programs_and_cond_branches():
     assert "key<fry>" not in step.lower(x, key).as_text()      # the IR holds key data, ui32[2]
 
 
+def test_a_typed_key_as_a_cond_predicate_is_refused_in_one_line():
+    """A key predicate raised "AttributeError: 'KeyTy' object has no attribute 'kind'" (found by differential
+    fuzzing)."""
+    s = pw.virtual_slice(1, axes="data")
+    triple, negate = pw.jit(lambda v: v * 3, slice=s), pw.jit(lambda v: -v, slice=s)
+    x, key = np.ones(3, np.float32), jax.random.key(0)
+    with pytest.raises(TypeError, match=r"cond at .*: the predicate must be a scalar boolean or number, not "
+                                        r"key<fry>\[\]$"):
+        pw.program(lambda v, p: pw.cond(p, triple, negate, v))(x, key)
+
+
 def test_sharded_keys_follow_their_partition_spec():
     s = pw.virtual_slice(2, axes="data")
 
@@ -193,6 +204,20 @@ def test_a_loop_passing_a_weak_result_back_takes_the_identity_path(monkeypatch):
     assert x.dtype == want_x.dtype == jnp.bfloat16 and lr.weak_type and want_lr.weak_type
     np.testing.assert_array_equal(np.asarray(x), np.asarray(want_x))
     assert float(lr) == float(want_lr) == 1 / 32
+
+
+def test_cond_branches_differing_in_weak_type_only_run_as_in_jax():
+    """Branches returning a weakly and a strongly typed f32[] were refused ("returns f32[] but ... returns f32[]");
+    `jax.lax.cond` takes them, its result typed as its false branch's (found by differential fuzzing)."""
+    s = pw.virtual_slice(1, axes="data")
+    positive = pw.jit(lambda a: a.sum() > 3, slice=s)
+    weak, other_weak = pw.jit(lambda a: 1.0, slice=s), pw.jit(lambda a: 2.0, slice=s)
+    strong = pw.jit(lambda a: a[0] * 0 + 1.0, slice=s)
+    x = np.arange(4, dtype=np.float32)
+    for true_fn, false_fn in ((weak, strong), (strong, weak), (weak, other_weak)):
+        got = pw.program(lambda a: pw.cond(positive(a), true_fn, false_fn, a))(x)
+        want = jax.jit(lambda a: jax.lax.cond(a.sum() > 3, true_fn.fn, false_fn.fn, a))(x)
+        assert (float(got), got.dtype, got.weak_type) == (float(want), want.dtype, want.weak_type)
 
 
 def test_python_and_numpy_scalars_inside_a_program_are_constants():
@@ -352,6 +377,18 @@ def test_a_dtype_jax_export_cannot_serialise_is_refused_naming_the_argument_or_r
         pw.jit(lambda x: x.astype(jnp.int32), slice=s)(ints.astype(jnp.int2))
     with pytest.raises(TypeError, match=r"at .*: result\['low'\] has dtype uint2, which has no pw element type"):
         pw.jit(lambda x: {"low": x.astype(jnp.uint2), "same": x}, slice=s)(ints)
+
+
+def test_an_abstract_argument_of_a_negative_or_non_integer_dimension_is_refused_in_one_line():
+    """A `jax.ShapeDtypeStruct((-1,), ...)` failed in two lines of MLIR ("Unable to parse type: ... tensor<-1xf32>")
+    naming neither the argument nor the dimension (found by differential fuzzing)."""
+    s = pw.virtual_slice(1, axes="data")
+    double = pw.jit(lambda a: a * 2, slice=s)
+    for shape in ((2, -1), (2.5,)):
+        with pytest.raises(TypeError, match=rf"^lambda at .*: example argument\[0\]\[0\]: a jax.ShapeDtypeStruct's "
+                                            rf"dimensions are integers of 0 or more, not {re.escape(str(shape))}$"):
+            double.lower(jax.ShapeDtypeStruct(shape, jnp.float32))
+    assert double.lower(jax.ShapeDtypeStruct((np.int64(2), 0), jnp.float32)).as_text()
 
 
 def test_a_python_int_step_counter_as_in_jax_mnist_example():
@@ -573,6 +610,24 @@ def test_keywords_named_as_run_options_are_the_functions_own_when_it_takes_them(
         assert affine(x, client=client, timeout=60)._client is client
 
 
+def test_a_compiled_stage_takes_a_keyword_named_as_a_run_option_when_traced_with_it():
+    """A compiled stage took `timeout=`, `client=` and `dispatch=` as its own options always: one of
+    `def f(a, *, timeout)` could not be called at all, as `StagedFunction._call` and `jax.jit`'s compiled stage
+    pass it (found by differential fuzzing)."""
+    s = pw.virtual_slice(1, axes="x")
+    x, t = np.arange(4, dtype=np.float32), np.float32(3)
+
+    def f(a, *, timeout):
+        return a * timeout
+
+    compiled = pw.jit(f, slice=s).lower(x, timeout=t).compile()
+    want = jax.jit(f).lower(x, timeout=t).compile()(x, timeout=t)
+    np.testing.assert_array_equal(np.asarray(compiled(x, timeout=t)), want)
+    with pw.Client() as client:                  # a keyword it was not traced with is still an option
+        double = pw.jit(lambda a: a * 2, slice=s).lower(x).compile()
+        assert double(x, client=client, timeout=60)._client is client
+
+
 def test_a_computation_no_device_can_hold_is_reported_at_its_code():
     """Placement's error that no island's devices can hold a computation's buffers pointed at the line that made
     the slice, not at the computation's call."""
@@ -627,6 +682,41 @@ def test_other_jax_jit_options_raise_one_line_errors():
         pw.jit(lambda x, n: x, slice=s, static_argnames="k")
     with pytest.raises(ValueError, match=r"argument 0 is both static and donated"):
         pw.jit(lambda x, n: x, slice=s, static_argnums=0, donate_argnums=0)
+
+
+def test_static_and_donated_numbers_of_positional_only_parameters_as_in_jax_jit():
+    """`static_argnums=1` of `def f(a, n, /)` was handed to `jax.jit` as static_argnames {'n'}, which it refuses
+    for a positional-only parameter; a NumPy integer as a number was "not iterable" (found by differential
+    fuzzing)."""
+    s = pw.virtual_slice(1, axes="x")
+    x = np.arange(4, dtype=np.float32)
+
+    def scaled(a, n, /):
+        return a * n
+
+    placed = pw.jit(scaled, slice=s, static_argnums=1)
+    want = jax.jit(scaled, static_argnums=1)(x, 3)
+    np.testing.assert_array_equal(np.asarray(placed(x, 3)), want)
+    np.testing.assert_array_equal(np.asarray(pw.program(lambda a, n, /: placed(a, n), static_argnums=1)(x, 3)), want)
+    for option, n in (("static_argnums", 3), ("donate_argnums", np.float32(3))):
+        jax.jit(lambda a, n: a * n, **{option: np.int64(1)})
+        f = pw.jit(lambda a, n: a * n, slice=s, **{option: np.int64(1)})
+        np.testing.assert_array_equal(np.asarray(f(x, n)), x * 3)
+
+
+def test_a_keyword_named_as_a_positional_only_parameter_is_kwargs_as_in_python():
+    """`f(x, b=5.0)` of `def f(a, b=1.0, /, **kw)` bound 5.0 to the positional-only `b`, where Python and
+    `jax.jit` put it in `kw` (found by differential fuzzing)."""
+    s = pw.virtual_slice(1, axes="x")
+    x = np.arange(4, dtype=np.float32)
+
+    def f(a, b=1.0, /, **kw):
+        return a * b + kw.get("b", 0.0)
+
+    placed = pw.jit(f, slice=s)
+    want = jax.jit(f)(x, b=5.0)
+    for call in (placed, pw.program(lambda a, /, **kw: placed(a, **kw))):
+        np.testing.assert_array_equal(np.asarray(call(x, b=5.0)), want)
 
 
 def test_a_call_under_another_jax_enable_x64_traces_again_as_jax_jit_does():
@@ -903,6 +993,20 @@ def test_placed_functions_inside_jax_transformations_trace_as_their_function():
         np.testing.assert_allclose(jax.jit(branching)(x, t), reference(x, t), rtol=1e-6)
 
 
+def test_a_program_with_a_cond_runs_eagerly_under_disable_jit_as_jax_does():
+    """Under `jax.disable_jit()` a program runs its Python function eagerly, but its `pw.cond` raised "works only
+    inside a @pathways_mlir.program trace"; `jax.lax.cond` runs the branch its predicate picks there (found by
+    differential fuzzing)."""
+    s = pw.virtual_slice(1, axes="data")
+    positive = pw.jit(lambda v: v.sum() > 0, slice=s)
+    triple, negate = pw.jit(lambda v: v * 3, slice=s), pw.jit(lambda v: -v, slice=s)
+    step = pw.program(lambda v: pw.cond(positive(v), triple, negate, v))
+    for x in (np.ones(3, np.float32), -np.ones(3, np.float32)):
+        want = jax.jit(lambda v: jax.lax.cond(v.sum() > 0, lambda u: u * 3, lambda u: -u, v))(x)
+        with jax.disable_jit():
+            np.testing.assert_array_equal(np.asarray(step(x)), want)
+
+
 def test_a_placed_function_called_by_another_placed_functions_body_traces_as_a_nested_jax_jit():
     """A placed function's body may call another placed function, as a jax.jit body calls a nested jax.jit, in
     a call on its own and inside a program (it was recorded into the program: 'not a program value')."""
@@ -1145,6 +1249,117 @@ def test_arguments_jax_would_refuse_are_refused_at_the_call():
             call()
     with pytest.raises(TypeError, match="expected an array, a scalar or a jax.ShapeDtypeStruct, not memoryview"):
         double(memoryview(b"abcd"))
+
+
+def test_a_compiled_stage_refuses_a_scalar_of_another_dtype_as_jax_jits_does():
+    """A compiled stage traced for an int took a Python float, a np.float64 or a complex and truncated it (2.7 ran
+    as 2), where `jax.jit`'s compiled stage refuses it; a scalar of the traced dtype, strong or weak, runs (found by
+    differential fuzzing)."""
+    s = pw.virtual_slice(1, axes="x")
+    x = np.arange(4, dtype=np.int32)
+
+    def outcome(compiled, passed):
+        try:
+            return np.asarray(compiled(x, passed)).tolist()
+        except TypeError:
+            return TypeError
+
+    for traced in (2, np.int32(2), 2.0, np.float32(2), True):
+        ours = pw.jit(lambda a, b: a * b, slice=s).lower(x, traced).compile()
+        theirs = jax.jit(lambda a, b: a * b).lower(x, traced).compile()
+        for passed in (3, 2.7, np.float64(2.7), np.complex128(2 + 1j), np.int32(3), np.int64(3), False):
+            assert outcome(ours, passed) == outcome(theirs, passed), (traced, passed)
+    with pytest.raises(TypeError, match=r"^argument leaf 1 of program @lambda has dtype float32, but it was "
+                                        r"compiled for int32\[\]$"):
+        pw.jit(lambda a, b: a * b, slice=s).lower(x, 2).compile()(x, 2.7)
+
+
+def test_a_compiled_stage_called_inside_a_jax_transformation_refuses_its_tracers_at_the_call():
+    """A compiled stage called on tracers (inside `jax.jit`) sent them to an island, where the run failed; `jax.jit`'s
+    compiled stage refuses them at the call (found by differential fuzzing)."""
+    x = np.arange(4, dtype=np.float32)
+    reference = jax.jit(lambda a: a * 2).lower(x).compile()
+    with pytest.raises(TypeError, match="Cannot apply JAX transformations to a function lowered and compiled"):
+        jax.jit(lambda v: reference(v))(x)
+    compiled = pw.jit(lambda a: a * 2, slice=pw.virtual_slice(1, axes="x")).lower(x).compile()
+    with pytest.raises(TypeError, match=r"^argument leaf 0 of program @lambda is a JAX tracer: a compiled program "
+                                        r"cannot be called inside a JAX transformation"):
+        jax.jit(lambda v: compiled(v))(x)
+
+
+def test_a_compiled_stage_refuses_a_key_of_another_implementation_or_raw_key_data_as_jax_jits_does():
+    """A compiled stage traced for a threefry key ran raw uint32[2] key data, and refused an rbg key as "buffer 0
+    of lambda has shape (4,), expected (2,)" (found by differential fuzzing)."""
+    s = pw.virtual_slice(1, axes="x")
+    compiled = pw.jit(lambda k: jax.random.normal(k, (3,)), slice=s).lower(jax.random.key(0)).compile()
+    reference = jax.jit(lambda k: jax.random.normal(k, (3,))).lower(jax.random.key(0)).compile()
+    for other, dtype in ((jax.random.key(0, impl="rbg"), "key<rbg>"), (np.zeros(2, np.uint32), "uint32")):
+        with pytest.raises(TypeError):
+            reference(other)
+        with pytest.raises(TypeError, match=rf"^argument leaf 0 of program @lambda has dtype {dtype}, but it was "
+                                            rf"compiled for key<fry>\[\]$"):
+            compiled(other)
+
+
+def test_a_compiled_stage_refuses_an_argument_of_another_shape_naming_it():
+    """A compiled stage refused an argument of another shape as "argument for buffer 1 of p", a plan's buffer
+    (found by differential fuzzing); `jax.jit`'s names the argument, `d['m']`."""
+    f = pw.jit(lambda d: d["a"] + d["m"].sum(), slice=pw.virtual_slice(1, axes="x"))
+    d = {"a": np.ones(4, np.float32), "m": np.ones(2, np.float32)}
+    with pytest.raises(TypeError, match=r"^argument leaf 1 of program @lambda \(argument\[0\]\[0\]\['m'\]\) has "
+                                        r"shape \(7,\), but it was compiled for float32\[2\]$"):
+        pw.program(lambda d: f(d)).lower(d).compile()({"a": d["a"], "m": np.ones(7, np.float32)})
+
+
+def test_a_compiled_stage_refuses_a_client_of_no_client_as_a_call_does():
+    """`client=` of no client raised "AttributeError: 'str' object has no attribute 'runtime'" from a compiled
+    stage, where a call says what it takes (found by differential fuzzing)."""
+    double = pw.jit(lambda a: a * 2, slice=pw.virtual_slice(1, axes="x"))
+    x = np.arange(4, dtype=np.float32)
+    for call in (double.lower(x).compile(), double.run):
+        with pytest.raises(TypeError, match=r"^client= takes a pw.Client \(or the connection pw.connect makes\), "
+                                            r"not str$"):
+            call(x, client="me")
+
+
+def test_an_argument_neither_array_nor_scalar_is_refused_at_the_call():
+    """An object with a shape and a dtype was taken as an array: its run was admitted and failed on the island
+    (found by differential fuzzing). `jax.jit` refuses it at the call."""
+    s = pw.virtual_slice(1, axes="x")
+    x = np.arange(4, dtype=np.float32)
+
+    class Duck:
+        shape, dtype = (4,), np.dtype(np.float32)
+
+    double = pw.jit(lambda a: a * 2, slice=s)
+    with pytest.raises(TypeError):
+        jax.jit(lambda a: a * 2)(Duck())
+    for call in (double, pw.program(double)):
+        call(x)                    # the same signature, with an array: a Duck is refused at the call all the same
+        with pytest.raises(TypeError, match=r"argument\[0\]\[0\]: expected an array, a scalar or a "
+                                            r"jax.ShapeDtypeStruct, not Duck <"):
+            call(Duck())
+    with pytest.raises(TypeError, match=r"^argument leaf 0 of program @lambda is a Duck: expected an array or a "
+                                        r"scalar$"):
+        double.lower(x).compile()(Duck())
+
+
+def test_a_bad_argument_leaf_is_named_with_its_function_and_path():
+    """A call with a leaf neither array nor scalar said "expected an array, ... not str 'str'", naming neither
+    the function nor the leaf (found by differential fuzzing), as `jax.jit` and `lower` name both."""
+    s = pw.virtual_slice(1, axes="x")
+    x = np.arange(4, dtype=np.float32)
+
+    def f(a, b):
+        return a
+
+    with pytest.raises(TypeError, match=r"path b\['k'\]"):
+        jax.jit(f)(x, {"k": "str"})
+    line = inspect.getsourcelines(f)[1]
+    for call in (pw.jit(f, slice=s), pw.program(pw.jit(f, slice=s))):
+        with pytest.raises(TypeError, match=rf"^f at {re.escape(__file__)}:{line}: argument\[0\]\[1\]\['k'\]: "
+                                            rf"expected an array, a scalar or a jax.ShapeDtypeStruct, not str 'str'$"):
+            call(x, {"k": "str"})
 
 
 def test_a_failing_trace_names_the_function_and_its_arguments_as_jax_jit_does():
