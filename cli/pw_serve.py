@@ -39,6 +39,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import click
 
@@ -57,7 +58,7 @@ _RAY_STATUS = """
 import sys
 from pathways_mlir.runtime.ray_backend import cluster_status
 try:
-    report = cluster_status(sys.argv[1])
+    report = cluster_status(sys.argv[1], float(sys.argv[2]))
 except ConnectionError as e:
     sys.exit(f"cannot reach the Ray cluster at {sys.argv[1]}: {e}")
 except Exception as e:  # noqa: BLE001  (Ray's own errors, such as a malformed address: one line)
@@ -66,6 +67,9 @@ if not report["islands"]:
     sys.exit(f"no island actors (pw-island-*) on the Ray cluster at {sys.argv[1]}")
 print(report)
 """
+
+
+_REPORT_SLACK = 1.0   # seconds of --timeout left for the Ray question's child to print its report and exit
 
 
 class ServeError(Exception):
@@ -192,7 +196,8 @@ def _service_status(service_file: str | None, timeout: float) -> str:
 def _ray_status(address: str, timeout: float) -> str:
     if importlib.util.find_spec("ray") is None:
         raise ServeError("pw-serve needs Ray: pip install 'pathways-mlir[ray]'")
-    child = subprocess.Popen([sys.executable, "-c", _RAY_STATUS, address], stdout=subprocess.PIPE,
+    deadline = time.time() + timeout - _REPORT_SLACK     # the islands' answers, then the report's printing
+    child = subprocess.Popen([sys.executable, "-c", _RAY_STATUS, address, repr(deadline)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = child.communicate(timeout=timeout)

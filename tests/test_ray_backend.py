@@ -10,6 +10,7 @@ import gc
 import os
 import signal
 import socket
+import threading
 import time
 import weakref
 from functools import partial
@@ -23,13 +24,13 @@ from jax.sharding import PartitionSpec as P
 import pathways_mlir as pw
 from pathways_mlir.runtime.authentication import AuthenticationError, client_handshake
 from pathways_mlir.runtime.client import Client
-from pathways_mlir.runtime.island_work import RunFailed
+from pathways_mlir.runtime.island_work import RunCancelled, RunFailed
 from pathways_mlir.runtime.runtime import Runtime
 from pathways_mlir.runtime.wire import send_message
 
 ray = pytest.importorskip("ray")
 
-from pathways_mlir.runtime.ray_backend import NAMESPACE, island_name  # noqa: E402
+from pathways_mlir.runtime.ray_backend import NAMESPACE, cluster_status, island_name  # noqa: E402
 from pathways_mlir.runtime.ray_backend.connection import IslandConnection  # noqa: E402
 from pathways_mlir.runtime.ray_backend.start_channel import PENDING  # noqa: E402
 
@@ -647,6 +648,64 @@ def test_offers_to_a_lost_reader_are_withdrawn(ray_runtime):
         assert ray_runtime.islands["island0"].status()["transfers"]["island1"]["offers_withdrawn"] == withdrawn + 1
         with pytest.raises(pw.IslandLost, match="island island1 was lost"):
             out.result(60)
+        ray_runtime.restore_island("island1")
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
+
+
+def within(seconds: float, call):
+    """`call()`'s result (or what it raised), failing if it has not returned within `seconds`: a wait that
+    would otherwise never end is left to a daemon thread."""
+    outcome, done = [], threading.Event()
+
+    def run():
+        try:
+            outcome.append((True, call()))
+        except BaseException as error:  # noqa: BLE001  (raised again in the test's thread)
+            outcome.append((False, error))
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(seconds), f"{call} returned within {seconds} s"
+    returned, value = outcome[0]
+    if not returned:
+        raise value
+    return value
+
+
+def test_an_island_actor_that_stalls_bounds_status_close_and_deadlines(ray_runtime):
+    """island1's actor stalls with its connections open (its process stopped, as on a hung host). Found by a
+    fault finder: `status()` took about 130 s (the releases sent before each island's question waited for every
+    island's acknowledgement, up to 120 s), and reported island0 unreachable too; closing a client never
+    returned (its objects' release asked island1 with no timeout); a run started with `timeout=3` on island1
+    raised `RunCancelled` only after about 30 s (each look at whether it was over waited 10 s). Now island1
+    alone is reported, within `STATUS_TIMEOUT`; the close and the cancel are bounded."""
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime), on_left.compiled(X, runtime=ray_runtime)
+        leaving = Client(ray_runtime)
+        kept = produced(on_right, leaving)           # on island1: closing `leaving` releases it there
+        run = kept._run
+        until(lambda: ray_runtime.usage() is not None and run.retired, "its run known to be over", 60)
+        np.asarray(produced(on_right, client))       # dropped: a release queued for island1
+        pid = actor_process("island1")
+        version = ray_runtime.resources.version
+        try:
+            stop_process(pid, 60)
+            report = within(60, ray_runtime.status)["islands"]
+            assert report["island1"] == {"unreachable": "TimeoutError: island island1 did not answer within 10 s"}
+            assert "unreachable" not in report["island0"], report["island0"]
+            # pw-serve --status --address: every island asked at once, within what is left of its --timeout.
+            address = ray.get_runtime_context().gcs_address
+            report = within(30, lambda: cluster_status(address, time.time() + 3))["islands"]
+            assert report["island1"] == {"unreachable": "TimeoutError: the island actor did not answer within 3 s"}
+            assert "unreachable" not in report["island0"], report["island0"]
+            late = on_right.run(X, client=client, timeout=3)
+            with pytest.raises(RunCancelled, match=r"did not finish within its deadline"):
+                within(25, lambda: np.asarray(late))
+            del kept
+            within(60, leaving.close)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        until(lambda: ray_runtime.resources.version != version, "the monitor takes island1 out", 60)
         ray_runtime.restore_island("island1")
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
 

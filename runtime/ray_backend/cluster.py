@@ -142,14 +142,15 @@ class RayIslands(Islands):
         self.kept.sent(run)
         return []
 
-    def flush_releases(self, wait: bool = False) -> None:
+    def flush_releases(self, wait: bool = False, deadline: float | None = None, island=None) -> None:
         """Sends the releases queued on every island now, through the start channel, so that a release never
-        overtakes a start that reads the object; with `wait`, returns once the islands took them. Without
-        `wait` (a handle dropped, maybe by the garbage collector amid a send) it never waits for the
-        channel: if a message is being sent, the releases leave with the next one."""
+        overtakes a start that reads the object; with `wait`, returns once the islands (or `island` alone) took
+        them, by `deadline` (a `time.monotonic()`) at the latest: a question's own wait on the actor then keeps
+        the order. Without `wait` (a handle dropped, maybe by the garbage collector amid a send) it never waits
+        for the channel: if a message is being sent, the releases leave with the next one."""
         marker = -next(self._flushes)
         if self._send(marker, {}, {}, block=wait) and wait:
-            self._starts.received(marker)
+            self._starts.received(marker, deadline, island)
 
     def withdraw(self, island: str) -> None:
         """Lost island `island` pulls nothing more: every other live island withdraws what it offered it (a
@@ -345,20 +346,34 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def cluster_status(address: str) -> Status:
+def cluster_status(address: str, deadline: float | None = None) -> Status:
     """Returns the report of every island actor on the Ray cluster at `address`, found by name, from
-    any process (the scheduler's queue stays with the process that owns the islands)."""
+    any process (the scheduler's queue stays with the process that owns the islands). The islands are asked
+    at once, and one that has not answered within `STATUS_TIMEOUT` seconds, or by `deadline` (`time.time()`
+    seconds) if sooner, is reported unreachable."""
     import ray
 
     started = connect(address)
     try:
         names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                        if a["namespace"] == NAMESPACE and a["name"].startswith(island_name("")))
-        islands = {}
+        asked = {}
         for name in names:
             try:
-                islands[name.removeprefix(island_name(""))] = ray.get(
-                    ray.get_actor(name, namespace=NAMESPACE).status.remote(), timeout=STATUS_TIMEOUT)
+                asked[name] = ray.get_actor(name, namespace=NAMESPACE).status.remote()
+            except Exception as error:  # noqa: BLE001  (a dead island is part of the report)
+                asked[name] = error
+        wait = STATUS_TIMEOUT if deadline is None else max(0.0, min(STATUS_TIMEOUT, deadline - time.time()))
+        pending = [ref for ref in asked.values() if not isinstance(ref, Exception)]
+        answered, _ = ray.wait(pending, num_returns=len(pending), timeout=wait) if pending else ([], [])
+        islands = {}
+        for name, ref in asked.items():
+            try:
+                if isinstance(ref, Exception):
+                    raise ref
+                if ref not in answered:
+                    raise TimeoutError(f"the island actor did not answer within {wait:.0f} s")
+                islands[name.removeprefix(island_name(""))] = ray.get(ref)
             except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
                 islands[name.removeprefix(island_name(""))] = unreachable(error)
         return gather(None, islands)

@@ -100,9 +100,11 @@ class IslandConnection:
         except OSError as error:
             raise self._broke(error) from None
 
-    def wait_taken(self, number: int) -> None:
-        """Returns once the actor acknowledged start message `number` (at most `REPLY_TIMEOUT` seconds)."""
-        self._wait(lambda: self.taken >= number, time.monotonic() + REPLY_TIMEOUT)
+    def wait_taken(self, number: int, deadline: float | None = None) -> None:
+        """Returns once the actor acknowledged start message `number` (at most `REPLY_TIMEOUT` seconds, and until
+        `deadline`, a `time.monotonic()`, if sooner); TimeoutError past that."""
+        limit = time.monotonic() + REPLY_TIMEOUT
+        self._wait(lambda: self.taken >= number, limit if deadline is None else min(limit, deadline))
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None, siblings: list[int], value: bool = True,
               slack: float = 0.0):

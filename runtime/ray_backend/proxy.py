@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from .cluster import RayIslands
 
 STATUS_TIMEOUT = 10.0   # seconds an island has to answer a status request
+# Seconds an island has to say which runs are over (answered at once, unless the actor is stalled): a look
+# that gets no answer says "not known to be over", and the deadline watchdog cancels on it.
+RUNS_DONE_TIMEOUT = 2.0
 RELEASE_BATCH = 64      # queued releases sent in a call of their own once this many wait
 RUNS_DONE_BATCH = 256   # earlier runs asked about with each `runs_done` call
 
@@ -267,11 +271,12 @@ class RayIsland:
         if full:
             self.flush_releases()
 
-    def flush_releases(self, wait: bool = False) -> None:
+    def flush_releases(self, wait: bool = False, deadline: float | None = None) -> None:
         """Sends the queued releases now, in the start channel (`RayIslands.flush_releases`: a release never
-        overtakes a start that reads its object); with `wait`, returns once the islands took them."""
+        overtakes a start that reads its object); with `wait`, returns once the islands took them (with
+        `deadline`, once this one did, at that `time.monotonic()` at the latest)."""
         if (wait or self._releases) and self._live() and self._dead is None:
-            self._group.flush_releases(wait)
+            self._group.flush_releases(wait, deadline, None if deadline is None else self)
 
     def _live(self) -> bool:
         import ray
@@ -279,20 +284,28 @@ class RayIsland:
         return not self._closed and ray.is_initialized()
 
     def _ask(self, message: str, *args, otherwise=None):
-        """Asks the actor a question about its objects (after the queued releases) and returns its reply;
-        `otherwise` once the island is closed or its actor dead."""
+        """Asks the actor a question about its objects (`_answer`) and returns its reply; `otherwise` once the
+        island is closed or its actor dead, or if it did not answer in time (a stalled actor)."""
         if self._closed or self._dead is not None:
             return otherwise
         try:
-            return self._get(self._question(message, *args))
-        except IslandLost:
+            return self._answer(message, *args)
+        except (IslandLost, TimeoutError):
             return otherwise
 
-    def _question(self, message: str, *args):
-        """Sends the queued releases, then asks `message`; the actor answers once it took every start sent
-        before (`IslandActor.asked`). Returns the reply's object reference."""
-        self.flush_releases(wait=True)
-        return self._call("asked", self.calls_sent, message, *args, counted_as=message)
+    def _answer(self, message: str, *args):
+        """Sends the queued releases, then asks `message` and returns the reply: the actor answers once it took
+        every start sent before (`IslandActor.asked`). TimeoutError if it has not answered within
+        `STATUS_TIMEOUT` seconds in all."""
+        import ray
+
+        deadline = time.monotonic() + STATUS_TIMEOUT
+        self.flush_releases(wait=True, deadline=deadline)
+        reply = self._call("asked", self.calls_sent, message, *args, counted_as=message)
+        try:
+            return self._get(reply, max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"island {self.name} did not answer within {STATUS_TIMEOUT:g} s") from None
 
     def release_owner(self, owner) -> int:
         if self._closed or self._dead is not None:
@@ -318,7 +331,7 @@ class RayIsland:
             with self._lock:
                 others = [r for r in self._runs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
             try:
-                self._over(self._ask_connection("runs_done", [run_id] + others, STATUS_TIMEOUT))
+                self._over(self._ask_connection("runs_done", [run_id] + others, RUNS_DONE_TIMEOUT))
                 return run_id in self._done
             except (IslandLost, TimeoutError):
                 pass                         # (not answered in time: not known to be over)
@@ -338,8 +351,8 @@ class RayIsland:
                 self._done.popitem(last=False)
 
     def wait_run(self, run_id: int, timeout: float | None = None) -> None:
-        if self._dead is not None or self._closed:
-            return              # its work here ended with the actor
+        if self._dead is not None or self._closed or run_id in self._done:
+            return              # its work here ended with the actor, or is known to be over
         try:
             error = self._ask_connection("wait_run", run_id, timeout, slack=STATUS_TIMEOUT)
         except IslandLost:
@@ -370,7 +383,7 @@ class RayIsland:
         if self._dead is not None:
             return unreachable(self._dead)
         try:
-            return self._get(self._question("status"), STATUS_TIMEOUT)
+            return self._answer("status")
         except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
             return unreachable(error)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ..island_work import IslandWork
@@ -58,17 +59,23 @@ class StartChannel:
         for taken in oldest:
             self._take(taken)
 
-    def received(self, run_id: int) -> None:
-        """Returns once the run's start messages were taken (or their actors died)."""
+    def received(self, run_id: int, deadline: float | None = None, island: RayIsland | None = None) -> None:
+        """Returns once the run's start messages (to `island` alone, if given) were taken or their actors died,
+        or at `deadline` (a `time.monotonic()`), if given, at the latest."""
         with self._lock:
             sent = self._pending.pop(run_id, None)
-        self._take(sent or ())
+        self._take([(i, n) for i, n in sent or () if island is None or i is island], deadline)
 
     @staticmethod
-    def _take(sent: list) -> None:
-        """Reads the acknowledgements of one message's starts (an actor whose connection broke is lost)."""
+    def _take(sent: list, deadline: float | None = None) -> None:
+        """Reads the acknowledgements of one message's starts: an actor whose connection broke, or that took
+        none for `REPLY_TIMEOUT` seconds, is lost; one that took none by `deadline` is only waited for no
+        more (a later wait reads them: acknowledgements are counted, `IslandConnection.taken`)."""
         for island, number in sent:
             try:
-                island.connection.wait_taken(number)
-            except (ConnectionBroken, TimeoutError) as error:
+                island.connection.wait_taken(number, deadline)
+            except ConnectionBroken as error:
                 island._died(error)
+            except TimeoutError as error:
+                if deadline is None or time.monotonic() < deadline:
+                    island._died(error)
