@@ -218,6 +218,7 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
     if target.is_dir():
         raise RunError(f"{target}: is a directory: give a .py script, a .mlir file or a .json plan")
     import pathways_mlir as pw
+    from pathways_mlir.runtime.runtime import configure_from_command_line
 
     if trace_path == "":
         raise click.BadParameter("an empty path names no file", param_hint="'--trace'")
@@ -227,7 +228,7 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
         raise RunError("--trace records the embedded backend only")
     if trace_path and not pathlib.Path(trace_path).resolve().parent.is_dir():
         raise RunError(f"cannot write {trace_path}: its folder does not exist")
-    pw.configure(emulate_dcn=emulate_dcn, backend=backend)
+    configure_from_command_line(emulate_dcn=emulate_dcn, backend=backend)     # a script's configure keeps them
     runtime = pw.get_runtime()
     if trace_path:
         runtime.start_tracing()

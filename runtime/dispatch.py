@@ -216,8 +216,10 @@ class Dispatcher:
             works = {i: (loaded.first[i], tuple(inputs.get(i, ())), not has_conds) for i in loaded.islands}
             self.runtime.scheduler.submit(run, works, inline)
             if has_conds:
-                threading.Thread(target=self._after_conds, args=(run, loaded, mode), name="pw-cond",
-                                 daemon=True).start()
+                thread = threading.Thread(target=self._after_conds, args=(run, loaded, mode), name="pw-cond",
+                                          daemon=True)
+                self.runtime.cond_threads.add(thread)
+                thread.start()
         else:
             stepped = {i for i, steps in loaded.plan.islands.items() if steps}
             self.runtime.scheduler.submit(run, {i: ((), tuple(inputs.get(i, ())), i not in stepped and not has_conds)
@@ -292,6 +294,8 @@ class Dispatcher:
             self.runtime.scheduler.continue_run(run, {i: ((), (), True) for i in run.islands})
         except BaseException as error:  # noqa: BLE001  (reported through the run)
             self.runtime.fail_run(run, error)
+        finally:
+            self.runtime.cond_threads.discard(threading.current_thread())
 
     def _run_cond(self, run: Run, cond: Branch, mode: DispatchMode) -> dict[str, list[tuple[int, Any]]]:
         """The host step: read the predicate, run the chosen branch; returns its results by island. The branch

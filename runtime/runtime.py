@@ -37,6 +37,7 @@ from .tracing import Tracer
 
 
 _WATCH_PERIOD = 0.1      # seconds between the watchdog's looks at deadlines and busy islands
+COND_JOIN = 10.0         # seconds `close` waits for the threads of host conds (one may be compiling a branch)
 _DEADLINES_KEPT = 1024   # deadlines kept before those of runs over are dropped (then twice as many as remain)
 
 
@@ -98,6 +99,7 @@ class Runtime:
         self._deadlines: list[tuple[float, int, weakref.ref]] = []
         self._deadlines_kept = _DEADLINES_KEPT
         self._closed = threading.Event()
+        self.cond_threads: set[threading.Thread] = set()   # the threads running runs' host conds (`close` joins)
         self._watchdog = threading.Thread(target=self._watch, name="pw-watchdog", daemon=True)
         self._watchdog.start()
         self.islands.watch(self.lose_island, self.restore_island)
@@ -411,17 +413,23 @@ class Runtime:
 
     def close(self) -> None:
         """Stops the runtime in bounded time: runs still queued or under way fail (an island stuck in a
-        computation is left to finish it on its own thread)."""
+        computation is left to finish it on its own thread), and the threads of their host conds end. Such a
+        thread left running at the interpreter's exit was killed there amid XLA's code, which aborted the
+        process ("FATAL: exception not rethrown")."""
         self._closed.set()
         self.islands.unwatch()              # islands closed on purpose are not lost
         self.scheduler.close()
         self.islands.close()
         if self.transport is not None:
             self.transport.close()
+        deadline = time.monotonic() + COND_JOIN
+        for thread in list(self.cond_threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 _default: Runtime | None = None
 _default_options: dict = {}
+_command_line_options: dict = {}      # (`configure_from_command_line`)
 _default_lock = threading.RLock()    # reentrant: closing a connection (pw.connect) forgets it as the default
 
 
@@ -456,9 +464,11 @@ def configure(**options) -> None:
     """Sets the options of the default runtime (see `Runtime` for each); replaces one already made. An
     unknown option, policy or backend, an option of another backend, a bad window, an impossible cluster
     shape, device memory or wedge timeout is one ValueError line, raised here. Before JAX's first use, an
-    embedded cluster's `islands` x `per_island` CPU devices are asked of XLA here."""
+    embedded cluster's `islands` x `per_island` CPU devices are asked of XLA here. Options a command line
+    gave (`configure_from_command_line`) stay, unless `options` name them too."""
     import inspect
 
+    options = {**_command_line_options, **options}
     parameters = inspect.signature(Runtime).parameters
     known = set(parameters) - {"device_map"}
     unknown = sorted(set(options) - known)
@@ -477,7 +487,16 @@ def configure(**options) -> None:
         if _default is not None:
             _default.close()
             _default = None
-        _default_options = dict(options)
+        _default_options = options
+
+
+def configure_from_command_line(**options) -> None:
+    """`configure`s the default runtime with options a command line gave (`pw-run --backend ray`), which a
+    script's own `configure` then keeps unless it names them: a script setting its cluster's shape still runs
+    on the backend the command asked for."""
+    global _command_line_options
+    configure(**options)
+    _command_line_options = dict(options)
 
 
 def connect_default(runtime) -> None:

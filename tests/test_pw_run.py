@@ -145,6 +145,23 @@ def test_runs_the_example_on_the_ray_backend():
     assert "Traceback" not in result.stderr
 
 
+def test_a_script_that_configures_its_cluster_keeps_the_backend_of_the_command_line(tmp_path):
+    """`pw-run SCRIPT --backend ray` ran on the embedded backend, saying nothing, when the script set its
+    cluster's shape with `pw.configure` (as examples/rl_loop.py does): its options replaced the command's."""
+    import pytest
+
+    pytest.importorskip("ray")
+    (tmp_path / "shaped.py").write_text(
+        "import numpy as np\nimport pathways_mlir as pw\n"
+        "pw.configure(islands=2, per_island=2)\n"
+        "f = pw.jit(lambda x: x + 1, slice=pw.virtual_slice(2, axes='x', island='island1'))\n"
+        "print(np.asarray(f(np.ones(2, np.float32))).tolist(), type(pw.get_runtime().islands).__name__,\n"
+        "      len(pw.get_runtime().islands))\n")
+    result = pw_run(tmp_path / "shaped.py", "--backend", "ray")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[2.0, 2.0] RayIslands 2", result.stdout
+
+
 def test_a_complex_result_sums_both_its_parts_without_a_warning(tmp_path):
     # The sum was cast to float64: the imaginary part dropped, and NumPy's ComplexWarning on stderr.
     import numpy as np

@@ -3,6 +3,9 @@ back-pressure, shares, conds and traces (8 CPU devices, 2 islands of 4)."""
 
 import collections
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -312,6 +315,30 @@ def test_cond_runs_the_chosen_branch(runtime, plan_builder):
                 data = np.abs(X) * sign
                 [h] = client.run(plan, [data], mode)
                 np.testing.assert_array_equal(np.asarray(h), data + 100.0 * sign)
+
+
+_COND_SCRIPT = """
+import numpy as np
+import pathways_mlir as pw
+s = pw.virtual_slice(1, axes="data")
+positive = pw.jit(lambda a: a.sum() > 3, slice=s)
+t, f = pw.jit(lambda a: a * 2, slice=s), pw.jit(lambda a: -a, slice=s)
+x = np.arange(4, dtype=np.float32)
+for i in range(3):
+    p = pw.program(lambda a: pw.cond(positive(a), t, f, a))        # a new program: its branches compile
+    print(repr(p(x)))                                               # (not read: the cond's thread goes on)
+"""
+
+
+def test_a_script_that_leaves_a_cond_running_exits_cleanly():
+    """A cond's thread outlived `Runtime.close`: left running at the interpreter's exit (here compiling the
+    branch of a run nobody read), which kills such a thread amid XLA's code, it aborted the script ("FATAL:
+    exception not rethrown", exit status 134, in most runs; found by a fault finder). `close` now waits for
+    those threads."""
+    for _ in range(3):
+        result = subprocess.run([sys.executable, "-c", _COND_SCRIPT], capture_output=True, text=True, timeout=300,
+                                env={k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PW_CLUSTER")})
+        assert result.returncode == 0 and "FATAL" not in result.stderr, (result.returncode, result.stderr[-2000:])
 
 
 def test_trace_has_a_track_per_device(runtime, tmp_path, plan_builder):
