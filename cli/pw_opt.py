@@ -90,11 +90,15 @@ def process_chunk(chunk: Chunk, passes: list[Pass], print_ir_after_all: bool, ge
 
 def _plan_json(module, program: str | None, filename: str) -> str:
     """The plan JSON (`ProgramPlan.to_json`) of one program of a lowered module."""
+    from pathways_mlir.dialect import ops
     from pathways_mlir.dialect.phases import holds_plans
     from pathways_mlir.passes import program_plans
 
     from .pw_run import select_program
 
+    if not ops.programs(module):
+        raise UsageError(f"{filename}: error: --emit=plan-json writes a program's plan, but the module has no "
+                         "program (a func.func marked pw.program)")
     if not holds_plans(module):
         raise UsageError(f"{filename}: error: --emit=plan-json needs a module with plans: add --pw-lower "
                          "(for example --pw-lower=topology=2x4)")

@@ -114,12 +114,20 @@ class DiagnosticEngine:
 
 
 def from_mlir_error(error: ir.MLIRError) -> list[Diagnostic]:
-    """Converts the diagnostics that MLIR attached to an exception."""
-    def convert(info, severity: str) -> Diagnostic:
-        notes = tuple(convert(n, "note") for n in info.notes)
-        return Diagnostic(severity, SourceLocation.of(info.location), info.message, notes)
+    """Converts the diagnostics that MLIR attached to an exception, one line each: a note is said in its
+    error's message, and MLIR's "see current operation" (the op printed in full: hundreds of lines for a
+    program) is left out."""
+    def convert(info) -> Diagnostic:
+        message = info.message
+        for note in info.notes:
+            if note.message.startswith("see current operation"):
+                continue
+            at = SourceLocation.of(note.location)
+            where = f" at line {at.line}" if at.line else ""
+            message += f" ({note.message.splitlines()[0] if note.message else 'note'}{where})"
+        return Diagnostic("error", SourceLocation.of(info.location), message)
 
-    diagnostics = [convert(d, "error") for d in error.error_diagnostics]
+    diagnostics = [convert(d) for d in error.error_diagnostics]
     if not diagnostics:
         diagnostics = [Diagnostic("error", SourceLocation("", 0, 0), str(error))]
     return diagnostics

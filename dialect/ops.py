@@ -455,6 +455,11 @@ def is_executable(op: ir.Operation) -> bool:
     return op.name == "builtin.module" and EXECUTABLE in op.attributes
 
 
+def is_plan(op: ir.Operation) -> bool:
+    """True for a `builtin.module` marked `pw.island_plan` or `pw.host_plan`."""
+    return op.name == "builtin.module" and (ISLAND_PLAN in op.attributes or HOST_PLAN in op.attributes)
+
+
 def is_program(op: ir.Operation) -> bool:
     """True for a `func.func` marked `pw.program`."""
     return op.name == "func.func" and PROGRAM in op.attributes

@@ -84,22 +84,20 @@ MADE_BY: dict[str, str] = {
 def holds_plans(module) -> bool:
     """Whether the module holds plans (`pw.host_plan` or `pw.island_plan` modules): what a reader asks to
     know whether IR was lowered to plans already, without checking it."""
-    return any(op.name == "builtin.module" and (ops.ISLAND_PLAN in op.attributes or ops.HOST_PLAN in op.attributes)
-               for op in ops.top_level_ops(module))
+    return any(ops.is_plan(op) for op in ops.top_level_ops(module))
 
 
-def phase_problems(module, phase: Phase, plans: bool = True):
-    """Yields (op, message) for every op of `module` (top level, program bodies, plan modules unless not
-    `plans`: a pass that replaces them) that is not legal in `phase`, lacks a mark that `phase` requires, or
-    (from the lowered phase on) uses an operand somewhere other than where it lives. Requires IR that passes
-    pw-verify."""
+def phase_problems(module, phase: Phase):
+    """Yields (op, message) for every op of `module` (top level, program bodies, plan modules) that is not
+    legal in `phase`, lacks a mark that `phase` requires, or (from the lowered phase on) uses an operand
+    somewhere other than where it lives. Requires IR that passes pw-verify."""
     yield from _missing(module.operation, "the module", MODULE_MARKS, phase)
     if phase.rank >= Phase.PLANNED.rank and ops.programs(module) and not holds_plans(module):
         yield module.operation, (f"the module has no plans, which the {phase} phase requires "
                                  f"({MADE_BY[Phase.PLANNED]} writes them)")
     for op in ops.top_level_ops(module):
         if op.name == "builtin.module":             # a plan, an executable (not pw's), or other IR
-            if plans and (ops.ISLAND_PLAN in op.attributes or ops.HOST_PLAN in op.attributes):
+            if ops.is_plan(op):
                 yield from _plan_ops(op, phase)
         elif ops.is_program(op):
             yield from _missing(op, f"program @{ops.symbol_name(op)}", PROGRAM_MARKS, phase)

@@ -74,7 +74,8 @@ class Sharding:
         return tuple(d // w for d, w in zip(shape, self.dim_ways(axis_sizes)))
 
     def problems(self, shape: Sequence[int], axis_sizes: Mapping[str, int]) -> list[str]:
-        """Returns why this sharding cannot split a tensor of `shape` (empty if it can)."""
+        """Returns why this sharding cannot split a tensor of `shape` (empty if it can): a tensor of no
+        elements is replicated (`zero_size`)."""
         if self.rank != len(shape):
             return [f"sharding {self} has rank {self.rank} but the tensor has rank {len(shape)}"]
         problems = []
@@ -91,6 +92,9 @@ class Sharding:
             if size % ways:
                 problems.append(f"dimension {dim} of size {size} is split {ways} ways by {self}, "
                                 f"which does not divide it")
+        if zero_size(shape) and used:
+            problems.append(f"shape {list(shape)} has no elements but is split by {self}: a zero-size value is "
+                            f"replicated")
         return problems
 
     def __str__(self) -> str:

@@ -145,10 +145,19 @@ def _check_values(op: ir.Operation, what: str, groups: tuple[ValueGroup, ...], t
 
 def _unreadable(op: ir.Operation) -> list[str]:
     """Returns a problem for each attribute of `op` (at any depth) that the bindings cannot read: a
-    TypeError when it is looked up. Only names are listed and entries looked up: a `NamedAttribute`'s
-    `.attr` of such an attribute aborts the process instead."""
+    TypeError when it is looked up, or an integer outside the i64 range that pw reads (reading one of more
+    than 64 bits aborts the process, and a ui64 from 2**63 on is read as negative). Only names are listed
+    and entries looked up: a `NamedAttribute`'s `.attr` of such an attribute aborts the process instead."""
     def look(attr: ir.Attribute) -> None:
-        if isinstance(attr, ir.DictAttr):
+        if isinstance(attr, ir.IntegerAttr):
+            type_ = attr.type
+            if isinstance(type_, ir.IntegerType) and type_.width > 64:
+                raise TypeError(f"it is an integer of {type_.width} bits, and pw reads integers "
+                                f"of at most 64 bits")
+            if isinstance(type_, ir.IntegerType) and type_.is_unsigned and attr.value < 0:
+                raise TypeError(f"they read {attr.value + (1 << 64)} : {type_} as {attr.value}, and pw reads "
+                                f"integers of the i64 range")
+        elif isinstance(attr, ir.DictAttr):
             for name in [attr[i].name for i in range(len(attr))]:
                 look(attr[name])
         elif isinstance(attr, ir.ArrayAttr):

@@ -36,6 +36,12 @@ from typing import Any, Mapping
 from .input_files import parse_json, read_text
 
 
+# The islands a topology may have: it holds one object per island, and a count far beyond any cluster's
+# (`99999999999999999999x4`) took without bound.
+MAX_ISLANDS = 1 << 12
+MAX_DEVICES = (1 << 63) - 1     # devices of an island: the IR's i64
+
+
 class TopologyError(ValueError):
     """A topology description that is malformed or inconsistent."""
 
@@ -141,6 +147,9 @@ class Topology:
         islands_raw = _field(value, "islands", list, where)
         if not islands_raw:
             raise TopologyError(f"{where}: 'islands' is empty")
+        if len(islands_raw) > MAX_ISLANDS:
+            raise TopologyError(f"{where}: 'islands' has {len(islands_raw)} entries, more than the {MAX_ISLANDS} "
+                                f"a topology may have")
         islands = []
         for n, raw in enumerate(islands_raw):
             at = f"{where}: islands[{n}]"
@@ -155,6 +164,9 @@ class Topology:
                 ici=_link(_field(raw, "ici", Mapping, at), f"{at}.ici"),
                 unavailable=tuple(sorted(set(_device_list(raw.get("unavailable", ()), at)))),
             )
+            if island.num_devices > MAX_DEVICES:
+                raise TopologyError(f"{at}: {island.hosts} hosts of {island.devices_per_host} devices are more "
+                                    f"devices than a 64-bit integer holds (the IR's i64)")
             bad = [d for d in island.unavailable if not 0 <= d < island.num_devices]
             if bad:
                 raise TopologyError(f"{at}: unavailable device {bad[0]} is not in 0..{island.num_devices - 1}")
@@ -184,9 +196,9 @@ class Topology:
     @staticmethod
     def from_option(text: str) -> "Topology":
         """Reads a pass option: `<islands>x<devices>` for uniform CPU islands, else a JSON path."""
-        match = re.fullmatch(r"(\d+)x(\d+)", text)
-        if match and int(match[1]) > 0 and int(match[2]) > 0:
-            return Topology.uniform(int(match[1]), int(match[2]))
+        counts = uniform_counts(text)
+        if counts is not None and min(counts) > 0:
+            return Topology.uniform(*counts)
         if re.fullmatch(r"[-+]?\d*x[-+]?\d*", text) and not os.path.exists(text):
             raise TopologyError(f"topology '{text}': expected ISLANDSxDEVICES, two positive integers such as 2x4, "
                                 "or a topology JSON file")
@@ -202,6 +214,21 @@ class Topology:
         return Topology(tuple(
             Island(f"island{i}", device_kind, hosts_per_island, devices_per_island // hosts_per_island,
                    device_memory_bytes, ici) for i in range(islands)), dcn)
+
+
+def uniform_counts(text: str) -> tuple[int, int] | None:
+    """Reads `<islands>x<devices>`: the two counts, or None for other text. Raises TopologyError for more than
+    `MAX_ISLANDS` islands or `MAX_DEVICES` devices an island, as the JSON form does."""
+    match = re.fullmatch(r"(\d+)x(\d+)", text)
+    if match is None:
+        return None
+    # By their digits first: int() refuses a string of more than 4300.
+    if len(match[1].lstrip("0")) > 6 or int(match[1]) > MAX_ISLANDS:
+        raise TopologyError(f"topology '{text:.60}': more than the {MAX_ISLANDS} islands a topology may have")
+    if len(match[2].lstrip("0")) > 19 or int(match[2]) > MAX_DEVICES:
+        raise TopologyError(f"topology '{text:.60}': more devices an island than a 64-bit integer holds "
+                            f"(the IR's i64)")
+    return int(match[1]), int(match[2])
 
 
 def _field(raw: Mapping, key: str, kind, where: str):

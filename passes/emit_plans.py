@@ -18,11 +18,12 @@ follow `pw.order` across the whole module, so they are unique and an island
 running steps in increasing id keeps the consistent order even between
 programs; `after` lists the steps that produce a step's inputs (a
 `pw.recv` waits for its `pw.send`).
-Earlier plans of the module are replaced. `dialect.plan_reader.program_plans`
-turns the result into `ProgramPlan`s (dialect/plan.py) that serialise to JSON.
+`dialect.plan_reader.program_plans` turns the result into `ProgramPlan`s
+(dialect/plan.py) that serialise to JSON.
 
 Requires: the scheduled phase (pw-insert-transfers, pw-mark-static-subgraphs,
-pw-schedule); no program may reach itself through branches.
+pw-schedule), and a module without plans (writing them again would drop
+pw-plan-memory's frees and peaks); no program may reach itself through branches.
 
     // before (a on island0, b on island1)
     %0 = "pw.compute"(%x) {callee = @f, slice = @a, pw.order = 0, ...}
@@ -168,10 +169,6 @@ class _ProgramEmitter:
                 build(**attributes, loc=loc)
 
 
-def _is_plan(op: ir.Operation) -> bool:
-    return op.name == "builtin.module" and (ops.ISLAND_PLAN in op.attributes or ops.HOST_PLAN in op.attributes)
-
-
 def _check(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
     """Reports what pw-emit-plans requires beyond its phase (no program reaches itself through conds, a
     topology that reads); True if nothing."""
@@ -198,7 +195,6 @@ def _check(module: ir.Operation, diagnostics: DiagnosticEngine) -> bool:
 class EmitPlansPass(Pass):
     __doc__ = __doc__
     name = "pw-emit-plans"
-    replaces_plans = True
     summary = "Emit one plan per island (and a host plan) for every program, in schedule order"
     needs_verified_input = True
     requires_phase = Phase.SCHEDULED
@@ -206,8 +202,6 @@ class EmitPlansPass(Pass):
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if not _check(module, diagnostics):
             return
-        for op in [op for op in ops.top_level_ops(module) if _is_plan(op)]:
-            op.erase()
         slices = ops.virtual_slices(module)
         placements = {op_name: ops.attr(op, ops.PLACEMENT) for op in ops.top_level_ops(module)
                       if (op_name := ops.symbol_name(op)) in slices}

@@ -98,7 +98,7 @@ def instantiate(name: str, given: dict[str, str]) -> list[Pass]:
         if name in PIPELINES:
             return PIPELINES[name].from_text(given)
     except OptionError as e:
-        raise PipelineError(str(e) if name in PASSES else f"{e} (in '{name}')") from None
+        raise PipelineError(str(e) if name in PASSES or ": error: " in str(e) else f"{e} (in '{name}')") from None
     known = ", ".join(sorted([*PASSES, *PIPELINES]))
     raise PipelineError(f"'{name}' is not a registered pass or pipeline (known: {known})")
 
@@ -165,13 +165,12 @@ def run_passes(module: ir.Module, passes: list[Pass], diagnostics: DiagnosticEng
                 verified.append(True)
             phase = instance.requires_phase
             if phase is not None and phase not in phased and (verify_each or not changed):
-                planned = phase.rank < Phase.PLANNED.rank and holds_plans(op)
-                if planned and not instance.replaces_plans:         # (one line, not one per plan op)
+                if phase.rank < Phase.PLANNED.rank and holds_plans(op):      # (one line, not one per plan op)
                     diagnostics.error(op, f"{instance.name} runs on programs before their plans exist, but this "
                                           f"module holds plans already (pw-emit-plans has run)")
                     mlir_pass.signal_pass_failure()
                     return
-                for at, message in phase_problems(op, phase, plans=not planned):
+                for at, message in phase_problems(op, phase):
                     diagnostics.error(at, f"{message}, before {instance.name}")
                 if diagnostics.error_count > before:
                     mlir_pass.signal_pass_failure()

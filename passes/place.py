@@ -396,8 +396,9 @@ class PlacePass(Pass):
         if self.topology:
             try:
                 self.given_topology = Topology.from_option(self.topology)
-            except TopologyError as e:
-                raise OptionError(f"option 'topology' of 'pw-place': {e}") from None
+            except TopologyError as e:       # one that names its place in the file is said as it is
+                raise OptionError(str(e) if ": error: " in str(e) else f"option 'topology' of 'pw-place': {e}") \
+                    from None
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         if holds_plans(module) or _values_moved(module):

@@ -108,7 +108,6 @@ class Pass:
     # The phase of lowering the pass reads (`dialect/phases.py`): the driver runs pw-verify's and
     # pw-verify-phase's checks first and runs the pass only on IR in that phase.
     requires_phase: ClassVar[Phase | None] = None
-    replaces_plans: ClassVar[bool] = False     # it writes the module's plans anew (its phase check skips them)
     # False for a pass that only checks the module: the driver does not run the
     # structural verifier or MLIR's again after it once an earlier pass's result passed.
     changes_ir: ClassVar[bool] = True

@@ -6,7 +6,8 @@ pass checks meaning, reporting each problem at the op at fault:
 - slices: one axis name per mesh dimension, unique, sizes positive, known
   constraints with values of the right kind, an elastic range
   (`min_shape`, `max_shape`) of the shape's rank around it; placements (`pw.placement`)
-  that name as many devices as the slice has;
+  that name as many devices as the slice has, on an island of the module's
+  `pw.topology` and within its devices when the module has one;
 - symbols: every `callee`, `slice`,
   `then_program`, `else_program`, `src` and `dst` resolves to the right kind;
 - computations: one sharding per operand and result, each naming the slice's
@@ -37,6 +38,7 @@ from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
 from pathways_mlir.dialect.homes import Home, result_homes
 from pathways_mlir.dialect.sharding import Sharding
+from pathways_mlir.dialect.topology import TopologyError
 
 from .registry import Pass, register
 
@@ -58,6 +60,10 @@ class _Checker:
         self.slices: dict[str, ops.VirtualSlice] = {}
         self.symbols: dict[str, ir.Operation] = {}
         self.entries: dict[str, ir.Operation | None] = {}   # each compiled function's entry, by name
+        try:
+            self.topology = ops.module_topology(module)
+        except TopologyError:
+            self.topology = None      # malformed: reported by the passes that read it
 
     def error(self, op: ir.Operation, message: str) -> None:
         self.diagnostics.error(op, f"'{op.name}' op {message}")
@@ -77,9 +83,33 @@ class _Checker:
                 self.error(op, "is a compiled function without an entry: it needs one func.func, "
                                "or one named @main")
             elif ops.is_program(op):
-                self.check_program(op)
+                blocks = len(op.regions[0].blocks)
+                if blocks == 1:
+                    self.check_program(op)
+                else:
+                    what = f"of {blocks} blocks" if blocks else "without a body"
+                    self.error(op, f"is a program {what}, but a program is one block of pw ops ending in "
+                                   f"func.return")
             elif op.name in ops.PROGRAM_OPS:
                 self.error(op, "must be inside a program (a func.func marked pw.program)")
+            if not (ops.is_executable(op) or ops.is_plan(op)):
+                self.check_nesting(op)
+
+    def check_nesting(self, top: ir.Operation) -> None:
+        """Reports each pw op and program nested in a top-level op other than directly in a program's body
+        (those ops would go unchecked, and lowering would drop them). Executables and plans are not read."""
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            if op == top:
+                return ir.WalkResult.ADVANCE
+            if ops.is_program(top) and op.parent == top:
+                return ir.WalkResult.SKIP      # the body, checked by check_program
+            if op.name.startswith("pw.") or ops.is_program(op):
+                self.error(op, f"is nested in '{op.parent.name}', but slices and programs are at the top level "
+                               f"of the module, and the other pw ops directly in a program's body")
+                return ir.WalkResult.SKIP
+            return ir.WalkResult.ADVANCE
+
+        ops.walk(top, visit, ir.WalkOrder.PRE_ORDER)
 
     def check_slice(self, op: ir.Operation) -> None:
         s = ops.VirtualSlice.from_op(op)
@@ -101,6 +131,8 @@ class _Checker:
                                f"(known: {', '.join(ops.CONSTRAINT_KINDS)})")
             elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 self.error(op, f"slice @{s.name} constraint '{key}' must be a {kind.__name__}")
+            elif key == "min_memory_bytes" and value < 0:
+                self.error(op, f"slice @{s.name} constraint '{key}' must not be negative, not {value}")
         if s.well_formed and all(isinstance(s.constraints.get(k, ()), tuple) for k in ("min_shape", "max_shape")):
             problem = s.range_problem()
             if problem is not None:
@@ -125,6 +157,17 @@ class _Checker:
         count = sum(e - b for b, e in zip(ranges[::2], ranges[1::2]))
         if count != s.size:
             self.error(op, f"slice @{s.name} has {s.size} devices but its placement names {count}")
+        if self.topology is None:
+            return
+        names = [i.name for i in self.topology.islands]
+        if placement["island"] not in names:
+            self.error(op, f"slice @{s.name} is placed on island '{placement['island']}', but the module's "
+                           f"pw.topology has no such island (islands: {', '.join(names)})")
+            return
+        island = self.topology.island(placement["island"])
+        if max(ranges[1::2], default=0) > island.num_devices:
+            self.error(op, f"slice @{s.name} is placed on devices {list(ranges)} (ranges [begin, end)) of "
+                           f"{island.name}, but {island.name} has {island.num_devices} devices")
 
     # -- programs ----------------------------------------------------------
 

@@ -155,3 +155,26 @@ def test_structure_wants_i64_dense_arrays(context):
     [problem] = verify_structure(module)
     assert problem.message == ("'pw.virtual_slice' op attribute 'shape' must be a #builtin.dense_array of i64, "
                                "not array<f32: 2.000000e+00>")
+
+
+def test_a_topology_bounds_its_islands_and_devices_in_either_form():
+    """`<islands>x<devices>` had no bound (one Island object per island: 10**20 islands ran without end; 2**63
+    devices an internal error); the JSON form bounds them as the option does, the product of hosts and devices
+    per host included."""
+    import json
+
+    from pathways_mlir.dialect.topology import MAX_ISLANDS, Topology, TopologyError
+
+    assert len(Topology.from_option(f"{MAX_ISLANDS}x2").islands) == MAX_ISLANDS
+    for text, message in ((f"{MAX_ISLANDS + 1}x2", "more than the 4096 islands"),
+                          ("9" * 5000 + "x2", "more than the 4096 islands"),
+                          (f"1x{1 << 63}", "more devices an island than a 64-bit integer holds")):
+        with pytest.raises(TopologyError, match=message):
+            Topology.from_option(text)
+    value = Topology.uniform(MAX_ISLANDS + 1, 2).to_python()
+    with pytest.raises(TopologyError, match="'islands' has 4097 entries, more than the 4096"):
+        Topology.from_json(json.dumps(value))
+    value = Topology.uniform(1, 2).to_python()
+    value["islands"][0].update(hosts=1 << 62, devices_per_host=4)
+    with pytest.raises(TopologyError, match="islands\\[0\\]: 4611686018427387904 hosts of 4 devices are more devices"):
+        Topology.from_json(json.dumps(value))

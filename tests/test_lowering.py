@@ -106,9 +106,12 @@ def test_relowering_avoids_a_removed_device_and_leaves_the_source_alone(context)
 
 
 def test_lower_keeps_module_attributes_and_replaces_the_topology(context):
+    # (the example's own `module { ... }` taken off: a program in a nested module is refused)
+    body = THREE_BLOCKS[THREE_BLOCKS.index("module {") + len("module {"):THREE_BLOCKS.rindex("}")]
     source = ir.Module.parse(f"module attributes {{pw.origin = \"jax\", pw.topology = "
-                             f"{{islands = [], dcn = {{}}}}}} {{\n{THREE_BLOCKS}\n}}")
+                             f"{{islands = [], dcn = {{}}}}}} {{\n{body}\n}}")
     lowered = lower(source, Topology.uniform(2, 4))
+    assert "three_blocks" in program_plans(lowered), "the program was lowered"
     assert ops.attr(lowered.operation, "pw.origin") == "jax"
     assert ops.module_topology(lowered) == Topology.uniform(2, 4)
 

@@ -191,16 +191,16 @@ def test_fuzzed_lit_inputs_exit_0_or_1():
 
 def test_a_pass_that_runs_before_plans_on_a_planned_module_is_one_error_line(tmp_path, capsys):
     """A pass that reads programs before their plans exist, given a lowered module, reported each plan op as
-    not legal in its phase: 146 lines for a pipeline's plans. It is now one line; pw-emit-plans, which writes
-    the plans anew, runs again."""
+    not legal in its phase: 146 lines for a pipeline's plans. It is now one line, pw-emit-plans's too: writing
+    the plans again dropped pw-plan-memory's frees and peaks, and pw-run ran them reserving no memory."""
     lowered = tmp_path / "lowered.mlir"
     assert pw_opt.main([str(ROOT / "examples" / "three_blocks.mlir"), "--pw-lower=topology=2x4",
                         "-o", str(lowered)]) == 0
     capsys.readouterr()
-    assert pw_opt.main([str(lowered), "--pw-insert-transfers", "-o", str(tmp_path / "again.mlir")]) == 1
-    assert capsys.readouterr().err == (f"{lowered}:1:1: error: pw-insert-transfers runs on programs before their "
-                                       f"plans exist, but this module holds plans already (pw-emit-plans has run)\n")
-    assert pw_opt.main([str(lowered), "--pw-emit-plans", "--pw-verify-plans", "-o", str(tmp_path / "again.mlir")]) == 0
+    for name in ("pw-insert-transfers", "pw-emit-plans"):
+        assert pw_opt.main([str(lowered), f"--{name}", "-o", str(tmp_path / "again.mlir")]) == 1
+        assert capsys.readouterr().err == (f"{lowered}:1:1: error: {name} runs on programs before their plans "
+                                           f"exist, but this module holds plans already (pw-emit-plans has run)\n")
 
 
 def test_pw_plan_memory_before_the_plans_exist_says_which_pass_writes_them(tmp_path, capsys):
@@ -222,6 +222,14 @@ def test_pw_plan_memory_before_the_plans_exist_says_which_pass_writes_them(tmp_p
     ("pw-place{topology=0x4}", "option 'topology' of 'pw-place': topology '0x4': expected ISLANDSxDEVICES"),
     ("pw-lower{strategy=random}", "option 'strategy' of 'pw-place' takes auto, spread or pack, not 'random' "
                                   "(in 'pw-lower')"),
+    # One Island object per island: 99999999999999999999x4 ran without bound, its memory growing.
+    ("pw-lower{topology=99999999999999999999x4}", "option 'topology' of 'pw-place': topology "
+                                                  "'99999999999999999999x4': more than the 4096 islands a topology "
+                                                  "may have (in 'pw-lower')"),
+    # 2**63 devices an island was an internal error (a TypeError of the MLIR bindings writing pw.topology).
+    ("pw-lower{topology=1x9223372036854775808}", "option 'topology' of 'pw-place': topology "
+                                                 "'1x9223372036854775808': more devices an island than a 64-bit "
+                                                 "integer holds (the IR's i64) (in 'pw-lower')"),
 ])
 def test_a_bad_option_names_the_pass_and_the_option(pipeline, message, capsys):
     """A bad topology named neither the pass nor the option (`invalid pass pipeline: 3: cannot read
@@ -230,6 +238,26 @@ def test_a_bad_option_names_the_pass_and_the_option(pipeline, message, capsys):
     assert pw_opt.main([str(source), f"--pass-pipeline=builtin.module({pipeline})", "-o", "-"]) == 1
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"pw-opt: error: invalid pass pipeline: {message}"), line
+
+
+def test_pw_sim_bounds_its_topology_counts_as_pw_opt_does(capsys):
+    """pw-sim's `--topology` builds its islands from the same `<islands>x<devices>` counts: too many islands ran
+    without bound there too."""
+    from pathways_mlir.cli import pw_sim
+
+    source = ROOT / "examples" / "three_blocks.mlir"
+    assert pw_sim.main(["run", str(source), "--topology", "99999999999999999999x4"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "pw-sim: error: --topology: topology '99999999999999999999x4': more than the 4096 islands a topology may have"]
+
+
+def test_plan_json_of_a_module_without_a_program_says_so(tmp_path, capsys):
+    """`--pw-lower=... --emit=plan-json` on a module without a program said to add --pw-lower, which was given."""
+    status, path = run(tmp_path, "module {}\n", "--pw-lower=topology=2x4", "--emit=plan-json")
+    assert status == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: error: --emit=plan-json writes a program's plan, but the module has no program (a func.func "
+        f"marked pw.program)"]
 
 
 def test_program_without_plan_json_output_is_refused_not_ignored(capsys):

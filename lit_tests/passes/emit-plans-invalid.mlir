@@ -53,3 +53,22 @@ module {
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
     {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {latency_us = 1.0}}]}} {
 }
+
+// -----
+
+// A module that holds plans: writing them again dropped pw-plan-memory's frees
+// and peaks, and pw-run ran the result reserving no memory.
+// expected-error@below {{pw-emit-plans runs on programs before their plans exist, but this module holds plans already (pw-emit-plans has run)}}
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  %0 = "pw.compute"(%x) {pw.subgraph = 0, pw.order = 0, callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+module @main_host attributes {pw.host_plan = {program = @main, inputs = array<i64: 0>, outputs = array<i64: 1>, subgraphs = [{id = 0, static = true}]}} {
+}
+}

@@ -2,12 +2,16 @@
 // RUN: not pw-opt %s --pw-place=strategy=fair 2>&1 | FileCheck %s --check-prefix=STRATEGY
 // RUN: not pw-opt %s --pw-place=pin=a 2>&1 | FileCheck %s --check-prefix=PIN
 // RUN: not pw-opt %s --pw-place=topology=%t.missing.json 2>&1 | FileCheck %s --check-prefix=FILE
+// RUN: %python -c "open(r'%t.nul.json', 'wb').write(bytes([123, 0, 125]))"
+// RUN: not pw-opt %s --pw-lower=topology=%t.nul.json 2>&1 | FileCheck %s --check-prefix=NUL
 
 // Each case is a slice (or module) pw-place cannot place.
 
 // STRATEGY: option 'strategy' of 'pw-place' takes auto, spread or pack, not 'fair'
 // PIN: pin 'a' of 'pw-place' must be slice=island or slice=island:first_device
 // FILE: missing.json: cannot read topology: No such file or directory
+// A topology file's error at its place is that one line, in the form of every such error.
+// NUL: {{^[^ ]*}}nul.json:1:2: error: topology contains a NUL byte{{$}}
 
 // A slice larger than any island: the error says what it needs and what is free.
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [

@@ -93,6 +93,41 @@ module @f attributes {pw.executable} {
 
 // -----
 
+// A program declaration has no body to check or lower (pw-verify failed with an IndexError).
+// expected-error@below {{'func.func' op is a program without a body, but a program is one block of pw ops ending in func.return}}
+func.func private @decl(tensor<4xf32>) -> tensor<4xf32> attributes {pw.program}
+
+// -----
+
+// Nor are a program's other blocks read: a pw op there went unchecked, and lowering dropped it.
+// expected-error@below {{'func.func' op is a program of 2 blocks, but a program is one block}}
+func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+  return %a : tensor<4xf32>
+^bb1:
+  %0 = "pw.compute"(%a) {callee = @nope, slice = @nope, in_shardings = [], out_shardings = [], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Programs are at the top level of the module, and pw ops directly in their bodies: elsewhere they went
+// unchecked, and lowering dropped them.
+module @inner {
+  // expected-error@below {{'func.func' op is nested in 'builtin.module', but slices and programs are at the top level of the module, and the other pw ops directly in a program's body}}
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+    return %a : tensor<4xf32>
+  }
+  // expected-error@below {{'pw.virtual_slice' op is nested in 'builtin.module'}}
+  "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+}
+func.func @helper(%a: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@below {{'pw.compute' op is nested in 'func.func'}}
+  %0 = "pw.compute"(%a) {callee = @nope, slice = @nope, in_shardings = [], out_shardings = [], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 // Programs hold only pw ops.
 func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
   // expected-error@below {{'arith.addf' op is not allowed in a pw program}}
@@ -431,4 +466,31 @@ module @f attributes {pw.executable} {
 func.func @main(%a: tensor<4xf32> {pw.donated = 1 : i64}) -> tensor<4xf32> attributes {pw.program} {
   %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
   return %0 : tensor<4xf32>
+}
+
+// -----
+
+// A placement is on an island of the module's pw.topology, within its devices
+// (the pipeline failed late, at 1:1, about plan steps).
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 4, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+// expected-error@below {{slice @a is placed on island 'island9', but the module's pw.topology has no such island (islands: island0)}}
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island9", devices = array<i64: 0, 2>}} : () -> ()
+// expected-error@below {{slice @b is placed on devices [3, 5] (ranges [begin, end)) of island0, but island0 has 4 devices}}
+"pw.virtual_slice"() {sym_name = "b", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 3, 5>}} : () -> ()
+}
+
+// -----
+
+// A value of no elements is replicated, as the frontend lays it out: a sharded
+// one passed here, and pw-lower then refused the plans it wrote for it.
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%a: tensor<0x16xf32>) -> tensor<0x16xf32> { return %a : tensor<0x16xf32> }
+}
+func.func @main(%a: tensor<0x16xf32>) -> tensor<0x16xf32> attributes {pw.program} {
+  // expected-error@below {{operand #0 on slice @v0: shape [0, 16] has no elements but is split by [["x"], []]: a zero-size value is replicated}}
+  // expected-error@below {{result #0 on slice @v0: shape [0, 16] has no elements but is split by [["x"], []]: a zero-size value is replicated}}
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "f#0"} : (tensor<0x16xf32>) -> tensor<0x16xf32>
+  return %0 : tensor<0x16xf32>
 }
