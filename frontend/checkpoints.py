@@ -1,9 +1,9 @@
 """Orbax checkpoints of an elastic run's host snapshots: written asynchronously, read back checked.
 
 `Checkpoints` writes each snapshot of `pw.ElasticTrainer` (its state's
-leaves by position; the structure stays with the caller) and survives a
-write that fails; `read_checkpoint` finds the newest intact one to resume
-from.
+leaves by position, each leaf's key path in the step's metadata) and
+survives a write that fails; `read_checkpoint` finds the newest intact one
+to resume from.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ class Checkpoints:
     snapshot to try again (with a new manager: Orbax's keeps raising a failed write's error), or, if
     `strict`, raises CheckpointError."""
 
-    def __init__(self, manager, reopen: Callable[[], Any], directory: str, strict: bool):
+    def __init__(self, manager, reopen: Callable[[], Any], directory: str, strict: bool, paths: list[str]):
         self._manager, self._reopen, self.directory, self.strict = manager, reopen, directory, strict
+        self.paths = paths                   # each leaf's key path (`jax.tree_util.keystr`), which a read checks
         self._writing: int | None = None     # the step of the write in flight (asynchronous)
 
     def save(self, step: int, arrays: list[np.ndarray]) -> None:
@@ -52,7 +53,8 @@ class Checkpoints:
             return
         self._writing = step
         try:
-            self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)))
+            self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)),
+                               custom_metadata={"paths": self.paths})
         except Exception as error:  # noqa: BLE001  (whatever the disk or Orbax raises, reported in one line)
             self._failed(step, error)
 
@@ -93,13 +95,20 @@ class Checkpoints:
 
 
 
+def _key(i: int) -> str:
+    """The name of leaf `i` in a snapshot's Orbax item."""
+    return f"leaf{i:05d}"
+
+
 def _as_item(arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """The Orbax item of a snapshot: its leaves by position (the state's structure stays with the caller)."""
-    return {f"leaf{i:05d}": array for i, array in enumerate(arrays)}
+    """The Orbax item of a snapshot: its leaves by position, but for zero-size ones (which Orbax refuses and
+    `read_checkpoint` makes again from the state's shapes and dtypes)."""
+    return {_key(i): array for i, array in enumerate(arrays) if array.size}
 
 
-def read_checkpoint(directory: str, like: Sequence) -> tuple[int, list[np.ndarray]]:
-    """Returns the step and leaves of the newest checkpoint in `directory`, checked against `like`."""
+def read_checkpoint(directory: str, like: Sequence, paths: Sequence[str]) -> tuple[int, list[np.ndarray]]:
+    """Returns the step and leaves of the newest checkpoint in `directory`, checked against `like`, the state's
+    leaves, and `paths`, their key paths."""
     import orbax.checkpoint as ocp
 
     if not os.path.isdir(directory):
@@ -107,32 +116,45 @@ def read_checkpoint(directory: str, like: Sequence) -> tuple[int, list[np.ndarra
     manager = ocp.CheckpointManager(os.path.abspath(directory))
     try:
         steps = sorted(manager.all_steps(), reverse=True)
-        if not steps:
-            raise ValueError(f"resume_from: {directory} holds no checkpoint")
-        began = time.perf_counter()
-        for step in steps:
-            try:
-                item = manager.restore(step, args=ocp.args.StandardRestore())
-                break
-            except Exception as error:  # noqa: BLE001  (a corrupted checkpoint: any error reading it)
-                reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-                log.warning("skipping the checkpoint %s: it cannot be read (%s: %s)",
-                            os.path.join(directory, str(step)), type(error).__name__, reason)
-        else:
-            raise ValueError(f"resume_from: no checkpoint in {directory} can be read (steps "
-                             f"{', '.join(map(str, steps))})")
     finally:
         manager.close()
-    keys = list(_as_item(like))
-    if sorted(item) != keys:
-        raise ValueError(f"resume_from: the checkpoint of step {step} in {directory} holds {len(item)} arrays, "
-                         f"the state {len(keys)}")
-    leaves = [np.asarray(item[key]) for key in keys]
-    for i, (leaf, x) in enumerate(zip(leaves, like)):
+    if not steps:
+        raise ValueError(f"resume_from: {directory} holds no checkpoint")
+    began = time.perf_counter()
+    for step in steps:
+        try:
+            # A manager per step: once a step directory without its item failed, Orbax's manager expected
+            # several items, and every older checkpoint failed too.
+            with ocp.CheckpointManager(os.path.abspath(directory)) as reader:
+                item = reader.restore(step, args=ocp.args.StandardRestore())
+                saved = (reader.metadata(step).custom_metadata or {}).get("paths")
+            break
+        except Exception as error:  # noqa: BLE001  (a corrupted checkpoint: any error reading it)
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            log.warning("skipping the checkpoint %s: it cannot be read (%s: %s)",
+                        os.path.join(directory, str(step)), type(error).__name__, reason)
+    else:
+        raise ValueError(f"resume_from: no checkpoint in {directory} can be read (steps "
+                         f"{', '.join(map(str, steps))})")
+    # A checkpoint written before the paths were stored has none: its leaves are read by position, as then
+    # (it holds no zero-size leaf either: Orbax refused those).
+    count = len(item) if saved is None else len(saved)
+    if count != len(like):
+        raise ValueError(f"resume_from: the checkpoint of step {step} in {directory} holds {count} arrays, "
+                         f"the state {len(like)}")
+    for i, (theirs, ours) in enumerate(zip(saved or (), paths)):
+        if theirs != ours:
+            raise ValueError(f"resume_from: the checkpoint of step {step} in {directory} holds a state of another "
+                             f"structure: its array {i} is {theirs}, the state's {ours}")
+    leaves = []
+    for i, x in enumerate(like):
         shape, dtype = shape_dtype(x)
-        if leaf.shape != shape or leaf.dtype != dtype:
+        leaf = np.asarray(item[_key(i)]) if _key(i) in item else np.zeros(shape, dtype) if 0 in shape else None
+        if leaf is None or leaf.shape != shape or leaf.dtype != dtype:
+            found = "a zero-size array" if leaf is None else f"{leaf.dtype}{list(leaf.shape)}"
             raise ValueError(f"resume_from: array {i} of the checkpoint of step {step} in {directory} is "
-                             f"{leaf.dtype}{list(leaf.shape)}, the state's {dtype}{list(shape)}")
+                             f"{found}, the state's {dtype}{list(shape)}")
+        leaves.append(leaf)
     log.info("resuming from the checkpoint of step %d in %s (read in %.2f s)", step, directory,
              time.perf_counter() - began)
     return step, leaves

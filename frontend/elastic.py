@@ -34,6 +34,7 @@ import numpy as np
 
 from pathways_mlir.runtime.array_reference import ArrayReference, Reference
 from pathways_mlir.runtime.island_work import IslandLost
+from pathways_mlir.runtime.limits import MAX_SECONDS
 from pathways_mlir.runtime.runtime import Runtime, get_runtime
 
 from .avals import is_extended, wrap_keys
@@ -176,9 +177,9 @@ class ElasticTrainer:
             raise TypeError(f"batch must be a function of the step number, not {type(batch).__name__}")
         for name, value in (("snapshot_every", snapshot_every), ("max_to_keep", max_to_keep),
                             ("max_losses", max_losses)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < MAX_SECONDS:   # (inf overflowed)
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r:.40}")
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be a function on_step(step, metrics), not {type(on_step).__name__}")
@@ -195,13 +196,13 @@ class ElasticTrainer:
             raise ValueError(f"data_slice must be an elastic pw.virtual_slice (a range of sizes), not {data_slice!r}")
         self.step = step
         self.batch = batch
-        self.snapshot_every = snapshot_every
+        self.snapshot_every = int(snapshot_every)
         self.client = client
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        self.max_to_keep = max_to_keep
+        self.max_to_keep = int(max_to_keep)
         self.strict_checkpoints = strict_checkpoints
         self.on_step = on_step
-        self.max_losses = max_losses
+        self.max_losses = int(max_losses)
         self.timeout = timeout
         self.shrink = shrink
         self.data_slice = data_slice
@@ -221,12 +222,13 @@ class ElasticTrainer:
         `steps` steps are done; returns the final state as handles, its device work complete (as host arrays
         when the loss of the final state was recovered from a snapshot of that very step). Raises
         `RuntimeError` after `max_losses` losses in a row."""
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"steps must be a non-negative integer, not {steps!r}")
-        leaves, treedef = jax.tree_util.tree_flatten(state)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+        leaves, paths = [leaf for _, leaf in flat], [jax.tree_util.keystr(path) for path, _ in flat]
         restore = _Restore(treedef, [_key_dtype(leaf) for leaf in leaves], [_weak_scalar(leaf) for leaf in leaves])
         if resume_from is not None:
-            start, host = read_checkpoint(os.fspath(resume_from), leaves)
+            start, host = read_checkpoint(os.fspath(resume_from), leaves, paths)
             if start >= steps:
                 raise ValueError(f"the checkpoint in {os.fspath(resume_from)} is of step {start}: "
                                  f"nothing is left to run for steps={steps}")
@@ -236,7 +238,7 @@ class ElasticTrainer:
         self.start_step, self.recoveries, self.shapes = start, [], {}
         here = resume_from is not None and self.checkpoint_dir is not None and \
             os.path.abspath(os.fspath(resume_from)) == os.path.abspath(self.checkpoint_dir)
-        checkpoints = None if self.checkpoint_dir is None else self._checkpoints(start, here)
+        checkpoints = None if self.checkpoint_dir is None else self._checkpoints(start, here, paths)
         self._snapshots = _Snapshots(start, host, checkpoints, self.timeout)
         try:
             return self._loop(state, [shape_dtype(leaf) for leaf in leaves], treedef, restore, start, steps)
@@ -246,7 +248,7 @@ class ElasticTrainer:
                 checkpoints.close()
 
     def _loop(self, state, specs: list, treedef, restore: "_Restore", done: int, steps: int):
-        snapshots, pending, checked = self._snapshots, None, None
+        snapshots, pending, checked, plan = self._snapshots, None, None, None
         runtime = self.client.runtime if self.client is not None else get_runtime()
         while True:
             try:
@@ -260,7 +262,7 @@ class ElasticTrainer:
                     return state
                 # The state's handles go to the call as they are: on Ray a result stays on its island
                 # (a StoreRef); one that lived on a lost island raises IslandLost in the call.
-                began = time.perf_counter()
+                began, stage = time.perf_counter(), None
                 batch = self._batch(done, runtime)
                 stage = self.step.compiled(state, batch, runtime=runtime)   # lowers again at the call, if due
                 if stage.plan.donated:
@@ -271,7 +273,7 @@ class ElasticTrainer:
                     self._recovered(*pending, began)
                     pending = None
                 state, metrics = self._split(out, treedef, None if checked is stage else specs)
-                checked = stage             # a state the same stage returned is checked already
+                checked, plan = stage, stage.plan    # a state the same stage returned is checked already
                 done += 1
                 if done % self.snapshot_every == 0:
                     snapshots.settle()                       # at most one copy in flight
@@ -280,7 +282,11 @@ class ElasticTrainer:
                     self.on_step(done, metrics)
                 del out, metrics
             except IslandLost as error:
-                pending = self._lost(error, done)
+                # A call that lowered and loaded the program for the islands left before it found the loss did
+                # the replay's lowering (the replay's call finds it done): its time is the recovery's.
+                lowered = time.perf_counter() - began if plan is not None and stage is not None and \
+                    stage.plan is not plan else 0.0
+                pending = self._lost(error, done, lowered)
                 if isinstance(runtime, Runtime):         # a service lowers the replay again if it is refused
                     runtime.await_losses(min(self.timeout, TOPOLOGY_WAIT))
                 done, leaves = snapshots.latest()
@@ -322,9 +328,11 @@ class ElasticTrainer:
                                 f"{dtype}{list(shape)}: give the initial state the dtypes the step returns")
         return state, metrics
 
-    def _lost(self, error: IslandLost, done: int) -> tuple[Recovery, float]:
+    def _lost(self, error: IslandLost, done: int, lowered: float) -> tuple[Recovery, float, float]:
         """Settles the snapshot in flight and starts a recovery from the latest snapshot (or gives up);
-        returns the recovery and when it began."""
+        returns the recovery, when it began, and `lowered`: the seconds the call that found the loss took to
+        lower the program onto the remaining islands first, if it did (the replay's call then finds it
+        lowered)."""
         detected_at, began = time.monotonic(), time.perf_counter()
         try:
             self._snapshots.settle()
@@ -343,26 +351,33 @@ class ElasticTrainer:
                     snapshot_step)    # the message, not the error: a kept log record would keep its frames
         recovery = Recovery(done, snapshot_step, str(error), detected_at, time.perf_counter() - began)
         self.recoveries.append(recovery)
-        return recovery, began
+        return recovery, began, lowered
 
     @staticmethod
-    def _recovered(recovery: Recovery, began: float, call_began: float) -> None:
+    def _recovered(recovery: Recovery, began: float, lowered: float, call_began: float) -> None:
+        """The first replayed step was dispatched: its call began at `call_began`, the recovery at `began`, and
+        the call that found the loss lowered the program for `lowered` seconds before."""
         now = time.perf_counter()
-        recovery.relower_s, recovery.recovery_s = now - call_began, now - began
+        recovery.relower_s, recovery.recovery_s = now - call_began + lowered, now - began + lowered
         log.info("recovered in %.2f s (lowering %.2f s, restore %.2f s): replaying %d step%s",
                  recovery.recovery_s, recovery.relower_s, recovery.restore_s, recovery.replayed,
                  "" if recovery.replayed == 1 else "s")
 
     def _checkpoint_manager(self) -> Any:
-        """A manager of `checkpoint_dir` (writes asynchronously, keeps `max_to_keep`)."""
+        """A manager of `checkpoint_dir` (writes asynchronously, keeps `max_to_keep`). It makes a checkpoint's
+        directory in `save` (on the snapshot thread): made in the background, a directory that could not be made
+        (a file system remounted read-only) or a write refused after it was started left Orbax's threads of that
+        write waiting 300 s for a signal, which kept the process from exiting."""
         import orbax.checkpoint as ocp
 
         return ocp.CheckpointManager(os.path.abspath(self.checkpoint_dir), options=ocp.CheckpointManagerOptions(
-            max_to_keep=self.max_to_keep, enable_async_checkpointing=True))
+            max_to_keep=self.max_to_keep, enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False)))
 
-    def _checkpoints(self, start: int, resumed_here: bool) -> Checkpoints:
-        """The run's checkpoints; refuses a `checkpoint_dir` holding newer ones than `start`, unless the run
-        resumed from it (`resumed_here`): those could not be read, and are deleted, to be written again."""
+    def _checkpoints(self, start: int, resumed_here: bool, paths: list[str]) -> Checkpoints:
+        """The run's checkpoints of a state whose leaves are at `paths`; refuses a `checkpoint_dir` holding newer
+        ones than `start`, unless the run resumed from it (`resumed_here`): those could not be read, and are
+        deleted, to be written again."""
         try:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
         except OSError as error:
@@ -379,7 +394,7 @@ class ElasticTrainer:
             raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints up to step "
                              f"{max(newer)}: resume from it (resume_from=) or use an empty directory")
         return Checkpoints(manager, self._checkpoint_manager, os.path.abspath(self.checkpoint_dir),
-                            self.strict_checkpoints)
+                           self.strict_checkpoints, paths)
 
 
 def _to_host(leaf, timeout: float) -> np.ndarray:

@@ -262,18 +262,19 @@ def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
     return forward_backward
 
 
-def _split(micro_batches: int, ways: int = 1, axis: str | None = None) -> Callable:
-    """Returns the function that cuts a batch into `micro_batches`, each of which `axis` then splits `ways`
-    ways (a pipeline's `batch_axis`)."""
+def _split(micro_batches: int, ways: Sequence[int] = (), axis: str | None = None) -> Callable:
+    """Returns the function that cuts a batch into `micro_batches`, each of which `axis` (a pipeline's
+    `batch_axis`) then splits `ways[s]` ways on stage s (checked for every stage before any stage runs)."""
     def split(batch):
         def cut(a):
             if a.shape[0] % micro_batches:
                 raise ValueError(f"a batch of {a.shape[0]} rows does not split into {micro_batches} "
                                  f"micro-batches")
-            if (a.shape[0] // micro_batches) % ways:
-                raise ValueError(f"a micro-batch of {a.shape[0] // micro_batches} rows ({a.shape[0]} rows over "
-                                 f"{micro_batches} micro-batches) does not split {ways} ways over batch_axis "
-                                 f"'{axis}'")
+            for s, parts in enumerate(ways):
+                if (a.shape[0] // micro_batches) % parts:
+                    raise ValueError(f"a micro-batch of {a.shape[0] // micro_batches} rows ({a.shape[0]} rows over "
+                                     f"{micro_batches} micro-batches) does not split {parts} ways over batch_axis "
+                                     f"'{axis}' (stage {s}'s slice)")
             return a.reshape(micro_batches, a.shape[0] // micro_batches, *a.shape[1:])
         stacked = jax.tree.map(cut, batch)
         return [jax.tree.map(lambda a: a[m], stacked) for m in range(micro_batches)]
@@ -341,16 +342,26 @@ def _replace(tree: Any, path: tuple, sub: Any) -> Any:
 
 
 def _check_tied(tied: Sequence[Sequence[tuple]], stages: int) -> list[list[tuple[int, tuple]]]:
-    """Returns each group of tied parameters as (stage, path) pairs, checking the stages."""
-    groups = []
+    """Returns each group of tied parameters as (stage, path) pairs, checking the stages and that no parameter
+    is named twice, in one group or two, itself or as part of another (its gradient would be summed twice)."""
+    groups, named = [], []
     for group in tied:
         if not isinstance(group, (list, tuple)) or any(not isinstance(e, (list, tuple)) or not e for e in group):
             raise ValueError(f"tied group {group!r} must be a list of (stage, key, ...) tuples, as in "
                              f"tied=[[(0, 'embedding'), (3, 'embedding')]]")
         pairs = [(entry[0], tuple(entry[1:])) for entry in group]
-        if len(pairs) < 2 or any(not isinstance(s, int) or not 0 <= s < stages for s, _ in pairs):
+        if len(pairs) < 2 or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s < stages
+                                 for s, _ in pairs):
             raise ValueError(f"tied group {group!r} must name two or more parameters as (stage, key, ...) "
                              f"with a stage in [0, {stages})")
+        pairs = [(int(s), path) for s, path in pairs]
+        for s, path in pairs:
+            for t, other in named:
+                if s == t and path[:len(other)] == other[:len(path)]:
+                    raise ValueError(f"tied names {(t, *other)!r} and {(s, *path)!r}, one parameter or one inside "
+                                     f"the other: name each parameter once, in one group (one parameter that "
+                                     f"several stages share is one group of them all)")
+            named.append((s, path))
         groups.append(pairs)
     return groups
 
@@ -574,11 +585,10 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
 
     def place(fn, s, in_specs, out_specs):
         return jit(fn, slice=slices[s], in_specs=in_specs, out_specs=out_specs)
-    ways = [1 if batch_axis is None else slices[s].axis_sizes.get(batch_axis, 1) for s in (0, last)]
-    placed = StageFunctions(place(_split(micro_batches, ways[0], batch_axis), 0, rows, rows),
-                            place(_split(micro_batches, ways[1], batch_axis), last, rows, rows),
-                            [place(f if batch_axis is None else
-                                   _rows_first(f, s, batch_axis, slices[s].axis_sizes.get(batch_axis, 1)),
+    ways = [1 if batch_axis is None else s.axis_sizes.get(batch_axis, 1) for s in slices]
+    placed = StageFunctions(place(_split(micro_batches, ways, batch_axis), 0, rows, rows),
+                            place(_split(micro_batches, ways, batch_axis), last, rows, rows),
+                            [place(f if batch_axis is None else _rows_first(f, s, batch_axis, ways[s]),
                                    s, (None, None, rows), (rows, None, None)) for s, f in enumerate(raw.forward)],
                             [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],

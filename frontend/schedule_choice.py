@@ -20,6 +20,7 @@ and the schedules not offered with the reason. The picked step's program is
 
 from __future__ import annotations
 
+import numbers
 import threading
 import weakref
 from dataclasses import dataclass
@@ -72,14 +73,14 @@ class AutoPipeline:
                  memory_bytes: int | None = None):
         from pathways_mlir.sim.profile import Profile, load_profile
 
-        if memory_bytes is not None and (isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int)
-                                         or memory_bytes <= 0):
+        if memory_bytes is not None and (isinstance(memory_bytes, bool)
+                                         or not isinstance(memory_bytes, numbers.Integral) or memory_bytes <= 0):
             raise ValueError(f"memory_bytes must be a positive number of bytes per device, not {memory_bytes!r}")
         if profile is not None and not isinstance(profile, (str, Profile)):
             raise TypeError(f"profile must be a profile name, a JSON path or a sim Profile, not "
                             f"{type(profile).__name__}")
         self._profile = load_profile(profile) if isinstance(profile, str) else profile
-        self._memory_bytes = memory_bytes
+        self._memory_bytes = None if memory_bytes is None else int(memory_bytes)
         self.candidates: dict[str, PipelineProgram] = {}
         self.not_offered: dict[str, str] = {}
         errors = []

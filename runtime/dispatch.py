@@ -42,6 +42,7 @@ from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
 from .executables import ARRAY_TYPE, native_dtype, numpy_dtype
 from .island_work import REFERENCES, RunFailed, debug_checks, raised
+from .limits import MAX_SECONDS
 from .run import Run
 
 if TYPE_CHECKING:
@@ -52,8 +53,9 @@ _PAUSE_MIN, _PAUSE_MAX = 1e-4, 1e-3   # seconds between looks at a run with a de
 
 
 def check_timeout(timeout) -> None:
-    """Raises ValueError in one line unless a run's `timeout` is a positive number of seconds (below 1e9)."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9:
+    """Raises ValueError in one line unless a run's `timeout` is a positive number of seconds (below
+    `MAX_SECONDS`)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < MAX_SECONDS:
         raise ValueError(f"a run's timeout must be a positive number of seconds, not {timeout!r:.40}")
 
 

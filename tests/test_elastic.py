@@ -379,7 +379,16 @@ def test_training_loses_an_island_and_carries_on(rt, caplog, monkeypatch):
     from pathways_mlir.frontend import elastic
 
     monkeypatch.setattr(elastic, "TOPOLOGY_WAIT", 120.0)
-    lost = []
+    lost, loading = [], {}              # a plan's program and islands -> how long its first load took (compiling)
+    load = rt.load
+
+    def timed(plan):
+        began = time.perf_counter()
+        loaded = load(plan)
+        loading.setdefault((plan.program, tuple(plan.islands)), time.perf_counter() - began)
+        return loaded
+
+    monkeypatch.setattr(rt, "load", timed)
 
     def lose_at_step_7(n, metrics):
         if n == 7 and not lost:
@@ -394,6 +403,10 @@ def test_training_loses_an_island_and_carries_on(rt, caplog, monkeypatch):
         [recovery] = trainer.recoveries
         assert (recovery.step, recovery.snapshot_step, recovery.replayed) == (7, 6, 1)
         assert 0 < recovery.relower_s <= recovery.recovery_s < 30 and recovery.restore_s >= 0
+        # The call that found the loss lowered and loaded the step on the other island first (the replay found
+        # it done): that is the recovery's (found by a fault finder: relower_s was about 0).
+        plan = train_step.compiled(init(), batch(0), runtime=rt).plan
+        assert recovery.relower_s >= loading[plan.program, tuple(plan.islands)]
         assert training_island(rt) not in lost
         assert_same_params(got, plain_jax(12))
         assert holds_only(rt, got)
@@ -576,6 +589,35 @@ def test_a_full_disk_keeps_training_and_snapshots(rt, small_disk, caplog):
     assert settled(rt, WAIT)
 
 
+def test_failed_writes_leave_no_orbax_thread_behind(rt, small_disk, caplog):
+    """Orbax made a checkpoint's directory in the background: once the file system was remounted read-only, each
+    failed write left Orbax's threads of that write (non-daemon) waiting 300 s for a signal, so the process could
+    not exit, and Orbax logged their errors with tracebacks."""
+    def read_only_after_step_1(n, metrics):         # before the first write starts: none is in flight
+        if n == 1:
+            subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True, capture_output=True,
+                           timeout=30)
+
+    def orbax_threads():
+        return [t.name for t in threading.enumerate() if t not in before and not t.daemon]
+
+    with Client(rt) as client:
+        trainer = pw.ElasticTrainer(train_step, batch, snapshot_every=2, client=client, checkpoint_dir=small_disk,
+                                    on_step=read_only_after_step_1)
+        before = set(threading.enumerate())
+        with caplog.at_level(logging.WARNING, logger="pathways_mlir.elastic"):
+            got = trainer.run(init(), 6)
+        assert_same_params(got, plain_jax(6))
+        failures = elastic_lines(caplog)
+        assert [line.split()[2] for line in failures] == [f"{small_disk}/{step}" for step in (2, 4, 6)], failures
+        assert all(re.fullmatch(rf"the checkpoint {small_disk}/\d+ could not be written \(.+\); the host snapshot is "
+                                r"kept and the next snapshot tries again", line) for line in failures), failures
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]      # no traceback
+        until(lambda: not orbax_threads(), "the threads of the failed writes to end", WAIT)
+        del got
+    assert settled(rt, WAIT)
+
+
 def test_a_corrupted_newest_checkpoint_is_skipped(rt, tmp_path, caplog):
     with Client(rt) as client:
         first = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, checkpoint_dir=tmp_path)
@@ -594,6 +636,87 @@ def test_a_corrupted_newest_checkpoint_is_skipped(rt, tmp_path, caplog):
         with pytest.raises(ValueError, match=rf"^resume_from: no checkpoint in {tmp_path} can be read "
                                              r"\(steps 9, 6\)$"):
             second.run(init(), 10, resume_from=tmp_path)
+        del got
+    assert settled(rt, WAIT)
+
+
+def test_an_empty_or_metadata_only_newest_step_directory_is_skipped(rt, tmp_path, caplog):
+    """A step directory without its item (an interrupted copy of the next checkpoint) made every older, intact
+    checkpoint unreadable too: 'no checkpoint ... can be read (steps 12, 9, 6, 3)'."""
+    with Client(rt) as client:
+        pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client, checkpoint_dir=tmp_path,
+                          max_to_keep=2).run(init(), 7)
+        (tmp_path / "9").mkdir()
+        (tmp_path / "12").mkdir()
+        (tmp_path / "12" / "_CHECKPOINT_METADATA").write_bytes((tmp_path / "6" / "_CHECKPOINT_METADATA").read_bytes())
+        trainer = pw.ElasticTrainer(train_step, batch, snapshot_every=3, client=client)
+        with caplog.at_level(logging.WARNING, logger="pathways_mlir.elastic"):
+            got = trainer.run(init(), 8, resume_from=tmp_path)
+        assert trainer.start_step == 6
+        assert [line.split(":")[0] for line in elastic_lines(caplog)] == [
+            f"skipping the checkpoint {tmp_path / '12'}", f"skipping the checkpoint {tmp_path / '9'}"]
+        assert_same_params(got, plain_jax(8))
+        del got
+    assert settled(rt, WAIT)
+
+
+shift = pw.jit(lambda state, b: (jax.tree_util.tree_map(lambda v: v + b, state), b),
+               slice=pw.virtual_slice(1, axes="x", name="shift"))
+
+
+def one(i):
+    return np.float32(1)
+
+
+def test_resuming_a_state_of_another_structure_is_one_error_line(rt, tmp_path):
+    """Checkpoints kept leaves by position only: a key renamed ('bias' to 'shift', so the leaves sort in another
+    order) loaded 'bias' into 'scale', silently."""
+    with Client(rt) as client:
+        pw.ElasticTrainer(shift, one, snapshot_every=2, client=client, checkpoint_dir=tmp_path).run(
+            {"bias": np.zeros(3, np.float32), "scale": np.full(3, 100, np.float32)}, 2)
+        renamed = {"scale": np.full(3, 100, np.float32), "shift": np.zeros(3, np.float32)}
+        trainer = pw.ElasticTrainer(shift, one, snapshot_every=2, client=client)
+        with pytest.raises(ValueError, match=rf"^resume_from: the checkpoint of step 2 in {tmp_path} holds a state "
+                                             r"of another structure: its array 0 is \['bias'\], the state's "
+                                             r"\['scale'\]$"):
+            trainer.run(renamed, 3, resume_from=tmp_path)
+    assert settled(rt, WAIT)
+
+
+def test_a_checkpoint_without_key_paths_is_read_by_position(rt, tmp_path):
+    """Checkpoints written before the key paths were stored with them still resume, by position."""
+    import orbax.checkpoint as ocp
+
+    with ocp.CheckpointManager(tmp_path) as manager:
+        manager.save(2, args=ocp.args.StandardSave({"leaf00000": np.full(3, 2, np.float32),
+                                                    "leaf00001": np.full(3, 102, np.float32)}))
+    with Client(rt) as client:
+        trainer = pw.ElasticTrainer(shift, one, snapshot_every=2, client=client)
+        got = trainer.run({"bias": np.zeros(3, np.float32), "scale": np.zeros(3, np.float32)}, 3,
+                          resume_from=tmp_path)
+        assert trainer.start_step == 2
+        np.testing.assert_array_equal(np.asarray(got["bias"]), np.full(3, 3, np.float32))
+        np.testing.assert_array_equal(np.asarray(got["scale"]), np.full(3, 103, np.float32))
+        del got
+    assert settled(rt, WAIT)
+
+
+def test_a_state_with_a_zero_size_array_is_checkpointed_and_resumed(rt, tmp_path, caplog):
+    """Orbax refuses zero-size arrays: every write of such a state failed, logged as a failure the next snapshot
+    would retry, and nothing could ever resume."""
+    state = {"w": np.zeros(4, np.float32), "empty": np.zeros((0, 4), np.float32)}
+    with Client(rt) as client:
+        with caplog.at_level(logging.WARNING, logger="pathways_mlir.elastic"):
+            pw.ElasticTrainer(shift, one, snapshot_every=2, client=client, checkpoint_dir=tmp_path).run(state, 4)
+        assert not elastic_lines(caplog)
+        trainer = pw.ElasticTrainer(shift, one, snapshot_every=2, client=client)
+        got = trainer.run(state, 5, resume_from=tmp_path)
+        assert trainer.start_step == 4
+        np.testing.assert_array_equal(np.asarray(got["w"]), np.full(4, 5, np.float32))
+        assert np.asarray(got["empty"]).shape == (0, 4)
+        with pytest.raises(ValueError, match=rf"^resume_from: array 0 of the checkpoint of step 4 in {tmp_path} is a "
+                                             r"zero-size array, the state's float32\[2, 4\]$"):
+            trainer.run(dict(state, empty=np.zeros((2, 4), np.float32)), 5, resume_from=tmp_path)
         del got
     assert settled(rt, WAIT)
 
@@ -656,6 +779,8 @@ def test_a_state_whose_dtypes_change_after_its_first_step_is_refused(rt):
 @pytest.mark.parametrize("option, message", [
     (dict(timeout=None), r"^timeout must be a positive number of seconds, not None$"),
     (dict(timeout="5"), r"^timeout must be a positive number of seconds, not '5'$"),
+    (dict(timeout=float("inf")), r"^timeout must be a positive number of seconds, not inf$"),
+    (dict(max_losses=True), r"^max_losses must be a positive integer, not True$"),
     (dict(on_step=5), r"^on_step must be a function on_step\(step, metrics\), not int$"),
     (dict(client="x"), r"^client must be a pw.Client or a pw.connect\(\) connection, not str$"),
     (dict(checkpoint_dir=__file__), r"^checkpoint_dir .* is not a directory$"),
@@ -663,9 +788,20 @@ def test_a_state_whose_dtypes_change_after_its_first_step_is_refused(rt):
 def test_elastic_trainer_options_are_checked_in_one_line(option, message):
     """These were taken as they came: a TypeError from a comparison, an AttributeError or a call of an int after
     the first step, and a file as `checkpoint_dir` gave Orbax's tracebacks from its threads, then a process that
-    never exited."""
+    never exited; an infinite timeout raised OverflowError from the first wait for a snapshot copy."""
     with pytest.raises((TypeError, ValueError), match=message):
         pw.ElasticTrainer(train_step, batch, snapshot_every=1, **option)
+
+
+def test_numpy_integers_are_taken_as_integers(rt):
+    """`snapshot_every=np.int64(3)` and `run(steps=np.int64(4))` were refused: 'must be a positive integer, not
+    np.int64(3)'."""
+    with Client(rt) as client:
+        trainer = pw.ElasticTrainer(train_step, batch, snapshot_every=np.int64(2), max_to_keep=np.int64(1),
+                                    max_losses=np.int64(1), client=client)
+        assert_same_params(trainer.run(init(), np.int64(4)), plain_jax(4))
+        assert trainer.snapshot_step == 4
+    assert settled(rt, WAIT)
 
 
 def lose_at_step_5_and_resume(rt, client, placed, new_state, batch_of, checkpoint_dir):

@@ -179,8 +179,19 @@ def test_micro_batches_the_batch_axis_cannot_split_are_one_error_line():
     slices = [pw.virtual_slice(2, axes="rows") for _ in range(2)]
     step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=8, batch_axis="rows")
     with pytest.raises(ValueError, match=r"^a micro-batch of 1 rows \(8 rows over 8 micro-batches\) does not "
-                                         r"split 2 ways over batch_axis 'rows'"):
+                                         r"split 2 ways over batch_axis 'rows' \(stage 0's slice\)"):
         step.lower(params, x, target)
+
+
+def test_a_middle_stage_the_micro_batches_cannot_split_over_is_one_error_line():
+    """A middle stage wider along `batch_axis` than a micro-batch's rows gave a PlacementError about an internal
+    function `checked` and a spec P('rows',) the user never wrote."""
+    params, x, target = two_stages(seed=1, rows=8)
+    slices = [pw.virtual_slice(n, axes="rows") for n in (1, 4, 1)]
+    step = pw.pipeline([stage] * 3, slices, loss=mse, micro_batches=4, batch_axis="rows")
+    with pytest.raises(ValueError, match=r"^a micro-batch of 2 rows \(8 rows over 4 micro-batches\) does not "
+                                         r"split 4 ways over batch_axis 'rows' \(stage 1's slice\)"):
+        step.lower(params + params[:1], x, target)
 
 
 def test_batch_and_targets_leaves_without_one_number_of_rows_are_one_error_line():
@@ -345,6 +356,35 @@ def test_tied_parameters_must_exist_and_match_in_shape():
         lower([[(0, "kernel"), (1, "w")]])
     with pytest.raises(ValueError, match=r"^tied group \(0, 'w'\) must be a list of \(stage, key, ...\) tuples"):
         lower([(0, "w"), (1, "w")])
+
+
+@pytest.mark.parametrize("tied, named", [
+    ([[(0, "w"), (0, "w")]], r"\(0, 'w'\) and \(0, 'w'\)"),                            # twice in one group
+    ([[(0, "w"), (1, "w")], [(1, "w"), (2, "w")]], r"\(1, 'w'\) and \(1, 'w'\)"),      # in two groups
+    ([[(0, "w"), (1, "w")], [(2,), (1,)]], r"\(1, 'w'\) and \(1,\)"),                  # inside another
+])
+def test_a_tied_parameter_named_twice_is_one_error_line(tied, named):
+    """Each was taken, and gave wrong gradients: the first doubled stage 0's, the second summed stage 2's into
+    copies 1 and 2 but not into copy 0, so the tied copies drifted apart."""
+    slices = [pw.virtual_slice(1, axes="x") for _ in range(3)]
+    with pytest.raises(ValueError, match=rf"^tied names {named}, one parameter or one inside the other: name each "
+                                         r"parameter once, in one group \(one parameter that several stages share "
+                                         r"is one group of them all\)$"):
+        pw.pipeline([stage] * 3, slices, loss=mse, micro_batches=2, tied=tied)
+
+
+def test_numpy_integers_are_integers_and_booleans_are_not(two_islands):
+    """NumPy integers were refused ('with a stage in [0, 2)', 'not np.int64(1073741824)'), and True was stage 1."""
+    slices = [pw.virtual_slice(1, axes="x") for _ in range(2)]
+    params, x, target = two_stages(seed=5, rows=8)
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=np.int64(2), tied=[[(np.int64(0), "b"),
+                                                                                          (np.int64(1), "b")]])
+    _, grads = fetch(step.run(params, x, target, client=two_islands))
+    np.testing.assert_array_equal(grads[0]["b"], grads[1]["b"])
+    pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, schedule="auto", memory_bytes=np.int64(2 ** 30))
+    with pytest.raises(ValueError, match=r"^tied group \[\(True, 'b'\), \(0, 'b'\)\] must name two or more "
+                                         r"parameters as \(stage, key, ...\) with a stage in \[0, 2\)$"):
+        pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, tied=[[(True, "b"), (0, "b")]])
 
 
 def embed_with_mask(params, tokens):
