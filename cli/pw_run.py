@@ -217,8 +217,8 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
         raise RunError(f"{target}: no such file")
     if target.is_dir():
         raise RunError(f"{target}: is a directory: give a .py script, a .mlir file or a .json plan")
-    import pathways_mlir as pw
-    from pathways_mlir.runtime.runtime import configure_from_command_line
+    from pathways_mlir.runtime.runtime import command_line_options, get_runtime
+    from pathways_mlir.runtime.tracing import Tracer
 
     if trace_path == "":
         raise click.BadParameter("an empty path names no file", param_hint="'--trace'")
@@ -228,20 +228,20 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
         raise RunError("--trace records the embedded backend only")
     if trace_path and not pathlib.Path(trace_path).resolve().parent.is_dir():
         raise RunError(f"cannot write {trace_path}: its folder does not exist")
-    configure_from_command_line(emulate_dcn=emulate_dcn, backend=backend)     # a script's configure keeps them
-    runtime = pw.get_runtime()
-    if trace_path:
-        runtime.start_tracing()
-    if target.suffix == ".py":
-        _refuse_ir_options(target)
-        _run_script(target)
-    elif target.suffix in (".mlir", ".json"):
-        _run_ir(target, program, DispatchMode(dispatch), repeat, seed)
-    else:
+    if target.suffix not in (".py", ".mlir", ".json"):
         raise RunError(f"{target}: expected a .py script, a .mlir file or a .json plan")
-    if trace_path:
-        write_output(trace_path, json.dumps(runtime.stop_tracing().to_chrome()), RunError)
-        click.echo(f"trace: {trace_path}")
+    tracer = Tracer() if trace_path else None
+    # A script's own pw.configure keeps these, and the trace (the runtime is made at its first use).
+    with command_line_options(tracer, emulate_dcn=emulate_dcn, backend=backend):
+        if target.suffix == ".py":
+            _refuse_ir_options(target)
+            _run_script(target)
+        else:
+            _run_ir(target, program, DispatchMode(dispatch), repeat, seed)
+        if tracer is not None:
+            get_runtime().stop_tracing()        # (its steps' ends recorded: `Tracer.flush`)
+            write_output(trace_path, json.dumps(tracer.to_chrome()), RunError)
+            click.echo(f"trace: {trace_path}")
 
 
 def _refuse_ir_options(script: pathlib.Path) -> None:

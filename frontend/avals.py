@@ -43,12 +43,17 @@ def aval_of(x: Any) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
     if isinstance(x, np.generic):
         x = np.asarray(x)
-    if not isinstance(x, ARRAYS):
-        raise TypeError(f"expected an array, a scalar or a jax.ShapeDtypeStruct, not {type(x).__name__} {x!r:.80}")
-    if isinstance(x, jax.ShapeDtypeStruct) and not all(isinstance(d, (int, np.integer)) and d >= 0 for d in x.shape):
-        raise TypeError(f"a jax.ShapeDtypeStruct's dimensions are integers of 0 or more, not {tuple(x.shape)}")
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):      # (an abstract value of any kind, as JAX takes it)
+        raise not_an_array(x)
+    if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in x.shape):
+        raise TypeError(f"an abstract value's dimensions are integers of 0 or more, not {tuple(x.shape)}")
     dtype = x.dtype if is_extended(x.dtype) else native_dtype(jax.dtypes.canonicalize_dtype(x.dtype))
     return jax.ShapeDtypeStruct(tuple(x.shape), dtype, weak_type=bool(getattr(x, "weak_type", False)))
+
+
+def not_an_array(x: Any) -> TypeError:
+    """The one-line error for an argument that is neither an array nor a scalar."""
+    return TypeError(f"expected an array, a scalar or a jax.ShapeDtypeStruct, not {type(x).__name__} {x!r:.80}")
 
 
 def has_tracers(tree: Any) -> bool:

@@ -39,7 +39,7 @@ from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import get_runtime
 
-from .avals import ARRAYS, aval_of, has_tracers, is_extended
+from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array
 from .lowered import Lowered
 from .provenance import Site
 from .signature import BindsAsMethod, Call, Signature
@@ -143,7 +143,7 @@ class Compiled:
         if lowered.donated:
             _refuse_bad_donations(lowered, leaves)
         _refuse_unrunnable(lowered, leaves)
-        if not matched:
+        if not matched or any(isinstance(x, jax.core.Tracer) for x in leaves):    # (`.run` inside `jax.jit`)
             _refuse_other_avals(lowered, leaves)
         wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals_flat)]
         # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
@@ -335,7 +335,7 @@ def _leaf_signature(x: Any) -> tuple:
     if isinstance(x, np.generic):
         return (), x.dtype
     if not isinstance(x, ARRAYS):
-        aval_of(x)        # raises its one-line TypeError: neither an array nor a scalar
+        raise not_an_array(x)       # (duck typing let through any object with a shape and a dtype: its run failed)
     _refuse_masked(x)
     return tuple(x.shape), x.dtype, getattr(x, "weak_type", False)
 

@@ -10,6 +10,7 @@ two islands of four devices) or from the last `configure(...)` call.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import heapq
 import numbers
 import queue
@@ -387,11 +388,12 @@ class Runtime:
         """Returns how many executables the islands have compiled."""
         return sum(island.compilations() for island in self.islands.values())
 
-    def start_tracing(self) -> Tracer:
-        """Starts recording a trace of every step executed from now on (embedded backend)."""
+    def start_tracing(self, tracer: Tracer | None = None) -> Tracer:
+        """Starts recording a trace of every step executed from now on (embedded backend), into `tracer` if
+        given (one trace may span runtimes: `command_line_options`)."""
         if not self.islands.traces:
             raise RuntimeError("traces are recorded by the embedded backend only")
-        self.tracer = Tracer()
+        self.tracer = tracer or Tracer()
         for island in self.islands.values():
             island.tracer = self.tracer
         return self.tracer
@@ -429,7 +431,8 @@ class Runtime:
 
 _default: Runtime | None = None
 _default_options: dict = {}
-_command_line_options: dict = {}      # (`configure_from_command_line`)
+_command_line_options: dict = {}              # (`command_line_options`)
+_command_line_tracer: Tracer | None = None
 _default_lock = threading.RLock()    # reentrant: closing a connection (pw.connect) forgets it as the default
 
 
@@ -490,13 +493,19 @@ def configure(**options) -> None:
         _default_options = options
 
 
-def configure_from_command_line(**options) -> None:
-    """`configure`s the default runtime with options a command line gave (`pw-run --backend ray`), which a
-    script's own `configure` then keeps unless it names them: a script setting its cluster's shape still runs
-    on the backend the command asked for."""
-    global _command_line_options
+@contextlib.contextmanager
+def command_line_options(tracer: Tracer | None = None, **options):
+    """In the block, the default runtime takes the options a command line gave (`pw-run --backend ray`), also
+    once a script's own `configure` replaces it (unless it names them: a script setting its cluster's shape
+    still runs on the backend the command asked for), and records its steps into `tracer`, if given. The
+    default runtime is made when first used, so a script's `configure` still asks XLA for its devices."""
+    global _command_line_options, _command_line_tracer
     configure(**options)
-    _command_line_options = dict(options)
+    _command_line_options, _command_line_tracer = dict(options), tracer
+    try:
+        yield
+    finally:
+        _command_line_options, _command_line_tracer = {}, None
 
 
 def connect_default(runtime) -> None:
@@ -525,6 +534,8 @@ def get_runtime() -> Runtime:
         if _default is None:
             _default = Runtime(**_default_options)
             atexit.register(_close_default)
+            if _command_line_tracer is not None:
+                _default.start_tracing(_command_line_tracer)
         return _default
 
 

@@ -385,10 +385,26 @@ def test_an_abstract_argument_of_a_negative_or_non_integer_dimension_is_refused_
     s = pw.virtual_slice(1, axes="data")
     double = pw.jit(lambda a: a * 2, slice=s)
     for shape in ((2, -1), (2.5,)):
-        with pytest.raises(TypeError, match=rf"^lambda at .*: example argument\[0\]\[0\]: a jax.ShapeDtypeStruct's "
+        with pytest.raises(TypeError, match=rf"^lambda at .*: example argument\[0\]\[0\]: an abstract value's "
                                             rf"dimensions are integers of 0 or more, not {re.escape(str(shape))}$"):
             double.lower(jax.ShapeDtypeStruct(shape, jnp.float32))
     assert double.lower(jax.ShapeDtypeStruct((np.int64(2), 0), jnp.float32)).as_text()
+
+
+def test_lower_takes_any_object_with_a_shape_and_a_dtype_as_jax_does():
+    """`jax.jit(f).lower` takes any object with `shape` and `dtype` as an abstract argument; pw's `.lower` refused
+    one once calls were made to refuse such objects as arguments (found by a review). A call still refuses it."""
+    class Spec:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, dtype
+
+    s = pw.virtual_slice(1, axes="data")
+    double = pw.jit(lambda a: a * 2, slice=s)
+    spec = Spec((4,), np.dtype(np.float32))
+    [ours], [jaxs] = double.lower(spec).in_avals_flat, jax.jit(double.fn).lower(spec).in_avals[0]
+    assert (ours.shape, ours.dtype) == (jaxs.shape, jaxs.dtype) == ((4,), np.float32)
+    with pytest.raises(TypeError, match=r"expected an array, a scalar or a jax.ShapeDtypeStruct, not Spec"):
+        double(spec)
 
 
 def test_a_python_int_step_counter_as_in_jax_mnist_example():
@@ -1285,6 +1301,10 @@ def test_a_compiled_stage_called_inside_a_jax_transformation_refuses_its_tracers
     with pytest.raises(TypeError, match=r"^argument leaf 0 of program @lambda is a JAX tracer: a compiled program "
                                         r"cannot be called inside a JAX transformation"):
         jax.jit(lambda v: compiled(v))(x)
+    placed = pw.jit(lambda a: a * 2, slice=pw.virtual_slice(1, axes="x"))
+    for dispatch in ("parallel", "sequential"):              # `.run`, which asks for a run (found by a review)
+        with pytest.raises(TypeError, match=r"^argument leaf 0 of program @lambda is a JAX tracer"):
+            jax.jit(lambda v: placed.run(v, dispatch=dispatch))(x)
 
 
 def test_a_compiled_stage_refuses_a_key_of_another_implementation_or_raw_key_data_as_jax_jits_does():

@@ -162,6 +162,41 @@ def test_a_script_that_configures_its_cluster_keeps_the_backend_of_the_command_l
     assert result.stdout.strip().splitlines()[-1] == "[2.0, 2.0] RayIslands 2", result.stdout
 
 
+def test_a_script_configuring_a_larger_cluster_runs_and_is_traced(tmp_path):
+    """pw-run made the default runtime before it ran the script: JAX started with PW_CLUSTER's devices, so a
+    script whose pw.configure asks for more failed with a ClusterError (`python script.py` ran it), and its
+    trace, started on the runtime the script replaced, was empty (found by a review). The runtime is now made at
+    its first use, with the trace."""
+    (tmp_path / "larger.py").write_text(
+        "import numpy as np\nimport pathways_mlir as pw\n"
+        "pw.configure(islands=3, per_island=2)\n"
+        "def plus(x):\n    return x + 1\n"
+        "f = pw.jit(plus, slice=pw.virtual_slice(2, axes='x', island='island2'))\n"
+        "print(np.asarray(f(np.ones(2, np.float32))).tolist())\n")
+    trace = tmp_path / "t.json"
+    result = pw_run(tmp_path / "larger.py", "--trace", trace, env={**os.environ, "PW_CLUSTER": "1x1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[0] == "[2.0, 2.0]"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert [e["name"] for e in events if e["ph"] == "X"] == ["plus#0", "plus#0"], events     # one per device
+
+
+def test_pw_runs_options_do_not_outlive_it_in_its_process(tmp_path):
+    """`pw_run.main` called in a process (as a test does) left its options to every later pw.configure there:
+    pw.configure(islands=2, per_island=2) after it still got emulate_dcn=True (found by a review)."""
+    import pathways_mlir as pw
+    from pathways_mlir.cli import pw_run as command
+    from pathways_mlir.runtime import runtime
+
+    (tmp_path / "nothing.py").write_text("pass\n")
+    try:
+        assert command.main([str(tmp_path / "nothing.py"), "--emulate-dcn"]) == 0
+        pw.configure(islands=2, per_island=2)
+        assert runtime._default_options == {"islands": 2, "per_island": 2}
+    finally:
+        pw.configure()
+
+
 def test_a_complex_result_sums_both_its_parts_without_a_warning(tmp_path):
     # The sum was cast to float64: the imaginary part dropped, and NumPy's ComplexWarning on stderr.
     import numpy as np
