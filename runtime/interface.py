@@ -112,8 +112,10 @@ class IslandEndpoint(Protocol):
     def fail_run(self, run_id: int, error: BaseException) -> None:
         """Fails a run here because it failed elsewhere (or was cancelled)."""
 
-    def run_done(self, run_id: int) -> bool:
-        """Whether a run's work here is over (dispatched, and its device work finished)."""
+    def run_done(self, run_id: int, patient: bool = False) -> bool:
+        """Whether a run's work here is over (dispatched, and its device work finished). An island in another
+        process that does not answer in time says no: a poll waits briefly, a `patient` look (before a cancel,
+        which loses a result that was over) as long as a status request."""
 
     def failure(self, run_id: int) -> BaseException | None:
         """The error a run failed with here, as far as this island knows now (no wait), else None."""

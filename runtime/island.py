@@ -379,10 +379,11 @@ class Island(IslandExecutor):
         One dict read, no lock needed."""
         return self._failed.get(run_id)
 
-    def run_done(self, run_id: int) -> bool:
+    def run_done(self, run_id: int, patient: bool = False) -> bool:
         """Returns whether the run's work here is over (dispatched, and its device work finished), as the
-        completion tracker sees it (it looks first). Reads without the lock: a run only ever goes from
-        `_runs` to `_in_flight` (which `_finish` adds it to before it leaves `_runs`) to neither."""
+        completion tracker sees it (it looks first; at once, `patient` or not). Reads without the lock: a run
+        only ever goes from `_runs` to `_in_flight` (which `_finish` adds it to before it leaves `_runs`) to
+        neither."""
         if run_id in self._runs:
             return False
         if run_id not in self._in_flight:

@@ -222,7 +222,7 @@ class Runtime:
         error = error or RunCancelled(f"run {run.id} of {run.plan.program} was cancelled")
         if self.scheduler.cancel(run, error):
             return True
-        if run.error is not None or self.run_done(run):
+        if run.error is not None or self.run_done(run, patient=True):    # (a result over is not lost)
             return False
         self.fail_run(run, error)
         return True
@@ -251,7 +251,7 @@ class Runtime:
                 while self._deadlines and self._deadlines[0][0] <= now:
                     expired.append(heapq.heappop(self._deadlines)[2]())
             for run in expired:
-                if run is not None and run.error is None and not self.run_done(run):
+                if run is not None and run.error is None:       # (`cancel` looks whether it is over)
                     self.cancel(run, RunCancelled(f"run {run.id} of {run.plan.program} did not finish within "
                                                   f"its deadline: cancelled"))
             wedge_timeout = self.wedge_timeout   # (read once: a caller may set it to None meanwhile)
@@ -331,9 +331,9 @@ class Runtime:
             raise ValueError(f"there is no island '{name}' (islands: {', '.join(self.islands)})")
         return self.islands[name]
 
-    def run_done(self, run: Run) -> bool:
-        """Returns whether a run's work is over on every island."""
-        return run.admitted and all(self.islands[island].run_done(run.id) for island in run.islands)
+    def run_done(self, run: Run, patient: bool = False) -> bool:
+        """Returns whether a run's work is over on every island (see the islands' `run_done` for `patient`)."""
+        return run.admitted and all(self.islands[island].run_done(run.id, patient) for island in run.islands)
 
     def wait(self, run: Run, timeout: float | None = None) -> None:
         """Waits until a run's work is over on every island; raises its error if it failed (one that lost

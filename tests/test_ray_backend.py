@@ -710,6 +710,24 @@ def test_an_island_actor_that_stalls_bounds_status_close_and_deadlines(ray_runti
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
 
 
+def test_a_run_over_before_its_deadline_is_kept_though_its_actor_answers_late(ray_runtime):
+    """The run is over on island1's actor well before its deadline, and the actor stalls from before the
+    deadline until 5 s after it. A look that had no answer within 2 s said "not over", and the watchdog
+    cancelled the run, losing its result (found by a review); a look before a cancel waits `STATUS_TIMEOUT`."""
+    with Client(ray_runtime) as client:
+        on_right.compiled(X, runtime=ray_runtime)
+        late = on_right.run(X, client=client, timeout=3)
+        actor = ray.get_actor(island_name("island1"), namespace=NAMESPACE)
+        until(lambda: ray.get(actor.runs_done.remote([late._run.id]), timeout=60), "the run over on the actor", 60)
+        pid = actor_process("island1")
+        try:
+            stop_process(pid, 60)
+            time.sleep(max(0.0, late._run.deadline + 5 - time.monotonic()))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        np.testing.assert_allclose(np.asarray(late.result(60)), np.asarray(jax.jit(bend.fn)(X)), rtol=1e-6)
+
+
 @pytest.mark.parametrize("restored", [False, True], ids=["lost", "lost and restored"])
 def test_a_holder_lost_before_the_pull_fails_the_reader_with_island_lost(ray_runtime, restored):
     """A result kept on island0 is passed to a run on island1 that waits for admission; island0 is lost (and

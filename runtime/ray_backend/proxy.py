@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from .cluster import RayIslands
 
 STATUS_TIMEOUT = 10.0   # seconds an island has to answer a status request
-# Seconds an island has to say which runs are over (answered at once, unless the actor is stalled): a look
-# that gets no answer says "not known to be over", and the deadline watchdog cancels on it.
+# Seconds an island has to say which runs are over to a poll (answered at once, unless the actor is stalled):
+# a look that gets no answer says "not known to be over". One before a cancel waits `STATUS_TIMEOUT`.
 RUNS_DONE_TIMEOUT = 2.0
 RELEASE_BATCH = 64      # queued releases sent in a call of their own once this many wait
 RUNS_DONE_BATCH = 256   # earlier runs asked about with each `runs_done` call
@@ -320,8 +320,9 @@ class RayIsland:
         inside the actor: `run_done` and `wait_run` learn that with the run's end), else None."""
         return self._failed.get(run_id)
 
-    def run_done(self, run_id: int) -> bool:
-        """Returns whether the run's work here is over. One request also asks about every run started
+    def run_done(self, run_id: int, patient: bool = False) -> bool:
+        """Returns whether the run's work here is over: not if the actor does not answer within
+        `RUNS_DONE_TIMEOUT` seconds (`STATUS_TIMEOUT`, `patient`). One request also asks about every run started
         earlier that is not known to be over, and the answers are kept: the scheduler and the clients poll
         runs in order, so the next questions are answered here. Once the actor is dead, a run is over
         here if it was known to be, or failed, or the island was taken out."""
@@ -331,7 +332,8 @@ class RayIsland:
             with self._lock:
                 others = [r for r in self._runs if r != run_id and r not in self._done][:RUNS_DONE_BATCH]
             try:
-                self._over(self._ask_connection("runs_done", [run_id] + others, RUNS_DONE_TIMEOUT))
+                self._over(self._ask_connection("runs_done", [run_id] + others,
+                                                STATUS_TIMEOUT if patient else RUNS_DONE_TIMEOUT))
                 return run_id in self._done
             except (IslandLost, TimeoutError):
                 pass                         # (not answered in time: not known to be over)
