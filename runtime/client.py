@@ -235,7 +235,7 @@ class Client:
             raise ValueError(f"client {self.id} can share only its own handles, not {handle!r}")
         handle._value(timeout)             # raises if released, donated or failed (its value as fetched)
         self.runtime.wait(handle._run, timeout)
-        self.runtime.scheduler.share(handle._run, handle._buffer)
+        self.runtime.scheduler.share(handle._run, handle._buffer, timeout)
         self._shared.add((handle._run.id, handle._buffer))
         return SharedRef(self.runtime, handle)
 

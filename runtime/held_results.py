@@ -33,7 +33,7 @@ class HeldResults:
                              f"placed function to keep it on an island)")
         if key not in self.held or key in self.unshared:
             raise ValueError(f"buffer {buffer} of run {run.id} of {run.plan.program} cannot be shared: it is "
-                             f"not held on devices (released, or its run failed)")
+                             f"not held on devices (released, its run failed, or its run is not over)")
 
     def release(self, run: Run, buffer: int, donated: bool = False) -> bool:
         """A result's handle was released (`GangScheduler.release_result` marked it in `run.released` first);

@@ -69,6 +69,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -85,6 +86,7 @@ Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   #
 _POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
 _UNTIMED = 64         # untimed runs of one plan kept to be charged once a run of it is measured
 _WAIT_SLICE = 0.02    # seconds the admission thread waits on one run before looking at the others
+_SHARE_POLL = 0.01    # seconds between looks at a run whose result is to be shared (`share`)
 
 
 class Untimed:
@@ -208,11 +210,18 @@ class GangScheduler:
         """Takes `run` out of its queue and fails it with `error`; returns False if it was not queued."""
         return self._cancel_queued(lambda r: r is run, lambda r: error) > 0
 
-    def share(self, run: Run, buffer: int) -> None:
-        """Checks that a result can be shared: its run is over (retired now if it is) and its bytes are held."""
+    def share(self, run: Run, buffer: int, timeout: float | None = None) -> None:
+        """Checks that a result can be shared: its run is retired (now, if it is over; a cond's parent run is
+        retired only after its branch run, so this waits for that, at most `timeout` seconds) and its bytes are
+        held."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            if run.id in self._in_flight:
+            while run.id in self._in_flight:
                 self._poll(len(self._in_flight))
+                left = _SHARE_POLL if deadline is None else min(_SHARE_POLL, deadline - time.monotonic())
+                if run.id not in self._in_flight or left <= 0:
+                    break
+                self._admissions.wait(left)        # (the lock let go meanwhile)
             self._results.check_shareable(run, buffer)
 
     def release_result(self, run: Run, buffer: int, donated: bool = False) -> None:

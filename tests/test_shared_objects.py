@@ -37,6 +37,29 @@ def head(x, b):
     return jnp.tanh(x @ b)
 
 
+def test_a_result_of_a_program_with_a_cond_is_shared_right_after_the_call(runtime):
+    """A cond's parent run is retired only after its branch run: `share` looked at the runs once, found the
+    parent still in flight, and refused a live result as "not held on devices" nine times in ten (found by a
+    fault finder). It now waits for the parent's retirement."""
+    from jax.sharding import PartitionSpec as P
+    one, pair = pw.virtual_slice(1, axes="x", island="island0"), pw.virtual_slice(2, axes="d", island="island1")
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=one)
+    double, negate = pw.jit(lambda x: 2 * x, slice=one), pw.jit(lambda x: -x, slice=one)
+    square = pw.jit(lambda x: x * x, slice=pair, in_specs=P("d"), out_specs=P("d"))
+
+    @pw.program
+    def step(x):
+        return square(pw.cond(positive(x), double, negate, x))
+
+    x = np.arange(4, dtype=np.float32)
+    with Client(runtime) as owner, Client(runtime) as reader:
+        held, shared = [], []                  # (a shared object lives as long as its owner's handle)
+        for _ in range(10):
+            held.append(step.run(x, client=owner))
+            shared.append(owner.share(held[-1], timeout=TIMEOUT))       # right after the call
+        np.testing.assert_array_equal(np.asarray(square.run(shared[-1], client=reader)), (2 * x) ** 4)
+
+
 def base_plan(plan_builder, topology, island="island1"):
     """The owner's program: the base, on one device of `island`."""
     p = plan_builder(topology, program="place_base")
