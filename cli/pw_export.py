@@ -46,6 +46,8 @@ def _load(target: str) -> Any:
             module = importlib.import_module(where)
     except _ExportError:
         raise
+    except SystemExit as e:              # (it exited with no IR written, or its message alone)
+        raise _ExportError(f"cannot import {where}: it called sys.exit({e.code!r})") from None
     except Exception as e:
         raise _ExportError(f"cannot import {where}: {type(e).__name__}: {e}") from None
     if not hasattr(module, name):

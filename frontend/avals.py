@@ -25,7 +25,8 @@ from pathways_mlir.runtime.executables import native_dtype
 from pathways_mlir.runtime.remote_client import RemoteSharedRef
 
 _DTYPE_NAMES = NUMPY_NAMES | {"pred": "bool"}
-_AVAL_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*([\d\s,]*)\]\s*$")
+# An element type and dimensions of ASCII digits, none empty (`f32[4,,5]` and `f32[٣]` are no shapes).
+_AVAL_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*((?:\d+\s*(?:,\s*\d+\s*)*)?)\]\s*$", re.ASCII)
 # What is taken as an array besides scalars: NumPy and JAX arrays (a handle is one, a JAX tracer too), abstract
 # values and a service's shared object (duck typing took any object with a shape and a dtype, whose run failed).
 ARRAYS = (np.ndarray, jax.Array, jax.ShapeDtypeStruct, jax.core.ShapedArray, RemoteSharedRef)

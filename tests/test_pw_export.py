@@ -25,6 +25,16 @@ def test_module_targets_and_debug_info(capsys):
     assert 'loc("block_b"' in capsys.readouterr().out
 
 
+def test_a_target_that_exits_at_import_is_one_error_line(tmp_path, capsys):
+    """A target file calling sys.exit() at import made pw-export exit 0 with no IR, or print its message alone
+    (found by a fault finder)."""
+    for code, said in (("0", "sys.exit(0)"), ("'bye'", "sys.exit('bye')")):
+        (tmp_path / "leaves.py").write_text(f"import sys\nsys.exit({code})\n")
+        assert pw_export.main([f"{tmp_path / 'leaves.py'}:f"]) == 1
+        assert capsys.readouterr().err == (f"pw-export: error: cannot import {tmp_path / 'leaves.py'}: it called "
+                                           f"{said}\n")
+
+
 @pytest.mark.parametrize("args, message", [
     (["nocolon"], "target 'nocolon' is not module:name or path/to/file.py:name"),
     (["missing.py:f"], "no such file: missing.py"),
@@ -36,6 +46,9 @@ def test_module_targets_and_debug_info(capsys):
      "has a dimension of more than a 64-bit integer holds"),
     ([f"{EXAMPLE}:three_blocks", "--arg", "f32[3,16]"], "PlacementError: block_a at "),
     ([f"{EXAMPLE}:three_blocks"], "TypeError: three_blocks() missing 1 required positional argument"),
+    # Found by a fault finder: empty or non-ASCII dimensions were read as none or as digits.
+    *[([f"{EXAMPLE}:three_blocks", "--arg", shape], f"--arg '{shape}' is not a shape such as f32[8,16]")
+      for shape in ("f32[4,,5]", "f32[,]", "f32[,4]", "f32[\u0663]")],
 ])
 def test_errors_are_one_line(args, message, capsys):
     assert pw_export.main(args) == 1
