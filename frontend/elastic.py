@@ -179,7 +179,7 @@ class ElasticTrainer:
                             ("max_losses", max_losses)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < MAX_SECONDS:   # (inf overflowed)
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < MAX_SECONDS:
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r:.40}")
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be a function on_step(step, metrics), not {type(on_step).__name__}")

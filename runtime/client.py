@@ -210,8 +210,8 @@ class Client:
             if not self.runtime.closed:
                 raise
             raise RunFailed(f"run {run.id} of {run.plan.program}: its results went with its runtime, which was "
-                            f"closed (by Runtime.close, by pw.configure or pw.connect replacing the default runtime, or "
-                            f"by pw-serve stopping)") from None
+                            f"closed (by Runtime.close, by pw.configure or pw.connect replacing the default runtime, "
+                            f"or by pw-serve stopping)") from None
 
     def release(self, run: Run, buffer: int, donated: bool = False) -> None:
         """Releases one result of a run (a handle was deleted). A `donated` result's bytes stay reserved:
