@@ -95,12 +95,6 @@ def run(target, profile_name, topology, program, dispatch, runs, closed_loop, tr
         raise SimCliError(f"{target}: no such file")
     if topology and target.suffix == ".json":
         raise SimCliError(f"{target}: a plan is lowered already; --topology applies to pw IR only")
-    if topology:
-        from pathways_mlir.dialect.topology import TopologyError, uniform_counts
-        try:
-            uniform_counts(topology)        # the bounds of pw-opt's topology option
-        except TopologyError as e:
-            raise SimCliError(f"--topology: {e}") from None
     loaded = inputs.load(target, inputs.profile_topology(topology, profile) if topology else None)
     plan = loaded.program(program, str(target))
     if branch_probability is not None and branch_trace:

@@ -468,7 +468,7 @@ def configure(**options) -> None:
     unknown option, policy or backend, an option of another backend, a bad window, an impossible cluster
     shape, device memory or wedge timeout is one ValueError line, raised here. Before JAX's first use, an
     embedded cluster's `islands` x `per_island` CPU devices are asked of XLA here. Options a command line
-    gave (`configure_from_command_line`) stay, unless `options` name them too."""
+    gave (`command_line_options`) stay, unless `options` name them too."""
     import inspect
 
     options = {**_command_line_options, **options}

@@ -13,13 +13,12 @@ a plan JSON that lacks them for an executable it launches is refused.
 from __future__ import annotations
 
 import pathlib
-import re
 from dataclasses import dataclass
 
 from pathways_mlir.dialect.input_files import parse_json, read_text
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.plan_steps import Launch
-from pathways_mlir.dialect.topology import Island, Link, Topology, TopologyError
+from pathways_mlir.dialect.topology import Island, Link, Topology, TopologyError, uniform_counts
 
 from .profile import Profile
 
@@ -42,14 +41,18 @@ class Loaded:
 
 
 def profile_topology(text: str, profile: Profile) -> Topology:
-    """Reads `--topology`: `<islands>x<devices>` of the profile's devices and links, or a JSON path."""
-    match = re.fullmatch(r"(\d+)x(\d+)", text)
-    if not match:
+    """Reads `--topology`: `<islands>x<devices>` of the profile's devices and links (bounded as pw-opt's
+    topology option is: `uniform_counts`), or a JSON path."""
+    try:
+        counts = uniform_counts(text)
+    except TopologyError as e:
+        raise InputError(f"--topology: {e}") from None
+    if counts is None:
         try:
             return Topology.load(text)
         except TopologyError as e:
             raise InputError(str(e)) from None
-    islands, devices = int(match[1]), int(match[2])
+    islands, devices = counts
     if islands < 1 or devices < 1:
         raise InputError(f"--topology {text}: need at least one island of at least one device")
     per_host = min(profile.accelerator.devices_per_host, devices)

@@ -368,14 +368,16 @@ def cluster_status(address: str, deadline: float | None = None) -> Status:
         answered, _ = ray.wait(pending, num_returns=len(pending), timeout=wait) if pending else ([], [])
         islands = {}
         for name, ref in asked.items():
-            try:
-                if isinstance(ref, Exception):
-                    raise ref
-                if ref not in answered:
-                    raise TimeoutError(f"the island actor did not answer within {wait:.0f} s")
-                islands[name.removeprefix(island_name(""))] = ray.get(ref)
-            except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
-                islands[name.removeprefix(island_name(""))] = unreachable(error)
+            island = name.removeprefix(island_name(""))
+            if isinstance(ref, Exception):
+                islands[island] = unreachable(ref)
+            elif ref not in answered:
+                islands[island] = unreachable(TimeoutError(f"the island actor did not answer within {wait:.0f} s"))
+            else:
+                try:
+                    islands[island] = ray.get(ref)
+                except Exception as error:  # noqa: BLE001  (a dead island is part of the report)
+                    islands[island] = unreachable(error)
         return gather(None, islands)
     finally:
         if started:
