@@ -1,13 +1,15 @@
 """Orbax checkpoints of an elastic run's host snapshots: written asynchronously, read back checked.
 
 `Checkpoints` writes each snapshot of `pw.ElasticTrainer` (its state's
-leaves by position, each leaf's key path in the step's metadata) and
-survives a write that fails; `read_checkpoint` finds the newest intact one
-to resume from.
+leaves by position, each leaf's key path in the step's metadata; a leaf of a
+one-byte type TensorStore has none for, such as uint4 or float8_e4m3, as its
+bytes, its dtype in the metadata) and survives a write that fails;
+`read_checkpoint` finds the newest intact one to resume from.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -52,9 +54,10 @@ class Checkpoints:
                                f"{disk.f_bavail * disk.f_frsize} free")
             return
         self._writing = step
+        item, dtypes = _as_item(arrays)
         try:
-            self._manager.save(step, args=ocp.args.StandardSave(_as_item(arrays)),
-                               custom_metadata={"paths": self.paths})
+            self._manager.save(step, args=ocp.args.StandardSave(item),
+                               custom_metadata={"paths": self.paths, "dtypes": dtypes})
         except Exception as error:  # noqa: BLE001  (whatever the disk or Orbax raises, reported in one line)
             self._failed(step, error)
 
@@ -100,10 +103,38 @@ def _key(i: int) -> str:
     return f"leaf{i:05d}"
 
 
-def _as_item(arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+def _as_item(arrays: Sequence[np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The Orbax item of a snapshot: its leaves by position, but for zero-size ones (which Orbax refuses and
-    `read_checkpoint` makes again from the state's shapes and dtypes)."""
-    return {_key(i): array for i, array in enumerate(arrays) if array.size}
+    `read_checkpoint` makes again from the state's shapes and dtypes); and the dtype of each leaf stored as its
+    bytes (uint8), one of a one-byte type TensorStore has none for (uint4, uint2, float8_e4m3, ...), by key."""
+    item = {_key(i): array for i, array in enumerate(arrays) if array.size}
+    dtypes = {key: array.dtype.name for key, array in item.items() if _as_bytes(array.dtype)}
+    return {key: array.view(np.uint8) if key in dtypes else array for key, array in item.items()}, dtypes
+
+
+@functools.lru_cache(maxsize=None)
+def _as_bytes(dtype: np.dtype) -> bool:
+    """Whether arrays of `dtype` are stored as their bytes: it takes one byte, and TensorStore (Orbax's
+    storage) has no data type of its name."""
+    import tensorstore
+
+    if dtype.itemsize != 1:
+        return False
+    try:
+        tensorstore.dtype(dtype.name)
+    except ValueError:
+        return True
+    return False
+
+
+def _from_bytes(stored: np.ndarray, name: Any) -> np.ndarray:
+    """A leaf stored as its bytes as the one-byte dtype `name` again, bit for bit (as stored if it cannot be:
+    a damaged checkpoint, which the leaf's dtype check then reports)."""
+    try:
+        dtype = np.dtype(jax.numpy.dtype(name))
+    except (TypeError, ValueError):
+        return stored
+    return stored.view(dtype) if stored.dtype == np.uint8 and dtype.itemsize == 1 else stored
 
 
 def read_checkpoint(directory: str, like: Sequence, paths: Sequence[str]) -> tuple[int, list[np.ndarray]]:
@@ -127,7 +158,9 @@ def read_checkpoint(directory: str, like: Sequence, paths: Sequence[str]) -> tup
             # several items, and every older checkpoint failed too.
             with ocp.CheckpointManager(os.path.abspath(directory)) as reader:
                 item = reader.restore(step, args=ocp.args.StandardRestore())
-                saved = (reader.metadata(step).custom_metadata or {}).get("paths")
+                metadata = reader.metadata(step).custom_metadata or {}
+            saved, dtypes = metadata.get("paths"), metadata.get("dtypes")
+            dtypes = dtypes if isinstance(dtypes, dict) else {}
             break
         except Exception as error:  # noqa: BLE001  (a corrupted checkpoint: any error reading it)
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
@@ -150,6 +183,8 @@ def read_checkpoint(directory: str, like: Sequence, paths: Sequence[str]) -> tup
     for i, x in enumerate(like):
         shape, dtype = shape_dtype(x)
         leaf = np.asarray(item[_key(i)]) if _key(i) in item else np.zeros(shape, dtype) if 0 in shape else None
+        if leaf is not None and _key(i) in dtypes:
+            leaf = _from_bytes(leaf, dtypes[_key(i)])
         if leaf is None or leaf.shape != shape or leaf.dtype != dtype:
             found = "a zero-size array" if leaf is None else f"{leaf.dtype}{list(leaf.shape)}"
             raise ValueError(f"resume_from: array {i} of the checkpoint of step {step} in {directory} is "

@@ -1,6 +1,8 @@
 """The pw-export driver: import a placed function or program, trace it, print pw IR."""
 
+import os
 import pathlib
+import sys
 
 import pytest
 
@@ -55,3 +57,81 @@ def test_errors_are_one_line(args, message, capsys):
     err = capsys.readouterr().err
     assert err.startswith("pw-export: error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+STATIC = """
+import pathways_mlir as pw
+s = pw.virtual_slice((1,), axes=("d",))
+scaled = pw.jit(lambda x, n: x * n, slice=s, static_argnums=1)
+
+@pw.program(static_argnames="n")
+def program(x, n):
+    return scaled(x, n)
+
+def shifted(x, *, by, mode="add"):
+    return x + by if mode == "add" else x * by
+
+keyword = pw.jit(shifted, slice=s, static_argnames="mode")
+"""
+
+
+def test_static_arguments_are_given_as_python_literals(tmp_path, capsys):
+    """A static argument's --arg (a ShapeDtypeStruct) was baked into the trace as its value: an unrelated
+    TypeError (`unsupported operand type(s) for *: 'DynamicJaxprTracer' and 'ShapeDtypeStruct'`; found by a
+    fault finder). It is the value, as `jax.jit(f).lower` takes it; a shape there is one line saying so."""
+    (tmp_path / "static.py").write_text(STATIC)
+    where = tmp_path / "static.py"
+    for name in ("scaled", "program"):
+        assert pw_export.main([f"{where}:{name}", "--arg", "f32[4]", "--arg", "3"]) == 0
+        assert "dense<3.000000e+00>" in capsys.readouterr().out
+        assert pw_export.main([f"{where}:{name}", "--arg", "f32[4]", "--arg", "f32[]"]) == 1
+        assert capsys.readouterr().err == (f"pw-export: error: --arg 'f32[]' is for static argument 1 of "
+                                           f"{where}:{name}: give its value, a Python literal such as 3, True, "
+                                           f"(1, 2) or '\"relu\"'\n")
+    assert pw_export.main([f"{where}:keyword", "--arg", "f32[4]", "--kwarg", "by=f32[]", "--kwarg", "mode='mul'"]) == 0
+    assert "stablehlo.multiply" in capsys.readouterr().out
+    assert pw_export.main([f"{where}:keyword", "--arg", "f32[4]", "--kwarg", "by=f32[]"]) == 0
+    assert "stablehlo.add" in capsys.readouterr().out
+    for kwargs, message in ((["mode=mul"], "--kwarg 'mode=mul' is for static argument 'mode' of "),
+                            (["by"], "--kwarg 'by' is not NAME=VALUE"),
+                            (["by=f32[]", "by=f32[]"], "--kwarg 'by=f32[]': 'by' is given twice"),
+                            (["by=f32(1)"], "--kwarg 'by=f32(1)': 'f32(1)' is not a shape such as f32[8,16]")):
+        options = [a for k in kwargs for a in ("--kwarg", k)]
+        assert pw_export.main([f"{where}:keyword", "--arg", "f32[4]", *options]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("pw-export: error: ") and message in err and err.count("\n") == 1
+
+
+def test_typed_prng_key_arguments(tmp_path, capsys):
+    """`key<fry>[]` (as `jax.random.key` types keys, and flax NNX programs take them) was not a shape."""
+    (tmp_path / "keys.py").write_text("import jax\nimport pathways_mlir as pw\n"
+                                      "noise = pw.jit(lambda key, x: x + jax.random.normal(key[0], x.shape),\n"
+                                      "               slice=pw.virtual_slice((1,), axes=('d',)))\n")
+    where = tmp_path / "keys.py"
+    # Its key data in the IR: 2 words a threefry key, 4 an rbg one.
+    for shape, data in (("key<fry>[2]", "2x2xui32"), ("key<rbg>[1]", "1x4xui32"), ("key<urbg>[1]", "1x4xui32"),
+                        (" key<threefry2x32> [ 3 ] ", "3x2xui32")):
+        assert pw_export.main([f"{where}:noise", "--arg", shape, "--arg", "f32[4]"]) == 0
+        assert f"(%arg0: tensor<{data}>, %arg1: tensor<4xf32>)" in capsys.readouterr().out
+    assert pw_export.main([f"{where}:noise", "--arg", "key<bogus>[]", "--arg", "f32[4]"]) == 1
+    assert capsys.readouterr().err == ("pw-export: error: --arg 'key<bogus>[]' has unknown PRNG implementation "
+                                       "'bogus' (use key<fry>, key<rbg>, key<urbg> or a name jax.random.key takes, "
+                                       "such as threefry2x32)\n")
+    assert pw_export.main([f"{where}:noise", "--arg", f"key<fry>[{1 << 63}]"]) == 1
+    assert "has a dimension of more than a 64-bit integer holds" in capsys.readouterr().err
+
+
+def test_a_module_in_the_current_directory(tmp_path, monkeypatch, capsys):
+    """`mymod:fn` run where mymod.py is was a ModuleNotFoundError: the current directory is on the path as
+    `python -m` puts it, first, once."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and os.path.abspath(p) != str(tmp_path)])
+    (tmp_path / "here_module_xyz.py").write_text(
+        "import pathways_mlir as pw\ndouble = pw.jit(lambda x: x * 2, slice=pw.virtual_slice((1,), axes=('d',)))\n")
+    try:
+        for _ in range(2):
+            assert pw_export.main(["here_module_xyz:double", "--arg", "f32[4]"]) == 0
+            assert "func.func @lambda" in capsys.readouterr().out
+        assert sys.path[0] == str(tmp_path) and sys.path.count(str(tmp_path)) == 1
+    finally:
+        sys.modules.pop("here_module_xyz", None)
