@@ -88,6 +88,16 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
     send that waited the socket's timeout for the peer to read goes on waiting while bytes from the peer keep
     arriving unread: a service compiling a plan reads nothing, but says it still compiles (a client's timeout
     bounded the whole send of a large run sent meanwhile)."""
+    parts = frame_parts(header, arrays, limits)
+    heard = _arrivals(sock) if patient else None
+    for part in parts:
+        _send_all(sock, part, heard)
+
+
+def frame_parts(header: dict, arrays=(), limits: Limits = Limits()) -> list:
+    """The bytes of one frame (`send_message`), in the pieces to send: the header's, then each array's as a
+    view of its bytes, or all of them joined when the arrays are small (one call: a small frame's parts are not
+    sent, and woken for, apart). Raises ValueError, before anything is sent, if the frame is over `limits`."""
     arrays = [wire_array(a) for a in arrays]
     if len(arrays) > limits.max_arrays:
         raise ValueError(f"{len(arrays)} arrays are over the endpoint's limit of {limits.max_arrays} per frame")
@@ -100,12 +110,7 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
         raise ValueError(f"a header of {len(data)} bytes is over the endpoint's limit of "
                          f"{limits.max_header_bytes}")
     parts = [_LENGTH.pack(len(data)) + data, *(a.reshape(-1).view(np.uint8) for a in arrays)]
-    heard = _arrivals(sock) if patient else None
-    if total <= _JOINED:
-        _send_all(sock, b"".join(parts), heard)  # one call: a small frame's parts are not sent (and woken for) apart
-    else:
-        for part in parts:
-            _send_all(sock, part, heard)
+    return [b"".join(parts)] if total <= _JOINED else parts
 
 
 def _send_all(sock: socket.socket, data, heard: Callable[[], bool] | None) -> None:

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from fetching import until
 from pathways_mlir.runtime.island_work import IslandWork, PeerRef, RunCancelled, StoreRef
 from pathways_mlir.runtime.ray_backend import connection
 from pathways_mlir.runtime.ray_backend.data_plane import Lend, Withdraw
@@ -153,3 +154,45 @@ def test_closing_the_connection_fails_a_waiting_fetch(pair):
     ours.close()
     thread.join(WAIT)
     assert not thread.is_alive() and isinstance(errors[0], connection.ConnectionBroken)
+
+
+def test_a_send_the_actor_does_not_read_returns_and_the_frames_arrive_in_order_as_they_were(pair):
+    """The scheduler sends starts under its lock: a frame larger than the sockets hold, to an actor that does not
+    read (stalled, or busy), kept every client and `status` waiting for up to `REPLY_TIMEOUT` (found by a
+    review). The send now returns at once; the writer sends the rest, and what the caller changes in its
+    arrays afterwards does not change what arrives."""
+    ours, peer = pair
+    large = np.arange(4 << 20, dtype=np.float32)             # 16 MiB: far more than the socket pair holds
+    ours.send(*connection.encode_start(0, None, [], []))
+    returned = threading.Event()
+    threading.Thread(target=lambda: (ours.send({"number": 1, "work": None, "releases": [], "lends": []}, [large]),
+                                     returned.set()), daemon=True).start()
+    assert returned.wait(WAIT), "a send returned without the actor reading"
+    large[:] = -1                                             # the caller's array, changed once the call returned
+    thread, errors = fetching(ours, 5.0)                     # a request, behind the start
+    assert peer.reader.recv()[0]["number"] == 0
+    header, [arrived] = peer.reader.recv(connection.LIMITS)
+    assert header["number"] == 1
+    np.testing.assert_array_equal(arrived, np.arange(4 << 20, dtype=np.float32))
+    request = peer.request()["request"]
+    send_message(peer.sock, {"reply": request, "siblings": []}, [np.zeros(1)])
+    thread.join(WAIT)
+    assert not thread.is_alive() and not errors
+
+
+def test_an_actor_that_reads_nothing_for_the_sockets_timeout_breaks_the_connection():
+    """The writer's send waits at most the socket's timeout (`REPLY_TIMEOUT`) for the actor to read; then the
+    connection is broken, the proxy is told (its actor is lost), and a later send raises."""
+    driver_end, actor_end = socket.socketpair()
+    driver_end.settimeout(0.5)
+    told = []
+    ours = connection.IslandConnection(driver_end, told.append)
+    try:
+        ours.send({"number": 0}, [np.zeros(4 << 20, np.float32)])
+        until(lambda: told, "the proxy told", WAIT)
+        assert isinstance(told[0], connection.ConnectionBroken) and "timed out" in str(told[0]), told
+        with pytest.raises(connection.ConnectionBroken):
+            ours.send({"number": 1})
+    finally:
+        ours.close()
+        actor_end.close()

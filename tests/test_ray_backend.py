@@ -678,9 +678,15 @@ def test_an_island_actor_that_stalls_bounds_status_close_and_deadlines(ray_runti
     island's acknowledgement, up to 120 s), and reported island0 unreachable too; closing a client never
     returned (its objects' release asked island1 with no timeout); a run started with `timeout=3` on island1
     raised `RunCancelled` only after about 30 s (each look at whether it was over waited 10 s). Now island1
-    alone is reported, within `STATUS_TIMEOUT`; the close and the cancel are bounded."""
+    alone is reported, within `STATUS_TIMEOUT`; the close and the cancel are bounded. A run whose argument is
+    larger than the sockets hold, started on island1 then, held the scheduler's lock in its send for up to 120 s
+    (found by a review): it now returns at once, and fails with `IslandLost` once the island is taken out."""
+    large = np.ones(8 << 20, np.float32)                    # 32 MiB
+    add_one = pw.program(pw.jit(lambda x: x + 1.0, slice=pw.virtual_slice(2, axes="x", name="r", island="island1"),
+                                in_specs=P("x"), out_specs=P("x")))
     with Client(ray_runtime) as client:
         on_right.compiled(X, runtime=ray_runtime), on_left.compiled(X, runtime=ray_runtime)
+        add_one.compiled(large, runtime=ray_runtime)
         leaving = Client(ray_runtime)
         kept = produced(on_right, leaving)           # on island1: closing `leaving` releases it there
         run = kept._run
@@ -690,6 +696,7 @@ def test_an_island_actor_that_stalls_bounds_status_close_and_deadlines(ray_runti
         version = ray_runtime.resources.version
         try:
             stop_process(pid, 60)
+            sent = within(30, lambda: add_one.run(large, client=client))
             report = within(60, ray_runtime.status)["islands"]
             assert report["island1"] == {"unreachable": "TimeoutError: island island1 did not answer within 10 s"}
             assert "unreachable" not in report["island0"], report["island0"]
@@ -706,6 +713,8 @@ def test_an_island_actor_that_stalls_bounds_status_close_and_deadlines(ray_runti
         finally:
             os.kill(pid, signal.SIGKILL)
         until(lambda: ray_runtime.resources.version != version, "the monitor takes island1 out", 60)
+        with pytest.raises(pw.IslandLost):
+            sent.result(60)
         ray_runtime.restore_island("island1")
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
 

@@ -79,7 +79,7 @@ class RayIslands(Islands):
         import ray
 
         try:
-            island.connection = IslandConnection.open(island._actor, self._key)
+            island.connection = IslandConnection.open(island._actor, self._key, island._died)
         except ray.exceptions.RayError as error:
             island._died(error)
         except OSError as error:

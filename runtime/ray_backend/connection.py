@@ -28,19 +28,21 @@ time, handing the others theirs.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import os
 import select
 import socket
 import threading
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..authentication import client_handshake
 from ..island_work import IslandWork, PeerRef, RunFailed, StoreRef, failure, raised
 from ..limits import Limits
-from ..wire import ERROR_KINDS, FrameReader, ProtocolError, reported, send_message
+from ..wire import ERROR_KINDS, FrameReader, ProtocolError, frame_parts, reported
 from .data_plane import Lend, Withdraw
 
 CONNECT_TIMEOUT = 120.0  # seconds for an actor to answer where it listens (its JAX may still be starting)
@@ -57,22 +59,30 @@ class ConnectionBroken(ConnectionError):
 class IslandConnection:
     """The driver's end of one island actor's connection (see the module)."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, on_broken: Callable[[ConnectionBroken], object] = lambda error: None):
+        if sock.gettimeout() is None:
+            raise ValueError("an island connection's socket needs a timeout (its sends must not block)")
         self.sock = sock
         self.taken = -1                  # the last start message the actor acknowledged
         self._reader = FrameReader(sock)
-        self._sending = threading.Lock()
         self._state = threading.Condition()
         self._reading = False            # a waiter is reading frames for everyone
         self._replies: dict[int, tuple[dict, list]] = {}
         self._abandoned: set[int] = set()   # requests whose waiter gave up: their replies are dropped
         self._requests = itertools.count()
         self.broken: ConnectionBroken | None = None
+        self._on_broken = on_broken      # told when the writer finds the connection broken
+        self._outbox: collections.deque = collections.deque()   # bytes the writer sends, in order
+        self._out = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._closed = False
 
     @staticmethod
-    def open(actor, key: bytes) -> "IslandConnection":
+    def open(actor, key: bytes,
+             on_broken: Callable[[ConnectionBroken], object] = lambda error: None) -> "IslandConnection":
         """Connects to `actor`, which listens once asked (`IslandActor.open_connection`); raises Ray's error if
-        the actor is dead, ConnectionError if its address cannot be reached or the handshake fails."""
+        the actor is dead, ConnectionError if its address cannot be reached or the handshake fails.
+        `on_broken` is called (on the writer's thread) if a queued send finds the connection broken."""
         import ray
 
         host, port = ray.get(actor.open_connection.remote(key.hex()), timeout=CONNECT_TIMEOUT)
@@ -84,21 +94,69 @@ class IslandConnection:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client_handshake(sock, key)
-            sock.settimeout(REPLY_TIMEOUT)   # for the rest of a frame once it began, and for sends
+            sock.settimeout(REPLY_TIMEOUT)   # for the rest of a frame once it began, and for the writer's sends
         except BaseException:
             sock.close()
             raise
-        return IslandConnection(sock)
+        return IslandConnection(sock, on_broken)
 
     def send(self, header: dict, arrays=()) -> None:
-        """Sends one frame; raises ConnectionBroken if the connection broke."""
+        """Sends one frame without waiting for the actor to read it (see the module): what the socket takes at
+        once goes now, the rest is copied and left to the writer. Raises ConnectionBroken if the connection
+        broke."""
         if self.broken is not None:
             raise raised(self.broken)
-        try:
-            with self._sending:
-                send_message(self.sock, header, arrays, LIMITS)
-        except OSError as error:
-            raise self._broke(error) from None
+        parts = frame_parts(header, arrays, LIMITS)
+        with self._out:
+            if not self._outbox:
+                parts = self._write_now(parts)
+            if parts:
+                self._outbox.extend(bytes(part) for part in parts)
+                if self._writer is None:
+                    self._writer = threading.Thread(target=self._write_queued, name="pw-island-writer", daemon=True)
+                    self._writer.start()
+                self._out.notify()
+
+    def _write_now(self, parts: list) -> list:
+        """Writes what the socket takes of `parts` without waiting (its descriptor is non-blocking: the socket
+        has a timeout); returns the parts left, the first maybe cut. Under `_out`, with nothing queued."""
+        for i, part in enumerate(parts):
+            view = memoryview(part).cast("B")
+            while view:
+                try:
+                    view = view[os.write(self.sock.fileno(), view):]
+                except BlockingIOError:
+                    return [view, *parts[i + 1:]]
+                except OSError as error:
+                    raise self._broke(error) from None
+        return []
+
+    def _write_queued(self) -> None:
+        """The writer: sends the queued bytes in order, each send bounded by the socket's timeout
+        (`REPLY_TIMEOUT`); an actor that reads none of them by then is lost (`on_broken`), as one that
+        acknowledges nothing is."""
+        while True:
+            with self._out:
+                # (it looks every POLL seconds for a break a reader found: `_broke` takes no `_out`, which a
+                # send holds while it may call it)
+                while not (self._outbox or self._closed or self.broken is not None):
+                    self._out.wait(POLL)
+                if self._closed or self.broken is not None:
+                    self._outbox.clear()
+                    return
+                head = self._outbox[0]
+            try:
+                sent = self.sock.send(head)
+            except OSError as error:
+                broken = self._broke(error)
+                if not self._closed:
+                    self._on_broken(broken)
+                continue
+            with self._out:
+                if sent == len(head):
+                    self._outbox.popleft()
+                else:
+                    self._outbox[0] = memoryview(head)[sent:]
 
     def wait_taken(self, number: int, deadline: float | None = None) -> None:
         """Returns once the actor acknowledged start message `number` (at most `REPLY_TIMEOUT` seconds, and until
@@ -160,8 +218,12 @@ class IslandConnection:
         return header, arrays
 
     def close(self) -> None:
-        """Closes the connection (the actor stops reading it); a waiter reading it raises ConnectionBroken at once
-        (a host that died without closing its end, as a node killed hard, would leave it waiting)."""
+        """Closes the connection (the actor stops reading it; what the writer holds is dropped); a waiter reading
+        it raises ConnectionBroken at once (a host that died without closing its end, as a node killed hard,
+        would leave it waiting)."""
+        with self._out:
+            self._closed = True
+            self._out.notify_all()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
