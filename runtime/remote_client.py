@@ -47,6 +47,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
+from pathways_mlir.dialect.memory_plan import reuses
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
@@ -55,7 +56,7 @@ from .array_reference import ArrayReference, Reference, wait_limit
 from .authentication import client_handshake, read_key
 from .dispatch import narrowed, taken_as
 from .dispatch_mode import DispatchMode
-from .executables import numpy_dtype
+from .executables import ARRAY_TYPE, numpy_dtype
 from .fair_lock import FairLock
 from .island_work import RunFailed
 from .runtime import release_default
@@ -106,14 +107,16 @@ class RemoteHandle(ArrayReference):
     `np.asarray(h)`, `h.result(timeout)` (a JAX array here), `h.block_until_ready()`, `h.shape`,
     `h.dtype`; passed to a later run of the same client, it stays on the cluster. `delete()` releases the
     result at once; dropping the last reference releases it with the connection's next request, or within
-    `RELEASE_DELAY` seconds.
+    `RELEASE_DELAY` seconds. Passed for a donated input, it is deleted once the run that took it is sent,
+    and the service refuses it from then on, with a donated `Handle`'s error.
     """
 
-    __slots__ = ("_client", "_key", "shape", "dtype", "_finalizer", "__weakref__")
+    __slots__ = ("_client", "_key", "shape", "dtype", "_finalizer", "_donated", "__weakref__")
     _from_elsewhere = True
 
     def __init__(self, client: "RemoteClient", key: int, shape, dtype: str):
         self._client, self._key, self.shape, self.dtype = client, key, tuple(shape), np.dtype(DTYPES[dtype])
+        self._donated = False
         self._finalizer = weakref.finalize(self, client._drop, key)
         self._finalizer.atexit = False       # at exit the connection closes and releases everything
 
@@ -142,8 +145,8 @@ class RemoteHandle(ArrayReference):
         return True
 
     def is_deleted(self) -> bool:
-        """Whether the result was released here: deleted, or its connection closed."""
-        return not self._finalizer.alive or self._client.closed_here
+        """Whether the result was released here: deleted, donated to a run sent, or its connection closed."""
+        return not self._finalizer.alive or self._donated or self._client.closed_here
 
     def delete(self) -> None:
         """Releases the result on the cluster now."""
@@ -178,19 +181,58 @@ class RemoteHandle(ArrayReference):
         return f"RemoteHandle(shape={self.shape}, dtype={self.dtype.name})"
 
 
-class RemoteSharedRef:
+class RemoteSharedRef(ArrayReference):
     """A shared object on a service (`runtime/shared.py`), named by its unguessable token: any connection
     given the token may pass it to its programs as a read-only argument. `token` is what the owner hands
-    to readers (`RemoteClient.shared(token)` on their side)."""
+    to readers (`RemoteClient.shared(token)` on their side). Like a `SharedRef`, it reads as an array:
+    `ref.result(timeout)` (a JAX array), `np.asarray(ref)` and the rest of a handle's array protocol fetch
+    its value through its connection (`client`), in requests bounded as a `RemoteHandle`'s are."""
 
-    __slots__ = ("token", "shape", "dtype")
+    __slots__ = ("token", "shape", "dtype", "_connection")
+    _from_elsewhere = True
 
-    def __init__(self, token: str, shape, dtype: str):
+    def __init__(self, token: str, shape, dtype: str, client: "RemoteClient | None" = None):
         self.token, self.shape, self.dtype = token, tuple(shape), np.dtype(DTYPES[dtype])
+        self._connection = client
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
+    def result(self, timeout: float | None = None):
+        """Returns the value as a JAX array, waiting at most `timeout` seconds (None: as long as it takes);
+        raises as a run taking it would once its owner released it."""
+        return jnp.asarray(self._fetch(wait_limit(timeout)))
+
+    def _host_value(self, timeout: float | None = None):
+        return self._fetch(wait_limit(timeout))
+
+    def is_ready(self) -> bool:
+        """True, as a `SharedRef`'s (an object is shared once its run is over); raises, as a run taking it
+        would, once its owner released it (one request checks the token)."""
+        self._connected()._call({"op": "shared", "token": self.token})
+        return True
+
+    def is_deleted(self) -> bool:
+        """Whether the object is gone for this reference: its owner released it (one request checks the
+        token), or its connection was closed."""
+        if self._connected().closed_here:
+            return True
+        try:
+            self.is_ready()
+        except PermissionError:
+            return True
+        return False
+
+    def _fetch(self, timeout: float | None) -> np.ndarray:
+        """Asks the service for the object's value in polls (`RemoteClient._polled`), as a handle does."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        _, arrays = self._connected()._polled({"op": "fetch", "token": self.token}, deadline,
+                                              f"the shared object was not there within {timeout} s")
+        return arrays[0]
+
+    def _connected(self) -> "RemoteClient":
+        """The connection this reference reads through; ValueError in one line if it was made without one."""
+        if self._connection is None:
+            raise ValueError("this RemoteSharedRef was made without a connection to read it through: take it from "
+                             "client.shared(token)")
+        return self._connection
 
     def __repr__(self) -> str:
         return f"RemoteSharedRef(shape={self.shape}, dtype={self.dtype.name})"
@@ -324,7 +366,8 @@ class RemoteClient:
         without a `timeout`, donated inputs or shared objects is sent without waiting for its reply (see the
         module): the handles are made here, under keys this client chooses, and a run refused for a topology
         change is lowered again and sent again. Those three are checked by the service when the run is
-        submitted, so such a run waits for its reply, and a misuse raises at the call, as in-process."""
+        submitted, so such a run waits for its reply, and a misuse raises at the call, as in-process. Once it is
+        taken, its donated arguments are gone, as in-process (`_donated`)."""
         dispatch = DispatchMode.parse(dispatch)
         refuse_debug_checks("the islands of pw-serve run in the service's process")
         self._send_again()                       # runs refused before this one go first
@@ -336,6 +379,8 @@ class RemoteClient:
                    "timeout": timeout, "keys": list(keys.values()), "progress": self._progress}
         if refresh is None or timeout is not None or plan.donated or any(a[0] == "shared" for a in spec):
             self._call(request, arrays)
+            if plan.donated:
+                _donated(plan, args)
         else:
             sent = SentRun(request, arrays, refresh)
             with self._lock:
@@ -356,6 +401,9 @@ class RemoteClient:
                 spec.append(["handle", arg._key])
             elif isinstance(arg, RemoteSharedRef):
                 spec.append(["shared", arg.token])
+            elif type(arg) is ARRAY_TYPE and arg.is_deleted():       # (one a run here donated), as in-process
+                raise RuntimeError(f"argument {position} of program @{plan.program} is a deleted jax.Array (deleted, "
+                                   f"or donated to another computation, before the call)")
             else:
                 spec.append(["array", len(arrays)])
                 arrays.append(self._narrowed(plan, position, arg))
@@ -376,6 +424,8 @@ class RemoteClient:
         waits; returns its reference, whose `token` other clients pass to `shared` (see `runtime/shared.py`
         and `Client.share`)."""
         handle = handle.owned() if isinstance(handle, Reference) else handle
+        if not isinstance(handle, RemoteHandle):
+            raise ValueError(f"a connection can share only its own remote handles, not {handle!r:.80}")
         if handle._client is not self:
             raise ValueError("a remote handle of another connection cannot be shared here")
         timeout = wait_limit(timeout)
@@ -383,7 +433,7 @@ class RemoteClient:
         handle._fetch(timeout, False)
         reply, _ = self._polled({"op": "share", "handle": handle._key}, deadline,
                                 f"the result's run was not over within {timeout} s")
-        return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"])
+        return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"], self)
 
     def shared(self, token: str) -> RemoteSharedRef:
         """Returns the shared object a token names, checked by the service (a token it never gave, or whose
@@ -391,7 +441,7 @@ class RemoteClient:
         if not isinstance(token, str):
             raise ValueError(f"a shared object's token is a string, not {type(token).__name__}")
         reply, _ = self._call({"op": "shared", "token": token})
-        return RemoteSharedRef(token, reply["shape"], reply["dtype"])
+        return RemoteSharedRef(token, reply["shape"], reply["dtype"], self)
 
     def cancel(self, handle: RemoteHandle) -> bool:
         """Cancels the run of `handle` on the service (see `Client.cancel`); False if it was over."""
@@ -425,9 +475,9 @@ class RemoteClient:
             try:
                 send_message(self._socket, {"op": "close"}, (), self.limits)
                 for _ in range(len(self._unanswered) + 1):
-                    self._reader.recv()
-            except (OSError, EOFError, ProtocolError):
-                pass   # the endpoint is gone, and with it everything this client owned
+                    self._receive()          # past the frames saying a run's plan still compiles
+            except (OSError, ProtocolError):
+                pass   # the endpoint is gone (a ServiceError), and with it everything this client owned
             finally:
                 self._socket.close()
         if self._keepalive is not threading.current_thread():
@@ -671,6 +721,23 @@ class SentRun:
 
     def __init__(self, request: dict, arrays, refresh: Callable[[], ProgramPlan]):
         self.request, self.arrays, self.refresh, self.nbytes = request, arrays, refresh, 0
+
+
+def _donated(plan: ProgramPlan, args) -> None:
+    """The run of `plan` on `args` was taken: a remote handle passed for a donated input says it is deleted (the
+    service donated its result, and refuses it from now on with a donated `Handle`'s error); a JAX array the
+    plan writes a result into (`memory_plan.reuses`) is deleted, as `jax.jit` and the embedded runtime's launch,
+    compiled with it donated, delete it."""
+    donated = [(b, a) for b, a in zip(plan.inputs, args) if b in plan.donated]
+    for _, arg in donated:
+        if isinstance(arg, RemoteHandle):
+            arg._donated = True
+    arrays = [(b, a) for b, a in donated if type(a) is ARRAY_TYPE]
+    if arrays:
+        reused = {b for island in plan.islands for taken in reuses(plan, island).values() for b in taken}
+        for buffer, array in arrays:
+            if buffer in reused:
+                array.delete()
 
 
 def _raised(reply: dict) -> BaseException:

@@ -25,7 +25,8 @@ why it will not serve). Requests, one frame each:
   wait for a frame knows the service is at work;
 - `fetch` {handle, timeout, value}: waits for a result to be computed (at
   most `timeout` seconds, null: as long as it takes) and sends it unless
-  `value` is false;
+  `value` is false; with `token` instead of `handle`, a shared object's
+  (any connection given its token may read it);
 - `share` {handle, timeout}: shares one of this connection's results once
   its run is over (waiting at most `timeout` seconds, default 60)
   (`runtime/shared.py`); the reply's `token` (256 random bits) is the only
@@ -89,7 +90,7 @@ if TYPE_CHECKING:
 # The fields each request kind reads, besides `op`, `release` and `forget`; any other field is refused.
 FIELDS = {"load": {"plan", "executables"},
           "run": {"name", "version", "dispatch", "args", "timeout", "keys", "progress"},
-          "fetch": {"handle", "timeout", "value"}, "release": set(), "cancel": {"handle"},
+          "fetch": {"handle", "token", "timeout", "value"}, "release": set(), "cancel": {"handle"},
           "share": {"handle", "timeout"}, "shared": {"token"}, "objects": set(), "topology": set(),
           "status": {"full"}, "ping": set()}
 _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arrays
@@ -332,8 +333,14 @@ class Session:
     def fetch(self, request: dict, arrays) -> tuple[dict, list]:
         """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists and is
         computed (`_computed`: reading an array JAX handed out early would wait for its device work unbounded);
-        sends it unless `value` is false. Gives up if the peer leaves meanwhile."""
-        handle = self._handle(_field(request, "handle", int))
+        sends it unless `value` is false; with `token` instead of `handle`, a shared object's (`shared`). Gives
+        up if the peer leaves meanwhile."""
+        if "token" in request:
+            if "handle" in request:
+                raise ValueError("request 'fetch' names a handle or a shared object's token, not both")
+            handle = self.endpoint.shared(_field(request, "token", str))
+        else:
+            handle = self._handle(_field(request, "handle", int))
         send = request.get("value", True)
         if type(send) is not bool:
             raise ValueError(f"request 'fetch' needs 'value' as bool, not {str(send)[:40]}")

@@ -348,6 +348,34 @@ def test_a_compile_longer_than_the_clients_timeout_keeps_the_connection(runtime,
         endpoint.close()
 
 
+def test_closing_reads_past_the_frames_saying_a_plan_still_compiles(runtime, plan_builder, monkeypatch):
+    """`close()` reads the reply of each run sent without waiting, then the close's: it took the frames saying
+    the service still compiles a run's plan for those replies, and closed the socket before the service had
+    answered (or read) the close. It reads past them now, as every other wait for a reply does."""
+    p = plan_builder(runtime.resources.topology)
+    a = p.slice("a", (1,), ("x",), "island0", (0, 1))
+    plan = p.build([p.launch(lambda x: slow_to_compile(slow_to_compile(x)), [p.input((8, 16), a)], a, [(), ()])])
+    endpoint = Endpoint(runtime)
+    client = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=4.0)   # progress every 1 s
+    try:
+        [y] = client.run(plan, [X], refresh=lambda: plan)          # sent without waiting; its plan compiles there
+        frames = []
+        recv = client._reader.recv
+
+        def recording(*args, **kwargs):
+            frames.append(recv(*args, **kwargs)[0])
+            return frames[-1], []
+        monkeypatch.setattr(client._reader, "recv", recording)
+        assert select.select([client._socket], [], [], TIMEOUT)[0]   # a progress frame came: it compiles there
+        client.close()
+        replies = [f for f in frames if "progress" not in f]
+        assert len(replies) == 2 and frames[-1] == {"ok": True} and len(frames) > 2, frames  # the run's, the close's
+    finally:
+        client.close()
+        endpoint.close()
+    assert wait_released(runtime) == 0
+
+
 def test_a_large_run_sent_while_the_service_compiles_the_one_before_keeps_the_connection(runtime, plan_builder):
     """A client sends a run without waiting for the reply to the one before; while that one's plan compiles the
     service reads nothing, so a run whose arguments fill the socket's buffers waits in its send. The client's

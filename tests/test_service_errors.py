@@ -7,6 +7,7 @@ the service (2 islands of 2 CPU devices each, both). Every wait has a timeout; t
 import math
 import re
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -163,6 +164,70 @@ def test_a_token_the_service_never_gave_is_a_permission_error(sides):
         assert isinstance(error, PermissionError) and isinstance(error, RemoteError), error
         assert "no shared object has the reference 'AAAAAA'..." in str(error) and "\n" not in str(error)
     assert other.shared(token).shape == (8, 4)
+
+
+def test_a_shared_object_reads_as_an_array_as_in_process(sides):
+    """A `SharedRef` reads as an array (`ref.result()`, `np.asarray(ref)`, as the README says); a service's
+    `RemoteSharedRef` had only its token, shape and dtype (`np.asarray` of it was an object array). Now it
+    fetches its value through its connection, for its owner and a reader given the token, until the owner
+    releases it; then it says it is deleted, and reading it raises what a run taking it raises."""
+    for side in ("embedded", "service"):
+        owner, reader = sides[side]
+        owned = inc.run(X, client=owner)
+        ref = owner.share(owned)
+        theirs = ref if side == "embedded" else reader.shared(ref.token)
+        for each in (ref, theirs):
+            value = each.result(TIMEOUT)
+            assert isinstance(value, jax.Array) and value.dtype == np.float32, (side, value)
+            np.testing.assert_array_equal(value, X + 1.0)
+            array = np.asarray(each)
+            assert array.dtype == np.float32 and array.shape == (8, 4), (side, array)
+            np.testing.assert_array_equal(array, X + 1.0)
+            np.testing.assert_allclose(float(each.sum()), float(np.sum(X + 1.0)), rtol=1e-5)
+            assert each.is_ready() and not each.is_deleted(), side
+        owned.delete()
+        if side == "service":
+            owner.object_count()            # the release, sent alone, is taken before this request is answered
+        assert theirs.is_deleted(), side
+        read, run = raised(lambda: theirs.result(TIMEOUT)), raised(lambda: inc.run(theirs, client=reader))
+        assert type(read) is type(run) and str(read) == str(run) and "\n" not in str(read), (side, read, run)
+    with pytest.raises(ValueError, match=r"^this RemoteSharedRef was made without a connection to read it through"):
+        np.asarray(RemoteSharedRef("A" * 43, (8, 4), "float32"))
+
+
+def test_a_donated_handle_or_jax_array_is_deleted_after_its_run_as_in_process(sides):
+    """A donated handle says `is_deleted()`, and a donated JAX array the program writes a result into is deleted,
+    as `jax.jit` deletes it: through the service the handle said False (while the service refused it) and the
+    array was left as it was. A donation the program cannot use leaves the array, as `jax.jit` does, and a
+    deleted array passed again is refused in the embedded runtime's line."""
+    one = pw.virtual_slice(1, axes="d", island="island0")
+    bump = pw.jit(lambda x: x + 1.0, slice=one, in_specs=None, out_specs=None, donate_argnums=0)
+    total = pw.jit(lambda x: x.sum(), slice=one, in_specs=None, out_specs=None, donate_argnums=0)
+    plain = jnp.asarray(X)
+    jax.jit(lambda x: x + 1.0, donate_argnums=0)(plain)
+    assert plain.is_deleted()                             # what jax.jit does
+    lines = {}
+    for side in ("embedded", "service"):
+        client = sides[side][0]
+        handle = eat.run(X, client=client)
+        assert not handle.is_deleted(), side
+        after = eat.run(handle, client=client)
+        assert handle.is_deleted(), side
+        np.testing.assert_array_equal(np.asarray(after), X + 2.0)
+        array = jnp.asarray(X)
+        np.testing.assert_array_equal(np.asarray(bump.run(array, client=client)), X + 1.0)
+        assert array.is_deleted(), side
+        again = raised(lambda: bump.run(array, client=client))
+        kept = jnp.asarray(X)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")               # JAX's "donated buffers were not usable"
+            np.testing.assert_allclose(float(total.run(kept, client=client)), float(np.sum(X)), rtol=1e-5)
+        assert not kept.is_deleted(), side
+        lines[side] = (type(again), numbered(again), numbered(raised(lambda: np.asarray(handle))))
+    assert lines["service"][0] is lines["embedded"][0] is RuntimeError
+    assert lines["service"][1:] == lines["embedded"][1:], lines
+    assert lines["embedded"][1] == "argument N of program @lambda is a deleted jax.Array (deleted, or donated to " \
+                                   "another computation, before the call)"
 
 
 def test_a_run_that_can_never_fit_reads_as_in_process(sides):

@@ -109,3 +109,32 @@ def test_an_owner_that_shares_and_releases_again_and_again_leaves_no_tokens_behi
                 kept_ref.token))), np.full((8, 16), 4.0, np.float32))
     finally:
         runtime.close()
+
+
+def test_a_reader_fetches_a_shared_objects_value_by_its_token_until_its_owner_releases_it():
+    """`fetch` takes a shared object's token instead of a handle (what `RemoteSharedRef.result` sends), for any
+    connection given the token; one naming both is refused in one line, and a token whose object was released
+    is refused as a run taking it is."""
+    double = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=None,
+                    out_specs=None)
+    x = np.arange(128, dtype=np.float32).reshape(8, 16)
+    runtime = Runtime(embedded_device_map(2, 2))
+    try:
+        with Endpoint(runtime) as endpoint, \
+                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as owner, \
+                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as reader:
+            held = double.compiled(x, runtime=owner)(x)
+            ref = reader.shared(owner.share(held).token)
+            _, [value] = reader._call({"op": "fetch", "token": ref.token, "timeout": TIMEOUT})
+            np.testing.assert_array_equal(value, 2 * x)
+            np.testing.assert_array_equal(np.asarray(ref), 2 * x)
+            with pytest.raises(RemoteError, match="^request 'fetch' names a handle or a shared object's token, not "
+                                                  "both$"):
+                reader._call({"op": "fetch", "token": ref.token, "handle": 0})
+            held.delete()
+            assert owner.object_count() == 0                # its release, sent alone, is taken by now
+            with pytest.raises(PermissionError, match="^no shared object has the reference"):
+                ref.result(TIMEOUT)
+            assert ref.is_deleted() and reader.object_count() == 0
+    finally:
+        runtime.close()
