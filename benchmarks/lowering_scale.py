@@ -97,7 +97,8 @@ def per_shard_baseline(n: int) -> tuple[int, int, int]:
 
 def rows(sizes=SIZES, reps: int = 3) -> list[dict]:
     """Returns one row per N: pw ops, plan bytes and time, beside the per-shard baseline's; the
-    times are medians of `reps` repetitions of every (N, side) case, interleaved."""
+    times are medians of `reps` repetitions of every (N, side) case, interleaved, and the row's
+    `spread` the wider of the two sides'."""
     sizes_of = {n: (lower_chain(n), per_shard_baseline(n)) for n in sizes}     # also the warm-up
     cases = {(side, n): (lambda fn=fn, n=n: fn(n)) for n in sizes
              for side, fn in (("ours", lower_chain), ("baseline", per_shard_baseline))}
@@ -108,6 +109,7 @@ def rows(sizes=SIZES, reps: int = 3) -> list[dict]:
             "N": n, "ops": ops_count, "plan_bytes": plan_bytes, "time_s": harness.median(times["ours", n]),
             "baseline_nodes": nodes, "baseline_edges": edges, "baseline_plan_bytes": baseline_bytes,
             "baseline_time_s": harness.median(times["baseline", n]),
+            "spread": harness.widest_spread(times["ours", n], times["baseline", n]),
         })
     return out
 

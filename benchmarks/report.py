@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pathlib
+import sys
 import textwrap
 from typing import Any
 
@@ -58,6 +59,8 @@ def load_records(results: pathlib.Path) -> list[tuple[pathlib.Path, dict]]:
 
 # What `write_report` reads of a record's `machine`, and the type of each.
 MACHINE_KEYS = {"cpus": (int, type(None)), "system": str, "python": str, "date": str, "packages": dict}
+# How deep a record's values may nest (harness.record's nest 4 deep; the report formats them recursively).
+MAX_DEPTH = 32
 
 
 def _shape_problem(record) -> str | None:
@@ -74,7 +77,28 @@ def _shape_problem(record) -> str | None:
     for key, kind in MACHINE_KEYS.items():
         if not isinstance(record["machine"].get(key), kind):
             return f"'machine' has no '{key}' of the kind harness.machine_info writes"
+    return _value_problem(record)
+
+
+def _value_problem(record: dict) -> str | None:
+    """Why a value in `record` cannot be reported (None if none): nested too deeply, or a number that is not
+    finite or out of float range (JSON's 1e999 and long integers are both JSON to Python)."""
+    stack = [((key,), value) for key, value in record.items()]
+    while stack:
+        parts, value = stack.pop()
+        if len(parts) > MAX_DEPTH:
+            return f"'{_field(parts[:2 if isinstance(parts[1], str) else 3])}' is nested more than {MAX_DEPTH} deep"
+        if isinstance(value, (int, float)) and not abs(value) <= sys.float_info.max:     # NaN too
+            return f"'{_field(parts)}' is not a finite number in float range: {value!r:.40}"
+        if isinstance(value, (dict, list)):
+            stack += [((*parts, key), item) for key, item in (value.items() if isinstance(value, dict)
+                                                                else enumerate(value))]
     return None
+
+
+def _field(parts: tuple) -> str:
+    """Names a value of a record by its keys and indexes, e.g. rows[0].devices."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts)[1:]
 
 
 def better(benchmark: str, headline: str) -> str:

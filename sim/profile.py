@@ -58,7 +58,7 @@ bundled ones are also the device-rate table placement and admission read
 
 Rates (`peak_tflops`, `memory_gbytes_per_s`, `bandwidth_gbps`) are at
 least 1e-6, and fixed costs (`*_us`) at most 1e12 us, so that every
-simulated time is finite.
+simulated time is finite; whole numbers (`memory_bytes`, ...) are below 2^63.
 
 `sources` cites where each figure comes from; a figure that is assumed or
 fitted says so there.
@@ -79,6 +79,7 @@ from pathways_mlir.dialect.input_files import read_json
 _LEAST = {"peak_tflops": 1e-6, "memory_gbytes_per_s": 1e-6, "bandwidth_gbps": 1e-6, "devices_per_host": 1,
           "memory_bytes": 1}
 MAX_US = 1e12
+MAX_INT = 2 ** 63 - 1      # the most an int field may be: the topology's device memory reaches the IR as an i64
 
 
 class ProfileError(ValueError):
@@ -230,6 +231,8 @@ def _record(cls, value: dict, key: str, where: str):
         least = _LEAST.get(f.name)
         if least is not None and kwargs[f.name] < least:
             raise ProfileError(f"{where}: {key}.{f.name} must be at least {least:g}, not {kwargs[f.name]:g}")
+        if f.type == "int" and kwargs[f.name] > MAX_INT:
+            raise ProfileError(f"{where}: {key}.{f.name} must be below 2^63 (an i64), not {kwargs[f.name]:g}")
         if f.name.endswith("_us") and kwargs[f.name] > MAX_US:
             raise ProfileError(f"{where}: {key}.{f.name} must be at most {MAX_US:g} us, not {kwargs[f.name]:g}")
     unknown = set(raw) - {f.name for f in fields(cls)}

@@ -160,11 +160,12 @@ def latency(plan, profile: Profile, dispatch: str = "parallel", resident: frozen
 
 
 def one_launch_seconds(plan, profile: Profile) -> float:
-    """Returns the device time of a one-launch plan's launch."""
+    """Returns the device time of a one-launch plan's launch on its slice's devices (as the simulator times it:
+    devices that share cores take turns)."""
     from pathways_mlir.dialect.device_time import launch_costs
 
     (cost,) = launch_costs(plan).values()
-    return profile.accelerator.launch_seconds(cost.flops, cost.bytes, 1)
+    return profile.accelerator.launch_seconds(cost.flops, cost.bytes, cost.devices)
 
 
 def crossover(devices: int, profile: Profile, runs: int = 40, target: float = 0.95) -> dict:
@@ -172,8 +173,11 @@ def crossover(devices: int, profile: Profile, runs: int = 40, target: float = 0.
     def efficiency(trips):
         plan = one_computation(devices, trips, profile)
         seconds = one_launch_seconds(plan, profile)
+        if not seconds > 0:
+            raise SimError(f"profile {profile.name}: a computation on {devices} devices takes no device time, so "
+                           f"there is no ideal throughput to reach")
         return throughput(plan, profile, runs) * seconds, seconds
-    low, high = 1, 2
+    low, high = 0, 1
     while (eff := efficiency(high)[0]) < target:
         if high >= MAX_TRIPS:
             raise SimError(f"profile {profile.name}: no computation of up to {MAX_TRIPS} loop trips reaches "

@@ -42,7 +42,8 @@ def report(plan: ProgramPlan, profile: Profile, memory_bytes: int | None = None,
             key = f"{span.island} {span.track}"
             busy[key] = busy.get(key, 0.0) + span.end - span.start
     peaks = by_device_range(need)
-    return {"step_ms": step * 1e3, "bubble_fraction": 1 - sum(busy.values()) / len(busy) / step if busy else 0.0,
+    bubble = 1 - sum(busy.values()) / len(busy) / step if busy and step else 0.0     # none in a step of no time
+    return {"step_ms": step * 1e3, "bubble_fraction": bubble,
             "peak_bytes": peaks, "fits": ledger.never_fits(need) is None,
             "memory_bytes": min(ledger.capacity[island] for island in need) if need else memory_bytes}
 

@@ -195,6 +195,24 @@ def test_report_names_a_malformed_record_in_one_line(tmp_path, capsys):
     assert not out.parent.exists()                   # not even the folder its output check made
 
 
+@pytest.mark.parametrize("where, value, message", [
+    ("rows", "1e999", "'rows[0].devices' is not a finite number in float range: inf"),
+    ("rows", "1" * 400, "'rows[0].devices' is not a finite number in float range: " + "1" * 40),
+    ("params", "[" * 400 + "1" + "]" * 400, "'params.devices' is nested more than 32 deep")])
+def test_report_refuses_numbers_out_of_float_range_and_values_nested_too_deeply(tmp_path, capsys, where, value,
+                                                                                message):
+    # All JSON that Python reads: the numbers were an internal OverflowError in the plot, the nesting an internal
+    # RecursionError in the parameters' cell.
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "results"
+    results.mkdir()
+    record = _synthetic_records()[1]
+    (record["rows"][0] if where == "rows" else record["params"])["devices"] = "VALUE"
+    (results / "dispatch.json").write_text(json.dumps(record).replace('"VALUE"', value))
+    assert _report_error(results, tmp_path / "out" / "RESULTS.md", capsys) == (
+        f"pw-bench: error: {results / 'dispatch.json'}: not a pw-bench record: {message}")
+
+
 def test_report_draws_nothing_until_every_record_is_drawn(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     results, out = tmp_path / "results", tmp_path / "out" / "RESULTS.md"

@@ -236,6 +236,15 @@ def test_lowered_ir_and_plans_do_not_grow_with_the_shard_count():
     assert per_shard_baseline(64)[:2] == (128, 64)
 
 
+def test_lowering_scale_rows_say_how_spread_their_times_are():
+    # The README says a row's spread is null when fewer than 4 repetitions were timed; these rows had none at all.
+    from pathways_mlir.benchmarks.lowering_scale import rows
+
+    assert [row["spread"] for row in rows(sizes=(8,), reps=3)] == [None]
+    [row] = rows(sizes=(8,), reps=4)
+    assert row["spread"] >= 0
+
+
 def test_ctrl_c_while_lowering_raises_keyboard_interrupt():
     """Ctrl-C inside a pass went into MLIR's pass manager, which made it a RuntimeError ("Exception raised in
     callback") or dropped it, the lowering going on to its end. Now the pass fails and the lowering raises

@@ -529,10 +529,12 @@ def test_runs_that_take_no_simulated_time_have_no_rate(tmp_path, capsys):
 @pytest.mark.parametrize("section, field, value, message", [
     ("accelerator", "peak_tflops", 5e-324, "accelerator.peak_tflops must be at least 1e-06, not 4.94066e-324"),
     ("dcn", "bandwidth_gbps", 1e-9, "dcn.bandwidth_gbps must be at least 1e-06, not 1e-09"),
-    ("host", "run_us", 1e300, "host.run_us must be at most 1e+12 us, not 1e+300")])
+    ("host", "run_us", 1e300, "host.run_us must be at most 1e+12 us, not 1e+300"),
+    ("accelerator", "memory_bytes", 2 ** 63, "accelerator.memory_bytes must be below 2^63 (an i64), not 9.22337e+18")])
 def test_a_profile_rate_too_small_or_cost_too_large_for_finite_times_is_one_line(tmp_path, capsys, section, field,
                                                                                   value, message):
-    # A peak of 5e-324 TFLOPS made every time infinite: pw-sim wrote "Infinity" into its record and trace.
+    # A peak of 5e-324 TFLOPS made every time infinite: pw-sim wrote "Infinity" into its record and trace. Memory
+    # of 2^63 bytes was an internal TypeError over several lines (the topology's memory is an i64 in the IR).
     ir_path = str(ROOT / "examples" / "three_blocks.mlir")
     assert pw_sim(["run", ir_path, "--profile", _profile_file(tmp_path, section, field, value),
                    "--topology", "2x8"]) == 1
@@ -606,14 +608,49 @@ def test_a_cond_whose_predicate_is_not_a_scalar_is_refused(route_plan, tmp_path,
     assert err.count("\n") == 0 and "as its predicate, which must be a scalar" in err, err
 
 
-def test_pipeline_and_scale_on_a_profile_too_small_or_too_slow_are_one_line(capsys):
-    # cpu-here's 1 GiB devices cannot hold the 3B model (an internal LoweringError over two lines), and no
-    # computation reaches 95% of ideal throughput on its 2 shared cores (the trip count doubled until it
-    # overflowed an int32: an internal OverflowError).
-    assert pw_sim(["pipeline", "--stages", "2", "--micro-batches", "2", "--profile", "cpu-here"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "@step cannot be lowered onto 1 island(s) of 128 cpu devices: " in err, err
-    assert pw_sim(["scale", "--quick", "--profile", "cpu-here"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and ("profile cpu-here: no computation of up to 16777216 loop trips reaches 95% of "
-                                     "the ideal throughput on 128 devices") in err, err
+def test_pipeline_and_scale_on_a_profile_too_small_are_one_line(capsys):
+    # cpu-here's 1 GiB devices cannot hold the 3B model (an internal LoweringError over two lines).
+    for argv in (["pipeline", "--stages", "2", "--micro-batches", "2"], ["scale", "--quick"]):
+        assert pw_sim([*argv, "--profile", "cpu-here"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "@step cannot be lowered onto 1 island(s) of 128 cpu devices: " in err, err
+
+
+def test_figure6_crossover_times_a_launch_as_the_simulator_does(monkeypatch):
+    # Its ideal was a launch on one device: on cpu-here's 2 shared cores one on 128 devices takes 64 times that, so
+    # no computation reached 95% of it (2/128 at most) and `pw-sim scale --profile cpu-here` said so. A computation
+    # of one loop trip reaches it there; the search started at two.
+    from pathways_mlir.sim import scale
+
+    cpu = load_profile("cpu-here")
+    plan = scale.one_computation(128, 1, cpu)
+    result = Simulator(cpu, record_spans=True).simulate([Submission(plan)])
+    [launch] = [span for span in result.spans if span.kind == "launch"]
+    assert scale.one_launch_seconds(plan, cpu) == pytest.approx(launch.end - launch.start)
+    found = scale.crossover(128, cpu)
+    assert found["efficiency"] >= 0.95 and found["computation_ms"] == pytest.approx((launch.end - launch.start) * 1e3)
+    # No computation of up to MAX_TRIPS loop trips reaching it (the trip count doubled until it overflowed an int32:
+    # an internal OverflowError) is one line.
+    monkeypatch.setattr(scale, "MAX_TRIPS", 4)
+    monkeypatch.setattr(scale, "throughput", lambda plan, profile, runs: 0.5 / scale.one_launch_seconds(plan, profile))
+    with pytest.raises(SimError, match="^profile cpu-here: no computation of up to 4 loop trips reaches 95% of the "
+                                       r"ideal throughput on 128 devices \(it reaches 50.0%\)$"):
+        scale.crossover(128, cpu)
+
+
+def test_pipeline_and_scale_on_a_profile_whose_costs_are_all_zero_are_a_result_or_one_line(tmp_path, capsys):
+    # pipeline: the bubble fraction divided by a step of no time; scale: the ideal throughput of a launch of no time
+    # was infinite (efficiency NaN), then the crossovers' ratio 0 / 0. Both internal ZeroDivisionErrors.
+    profile = json.loads((PROFILE_DIR / "tpu-v4.json").read_text())
+    for section in ("accelerator", "ici", "dcn", "pcie", "host"):
+        profile[section].update({key: 0 for key in profile[section] if key.endswith("_us")})
+    profile["accelerator"].update(peak_tflops=1e308, memory_gbytes_per_s=1e308)
+    for link in ("ici", "dcn", "pcie"):
+        profile[link]["bandwidth_gbps"] = 1e308
+    path = tmp_path / "free.json"
+    path.write_text(json.dumps({**profile, "name": "free"}))
+    assert pw_sim(["pipeline", "--stages", "2", "--micro-batches", "2", "--slices", "1", "--profile", str(path)]) == 0
+    assert "step     0.000 ms  bubble  0.0%" in capsys.readouterr().out
+    assert pw_sim(["scale", "--quick", "--profile", str(path)]) == 1
+    assert capsys.readouterr().err.strip() == ("pw-sim: error: profile free: a computation on 128 devices takes no "
+                                               "device time, so there is no ideal throughput to reach")
