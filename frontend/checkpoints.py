@@ -171,6 +171,9 @@ def read_checkpoint(directory: str, like: Sequence, paths: Sequence[str]) -> tup
                          f"{', '.join(map(str, steps))})")
     # A checkpoint written before the paths were stored has none: its leaves are read by position, as then
     # (it holds no zero-size leaf either: Orbax refused those).
+    if saved is not None and not (isinstance(saved, list) and all(isinstance(path, str) for path in saved)):
+        raise ValueError(f"resume_from: the checkpoint of step {step} in {directory} has malformed metadata: its "
+                         f"key paths are {str(saved)[:80]}, not a list of strings")
     count = len(item) if saved is None else len(saved)
     if count != len(like):
         raise ValueError(f"resume_from: the checkpoint of step {step} in {directory} holds {count} arrays, "

@@ -759,6 +759,22 @@ def test_a_state_of_narrow_dtypes_is_checkpointed_and_resumed_bit_for_bit(rt, tm
     assert settled(rt, WAIT)
 
 
+@pytest.mark.parametrize("paths", [5, "['w']", [3]], ids=["a number", "a string", "not strings"])
+def test_a_checkpoint_whose_key_paths_are_damaged_is_refused_in_one_line(tmp_path, paths):
+    """A step's metadata whose key paths are not a list of strings (a number gave a bare `TypeError: object of
+    type 'int' has no len()`, found by a review) is refused in one line naming the checkpoint."""
+    import orbax.checkpoint as ocp
+
+    from pathways_mlir.frontend.checkpoints import read_checkpoint
+
+    with ocp.CheckpointManager(tmp_path) as manager:
+        manager.save(2, args=ocp.args.StandardSave({"leaf00000": np.arange(4, dtype=np.float32)}),
+                     custom_metadata={"paths": paths})
+    with pytest.raises(ValueError, match=r"^resume_from: the checkpoint of step 2 in .* has malformed metadata: "
+                                         r"its key paths are .*, not a list of strings$"):
+        read_checkpoint(str(tmp_path), [np.zeros(4, np.float32)], ["['w']"])
+
+
 def test_resuming_from_its_own_checkpoint_dir_past_a_corrupted_newest_checkpoint_writes_it_again(rt, tmp_path):
     """The README's pattern, `checkpoint_dir` and `resume_from` one directory: after the newest checkpoint was
     skipped as corrupted, the run refused the directory for holding a checkpoint newer than its start. The
