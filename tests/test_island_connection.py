@@ -93,8 +93,9 @@ def fetching(ours, timeout=None) -> tuple[threading.Thread, list]:
 def pair():
     driver_end, actor_end = socket.socketpair()
     driver_end.settimeout(WAIT)
-    yield connection.IslandConnection(driver_end), Peer(actor_end)
-    driver_end.close()
+    ours = connection.IslandConnection(driver_end)
+    yield ours, Peer(actor_end)
+    ours.close()                  # (its writer thread, if it started one, ends)
     actor_end.close()
 
 
@@ -196,3 +197,17 @@ def test_an_actor_that_reads_nothing_for_the_sockets_timeout_breaks_the_connecti
     finally:
         ours.close()
         actor_end.close()
+
+
+def test_a_send_behind_more_than_queued_bytes_waits_for_the_writer_bounded(pair, monkeypatch):
+    """Copies of what the socket did not take are held for the writer: with no bound, a slow actor left the
+    driver holding every queued run's arguments (320 MiB from 20 sends of 16 MiB, found by a review). A send
+    finding more than `QUEUED` bytes unsent waits for the writer, and breaks the connection once the actor read
+    nothing for `REPLY_TIMEOUT`."""
+    ours, peer = pair
+    monkeypatch.setattr(connection, "QUEUED", 1 << 20)
+    monkeypatch.setattr(connection, "REPLY_TIMEOUT", 0.5)
+    ours.send({"number": 0}, [np.zeros(4 << 20, np.float32)])          # 16 MiB: most of it queued
+    assert ours._queued > connection.QUEUED
+    with pytest.raises(connection.ConnectionBroken, match=r"the actor read nothing of \d+ bytes for 0.5 s"):
+        ours.send({"number": 1}, [np.zeros(4 << 20, np.float32)])     # not queued: never copied

@@ -48,6 +48,7 @@ from .data_plane import Lend, Withdraw
 CONNECT_TIMEOUT = 120.0  # seconds for an actor to answer where it listens (its JAX may still be starting)
 REPLY_TIMEOUT = 120.0    # seconds an acknowledgement may take, or a frame's rest once its first byte came
 POLL = 1.0               # seconds a reader waits for a frame before it looks at its deadline again
+QUEUED = 64 << 20        # bytes a connection's writer may hold unsent before a send waits for it
 # What one frame may carry: each end proved it holds the connection's key, so these bound only mistakes.
 LIMITS = Limits(max_header_bytes=1 << 30, max_array_bytes=1 << 46, max_arrays=1 << 24)
 
@@ -73,6 +74,7 @@ class IslandConnection:
         self.broken: ConnectionBroken | None = None
         self._on_broken = on_broken      # told when the writer finds the connection broken
         self._outbox: collections.deque = collections.deque()   # bytes the writer sends, in order
+        self._queued = 0                 # bytes in `_outbox`
         self._out = threading.Condition()
         self._writer: threading.Thread | None = None
         self._closed = False
@@ -108,10 +110,20 @@ class IslandConnection:
             raise raised(self.broken)
         parts = frame_parts(header, arrays, LIMITS)
         with self._out:
+            if self._queued > QUEUED and not self._out.wait_for(
+                    lambda: self._queued <= QUEUED or self._closed or self.broken is not None, REPLY_TIMEOUT):
+                raise self._broke(TimeoutError(f"the actor read nothing of {self._queued} bytes for "
+                                               f"{REPLY_TIMEOUT:g} s"))
+            if self._closed:           # (its descriptor may be another file's by now)
+                raise self._broke(OSError("the connection was closed"))
+            if self.broken is not None:
+                raise raised(self.broken)
             if not self._outbox:
                 parts = self._write_now(parts)
             if parts:
-                self._outbox.extend(bytes(part) for part in parts)
+                copies = [bytes(part) for part in parts]
+                self._outbox.extend(copies)
+                self._queued += sum(map(len, copies))
                 if self._writer is None:
                     self._writer = threading.Thread(target=self._write_queued, name="pw-island-writer", daemon=True)
                     self._writer.start()
@@ -143,6 +155,8 @@ class IslandConnection:
                     self._out.wait(POLL)
                 if self._closed or self.broken is not None:
                     self._outbox.clear()
+                    self._queued = 0
+                    self._out.notify_all()
                     return
                 head = self._outbox[0]
             try:
@@ -157,6 +171,8 @@ class IslandConnection:
                     self._outbox.popleft()
                 else:
                     self._outbox[0] = memoryview(head)[sent:]
+                self._queued -= sent
+                self._out.notify_all()         # (a send waiting for room)
 
     def wait_taken(self, number: int, deadline: float | None = None) -> None:
         """Returns once the actor acknowledged start message `number` (at most `REPLY_TIMEOUT` seconds, and until
