@@ -401,7 +401,10 @@ class StageCache:
         or built and the leaves go to the run as they are (`Compiled.call_plain`), under the same
         trace context; such leaves are never tracers. Under `jax.disable_jit()` a call with `traced` runs it,
         as `jax.jit` runs its function eagerly there."""
-        runtime = _runtime_of(client) if client is not None else None
+        if type(client) is Client:
+            runtime = client.runtime             # (`_runtime_of`'s, without its call: most calls pass one)
+        else:
+            runtime = _runtime_of(client) if client is not None else None
         identity = leaves = None
         if dispatch == "parallel" and timeout is None and not kwargs and self._unsplit:
             leaves = args
@@ -468,28 +471,27 @@ def _identity(leaves: tuple | list, tree=None) -> tuple[tuple, tuple] | None:
     """Returns the key and objects that identify the signature of argument leaves that are all JAX arrays (their
     aval), handles or `WeakHandle`s of them (their plan buffer) or NumPy arrays (their shape and dtype, all of a
     host array's aval), or None if one is anything else; with `tree`, the leaves' pytree (a `PyTreeDef`) is
-    part of the key, and None is returned too if it is not hashable (a node's auxiliary data)."""
-    keys, objects = [], []
-    for a in leaves:
+    part of the key, and None is returned too if it is not hashable (a node's auxiliary data). The key holds
+    the objects' ids, and marks at their positions what the objects alone do not tell: a NumPy array's shape,
+    a `WeakHandle` (one list append per leaf, most of the time)."""
+    objects, marks = [], []
+    for position, a in enumerate(leaves):
         kind = type(a)
         if kind is ARRAY_TYPE:
-            found = a.aval
-            keys.append(id(found))
+            objects.append(a.aval)
         elif kind is Handle:
-            found = a._run.plan.buffers[a._buffer]
-            keys.append(id(found))
+            objects.append(a._run.plan.buffers[a._buffer])
         elif kind is WeakHandle and type(a.data) is Handle:
-            found = a.data._run.plan.buffers[a.data._buffer]
-            keys.append(("weak", id(found)))
+            objects.append(a.data._run.plan.buffers[a.data._buffer])
+            marks.append((position, "weak"))
         elif kind is np.ndarray:
-            found = a.dtype
-            keys.append((a.shape, id(found)))
+            objects.append(a.dtype)
+            marks.append((position, a.shape))
         else:
             return None
-        objects.append(found)
     if tree is None:
-        return tuple(keys), tuple(objects)
-    key = tree, tuple(keys)
+        return (tuple(map(id, objects)), tuple(marks)), tuple(objects)
+    key = tree, tuple(map(id, objects)), tuple(marks)
     try:
         hash(key)
     except TypeError:

@@ -10,6 +10,7 @@ its share when the runtime's scheduler uses the `share` policy.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import threading
 import time
@@ -22,7 +23,7 @@ from .array_reference import Reference
 from .dispatch import Dispatcher, check_dtype, check_timeout
 from .dispatch_mode import DispatchMode
 from .executables import numpy_dtype
-from .handles import Handle, release_dropped
+from .handles import Handle, nothing_dropped, release_dropped
 from .island_work import RunFailed, StoreRef, client_owner
 from .plan_check import refuse_debug_checks
 from .run import Run
@@ -77,8 +78,10 @@ class Client:
         A handle passed for an input the plan lists as donated (`plan.donated`)
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
-        release_dropped()
-        dispatch = DispatchMode.parse(dispatch)
+        if not nothing_dropped():
+            release_dropped()
+        if type(dispatch) is not DispatchMode:
+            dispatch = DispatchMode.parse(dispatch)
         if timeout is not None:
             check_timeout(timeout)
         lane = self.runtime.lane(plan) if timeout is None and dispatch is DispatchMode.PARALLEL else None
@@ -193,8 +196,8 @@ class Client:
         handles of one result would release it with the first one dropped, and the other would never be
         produced)."""
         plan = run.plan
-        if len(plan.outputs) == len(plan.distinct_outputs):
-            return [Handle(self, run, b) for b in plan.outputs]
+        if plan.outputs == plan.distinct_outputs:      # (both tuples: no output twice)
+            return list(map(functools.partial(Handle, self, run), plan.outputs))    # (no comprehension's call)
         made = {b: Handle(self, run, b) for b in plan.distinct_outputs}
         return [made[b] for b in plan.outputs]
 

@@ -36,6 +36,7 @@ import jax                 # before jaxlib's own module: imported first, jaxlib 
 import numpy as np         # INFO lines when the backend starts
 # JAX's array class (importing it starts no backend): the fast paths check their arguments' type against it,
 # where `isinstance(x, jax.Array)` runs Python (about 2 us here).
+from jax._src import config as jax_config   # the thread's context mesh: no public reader without a call
 from jaxlib._jax import ArrayImpl
 
 from pathways_mlir.dialect.element_types import NUMPY_NAMES, SUB_BYTE_TYPES
@@ -49,6 +50,11 @@ def without_context_mesh():
     runtime's computations run on their slices' meshes on a caller's thread too (inline), where JAX would
     check them against a mesh the caller set for its own code and refuse their devices."""
     return _UNCHANGED if jax.sharding.get_abstract_mesh().empty else jax.set_mesh(None)
+
+
+# What `jax.sharding.get_abstract_mesh` reads: `CONTEXT_MESH.value` is the mesh set on this thread, or None (then
+# the empty one). A fast path looks at it without a call, and calls `without_context_mesh` only if one is set.
+CONTEXT_MESH = jax_config.abstract_mesh_context_manager
 
 
 _UNCHANGED = contextlib.nullcontext()

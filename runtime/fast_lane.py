@@ -44,6 +44,7 @@ import numpy as np
 
 from .executables import ARRAY_TYPE
 from .handles import Handle
+from .island_executor import runs_collective
 from .run import Run
 
 if TYPE_CHECKING:
@@ -57,8 +58,8 @@ CREDITS = 32          # runs in use from which a lane retires the runs that are 
 class FastLane:
     """The pre-built path of one loaded plan; see the module."""
 
-    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "dtypes", "name", "layout", "program", "free",
-                 "in_use", "runs", "kept")
+    __slots__ = ("scheduler", "island", "loaded", "buffers", "shapes", "dtypes", "count", "name", "layout", "program",
+                 "collective", "free", "in_use", "runs", "kept")
 
     def __init__(self, scheduler: "GangScheduler", island: "Island", loaded: "LoadedPlan"):
         self.scheduler = scheduler
@@ -67,9 +68,11 @@ class FastLane:
         self.buffers = tuple(buffer for buffer, _, _, _ in loaded.inputs)
         self.shapes = tuple(shape for _, _, shape, _ in loaded.inputs)
         self.dtypes = tuple(dtype for _, _, _, dtype in loaded.inputs)
+        self.count = len(loaded.inputs)
         self.name = loaded.plan.program
         self.layout = island._layout(loaded.key)
         self.program = island.program(loaded.key, loaded.first[island.name])   # built when the plan loaded
+        self.collective = runs_collective(self.program)   # whether its runs are held for those in flight
         self.free = 0         # credits reserved in the ledger and not used by a run
         self.in_use = 0       # credits held by runs not retired yet
         self.runs = 0         # runs that took the lane
@@ -94,7 +97,7 @@ class FastLane:
         and dtype, or a handle whose result is kept on the lane's island (its array is read from the island's
         store, as `fetch` reads it, without waiting); anything else takes the general path (which refuses
         another dtype, or takes one JAX takes as it)."""
-        if len(args) != len(self.shapes):
+        if len(args) != self.count:
             return None
         island = self.island
         kept = island.store.get          # a dict read: no lock needed
@@ -113,20 +116,24 @@ class FastLane:
                     return None          # the general path refuses it
             elif kind is not np.ndarray:
                 return None
-            if value.shape != shape or value.dtype != dtype:
+            if type(value) is ARRAY_TYPE:
+                aval = value.aval            # (what its `shape` and `dtype` properties read: no call)
+                if aval.shape != shape or aval.dtype != dtype:
+                    return None
+            elif value.shape != shape or value.dtype != dtype:
                 return None
             values.append(value)
         inputs = zip(self.buffers, values)       # iterated once: by the island's queue, or by `run_lane`
         scheduler, loaded = self.scheduler, self.loaded
         with scheduler._lock:
-            if scheduler._waiting or scheduler._held or scheduler._closed or not self.kept:
+            if scheduler._waiting.count or scheduler._held or scheduler._closed or not self.kept:
                 return None
             if not self.free and not self._credit():
                 return None
-            run = Run(loaded.plan, loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
+            run = Run(loaded.plan_ref(), loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
             ticket = next(scheduler._tickets)
             island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.name, self.layout, self.program,
-                                           inputs, inline)
+                                           self.collective, inputs, inline)
             if island_run is None:
                 return None          # the island is closed or wedged (the ticket is left unused)
             self.free -= 1
@@ -137,7 +144,7 @@ class FastLane:
             scheduler.delivered.append((ticket, client_id))
             scheduler._in_flight[run.id] = run
         if not island_run.queued:
-            island.run_lane(island_run, self.program, inputs)
+            island.run_lane(island_run, self.program, self.collective, inputs)
         return run
 
     def _credit(self) -> bool:

@@ -39,6 +39,11 @@ def _note_collection(phase: str, info: dict) -> None:
 gc.callbacks.append(_note_collection)
 
 
+nothing_dropped = _DROPPED.empty
+"""nothing_dropped() says whether no handle's release waits: a look without a Python call, for the fast paths
+(most calls find none)."""
+
+
 def release_dropped() -> None:
     """Releases the results of the handles the garbage collector finalized since the last call."""
     while not _DROPPED.empty():      # (a look first: most calls find none, and an exception costs more)

@@ -71,7 +71,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .cluster import DeviceMap
 from .device_clock import DeviceClock
 from .device_estimates import DeviceTimeEstimates
-from .executables import ExecutableCache, make_mesh, without_context_mesh
+from .executables import CONTEXT_MESH, ExecutableCache, make_mesh, without_context_mesh
 from .island_executor import AWAIT_PAUSE, IN_FLIGHT, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
@@ -282,14 +282,14 @@ class Island(IslandExecutor):
             self._inline_over()
 
     def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int, name: str, layout: IslandLayout,
-                   program: tuple[Instruction, ...], inputs: Iterable[tuple[int, Any]],
+                   program: tuple[Instruction, ...], collective: bool, inputs: Iterable[tuple[int, Any]],
                    inline: bool = True) -> IslandRun | None:
         """Registers a fast lane's run (`runtime/fast_lane.py`) of program `name`, all of whose steps are
-        `program` on `inputs` ((buffer, array) pairs, iterated once: here if the run is queued, else by
-        `run_lane`) in the plan's `layout` here, if the island is open and
-        not wedged; otherwise takes nothing and returns None. If the island is idle and the caller executes
-        work `inline`, it then executes it (`run_lane`); if not, its work is queued for the executor behind what
-        is there (`run.queued` tells which)."""
+        `program` (`collective`: it launches a collective, `runs_collective`) on `inputs` ((buffer, array) pairs,
+        iterated once: here if the run is queued, else by `run_lane`) in the plan's `layout` here, if the island
+        is open and not wedged; otherwise takes nothing and returns None. If the island is idle and the caller
+        executes work `inline`, it then executes it (`run_lane`); if not, its work is queued for the executor
+        behind what is there (`run.queued` tells which)."""
         with self.lock:
             if self._closed or self.wedged is not None:
                 return None
@@ -302,14 +302,19 @@ class Island(IslandExecutor):
             else:
                 run.queued = True
                 run.checks = debug_checks()      # the caller's: the executor launches it
-                self._inbox.put((self._lane_work, (run, program, host_arrays_copied(inputs))))
+                self._inbox.put((self._lane_work, (run, program, collective, host_arrays_copied(inputs))))
             return run
 
-    def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], inputs: Iterable[tuple[int, Any]]):
+    def run_lane(self, run: IslandRun, program: tuple[Instruction, ...], collective: bool,
+                 inputs: Iterable[tuple[int, Any]]):
         """Executes a fast lane's run that `start_lane` registered, on the caller's thread (holding no lock):
         places its arguments (`inputs`: (buffer, array) pairs) and runs its program."""
-        with without_context_mesh():
-            self._lane_work((run, program, inputs), inline=True)
+        mesh = CONTEXT_MESH.value
+        if mesh is None or mesh.empty:           # (`without_context_mesh` with nothing to do: no context)
+            self._lane_work((run, program, collective, inputs), inline=True)
+        else:
+            with without_context_mesh():
+                self._lane_work((run, program, collective, inputs), inline=True)
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
         """A buffer a peer island sent: the executor puts it on its home sharding and resumes the run."""

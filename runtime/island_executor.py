@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from jax._src.api_util import InternalFloatingPointError   # what an executable raises under jax_debug_nans
 
-from .island_work import (FAILED_HISTORY, HISTORY, REFERENCES, IslandRun, IslandWedged, IslandWork, RunFailed,
-                          checking, client_owner, computed, without_traceback)
+from .island_work import (FAILED_HISTORY, HISTORY, REFERENCES, UNCHECKED, IslandRun, IslandWedged, IslandWork,
+                          RunFailed, checking, client_owner, computed, without_traceback)
 from .executables import ARRAY_TYPE
 from .transfers import copy_to
 
@@ -235,27 +235,34 @@ class IslandExecutor:
         """A fast lane's run (`Island.start_lane`), straight through: its arguments placed, its one program
         executed (a one-island plan has no `Recv` to park at), its results kept. `inline`: the caller runs it
         (`run_lane`), and the executor may take its turn after it, under the same take of the lock."""
-        run, program, inputs = message
+        run, program, collective, inputs = message
         run.last = True
         try:
-            if len(self._completions) >= IN_FLIGHT and any(getattr(i, "collective", False) for i in program):
+            if collective and len(self._completions) >= IN_FLIGHT:
                 self._hold_in_flight()
             if self._runs.get(run.id) is not run:
                 return                           # cancelled before it ran: nothing of it runs
             self._place(run, inputs, True, inline)
             if not self._begin(run):
                 return
-            runs = self._runs
-            with checking(run.checks):
-                for instruction in program:
-                    instruction.execute(self, run)
-                    if runs.get(run.id) is not run:
-                        return                   # failed or cancelled: its next steps do not run
+            if run.checks is UNCHECKED:          # (always when inline: no context to enter)
+                self._execute_lane(run, program)
+            else:
+                with checking(run.checks):
+                    self._execute_lane(run, program)
         except BaseException as error:  # noqa: BLE001  (the run fails alone)
             self._fail_and_tell(run.id, error)
             _reraise_interrupt(error)
         finally:
             self._stopped(run, inline)
+
+    def _execute_lane(self, run: IslandRun, program: tuple) -> None:
+        """Executes a fast lane's program, stopping after an instruction that failed (or cancelled) its run."""
+        runs = self._runs
+        for instruction in program:
+            instruction.execute(self, run)
+            if runs.get(run.id) is not run:
+                return                           # failed or cancelled: its next steps do not run
 
     @staticmethod
     def _place(run: IslandRun, inputs: tuple[tuple[int, Any], ...], executed: bool, callers: bool = False) -> None:
@@ -412,7 +419,8 @@ class IslandExecutor:
                 self._finish(run)
             if inline:
                 self._end_inline()
-            self._notify(run.id)
+            if self._waiters:                # (`_notify`'s look, without its call: most runs have no waiter)
+                self._notify(run.id)
 
     def _finish(self, run: IslandRun) -> None:
         """The run's work here is dispatched: keep its results, remember what marks it done. Under the lock."""
@@ -588,6 +596,11 @@ class IslandExecutor:
         self._transport.send(array, nbytes, link, lambda moved: target.deliver(run.id, run.plan_key, peer_buffer,
                                                                                moved),
                              lambda error: target.fail_run(run.id, error))
+
+
+def runs_collective(program: tuple) -> bool:
+    """Whether an island program launches a collective (`IslandExecutor._hold_in_flight`)."""
+    return any(getattr(i, "collective", False) for i in program)
 
 
 def _flow_id(run_id: int, buffer: int) -> int:

@@ -211,9 +211,11 @@ class Runtime:
 
     def lane(self, plan: ProgramPlan) -> FastLane | None:
         """Returns the fast lane of `plan` (loading it first if it is not loaded), or None if it has none."""
-        if not self.is_loaded(plan):
+        key = id(plan)
+        loaded = self._loaded.get(key)
+        if loaded is None or loaded.plan_ref() is not plan:     # (`is_loaded`, without its calls: every run asks)
             self.load(plan)
-        return self._lanes.get(id(plan))
+        return self._lanes.get(key)
 
     def cancel(self, run: Run, error: BaseException | None = None) -> bool:
         """Cancels a run: a queued one leaves its queue, an admitted one fails on every island (a parked one

@@ -507,22 +507,25 @@ class GangScheduler:
         if run.error is None:
             run.error = self._failure(run)       # before `keep`: a run that failed on an island has no results
         run.retired = True                       # before `keep`: see `release_result`
-        run.leave_parent()                       # (its parent keeps nothing of it)
+        if run.parent is not None:
+            run.leave_parent()                   # (its parent keeps nothing of it)
         if run.reads:
             self._results.unread(run)
         self._results.keep(run)                  # first: a credit comes back only if it fits beside them
         if run.credit is not None:
-            run.credit.returned(queued=bool(self._waiting))
+            run.credit.returned(queued=self._waiting.count > 0)
         else:
             self.ledger.give(run.need)
-        self._forget_gone(run.client_id)
+        if run.client_id in self._results.gone:
+            self._forget_gone(run.client_id)
         seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
         if run.error is not None:
             return
         if None not in seconds:
             run.device_seconds = sum(seconds)
             self.policy.retired(run, self.estimates.record(run.key, run.device_seconds, run.cost))
-            self._charge_untimed(run.key)
+            if run.key in self._untimed:
+                self._charge_untimed(run.key)
         elif self.estimates.measured(run.key) is None:
             self._untimed[run.key].append(Untimed(run))    # charged once a run of its plan is timed (a plan's
                                                            # first run)

@@ -37,11 +37,11 @@ class WaitingRuns:
     def __init__(self):
         self._queues: dict[int, collections.deque[WaitingRun]] = {}
         self._arrivals = itertools.count()
-        self._count = 0
+        self.count = 0              # how many runs wait (what the fast paths read: `len` is a call)
         self.reserved: WaitingRun | None = None
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def add(self, run: Run, works: Any) -> None:
         """Queues `run` behind its client's waiting runs; a cond's branch run (`run.parent`) goes first: its
@@ -52,7 +52,7 @@ class WaitingRuns:
             queue.append(item)
         else:
             queue.appendleft(item)
-        self._count += 1
+        self.count += 1
 
     def has_client(self, client_id: int) -> bool:
         """Whether a run of this client waits."""
@@ -81,7 +81,7 @@ class WaitingRuns:
         queue.popleft()
         if not queue:
             del self._queues[item.run.client_id]
-        self._count -= 1
+        self.count -= 1
         if self.reserved is item:
             self.reserved = None
             return
@@ -90,7 +90,7 @@ class WaitingRuns:
 
     def overtaken_by_newcomer(self) -> None:
         """A run is admitted without waiting: it arrived after every waiting run, and overtakes each head."""
-        if self._count:
+        if self.count:
             self._overtake(math.inf)
 
     def _overtake(self, arrival: float) -> None:
@@ -111,7 +111,7 @@ class WaitingRuns:
                 self._queues[client] = kept
             else:
                 del self._queues[client]
-        self._count -= len(taken)
+        self.count -= len(taken)
         if self.reserved in taken:
             self.reserved = None
         return taken
