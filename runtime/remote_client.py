@@ -212,11 +212,11 @@ class RemoteSharedRef(ArrayReference):
     def is_deleted(self) -> bool:
         """Whether the object is gone for this reference: its owner released it (one request checks the
         token), or its connection was closed."""
-        if self._connected().closed_here:
+        if self._connected().closed:           # closed here, or lost: nothing is read through it any more
             return True
         try:
             self.is_ready()
-        except PermissionError:
+        except (PermissionError, ServiceError):   # released; or the connection was lost while asking
             return True
         return False
 

@@ -136,5 +136,9 @@ def test_a_reader_fetches_a_shared_objects_value_by_its_token_until_its_owner_re
             with pytest.raises(PermissionError, match="^no shared object has the reference"):
                 ref.result(TIMEOUT)
             assert ref.is_deleted() and reader.object_count() == 0
+            kept = reader.shared(owner.share(double.compiled(x, runtime=owner)(x)).token)
+            assert not kept.is_deleted()
+            endpoint.close()                 # the service goes: a reference read through it is gone, no error
+            assert kept.is_deleted() and kept.is_deleted()     # (it raised ServiceError, found by a review)
     finally:
         runtime.close()
