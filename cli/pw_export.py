@@ -24,7 +24,6 @@ import ast
 import importlib
 import importlib.util
 import os
-import re
 import sys
 from typing import Any
 
@@ -37,8 +36,6 @@ class _ExportError(Exception):
     """A problem to report on one line."""
 
 
-# Typed PRNG keys, `key<fry>[2]`: an implementation and dimensions as `parse_aval` reads them.
-_KEY_TEXT = re.compile(r"^\s*key<(\w+)>\s*\[\s*((?:\d+\s*(?:,\s*\d+\s*)*)?)\]\s*$", re.ASCII)
 _LITERALS = "a Python literal such as 3, True, (1, 2) or '\"relu\"'"
 
 
@@ -101,40 +98,18 @@ def _export(target: str, args: tuple[str, ...], kwargs: tuple[str, ...], debug_i
 
 def _value(option: str, item: str, text: str, static: str | None) -> Any:
     """The argument `text` (of `option`'s `item`) gives: the value of a Python literal for a `static` one (it
-    says which), else the abstract value of a shape."""
+    says which), else the abstract value of a shape (`parse_aval`)."""
+    from pathways_mlir.frontend.avals import parse_aval
+
     if static is not None:
         try:
             return ast.literal_eval(text)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             raise _ExportError(f"{option} '{item}' is for static {static}: give its value, {_LITERALS}") from None
     try:
-        return _aval(text)
+        return parse_aval(text)
     except ValueError as e:
         raise _ExportError(f"{option} {e}" if item == text else f"{option} '{item}': {e}") from None
-
-
-def _aval(text: str) -> Any:
-    """The abstract value of `f32[8,16]` (see `parse_aval`) or of typed PRNG keys, `key<fry>[2]`."""
-    import jax
-    from jax.extend import random as prng
-
-    from pathways_mlir.frontend.avals import parse_aval
-
-    match = _KEY_TEXT.match(text)
-    if match is None:
-        return parse_aval(text)
-    impl, dims = match.groups()
-    shape = tuple(int(d) for d in dims.split(",") if d.strip())
-    if any(d >= 1 << 63 for d in shape):
-        raise ValueError(f"'{text}' has a dimension of more than a 64-bit integer holds (the IR's tensor types)")
-    # The dtype's name (`key<fry>`) or an implementation's (`threefry2x32`), as `jax.random.key` takes it.
-    tags = {i.tag: i for i in (prng.threefry_prng_impl, prng.rbg_prng_impl, prng.unsafe_rbg_prng_impl)}
-    try:
-        dtype = jax.eval_shape(lambda: jax.random.key(0, impl=tags.get(impl, impl))).dtype
-    except ValueError:
-        raise ValueError(f"'{text}' has unknown PRNG implementation '{impl}' (use key<fry>, key<rbg>, key<urbg> "
-                         f"or a name jax.random.key takes, such as threefry2x32)") from None
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

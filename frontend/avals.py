@@ -25,8 +25,9 @@ from pathways_mlir.runtime.executables import native_dtype
 from pathways_mlir.runtime.remote_client import RemoteSharedRef
 
 _DTYPE_NAMES = NUMPY_NAMES | {"pred": "bool"}
-# An element type and dimensions of ASCII digits, none empty (`f32[4,,5]` and `f32[٣]` are no shapes).
-_AVAL_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*((?:\d+\s*(?:,\s*\d+\s*)*)?)\]\s*$", re.ASCII)
+# An element type (or typed PRNG keys' `key<fry>`) and dimensions of ASCII digits, none empty (`f32[4,,5]` and
+# `f32[٣]` are no shapes).
+_AVAL_TEXT = re.compile(r"^\s*(\w+|key<\w+>)\s*\[\s*((?:\d+\s*(?:,\s*\d+\s*)*)?)\]\s*$", re.ASCII)
 # What is taken as an array besides scalars: NumPy and JAX arrays (a handle is one, a JAX tracer too), abstract
 # values and a service's shared object (duck typing took any object with a shape and a dtype, whose run failed).
 ARRAYS = (np.ndarray, jax.Array, jax.ShapeDtypeStruct, jax.core.ShapedArray, RemoteSharedRef)
@@ -87,19 +88,40 @@ def signature_of(aval: jax.ShapeDtypeStruct) -> tuple:
 
 
 def parse_aval(text: str) -> jax.ShapeDtypeStruct:
-    """Parses `f32[8,16]`, `bf16[4]`, `i1[]` or `float32[2,2]` into an abstract value."""
+    """Parses `f32[8,16]`, `bf16[4]`, `i1[]` or `float32[2,2]` into an abstract value, and typed PRNG keys as
+    `format_aval` writes them, `key<fry>[4]` (or by implementation, `key<threefry2x32>[]`)."""
     match = _AVAL_TEXT.match(text)
     if not match:
         raise ValueError(f"'{text}' is not a shape such as f32[8,16]")
-    dtype, dims = match.groups()
-    dtype = _DTYPE_NAMES.get(dtype, dtype)
-    if dtype not in ELEMENT_TYPES:
-        raise ValueError(f"'{text}' has unknown element type '{match.group(1)}' "
-                         f"(use f32, bf16, i32, i1, ui8, ... or a numpy dtype name)")
+    element, dims = match.groups()
     shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+    if element.startswith("key<"):
+        _check_dims(text, shape)
+        return jax.ShapeDtypeStruct(shape, _key_dtype(text, element[4:-1]))
+    dtype = _DTYPE_NAMES.get(element, element)
+    if dtype not in ELEMENT_TYPES:
+        raise ValueError(f"'{text}' has unknown element type '{element}' "
+                         f"(use f32, bf16, i32, i1, ui8, ... or a numpy dtype name)")
+    _check_dims(text, shape)
+    return aval_of(jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype)))
+
+
+def _check_dims(text: str, shape: tuple[int, ...]) -> None:
     if any(d >= 1 << 63 for d in shape):
         raise ValueError(f"'{text}' has a dimension of more than a 64-bit integer holds (the IR's tensor types)")
-    return aval_of(jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype)))
+
+
+def _key_dtype(text: str, impl: str):
+    """The dtype of typed PRNG keys of `impl`: a key dtype's tag (`fry`, as `key<fry>` names it) or a name
+    `jax.random.key` takes (`threefry2x32`)."""
+    from jax.extend import random as prng
+
+    tags = {i.tag: i for i in (prng.threefry_prng_impl, prng.rbg_prng_impl, prng.unsafe_rbg_prng_impl)}
+    try:
+        return jax.eval_shape(lambda: jax.random.key(0, impl=tags.get(impl, impl))).dtype
+    except ValueError:
+        raise ValueError(f"'{text}' has unknown PRNG implementation '{impl}' (use key<fry>, key<rbg>, key<urbg> "
+                         f"or a name jax.random.key takes, such as threefry2x32)") from None
 
 
 def format_aval(aval: jax.ShapeDtypeStruct) -> str:
