@@ -6,6 +6,7 @@ service's ledger holds the base once; once the owner releases it the bytes come 
 refused. Every wait has a timeout; every process started here is stopped.
 """
 
+import contextlib
 import gc
 import subprocess
 import sys
@@ -79,66 +80,67 @@ def test_a_shared_base_is_a_capability_read_once_and_reclaimed_after_its_owner(t
         observer.close()
 
 
-def test_an_owner_that_shares_and_releases_again_and_again_leaves_no_tokens_behind():
-    """A long-lived owner's released shared objects take their tokens with them: the endpoint's table and the
-    connection's own list keep only the objects still shared (they had kept one entry per share ever made,
-    until the owner left or the token was looked up)."""
-    double = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=None,
-                    out_specs=None)
-    x = np.ones((8, 16), np.float32)
+double = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=None,
+                out_specs=None)
+
+
+@contextlib.contextmanager
+def owner_and_reader():
+    """An endpoint in this process on a fresh runtime, and two connections to it: (endpoint, owner, reader)."""
     runtime = Runtime(embedded_device_map(2, 2))
     try:
         with Endpoint(runtime) as endpoint, \
                 RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as owner, \
                 RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as reader:
-            kept = double.compiled(x, runtime=owner)(x)
-            kept_ref = owner.share(kept)
-            for _ in range(20):
-                held = double.compiled(x, runtime=owner)(x)
-                ref = owner.share(held)
-                assert reader.shared(ref.token).shape == (8, 16)
-                held.delete()
-            assert owner.object_count() == 1
-            assert list(endpoint._shared) == [kept_ref.token]      # the released objects' tokens are gone
-            sessions = [o for o in gc.get_objects() if isinstance(o, Session) and o.endpoint is endpoint]
-            assert len(sessions) == 2 and [t for s in sessions for t in s.tokens.values()] == [kept_ref.token]
-            del sessions
-            with pytest.raises(RemoteError, match="^no shared object has the reference"):
-                reader.shared(ref.token)
-            np.testing.assert_array_equal(np.asarray(double.compiled(x, runtime=reader)(reader.shared(
-                kept_ref.token))), np.full((8, 16), 4.0, np.float32))
+            yield endpoint, owner, reader
     finally:
         runtime.close()
+
+
+def test_an_owner_that_shares_and_releases_again_and_again_leaves_no_tokens_behind():
+    """A long-lived owner's released shared objects take their tokens with them: the endpoint's table and the
+    connection's own list keep only the objects still shared (they had kept one entry per share ever made,
+    until the owner left or the token was looked up)."""
+    x = np.ones((8, 16), np.float32)
+    with owner_and_reader() as (endpoint, owner, reader):
+        kept = double.compiled(x, runtime=owner)(x)
+        kept_ref = owner.share(kept)
+        for _ in range(20):
+            held = double.compiled(x, runtime=owner)(x)
+            ref = owner.share(held)
+            assert reader.shared(ref.token).shape == (8, 16)
+            held.delete()
+        assert owner.object_count() == 1
+        assert list(endpoint._shared) == [kept_ref.token]      # the released objects' tokens are gone
+        sessions = [o for o in gc.get_objects() if isinstance(o, Session) and o.endpoint is endpoint]
+        assert len(sessions) == 2 and [t for s in sessions for t in s.tokens.values()] == [kept_ref.token]
+        del sessions
+        with pytest.raises(RemoteError, match="^no shared object has the reference"):
+            reader.shared(ref.token)
+        np.testing.assert_array_equal(np.asarray(double.compiled(x, runtime=reader)(reader.shared(
+            kept_ref.token))), np.full((8, 16), 4.0, np.float32))
 
 
 def test_a_reader_fetches_a_shared_objects_value_by_its_token_until_its_owner_releases_it():
     """`fetch` takes a shared object's token instead of a handle (what `RemoteSharedRef.result` sends), for any
     connection given the token; one naming both is refused in one line, and a token whose object was released
     is refused as a run taking it is."""
-    double = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(1, axes="d", island="island0"), in_specs=None,
-                    out_specs=None)
     x = np.arange(128, dtype=np.float32).reshape(8, 16)
-    runtime = Runtime(embedded_device_map(2, 2))
-    try:
-        with Endpoint(runtime) as endpoint, \
-                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as owner, \
-                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as reader:
-            held = double.compiled(x, runtime=owner)(x)
-            ref = reader.shared(owner.share(held).token)
-            _, [value] = reader._call({"op": "fetch", "token": ref.token, "timeout": TIMEOUT})
-            np.testing.assert_array_equal(value, 2 * x)
-            np.testing.assert_array_equal(np.asarray(ref), 2 * x)
-            with pytest.raises(RemoteError, match="^request 'fetch' names a handle or a shared object's token, not "
-                                                  "both$"):
-                reader._call({"op": "fetch", "token": ref.token, "handle": 0})
-            held.delete()
-            assert owner.object_count() == 0                # its release, sent alone, is taken by now
-            with pytest.raises(PermissionError, match="^no shared object has the reference"):
-                ref.result(TIMEOUT)
-            assert ref.is_deleted() and reader.object_count() == 0
-            kept = reader.shared(owner.share(double.compiled(x, runtime=owner)(x)).token)
-            assert not kept.is_deleted()
-            endpoint.close()                 # the service goes: a reference read through it is gone, no error
-            assert kept.is_deleted() and kept.is_deleted()     # (it raised ServiceError, found by a review)
-    finally:
-        runtime.close()
+    with owner_and_reader() as (endpoint, owner, reader):
+        held = double.compiled(x, runtime=owner)(x)
+        ref = reader.shared(owner.share(held).token)
+        _, [value] = reader._call({"op": "fetch", "token": ref.token, "timeout": TIMEOUT})
+        np.testing.assert_array_equal(value, 2 * x)
+        np.testing.assert_array_equal(np.asarray(ref), 2 * x)
+        with pytest.raises(RemoteError, match="^request 'fetch' names a handle or a shared object's token, not "
+                                              "both$"):
+            reader._call({"op": "fetch", "token": ref.token, "handle": 0})
+        held.delete()
+        assert owner.object_count() == 0                # its release, sent alone, is taken by now
+        with pytest.raises(PermissionError, match="^no shared object has the reference"):
+            ref.result(TIMEOUT)
+        assert ref.is_deleted() and reader.object_count() == 0
+        kept = reader.shared(owner.share(double.compiled(x, runtime=owner)(x)).token)
+        assert not kept.is_deleted()
+        endpoint.close()                 # the service goes: a reference read through it is gone, no error
+        assert kept.is_deleted() and kept.is_deleted()     # (it raised ServiceError, found by a review)
