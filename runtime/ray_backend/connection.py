@@ -106,8 +106,6 @@ class IslandConnection:
         """Sends one frame without waiting for the actor to read it (see the module): what the socket takes at
         once goes now, the rest is copied and left to the writer. Raises ConnectionBroken if the connection
         broke."""
-        if self.broken is not None:
-            raise raised(self.broken)
         parts = frame_parts(header, arrays, LIMITS)
         with self._out:
             if self._queued > QUEUED and not self._out.wait_for(
