@@ -364,6 +364,9 @@ def cluster_status(address: str, deadline: float | None = None) -> Status:
             except Exception as error:  # noqa: BLE001  (a dead island is part of the report)
                 asked[name] = error
         wait = STATUS_TIMEOUT if deadline is None else max(0.0, min(STATUS_TIMEOUT, deadline - time.time()))
+        # (what is left of a deadline, spent partly on reaching the cluster, would read "within 0 s")
+        late = "the island actor did not answer " + (f"within {wait:g} s" if wait == STATUS_TIMEOUT
+                                                     else "before the report's deadline")
         pending = [ref for ref in asked.values() if not isinstance(ref, Exception)]
         answered, _ = ray.wait(pending, num_returns=len(pending), timeout=wait) if pending else ([], [])
         islands = {}
@@ -372,7 +375,7 @@ def cluster_status(address: str, deadline: float | None = None) -> Status:
             if isinstance(ref, Exception):
                 islands[island] = unreachable(ref)
             elif ref not in answered:
-                islands[island] = unreachable(TimeoutError(f"the island actor did not answer within {wait:.0f} s"))
+                islands[island] = unreachable(TimeoutError(late))
             else:
                 try:
                     islands[island] = ray.get(ref)
