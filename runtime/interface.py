@@ -162,7 +162,7 @@ class IslandGroup(Protocol):
 
     def unpin(self, run) -> None:
         """`run` will never start (its submission failed, or it was cancelled while queued): its references
-        will never be sent."""
+        will never be sent. It may be called under the scheduler's lock: it must not wait on an island."""
 
     def on_run_done(self, wake) -> None:
         """Calls `wake()` whenever an island sees a run's device work over (where islands tell)."""

@@ -738,6 +738,57 @@ def test_a_run_over_before_its_deadline_is_kept_though_its_actor_answers_late(ra
         np.testing.assert_allclose(np.asarray(late.result(60)), np.asarray(jax.jit(bend.fn)(X)), rtol=1e-6)
 
 
+@pytest.mark.parametrize("cancelled_by", ["its client", "admission"])
+def test_a_queued_run_cancelled_while_its_arguments_island_stalls_holds_up_no_one(ray_runtime, cancelled_by):
+    """y, kept on island1, is released while a run taking it waits for admission (its release held back for
+    that run's start), and island1's actor stalls (its process stopped); then the run is cancelled: by its
+    client, or by admission, under the scheduler's lock, as one that can never fit beside a handle held there
+    (`OutOfDeviceMemory`; island1's memory made just too small for it). The cancel waited until island1 took
+    y's release, up to 120 s, then took island1 out (found by a review): the cancelling client waited, and
+    under the lock so did every client on every island. Now the release leaves without waiting: another
+    client's run on island0 goes on, and island1 drops y once it resumes."""
+    ledger = ray_runtime.scheduler.ledger
+    capacity = dict(ledger.capacity)
+    with Client(ray_runtime) as client, Client(ray_runtime) as other:
+        on_left.compiled(X, runtime=ray_runtime), on_right.compiled(X, runtime=ray_runtime)
+        y = produced(on_right, client)                      # kept on island1
+        held = produced(on_right, client)                   # kept on island1 too
+        until(lambda: ray_runtime.usage() is not None and y._run.retired and held._run.retired,
+              "their runs retired (their results' bytes alone kept in the ledger)", 60)
+        pid = actor_process("island1")
+        try:
+            with admission_held(ray_runtime):
+                queued = on_right.run(y, client=client)
+                y.delete()
+                # y's release is held back; the question waits until island1 took every message sent so far
+                assert ray_runtime.islands["island1"].object_count() == 2
+                if cancelled_by == "admission":
+                    used = ledger.used["island1"]
+                    ledger.capacity["island1"] = max(max(used[b:e]) + n for b, e, n in queued._run.need["island1"]) - 1
+                stop_process(pid, 60)
+                cancel = (lambda: client.cancel(queued)) if cancelled_by == "its client" else \
+                    ray_runtime.scheduler.release
+                cancelling = threading.Thread(target=cancel, daemon=True)
+                cancelling.start()
+                until(lambda: queued._run.error is not None, "the queued run is cancelled", 60)
+
+                def run_on_island0():
+                    ray_runtime.scheduler.release()         # (admission goes on: the other run is admitted)
+                    return np.asarray(on_left.run(X, client=other).result(30))
+
+                np.testing.assert_allclose(within(30, run_on_island0), np.asarray(jax.jit(grow.fn)(X)), rtol=1e-6)
+                cancelling.join(30)
+                assert not cancelling.is_alive(), "the cancel returned within 30 s"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            ledger.capacity.update(capacity)
+        expected_error = RunCancelled if cancelled_by == "its client" else pw.OutOfDeviceMemory
+        with pytest.raises(expected_error):
+            queued.result(60)
+        until(lambda: actor_objects("island1") == 1, "island1 drops y once it resumes", 60)
+        assert [i.name for i in ray_runtime.resources.topology.islands] == ["island0", "island1"]
+
+
 @pytest.mark.parametrize("restored", [False, True], ids=["lost", "lost and restored"])
 def test_a_holder_lost_before_the_pull_fails_the_reader_with_island_lost(ray_runtime, restored):
     """A result kept on island0 is passed to a run on island1 that waits for admission; island0 is lost (and

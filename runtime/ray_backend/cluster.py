@@ -108,10 +108,12 @@ class RayIslands(Islands):
 
     def unpin(self, run) -> None:
         """`run` will never be sent (its submission failed, or it was cancelled while queued): its pins go,
-        and the releases they held back leave now; returns once the islands took them (a question about
-        objects asked next sees them gone)."""
+        and the releases they held back leave now, in the start channel. It does not wait for the islands to
+        take them: the scheduler may hold its lock (a run cancelled in its queue), and a stalled actor would
+        hold every client with it; a question about objects asked next waits on the actor for the messages
+        sent before it (`RayIsland._answer`)."""
         if self.kept.sent(run):
-            self.flush_releases(wait=True)
+            self._send(-next(self._flushes), {}, {})
 
     def results(self, key: int | None, island: str) -> tuple[int, ...]:
         """The results a plan's runs leave on `island` (known once one of its runs started)."""
@@ -130,8 +132,7 @@ class RayIslands(Islands):
                                         # its plan was loaded onto an island lost and restored since
             for name in works:
                 self[name].refuse(run.id, lost)
-            if self.kept.sent(run):     # what it held back leaves now (unwaited: the scheduler's lock is held)
-                self._send(-next(self._flushes), {}, {})
+            self.unpin(run)             # what it held back leaves now
             return []
         dead = [name for name in works if self[name]._dead is not None]
         for name in dead:
