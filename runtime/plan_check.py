@@ -26,7 +26,11 @@ crash or corrupt the process that runs it. `check_plan` refuses, with one
 - fused executables that constrain a call's operand to a sharding that
   cannot lay it out (`Sharding.problems`: its rank, an axis named twice, a
   dimension it does not divide), which XLA would refuse only when the
-  launch compiles, at the run.
+  launch compiles, at the run;
+- a static peak (`peak_bytes`) below what the island's own steps hold on
+  some device (`dialect/memory_plan.peak`, the analysis `pw-plan-memory`
+  wrote it with): admission reserves the declared peak, so an understated
+  one would let runs past the devices' memory.
 
 An executable that calls back to the host is not serialised at all: its
 `pw.export` names a function kept in the process that traced it
@@ -43,6 +47,7 @@ from __future__ import annotations
 import base64
 import math
 
+from pathways_mlir.dialect.memory_plan import peak
 from pathways_mlir.dialect.plan import PlanError, ProgramPlan
 from pathways_mlir.dialect.plan_steps import Launch
 from pathways_mlir.dialect.sharding import Sharding
@@ -83,7 +88,8 @@ HOST_OPS = frozenset(("stablehlo.infeed", "stablehlo.outfeed", "stablehlo.send",
 def check_plan(plan: ProgramPlan, where: str = "plan") -> None:
     """Raises PlanError if an executable of `plan` (or of a branch plan) makes a custom call outside
     `ALLOWED_TARGETS`, a LAPACK call with the wrong types, or takes or returns other avals than the plan's
-    buffers."""
+    buffers, or if its static peak is below what its steps hold."""
+    _check_peaks(plan, where)
     exported = {name: _deserialize(name, blob, where) for name, blob in plan.executables.items()
                 if blob and not is_in_process(blob)}
     for name, export in exported.items():
@@ -97,6 +103,25 @@ def check_plan(plan: ProgramPlan, where: str = "plan") -> None:
     for step in plan.host_steps:
         check_plan(step.then_plan, f"{where}.host_steps[{step.id}].then")
         check_plan(step.else_plan, f"{where}.host_steps[{step.id}].else")
+
+
+def _check_peaks(plan: ProgramPlan, where: str) -> None:
+    """Raises PlanError if an island's declared peak is below, on some device, the bytes its steps hold
+    (frees included, as `pw-plan-memory` computes it); a larger one only reserves more."""
+    for island, steps in plan.islands.items():
+        declared = plan.peak(island)
+        needed = peak(plan, island, steps)
+        for begin, end, nbytes in zip(needed[0::3], needed[1::3], needed[2::3]):
+            covered = sorted((max(b, begin), min(e, end)) for b, e, n in declared
+                             if n >= nbytes and b < end and e > begin)
+            reached = begin
+            for b, e in covered:
+                if b > reached:
+                    break
+                reached = max(reached, e)
+            if reached < end:
+                raise PlanError(f"{where}: peak_bytes of '{island}' declare less than the {nbytes} bytes its steps "
+                                f"hold on device {reached} (of {begin}..{end}): admission would reserve too little")
 
 
 def refuse_kept_functions(plan: ProgramPlan, why: str) -> None:

@@ -240,3 +240,38 @@ def test_an_approx_top_k_call_declaring_other_results_fails_in_one_line(tmp_path
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "ApproxTopK aggregates to k=1, but got 4" in lines[0], lines
+
+
+def _without_frees(plan):
+    """`plan` with its Free steps gone and its declared peaks kept: its buffers all live to the end."""
+    islands = {name: tuple(s for s in steps if not s.frees()) for name, steps in plan.islands.items()}
+    return dataclasses.replace(plan, islands=islands)
+
+
+def test_a_peak_below_what_the_steps_hold_is_refused():
+    """Admission reserves a plan's declared peak: a plan that declares less than its steps hold (a peak made
+    smaller, or dropped, or its frees taken out) would let runs past the devices' memory. Each is one line
+    naming the island and the device; a peak declared larger only reserves more."""
+    one = pw.virtual_slice(1, axes="d", island="island0")
+    grow = pw.jit(lambda x: jnp.tile(x, (4, 1)), slice=one, in_specs=P(), out_specs=P())
+    shrink = pw.jit(lambda y: y[:8] * 2.0, slice=one, in_specs=P(), out_specs=P())
+
+    @pw.program
+    def chain(x):
+        return shrink(grow(shrink(grow(x))))
+
+    lowered = chain.lower(np.ones((8, 4), np.float32))
+    plan = program_plans(lower(lowered.module, pw.get_runtime().resources.topology, fuse=False))[lowered.program]
+    check_plan(plan)
+    ((island, _),) = plan.peak_bytes.items()
+    (begin, end, nbytes), = plan.peak(island)
+    smaller = dataclasses.replace(plan, peak_bytes={island: (begin, end, nbytes - 1)})
+    larger = dataclasses.replace(plan, peak_bytes={island: (begin, end, 2 * nbytes)})
+    check_plan(larger)
+    for hostile, needed in ((smaller, nbytes), (dataclasses.replace(plan, peak_bytes={}), nbytes),
+                            (_without_frees(plan), 4 * 8 * 4 * (1 + 4 + 1 + 4 + 1))):
+        with pytest.raises(PlanError) as error:
+            pw.get_runtime().load(hostile)
+        text = str(error.value)
+        assert f"peak_bytes of '{island}' declare less than the {needed} bytes its steps hold on device {begin}" \
+            in text and "\n" not in text, text
