@@ -151,7 +151,8 @@ class Reference:
     def __copy__(self) -> "Reference":
         """The reference itself: its value is immutable, and a copy would be a second owner of one result (each
         would release it). `copy.deepcopy` of a pytree of references shares them the same way; for a value
-        of its own, take `result()`."""
+        of its own, take `jnp.array(ref, copy=True)` (`result()` may be the result's own array, which donating
+        the reference deletes)."""
         return self
 
     def __deepcopy__(self, memo) -> "Reference":

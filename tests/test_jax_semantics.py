@@ -1226,6 +1226,12 @@ def test_copying_and_pickling_handles():
     values, keys = pickle.loads(pickle.dumps(state))
     assert type(values) is np.ndarray and values.tolist() == [2.0] * 4
     np.testing.assert_array_equal(jax.random.key_data(keys), jax.random.key_data(jax.random.split(jax.random.key(0))))
+    # A value of its own (a backup before a donating step) is a copy: the handle's own array goes with it.
+    inc = pw.jit(lambda x: x + 1, slice=s, donate_argnums=0)
+    h = inc(jnp.zeros(4))
+    backup, own = jnp.array(h, copy=True), h.result()
+    inc(h).block_until_ready()
+    assert own.is_deleted() and not backup.is_deleted() and backup.tolist() == [1.0] * 4
 
 
 def test_arguments_jax_would_refuse_are_refused_at_the_call():
