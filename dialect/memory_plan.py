@@ -18,10 +18,11 @@ ranges, merged where neighbours agree, so it grows with the number of
 slices, never with the number of devices.
 
 A donated input (`plan.donated`, from `donate_argnums`) is reused, as
-`jax.jit` reuses it: where its last reader is a launch on its island, that
+`jax.jit` reuses it: where its last reader is a launch on its island, the
+runtime compiles that launch with the input donated (`donated_at`), and the
 launch writes one of its results with the same slice, shape, type and
 sharding into the input's buffer (`reuses`), so the result adds no bytes to
-the peak and the runtime compiles the launch with the input donated.
+the peak.
 """
 
 from __future__ import annotations
@@ -71,13 +72,15 @@ def frees(plan: ProgramPlan, island: str, step_ids: Iterator[int]) -> dict[int |
             for position, buffers in dying.items()}
 
 
-def reuses(plan: ProgramPlan, island: str) -> dict[int, dict[int, int]]:
-    """Returns, per launch step id on `island`, the donated inputs it overwrites: input buffer -> result.
+def donated_at(plan: ProgramPlan, island: str) -> dict[int, tuple[int, ...]]:
+    """Returns, per launch step id on `island`, the donated inputs whose last reader it is: the runtime
+    compiles it with them donated, as `jax.jit` compiles its donated arguments, and XLA may write any result
+    of their size into their buffers.
 
     An input qualifies when it is donated, lives on `island`, is not a
     program result, is read by launches only (a copy or send may still hold
     its array after the launch), and its last reader is that launch, which
-    reads it once and writes a result laid out exactly as it.
+    reads it once.
     """
     if not plan.donated:
         return {}
@@ -91,19 +94,37 @@ def reuses(plan: ProgramPlan, island: str) -> dict[int, dict[int, int]]:
                 read_otherwise.add(b)
             if b not in last_reader or rank[s.id] > rank[last_reader[b].id]:
                 last_reader[b] = s
-    found: dict[int, dict[int, int]] = {}
+    found: dict[int, tuple[int, ...]] = {}
     for b in plan.donated:
         launch = last_reader.get(b)
-        if not (isinstance(launch, Launch) and plan.island_of(b) == island and b not in plan.outputs
-                and b not in read_otherwise and launch.inputs.count(b) == 1):
-            continue
-        taken = found.setdefault(launch.id, {})
-        layout = _layout(plan.buffers[b])
-        result = next((r for r in launch.outputs if r not in taken.values() and
-                       _layout(plan.buffers[r]) == layout), None)
-        if result is not None:
-            taken[b] = result
-    return {step: taken for step, taken in found.items() if taken}
+        if isinstance(launch, Launch) and plan.island_of(b) == island and b not in plan.outputs \
+                and b not in read_otherwise and launch.inputs.count(b) == 1:
+            found[launch.id] = found.get(launch.id, ()) + (b,)
+    return found
+
+
+def reuses(plan: ProgramPlan, island: str) -> dict[int, dict[int, int]]:
+    """Returns, per launch step id on `island`, the donated inputs it overwrites: input buffer -> result.
+
+    An input qualifies when that launch is its last reader (`donated_at`)
+    and writes a result laid out exactly as it: the memory plan counts the
+    two as one (XLA may also write a result of another shape or type into
+    a donated input, as it does for `jax.jit`, which the plan does not count
+    on).
+    """
+    found: dict[int, dict[int, int]] = {}
+    for step, donated in donated_at(plan, island).items():
+        launch = plan.steps[step]
+        taken: dict[int, int] = {}
+        for b in donated:
+            layout = _layout(plan.buffers[b])
+            result = next((r for r in launch.outputs if r not in taken.values() and
+                           _layout(plan.buffers[r]) == layout), None)
+            if result is not None:
+                taken[b] = result
+        if taken:
+            found[step] = taken
+    return found
 
 
 def _ranks(plan: ProgramPlan) -> dict[int, int]:

@@ -16,9 +16,10 @@ a slice) where the compiled inputs' types name the slice's, and so compile the
 computation a second time, on the island's thread, at its first call. A launch
 with a 4-bit input (`SUB_BYTE_TYPES`) calls the `jax.jit` function still:
 XLA:CPU packs such an array in its executables but not in `jax.device_put`'s,
-which `Compiled` refuses as laid out otherwise. A launch that overwrites a
-donated input (`memory_plan.reuses`) is compiled with that argument donated,
-so XLA writes the result into its buffer.
+which `Compiled` refuses as laid out otherwise. A launch that is the last
+reader of a donated input (`memory_plan.donated_at`) is compiled with that
+argument donated, as `jax.jit` compiles it: XLA writes a result into its
+buffer where one fits, and the array passed is deleted then.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from pathways_mlir.dialect.memory_plan import reuses
+from pathways_mlir.dialect.memory_plan import donated_at
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_steps import Copy, Free, Launch, Recv, Send, Step
 
@@ -249,14 +249,16 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     instructions: list[Instruction] = []
     last_on_slice: dict[str, Instruction] = {}
     slot = layout.slot
-    reused = reuses(plan, island.name)
+    # A donated input goes to XLA at its last reader, as `jax.jit` gives it its donated arguments: XLA writes a
+    # result into it where one fits (not only the one laid out as it, `reuses`), and JAX deletes the array then.
+    donated = donated_at(plan, island.name)
     # Arrays only this run holds: launch results that are not program results. A copy may share their
     # shards (in place); a program input or result is the caller's, who may donate it later.
     owned = {b for s in steps if isinstance(s, Launch) for b in s.outputs} - set(plan.outputs)
     for step in steps:
         if isinstance(step, Launch):
             placement = plan.slices[step.slice]
-            donate = tuple(i for i, b in enumerate(step.inputs) if b in reused.get(step.id, {}))
+            donate = tuple(i for i, b in enumerate(step.inputs) if b in donated.get(step.id, ()))
             call = island.cache.get(step.executable, plan, island.mesh(plan, step.slice), step.inputs,
                                     step.outputs, donate)
             instructions.append(LaunchInstruction(call, tuple(slot[b] for b in step.inputs),

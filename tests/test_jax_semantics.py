@@ -7,6 +7,7 @@ import functools
 import inspect
 import pickle
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -1102,6 +1103,65 @@ def test_a_jax_array_passed_twice_cannot_be_donated():
     assert not w.is_deleted()
     np.testing.assert_array_equal(np.asarray(add(w, jnp.ones(4))), np.full(4, 2.0))
     assert w.is_deleted()
+
+
+def test_a_donated_jax_array_is_deleted_where_jax_jit_placed_alike_deletes_it():
+    """A donated `jax.Array` is deleted exactly where `jax.jit` with the same function, `donate_argnums` and the
+    slice's sharding as `in_shardings` deletes it: lying where the slice keeps it, once XLA writes a result of
+    its size into it (of another shape or type too: the launch was compiled with it donated only for a result
+    laid out as it, so a reshaped result, or one of another type of the same width, left the array alive); not
+    where it must be copied there first (another device, another sharding: the copy is donated), nor where no
+    result fits. A deleted array then raises JAX's own error, and passed again to a placed function the
+    runtime's one line."""
+    one, two = pw.virtual_slice(1, axes="x", island="island0"), pw.virtual_slice(2, axes="x", island="island0")
+    twice, reshaped = (lambda x: x * 2.0), (lambda x: (x * 2.0).reshape(2, 4))
+    cases = [("twice", twice, one, P(), P()),
+             ("reshape", reshaped, one, P(), P()),
+             ("astype int32", lambda x: x.astype(jnp.int32), one, P(), P()),
+             ("astype bfloat16", lambda x: x.astype(jnp.bfloat16), one, P(), P()),
+             ("sum", lambda x: x.sum(), one, P(), P()),
+             ("two results", lambda x: (x[:4], x.reshape(2, 4) + 1.0), one, P(), P()),
+             ("sharded twice", twice, two, P("x"), P("x")),
+             ("sharded reshape", reshaped, two, P("x"), P("x")),
+             ("sharded to replicated", twice, two, P("x"), P())]
+    deleted = {}
+    for name, fn, s, in_spec, out_spec in cases:
+        placed = pw.jit(fn, slice=s, in_specs=in_spec, out_specs=out_spec, donate_argnums=0)
+        program = pw.program(lambda v, f=pw.jit(fn, slice=s, in_specs=in_spec, out_specs=out_spec): f(v),
+                             donate_argnums=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")                          # JAX's "donated buffers were not usable"
+            compiled = placed.compiled(jnp.zeros(8))
+        home = compiled.input_shardings[0][0]
+        elsewhere = [d for d in jax.devices() if d not in home.device_set][-len(home.device_set):]
+        away = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(elsewhere), ("x",)), in_spec)
+        reference = jax.jit(fn, in_shardings=home, out_shardings=compiled.output_shardings, donate_argnums=0)
+        for where, sharding in (("home", home), ("elsewhere", away)):
+            # One call of the reference each: jax.jit (0.10.2) called again with an array sharded alike on other
+            # devices skips the copy on its C++ path and crashes (`Buffer ... is on device cpu:6, but replica is
+            # assigned to device cpu:0`, then SIGSEGV).
+            theirs, *ours = (jax.device_put(np.arange(8, dtype=np.float32), sharding) for _ in range(3))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")                      # JAX's "donated buffers were not usable"
+                expected = jax.block_until_ready(reference(theirs))
+                results = [f(array) for f, array in zip((placed, program), ours)]
+            for called, f, array, got in zip(("pw.jit", "pw.program"), (placed, program), ours, results):
+                jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got), expected)
+                assert array.is_deleted() == theirs.is_deleted(), (name, where, called, theirs.is_deleted())
+                deleted[name, where, called] = array.is_deleted()
+                if array.is_deleted():
+                    with pytest.raises(RuntimeError) as jax_error:
+                        theirs + 1
+                    with pytest.raises(RuntimeError) as our_error:
+                        array + 1
+                    first_line = str(our_error.value).splitlines()[0]     # JAX's own "Array has been deleted ..."
+                    assert first_line == str(jax_error.value).splitlines()[0] and "has been deleted" in first_line
+                    with pytest.raises(RuntimeError, match=r"^argument 0 of program @\w+ is a deleted jax.Array "
+                                                           r"\(deleted, or donated to another computation"):
+                        f(array)
+    assert all(deleted[name, "home", called] for name in ("reshape", "sharded reshape", "astype int32")
+               for called in ("pw.jit", "pw.program"))
+    assert not any(deleted[name, where, called] for name, where, called in deleted if where == "elsewhere")
 
 
 def test_a_nan_under_jax_debug_nans_fails_the_run_with_jaxs_floating_point_error():
