@@ -3,13 +3,16 @@
 A handle (an array's or a key handle) is a `jax.Array`
 (`runtime/array_reference.py`), so Orbax's checkpointers
 (`ocp.PyTreeCheckpointer`, `ocp.StandardCheckpointer`, their `args` under a
-`CheckpointManager`) save it with their `jax.Array` type handler, and restore
+`CheckpointManager`, and the v1 API: `ocp.v1.save_pytree`, `ocp.v1.save`, ...)
+save it with their `jax.Array` type handler, and restore
 it as a JAX array laid out as saved. That handler reads
 an array's `sharding` and shards nine times in a save; a reference's are its
 value's, and a handle of a service or of another process's island fetches the
 whole value for each. `register_with_orbax` puts a wrapper in its place
 (`_OfValues`) that gives it each reference's JAX array (`result()`), read once;
-for a JAX array, and to restore, it is Orbax's handler.
+for a JAX array, and to restore, it is Orbax's handler. The v1 API makes its
+own handler for each save rather than take the registry's, so the function
+that makes it returns the wrapper too.
 
 Orbax is an optional dependency, imported in 0.2 s here, so it is not imported
 for this: the registration happens when `orbax.checkpoint` is imported, at
@@ -50,11 +53,28 @@ def _register(kind: type) -> None:
         # whose array metadata file a second batch would overwrite.
         handler = _OfValues(type_handlers.get_type_handler(jax.Array), kind)
         type_handlers.register_type_handler(jax.Array, handler, override=True)
+        _wrap_v1_array_handlers(kind)
     except Exception as error:  # noqa: BLE001  (Orbax's own import must not fail for this)
         warnings.warn(f"Orbax's checkpointers will read each pathways_mlir handle's value several times a save: "
                       f"{error}", stacklevel=2)
     finally:
         absl.setLevel(level)
+
+
+def _wrap_v1_array_handlers(kind: type) -> None:
+    """Makes the v1 API's `jax.Array` handlers `_OfValues` too. Its `ArrayLeafHandler` makes its own for each
+    save with `get_array_handler` of a private module (Orbax 0.12), never from the registry: that function,
+    looked up in its module at each call, is the one place to wrap."""
+    try:
+        from orbax.checkpoint.experimental.v1._src.serialization import registration
+    except ImportError:     # an Orbax without the module (no v1 API, or one laid out otherwise) saves as it would
+        return
+    make_handler = registration.get_array_handler
+
+    def get_array_handler(context):
+        return _OfValues(make_handler(context), kind)
+
+    registration.get_array_handler = get_array_handler
 
 
 class _OfValues:

@@ -178,12 +178,12 @@ def test_numpy_defers_to_a_handle_as_to_a_jax_array_and_a_handle_has_the_arrays_
     assert settled(runtime, WAIT)
 
 
-@pytest.mark.filterwarnings("ignore:Sharding info not provided when restoring")   # restored as saved, on purpose
 def island_fetches(runtime) -> int:
     """The values fetched from islands in other processes so far (none counted for in-process islands)."""
     return sum(getattr(island, "calls", {}).get("fetch", 0) for island in runtime.islands.values())
 
 
+@pytest.mark.filterwarnings("ignore:Sharding info not provided when restoring")   # restored as saved, on purpose
 def test_orbax_pytree_checkpointing_saves_handles_as_their_values(runtime, tmp_path):
     """`ocp.PyTreeCheckpointer`, and `ocp.args.PyTreeSave` under a `CheckpointManager`, look each leaf's type up
     in Orbax's registry of type handlers, which had none for a handle: saving a state of handles failed
@@ -213,6 +213,35 @@ def test_orbax_pytree_checkpointing_saves_handles_as_their_values(runtime, tmp_p
         assert isinstance(restored["y"], jax.Array) and restored["y"].sharding == state["y"].sharding
         jax.tree.map(np.testing.assert_array_equal, restored, {"y": want["y"], "rows": want["rows"]})
         del state, restored
+    assert settled(runtime, WAIT)
+
+
+@pytest.mark.filterwarnings("ignore:Use `save` instead")        # Orbax's, of `ocp.v1.save_pytree`: tested on purpose
+def test_orbax_v1_saves_handles_reading_each_value_once(runtime, tmp_path, monkeypatch):
+    """Orbax's v1 API (`ocp.v1.save`, `ocp.v1.save_pytree`) makes its own `jax.Array` handler for each save, not
+    the registry's that reads a handle's value once: it read each handle's `result()` nine times a save (a Ray
+    island's value fetched for each). `ocp.v1.load` restores the values, laid out as saved, as from JAX arrays."""
+    import orbax.checkpoint as ocp
+
+    from pathways_mlir.runtime.handles import Handle
+
+    read = []
+    result = Handle.result
+    monkeypatch.setattr(Handle, "result", lambda h, timeout=None: (read.append(id(h)), result(h, timeout))[1])
+    with Client(runtime) as client:
+        state = {"y": on_right.run(X, client=client), "rows": [grow.run(X[0], client=client)]}
+        handles = sorted(id(h) for h in jax.tree.leaves(state))
+        for name, save in (("save", ocp.v1.save), ("save_pytree", ocp.v1.save_pytree)):
+            before = island_fetches(runtime)
+            read.clear()
+            save(tmp_path / name, state)
+            assert sorted(read) == handles, name
+            assert island_fetches(runtime) - before <= 2, name
+        arrays = jax.tree.map(lambda h: h.result(WAIT), state)
+        restored = ocp.v1.load(tmp_path / "save", state)
+        assert jax.tree.map(lambda a: (np.asarray(a).tobytes(), a.dtype, a.sharding), restored) == \
+            jax.tree.map(lambda a: (np.asarray(a).tobytes(), a.dtype, a.sharding), arrays)
+        del state, arrays, restored
     assert settled(runtime, WAIT)
 
 

@@ -1070,3 +1070,40 @@ def test_orbax_saves_a_services_handles_fetching_each_value_once(runtime, tmp_pa
         np.testing.assert_array_equal(restored["plain"], np.arange(3.0))
         np.testing.assert_array_equal(jax.random.key_data(restored["params"]["key"]),
                                       jax.random.key_data(jax.random.key(7)))
+
+
+@pytest.mark.filterwarnings("ignore:Use `save` instead")        # Orbax's, of `ocp.v1.save_pytree`: tested on purpose
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")   # Orbax's, without a target: restored as saved
+def test_orbax_v1_saves_a_services_handles_fetching_each_value_once(runtime, tmp_path, monkeypatch):
+    """Orbax's v1 API (`ocp.v1.save`, `ocp.v1.save_pytree`) makes its own `jax.Array` handler for each save, not
+    the registry's: a service's handle fetched its whole value three times a save. Each is read once, and
+    `ocp.v1.load`, to a target of the handles too, restores what saving the values as JAX arrays restores."""
+    import orbax.checkpoint as ocp
+
+    from pathways_mlir.runtime.remote_client import RemoteHandle
+
+    s = pw.virtual_slice(2, axes="d")
+    init = pw.jit(lambda x: {"w": x * 2.0, "b": x[0] + 1.0, "key": jax.random.key(7)}, slice=s,
+                  in_specs=P("d"), out_specs={"w": P("d"), "b": P("d"), "key": P()})
+    fetched = []
+    fetch = RemoteHandle._fetch
+    monkeypatch.setattr(RemoteHandle, "_fetch", lambda h, timeout, value: (fetched.append(value), fetch(h, timeout,
+                                                                                                       value))[1])
+
+    def saved(tree):
+        """Each leaf's bytes (a key's key data), dtype and sharding."""
+        return {k: (np.asarray(jax.random.key_data(v) if k == "key" else v).tobytes(), v.dtype, v.sharding)
+                for k, v in tree.items()}
+
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        state = init.run(X, client=remote)
+        for name, save in (("save", ocp.v1.save), ("save_pytree", ocp.v1.save_pytree)):
+            fetched.clear()
+            save(tmp_path / name, state)
+            assert fetched.count(True) == 3, name                   # a key handle's key data too
+        arrays = jax.tree.map(lambda h: h.result(TIMEOUT), state)
+        ocp.v1.save(tmp_path / "arrays", arrays)
+        want = saved(arrays)
+        assert saved(ocp.v1.load(tmp_path / "arrays", arrays)) == want
+        assert saved(ocp.v1.load(tmp_path / "save", state)) == saved(ocp.v1.load(tmp_path / "save")) == want
