@@ -116,10 +116,6 @@ class Session:
         self.refused: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
         self.tokens: dict[int, str] = {}         # handle key -> the token it is shared as (forgotten on release)
         self.ids = itertools.count()
-        self.requests = {"load": self.load, "run": self.run, "fetch": self.fetch, "release": self.release,
-                         "cancel": self.cancel, "share": self.share, "shared": self.shared,
-                         "objects": self.objects, "topology": self.topology, "status": self.status,
-                         "ping": self.release}
 
     def serve(self) -> None:
         """Answers requests until the peer closes, sends a malformed frame, is idle too long or takes longer
@@ -139,7 +135,7 @@ class Session:
                     op = self._check_fields(request, arrays)
                     self._release(request.pop("release", []))
                     self._forget(request.pop("forget", []))
-                    reply, out = self.requests[op](request, arrays)
+                    reply, out = REQUESTS[op](self, request, arrays)
                     reply["ok"] = True
                 except Exception as error:  # noqa: BLE001  (sent back to the remote client)
                     kind, message = reported(error, "error")
@@ -436,6 +432,14 @@ class Session:
                 raise ValueError("no handle: a handle's key is an integer from 0 to 2**53 - 1")
             raise ValueError(f"no handle {key}")
         return self.handles[key]
+
+
+# What answers each request: the class's functions, not the session's bound methods, which the session would
+# hold in a cycle, keeping its plans and their executables after its client left until a cyclic collection ran
+# (never, in an idle service).
+REQUESTS = {"load": Session.load, "run": Session.run, "fetch": Session.fetch, "release": Session.release,
+            "cancel": Session.cancel, "share": Session.share, "shared": Session.shared, "objects": Session.objects,
+            "topology": Session.topology, "status": Session.status, "ping": Session.release}
 
 
 def _computed(value, until: float) -> bool:
