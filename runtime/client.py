@@ -53,7 +53,7 @@ class Client:
         self.weight = weight
         self.closed = False
         self._dispatcher = Dispatcher(self.runtime, self.id, weight)
-        self._active: collections.deque[Run] = collections.deque()
+        self._active: collections.deque[weakref.ref[Run]] = collections.deque()    # (`_remember`)
         self._shared: set[tuple[int, int]] = set()   # the results this client shared (never donated)
         self._lock = threading.Lock()
 
@@ -124,11 +124,13 @@ class Client:
     def _remember(self, run: Run) -> None:
         """Keeps a run under way for `close`, forgetting the runs the scheduler is done with, oldest first (the
         scheduler retires its runs in flight as its admissions and a fast lane's credits need, so those kept
-        stay about as many as it holds; each holds its plan). Under the lock."""
+        stay about as many as it holds). Kept weakly: a run under way is the scheduler's too, and one over must
+        not hold its plan until this client's next call (an idle client kept the programs it dropped loaded,
+        found as a test that failed now and then). Under the lock."""
         active = self._active
-        while active and active[0].retired:
+        while active and ((oldest := active[0]()) is None or oldest.retired):
             active.popleft()
-        active.append(run)
+        active.append(weakref.ref(run))
 
     def _arguments(self, plan: ProgramPlan, args: Sequence) -> list:
         """What the dispatcher gets for each argument (`_argument`), whatever their count."""
@@ -255,7 +257,7 @@ class Client:
         """
         with self._lock:
             self.closed = True
-            active = list(self._active)
+            active = [run for run in (ref() for ref in self._active) if run is not None]
             self._active.clear()
         self.runtime.scheduler.cancel_client(self.id, lambda run: RunCancelled(
             f"run {run.id} of {run.plan.program} was queued when client {self.id} closed"))

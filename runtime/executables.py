@@ -38,6 +38,8 @@ import numpy as np         # INFO lines when the backend starts
 # JAX's array class (importing it starts no backend): the fast paths check their arguments' type against it,
 # where `isinstance(x, jax.Array)` runs Python (about 2 us here).
 from jax._src import config as jax_config   # the thread's context mesh: no public reader without a call
+from jax._src.export import _export as jax_export_internals      # caches of traced `Exported.call`s
+from jax._src.interpreters import partial_eval as jax_partial_eval  # (`_forget_exported_calls`)
 from jaxlib._jax import ArrayImpl
 
 from pathways_mlir.dialect.element_types import NUMPY_NAMES, SUB_BYTE_TYPES
@@ -214,10 +216,23 @@ class ExecutableCache:
         avals = [jax.ShapeDtypeStruct(b.shape, numpy_dtype(b.dtype), sharding=s)
                  for b, s in zip(inputs, in_shardings)]
         compiled = jitted.lower(*avals).compile()       # now: errors surface when the plan is loaded
+        _forget_exported_calls()
         collective = any(f" {op}(" in compiled.as_text() for op in COLLECTIVES)
         if any(b.dtype in SUB_BYTE_TYPES for b in inputs):
             return jitted, collective       # it lays such an argument out as compiled; `Compiled` refuses it
         return compiled, collective
+
+
+def _forget_exported_calls() -> None:
+    """Empties JAX's two caches of result types that hold each traced `Exported.call`'s `Exported` (the whole
+    serialised module, constants included; 4096 entries each): the compiled launch no longer needs them, and
+    they outlived the plans, a service keeping every program any client ever loaded (2 MiB each for a program
+    with 2 MiB of constants, found by a soak of pw-serve). The next trace of anything computes its result
+    types again. The caches are private: a JAX without them has nothing to empty."""
+    for cached in (getattr(jax_export_internals, "_call_exported_abstract_eval", None),
+                   getattr(jax_partial_eval, "_cached_abstract_eval", None)):
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
 
 
 def _exported_call(name: str, export: str) -> Callable:
