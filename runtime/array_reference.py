@@ -41,7 +41,12 @@ method, operator and property that JAX's array declares is its value's:
   from an island in another process (a Ray actor's, a service's), the array
   fetched here, whose `sharding`, `device`, `devices()`, `committed` and
   `is_fully_*` are those of an array made here from host data, read without
-  fetching it; `np.from_dlpack(ref)` takes the value too;
+  fetching it; `np.from_dlpack(ref)` takes the value too. Released (deleted,
+  donated, its client closed), a reference still says what a deleted JAX
+  array says: `sharding`, `is_fully_*`, `committed` (of a value in this
+  process, from where its plan placed it) and `format` (with no layout), so
+  the restore target of a state a step took still builds; of a value in this
+  process, the rest raises, as reading it does;
 - `ref.is_ready()` and `ref.is_deleted()`, as a JAX array's, without waiting
   (each subclass says how it knows); `ref.copy_to_host_async()` does nothing
   (the value is copied when it is read), so `jax.device_get` takes it.
@@ -69,8 +74,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core, dtypes as jax_dtypes   # JAX's registries of array types (see the module)
+from jax.experimental.layout import Format
 
-from .executables import ARRAY_TYPE, numpy_dtype
+from .executables import ARRAY_TYPE, named_sharding, numpy_dtype
 from .orbax_checkpoints import register_with_orbax
 
 
@@ -177,6 +183,12 @@ class ArrayReference(Reference, jax.Array):
     def __jax_array__(self):
         return self.result()
 
+    @property
+    def format(self) -> Format:
+        """The value's layout and sharding, as the JAX array `result()` gives them (waiting for it); of a
+        released reference, no layout and its `sharding`, as a deleted JAX array's."""
+        return Format(None, self.sharding) if self.is_deleted() else self.result().format
+
     def item(self, *index):
         """The value's element (`np.ndarray.item`), as a Python scalar."""
         return self._host_value().item(*index)
@@ -230,12 +242,45 @@ def _property_of_value(name: str) -> property:
     return property(lambda self: getattr(self.result(), name), doc=f"The value's `{name}`, as a JAX array.")
 
 
+class ReleasedPlacement:
+    """Where a released reference's value lay, as a deleted JAX array still says it without its value
+    (`ANSWERED`): the sharding it had, and what that sharding says. The value was committed there: a result
+    lies where its plan placed it, as `jax.jit`'s results lie on their shardings."""
+
+    __slots__ = ("sharding",)
+    ANSWERED = frozenset({"sharding", "is_fully_addressable", "is_fully_replicated", "committed"})
+    committed = True
+
+    def __init__(self, sharding):
+        self.sharding = sharding
+
+    is_fully_addressable = property(lambda self: self.sharding.is_fully_addressable)
+    is_fully_replicated = property(lambda self: self.sharding.is_fully_replicated)
+
+
+def _released_placement(ref: "Reference") -> ReleasedPlacement | None:
+    """Where the value of `ref`, a reference to a result in this process, lay once released
+    (`ReleasedPlacement`), from its plan: None if it is not released, or is a host value (no plan places it)."""
+    if not ref.is_deleted():
+        return None
+    sharding = ref.owned().planned_sharding(ref.ndim)
+    return None if sharding is None else ReleasedPlacement(sharding)
+
+
 def _placement(name: str, method: bool = False):
     """Returns the property (or method) `name` of a reference that says where its value lies, as the JAX array
     `result()` gives it in this process: of a value from another process, it is that of an array made here
-    from host data, fetching nothing (reading `sharding` fetched the whole value each time)."""
+    from host data, fetching nothing (reading `sharding` fetched the whole value each time). Released (deleted,
+    donated), a reference to a value in this process answers what a deleted JAX array does (`ReleasedPlacement`),
+    from where its plan placed the value; the rest raises as reading the value does."""
+    answered_released = name in ReleasedPlacement.ANSWERED
+
     def get(self):
-        value = jnp.zeros((0,), np.uint8) if self._from_elsewhere else self.result()
+        if self._from_elsewhere:
+            value = jnp.zeros((0,), np.uint8)
+        else:
+            released = _released_placement(self) if answered_released else None
+            value = self.result() if released is None else released
         return getattr(value, name)
     if method:
         def call(self, *args, **options):
@@ -265,12 +310,13 @@ del _name, _member
 
 
 class RunResult(ArrayReference):
-    """A reference to buffer `_buffer` of run `_run` (set by the subclass): its shape and dtype are the
-    plan's. The subclass gives `_value(timeout)`, the array its island fetch returns: a JAX array from an
-    island in this process, NumPy from one in another (a Ray actor's); `result()` is always a JAX array, as
-    on every backend, and `np.asarray(ref)` takes NumPy's as it is."""
+    """A reference to buffer `_buffer` of run `_run` on the runtime's islands `_islands` (set by the subclass):
+    its shape, dtype and sharding are the plan's. The subclass gives `_value(timeout)`, the array its island
+    fetch returns: a JAX array from an island in this process, NumPy from one in another (a Ray actor's);
+    `result()` is always a JAX array, as on every backend, and `np.asarray(ref)` takes NumPy's as it is."""
 
     __slots__ = ()
+    _from_elsewhere = property(lambda self: not self._islands.in_process)
 
     def result(self, timeout: float | None = None):
         """Returns the JAX array, waiting until it is produced (at most `timeout` seconds, None: as long as it
@@ -280,6 +326,17 @@ class RunResult(ArrayReference):
 
     def _host_value(self, timeout: float | None = None) -> np.ndarray:
         return np.asarray(self._value(timeout))
+
+    def planned_sharding(self, rank: int):
+        """The `NamedSharding` its plan places the result with, over its first `rank` dimensions (a key array's
+        data has one more than the keys), as its island makes it (`IslandLayout.build`): where the value lies,
+        known without it (a released result's too). None for a host value, which no plan places, or one whose
+        island was lost."""
+        plan, info = self._run.plan, self._run.plan.buffers[self._buffer]
+        island = self._islands.get(plan.island_of(self._buffer)) if info.slice is not None else None
+        if island is None:              # (or its island was lost since)
+            return None
+        return named_sharding(island.mesh(plan, info.slice), info.sharding[:rank])
 
     @property
     def shape(self) -> tuple[int, ...]:

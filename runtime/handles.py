@@ -58,7 +58,7 @@ class Handle(RunResult):
     """An owned reference to a result on devices."""
 
     __slots__ = ("_client", "_run", "_buffer", "_deleted", "_donated_to", "__weakref__")
-    _from_elsewhere = property(lambda self: not self._client.runtime.islands.in_process)
+    _islands = property(lambda self: self._client.runtime.islands)
 
     def __init__(self, client: "Client", run: Run, buffer: int):
         self._client = client

@@ -44,7 +44,7 @@ class SharedRef(RunResult):
     """A read-only reference to another client's result on devices; pass it to programs like a handle."""
 
     __slots__ = ("_runtime", "_run", "_buffer", "_owner", "owner_client")
-    _from_elsewhere = property(lambda self: not self._runtime.islands.in_process)
+    _islands = property(lambda self: self._runtime.islands)
 
     def __init__(self, runtime: "Runtime", handle: "Handle"):
         self._runtime = runtime

@@ -230,6 +230,31 @@ def test_a_donated_handle_or_jax_array_is_deleted_after_its_run_as_in_process(si
                                    "another computation, before the call)"
 
 
+def test_a_released_handle_says_where_it_lay_as_a_deleted_jax_array_does_as_in_process(sides):
+    """Donated or deleted, a handle still says its `sharding`, `is_fully_*` and `committed`, as it did before,
+    and its `format` with no layout, as a deleted JAX array does (Orbax's restore target of a state a step took):
+    in-process it raised `... was donated to program @eat: ...` for all of them, and through the service
+    `format` raised. Its value still raises its one-line error."""
+    plain = jnp.asarray(X)
+    plain.delete()
+    assert plain.format.layout is None                   # what a deleted JAX array says
+    for side in ("embedded", "service"):
+        client = sides[side][0]
+        donated, deleted = eat.run(X, client=client), inc.run(X, client=client)
+
+        def placement(handle):
+            return handle.sharding, handle.is_fully_addressable, handle.is_fully_replicated, handle.committed
+
+        before = [placement(handle) for handle in (donated, deleted)]
+        eat.run(donated, client=client).block_until_ready()
+        deleted.delete()
+        for handle, was, line in zip((donated, deleted), before, ("was donated to program @eat", "was released")):
+            assert handle.is_deleted() and placement(handle) == was, side
+            assert handle.format == type(plain.format)(None, was[0]), side
+            with pytest.raises(ValueError, match=line):
+                np.asarray(handle)
+
+
 def test_a_run_that_can_never_fit_reads_as_in_process(sides):
     """A run that can never fit raises OutOfDeviceMemory through the service (as before) with the embedded
     runtime's message, which had its class's name before it (`OutOfDeviceMemory: program ...`); so does a
