@@ -74,7 +74,7 @@ from .device_estimates import DeviceTimeEstimates
 from .executables import CONTEXT_MESH, ExecutableCache, make_mesh, without_context_mesh
 from .island_executor import AWAIT_PAUSE, IN_FLIGHT, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
-from .island_work import (HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
+from .island_work import (ORDER_HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
                           computed, debug_checks, host_arrays_copied, raised, waits_for)
 from .object_store import ObjectStore
 from .status import unreachable
@@ -120,7 +120,7 @@ class Island(IslandExecutor):
         self.wedged: IslandWedged | None = None  # set while the island is stuck (see `wedge`)
         self.on_done: Callable[[], None] | None = None   # told whenever a run's device work is over
         # The latest (ticket, run id, step count) started, for order checks; bounded for long runs.
-        self.executed: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=HISTORY)
+        self.executed: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=ORDER_HISTORY)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending = 0                # work items queued or executing (on the executor or inline)
         self._inline = False             # a caller runs work inline now (see `start`)

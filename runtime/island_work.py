@@ -18,6 +18,10 @@ from .island_program import Instruction, IslandLayout, RecvInstruction
 
 HISTORY = 100_000        # how many work items (and, on Ray, runs) an island remembers
 FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
+# How many deliveries the order records keep (`Island.executed`, `GangScheduler.delivered`): read by order checks
+# and `pw-bench multi-tenancy` (up to about 7,000 runs), nothing else; at `HISTORY` a long-running service held
+# about 35 MB of them.
+ORDER_HISTORY = 16_384
 
 
 

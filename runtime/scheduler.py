@@ -76,7 +76,7 @@ from typing import Any, Callable
 from .admission import MemoryLedger, OutOfDeviceMemory
 from .device_estimates import DeviceTimeEstimates
 from .held_results import HeldResults
-from .island_work import IslandWork, RunFailed, host_arrays_copied, raised
+from .island_work import ORDER_HISTORY, IslandWork, RunFailed, host_arrays_copied, raised
 from .policies import Policy, parse_policy
 from .run import Run
 from .status import held_by_handles, shortfall
@@ -129,7 +129,7 @@ class GangScheduler:
         self._untimed: collections.defaultdict[int, list[Untimed]] = collections.defaultdict(list)
         self._closed = False
         # The latest (ticket, client id) delivered, for share checks; bounded for long runs.
-        self.delivered: collections.deque[tuple[int, int]] = collections.deque(maxlen=100_000)
+        self.delivered: collections.deque[tuple[int, int]] = collections.deque(maxlen=ORDER_HISTORY)
         self._thread = threading.Thread(target=self._admission_loop, name="pw-admission", daemon=True)
         self._thread.start()
 
