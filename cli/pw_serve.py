@@ -23,13 +23,15 @@ file, socket, key), and exits 0. `--idle-timeout`, `--max-connections` and
 default one) over its Unix socket, for the full report its owner may see: the scheduler's queue and what each queued
 run waits for, each island's runs and what each waits for, each client's
 objects and bytes, the bytes reserved per device, and the connected
-clients. `--status --address` asks a Ray cluster instead ("auto" or
+clients; each list of runs shows at most 20 of them and counts the rest
+(`runtime/status.py`, `LISTED`). `--status --address` asks a Ray cluster instead ("auto" or
 host:port): it finds the island actors by name (`pw-island-*` in the
 namespace `pathways`) and prints each island's report; the scheduler's
 queue lives in the process that owns those islands. Either is bounded at
 `--timeout` seconds (default `STATUS_TIMEOUT`) and stops on Ctrl-C: the Ray question runs in a
 child process, killed then (connecting to Ray can retry a cluster's GCS
-for minutes, deaf to signals). Errors are one line each; no traceback.
+for minutes, deaf to signals). Errors are one line each, a service's refusal of the
+request too; no traceback.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ def _status(service_file: str | None, address: str | None, timeout: float) -> No
 
 
 def _service_status(service_file: str | None, timeout: float) -> str:
+    from pathways_mlir.runtime.remote_client import RemoteError
     from pathways_mlir.runtime.service import ServiceError, default_service_file, open_connection
 
     path = service_file or default_service_file()
@@ -191,6 +194,8 @@ def _service_status(service_file: str | None, timeout: float) -> str:
         raise ServeError(str(e)) from None
     except TimeoutError:
         raise ServeError(f"the service of {path} did not answer within {timeout:g} s") from None
+    except RemoteError as e:         # the service refused the request, or could not send its reply
+        raise ServeError(f"the service of {path} answered --status with an error: {e}") from None
 
 
 def _ray_status(address: str, timeout: float) -> str:

@@ -184,11 +184,11 @@ class Endpoint:
         runs and objects only."""
         with self._lock:
             clients = sorted(self._clients)
-        status = self.runtime.status()
+        status = self.runtime.status(client)
         where = f"unix:{self.socket_path}" + (f", {self.tcp_address[0]}:{self.tcp_address[1]}"
                                               if self.tcp_address else "")
         status["service"] = {"address": where, "connections": clients if client is None else [client]}
-        return status if client is None else _own_view(status, client)
+        return status
 
     def _remove_files(self) -> None:
         try:
@@ -363,16 +363,3 @@ def _drop(connection: socket.socket, pending: dict, selector, busy: bool = False
     connection.close()
 
 
-def _own_view(status: Status, client: int) -> Status:
-    """`status` with only `client`'s queued runs, runs under way and objects."""
-    scheduler = status["scheduler"]
-    if scheduler is not None:
-        scheduler = {**scheduler, "queued": [q for q in scheduler["queued"] if q["client"] == client]}
-    islands = {}
-    for name, island in status["islands"].items():
-        if "runs" in island:
-            island = {**island, "runs": [r for r in island["runs"] if r["client"] == client],
-                      "clients": {c: v for c, v in island["clients"].items() if int(c) == client}}
-        islands[name] = island
-    return Status({**status, "scheduler": scheduler, "islands": islands,
-                   "clients": {c: v for c, v in status["clients"].items() if c == client}})

@@ -129,8 +129,9 @@ class IslandEndpoint(Protocol):
     def compilations(self) -> int:
         """Counts the executables compiled here."""
 
-    def status(self) -> dict:
-        """What the island is doing: its runs, what each waits for, its transfers."""
+    def status(self, client: int | None = None) -> dict:
+        """What the island is doing: its runs, what each waits for, its transfers (`Island.status`); with
+        `client`, that client's runs and objects only."""
 
     def lose(self) -> None:
         """Takes the island out as a dead host would (its runs fail with `IslandLost`)."""

@@ -53,7 +53,7 @@ Python objects:
     release(run_id, buffer), release_owner(owner)
     run_done(run_id), wait_run(run_id, timeout)  whether the run's device work is over
     device_seconds(run_id)                    the device time a finished run took here (once)
-    object_count(), owned_by(owner), compilations(), status(), close()
+    object_count(), owned_by(owner), compilations(), status(client), close()
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (ORDER_HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
                           computed, debug_checks, host_arrays_copied, raised, waits_for)
 from .object_store import ObjectStore
-from .status import unreachable
+from .status import first_listed, unreachable
 from .tracing import Tracer
 from .transfers import DcnTransport
 
@@ -436,22 +436,27 @@ class Island(IslandExecutor):
         """Returns how many executables the island has compiled."""
         return self.cache.compilations
 
-    def status(self) -> dict:
-        """Returns each run under way here with what it waits for, the runs whose device work is not
-        over yet, each client's objects and bytes, and what the executor is busy with; of a lost island, that
-        it is unreachable."""
+    def status(self, client: int | None = None) -> dict:
+        """Returns the runs under way here, each with what it waits for, the runs whose device work is not
+        over yet (at most `LISTED` of each, oldest first, and how many there are), each client's objects and
+        bytes, and what the executor is busy with; of a lost island, that it is unreachable. With `client`,
+        only that client's runs under way and objects."""
         with self.lock:
             if self.lost is not None:
                 return unreachable(self.lost)
+            under_way = [run for run in self._runs.values() if client is None or run.client_id == client]
             runs = [{"run": run.id, "client": run.client_id, "program": run.program,
-                     "waits_for": waits_for(run)} for run in self._runs.values()]
+                     "waits_for": waits_for(run)} for run in first_listed(under_way)]
             clients: dict[int, dict[str, int]] = {}
             for owner, array in self.store.owners():
+                if client is not None and owner[1] != client:
+                    continue
                 entry = clients.setdefault(owner[1], {"objects": 0, "bytes": 0})
                 entry["objects"] += 1
                 entry["bytes"] += int(getattr(array, "nbytes", 0))
             busy = sorted(r for r, tracked in self._in_flight.items() if not all(map(computed, tracked)))
-            report = {"runs": runs, "device_work": busy, "clients": clients}
+            report = {"runs": runs, "runs_count": len(under_way), "device_work": first_listed(busy),
+                      "device_work_count": len(busy), "clients": clients}
             busy = self.busy()
             if busy is not None:
                 run, what, seconds = busy

@@ -373,9 +373,11 @@ class Runtime:
         self.scheduler.release_client(client_id)
         return count
 
-    def status(self) -> Status:
+    def status(self, client: int | None = None) -> Status:
         """Returns what is queued, what every waiting run waits for, each client's objects, the bytes
-        reserved on every device, and the plans compiling for their first run."""
+        reserved on every device, and the plans compiling for their first run; with `client`, that client's
+        queued runs, runs under way and objects only (a service's client's view). Runs are listed up to
+        `status.LISTED` per list, and counted (`runtime/status.py`)."""
         release_dropped()
         reserved: dict[str, list[int]] = {}
         for (island, _), nbytes in sorted(self.usage().items()):
@@ -383,8 +385,8 @@ class Runtime:
         now = time.monotonic()
         compiling = [{"program": program, "seconds": round(now - started, 1)}
                      for _, program, started in list(self._loading.values())]
-        return gather(self.scheduler.status(), {name: island.status() for name, island in self.islands.items()},
-                      reserved, compiling)
+        return gather(self.scheduler.status(client),
+                      {name: island.status(client) for name, island in self.islands.items()}, reserved, compiling)
 
     def compilations(self) -> int:
         """Returns how many executables the islands have compiled."""

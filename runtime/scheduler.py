@@ -79,7 +79,7 @@ from .held_results import HeldResults
 from .island_work import ORDER_HISTORY, IslandWork, RunFailed, host_arrays_copied, raised
 from .policies import Policy, parse_policy
 from .run import Run
-from .status import held_by_handles, shortfall
+from .status import LISTED, first_listed, held_by_handles, shortfall
 from .waiting_runs import OVERTAKES, WaitingRuns
 
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
@@ -279,13 +279,23 @@ class GangScheduler:
             self._reclaim()
             return self.ledger.usage()
 
-    def status(self) -> dict:
-        """Returns the queued runs, each with why it is not admitted yet, and the admitted runs still on
-        the devices."""
+    def status(self, client: int | None = None) -> dict:
+        """Returns the queued runs (of `client` only, if given), each with why it is not admitted yet, and the
+        admitted runs still on the devices: at most `LISTED` of each, and how many there are. The queued runs
+        listed are every client's oldest, then every client's next, and so on, so that a client with many runs
+        queued hides no other client's: its oldest says what the queue waits for."""
         with self._lock:
+            queues = [queue for queue in self._waiting.queues()
+                      if queue and (client is None or queue[0].run.client_id == client)]
+            listed, left = [0] * len(queues), LISTED      # how many of each queue's runs are listed, oldest first
+            for position in range(LISTED):
+                for index, queue in enumerate(queues):
+                    if left and position < len(queue):
+                        listed[index] += 1
+                        left -= 1
             queued = []
-            for queue in self._waiting.queues():
-                for position, item in enumerate(queue):
+            for queue, count in zip(queues, listed):
+                for position, item in enumerate(itertools.islice(queue, count)):
                     run = item.run
                     if position:
                         why = f"run {queue[0].run.id} of its client (a client's runs are admitted in order)"
@@ -300,7 +310,8 @@ class GangScheduler:
                         why = shortfall(self.ledger, run.need) or "admission (it fits now)"
                     queued.append({"run": run.id, "client": run.client_id, "program": run.plan.program,
                                    "waits_for": why})
-            return {"policy": self.policy.name, "queued": queued, "admitted": list(self._in_flight)}
+            return {"policy": self.policy.name, "queued": queued, "queued_count": sum(map(len, queues)),
+                    "admitted": first_listed(self._in_flight), "admitted_count": len(self._in_flight)}
 
     def fail_island(self, island: str, error: Callable[[Run], BaseException]) -> list[Run]:
         """Fails the queued runs that need a lost island with `error(run)`, and gives back the bytes of the

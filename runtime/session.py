@@ -39,7 +39,8 @@ why it will not serve). Requests, one frame each:
 - `status` {full}: the runtime's status as this connection may see it: the
   queue, the islands and the reserved bytes, with its own runs and objects
   only; `full: true`, every client's and the connections, is for the
-  service's owner (its own user, on the Unix socket);
+  service's owner (its own user, on the Unix socket); either lists at most
+  `status.LISTED` runs per list and counts them all, so it fits a header;
 - `objects`: how many objects this connection owns; `ping`; `release`;
   `close` (answered at once; the connection's objects are released and its
   place among the endpoint's `max_connections` freed after it, once its runs

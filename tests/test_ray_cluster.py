@@ -150,6 +150,9 @@ def test_zz_a_step_waiting_forever_is_named_by_the_status(cluster, runtime):
         assert parked["waits_for"].startswith(f"recv of buffer {recv.dst_buffer} from island0 (send step ")
         assert parked["waits_for"].endswith(f"the result of launch step {launch.id} '{launch.label}'")
         assert f"waits for recv of buffer {recv.dst_buffer} from island0" in str(status)
+        own = runtime.status(client.id)["islands"]["island1"]     # a client's own view, asked of the island actor
+        assert own["runs"] == [parked] and own["runs_count"] == 1
+        assert runtime.status(client.id + 1)["islands"]["island1"]["runs_count"] == 0
         serve = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_serve", "--status", "--address", "auto",
                                 "--timeout", "100"],
                                env={**os.environ, "RAY_ADDRESS": cluster.address}, capture_output=True, text=True,

@@ -16,6 +16,7 @@ from test_endpoint import slow_to_compile
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.runtime import Runtime
+from pathways_mlir.runtime.status import LISTED
 
 
 def test_a_run_waiting_forever_on_a_send_names_it(device_map, plan_builder):
@@ -72,3 +73,42 @@ def test_status_names_a_plan_compiling_for_its_first_run(device_map, plan_builde
         assert not loader.is_alive() and rt.status()["compiling"] == []
     finally:
         rt.close()
+
+
+def test_a_report_of_many_runs_lists_a_few_of_each_and_counts_them_all(device_map, plan_builder):
+    """Every run was listed: 30,000 runs in flight made a 9 MB report, over a service reply's 8 MiB header, so
+    `pw-serve --status` failed when the service was busiest. Each list shows `LISTED` runs, oldest first, with its
+    exact count; the queue lists each client's oldest run first, so a client with many queued hides no other's."""
+    rt = Runtime(device_map)
+    many, few = Client(rt), Client(rt)
+    try:
+        plan, _ = cross_island(plan_builder, rt.resources.topology)
+        rt.islands["island0"].close()      # on purpose: island0 never sends, so the runs stay under way on island1
+        parked = [many.start(plan, [X]) for _ in range(LISTED + 5)]
+        until(lambda: rt.status()["islands"]["island1"]["runs_count"] == LISTED + 5, "the runs parked", 60)
+        rt.scheduler.hold()
+        queued = [many.start(plan, [X]) for _ in range(LISTED + 3)] + [few.start(plan, [X])]
+
+        status = rt.status()
+        scheduler, island1 = status["scheduler"], status["islands"]["island1"]
+        assert scheduler["queued_count"] == LISTED + 4 and len(scheduler["queued"]) == LISTED
+        listed = [q["run"] for q in scheduler["queued"]]
+        assert listed == [run.id for run in queued[:LISTED - 1]] + [queued[-1].id]    # the other client's too
+        assert scheduler["admitted_count"] == LISTED + 5
+        assert scheduler["admitted"] == [run.id for run in parked[:LISTED]]
+        assert island1["runs_count"] == LISTED + 5
+        assert [r["run"] for r in island1["runs"]] == [run.id for run in parked[:LISTED]]
+        text = str(status)
+        assert "  and 4 more queued run(s)" in text
+        assert f"admitted runs on the devices: {scheduler['admitted']} and 5 more" in text
+        assert f"island1: {LISTED + 5} run(s) under way" in text and "  and 5 more run(s) under way" in text
+        assert text.count(" waits for ") == 2 * LISTED                  # the queue's and island1's, no more
+
+        own = rt.status(few.id)                 # a client's own view: its runs listed and counted, none other's
+        assert [q["run"] for q in own["scheduler"]["queued"]] == [queued[-1].id]
+        assert own["scheduler"]["queued_count"] == 1 and own["scheduler"]["admitted_count"] == LISTED + 5
+        assert own["islands"]["island1"]["runs"] == [] and own["islands"]["island1"]["runs_count"] == 0
+    finally:
+        rt.close()          # fails the parked and queued runs, so the clients close at once
+        many.close()
+        few.close()

@@ -311,14 +311,15 @@ class IslandActor:
     def compilations(self) -> int:
         return self._island.compilations()
 
-    def status(self) -> dict:
-        """The island's status, its Ray node, and per peer island the path its moves take (`transfers`)."""
+    def status(self, client: int | None = None) -> dict:
+        """The island's status (of `client` only, if given), its Ray node, and per peer island the path its
+        moves take (`transfers`)."""
         moves = {name: {"path": "actor call", "by_actor_call": sender.sent}
                  for name, sender in sorted(self._senders.items())}
         if self._plane is not None:
             moves.update({name: {**counts, "by_actor_call": moves.get(name, {}).get("by_actor_call", 0)}
                           for name, counts in self._plane.status().items()})
-        return {**self._island.status(), "node": self.node(), "transfers": moves}
+        return {**self._island.status(client), "node": self.node(), "transfers": moves}
 
     def node(self) -> str:
         """The id of the Ray node this actor runs on."""

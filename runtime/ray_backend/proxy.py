@@ -380,12 +380,13 @@ class RayIsland:
     def compilations(self) -> int:
         return self._ask("compilations", otherwise=0)
 
-    def status(self) -> dict:
-        """Returns the island's status (see `Island.status`) and its node, or why it did not answer."""
+    def status(self, client: int | None = None) -> dict:
+        """Returns the island's status (see `Island.status`; of `client` only, if given) and its node, or why
+        it did not answer."""
         if self._dead is not None:
             return unreachable(self._dead)
         try:
-            return self._answer("status")
+            return self._answer("status", client)
         except Exception as error:  # noqa: BLE001  (a dead or stuck island is part of the report)
             return unreachable(error)
 
