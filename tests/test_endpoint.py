@@ -1049,23 +1049,30 @@ def test_a_plan_is_kept_while_a_connection_that_loaded_it_is_open(runtime, plan_
         gc.enable()
 
 
+init_with_key = pw.jit(lambda x: {"w": x * 2.0, "b": x[0] + 1.0, "key": jax.random.key(7)},
+                       slice=pw.virtual_slice(2, axes="d"), in_specs=P("d"),
+                       out_specs={"w": P("d"), "b": P("d"), "key": P()})
+
+
+def counted_fetches(monkeypatch) -> list[bool]:
+    """Records each remote handle's fetch (its `value` flag: True for a whole value) in the list returned."""
+    from pathways_mlir.runtime.remote_client import RemoteHandle
+
+    fetched, fetch = [], RemoteHandle._fetch
+    monkeypatch.setattr(RemoteHandle, "_fetch", lambda h, timeout, value: (fetched.append(value),
+                                                                            fetch(h, timeout, value))[1])
+    return fetched
+
+
 def test_orbax_saves_a_services_handles_fetching_each_value_once(runtime, tmp_path, monkeypatch):
     """Orbax reads an array's sharding and shards nine times in a save; a service's handle fetched its whole
     value for each. Each is now read once, and the checkpoint restores the values as JAX arrays."""
     import orbax.checkpoint as ocp
 
-    from pathways_mlir.runtime.remote_client import RemoteHandle
-
-    s = pw.virtual_slice(2, axes="d")
-    init = pw.jit(lambda x: {"w": x * 2.0, "b": x[0] + 1.0, "key": jax.random.key(7)}, slice=s,
-                  in_specs=P("d"), out_specs={"w": P("d"), "b": P("d"), "key": P()})
-    fetched = []
-    fetch = RemoteHandle._fetch
-    monkeypatch.setattr(RemoteHandle, "_fetch", lambda h, timeout, value: (fetched.append(value), fetch(h, timeout,
-                                                                                                       value))[1])
+    fetched = counted_fetches(monkeypatch)
     with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
                                                      timeout=TIMEOUT) as remote:
-        params = init.run(X, client=remote)
+        params = init_with_key.run(X, client=remote)
         state = {"params": params, "plain": jnp.arange(3.0)}          # a JAX array saved beside them
         ocp.PyTreeCheckpointer().save(tmp_path / "state", state)
         assert fetched.count(True) == 3                                 # a key handle's key data too
@@ -1087,15 +1094,7 @@ def test_orbax_v1_saves_a_services_handles_fetching_each_value_once(runtime, tmp
     `ocp.v1.load`, to a target of the handles too, restores what saving the values as JAX arrays restores."""
     import orbax.checkpoint as ocp
 
-    from pathways_mlir.runtime.remote_client import RemoteHandle
-
-    s = pw.virtual_slice(2, axes="d")
-    init = pw.jit(lambda x: {"w": x * 2.0, "b": x[0] + 1.0, "key": jax.random.key(7)}, slice=s,
-                  in_specs=P("d"), out_specs={"w": P("d"), "b": P("d"), "key": P()})
-    fetched = []
-    fetch = RemoteHandle._fetch
-    monkeypatch.setattr(RemoteHandle, "_fetch", lambda h, timeout, value: (fetched.append(value), fetch(h, timeout,
-                                                                                                       value))[1])
+    fetched = counted_fetches(monkeypatch)
 
     def saved(tree):
         """Each leaf's bytes (a key's key data), dtype and sharding."""
@@ -1104,7 +1103,7 @@ def test_orbax_v1_saves_a_services_handles_fetching_each_value_once(runtime, tmp
 
     with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
                                                      timeout=TIMEOUT) as remote:
-        state = init.run(X, client=remote)
+        state = init_with_key.run(X, client=remote)
         for name, save in (("save", ocp.v1.save), ("save_pytree", ocp.v1.save_pytree)):
             fetched.clear()
             save(tmp_path / name, state)
