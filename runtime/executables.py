@@ -225,7 +225,7 @@ class ExecutableCache:
 
 def _forget_exported_calls() -> None:
     """Empties JAX's two caches of result types that hold each traced `Exported.call`'s `Exported` (the whole
-    serialised module, constants included; 4096 entries each): the compiled launch no longer needs them, and
+    serialised module, constants included; 4096 and 2048 entries): the compiled launch no longer needs them, and
     they outlived the plans, a service keeping every program any client ever loaded (2 MiB each for a program
     with 2 MiB of constants, found by a soak of pw-serve). The next trace of anything computes its result
     types again. The caches are private: a JAX without them has nothing to empty."""

@@ -111,6 +111,9 @@ def _check_peaks(plan: ProgramPlan, where: str) -> None:
     for island, steps in plan.islands.items():
         declared = plan.peak(island)
         needed = peak(plan, island, steps)
+        if needed and not declared:
+            raise PlanError(f"{where}: declares no peak_bytes for '{island}', whose steps hold {needed[2]} bytes on "
+                            f"device {needed[0]}: a plan's peaks come from pw-plan-memory (the last pass of pw-lower)")
         for begin, end, nbytes in zip(needed[0::3], needed[1::3], needed[2::3]):
             covered = sorted((max(b, begin), min(e, end)) for b, e, n in declared
                              if n >= nbytes and b < end and e > begin)
