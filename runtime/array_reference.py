@@ -330,11 +330,18 @@ class RunResult(ArrayReference):
     def planned_sharding(self, rank: int):
         """The `NamedSharding` its plan places the result with, over its first `rank` dimensions (a key array's
         data has one more than the keys), as its island makes it (`IslandLayout.build`): where the value lies,
-        known without it (a released result's too). None for a host value, which no plan places, or one whose
+        known without it (a released result's too); of a host buffer, which no plan places, its settled value's (a
+        deleted JAX array still says it; host data, where `result()` puts it). None if it has none yet, or its
         island was lost."""
         plan, info = self._run.plan, self._run.plan.buffers[self._buffer]
-        island = self._islands.get(plan.island_of(self._buffer)) if info.slice is not None else None
-        if island is None:              # (or its island was lost since)
+        if info.slice is None:          # a host buffer (a cond's result, an argument returned as it is): its value's
+            future = self._run.host.get(self._buffer)
+            if future is None or not future.done() or future.exception() is not None:
+                return None
+            value = future.result()     # (host data: where `result()` puts it, as for a value from elsewhere)
+            return value.sharding if type(value) is ARRAY_TYPE else jnp.zeros((0,), np.uint8).sharding
+        island = self._islands.get(plan.island_of(self._buffer))
+        if island is None:              # (its island was lost since)
             return None
         return named_sharding(island.mesh(plan, info.slice), info.sharding[:rank])
 

@@ -79,7 +79,7 @@ from .island_work import (ORDER_HISTORY, IslandLost, IslandRun, IslandWedged, Is
 from .object_store import ObjectStore
 from .status import first_listed, unreachable
 from .tracing import Tracer
-from .transfers import DcnTransport
+from .transfers import DcnTransport, copy_to
 
 
 class Island(IslandExecutor):
@@ -315,6 +315,11 @@ class Island(IslandExecutor):
         else:
             with without_context_mesh():
                 self._lane_work((run, program, collective, inputs), inline=True)
+
+    def copied(self, plan_key: int, buffer: int, array):
+        """A peer's array about to be sent here as `buffer`, copied to its home sharding now (the sender's
+        thread): the peer's later runs may donate the original (`IslandExecutor.send`)."""
+        return copy_to(array, self._layout(plan_key).shardings[buffer])
 
     def deliver(self, run_id: int, plan_key: int, buffer: int, array) -> None:
         """A buffer a peer island sent: the executor puts it on its home sharding and resumes the run."""

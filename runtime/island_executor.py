@@ -584,12 +584,17 @@ class IslandExecutor:
         for waiters in self._waiters.values():
             waiters.condition.notify_all()
 
-    def send(self, run: IslandRun, peer: str, peer_buffer: int, array, nbytes: int, link) -> None:
-        """Hands `array` to `peer` as its `peer_buffer` of the run (DCN), emulating the link if asked."""
+    def send(self, run: IslandRun, peer: str, peer_buffer: int, array, nbytes: int, link, kept: bool) -> None:
+        """Hands `array` to `peer` as its `peer_buffer` of the run (DCN), emulating the link if asked. An array
+        `kept` (a program argument or result) is copied now, in this island's order (`peer.copied`): a later run
+        may donate it here, and XLA's donation waits for a copy under way, where the peer, reading it once its
+        executor (or Ray's sender thread) got to it, found it deleted and failed the run (found by a review)."""
         if self.tracer is not None:
             self.trace(f"send to {peer}", "dcn", _devices_of(array, self), [array],
                        ("out", _flow_id(run.id, peer_buffer)))
         target = self._peer(peer)
+        if kept:
+            array = target.copied(run.plan_key, peer_buffer, array)
         if self._transport is None or self._transport.inline:
             target.deliver(run.id, run.plan_key, peer_buffer, array)
             return

@@ -123,15 +123,17 @@ class CopyInstruction:
 
 
 class SendInstruction:
-    """Hands a slot's array to a peer island, which receives it as `peer_buffer`."""
+    """Hands a slot's array to a peer island, which receives it as `peer_buffer`; `kept`: the array is a program
+    argument or result, which a later run may donate (`IslandExecutor.send`)."""
 
-    __slots__ = ("src", "peer", "peer_buffer", "nbytes", "link")
+    __slots__ = ("src", "peer", "peer_buffer", "nbytes", "link", "kept")
 
-    def __init__(self, src: int, peer: str, peer_buffer: int, nbytes: int, link):
+    def __init__(self, src: int, peer: str, peer_buffer: int, nbytes: int, link, kept: bool):
         self.src, self.peer, self.peer_buffer, self.nbytes, self.link = src, peer, peer_buffer, nbytes, link
+        self.kept = kept
 
     def execute(self, island: "Island", run: "IslandRun") -> bool:
-        island.send(run, self.peer, self.peer_buffer, run.slots[self.src], self.nbytes, self.link)
+        island.send(run, self.peer, self.peer_buffer, run.slots[self.src], self.nbytes, self.link, self.kept)
         return True
 
 
@@ -280,7 +282,8 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
         elif isinstance(step, Send):
             # The cluster's own link (--emulate-dcn sleeps for its time), not the figures a plan file declares.
             instructions.append(SendInstruction(slot[step.src_buffer], step.peer, step.dst_buffer, step.bytes,
-                                                island.device_map.topology.link(island.name, step.peer)[1]))
+                                                island.device_map.topology.link(island.name, step.peer)[1],
+                                                step.src_buffer in plan.inputs or step.src_buffer in plan.outputs))
         elif isinstance(step, Recv):
             instructions.append(RecvInstruction(slot[step.dst_buffer], _awaited(plan, step)))
             last_on_slice[plan.buffers[step.dst_buffer].slice] = instructions[-1]

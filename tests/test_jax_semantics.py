@@ -1105,6 +1105,47 @@ def test_a_jax_array_passed_twice_cannot_be_donated():
     assert w.is_deleted()
 
 
+def test_a_value_sent_to_another_island_survives_a_later_run_donating_it():
+    """Run A reads x on island0 and sends it to island1, busy meanwhile; run B, after it, donates x on island0.
+    The send handed island1 the array itself, which island1 copied to its devices once its executor got to it:
+    by then B had donated x, and A failed with "Array has been deleted" (found by a review; since 23d7ad7 for a
+    reshaped result too). The copy starts at the send now, and XLA's donation waits for it, as `jax.jit` on
+    other devices then a donating `jax.jit` keeps x for the first."""
+    here, there = (pw.virtual_slice(1, axes="x", island=island) for island in ("island0", "island1"))
+    keep, triple = pw.jit(lambda v: v + 1.0, slice=here), pw.jit(lambda v: v * 3.0, slice=there)
+
+    def slow(m):
+        for _ in range(20):
+            m = jnp.tanh(m @ m)
+        return m
+
+    busy = pw.jit(slow, slice=there)
+
+    @pw.program
+    def both(v):
+        return keep(v), triple(v)
+
+    donors = {"same layout": pw.jit(lambda v: v * 2.0, slice=here, donate_argnums=0),
+              "reshaped": pw.jit(lambda v: (v * 2.0).reshape(-1), slice=here, donate_argnums=0)}
+    m = np.random.default_rng(0).random((512, 512), np.float32) / 512
+    ones = np.ones((64, 64), np.float32)
+    busy(m).block_until_ready()                       # compiled before: island1 is busy while x is donated
+    for warm in (both, *donors.values()):
+        jax.block_until_ready(warm(jax.device_put(ones, jax.devices()[0])))
+    for kind in ("jax.Array", "handle"):
+        for name, donor in donors.items():
+            x = jax.device_put(ones, jax.devices()[0])
+            if kind == "handle":
+                x = keep(x)                           # a result island0 keeps
+                x.block_until_ready()
+            held = busy(m)
+            _, sent = both(x)
+            donor(x)
+            np.testing.assert_array_equal(np.asarray(sent.result(timeout=120)),
+                                          ones * 3.0 + (3.0 if kind == "handle" else 0.0), err_msg=f"{kind}, {name}")
+            held.block_until_ready()
+
+
 def test_a_donated_jax_array_is_deleted_where_jax_jit_placed_alike_deletes_it():
     """A donated `jax.Array` is deleted exactly where `jax.jit` with the same function, `donate_argnums` and the
     slice's sharding as `in_shardings` deletes it: lying where the slice keeps it, once XLA writes a result of
@@ -1302,12 +1343,21 @@ def test_a_released_handle_says_where_it_lay_as_a_deleted_jax_array_does():
                   donate_argnums=(0, 1, 2, 3))
     donated, deleted, (owned, *_) = make(jnp.arange(4.0)), make(jnp.arange(4.0)), make(jnp.arange(4.0))
     shared = default_client().share(owned)
-    cases = [(ref, "was donated to program @lambda: a donated handle cannot be used again") for ref in donated]
+    # Results a plan keeps on the host, which no slice places: a cond's, and an argument returned as it is.
+    positive = pw.jit(lambda v: v.sum() > 0, slice=s, in_specs=P("data"))
+    up = pw.jit(lambda v: v + 1, slice=s, in_specs=P("data"), out_specs=P("data"))
+    double = pw.jit(lambda v: v * 2, slice=s, in_specs=P("data"), out_specs=P("data"), donate_argnums=0)
+    on_host = [pw.program(lambda v: pw.cond(positive(v), up, up, v))(np.arange(4.0, dtype=np.float32)),
+               pw.program(lambda v: v)(np.arange(4.0, dtype=np.float32))]
+    cases = [(ref, "was donated to program @lambda: a donated handle cannot be used again")
+             for ref in (*donated, *on_host)]
     cases += [(ref, "was released") for ref in deleted] + [(shared, "was released by its owner")]
     live = [placement_of(ref) for ref, _ in cases]
     twins = [jax.device_put(ref.result(), ref.sharding) for ref, _ in cases]   # JAX arrays laid out as they are
     assert [type(ref).__name__ for ref, _ in cases[:4]] == ["Handle", "Handle", "WeakHandle", "KeyHandle"]
     step(*donated)
+    for ref in on_host:
+        double(ref)
     for ref in deleted:
         ref.delete()
     owned.delete()

@@ -352,6 +352,14 @@ class PeerSender:
         self._ready = threading.Condition()
         threading.Thread(target=self._send_batches, name="pw-peer-sender", daemon=True).start()
 
+    @staticmethod
+    def copied(key: int, buffer: int, array):
+        """An array about to be sent, copied on its devices now (this island's executor): this island's later runs
+        may donate the original before the sender thread reads it (`IslandExecutor.send`); host data as it is."""
+        import jax
+
+        return jax.device_put(array, may_alias=False) if isinstance(array, jax.Array) else array
+
     def deliver(self, run_id: int, key: int, buffer: int, array) -> None:
         """Hands a sent buffer to the peer: offered on the data plane where it travels there, else queued
         for the next `deliver_many` call."""
