@@ -354,14 +354,16 @@ class Island(IslandExecutor):
                     return found
                 if run_id in self._failed:
                     raise raised(self._failed[run_id])
-                if (run_id, buffer) in self._dropped:
-                    raise ValueError(f"buffer {buffer} of run {run_id} was released")
+                # A result released while its run is still here is only not kept at its end (`_dropped`): the
+                # run's own host steps may read it still (a later cond's input), as its steps here do.
                 run = self._runs.get(run_id)
                 if run is not None and buffer in run.layout.slot and run.slots[run.layout.slot[buffer]] is not None:
                     return run.slots[run.layout.slot[buffer]]
                 early = self._early.get(run_id, {}).get(buffer)
                 if early is not None:
                     return early
+                if (run_id, buffer) in self._dropped:
+                    raise ValueError(f"buffer {buffer} of run {run_id} was released")
                 if run is None and run_id in self._in_flight:
                     raise ValueError(f"buffer {buffer} of run {run_id} is not kept: the run is over and the "
                                      f"buffer was no result, or its result was released")

@@ -303,6 +303,27 @@ def test_a_data_dependent_branch_runs_the_chosen_program(runtime):
     assert settled(runtime, WAIT)
 
 
+def test_a_conds_result_released_at_once_is_still_read_by_a_later_cond(runtime):
+    """A program returns a cond's result y and passes y to a later cond; the caller keeps only the other result
+    (`z = step(x)[0]`), releasing y's handle at once. Its island marked y released, and the later cond's read of
+    its own run's buffer raised "buffer 2 of run 0 was released" (found by differential fuzzing). A released
+    result is only not kept at its run's end."""
+    positive = pw.jit(lambda x: jnp.sum(x) > 0, slice=left, in_specs=P("x"), out_specs=P())
+
+    @pw.program
+    def twice(x):
+        y = pw.cond(positive(x), grow, bend, x)
+        return pw.cond(positive(y), bend, grow, y), y
+
+    plain = jax.jit(bend.fn)(jax.jit(grow.fn)(np.abs(X)))
+    with Client(runtime) as client:
+        for _ in range(3):
+            z = twice.run(np.abs(X), client=client)[0]
+            np.testing.assert_allclose(value(z), np.asarray(plain), rtol=1e-6)
+            del z
+    assert settled(runtime, WAIT)
+
+
 def cancelled_while_computing(runtime, client):
     """Starts a loop of `cos` on island0 and cancels it; returns its handle. A loop that was over before the
     cancel (2,000,000 steps take 0.2-0.3 s here; a loaded machine can delay the cancel as long) is
