@@ -176,7 +176,8 @@ class Compiled:
     @property
     def input_shardings(self) -> Any:
         """Where the plan puts each argument: a `NamedSharding` over its slice's devices, in the traced arguments'
-        structure, as `jax.jit`'s compiled stage gives them. Only where the islands run in this process (the
+        structure, as `jax.jit`'s compiled stage gives them (of one the plan keeps on the host, unused or returned
+        as it is, where reading it puts it: the default device). Only where the islands run in this process (the
         embedded backend): NotImplementedError elsewhere."""
         return self.lowered.in_tree.unflatten(self._shardings(self.plan.inputs, self.lowered.in_avals_flat))
 
@@ -186,7 +187,7 @@ class Compiled:
         return self.lowered.out_tree.unflatten(self._shardings(self.plan.outputs, self.lowered.out_avals_flat))
 
     def _shardings(self, buffers, avals) -> list:
-        from pathways_mlir.runtime.executables import named_sharding
+        from pathways_mlir.runtime.executables import host_data_sharding, named_sharding
 
         islands = getattr(self.runtime, "islands", None)
         if islands is None or not islands.in_process:
@@ -195,6 +196,9 @@ class Compiled:
         shardings = []
         for buffer, aval in zip(buffers, avals):
             info = self.plan.buffers[buffer]
+            if info.slice is None:       # kept on the host (an argument returned as it is, or unused)
+                shardings.append(host_data_sharding())
+                continue
             mesh = islands[self.plan.island_of(buffer)].mesh(self.plan, info.slice)
             shardings.append(named_sharding(mesh, info.sharding[:len(aval.shape)]))   # (a key's data has one more)
         return shardings

@@ -76,7 +76,7 @@ import numpy as np
 from jax._src import core as jax_core, dtypes as jax_dtypes   # JAX's registries of array types (see the module)
 from jax.experimental.layout import Format
 
-from .executables import ARRAY_TYPE, named_sharding, numpy_dtype
+from .executables import ARRAY_TYPE, host_data_sharding, named_sharding, numpy_dtype
 from .orbax_checkpoints import register_with_orbax
 
 
@@ -339,7 +339,7 @@ class RunResult(ArrayReference):
             if future is None or not future.done() or future.exception() is not None:
                 return None
             value = future.result()     # (host data: where `result()` puts it, as for a value from elsewhere)
-            return value.sharding if type(value) is ARRAY_TYPE else jnp.zeros((0,), np.uint8).sharding
+            return value.sharding if type(value) is ARRAY_TYPE else host_data_sharding()
         island = self._islands.get(plan.island_of(self._buffer))
         if island is None:              # (its island was lost since)
             return None

@@ -137,6 +137,14 @@ def named_sharding(mesh, sharding: Sequence[Sequence[str]]):
     return NamedSharding(mesh, PartitionSpec(*spec))
 
 
+def host_data_sharding():
+    """Where a value a plan keeps on the host (an argument returned as it is, a cond's result) lies once read as
+    a JAX array (`RunResult.result`: `jnp.asarray`, on the default device)."""
+    import jax.numpy as jnp
+
+    return jnp.zeros((0,), np.uint8).sharding
+
+
 def make_mesh(devices: Sequence, shape: Sequence[int], axes: Sequence[str]):
     """Returns the JAX mesh of a slice's devices in mesh order."""
     from jax.sharding import Mesh

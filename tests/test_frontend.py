@@ -434,3 +434,24 @@ def test_saved_ir_is_read_by_pw_opt(tmp_path, capsys):
     tanh_a.lower(f32(8, 16)).save(path)
     assert pw_opt.main([str(path), "--pw-verify"]) == 0
     assert '"pw.compute"' in capsys.readouterr().out
+
+
+def test_input_and_output_shardings_name_where_values_kept_on_the_host_lie():
+    """A program that returns an argument as it is, or leaves one unused, keeps it on the host (no slice):
+    `compiled.input_shardings` and `output_shardings` raised `KeyError: None` for it (found by differential
+    fuzzing). They say where reading it puts it, as the handle's `sharding` does: the default device."""
+    s = pw.virtual_slice(2, axes="x")
+    double = pw.jit(lambda x: x * 2, slice=s, in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def passing(x, y, unused):
+        return double(x), y
+
+    x = np.ones((8, 4), np.float32)
+    compiled = passing.compiled(x, x, x)
+    (on_slice, kept, unused), _ = compiled.input_shardings
+    doubled, returned = compiled.output_shardings
+    assert on_slice == doubled == NamedSharding(on_slice.mesh, P("x", None))
+    out = passing(x, x, x)
+    assert kept == unused == returned == out[1].sharding == jnp.asarray(x).sharding
+    np.testing.assert_array_equal(np.asarray(out[1]), x)
