@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src.core import trace_state_clean   # whether a JAX trace is under way: no public reader
 from mlir import ir
 
 from pathways_mlir.dialect.element_types import ELEMENT_TYPES, NUMPY_NAMES
@@ -59,8 +60,9 @@ def not_an_array(x: Any) -> TypeError:
 
 
 def has_tracers(tree: Any) -> bool:
-    """Whether `tree` holds a JAX tracer: the call happens inside `jax.jit`, `jax.grad`, ... of JAX."""
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+    """Whether the call happens inside `jax.jit`, `jax.grad`, ... of JAX: `tree` holds a JAX tracer, or a
+    JAX trace is under way (a call with no array argument inside one has no tracer to show it)."""
+    return not trace_state_clean() or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
 def is_extended(dtype) -> bool:

@@ -39,7 +39,7 @@ from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import get_runtime
 
-from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array
+from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array, trace_state_clean
 from .lowered import Lowered
 from .provenance import Site
 from .signature import BindsAsMethod, Call, Signature
@@ -403,7 +403,7 @@ class StageCache:
         dtype object per builtin type; a handle's buffer is its plan's), and the pytree of arguments that are not
         all leaves is the earlier call's (as `jax.jit` looks up a flattened call's signature), so nothing is split
         or built and the leaves go to the run as they are (`Compiled.call_plain`), under the same
-        trace context; such leaves are never tracers. Under `jax.disable_jit()` a call with `traced` runs it,
+        trace context; such leaves are never tracers (a call of none is looked up outside a JAX trace only). Under `jax.disable_jit()` a call with `traced` runs it,
         as `jax.jit` runs its function eagerly there."""
         if type(client) is Client:
             runtime = client.runtime             # (`_runtime_of`'s, without its call: most calls pass one)
@@ -421,7 +421,7 @@ class StageCache:
             found = self._identical.get(identity[0])
             context = trace_context()
             if found is not None and found[0] is runtime and found[3] == context and \
-                    all(map(operator.is_, found[1], identity[1])):
+                    all(map(operator.is_, found[1], identity[1])) and (identity[1] or trace_state_clean()):
                 return found[2].call_plain(args, leaves, client)
         if traced is not None and (jax.config.jax_disable_jit or has_tracers((args, kwargs))):
             return traced(*args, **kwargs)

@@ -1719,3 +1719,37 @@ def test_stages_answer_what_jax_jits_stages_answer():
             assert re.fullmatch(r"island\d devices \d-\d", devices) and nbytes == peak
     finally:
         rt.close()
+
+
+def test_a_placed_function_of_no_arrays_traces_inside_a_jax_trace():
+    """A placed function called with no array argument inside a JAX trace (`jax.eval_shape`, a `jax.jit`
+    trace) ran on the cluster at trace time, its value baked in as a constant, there being no tracer among its
+    arguments to show the trace (found by differential fuzzing); once called outside, its call was looked up
+    by identity and ran too. It traces as its function, as a nested `jax.jit` does, and so does a program's
+    `eval_shape` with a cond on such a value (which raised)."""
+    runs = []
+
+    def make_ones():
+        jax.debug.callback(lambda: runs.append(1))       # counts executions, not traces
+        return jnp.ones((4, 4), jnp.float32)
+
+    s = pw.virtual_slice(2, axes="x")
+    ones = pw.jit(make_ones, slice=s, out_specs=P("x"))
+    add = pw.jit(lambda a, b: a + b, slice=s, in_specs=P("x"), out_specs=P("x"))
+    positive = pw.jit(lambda v: v.sum() > 0, slice=s)
+
+    @pw.program
+    def step(x):
+        c = ones()
+        return pw.cond(positive(c), lambda v: add(v, v), lambda v: v, add(x, c))
+
+    for called_before in (False, True):
+        if called_before:
+            np.testing.assert_array_equal(np.asarray(ones()), np.ones((4, 4)))
+        jax.effects_barrier()
+        before = len(runs)
+        assert jax.eval_shape(ones) == jax.ShapeDtypeStruct((4, 4), jnp.float32)
+        jax.jit(lambda: ones() + 1).lower()
+        jax.effects_barrier()
+        assert len(runs) == before, called_before
+    assert step.eval_shape(np.zeros((4, 4), np.float32)).shape == (4, 4)
