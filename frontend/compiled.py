@@ -403,8 +403,8 @@ class StageCache:
         dtype object per builtin type; a handle's buffer is its plan's), and the pytree of arguments that are not
         all leaves is the earlier call's (as `jax.jit` looks up a flattened call's signature), so nothing is split
         or built and the leaves go to the run as they are (`Compiled.call_plain`), under the same
-        trace context; such leaves are never tracers (a call of none is looked up outside a JAX trace only). Under `jax.disable_jit()` a call with `traced` runs it,
-        as `jax.jit` runs its function eagerly there."""
+        trace context; such leaves are never tracers (a call of none is looked up outside a JAX trace only).
+        Under `jax.disable_jit()` a call with `traced` runs it, as `jax.jit` runs its function eagerly there."""
         if type(client) is Client:
             runtime = client.runtime             # (`_runtime_of`'s, without its call: most calls pass one)
         else:
