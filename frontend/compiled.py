@@ -187,7 +187,7 @@ class Compiled:
         return self.lowered.out_tree.unflatten(self._shardings(self.plan.outputs, self.lowered.out_avals_flat))
 
     def _shardings(self, buffers, avals) -> list:
-        from pathways_mlir.runtime.executables import host_data_sharding, named_sharding
+        from pathways_mlir.runtime.executables import host_data_array, named_sharding
 
         islands = getattr(self.runtime, "islands", None)
         if islands is None or not islands.in_process:
@@ -197,7 +197,7 @@ class Compiled:
         for buffer, aval in zip(buffers, avals):
             info = self.plan.buffers[buffer]
             if info.slice is None:       # kept on the host (an argument returned as it is, or unused)
-                shardings.append(host_data_sharding())
+                shardings.append(host_data_array().sharding)
                 continue
             mesh = islands[self.plan.island_of(buffer)].mesh(self.plan, info.slice)
             shardings.append(named_sharding(mesh, info.sharding[:len(aval.shape)]))   # (a key's data has one more)

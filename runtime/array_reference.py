@@ -76,7 +76,7 @@ import numpy as np
 from jax._src import core as jax_core, dtypes as jax_dtypes   # JAX's registries of array types (see the module)
 from jax.experimental.layout import Format
 
-from .executables import ARRAY_TYPE, host_data_sharding, named_sharding, numpy_dtype
+from .executables import ARRAY_TYPE, host_data_array, named_sharding, numpy_dtype
 from .orbax_checkpoints import register_with_orbax
 
 
@@ -258,13 +258,10 @@ class ReleasedPlacement:
     is_fully_replicated = property(lambda self: self.sharding.is_fully_replicated)
 
 
-def _released_placement(ref: "Reference") -> ReleasedPlacement | None:
+def _released_placement(ref: "Reference"):
     """Where the value of `ref`, a reference to a result in this process, lay once released
-    (`ReleasedPlacement`), from its plan: None if it is not released, or is a host value (no plan places it)."""
-    if not ref.is_deleted():
-        return None
-    sharding = ref.owned().planned_sharding(ref.ndim)
-    return None if sharding is None else ReleasedPlacement(sharding)
+    (`RunResult.released_placement`); None if it is not released."""
+    return ref.owned().released_placement(ref.ndim) if ref.is_deleted() else None
 
 
 def _placement(name: str, method: bool = False):
@@ -277,7 +274,7 @@ def _placement(name: str, method: bool = False):
 
     def get(self):
         if self._from_elsewhere:
-            value = jnp.zeros((0,), np.uint8)
+            value = host_data_array()
         else:
             released = _released_placement(self) if answered_released else None
             value = self.result() if released is None else released
@@ -327,23 +324,24 @@ class RunResult(ArrayReference):
     def _host_value(self, timeout: float | None = None) -> np.ndarray:
         return np.asarray(self._value(timeout))
 
-    def planned_sharding(self, rank: int):
-        """The `NamedSharding` its plan places the result with, over its first `rank` dimensions (a key array's
-        data has one more than the keys), as its island makes it (`IslandLayout.build`): where the value lies,
-        known without it (a released result's too); of a host buffer, which no plan places, its settled value's (a
-        deleted JAX array still says it; host data, where `result()` puts it). None if it has none yet, or its
-        island was lost."""
+    def released_placement(self, rank: int):
+        """What answers, without the value, where the result lay (the names of `ReleasedPlacement.ANSWERED`):
+        a `ReleasedPlacement` of the `NamedSharding` its plan places it with, over its first `rank` dimensions
+        (a key array's data has one more than the keys), as its island makes it (`IslandLayout.build`); of a
+        host buffer, which no plan places, its settled value (a deleted JAX array still says it) or, for host
+        data, an array made here from host data (where `result()` puts it, uncommitted). None if it has no
+        value yet, or its island was lost."""
         plan, info = self._run.plan, self._run.plan.buffers[self._buffer]
-        if info.slice is None:          # a host buffer (a cond's result, an argument returned as it is): its value's
+        if info.slice is None:          # a host buffer (a cond's result, an argument returned as it is)
             future = self._run.host.get(self._buffer)
             if future is None or not future.done() or future.exception() is not None:
                 return None
-            value = future.result()     # (host data: where `result()` puts it, as for a value from elsewhere)
-            return value.sharding if type(value) is ARRAY_TYPE else host_data_sharding()
+            value = future.result()
+            return value if type(value) is ARRAY_TYPE else host_data_array()
         island = self._islands.get(plan.island_of(self._buffer))
         if island is None:              # (its island was lost since)
             return None
-        return named_sharding(island.mesh(plan, info.slice), info.sharding[:rank])
+        return ReleasedPlacement(named_sharding(island.mesh(plan, info.slice), info.sharding[:rank]))
 
     @property
     def shape(self) -> tuple[int, ...]:

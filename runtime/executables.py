@@ -137,12 +137,13 @@ def named_sharding(mesh, sharding: Sequence[Sequence[str]]):
     return NamedSharding(mesh, PartitionSpec(*spec))
 
 
-def host_data_sharding():
-    """Where a value a plan keeps on the host (an argument returned as it is, a cond's result) lies once read as
-    a JAX array (`RunResult.result`: `jnp.asarray`, on the default device)."""
+def host_data_array():
+    """An empty JAX array made here from host data: it lies where a value a plan keeps on the host (an argument
+    returned as it is, a cond's result), or one fetched from another process, lies once read as a JAX array
+    (`RunResult.result`: `jnp.asarray`, on the default device, uncommitted)."""
     import jax.numpy as jnp
 
-    return jnp.zeros((0,), np.uint8).sharding
+    return jnp.zeros((0,), np.uint8)
 
 
 def make_mesh(devices: Sequence, shape: Sequence[int], axes: Sequence[str]):
