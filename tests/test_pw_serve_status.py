@@ -82,6 +82,26 @@ def test_serving_a_ray_address_where_nothing_answers_is_one_line(tmp_path):
                                           f"Connection refused"]
 
 
+def test_serving_a_ray_client_address_says_pw_needs_the_cluster_s_own(tmp_path):
+    # A Ray Client address (ray://) was probed as a host named "ray://127.0.0.1": "Name or service not known".
+    pytest.importorskip("ray")
+    result = subprocess.run([*SERVE, "--backend", "ray", "--address", "ray://127.0.0.1:1"], capture_output=True,
+                            text=True, timeout=TIMEOUT, env={**os.environ, "PW_SERVICE_DIR": str(tmp_path / "s")})
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("pw-serve: error: ray://127.0.0.1:1 is a Ray Client address, which pw does not use"), line
+
+
+def test_status_of_an_ipv6_ray_address_probes_the_address_itself():
+    # "[::1]:port" was probed as a host named "[::1]", brackets and all: "Name or service not known".
+    pytest.importorskip("ray")
+    result = status("--address", "[::1]:1", "--timeout", "30")
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("pw-serve: error: ") and "no Ray cluster answers at [::1]:1: " in line, line
+    assert "not known" not in line, line
+
+
 def test_status_of_a_malformed_ray_address_names_ray_s_error():
     pytest.importorskip("ray")
     result = status("--address", "1.2.3", "--timeout", "60")

@@ -306,6 +306,10 @@ def connect(address: str | None, num_cpus: int = 2, resources: dict | None = Non
     if ray.is_initialized():
         return False
     named = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address or ""
+    if named.startswith("ray://"):
+        raise ClusterError(f"{named} is a Ray Client address, which pw does not use: its driver talks to every "
+                           f"island actor over TCP, from a node of the cluster; pass the cluster's address "
+                           f"(host:port, as `ray start --head` prints it)")
     host = "127.0.0.1" if address is None else named.rsplit(":", 1)[0]
     host = "127.0.0.1" if host == "localhost" else host
     if host == "127.0.0.1":
@@ -332,6 +336,7 @@ def _check_answers(address: str) -> None:
     host, _, port = address.rpartition(":")
     if not (host and port.isdigit()):
         return
+    host = host.removeprefix("[").removesuffix("]")      # an IPv6 address, as [::1]:6379 writes it
     try:
         socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT).close()
     except (OSError, OverflowError) as error:
