@@ -211,3 +211,33 @@ def test_a_send_behind_more_than_queued_bytes_waits_for_the_writer_bounded(pair,
     assert ours._queued > connection.QUEUED
     with pytest.raises(connection.ConnectionBroken, match=r"the actor read nothing of \d+ bytes for 0.5 s"):
         ours.send({"number": 1}, [np.zeros(4 << 20, np.float32)])     # not queued: never copied
+
+
+def test_stalled_says_how_long_the_oldest_unacknowledged_start_waited_reading_what_came(pair):
+    """The island monitor's look (`stalled`): the acknowledgements that came are read without waiting (the actor
+    blocks once they fill the socket), and the wait of the oldest start not acknowledged is told; none: 0."""
+    ours, peer = pair
+    assert ours.stalled() == 0.0
+    for number in range(3):
+        ours.send_start(number, None, [], [])
+    assert [peer.reader.recv()[0]["number"] for _ in range(3)] == [0, 1, 2]
+    send_message(peer.sock, {"taken": 0}, ())
+    until(lambda: ours.stalled() > 0.0 and ours.taken == 0, "start 0's acknowledgement read", WAIT)
+    first = ours.stalled()
+    until(lambda: ours.stalled() > first, "the wait of start 1 grows", WAIT)
+    send_message(peer.sock, {"taken": 2}, ())
+    until(lambda: ours.stalled() == 0.0, "starts 1 and 2 acknowledged", WAIT)
+    assert ours.taken == 2
+
+
+def test_a_poll_hands_a_reply_it_reads_to_its_waiter_and_raises_once_the_connection_broke(pair):
+    ours, peer = pair
+    thread, errors = fetching(ours)
+    request = peer.request()["request"]
+    send_message(peer.sock, {"reply": request, "siblings": []}, [np.zeros(1)])
+    ours.poll()                               # whoever reads the reply, the fetch gets it
+    thread.join(WAIT)
+    assert not thread.is_alive() and not errors
+    peer.sock.close()
+    with pytest.raises(connection.ConnectionBroken):
+        until(lambda: ours.poll(), "the closed end seen", WAIT)

@@ -30,7 +30,7 @@ from pathways_mlir.runtime.wire import send_message
 
 ray = pytest.importorskip("ray")
 
-from pathways_mlir.runtime.ray_backend import NAMESPACE, cluster_status, island_name  # noqa: E402
+from pathways_mlir.runtime.ray_backend import NAMESPACE, cluster_status, connection, island_name  # noqa: E402
 from pathways_mlir.runtime.ray_backend.connection import IslandConnection  # noqa: E402
 from pathways_mlir.runtime.ray_backend.start_channel import PENDING  # noqa: E402
 
@@ -716,6 +716,33 @@ def test_an_island_actor_that_stalls_bounds_status_close_and_deadlines(ray_runti
         until(lambda: ray_runtime.resources.version != version, "the monitor takes island1 out", 60)
         with pytest.raises(pw.IslandLost):
             sent.result(60)
+        ray_runtime.restore_island("island1")
+        np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
+
+
+def test_starts_to_a_stalled_actor_hold_up_no_one_and_the_monitor_takes_it_out(ray_runtime, monkeypatch):
+    """island1's actor stalls (its process stopped) and runs keep coming for it. The start channel read the
+    acknowledgement of the message `PENDING` sends back before each send, under the scheduler's lock: the
+    33rd run waited for it up to `REPLY_TIMEOUT` (120 s), and every client on every island with it (left open by
+    session 66, found by a fixer). Sends never wait now; the island monitor finds the actor that acknowledged
+    nothing for `REPLY_TIMEOUT` (shortened here, once the sends are made) and takes the island out."""
+    with Client(ray_runtime) as client, Client(ray_runtime) as other:
+        on_right.compiled(X, runtime=ray_runtime), on_left.compiled(X, runtime=ray_runtime)
+        np.asarray(produced(on_right, client))
+        pid = actor_process("island1")
+        version = ray_runtime.resources.version
+        try:
+            stop_process(pid, 60)
+            sent = within(30, lambda: [on_right.run(X, client=client) for _ in range(PENDING + 8)])
+            np.testing.assert_allclose(within(30, lambda: np.asarray(on_left.run(X, client=other).result(30))),
+                                       np.asarray(jax.jit(grow.fn)(X)), rtol=1e-6)
+            monkeypatch.setattr(connection, "REPLY_TIMEOUT", 2.0)
+            until(lambda: ray_runtime.resources.version != version, "the monitor takes island1 out", 60)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(pw.IslandLost, match="island island1 was lost"):
+            sent[-1].result(60)
+        del sent
         ray_runtime.restore_island("island1")
         np.testing.assert_array_equal(np.asarray(across.run(X, client=client).result(60)), expected(X))
 

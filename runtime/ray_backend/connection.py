@@ -65,6 +65,7 @@ class IslandConnection:
             raise ValueError("an island connection's socket needs a timeout (its sends must not block)")
         self.sock = sock
         self.taken = -1                  # the last start message the actor acknowledged
+        self._unacknowledged: collections.deque[tuple[int, float]] = collections.deque()  # (number, sent at)
         self._reader = FrameReader(sock)
         self._state = threading.Condition()
         self._reading = False            # a waiter is reading frames for everyone
@@ -126,6 +127,45 @@ class IslandConnection:
                     self._writer = threading.Thread(target=self._write_queued, name="pw-island-writer", daemon=True)
                     self._writer.start()
                 self._out.notify()
+
+    def send_start(self, number: int, work: IslandWork | None, releases: list, lends: list) -> None:
+        """Sends start message `number` (`encode_start`) as `send` does, and notes when: `stalled` tells how long
+        the oldest one the actor has not acknowledged has waited."""
+        self.send(*encode_start(number, work, releases, lends))
+        with self._state:
+            waiting = self._unacknowledged
+            while waiting and waiting[0][0] <= self.taken:
+                waiting.popleft()
+            waiting.append((number, time.monotonic()))
+
+    def poll(self) -> None:
+        """Reads the frames that have come, waiting for none (a frame begun is read whole, as `_read` reads it),
+        so that the actor's acknowledgements never fill the socket; nothing if another thread reads them now.
+        Raises ConnectionBroken if the connection broke."""
+        with self._state:
+            if self._reading:
+                return
+            if self.broken is not None:
+                raise raised(self.broken)
+            self._reading = True
+        try:
+            while (frame := self._read(0.0)) is not None:
+                with self._state:
+                    self._hand_out(*frame)
+        finally:
+            with self._state:
+                self._reading = False
+                self._state.notify_all()
+
+    def stalled(self) -> float:
+        """Reads the frames that have come (`poll`); returns how many seconds the oldest start message the actor
+        has not acknowledged has waited since it was sent (0.0 if none)."""
+        self.poll()
+        with self._state:
+            waiting = self._unacknowledged
+            while waiting and waiting[0][0] <= self.taken:
+                waiting.popleft()
+            return time.monotonic() - waiting[0][1] if waiting else 0.0
 
     def _write_now(self, parts: list) -> list:
         """Writes what the socket takes of `parts` without waiting (its descriptor is non-blocking: the socket

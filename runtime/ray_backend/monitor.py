@@ -4,7 +4,12 @@ It notices an island whose actor died (killed, its process gone, or its node
 removed) from Ray itself: each actor has one call in flight (`watch`) that
 only returns when the island closes, and that Ray fails as soon as it knows
 the actor is dead; any other call that Ray fails with `RayActorError` says
-the same (`report`). The monitor then takes the island out through
+the same (`report`). It notices a stalled actor (stopped, or its host cut
+off without closing the connection) from its connection: an actor that has
+acknowledged no start message for `REPLY_TIMEOUT` seconds is lost, as one
+whose connection broke (`IslandConnection.stalled`, which also reads the
+acknowledgements that came, so that they never fill the socket). The
+monitor then takes the island out through
 `Runtime.lose_island`, the path the embedded backend uses. When a node
 offering a lost island's resource joins the cluster in place of the node
 that died, it brings the island back (`Runtime.restore_island`).
@@ -17,6 +22,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
+from . import connection
 from .names import island_name
 
 if TYPE_CHECKING:
@@ -86,6 +92,7 @@ class IslandMonitor:
                         ray.get(ref)               # returned: the island closed
                     except ray.exceptions.RayActorError as error:
                         proxy._died(error)
+                self._find_stalled()
                 with self._lock:
                     reported, self._reported = self._reported, set()
                 for island in reported:
@@ -105,6 +112,21 @@ class IslandMonitor:
                     return
                 log.warning("the island monitor: %s: %s", type(error).__name__, error)
                 self._stop.wait(WATCH_PERIOD)
+
+    def _find_stalled(self) -> None:
+        """Marks dead every island actor that has acknowledged no start message for `REPLY_TIMEOUT` seconds (or
+        whose connection broke)."""
+        for proxy in list(self._islands.values()):
+            link = proxy.connection
+            if link is None or proxy._dead is not None or proxy._closed:
+                continue
+            try:
+                waited = link.stalled()
+            except connection.ConnectionBroken as error:
+                proxy._died(error)
+                continue
+            if waited > connection.REPLY_TIMEOUT:     # (read at each look: a test shortens it)
+                proxy._died(TimeoutError(f"its actor took no start message for {waited:.0f} s"))
 
     def _joinable(self) -> list[str]:
         """The lost islands whose resource an alive node offers, other than the node each was lost on and

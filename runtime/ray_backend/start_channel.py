@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..island_work import IslandWork
-from .connection import ConnectionBroken, encode_start
+from .connection import ConnectionBroken
 
 if TYPE_CHECKING:
     from .proxy import RayIsland
@@ -26,9 +26,14 @@ class StartChannel:
     so one channel serves every client's runs, runs that park at a recv, and data-dependent steps (a cond's
     later steps are one more message). The actor acknowledges each message once taken; the
     acknowledgements are read later, in order: when the releases a message carried must have been taken
-    (`received`, before a question about objects), or when `PENDING` messages are unread. Requests on a
-    connection need none: they follow the starts sent before them. A connection that broke (its actor died) marks the actor dead, as a
-    failed actor call does."""
+    (`received`, before a question about objects), and whatever has come, without waiting, when `PENDING`
+    messages are unread. Requests on a connection need none: they follow the starts sent before them.
+
+    A send never waits for an acknowledgement: it is made under the gang scheduler's lock, and a stalled actor
+    (stopped, or its host unreachable without closing the connection) held that lock, and every client on every
+    island, for up to `REPLY_TIMEOUT` seconds. The island monitor finds such an actor instead
+    (`IslandConnection.stalled`). A connection that broke (its actor died) marks the actor dead, as a failed
+    actor call does."""
 
     def __init__(self, islands: dict[str, RayIsland]):
         self._islands = islands
@@ -48,7 +53,7 @@ class StartChannel:
             number, island.calls_sent = island.calls_sent, island.calls_sent + 1
             island.calls["start" if work is not None else "lends" if lent else "releases"] += 1
             try:
-                island.connection.send(*encode_start(number, work, released, lent))
+                island.connection.send_start(number, work, released, lent)
             except ConnectionBroken as error:
                 island._died(error)
                 continue
@@ -56,8 +61,11 @@ class StartChannel:
         with self._lock:
             self._pending[run_id] = sent
             oldest = [self._pending.popitem(last=False)[1] for _ in range(len(self._pending) - PENDING)]
-        for taken in oldest:
-            self._take(taken)
+        for island in {island for taken in oldest for island, _ in taken}:
+            try:
+                island.connection.poll()     # (never waits: a stalled actor is the monitor's to find, `stalled`)
+            except ConnectionBroken as error:
+                island._died(error)
 
     def received(self, run_id: int, deadline: float | None = None, island: RayIsland | None = None) -> None:
         """Returns once the run's start messages (to `island` alone, if given) were taken or their actors died,
