@@ -145,7 +145,13 @@ class Compiled:
         _refuse_unrunnable(lowered, leaves)
         if not matched or any(isinstance(x, jax.core.Tracer) for x in leaves):    # (`.run` inside `jax.jit`)
             _refuse_other_avals(lowered, leaves)
-        wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals_flat)]
+        try:
+            wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals_flat)]
+        except OverflowError:        # a Python int out of its traced dtype's range, refused as `jax.jit` refuses it
+            position, x = next((i, x) for i, (x, a) in enumerate(zip(leaves, lowered.in_avals_flat))
+                               if isinstance(x, int) and not _fits(x, a.dtype))
+            raise OverflowError(f"argument leaf {position} of program @{lowered.program}: Python int {x} is out of "
+                                f"range for {lowered.in_avals_flat[position].dtype}") from None
         # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
         # it for a topology change (`RemoteClient.run`).
         again = {"refresh": self._lowered_again} if isinstance(client, RemoteClient) else {}
@@ -332,6 +338,14 @@ def _refuse_other_avals(lowered: Lowered, leaves: list) -> None:
                             f"{aval.dtype}{list(aval.shape)}")
 
 
+def _fits(x: int, dtype) -> bool:
+    """Whether Python int `x` is within `dtype`'s range (any int is, of a dtype that is no integer's)."""
+    if not np.issubdtype(dtype, np.integer):
+        return True
+    info = np.iinfo(dtype)
+    return info.min <= x <= info.max
+
+
 def _leaf_signature(x: Any) -> tuple:
     """What `jax.jit` keys a trace on for one argument: a Python scalar's type, an array's aval."""
     if isinstance(x, (bool, int, float, complex)):
@@ -385,7 +399,13 @@ class StageCache:
         with self._lock:
             per_runtime = self._by_runtime.setdefault(runtime, {})
             if key not in per_runtime:
-                avals = jax.tree_util.tree_unflatten(tree, map(aval_of, leaves))
+                try:
+                    avals = jax.tree_util.tree_unflatten(tree, map(aval_of, leaves))
+                except OverflowError as error:    # a Python int out of int32's range (or int64's), as `jax.jit`
+                    path = next(path for path, x in jax.tree_util.tree_flatten_with_path(call.tree)[0]
+                                if isinstance(x, int) and not _fits(x, aval_of(0).dtype))
+                    raise OverflowError(f"{Site.of_definition(self._signature.fn)}: argument"
+                                        f"{jax.tree_util.keystr(path)}: {error}") from None
                 per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
             return per_runtime[key]
 
@@ -403,7 +423,8 @@ class StageCache:
         dtype object per builtin type; a handle's buffer is its plan's), and the pytree of arguments that are not
         all leaves is the earlier call's (as `jax.jit` looks up a flattened call's signature), so nothing is split
         or built and the leaves go to the run as they are (`Compiled.call_plain`), under the same
-        trace context; such leaves are never tracers (a call of none is looked up outside a JAX trace only).
+        trace context, outside a JAX trace only (inside one, arrays the trace captured are no tracers: the call
+        traces as its function, as a nested `jax.jit` does).
         Under `jax.disable_jit()` a call with `traced` runs it, as `jax.jit` runs its function eagerly there."""
         if type(client) is Client:
             runtime = client.runtime             # (`_runtime_of`'s, without its call: most calls pass one)
@@ -421,7 +442,7 @@ class StageCache:
             found = self._identical.get(identity[0])
             context = trace_context()
             if found is not None and found[0] is runtime and found[3] == context and \
-                    all(map(operator.is_, found[1], identity[1])) and (identity[1] or trace_state_clean()):
+                    all(map(operator.is_, found[1], identity[1])) and trace_state_clean():
                 return found[2].call_plain(args, leaves, client)
         if traced is not None and (jax.config.jax_disable_jit or has_tracers((args, kwargs))):
             return traced(*args, **kwargs)

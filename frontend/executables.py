@@ -80,12 +80,20 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     """
     traced = []          # the result tree and the results' abstract values, as `fn` returns them
 
+    def _result_aval(r, path) -> jax.ShapeDtypeStruct:
+        try:
+            return aval_of(jax.typeof(r))
+        except TypeError:        # (JAX's own message calls it an argument)
+            raise TypeError(f"{Site.of_definition(fn)}: result{jax.tree_util.keystr(path)} is a "
+                            f"{type(r).__name__}, which is not a valid JAX type: a function returns arrays and "
+                            f"scalars, as for jax.jit") from None
+
     def flat(*wire_leaves):
         leaves = [wrap_keys(x, a.dtype) if is_extended(a.dtype) else x for x, a in zip(wire_leaves, in_avals)]
         args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
         with_paths, out_tree = jax.tree_util.tree_flatten_with_path(fn(*args, **kwargs))
         result_leaves = [r for _, r in with_paths]
-        out_avals = tuple(aval_of(jax.typeof(r)) for r in result_leaves)
+        out_avals = tuple(map(_result_aval, result_leaves, [path for path, _ in with_paths]))
         for (path, _), a in zip(with_paths, out_avals):
             check_element_type(a.dtype, f"{Site.of_definition(fn)}: result{jax.tree_util.keystr(path)}")
         if not traced:       # (a function kept in process is traced again where its island compiles it)

@@ -152,6 +152,23 @@ def test_python_scalars_are_weakly_typed_and_traced_by_type_not_value():
     assert placed(x, np.float32(2)).dtype == jax.jit(scale)(x, np.float32(2)).dtype == jnp.float32
 
 
+@pytest.mark.parametrize("kind", ["placed function", "program"])
+def test_a_python_int_out_of_range_is_refused_in_one_line_naming_its_argument(kind):
+    """Without x64 a Python int traces as int32; one out of its range is refused, as `jax.jit` refuses it, naming
+    the argument: on the first call it was an OverflowError from deep inside JAX naming nothing, and once the
+    signature was traced NumPy's `Python integer ... out of bounds for int32` (found by a fault finder)."""
+    placed = pw.jit(lambda a, n: a + n, slice=pw.virtual_slice(1, axes="d"))
+    f = placed if kind == "placed function" else pw.program(lambda a, n: placed(a, n))
+    a = jnp.ones(3, jnp.int32)
+    with pytest.raises(OverflowError, match=r": argument\[0\]\[1\]: Python int 1099511627776 too large"):
+        f(a, 2**40)                                   # first call: traced here
+    np.testing.assert_array_equal(np.asarray(f(a, 2**31 - 1)), np.asarray(jax.jit(lambda a, n: a + n)(a, 2**31 - 1)))
+    for big in (2**40, 2**31, -2**31 - 1):            # the signature traced: checked where the value is converted
+        with pytest.raises(OverflowError, match=rf"^argument leaf 1 of program @\S+: Python int {big} is out of "
+                                                rf"range for int32$"):
+            f(a, big)
+
+
 def test_weakly_typed_results_stay_weak_as_in_jax():
     """A result that `jax.jit` returns weakly typed (a Python scalar returned, or computed from one) is weakly
     typed here too: read, in operators, in JAX, passed to another placed function or program, and pickled, a
@@ -1559,6 +1576,17 @@ def test_a_compiled_stage_refuses_a_client_of_no_client_as_a_call_does():
             call(x, client="me")
 
 
+def test_a_result_neither_array_nor_scalar_is_refused_naming_the_result():
+    """A function that returns a string was refused with JAX's message for an argument (`Argument 's' of type
+    <class 'str'> is not a valid JAX type`), naming nothing; `jax.jit` names the output component (found by a
+    fault finder)."""
+    placed = pw.jit(lambda a: (a, {"name": "hello"}), slice=pw.virtual_slice(1, axes="d"))
+    for f in (placed, pw.program(lambda a: placed(a))):
+        with pytest.raises(TypeError, match=r"^lambda at .*: result\[1\]\['name'\] is a str, which is not a "
+                                            r"valid JAX type"):
+            f(jnp.ones(3))
+
+
 def test_an_argument_neither_array_nor_scalar_is_refused_at_the_call():
     """An object with a shape and a dtype was taken as an array: its run was admitted and failed on the island
     (found by differential fuzzing). `jax.jit` refuses it at the call."""
@@ -1755,3 +1783,27 @@ def test_a_placed_function_of_no_arrays_traces_inside_a_jax_trace():
         jax.effects_barrier()
         assert len(runs) == before, called_before
     assert step.eval_shape(np.zeros((4, 4), np.float32)).shape == (4, 4)
+
+
+def test_a_placed_function_of_arrays_captured_outside_a_jax_trace_traces_inside_it():
+    """Inside `jax.jit`, a placed function called on a concrete array the trace captured (no tracer) traces as
+    its function, as a nested `jax.jit` does, also once an earlier call outside made its call one looked up by
+    identity: that lookup ran it on the cluster at trace time, under the outer trace, so its host callback saw
+    the trace's values and failed the run, and its result was baked in as a constant (found by a fault
+    finder)."""
+    def record(v):
+        return np.asarray(v) + 0.0                    # (a host callback reading its value)
+
+    def double(a):
+        return jax.pure_callback(record, jax.ShapeDtypeStruct(a.shape, a.dtype), a * 2)
+
+    c = jnp.arange(4.0, dtype=jnp.float32)
+    for called_before in (False, True):
+        placed = pw.jit(double, slice=pw.virtual_slice(1, axes="d"))
+        if called_before:
+            np.testing.assert_array_equal(np.asarray(placed(c)), np.arange(4.0) * 2)
+        outer = jax.jit(lambda y: placed(c) + y)
+        for y in (1.0, 2.0):
+            np.testing.assert_array_equal(np.asarray(outer(y)), np.arange(4.0) * 2 + y, err_msg=str(called_before))
+        assert any(e.primitive.name in ("pjit", "jit") for e in jax.make_jaxpr(outer)(1.0).jaxpr.eqns), \
+            called_before
