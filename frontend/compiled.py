@@ -39,7 +39,7 @@ from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import get_runtime
 
-from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array, trace_state_clean
+from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array, signature_of, trace_state_clean
 from .lowered import Lowered
 from .provenance import Site
 from .signature import BindsAsMethod, Call, Signature
@@ -104,10 +104,21 @@ class Compiled:
         self._refresh()
 
     def _refresh(self) -> None:
-        version, topology = self.runtime.resources.snapshot()
-        plan = self.lowered.plan_on(topology)
-        self.runtime.load(plan)
-        self.plan, self._version = plan, version
+        """Lowers the program for the cluster as it is now and loads its plans, lowering again (up to
+        `TOPOLOGY_TRIES` times in all) while the cluster changes between the lowering and the load (an island
+        lost or back meanwhile): the first call of a program ran into `TopologyChanged` there, which told its
+        caller to lower it again (found by a fault finder; it stopped `pw.ElasticTrainer`)."""
+        for attempt in range(TOPOLOGY_TRIES):
+            version, topology = self.runtime.resources.snapshot()
+            plan = self.lowered.plan_on(topology)
+            try:
+                self.runtime.load(plan)
+            except TopologyChanged:
+                if attempt == TOPOLOGY_TRIES - 1:
+                    raise
+                continue
+            self.plan, self._version = plan, version
+            return
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the program on `args` and `kwargs` (shaped like the traced ones); returns handles.
@@ -145,13 +156,7 @@ class Compiled:
         _refuse_unrunnable(lowered, leaves)
         if not matched or any(isinstance(x, jax.core.Tracer) for x in leaves):    # (`.run` inside `jax.jit`)
             _refuse_other_avals(lowered, leaves)
-        try:
-            wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals_flat)]
-        except OverflowError:        # a Python int out of its traced dtype's range, refused as `jax.jit` refuses it
-            position, x = next((i, x) for i, (x, a) in enumerate(zip(leaves, lowered.in_avals_flat))
-                               if isinstance(x, int) and not _fits(x, a.dtype))
-            raise OverflowError(f"argument leaf {position} of program @{lowered.program}: Python int {x} is out of "
-                                f"range for {lowered.in_avals_flat[position].dtype}") from None
+        wire = [to_wire(x, a) for x, a in zip(leaves, lowered.in_avals_flat)]
         # A service's client sends the run without waiting for its reply, and lowers it again if the service refuses
         # it for a topology change (`RemoteClient.run`).
         again = {"refresh": self._lowered_again} if isinstance(client, RemoteClient) else {}
@@ -320,7 +325,10 @@ def _refuse_other_avals(lowered: Lowered, leaves: list) -> None:
                             f"program cannot be called inside a JAX transformation, as jax.jit's compiled stage "
                             f"cannot; call the placed function or program itself there")
         elif isinstance(x, (bool, int, float, complex, np.generic)):
-            dtype, shape = jax.typeof(x).dtype, ()
+            try:
+                dtype, shape = jax.typeof(x).dtype, ()
+            except OverflowError as error:     # a Python int out of range, as `jax.jit` refuses it
+                raise OverflowError(f"argument leaf {position} of program @{lowered.program}: {error}") from None
         elif isinstance(x, ARRAYS):
             dtype, shape = x.dtype, tuple(x.shape)
         else:
@@ -338,20 +346,22 @@ def _refuse_other_avals(lowered: Lowered, leaves: list) -> None:
                             f"{aval.dtype}{list(aval.shape)}")
 
 
-def _fits(x: int, dtype) -> bool:
-    """Whether Python int `x` is within `dtype`'s range (any int is, of a dtype that is no integer's)."""
-    if not np.issubdtype(dtype, np.integer):
-        return True
-    info = np.iinfo(dtype)
-    return info.min <= x <= info.max
+def _has_signature(x: Any) -> bool:
+    """Whether `_leaf_signature(x)` returns (does not raise TypeError or OverflowError)."""
+    try:
+        _leaf_signature(x)
+    except (TypeError, OverflowError):
+        return False
+    return True
 
 
 def _leaf_signature(x: Any) -> tuple:
-    """What `jax.jit` keys a trace on for one argument: a Python scalar's type, an array's aval."""
-    if isinstance(x, (bool, int, float, complex)):
-        return type(x),
-    if isinstance(x, np.generic):
-        return (), x.dtype
+    """What `jax.jit` keys a trace on for one argument: its aval's shape, dtype and weak type, a Python scalar's
+    too (weakly typed: a Python int and the `WeakHandle` a step returns for `step + 1` are one signature, where
+    keying a scalar by its type traced and lowered a `TrainState`'s step again on its second call). Raises
+    TypeError for what is neither an array nor a scalar, OverflowError for a Python int out of range."""
+    if isinstance(x, (bool, int, float, complex, np.generic)):
+        return signature_of(aval_of(x))
     if not isinstance(x, ARRAYS):
         raise not_an_array(x)       # (duck typing let through any object with a shape and a dtype: its run failed)
     _refuse_masked(x)
@@ -386,11 +396,12 @@ class StageCache:
         leaves, tree = jax.tree_util.tree_flatten(call.tree)
         try:
             key = call.static, tree, tuple(map(_leaf_signature, leaves)), trace_context()
-        except TypeError as error:           # neither an array nor a scalar: named as `tracer.lower` names it
-            path = next(path for path, x in jax.tree_util.tree_flatten_with_path(call.tree)[0]
-                        if not isinstance(x, (bool, int, float, complex, np.generic, *ARRAYS)))
-            raise TypeError(f"{Site.of_definition(self._signature.fn)}: argument{jax.tree_util.keystr(path)}: "
-                            f"{error}") from None
+        except (TypeError, OverflowError) as error:   # neither an array nor a scalar, or a Python int out of
+            # range (as `jax.jit` refuses it): named as `tracer.lower` names an argument
+            position = next(i for i, x in enumerate(leaves) if not _has_signature(x))
+            path = jax.tree_util.tree_flatten_with_path(call.tree)[0][position][0]
+            raise type(error)(f"{Site.of_definition(self._signature.fn)}: argument{jax.tree_util.keystr(path)}: "
+                              f"{error}") from None
         per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, {})
         found = per_runtime.get(key)
         if found is not None:
@@ -399,13 +410,7 @@ class StageCache:
         with self._lock:
             per_runtime = self._by_runtime.setdefault(runtime, {})
             if key not in per_runtime:
-                try:
-                    avals = jax.tree_util.tree_unflatten(tree, map(aval_of, leaves))
-                except OverflowError as error:    # a Python int out of int32's range (or int64's), as `jax.jit`
-                    path = next(path for path, x in jax.tree_util.tree_flatten_with_path(call.tree)[0]
-                                if isinstance(x, int) and not _fits(x, aval_of(0).dtype))
-                    raise OverflowError(f"{Site.of_definition(self._signature.fn)}: argument"
-                                        f"{jax.tree_util.keystr(path)}: {error}") from None
+                avals = jax.tree_util.tree_unflatten(tree, map(aval_of, leaves))
                 per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
             return per_runtime[key]
 

@@ -90,6 +90,11 @@ class KeyHandle(_OfHandle, Reference, jax.Array):
         """Returns the typed key array, waiting until it is produced."""
         return wrap_keys(self.data.result(timeout), self.dtype)
 
+    def __array__(self, dtype=None, copy=None):
+        """As the key array's: JAX refuses it, saying to take `jax.random.key_data` (NumPy made an array of one
+        object of the handle, which flax's msgpack checkpoints then refused with an unrelated message)."""
+        return np.asarray(self.result(), dtype=dtype, copy=copy)
+
     def __reduce__(self):
         """Pickles the keys' data and implementation (waiting for them); they unpickle as a key array."""
         return _keys, (np.asarray(self.data), self.dtype._impl.name)

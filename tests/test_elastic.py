@@ -184,6 +184,29 @@ def test_a_call_whose_island_is_lost_while_it_lowers_lowers_again(rt, monkeypatc
         assert anywhere.compiled(X, runtime=rt).plan.slices["free"].island != home
     assert settled(rt, WAIT)
 
+def test_a_first_call_whose_island_is_lost_while_it_lowers_lowers_again(rt, monkeypatch):
+    """As above, on a program's first call (its stage built then): it raised TopologyChanged to the caller, and
+    stopped a `pw.ElasticTrainer` at its first step (found by a fault finder, also without patching, in a
+    trainer whose island was lost at a random moment)."""
+    import pathways_mlir.passes as passes
+
+    fresh = pw.jit(lambda x: x * 3.0, slice=pw.virtual_slice(4, axes="x", name="fresh"), in_specs=P("x"),
+                   out_specs=P("x"))
+    lower_to_plans = passes.lower_to_plans
+
+    def island_lost_once_lowered(module, topology):
+        plans = lower_to_plans(module, topology)
+        if len(rt.resources.topology.islands) == 2:
+            rt.lose_island("island0")
+        return plans
+
+    monkeypatch.setattr(passes, "lower_to_plans", island_lost_once_lowered)
+    with Client(rt) as client:
+        np.testing.assert_allclose(value(fresh.run(X, client=client)), X * 3)
+        assert fresh.compiled(X, runtime=rt).plan.slices["fresh"].island == "island1"
+    assert settled(rt, WAIT)
+
+
 def test_a_program_called_with_every_island_lost_is_a_one_line_error(rt):
     """Lowering onto a topology with no island raised the topology format's own check ("pw.topology: 'islands'
     is empty"), which named no slice and no loss."""
