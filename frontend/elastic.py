@@ -151,7 +151,8 @@ class ElasticTrainer:
     run stops with a `CheckpointError` naming the checkpoint).
     `on_step(n, metrics)`: called after the n-th step is dispatched (again
     for replayed steps) with its metrics as handles. `max_losses`: how many
-    losses in a row, with no newer snapshot between them, before giving up.
+    losses in a row, with no newer snapshot between them, it recovers from;
+    it gives up at the next.
     `timeout`: seconds any one wait (a result, a snapshot copy) may take.
 
     Elastic slices (`pw.virtual_slice(("4..8",), ...)`) shrink and grow
