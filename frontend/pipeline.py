@@ -236,9 +236,17 @@ def _last(stage: Callable, loss: Callable, micro_batches: int) -> Callable:
     def mean_loss(params, x, state, target):
         y, new_state = stage(params, state, x)
         value = loss(y, target)
+        if not isinstance(value, (jax.Array, np.ndarray, np.generic, numbers.Number)):
+            raise ValueError(f"loss {name_of(loss)!r} returned a {type(value).__name__}, not a scalar: a pipeline's "
+                             f"loss is one value, a mean over the rows of the last stage's output (no auxiliary "
+                             f"outputs)")
         if jnp.ndim(value) != 0:
             raise ValueError(f"loss {name_of(loss)!r} returned shape {jnp.shape(value)}, not a scalar: a pipeline's "
                              f"loss is a mean over the rows of the last stage's output")
+        # Dividing by M would make an integer or boolean loss a float, whose gradients are zeros.
+        if not jnp.issubdtype(jnp.result_type(value), jnp.floating):
+            raise TypeError(f"loss {name_of(loss)!r} returned {jnp.result_type(value)}, not a floating-point "
+                            f"scalar: a pipeline's loss is differentiated, as by jax.grad")
         return value / micro_batches, new_state
 
     def forward_backward(params, state, x, target, sums):
@@ -305,18 +313,23 @@ def _identity(tree):
     return tree
 
 
-def _rows_first(forward: Callable, stage: int, batch_axis: str, ways: int) -> Callable:
+def _rows_first(forward: Callable, stage: int, batch_axis: str, ways: int, next_ways: int) -> Callable:
     """`forward` checking that each leaf of what stage `stage` passes on has the micro-batch's rows first, in a
-    number `ways` divides: with `batch_axis` each is split over that axis by its first axis."""
+    number that `ways` (its slice's size along `batch_axis`) and `next_ways` (the next stage's) divide: with
+    `batch_axis` each is split over that axis by its first axis on both stages' slices."""
     def checked(params, state, x):
         out = forward(params, state, x)
         for path, leaf in jax.tree_util.tree_flatten_with_path(out[0])[0]:
-            if not leaf.shape or leaf.shape[0] % ways:
-                raise ValueError(f"pipeline stage {stage} passes on y{jax.tree_util.keystr(path)} of shape "
-                                 f"{tuple(leaf.shape)}: with batch_axis={batch_axis!r} every leaf a stage passes "
-                                 f"on is split over {batch_axis!r} by its first axis (the micro-batch's rows), in "
-                                 f"{ways} parts here; pass other values in the stages' params, or leave "
-                                 f"batch_axis out")
+            where = f"pipeline stage {stage} passes on y{jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)}"
+            if not leaf.shape:
+                raise ValueError(f"{where}: with batch_axis={batch_axis!r} every leaf a stage passes on is split "
+                                 f"over {batch_axis!r} by its first axis (the micro-batch's rows); pass other "
+                                 f"values in the stages' params, or leave batch_axis out")
+            for taker, parts in ((stage, ways), (stage + 1, next_ways)):
+                if leaf.shape[0] % parts:
+                    raise ValueError(f"{where}: with batch_axis={batch_axis!r} its {leaf.shape[0]} rows are split "
+                                     f"{parts} ways over {batch_axis!r} on stage {taker}'s slice, which does not "
+                                     f"divide them")
         return out
     return checked
 
@@ -439,6 +452,48 @@ def _per_stage(name: str, values: Any, stages: int) -> Sequence:
     return values
 
 
+def _as_given(given: Sequence, entries: list) -> Sequence:
+    """`entries`, one per stage, in the sequence type of `given` (a tuple stays a tuple, as with `jax.grad`)."""
+    return jax.tree.unflatten(jax.tree.structure(given, is_leaf=lambda entry: entry is not given), entries)
+
+
+def _differentiable(params: Sequence) -> None:
+    """Checks that every leaf of each stage's params is floating-point or complex, as `jax.grad` needs."""
+    for s, stage_params in enumerate(params):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(stage_params)[0]:
+            dtype = jnp.result_type(leaf)       # (a Python float is a leaf too, under a JAX transformation)
+            if not jnp.issubdtype(dtype, jnp.inexact):
+                raise TypeError(f"stage {s}'s params{jax.tree_util.keystr(path)} is {dtype}: a stage's params "
+                                f"are differentiated, as by jax.grad, so each leaf is floating-point or complex; "
+                                f"pass integer and boolean values in what the stage takes, or close over them")
+
+
+def _check_opt_states(optimizer, scope: str, params: Sequence, opt_states: Any) -> None:
+    """Checks that `opt_states` has the structure and shapes of what `optimizer.init` makes for `scope`: one
+    state per stage, or one state of the list of all stages' params."""
+    def shapes(tree):
+        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf)), tree)
+    if scope == "tree":
+        expected = [("opt_states", "optimizer.init(list(params))", list(params), opt_states)]
+        usage = "one state, optimizer.init(list(params))"
+    else:
+        _per_stage("opt_states", opt_states, len(params))
+        expected = [(f"opt_states[{s}]", f"optimizer.init(params[{s}])", p, o)
+                    for s, (p, o) in enumerate(zip(params, opt_states))]
+        usage = "[optimizer.init(p) for p in params]"
+    for name, init, stage_params, given in expected:
+        want = jax.eval_shape(optimizer.init, shapes(stage_params))
+        given_leaves, given_tree = jax.tree_util.tree_flatten_with_path(given)
+        want_leaves, want_tree = jax.tree_util.tree_flatten_with_path(want)
+        if given_tree != want_tree:
+            raise ValueError(f"{name} has another structure than {init}: with optimizer_scope={scope!r}, "
+                             f"opt_states is {usage}")
+        for (path, leaf), (_, like) in zip(given_leaves, want_leaves):
+            if jnp.shape(leaf) != like.shape:
+                raise ValueError(f"{name}{jax.tree_util.keystr(path)} has shape {jnp.shape(leaf)}, {init}'s "
+                                 f"{like.shape}: with optimizer_scope={scope!r}, opt_states is {usage}")
+
+
 def _same_rows(batch: Any, targets: Any) -> None:
     """Checks that every leaf of `batch` and `targets` has a first axis (the batch's rows), of one size."""
     first = None
@@ -466,6 +521,7 @@ def run_schedule(ticks: list, functions: StageFunctions, params: Sequence, batch
     """
     last = len(functions.forward)
     _per_stage("params", params, last + 1)
+    _differentiable(params)
     states = list(_per_stage("states", states, last + 1)) if states is not None else [None] * (last + 1)
     _same_rows(batch, targets)
     inputs = {(0, m): x for m, x in enumerate(functions.split_batch(batch))}
@@ -503,12 +559,15 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
              profile=None, memory_bytes: int | None = None) -> Program:
     """Builds a pipelined training step: stage `s` runs `stages[s](params, x)` on `slices[s]`.
 
-    `loss(y, target)` is a mean over the rows of the last stage's output.
-    Without `optimizer` the program is `step(params, batch, targets) ->
-    (loss, grads)`; with an optax `optimizer` it is `step(params, opt_states,
-    batch, targets) -> (params, opt_states, loss)`, one optimizer state per
-    stage (`[optimizer.init(p) for p in params]`), each stage updated on its
-    slice. `params` is a sequence of one pytree per stage; `batch` and
+    `loss(y, target)` is a mean over the rows of the last stage's output, one
+    floating-point scalar. Without `optimizer` the program is
+    `step(params, batch, targets) -> (loss, grads)`; with an optax
+    `optimizer` it is `step(params, opt_states, batch, targets) -> (params,
+    opt_states, loss)`, one optimizer state per stage
+    (`[optimizer.init(p) for p in params]`), each stage updated on its
+    slice. `params` is a sequence of one pytree per stage, whose leaves are
+    floating-point or complex (gradients, new params and per-stage states
+    come back in the type of sequence given, as from `jax.grad`); `batch` and
     `targets` are pytrees whose leaves have the batch on their first axis.
     What a stage takes and returns may hold integer or boolean leaves (token
     ids, masks), which have no gradient. `schedule` is "gpipe", "1f1b", "interleaved-1f1b" (virtual stages:
@@ -517,8 +576,10 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     (each simulated, the fastest that fits picked: schedule_choice.py).
     With `batch_axis`, an axis every slice has, each stage is data parallel:
     micro-batches, activations and their gradients are split over that axis
-    (saved residuals, parameters, states and gradient sums are replicated); without,
-    a stage's steps run replicated over its slice.
+    (what a stage passes on by its first axis, which both its slice and the
+    next stage's split; saved residuals, parameters, states and gradient
+    sums are replicated); without, a stage's steps run replicated over its
+    slice.
 
     With `stateful=True` a stage is `stage(params, state, x) -> (y, state)`:
     its state (BatchNorm statistics, a flax NNX stage's RNG streams: what is
@@ -561,6 +622,10 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
         raise TypeError(f"loss must be a function loss(y, target), not {loss!r:.40}")
     if optimizer is not None and not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise TypeError(f"optimizer must be an optax GradientTransformation (init and update), not {optimizer!r:.40}")
+    for s, stage_slice in enumerate(slices):
+        if batch_axis is not None and isinstance(stage_slice, Slice) and batch_axis not in stage_slice.axis_sizes:
+            raise ValueError(f"batch_axis {batch_axis!r} is not an axis of stage {s}'s slice (axes: "
+                             f"{', '.join(stage_slice.axes)}): with batch_axis every slice has that axis")
     if schedule == "auto":
         return schedule_choice.AutoPipeline(lambda s: pipeline(
             stages, slices, loss=loss, schedule=s, micro_batches=micro_batches, optimizer=optimizer,
@@ -585,10 +650,10 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
 
     def place(fn, s, in_specs, out_specs):
         return jit(fn, slice=slices[s], in_specs=in_specs, out_specs=out_specs)
-    ways = [1 if batch_axis is None else s.axis_sizes.get(batch_axis, 1) for s in slices]
+    ways = [1 if batch_axis is None else s.axis_sizes[batch_axis] for s in slices]
     placed = StageFunctions(place(_split(micro_batches, ways, batch_axis), 0, rows, rows),
                             place(_split(micro_batches, ways, batch_axis), last, rows, rows),
-                            [place(f if batch_axis is None else _rows_first(f, s, batch_axis, ways[s]),
+                            [place(f if batch_axis is None else _rows_first(f, s, batch_axis, ways[s], ways[s + 1]),
                                    s, (None, None, rows), (rows, None, None)) for s, f in enumerate(raw.forward)],
                             [place(f, s, (None, None, rows, None, rows, None), None if s == 0 else (None, rows))
                              for s, f in enumerate(raw.backward)],
@@ -605,25 +670,27 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     copies = [jit(_identity, slice=s) for s in slices]
 
     def train(params, opt_states, states, batch, targets):
-        value, grads, states = run_schedule(ticks, placed, params, batch, targets, states)
+        value, grads, new_states = run_schedule(ticks, placed, params, batch, targets, states)
+        if states is not None:
+            new_states = _as_given(states, new_states)
         _tied_parameters(params, groups)
         for pairs, add in zip(groups, sums):
             totals = add(*(_at(grads[s], path) for s, path in pairs))
             for k, (s, path) in enumerate(pairs):
                 grads[s] = _replace(grads[s], path, totals[k] if once else totals)
         if optimizer is None:
-            return value, grads, states
+            return value, _as_given(params, grads), new_states
+        _check_opt_states(optimizer, optimizer_scope, params, opt_states)
         if optimizer_scope == "tree":
             new_params, opt_states = update(list(params), grads, opt_states)
         else:
-            _per_stage("opt_states", opt_states, len(stages))
             new = [update[s](params[s], grads[s], opt_states[s]) for s in range(len(stages))]
-            new_params, opt_states = [p for p, _ in new], [o for _, o in new]
+            new_params, opt_states = [p for p, _ in new], _as_given(opt_states, [o for _, o in new])
         new_params = list(new_params)
         for (first, first_path), *others in groups:
             for s, path in others:
                 new_params[s] = _replace(new_params[s], path, copies[s](_at(new_params[first], first_path)))
-        return new_params, opt_states, states, value
+        return _as_given(params, new_params), opt_states, new_states, value
 
     if stateful and optimizer is None:
         def step(params, states, batch, targets):

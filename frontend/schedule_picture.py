@@ -116,7 +116,7 @@ def draw(boxes: Sequence[Box], path: str, title: str, row_names: Sequence[str]) 
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("F", "B", "W", "FB")]
     fig.legend(handles, ["forward", "backward (ZB: input grad)", "weight grad", "last stage F+B"],
                fontsize="small", ncol=4, loc="outside lower center")
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")     # at `path` as given: without a suffix matplotlib adds ".png"
     plt.close(fig)
     return idle
 

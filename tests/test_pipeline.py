@@ -218,6 +218,31 @@ def test_a_loss_that_is_not_a_scalar_is_one_error_line():
         step.lower(params, x, target)
 
 
+def test_a_loss_that_is_not_one_floating_point_scalar_is_one_error_line():
+    """An integer or boolean loss became a float when divided by the micro-batches, and its gradients were zeros
+    (jax.grad refuses it); a loss returning (value, aux) gave JAX's TracerArrayConversionError."""
+    params, x, target = two_stages(seed=8, rows=8)
+    slices = [pw.virtual_slice(1, axes="x") for _ in range(2)]
+
+    def count_above(y, target):
+        return jnp.sum(y > target)
+
+    def any_above(y, target):
+        return jnp.any(y > target)
+
+    def with_aux(y, target):
+        return mse(y, target), {"mean": jnp.mean(y)}
+    for loss, dtype in ((count_above, "int32"), (any_above, "bool")):
+        step = pw.pipeline([stage, stage], slices, loss=loss, micro_batches=2)
+        with pytest.raises(TypeError, match=rf"^loss '{loss.__name__}' returned {dtype}, not a floating-point "
+                                            r"scalar: a pipeline's loss is differentiated, as by jax.grad"):
+            step.lower(params, x, target)
+    step = pw.pipeline([stage, stage], slices, loss=with_aux, micro_batches=2)
+    with pytest.raises(ValueError, match=r"^loss 'with_aux' returned a tuple, not a scalar: a pipeline's loss is "
+                                         r"one value"):
+        step.lower(params, x, target)
+
+
 def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
     import optax
 
@@ -243,6 +268,34 @@ def test_an_optax_transformation_over_the_whole_parameter_tree(two_islands):
         np.testing.assert_allclose(fetch(loss), expected_loss, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(fetch(ours[0])), jax.tree.leaves(theirs[0])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_tuples_of_params_opt_states_and_states_come_back_as_tuples(two_islands):
+    """Tuple params gave a list of gradients (jax.value_and_grad gives a tuple), so `jax.tree.map(f, params,
+    grads)` failed; an optimizer's new params and states and a stateful step's states were lists too."""
+    import optax
+
+    params, x, target = two_stages(seed=2, rows=16)
+    params = tuple(params)
+    slices = [pw.virtual_slice(1, axes="x", island=f"island{s}") for s in range(2)]
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2)
+    expected_loss, expected_grads = jax.jit(unpipelined)(params, x, target)
+    loss, grads = fetch(step.run(params, x, target, client=two_islands))
+    assert type(grads) is tuple
+    assert step.eval_shape(params, x, target) == jax.eval_shape(jax.value_and_grad(
+        lambda p: unpipelined(p, x, target)[0]), params)
+    for ours, theirs in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)
+    tx = optax.adam(1e-2)
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, optimizer=tx)
+    new_params, opt_states, _ = step.run(params, tuple(tx.init(p) for p in params), x, target, client=two_islands)
+    assert type(new_params) is tuple and type(opt_states) is tuple
+
+    def counting(params, count, x):
+        return stage(params, x), count + 1
+    step = pw.pipeline([counting, counting], slices, loss=mse, micro_batches=2, stateful=True)
+    _, grads, counts = fetch(step.run(params, (np.int32(0), np.int32(0)), x, target, client=two_islands))
+    assert type(grads) is tuple and type(counts) is tuple and counts == (2, 2)
 
 
 def embed(params, tokens):
@@ -322,6 +375,32 @@ def test_a_stage_passing_on_a_value_without_rows_under_batch_axis_is_one_error_l
     assert np.isfinite(float(loss))
 
 
+def test_a_batch_axis_that_a_slice_lacks_is_one_error_line():
+    """It gave a PlacementError about an internal function (`split`, `checked`) and a spec P('rows',) the user
+    never wrote."""
+    with_rows, without = pw.virtual_slice(2, axes="rows"), pw.virtual_slice(2, axes="q")
+    for slices, s in (([with_rows, without], 1), ([with_rows, without, with_rows], 1), ([without, with_rows], 0)):
+        with pytest.raises(ValueError, match=rf"^batch_axis 'rows' is not an axis of stage {s}'s slice \(axes: q\): "
+                                             r"with batch_axis every slice has that axis$"):
+            pw.pipeline([stage] * len(slices), slices, loss=mse, micro_batches=2, batch_axis="rows")
+
+
+def test_rows_a_stage_passes_on_that_the_next_stage_cannot_split_are_one_error_line():
+    """What stage s passed on was checked against stage s's slice only: a stage halving the rows on a 2-way slice
+    passed, then the next, 4-way, stage failed with a PlacementError about `<stage>_forward_backward`."""
+    def halve(params, x):
+        return stage(params, x)[::2]
+
+    params, x, _ = two_stages(seed=1, rows=8)
+    slices = [pw.virtual_slice(2, axes="rows"), pw.virtual_slice(4, axes="rows")]
+    step = pw.pipeline([halve, stage], slices, loss=lambda y, t: jnp.mean(y ** 2), micro_batches=2,
+                       batch_axis="rows")
+    with pytest.raises(ValueError, match=r"^pipeline stage 0 passes on y of shape \(2, 32\): with "
+                                         r"batch_axis='rows' its 2 rows are split 4 ways over 'rows' on stage 1's "
+                                         r"slice, which does not divide them"):
+        step.lower(params, x, None)
+
+
 def test_params_and_opt_states_that_are_not_one_per_stage_are_one_error_line():
     import optax
 
@@ -339,6 +418,31 @@ def test_params_and_opt_states_that_are_not_one_per_stage_are_one_error_line():
     with pytest.raises(ValueError, match=r"^opt_states must be a list of one pytree per stage \(2 stages\), not a "
                                          r"dict$"):
         step.lower(params, {"stage0": tx.init(params[0]), "stage1": tx.init(params[1])}, x, target)
+
+
+def test_opt_states_of_the_other_optimizer_scope_or_other_params_are_one_error_line():
+    """The tree scope's state of a chain of two is a tuple of two, which passed the one-per-stage check of two
+    stages; optax then failed inside ('The number of updates and states has to be the same in chain!'), as it did
+    the other way round ("'tuple' object has no attribute 'mu'")."""
+    import optax
+
+    params, x, target = two_stages(seed=6, rows=8)
+    slices = [pw.virtual_slice(1, axes="x") for _ in range(2)]
+    tx = optax.adam(1e-2)
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, optimizer=tx)
+    with pytest.raises(ValueError, match=r"^opt_states\[0\] has another structure than optimizer.init\(params\[0\]\): "
+                                         r"with optimizer_scope='stage', opt_states is \[optimizer.init\(p\) for p "
+                                         r"in params\]$"):
+        step.lower(params, tx.init(params), x, target)
+    small = {"w": np.zeros((4, WIDTH), np.float32), "b": params[1]["b"]}
+    with pytest.raises(ValueError, match=r"^opt_states\[1\]\[0\].mu\['w'\] has shape \(4, 32\), "
+                                         r"optimizer.init\(params\[1\]\)'s \(32, 32\): with optimizer_scope='stage'"):
+        step.lower(params, [tx.init(params[0]), tx.init(small)], x, target)
+    step = pw.pipeline([stage, stage], slices, loss=mse, micro_batches=2, optimizer=tx, optimizer_scope="tree")
+    with pytest.raises(ValueError, match=r"^opt_states has another structure than optimizer.init\(list\(params\)\): "
+                                         r"with optimizer_scope='tree', opt_states is one state, "
+                                         r"optimizer.init\(list\(params\)\)$"):
+        step.lower(params, [tx.init(p) for p in params], x, target)
 
 
 def test_tied_parameters_must_exist_and_match_in_shape():
@@ -430,6 +534,22 @@ def test_integer_and_boolean_activations_pass_between_stages_without_gradients(t
     assert grads[0]["embedding"].shape == (16, 8)
 
 
+@pytest.mark.parametrize("where", [0, 1])
+def test_an_integer_leaf_in_a_stage_s_params_is_one_error_line(where):
+    """On a first or middle stage it was a TypeError about float0 naming pw's internal `<stage>_backward` in
+    frontend/pipeline.py; on the last stage JAX's own message: now one TypeError, before tracing a stage."""
+    def scaled(params, x):
+        return stage(params, x) * params["n"]
+
+    params, x, target = two_stages(seed=3, rows=8)
+    params[where]["n"] = np.int32(2)
+    stages = [scaled if s == where else stage for s in range(2)]
+    step = pw.pipeline(stages, [pw.virtual_slice(1, axes="x") for _ in range(2)], loss=mse, micro_batches=2)
+    with pytest.raises(TypeError, match=rf"^stage {where}'s params\['n'\] is int32: a stage's params are "
+                                        r"differentiated, as by jax.grad, so each leaf is floating-point or complex"):
+        step.lower(params, x, target)
+
+
 def test_schedule_pictures_planned_and_measured_from_a_trace(two_islands, tmp_path):
     slices = [pw.virtual_slice(2, axes="x", island=f"island{s}") for s in range(2)]
     params, x, _ = two_stages(seed=4, rows=32)
@@ -467,3 +587,11 @@ def test_a_one_row_schedule_picture_has_room_for_its_title_axis_and_legend(tmp_p
             warnings.simplefilter("error")
             assert step.draw(str(tmp_path / f"{schedule}.png")) == 0.0
         assert (tmp_path / f"{schedule}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_schedule_picture_is_written_at_the_path_given(tmp_path):
+    """Without a .png suffix it was written at the path plus '.png' (matplotlib's format from the name)."""
+    step = pw.pipeline([stage] * 2, [pw.virtual_slice(1, axes="x") for _ in range(2)], loss=mse, micro_batches=2)
+    step.draw(str(tmp_path / "schedule"))
+    assert [p.name for p in tmp_path.iterdir()] == ["schedule"]
+    assert (tmp_path / "schedule").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
