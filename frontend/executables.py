@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -246,18 +247,27 @@ def _kept(jitted, mesh: jax.sharding.AbstractMesh | None, wire: list, out_avals:
 
 
 def warn_of_lost_changes(fn: Callable, leaves: list, arguments: tuple, result_leaves: list) -> None:
-    """Warns when `fn`, traced on `leaves` unflattened into `arguments` (`(args, kwargs)`), set values of its
-    arguments in place that it does not return.
+    """Warns when `fn`, traced on `leaves` unflattened into `arguments` (`(args, kwargs)`), set values of the
+    flax NNX objects among its arguments in place that it does not return.
 
     A flax NNX step written for `nnx.jit` updates its model and optimizer in
     place (`optimizer.update(model, grads)`); under `jax.jit`, and so here,
     those objects are rebuilt inside the trace and the caller's keep their old
     values, so such a step trains nothing. A value changed this way is a leaf
-    of the arguments after the call that is neither one of `leaves` nor among
-    `result_leaves`.
+    of an NNX graph node (a `Module`, `Optimizer`, `Rngs`, `Variable`, ...)
+    among the arguments after the call that is neither one of `leaves` nor
+    among `result_leaves`. A change to a plain pytree (a batch dict, an optax
+    state's `hyperparams`) is lost under `nnx.jit` too, as under `jax.jit`,
+    and is left alone: code that makes one is correct `jax.jit` code.
     """
+    graph = sys.modules.get("flax.nnx.graph")
+    if graph is None:            # (no NNX object exists before flax's NNX is imported)
+        return
     given, returned = {id(x) for x in leaves}, {id(r) for r in result_leaves}
-    changed = [path for path, x in jax.tree_util.tree_flatten_with_path(arguments)[0]
+    changed = [at + path
+               for at, node in jax.tree_util.tree_flatten_with_path(arguments, is_leaf=graph.is_graph_node)[0]
+               if graph.is_graph_node(node)
+               for path, x in jax.tree_util.tree_flatten_with_path(node)[0]
                if id(x) not in given and id(x) not in returned]
     if not changed:
         return

@@ -63,12 +63,70 @@ def _per_leaf(specs: Any, tree: Any, kind: str, site: Site) -> list[Any]:
         expanded = tree_util.tree_map(lambda spec, sub: [spec] * len(tree_util.tree_leaves(sub)),
                                       specs, tree, is_leaf=is_spec)
     except ValueError:
-        what = "arguments" if kind == "in" else "results"
-        raise PlacementError(
-            f"{site}: {kind}_specs {specs!r} do not match the {what} {tree_util.tree_structure(tree)}: "
-            f"give one spec per {what[:-1]} (a pytree prefix of the {what}) or one PartitionSpec "
-            f"for all") from None
+        raise PlacementError(f"{site}: {_difference(specs, tree, kind)}") from None
     return tree_util.tree_leaves(expanded, is_leaf=is_spec)
+
+
+def _difference(specs: Any, tree: Any, kind: str) -> str:
+    """Says where the pytree of `kind` ("in" or "out") specs `specs` first stops being a prefix of `tree`, the
+    arguments or results, what each has there, and what to pass instead."""
+    # (where JAX refuses trees this walk finds no difference in, the message names the whole trees' types)
+    path, spec_node, node = _first_difference(specs, tree, ()) or ((), specs, tree)
+    same_type = type(spec_node) is type(node)
+    what = "arguments" if kind == "in" else "results"
+    if not path:
+        value_is = f"the {what} are"
+    elif kind == "in":
+        value_is = f"argument {path[0].idx}{jax.tree_util.keystr(path[1:])} is"
+    else:
+        value_is = f"result{jax.tree_util.keystr(path)} is"
+    return (f"{kind}_specs{jax.tree_util.keystr(path)} is {_node_kind(spec_node, same_type)}, but {value_is} "
+            f"{_node_kind(node, same_type)}: give a pytree prefix of the {what} (one spec per {what[:-1]}, or "
+            f"specs in its own structure, as `jax.tree.map(lambda a: P(...), {what[:-1]})` makes them for an NNX "
+            f"module too) or one PartitionSpec for all")
+
+
+def _first_difference(specs: Any, tree: Any, path: tuple) -> tuple[tuple, Any, Any] | None:
+    """The first key path (under `path`) where the pytree `specs`, whose leaves are specs, and `tree` have nodes
+    of different types or children, with their subtrees there; None where `specs` is a prefix of `tree`."""
+    tree_util = jax.tree_util
+    if is_spec(specs) or tree_util.treedef_is_leaf(tree_util.tree_structure(specs)):
+        return None
+    spec_children, spec_node = _one_level(specs)
+    children, node = _one_level(tree)
+    if spec_node != node:
+        return path, specs, tree
+    for (key, spec_child), (_, child) in zip(spec_children, children):
+        found = _first_difference(spec_child, child, path + (key,))
+        if found is not None:
+            return found
+    return None
+
+
+def _one_level(tree: Any) -> tuple[list[tuple[Any, Any]], jax.tree_util.PyTreeDef]:
+    """The children of the root of `tree` with their keys, and the root's structure with its children as
+    leaves (which compares the root's type and its own data: dict keys, a module's graph)."""
+    children, structure = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda child: child is not tree)
+    if jax.tree_util.treedef_is_leaf(structure):        # (an array: no children)
+        return [], structure
+    return [(path[0], child) for path, child in children], structure
+
+
+def _node_kind(x: Any, same_type: bool) -> str:
+    """Names what `x` is in a message: its type, and how many entries or which keys it has where the other side
+    of the comparison has a node of the same type (`same_type`)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return format_aval(x)
+    if x is None:
+        return "None"
+    name = type(x).__name__
+    kind = f"{'an' if name[0] in 'AEIOUaeiou' else 'a'} {name}"
+    if not same_type:
+        return kind
+    keys = [jax.tree_util.keystr((key,)) for key, _ in _one_level(x)[0]]
+    if isinstance(x, (tuple, list)):
+        return f"{kind} of {len(keys)}"
+    return f"{kind} with entries {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''}"
 
 
 def _sharding(spec: Any, path: tuple, aval: jax.ShapeDtypeStruct, kind: str, site: Site,

@@ -25,7 +25,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import tree_util as jax_tree_util   # JAX's dispatch registry (see KeyHandle)
+from jax._src import dtypes as jax_dtypes, tree_util as jax_tree_util   # JAX's registries (see KeyHandle)
+from jax._src.random.prng import PRNGKeyArray     # (a key array over given key data, which `wrap_key_data` reads)
 
 from pathways_mlir.runtime.array_reference import ArrayReference, Reference
 from pathways_mlir.runtime.executables import ARRAY_TYPE
@@ -108,6 +109,20 @@ class KeyHandle(_OfHandle, Reference, jax.Array):
 # `jax.device_get`): a key handle is its key array there.
 jax_tree_util.dispatch_registry.register_node(KeyHandle, lambda keys: ((keys.result(),), None),
                                               lambda _, parts: parts[0])
+
+
+def _key_array(keys: KeyHandle) -> jax.Array:
+    """The key array a JAX primitive takes for `keys` (`jax.random.key_data`, `jax.random.split`): its value; or,
+    released (donated, deleted), a key array over its released key data handle, as a deleted JAX key array is
+    one over its deleted key data: it says its shape, dtype and sharding (Orbax's restore target
+    `to_shape_dtype_struct` reads them through `key_data`), and reading its value raises as the handle's does."""
+    if keys.is_deleted():
+        return PRNGKeyArray(keys.dtype._impl, keys.data)
+    return keys.result()
+
+
+# (JAX takes a handle's value by its type's handler, before its bases': a reference's is its `result()`)
+jax_dtypes.register_canonicalize_value_handler(KeyHandle, _key_array)
 
 
 class WeakHandle(_OfHandle, ArrayReference):

@@ -1465,6 +1465,41 @@ def test_the_last_checkpoint_restores_onto_a_state_a_step_took_as_in_jax(tmp_pat
     jax.tree.map(np.testing.assert_array_equal, restored["jax"][0], init(x))
 
 
+def test_a_donated_key_handle_gives_orbax_its_restore_target_as_a_deleted_key_array_does(tmp_path):
+    """A state with an RNG key (an NNX model's streams) that a step donated: Orbax's target
+    `to_shape_dtype_struct` takes a key's `jax.random.key_data`, which a deleted JAX key array gives without
+    its value; a donated `KeyHandle` raised `... a donated handle cannot be used again`. Its key data says
+    shape, dtype and sharding, the checkpoint restores onto it as in JAX, and its value still raises."""
+    import orbax.checkpoint as ocp
+
+    def step(state):
+        key, sub = jax.random.split(state["key"])
+        return {"key": key, "w": state["w"] + jax.random.normal(sub, state["w"].shape)}
+
+    sides = {"jax": jax.jit(step, donate_argnums=0),
+             "pw": pw.jit(step, slice=pw.virtual_slice(2, axes="data"), donate_argnums=0)}
+    targets, restored = {}, {}
+    for side, placed in sides.items():
+        state = placed({"key": jax.random.key(0), "w": jnp.zeros(4)})
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(tmp_path / side, state)
+            checkpointer.wait_until_finished()
+            key_data_sharding = jax.random.key_data(state["key"]).sharding
+            placed(state)
+            assert state["key"].is_deleted(), side
+            targets[side] = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+            assert targets[side]["key"].sharding == key_data_sharding, side
+            restored[side] = checkpointer.restore(tmp_path / side, targets[side])
+    assert [(t.shape, t.dtype) for t in jax.tree.leaves(targets["pw"])] == \
+        [(t.shape, t.dtype) for t in jax.tree.leaves(targets["jax"])]
+    assert jax.random.key_data(state["key"]).is_deleted()
+    with pytest.raises(ValueError, match=r"was donated to program @step: a donated handle cannot be used again"):
+        jax.random.split(state["key"])
+    jax.tree.map(np.testing.assert_array_equal, jax.random.key_data(restored["pw"]["key"]),
+                 jax.random.key_data(restored["jax"]["key"]))
+    np.testing.assert_array_equal(restored["pw"]["w"], restored["jax"]["w"])
+
+
 def test_copying_and_pickling_handles():
     """`copy.copy`/`copy.deepcopy` of a pytree of handles (an EMA of the parameters, a "best" state) share
     the handles: a copy was a second owner of one result, whose drop released it, and the original's

@@ -1,6 +1,7 @@
 """flax NNX through pw programs, against nnx.jit: a small CNN with BatchNorm and Dropout (its RNG
 streams are typed keys), trained data-parallel on one slice and pipelined over two islands."""
 
+import re
 import warnings
 
 import jax
@@ -155,6 +156,35 @@ def test_a_step_that_updates_nnx_objects_in_place_without_returning_them_warns_o
         returned(model, optimizer, metrics, x, labels)
 
 
+def test_correct_jax_jit_steps_that_change_plain_pytrees_in_place_do_not_warn():
+    """Changing a plain pytree argument in place is correct `jax.jit` code, lost under `nnx.jit` too: optax's
+    documented `opt_state.hyperparams['learning_rate'] = ...` before `tx.update` (whose new state the step
+    returns), and a batch dict preprocessed in place. Only an NNX object's change warns."""
+    one = pw.virtual_slice(1, axes="x")
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+
+    def set_learning_rate(params, opt_state, lr):
+        opt_state.hyperparams["learning_rate"] = lr * 0.5
+        updates, opt_state = tx.update(jax.tree.map(jnp.ones_like, params), opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def preprocess(w, batch):
+        batch["image"] = batch["image"].astype(jnp.float32) / 255.0
+        return w - 0.1 * (batch["image"].mean() - w)
+
+    params = {"w": jnp.ones(3)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, state = pw.jit(set_learning_rate, slice=one)(params, tx.init(params), 0.2)
+        want, want_state = jax.jit(set_learning_rate)(params, tx.init(params), 0.2)
+        np.testing.assert_allclose(np.asarray(got["w"]), want["w"])
+        np.testing.assert_allclose(np.asarray(state.hyperparams["learning_rate"]),
+                                   want_state.hyperparams["learning_rate"])
+        batch = {"image": np.full((2, 4), 128, np.uint8)}
+        np.testing.assert_allclose(np.asarray(pw.jit(preprocess, slice=one)(jnp.float32(1.0), batch)),
+                                   jax.jit(preprocess)(jnp.float32(1.0), batch))
+
+
 def test_nnx_split_and_merge_code_runs_in_a_placed_function():
     s = pw.virtual_slice(2, axes="data")
     model = CNN(4)
@@ -208,6 +238,27 @@ def test_a_model_created_sharded_by_its_annotations_stays_sharded_and_trains_as_
                                     axis_types=(jax.sharding.AxisType.Auto,) * 2)):
         want = jax.jit(loss)(jax.jit(create)(), x)
     np.testing.assert_allclose(float(pw.jit(loss, slice=s)(model, x)), float(want), rtol=1e-6)
+
+
+def test_specs_of_a_modules_state_for_the_module_are_refused_in_one_line_that_says_what_to_pass():
+    """flax's sharding tutorial makes specs from `nnx.state(model)`, an `nnx.State`; for a step that takes the
+    Module they do not match: the error names the argument and the two types (it was the State's repr and
+    the Module's PyTreeDef, 10 lines), and the specs it says to pass, in the Module's structure, place it."""
+    s = pw.virtual_slice((2, 2), axes=("data", "model"))
+    model = nnx.Linear(4, 8, rngs=nnx.Rngs(0))
+
+    def spec(a):
+        return P(None, "model") if a.ndim == 2 else P("model")
+
+    x = np.ones((4, 4), np.float32)
+    wrong = pw.jit(lambda m, x: m(x).sum(), slice=s, in_specs=(jax.tree.map(spec, nnx.state(model)), P("data")))
+    with pytest.raises(pw.PlacementError) as error:
+        wrong.lower(model, x)
+    assert "\n" not in str(error.value)
+    assert re.search(r"test_nnx.py:\d+: in_specs\[0\] is a State, but argument 0 is a Linear: give a pytree prefix "
+                     r"of the arguments .*jax\.tree\.map\(lambda a: P\(\.\.\.\), argument\)", str(error.value))
+    right = pw.jit(lambda m, x: m(x).sum(), slice=s, in_specs=(jax.tree.map(spec, model), P("data")))
+    assert '[[], ["model"]]' in right.lower(model, x).as_text()       # the kernel split over "model"
 
 
 def as_stage(graphdef):
