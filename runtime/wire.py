@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import json
 import math
+import select
 import socket
 import struct
 import termios
@@ -174,6 +175,35 @@ class FrameReader:
         (size,) = _LENGTH.unpack_from(self._buffer, self._start)
         begin = self._start + _LENGTH.size
         return bytes(self._buffer[begin:begin + size]) if begin + size <= self._end else b""
+
+    def frame_ahead(self, limits: Limits = Limits()) -> bool:
+        """Whether the next frame was read ahead whole, arrays and all: `recv` then takes it without waiting.
+        Raises ProtocolError if its header is malformed."""
+        header = self.header_ahead()
+        if not header:
+            return False
+        size = _LENGTH.size + len(header)
+        size += sum(nbytes for _, _, nbytes in _array_specs(_parse(header).get("arrays", []), limits))
+        return self._end - self._start >= size
+
+    def read_ahead_now(self) -> bool:
+        """Reads what the socket holds now into the read-ahead buffer, waiting for nothing; returns whether any
+        bytes came (none: the socket had none, or the buffer is full of a frame larger than it). Raises
+        EOFError if the peer left."""
+        buffer = self._buffer
+        if buffer is None:
+            return False
+        if self._start:                          # (what is left of the frames read ahead, to the buffer's start)
+            left = bytes(buffer[self._start:self._end])
+            buffer[:len(left)] = left
+            self._start, self._end = 0, len(left)
+        if self._end == len(buffer) or not select.select([self.sock], [], [], 0)[0]:
+            return False
+        received = self.sock.recv_into(buffer[self._end:])      # (readable: it returns what is there)
+        if received == 0:
+            raise EOFError("the connection was closed")
+        self._end += received
+        return True
 
     def recv(self, limits: Limits = Limits(), large: threading.Lock | None = None,
              frame_timeout: float | None = None) -> tuple[dict, list[np.ndarray]]:

@@ -12,7 +12,7 @@ from fetching import until
 from pathways_mlir.runtime.island_work import IslandWork, PeerRef, RunCancelled, StoreRef
 from pathways_mlir.runtime.ray_backend import connection
 from pathways_mlir.runtime.ray_backend.data_plane import Lend, Withdraw
-from pathways_mlir.runtime.wire import FrameReader, ProtocolError, send_message
+from pathways_mlir.runtime.wire import FrameReader, ProtocolError, frame_parts, send_message
 
 WAIT = 30.0     # seconds any wait of these tests may take
 
@@ -241,3 +241,43 @@ def test_a_poll_hands_a_reply_it_reads_to_its_waiter_and_raises_once_the_connect
     peer.sock.close()
     with pytest.raises(connection.ConnectionBroken):
         until(lambda: ours.poll(), "the closed end seen", WAIT)
+
+
+def test_a_poll_leaves_a_frame_begun_for_a_later_reader_and_waits_for_none_of_it(pair, monkeypatch):
+    """The start channel polls under the scheduler's lock: a frame the actor began and stopped in (a reply
+    nobody waits for any more, the actor's process stopped) held the poll, and every client, for its rest, up to
+    `REPLY_TIMEOUT` (found by a review). The poll takes whole frames only; the monitor's look reads the rest."""
+    ours, peer = pair
+    monkeypatch.setattr(connection, "REPLY_TIMEOUT", 600.0)
+    with pytest.raises(TimeoutError):
+        ours.fetch(1, 0, 0.1, [])                     # given up: its reply is nobody's
+    request = peer.request()["request"]
+    reply = b"".join(bytes(memoryview(part).cast("B")) for part in frame_parts(
+        {"reply": request, "siblings": []}, [np.zeros(1 << 14, np.uint8)], connection.LIMITS))
+    send_message(peer.sock, {"taken": 0}, ())
+    peer.sock.sendall(reply[:len(reply) // 2])
+    polled = threading.Thread(target=ours.poll)
+    polled.start()
+    polled.join(WAIT)
+    assert not polled.is_alive(), "the poll waited for the rest of the frame"
+    assert ours.taken == 0                            # the whole frame before it was read
+    peer.sock.sendall(reply[len(reply) // 2:])
+    send_message(peer.sock, {"taken": 1}, ())
+    until(lambda: (ours.poll(), ours.taken == 1)[1], "the frames after it read", WAIT)
+
+
+def test_a_start_whose_bytes_are_still_going_out_is_no_stall(pair):
+    """The monitor took an actor for stalled once a start went unacknowledged for `REPLY_TIMEOUT` from when it
+    was queued: a healthy actor reading a large start slowly was lost (found by a review). While the writer
+    holds bytes (its sends are bounded by the socket's timeout) nothing is owed; once it handed the socket all,
+    the wait counts from then."""
+    ours, peer = pair
+    big = IslandWork(0, 1, 0, 7, (0,), ((0, np.zeros(4 << 20, np.uint8)),), True)
+    ours.send_start(0, big, [], [])
+    assert ours._queued > 0 and ours.stalled() == 0.0
+    header, _ = peer.reader.recv(connection.LIMITS)   # the actor reads it all, and acknowledges nothing yet
+    assert header["number"] == 0
+    until(lambda: ours._queued == 0, "the writer handed the socket all it held", WAIT)
+    until(lambda: ours.stalled() > 0.0, "the acknowledgement owed", WAIT)
+    send_message(peer.sock, {"taken": 0}, ())
+    until(lambda: ours.stalled() == 0.0, "nothing owed once acknowledged", WAIT)

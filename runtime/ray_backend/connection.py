@@ -66,6 +66,7 @@ class IslandConnection:
         self.sock = sock
         self.taken = -1                  # the last start message the actor acknowledged
         self._unacknowledged: collections.deque[tuple[int, float]] = collections.deque()  # (number, sent at)
+        self._drained = 0.0              # when the writer last handed the socket all it held (`stalled`)
         self._reader = FrameReader(sock)
         self._state = threading.Condition()
         self._reading = False            # a waiter is reading frames for everyone
@@ -138,10 +139,12 @@ class IslandConnection:
                 waiting.popleft()
             waiting.append((number, time.monotonic()))
 
-    def poll(self) -> None:
-        """Reads the frames that have come, waiting for none (a frame begun is read whole, as `_read` reads it),
-        so that the actor's acknowledgements never fill the socket; nothing if another thread reads them now.
-        Raises ConnectionBroken if the connection broke."""
+    def poll(self, whole: bool = False) -> None:
+        """Reads the frames that have come whole, waiting for none, so that the actor's acknowledgements never
+        fill the socket (a frame begun stays for a later reader: under the scheduler's lock, waiting for its rest
+        held every client as long as the actor took to send it); with `whole`, a frame begun is read whole, as a
+        waiter reads it (`_read`: at most `REPLY_TIMEOUT` for its rest). Nothing if another thread reads them
+        now. Raises ConnectionBroken if the connection broke."""
         with self._state:
             if self._reading:
                 return
@@ -149,7 +152,7 @@ class IslandConnection:
                 raise raised(self.broken)
             self._reading = True
         try:
-            while (frame := self._read(0.0)) is not None:
+            while (frame := self._read(0.0) if whole else self._read_whole()) is not None:
                 with self._state:
                     self._hand_out(*frame)
         finally:
@@ -158,14 +161,19 @@ class IslandConnection:
                 self._state.notify_all()
 
     def stalled(self) -> float:
-        """Reads the frames that have come (`poll`); returns how many seconds the oldest start message the actor
-        has not acknowledged has waited since it was sent (0.0 if none)."""
-        self.poll()
+        """Reads the frames that have come (`poll`, a frame begun included); returns how many seconds the actor
+        has owed an acknowledgement with nothing left to send it: since the oldest start it has not acknowledged
+        was sent, or since the writer last handed the socket all it held, if later (0.0 if it owes none, or while
+        the writer still holds bytes: their sends are bounded by the socket's timeout). A start's bytes take as
+        long as they take to go: a large one read slowly is no stall."""
+        self.poll(whole=True)
+        if self._queued:
+            return 0.0
         with self._state:
             waiting = self._unacknowledged
             while waiting and waiting[0][0] <= self.taken:
                 waiting.popleft()
-            return time.monotonic() - waiting[0][1] if waiting else 0.0
+            return time.monotonic() - max(waiting[0][1], self._drained) if waiting else 0.0
 
     def _write_now(self, parts: list) -> list:
         """Writes what the socket takes of `parts` without waiting (its descriptor is non-blocking: the socket
@@ -210,6 +218,8 @@ class IslandConnection:
                 else:
                     self._outbox[0] = memoryview(head)[sent:]
                 self._queued -= sent
+                if not self._outbox:
+                    self._drained = time.monotonic()
                 self._out.notify_all()         # (a send waiting for room)
 
     def wait_taken(self, number: int, deadline: float | None = None) -> None:
@@ -317,6 +327,16 @@ class IslandConnection:
             with self._state:
                 self._reading = False
                 self._state.notify_all()
+
+    def _read_whole(self) -> tuple[dict, list] | None:
+        """Reads one frame if it has come whole (None if not), waiting for nothing; raises ConnectionBroken."""
+        try:
+            while not self._reader.frame_ahead(LIMITS):
+                if not self._reader.read_ahead_now():
+                    return None
+            return self._reader.recv(LIMITS)
+        except (OSError, EOFError, ValueError) as error:     # (ProtocolError is a ValueError)
+            raise self._broke(error) from None
 
     def _read(self, wait: float) -> tuple[dict, list] | None:
         """Reads one frame if one begins within `wait` seconds (None if not); raises ConnectionBroken."""

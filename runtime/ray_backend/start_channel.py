@@ -29,10 +29,12 @@ class StartChannel:
     (`received`, before a question about objects), and whatever has come, without waiting, when `PENDING`
     messages are unread. Requests on a connection need none: they follow the starts sent before them.
 
-    A send never waits for an acknowledgement: it is made under the gang scheduler's lock, and a stalled actor
-    (stopped, or its host unreachable without closing the connection) held that lock, and every client on every
-    island, for up to `REPLY_TIMEOUT` seconds. The island monitor finds such an actor instead
-    (`IslandConnection.stalled`). A connection that broke (its actor died) marks the actor dead, as a failed
+    A send never waits for an acknowledgement, nor for the rest of a frame the actor began to send: it is made
+    under the gang scheduler's lock, and a stalled actor (stopped, or its host unreachable without closing the
+    connection) held that lock, and every client on every island, for up to `REPLY_TIMEOUT` seconds. The
+    island monitor finds such an actor instead (`IslandConnection.stalled`). A send still waits, up to
+    `REPLY_TIMEOUT`, when more than `QUEUED` bytes (64 MiB of arguments) wait for an actor that reads none of
+    them (`IslandConnection.send`). A connection that broke (its actor died) marks the actor dead, as a failed
     actor call does."""
 
     def __init__(self, islands: dict[str, RayIsland]):
@@ -63,7 +65,7 @@ class StartChannel:
             oldest = [self._pending.popitem(last=False)[1] for _ in range(len(self._pending) - PENDING)]
         for island in {island for taken in oldest for island, _ in taken}:
             try:
-                island.connection.poll()     # (never waits: a stalled actor is the monitor's to find, `stalled`)
+                island.connection.poll()     # (waits for nothing: a stalled actor is the monitor's to find)
             except ConnectionBroken as error:
                 island._died(error)
 
