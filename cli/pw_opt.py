@@ -211,7 +211,10 @@ def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | N
             failed |= printed is None
         if printed is not None:
             outputs.append(printed)
-    write_output(output, "// -----\n".join(outputs), lambda m: UsageError(f"pw-opt: error: {m}"))
+    # An output file is written only when every chunk succeeded, so that a failed run leaves the file of an
+    # earlier run as it was. Standard output gets the chunks that succeeded, as mlir-opt prints them.
+    if not failed or output == "-":
+        write_output(output, "// -----\n".join(outputs), lambda m: UsageError(f"pw-opt: error: {m}"))
     if failed:
         ctx.exit(1)
 

@@ -5,7 +5,10 @@ whose message contains `text` on the same line; `@+N` / `@-N` shift the line;
 `@below` means the next line that carries no annotation, `@above` the
 previous one. `expected-warning`, `expected-remark` and `expected-note` work
 alike. Every diagnostic must be expected and every expectation met. Notes are
-checked only where the input expects at least one note.
+checked only where the input expects at least one note. An `expected-*` that
+does not parse in full (`expected-error @+1`, an unterminated `{{`) is an
+error, not an annotation silently skipped; so is `expected-error-re`, whose
+regular expressions are not supported here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ _ANNOTATION = re.compile(
     r"expected-(?P<severity>error|warning|remark|note)"
     r"(?:@(?P<offset>above|below|[+-]\d+))?"
     r"\s*\{\{(?P<text>.*?)\}\}")
+# Where an annotation starts: each must parse as `_ANNOTATION` from there.
+_ANNOTATION_START = re.compile(r"(?<![\w-])(?P<kind>expected-(?:error|warning|remark|note))(?P<regex>-re)?")
 
 
 @dataclass
@@ -34,16 +39,29 @@ class Expectation:
 
 
 class AnnotationError(ValueError):
-    """An annotation that cannot be resolved to a line."""
+    """An annotation that cannot be read or resolved to a line."""
 
 
 def parse_expectations(text: str, first_line: int = 1) -> list[Expectation]:
     """Returns the expectations written in `text`, whose first line is `first_line`."""
     lines = text.split("\n")
-    annotated = {i for i, line in enumerate(lines) if _ANNOTATION.search(line)}
+    annotated = {i for i, line in enumerate(lines) if _ANNOTATION_START.search(line)}
     expectations = []
     for i, line in enumerate(lines):
-        for match in _ANNOTATION.finditer(line):
+        end = 0  # where the last annotation on the line ends: its text may name another
+        for start in _ANNOTATION_START.finditer(line):
+            if start.start() < end:
+                continue
+            where = f"{first_line + i}:{start.start() + 1}: error:"
+            form = f"{start.group('kind')}[@+N|@-N|@above|@below] {{{{text}}}}"
+            if start.group("regex"):
+                raise AnnotationError(f"{where} '{start.group()}' is not supported (no regular expressions): "
+                                      f"write {form} with part of the message")
+            match = _ANNOTATION.match(line, start.start())
+            if match is None:
+                raise AnnotationError(f"{where} cannot read annotation '{line[start.start():].strip()}': "
+                                      f"write {form}")
+            end = match.end()
             offset = match.group("offset")
             if offset is None:
                 target = i
@@ -54,8 +72,7 @@ def parse_expectations(text: str, first_line: int = 1) -> list[Expectation]:
             else:
                 target = i + int(offset)
             if target is None or not 0 <= target < len(lines):
-                raise AnnotationError(f"{first_line + i}:{match.start() + 1}: "
-                                      f"error: '{match.group(0)}' points outside the input")
+                raise AnnotationError(f"{where} '{match.group(0)}' points outside the input")
             expectations.append(Expectation(match.group("severity"), first_line + target,
                                             match.group("text"), first_line + i, match.start() + 1))
     return expectations

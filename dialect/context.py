@@ -7,7 +7,7 @@ module). Contexts therefore allow unregistered dialects, which also lets
 compiled functions carry their StableHLO bodies, whose dialect the upstream
 bindings do not register.
 
-Two things about MLIR abort the process instead of raising, and both are
+Some things about MLIR abort the process instead of raising, and are
 guarded here:
 
 - Diagnostics emitted from MLIR's worker threads (parallel verification of
@@ -17,6 +17,10 @@ guarded here:
 - MLIR's parser recurses once per level of nesting and overflows the stack
   (SIGSEGV) a few thousand levels deep. `parse_module` refuses text nested
   deeper than `MAX_NESTING` before MLIR sees it.
+- MLIR's parser asserts on a dense array of `index` (`array<index: 1>`), and
+  the bindings abort (or raise a RuntimeError that names no place) on a name
+  or string whose escapes make bytes that are not UTF-8 (`"\\ff"`).
+  `parse_module` refuses both before MLIR sees them (`literal_error`).
 """
 
 from __future__ import annotations
@@ -106,20 +110,80 @@ def nesting_error(text: str, limit: int = MAX_NESTING) -> Diagnostic | None:
         if token in _OPENERS:
             depth += 1
             if depth > limit:
-                at = match.start()
-                line_start = text.rfind("\n", 0, at) + 1
-                return Diagnostic("error", SourceLocation("", text.count("\n", 0, at) + 1, at - line_start + 1),
-                                  f"'{token}' nests deeper than {limit} levels")
+                return _diagnostic_at(text, match.start(), f"'{token}' nests deeper than {limit} levels")
         elif token in _CLOSERS and depth:
             depth -= 1
     return None
 
 
+def _diagnostic_at(text: str, at: int, message: str) -> Diagnostic:
+    """An error at offset `at` of `text`, located by line and column."""
+    line_start = text.rfind("\n", 0, at) + 1
+    return Diagnostic("error", SourceLocation("", text.count("\n", 0, at) + 1, at - line_start + 1), message)
+
+
+# What the literal checks read: a string literal (to its closing quote, or the end of its line), a `//`
+# comment, the element type of a dense array (`array<index`, `array<!alias`, comments allowed between), or
+# a type alias naming `index` or another alias (`!i = index`). A dialect type or attribute named array
+# (`!x.array<index>`) is not a dense array, hence no `.`, `!` or `#` right before `array`. A comment inside
+# `array<` runs to its newline, so that the scan never backtracks into it.
+_LITERAL_TOKENS = re.compile(
+    r'"(?:[^"\\\n]|\\[\s\S])*"?|//[^\n]*'
+    r'|(?<![\w$.!#])array(?:\s|//[^\n]*\n)*<(?:\s|//[^\n]*\n)*(?P<element>index\b|![\w$.]+)'
+    r'|^[ \t]*!(?P<alias>[\w$.]+)[ \t]*=[ \t]*(?P<aliased>index\b|![\w$.]+)', re.MULTILINE)
+# A string literal's escapes (MLIR's lexer): two hex digits are a byte, `\\` `\"` `\n` `\t` a character.
+_STRING_ESCAPE = re.compile(r"\\([0-9a-fA-F]{2}|[\s\S])")
+
+
+def _string_is_utf8(literal: str) -> bool:
+    """True if the body of a string literal (no quotes) is UTF-8 once its escapes are decoded."""
+    data, pos = bytearray(), 0
+    for escape in _STRING_ESCAPE.finditer(literal):
+        data += literal[pos:escape.start()].encode("utf-8", "surrogatepass")
+        code = escape.group(1)
+        # The other escapes decode to ASCII characters (or are errors MLIR's lexer reports).
+        data += bytes([int(code, 16)]) if len(code) == 2 else b"_"
+        pos = escape.end()
+    data += literal[pos:].encode("utf-8", "surrogatepass")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def literal_error(text: str) -> Diagnostic | None:
+    """Returns an error at the first literal that MLIR or its bindings abort on, or None: a dense array of
+    `index` (directly or through type aliases), or a string literal whose escapes make bytes that are not
+    UTF-8. String literals and `//` comments are skipped otherwise."""
+    if "array" not in text and "\\" not in text:
+        return None  # neither can occur
+    index_aliases: set[str] = set()
+    for match in _LITERAL_TOKENS.finditer(text):
+        token = match.group()
+        if token.startswith('"'):
+            if "\\" in token and not _string_is_utf8(token[1:-1] if token.endswith('"') else token[1:]):
+                return _diagnostic_at(text, match.start(), "string literal is not UTF-8 once its escapes are "
+                                                           "decoded: escape only the bytes of UTF-8 text")
+        elif match.group("alias") is not None:
+            aliased = match.group("aliased")
+            if aliased == "index" or aliased[1:] in index_aliases:
+                index_aliases.add(match.group("alias"))
+        elif match.group("element") is not None:
+            element = match.group("element")
+            if element == "index" or element[1:] in index_aliases:
+                via = "" if element == "index" else f" ({element} is index)"
+                return _diagnostic_at(text, match.start("element"), f"array<{element} ...> is not supported"
+                                                                    f"{via}: write array<i64: ...>")
+    return None
+
+
 def parse_module(text: str, context: ir.Context) -> ir.Module:
-    """Parses IR text in `context`; raises `ParseError` (deep nesting or MLIR's diagnostics)."""
-    too_deep = nesting_error(text)
-    if too_deep is not None:
-        raise ParseError([too_deep])
+    """Parses IR text in `context`; raises `ParseError` (deep nesting, a literal MLIR aborts on, or MLIR's
+    diagnostics)."""
+    refused = nesting_error(text) or literal_error(text)
+    if refused is not None:
+        raise ParseError([refused])
     try:
         return ir.Module.parse(text, context)
     except ir.MLIRError as error:

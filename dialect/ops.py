@@ -108,21 +108,27 @@ def tensor_bytes(type_: ir.Type) -> int:
     element = tensor.element_type
     width = 1 if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1 else None
     if width is None:
-        width = max(1, _element_bits(element) // 8)
+        bits = element_bits(element)
+        if bits is None:
+            raise ValueError(f"element type {element} has no known size")
+        width = max(1, bits // 8)
     count = 1
     for d in tensor.shape:
         count *= d
     return count * width
 
 
-def _element_bits(element: ir.Type) -> int:
+def element_bits(element: ir.Type) -> int | None:
+    """Returns the width in bits of a tensor element type (integer, float, or complex of those), or None for
+    a type of no known size (`index`, a dialect's type): pw-verify refuses tensors of those."""
     if isinstance(element, ir.IntegerType):
         return ir.IntegerType(element).width
     if isinstance(element, ir.FloatType):
         return ir.FloatType(element).width
     if isinstance(element, ir.ComplexType):
-        return 2 * _element_bits(ir.ComplexType(element).element_type)
-    raise ValueError(f"element type {element} has no known size")
+        part = element_bits(ir.ComplexType(element).element_type)
+        return None if part is None else 2 * part
+    return None
 
 
 # ===--------------------------------------------------------------------=== #

@@ -38,4 +38,8 @@ config.substitutions.append(("%python", python))
 config.substitutions.append(("pw-opt", f"{python} -m pathways_mlir.cli.pw_opt"))
 config.substitutions.append(("pw-export", f"{python} -m pathways_mlir.cli.pw_export"))
 config.environment["PYTHONUNBUFFERED"] = "1"
+# lit gives its tests a clean environment: a PYTHONPATH that points pathways_mlir at another checkout (a clone
+# tested with its own package directory) must reach them, or they would test the installed one.
+if os.environ.get("PYTHONPATH"):
+    config.environment["PYTHONPATH"] = os.environ["PYTHONPATH"]
 config.environment["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"

@@ -10,6 +10,8 @@ pass checks meaning, reporting each problem at the op at fault:
   `pw.topology` and within its devices when the module has one;
 - symbols: every `callee`, `slice`,
   `then_program`, `else_program`, `src` and `dst` resolves to the right kind;
+- values: programs and compiled functions take and return tensors of
+  elements of a known size (not `index`);
 - computations: one sharding per operand and result, each naming the slice's
   axes at most once, of the tensor's rank, splitting every dimension evenly;
   operand and result types equal to the compiled function's signature;
@@ -82,7 +84,10 @@ class _Checker:
             if ops.is_executable(op) and self.entries[ops.symbol_name(op)] is None:
                 self.error(op, "is a compiled function without an entry: it needs one func.func, "
                                "or one named @main")
+            elif ops.is_executable(op):
+                self.check_element_sizes(self.entries[ops.symbol_name(op)])
             elif ops.is_program(op):
+                self.check_element_sizes(op)
                 blocks = len(op.regions[0].blocks)
                 if blocks == 1:
                     self.check_program(op)
@@ -94,6 +99,19 @@ class _Checker:
                 self.error(op, "must be inside a program (a func.func marked pw.program)")
             if not (ops.is_executable(op) or ops.is_plan(op)):
                 self.check_nesting(op)
+
+    def check_element_sizes(self, func: ir.Operation) -> None:
+        """Reports a program or compiled function's entry that takes or returns a tensor whose element type has
+        no known size (`index`, a dialect's type): placement and memory planning size every value. Every value
+        of a program is an argument, or has the type of a callee's result or of another value."""
+        signature = ops.function_type(func)
+        for type_ in [*signature.inputs, *signature.results]:
+            if isinstance(type_, ir.RankedTensorType):
+                element = ir.RankedTensorType(type_).element_type
+                if ops.element_bits(element) is None:
+                    self.error(func, f"takes or returns {type_}, whose element type {element} has no known size: "
+                                     f"pw values are tensors of integers, floats or complex numbers")
+                    return
 
     def check_nesting(self, top: ir.Operation) -> None:
         """Reports each pw op and program nested in a top-level op other than directly in a program's body

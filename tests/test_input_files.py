@@ -9,6 +9,7 @@ nested deeper than Python's recursion limit, or an integer of more than 4300 dig
 import pathlib
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -98,3 +99,43 @@ def test_every_tool_refuses_a_bad_input_file_in_one_line(tmp_path, reader):
     assert len(lines) == 1 and str(bad) in lines[0], done.stderr
     assert "internal error" not in done.stderr
     assert lines[0].count("error:") == 1, lines[0]       # pw-sim wrote `pw-sim: error: plan.json:1:8: error: ...`
+
+
+# IR that MLIR's parser or its bindings abort on, or that passed pw-verify and stopped placement with an
+# internal error: each reader of IR refused it with SIGABRT, an internal error, or exit status 2.
+_SLICE = '"pw.virtual_slice"() {{sym_name = {name}, shape = {shape}, axes = ["x"], constraints = {{}}}} : () -> ()\n'
+BAD_IR = {
+    "index-array": (_SLICE.format(name='"s"', shape="array<index: 2>"),
+                    ":1:53: error: array<index ...> is not supported: write array<i64: ...>"),
+    "non-utf8-string": (_SLICE.format(name='"\\ff"', shape="array<i64: 2>"),
+                        ":1:34: error: string literal is not UTF-8 once its escapes are decoded"),
+    "index-tensor": (_SLICE.format(name='"s"', shape="array<i64: 2>") + textwrap.dedent("""\
+        module @f attributes {pw.executable} {
+          func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }
+        }
+        module @unused attributes {pw.executable} {
+          func.func @main(%a: tensor<4xindex>) -> tensor<4xindex> { return %a : tensor<4xindex> }
+        }
+        func.func @p(%x: tensor<4xf32>) -> tensor<4xf32> attributes {pw.program} {
+          %0 = "pw.compute"(%x) {callee = @f, slice = @s, in_shardings = [[[]]], out_shardings = [[[]]],
+                                 label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
+          return %0 : tensor<4xf32>
+        }
+        """), ":6:3: error: 'func.func' op takes or returns tensor<4xindex>, whose element type index has no known "
+              "size"),
+}
+IR_READERS = {"pw-opt": ["pw_opt", "{ir}", "--pw-lower=topology=2x4"], "pw-run": ["pw_run", "{ir}"],
+              "pw-sim": ["pw_sim", "run", "{ir}", "--topology", "2x4"]}
+
+
+@pytest.mark.parametrize("reader", sorted(IR_READERS))
+@pytest.mark.parametrize("kind", sorted(BAD_IR))
+def test_every_tool_refuses_ir_mlir_aborts_on_or_cannot_size_in_one_line(tmp_path, reader, kind):
+    text, message = BAD_IR[kind]
+    ir = tmp_path / "module.mlir"
+    ir.write_text(text)
+    args = [a.format(ir=ir) for a in IR_READERS[reader]]
+    done = subprocess.run([sys.executable, "-m", f"pathways_mlir.cli.{args[0]}", *args[1:]],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"{ir}{message}") and done.stderr.count("\n") == 1, done.stderr

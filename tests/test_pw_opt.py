@@ -140,6 +140,33 @@ def test_verify_diagnostics_exit_status(tmp_path, capsys):
     assert capsys.readouterr().err.endswith(":2:4: error: 'expected-error@below {{x}}' points outside the input\n")
 
 
+@pytest.mark.parametrize("annotation, message", [
+    ("// expected-error-re@+1 {{{{.*never produced.*}}}}",
+     "'expected-error-re' is not supported (no regular expressions): write expected-error"),
+    ("// expected-error@+1 {{never produced", "cannot read annotation 'expected-error@+1 {{never produced'"),
+    ("// expected-error @+1 {{never produced}}", "cannot read annotation 'expected-error @+1"),
+    ("// expected-note@@ {{never produced}}", "cannot read annotation 'expected-note@@"),
+])
+def test_an_annotation_that_does_not_parse_is_an_error(tmp_path, capsys, annotation, message):
+    """Annotations the verifier could not read were skipped: valid IR expecting an error passed (exit 0)."""
+    status, path = run(tmp_path, annotation + "\n" + SLICE, "--verify-diagnostics", "--pw-verify")
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.startswith(f"{path}:1:4: error: {message}") and err.count("\n") == 1, err
+    # The text of an annotation may name another kind of annotation.
+    [e] = parse_expectations("x // expected-error {{an expected-note@ is not a note}}")
+    assert e.text == "an expected-note@ is not a note"
+
+
+def test_a_failed_run_leaves_the_output_file_as_it_was(tmp_path, capsys):
+    """-o FILE was emptied (or given the chunks that succeeded) when the input had an error."""
+    out = tmp_path / "out.mlir"
+    for text in [BAD_SLICE, SLICE + "// -----\n" + BAD_SLICE]:
+        out.write_text("an earlier result\n")
+        assert run(tmp_path, text, "--split-input-file", "--pw-verify", "-o", str(out))[0] == 1
+        assert out.read_text() == "an earlier result\n"
+
+
 # -- robustness: no traceback, no signal, whatever the input ------------------
 
 def test_errors_from_many_nested_modules_do_not_abort(tmp_path):

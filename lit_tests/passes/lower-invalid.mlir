@@ -23,3 +23,18 @@ func.func @main(%a: tensor<6xf32>) -> tensor<6xf32> attributes {pw.program} {
   %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[[]]], label = "f#0"} : (tensor<6xf32>) -> tensor<6xf32>
   return %0 : tensor<6xf32>
 }
+
+// -----
+
+// A tensor of index passed pw-verify and stopped placement with an internal
+// error; pw-verify refuses it before placement.
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  // expected-error@below {{takes or returns tensor<4xindex>, whose element type index has no known size}}
+  func.func @main(%a: tensor<4xindex>) -> tensor<4xindex> { return %a : tensor<4xindex> }
+}
+// expected-error@below {{takes or returns tensor<4xindex>, whose element type index has no known size}}
+func.func @main(%a: tensor<4xindex>) -> tensor<4xindex> attributes {pw.program} {
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[[]]], out_shardings = [[[]]], label = "f#0"} : (tensor<4xindex>) -> tensor<4xindex>
+  return %0 : tensor<4xindex>
+}

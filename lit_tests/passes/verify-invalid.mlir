@@ -494,3 +494,26 @@ func.func @main(%a: tensor<0x16xf32>) -> tensor<0x16xf32> attributes {pw.program
   %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"], []]], out_shardings = [[["x"], []]], label = "f#0"} : (tensor<0x16xf32>) -> tensor<0x16xf32>
   return %0 : tensor<0x16xf32>
 }
+
+// -----
+
+// Values are tensors of elements of a known size: placement and memory
+// planning size every value (a tensor of index stopped pw-place with an
+// internal error). A compiled function nobody calls is checked too.
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  // expected-error@below {{'func.func' op takes or returns tensor<4xindex>, whose element type index has no known size}}
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xindex> {
+    %0 = "x.cast"(%a) : (tensor<4xf32>) -> tensor<4xindex>
+    return %0 : tensor<4xindex>
+  }
+}
+module @unused attributes {pw.executable} {
+  // expected-error@below {{'func.func' op takes or returns tensor<2x!pw.unknown>, whose element type !pw.unknown has no known size}}
+  func.func @main(%a: tensor<2x!pw.unknown>) { return }
+}
+// expected-error@below {{'func.func' op takes or returns tensor<4xindex>, whose element type index has no known size}}
+func.func @main(%a: tensor<4xf32>, %i: tensor<4xindex>) -> tensor<4xindex> attributes {pw.program} {
+  %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xindex>
+  return %0 : tensor<4xindex>
+}
