@@ -11,10 +11,14 @@ why it will not serve). Requests, one frame each:
 - `run` {name, version, dispatch, args, keys, progress}: each argument `["array", i]` (the
   frame's i-th array), `["handle", k]` (one of this connection's
   results) or `["shared", token]` (a shared object, read-only); the reply
-  has `[key, shape, dtype]` per output. `keys`, if given, are the keys the
+  has `handles`, `[key, shape, dtype]` per output, unless the request chose
+  the keys. `keys`, if given, are the keys the
   client chose for the run's distinct results (`ProgramPlan.distinct_outputs`,
   in order; keys not in use), so that it may send the run without waiting
-  for its reply: a run refused with them has its keys remembered
+  for its reply (which then says nothing more than `ok`: 64 unread replies
+  naming a step's hundreds of results filled the socket while the client,
+  sending its next run, did not read them, and both ends waited for good): a
+  run refused with them has its keys remembered
   (`REFUSED` per connection), and a request naming one is refused with the
   run's own error. A plan lowered
   for another topology `version` than the cluster's is refused
@@ -263,7 +267,7 @@ class Session:
                 key = made[id(handle)] = next(chosen) if chosen is not None else self._new_key()
                 self.handles[key] = handle
             reply.append([key, list(handle.shape), np.dtype(handle.dtype).name])
-        return {"handles": reply}, []
+        return ({} if keys is not None else {"handles": reply}), []     # (the client made its handles: module)
 
     def _compile(self, plan: ProgramPlan, every: float) -> None:
         """Loads `plan` on the islands, which compiles its executables, sending the client a progress frame

@@ -747,6 +747,22 @@ def test_programs_are_lowered_for_the_endpoint_and_again_when_its_topology_chang
         assert step.compiled(X, runtime=remote) is compiled
 
 
+def test_a_step_of_hundreds_of_results_called_without_reading_them_keeps_the_connection(runtime):
+    """Each run's reply named every result (`[key, shape, dtype]`), though the client chose their keys: 64
+    unread replies of a step of 256 results filled the socket while the client, sending its next run, read none
+    of them, and both ends waited until the client gave the connection up, its objects with it (an optimizer's
+    or a pipeline's state stepped in a loop; found by a fault finder). Such a reply says `ok` alone now."""
+    width = 256
+    step = pw.jit(lambda state, x: {f"w{i}": state[f"w{i}"] + x for i in range(width)},
+                  slice=pw.virtual_slice(1, axes="d"))
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=20) as remote:
+        state = {f"w{i}": np.zeros(2, np.float32) for i in range(width)}
+        for _ in range(100):
+            state = step.run(state, np.float32(1), client=remote)
+        np.testing.assert_array_equal(np.asarray(state["w0"]), [100, 100])
+
+
 def test_runs_in_flight_are_sent_without_waiting_and_a_refused_one_raises_where_it_is_used(runtime):
     """A program's runs through a service are sent without waiting for their replies (the client chose their
     result keys): eight in flight are eight requests unanswered, and their values come back right. A run the
