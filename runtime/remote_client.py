@@ -602,6 +602,7 @@ class RemoteClient:
         releases and `release`: a release (`sent` None) or a run. At most `UNANSWERED` such replies wait unread,
         and runs' arguments of at most `UNANSWERED_BYTES` (kept to send a run again)."""
         nbytes = sum(getattr(a, "nbytes", 0) for a in arrays)
+        self._read_unanswered(arrived=True)
         if len(self._unanswered) >= UNANSWERED or self._unanswered_bytes + nbytes > UNANSWERED_BYTES:
             self._read_unanswered()
         self._send(self._carrying_drops(request, release), arrays)
@@ -632,12 +633,22 @@ class RemoteClient:
             request = {**request, "forget": forget}
         return request
 
-    def _read_unanswered(self) -> None:
-        """Reads the replies of the requests sent without waiting: a release's only says it was taken; a run
-        refused makes its handles raise its error, or, refused for a topology change, waits to be sent again
-        (`_send_again`)."""
+    def _read_unanswered(self, arrived: bool = False) -> None:
+        """Reads the replies of the requests sent without waiting (with `arrived`, those that came whole, waiting
+        for none: read before each such request, they never fill the socket while this client sends, which
+        left both ends waiting for good once 50-odd runs were refused, their replies unread): a release's only
+        says it was taken; a run refused makes its handles raise its error, or, refused for a topology change,
+        waits to be sent again (`_send_again`)."""
         while self._unanswered:
-            reply, _ = self._receive()
+            if arrived:
+                frame = self._arrived()
+                if frame is None:
+                    return
+                reply = frame[0]
+                if "progress" in reply:
+                    continue
+            else:
+                reply, _ = self._receive()
             sent = self._unanswered.popleft()
             if sent is None:
                 continue
@@ -648,6 +659,16 @@ class RemoteClient:
                     self._rerun.append(sent)
                 else:
                     self._refuse(sent, error)
+
+    def _arrived(self) -> tuple[dict, list[np.ndarray]] | None:
+        """The next frame if it came whole (None if not), waiting for nothing."""
+        try:
+            while not self._reader.frame_ahead(self.limits):
+                if not self._reader.read_ahead_now():
+                    return None
+            return self._reader.recv(self.limits)
+        except (OSError, EOFError, ProtocolError) as error:
+            raise self._lost(error) from None
 
     def _refuse(self, sent: "SentRun", error: BaseException) -> None:
         """Makes the handles of a run sent without waiting raise `error` (a new one each time:
