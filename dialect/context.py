@@ -125,11 +125,12 @@ def _diagnostic_at(text: str, at: int, message: str) -> Diagnostic:
 # What the literal checks read: a string literal (to its closing quote, or the end of its line), a `//`
 # comment, the element type of a dense array (`array<index`, `array<!alias`, comments allowed between), or
 # a type alias naming `index` or another alias (`!i = index`). A dialect type or attribute named array
-# (`!x.array<index>`) is not a dense array, hence no `.`, `!` or `#` right before `array`. A comment inside
+# (`!x.array<index>`) is not a dense array, nor is what an unregistered dialect's `#x<...>` or `!x.t<...>` keeps
+# opaque, hence no `.`, `!`, `#` or `<` right before `array`. A comment inside
 # `array<` runs to its newline, so that the scan never backtracks into it.
 _LITERAL_TOKENS = re.compile(
     r'"(?:[^"\\\n]|\\[\s\S])*"?|//[^\n]*'
-    r'|(?<![\w$.!#])array(?:\s|//[^\n]*\n)*<(?:\s|//[^\n]*\n)*(?P<element>index\b|![\w$.]+)'
+    r'|(?<![\w$.!#<])array(?:\s|//[^\n]*\n)*<(?:\s|//[^\n]*\n)*(?P<element>index\b|![\w$.]+)'
     r'|^[ \t]*!(?P<alias>[\w$.]+)[ \t]*=[ \t]*(?P<aliased>index\b|![\w$.]+)', re.MULTILINE)
 # A string literal's escapes (MLIR's lexer): two hex digits are a byte, `\\` `\"` `\n` `\t` a character.
 _STRING_ESCAPE = re.compile(r"\\([0-9a-fA-F]{2}|[\s\S])")

@@ -42,7 +42,7 @@ from pathways_mlir.runtime.runtime import get_runtime
 from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array, signature_of, trace_state_clean
 from .lowered import Lowered
 from .provenance import Site
-from .signature import BindsAsMethod, Call, Signature
+from .signature import BindsAsMethod, Call, Signature, argument_name
 from .wire import WeakHandle, from_wire, to_wire
 
 if TYPE_CHECKING:
@@ -342,7 +342,7 @@ def _refuse_other_avals(lowered: Lowered, leaves: list) -> None:
         if shape != aval.shape:
             path = jax.tree_util.tree_flatten_with_path(lowered.in_tree.unflatten(leaves))[0][position][0]
             raise TypeError(f"argument leaf {position} of program @{lowered.program} "
-                            f"(argument{jax.tree_util.keystr(path)}) has shape {shape}, but it was compiled for "
+                            f"({argument_name(path)}) has shape {shape}, but it was compiled for "
                             f"{aval.dtype}{list(aval.shape)}")
 
 
@@ -400,8 +400,7 @@ class StageCache:
             # range (as `jax.jit` refuses it): named as `tracer.lower` names an argument
             position = next(i for i, x in enumerate(leaves) if not _has_signature(x))
             path = jax.tree_util.tree_flatten_with_path(call.tree)[0][position][0]
-            raise type(error)(f"{Site.of_definition(self._signature.fn)}: argument{jax.tree_util.keystr(path)}: "
-                              f"{error}") from None
+            raise type(error)(f"{Site.of_definition(self._signature.fn)}: {argument_name(path)}: {error}") from None
         per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, {})
         found = per_runtime.get(key)
         if found is not None:

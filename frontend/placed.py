@@ -24,7 +24,7 @@ from .errors import PlacementError
 from .compiled import StageCache, StagedFunction
 from .lowered import Lowered
 from .provenance import Site, name_of
-from .signature import Call, Signature, check_options
+from .signature import Call, Signature, argument_name, check_options
 from .slices import Slice
 
 
@@ -114,9 +114,9 @@ def _record(program: tracer.ProgramBuilder, placed: PlacedFunction, call: Call, 
     constants = {i: x for i, x in enumerate(jax.tree_util.tree_leaves(tree)) if _is_constant(x)}
     if constants:
         fn, tree = placed.with_constants(fn, tree, constants)
-    leaves = jax.tree_util.tree_flatten_with_path(tree if call.kwargs else tree[0])[0]
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     in_tree = jax.tree_util.tree_structure(tree)
-    inputs = [program.own(x, site, f"argument{jax.tree_util.keystr(path)}",
+    inputs = [program.own(x, site, argument_name(path),
                           "a Python or NumPy scalar is taken as a constant; an array constant: pass it as a "
                           "program argument, or make it in a placed function") for path, x in leaves]
     in_avals = [v.aval for v in inputs]

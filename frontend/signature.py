@@ -103,6 +103,12 @@ def _strs(value: str | Iterable[str] | None) -> tuple[str, ...]:
     return () if value is None else (value,) if isinstance(value, str) else tuple(value)
 
 
+def argument_name(path: tuple) -> str:
+    """Names a leaf of a call's `(args, kwargs)` by its key path: `argument[1]['w']` for one of the second
+    positional argument, `argument['lr']` for the keyword argument `lr` (the pair's own level left out)."""
+    return f"argument{jax.tree_util.keystr(tuple(path[1:]))}"
+
+
 @dataclass(frozen=True)
 class Call:
     """One call's arguments: the traced pytree `(args, kwargs)` and the static values."""

@@ -36,7 +36,7 @@ from .executables import Executable, compile_function
 from .compiled import StageCache, StagedFunction
 from .lowered import Lowered
 from .provenance import Site, name_of
-from .signature import Call, Signature, check_options
+from .signature import Call, Signature, argument_name, check_options
 from .slices import Slice
 
 _TRACING: ContextVar["ProgramBuilder | None"] = ContextVar("pw_tracing", default=None)
@@ -276,8 +276,8 @@ def lower(site: Site, fn: Callable, example: Any, donated: tuple[bool, ...] = ()
         try:
             aval = aval_of(x)
         except TypeError as e:
-            raise TypeError(f"{site}: example argument{jax.tree_util.keystr(path)}: {e}") from None
-        check_element_type(aval.dtype, f"{site}: example argument{jax.tree_util.keystr(path)}")
+            raise TypeError(f"{site}: example {argument_name(path)}: {e}") from None
+        check_element_type(aval.dtype, f"{site}: example {argument_name(path)}")
         in_avals.append(aval)
     module = ModuleBuilder()
     with module.context, ir.Location.unknown():

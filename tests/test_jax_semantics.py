@@ -171,7 +171,7 @@ def test_a_python_int_out_of_range_is_refused_in_one_line_naming_its_argument(ki
             np.testing.assert_array_equal(np.asarray(f(a, 2**31 - 1)),
                                           np.asarray(jax.jit(lambda a, n: a + n)(a, 2**31 - 1)))
         for big in (2**40, 2**31, -2**31 - 1):
-            with pytest.raises(OverflowError, match=rf"^lambda at .*: argument\[0\]\[1\]: Python int {big} too large"):
+            with pytest.raises(OverflowError, match=rf"^lambda at .*: argument\[1\]: Python int {big} too large"):
                 f(a, big)
     with pytest.raises(OverflowError, match=r"^argument leaf 1 of program @\S+: Python int 1099511627776 too large"):
         f.compiled(a, 5)(a, 2**40)
@@ -420,7 +420,7 @@ def test_a_dtype_jax_export_cannot_serialise_is_refused_naming_the_argument_or_r
     a KeyError from inside jax.export)."""
     s = pw.virtual_slice(1, axes="data")
     ints = np.arange(4, dtype=np.int32)
-    with pytest.raises(TypeError, match=r"at .*: example argument\[0\]\[0\] has dtype int2, which has no pw "
+    with pytest.raises(TypeError, match=r"at .*: example argument\[0\] has dtype int2, which has no pw "
                                         r"element type: jax.export, .* cannot serialise it \(known: bool, int4,"):
         pw.jit(lambda x: x.astype(jnp.int32), slice=s)(ints.astype(jnp.int2))
     with pytest.raises(TypeError, match=r"at .*: result\['low'\] has dtype uint2, which has no pw element type"):
@@ -433,7 +433,7 @@ def test_an_abstract_argument_of_a_negative_or_non_integer_dimension_is_refused_
     s = pw.virtual_slice(1, axes="data")
     double = pw.jit(lambda a: a * 2, slice=s)
     for shape in ((2, -1), (2.5,)):
-        with pytest.raises(TypeError, match=rf"^lambda at .*: example argument\[0\]\[0\]: an abstract value's "
+        with pytest.raises(TypeError, match=rf"^lambda at .*: example argument\[0\]: an abstract value's "
                                             rf"dimensions are integers of 0 or more, not {re.escape(str(shape))}$"):
             double.lower(jax.ShapeDtypeStruct(shape, jnp.float32))
     assert double.lower(jax.ShapeDtypeStruct((np.int64(2), 0), jnp.float32)).as_text()
@@ -1625,7 +1625,7 @@ def test_a_compiled_stage_refuses_an_argument_of_another_shape_naming_it():
     (found by differential fuzzing); `jax.jit`'s names the argument, `d['m']`."""
     f = pw.jit(lambda d: d["a"] + d["m"].sum(), slice=pw.virtual_slice(1, axes="x"))
     d = {"a": np.ones(4, np.float32), "m": np.ones(2, np.float32)}
-    with pytest.raises(TypeError, match=r"^argument leaf 1 of program @lambda \(argument\[0\]\[0\]\['m'\]\) has "
+    with pytest.raises(TypeError, match=r"^argument leaf 1 of program @lambda \(argument\[0\]\['m'\]\) has "
                                         r"shape \(7,\), but it was compiled for float32\[2\]$"):
         pw.program(lambda d: f(d)).lower(d).compile()({"a": d["a"], "m": np.ones(7, np.float32)})
 
@@ -1666,7 +1666,7 @@ def test_an_argument_neither_array_nor_scalar_is_refused_at_the_call():
         jax.jit(lambda a: a * 2)(Duck())
     for call in (double, pw.program(double)):
         call(x)                    # the same signature, with an array: a Duck is refused at the call all the same
-        with pytest.raises(TypeError, match=r"argument\[0\]\[0\]: expected an array, a scalar or a "
+        with pytest.raises(TypeError, match=r"argument\[0\]: expected an array, a scalar or a "
                                             r"jax.ShapeDtypeStruct, not Duck <"):
             call(Duck())
     with pytest.raises(TypeError, match=r"^argument leaf 0 of program @lambda is a Duck: expected an array or a "
@@ -1687,7 +1687,7 @@ def test_a_bad_argument_leaf_is_named_with_its_function_and_path():
         jax.jit(f)(x, {"k": "str"})
     line = inspect.getsourcelines(f)[1]
     for call in (pw.jit(f, slice=s), pw.program(pw.jit(f, slice=s))):
-        with pytest.raises(TypeError, match=rf"^f at {re.escape(__file__)}:{line}: argument\[0\]\[1\]\['k'\]: "
+        with pytest.raises(TypeError, match=rf"^f at {re.escape(__file__)}:{line}: argument\[1\]\['k'\]: "
                                             rf"expected an array, a scalar or a jax.ShapeDtypeStruct, not str 'str'$"):
             call(x, {"k": "str"})
 

@@ -42,3 +42,9 @@
 
 // Escapes of UTF-8 text, and an escaped backslash before hex digits, are fine.
 "x.op"() {e_acute = "\c3\a9", backslash = "\\ff", quote = "\"\n\t"} : () -> ()
+
+// -----
+
+// What an unregistered dialect's attribute or type keeps opaque is not parsed
+// as a dense array.
+"x.op"() {a = #x<array<index: 1>>, b = !x.t<array<index>>} : () -> ()
