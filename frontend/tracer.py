@@ -99,8 +99,9 @@ class Value:
     def _not_an_array(self) -> str:
         lowering = _LOWERING.get()
         if lowering is None:
-            return (f"{self!r} is not an array on the host: pass it to a placed function, "
-                    f"or return it from the program")
+            return (f"{self!r} has no data while the program is traced, so a JAX function or transformation "
+                    f"(jnp.*, jax.vmap, ...) cannot take it in the program's body: do that work inside a placed "
+                    f"function (pw.jit) and pass the value to it, or return the value from the program")
         site, slice_name = lowering
         return (f"{site} uses {self!r} without receiving it as an argument: pass it as an "
                 f"argument so that it is sent to slice @{slice_name}")

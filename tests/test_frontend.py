@@ -351,6 +351,18 @@ def test_a_python_branch_on_a_traced_value_is_refused_not_taken():
         prog.lower(f32(8, 16))
 
 
+def test_a_jax_function_or_transformation_of_a_traced_value_says_where_it_belongs():
+    """`jax.vmap` of a placed function, or `jnp.concatenate` of results, in a program's body: the refusal said
+    "pass it to a placed function, or return it from the program", which the vmapped code did (found by a
+    fault finder); it names JAX's functions and transformations and says to do that work in a placed function."""
+    stacked = pw.jit(lambda w, x: jnp.tanh(x @ w), slice=pw.virtual_slice(2, axes="e"))
+    for body in (lambda w, x: jax.vmap(stacked)(w, x), lambda w, x: jnp.concatenate([stacked(w, x)] * 2)):
+        with pytest.raises(pw.PlacementError, match=r"has no data while the program is traced, so a JAX function or "
+                                                    r"transformation \(jnp.\*, jax.vmap, ...\) cannot take it in the "
+                                                    r"program's body: do that work inside a placed function"):
+            pw.program(body).lower(f32(3, 4, 4), f32(3, 5, 4))
+
+
 def test_arithmetic_on_a_traced_value_says_where_it_belongs():
     for body in (lambda x: tanh_a(x) + 1, lambda x: 2 * tanh_a(x), lambda x: tanh_a(x)[0]):
         with pytest.raises(pw.PlacementError, match=r"has no data while the program is traced, so it has no "
