@@ -663,10 +663,7 @@ class RemoteClient:
     def _arrived(self) -> tuple[dict, list[np.ndarray]] | None:
         """The next frame if it came whole (None if not), waiting for nothing."""
         try:
-            while not self._reader.frame_ahead(self.limits):
-                if not self._reader.read_ahead_now():
-                    return None
-            return self._reader.recv(self.limits)
+            return self._reader.recv_arrived(self.limits)
         except (OSError, EOFError, ProtocolError) as error:
             raise self._lost(error) from None
 

@@ -176,7 +176,16 @@ class FrameReader:
         begin = self._start + _LENGTH.size
         return bytes(self._buffer[begin:begin + size]) if begin + size <= self._end else b""
 
-    def frame_ahead(self, limits: Limits = Limits()) -> bool:
+    def recv_arrived(self, limits: Limits = Limits()) -> tuple[dict, list[np.ndarray]] | None:
+        """Receives the next frame if it has arrived whole (read ahead, or waiting in the socket), else None,
+        waiting for nothing: a frame begun stays for a later `recv`. Raises as `recv` does, and EOFError if the
+        peer left."""
+        while not self._frame_ahead(limits):
+            if not self._read_ahead_now():
+                return None
+        return self.recv(limits)
+
+    def _frame_ahead(self, limits: Limits) -> bool:
         """Whether the next frame was read ahead whole, arrays and all: `recv` then takes it without waiting.
         Raises ProtocolError if its header is malformed."""
         header = self.header_ahead()
@@ -186,7 +195,7 @@ class FrameReader:
         size += sum(nbytes for _, _, nbytes in _array_specs(_parse(header).get("arrays", []), limits))
         return self._end - self._start >= size
 
-    def read_ahead_now(self) -> bool:
+    def _read_ahead_now(self) -> bool:
         """Reads what the socket holds now into the read-ahead buffer, waiting for nothing; returns whether any
         bytes came (none: the socket had none, or the buffer is full of a frame larger than it). Raises
         EOFError if the peer left."""

@@ -134,10 +134,7 @@ class IslandConnection:
         the oldest one the actor has not acknowledged has waited."""
         self.send(*encode_start(number, work, releases, lends))
         with self._state:
-            waiting = self._unacknowledged
-            while waiting and waiting[0][0] <= self.taken:
-                waiting.popleft()
-            waiting.append((number, time.monotonic()))
+            self._owed().append((number, time.monotonic()))
 
     def poll(self, whole: bool = False) -> None:
         """Reads the frames that have come whole, waiting for none, so that the actor's acknowledgements never
@@ -170,10 +167,16 @@ class IslandConnection:
         if self._queued:
             return 0.0
         with self._state:
-            waiting = self._unacknowledged
-            while waiting and waiting[0][0] <= self.taken:
-                waiting.popleft()
-            return time.monotonic() - max(waiting[0][1], self._drained) if waiting else 0.0
+            owed = self._owed()
+            return time.monotonic() - max(owed[0][1], self._drained) if owed else 0.0
+
+    def _owed(self) -> collections.deque:
+        """The starts the actor has not acknowledged, (number, sent at), the acknowledged ones forgotten. Under
+        `_state`."""
+        waiting = self._unacknowledged
+        while waiting and waiting[0][0] <= self.taken:
+            waiting.popleft()
+        return waiting
 
     def _write_now(self, parts: list) -> list:
         """Writes what the socket takes of `parts` without waiting (its descriptor is non-blocking: the socket
@@ -331,10 +334,7 @@ class IslandConnection:
     def _read_whole(self) -> tuple[dict, list] | None:
         """Reads one frame if it has come whole (None if not), waiting for nothing; raises ConnectionBroken."""
         try:
-            while not self._reader.frame_ahead(LIMITS):
-                if not self._reader.read_ahead_now():
-                    return None
-            return self._reader.recv(LIMITS)
+            return self._reader.recv_arrived(LIMITS)
         except (OSError, EOFError, ValueError) as error:     # (ProtocolError is a ValueError)
             raise self._broke(error) from None
 
