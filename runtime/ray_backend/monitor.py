@@ -6,9 +6,11 @@ only returns when the island closes, and that Ray fails as soon as it knows
 the actor is dead; any other call that Ray fails with `RayActorError` says
 the same (`report`). It notices a stalled actor (stopped, or its host cut
 off without closing the connection) from its connection: an actor that has
-acknowledged no start message for `REPLY_TIMEOUT` seconds is lost, as one
-whose connection broke (`IslandConnection.stalled`, which also reads the
-acknowledgements that came, so that they never fill the socket). The
+owed an acknowledgement for `REPLY_TIMEOUT` seconds, with every byte the
+driver sent it handed to the socket, is lost, as one whose connection broke
+(`IslandConnection.stalled`, which also reads the acknowledgements that
+came, so that they never fill the socket; a large start read slowly is no
+stall). The
 monitor then takes the island out through
 `Runtime.lose_island`, the path the embedded backend uses. When a node
 offering a lost island's resource joins the cluster in place of the node
@@ -114,8 +116,8 @@ class IslandMonitor:
                 self._stop.wait(WATCH_PERIOD)
 
     def _find_stalled(self) -> None:
-        """Marks dead every island actor that has acknowledged no start message for `REPLY_TIMEOUT` seconds (or
-        whose connection broke)."""
+        """Marks dead every island actor that has owed an acknowledgement for `REPLY_TIMEOUT` seconds with all the
+        driver's bytes handed to its socket (`IslandConnection.stalled`), or whose connection broke."""
         for proxy in list(self._islands.values()):
             link = proxy.connection
             if link is None or proxy._dead is not None or proxy._closed:
