@@ -180,7 +180,11 @@ class Dispatcher:
                 continue
             value = value if hasattr(value, "shape") else np.asarray(value)
             if tuple(value.shape) != shape:
-                raise TypeError(f"argument for buffer {buffer} of {plan.program} has shape "
+                if jax.dtypes.issubdtype(getattr(value, "dtype", None), jax.dtypes.prng_key):
+                    raise TypeError(f"argument {position} of program @{plan.program} is a PRNG key array "
+                                    f"({value.dtype}{list(value.shape)}): a plan takes a key's data, "
+                                    f"jax.random.key_data(key) (a placed function or program takes the key)")
+                raise TypeError(f"argument {position} of program @{plan.program} has shape "
                                 f"{tuple(value.shape)}, expected {shape}")
             if type(value) is ARRAY_TYPE and value.is_deleted():        # refused at the call, as jax.jit does
                 raise RuntimeError(f"argument {position} of program @{plan.program} is a deleted jax.Array (deleted, "

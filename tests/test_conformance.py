@@ -454,11 +454,14 @@ def test_a_timeout_bounds_the_wait_for_a_result(runtime):
 def test_a_bad_argument_is_the_same_one_line_error(runtime):
     plan = across.compiled(X, runtime=runtime).plan
     with Client(runtime) as client:
-        with pytest.raises(TypeError, match=r"argument for buffer \d+ of across has shape \(4, 16\), expected "
+        with pytest.raises(TypeError, match=r"argument 0 of program @across has shape \(4, 16\), expected "
                                             r"\(8, 16\)"):
             client.run(plan, [X[:4]])
         with pytest.raises(TypeError, match="program across takes 1 arrays, got 2"):
             client.run(plan, [X, X])
+        with pytest.raises(TypeError, match=r"^argument 0 of program @across is a PRNG key array \(key<fry>\[8\]\): "
+                                            r"a plan takes a key's data, jax.random.key_data\(key\) "):
+            client.run(plan, [jax.random.split(jax.random.key(0), 8)])
 
 
 def test_a_handle_of_another_dtype_is_refused_at_the_call_as_an_array_is(runtime):
