@@ -3,42 +3,56 @@
 A run's device time is its plan's estimate (`pw.cost` at the device rates, `dialect/device_time.py`,
 scaled by how other plans' measured runs compared with their estimates) until runs of the plan have
 finished; from then on the mean of their measured device time (a moving average of the islands'
-reports).
+reports): of its client's runs of the plan once it has any, as clients may run one plan with arguments
+that take different times (a loop's trip count).
 """
 
 from __future__ import annotations
 
 from .run import Run
 
-_MEASURED_WEIGHT = 0.25   # the weight of a run's measured device time in its plan's moving average
-# A run measured at more than this many times its plan's average counts as having taken that long, in the
-# average and in what it is charged: on a shared machine such a time is mostly the process waiting for a core
-# (runs of 0.7 ms measured at 100-600 ms under load). One of them would otherwise multiply the plan's estimate
-# for dozens of runs, and be one client's charge of hundreds of runs' device time, after which the others get
-# the devices alone until they catch up. A plan whose runs really grow is followed within a few runs.
+_MEASURED_WEIGHT = 0.25   # the weight of a run's measured device time in a moving average
+# A run measured at more than this many times the average of its client's runs of its plan counts as having
+# taken that long, in the averages and in what it is charged: on a shared machine such a time is mostly the
+# process waiting for a core (runs of 0.7 ms measured at 100-600 ms under load). One of them would otherwise
+# multiply the plan's estimate for dozens of runs, and be one client's charge of hundreds of runs' device
+# time, after which the others get the devices alone until they catch up. A plan whose runs really grow is
+# followed within a few runs. The average is the client's own: clients running one plan with different
+# arguments (a loop's trip count) take different times, and capped at a blend of theirs, the client whose
+# runs are longer would be charged a fraction of what they take.
 _OUTLIER = 2.0
 
 
+def _folded(average: float | None, seconds: float) -> float:
+    """Returns a moving average with one more measurement folded in (the measurement, if there was none)."""
+    return seconds if average is None else average + _MEASURED_WEIGHT * (seconds - average)
+
+
 class DeviceTimeEstimates:
-    """The measured device time of each plan, and the factor that scales the estimates of the others."""
+    """The measured device time of each plan and of each client's runs of it, and the factor that scales the
+    estimates of the plans not measured yet."""
 
     def __init__(self):
         self._measured: dict[int, float] = {}          # plan key -> moving average of measured device time
+        self._by_client: dict[int, dict[int, float]] = {}  # plan key -> client -> the same, of its runs
         self._calibration: float | None = None         # moving average of measured over estimated device time
 
-    def record(self, plan_key: int, seconds: float, estimate: float | None = None) -> float:
-        """Folds one run's measured device time (at most `_OUTLIER` times the average) into its plan's moving
-        average, and its ratio to the plan's `estimate` into the factor that scales the estimates of plans not
-        measured yet (so that estimated and measured runs are charged on one scale). Returns the seconds it
-        folded in: what the run is charged."""
-        before = self._measured.get(plan_key)
-        if before is not None:
-            seconds = min(seconds, _OUTLIER * before)
-        self._measured[plan_key] = seconds if before is None else before + _MEASURED_WEIGHT * (seconds - before)
+    def record(self, plan_key: int, seconds: float, estimate: float | None = None,
+               client_id: int | None = None) -> float:
+        """Folds one run's measured device time into its plan's moving average and its client's (at most
+        `_OUTLIER` times the client's average, or the plan's before the client's first run; `client_id` None:
+        a duration injected for the plan, of no client's run), and its ratio to the plan's `estimate` into the
+        factor that scales the estimates of plans not measured yet (so that estimated and measured runs are
+        charged on one scale). Returns the seconds it folded in: what the run is charged."""
+        bound = self._average(plan_key, client_id)
+        if bound is not None:
+            seconds = min(seconds, _OUTLIER * bound)
+        self._measured[plan_key] = _folded(self._measured.get(plan_key), seconds)
+        if client_id is not None:
+            by_client = self._by_client.setdefault(plan_key, {})
+            by_client[client_id] = _folded(by_client.get(client_id), seconds)
         if estimate:
-            ratio = seconds / estimate
-            self._calibration = ratio if self._calibration is None else \
-                self._calibration + _MEASURED_WEIGHT * (ratio - self._calibration)
+            self._calibration = _folded(self._calibration, seconds / estimate)
         return seconds
 
     def measured(self, plan_key: int) -> float | None:
@@ -48,11 +62,25 @@ class DeviceTimeEstimates:
     def forget(self, plan_key: int) -> None:
         """Forgets a plan that nothing runs any more."""
         self._measured.pop(plan_key, None)
+        self._by_client.pop(plan_key, None)
+
+    def forget_client(self, client_id: int) -> None:
+        """Forgets a client that closed, once none of its runs is queued or on the devices."""
+        for by_client in self._by_client.values():
+            by_client.pop(client_id, None)
 
     def of(self, run: Run) -> float:
-        """Returns the device time of a run of its plan: measured if known, else estimated (scaled by how
-        measured runs compared with their estimates)."""
-        measured = self._measured.get(run.key)
+        """Returns the device time of a run of its plan: measured if known (of its client's runs of the plan, if
+        any), else estimated (scaled by how measured runs compared with their estimates)."""
+        measured = self._average(run.key, run.client_id)
         if measured is not None:
             return measured
         return run.cost * (self._calibration or 1.0)
+
+    def _average(self, plan_key: int, client_id: int | None) -> float | None:
+        """Returns the moving average of the measured device time of a client's runs of a plan, or of the
+        plan's runs before the client's first, or None before the plan's first."""
+        by_client = self._by_client.get(plan_key)
+        if by_client is not None and client_id in by_client:
+            return by_client[client_id]
+        return self._measured.get(plan_key)

@@ -24,7 +24,7 @@ scheduler's lock.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
     from .run import Run
@@ -60,13 +60,13 @@ class Policy:
     def arrived(self, run: Run, idle: bool, device_seconds: DeviceSeconds) -> None:
         """Records that `run` was submitted; `idle`: its client had no run queued or on the devices."""
 
-    def admitted(self, run: Run, device_seconds: DeviceSeconds) -> None:
-        """Records that `run` is admitted."""
+    def admitted(self, run: Run, device_seconds: DeviceSeconds, waiting: Iterable[int]) -> None:
+        """Records that `run` is admitted; `waiting`: the clients with runs still queued."""
 
     def retired(self, run: Run, seconds: float) -> None:
         """Records that `run` is over, having taken `seconds` of device time (as its islands measured it, at
-        most twice its plan's average (`runtime/device_estimates.py`), or its plan's estimate if they could
-        not tell)."""
+        most twice the average of its client's runs of the plan (`runtime/device_estimates.py`), or its estimate
+        if they could not tell)."""
 
     def forget(self, client_id: int) -> None:
         """Forgets a client that closed (its runs still in flight may retire after this)."""
@@ -88,11 +88,13 @@ class Share(Policy):
     estimated device time over their weight, and is corrected by what each run measured once it is over
     (so a client is charged the device time its runs took, not what they were expected to take).
 
-    A client new to the policy starts at the virtual start of the latest run admitted. One that was idle
-    (nothing queued or on the devices) starts again no earlier than that, less a credit of one window of
-    its run's estimate: it does not get the devices alone for as long as it paused, and it keeps the
-    corrections of its last runs that took less than estimated (as CFS bounds the credit of a task that
-    wakes up)."""
+    The policy's virtual time (`now`) is the virtual start of the latest run admitted, but never past the
+    virtual time of a client with runs queued: a run admitted out of the policy's order (one holding a
+    reservation, or one that fits where earlier ones do not) may start far ahead of the others. A client new
+    to the policy starts at `now`. One that was idle (nothing queued or on the devices) starts again no
+    earlier than that, less a credit of one window of its run's estimate: it does not get the devices alone
+    for as long as it paused, and it keeps the corrections of its last runs that took less than estimated
+    (as CFS bounds the credit of a task that wakes up)."""
 
     name = "share"
     default_window = 4
@@ -101,7 +103,7 @@ class Share(Policy):
     def __init__(self, window: int | None = None):
         super().__init__(window)
         self.virtual: dict[int, float] = {}      # client -> its virtual time
-        self.now = 0.0                           # the virtual start of the latest run admitted
+        self.now = 0.0                           # the virtual start of the latest run admitted (see above)
 
     def order(self, heads: list[WaitingRun], device_seconds: DeviceSeconds) -> None:
         heads.sort(key=lambda item: (self.virtual.get(item.run.client_id, self.now), item.run.client_id))
@@ -113,12 +115,17 @@ class Share(Policy):
             floor = self.now - self.window * device_seconds(run) / run.weight
             self.virtual[run.client_id] = max(self.virtual[run.client_id], floor)
 
-    def admitted(self, run: Run, device_seconds: DeviceSeconds) -> None:
+    def admitted(self, run: Run, device_seconds: DeviceSeconds, waiting: Iterable[int]) -> None:
         run.charged = device_seconds(run)
         start = self.virtual.get(run.client_id)
         if start is None:
             return          # its client closed (`forget`) with the run queued: nothing is kept for it
-        self.now = max(self.now, start)
+        # As in start-time fair queueing, the virtual time is the start of the run the policy's order would
+        # admit: the smallest among the clients waiting. A run admitted out of that order (a client of weight
+        # 0.001 through a reservation) must not move it to its own far-ahead start, where every newcomer and
+        # every client back from a pause would then start, behind the clients waiting all along.
+        behind = min((self.virtual[client] for client in waiting if client in self.virtual), default=start)
+        self.now = max(self.now, min(start, behind))
         self.virtual[run.client_id] = start + run.charged / run.weight
 
     def retired(self, run: Run, seconds: float) -> None:

@@ -467,7 +467,7 @@ class GangScheduler:
         self._results.hand_over(run)
         self.ledger.take(run.need)
         self._in_flight[run.id] = run
-        self.policy.admitted(run, self.device_seconds)
+        self.policy.admitted(run, self.device_seconds, self._waiting.clients())
         jobs = self._deliver(run, works, inline)
         run.admitted = True
         self._admissions.notify_all()
@@ -512,8 +512,7 @@ class GangScheduler:
 
     def _retire(self, run: Run) -> None:
         """Gives back a run's peak, keeping the bytes of the results still held; records its device time and
-        tells the policy what the run took (a run its islands could not time takes its plan's estimate, once a
-        run of the plan has been timed)."""
+        tells the policy what the run took (`_charge`)."""
         del self._in_flight[run.id]
         if run.error is None:
             run.error = self._failure(run)       # before `keep`: a run that failed on an island has no results
@@ -527,14 +526,18 @@ class GangScheduler:
             run.credit.returned(queued=self._waiting.count > 0)
         else:
             self.ledger.give(run.need)
+        seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]    # handed once: taken if it failed too
+        if run.error is None:
+            self._charge(run, seconds)
         if run.client_id in self._results.gone:
-            self._forget_gone(run.client_id)
-        seconds = [self.islands[i].device_seconds(run.id) for i in run.islands]
-        if run.error is not None:
-            return
+            self._forget_gone(run.client_id)      # after `_charge`, which records the device time of its client
+
+    def _charge(self, run: Run, seconds: list[float | None]) -> None:
+        """Records the device time a run took on each island (`seconds`) and tells the policy what the run took (a
+        run its islands could not time takes its estimate, once a run of the plan has been timed)."""
         if None not in seconds:
             run.device_seconds = sum(seconds)
-            self.policy.retired(run, self.estimates.record(run.key, run.device_seconds, run.cost))
+            self.policy.retired(run, self.estimates.record(run.key, run.device_seconds, run.cost, run.client_id))
             if run.key in self._untimed:
                 self._charge_untimed(run.key)
         elif self.estimates.measured(run.key) is None:
@@ -543,7 +546,7 @@ class GangScheduler:
             if len(self._untimed[run.key]) >= _UNTIMED:
                 self._charge_untimed(run.key)
         else:
-            self.policy.retired(run, self.estimates.of(run))   # untimed: its plan's estimate as it stands
+            self.policy.retired(run, self.estimates.of(run))   # untimed: its estimate as it stands
 
     def _failure(self, run: Run) -> BaseException | None:
         """The error `run` failed with on one of its islands (a launch that raised there), if any: the islands
@@ -560,6 +563,7 @@ class GangScheduler:
         not kept, `HeldResults.keep`): no run of it comes after. Under the lock."""
         if client_id in self._results.gone and self._idle(client_id):
             self._results.gone.discard(client_id)
+            self.estimates.forget_client(client_id)
 
     def forget_plan(self, plan_key: int, lane=None) -> None:
         """A plan nothing holds any more (`Runtime.load`), or one of a lost island (`Runtime.restore_island`): its

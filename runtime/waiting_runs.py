@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
     from .policies import DeviceSeconds, Policy
@@ -57,6 +57,10 @@ class WaitingRuns:
     def has_client(self, client_id: int) -> bool:
         """Whether a run of this client waits."""
         return bool(self._queues.get(client_id))
+
+    def clients(self) -> Iterable[int]:
+        """Returns the clients with runs waiting (an empty queue is dropped, `take` and `remove`)."""
+        return self._queues.keys()
 
     def queues(self) -> Iterator[collections.deque[WaitingRun]]:
         """Yields each client's waiting runs, oldest first."""

@@ -10,6 +10,7 @@ from pathways_mlir.runtime.device_clock import DeviceClock
 from pathways_mlir.runtime.device_estimates import DeviceTimeEstimates
 from pathways_mlir.runtime.policies import Share
 from pathways_mlir.runtime.run import Run
+from pathways_mlir.runtime.waiting_runs import OVERTAKES, WaitingRuns
 
 
 def test_runs_known_exactly_are_timed_one_after_another():
@@ -87,7 +88,7 @@ def test_share_charges_what_runs_measured_not_what_they_were_expected_to_take():
             heads.append(_Head(Run(None, 0, client, (), {}), arrival))
         policy.order(heads, lambda run: 1.0)
         run = heads[0].run
-        policy.admitted(run, lambda run: 1.0)
+        policy.admitted(run, lambda run: 1.0, took)        # both clients have runs queued
         assert run.charged == 1.0
         policy.retired(run, took[run.client_id])
         order.append(run.client_id)
@@ -115,7 +116,7 @@ def _share_order(policy: Share, took: dict[int, float], steps: int, in_flight: i
         run = heads[0].run
         arrival += 1
         queued[run.client_id] = _Head(Run(None, 0, run.client_id, (), {}), arrival)
-        policy.admitted(run, lambda run: 1.0)
+        policy.admitted(run, lambda run: 1.0, queued)
         flying.append(run)
         order.append(run.client_id)
     for run in flying:
@@ -159,9 +160,69 @@ def test_share_keeps_nothing_for_a_closed_client_whose_queued_run_is_admitted_af
     run = Run(None, 0, 1, (), {})
     policy.arrived(run, True, lambda run: 1.0)
     policy.forget(1)                              # client 1 closed with `run` still queued
-    policy.admitted(run, lambda run: 1.0)
+    policy.admitted(run, lambda run: 1.0, ())
     policy.retired(run, 2.0)
     assert policy.virtual == {} and policy.now == 0.0
+
+
+def _share_with_reservations(policy: Share, waiting: WaitingRuns, weights: dict[int, float], steps: int) -> list[int]:
+    """Admits `steps` runs as the scheduler does when every run fits (the head holding the reservation first,
+    then the policy's order), each client in `weights` (client -> weight) keeping one run queued; every run is
+    estimated at 1 s, takes that and is over before the next is admitted. Returns the clients in the order
+    they were admitted."""
+    def one_second(run):
+        return 1.0
+
+    def queue(client):
+        run = Run(None, 0, client, (), {}, weight=weights[client])
+        policy.arrived(run, client not in policy.virtual, one_second)
+        waiting.add(run, None)
+
+    for client in weights:
+        if not waiting.has_client(client):
+            queue(client)
+    order = []
+    for _ in range(steps):
+        item = waiting.heads(policy, one_second)[0]
+        waiting.take(item)
+        policy.admitted(item.run, one_second, waiting.clients())
+        policy.retired(item.run, 1.0)
+        order.append(item.run.client_id)
+        queue(item.run.client_id)
+    return order
+
+
+def test_share_starts_a_newcomer_where_the_queued_clients_are_not_where_a_reserved_run_started():
+    # Client 2's weight is 0.001: each of its runs moves its virtual time 1000 s ahead of clients 0 and 1, so
+    # it is admitted only through the reservation, once every OVERTAKES runs. The run admitted that way starts
+    # far ahead of the clients queued; a client new to the policy must start where they are, not there.
+    policy, waiting = Share(), WaitingRuns()
+    before = _share_with_reservations(policy, waiting, {0: 1.0, 1: 1.0, 2: 0.001}, 5 * OVERTAKES)
+    assert before.count(2) >= 3                     # (reserved runs were admitted)
+    assert policy.now <= min(policy.virtual[0], policy.virtual[1])
+    after = _share_with_reservations(policy, waiting, {0: 1.0, 1: 1.0, 2: 0.001, 3: 1.0}, 5 * OVERTAKES)
+    # Clients 0, 1 and 3 (weight 1 each) take turns; client 2 still gets its run in OVERTAKES.
+    assert abs(after.count(3) - after.count(0)) <= 1 and abs(after.count(3) - after.count(1)) <= 1, \
+        {client: after.count(client) for client in range(4)}
+
+
+def test_a_client_whose_runs_of_a_shared_plan_take_longer_is_charged_what_they_take():
+    # Two clients run plan 7 with different arguments: client 1's runs take 1 ms, client 2's 6 ms. Each run is
+    # bounded by twice its own client's average, not the plan's (which blends both: client 2 would be charged
+    # less than its runs take).
+    estimates = DeviceTimeEstimates()
+    for _ in range(20):
+        estimates.record(7, 1e-3, client_id=1)
+        estimates.record(7, 6e-3, client_id=2)
+    assert estimates.record(7, 1e-3, client_id=1) == pytest.approx(1e-3)
+    assert estimates.record(7, 6e-3, client_id=2) == pytest.approx(6e-3)
+    assert estimates.of(Run(None, 7, 2, (), {})) == pytest.approx(6e-3, rel=0.01)   # what its next run will take
+    # A run of client 2 held up waiting for a core still counts as twice client 2's average.
+    assert estimates.record(7, 0.6, client_id=2) == pytest.approx(2 * 6e-3, rel=0.01)
+    # A client that closed is forgotten; a client's first run of the plan is bounded by the plan's average.
+    estimates.forget_client(2)
+    plan = estimates.measured(7)
+    assert estimates.record(7, 0.6, client_id=2) == pytest.approx(2 * plan)
 
 
 def test_one_run_that_waited_for_a_core_does_not_multiply_its_plans_estimate():

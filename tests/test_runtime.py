@@ -14,6 +14,8 @@ import pytest
 from test_admission_and_lifetimes import cross_island
 
 from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.island import Island
+from pathways_mlir.runtime.run import Run
 from pathways_mlir.runtime.admission import OutOfDeviceMemory
 from pathways_mlir.runtime.runtime import RunCancelled, Runtime
 
@@ -132,6 +134,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
+from pathways_mlir.runtime.island import Island
+from pathways_mlir.runtime.run import Run
 from pathways_mlir.runtime.runtime import Runtime
 
 double = pw.jit(lambda x: x * 2.0, slice=pw.virtual_slice(2, axes="x", island="island0"), in_specs=P("x"),
@@ -259,7 +263,7 @@ def test_shares_follow_client_weights(device_map, plan_builder):
         for r in runs:
             rt.wait(r, timeout=120)
         rt.usage()                                 # retires the runs: each is charged what it measured
-        # Each client's device time as charged (as measured, a run of more than 2x its plan's average at 2x, or
+        # Each client's device time as charged (as measured, a run of more than 2x its client's average at 2x, or
         # its plan's estimate if untimed) over the first 100 runs delivered, while both were backlogged. The runs
         # are short and host-bound here, so they measure differently: their count follows the weights only on
         # average.
@@ -267,6 +271,44 @@ def test_shares_follow_client_weights(device_map, plan_builder):
         charged = {c.id: sum(r.charged for r in runs[c is heavy::2][:delivered[c.id]]) for c in (light, heavy)}
         ratio = charged[heavy.id] / charged[light.id]
         assert 2.5 <= ratio <= 3.5, (delivered, charged)
+    finally:
+        rt.close()
+
+
+def test_share_charges_each_client_what_its_runs_of_one_plan_measured(device_map, plan_builder, monkeypatch):
+    # Two clients run one plan whose runs take 1 ms for one and 6 ms for the other (as with different loop
+    # trip counts), the islands' measurements injected. Each is charged what its runs measured: a run is bounded
+    # by twice its own client's average, not the plan's, which blends both clients' runs.
+    plan = _one_launch(plan_builder, device_map.topology)
+    rt = Runtime(device_map, policy="share", window=1)
+    try:
+        light, heavy = Client(rt, weight=1), Client(rt, weight=1)
+        took = {light.id: 1e-3, heavy.id: 6e-3}
+        client_of = {}                              # run id -> client id
+        measured = Island.device_seconds
+
+        def injected(island, run_id):
+            measured(island, run_id)                # (an island hands a run's time once)
+            return took[client_of[run_id]]
+
+        monkeypatch.setattr(Island, "device_seconds", injected)
+        rt.scheduler.hold()                         # every run is known here before one is over
+        runs = [client.start(plan, [X]) for _ in range(30) for client in (light, heavy)]
+        client_of.update((run.id, run.client_id) for run in runs)
+        rt.scheduler.release()
+        for run in runs:
+            rt.wait(run, timeout=120)
+        rt.usage()                                  # retires the runs: each is charged what it measured
+        heavy_runs = [run for run in runs if run.client_id == heavy.id]
+        assert all(run.device_seconds == 6e-3 for run in heavy_runs)
+        assert sum(run.charged for run in heavy_runs) >= 0.9 * 6e-3 * len(heavy_runs), \
+            [run.charged for run in heavy_runs]
+        assert heavy_runs[-1].charged == pytest.approx(6e-3)
+        # The next run of each client is expected to take what its runs took; a client that closed is forgotten.
+        probe = Run(None, runs[0].key, light.id, (), {})
+        assert rt.scheduler.device_seconds(probe) == pytest.approx(1e-3)
+        light.close()          # (then the plan's average, which the heavy client's runs raise)
+        assert rt.scheduler.device_seconds(probe) == rt.scheduler.estimates.measured(probe.key) > 2e-3
     finally:
         rt.close()
 
