@@ -24,7 +24,8 @@ default one) over its Unix socket, for the full report its owner may see: the sc
 run waits for, each island's runs and what each waits for, each client's
 objects and bytes, the bytes reserved per device, and the connected
 clients; each list of runs shows at most 20 of them and counts the rest
-(`runtime/status.py`, `LISTED`). `--status --address` asks a Ray cluster instead ("auto" or
+(`runtime/status.py`, `LISTED`), also while the service serves its `--max-connections`
+(`max_status_connections` such at once). `--status --address` asks a Ray cluster instead ("auto" or
 host:port): it finds the island actors by name (`pw-island-*` in the
 namespace `pathways`) and prints each island's report; the scheduler's
 queue lives in the process that owns those islands. Either is bounded at
@@ -188,7 +189,7 @@ def _service_status(service_file: str | None, timeout: float) -> str:
         raise ServeError(f"no service is running here (no service file at {path}): start one with pw-serve, "
                          f"or ask a Ray cluster with --status --address")
     try:
-        with open_connection(path, timeout=timeout) as client:
+        with open_connection(path, timeout=timeout, status_only=True) as client:   # also when the service is full
             return str(client.status(full=True))
     except ServiceError as e:
         raise ServeError(str(e)) from None

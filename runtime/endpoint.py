@@ -19,9 +19,13 @@ arrive, never blocking it; each has `handshake_timeout` seconds, at most
 socket, a host on TCP) and `max_pending` in all, the oldest dropped first,
 so a flood of silent connections cannot lock out a client that completes
 its handshake. At most `max_connections` are served at once; the next is
-told so. A served connection that sends nothing for `idle_timeout` seconds
-is dropped (clients send keepalives), and frames are bounded as
-`runtime/wire.py` says before anything is allocated.
+told so, and if it is the service's owner's on the Unix socket, it may
+still ask for the full status (`session.serve_status`), at most
+`max_status_connections` such at once: the operator sees who holds the
+connections exactly when they are all held. A served connection that
+sends nothing for `idle_timeout` seconds is dropped (clients send
+keepalives), and frames are bounded as `runtime/wire.py` says before
+anything is allocated.
 
 After the handshake, each connection is one `Session` (`runtime/session.py`),
 which says the requests it answers.
@@ -49,7 +53,7 @@ from .authentication import AuthenticationError, ServerHandshake, read_key, writ
 from .client import Client
 from .plan_check import check_plan
 from .runtime import Runtime
-from .session import Session
+from .session import Session, serve_status
 from .shared import SharedRef
 from .status import Status
 from .limits import Limits
@@ -100,6 +104,7 @@ class Endpoint:
         self._large = threading.Lock()               # headers over 64 KiB are parsed one at a time
         self._connections: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
+        self._status_threads: set[threading.Thread] = set()   # the connections past the limit, for the status only
         self._closed = False
         # Plans by the SHA-256 of their JSON, shared by every connection, while a connection that loaded one
         # keeps it (weakly here: then the runtime forgets it too, `Runtime._forget_unused`).
@@ -120,7 +125,7 @@ class Endpoint:
         self._waker.send(b"x")
         self._thread.join(timeout)
         with self._lock:
-            connections, threads = list(self._connections), list(self._threads)
+            connections, threads = list(self._connections), [*self._threads, *self._status_threads]
         for connection in connections:
             try:
                 connection.shutdown(socket.SHUT_RDWR)
@@ -274,20 +279,30 @@ class Endpoint:
             self._admit(connection, entry.uid)
 
     def _admit(self, connection: socket.socket, uid: int | None) -> None:
-        """Serves an authenticated connection in its own thread, or tells it the endpoint is full."""
+        """Serves an authenticated connection in its own thread, or tells it the endpoint is full: past
+        `max_connections`, a connection of the service's owner on the Unix socket may still ask for the full
+        status (at most `max_status_connections` such at once), so the operator sees who holds them all."""
         connection.setblocking(True)
         connection.settimeout(self.limits.idle_timeout)
-        thread = threading.Thread(target=self._serve, args=(connection, uid), name="pw-endpoint-connection",
-                                  daemon=True)
+        refusal = f"the service serves its limit of {self.limits.max_connections} connections; try later"
         with self._lock:
             full = len(self._threads) >= self.limits.max_connections
-            if not full and not self._closed:
+            status_only = full and uid == os.getuid() and \
+                len(self._status_threads) < self.limits.max_status_connections
+            served = (status_only or not full) and not self._closed
+            if served:
+                if status_only:
+                    thread = threading.Thread(target=self._serve_status, args=(connection, refusal),
+                                              name="pw-endpoint-status", daemon=True)
+                    self._status_threads.add(thread)
+                else:
+                    thread = threading.Thread(target=self._serve, args=(connection, uid),
+                                              name="pw-endpoint-connection", daemon=True)
+                    self._threads.add(thread)
                 self._connections.add(connection)
-                self._threads.add(thread)
-        if full or self._closed:
+        if not served:
             try:
-                send_message(connection, {"ok": False, "kind": "busy", "error": (
-                    f"the service serves its limit of {self.limits.max_connections} connections; try later")})
+                send_message(connection, {"ok": False, "kind": "busy", "error": refusal})
             except OSError:
                 pass   # gone already
             connection.close()
@@ -298,6 +313,7 @@ class Endpoint:
             with self._lock:
                 self._connections.discard(connection)
                 self._threads.discard(thread)
+                self._status_threads.discard(thread)
             connection.close()
 
     def _serve(self, connection: socket.socket, uid: int | None) -> None:
@@ -324,6 +340,17 @@ class Endpoint:
                     self._clients.discard(client.id)
                 self._connections.discard(connection)
                 self._threads.discard(threading.current_thread())
+
+    def _serve_status(self, connection: socket.socket, refusal: str) -> None:
+        try:
+            serve_status(self, connection, refusal)
+        except Exception:  # noqa: BLE001  (a bad, silent or vanished peer ends only its own connection)
+            pass
+        finally:
+            connection.close()
+            with self._lock:
+                self._connections.discard(connection)
+                self._status_threads.discard(threading.current_thread())
 
 
 def _unix_listener(path: str) -> socket.socket:

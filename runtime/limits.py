@@ -31,6 +31,8 @@ class Limits:
       as `handshake_timeout`);
     - `handshake_timeout`: seconds a new connection has to prove it holds the key (10 s);
     - `max_connections`: connections served at once; the next is told so and closed (64);
+    - `max_status_connections`: past `max_connections`, connections of the service's owner on its Unix socket
+      that may ask for the full status only (`pw-serve --status` while the service is full), at once (4);
     - `max_pending`: handshakes under way at once; past it the oldest is dropped (256);
     - `max_pending_per_peer`: handshakes under way from one peer (a process on the Unix socket, a host
       on TCP); past it that peer's oldest is dropped (16).
@@ -45,6 +47,7 @@ class Limits:
     idle_timeout: float = 120.0
     handshake_timeout: float = 10.0
     max_connections: int = 64
+    max_status_connections: int = 4
     max_pending: int = 256
     max_pending_per_peer: int = 16
 

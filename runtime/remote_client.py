@@ -266,7 +266,9 @@ class RemoteClient:
     `address` is the endpoint's Unix socket path or its TCP `(host, port)`; the key comes from the
     endpoint's `key_path` or is given as bytes (`key`). `timeout` bounds the wait for each reply
     (`DEADLINE` by default; None: no bound); connecting and the handshake wait at
-    most 10 s. `name` is how errors name the service (default: the address).
+    most 10 s. `name` is how errors name the service (default: the address). With `status_only`, a
+    connection the endpoint refuses for its `max_connections` but keeps open for its owner's full status
+    (`session.serve_status`) is taken too: then `status(full=True)` is all it may ask (`self.status_only`).
 
     To the front end it is also the runtime (`pw.connect` makes it the process's
     default): `resources` holds the cluster's topology and version, which programs
@@ -274,7 +276,7 @@ class RemoteClient:
     """
 
     def __init__(self, address, key_path: str | None = None, key: bytes | None = None,
-                 timeout: float | None = DEADLINE, name: str | None = None):
+                 timeout: float | None = DEADLINE, name: str | None = None, status_only: bool = False):
         if (key_path is None) == (key is None):
             raise ValueError("RemoteClient needs the endpoint's key_path or its key (one of them)")
         check_reply_timeout(timeout)
@@ -291,7 +293,8 @@ class RemoteClient:
             self._socket.settimeout(timeout)
             self._reader = FrameReader(self._socket)
             welcome, _ = self._reader.recv()
-            if welcome.get("ok") is not True:
+            self.status_only = welcome.get("ok") is not True and welcome.get("status_only") is True
+            if welcome.get("ok") is not True and not (status_only and self.status_only):
                 raise ServiceError(f"the service at {self.name} refused the connection: "
                                    f"{str(welcome.get('error'))[:200]}")
             self.limits = Limits.from_python(welcome.get("limits"))

@@ -128,8 +128,10 @@ def connect(address: str | None = None, key_path: str | None = None,
 
 
 def open_connection(address: str | None = None, key_path: str | None = None,
-                    timeout: float | None = DEADLINE) -> RemoteClient:
-    """Connects to a service as one client (see `connect`) without making it the default runtime."""
+                    timeout: float | None = DEADLINE, status_only: bool = False) -> RemoteClient:
+    """Connects to a service as one client (see `connect`) without making it the default runtime. With
+    `status_only` (`pw-serve --status`), also while the service serves its limit of connections: then the
+    connection may only ask for the full status (`RemoteClient`)."""
     check_reply_timeout(timeout)
     address = address or default_service_file()
     if re.fullmatch(r"[^:/\\]+:\d+", address):
@@ -142,7 +144,7 @@ def open_connection(address: str | None = None, key_path: str | None = None,
         key_path = key_path or found["key_path"]
         target, where = found["socket"], f"{address} (pid {found['pid']})"
     try:
-        return RemoteClient(target, key_path=key_path, timeout=timeout, name=where)
+        return RemoteClient(target, key_path=key_path, timeout=timeout, name=where, status_only=status_only)
     except FileNotFoundError as error:
         what = "key file" if error.filename == key_path else "socket"
         raise ServiceError(f"no {what} at {error.filename}: is the service at {where} running?") from None

@@ -66,6 +66,13 @@ is `{"ok": true, ...}` or `{"ok": false, "error": "...", "kind": "..."}`
 `permission`; `busy`, or `error` for any other).
 A request the endpoint cannot serve gets an error reply; a frame that breaks
 the format gets one and the connection is dropped.
+
+Past `max_connections`, a connection of the service's owner on its Unix
+socket (at most `max_status_connections` such at once) gets the refusal
+with `"status_only": true` and the limits, and stays open for
+`{"op": "status", "full": true}`, `ping` and `close` only
+(`serve_status`): `pw-serve --status` sees who holds the connections when
+they are all held. Any other request gets the refusal and ends it.
 """
 
 from __future__ import annotations
@@ -99,6 +106,8 @@ FIELDS = {"load": {"plan", "executables"},
           "share": {"handle", "timeout"}, "shared": {"token"}, "objects": set(), "topology": set(),
           "status": {"full"}, "ping": set()}
 _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arrays
+# The only requests a connection past the endpoint's limit may send (`serve_status`), exactly these.
+STATUS_ONLY = ({"op": "status", "full": True}, {"op": "ping"}, {"op": "close"})
 
 _SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
 _PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
@@ -445,6 +454,35 @@ class Session:
 REQUESTS = {"load": Session.load, "run": Session.run, "fetch": Session.fetch, "release": Session.release,
             "cancel": Session.cancel, "share": Session.share, "shared": Session.shared, "objects": Session.objects,
             "topology": Session.topology, "status": Session.status, "ping": Session.release}
+
+
+def serve_status(endpoint: Endpoint, connection: socket.socket, refusal: str) -> None:
+    """Serves a connection of the service's owner past the endpoint's `max_connections`: tells it `refusal`
+    in a welcome saying it may still ask for the full status (`status_only`), then answers the requests of
+    `STATUS_ONLY` until the peer closes, is idle too long or sends any other, which gets `refusal` and ends it.
+    It holds no client: the report lists the connections that hold the endpoint's places, not this one."""
+    limits = endpoint.limits
+    send_message(connection, {"ok": False, "kind": "busy", "error": refusal, "status_only": True,
+                              "limits": limits.to_python()})
+    reader = FrameReader(connection)
+    while True:
+        try:
+            request, arrays = reader.recv(limits, endpoint._large, limits.idle_timeout)
+        except ProtocolError as error:
+            send_message(connection, {"ok": False, "error": str(error)})
+            return
+        if arrays or request not in STATUS_ONLY:
+            send_message(connection, {"ok": False, "kind": "busy",
+                                      "error": f"{refusal}: this connection may ask for the full status only"})
+            return
+        op = request["op"]
+        reply = {"ok": True, "status": endpoint.status()} if op == "status" else {"ok": True}
+        try:
+            send_message(connection, reply, (), limits)
+        except ValueError as error:   # over the endpoint's limits: found before a byte was sent
+            send_message(connection, {"ok": False, "error": f"the reply cannot be sent: {error}", "kind": "error"})
+        if op == "close":
+            return
 
 
 def _computed(value, until: float) -> bool:

@@ -173,3 +173,21 @@ def test_a_status_reply_the_service_cannot_send_is_one_line(device_map, tmp_path
     finally:
         service.close()
         runtime.close()
+
+
+def test_status_is_answered_while_the_service_serves_its_limit_of_connections(device_map, tmp_path):
+    """`pw-serve --status` was refused ("the service serves its limit of 1 connections; try later") exactly when
+    the operator needs to see who holds the connections (found by a fault finder)."""
+    runtime = Runtime(device_map)
+    (tmp_path / "service").mkdir(mode=0o700)
+    service = Service(runtime, service_file=str(tmp_path / "service" / "service.json"),
+                      limits=Limits(max_connections=1))
+    try:
+        with open_connection(service.service_file, timeout=TIMEOUT):
+            [held] = service.endpoint.status()["service"]["connections"]
+            result = status("--service-file", service.service_file, "--timeout", "60")
+            assert result.returncode == 0, result.stderr
+            assert f"1 connected client(s) (ids {held})" in result.stdout, result.stdout
+    finally:
+        service.close()
+        runtime.close()

@@ -3,7 +3,8 @@
 Connections are bounded: a flood of connections that never finish their handshake, from another
 process, does not keep a good client from connecting and running; an oversized length prefix is refused
 without the service's memory growing; a silent connection is dropped after the idle timeout while a
-client that keeps alive keeps its objects; past the connection cap a client is told so. A client sees
+client that keeps alive keeps its objects; past the connection cap a client is told so, and the owner may
+still ask for the full status, on a bounded number of connections. A client sees
 only its own objects in `status`; the full report is the owner's, on the Unix socket. A service file
 that another user owns or others can write is refused. `pw-serve` stops in order on every SIGTERM, under
 load, and exits 0 on SIGINT; a client of a stopped (SIGSTOP) service gets a ServiceError naming it within
@@ -288,6 +289,56 @@ def test_past_the_connection_cap_a_client_is_told(runtime):
                 kept = step.run(X, client=later)                 # held at close, released there
                 np.testing.assert_allclose(np.asarray(kept), WANT, rtol=1e-6)
 
+
+
+def test_past_the_connection_cap_the_owner_may_still_ask_for_the_full_status(runtime):
+    """`pw-serve --status` was refused exactly when the operator needs it, while the service serves its limit of
+    connections (found by a fault finder). Past the cap a client is still refused, but the owner's connection on
+    the Unix socket may ask for the full status, which lists the connections holding the places, and nothing
+    else; such connections are bounded too (`max_status_connections`): past them, and over TCP, the refusal
+    closes the connection."""
+    def connect(address=None, status_only=True):
+        return RemoteClient(address or endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT,
+                            status_only=status_only)
+
+    def no_status_connections():
+        until(lambda: not endpoint._status_threads, "the status-only connections ended", TIMEOUT)
+
+    full_now = "the service serves its limit of 1 connections; try later"
+    refused = "refused the connection: " + full_now
+    with Endpoint(runtime, port=0, limits=Limits(max_connections=1, max_status_connections=2)) as endpoint:
+        with connect(status_only=False) as first:
+            kept = step.run(X, client=first)
+            kept.block_until_ready()
+            [held] = endpoint.status()["service"]["connections"]
+            with pytest.raises(ServiceError, match=refused):
+                connect(status_only=False)                           # a client: refused, as before
+            with connect() as operator:
+                assert operator.status_only
+                for _ in range(2):                                    # answered again and again
+                    full = operator.status(full=True)
+                    assert full["service"]["connections"] == [held] and list(full["clients"]) == [held]
+            asker = connect()
+            with pytest.raises(RemoteError, match=full_now + ": this connection may ask for the full status only"):
+                asker.object_count()
+            asker.close()
+            no_status_connections()
+            kept_open = [connect() for _ in range(2)]
+            try:
+                assert all(c.status_only for c in kept_open)
+                with pytest.raises(ServiceError, match=refused):
+                    connect()                                         # past max_status_connections
+            finally:
+                for c in kept_open:
+                    c.close()
+            with pytest.raises(ServiceError, match=refused):
+                connect(endpoint.tcp_address)                         # over TCP: not the owner's Unix socket
+            no_status_connections()
+            with connect() as operator:                               # the places are free again
+                assert operator.status(full=True)["service"]["connections"] == [held]
+        until(lambda: not endpoint.status()["service"]["connections"], "the connection released", TIMEOUT)
+        with connect() as client:                                     # a place is free: a client's connection
+            assert not client.status_only and client.object_count() == 0
 
 def test_status_shows_a_client_its_own_and_the_owner_everything(runtime):
     with Endpoint(runtime, port=0) as endpoint:
