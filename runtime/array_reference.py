@@ -78,6 +78,7 @@ from jax.experimental.layout import Format
 
 from .executables import ARRAY_TYPE, host_data_array, named_sharding, numpy_dtype
 from .orbax_checkpoints import register_with_orbax
+from .run import Stored
 
 
 def wait_limit(timeout) -> float | None:
@@ -337,6 +338,8 @@ class RunResult(ArrayReference):
             if future is None or not future.done() or future.exception() is not None:
                 return None
             value = future.result()
+            if type(value) is Stored:   # (a cond's result its island's store kept)
+                return ReleasedPlacement(value.sharding)
             return value if type(value) is ARRAY_TYPE else host_data_array()
         island = self._islands.get(plan.island_of(self._buffer))
         if island is None:              # (its island was lost since)

@@ -229,7 +229,10 @@ class Client:
         runtime = self.runtime
         if island is not None:
             runtime.islands[island].release(run.id, buffer)
-        runtime.scheduler.release_result(run, buffer, donated)
+        runtime.scheduler.release_result(run, buffer, donated)   # marks it released: see `keep_host_value`
+        kept = run.on_devices.get(buffer) if run.on_devices and island is None else None
+        if kept is not None:             # a cond's result its host kept on an island's devices
+            runtime.islands[kept[0]].drop_host_value(run.id, buffer)
 
     def share(self, handle: Handle, timeout: float | None = None) -> SharedRef:
         """Returns a read-only reference to one of this client's results, which other clients may pass to

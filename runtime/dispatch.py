@@ -43,7 +43,7 @@ from .dispatch_mode import DispatchMode
 from .executables import ARRAY_TYPE, native_dtype, numpy_dtype
 from .island_work import REFERENCES, RunFailed, debug_checks, raised
 from .limits import MAX_SECONDS
-from .run import Run
+from .run import Run, Stored
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -255,7 +255,10 @@ class Dispatcher:
             raise raised(run.error)
         island = run.island_of(buffer)
         if island is None:
-            return run.host_value(buffer).result(timeout)
+            value = run.host_value(buffer).result(timeout)
+            if type(value) is not Stored:
+                return value
+            island = value.island                   # kept in its store once the run's conds were over
         try:
             return self.runtime.islands[island].fetch(run.id, buffer, timeout)
         except RunFailed:
@@ -297,6 +300,7 @@ class Dispatcher:
                          for i in run.islands if ready.get(i) or inputs.get(i)}
                 if works:
                     self.runtime.scheduler.continue_run(run, works)
+            run.host_steps_over()
             self.runtime.scheduler.continue_run(run, {i: ((), (), True) for i in run.islands})
         except BaseException as error:  # noqa: BLE001  (reported through the run)
             self.runtime.fail_run(run, error)
@@ -317,6 +321,8 @@ class Dispatcher:
                 value = self._value(inner, inner_buffer)
                 island = run.island_of(buffer)
                 if island is None:
+                    if run.parent is None and buffer in run.plan.outputs:      # a handle's: held as results are
+                        self.runtime.keep_on_devices(run, buffer, value)
                     run.settle_host(buffer, value)   # unless the run failed meanwhile (a cancel)
                 else:
                     inputs.setdefault(island, []).append((buffer, value))
@@ -350,6 +356,7 @@ class Dispatcher:
                     self._produced(run, b)                  # the peer's send has arrived (the receiver asks
                                                             # for it once it has the step: Ray's data plane)
             if plan.host_steps:
+                run.host_steps_over()
                 self.runtime.scheduler.continue_run(run, {i: ((), (), True) for i in run.islands})
         except BaseException as error:  # noqa: BLE001
             self.runtime.fail_run(run, error)

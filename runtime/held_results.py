@@ -77,15 +77,17 @@ class HeldResults:
                 self.ledger.give(held[1])
 
     def keep(self, run: Run) -> None:
-        """`run` is over: reserves the bytes of each of its results that a live handle still holds. A cond's
-        branch run (`run.parent`) keeps nothing: its results lie within its parent's reservation, and its
-        cond's thread releases them before the parent goes on."""
+        """`run` is over: reserves the bytes of each of its results that a live handle still holds (a cond's
+        result that the host kept on an island's devices too: `Run.on_devices`). A cond's branch run
+        (`run.parent`) keeps nothing: its results lie within its parent's reservation, and its cond's thread
+        releases them before the parent goes on."""
         if run.error is not None or run.client_id in self.gone or run.parent is not None:
             return
+        on_devices = run.on_devices or {}
         for buffer in run.plan.distinct_outputs:
             if buffer in run.released:
                 continue
-            need = result_need(run.plan, buffer)
+            need = on_devices[buffer][1] if buffer in on_devices else result_need(run.plan, buffer)
             if need:
                 self.ledger.take(need)
                 self.held[(run.id, buffer)] = (run.client_id, need)

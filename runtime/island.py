@@ -75,7 +75,7 @@ from .executables import CONTEXT_MESH, ExecutableCache, make_mesh, without_conte
 from .island_executor import AWAIT_PAUSE, IN_FLIGHT, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
 from .island_work import (ORDER_HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
-                          computed, debug_checks, host_arrays_copied, raised, waits_for)
+                          client_owner, computed, debug_checks, host_arrays_copied, raised, waits_for)
 from .object_store import ObjectStore
 from .status import first_listed, unreachable
 from .tracing import Tracer
@@ -380,6 +380,20 @@ class Island(IslandExecutor):
         with self.lock:
             if not self.store.release(key) and run_id not in self._failed and run_id not in self._in_flight:
                 self._dropped.add(key)
+
+    def keep_host_value(self, run, buffer: int, array) -> None:
+        """Keeps `array`, on devices here, as result `buffer` of `run` (a dispatcher's `Run`) for its client: a
+        value its host keeps (`Runtime.keep_on_devices`). Not once the run failed here, nor once its handle was
+        released: `Client.release` marks `run.released` before it looks for the value here, and this looks
+        under the lock, so the value is dropped either way (embedded islands only)."""
+        with self.lock:
+            if run.id not in self._failed and buffer not in run.released:
+                self.store.add((run.id, buffer), client_owner(run.client_id), array)
+
+    def drop_host_value(self, run_id: int, buffer: int) -> None:
+        """Drops a value `keep_host_value` kept, if it did (its handle was released)."""
+        with self.lock:
+            self.store.release((run_id, buffer))
 
     def release_owner(self, owner: Hashable) -> int:
         """Drops every result of `owner`; returns how many."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from concurrent.futures import Future, InvalidStateError
-from typing import Any
+from typing import Any, NamedTuple
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
@@ -21,12 +21,20 @@ from .island_work import UNCHECKED
 _run_ids = itertools.count()
 
 
+class Stored(NamedTuple):
+    """A host buffer's value once the run's host steps are over and an island's store keeps the array for its
+    handle (`Run.on_devices`): read from there, and where it lies."""
+
+    island: str
+    sharding: Any
+
+
 class Run:
     """A program run started by one client (a plain class: one is made per call, so it is cheap)."""
 
     __slots__ = ("plan", "key", "client_id", "islands", "need", "weight", "cost", "id", "admitted", "error",
                  "released", "host", "parent", "donations", "deadline", "reads", "credit", "charged", "device_seconds",
-                 "retired", "branch", "checks", "__weakref__")
+                 "retired", "branch", "checks", "on_devices", "__weakref__")
 
     def __init__(self, plan: ProgramPlan, key: int, client_id: int, islands: tuple[str, ...], need: dict,
                  weight: float = 1.0, cost: float = 1.0, parent: "Run | None" = None):
@@ -55,6 +63,9 @@ class Run:
                                           # cancelled while queued)
         # The JAX debug checks its launches make: those of the call that started it, or its parent's.
         self.checks = UNCHECKED if parent is None else parent.checks
+        # Host buffers whose arrays lie on an island's devices, where its store keeps them for their handles (a
+        # pw.cond's result the program returns as it is: `Runtime.keep_on_devices`): buffer -> (island, need).
+        self.on_devices: dict[int, tuple[str, dict]] | None = None
 
     def host_value(self, buffer: int) -> Future:
         """Returns the future of a host buffer's value (made the first time it is asked for)."""
@@ -71,6 +82,17 @@ class Run:
                 future.set_exception(error)
         except InvalidStateError:
             pass
+
+    def host_steps_over(self) -> None:
+        """Its host steps (its conds) are over: the values an island's store keeps for its handles
+        (`on_devices`) are read from there from now on, and the host lets go of them, so that releasing a
+        handle (or closing its client) frees their devices."""
+        for buffer, (island, _) in (self.on_devices or {}).items():
+            future = self.host.get(buffer)
+            if future is not None and future.done() and future.exception() is None:
+                stored: Future = Future()
+                stored.set_result(Stored(island, future.result().sharding))
+                self.host[buffer] = stored
 
     def leave_parent(self) -> None:
         """This branch run is over (retired, or cancelled before it was admitted): its parent, which is over only

@@ -24,6 +24,7 @@ from .admission import MemoryLedger
 from .backends import BACKENDS, backend_named
 from .cluster import MAX_HOST_DEVICES, DeviceMap, prepare_host_devices
 from .dispatch import LoadedPlan
+from .executables import ARRAY_TYPE
 from .fast_lane import FastLane
 from .handles import release_dropped
 from .island_work import IslandLost, RunCancelled, client_owner, raised
@@ -268,6 +269,34 @@ class Runtime:
             if island is not None:
                 self.islands[island].release(run.id, buffer)
             self.scheduler.release_result(run, buffer)
+
+    def keep_on_devices(self, run: Run, buffer: int, value) -> None:
+        """`value` is the array of a `pw.cond`'s result that `run` returns as it is (a host buffer, its cond's
+        thread settles it next): where it lies on an island's devices (the embedded backend), that island's
+        store keeps it for the run's client, as a result (`client.objects()`, `status()`), and once the run is
+        over its bytes are held for its handle (`HeldResults.keep`) until the handle is released or the client
+        closes. On Ray the host keeps a NumPy copy, which no device holds."""
+        if not self.islands.in_process or type(value) is not ARRAY_TYPE:
+            return
+        per_device = {shard.device: shard.data.nbytes for shard in value.addressable_shards}
+        for island, devices in self.resources.device_map.devices.items():
+            if per_device.keys() <= set(devices):
+                break
+        else:
+            return                               # on devices of no one island (a program argument returned)
+        ranges: list[tuple[int, int, int]] = []
+        for index, device in enumerate(devices):
+            nbytes = per_device.get(device)
+            if nbytes is None:
+                continue
+            if ranges and ranges[-1][1] == index and ranges[-1][2] == nbytes:
+                ranges[-1] = (ranges[-1][0], index + 1, nbytes)
+            else:
+                ranges.append((index, index + 1, nbytes))
+        if run.on_devices is None:
+            run.on_devices = {}
+        run.on_devices[buffer] = (island, {island: ranges})   # first: a release from now on drops it there
+        self.islands[island].keep_host_value(run, buffer, value)
 
     def fail_run(self, run: Run, error: BaseException) -> None:
         """Fails a run on every island it uses: whatever reads its buffers (host ones too) raises `error`. A run

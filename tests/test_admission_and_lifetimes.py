@@ -337,3 +337,131 @@ def test_launch_steps_are_a_tagged_union(runtime, plan_builder):
     plan, _ = one_step(plan_builder, runtime.resources.topology)
     [launch] = [s for s in plan.islands["island0"] if isinstance(s, Launch)]
     assert launch.consumed() == plan.inputs and launch.produced() == plan.outputs
+
+
+def _cond_programs():
+    """A program that returns a pw.cond's result as it is (the host keeps it: no device computation uses it), on
+    device 0 of island1, and one whose branch returns its operand as it is (a copy on island0)."""
+    import pathways_mlir as pw
+
+    on1 = pw.virtual_slice(1, axes="x", island="island1")
+    on0 = pw.virtual_slice(1, axes="x", island="island0")
+    grow = pw.jit(lambda x: jnp.tile(x, (4, 1)) * 2.0, slice=on1)      # (32, 16) f32: 2048 bytes
+    bump = pw.jit(lambda y: y + 1.0, slice=on1)
+    keep = pw.jit(lambda y: y * 1.0, slice=on1)
+    positive = pw.jit(lambda x: x.sum() > 0, slice=on1)
+    twice0 = pw.jit(lambda x: jnp.tile(x, (4, 1)) * 2.0, slice=on0)
+
+    @pw.program
+    def computed(x):
+        return pw.cond(positive(x), bump, keep, grow(x))
+
+    @pw.program
+    def passed_through(x):
+        return pw.cond(positive(x), lambda y: y, lambda y: y, twice0(x))
+
+    return {"computed": (computed, ("island1", 0), np.tile(X, (4, 1)) * 2.0 + (X.sum() > 0)),
+            "passed_through": (passed_through, ("island0", 0), np.tile(X, (4, 1)) * 2.0)}
+
+
+RESULT = 32 * 16 * 4                 # one result of the cond programs: bytes on its device
+
+
+def _all_retired(rt, timeout=60):
+    """Waits until the scheduler has retired every run (a cond's parent only once its branch is, which may be
+    a look later), so the ledger holds results' bytes alone."""
+    deadline = time.monotonic() + timeout
+    while rt.usage() is not None and rt.status()["scheduler"]["admitted_count"]:
+        assert time.monotonic() < deadline, "runs were not retired within 60 s"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+@pytest.mark.parametrize("kind", ["computed", "passed_through"])
+def test_a_cond_result_returned_as_it_is_is_held_by_its_handle_until_released(device_map, dispatch, kind):
+    """A pw.cond's result that a program returns as it is stays on the devices its branch left it on: like
+    any result, the ledger holds its bytes there while its handle lives (`usage`, `status().reserved`), its
+    client owns it (`objects`, `status().clients`), and a release gives both back and frees its devices
+    at once (the host lets go of the array, though the released handle lives on). Before, the ledger and
+    the client counted none of it, and the host held the array while its run lived."""
+    import gc
+    import weakref
+
+    program, device, want = _cond_programs()[kind]
+    rt = Runtime(device_map)
+    try:
+        with Client(rt) as client:
+            h = program.run(X, client=client, dispatch=dispatch)
+            np.testing.assert_allclose(np.asarray(h), want)
+            client.wait(h._run, timeout=60)
+            _all_retired(rt)
+            np.testing.assert_allclose(np.asarray(h.result(timeout=60)), want)   # read once its run is over
+            assert {k: v for k, v in rt.usage().items() if v} == {device: RESULT}
+            assert len(client.objects()) == 1 and rt.object_count() == 1
+            status = rt.status()
+            assert status["reserved"][device[0]][device[1]] == RESULT
+            assert status["clients"] == {client.id: {"objects": 1, "bytes": RESULT}}
+            array = weakref.ref(h.result())
+            sharding = h.sharding
+            h.delete()
+            gc.collect()
+            assert array() is None
+            assert h.sharding == sharding         # as a deleted JAX array says it
+            assert sum(rt.usage().values()) == 0 and client.objects() == [] and rt.object_count() == 0
+    finally:
+        rt.close()
+
+
+def test_live_cond_results_that_fill_the_devices_refuse_the_next_run(device_map):
+    """Admission counts the cond results that live handles hold, as it counts other results: at a capacity a
+    byte short of a run's peak beside three results, the fourth run while three results live fails with
+    OutOfDeviceMemory naming them, and one runs again once one is released. Before, any number ran, holding
+    more than the device has."""
+    program, _, want = _cond_programs()["computed"]
+    probe = Runtime(device_map)
+    try:
+        peak = program.lower(X).compile(runtime=probe).memory_analysis().peak_memory_in_bytes   # a run's need
+    finally:
+        probe.close()
+    rt = Runtime(device_map, device_memory_bytes=peak + 3 * RESULT - 1)
+    try:
+        with Client(rt) as client:
+            held = []
+            for _ in range(3):
+                held.append(program.run(X, client=client))
+                np.testing.assert_allclose(np.asarray(held[-1].result(timeout=60)), want)
+            for h in held:
+                client.wait(h._run, timeout=60)
+            _all_retired(rt)
+            with pytest.raises(OutOfDeviceMemory, match=f"client {client.id} holds 3 object"):
+                program.run(X, client=client).result(timeout=60)
+            held.pop().delete()
+            np.testing.assert_allclose(np.asarray(program.run(X, client=client).result(timeout=60)), want)
+    finally:
+        rt.close()
+
+
+def test_closing_a_client_gives_back_the_cond_results_it_held(device_map):
+    """Closing a client releases its cond results as its other results: their bytes, its objects, and the
+    arrays themselves, though its handles live on."""
+    import gc
+    import weakref
+
+    program, _, want = _cond_programs()["computed"]
+    rt = Runtime(device_map)
+    try:
+        client = Client(rt)
+        handles = [program.run(X, client=client) for _ in range(3)]
+        arrays = [weakref.ref(h.result(timeout=60)) for h in handles]
+        for h in handles:
+            client.wait(h._run, timeout=60)
+        _all_retired(rt)
+        assert sum(rt.usage().values()) == 3 * RESULT and rt.object_count() == 3
+        client.close()
+        gc.collect()
+        assert sum(rt.usage().values()) == 0 and rt.object_count() == 0
+        assert [a() for a in arrays] == [None] * 3
+        with pytest.raises(ValueError, match="closed"):
+            np.asarray(handles[0])
+    finally:
+        rt.close()

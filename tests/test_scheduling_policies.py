@@ -251,8 +251,9 @@ def test_a_conds_branch_run_is_not_queued_behind_its_clients_later_runs(plan_bui
 
     def peak(loaded):
         return max(nbytes for ranges in loaded.need.values() for _, _, nbytes in ranges)
-    capacity = max(peak(route) + peak(branch), peak(after))
-    assert capacity < peak(route) + peak(after)           # the next run fits alone, not beside the cond program
+    held = x.nbytes // 2                                  # per device: the cond's result, which `out` holds
+    capacity = max(peak(route) + peak(branch), peak(after) + held)
+    assert capacity < peak(route) + peak(after)           # the next run fits beside that, not beside the program
     rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=capacity)
     try:
         with Client(rt) as client:
@@ -267,9 +268,10 @@ def test_a_conds_branch_run_is_not_queued_behind_its_clients_later_runs(plan_bui
 
 
 def test_cond_programs_that_each_fit_without_their_branch_do_not_wait_for_each_other_for_ever():
-    # One island of 2 devices: two cond programs fit together, each beside its branch run, not both beside
-    # both branches. Each parent was admitted alone, its branch run waited for memory the other held, and
-    # neither went on; a parent's need now counts its largest branch's, so the second waits for the first.
+    # One island of 2 devices: two cond programs fit together, and one beside its branch run and the other's
+    # result, not both beside a branch. Each parent was admitted alone, its branch run waited for memory the
+    # other held, and neither went on; a parent's need now counts its largest branch's, so the second waits for
+    # the first.
     x = np.arange(4096, dtype=np.float32)
     rt = Runtime(embedded_device_map(1, 2))
     try:
@@ -279,8 +281,9 @@ def test_cond_programs_that_each_fit_without_their_branch_do_not_wait_for_each_o
         rt.close()
     own, with_branch = max(n for _, _, n in route.plan.peak("island0")), max(n for _, _, n in route.need["island0"])
     assert with_branch == own + max(n for _, _, n in branch.need["island0"])
-    capacity = 2 * own + (with_branch - own) // 2          # both parents, not both beside a branch
-    assert with_branch <= capacity
+    held = x.nbytes // 2                                   # per device: a program's result, which its handle holds
+    capacity = with_branch + held                          # one program beside the other's result
+    assert capacity < own + with_branch                    # both parents, not both beside a branch
     rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=capacity)
     try:
         with Client(rt) as one, Client(rt) as other:
@@ -352,7 +355,8 @@ def test_a_cond_program_holds_its_reservation_till_its_branch_is_over(dispatch):
         need = max(n for _, _, n in rt.load(_route_by.compiled(True, x, runtime=rt).plan).need["island0"])
     finally:
         rt.close()
-    rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=need)
+    # Room for one program beside the other's result (half of x per device), which its handle holds.
+    rt = Runtime(embedded_device_map(1, 2), device_memory_bytes=need + x.nbytes // 2)
     island, scheduler = rt.islands["island0"], rt.scheduler
     outs, calls = [], []
     try:

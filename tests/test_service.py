@@ -391,6 +391,42 @@ client.close()
         assert baseline(wait_status(observer, baseline)), observer.status(full=True)
 
 
+def test_a_cond_result_returned_through_the_service_is_held_until_dropped(service):
+    """A pw.cond's result that a program returns as it is, held by a remote handle, is one of the client's
+    objects on the service (its status counts its bytes), and dropping the handle gives it back, leaving the
+    service as it was. Before, the service counted none of it while the array lay on its devices."""
+    _, service_file, _ = service
+    snippet = """
+import gc, sys
+import jax.numpy as jnp
+import numpy as np
+import pathways_mlir as pw
+client = pw.connect(sys.argv[1])
+on1 = pw.virtual_slice(1, axes="x", island="island1")
+grow = pw.jit(lambda v: jnp.tile(v, 4) * 2.0, slice=on1)
+positive = pw.jit(lambda v: v.sum() > 0, slice=on1)
+bump = pw.jit(lambda y: y + 1.0, slice=on1)
+keep = pw.jit(lambda y: y * 1.0, slice=on1)
+@pw.program
+def chosen(v):
+    return pw.cond(positive(v), bump, keep, grow(v))
+for _ in range(3):
+    y = chosen(np.ones(256, np.float32))
+    value = np.asarray(y.result(timeout=60))[:2].tolist()
+    print(value, client.object_count(), list(client.status()["clients"].values()))
+    del y
+    gc.collect()
+    print(client.object_count())
+client.close()
+"""
+    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "[3.0, 3.0] 1 [{'objects': 1, 'bytes': 4096}]\n0\n" * 3
+    with open_connection(str(service_file), timeout=60) as observer:
+        assert baseline(wait_status(observer, baseline)), observer.status(full=True)
+
+
 def test_a_host_callback_is_refused_through_the_service_in_one_line(service):
     """A placed function that calls back to the host (jax.debug.print) stays in the process that traced it
     (jax.export cannot serialise it): the service's islands, in another process, cannot run it, and the client
