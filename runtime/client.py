@@ -37,14 +37,18 @@ MIN_WEIGHT = 1e-6
 _CLOSE_TIMEOUT = 60.0    # seconds close() waits for the client's runs under way before releasing anyway
 
 
+def check_weight(weight) -> None:
+    """Raises ValueError in one line unless `weight` is a number from `MIN_WEIGHT` to its inverse."""
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not MIN_WEIGHT <= weight <= 1 / MIN_WEIGHT:
+        raise ValueError(f"a client's weight must be a number from {MIN_WEIGHT:g} to {1 / MIN_WEIGHT:g}, not "
+                         f"{weight!r:.40}")
+
+
 class Client:
     """One user of the cluster, with its own objects and scheduling weight."""
 
     def __init__(self, runtime: Runtime | None = None, weight: float = 1.0):
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or \
-                not MIN_WEIGHT <= weight <= 1 / MIN_WEIGHT:
-            raise ValueError(f"a client's weight must be a number from {MIN_WEIGHT:g} to {1 / MIN_WEIGHT:g}, not "
-                             f"{weight!r:.40}")
+        check_weight(weight)
         self.runtime = runtime or get_runtime()
         if not isinstance(self.runtime, Runtime):
             raise ValueError("this process is a client of a service (pw.connect): its connection is its "
@@ -56,6 +60,12 @@ class Client:
         self._active: collections.deque[weakref.ref[Run]] = collections.deque()    # (`_remember`)
         self._shared: set[tuple[int, int]] = set()   # the results this client shared (never donated)
         self._lock = threading.Lock()
+
+    def set_weight(self, weight: float) -> None:
+        """Sets the client's weight (from 1e-6 to 1e6) for its runs started from now on: its share under the
+        `share` policy (a service's session sets it for a remote client that asks)."""
+        check_weight(weight)
+        self.weight = self._dispatcher.weight = weight
 
     @property
     def owner(self) -> tuple[str, int]:

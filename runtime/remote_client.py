@@ -54,6 +54,7 @@ from pathways_mlir.dialect.topology import Topology
 from .admission import OutOfDeviceMemory
 from .array_reference import ArrayReference, Reference, wait_limit
 from .authentication import client_handshake, read_key
+from .client import check_weight
 from .dispatch import narrowed, taken_as
 from .dispatch_mode import DispatchMode
 from .executables import ARRAY_TYPE, numpy_dtype
@@ -266,7 +267,8 @@ class RemoteClient:
     `address` is the endpoint's Unix socket path or its TCP `(host, port)`; the key comes from the
     endpoint's `key_path` or is given as bytes (`key`). `timeout` bounds the wait for each reply
     (`DEADLINE` by default; None: no bound); connecting and the handshake wait at
-    most 10 s. `name` is how errors name the service (default: the address). With `status_only`, a
+    most 10 s. `name` is how errors name the service (default: the address). `weight` (from 1e-6 to 1e6) is
+    the client's share under the service's `share` policy, as `pw.Client`'s. With `status_only`, a
     connection the endpoint refuses for its `max_connections` but keeps open for its owner's full status
     (`session.serve_status`) is taken too: then `status(full=True)` is all it may ask (`self.status_only`).
 
@@ -276,7 +278,9 @@ class RemoteClient:
     """
 
     def __init__(self, address, key_path: str | None = None, key: bytes | None = None,
-                 timeout: float | None = DEADLINE, name: str | None = None, status_only: bool = False):
+                 timeout: float | None = DEADLINE, name: str | None = None, status_only: bool = False,
+                 weight: float = 1.0):
+        check_weight(weight)
         if (key_path is None) == (key is None):
             raise ValueError("RemoteClient needs the endpoint's key_path or its key (one of them)")
         check_reply_timeout(timeout)
@@ -327,6 +331,12 @@ class RemoteClient:
         self.resources = ServiceTopology(self)
         self._keepalive = threading.Thread(target=self._keep_alive, name="pw-remote-keepalive", daemon=True)
         self._keepalive.start()
+        if weight != 1.0:
+            try:
+                self._call({"op": "weight", "weight": weight})
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def runtime(self) -> "RemoteClient":

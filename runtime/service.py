@@ -28,6 +28,7 @@ import socket
 import stat
 
 from .authentication import write_private
+from .client import check_weight
 from .endpoint import Endpoint
 from .limits import Limits
 from .remote_client import DEADLINE, RemoteClient, ServiceError, check_reply_timeout
@@ -114,25 +115,27 @@ class Service:
 
 
 def connect(address: str | None = None, key_path: str | None = None,
-            timeout: float | None = DEADLINE) -> RemoteClient:
+            timeout: float | None = DEADLINE, weight: float = 1.0) -> RemoteClient:
     """Attaches this process to a service as one client and makes it the default runtime; returns the client.
 
     `address` is a service file (default: `default_service_file()`) or `"host:port"` (TCP) with the
     endpoint's `key_path`. `timeout` bounds the wait for each reply (default 120 s; None: no bound): a
-    service that stops answering is a ServiceError naming it within that time. Programs called here from
-    now on run on the service, until `client.close()` or `pw.configure(...)`.
+    service that stops answering is a ServiceError naming it within that time. `weight` (from 1e-6 to 1e6)
+    is this client's share under the service's `share` policy, as `pw.Client(weight=...)`'s in a process.
+    Programs called here from now on run on the service, until `client.close()` or `pw.configure(...)`.
     """
-    client = open_connection(address, key_path, timeout)
+    client = open_connection(address, key_path, timeout, weight=weight)
     connect_default(client)
     return client
 
 
 def open_connection(address: str | None = None, key_path: str | None = None,
-                    timeout: float | None = DEADLINE, status_only: bool = False) -> RemoteClient:
+                    timeout: float | None = DEADLINE, status_only: bool = False, weight: float = 1.0) -> RemoteClient:
     """Connects to a service as one client (see `connect`) without making it the default runtime. With
     `status_only` (`pw-serve --status`), also while the service serves its limit of connections: then the
     connection may only ask for the full status (`RemoteClient`)."""
     check_reply_timeout(timeout)
+    check_weight(weight)
     address = address or default_service_file()
     if re.fullmatch(r"[^:/\\]+:\d+", address):
         if key_path is None:
@@ -144,7 +147,8 @@ def open_connection(address: str | None = None, key_path: str | None = None,
         key_path = key_path or found["key_path"]
         target, where = found["socket"], f"{address} (pid {found['pid']})"
     try:
-        return RemoteClient(target, key_path=key_path, timeout=timeout, name=where, status_only=status_only)
+        return RemoteClient(target, key_path=key_path, timeout=timeout, name=where, status_only=status_only,
+                            weight=weight)
     except FileNotFoundError as error:
         what = "key file" if error.filename == key_path else "socket"
         raise ServiceError(f"no {what} at {error.filename}: is the service at {where} running?") from None

@@ -45,6 +45,8 @@ why it will not serve). Requests, one frame each:
   only; `full: true`, every client's and the connections, is for the
   service's owner (its own user, on the Unix socket); either lists at most
   `status.LISTED` runs per list and counts them all, so it fits a header;
+- `weight` {weight}: the connection's client's weight from now on (its
+  share under the `share` policy; `pw.connect(weight=...)` sends it);
 - `objects`: how many objects this connection owns; `ping`; `release`;
   `close` (answered at once; the connection's objects are released and its
   place among the endpoint's `max_connections` freed after it, once its runs
@@ -104,7 +106,7 @@ FIELDS = {"load": {"plan", "executables"},
           "run": {"name", "version", "dispatch", "args", "timeout", "keys", "progress"},
           "fetch": {"handle", "token", "timeout", "value"}, "release": set(), "cancel": {"handle"},
           "share": {"handle", "timeout"}, "shared": {"token"}, "objects": set(), "topology": set(),
-          "status": {"full"}, "ping": set()}
+          "status": {"full"}, "ping": set(), "weight": {"weight"}}
 _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arrays
 # The only requests a connection past the endpoint's limit may send (`serve_status`), exactly these.
 STATUS_ONLY = ({"op": "status", "full": True}, {"op": "ping"}, {"op": "close"})
@@ -378,6 +380,12 @@ class Session:
         first, and any request shows the connection is not idle."""
         return {}, []
 
+    def weight(self, request: dict, arrays) -> tuple[dict, list]:
+        """Sets this connection's client's weight (`Client.set_weight`: its share under the `share` policy) for
+        its runs from now on."""
+        self.client.set_weight(request.get("weight"))
+        return {}, []
+
     def objects(self, request: dict, arrays) -> tuple[dict, list]:
         """Counts the objects this connection's client owns."""
         return {"count": len(self.client.objects())}, []
@@ -453,7 +461,8 @@ class Session:
 # (never, in an idle service).
 REQUESTS = {"load": Session.load, "run": Session.run, "fetch": Session.fetch, "release": Session.release,
             "cancel": Session.cancel, "share": Session.share, "shared": Session.shared, "objects": Session.objects,
-            "topology": Session.topology, "status": Session.status, "ping": Session.release}
+            "topology": Session.topology, "status": Session.status, "ping": Session.release,
+            "weight": Session.weight}
 
 
 def serve_status(endpoint: Endpoint, connection: socket.socket, refusal: str) -> None:

@@ -1148,3 +1148,29 @@ def test_orbax_v1_saves_a_services_handles_fetching_each_value_once(runtime, tmp
         want = saved(arrays)
         assert saved(ocp.v1.load(tmp_path / "arrays", arrays)) == want
         assert saved(ocp.v1.load(tmp_path / "save", state)) == saved(ocp.v1.load(tmp_path / "save")) == want
+
+
+def test_a_remote_client_runs_with_the_weight_it_connects_with():
+    """`pw.connect` took no weight: every connection of a service had weight 1, so `pw-serve --policy share`
+    could only give its clients equal shares (found by a fault finder)."""
+    runtime = Runtime(embedded_device_map(1, 2), policy="share")
+    admitted = []                                # (client id, weight) of each run the policy admits
+    policy = runtime.scheduler.policy
+    record = policy.admitted
+    policy.admitted = lambda run, *rest: (admitted.append((run.client_id, run.weight)), record(run, *rest))[1]
+    double = pw.jit(lambda x: 2 * x, slice=pw.virtual_slice(1, axes="d"))
+    try:
+        with Endpoint(runtime) as endpoint:
+            with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT, weight=3.0) as heavy, \
+                    RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT) as plain:
+                for client in (heavy, plain, heavy):
+                    np.testing.assert_array_equal(np.asarray(double.compiled(X, runtime=client)(X)), 2 * X)
+                with pytest.raises(RemoteError, match=r"^a client's weight must be a number from 1e-06 to 1e\+06, "
+                                                      r"not 'much'$"):
+                    plain._call({"op": "weight", "weight": "much"})      # as a hostile peer would send it
+            with pytest.raises(ValueError, match="a client's weight must be a number from 1e-06 to 1e"):
+                RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT, weight=0)
+    finally:
+        runtime.close()
+    [(heavy_id, three), (plain_id, one), again] = admitted
+    assert (three, one) == (3.0, 1.0) and heavy_id != plain_id and again == (heavy_id, 3.0)
