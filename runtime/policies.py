@@ -10,8 +10,9 @@ parsed once, by `parse_policy`, into one of these objects:
 - `deadline`: earliest deadline first (a run's deadline is its `timeout=`; runs without one go after
   those with one, in arrival order).
 
-Every policy but `fifo` admits at most `window` runs onto the devices at a time (the runs queued
-beyond it are the ones the policy orders); each class's `default_window` gives its default.
+Every policy but `fifo` admits at most `window` runs onto each island's devices at a time (a run takes a
+place on every island it uses; the runs queued beyond the windows are the ones the policy orders); each
+class's `default_window` gives its default.
 
 The scheduler tells a policy when a run arrives (`arrived`, for a policy that `follows_arrivals`:
 `share` moves a client back from a pause up to the others), asks it in which order to look at the
@@ -37,7 +38,7 @@ class Policy:
     """The order in which queued runs are admitted, and the window of admitted runs it orders beyond."""
 
     name: ClassVar[str]
-    # Admitted runs that may be on the devices at once (None: no window). Two keeps an island's
+    # Admitted runs that may be on one island's devices at once (None: no window). Two keeps an island's
     # executor fed (one run executing, the next queued behind it) while a short run waits for at most those.
     default_window: ClassVar[int | None]
 
@@ -46,7 +47,8 @@ class Policy:
 
     @property
     def windowed(self) -> bool:
-        """Whether at most `window` admitted runs are on the devices at a time (all policies but fifo)."""
+        """Whether at most `window` admitted runs are on each island's devices at a time (all policies but
+        fifo)."""
         return self.window is not None
 
     def order(self, heads: list[WaitingRun], device_seconds: DeviceSeconds) -> None:

@@ -57,9 +57,9 @@ class Runtime:
     goes to the node offering the resource `pw-island-<island>`.
     `device_memory_bytes` overrides each device's memory for admission.
     `policy` ("fifo", "share", "sjf" or "deadline") and `window` (how many
-    admitted runs may be on the devices under a policy other than fifo;
-    default 4 for share, 2 for sjf and deadline) are the gang scheduler's
-    (`scheduler.py`, `policies.py`).
+    admitted runs may be on each island's devices under a policy other than
+    fifo; default 4 for share, 2 for sjf and deadline) are the gang
+    scheduler's (`scheduler.py`, `policies.py`).
     `islands` x `per_island` CPU devices (both, or neither: `PW_CLUSTER`,
     default 2x4) is the cluster's shape; `device_map` (embedded) gives the
     devices instead. `emulate_dcn` makes transfers between islands take the

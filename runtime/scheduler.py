@@ -20,16 +20,21 @@ Admission never holds others back and cannot deadlock:
 - Each client's runs are admitted in its order, but a run waiting for
   memory never blocks another client's run that fits: the scheduler looks
   at every client's oldest queued run, in the policy's order, and admits
-  each that fits.
+  each that fits, unless admitting it would leave an older run waiting at
+  the head of its queue never fitting (`_crowds_out`: the older run could
+  fit once every run in flight is over, but not once the new run is over
+  too, its results held). The new run then waits behind it: a waiting run
+  is never failed because of runs admitted after it.
 
 No policy starves a run. Every run admitted while an older run of another
 client waits at the head of its queue overtakes it; a run overtaken
 `OVERTAKES` times holds a reservation (`waiting_runs.py` keeps the queues
 and the count): it is looked at first, before the policy's order, and
-meanwhile only runs that fit beside it in memory are admitted. So once at
-the head of its client's queue, a run waits for at most `OVERTAKES` runs
-admitted after it, then for the runs in flight (a place in the window, the
-memory it needs).
+meanwhile only runs that fit beside it in memory, and (under a window)
+leave it a place on each of its islands, are admitted. So once at the head
+of its client's queue, a run waits for at most `OVERTAKES` runs admitted
+after it, then for the runs in flight (a place in the window, the memory it
+needs).
 
 Shared objects (`runtime/shared.py`) are counted once, for their owner (`held_results.py`).
 From its submission until it is over, a run that reads one is one of the
@@ -51,11 +56,13 @@ parent may be retired already, its reservation given back.
 
 Policies (`policies.py`, one object each: fifo, share, sjf, deadline) give
 the order in which clients' oldest queued runs are looked at. Every policy
-but `fifo` admits at most `window` runs onto the devices at a time: what the
-policy orders is the runs queued beyond it, and the order it picks is fixed
-at admission, by the tickets. Under `fifo` the submitting thread admits a
-run itself when its client has nothing queued and it fits (under the other
-policies, when nothing at all is queued and the window has a place).
+but `fifo` admits at most `window` runs onto each island's devices at a
+time: a run needs a place on every island it uses, so runs on one island
+never wait for another island's window. What the policy orders is the runs
+queued beyond the window, and the order it picks is fixed at admission, by
+the tickets, so every island still sees one order. The submitting thread
+admits a run itself when its client has nothing queued and it fits (under
+a policy with a window, when the window has a place for it too).
 
 A run's device time (what `share` charges and `sjf` orders by) is
 estimated by `device_estimates.py`.
@@ -68,6 +75,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import threading
 import time
 import weakref
@@ -80,7 +88,7 @@ from .island_work import ORDER_HISTORY, IslandWork, RunFailed, host_arrays_copie
 from .policies import Policy, parse_policy
 from .run import Run
 from .status import LISTED, first_listed, held_by_handles, shortfall
-from .waiting_runs import OVERTAKES, WaitingRuns
+from .waiting_runs import OVERTAKES, WaitingRun, WaitingRuns
 
 Works = dict[str, tuple[tuple[int, ...], tuple[tuple[int, Any], ...], bool]]   # island -> (steps, inputs, last)
 _POLL_AFTER = 32      # every so many submissions, so many of the oldest admitted runs are checked
@@ -169,15 +177,16 @@ class GangScheduler:
 
     def _admit_now(self, run: Run, works: Works, inline: bool) -> list | None:
         """Admits a run that fits if nothing of its client is queued (returns the work to run inline), or
-        returns None: it queues. Under a policy with a window, only while nothing at all is queued (the
-        policy orders whatever waits) and the window has a place. A cond's branch run goes at once, unless
+        returns None: it queues. Under a policy with a window, only while the window has a place for it on
+        each of its islands. It queues too behind a reservation it does not fit beside, or behind an older
+        waiting run it would leave never fitting (`_crowds_out`). A cond's branch run goes at once, unless
         admission is held: it needs no place and no memory of its own. Raises `OutOfDeviceMemory` if only
         handles hold what a run lacks."""
         self._submits += 1
         branch = run.parent is not None
         if branch and run.parent.error is not None:
             raise raised(run.parent.error)      # its parent's reservation may be given back (module doc)
-        if self._held or not branch and (self._waiting.has_client(run.client_id) or self._window_closed()):
+        if self._held or not branch and (self._waiting.has_client(run.client_id) or self._window_closed(run)):
             return None
         if len(self._in_flight) > _POLL_AFTER and self._submits % _POLL_AFTER == 0:
             self._poll(_POLL_AFTER)
@@ -186,6 +195,8 @@ class GangScheduler:
         if self._fits(run) or (self._poll(len(self._in_flight)) and self._fits(run)) or \
                 (self._reclaim() and self._fits(run)):
             if not branch:
+                if self._waiting.count and self._crowds_out(run, math.inf) is not None:
+                    return None
                 self._waiting.overtaken_by_newcomer()
             return self._admit(run, works, inline)
         held = self._held_by_handles(run)
@@ -301,11 +312,15 @@ class GangScheduler:
                         why = f"run {queue[0].run.id} of its client (a client's runs are admitted in order)"
                     elif self._held:
                         why = "admission, which is held"
-                    elif run.parent is None and self._window_closed():
-                        why = f"a place in the {self.policy.name} window ({self.window} runs on the devices)"
+                    elif run.parent is None and self._window_closed(run):
+                        why = f"a place in the {self.policy.name} window ({self.window} runs on the devices of " \
+                              f"{self._full_island(run)})"
                     elif run.parent is None and self._behind_reservation(run, item):
                         why = f"run {self._waiting.reserved.run.id}, which holds a reservation (it was overtaken " \
                               f"{OVERTAKES} times)"
+                    elif run.parent is None and self.ledger.fits(run.need) and \
+                            (older := self._crowds_out(run, item.arrival)) is not None:
+                        why = f"run {older.run.id}, which waits for memory that this run's results would keep"
                     else:
                         why = shortfall(self.ledger, run.need) or "admission (it fits now)"
                     queued.append({"run": run.id, "client": run.client_id, "program": run.plan.program,
@@ -380,10 +395,6 @@ class GangScheduler:
     def _admit_queued(self) -> None:
         polled = False
         while self._waiting and not self._held and not self._closed:
-            full = self._window_closed()
-            if full and not polled:
-                polled = True
-                full = not self._poll(len(self._in_flight)) or self._window_closed()
             progress = False
             for item in self._waiting.heads(self.policy, self.device_seconds):
                 run = item.run
@@ -392,13 +403,19 @@ class GangScheduler:
                     self._cancel(run, raised(run.parent.error))     # as in `_admit_now`
                     progress = True
                     break
-                if run.parent is None and (full or self._behind_reservation(run, item)):
-                    continue             # a cond's branch run needs no place, and goes before a reservation
+                if run.parent is None:   # a cond's branch run needs no place, and goes before a reservation
+                    if self._window_closed(run) and not polled:
+                        polled = True
+                        self._poll(len(self._in_flight))
+                    if self._window_closed(run) or self._behind_reservation(run, item):
+                        continue
                 if not self._fits(run) and not polled:
                     polled = True
                     self._poll(len(self._in_flight))
                     self._reclaim()
                 if self._fits(run):
+                    if run.parent is None and self._crowds_out(run, item.arrival) is not None:
+                        continue         # it waits behind the older run (module doc)
                     self._waiting.take(item)
                     self._admit(run, item.works)
                     progress = True
@@ -414,9 +431,21 @@ class GangScheduler:
                 return
         self._blocked = False
 
-    def _window_closed(self) -> bool:
-        """Whether the policy's window has no place for another run. Under the lock."""
-        return self.policy.windowed and len(self._in_flight) >= self.window
+    def _window_closed(self, run: Run) -> bool:
+        """Whether the policy's window has no place for `run`: an island it uses has `window` admitted runs on
+        its devices. Under the lock."""
+        return self.policy.windowed and self._full_island(run) is not None
+
+    def _full_island(self, run: Run) -> str | None:
+        """The first island of `run` whose window is full, or None. Under a policy with a window, and the lock."""
+        for island in run.islands:
+            if self._on_island(island) >= self.window:
+                return island
+        return None
+
+    def _on_island(self, island: str) -> int:
+        """How many admitted runs are on `island`'s devices (a policy's window keeps them few). Under the lock."""
+        return sum(island in run.islands for run in self._in_flight.values())
 
     def _block(self) -> None:
         """Queued runs cannot be admitted now: the admission thread starts waiting for runs in flight to end
@@ -428,10 +457,30 @@ class GangScheduler:
 
     def _behind_reservation(self, run: Run, item=None) -> bool:
         """Whether the reservation holds `run` back: another waiting run holds it (not `item`, `run`'s own place
-        in its queue) and `run` does not fit beside it."""
+        in its queue) and `run` does not fit beside it, or (under a window) would take the last place on an
+        island it needs: else runs on one of its islands could take each place it needs as another frees."""
         reserved = self._waiting.reserved
-        return reserved is not None and item is not reserved and \
-            not self.ledger.fits_beside(run.need, reserved.run.need)
+        if reserved is None or item is reserved:
+            return False
+        if not self.ledger.fits_beside(run.need, reserved.run.need):
+            return True
+        return self.policy.windowed and reserved.run.parent is None and \
+            any(self._on_island(island) + 1 >= self.window for island in run.islands
+                if island in reserved.run.islands)
+
+    def _crowds_out(self, run: Run, arrival: float) -> WaitingRun | None:
+        """Returns an older waiting run (the head of a client's queue, which arrived before `arrival`) that
+        admitting `run` would leave never fitting: it could fit once every run in flight is over, but not once
+        `run` is over too, `run`'s results held; or None. A run that fits beside all of `run`'s peak now is
+        not looked at further. Under the lock."""
+        for queue in self._waiting.queues():
+            older = queue[0]
+            if older.arrival >= arrival or older.run.parent is not None or \
+                    self.ledger.fits_beside(older.run.need, run.need):
+                continue
+            if self._held_by_handles(older.run, run) is not None and self._held_by_handles(older.run) is None:
+                return older
+        return None
 
     def _fits(self, run: Run) -> bool:
         """Whether `run`'s peak fits now, counting the results donated to it as its own bytes."""
@@ -445,10 +494,11 @@ class GangScheduler:
             self.ledger.take(need)
         return fits
 
-    def _held_by_handles(self, run: Run) -> str | None:
-        """Says why `run` cannot fit even once every run in flight is over, or None if it could then."""
+    def _held_by_handles(self, run: Run, admitting: Run | None = None) -> str | None:
+        """Says why `run` cannot fit even once every run in flight (and `admitting`, if given) is over, or None
+        if it could then."""
         return held_by_handles(self.ledger, run, self._in_flight.values(), self._results.held,
-                               self._results.gone, self._results.unshared)
+                               self._results.gone, self._results.unshared, admitting)
 
     def add_lane(self, lane) -> None:
         """Keeps a fast lane (`runtime/fast_lane.py`), whose unused credits `_reclaim` takes back."""

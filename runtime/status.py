@@ -62,14 +62,20 @@ def shortfall(ledger: MemoryLedger, need: Need) -> str | None:
 
 def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
                     held_results: dict[tuple[int, int], tuple[int, Need]], gone: set[int],
-                    unshared: set[tuple[int, int]]) -> str | None:
+                    unshared: set[tuple[int, int]], admitting: Run | None = None) -> str | None:
     """Says why `run` cannot fit even once every run `in_flight` is over (what blocks it is held by live
     handles: `held_results`, (run id, buffer) -> (client, need), but for the `unshared` ones, shared objects
     released while runs read them, whose bytes come back once those are over; and the results of runs in
     flight whose clients are not `gone`, but for a cond's branch run's: its cond's thread releases them before
-    the parent is over), or None if it could then."""
+    the parent is over), or None if it could then. With `admitting`, a run not admitted yet, counts it as in
+    flight too (the results donated to it as its own): whether admitting it would leave `run` never fitting."""
     floor = ledger.copy()
     holders: dict[tuple[str, int], dict[int, list[int]]] = {}
+    taken_over = set(run.donations)            # results whose bytes a run takes over
+    if admitting is not None:
+        floor.take(admitting.need)               # (given back below, as every run in flight's)
+        in_flight = itertools.chain(in_flight, (admitting,))
+        taken_over.update(admitting.donations)
     for other in in_flight:
         floor.give(other.need)
         if other.parent is not None:
@@ -80,8 +86,8 @@ def held_by_handles(ledger: MemoryLedger, run: Run, in_flight: Iterable[Run],
                 floor.take(need)
                 _count(holders, other.client_id, need)
     for key, (client, need) in held_results.items():
-        if key in run.donations or key in unshared:
-            floor.give(need)                    # the run takes these bytes over, or their readers give them back
+        if key in taken_over or key in unshared:
+            floor.give(need)                    # a run takes these bytes over, or their readers give them back
         else:
             _count(holders, client, need)
     where = floor.first_short(run.need)

@@ -3,8 +3,9 @@
 Real runs on JAX CPU devices (2 islands of 4), orders read from what the scheduler delivered and what the
 islands executed: shortest measured device time first, earliest deadline first, one order on every island,
 and a run that a stream of shorter (or earlier-deadline) runs would starve admitted after exactly
-`OVERTAKES` of them. Through `pw-serve`, the policy is a service option. Every wait has a timeout; every
-runtime and process made here is stopped.
+`OVERTAKES` of them. A policy's window is counted per island (a reservation keeps its places), and a run is
+never admitted past an older waiting run that its results would leave never fitting. Through `pw-serve`, the
+policy is a service option. Every wait has a timeout; every runtime and process made here is stopped.
 """
 
 import subprocess
@@ -22,6 +23,7 @@ from test_islands_on_their_own import V, small_plan, spin_plan
 from test_service import SERVE, TIMEOUT, procs, serve  # noqa: F401  (procs is a fixture)
 
 import pathways_mlir as pw
+from pathways_mlir.runtime.admission import result_need, run_need
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.cluster import embedded_device_map
 from pathways_mlir.runtime.policies import POLICIES
@@ -384,5 +386,119 @@ def test_a_cond_program_holds_its_reservation_till_its_branch_is_over(dispatch):
             second = next(out._run for out in outs if out._run is not first)
             [second_branch] = set(started) - {first.id, branch.id, second.id}
             assert started[second.id] < started[second_branch], "the second program went before its branch run"
+    finally:
+        rt.close()
+
+
+# -- a policy's window is counted per island; admission never fails an older waiting run -------------------
+
+def retired_all(rt) -> bool:
+    """Retires the runs that are over; whether none is left on the devices."""
+    rt.scheduler.retire_over()
+    return not rt.scheduler._in_flight
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "fifo"])
+def test_a_full_window_on_one_island_holds_back_no_other_islands_run(device_map, plan_builder, policy):
+    """The window was one count for the whole cluster: runs on island0 (a long computation and the runs queued
+    behind it there) filled it, and a run for idle island1 waited for them (seconds), against the README's "a
+    long computation on one island delays only that island's work". Each island now has a window of its own,
+    and a run takes a place on every island it uses. The island's turn keeps island0's runs on the devices."""
+    rt = Runtime(device_map, policy=policy)
+    try:
+        topology = device_map.topology
+        on0, on1 = small_plan(plan_builder, topology, "island0"), small_plan(plan_builder, topology, "island1")
+        across, expected = cross_island(plan_builder, topology)
+        with Client(rt) as busy, Client(rt) as other:
+            for plan in (on0, on1, across):
+                other.wait(other.start(plan, [X]), timeout=60)        # loaded, and over
+            until(lambda: retired_all(rt), "the first runs retired", 60)
+            with running_inline(rt.islands["island0"]):
+                held = [busy.start(on0, [X]) for _ in range(rt.scheduler.window)]
+                assert all(run.admitted for run in held)             # island0's window is full
+                [beside] = other.run(on1, [X])
+                assert beside._run.admitted, rt.status()["scheduler"]
+                np.testing.assert_array_equal(np.asarray(beside.result(timeout=60)), np.asarray(jax.jit(tanh2)(X)))
+                [through] = other.run(across, [X])                   # it needs a place on island0 too
+                waits_for = {q["run"]: q["waits_for"] for q in rt.status()["scheduler"]["queued"]}
+                assert waits_for == {through._run.id: f"a place in the {policy} window ({rt.scheduler.window} runs "
+                                                      f"on the devices of island0)"}
+            np.testing.assert_allclose(np.asarray(through.result(timeout=60)), expected, rtol=1e-6)
+            for run in held:
+                busy.wait(run, timeout=60)
+    finally:
+        rt.close()
+
+
+def test_a_reservation_keeps_a_place_in_the_window_of_each_of_its_islands(device_map, plan_builder):
+    """With a window per island, a run on two islands needs a place on both at once: runs on one of them could
+    take each place it needs as another frees. Overtaken `OVERTAKES` times, it holds a reservation, which now
+    keeps it a place on each of its islands (sjf, a window of 1: island0's place is held by a run kept on the
+    devices by the island's turn, and island1's is kept for the reserved run)."""
+    rt = Runtime(device_map, policy="sjf", window=1)
+    try:
+        topology = device_map.topology
+        on0, on1 = small_plan(plan_builder, topology, "island0"), small_plan(plan_builder, topology, "island1")
+        across, expected = cross_island(plan_builder, topology)
+        with Client(rt) as holder, Client(rt) as patient, Client(rt) as stream:
+            for plan in (on0, on1, across):
+                holder.wait(holder.start(plan, [X]), timeout=60)     # loaded, and over
+            until(lambda: retired_all(rt), "the first runs retired", 60)
+            with running_inline(rt.islands["island0"]):
+                first = holder.start(on0, [X])
+                waiting = patient.start(across, [X])
+                assert first.admitted and not waiting.admitted
+                for _ in range(OVERTAKES):                           # each takes island1's place, and overtakes it
+                    run = stream.start(on1, [X])
+                    assert rt.scheduler.wait_admitted(run, timeout=60), rt.status()["scheduler"]
+                    stream.wait(run, timeout=60)
+                assert rt.scheduler._waiting.reserved.run is waiting
+                late = stream.start(on1, [X])                       # island1 is free, but its place is kept
+                waits_for = {q["run"]: q["waits_for"] for q in rt.status()["scheduler"]["queued"]}
+                assert not late.admitted and waits_for[late.id] == (
+                    f"run {waiting.id}, which holds a reservation (it was overtaken {OVERTAKES} times)")
+            rt.wait(waiting, timeout=60)
+            rt.wait(late, timeout=60)
+            assert delivered_clients(rt, 2) == [patient.id, stream.id]
+            np.testing.assert_allclose(np.asarray(patient.handles(waiting)[0].result(timeout=60)), expected,
+                                       rtol=1e-6)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_run_waiting_for_memory_is_never_failed_by_a_run_admitted_after_it(device_map, plan_builder, policy):
+    """One device's memory: a run on the devices keeps its result; `big`, which fits once that run is over,
+    waits; another client's small run fitted and was admitted past it, and once the first run was over `big`
+    failed with OutOfDeviceMemory ("held by live handles"), the small run's result counted as held for good. A
+    run now waits behind an older waiting run it would leave never fitting. The island's turn keeps the first
+    run on the devices."""
+    topology = device_map.topology
+    held_plan, big_plan, tiny_plan = (small_plan(plan_builder, topology, "island0", shape)
+                                      for shape in ((8, 16), (16, 16), (1, 16)))
+
+    def peak(plan):
+        return run_need(plan)["island0"][0][2]
+
+    def kept(plan):
+        return result_need(plan, plan.outputs[0])["island0"][0][2]
+    capacity = kept(held_plan) + peak(big_plan)                   # `big` fits once the first run is over
+    assert peak(held_plan) + peak(big_plan) > capacity >= peak(held_plan) + peak(tiny_plan)
+    assert kept(held_plan) + kept(tiny_plan) + peak(big_plan) > capacity
+    xs = {shape: np.random.default_rng(2).normal(size=shape).astype(np.float32) for shape in ((16, 16), (1, 16))}
+    rt = Runtime(device_map, policy=policy, device_memory_bytes=capacity)
+    try:
+        with Client(rt) as holder, Client(rt) as first, Client(rt) as later:
+            with running_inline(rt.islands["island0"]):
+                [result] = holder.run(held_plan, [X])
+                [big] = first.run(big_plan, [xs[(16, 16)]])
+                [tiny] = later.run(tiny_plan, [xs[(1, 16)]])
+                tiny_admitted = tiny._run.admitted
+                waits_for = {q["run"]: q["waits_for"] for q in rt.status()["scheduler"]["queued"]}
+            for handle, x in ((result, X), (big, xs[(16, 16)]), (tiny, xs[(1, 16)])):
+                np.testing.assert_array_equal(np.asarray(handle.result(timeout=60)), np.asarray(jax.jit(tanh2)(x)))
+            assert not tiny_admitted and waits_for[tiny._run.id] == (
+                f"run {big._run.id}, which waits for memory that this run's results would keep")
+            assert delivered_clients(rt, 3) == [holder.id, first.id, later.id]
     finally:
         rt.close()
