@@ -112,6 +112,21 @@ def baseline(status) -> bool:
             and all(n == 0 for per_device in status["reserved"].values() for n in per_device))
 
 
+def client_script(snippet: str, service_file) -> str:
+    """Runs `snippet`, a client of the service, in a process of its own (its first argument the service file);
+    returns what it printed, once it exited 0."""
+    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def assert_back_to_baseline(service_file) -> None:
+    """Waits (at most a minute) until the service holds, reserves and queues nothing for any client."""
+    with open_connection(str(service_file), timeout=60) as observer:
+        assert baseline(wait_status(observer, baseline)), observer.status(full=True)
+
+
 def test_clients_share_the_service_and_a_killed_one_is_reclaimed(service, tmp_path):
     proc, service_file, procs = service
     found = json.loads(service_file.read_text())
@@ -349,10 +364,8 @@ lr = pw.jit(lambda lr: lr * 0.5, slice=pw.virtual_slice(2, axes="x"))(0.1)
 print(type(lr).__name__, lr.weak_type, lr.result().weak_type, (jnp.ones(2, jnp.bfloat16) * lr).dtype)
 client.close()
 """
-    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
-                            timeout=TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == [f"{d} {d} {d} [2.0, 4.0, 2.0, 4.0]" for d in (
+    stdout = client_script(snippet, service_file)
+    assert stdout.splitlines() == [f"{d} {d} {d} [2.0, 4.0, 2.0, 4.0]" for d in (
         "int4", "uint4", "float4_e2m1fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")] + \
         ["WeakHandle True True bfloat16"]
 
@@ -383,12 +396,9 @@ for _ in range(3):
     print(client.object_count())
 client.close()
 """
-    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
-                            timeout=TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == "[2.0, 2.0, 2.0, 2.0] 1\n0\n" * 3
-    with open_connection(str(service_file), timeout=60) as observer:
-        assert baseline(wait_status(observer, baseline)), observer.status(full=True)
+    stdout = client_script(snippet, service_file)
+    assert stdout == "[2.0, 2.0, 2.0, 2.0] 1\n0\n" * 3
+    assert_back_to_baseline(service_file)
 
 
 def test_a_cond_result_returned_through_the_service_is_held_until_dropped(service):
@@ -419,12 +429,9 @@ for _ in range(3):
     print(client.object_count())
 client.close()
 """
-    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
-                            timeout=TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == "[3.0, 3.0] 1 [{'objects': 1, 'bytes': 4096}]\n0\n" * 3
-    with open_connection(str(service_file), timeout=60) as observer:
-        assert baseline(wait_status(observer, baseline)), observer.status(full=True)
+    stdout = client_script(snippet, service_file)
+    assert stdout == "[3.0, 3.0] 1 [{'objects': 1, 'bytes': 4096}]\n0\n" * 3
+    assert_back_to_baseline(service_file)
 
 
 def test_a_host_callback_is_refused_through_the_service_in_one_line(service):
@@ -447,10 +454,8 @@ except NotImplementedError as error:
 print(np.asarray(pw.jit(lambda v: v * 2, slice=pw.virtual_slice(2, axes="x"))(np.ones(2, np.float32))).tolist())
 client.close()
 """
-    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
-                            timeout=TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    refusal, doubled = result.stdout.splitlines()
+    stdout = client_script(snippet, service_file)
+    refusal, doubled = stdout.splitlines()
     assert re.fullmatch(r"executable @printing\w* calls back to the host \(jax.debug.print, jax.debug.callback, "
                         r"jax.pure_callback or io_callback\), which only islands in the process that traced it can "
                         r"run, and the islands of pw-serve run in the service's process: run it on the embedded "
@@ -475,10 +480,8 @@ v, w = np.arange(8.0, dtype=np.float32).reshape(4, 2), np.ones((2, 3), np.float3
 print(np.allclose(np.asarray(layer(v, w)), v @ w))
 client.close()
 """
-    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
-                            timeout=TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == "True\n"
+    stdout = client_script(snippet, service_file)
+    assert stdout == "True\n"
 
 
 def test_an_elastic_trainer_trains_through_the_service_as_plain_jax_does(service):
@@ -514,10 +517,8 @@ for i in range(20):
 print(type(state["w"]).__name__, np.allclose(np.asarray(state["w"]), np.asarray(want["w"]), rtol=1e-5, atol=1e-6))
 client.close()
 """
-    result = subprocess.run([sys.executable, "-c", snippet, str(service_file)], capture_output=True, text=True,
-                            timeout=TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == "RemoteHandle True\n"
+    stdout = client_script(snippet, service_file)
+    assert stdout == "RemoteHandle True\n"
 
 
 @pytest.mark.parametrize("timeout", ["5", 0, -1, float("nan"), True])
