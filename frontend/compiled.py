@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax._src.config import trace_context   # what jax.jit keys its cache on besides arguments
 
-from pathways_mlir.runtime.client import Client, default_client, positions_by_identity
+from pathways_mlir.runtime.client import Client, OtherClientsHandle, default_client, positions_by_identity
 from pathways_mlir.runtime.dispatch import check_dtype
 from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
@@ -131,7 +131,9 @@ class Compiled:
         JAX tracer, is refused in one line, as `jax.jit`'s compiled stage
         refuses it. A donated handle is released once the run has taken it;
         using it again raises. A shared object (`SharedRef`) is read-only:
-        donating one is refused before anything runs.
+        donating one is refused before anything runs. A handle of another
+        client than the run's is refused: other clients pass its owner's
+        `owner.share(handle)`.
         """
         options = {name: kwargs.pop(name) for name in RUN_OPTIONS if name in kwargs and name not in self._keywords}
         return self._run(args, kwargs, options.get("client"), options.get("dispatch", "parallel"),
@@ -169,6 +171,8 @@ class Compiled:
                             self._refresh()
                 handles = client.run(self.plan, wire, dispatch, timeout, **again)
                 break
+            except OtherClientsHandle as error:
+                raise _named(error, lowered.program, (args, kwargs)) from None
             except TopologyChanged:
                 # The cluster changed between the plan's lowering and its load or run (an island lost or back in
                 # between; a service's topology changed since this process read it): it is lowered again.
@@ -257,6 +261,8 @@ class Compiled:
             handles = client.handles(client.start(self.plan, leaves))
         except TopologyChanged:              # changed since the check above: `__call__` lowers it again
             return self(*args, client=client)
+        except OtherClientsHandle as error:
+            raise _named(error, self.lowered.program, (args, {})) from None
         for i in self._weak_results:
             handles[i] = WeakHandle(handles[i])
         return handles[0] if self._single else jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)
@@ -269,6 +275,14 @@ def _runtime_of(client) -> "ClusterRuntime":
     except AttributeError:
         raise TypeError(f"client= takes a pw.Client (or the connection pw.connect makes), not "
                         f"{type(client).__name__}") from None
+
+
+def _named(error: OtherClientsHandle, program: str, call: tuple) -> OtherClientsHandle:
+    """`error`, naming its argument as the front end names argument leaves: by its position and its key path in
+    `call`, the call's `(args, kwargs)` (the client has the leaves alone)."""
+    path = jax.tree_util.tree_flatten_with_path(call)[0][error.position][0]
+    return OtherClientsHandle(f"argument leaf {error.position} of program @{program} ({argument_name(path)})",
+                              error.position, error.owner, error.client, error.same_runtime)
 
 
 def _refuse_bad_donations(lowered: Lowered, leaves: list) -> None:

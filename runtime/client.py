@@ -44,6 +44,19 @@ def check_weight(weight) -> None:
                          f"{weight!r:.40}")
 
 
+class OtherClientsHandle(ValueError):
+    """A handle of another client passed to a client's run. Other clients read a client's result only through
+    `owner.share(handle)`, read-only: taken as it is, a run of theirs could donate (delete) it, and its bytes
+    would move to their account. `argument` names it; `position` is its index in the run's arguments."""
+
+    def __init__(self, argument: str, position: int, owner: int, client: int, same_runtime: bool = True):
+        fix = "its owner's read-only reference, owner.share(handle)" if same_runtime else \
+            "its value, np.asarray(handle) (its owner runs on another runtime)"
+        super().__init__(f"{argument} is a handle of client {owner}, not of client {client}, which runs it: pass "
+                         f"{fix}, instead")
+        self.position, self.owner, self.client, self.same_runtime = position, owner, client, same_runtime
+
+
 class Client:
     """One user of the cluster, with its own objects and scheduling weight."""
 
@@ -76,10 +89,11 @@ class Client:
               timeout: float | None = None, inline: bool = True) -> Run:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
         cancelled if it is not over by then, and its handles raise `RunCancelled`. An argument may be a
-        `SharedRef` (another client's shared object), read in place. With `inline`, this thread executes the
-        run's work on an island that is idle (places its arguments and dispatches its launches), saving a
-        handoff to the island's executor; a caller with other work waiting (a service's session with another
-        run read ahead) passes False and returns as soon as the work is queued.
+        `SharedRef` (another client's shared object), read in place; a handle of another client is refused
+        (`OtherClientsHandle`). With `inline`, this thread executes the run's work on an island that is idle
+        (places its arguments and dispatches its launches), saving a handoff to the island's executor; a
+        caller with other work waiting (a service's session with another run read ahead) passes False and
+        returns as soon as the work is queued.
 
         A handle goes to the island of the input it is passed for as a
         reference when the islands keep arguments (Ray: a `StoreRef` on its
@@ -155,8 +169,13 @@ class Client:
         is checked here as the dispatcher checks an array: a result of another shape gives its array (refused
         there), one of another dtype is refused (`check_dtype`), and one of a run known to have failed (or been
         cancelled) is refused with an error of the failure's class: its island might still hold the result,
-        and the failure could reach it after this run's start."""
+        and the failure could reach it after this run's start. A handle of another client is refused
+        (`OtherClientsHandle`), before anything runs or is donated."""
         if isinstance(arg, (Handle, SharedRef)):
+            if isinstance(arg, Handle) and arg._client is not self:
+                arg._check()     # one released (its owner closed) says so first: no owner could share it now
+                raise OtherClientsHandle(f"argument {position} of program @{plan.program}", position,
+                                         arg._client.id, self.id, arg._client.runtime is self.runtime)
             islands = self.runtime.islands
             target = plan.island_of(buffer) if buffer is not None and islands.keep_arguments else None
             home = arg._run.island_of(arg._buffer)

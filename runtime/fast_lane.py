@@ -27,9 +27,10 @@ where each argument goes and what a run needs. A run through the lane:
 conditions fails: a run queued, admission held or a reservation standing,
 the scheduler closed, the island wedged or closed, no credit and none
 fits, an argument that is neither a JAX or NumPy array of its input's shape
-and dtype nor a handle whose result the lane's island already keeps (read
-from its store, with no fetch and no wait; a result of a run with a timeout
-is not). A NumPy array is placed as the general path places it
+and dtype nor a handle of the run's client whose result the lane's island
+already keeps (read from its store, with no fetch and no wait; a result of a
+run with a timeout is not; another client's handle is refused by the general
+path). A NumPy array is placed as the general path places it
 (`IslandExecutor._place`). Plans
 on several islands, with host conds, host inputs or donated inputs never
 get a lane, nor do runtimes under another policy than `fifo` or on Ray;
@@ -93,10 +94,10 @@ class FastLane:
     def start(self, client_id: int, weight: float, args: Sequence, inline: bool = True) -> Run | None:
         """Starts a run on `args` through the lane and executes it on this thread (with `inline`, if the island
         is idle; else it is queued for the island's executor); returns None, having changed nothing, when the
-        general path must take it. An argument is a JAX or NumPy array of its input's shape
-        and dtype, or a handle whose result is kept on the lane's island (its array is read from the island's
-        store, as `fetch` reads it, without waiting); anything else takes the general path (which refuses
-        another dtype, or takes one JAX takes as it)."""
+        general path must take it. An argument is a JAX or NumPy array of its input's shape and dtype, or a
+        handle of client `client_id` whose result is kept on the lane's island (its array is read from the
+        island's store, as `fetch` reads it, without waiting); anything else takes the general path (which
+        refuses another dtype or another client's handle, or takes one JAX takes as it)."""
         if len(args) != self.count:
             return None
         island = self.island
@@ -106,7 +107,9 @@ class FastLane:
             kind = type(value)
             if kind is Handle:
                 run = value._run
-                if value._deleted or run.deadline is not None or value._client.closed:
+                # Another client's handle takes the general path, which refuses it (its own client is open: the
+                # caller checked, under the client's lock).
+                if value._deleted or run.deadline is not None or value._client.id != client_id:
                     return None
                 value = kept((run.id, value._buffer))
                 if value is None:

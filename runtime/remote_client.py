@@ -409,7 +409,9 @@ class RemoteClient:
         for position, arg in enumerate(args):
             if isinstance(arg, RemoteHandle):
                 if arg._client is not self:
-                    raise ValueError("a remote handle of another connection cannot be an argument here")
+                    raise ValueError(f"argument {position} of program @{plan.program} is a remote handle of another "
+                                     f"connection: pass its owner's read-only reference, owner.share(handle), "
+                                     f"instead")
                 arg._check()
                 spec.append(["handle", arg._key])
             elif isinstance(arg, RemoteSharedRef):

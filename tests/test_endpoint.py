@@ -641,7 +641,8 @@ def test_remote_handles_behave_like_handles_and_go_when_dropped(runtime, plan_bu
 
         [again] = one.run(plan, [h])                       # a result as an argument stays on the cluster
         np.testing.assert_allclose(np.asarray(again), np.sin(np.asarray(want) * 3 - 1) ** 2, rtol=1e-5)
-        with pytest.raises(ValueError, match="another connection"):
+        with pytest.raises(ValueError, match=r"^argument 0 of program @\w+ is a remote handle of another connection: "
+                                             r"pass its owner's read-only reference, owner\.share\(handle\), instead$"):
             two.run(plan, [h])
         with pytest.raises(RemoteError, match="'timeout' as a non-negative number or null"):
             one._call({"op": "fetch", "handle": h._key, "timeout": -1})

@@ -451,6 +451,27 @@ def test_a_handle_the_lane_cannot_read_at_once_sends_the_run_the_general_way(run
     assert_nothing_left(runtime)
 
 
+def test_another_clients_handle_takes_the_general_path_which_refuses_it(runtime, plan_builder):
+    """The lane read a handle of any client from its island's store: another client's run took the owner's result
+    as it is (found by a fault finder; other clients read it through `owner.share`). Now the general path takes
+    that run, and refuses the handle in one line; the owner's own run still reads it in place, through the lane."""
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    with Client(runtime) as owner, Client(runtime) as other:
+        [y] = owner.run(plan, [jnp.asarray(X)])
+        owner.wait(y._run, timeout=60)                               # kept on the lane's island: readable at once
+        assert lane.runs == 1
+        with pytest.raises(ValueError, match=rf"^argument 0 of program @small is a handle of client {owner.id}, "
+                                             rf"not of client {other.id}, which runs it: pass its owner's"):
+            other.run(plan, [y])
+        assert lane.runs == 1 and other.objects() == []
+        [z] = owner.run(plan, [y])
+        assert lane.runs == 2
+        np.testing.assert_allclose(np.asarray(z), chained_tanh2(X, 2), rtol=1e-6)
+        del y, z
+    assert_nothing_left(runtime)
+
+
 def test_an_array_of_another_dtype_is_refused_at_the_call_as_the_general_path_refuses_it(runtime, plan_builder):
     """The lane checked an array argument's shape, not its dtype: an int32 array for a float32 input was run,
     and failed later on the island (RunFailed), where a NumPy array (the general path) is refused at the call."""

@@ -209,6 +209,79 @@ def test_a_reader_cannot_donate_or_release_a_shared_object(runtime):
         assert sum(runtime.usage().values()) == BASE_BYTES
 
 
+def head_of(features):
+    return head(features["x"], features["base"])
+
+
+def refused_for(owner: Client, runner: Client) -> str:
+    """The end of the error that refuses a handle of `owner` passed to a run of `runner`, as a pattern."""
+    return (rf"is a handle of client {owner.id}, not of client {runner.id}, which runs it: pass its owner's "
+            rf"read-only reference, owner\.share\(handle\), instead$")
+
+
+def test_a_run_of_another_client_refuses_a_handle_it_does_not_own_and_changes_nothing(runtime, plan_builder):
+    """A client's handle passed as it is to another client's run was taken (found by a fault finder): a donating
+    program of the other client deleted the owner's object, and its bytes went to the other client's account.
+    Other clients read it through `owner.share(handle)`: a handle of another client is refused in one line,
+    donated or not, in a pytree or not, by the front end and by `Client.run`, before anything runs."""
+    s = pw.virtual_slice(1, axes="x", island="island0")
+    place = pw.jit(copy_base, slice=s, in_specs=None, out_specs=None)
+    donating = pw.jit(head, slice=s, in_specs=(None, None), out_specs=None, donate_argnums=1)
+    reading = pw.jit(head_of, slice=s, in_specs=None, out_specs=None)
+    with Client(runtime) as owner, Client(runtime) as other:
+        base = place.run(BASE, client=owner)
+        with pytest.raises(ValueError, match=r"^argument leaf 1 of program @head \(argument\[1\]\) " +
+                           refused_for(owner, other)):
+            donating.run(X, base, client=other)
+        with pytest.raises(ValueError, match=r"^argument leaf 0 of program @head_of \(argument\[0\]\['base'\]\) " +
+                           refused_for(owner, other)):
+            reading.run({"x": X, "base": base}, client=other)
+        with pytest.raises(ValueError, match=r"^argument 1 of program @read_base " + refused_for(owner, other)):
+            other.run(reader_plan(plan_builder, runtime.resources.topology, "island0"), [X, base])
+        assert not base.is_deleted() and len(owner.objects()) == 1 and other.objects() == []
+        assert sum(runtime.usage().values()) == BASE_BYTES
+        shared = owner.share(base, timeout=TIMEOUT)          # the way another client reads it
+        y = reading.run({"x": X, "base": shared}, client=other)
+        np.testing.assert_allclose(np.asarray(y.result(TIMEOUT)), np.asarray(jax.jit(head)(X, BASE)), rtol=1e-5)
+        np.testing.assert_array_equal(np.asarray(base.result(TIMEOUT)), BASE)
+
+
+def test_the_default_client_refuses_a_handle_of_another_client():
+    """A call without `client=` runs with the runtime's default client, which takes another client's handle no
+    more than any client does (the fast lane's plan: the lane leaves it to the general path, which refuses it)."""
+    from pathways_mlir.runtime.client import default_client
+
+    s = pw.virtual_slice(1, axes="x", island="island0")
+    place = pw.jit(copy_base, slice=s, in_specs=None, out_specs=None)
+    with pw.Client() as owner:
+        base = place.run(BASE, client=owner)
+        with pytest.raises(ValueError, match=r"^argument leaf 0 of program @copy_base \(argument\[0\]\) " +
+                           refused_for(owner, default_client())):
+            place(base)
+        np.testing.assert_array_equal(np.asarray(place(BASE).result(TIMEOUT)), BASE)
+        np.testing.assert_array_equal(np.asarray(place(base, client=owner).result(TIMEOUT)), BASE)
+
+
+def test_a_handle_of_another_runtime_is_refused_naming_its_value(runtime):
+    """A handle of another runtime's client (an embedded one's, passed to a program on Ray, say) was taken as a
+    reference to a run its islands never had: "not kept on island0: it was released", or, for another island, a
+    wait for ever (found by a Ray fault finder). It is refused in one line that says to pass its value."""
+    s = pw.virtual_slice(1, axes="x", island="island0")
+    place = pw.jit(copy_base, slice=s, in_specs=None, out_specs=None)
+    elsewhere = Runtime(embedded_device_map(1, 2))
+    try:
+        with Client(elsewhere) as owner, Client(runtime) as runner:
+            base = place.run(BASE, client=owner)
+            with pytest.raises(ValueError, match=rf"^argument leaf 0 of program @copy_base \(argument\[0\]\) is a "
+                                                 rf"handle of client {owner.id}, not of client {runner.id}, which "
+                                                 rf"runs it: pass its value, np\.asarray\(handle\) \(its owner runs "
+                                                 rf"on another runtime\), instead$"):
+                place.run(base, client=runner)
+            np.testing.assert_array_equal(np.asarray(place.run(np.asarray(base), client=runner).result(TIMEOUT)), BASE)
+    finally:
+        elsewhere.close()
+
+
 def test_only_a_result_the_client_owns_and_holds_can_be_shared(runtime, plan_builder):
     plan = base_plan(plan_builder, runtime.resources.topology)
     with Client(runtime) as owner, Client(runtime) as other:
