@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax._src.config import trace_context   # what jax.jit keys its cache on besides arguments
 
-from pathways_mlir.runtime.client import Client, OtherClientsHandle, default_client, positions_by_identity
+from pathways_mlir.runtime.client import Client, RefusedArgument, default_client, positions_by_identity
 from pathways_mlir.runtime.dispatch import check_dtype
 from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
@@ -171,7 +171,7 @@ class Compiled:
                             self._refresh()
                 handles = client.run(self.plan, wire, dispatch, timeout, **again)
                 break
-            except OtherClientsHandle as error:
+            except RefusedArgument as error:
                 raise _named(error, lowered.program, (args, kwargs)) from None
             except TopologyChanged:
                 # The cluster changed between the plan's lowering and its load or run (an island lost or back in
@@ -261,7 +261,7 @@ class Compiled:
             handles = client.handles(client.start(self.plan, leaves))
         except TopologyChanged:              # changed since the check above: `__call__` lowers it again
             return self(*args, client=client)
-        except OtherClientsHandle as error:
+        except RefusedArgument as error:
             raise _named(error, self.lowered.program, (args, {})) from None
         for i in self._weak_results:
             handles[i] = WeakHandle(handles[i])
@@ -277,12 +277,12 @@ def _runtime_of(client) -> "ClusterRuntime":
                         f"{type(client).__name__}") from None
 
 
-def _named(error: OtherClientsHandle, program: str, call: tuple) -> OtherClientsHandle:
+def _named(error: RefusedArgument, program: str, call: tuple) -> RefusedArgument:
     """`error`, naming its argument as the front end names argument leaves: by its position and its key path in
     `call`, the call's `(args, kwargs)` (the client has the leaves alone)."""
     path = jax.tree_util.tree_flatten_with_path(call)[0][error.position][0]
-    return OtherClientsHandle(f"argument leaf {error.position} of program @{program} ({argument_name(path)})",
-                              error.position, error.owner, error.client, error.same_runtime)
+    return RefusedArgument(f"argument leaf {error.position} of program @{program} ({argument_name(path)})",
+                           error.position, error.why)
 
 
 def _refuse_bad_donations(lowered: Lowered, leaves: list) -> None:

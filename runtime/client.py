@@ -44,17 +44,15 @@ def check_weight(weight) -> None:
                          f"{weight!r:.40}")
 
 
-class OtherClientsHandle(ValueError):
+class RefusedArgument(ValueError):
     """A handle of another client passed to a client's run. Other clients read a client's result only through
     `owner.share(handle)`, read-only: taken as it is, a run of theirs could donate (delete) it, and its bytes
-    would move to their account. `argument` names it; `position` is its index in the run's arguments."""
+    would move to their account. The message is `argument` (how the error names it: `argument 2 of program
+    @f`; the front end names it by its key path) and `why`; `position` is its index in the run's arguments."""
 
-    def __init__(self, argument: str, position: int, owner: int, client: int, same_runtime: bool = True):
-        fix = "its owner's read-only reference, owner.share(handle)" if same_runtime else \
-            "its value, np.asarray(handle) (its owner runs on another runtime)"
-        super().__init__(f"{argument} is a handle of client {owner}, not of client {client}, which runs it: pass "
-                         f"{fix}, instead")
-        self.position, self.owner, self.client, self.same_runtime = position, owner, client, same_runtime
+    def __init__(self, argument: str, position: int, why: str):
+        super().__init__(f"{argument}{why}")
+        self.argument, self.position, self.why = argument, position, why
 
 
 class Client:
@@ -90,7 +88,7 @@ class Client:
         """Starts a run of `plan`; returns the run without waiting. With `timeout` (seconds), the run is
         cancelled if it is not over by then, and its handles raise `RunCancelled`. An argument may be a
         `SharedRef` (another client's shared object), read in place; a handle of another client is refused
-        (`OtherClientsHandle`). With `inline`, this thread executes the run's work on an island that is idle
+        (`RefusedArgument`). With `inline`, this thread executes the run's work on an island that is idle
         (places its arguments and dispatches its launches), saving a handoff to the island's executor; a
         caller with other work waiting (a service's session with another run read ahead) passes False and
         returns as soon as the work is queued.
@@ -170,12 +168,10 @@ class Client:
         there), one of another dtype is refused (`check_dtype`), and one of a run known to have failed (or been
         cancelled) is refused with an error of the failure's class: its island might still hold the result,
         and the failure could reach it after this run's start. A handle of another client is refused
-        (`OtherClientsHandle`), before anything runs or is donated."""
+        (`RefusedArgument`), before anything runs or is donated."""
         if isinstance(arg, (Handle, SharedRef)):
             if isinstance(arg, Handle) and arg._client is not self:
-                arg._check()     # one released (its owner closed) says so first: no owner could share it now
-                raise OtherClientsHandle(f"argument {position} of program @{plan.program}", position,
-                                         arg._client.id, self.id, arg._client.runtime is self.runtime)
+                _refuse_other_clients(arg, self, f"argument {position} of program @{plan.program}", position)
             islands = self.runtime.islands
             target = plan.island_of(buffer) if buffer is not None and islands.keep_arguments else None
             home = arg._run.island_of(arg._buffer)
@@ -345,3 +341,13 @@ def default_client(runtime: Runtime | None = None) -> Client:
             if client is None:
                 client = _default_clients[runtime] = Client(runtime)
     return client
+
+
+def _refuse_other_clients(handle: Handle, client: Client, argument: str, position: int) -> None:
+    """Raises `RefusedArgument` for `handle`, another client's, `argument` of a run of `client` (ValueError as
+    reading it does if it is released, its owner closed say: no owner could share it then)."""
+    handle._check()
+    fix = "its owner's read-only reference, owner.share(handle)" if handle._client.runtime is client.runtime \
+        else "its value, np.asarray(handle) (its owner runs on another runtime)"
+    raise RefusedArgument(argument, position, f" is a handle of client {handle._client.id}, not of client "
+                                              f"{client.id}, which runs it: pass {fix}, instead")

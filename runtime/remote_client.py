@@ -54,7 +54,7 @@ from pathways_mlir.dialect.topology import Topology
 from .admission import OutOfDeviceMemory
 from .array_reference import ArrayReference, Reference, wait_limit
 from .authentication import client_handshake, read_key
-from .client import check_weight
+from .client import RefusedArgument, check_weight
 from .dispatch import narrowed, taken_as
 from .dispatch_mode import DispatchMode
 from .executables import ARRAY_TYPE, numpy_dtype
@@ -408,10 +408,10 @@ class RemoteClient:
         spec, arrays = [], []
         for position, arg in enumerate(args):
             if isinstance(arg, RemoteHandle):
-                if arg._client is not self:
-                    raise ValueError(f"argument {position} of program @{plan.program} is a remote handle of another "
-                                     f"connection: pass its owner's read-only reference, owner.share(handle), "
-                                     f"instead")
+                if arg._client is not self:      # (the front end names it by its key path)
+                    raise RefusedArgument(f"argument {position} of program @{plan.program}", position,
+                                          " is a remote handle of another connection: pass its owner's read-only "
+                                          "reference, owner.share(handle), instead")
                 arg._check()
                 spec.append(["handle", arg._key])
             elif isinstance(arg, RemoteSharedRef):
