@@ -49,6 +49,10 @@ class _OfHandle:
         self.data.block_until_ready()
         return self
 
+    def copy_to_host_async(self) -> None:
+        """Announces that the value will be read soon (the runtime handle's `copy_to_host_async`)."""
+        self.data.copy_to_host_async()
+
     def is_ready(self) -> bool:
         """Whether reading the value would not wait (the runtime handle's `is_ready`)."""
         return self.data.is_ready()

@@ -48,8 +48,10 @@ method, operator and property that JAX's array declares is its value's:
   the restore target of a state a step took still builds; of a value in this
   process, the rest raises, as reading it does;
 - `ref.is_ready()` and `ref.is_deleted()`, as a JAX array's, without waiting
-  (each subclass says how it knows); `ref.copy_to_host_async()` does nothing
-  (the value is copied when it is read), so `jax.device_get` takes it.
+  (each subclass says how it knows); `ref.copy_to_host_async()` announces that
+  the value will be read (a `Handle` of a Ray actor's result and a `RemoteHandle`
+  have it brought back with the next value read there; the others do nothing),
+  so `jax.device_get` takes it and reads a pytree in one request per island.
 
 A reference stays hashable by identity
 (a key in dicts and sets), though `==` compares values, as NumPy's does.
@@ -147,8 +149,9 @@ class Reference:
         return iter(self.result())
 
     def copy_to_host_async(self) -> None:
-        """Does nothing: JAX's hint to start copying the value to the host (`jax.device_get` gives it before it
-        reads each value); a reference's value is copied when it is read, waiting for it if need be."""
+        """Does nothing here: JAX's hint to start copying the value to the host (`jax.device_get` gives it before
+        it reads each value); a reference's value is copied when it is read, waiting for it if need be (a
+        subclass whose value lives in another process has it brought back with the next value read there)."""
 
     def owned(self) -> "Reference":
         """The runtime's handle of the value, which a client cancels or shares: this reference, or the handle

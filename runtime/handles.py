@@ -87,6 +87,17 @@ class Handle(RunResult):
         self._check()
         return self._client.fetch(self._run, self._buffer, timeout)
 
+    def copy_to_host_async(self) -> None:
+        """Announces that the value will be read soon (`jax.device_get` gives this to every leaf of a pytree
+        before it reads them): an island in another process (a Ray actor's) brings it back with the next value
+        read from it, so a pytree's values cost one request per island, not one each. Nothing for a released
+        handle (reading it raises) or a run with a deadline (its values are read only once it is over)."""
+        if self._deleted or self._client.closed or self._run.deadline is not None or self._run.error is not None:
+            return
+        island = self._run.island_of(self._buffer)
+        if island is not None:
+            self._islands[island].want(self._run.id, self._buffer, self.nbytes)
+
     def _check(self) -> None:
         if self._donated_to is not None:
             raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} was donated to "

@@ -97,6 +97,10 @@ class IslandEndpoint(Protocol):
     def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
         """Returns once a run's buffer exists, bringing nothing back; raises as `fetch` does."""
 
+    def want(self, run_id: int, buffer: int, nbytes: int) -> None:
+        """Notes that a run's buffer of `nbytes` bytes will be read soon: an island in another process may bring
+        it back with the next value read from it."""
+
     def release(self, run_id: int, buffer: int) -> None:
         """Drops a run's result (its handle was released)."""
 

@@ -374,6 +374,9 @@ class Island(IslandExecutor):
         """Returns once a run's buffer exists here; raises as `fetch` does."""
         self.fetch(run_id, buffer, timeout)
 
+    def want(self, run_id: int, buffer: int, nbytes: int) -> None:
+        """Nothing: a result read soon (`Handle.copy_to_host_async`) is in this process already."""
+
     def release(self, run_id: int, buffer: int) -> None:
         """Drops a result (its handle was deleted); one not produced yet is dropped when it is."""
         key = (run_id, buffer)

@@ -17,6 +17,11 @@ endpoint to read (a large run sent while it compiles the one before).
 A thread sends a keepalive whenever the connection has been quiet for a
 quarter of the endpoint's idle timeout, so an idle client keeps its objects.
 
+Reading a pytree of results (`jax.device_get`, which announces every leaf
+with `copy_to_host_async` before it reads them) costs one request: a fetch
+brings back, besides its own value, those announced whose values are
+computed, held here until read or released (at most `AHEAD_BYTES`).
+
 A dropped handle's release goes with the connection's next request, or,
 if none comes within `RELEASE_DELAY`, that thread sends it; a release sent
 alone is not waited for: its reply is read with a later request's. So is a
@@ -73,6 +78,8 @@ UNANSWERED = 64      # release and run requests sent at most before their replie
 UNANSWERED_BYTES = 64 << 20   # bytes of arguments of runs whose replies are not read, at most (kept to resend)
 RETRIES = 3          # times a request is asked again after runs it followed were lowered again
 RELEASE_DELAY = 0.02  # seconds a dropped handle's release waits for a request to carry it
+WANTED = 8192        # values announced for reading (`copy_to_host_async`) and not brought back yet, at most
+AHEAD_BYTES = 64 << 20   # bytes of values brought back ahead of their read that a client holds, at most
 
 
 class RemoteError(RuntimeError):
@@ -126,6 +133,14 @@ class RemoteHandle(ArrayReference):
         for it to be produced; raises TimeoutError past it, the run's error if it failed."""
         return jnp.asarray(self._fetch(wait_limit(timeout), True))
 
+    def copy_to_host_async(self) -> None:
+        """Announces that the value will be read soon (`jax.device_get` gives this to every leaf of a pytree
+        before it reads them): the connection's next fetch brings it back with its own value if it is computed
+        by then (`RemoteClient._ahead`), so a pytree's values cost one request, not one each. Nothing for a
+        released handle (reading it raises)."""
+        if not self.is_deleted() and self._key not in self._client._refused:
+            self._client._want(self._key, self.nbytes, self._finalizer)
+
     def block_until_ready(self) -> "RemoteHandle":
         """Waits until the value has been computed (nothing is sent back)."""
         self._fetch(None, False)
@@ -151,8 +166,10 @@ class RemoteHandle(ArrayReference):
 
     def delete(self) -> None:
         """Releases the result on the cluster now."""
-        if self._finalizer.detach() is not None and not self._client.closed:   # closing released it already
-            self._client._release_now(self._key)
+        if self._finalizer.detach() is not None:
+            self._client._forget_ahead(self._key)
+            if not self._client.closed:              # closing released it already
+                self._client._release_now(self._key)
 
     def _check(self) -> None:
         """Raises ValueError in one line, as a `Handle` does, if this handle was released, or its connection
@@ -167,15 +184,33 @@ class RemoteHandle(ArrayReference):
                              f"{self._client.name}: its result was released")
 
     def _fetch(self, timeout: float | None, value: bool):
-        """Asks for the value in polls (`RemoteClient._polled`) until it is there or `timeout` has passed."""
+        """Asks for the value in polls (`RemoteClient._polled`) until it is there or `timeout` has passed; a value
+        brought back ahead of its read is taken as it is. A fetch of the value asks for the values announced for
+        reading too (`copy_to_host_async`)."""
         self._check()
+        client = self._client
+        held = client._prefetched.get(self._key)
+        if held is not None:
+            if value:
+                client._forget_ahead(self._key)
+            return held if value else None
         deadline = None if timeout is None else time.monotonic() + timeout
+        request = {"op": "fetch", "handle": self._key, "value": value}
+        also = client._ahead(self._key) if value and client._wanted else []
+        if also:
+            request["also"] = also
+        arrived = {}
         try:
-            _, arrays = self._client._polled({"op": "fetch", "handle": self._key, "value": value}, deadline,
-                                             f"the result was not ready within {timeout} s")
-        except ValueError:
-            self._check()                        # released by another thread meanwhile: says so, as above
-            raise
+            try:
+                reply, arrays = client._polled(request, deadline, f"the result was not ready within {timeout} s")
+            except ValueError:
+                self._check()                    # released by another thread meanwhile: says so, as above
+                raise
+            if also:
+                arrived = dict(zip(reply.get("also", ()), arrays[1:]))
+        finally:
+            if also:
+                client._arrived_ahead(also, arrived)
         return arrays[0] if value else None
 
     def __repr__(self) -> str:
@@ -326,6 +361,13 @@ class RemoteClient:
         self._stop = threading.Event()
         self._wakeups: queue.SimpleQueue = queue.SimpleQueue()   # a drop (or closing) wakes `_keep_alive`
         self._release_pending = False            # a wakeup for dropped handles is on its way
+        self.requests: collections.Counter[str] = collections.Counter()   # requests sent, by op
+        # Values announced for reading (`RemoteHandle.copy_to_host_async`): key -> (bytes, the handle's finalizer,
+        # which says whether it is alive); those asked for by a fetch whose reply has not come; those brought back
+        # and not read yet. Changed without a lock: a finalizer (`_drop`) changes them on any thread.
+        self._wanted: dict[int, tuple[int, weakref.finalize]] = {}
+        self._asked: set[int] = set()
+        self._prefetched: dict[int, np.ndarray] = {}
         self.closed = False
         self.closed_here = False                 # closed by `close()` (not lost): its handles' results were released
         self.resources = ServiceTopology(self)
@@ -487,6 +529,8 @@ class RemoteClient:
             if self.closed:
                 return
             self.closed = self.closed_here = True
+            self._prefetched.clear()         # (its handles raise from now on)
+            self._wanted.clear()
             try:
                 send_message(self._socket, {"op": "close"}, (), self.limits)
                 for _ in range(len(self._unanswered) + 1):
@@ -541,7 +585,49 @@ class RemoteClient:
         thread (a `SimpleQueue` may be put to there)."""
         self._dropped.append(key)
         self._refused.pop(key, None)
+        self._forget_ahead(key)
         self._wake()
+
+    def _want(self, key: int, nbytes: int, finalizer: weakref.finalize) -> None:
+        """Notes that a handle's value (`nbytes` bytes) will be read soon (`RemoteHandle.copy_to_host_async`); at
+        most `WANTED` are noted, the others are read alone."""
+        if len(self._wanted) < WANTED and key not in self._prefetched:
+            self._wanted[key] = (nbytes, finalizer)
+
+    def _ahead(self, key: int) -> list[int]:
+        """The handles whose values a fetch of handle `key` asks for besides (`also`): those announced for reading,
+        not held or asked for already, while what is held ahead of its read stays within `AHEAD_BYTES` and the
+        reply within the frame's limits. They are asked for from now on; `key` itself is no longer announced."""
+        self._wanted.pop(key, None)
+        room = min(AHEAD_BYTES - sum(value.nbytes for value in list(self._prefetched.values())),
+                   self.limits.max_array_bytes // 2)
+        also = []
+        for other, (nbytes, finalizer) in list(self._wanted.items()):
+            if len(also) >= self.limits.max_arrays - 1:
+                break
+            if other != key and nbytes <= room and finalizer.alive and other not in self._asked:
+                also.append(other)
+                room -= nbytes
+        self._asked.update(also)
+        return also
+
+    def _arrived_ahead(self, asked: list[int], arrived: dict[int, np.ndarray]) -> None:
+        """A fetch that asked for the values of handles `asked` ahead of their read ended, bringing back
+        `arrived`: those of handles still alive are held until read or released (`_drop`, `delete`)."""
+        for key in asked:
+            if key in self._asked:
+                self._asked.discard(key)
+                found = self._wanted.pop(key, None) if key in arrived else None
+                if found is not None:
+                    self._prefetched[key] = arrived[key]
+                    if not found[1].alive:      # dropped meanwhile, maybe before the line above: it goes
+                        self._prefetched.pop(key, None)
+
+    def _forget_ahead(self, key: int) -> None:
+        """Forgets what is noted, asked for or held of a handle's value ahead of its read (read, or released)."""
+        self._wanted.pop(key, None)
+        self._asked.discard(key)
+        self._prefetched.pop(key, None)
 
     def _wake(self) -> None:
         """Wakes `_keep_alive` to send what was dropped, unless a wakeup is on its way already."""
@@ -690,6 +776,7 @@ class RemoteClient:
 
     def _send(self, request: dict, arrays) -> None:
         self._last = time.monotonic()
+        self.requests[str(request.get("op"))] += 1
         try:
             send_message(self._socket, request, arrays, self.limits, patient=True)
         except (OSError, ProtocolError) as error:

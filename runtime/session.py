@@ -104,7 +104,7 @@ if TYPE_CHECKING:
 # The fields each request kind reads, besides `op`, `release` and `forget`; any other field is refused.
 FIELDS = {"load": {"plan", "executables"},
           "run": {"name", "version", "dispatch", "args", "timeout", "keys", "progress"},
-          "fetch": {"handle", "token", "timeout", "value"}, "release": set(), "cancel": {"handle"},
+          "fetch": {"handle", "token", "timeout", "value", "also"}, "release": set(), "cancel": {"handle"},
           "share": {"handle", "timeout"}, "shared": {"token"}, "objects": set(), "topology": set(),
           "status": {"full"}, "ping": set(), "weight": {"weight"}}
 _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arrays
@@ -346,16 +346,20 @@ class Session:
         """Waits (at most `timeout` seconds, none: as long as it takes) until a handle's value exists and is
         computed (`_computed`: reading an array JAX handed out early would wait for its device work unbounded);
         sends it unless `value` is false; with `token` instead of `handle`, a shared object's (`shared`). Gives
-        up if the peer leaves meanwhile."""
+        up if the peer leaves meanwhile. With `also` (this connection's handle keys, sent with the value), the
+        values of those already computed come back too, their keys in the reply's `also` (`_also`)."""
         if "token" in request:
             if "handle" in request:
                 raise ValueError("request 'fetch' names a handle or a shared object's token, not both")
+            if "also" in request:
+                raise ValueError("request 'fetch' of a shared object's token takes no 'also'")
             handle = self.endpoint.shared(_field(request, "token", str))
         else:
             handle = self._handle(_field(request, "handle", int))
         send = request.get("value", True)
         if type(send) is not bool:
             raise ValueError(f"request 'fetch' needs 'value' as bool, not {str(send)[:40]}")
+        also = self._also_handles(request["also"], send) if "also" in request else {}
         timeout = _seconds(request, "timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         value = None
@@ -373,7 +377,27 @@ class Session:
                 raise TimeoutError(f"the result was not ready within {timeout} s")
             if _peer_left(self.connection):
                 raise EOFError("the client left while waiting for a result")
-        return {}, [np.asarray(value)] if send else []
+        if not send:
+            return {}, []
+        if not also:
+            return {}, [np.asarray(value)]
+        value = np.asarray(value)
+        keys, values = _also(also, self.endpoint.limits.max_array_bytes - value.nbytes)
+        return ({"also": keys} if keys else {}), [value, *values]
+
+    def _also_handles(self, keys, send: bool) -> dict[int, Handle]:
+        """The handles of a fetch's `also` keys (see `fetch`), each announced for reading (`copy_to_host_async`: an
+        island in another process brings them back with the fetched value); a key of no handle here (released
+        since) is left out. ValueError in one line if `also` is not a list of keys that fit a reply's frame."""
+        most = self.endpoint.limits.max_arrays
+        if type(keys) is not list or len(keys) >= most or not all(type(key) is int for key in keys) or \
+                (keys and not send):
+            raise ValueError(f"request 'fetch' needs 'also' as a list of fewer than {most} handle keys, with "
+                             f"'value' true")
+        handles = {key: self.handles[key] for key in keys if key in self.handles}
+        for handle in handles.values():
+            handle.copy_to_host_async()
+        return handles
 
     def release(self, request: dict, arrays) -> tuple[dict, list]:
         """Nothing more (also `ping`): every request releases the handles listed in its `release` field
@@ -507,6 +531,23 @@ def _computed(value, until: float) -> bool:
         time.sleep(min(pause, left))
         pause = min(2 * pause, 0.05)
     return True
+
+
+def _also(handles: dict[int, Handle], room: int) -> tuple[list[int], list[np.ndarray]]:
+    """The keys and values of those `handles` whose values are computed already, within `room` bytes in all; the
+    others are left out (each is fetched on its own when read: one not ready, or of a failed run, waits or raises
+    there)."""
+    keys, values = [], []
+    for key, handle in handles.items():
+        try:
+            value = handle.result(0)
+        except Exception:  # noqa: BLE001  (not produced yet, failed, released: read on its own)
+            continue
+        if value.nbytes <= room and _computed(value, 0.0):
+            keys.append(key)
+            values.append(np.asarray(value))
+            room -= value.nbytes
+    return keys, values
 
 
 def _peer_left(connection: socket.socket) -> bool:

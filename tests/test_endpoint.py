@@ -1175,3 +1175,37 @@ def test_a_remote_client_runs_with_the_weight_it_connects_with():
         runtime.close()
     [(heavy_id, three), (plain_id, one), again] = admitted
     assert (three, one) == (3.0, 1.0) and heavy_id != plain_id and again == (heavy_id, 3.0)
+
+
+def test_device_get_of_a_pytree_of_remote_handles_is_one_fetch_request(runtime):
+    """`jax.device_get` announces every leaf (`copy_to_host_async`) before it reads them: the first read's fetch
+    brings back the others computed, so 40 results cost one request, not 40 (a fault finder: a request per leaf of
+    an optimizer's state). The values are the same; a handle released after its announcement is not brought
+    back, and what was brought back goes once read or released."""
+    width = 40
+    make = pw.jit(lambda x: {f"w{i}": x + i for i in range(width)}, slice=pw.virtual_slice(1, axes="d"))
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        state = make.run(np.zeros(2, np.float32), client=remote)
+        for leaf in state.values():
+            leaf.block_until_ready()
+        before = remote.requests["fetch"]
+        values = jax.device_get(state)
+        assert remote.requests["fetch"] - before == 1
+        assert {name: value.tolist() for name, value in values.items()} == {f"w{i}": [i, i] for i in range(width)}
+        assert remote._prefetched == {} and remote._wanted == {}
+
+        again = make.run(np.ones(2, np.float32), client=remote)
+        for name in again:
+            again[name].block_until_ready()
+            again[name].copy_to_host_async()
+        released = again.pop("w1")
+        released.delete()
+        del again["w2"]
+        assert np.asarray(again["w0"]).tolist() == [1, 1]
+        assert set(remote._prefetched) == {again[f"w{i}"]._key for i in range(3, width)}
+        with pytest.raises(ValueError, match=r"^remote handle \d+ was released$"):
+            np.asarray(released)
+        assert np.asarray(again.pop("w3")).tolist() == [4, 4]      # taken as it was brought back
+        del again
+        assert remote._prefetched == {} and remote._wanted == {}

@@ -48,11 +48,13 @@ def test_a_malformed_start_message_is_a_protocol_error(header):
 
 def test_requests_read_back_and_malformed_ones_are_protocol_errors():
     assert connection.decode_request({"request": 1, "kind": "fetch", "run": 2, "buffer": 3, "timeout": None,
-                                      "siblings": [4], "value": True}) == connection.Request(1, "fetch", 2, 3, None,
-                                                                                             (4,), True)
+                                      "siblings": [[2, 4], [5, 6]], "value": True}) == \
+        connection.Request(1, "fetch", 2, 3, None, ((2, 4), (5, 6)), True)
     assert connection.decode_request({"request": 2, "kind": "runs_done", "runs": [5, 6]}).runs == (5, 6)
     assert connection.decode_request({"request": 3, "kind": "wait_run", "run": 7, "timeout": 1.5}).timeout == 1.5
     for header in ({"request": 1, "kind": "fetch", "run": 2, "buffer": 3, "timeout": -1, "siblings": [],
+                    "value": True},
+                   {"request": 1, "kind": "fetch", "run": 2, "buffer": 3, "timeout": None, "siblings": [4],
                     "value": True},
                    {"request": 1, "kind": "exec", "timeout": None},
                    {"request": "1", "kind": "runs_done", "runs": []},
@@ -104,7 +106,7 @@ def test_replies_reach_the_waiters_they_answer_whatever_their_order(pair):
     results = {}
 
     def fetch(run):
-        results[run] = ours.fetch(run, 0, None, [1] if run == 1 else [])
+        results[run] = ours.fetch(run, 0, None, [(1, 1)] if run == 1 else [])
 
     threads = [threading.Thread(target=fetch, args=(run,)) for run in (1, 2)]
     for thread in threads:
@@ -112,13 +114,13 @@ def test_replies_reach_the_waiters_they_answer_whatever_their_order(pair):
     requests = {(r := peer.request())["run"]: r["request"] for _ in range(2)}
     send_message(peer.sock, {"taken": 0})                                      # an acknowledgement between them
     send_message(peer.sock, {"reply": requests[2], "siblings": []}, [np.full(2, 2.0)])
-    send_message(peer.sock, {"reply": requests[1], "siblings": [1]}, [np.full(3, 1.0), np.zeros(1, np.int32)])
+    send_message(peer.sock, {"reply": requests[1], "siblings": [[1, 1]]}, [np.full(3, 1.0), np.zeros(1, np.int32)])
     for thread in threads:
         thread.join(WAIT)
     assert not any(thread.is_alive() for thread in threads)
     np.testing.assert_array_equal(results[2][0], np.full(2, 2.0))
     np.testing.assert_array_equal(results[1][0], np.full(3, 1.0))
-    assert list(results[1][1]) == [1] and results[2][1] == {}
+    assert list(results[1][1]) == [(1, 1)] and results[2][1] == {}
     ours.wait_taken(0)                                                          # read by a fetch meanwhile
     assert ours.taken == 0
 

@@ -972,3 +972,51 @@ def test_runs_queued_behind_a_long_computation_do_not_hold_the_start_channel(ray
         for i in (0, 79):
             np.testing.assert_allclose(np.asarray(queued[i].result(120)), np.asarray(grow.fn(X + i)), rtol=1e-6)
         long.result(120)
+
+
+def test_device_get_of_a_pytree_costs_one_fetch_per_island(ray_runtime):
+    """`jax.device_get` announces every leaf (`copy_to_host_async`) before it reads them: the first read from
+    the island brings back the others computed there, so the first run of a plan of 40 results costs one fetch
+    request, not 40 (a Ray fault finder: 2101 requests, 3.5 s, for an optimizer's state). The values are the
+    same; a handle released after its announcement is not brought back, and what was brought back goes once
+    read or released."""
+    width = 40
+    make = pw.jit(lambda x: {f"w{i}": x + i for i in range(width)},
+                  slice=pw.virtual_slice(2, axes="x", island="island0"))
+    proxy = ray_runtime.islands["island0"]
+    with Client(ray_runtime) as client:
+        state = make.run(np.zeros(4, np.float32), client=client)
+        client.wait(state["w0"]._run, timeout=120)
+        before = proxy.calls["fetch"]
+        values = jax.device_get(state)
+        assert proxy.calls["fetch"] - before == 1
+        assert {name: value.tolist() for name, value in values.items()} == {f"w{i}": [i] * 4 for i in range(width)}
+        assert proxy._fetched == {} and proxy._wanted == {} and proxy._fetched_bytes == 0
+
+        again = make.run(np.ones(4, np.float32), client=client)
+        client.wait(again["w0"]._run, timeout=120)
+        for name in again:
+            again[name].copy_to_host_async()
+        released = again.pop("w1")
+        released.delete()
+        del again["w2"]
+        assert np.asarray(again["w0"]).tolist() == [1] * 4
+        assert set(proxy._fetched) == {(again["w3"]._run.id, again[f"w{i}"]._buffer) for i in range(3, width)}
+        with pytest.raises(ValueError, match=r"^handle to buffer \d+ of run \d+ was released$"):
+            np.asarray(released)
+        assert np.asarray(again.pop("w3")).tolist() == [4] * 4      # taken as it was brought back
+        del again
+        assert proxy._fetched == {} and proxy._wanted == {} and proxy._fetched_bytes == 0
+
+
+def test_device_get_of_a_cancelled_runs_results_raises_as_reading_one_does(ray_runtime):
+    """A result announced for reading (`jax.device_get`) of a run that failed raises at its read what reading
+    it alone raises."""
+    with Client(ray_runtime) as client:
+        spun = [spin_on_right.run(X, client=client), spin_on_right.run(X, client=client)]
+        assert client.cancel(spun[0]) and client.cancel(spun[1])
+        with pytest.raises(RunCancelled) as together:
+            jax.device_get(spun)
+        with pytest.raises(RunCancelled) as alone:
+            np.asarray(spun[0])
+        assert str(together.value) == str(alone.value)

@@ -233,7 +233,7 @@ def test_a_request_keeps_only_the_fields_it_reads_and_none_while_its_reply_is_se
         held.block_until_ready()
         for request, error in [
                 ({"op": "fetch", "handle": held._key, "junk": [[]] * 1000},
-                 "request 'fetch' has no field 'junk': it takes handle, timeout, token, value "
+                 "request 'fetch' has no field 'junk': it takes also, handle, timeout, token, value "
                  "(and release, forget)"),
                 ({"op": "fetch", "handle": held._key, "value": "no"}, "needs 'value' as bool, not no"),
                 ({"op": "status", "full": 1}, "needs 'full' as bool, not 1"),

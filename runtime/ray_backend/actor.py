@@ -31,7 +31,6 @@ from .data_plane import Pulled
 if TYPE_CHECKING:
     from .data_plane import DataPlane
 
-SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results on the island up to this size each
 PEER_TIMEOUT = 60.0      # seconds to learn a peer actor's transfer address
 ACK_DELAY = 0.02         # seconds a lender's `Pulled` waits for sends to the same peer to go with
 SETTLE_TIMEOUT = 5.0     # seconds a question waits for the starts sent before it (`asked`), under STATUS_TIMEOUT
@@ -197,7 +196,7 @@ class IslandActor:
         try:
             if request.kind == "fetch" and request.value:
                 array, ready = self.fetch(request.run, request.buffer, request.timeout, request.siblings)
-                header["siblings"], arrays = list(ready), [array, *ready.values()]
+                header["siblings"], arrays = [list(sibling) for sibling in ready], [array, *ready.values()]
             elif request.kind == "fetch":
                 self._island.produced(request.run, request.buffer, request.timeout)
             elif request.kind == "wait_run":
@@ -271,17 +270,18 @@ class IslandActor:
         self._island.fail_run(run_id, failure(kind, message))
 
     def fetch(self, run_id: int, buffer: int, timeout: float | None, siblings):
-        """Returns a buffer's value, and those of the `siblings` (other results of its run) already produced
-        that are at most `SIBLING_BYTES` each."""
+        """Returns a buffer's value, and those of the `siblings` ((run, buffer) pairs the driver chose) already
+        computed: {(run, buffer): array}. A sibling still computing is left out (its reader waits for it alone,
+        not this value's)."""
         value = np.asarray(self._island.fetch(run_id, buffer, timeout))
         ready = {}
-        for other in siblings:
+        for sibling in siblings:
             try:
-                array = self._island.fetch(run_id, other, timeout=0)
+                array = self._island.fetch(*sibling, timeout=0)
             except Exception:  # noqa: BLE001  (not produced yet, released or failed: fetched on its own)
                 continue
-            if array.nbytes <= SIBLING_BYTES:
-                ready[other] = np.asarray(array)
+            if not hasattr(array, "is_ready") or array.is_ready():
+                ready[sibling] = np.asarray(array)
         return value, ready
 
     def _release(self, pairs) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import math
 import os
 import secrets
 import socket
@@ -24,6 +25,7 @@ from typing import Callable
 from pathways_mlir.dialect.topology import Topology
 
 from ..cluster import ClusterError
+from ..executables import numpy_dtype
 from ..island_work import Islands, IslandWork
 from ..status import Status, gather, unreachable
 from .actor import IslandActor
@@ -66,7 +68,7 @@ class RayIslands(Islands):
         self._key = secrets.token_bytes(32)     # what the actors' connections prove they hold (`connection.py`)
         self._sending = threading.Lock()        # start messages and releases leave one at a time, in order
         self._flushes = itertools.count(1)      # release-only messages, numbered -1, -2, ... as runs
-        self._results: dict[int, dict[str, tuple[int, ...]]] = {}   # plan key -> the results on each island
+        self._results: dict[int, dict[str, dict[int, int]]] = {}   # plan key -> island -> its results' bytes
         self.failed_nodes: set[str] = set()     # nodes a restarted actor failed on (dead ones Ray counted alive)
         self.kept = KeptArguments(self)         # handles passed to later runs (`kept.py`)
         self.monitor = IslandMonitor(self)
@@ -115,9 +117,9 @@ class RayIslands(Islands):
         if self.kept.sent(run):
             self._send(-next(self._flushes), {}, {})
 
-    def results(self, key: int | None, island: str) -> tuple[int, ...]:
-        """The results a plan's runs leave on `island` (known once one of its runs started)."""
-        return self._results.get(key, {}).get(island, ())
+    def results(self, key: int | None, island: str) -> dict[int, int]:
+        """The results a plan's runs leave on `island` (known once one of its runs started): buffer -> bytes."""
+        return self._results.get(key, {}).get(island, {})
 
     def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list:
         """Sends one run's work to its islands as one start message each, with the releases queued; the run
@@ -125,7 +127,9 @@ class RayIslands(Islands):
         island was lost since the call, or if one of its islands lacks its plan (`replaced`). Nothing runs on the
         caller's thread (`inline`)."""
         if run.key not in self._results:
-            self._results[run.key] = {name: tuple(b for b in run.plan.distinct_outputs if run.island_of(b) == name)
+            buffers = run.plan.buffers
+            self._results[run.key] = {name: {b: math.prod(buffers[b].shape) * numpy_dtype(buffers[b].dtype).itemsize
+                                             for b in run.plan.distinct_outputs if run.island_of(b) == name}
                                       for name in self}
         lost = self.kept.lost(works) or self.replaced(run, works)
         if lost is not None:            # a result it takes is gone with its island (as a fetch of it raises), or

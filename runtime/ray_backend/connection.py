@@ -7,9 +7,9 @@ and proves it holds the key (`authentication.py`). Frames are the endpoint's
 wire format (`wire.py`: a JSON header and raw array bytes, never pickle):
 
     driver -> actor  {"number": n, "work": ..., "releases": ..., "lends": ...}  start message n (`encode_start`)
-                     {"request": i, "kind": "fetch", "run": r, "buffer": b,    a result's value and its
-                      "timeout": t, "siblings": [...], "value": true}          siblings' (false: only once
-                                                                               it exists)
+                     {"request": i, "kind": "fetch", "run": r, "buffer": b,    a result's value and those of
+                      "timeout": t, "siblings": [[r, b], ...], "value": true}  its siblings produced (false:
+                                                                               only once it exists)
                      {"request": i, "kind": "wait_run", "run": r, "timeout": t}  once run r is over there
                      {"request": i, "kind": "runs_done", "runs": [...]}        which of these runs are over
     actor -> driver  {"taken": n}                                              start message n was taken
@@ -231,17 +231,20 @@ class IslandConnection:
         limit = time.monotonic() + REPLY_TIMEOUT
         self._wait(lambda: self.taken >= number, limit if deadline is None else min(limit, deadline))
 
-    def fetch(self, run_id: int, buffer: int, timeout: float | None, siblings: list[int], value: bool = True,
-              slack: float = 0.0):
-        """Returns a result's value and those of its `siblings` the actor has ready ({buffer: array}), as
-        `IslandActor.fetch` does; with `value` False returns once it exists (None, {}). The actor waits
-        `timeout` seconds for it (None: as long as it takes), the reply `slack` more."""
+    def fetch(self, run_id: int, buffer: int, timeout: float | None, siblings: list[tuple[int, int]],
+              value: bool = True, slack: float = 0.0):
+        """Returns a result's value and those of its `siblings` ((run, buffer) pairs) the actor has ready
+        ({(run, buffer): array}), as `IslandActor.fetch` does; with `value` False returns once it exists (None,
+        {}). The actor waits `timeout` seconds for it (None: as long as it takes), the reply `slack` more."""
         header, arrays = self.request("fetch", {"run": run_id, "buffer": buffer, "timeout": timeout,
                                                 "siblings": siblings, "value": value},
                                       None if timeout is None else timeout + slack)
         if not value:
             return None, {}
-        named = header.get("siblings", [])
+        try:
+            named = [(_integer(run), _integer(other)) for run, other in header.get("siblings", [])]
+        except (TypeError, ValueError) as error:
+            raise self._broke(ProtocolError(f"a malformed answer: {type(error).__name__}: {error}")) from None
         if len(arrays) != len(named) + 1:
             raise self._broke(ProtocolError(f"a reply of {len(arrays)} arrays for {len(named)} siblings"))
         return arrays[0], dict(zip(named, arrays[1:]))
@@ -389,7 +392,7 @@ class Request(NamedTuple):
     run: int = -1
     buffer: int = -1
     timeout: float | None = None
-    siblings: tuple[int, ...] = ()
+    siblings: tuple[tuple[int, int], ...] = ()
     value: bool = True
     runs: tuple[int, ...] = ()
 
@@ -407,7 +410,8 @@ def decode_request(header: dict) -> Request:
             return Request(request, kind, run=_integer(header["run"]), timeout=timeout)
         if kind == "fetch":
             return Request(request, kind, _integer(header["run"]), _integer(header["buffer"]), timeout,
-                           tuple(map(_integer, header["siblings"])), bool(header["value"]))
+                           tuple((_integer(run), _integer(other)) for run, other in header["siblings"]),
+                           bool(header["value"]))
         raise ValueError(f"unknown request kind {str(kind)[:40]!r}")
     except (KeyError, TypeError, ValueError) as error:
         raise ProtocolError(f"a malformed request: {type(error).__name__}: {error}") from None

@@ -27,6 +27,9 @@ STATUS_TIMEOUT = 10.0   # seconds an island has to answer a status request
 RUNS_DONE_TIMEOUT = 2.0
 RELEASE_BATCH = 64      # queued releases sent in a call of their own once this many wait
 RUNS_DONE_BATCH = 256   # earlier runs asked about with each `runs_done` call
+SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results read before up to this size each
+FETCHED_BYTES = 64 << 20  # bytes of values brought back ahead of their read that the driver holds per island
+WANTED = 8192           # results announced for reading (`want`) and not brought back yet, at most per island
 
 
 class RayIsland:
@@ -41,7 +44,11 @@ class RayIsland:
     brings back the run's other small results on the island that were read
     of an earlier run of the same plan, so reading a run's outputs one by one
     costs one request, while results never read (a training state kept on the
-    devices) never travel.
+    devices) never travel; and it brings back the results announced for
+    reading (`want`: `jax.device_get` announces every leaf of a pytree before
+    it reads them), so reading a pytree costs one request per island. What
+    comes back ahead of its read is held until read or released, at most
+    `FETCHED_BYTES` per island.
 
     Once its actor is dead (the monitor saw it, or Ray failed a call with
     `RayActorError`), the proxy answers for it as a lost island would: work
@@ -59,6 +66,9 @@ class RayIsland:
         # Runs known to be over -> the device time the actor measured (None: not known), until it is read.
         self._done: collections.OrderedDict[int, float | None] = collections.OrderedDict()
         self._fetched: dict[tuple[int, int], np.ndarray] = {}   # results brought back with a sibling, not read yet
+        self._fetched_bytes = 0                    # their bytes, at most `FETCHED_BYTES`
+        self._wanted: dict[tuple[int, int], int] = {}   # results announced for reading (`want`) -> their bytes
+        self._asked: set[tuple[int, int]] = set()  # siblings asked for by a fetch whose reply has not come
         self._read: dict[int | None, set[int]] = {}   # plan key -> the results here ever read of its runs
         self._releases: list[tuple[int, int]] = []
         # Runs started here -> (plan key, client id), the latest `HISTORY` of them.
@@ -201,23 +211,65 @@ class RayIsland:
         """A run is not sent here (it takes a result that `lost_result`): it fails with `error`."""
         self._failed_here(run_id, error)
 
+    def want(self, run_id: int, buffer: int, nbytes: int) -> None:
+        """Notes that a result of `nbytes` bytes will be read soon (its handle's `copy_to_host_async`): the next
+        fetch from this island brings it back with its own value if it is produced by then. At most `WANTED`
+        are noted; the others are read alone."""
+        key = (run_id, buffer)
+        with self._lock:
+            if len(self._wanted) < WANTED and key not in self._fetched:
+                self._wanted[key] = nbytes
+
     def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
         lost = self.lost_result(run_id)
         if lost is not None:
             raise lost
         with self._lock:
-            value = self._fetched.pop((run_id, buffer), None)
+            self._wanted.pop((run_id, buffer), None)
+            value = self._take_fetched((run_id, buffer))
             key = self._runs.get(run_id, (None, None))[0]
             read = self._read.setdefault(key, set())
             read.add(buffer)
-            siblings = [b for b in self._group.results(key, self.name)
-                        if b != buffer and b in read and (run_id, b) not in self._fetched]
+            siblings = [] if value is not None else self._siblings(run_id, buffer, key, read)
+            self._asked.update(siblings)
         if value is not None:
             return value
-        value, ready = self._request(run_id, buffer, timeout, siblings)
-        with self._lock:
-            released = set(self._releases)
-            self._fetched.update(((run_id, b), v) for b, v in ready.items() if (run_id, b) not in released)
+        ready = {}
+        try:
+            value, ready = self._request(run_id, buffer, timeout, siblings)
+        finally:
+            with self._lock:        # (a sibling released meanwhile left `_asked`: its value is dropped)
+                for sibling in siblings:
+                    if sibling in self._asked:
+                        self._asked.discard(sibling)
+                        if sibling in ready:
+                            self._wanted.pop(sibling, None)
+                            self._fetched[sibling] = ready[sibling]
+                            self._fetched_bytes += ready[sibling].nbytes
+        return value
+
+    def _siblings(self, run_id: int, buffer: int, key: int | None, read: set[int]) -> list[tuple[int, int]]:
+        """The results a fetch of `buffer` of run `run_id` (of plan `key`) asks for besides: the run's others here
+        ever read of the plan's runs, up to `SIBLING_BYTES` each, and those announced for reading (`want`), as
+        long as what the driver holds ahead of its read stays within `FETCHED_BYTES`. None already held, asked
+        for by another fetch, or released. Under the lock."""
+        room = FETCHED_BYTES - self._fetched_bytes
+        released = set(self._releases)
+        others = [((run_id, b), n) for b, n in self._group.results(key, self.name).items()
+                  if b != buffer and b in read and n <= SIBLING_BYTES]
+        chosen = {}
+        for sibling, nbytes in [*others, *self._wanted.items()]:
+            if nbytes <= room and sibling not in chosen and sibling not in self._fetched \
+                    and sibling not in self._asked and sibling not in released:
+                chosen[sibling] = None
+                room -= nbytes
+        return list(chosen)
+
+    def _take_fetched(self, key: tuple[int, int]) -> np.ndarray | None:
+        """Takes a value brought back ahead of its read (None if none is held). Under the lock."""
+        value = self._fetched.pop(key, None)
+        if value is not None:
+            self._fetched_bytes -= value.nbytes
         return value
 
     def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
@@ -258,14 +310,15 @@ class RayIsland:
             raise self._died(error) from None
 
     def release(self, run_id: int, buffer: int) -> None:
+        with self._lock:        # what was brought back ahead of its read, or is on its way, goes now
+            self._take_fetched((run_id, buffer))
+            self._wanted.pop((run_id, buffer), None)
+            self._asked.discard((run_id, buffer))
         if not self._live() or self._dead is not None or run_id in self._failed:
-            with self._lock:    # (a value fetched with a sibling before the run failed goes all the same)
-                self._fetched.pop((run_id, buffer), None)
             return       # handles dropped at exit, after the actors are gone, or of results gone: nothing to do
         if self._group.kept.hold_back(self, (run_id, buffer)):
             return       # a run whose start is not sent yet takes it: released after that start
         with self._lock:
-            self._fetched.pop((run_id, buffer), None)
             self._releases.append((run_id, buffer))
             full = len(self._releases) >= RELEASE_BATCH
         if full:
@@ -310,9 +363,12 @@ class RayIsland:
     def release_owner(self, owner) -> int:
         if self._closed or self._dead is not None:
             return 0
-        with self._lock:        # the owner's results brought back with a sibling and not read go too
-            self._fetched = {k: v for k, v in self._fetched.items()
-                             if client_owner(self._runs.get(k[0], (None, None))[1]) != owner}
+        with self._lock:        # the owner's results brought back ahead of their read, or on their way, go too
+            for key in [k for k in (*self._fetched, *self._wanted, *self._asked)
+                        if client_owner(self._runs.get(k[0], (None, None))[1]) == owner]:
+                self._take_fetched(key)
+                self._wanted.pop(key, None)
+                self._asked.discard(key)
         return self._ask("release_owner", owner, otherwise=0)
 
     def failure(self, run_id: int) -> BaseException | None:
