@@ -81,7 +81,7 @@ class Fifo(Policy):
     default_window = None
 
     def __init__(self, window: int | None = None):
-        super().__init__()      # a window given with fifo is checked, not used: fifo has none
+        super().__init__()      # fifo has no window (`parse_policy` refuses one)
 
 
 class Share(Policy):
@@ -166,11 +166,15 @@ POLICIES = tuple(POLICY_CLASSES)
 
 def parse_policy(policy: str | Policy, window: int | None = None) -> Policy:
     """Returns the policy named `policy` with `window` (a Policy is returned as it is); raises ValueError in
-    one line unless `policy` names a policy and `window` (if given) is a positive integer."""
+    one line unless `policy` names a policy and `window` (if given) is a positive integer for a policy that has
+    one (fifo has none: it admits every run that fits)."""
     if isinstance(policy, Policy):
         return policy
     if policy not in POLICIES:
         raise ValueError(f"unknown scheduling policy {policy!r} (choose from {', '.join(POLICIES)})")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window= must be a positive integer (admitted runs on the devices), not {window!r}")
+    if window is not None and POLICY_CLASSES[policy].default_window is None:
+        raise ValueError(f"policy {policy!r} has no window (it admits every run that fits): window= is for "
+                         f"{', '.join(name for name, cls in POLICY_CLASSES.items() if cls.default_window)}")
     return POLICY_CLASSES[policy](window)

@@ -177,6 +177,9 @@ def test_a_policy_is_checked_where_it_is_given():
     with pytest.raises(ValueError, match=r"window= must be a positive integer \(admitted runs on the devices\), "
                                          r"not 0"):
         pw.configure(policy="sjf", window=0)
+    with pytest.raises(ValueError, match=r"^policy 'fifo' has no window \(it admits every run that fits\): window= "
+                                         r"is for share, sjf, deadline$"):
+        Runtime(embedded_device_map(1, 1), policy="fifo", window=3)        # (was accepted, and ignored)
     result = subprocess.run([*SERVE, "--policy", "lifo"], capture_output=True, text=True, timeout=TIMEOUT)
     assert (result.returncode, result.stdout, result.stderr) == (
         1, "", "pw-serve: error: Invalid value for '--policy': 'lifo' is not one of 'fifo', 'share', 'sjf', "
