@@ -62,13 +62,20 @@ def beside_largest(need: Need, others: list[Need]) -> Need:
             def on(n: Need) -> int:
                 return sum(nbytes for b, e, nbytes in n.get(island, ()) if b <= begin and end <= e)
             nbytes = on(need) + max(map(on, others), default=0)
-            if ranges and ranges[-1][1] == begin and ranges[-1][2] == nbytes:
-                ranges[-1] = (ranges[-1][0], end, nbytes)
-            elif nbytes:
-                ranges.append((begin, end, nbytes))
+            if nbytes:
+                add_range(ranges, begin, end, nbytes)
         if ranges:
             combined[island] = ranges
     return combined
+
+
+def add_range(ranges: list[tuple[int, int, int]], begin: int, end: int, nbytes: int) -> None:
+    """Appends devices `[begin, end)` of `nbytes` each to an island's `ranges` (in device order), extending the
+    last range if it ends at `begin` with as many bytes per device."""
+    if ranges and ranges[-1][1] == begin and ranges[-1][2] == nbytes:
+        ranges[-1] = (ranges[-1][0], end, nbytes)
+    else:
+        ranges.append((begin, end, nbytes))
 
 
 def result_need(plan: ProgramPlan, buffer: int) -> Need:

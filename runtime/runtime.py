@@ -20,7 +20,7 @@ import weakref
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from .admission import MemoryLedger
+from .admission import MemoryLedger, add_range
 from .backends import BACKENDS, backend_named
 from .cluster import MAX_HOST_DEVICES, DeviceMap, prepare_host_devices
 from .dispatch import LoadedPlan
@@ -287,12 +287,8 @@ class Runtime:
         ranges: list[tuple[int, int, int]] = []
         for index, device in enumerate(devices):
             nbytes = per_device.get(device)
-            if nbytes is None:
-                continue
-            if ranges and ranges[-1][1] == index and ranges[-1][2] == nbytes:
-                ranges[-1] = (ranges[-1][0], index + 1, nbytes)
-            else:
-                ranges.append((index, index + 1, nbytes))
+            if nbytes is not None:
+                add_range(ranges, index, index + 1, nbytes)
         if run.on_devices is None:
             run.on_devices = {}
         run.on_devices[buffer] = (island, {island: ranges})   # first: a release from now on drops it there

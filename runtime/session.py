@@ -157,11 +157,7 @@ class Session:
                     kind, message = reported(error, "error")
                     reply, out = {"ok": False, "error": message, "kind": kind}, []
                 del request, arrays          # not kept while the reply waits for the peer to read it
-                try:
-                    send_message(self.connection, reply, out, self.endpoint.limits)
-                except ValueError as error:   # over the endpoint's limits: found before a byte was sent
-                    send_message(self.connection, {"ok": False, "error": f"the reply cannot be sent: {error}",
-                                                   "kind": "error"})
+                _send_reply(self.connection, reply, out, self.endpoint.limits)
         finally:
             self.endpoint.forget(list(self.tokens.values()))
             self.handles.clear()
@@ -509,11 +505,8 @@ def serve_status(endpoint: Endpoint, connection: socket.socket, refusal: str) ->
                                       "error": f"{refusal}: this connection may ask for the full status only"})
             return
         op = request["op"]
-        reply = {"ok": True, "status": endpoint.status()} if op == "status" else {"ok": True}
-        try:
-            send_message(connection, reply, (), limits)
-        except ValueError as error:   # over the endpoint's limits: found before a byte was sent
-            send_message(connection, {"ok": False, "error": f"the reply cannot be sent: {error}", "kind": "error"})
+        _send_reply(connection, {"ok": True, "status": endpoint.status()} if op == "status" else {"ok": True}, (),
+                    limits)
         if op == "close":
             return
 
@@ -531,6 +524,15 @@ def _computed(value, until: float) -> bool:
         time.sleep(min(pause, left))
         pause = min(2 * pause, 0.05)
     return True
+
+
+def _send_reply(connection: socket.socket, reply: dict, arrays, limits) -> None:
+    """Sends a request's reply, or, if it is over the endpoint's `limits` (found before a byte was sent), an
+    error saying so."""
+    try:
+        send_message(connection, reply, arrays, limits)
+    except ValueError as error:
+        send_message(connection, {"ok": False, "error": f"the reply cannot be sent: {error}", "kind": "error"})
 
 
 def _also(handles: dict[int, Handle], room: int) -> tuple[list[int], list[np.ndarray]]:

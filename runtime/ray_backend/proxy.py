@@ -272,6 +272,13 @@ class RayIsland:
             self._fetched_bytes -= value.nbytes
         return value
 
+    def _forget_ahead(self, key: tuple[int, int]) -> None:
+        """Forgets what is noted, asked for or held of a result ahead of its read (it was released). Under the
+        lock."""
+        self._take_fetched(key)
+        self._wanted.pop(key, None)
+        self._asked.discard(key)
+
     def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
         """Returns once a buffer of a run exists on the actor, bringing nothing back; raises as `fetch` does."""
         lost = self.lost_result(run_id)
@@ -311,9 +318,7 @@ class RayIsland:
 
     def release(self, run_id: int, buffer: int) -> None:
         with self._lock:        # what was brought back ahead of its read, or is on its way, goes now
-            self._take_fetched((run_id, buffer))
-            self._wanted.pop((run_id, buffer), None)
-            self._asked.discard((run_id, buffer))
+            self._forget_ahead((run_id, buffer))
         if not self._live() or self._dead is not None or run_id in self._failed:
             return       # handles dropped at exit, after the actors are gone, or of results gone: nothing to do
         if self._group.kept.hold_back(self, (run_id, buffer)):
@@ -366,9 +371,7 @@ class RayIsland:
         with self._lock:        # the owner's results brought back ahead of their read, or on their way, go too
             for key in [k for k in (*self._fetched, *self._wanted, *self._asked)
                         if client_owner(self._runs.get(k[0], (None, None))[1]) == owner]:
-                self._take_fetched(key)
-                self._wanted.pop(key, None)
-                self._asked.discard(key)
+                self._forget_ahead(key)
         return self._ask("release_owner", owner, otherwise=0)
 
     def failure(self, run_id: int) -> BaseException | None:
