@@ -67,8 +67,8 @@ class Policy:
 
     def retired(self, run: Run, seconds: float) -> None:
         """Records that `run` is over, having taken `seconds` of device time (as its islands measured it, at
-        most twice the average of its client's runs of the plan (`runtime/device_estimates.py`), or its estimate
-        if they could not tell)."""
+        most twice the second longest of its client's latest runs of the plan (`runtime/device_estimates.py`),
+        or its estimate if they could not tell)."""
 
     def forget(self, client_id: int) -> None:
         """Forgets a client that closed (its runs still in flight may retire after this)."""

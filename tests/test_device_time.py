@@ -208,8 +208,8 @@ def test_share_starts_a_newcomer_where_the_queued_clients_are_not_where_a_reserv
 
 def test_a_client_whose_runs_of_a_shared_plan_take_longer_is_charged_what_they_take():
     # Two clients run plan 7 with different arguments: client 1's runs take 1 ms, client 2's 6 ms. Each run is
-    # bounded by twice its own client's average, not the plan's (which blends both: client 2 would be charged
-    # less than its runs take).
+    # bounded by its own client's latest runs, not the plan's (which blend both: client 2 would be charged less
+    # than its runs take).
     estimates = DeviceTimeEstimates()
     for _ in range(20):
         estimates.record(7, 1e-3, client_id=1)
@@ -217,12 +217,12 @@ def test_a_client_whose_runs_of_a_shared_plan_take_longer_is_charged_what_they_t
     assert estimates.record(7, 1e-3, client_id=1) == pytest.approx(1e-3)
     assert estimates.record(7, 6e-3, client_id=2) == pytest.approx(6e-3)
     assert estimates.of(Run(None, 7, 2, (), {})) == pytest.approx(6e-3, rel=0.01)   # what its next run will take
-    # A run of client 2 held up waiting for a core still counts as twice client 2's average.
-    assert estimates.record(7, 0.6, client_id=2) == pytest.approx(2 * 6e-3, rel=0.01)
-    # A client that closed is forgotten; a client's first run of the plan is bounded by the plan's average.
+    # A run of client 2 held up waiting for a core counts as twice the second longest of client 2's latest runs.
+    assert estimates.record(7, 0.6, client_id=2) == pytest.approx(2 * 6e-3)
+    # A client that closed is forgotten; a client's first run of the plan is bounded by the plan's latest runs.
     estimates.forget_client(2)
-    plan = estimates.measured(7)
-    assert estimates.record(7, 0.6, client_id=2) == pytest.approx(2 * plan)
+    estimates.record(7, 1e-3, client_id=1)
+    assert estimates.record(7, 0.6, client_id=2) == pytest.approx(2 * 6e-3)
 
 
 def test_one_run_that_waited_for_a_core_does_not_multiply_its_plans_estimate():
@@ -231,6 +231,22 @@ def test_one_run_that_waited_for_a_core_does_not_multiply_its_plans_estimate():
         estimates.record(7, 1e-3)
     assert estimates.record(7, 0.6) == pytest.approx(2e-3)     # 600x: the process was descheduled
     assert estimates.measured(7) == pytest.approx(1e-3 + 0.25 * 1e-3)
+    assert estimates.record(7, 1e-3) == pytest.approx(1e-3)
+    assert estimates.record(7, 0.3) == pytest.approx(2e-3)     # a second one among the latest runs
     for _ in range(16):
-        estimates.record(7, 0.05)                     # the plan really grew 50x: the estimate follows, 1.25x a run
-    assert estimates.measured(7) > 0.02
+        estimates.record(7, 0.05)                     # the plan really grew 50x: the estimate follows
+    assert estimates.measured(7) == pytest.approx(0.05, rel=0.01)
+
+
+def test_a_client_whose_runs_of_one_plan_take_different_times_is_charged_what_they_took():
+    # One client runs plan 7 with a loop's trip count that makes three runs take 1 ms and the fourth 50 ms.
+    # Bounded by twice its average of what it was charged (pulled down by the short runs, never raised by the
+    # bounded long ones), it was charged 5% of what its runs took; now the long runs are charged what they took
+    # once two are among the client's latest runs.
+    estimates = DeviceTimeEstimates()
+    took = [50e-3 if i % 4 == 3 else 1e-3 for i in range(40)]
+    charged = [estimates.record(7, seconds, client_id=1) for seconds in took]
+    assert charged[8:] == pytest.approx(took[8:])
+    assert sum(charged) >= 0.8 * sum(took)
+    # Its next run is expected to take a moving average of what they took: the long runs are in it.
+    assert 10e-3 < estimates.of(Run(None, 7, 1, (), {})) < 50e-3

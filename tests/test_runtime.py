@@ -263,10 +263,10 @@ def test_shares_follow_client_weights(device_map, plan_builder):
         for r in runs:
             rt.wait(r, timeout=120)
         rt.usage()                                 # retires the runs: each is charged what it measured
-        # Each client's device time as charged (as measured, a run of more than 2x its client's average at 2x, or
-        # its plan's estimate if untimed) over the first 100 runs delivered, while both were backlogged. The runs
-        # are short and host-bound here, so they measure differently: their count follows the weights only on
-        # average.
+        # Each client's device time as charged (as measured, a run of more than 2x the second longest of its
+        # client's latest at that, or its plan's estimate if untimed) over the first 100 runs delivered, while
+        # both were backlogged. The runs are short and host-bound here, so they measure differently: their count
+        # follows the weights only on average.
         delivered = collections.Counter(c for _, c in list(rt.scheduler.delivered)[:100])
         charged = {c.id: sum(r.charged for r in runs[c is heavy::2][:delivered[c.id]]) for c in (light, heavy)}
         ratio = charged[heavy.id] / charged[light.id]
@@ -278,7 +278,7 @@ def test_shares_follow_client_weights(device_map, plan_builder):
 def test_share_charges_each_client_what_its_runs_of_one_plan_measured(device_map, plan_builder, monkeypatch):
     # Two clients run one plan whose runs take 1 ms for one and 6 ms for the other (as with different loop
     # trip counts), the islands' measurements injected. Each is charged what its runs measured: a run is bounded
-    # by twice its own client's average, not the plan's, which blends both clients' runs.
+    # by its own client's latest runs, not the plan's, which blend both clients' runs.
     plan = _one_launch(plan_builder, device_map.topology)
     rt = Runtime(device_map, policy="share", window=1)
     try:
@@ -309,6 +309,39 @@ def test_share_charges_each_client_what_its_runs_of_one_plan_measured(device_map
         assert rt.scheduler.device_seconds(probe) == pytest.approx(1e-3)
         light.close()          # (then the plan's average, which the heavy client's runs raise)
         assert rt.scheduler.device_seconds(probe) == rt.scheduler.estimates.measured(probe.key) > 2e-3
+    finally:
+        rt.close()
+
+
+def test_share_charges_a_client_whose_runs_of_one_plan_take_different_times_what_they_took(
+        device_map, plan_builder, monkeypatch):
+    # A client runs one plan with arguments that make three runs take 1 ms and the fourth 50 ms (a loop's trip
+    # count), the islands' measurements injected. Bounded by twice its average of what it was charged, which
+    # the short runs pulled down, its runs were charged 5% of what they took; now the long ones are charged
+    # what they took once two are among its latest runs.
+    plan = _one_launch(plan_builder, device_map.topology)
+    rt = Runtime(device_map, policy="share", window=1)
+    try:
+        client = Client(rt)
+        took = {}                                   # run id -> its injected device time
+        measured = Island.device_seconds
+
+        def injected(island, run_id):
+            measured(island, run_id)                # (an island hands a run's time once)
+            return took[run_id]
+
+        monkeypatch.setattr(Island, "device_seconds", injected)
+        rt.scheduler.hold()                         # every run is known here before one is over
+        runs = [client.start(plan, [X]) for _ in range(40)]
+        took.update((run.id, 50e-3 if i % 4 == 3 else 1e-3) for i, run in enumerate(runs))
+        rt.scheduler.release()
+        for run in runs:
+            rt.wait(run, timeout=120)
+        rt.usage()                                  # retires the runs: each is charged what it measured
+        assert [run.device_seconds for run in runs] == [took[run.id] for run in runs]
+        later = runs[8:]                            # (two long runs before them)
+        assert sum(run.charged for run in later) >= 0.8 * sum(run.device_seconds for run in later), \
+            [run.charged for run in later]
     finally:
         rt.close()
 
