@@ -20,21 +20,28 @@ Admission never holds others back and cannot deadlock:
 - Each client's runs are admitted in its order, but a run waiting for
   memory never blocks another client's run that fits: the scheduler looks
   at every client's oldest queued run, in the policy's order, and admits
-  each that fits, unless admitting it would leave an older run waiting at
-  the head of its queue never fitting (`_crowds_out`: the older run could
-  fit once every run in flight is over, but not once the new run is over
-  too, its results held). The new run then waits behind it: a waiting run
-  is never failed because of runs admitted after it.
+  each that fits, unless admitting it would leave an older waiting run (at
+  the head of its client's queue or behind it) never fitting (`_crowds_out`:
+  the older run could fit once every run in flight is over, but not once
+  the new run is over too, its results held). The new run then waits
+  behind it: a waiting run is never failed because of runs admitted after
+  it.
 
 No policy starves a run. Every run admitted while an older run of another
 client waits at the head of its queue overtakes it; a run overtaken
-`OVERTAKES` times holds a reservation (`waiting_runs.py` keeps the queues
-and the count): it is looked at first, before the policy's order, and
-meanwhile only runs that fit beside it in memory, and (under a window)
-leave it a place on each of its islands, are admitted. So once at the head
-of its client's queue, a run waits for at most `OVERTAKES` runs admitted
-after it, then for the runs in flight (a place in the window, the memory it
-needs).
+`OVERTAKES` times holds a reservation (the oldest, if several get there at
+once; `waiting_runs.py` keeps the queues and the count): it is looked at
+first, before the policy's order, and meanwhile only runs that fit beside
+it in memory, and (under a window) leave it a place on each of its
+islands, are admitted. So once at the head of its client's queue, a run
+waits for at most `OVERTAKES` runs admitted after it, then for the runs in
+flight (a place in the window, the memory it needs), and for the older
+runs it would leave never fitting: a reserved run that would passes the
+reservation to the head of such a run's queue (that run does not fit
+beside it, and would wait behind the reservation for good), an older run
+each time. So with nothing in flight, the run the reservation ends with,
+or the oldest queued run if none holds it, is admitted or fails with
+`OutOfDeviceMemory`: queued runs never wait for each other for ever.
 
 Shared objects (`runtime/shared.py`) are counted once, for their owner (`held_results.py`).
 From its submission until it is over, a run that reads one is one of the
@@ -414,7 +421,14 @@ class GangScheduler:
                     self._poll(len(self._in_flight))
                     self._reclaim()
                 if self._fits(run):
-                    if run.parent is None and self._crowds_out(run, item.arrival) is not None:
+                    older = None if run.parent is not None else self._crowds_out(run, item.arrival)
+                    if older is not None and item is self._waiting.reserved:
+                        # The older run does not fit beside the reservation, so it would wait for it for good:
+                        # the reservation goes to the older run's queue (to an older run each time: this ends).
+                        self._waiting.reserve_for(older)
+                        progress = True
+                        break
+                    if older is not None:
                         continue         # it waits behind the older run (module doc)
                     self._waiting.take(item)
                     self._admit(run, item.works)
@@ -469,14 +483,18 @@ class GangScheduler:
                 if island in reserved.run.islands)
 
     def _crowds_out(self, run: Run, arrival: float) -> WaitingRun | None:
-        """Returns an older waiting run (the head of a client's queue, which arrived before `arrival`) that
-        admitting `run` would leave never fitting: it could fit once every run in flight is over, but not once
-        `run` is over too, `run`'s results held; or None. A run that fits beside all of `run`'s peak now is
-        not looked at further. Under the lock."""
-        for queue in self._waiting.queues():
-            older = queue[0]
-            if older.arrival >= arrival or older.run.parent is not None or \
-                    self.ledger.fits_beside(older.run.need, run.need):
+        """Returns a waiting run that arrived before `arrival` (at the head of its client's queue or behind it)
+        that admitting `run` would leave never fitting: it could fit once every run in flight is over, but not
+        once `run` is over too, `run`'s results held; or None. A run that fits beside all of `run`'s peak now is
+        not looked at further, and of a client's runs of one kind (one need, the same donations: they fit or
+        not together) only the oldest is looked at, so a check costs what the kinds of runs queued cost, not
+        what every queued run would. Under the lock."""
+        beside = None
+        for older in self._waiting.oldest_of_each_kind(arrival):
+            if beside is None:
+                beside = self.ledger.copy()
+                beside.take(run.need)
+            if beside.fits(older.run.need):
                 continue
             if self._held_by_handles(older.run, run) is not None and self._held_by_handles(older.run) is None:
                 return older

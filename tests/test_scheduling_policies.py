@@ -505,3 +505,141 @@ def test_a_run_waiting_for_memory_is_never_failed_by_a_run_admitted_after_it(dev
             assert delivered_clients(rt, 3) == [holder.id, first.id, later.id]
     finally:
         rt.close()
+
+
+def memory_plans(plan_builder, topology, island="island0"):
+    """Plans on device 0 of `island` and a capacity where `big` fits once a run of `held` is over, its result
+    kept, and `tiny` fits beside a run of `held` but would leave `big` never fitting, its result kept too."""
+    held, big, tiny = (small_plan(plan_builder, topology, island, shape) for shape in ((8, 16), (16, 16), (1, 16)))
+
+    def peak(plan):
+        return run_need(plan)[island][0][2]
+
+    def kept(plan):
+        return result_need(plan, plan.outputs[0])[island][0][2]
+    capacity = kept(held) + peak(big)
+    assert peak(held) + peak(big) > capacity >= peak(held) + peak(tiny)
+    assert kept(held) + kept(tiny) + peak(big) > capacity
+    return held, big, tiny, capacity
+
+
+XB, XT = (np.random.default_rng(3).normal(size=shape).astype(np.float32) for shape in ((16, 16), (1, 16)))
+
+
+def run_and_drop(client, plan, x):
+    """Runs `plan` on `x` to its end and releases its result (a small capacity holds few)."""
+    [handle] = client.run(plan, [x])
+    handle.result(timeout=60)
+    handle.delete()
+
+
+def warmed(rt, client, plans_and_args):
+    """Loads and runs each plan once (compiled), and waits until no run is on the devices."""
+    for plan, x in plans_and_args:
+        run_and_drop(client, plan, x)
+    until(lambda: retired_all(rt), "the first runs retired", 60)
+
+
+def assert_computed(handle, x):
+    np.testing.assert_array_equal(np.asarray(handle.result(timeout=60)), np.asarray(jax.jit(tanh2)(x)))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_runs_overtaken_together_leave_the_reservation_to_the_oldest(device_map, plan_builder, policy):
+    """`big` fits once the run on the devices is over; `tiny`, younger, fits now but would leave `big` never
+    fitting, so it waits behind it. Runs on island1 overtook both, both got to `OVERTAKES` in one admission, and
+    the reservation went to the first queue of the scheduler's, `tiny`'s client's (its first run was queued
+    before `big`): `tiny` waited behind `big` and `big` behind the reservation, for ever, with nothing on the
+    devices (a result() without a timeout hung). The oldest of them now holds the reservation. The island's turn
+    keeps the first run on the devices."""
+    topology = device_map.topology
+    held, big_plan, tiny_plan, capacity = memory_plans(plan_builder, topology)
+    on1 = small_plan(plan_builder, topology, "island1", (1, 16))
+    rt = Runtime(device_map, policy=policy, device_memory_bytes=capacity)
+    try:
+        with Client(rt) as holder, Client(rt) as a, Client(rt) as b, Client(rt) as stream:
+            warmed(rt, holder, ((held, X), (big_plan, XB), (tiny_plan, XT), (on1, XT)))
+            with running_inline(rt.islands["island0"]):
+                [result] = holder.run(held, [X])
+                rt.scheduler.hold()
+                b.start(on1, [XT])                  # `b`'s queue is made first
+                big = a.start(big_plan, [XB])
+                tiny = b.start(tiny_plan, [XT])
+                rt.scheduler.release()
+                for _ in range(OVERTAKES):
+                    run_and_drop(stream, on1, XT)
+                assert rt.scheduler._waiting.reserved.run is big, rt.status()["scheduler"]
+            assert rt.scheduler.wait_admitted(big, timeout=60), rt.status()["scheduler"]
+            assert rt.scheduler.wait_admitted(tiny, timeout=60), rt.status()["scheduler"]
+            assert_computed(result, X)
+            assert_computed(a.handles(big)[0], XB)
+            assert_computed(b.handles(tiny)[0], XT)
+            assert delivered_clients(rt, 2) == [a.id, b.id]
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_reserved_run_gives_its_reservation_to_an_older_run_it_would_leave_never_fitting(device_map, plan_builder,
+                                                                                           policy):
+    """`tiny` waits behind `big`, which it would leave never fitting; `big` came to the head of its queue later
+    (the run before it was cancelled), so `tiny` was overtaken `OVERTAKES` times first and held the reservation:
+    `big`, not fitting beside it, waited behind the reservation, `tiny` behind `big`, and neither was ever
+    admitted once the run on the devices was over. The reservation now goes to `big`."""
+    topology = device_map.topology
+    held, big_plan, tiny_plan, capacity = memory_plans(plan_builder, topology)
+    on1 = small_plan(plan_builder, topology, "island1", (1, 16))
+    rt = Runtime(device_map, policy=policy, device_memory_bytes=capacity)
+    try:
+        with Client(rt) as holder, Client(rt) as a, Client(rt) as b, Client(rt) as stream:
+            warmed(rt, holder, ((held, X), (big_plan, XB), (tiny_plan, XT), (on1, XT)))
+            with running_inline(rt.islands["island0"]):
+                [result] = holder.run(held, [X])
+                cancelled = a.start(big_plan, [XB])
+                big = a.start(big_plan, [XB])
+                tiny = b.start(tiny_plan, [XT])
+                for _ in range(OVERTAKES // 2):
+                    run_and_drop(stream, on1, XT)
+                assert rt.scheduler.cancel(cancelled, RuntimeError("cancelled by the test"))
+                for _ in range(OVERTAKES - OVERTAKES // 2):      # `tiny` gets to OVERTAKES, `big` does not
+                    run_and_drop(stream, on1, XT)
+            assert rt.scheduler.wait_admitted(big, timeout=60), rt.status()["scheduler"]
+            assert rt.scheduler.wait_admitted(tiny, timeout=60), rt.status()["scheduler"]
+            assert_computed(result, X)
+            assert_computed(a.handles(big)[0], XB)
+            assert_computed(b.handles(tiny)[0], XT)
+            assert delivered_clients(rt, 2) == [a.id, b.id]
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_run_behind_its_clients_run_is_never_failed_by_a_run_admitted_after_it(device_map, plan_builder, policy):
+    """`second` waits behind its client's `first` (which waits for island1's memory) and fits island0 once the
+    run on its devices is over; another client's `late` fitted island0 now and was admitted past it, as only the
+    head of each queue was looked at, and `second` then failed with OutOfDeviceMemory, `late`'s result counted
+    as held for good. Every older waiting run is looked at now: `late` waits behind `second`. The islands'
+    turns keep the first runs on the devices."""
+    topology = device_map.topology
+    held0, big0, tiny0, capacity = memory_plans(plan_builder, topology, "island0")
+    held1, big1, _, _ = memory_plans(plan_builder, topology, "island1")
+    rt = Runtime(device_map, policy=policy, device_memory_bytes=capacity)
+    try:
+        with Client(rt) as holder, Client(rt) as a, Client(rt) as b:
+            warmed(rt, holder, ((held0, X), (big0, XB), (tiny0, XT), (held1, X), (big1, XB)))
+            with running_inline(rt.islands["island0"]), running_inline(rt.islands["island1"]):
+                [result0] = holder.run(held0, [X])
+                [result1] = holder.run(big1, [XB])
+                first = a.start(held1, [X])           # waits for island1's memory
+                second = a.start(big0, [XB])          # behind it
+                [late] = b.run(tiny0, [XT])
+                late_admitted = late._run.admitted
+                waits_for = {q["run"]: q["waits_for"] for q in rt.status()["scheduler"]["queued"]}
+            for handle, x in ((result0, X), (result1, XB), (a.handles(first)[0], X), (a.handles(second)[0], XB),
+                              (late, XT)):
+                assert_computed(handle, x)
+            assert not late_admitted and waits_for[late._run.id] == (
+                f"run {second.id}, which waits for memory that this run's results would keep")
+            assert delivered_clients(rt, 3) == [a.id, a.id, b.id]
+    finally:
+        rt.close()
