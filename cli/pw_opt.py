@@ -181,6 +181,10 @@ def cli(ctx: click.Context, input_file: str, output: str, pass_pipeline: str | N
     if program is not None and emit != "plan-json":
         raise UsageError("pw-opt: error: --program chooses the program of --emit=plan-json: add --emit=plan-json, "
                          "or leave --program out to write the IR of every program")
+    if split_input_file and emit == "plan-json":
+        # One JSON document per chunk, joined by `// -----`, would be a file no JSON reader can read.
+        raise UsageError("pw-opt: error: --emit=plan-json writes one program's plan as one JSON document, but "
+                         "--split-input-file makes one output per chunk: leave one of them out")
     passes = _build_passes(pass_pipeline, ctx.meta["pass_flags"])
     filename = "<stdin>" if input_file == "-" else input_file
     try:

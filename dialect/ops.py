@@ -34,6 +34,7 @@ Marks (discardable attributes) that the dialect defines on other ops:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -43,6 +44,7 @@ from mlir import ir
 from .attributes import Symbol, to_attribute, to_python
 from .sharding import Sharding
 from .diagnostics import DiagnosticEngine
+from .element_types import ELEMENT_BYTES
 from .topology import Topology, TopologyError
 
 PROGRAM = "pw.program"
@@ -103,32 +105,13 @@ def tensor_shape(type_: ir.Type) -> tuple[int, ...]:
 
 
 def tensor_bytes(type_: ir.Type) -> int:
-    """Returns the size in bytes of a statically shaped tensor type."""
+    """Returns the size in bytes of a statically shaped tensor type, counting its elements as the plans and
+    the runtime do (`element_types.ELEMENT_BYTES`)."""
     tensor = ir.RankedTensorType(type_)
-    element = tensor.element_type
-    width = 1 if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1 else None
-    if width is None:
-        bits = element_bits(element)
-        if bits is None:
-            raise ValueError(f"element type {element} has no known size")
-        width = max(1, bits // 8)
-    count = 1
-    for d in tensor.shape:
-        count *= d
-    return count * width
-
-
-def element_bits(element: ir.Type) -> int | None:
-    """Returns the width in bits of a tensor element type (integer, float, or complex of those), or None for
-    a type of no known size (`index`, a dialect's type): pw-verify refuses tensors of those."""
-    if isinstance(element, ir.IntegerType):
-        return ir.IntegerType(element).width
-    if isinstance(element, ir.FloatType):
-        return ir.FloatType(element).width
-    if isinstance(element, ir.ComplexType):
-        part = element_bits(ir.ComplexType(element).element_type)
-        return None if part is None else 2 * part
-    return None
+    size = ELEMENT_BYTES.get(str(tensor.element_type))
+    if size is None:
+        raise ValueError(f"element type {tensor.element_type} is not a pw element type")
+    return math.prod(tensor.shape) * size
 
 
 # ===--------------------------------------------------------------------=== #
@@ -448,6 +431,21 @@ def symbol_name(op: ir.Operation) -> str | None:
     """Returns the `sym_name` of an op, or None."""
     name = op.attributes.get("sym_name")
     return None if name is None else ir.StringAttr(name).value
+
+
+def symbol_names(module: ir.Module | ir.Operation) -> set[str]:
+    """Returns the names of the symbols directly inside a module (slices, programs, executables, plans)."""
+    return {name for op in top_level_ops(module) if (name := symbol_name(op)) is not None}
+
+
+def fresh_symbol(base: str, taken: set[str], numbered: bool = True) -> str:
+    """Returns the first of `base_0`, `base_1`, ... not in `taken` (with `numbered=False`, `base` itself
+    first), and adds it to `taken`: the one way passes name the symbols they add, so that none redefines a
+    symbol of the module or another added one."""
+    candidates = itertools.chain(() if numbered else (base,), (f"{base}_{n}" for n in itertools.count()))
+    name = next(name for name in candidates if name not in taken)
+    taken.add(name)
+    return name
 
 
 def virtual_slices(module: ir.Module | ir.Operation) -> dict[str, VirtualSlice]:

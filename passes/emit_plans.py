@@ -13,6 +13,11 @@ For every program the pass appends to the module:
   per `pw.cond`, which runs the plans of its branch programs. Inputs whose
   program argument is marked `pw.donated` are listed as `donated` too.
 
+A plan's name that a symbol of the module (or another plan) has already gets
+the first free `_N` suffix (`@main_host_0` beside an executable `@main_host`,
+or for an island named "host"): readers find plans by their marks, not their
+names.
+
 Every SSA value becomes one buffer id, however many shards it has. Step ids
 follow `pw.order` across the whole module, so they are unique and an island
 running steps in increasing id keeps the consistent order even between
@@ -58,7 +63,8 @@ from pathways_mlir.dialect.homes import bytes_per_device, home_attribute, progra
 
 from .registry import Pass, register
 
-HOST = "host"
+# The key of the host plan's buffers and steps beside the islands' names: an island may be named "host".
+HOST = None
 
 
 class _ProgramEmitter:
@@ -72,8 +78,8 @@ class _ProgramEmitter:
         self.step_ids = step_ids
         self.homes = program_homes(program)
         self.buffer_ids: dict[ir.Value, int] = {}
-        self.buffers: dict[str, list[dict]] = {}      # island (or HOST) -> pw.buffer attributes
-        self.steps: dict[str, list[tuple[Callable[..., ir.Operation], dict, ir.Location]]] = {}
+        self.buffers: dict[str | None, list[dict]] = {}   # island (or HOST) -> pw.buffer attributes
+        self.steps: dict[str | None, list[tuple[Callable[..., ir.Operation], dict, ir.Location]]] = {}
         self.producer: dict[int, int] = {}            # buffer -> step that writes it
         body = ops.program_body(program)
         self.inputs = tuple(self.buffer(arg) for arg in body.arguments)
@@ -104,7 +110,7 @@ class _ProgramEmitter:
     def after(self, buffers) -> tuple[int, ...]:
         return tuple(sorted({self.producer[b] for b in buffers if b in self.producer}))
 
-    def add(self, where: str, build, attributes: dict, loc: ir.Location, writes: tuple[int, ...]) -> int:
+    def add(self, where: str | None, build, attributes: dict, loc: ir.Location, writes: tuple[int, ...]) -> int:
         """Records a step to create with `build` (an `ops.build_*`); returns its id."""
         step = next(self.step_ids)
         self.steps.setdefault(where, []).append((build, {"step": step, **attributes}, loc))
@@ -148,18 +154,19 @@ class _ProgramEmitter:
             "after": (send,), "buffer": dst, "peer_buffer": src, "peer": src_island,
             "devices": self.placements[dst_slice]["devices"], **common}, op.location, (dst,))
 
-    def build(self, islands: list[str]) -> None:
-        """Creates the plan modules at the current insertion point."""
+    def build(self, islands: list[str], taken: set[str]) -> None:
+        """Creates the plan modules at the current insertion point, named after the program and island (or
+        host) unless a symbol in `taken` has that name: readers find plans by their marks, not their names."""
         name = ops.symbol_name(self.program)
         for island in [i for i in islands if i in self.buffers or i in self.steps]:
-            self.build_module(f"{name}_{island}", ops.ISLAND_PLAN,
+            self.build_module(ops.fresh_symbol(f"{name}_{island}", taken, numbered=False), ops.ISLAND_PLAN,
                               {"island": island, "program": Symbol(name)}, island)
-        self.build_module(f"{name}_{HOST}", ops.HOST_PLAN, {
+        self.build_module(ops.fresh_symbol(f"{name}_host", taken, numbered=False), ops.HOST_PLAN, {
             "program": Symbol(name), "inputs": self.inputs, "outputs": self.outputs,
             "subgraphs": ops.attr(self.program, ops.SUBGRAPHS, []),
             **({"donated": self.donated} if self.donated else {})}, HOST)
 
-    def build_module(self, sym_name: str, mark: str, value: dict, where: str) -> None:
+    def build_module(self, sym_name: str, mark: str, value: dict, where: str | None) -> None:
         module = ops.create("builtin.module", attributes={"sym_name": sym_name, mark: value},
                             loc=self.program.location, regions=1)
         with ir.InsertionPoint(module.regions[0].blocks.append()):
@@ -213,6 +220,7 @@ class EmitPlansPass(Pass):
                      for op in ops.program_body(program).operations if op.name != "func.return"]
         for name, op in sorted(scheduled, key=lambda item: ops.attr(item[1], ops.ORDER)):
             emitters[name].emit(op)
+        taken = ops.symbol_names(module)
         with ir.InsertionPoint(module.regions[0].blocks[0]):
             for emitter in emitters.values():
-                emitter.build(islands)
+                emitter.build(islands, taken)

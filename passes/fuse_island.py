@@ -182,7 +182,7 @@ class _Fuser:
         self.placements = {name: ops.attr(op, ops.PLACEMENT) for op in ops.top_level_ops(module)
                            if (name := ops.symbol_name(op)) in self.slices}
         self.islands = {name: p["island"] for name, p in self.placements.items()}
-        self.taken = set(ops.executables(module))
+        self.taken = ops.symbol_names(module)
         self.bound = {name for name, op in ops.executables(module).items() if ops.names_its_mesh(op)}
         self.used = {name: self.devices([s for op in ops.program_body(program).operations
                                          if ops.Compute.isa(op) or ops.DataMovement.isa(op)
@@ -288,7 +288,7 @@ class _Fuser:
         if saved * self.step_seconds <= added:
             return
         scratch = sum(self.move_bytes(r, homes[r]) for r in made if r not in escaping)
-        executable = self.fresh_name(f"island_{ops.attr(run[0], 'callee')}")
+        executable = ops.fresh_symbol(f"island_{ops.attr(run[0], 'callee')}", self.taken)
         with ir.InsertionPoint(self.module.regions[0].blocks[0]), run[0].location:
             module = ops.create("builtin.module", attributes={
                 "sym_name": executable, ops.EXECUTABLE: None,
@@ -331,14 +331,6 @@ class _Fuser:
         shard = have.sharding.shard_shape(ops.tensor_shape(value.type), self.slices[have.slice].axis_sizes)
         return ops.build_gather(value, have.slice, want.slice, have.sharding, want.sharding, 1, shard, "ici",
                                 loc).result
-
-    def fresh_name(self, base: str) -> str:
-        """Returns `base_N` for the first N no symbol of the module has."""
-        n = 0
-        while f"{base}_{n}" in self.taken:
-            n += 1
-        self.taken.add(f"{base}_{n}")
-        return f"{base}_{n}"
 
 
 @register

@@ -116,12 +116,7 @@ class FuseLaunchesPass(Pass):
     requires_phase = Phase.PARTITIONED
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
-        taken = set(ops.executables(module))
+        taken = ops.symbol_names(module)
         for program in ops.programs(module).values():
             for group in _groups(program):
-                base = f"fused_{ops.attr(group[0], 'callee')}"
-                n = 0
-                while f"{base}_{n}" in taken:
-                    n += 1
-                taken.add(f"{base}_{n}")
-                _fuse(module, group, f"{base}_{n}")
+                _fuse(module, group, ops.fresh_symbol(f"fused_{ops.attr(group[0], 'callee')}", taken))

@@ -112,7 +112,9 @@ def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str 
     runs `pw-lower`. Lowering the same program again after the topology
     changes (a device removed, an island added) yields new plans. `explain=True` leaves pw-place's
     `pw.placement_cost` on every slice. Raises `LoweringError` with the
-    diagnostics if the program cannot be lowered.
+    diagnostics if the text does not parse, its pw ops do not match their
+    definitions (pw-opt's check after parsing), or the program cannot be
+    lowered.
 
     The input and the output are checked in full; the checks between
     passes run only with `verify_each=True` (see `run_passes`), as JAX
@@ -125,7 +127,7 @@ def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str 
         diagnostics = DiagnosticEngine()
         diagnostics.error(None, "cannot place any slice: the topology has no island (every island was lost)")
         raise LoweringError(diagnostics)
-    lowered = parse_module(module, make_context()) if isinstance(module, str) else _copy(module)
+    lowered = _parse(module, make_context()) if isinstance(module, str) else _checked(_copy(module))
     with lowered.context, lowered.operation.location:
         ops.set_topology(lowered, topology)
         diagnostics = DiagnosticEngine()
@@ -133,6 +135,25 @@ def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str 
         if not run_passes(lowered, passes, diagnostics, verify_each=verify_each):
             raise LoweringError(diagnostics)
     return lowered
+
+
+def _parse(text: str, context: ir.Context) -> ir.Module:
+    """Parses pw IR text; raises `LoweringError` for text that does not parse or pw ops that do not match
+    their definitions."""
+    try:
+        module = parse_module(text, context)
+    except ParseError as error:
+        raise LoweringError(error.diagnostics) from None
+    return _checked(module)
+
+
+def _checked(module: ir.Module) -> ir.Module:
+    """Returns `module` if its pw ops match their IRDL definitions (pw-opt's check after parsing: the passes
+    read attributes of the kinds it checks), else raises `LoweringError` with the problems."""
+    problems = verify_structure(module)
+    if problems:
+        raise LoweringError(problems)
+    return module
 
 
 def _copy(source: ir.Module) -> ir.Module:
@@ -159,13 +180,7 @@ def load_plans(text: str, topology: Topology | None) -> dict[str, ProgramPlan]:
     the diagnostics (parse, structure, lowering or plan errors), `TopologyNeeded` for IR without plans
     when `topology` is None."""
     with make_context() as context:
-        try:
-            module = parse_module(text, context)
-        except ParseError as error:
-            raise LoweringError(error.diagnostics) from None
-        problems = verify_structure(module)
-        if problems:
-            raise LoweringError(problems)
+        module = _parse(text, context)
         if not holds_plans(module):
             if topology is None:
                 raise TopologyNeeded("pw IR without plans needs a topology to lower onto")

@@ -27,8 +27,9 @@ Requires: the planned phase (pw-emit-plans).
       "pw.launch"() {step = 0, inputs = array<i64: 0>, outputs = array<i64: 1>, ...}
       "pw.launch"() {step = 1, inputs = array<i64: 1>, outputs = array<i64: 2>, ...}
     }
-    // after (buffer 2 is the program's result; @a is devices [0, 2))
-    module @main_island0 attributes {pw.island_plan = {...}, pw.peak_bytes = array<i64: 0, 2, 192>} {
+    // after (buffer 2 is the program's result; @a is devices [0, 2); buffer 0 is freed right after step 0,
+    // its last reader, so at most two 64-byte buffers are live at once)
+    module @main_island0 attributes {pw.island_plan = {...}, pw.peak_bytes = array<i64: 0, 2, 128>} {
       ...
       "pw.launch"() {step = 0, ...}
       "pw.free"() {step = 2, after = array<i64: 0>, buffers = array<i64: 0>, subgraph = 0}

@@ -10,8 +10,9 @@ pass checks meaning, reporting each problem at the op at fault:
   `pw.topology` and within its devices when the module has one;
 - symbols: every `callee`, `slice`,
   `then_program`, `else_program`, `src` and `dst` resolves to the right kind;
-- values: programs and compiled functions take and return tensors of
-  elements of a known size (not `index`);
+- values: programs and compiled functions take and return tensors of the
+  element types plans hold (`dialect/element_types.py`: not `index`, `i128`
+  or `tf32`);
 - computations: one sharding per operand and result, each naming the slice's
   axes at most once, of the tensor's rank, splitting every dimension evenly;
   operand and result types equal to the compiled function's signature;
@@ -38,6 +39,7 @@ from mlir import ir
 
 from pathways_mlir.dialect import ops
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.element_types import ELEMENT_BYTES
 from pathways_mlir.dialect.homes import Home, result_homes
 from pathways_mlir.dialect.sharding import Sharding
 from pathways_mlir.dialect.topology import TopologyError
@@ -85,9 +87,9 @@ class _Checker:
                 self.error(op, "is a compiled function without an entry: it needs one func.func, "
                                "or one named @main")
             elif ops.is_executable(op):
-                self.check_element_sizes(self.entries[ops.symbol_name(op)])
+                self.check_element_types(self.entries[ops.symbol_name(op)])
             elif ops.is_program(op):
-                self.check_element_sizes(op)
+                self.check_element_types(op)
                 blocks = len(op.regions[0].blocks)
                 if blocks == 1:
                     self.check_program(op)
@@ -100,17 +102,20 @@ class _Checker:
             if not (ops.is_executable(op) or ops.is_plan(op)):
                 self.check_nesting(op)
 
-    def check_element_sizes(self, func: ir.Operation) -> None:
-        """Reports a program or compiled function's entry that takes or returns a tensor whose element type has
-        no known size (`index`, a dialect's type): placement and memory planning size every value. Every value
-        of a program is an argument, or has the type of a callee's result or of another value."""
+    def check_element_types(self, func: ir.Operation) -> None:
+        """Reports the first argument or result of a program or compiled function's entry that is a tensor of an
+        element type the plans cannot hold: one not in `element_types.ELEMENT_BYTES` (`index`, `i128`, `tf32`,
+        a dialect's type), the table by which placement, memory planning and the runtime size every value.
+        Every value of a program is an argument, or has the type of a callee's result or of another value."""
         signature = ops.function_type(func)
-        for type_ in [*signature.inputs, *signature.results]:
-            if isinstance(type_, ir.RankedTensorType):
-                element = ir.RankedTensorType(type_).element_type
-                if ops.element_bits(element) is None:
-                    self.error(func, f"takes or returns {type_}, whose element type {element} has no known size: "
-                                     f"pw values are tensors of integers, floats or complex numbers")
+        for what, types in (("argument", signature.inputs), ("result", signature.results)):
+            for index, type_ in enumerate(types):
+                if not isinstance(type_, ir.RankedTensorType):
+                    continue
+                element = str(ir.RankedTensorType(type_).element_type)
+                if element not in ELEMENT_BYTES:
+                    self.error(func, f"{what} {index} is {type_}, whose element type {element} is not a pw element "
+                                     f"type (known: {', '.join(ELEMENT_BYTES)})")
                     return
 
     def check_nesting(self, top: ir.Operation) -> None:

@@ -52,7 +52,8 @@ from pathways_mlir.dialect.topology import Topology
 
 from .registry import Pass, register
 
-HOST = "host"
+# The key of the host plan's buffers and steps beside the islands' names: an island may be named "host".
+HOST = None
 KIND_NAMES = {int: "an integer", tuple: "array<i64: ...>", str: "a name", dict: "a dictionary",
               ir.Type: "a tensor type"}
 
@@ -70,7 +71,7 @@ class _Program:
     mark: dict[str, Any] = field(default_factory=dict)
     islands: dict[str, ir.Operation] = field(default_factory=dict)
     buffers: dict[int, BufferInfo] = field(default_factory=dict)
-    steps: dict[str, list[Step]] = field(default_factory=dict)     # island (or HOST) -> steps as listed
+    steps: dict[str | None, list[Step]] = field(default_factory=dict)   # island (or HOST) -> steps as listed
     ops: dict[int, ir.Operation] = field(default_factory=dict)     # step id -> its op
     buffer_ops: dict[int, ir.Operation] = field(default_factory=dict)
     errors: int = 0
@@ -166,7 +167,7 @@ class _Checker:
         program.islands[island] = op
         self.read_contents(op, program, island)
 
-    def read_contents(self, plan: ir.Operation, program: _Program, where: str) -> None:
+    def read_contents(self, plan: ir.Operation, program: _Program, where: str | None) -> None:
         program.steps.setdefault(where, [])
         for op in plan.regions[0].blocks[0].operations:
             op = op.operation
@@ -181,7 +182,7 @@ class _Checker:
             except _Invalid:
                 continue
 
-    def read_buffer(self, op: ir.Operation, program: _Program, where: str) -> None:
+    def read_buffer(self, op: ir.Operation, program: _Program, where: str | None) -> None:
         buffer = self.value(op, "id", int, program)
         if buffer in program.buffer_ops:
             self.error(op, f"declares buffer {buffer} of @{program.name} a second time", program)
@@ -205,7 +206,7 @@ class _Checker:
         program.buffers[buffer] = read_buffer(op)
 
     def check_home(self, op: ir.Operation, program: _Program, buffer: int, shape: tuple[int, ...], home: dict,
-                   where: str) -> None:
+                   where: str | None) -> None:
         """Reports (and raises _Invalid for) a home other than a placed slice of the plan's island with a
         well-formed sharding (replicated for a buffer of `shape` with no elements)."""
         if where == HOST:
@@ -229,7 +230,7 @@ class _Checker:
                            f"buffer is replicated", program)
             raise _Invalid
 
-    def read_step(self, op: ir.Operation, kind: type[Step], program: _Program, where: str) -> None:
+    def read_step(self, op: ir.Operation, kind: type[Step], program: _Program, where: str | None) -> None:
         step_id = self.value(op, "step", int, program)
         if step_id in self.step_ids:
             self.error(op, f"step {step_id} reuses the id of another step", program)
@@ -273,7 +274,7 @@ class _Checker:
             host_steps=tuple(program.steps.get(HOST, ())),
             peak_bytes={island: ops.attr(op, ops.PEAK_BYTES, ()) for island, op in program.islands.items()})
 
-    def check_step(self, program: _Program, plan: ProgramPlan, writers: dict[int, int], island: str,
+    def check_step(self, program: _Program, plan: ProgramPlan, writers: dict[int, int], island: str | None,
                    step: Step) -> None:
         """Checks what only the step's op says: its `after` names the `writers` of what it reads, and its
         devices and sizes."""

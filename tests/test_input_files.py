@@ -121,8 +121,8 @@ BAD_IR = {
                                  label = "f#0"} : (tensor<4xf32>) -> tensor<4xf32>
           return %0 : tensor<4xf32>
         }
-        """), ":6:3: error: 'func.func' op takes or returns tensor<4xindex>, whose element type index has no known "
-              "size"),
+        """), ":6:3: error: 'func.func' op argument 0 is tensor<4xindex>, whose element type index is not a pw "
+              "element type (known: i1, i4,"),
 }
 IR_READERS = {"pw-opt": ["pw_opt", "{ir}", "--pw-lower=topology=2x4"], "pw-run": ["pw_run", "{ir}"],
               "pw-sim": ["pw_sim", "run", "{ir}", "--topology", "2x4"]}

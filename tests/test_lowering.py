@@ -1,5 +1,6 @@
 """The lowering pipeline from Python: plans, re-lowering, the cost model."""
 
+import json
 import pathlib
 
 import pytest
@@ -10,6 +11,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 from pathways_mlir.benchmarks.lowering_scale import chain_program
 from pathways_mlir.dialect.diagnostics import DiagnosticEngine
+from pathways_mlir.dialect.element_types import ELEMENT_BYTES
 from pathways_mlir.passes import LoweringError, lower, program_plans
 from pathways_mlir.passes.cost import Cost, executable_cost
 from pathways_mlir.passes.pipeline import run_passes
@@ -119,6 +121,82 @@ def test_lower_keeps_module_attributes_and_replaces_the_topology(context):
 def test_lowering_errors_carry_diagnostics():
     with pytest.raises(LoweringError, match="cannot place slice @slice_b: it needs 4 devices in one island"):
         lower(THREE_BLOCKS, Topology.uniform(2, 2))
+
+
+# One placed computation: the smallest program the cases below change one thing of.
+ONE_STEP = """"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]],
+                         label = "f#0"} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("constraints = {}", "constraints = 7",
+     "-:1:1: error: 'pw.virtual_slice' op attribute 'constraints' must be a #builtin.dictionary, not 7 : i64"),
+    ("shape = array<i64: 2>, ", "",
+     "-:1:1: error: 'pw.virtual_slice' op attribute 'shape' is expected but not provided"),
+    ('sym_name = "a"', "sym_name = 7",
+     "-:1:1: error: 'pw.virtual_slice' op attribute 'sym_name' must be a #builtin.string, not 7 : i64"),
+    (", slice = @a", "", "-:6:8: error: 'pw.compute' op attribute 'slice' is expected but not provided"),
+    ("return %0", "}", "-:8:4: error: expected operation name in quotes")])
+def test_lower_refuses_what_pw_opt_refuses_before_any_pass(context, old, new, message):
+    """lower() ran the passes on IR it had not checked against the pw ops' definitions, as pw-opt and
+    load_plans do first: a pass's AttributeError, TypeError or ValueError escaped, a missing `slice` was
+    "'slice' refers to @None", and text that does not parse raised ParseError, not LoweringError."""
+    text = ONE_STEP.replace(old, new, 1)
+    with pytest.raises(LoweringError) as raised:
+        lower(text, Topology.uniform(1, 4))
+    assert str(raised.value) == message
+    if new != "}":                              # a module given is checked too
+        with pytest.raises(LoweringError, match="^-:"):
+            lower(ir.Module.parse(text), Topology.uniform(1, 4))
+
+
+def test_pw_verify_accepts_exactly_the_element_types_plans_hold():
+    """pw-verify asked for an element type with a bit width; plans hold those of `ELEMENT_BYTES`: i128, i2, i0,
+    si32 and tf32 passed it and pw-emit-plans, and only pw-lower's last pass refused them, at a 'pw.buffer' op
+    the user never wrote."""
+    for element in ELEMENT_BYTES:
+        plan = program_plans(lower(ONE_STEP.replace("xf32>", f"x{element}>"), Topology.uniform(1, 4)))["main"]
+        assert {b.dtype for b in plan.buffers.values()} == {element}
+    for element in ("i128", "i2", "i0", "si32", "tf32"):
+        with pytest.raises(LoweringError) as raised:
+            lower(ONE_STEP.replace("xf32>", f"x{element}>"), Topology.uniform(1, 4))
+        assert str(raised.value).startswith(
+            f"-:3:3: error: 'func.func' op argument 0 is tensor<8x{element}>, whose element type {element} is not "
+            f"a pw element type (known: i1, i4, "), str(raised.value)
+
+
+def test_plan_names_are_new_beside_the_modules_symbols_and_an_island_named_host():
+    """Plans were named @<program>_<island> and @<program>_host whatever the module held: an executable named
+    @three_blocks_host (a placed function `step_host` called by a program `step`), or an island named "host",
+    stopped lowering with MLIR's "redefinition of symbol"; the island's buffers and steps and the host plan's
+    were kept under one key too."""
+    executable = ('module @three_blocks_host attributes {pw.executable} {\n'
+                  '  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }\n}\n')
+    source = THREE_BLOCKS.replace("  func.func @three_blocks", executable + "  func.func @three_blocks")
+    uniform = Topology.uniform(2, 4)
+    named = Topology.from_python({**uniform.to_python(), "islands": [
+        {**island, "name": "host" if island["name"] == "island0" else island["name"]}
+        for island in uniform.to_python()["islands"]]})
+    lowered = lower(source, named, strategy="spread")
+    marks = {ops.symbol_name(op): {key: ops.attr(op, key) for key in (ops.ISLAND_PLAN, ops.HOST_PLAN)
+                                   if key in op.attributes}
+             for op in ops.top_level_ops(lowered) if ops.is_plan(op)}
+    assert marks == {
+        "three_blocks_host_0": {ops.ISLAND_PLAN: {"island": "host", "program": "three_blocks"}},
+        "three_blocks_island1": {ops.ISLAND_PLAN: {"island": "island1", "program": "three_blocks"}},
+        "three_blocks_host_1": {ops.HOST_PLAN: marks["three_blocks_host_1"][ops.HOST_PLAN]}}
+    # The plan is the one of the module without the executable on islands island0 and island1, renamed.
+    plan = program_plans(lowered)["three_blocks"]
+    expected = program_plans(lower(THREE_BLOCKS, uniform, strategy="spread"))["three_blocks"]
+    assert json.loads(plan.to_json()) == json.loads(expected.to_json().replace('"island0"', '"host"'))
 
 
 @pytest.mark.parametrize("source, strategy, fuse", [

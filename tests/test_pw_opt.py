@@ -287,6 +287,19 @@ def test_plan_json_of_a_module_without_a_program_says_so(tmp_path, capsys):
         f"marked pw.program)"]
 
 
+def test_plan_json_of_a_split_input_file_is_refused(tmp_path, capsys):
+    """`--split-input-file --emit=plan-json` wrote one JSON document per chunk joined by `// -----`, exit status 0:
+    a file no JSON reader (pw-run, pw-sim) can read."""
+    three_blocks = (ROOT / "examples" / "three_blocks.mlir").read_text()
+    out = tmp_path / "plan.json"
+    status, _ = run(tmp_path, three_blocks + "// -----\n" + three_blocks, "--split-input-file",
+                    "--pw-lower=topology=2x4", "--emit=plan-json", "-o", str(out))
+    assert status == 1 and not out.exists()
+    assert capsys.readouterr().err.splitlines() == [
+        "pw-opt: error: --emit=plan-json writes one program's plan as one JSON document, but --split-input-file "
+        "makes one output per chunk: leave one of them out"]
+
+
 def test_program_without_plan_json_output_is_refused_not_ignored(capsys):
     """`--program` chooses the program of `--emit=plan-json`; with the IR written it was silently ignored,
     even when it named no program of the input."""

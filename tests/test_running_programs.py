@@ -49,6 +49,29 @@ def test_placed_functions_take_and_return_pytrees():
         rt.close()
 
 
+def test_a_program_runs_a_placed_function_named_as_its_host_plan_was():
+    """A program `step` calling a placed function `step_host` stopped with PlacementError "redefinition of symbol
+    named 'step_host'": pw-emit-plans named the program's host plan @step_host, beside the function's own."""
+    s = pw.virtual_slice(2, axes="x")
+
+    def step_host(x):
+        return jnp.tanh(x)
+
+    placed = pw.jit(step_host, slice=s, in_specs=P("x"), out_specs=P("x"))
+
+    @pw.program
+    def step(x):
+        return placed(x)
+
+    x = np.arange(4, dtype=np.float32)
+    rt = Runtime(embedded_device_map(2, 4))
+    try:
+        with Client(rt) as client:
+            np.testing.assert_allclose(np.asarray(step.run(x, client=client)), np.tanh(x), rtol=1e-6)
+    finally:
+        rt.close()
+
+
 def test_repeat_calls_trace_and_lower_once():
     s = pw.virtual_slice(2, axes="x")
     double = pw.jit(lambda x: x * 2.0, slice=s, in_specs=P("x"), out_specs=P("x"))

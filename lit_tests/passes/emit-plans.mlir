@@ -81,3 +81,30 @@ func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}, 
   return %1, %2 : tensor<8xf32>, tensor<8xf32>
 }
 }
+
+// -----
+
+// A plan's name is @<program>_<island> (@<program>_host for the host plan)
+// unless a symbol has it already, then with the first free `_N`: here an
+// executable is named @main_host, and an island "host" (whose plan and the
+// host plan shared a name, and their buffers and steps). Plans are found by
+// their marks, not their names.
+// CHECK-LABEL: module @main_host attributes {pw.executable}
+// CHECK-LABEL: module @main_host_0 attributes {pw.island_plan = {island = "host", program = @main}}
+// CHECK-NEXT: "pw.buffer"() {{.*}}id = 0 : i64
+// CHECK-NEXT: "pw.buffer"() {{.*}}id = 1 : i64
+// CHECK-NEXT: "pw.launch"() {{.*}}label = "f#0"
+// CHECK-NEXT: {{^  }$}}
+// CHECK-LABEL: module @main_host_1 attributes {pw.host_plan = {inputs = array<i64: 0>, outputs = array<i64: 1>, program = @main
+// CHECK-NEXT: {{^  }$}}
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "host", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "host", devices = array<i64: 0, 2>}} : () -> ()
+module @main_host attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @main(%x: tensor<8xf32> {pw.home = {slice = @a, sharding = [["x"]]}}) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  %0 = "pw.compute"(%x) {callee = @main_host, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0", pw.order = 0, pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+}

@@ -57,3 +57,23 @@ func.func @step(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program, pw.s
   return %2 : tensor<8xf32>
 }
 }
+
+// -----
+
+// A fused executable's name is new among all the module's symbols, not only
+// its executables: a program named @fused_f_0 keeps its name.
+// CHECK-LABEL: func.func @fused_f_0
+// CHECK-NEXT: "pw.compute"(%arg0) {callee = @fused_f_1, {{.*}}label = "f#0+f#1"
+// CHECK: module @fused_f_1 attributes {pw.executable, pw.fused
+module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [
+    {name = "island0", device_kind = "cpu", hosts = 1, devices_per_host = 8, device_memory_bytes = 1024, ici = {bandwidth_gbps = 100.0, latency_us = 1.0}}]}} {
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}, pw.placement = {island = "island0", devices = array<i64: 0, 2>}} : () -> ()
+module @f attributes {pw.executable} {
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> { return %x : tensor<8xf32> }
+}
+func.func @fused_f_0(%x: tensor<8xf32>) -> tensor<8xf32> attributes {pw.program, pw.subgraphs = [{id = 0, static = true}]} {
+  %0 = "pw.compute"(%x) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  %1 = "pw.compute"(%0) {callee = @f, slice = @a, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#1", pw.subgraph = 0} : (tensor<8xf32>) -> tensor<8xf32>
+  return %1 : tensor<8xf32>
+}
+}

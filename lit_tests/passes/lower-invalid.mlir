@@ -30,10 +30,10 @@ func.func @main(%a: tensor<6xf32>) -> tensor<6xf32> attributes {pw.program} {
 // error; pw-verify refuses it before placement.
 "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
 module @f attributes {pw.executable} {
-  // expected-error@below {{takes or returns tensor<4xindex>, whose element type index has no known size}}
+  // expected-error@below {{argument 0 is tensor<4xindex>, whose element type index is not a pw element type}}
   func.func @main(%a: tensor<4xindex>) -> tensor<4xindex> { return %a : tensor<4xindex> }
 }
-// expected-error@below {{takes or returns tensor<4xindex>, whose element type index has no known size}}
+// expected-error@below {{argument 0 is tensor<4xindex>, whose element type index is not a pw element type}}
 func.func @main(%a: tensor<4xindex>) -> tensor<4xindex> attributes {pw.program} {
   %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[[]]], out_shardings = [[[]]], label = "f#0"} : (tensor<4xindex>) -> tensor<4xindex>
   return %0 : tensor<4xindex>

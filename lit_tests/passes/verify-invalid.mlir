@@ -497,23 +497,51 @@ func.func @main(%a: tensor<0x16xf32>) -> tensor<0x16xf32> attributes {pw.program
 
 // -----
 
-// Values are tensors of elements of a known size: placement and memory
-// planning size every value (a tensor of index stopped pw-place with an
-// internal error). A compiled function nobody calls is checked too.
+// Values are tensors of the element types plans hold (dialect/element_types.py):
+// placement and memory planning size every value by that table (a tensor of
+// index stopped pw-place with an internal error). A compiled function nobody
+// calls is checked too.
 "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
 module @f attributes {pw.executable} {
-  // expected-error@below {{'func.func' op takes or returns tensor<4xindex>, whose element type index has no known size}}
+  // expected-error@below {{'func.func' op result 0 is tensor<4xindex>, whose element type index is not a pw element type (known: i1, i4, i8,}}
   func.func @main(%a: tensor<4xf32>) -> tensor<4xindex> {
     %0 = "x.cast"(%a) : (tensor<4xf32>) -> tensor<4xindex>
     return %0 : tensor<4xindex>
   }
 }
 module @unused attributes {pw.executable} {
-  // expected-error@below {{'func.func' op takes or returns tensor<2x!pw.unknown>, whose element type !pw.unknown has no known size}}
+  // expected-error@below {{'func.func' op argument 0 is tensor<2x!pw.unknown>, whose element type !pw.unknown is not a pw element type}}
   func.func @main(%a: tensor<2x!pw.unknown>) { return }
 }
-// expected-error@below {{'func.func' op takes or returns tensor<4xindex>, whose element type index has no known size}}
+// expected-error@below {{'func.func' op argument 1 is tensor<4xindex>, whose element type index is not a pw element type}}
 func.func @main(%a: tensor<4xf32>, %i: tensor<4xindex>) -> tensor<4xindex> attributes {pw.program} {
   %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xindex>
   return %0 : tensor<4xindex>
+}
+
+// -----
+
+// An element type with a bit width is not enough: values are of the types the
+// plans hold (i128, si32, i2, i0, tf32 passed pw-verify, and only the last
+// pass of pw-lower refused them, at a pw.buffer the user never wrote).
+"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+module @f attributes {pw.executable} {
+  // expected-error@below {{'func.func' op result 0 is tensor<4xi128>, whose element type i128 is not a pw element type (known: i1, i4, i8,}}
+  func.func @main(%a: tensor<4xf32>) -> tensor<4xi128> {
+    %0 = "x.cast"(%a) : (tensor<4xf32>) -> tensor<4xi128>
+    return %0 : tensor<4xi128>
+  }
+}
+module @g attributes {pw.executable} {
+  // expected-error@below {{'func.func' op argument 0 is tensor<4xsi32>, whose element type si32 is not a pw element type}}
+  func.func @main(%a: tensor<4xsi32>) { return }
+}
+module @h attributes {pw.executable} {
+  // expected-error@below {{'func.func' op argument 1 is tensor<4xi2>, whose element type i2 is not a pw element type}}
+  func.func @main(%a: tensor<4xi1>, %b: tensor<4xi2>, %c: tensor<4xi0>) { return }
+}
+// expected-error@below {{'func.func' op argument 0 is tensor<4xtf32>, whose element type tf32 is not a pw element type}}
+func.func @main(%a: tensor<4xtf32>, %b: tensor<4xf32>) -> tensor<4xi128> attributes {pw.program} {
+  %0 = "pw.compute"(%b) {callee = @f, slice = @v0, in_shardings = [[["x"]]], out_shardings = [[["x"]]], label = "f#0"} : (tensor<4xf32>) -> tensor<4xi128>
+  return %0 : tensor<4xi128>
 }
