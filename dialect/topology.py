@@ -180,7 +180,7 @@ class Topology:
         dcn_pairs = None
         if "dcn_pairs" in value:
             dcn_pairs = _island_pairs(value["dcn_pairs"], names, where)
-        return Topology(tuple(islands), _link(_field(value, "dcn", Mapping, where), f"{where}.dcn"),
+        return Topology(tuple(islands), _link(_field(value, "dcn", Mapping, where), f"{where}: dcn"),
                         dcn_pairs=dcn_pairs)
 
     @staticmethod

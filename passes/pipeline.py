@@ -57,37 +57,56 @@ def _parse_options(text: str, start: int, owner: str) -> tuple[dict[str, str], i
                 value = text[value_start:i]
         if not key:
             raise PipelineError(f"empty option name in the options of '{owner}' at column {key_start + 1}")
+        if key in options:               # mlir-opt refuses it too: which value was meant is not clear
+            raise PipelineError(f"option '{key}' of '{owner}' is given twice, again at column {key_start + 1}")
         options[key] = value
 
 
 def parse_pipeline(text: str) -> list[Pass]:
     """Returns the pass instances named by a pipeline string.
 
-    Accepts `builtin.module(a,b{x=1})` or the bare list `a,b{x=1}`.
+    Accepts `builtin.module(a,b{x=1})` or the bare list `a,b{x=1}`; as in
+    `mlir-opt`, each pass is followed by `,` or by the end of the list.
+    Errors give columns of `text`.
     """
-    body = text.strip()
-    if body.startswith("builtin.module(") :
-        if not body.endswith(")"):
-            raise PipelineError("missing ')' at the end of 'builtin.module(...)'")
-        body = body[len("builtin.module("):-1]
-    elif "(" in body:
-        raise PipelineError("the pipeline must be 'builtin.module(...)' or a list of pw passes")
+    i = _skip_spaces(text, 0)
+    wrapped = text.startswith("builtin.module(", i)
+    if wrapped:
+        i = _skip_spaces(text, i + len("builtin.module("))
     passes: list[Pass] = []
-    i = 0
-    while i < len(body):
-        while i < len(body) and body[i] in " ,":
-            i += 1
-        if i >= len(body):
-            break
-        name_start = i
-        while i < len(body) and body[i] not in "{, ":
-            i += 1
-        name = body[name_start:i]
-        given: dict[str, str] = {}
-        if i < len(body) and body[i] == "{":
-            given, i = _parse_options(body, i, name)
-        passes.extend(instantiate(name, given))
+    name = None   # the last pass read
+    if i < len(text) and not (wrapped and text[i] == ")"):     # `builtin.module()` runs nothing
+        while True:
+            name_start = i
+            while i < len(text) and not text[i].isspace() and text[i] not in "{,()":
+                i += 1
+            name = text[name_start:i]
+            if not name:
+                raise PipelineError(f"expected a pass name at column {i + 1}")
+            given: dict[str, str] = {}
+            if i < len(text) and text[i] == "{":
+                given, i = _parse_options(text, i, name)
+            passes.extend(instantiate(name, given))
+            i = _skip_spaces(text, i)
+            if i >= len(text) or text[i] != ",":
+                break
+            i = _skip_spaces(text, i + 1)
+    if wrapped and i >= len(text):
+        raise PipelineError("missing ')' at the end of 'builtin.module(...)'")
+    if i < len(text) and not (wrapped and text[i] == ")"):
+        end = "')'" if wrapped else "the end"
+        raise PipelineError(f"expected ',' or {end} after '{name}' at column {i + 1}, not '{text[i]}'")
+    rest = _skip_spaces(text, i + 1) if wrapped else len(text)
+    if rest < len(text):
+        raise PipelineError(f"unexpected text after ')' at column {rest + 1}: '{text[rest:rest + 40]}'")
     return passes
+
+
+def _skip_spaces(text: str, i: int) -> int:
+    """Returns the index of the first character at or after `i` that is not white space."""
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
 
 
 def instantiate(name: str, given: dict[str, str]) -> list[Pass]:
@@ -98,7 +117,7 @@ def instantiate(name: str, given: dict[str, str]) -> list[Pass]:
         if name in PIPELINES:
             return PIPELINES[name].from_text(given)
     except OptionError as e:
-        raise PipelineError(str(e) if name in PASSES or ": error: " in str(e) else f"{e} (in '{name}')") from None
+        raise PipelineError(str(e)) from None
     known = ", ".join(sorted([*PASSES, *PIPELINES]))
     raise PipelineError(f"'{name}' is not a registered pass or pipeline (known: {known})")
 

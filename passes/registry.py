@@ -8,7 +8,9 @@ attributes (`self.strategy`). A pipeline is a function registered with
 `@register_pipeline` that expands its options into a list of pass instances.
 Option texts from a pipeline string (`pw-place{strategy=pack}`) are parsed
 by the field's type (bool, int, float, str, or a string enum) into the typed
-value, with a one-line error naming the pass and the option.
+value, with a one-line error naming the pass and the option; values given
+from Python (`PlacePass(explain=False)`) are checked alike, a string parsed
+as its text is.
 """
 
 from __future__ import annotations
@@ -42,36 +44,66 @@ class Option:
     declared_by: str | None = None   # the pass whose field it is (a pipeline's errors name that pass)
 
     def parse(self, owner: str, text: str) -> Any:
-        """Returns the option's value from its text in a pipeline string (errors name the declaring pass, else
-        `owner`)."""
-        owner = self.declared_by or owner
+        """Returns the option's value from its text in a pipeline string; errors name the option's pass, and
+        `owner` where it passes the option on (a pipeline)."""
+        refused = OptionError(self._message(owner, f"takes {self._takes()}, not '{text}'"))
         if issubclass(self.type, enum.Enum):
             try:
                 return self.type(text)
             except ValueError:
-                values = [m.value for m in self.type]
-                raise OptionError(f"option '{self.name}' of '{owner}' takes {', '.join(values[:-1])} or "
-                                  f"{values[-1]}, not '{text}'") from None
+                raise refused from None
         if self.type is bool:
             if text.lower() in ("", "true", "1"):
                 return True
             if text.lower() in ("false", "0"):
                 return False
-            raise OptionError(f"option '{self.name}' of '{owner}' takes true or false, not '{text}'")
+            raise refused
         if self.type is int:
             try:
                 return int(text)
             except ValueError:
-                raise OptionError(f"option '{self.name}' of '{owner}' takes an integer, not '{text}'") from None
+                raise refused from None
         if self.type is float:
             try:
                 value = float(text)
             except ValueError:
-                value = math.nan
+                raise refused from None
             if not math.isfinite(value):      # nan and inf parse, and every comparison of the cost model is off
-                raise OptionError(f"option '{self.name}' of '{owner}' takes a finite number, not '{text}'")
+                raise refused
             return value
         return text
+
+    def check(self, owner: str, value: Any) -> Any:
+        """Returns the option's value given from Python: a string is parsed as in a pipeline string; any other
+        value must have the option's type (an int does for a float), and a float be finite."""
+        if isinstance(value, str) and self.type is not str:
+            return self.parse(owner, value)
+        given = value
+        if self.type is float and type(value) is int:
+            try:
+                value = float(value)
+            except OverflowError:        # an int past the floats' range is no finite number either
+                value = math.inf
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise TypeError(self._message(owner, f"takes {self._takes()}, not {given!r:.60} of type "
+                                                 f"{type(given).__name__}"))
+        if self.type is float and not math.isfinite(value):
+            raise OptionError(self._message(owner, f"takes {self._takes()}, not {given!r:.60}"))
+        return value
+
+    def _takes(self) -> str:
+        """Says what values the option takes."""
+        if issubclass(self.type, enum.Enum):
+            values = [m.value for m in self.type]
+            return f"{', '.join(values[:-1])} or {values[-1]}"
+        return {bool: "true or false", int: "an integer", float: "a finite number"}.get(self.type, "a string")
+
+    def _message(self, owner: str, problem: str) -> str:
+        """Returns `option 'x' of 'pass' <problem>`, naming `owner` too where it is a pipeline that passes the
+        option on to its pass."""
+        declared_by = self.declared_by or owner
+        within = f" (in '{owner}')" if declared_by != owner else ""
+        return f"option '{self.name}' of '{declared_by}' {problem}{within}"
 
 
 def parse_options(owner: str, options: tuple[Option, ...], given: dict[str, str]) -> dict[str, Any]:
@@ -117,11 +149,10 @@ class Pass:
     boundary_check: ClassVar[bool] = False
 
     def __post_init__(self):
-        """Parses an enum option given by its name (`PlacePass(strategy="pack")`), as a pipeline string's."""
+        """Checks every option given from Python as a pipeline string's: a string is parsed by the option's type
+        (`PlacePass(strategy="pack")`, `PlacePass(explain="false")`), any other value must have that type."""
         for o in self.options:
-            value = getattr(self, o.name)
-            if issubclass(o.type, enum.Enum) and not isinstance(value, o.type):
-                setattr(self, o.name, o.parse(self.name, value))
+            setattr(self, o.name, o.check(self.name, getattr(self, o.name)))
 
     @classmethod
     def from_text(cls, given: dict[str, str]) -> "Pass":
@@ -148,7 +179,11 @@ class Pipeline:
 
     def from_text(self, given: dict[str, str]) -> list[Pass]:
         """Returns the pass instances for the pipeline's option texts."""
-        return self.expand(**parse_options(self.name, self.options, given))
+        values = parse_options(self.name, self.options, given)
+        try:
+            return self.expand(**values)
+        except OptionError as e:      # a pass's own check of an option passed on (pw-place's topology file, pins)
+            raise OptionError(str(e) if ": error: " in str(e) else f"{e} (in '{self.name}')") from None
 
     def description(self) -> str:
         return inspect.cleandoc(self.expand.__doc__ or self.summary)

@@ -1,6 +1,7 @@
 """The pw-opt driver: options, pipelines, diagnostics, and robustness to bad input."""
 
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pathways_mlir.cli import pw_opt
 from pathways_mlir.cli.verify_diagnostics import parse_expectations, verify
 from pathways_mlir.dialect.diagnostics import Diagnostic, SourceLocation
 from pathways_mlir.passes.pipeline import PipelineError, parse_pipeline
+from pathways_mlir.passes.fuse_island import FuseIslandPass
+from pathways_mlir.passes.place import PlacePass, Strategy
 from pathways_mlir.passes.registry import PASSES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -67,6 +70,26 @@ def test_pipeline_parsing_orders_and_options():
         parse_pipeline("builtin.module(pw-verify")
     with pytest.raises(PipelineError, match="not a registered pass"):
         parse_pipeline("canonicalize")
+    assert [p.name for p in parse_pipeline(" builtin.module( pw-verify , pw-verify ) ")] == ["pw-verify"] * 2
+    assert parse_pipeline("builtin.module()") == []
+
+
+@pytest.mark.parametrize("pipeline, message", [
+    ("builtin.module(pw-place{topology=2x4}pw-verify)", "expected ',' or ')' after 'pw-place' at column 38, not 'p'"),
+    ("builtin.module(pw-verify pw-verify)", "expected ',' or ')' after 'pw-verify' at column 26, not 'p'"),
+    ("pw-verify pw-verify", "expected ',' or the end after 'pw-verify' at column 11, not 'p'"),
+    ("builtin.module(pw-verify,)", "expected a pass name at column 26"),
+    ("builtin.module(pw-place{strategy=pack strategy=spread})",
+     "option 'strategy' of 'pw-place' is given twice, again at column 39"),
+    ("builtin.module(pw-verify)x", "unexpected text after ')' at column 26: 'x'"),
+    ("builtin.module(pw-verify{x=1", "unterminated option list of 'pw-verify' at column 25"),
+])
+def test_a_malformed_pipeline_is_refused_at_its_column(pipeline, message):
+    """Passes without a ',' between them ran, a repeated option's last value won, and text after the ')' was
+    said to be a missing ')'; columns counted from after `builtin.module(`."""
+    with pytest.raises(PipelineError) as error:
+        parse_pipeline(pipeline)
+    assert str(error.value) == message
 
 
 def test_list_passes_names_every_pass(capsys):
@@ -138,6 +161,40 @@ def test_verify_diagnostics_exit_status(tmp_path, capsys):
     pointing_nowhere = SLICE + "// expected-error@below {{x}}"
     assert run(tmp_path, pointing_nowhere, "--verify-diagnostics")[0] == 1
     assert capsys.readouterr().err.endswith(":2:4: error: 'expected-error@below {{x}}' points outside the input\n")
+
+
+def test_a_diagnostic_in_another_file_meets_no_expectation(tmp_path, capsys):
+    """An error located in another file (`loc("model.py":2:1)`) met an expectation on line 2 of the input (exit
+    0); as in mlir-opt it is unexpected. The input's own file, by its name or "<stdin>", is still the input."""
+    expect = "// expected-error@below {{has 2 mesh dimensions}}\n"
+    elsewhere = expect + BAD_SLICE.rstrip() + ' loc("model.py":2:1)\n'
+    status, path = run(tmp_path, elsewhere, "--verify-diagnostics", "--pw-verify")
+    assert status == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "model.py:2:1: error: unexpected error: 'pw.virtual_slice' op slice @v0 has 2 mesh dimensions but 1 axis "
+        "names", f'{path}:1:4: error: expected error "has 2 mesh dimensions" was not produced']
+    assert run(tmp_path, expect + BAD_SLICE.rstrip() + f' loc("{path}":2:1)\n', "--verify-diagnostics",
+               "--pw-verify")[0] == 0
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_opt", "-", "--verify-diagnostics",
+                             "--pw-verify"], input=expect + BAD_SLICE.rstrip() + ' loc("<stdin>":2:1)\n',
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_expected_at_unknown_meets_a_diagnostic_with_no_line(tmp_path, capsys):
+    """`expected-error@unknown` (mlir-opt's, for an unknown location) did not parse, so an error with no line (at
+    `loc(unknown)`, or at the module the parser wraps around the input) could not be expected."""
+    unknown = "// expected-error@unknown {{has 2 mesh dimensions}}\n" + BAD_SLICE.rstrip() + " loc(unknown)\n"
+    assert run(tmp_path, unknown, "--verify-diagnostics", "--pw-verify")[0] == 0
+    no_topology = "// expected-error@unknown {{pw-place needs a topology}}\n" + SLICE
+    assert run(tmp_path, no_topology, "--verify-diagnostics", "--pw-place")[0] == 0
+    # An error at a line of the input does not meet it.
+    status, path = run(tmp_path, "// expected-error@unknown {{has 2 mesh dimensions}}\n" + BAD_SLICE,
+                       "--verify-diagnostics", "--pw-verify")
+    assert status == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}:2:1: error: unexpected error: 'pw.virtual_slice' op slice @v0 has 2 mesh dimensions but 1 axis "
+        "names", f'{path}:1:4: error: expected error "has 2 mesh dimensions" was not produced']
 
 
 @pytest.mark.parametrize("annotation, message", [
@@ -246,7 +303,8 @@ def test_pw_plan_memory_before_the_plans_exist_says_which_pass_writes_them(tmp_p
 @pytest.mark.parametrize("pipeline, message", [
     ("pw-lower{topology=3}", "option 'topology' of 'pw-place': 3: cannot read topology: No such file or directory "
                              "(in 'pw-lower')"),
-    ("pw-place{topology=0x4}", "option 'topology' of 'pw-place': topology '0x4': expected ISLANDSxDEVICES"),
+    ("pw-place{topology=0x4}", "option 'topology' of 'pw-place': topology '0x4': expected ISLANDSxDEVICES, two "
+                               "positive integers such as 2x4, or a topology JSON file"),
     ("pw-lower{strategy=random}", "option 'strategy' of 'pw-place' takes auto, spread or pack, not 'random' "
                                   "(in 'pw-lower')"),
     # One Island object per island: 99999999999999999999x4 ran without bound, its memory growing.
@@ -257,14 +315,33 @@ def test_pw_plan_memory_before_the_plans_exist_says_which_pass_writes_them(tmp_p
     ("pw-lower{topology=1x9223372036854775808}", "option 'topology' of 'pw-place': topology "
                                                  "'1x9223372036854775808': more devices an island than a 64-bit "
                                                  "integer holds (the IR's i64) (in 'pw-lower')"),
+    ("pw-lower{fuse=maybe}", "option 'fuse' of 'pw-lower' takes true or false, not 'maybe'"),
+    ("pw-lower{bogus=1}", "'pw-lower' has no option 'bogus' (options: topology, strategy, pin, explain, fuse)"),
 ])
 def test_a_bad_option_names_the_pass_and_the_option(pipeline, message, capsys):
     """A bad topology named neither the pass nor the option (`invalid pass pipeline: 3: cannot read
-    topology`), and an option of a pipeline's pass did not say which pipeline the user wrote."""
+    topology`), and an option of a pipeline's pass did not say which pipeline the user wrote; one of the
+    pipeline's own named it twice (`option 'fuse' of 'pw-lower' ... (in 'pw-lower')`)."""
     source = ROOT / "examples" / "three_blocks.mlir"
     assert pw_opt.main([str(source), f"--pass-pipeline=builtin.module({pipeline})", "-o", "-"]) == 1
     [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"pw-opt: error: invalid pass pipeline: {message}"), line
+    assert line == f"pw-opt: error: invalid pass pipeline: {message}"
+
+
+def test_options_given_from_python_are_checked_as_pipeline_texts_are():
+    """Only enum options were parsed from Python: PlacePass(explain="false") kept the string, which is true,
+    and FuseIslandPass(step_us=nan) was accepted though `step_us=nan` in a pipeline string is refused."""
+    assert PlacePass(explain="false").explain is False
+    assert PlacePass(strategy="pack").strategy is Strategy.PACK
+    assert FuseIslandPass(step_us=50).step_us == 50.0 and isinstance(FuseIslandPass(step_us=50).step_us, float)
+    with pytest.raises(ValueError, match="^option 'step_us' of 'pw-fuse-island' takes a finite number, not nan$"):
+        FuseIslandPass(step_us=math.nan)
+    with pytest.raises(ValueError, match="^option 'explain' of 'pw-place' takes true or false, not 'maybe'$"):
+        PlacePass(explain="maybe")
+    with pytest.raises(TypeError, match="^option 'explain' of 'pw-place' takes true or false, not 1 of type int$"):
+        PlacePass(explain=1)
+    with pytest.raises(TypeError, match="^option 'topology' of 'pw-place' takes a string, not 3 of type int$"):
+        PlacePass(topology=3)
 
 
 def test_pw_sim_bounds_its_topology_counts_as_pw_opt_does(capsys):

@@ -42,14 +42,15 @@ def test_uniform_topology_round_trips_through_json():
     ('{"islands": [{"name": "a", "device_kind": "cpu", "hosts": 1, "devices_per_host": 4,'
      ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
      ' "dcn": {"latency_us": 1, "bandwidth_gbps": Infinity}}',
-     "dcn: 'bandwidth_gbps' must be a finite number, not inf"),
+     "cluster.json: dcn: 'bandwidth_gbps' must be a finite number, not inf"),
     # Quoted by every message about the island: a newline in it made pw-run's error two lines.
     ('{"islands": [{"name": "x\\ny", "device_kind": "cpu", "hosts": 1, "devices_per_host": 4,'
      ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
      ' "dcn": {"latency_us": 1, "bandwidth_gbps": 1}}', "islands[0]: 'name' must be a non-empty printable name, not 'x"),
     ('{"islands": [{"name": "a", "device_kind": "cpu", "hosts": 1, "devices_per_host": 4,'
      ' "device_memory_bytes": 1, "ici": {"latency_us": 1, "bandwidth_gbps": 1}}],'
-     ' "dcn": {"latency_us": 1' + "0" * 400 + ', "bandwidth_gbps": 1}}', "dcn: 'latency_us' must be a finite number"),
+     ' "dcn": {"latency_us": 1' + "0" * 400 + ', "bandwidth_gbps": 1}}',
+     "cluster.json: dcn: 'latency_us' must be a finite number"),
 ])
 def test_topology_errors_name_the_problem(text, message):
     with pytest.raises(TopologyError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):

@@ -48,6 +48,12 @@ module {
 
 // -----
 
+// No topology, and no module op written: the error is at the module the parser makes, which has no line.
+// expected-error@unknown {{pw-place needs a topology}}
+"pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+
+// -----
+
 // A malformed pw.topology.
 // expected-error@below {{pw.topology: islands[0]: missing 'hosts'}}
 module attributes {pw.topology = {dcn = {bandwidth_gbps = 25.0, latency_us = 100.0}, islands = [

@@ -3,6 +3,10 @@
 // RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-verify{bogus=1})' 2>&1 | FileCheck %s --check-prefix=OPTION
 // RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-fuse-island{step_us=nan})' 2>&1 | FileCheck %s --check-prefix=NAN
 // RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-place{pin=a=island0,a=island1})' 2>&1 | FileCheck %s --check-prefix=PIN
+// RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-verify pw-verify)' 2>&1 | FileCheck %s --check-prefix=COMMA
+// RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-place{strategy=pack strategy=spread})' 2>&1 | FileCheck %s --check-prefix=TWICE
+// RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-verify)x' 2>&1 | FileCheck %s --check-prefix=AFTER
+// RUN: not pw-opt %s --pass-pipeline='builtin.module(pw-lower{fuse=maybe})' 2>&1 | FileCheck %s --check-prefix=FUSE
 // RUN: not pw-opt %t.missing-input 2>&1 | FileCheck %s --check-prefix=MISSING
 // RUN: %python -c "print('module {' * 300 + '}' * 300)" > %t.deep.mlir
 // RUN: not pw-opt %t.deep.mlir 2>&1 | FileCheck %s --check-prefix=DEEP
@@ -19,6 +23,11 @@
 // OPTION: pw-opt: error: invalid pass pipeline: 'pw-verify' has no option 'bogus'
 // PIN: pw-opt: error: invalid pass pipeline: pin 'a=island1' of 'pw-place' pins slice 'a' a second time
 // NAN: pw-opt: error: invalid pass pipeline: option 'step_us' of 'pw-fuse-island' takes a finite number, not 'nan'
+// A typo in a pipeline is refused, as mlir-opt refuses it, at its column.
+// COMMA: pw-opt: error: invalid pass pipeline: expected ',' or ')' after 'pw-verify' at column 26, not 'p'{{$}}
+// TWICE: pw-opt: error: invalid pass pipeline: option 'strategy' of 'pw-place' is given twice, again at column 39{{$}}
+// AFTER: pw-opt: error: invalid pass pipeline: unexpected text after ')' at column 26: 'x'{{$}}
+// FUSE: pw-opt: error: invalid pass pipeline: option 'fuse' of 'pw-lower' takes true or false, not 'maybe'{{$}}
 // MISSING: missing-input: error: cannot read input: No such file or directory
 
 // Nesting deep enough to overflow MLIR's parser is refused before parsing.
