@@ -20,7 +20,10 @@ quarter of the endpoint's idle timeout, so an idle client keeps its objects.
 Reading a pytree of results (`jax.device_get`, which announces every leaf
 with `copy_to_host_async` before it reads them) costs one request: a fetch
 brings back, besides its own value, those announced whose values are
-computed, held here until read or released (at most `AHEAD_BYTES`).
+computed, held here until read or released: what is held and what fetches
+in flight ask for stay within `AHEAD_BYTES`. A handle donated to a run, or
+whose run this client cancelled, drops what is held of it: read, it raises
+as it does in-process.
 
 A dropped handle's release goes with the connection's next request, or,
 if none comes within `RELEASE_DELAY`, that thread sends it; a release sent
@@ -79,7 +82,7 @@ UNANSWERED_BYTES = 64 << 20   # bytes of arguments of runs whose replies are not
 RETRIES = 3          # times a request is asked again after runs it followed were lowered again
 RELEASE_DELAY = 0.02  # seconds a dropped handle's release waits for a request to carry it
 WANTED = 8192        # values announced for reading (`copy_to_host_async`) and not brought back yet, at most
-AHEAD_BYTES = 64 << 20   # bytes of values brought back ahead of their read that a client holds, at most
+AHEAD_BYTES = 64 << 20   # bytes of values held, or asked for, ahead of their read by a client, at most
 
 
 class RemoteError(RuntimeError):
@@ -363,11 +366,14 @@ class RemoteClient:
         self._release_pending = False            # a wakeup for dropped handles is on its way
         self.requests: collections.Counter[str] = collections.Counter()   # requests sent, by op
         # Values announced for reading (`RemoteHandle.copy_to_host_async`): key -> (bytes, the handle's finalizer,
-        # which says whether it is alive); those asked for by a fetch whose reply has not come; those brought back
-        # and not read yet. Changed without a lock: a finalizer (`_drop`) changes them on any thread.
+        # which says whether it is alive); those asked for by a fetch whose reply has not come -> their bytes;
+        # those brought back and not read yet. Changed by single dict operations, without a lock: a finalizer
+        # (`_drop`) changes them on any thread. The bytes held or asked for are summed from them (`_ahead`), so no
+        # count drifts; `_choosing` makes the fetches that choose what to ask for at once share the room.
         self._wanted: dict[int, tuple[int, weakref.finalize]] = {}
-        self._asked: set[int] = set()
+        self._asked: dict[int, int] = {}
         self._prefetched: dict[int, np.ndarray] = {}
+        self._choosing = threading.Lock()
         self.closed = False
         self.closed_here = False                 # closed by `close()` (not lost): its handles' results were released
         self.resources = ServiceTopology(self)
@@ -508,7 +514,15 @@ class RemoteClient:
         if self.closed_here:
             self._check_open()
         handle._check()
-        return self._call({"op": "cancel", "handle": handle._key})[0]["cancelled"]
+        cancelled = self._call({"op": "cancel", "handle": handle._key})[0]["cancelled"]
+        if cancelled:
+            # Reading the run's results raises now, so none may be read from what was brought back ahead. Which
+            # handles are the run's is not known here: every value announced, held or on its way goes
+            # (`_arrived_ahead` holds only those still announced and asked for); a read asks the service again.
+            self._wanted.clear()
+            self._asked.clear()
+            self._prefetched.clear()
+        return cancelled
 
     def object_count(self) -> int:
         """Returns how many objects this client owns on the cluster."""
@@ -596,37 +610,39 @@ class RemoteClient:
 
     def _ahead(self, key: int) -> list[int]:
         """The handles whose values a fetch of handle `key` asks for besides (`also`): those announced for reading,
-        not held or asked for already, while what is held ahead of its read stays within `AHEAD_BYTES` and the
-        reply within the frame's limits. They are asked for from now on; `key` itself is no longer announced."""
+        not held or asked for already, while what is held ahead of its read and what fetches in flight ask for
+        stay within `AHEAD_BYTES`, and the reply within the frame's limits. They are asked for from now on, until
+        `_arrived_ahead`; `key` itself is no longer announced."""
         self._wanted.pop(key, None)
-        room = min(AHEAD_BYTES - sum(value.nbytes for value in list(self._prefetched.values())),
-                   self.limits.max_array_bytes // 2)
-        also = []
-        for other, (nbytes, finalizer) in list(self._wanted.items()):
-            if len(also) >= self.limits.max_arrays - 1:
-                break
-            if other != key and nbytes <= room and finalizer.alive and other not in self._asked:
-                also.append(other)
-                room -= nbytes
-        self._asked.update(also)
+        with self._choosing:
+            room = min(AHEAD_BYTES - sum(value.nbytes for value in list(self._prefetched.values()))
+                       - sum(list(self._asked.values())), self.limits.max_array_bytes // 2)
+            also = []
+            for other, (nbytes, finalizer) in list(self._wanted.items()):
+                if len(also) >= self.limits.max_arrays - 1:
+                    break
+                if other != key and nbytes <= room and finalizer.alive and other not in self._asked:
+                    self._asked[other] = nbytes
+                    also.append(other)
+                    room -= nbytes
         return also
 
     def _arrived_ahead(self, asked: list[int], arrived: dict[int, np.ndarray]) -> None:
         """A fetch that asked for the values of handles `asked` ahead of their read ended, bringing back
-        `arrived`: those of handles still alive are held until read or released (`_drop`, `delete`)."""
+        `arrived`: those of handles still announced and asked for are held until read or released (`_drop`,
+        `delete`, `_donated`); the others go. Each leaves `_asked` only once held, so its bytes always count."""
         for key in asked:
-            if key in self._asked:
-                self._asked.discard(key)
-                found = self._wanted.pop(key, None) if key in arrived else None
-                if found is not None:
-                    self._prefetched[key] = arrived[key]
-                    if not found[1].alive:      # dropped meanwhile, maybe before the line above: it goes
-                        self._prefetched.pop(key, None)
+            held = key in arrived and key in self._asked and self._wanted.pop(key, None) is not None
+            if held:
+                self._prefetched[key] = arrived[key]
+            if self._asked.pop(key, None) is None and held:
+                self._prefetched.pop(key, None)     # forgotten meanwhile (`_forget_ahead`): nothing is held of it
 
     def _forget_ahead(self, key: int) -> None:
-        """Forgets what is noted, asked for or held of a handle's value ahead of its read (read, or released)."""
+        """Forgets what is noted, asked for or held of a handle's value ahead of its read (read, released or
+        donated)."""
         self._wanted.pop(key, None)
-        self._asked.discard(key)
+        self._asked.pop(key, None)
         self._prefetched.pop(key, None)
 
     def _wake(self) -> None:
@@ -852,6 +868,7 @@ def _donated(plan: ProgramPlan, args) -> None:
     for _, arg in donated:
         if isinstance(arg, RemoteHandle):
             arg._donated = True
+            arg._client._forget_ahead(arg._key)    # read, it asks the service, which raises as in-process
     arrays = [(b, a) for b, a in donated if type(a) is ARRAY_TYPE]
     if arrays:
         reused = {b for island in plan.islands for taken in reuses(plan, island).values() for b in taken}

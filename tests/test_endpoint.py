@@ -1209,3 +1209,46 @@ def test_device_get_of_a_pytree_of_remote_handles_is_one_fetch_request(runtime):
         assert np.asarray(again.pop("w3")).tolist() == [4, 4]      # taken as it was brought back
         del again
         assert remote._prefetched == {} and remote._wanted == {}
+
+
+def test_fetches_in_flight_at_once_share_the_read_ahead_bound(runtime, monkeypatch):
+    """What a client holds of values brought back ahead of their read is bounded (`AHEAD_BYTES`), but each
+    fetch chose up to the whole room, not counting what a fetch still in flight had asked for: two threads
+    reading at once held twice the bound (a review). Now what fetches in flight ask for counts, until their
+    replies come, they fail, or the handles are released."""
+    width = 8
+    make = pw.jit(lambda x: {f"w{i}": x + i for i in range(width)}, slice=pw.virtual_slice(1, axes="d"))
+    in_flight, go_on = threading.Event(), threading.Event()
+    with Endpoint(runtime) as endpoint, RemoteClient(endpoint.address, key_path=endpoint.key_path,
+                                                     timeout=TIMEOUT) as remote:
+        polled = remote._polled
+
+        def held_back(request, deadline, late):
+            if "also" in request and not in_flight.is_set():    # the first fetch asking for others waits
+                in_flight.set()
+                go_on.wait(TIMEOUT)
+            return polled(request, deadline, late)
+
+        state, other = make.run(np.zeros(2, np.float32), client=remote), make.run(np.ones(2, np.float32),
+                                                                                 client=remote)
+        for leaf in [*state.values(), *other.values()]:
+            leaf.block_until_ready()
+        monkeypatch.setattr("pathways_mlir.runtime.remote_client.AHEAD_BYTES", 3 * state["w0"].nbytes)
+        monkeypatch.setattr(remote, "_polled", held_back)
+        for leaf in state.values():
+            leaf.copy_to_host_async()
+        box = []
+        reader = threading.Thread(target=lambda leaf: box.append(np.asarray(leaf)), args=(state["w0"],), daemon=True)
+        reader.start()                           # asks for w1, w2 and w3 besides: the whole room
+        assert in_flight.wait(TIMEOUT)
+        state.pop("w1").delete()                 # on its way: its room is free again
+        assert np.asarray(other["w0"]).tolist() == [1, 1]      # asks for w4 besides, only
+        go_on.set()
+        reader.join(TIMEOUT)
+        assert box[0].tolist() == [0, 0]
+        assert set(remote._prefetched) == {state[name]._key for name in ("w2", "w3", "w4")} and remote._asked == {}
+        monkeypatch.undo()
+        assert {name: np.asarray(leaf).tolist() for name, leaf in state.items()} == \
+            {f"w{i}": [i, i] for i in range(width) if i != 1}
+        del state
+        assert remote._prefetched == {} and remote._asked == {}

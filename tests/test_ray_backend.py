@@ -1009,6 +1009,63 @@ def test_device_get_of_a_pytree_costs_one_fetch_per_island(ray_runtime):
         assert proxy._fetched == {} and proxy._wanted == {} and proxy._fetched_bytes == 0
 
 
+def test_fetches_in_flight_at_once_share_the_read_ahead_bound(ray_runtime, monkeypatch):
+    """What the driver holds of values brought back ahead of their read is bounded per island (`FETCHED_BYTES`),
+    but each fetch chose up to the whole room, not counting what a fetch still in flight had asked for: two
+    threads reading at once held twice the bound (a review: 128 MiB of 64). Now what fetches in flight ask for
+    counts, until their replies come, they fail, or the results are released."""
+    width = 8
+    make = pw.jit(lambda x: {f"w{i}": x + i for i in range(width)},
+                  slice=pw.virtual_slice(2, axes="x", island="island0"))
+    proxy = ray_runtime.islands["island0"]
+    request = proxy._request
+    in_flight, go_on = threading.Event(), threading.Event()
+
+    def held_back(run_id, buffer, timeout, siblings, value=True):
+        if siblings and not in_flight.is_set():     # the first fetch asking for others waits until told
+            in_flight.set()
+            go_on.wait(120)
+        return request(run_id, buffer, timeout, siblings, value)
+
+    with Client(ray_runtime) as client:
+        state, other = make.run(np.zeros(4, np.float32), client=client), make.run(np.ones(4, np.float32),
+                                                                                 client=client)
+        client.wait(other["w0"]._run, timeout=120)
+        monkeypatch.setattr("pathways_mlir.runtime.ray_backend.proxy.FETCHED_BYTES", 3 * state["w0"].nbytes)
+        monkeypatch.setattr(proxy, "_request", held_back)
+        for leaf in state.values():
+            leaf.copy_to_host_async()
+        box = []
+        reader = threading.Thread(target=lambda leaf: box.append(np.asarray(leaf)), args=(state["w0"],), daemon=True)
+        reader.start()                           # asks for w1, w2 and w3 besides: the whole room
+        assert in_flight.wait(120)
+        state.pop("w1").delete()                 # on its way: its room is free again
+        assert np.asarray(other["w0"]).tolist() == [1] * 4      # asks for w4 besides, only
+        go_on.set()
+        reader.join(120)
+        assert box[0].tolist() == [0] * 4
+        run_id = state["w0"]._run.id
+        assert set(proxy._fetched) == {(run_id, state[name]._buffer) for name in ("w2", "w3", "w4")}
+        assert proxy._fetched_bytes == 3 * state["w0"].nbytes and proxy._asked == {} and proxy._asked_bytes == 0
+
+        asked = []
+
+        def broken(run_id, buffer, timeout, siblings, value=True):
+            asked.append((len(siblings), proxy._asked_bytes))
+            raise RunFailed("the connection broke")
+
+        assert np.asarray(state["w2"]).tolist() == [2] * 4      # taken as it was brought back: room for one
+        monkeypatch.setattr(proxy, "_request", broken)
+        with pytest.raises(RunFailed, match="^the connection broke$"):
+            np.asarray(state["w5"])
+        assert asked == [(1, state["w0"].nbytes)] and proxy._asked == {} and proxy._asked_bytes == 0
+        monkeypatch.undo()
+        assert {name: np.asarray(leaf).tolist() for name, leaf in state.items()} == \
+            {f"w{i}": [i] * 4 for i in range(width) if i != 1}
+        del state
+        assert proxy._fetched == {} and proxy._fetched_bytes == 0
+
+
 def test_device_get_of_a_cancelled_runs_results_raises_as_reading_one_does(ray_runtime):
     """A result announced for reading (`jax.device_get`) of a run that failed raises at its read what reading
     it alone raises."""

@@ -49,6 +49,15 @@ def eat(x):
     return inc(x)
 
 
+pair = pw.jit(lambda x: (x + 1.0, x + 2.0), slice=island0, in_specs=P("d"), out_specs=(P("d"), P("d")))
+
+
+@pw.program
+def pair_then_spin(x, n):
+    a, b = pair(x)                 # a and b are computed together, before spin starts
+    return a, b, spin(a, n)
+
+
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory):
     """{"embedded": (client, other client), "service": (connection, other connection), "file": the service
@@ -255,6 +264,26 @@ def test_a_released_handle_says_where_it_lay_as_a_deleted_jax_array_does_as_in_p
                 np.asarray(handle)
 
 
+def test_a_donated_handle_whose_value_was_read_ahead_raises_as_in_process(sides):
+    """`jax.device_get` announces every leaf (`copy_to_host_async`), and through the service the first read brings
+    back the others' values, held by the connection until read. A handle donated to a run since read the value
+    held, where a donated handle raises (found by a review). Now the donation drops it: the read raises the line
+    it raises in-process."""
+    lines = {}
+    for side in ("embedded", "service"):
+        client = sides[side][0]
+        a, b = pair.run(X, client=client)
+        a.copy_to_host_async()
+        np.testing.assert_allclose(np.asarray(b), X + 2.0)
+        if side == "service":
+            assert a._key in client._prefetched, "a's value came back with b's"
+        eat.run(a, client=client).block_until_ready()
+        lines[side] = numbered(raised(lambda: np.asarray(a)))
+        assert side == "embedded" or a._key not in client._prefetched
+    assert lines["service"] == lines["embedded"] == \
+        "handle to buffer N of run N was donated to program @eat: a donated handle cannot be used again"
+
+
 def test_a_run_that_can_never_fit_reads_as_in_process(sides):
     """A run that can never fit raises OutOfDeviceMemory through the service (as before) with the embedded
     runtime's message, which had its class's name before it (`OutOfDeviceMemory: program ...`); so does a
@@ -414,6 +443,23 @@ def test_a_result_released_by_another_thread_while_it_is_read_says_so(computing)
         reading.join(TIMEOUT)
         assert isinstance(box[0], ValueError) and re.fullmatch(r"remote handle \d+ was released", str(box[0])), \
             box[0]
+    finally:
+        connection.close()
+
+
+def test_a_value_read_ahead_of_a_run_cancelled_since_raises_as_reading_it_does(computing):
+    """A value brought back ahead of its read (`copy_to_host_async`, as `jax.device_get` announces a pytree's leaves)
+    was read from the connection after its run was cancelled, where reading it raises RunCancelled, as in-process
+    and without the read-ahead (found by a review). A cancel now drops what is held."""
+    connection = open_connection(computing[0], timeout=10)
+    try:
+        a, b, long = pair_then_spin.run(X, FOREVER, client=connection)
+        b.copy_to_host_async()
+        np.testing.assert_allclose(np.asarray(a), X + 1.0)
+        assert b._key in connection._prefetched, "b's value came back with a's"
+        assert connection.cancel(long)
+        with pytest.raises(RunCancelled, match=r"^run \d+ of pair_then_spin was cancelled by client \d+$"):
+            np.asarray(b)
     finally:
         connection.close()
 

@@ -28,7 +28,7 @@ RUNS_DONE_TIMEOUT = 2.0
 RELEASE_BATCH = 64      # queued releases sent in a call of their own once this many wait
 RUNS_DONE_BATCH = 256   # earlier runs asked about with each `runs_done` call
 SIBLING_BYTES = 1 << 20  # a fetch brings back the run's other results read before up to this size each
-FETCHED_BYTES = 64 << 20  # bytes of values brought back ahead of their read that the driver holds per island
+FETCHED_BYTES = 64 << 20  # bytes of values held, or asked for, ahead of their read in the driver per island
 WANTED = 8192           # results announced for reading (`want`) and not brought back yet, at most per island
 
 
@@ -47,8 +47,8 @@ class RayIsland:
     devices) never travel; and it brings back the results announced for
     reading (`want`: `jax.device_get` announces every leaf of a pytree before
     it reads them), so reading a pytree costs one request per island. What
-    comes back ahead of its read is held until read or released, at most
-    `FETCHED_BYTES` per island.
+    comes back ahead of its read is held until read or released; what is held
+    and what fetches in flight ask for stay within `FETCHED_BYTES` per island.
 
     Once its actor is dead (the monitor saw it, or Ray failed a call with
     `RayActorError`), the proxy answers for it as a lost island would: work
@@ -66,9 +66,12 @@ class RayIsland:
         # Runs known to be over -> the device time the actor measured (None: not known), until it is read.
         self._done: collections.OrderedDict[int, float | None] = collections.OrderedDict()
         self._fetched: dict[tuple[int, int], np.ndarray] = {}   # results brought back with a sibling, not read yet
-        self._fetched_bytes = 0                    # their bytes, at most `FETCHED_BYTES`
+        self._fetched_bytes = 0                    # their bytes
         self._wanted: dict[tuple[int, int], int] = {}   # results announced for reading (`want`) -> their bytes
-        self._asked: set[tuple[int, int]] = set()  # siblings asked for by a fetch whose reply has not come
+        # Siblings asked for by a fetch whose reply has not come -> their bytes, and those bytes in all: with
+        # `_fetched_bytes`, at most `FETCHED_BYTES` (fetches in flight at once share the room).
+        self._asked: dict[tuple[int, int], int] = {}
+        self._asked_bytes = 0
         self._read: dict[int | None, set[int]] = {}   # plan key -> the results here ever read of its runs
         self._releases: list[tuple[int, int]] = []
         # Runs started here -> (plan key, client id), the latest `HISTORY` of them.
@@ -230,30 +233,28 @@ class RayIsland:
             key = self._runs.get(run_id, (None, None))[0]
             read = self._read.setdefault(key, set())
             read.add(buffer)
-            siblings = [] if value is not None else self._siblings(run_id, buffer, key, read)
-            self._asked.update(siblings)
+            siblings = {} if value is not None else self._siblings(run_id, buffer, key, read)
         if value is not None:
             return value
         ready = {}
         try:
-            value, ready = self._request(run_id, buffer, timeout, siblings)
+            value, ready = self._request(run_id, buffer, timeout, list(siblings))
         finally:
             with self._lock:        # (a sibling released meanwhile left `_asked`: its value is dropped)
                 for sibling in siblings:
-                    if sibling in self._asked:
-                        self._asked.discard(sibling)
-                        if sibling in ready:
-                            self._wanted.pop(sibling, None)
-                            self._fetched[sibling] = ready[sibling]
-                            self._fetched_bytes += ready[sibling].nbytes
+                    if self._unask(sibling) and sibling in ready:
+                        self._wanted.pop(sibling, None)
+                        self._fetched[sibling] = ready[sibling]
+                        self._fetched_bytes += ready[sibling].nbytes
         return value
 
-    def _siblings(self, run_id: int, buffer: int, key: int | None, read: set[int]) -> list[tuple[int, int]]:
-        """The results a fetch of `buffer` of run `run_id` (of plan `key`) asks for besides: the run's others here
-        ever read of the plan's runs, up to `SIBLING_BYTES` each, and those announced for reading (`want`), as
-        long as what the driver holds ahead of its read stays within `FETCHED_BYTES`. None already held, asked
-        for by another fetch, or released. Under the lock."""
-        room = FETCHED_BYTES - self._fetched_bytes
+    def _siblings(self, run_id: int, buffer: int, key: int | None, read: set[int]) -> dict[tuple[int, int], int]:
+        """The results a fetch of `buffer` of run `run_id` (of plan `key`) asks for besides, with their bytes: the
+        run's others here ever read of the plan's runs, up to `SIBLING_BYTES` each, and those announced for
+        reading (`want`), as long as what the driver holds ahead of its read and what fetches in flight ask for
+        stay within `FETCHED_BYTES`. None already held, asked for by another fetch, or released. They are asked
+        for from now on (`_asked`, until `_unask`). Under the lock."""
+        room = FETCHED_BYTES - self._fetched_bytes - self._asked_bytes
         released = set(self._releases)
         others = [((run_id, b), n) for b, n in self._group.results(key, self.name).items()
                   if b != buffer and b in read and n <= SIBLING_BYTES]
@@ -261,9 +262,20 @@ class RayIsland:
         for sibling, nbytes in [*others, *self._wanted.items()]:
             if nbytes <= room and sibling not in chosen and sibling not in self._fetched \
                     and sibling not in self._asked and sibling not in released:
-                chosen[sibling] = None
+                chosen[sibling] = nbytes
                 room -= nbytes
-        return list(chosen)
+        self._asked.update(chosen)
+        self._asked_bytes += sum(chosen.values())
+        return chosen
+
+    def _unask(self, key: tuple[int, int]) -> bool:
+        """A result asked for ahead of its read is no longer (its fetch ended, or it was released): its bytes
+        leave the room's count. Returns whether it was asked for. Under the lock."""
+        nbytes = self._asked.pop(key, None)
+        if nbytes is None:
+            return False
+        self._asked_bytes -= nbytes
+        return True
 
     def _take_fetched(self, key: tuple[int, int]) -> np.ndarray | None:
         """Takes a value brought back ahead of its read (None if none is held). Under the lock."""
@@ -277,7 +289,7 @@ class RayIsland:
         lock."""
         self._take_fetched(key)
         self._wanted.pop(key, None)
-        self._asked.discard(key)
+        self._unask(key)
 
     def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
         """Returns once a buffer of a run exists on the actor, bringing nothing back; raises as `fetch` does."""
