@@ -15,7 +15,7 @@ import itertools
 import threading
 import time
 import weakref
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
@@ -24,7 +24,7 @@ from .dispatch import Dispatcher, check_dtype, check_timeout
 from .dispatch_mode import DispatchMode
 from .executables import numpy_dtype
 from .handles import Handle, nothing_dropped, release_dropped
-from .island_work import RunFailed, StoreRef, client_owner
+from .island_work import Readable, RunFailed, StoreRef, client_owner
 from .plan_check import refuse_debug_checks
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime
@@ -232,10 +232,14 @@ class Client:
         """Waits until a run's work is over; raises its error if it failed."""
         self.runtime.wait(run, timeout)
 
-    def fetch(self, run: Run, buffer: int, timeout: float | None = None):
-        """Returns the array of one of a run's buffers once it exists."""
+    def fetch(self, run: Run, buffer: int, timeout: float | None = None, reader: Readable | None = None):
+        """Returns the array of one of a run's buffers once it exists. Its `reader` (its handle; by default, a
+        `ResultRead` of this client) raises once the result was released: a fetch that would wait for it raises
+        so instead (`Island.fetch`)."""
+        if reader is None:
+            reader = ResultRead(self, run, buffer)
         try:
-            return self._dispatcher.fetch(run, buffer, timeout)
+            return self._dispatcher.fetch(run, buffer, timeout, reader)
         except RunFailed:
             if not self.runtime.closed:
                 raise
@@ -302,6 +306,24 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ResultRead(NamedTuple):
+    """A result that `Client.fetch` reads without its handle (a test's, say): released once its handle was, or
+    once its client closed. (A handle's release marks `run.released` after its island woke the readers: a read
+    waiting then goes on waiting; a read through the handle itself checks its `_deleted`, marked before.)"""
+
+    client: Client
+    run: Run
+    buffer: int
+
+    def _check(self) -> None:
+        """Raises ValueError in one line if the result was released."""
+        if self.client.closed:
+            raise ValueError(f"buffer {self.buffer} of run {self.run.id} belongs to closed client {self.client.id}: "
+                             f"its result was released")
+        if self.buffer in self.run.released:
+            raise ValueError(f"buffer {self.buffer} of run {self.run.id} was released")
 
 
 def positions_by_identity(args: Sequence, kind: type) -> dict[int, list[int]]:

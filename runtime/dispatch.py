@@ -41,7 +41,7 @@ from pathways_mlir.dialect.plan_steps import Branch
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
 from .executables import ARRAY_TYPE, native_dtype, numpy_dtype
-from .island_work import REFERENCES, RunFailed, debug_checks, raised
+from .island_work import REFERENCES, Readable, RunFailed, debug_checks, raised
 from .limits import MAX_SECONDS
 from .run import Run, Stored
 
@@ -232,10 +232,11 @@ class Dispatcher:
                                                 for i in loaded.islands}, inline)
             self._sequential(run, loaded, mode)
 
-    def fetch(self, run: Run, buffer: int, timeout: float | None = None):
-        """Returns a buffer's array once it exists (a `fetch` message to its island). For a run with a
-        deadline (started with `timeout=`), only once its device work is over: an array handed out before
-        would outlive the cancel, so the deadline would not bound the wait (`RunCancelled` if it passes).
+    def fetch(self, run: Run, buffer: int, timeout: float | None = None, reader: Readable | None = None):
+        """Returns a buffer's array once it exists (a `fetch` message to its island, with its `reader`, which
+        raises once the result was released: see `Island.fetch`). For a run with a deadline (started with
+        `timeout=`), only once its device work is over: an array handed out before would outlive the cancel,
+        so the deadline would not bound the wait (`RunCancelled` if it passes).
         A run failed here (cancelled, past its deadline, an island lost) raises its error at once: its islands
         learn of the failure by messages of their own, which Ray may run after this fetch, once the run ended
         there, so the island could still hand out the value. A fetch that was waiting when the run failed here
@@ -245,9 +246,9 @@ class Dispatcher:
             raise raised(run.error)
         if run.deadline is not None:
             self._await_over(run, timeout)
-        return self._value(run, buffer, timeout)
+        return self._value(run, buffer, timeout, reader)
 
-    def _value(self, run: Run, buffer: int, timeout: float | None = None):
+    def _value(self, run: Run, buffer: int, timeout: float | None = None, reader: Readable | None = None):
         """A buffer's array once it exists, as `fetch` returns it but without waiting for a run with a deadline to
         be over: what the run's own host steps read (a cond's predicate and operands, which the run waits for, so
         waiting for the run to be over waited until its deadline cancelled it)."""
@@ -260,7 +261,7 @@ class Dispatcher:
                 return value
             island = value.island                   # kept in its store once the run's conds were over
         try:
-            return self.runtime.islands[island].fetch(run.id, buffer, timeout)
+            return self.runtime.islands[island].fetch(run.id, buffer, timeout, reader)
         except RunFailed:
             if run.error is not None:
                 raise raised(run.error) from None

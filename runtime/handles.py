@@ -85,7 +85,7 @@ class Handle(RunResult):
     def _value(self, timeout: float | None):
         timeout = wait_limit(timeout)
         self._check()
-        return self._client.fetch(self._run, self._buffer, timeout)
+        return self._client.fetch(self._run, self._buffer, timeout, self)   # (checked again before a wait)
 
     def copy_to_host_async(self) -> None:
         """Announces that the value will be read soon (`jax.device_get` gives this to every leaf of a pytree

@@ -18,6 +18,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.topology import Topology
 
 from .dispatch_mode import DispatchMode
+from .island_work import Readable
 
 
 @runtime_checkable
@@ -91,8 +92,9 @@ class IslandEndpoint(Protocol):
     def unload(self, key: int) -> None:
         """Forgets a loaded plan that nothing runs any more (its runs are over)."""
 
-    def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
-        """Returns a run's buffer once it exists; raises the run's error if it failed."""
+    def fetch(self, run_id: int, buffer: int, timeout: float | None = None, reader: Readable | None = None):
+        """Returns a run's buffer once it exists; raises the run's error if it failed, and what `reader._check()`
+        raises (its result was released) instead of waiting for a result released meanwhile."""
 
     def produced(self, run_id: int, buffer: int, timeout: float | None = None) -> None:
         """Returns once a run's buffer exists, bringing nothing back; raises as `fetch` does."""

@@ -48,7 +48,7 @@ Python objects:
     returned(run_id, buffer)                  a peer is done with a result lent to it
     fail_run(run_id, error)                   the run failed elsewhere (or was cancelled)
     lose(), restored()                        fail as a dead host would; a fresh island in its place
-    fetch(run_id, buffer, timeout) -> array   a result or intermediate, once produced
+    fetch(run_id, buffer, timeout, reader)    a result or intermediate (an array), once produced
     produced(run_id, buffer, timeout)         the same, bringing nothing back
     release(run_id, buffer), release_owner(owner)
     run_done(run_id), wait_run(run_id, timeout)  whether the run's device work is over
@@ -74,8 +74,8 @@ from .device_estimates import DeviceTimeEstimates
 from .executables import CONTEXT_MESH, ExecutableCache, make_mesh, without_context_mesh
 from .island_executor import AWAIT_PAUSE, IN_FLIGHT, IslandExecutor, RunWaiters
 from .island_program import Instruction, IslandLayout, compile_steps
-from .island_work import (ORDER_HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, RunFailed, StoreRef,
-                          client_owner, computed, debug_checks, host_arrays_copied, raised, waits_for)
+from .island_work import (ORDER_HISTORY, IslandLost, IslandRun, IslandWedged, IslandWork, PeerRef, Readable, RunFailed,
+                          StoreRef, client_owner, computed, debug_checks, host_arrays_copied, raised, waits_for)
 from .object_store import ObjectStore
 from .status import first_listed, unreachable
 from .tracing import Tracer
@@ -339,8 +339,12 @@ class Island(IslandExecutor):
         with self.lock:
             return {r: self._failed[r] for r in run_ids if r in self._failed}
 
-    def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
-        """Returns the array of a run's buffer, waiting until it is produced; raises if the run failed."""
+    def fetch(self, run_id: int, buffer: int, timeout: float | None = None, reader: Readable | None = None):
+        """Returns the array of a run's buffer, waiting until it is produced; raises if the run failed. Before each
+        wait, under the lock, `reader._check()` (what reads it: a handle, a shared reference) raises if the result
+        was released: once its run is over here, a released result looks like one whose run has not started here
+        yet, and a reader whose handle was released after its own check waited for ever. A release wakes the
+        readers waiting on its run (`release`, `release_owner`), which check again."""
         found = self.store.get((run_id, buffer))      # a result kept: one dict read, no lock needed
         if found is not None and not self._closed:
             return found
@@ -367,6 +371,8 @@ class Island(IslandExecutor):
                 if run is None and run_id in self._in_flight:
                     raise ValueError(f"buffer {buffer} of run {run_id} is not kept: the run is over and the "
                                      f"buffer was no result, or its result was released")
+                if reader is not None:
+                    reader._check()
                 self._wait(run_id, deadline,
                            f"buffer {buffer} of run {run_id} was not produced within {timeout} s")
 
@@ -383,6 +389,8 @@ class Island(IslandExecutor):
         with self.lock:
             if not self.store.release(key) and run_id not in self._failed and run_id not in self._in_flight:
                 self._dropped.add(key)
+            if self._waiters:
+                self._notify(run_id)         # a reader of it checks its handle again (`fetch`)
 
     def keep_host_value(self, run, buffer: int, array) -> None:
         """Keeps `array`, on devices here, as result `buffer` of `run` (a dispatcher's `Run`) for its client: a
@@ -397,10 +405,15 @@ class Island(IslandExecutor):
         """Drops a value `keep_host_value` kept, if it did (its handle was released)."""
         with self.lock:
             self.store.release((run_id, buffer))
+            if self._waiters:
+                self._notify(run_id)         # a reader of it checks its handle again (`fetch`)
 
     def release_owner(self, owner: Hashable) -> int:
-        """Drops every result of `owner`; returns how many."""
+        """Drops every result of `owner` (its client closed); returns how many. Wakes every reader waiting here:
+        those of the owner's results check their handles again (`fetch`) and raise, the others wait on."""
         with self.lock:
+            if self._waiters:
+                self._notify_all()
             return self.store.release_owner(owner)
 
     def failure(self, run_id: int) -> BaseException | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -23,6 +23,14 @@ FAILED_HISTORY = 10_000  # how many failed runs' errors an island keeps
 # about 35 MB of them.
 ORDER_HISTORY = 16_384
 
+
+
+class Readable(Protocol):
+    """What reads a result (a `Handle`, a `SharedRef`), as an island's `fetch` is told: `_check()` raises a one-line
+    error once the result was released (its handle deleted or donated, its client closed)."""
+
+    def _check(self) -> None:
+        """Raises ValueError if the result was released."""
 
 
 class RunFailed(RuntimeError):

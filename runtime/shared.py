@@ -65,20 +65,25 @@ class SharedRef(RunResult):
         return handle is None or handle._deleted or handle._donated_to is not None or handle._client.closed
 
     def _value(self, timeout: float | None):
-        """The object's array; raises ValueError once the owner has released it."""
-        if self.released:
-            raise ValueError(self.gone())
+        """The object's array; raises ValueError once the owner has released it (checked again before the island
+        would wait for it: released there, it is never produced again)."""
+        self._check()
+        island = self._runtime.islands[self._run.island_of(self._buffer)]
         try:
-            return self._runtime.islands[self._run.island_of(self._buffer)].fetch(self._run.id, self._buffer, timeout)
+            return island.fetch(self._run.id, self._buffer, timeout, self)
         except (ValueError, TimeoutError):
             if self.released:
                 raise ValueError(self.gone()) from None
             raise
 
-    def is_ready(self) -> bool:
-        """True: an object is shared once its run is over (`Client.share`); raises ValueError once released."""
+    def _check(self) -> None:
+        """Raises ValueError in one line once the owner has released the object."""
         if self.released:
             raise ValueError(self.gone())
+
+    def is_ready(self) -> bool:
+        """True: an object is shared once its run is over (`Client.share`); raises ValueError once released."""
+        self._check()
         return True
 
     def is_deleted(self) -> bool:

@@ -108,6 +108,77 @@ def test_a_released_handle_raises_instead_of_returning_data(runtime, plan_builde
         np.asarray(kept)
 
 
+def read_on_a_thread(runtime, read):
+    """Runs `read()` on a daemon thread; returns what it raised (None if nothing). A read still waiting after 30 s
+    fails the test, once closing the runtime has ended it (its island wakes every waiting thread)."""
+    outcome = []
+
+    def reader():
+        try:
+            read()
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001  (the test looks at it)
+            outcome.append(error)
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    thread.join(30)
+    if thread.is_alive():
+        runtime.close()
+        thread.join(30)
+        pytest.fail("the read waited for ever")
+    return outcome[0]
+
+
+@pytest.mark.parametrize("release", ["delete", "close"])
+@pytest.mark.parametrize("read", ["asarray", "block_until_ready", "device_get", "client.fetch"])
+def test_a_result_released_while_it_is_read_raises_instead_of_waiting_for_ever(runtime, plan_builder, release, read):
+    """A reader past its handle's check, whose result was then released (by another thread that deleted the
+    handle, or closed its client) once its run was over, waited for ever: its island cannot tell a result
+    released from one whose run has not started there. The island now has the reader check its handle again
+    before it waits. Here the release comes between the handle's check and the fetch from its island."""
+    plan, _ = one_step(plan_builder, runtime.resources.topology)
+    client = Client(runtime)
+    [h] = client.run(plan, [X])
+    client.wait(h._run, timeout=60)              # the run is over on its island, its result in the store
+    fetch = client._dispatcher.fetch
+
+    def released_first(*args):
+        h.delete() if release == "delete" else client.close()
+        return fetch(*args)
+    client._dispatcher.fetch = released_first
+    reads = {"asarray": lambda: np.asarray(h), "block_until_ready": h.block_until_ready,
+             "device_get": lambda: jax.device_get({"h": h}), "client.fetch": lambda: client.fetch(h._run, h._buffer)}
+    error = read_on_a_thread(runtime, reads[read])
+    what = "handle to buffer" if read != "client.fetch" else "buffer"
+    why = "was released" if release == "delete" else f"belongs to closed client {client.id}: its result was released"
+    assert isinstance(error, ValueError) and str(error) == f"{what} {h._buffer} of run {h._run.id} {why}", repr(error)
+
+
+def test_a_read_waiting_for_a_queued_run_raises_once_its_handle_is_deleted(runtime, plan_builder):
+    """A read waiting on the island for a result of a run still queued went on waiting after its handle was
+    deleted, until the run was over there. The release now wakes it, and it raises at once."""
+    plan, _ = one_step(plan_builder, runtime.resources.topology)
+    with Client(runtime) as client:
+        client.run(plan, [X])[0].result(timeout=60)          # compiled
+        runtime.scheduler.hold()
+        try:
+            [h] = client.run(plan, [X])
+            island = runtime.islands["island0"]
+
+            def delete_once_waiting():
+                deadline = time.monotonic() + 60
+                while h._run.id not in island._waiters and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                h.delete()
+            deleter = threading.Thread(target=delete_once_waiting, daemon=True)
+            deleter.start()
+            error = read_on_a_thread(runtime, h.block_until_ready)
+            deleter.join(60)
+            assert isinstance(error, ValueError) and "was released" in str(error), repr(error)
+        finally:
+            runtime.scheduler.release()
+
+
 @pytest.mark.parametrize("capacity", [ONE_RUN, ONE_RUN + ONE_RUN // 2, 4 * ONE_RUN])
 def test_runs_complete_or_fail_clearly_under_any_capacity(device_map, capacity, plan_builder):
     """Room for one run, for one and a half, or for several: back-to-back runs all complete, each

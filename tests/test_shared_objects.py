@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fetching import until
+from test_admission_and_lifetimes import read_on_a_thread
 
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
@@ -299,6 +300,25 @@ def test_only_a_result_the_client_owns_and_holds_can_be_shared(runtime, plan_bui
                 Client(elsewhere).run(reader_plan(plan_builder, elsewhere.resources.topology, "island0"), [X, ref])
         finally:
             elsewhere.close()
+
+
+def test_a_shared_object_released_while_it_is_read_raises_instead_of_waiting_for_ever(runtime, plan_builder):
+    """A reader of a shared object past its check, whose owner then released the object, waited for ever: the
+    island cannot tell a result released from one whose run has not started there. The island now has the
+    reference checked again before it waits. Here the owner deletes its handle between the two."""
+    plan = base_plan(plan_builder, runtime.resources.topology)
+    with Client(runtime) as owner:
+        [base] = owner.run(plan, [BASE])
+        ref = owner.share(base, timeout=TIMEOUT)
+        island = runtime.islands["island1"]
+        fetch = island.fetch
+
+        def released_first(*args):
+            base.delete()
+            return fetch(*args)
+        island.fetch = released_first
+        error = read_on_a_thread(runtime, lambda: np.asarray(ref))
+        assert isinstance(error, ValueError) and str(error) == ref.gone(), repr(error)
 
 
 def test_a_result_is_shared_and_its_run_waited_for_after_another_of_its_results_was_released(runtime):

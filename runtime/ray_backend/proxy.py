@@ -12,8 +12,8 @@ import numpy as np
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
-from ..island_work import (HISTORY, REFERENCES, IslandLost, IslandWork, RunFailed, client_owner, failure_kind,
-                           raised)
+from ..island_work import (HISTORY, REFERENCES, IslandLost, IslandWork, Readable, RunFailed, client_owner,
+                           failure_kind, raised)
 from ..status import unreachable
 from .connection import ConnectionBroken, IslandConnection
 from .names import wait_until_free
@@ -223,7 +223,10 @@ class RayIsland:
             if len(self._wanted) < WANTED and key not in self._fetched:
                 self._wanted[key] = nbytes
 
-    def fetch(self, run_id: int, buffer: int, timeout: float | None = None):
+    def fetch(self, run_id: int, buffer: int, timeout: float | None = None, reader: Readable | None = None):
+        """Returns a result, held here ahead of its read or asked of the actor (with the other results worth
+        bringing back with it); `reader` checks once more that it was not released before the actor is asked,
+        which cannot check it while it waits."""
         lost = self.lost_result(run_id)
         if lost is not None:
             raise lost
@@ -238,6 +241,8 @@ class RayIsland:
             return value
         ready = {}
         try:
+            if reader is not None:
+                reader._check()
             value, ready = self._request(run_id, buffer, timeout, list(siblings))
         finally:
             with self._lock:        # (a sibling released meanwhile left `_asked`: its value is dropped)
