@@ -37,7 +37,7 @@ from pathways_mlir.runtime.dispatch import check_dtype
 from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.resource_manager import TopologyChanged
-from pathways_mlir.runtime.runtime import get_runtime
+from pathways_mlir.runtime.runtime import get_runtime, refuse_forked
 
 from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array, signature_of, trace_state_clean
 from .lowered import Lowered
@@ -405,6 +405,7 @@ class StageCache:
     def get(self, call: Call, runtime=None) -> Compiled:
         """Returns the stage for `call` on `runtime` (default: the process's), tracing and lowering
         only the first time."""
+        refuse_forked()          # (before JAX lowers: in a forked child its lowering can wait forever)
         if runtime is None:
             runtime = get_runtime()
         leaves, tree = jax.tree_util.tree_flatten(call.tree)

@@ -27,7 +27,7 @@ from .handles import Handle, nothing_dropped, release_dropped
 from .island_work import Readable, RunFailed, StoreRef, client_owner
 from .plan_check import refuse_debug_checks
 from .run import Run
-from .runtime import RunCancelled, Runtime, get_runtime
+from .runtime import RunCancelled, Runtime, get_runtime, in_forked_child, refuse_forked
 from .shared import SharedRef
 
 _client_ids = itertools.count(1)
@@ -60,6 +60,7 @@ class Client:
 
     def __init__(self, runtime: Runtime | None = None, weight: float = 1.0):
         check_weight(weight)
+        refuse_forked()
         self.runtime = runtime or get_runtime()
         if not isinstance(self.runtime, Runtime):
             raise ValueError("this process is a client of a service (pw.connect): its connection is its "
@@ -100,6 +101,7 @@ class Client:
         A handle passed for an input the plan lists as donated (`plan.donated`)
         is given to the run: it cannot be used again, and admission counts its
         bytes as the run's own, which may write a result into its buffer."""
+        refuse_forked()
         if not nothing_dropped():
             release_dropped()
         if type(dispatch) is not DispatchMode:
@@ -236,6 +238,7 @@ class Client:
         """Returns the array of one of a run's buffers once it exists. Its `reader` (its handle; by default, a
         `ResultRead` of this client) raises once the result was released: a fetch that would wait for it raises
         so instead (`Island.fetch`)."""
+        refuse_forked()
         if reader is None:
             reader = ResultRead(self, run, buffer)
         try:
@@ -250,8 +253,8 @@ class Client:
     def release(self, run: Run, buffer: int, donated: bool = False) -> None:
         """Releases one result of a run (a handle was deleted). A `donated` result's bytes stay reserved:
         the run it was donated to takes them over when admitted."""
-        if self.closed:
-            return                       # closing released everything already
+        if self.closed or in_forked_child():
+            return                       # closing released everything already; a forked child holds nothing
         if self._shared:
             self._shared.discard((run.id, buffer))
         island = run.plan.island_of(buffer)

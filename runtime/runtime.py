@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import heapq
 import numbers
+import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -74,6 +77,9 @@ class Runtime:
                  emulate_dcn: bool = False, device_memory_bytes: int | None = None, backend: str = "embedded",
                  islands: int | None = None, per_island: int | None = None, address: str | None = None,
                  wedge_timeout: float | None = None):
+        global _runtime_made
+        refuse_forked()
+        _runtime_made = True
         chosen = backend_named(backend, {"address": address, "wedge_timeout": wedge_timeout})
         policy = parse_policy(policy, window)
         check_shape(islands, per_island)
@@ -112,6 +118,7 @@ class Runtime:
         Its executables compile here, on the caller's thread, under a lock of this plan alone: a run
         whose plan is still compiling waits alone, and no island, client or scheduler waits for it.
         """
+        refuse_forked()
         loaded = self._loaded_as(plan)
         if loaded is not None:
             return loaded
@@ -365,6 +372,7 @@ class Runtime:
     def wait(self, run: Run, timeout: float | None = None) -> None:
         """Waits until a run's work is over on every island; raises its error if it failed (one that lost
         an island at once)."""
+        refuse_forked()
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.scheduler.wait_admitted(run, timeout):
             raise TimeoutError(f"run {run.id} of {run.plan.program} was not admitted within {timeout} s")
@@ -403,6 +411,7 @@ class Runtime:
         reserved on every device, and the plans compiling for their first run; with `client`, that client's
         queued runs, runs under way and objects only (a service's client's view). Runs are listed up to
         `status.LISTED` per list, and counted (`runtime/status.py`)."""
+        refuse_forked()
         release_dropped()
         reserved: dict[str, list[int]] = {}
         for (island, _), nbytes in sorted(self.usage().items()):
@@ -458,6 +467,45 @@ class Runtime:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+FORKED = ("the pathways-mlir runtime does not survive os.fork(): start worker processes with the 'spawn' or "
+          "'forkserver' method")
+_runtime_made = False    # whether this process made a runtime (whose threads a child os.fork() makes has none of)
+_forked = False          # whether this process is a child os.fork() made of a process that had made a runtime
+
+
+def refuse_forked() -> None:
+    """Raises RuntimeError in one line in a child that os.fork() made of a process that had made a runtime: the
+    runtime's threads (islands, scheduler, watchdog) are not in the child, and every run, read or close would
+    wait for them forever, as would the locks one of them held at the fork."""
+    if _forked:
+        raise RuntimeError(FORKED)
+
+
+def in_forked_child() -> bool:
+    """Whether this process is a child os.fork() made of a process that had made a runtime (see
+    `refuse_forked`)."""
+    return _forked
+
+
+def _after_fork_in_child() -> None:
+    """Marks this child of os.fork() as one whose runtimes, if its parent made any, do not work (`refuse_forked`),
+    and keeps JAX's MLIR thread pool alive to the end of the process. JAX lowers every computation in MLIR
+    contexts that share that pool, whose workers start with the first module of several functions (the plans'
+    launches are such modules); the child has none of the parent's workers, and the pool's destructor, which the
+    interpreter's exit runs, waits for them forever (it hung at `sys.exit` in `pthread_cond_destroy`, under
+    `~StdThreadPool`; plain JAX's child crashed there with SIGSEGV)."""
+    global _forked
+    _forked = _runtime_made
+    jax_mlir = sys.modules.get("jax._src.interpreters.mlir")
+    pool = getattr(jax_mlir, "global_thread_pool", None)
+    if pool is not None:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(pool))   # a reference never dropped: never destroyed
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 _default: Runtime | None = None
 _default_options: dict = {}
 _command_line_options: dict = {}              # (`command_line_options`)
@@ -500,6 +548,7 @@ def configure(**options) -> None:
     gave (`command_line_options`) stay, unless `options` name them too."""
     import inspect
 
+    refuse_forked()          # (closing the parent's default runtime would wait for its threads)
     options = {**_command_line_options, **options}
     parameters = inspect.signature(Runtime).parameters
     known = set(parameters) - {"device_map"}
@@ -541,6 +590,7 @@ def connect_default(runtime) -> None:
     """Makes `runtime` (a service's connection, see `runtime/service.py`) the process's default runtime,
     closing the one there."""
     global _default
+    refuse_forked()
     with _default_lock:
         if _default is not None:
             _default.close()
@@ -559,6 +609,7 @@ def release_default(runtime) -> None:
 def get_runtime() -> Runtime:
     """Returns the process's default runtime, creating it on first use."""
     global _default
+    refuse_forked()          # (before the lock, which a thread of the parent may have held at the fork)
     with _default_lock:
         if _default is None:
             _default = Runtime(**_default_options)
@@ -574,8 +625,11 @@ def status() -> Status:
 
 
 def _close_default() -> None:
-    """Stops the default runtime's threads before the interpreter (and JAX) shut down."""
+    """Stops the default runtime's threads before the interpreter (and JAX) shut down; nothing in a child of
+    os.fork(), where they are not."""
     global _default
+    if _forked:
+        return
     with _default_lock:
         if _default is not None:
             _default.close()
