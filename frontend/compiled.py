@@ -258,11 +258,16 @@ class Compiled:
         if self._weak_arguments:
             leaves = [x.data if type(x) is WeakHandle else x for x in leaves]
         try:
-            handles = client.handles(client.start(self.plan, leaves))
+            run = client.start(self.plan, leaves)
         except TopologyChanged:              # changed since the check above: `__call__` lowers it again
             return self(*args, client=client)
         except RefusedArgument as error:
             raise _named(error, self.lowered.program, (args, {})) from None
+        try:
+            handles = client.handles(run)
+        except BaseException as error:  # noqa: BLE001  (raised again: an interrupt, Ctrl-C)
+            client.runtime.abandon(run, error)       # no handle would release its results
+            raise
         for i in self._weak_results:
             handles[i] = WeakHandle(handles[i])
         return handles[0] if self._single else jax.tree_util.tree_unflatten(self.lowered.out_tree, handles)

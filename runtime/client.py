@@ -109,14 +109,20 @@ class Client:
         if timeout is not None:
             check_timeout(timeout)
         lane = self.runtime.lane(plan) if timeout is None and dispatch is DispatchMode.PARALLEL else None
+        run = None
         if lane is not None:
-            with self._lock:
-                if self.closed:
-                    raise RuntimeError(f"client {self.id} is closed")
-                run = lane.start(self.id, self.weight, args, inline)
+            try:
+                with self._lock:
+                    if self.closed:
+                        raise RuntimeError(f"client {self.id} is closed")
+                    run = lane.start(self.id, self.weight, args, inline)
+                    if run is not None:
+                        self._remember(run)
+                        return run
+            except BaseException as error:  # noqa: BLE001  (raised again: an interrupt, Ctrl-C)
                 if run is not None:
-                    self._remember(run)
-                    return run
+                    self.runtime.abandon(run, error)     # its caller never gets it
+                raise
         if not self.runtime.islands.in_process:          # (no lane there)
             refuse_debug_checks("this runtime's islands are Ray actors")
         shared = {i: a for i, a in enumerate(args) if isinstance(a, SharedRef)}
@@ -135,15 +141,20 @@ class Client:
                 raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
                                  f"it is passed again as argument {again}: donate a copy, or neither")
         args = self._arguments(plan, args)
-        with self._lock:      # close() cannot slip between the check and the run's registration
-            if self.closed:
-                raise RuntimeError(f"client {self.id} is closed")
-            run = self._dispatcher.start(plan, args, dispatch, timeout, shared=shared, inline=inline,
-                                         donations=tuple((h._run.id, h._buffer) for _, h in donated))
-            for _, handle in donated:
-                handle.donate(f"program @{plan.program}")
-            self._remember(run)
-        return run
+        try:
+            with self._lock:      # close() cannot slip between the check and the run's registration
+                if self.closed:
+                    raise RuntimeError(f"client {self.id} is closed")
+                run = self._dispatcher.start(plan, args, dispatch, timeout, shared=shared, inline=inline,
+                                             donations=tuple((h._run.id, h._buffer) for _, h in donated))
+                for _, handle in donated:
+                    handle.donate(f"program @{plan.program}")
+                self._remember(run)
+                return run
+        except BaseException as error:  # noqa: BLE001  (raised again: an interrupt, Ctrl-C)
+            if run is not None:
+                self.runtime.abandon(run, error)         # its caller never gets it
+            raise
 
     def _remember(self, run: Run) -> None:
         """Keeps a run under way for `close`, forgetting the runs the scheduler is done with, oldest first (the
@@ -203,7 +214,12 @@ class Client:
             timeout: float | None = None, inline: bool = True) -> list[Handle]:
         """Runs `plan` on `args`; returns one handle per program output (see `start` for `timeout` and
         `inline`)."""
-        return self.handles(self.start(plan, args, dispatch, timeout, inline))
+        run = self.start(plan, args, dispatch, timeout, inline)
+        try:
+            return self.handles(run)
+        except BaseException as error:  # noqa: BLE001  (raised again: an interrupt, Ctrl-C)
+            self.runtime.abandon(run, error)             # no handle would release its results
+            raise
 
     def cancel(self, target: "Handle | Run") -> bool:
         """Cancels the run of a handle (or a run): queued, it leaves the queue; admitted, it fails on every

@@ -206,9 +206,10 @@ class Dispatcher:
             self.runtime.islands.pin(run, kept)
         try:
             self._submit(run, loaded, mode, inputs, timeout, inline)
-        except BaseException:
+        except BaseException as error:  # noqa: BLE001  (raised again)
             if kept:
                 self.runtime.islands.unpin(run)
+            self.runtime.abandon(run, error)     # an interrupt once it was admitted or queued (Ctrl-C)
             raise
         return run
 
@@ -224,8 +225,13 @@ class Dispatcher:
             if has_conds:
                 thread = threading.Thread(target=self._after_conds, args=(run, loaded, mode), name="pw-cond",
                                           daemon=True)
-                self.runtime.cond_threads.add(thread)
-                thread.start()
+                try:
+                    self.runtime.cond_threads.add(thread)
+                    thread.start()
+                except BaseException:  # noqa: BLE001  (raised again: an interrupt; `start` gives the run up)
+                    if not thread.is_alive():
+                        self.runtime.cond_threads.discard(thread)    # `Runtime.close` cannot join it
+                    raise
         else:
             stepped = {i for i, steps in loaded.plan.islands.items() if steps}
             self.runtime.scheduler.submit(run, {i: ((), tuple(inputs.get(i, ())), i not in stepped and not has_conds)
@@ -361,6 +367,8 @@ class Dispatcher:
                 self.runtime.scheduler.continue_run(run, {i: ((), (), True) for i in run.islands})
         except BaseException as error:  # noqa: BLE001
             self.runtime.fail_run(run, error)
+            if isinstance(error, KeyboardInterrupt):
+                raise                    # Ctrl-C while the caller's thread delivers the steps: the caller's too
 
     def _produced(self, run: Run, buffer: int) -> None:
         """Returns once a buffer of `run` exists (a host buffer's value is set), bringing no array here."""

@@ -128,27 +128,45 @@ class FastLane:
             values.append(value)
         inputs = zip(self.buffers, values)       # iterated once: by the island's queue, or by `run_lane`
         scheduler, loaded = self.scheduler, self.loaded
-        with scheduler._lock:
-            if scheduler._waiting.count or scheduler._held or scheduler._closed or not self.kept:
-                return None
-            if not self.free and not self._credit():
-                return None
-            run = Run(loaded.plan_ref(), loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
-            ticket = next(scheduler._tickets)
-            island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.name, self.layout, self.program,
-                                           self.collective, inputs, inline)
-            if island_run is None:
-                return None          # the island is closed or wedged (the ticket is left unused)
-            self.free -= 1
-            self.in_use += 1
-            self.runs += 1
-            run.credit = self
-            run.admitted = True
-            scheduler.delivered.append((ticket, client_id))
-            scheduler._in_flight[run.id] = run
-        if not island_run.queued:
-            island.run_lane(island_run, self.program, self.collective, inputs)
+        # Once the island registered the run, an interrupt (Ctrl-C) gives it up (`interrupted`): else the island
+        # would keep this thread's turn for good, and no handle would ever release the run's results. The
+        # bookkeeping after the registration calls nothing an interrupt could land in before the run is in flight.
+        run = None
+        try:
+            with scheduler._lock:
+                if scheduler._waiting.count or scheduler._held or scheduler._closed or not self.kept:
+                    return None
+                if not self.free and not self._credit():
+                    return None
+                run = Run(loaded.plan_ref(), loaded.key, client_id, loaded.islands, loaded.need, weight, loaded.cost)
+                ticket = next(scheduler._tickets)
+                island_run = island.start_lane(ticket, run.id, client_id, loaded.key, self.name, self.layout,
+                                               self.program, self.collective, inputs, inline)
+                if island_run is None:
+                    return None          # the island is closed or wedged (the ticket is left unused)
+                self.free -= 1
+                self.in_use += 1
+                self.runs += 1
+                run.credit = self
+                run.admitted = True
+                scheduler._in_flight[run.id] = run
+                scheduler.delivered.append((ticket, client_id))
+            if not island_run.queued:
+                island.run_lane(island_run, self.program, self.collective, inputs)
+        except BaseException as error:  # noqa: BLE001  (raised again)
+            if run is not None:
+                self.interrupted(run, error)
+            raise
         return run
+
+    def interrupted(self, run: Run, error: BaseException) -> None:
+        """The thread starting `run` through the lane was interrupted (Ctrl-C), or its start failed, before the
+        run was returned: the run fails on the lane's island, its results with it, and the island's turn ends if
+        this thread still holds it (`Island.interrupted`); the bytes of its results go back if it was retired
+        already. Its caller never gets its handles."""
+        self.island.interrupted(run.id, error)
+        for buffer in run.plan.distinct_outputs:
+            self.scheduler.release_result(run, buffer)
 
     def _credit(self) -> bool:
         """Makes a credit free; returns whether one is. From `CREDITS` runs in use on, the lane first retires

@@ -12,6 +12,7 @@ raises instead of returning data.
 
 from __future__ import annotations
 
+import _thread
 import gc
 import queue
 from typing import TYPE_CHECKING
@@ -51,7 +52,11 @@ def release_dropped() -> None:
             client, run, buffer = _DROPPED.get_nowait()
         except queue.Empty:
             return
-        client.release(run, buffer)
+        try:
+            client.release(run, buffer)
+        except KeyboardInterrupt:
+            _DROPPED.put((client, run, buffer))      # Ctrl-C stopped it halfway: released again at the next call
+            raise
 
 
 class Handle(RunResult):
@@ -156,6 +161,12 @@ class Handle(RunResult):
                 _DROPPED.put((self._client, self._run, self._buffer))
                 return
             self._client.release(self._run, self._buffer)
+        except KeyboardInterrupt:
+            # Ctrl-C stopped the release halfway, and Python drops an exception a finalizer raises: the release is
+            # made again at the next call, and the interrupt goes to the main thread again, from another thread
+            # (from this one it would be raised here, before this returns, and dropped again).
+            _DROPPED.put((self._client, self._run, self._buffer))
+            _thread.start_new_thread(_thread.interrupt_main, ())
         except Exception:  # noqa: BLE001  (interpreter shutdown: this module's globals may be gone already)
             pass
 

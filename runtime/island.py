@@ -124,6 +124,7 @@ class Island(IslandExecutor):
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending = 0                # work items queued or executing (on the executor or inline)
         self._inline = False             # a caller runs work inline now (see `start`)
+        self._inline_run: int | None = None   # the run whose caller holds that turn (see `interrupted`)
         self._turn = threading.Condition(self.lock)
         self._turn_waits = 0             # the executor waits for its turn (see `_serve`)
         # Runs whose dispatch is over, for the tracker; appended without waking it (see `_track`).
@@ -203,6 +204,7 @@ class Island(IslandExecutor):
                     self._pending += 1
                     if inline and self._pending == 1 and len(self._completions) < IN_FLIGHT:
                         self._inline = True      # (with IN_FLIGHT runs computing, the executor waits, not the caller)
+                        self._inline_run = work.run_id
                         return True
                     if inline:                   # the caller's arguments, placed once the executor takes them
                         work = work._replace(inputs=host_arrays_copied(work.inputs))
@@ -278,8 +280,21 @@ class Island(IslandExecutor):
         try:
             with without_context_mesh():
                 self._started(work, inline=True)
-        finally:
-            self._inline_over()
+        except BaseException as error:  # noqa: BLE001  (raised again: the run fails here if it did not run)
+            self.interrupted(work.run_id, error)
+            raise
+        self._inline_over()
+
+    def interrupted(self, run_id: int, error: BaseException) -> None:
+        """The thread that started run `run_id` was interrupted (Ctrl-C) before the run was its caller's: the
+        run fails here with `error`, unless it failed already (a run over here loses its results), and the
+        inline turn that thread took for it here (`start`, `start_lane`), if it still holds it, ends: the
+        executor serves again. Called by that thread only, so the turn it finds held for the run is its own."""
+        with self.lock:
+            peers = () if run_id in self._failed else self._fail(run_id, error)
+            if self._inline and self._inline_run == run_id:
+                self._end_inline()
+        self._tell(peers, run_id)
 
     def start_lane(self, ticket: int, run_id: int, client_id: int, plan_key: int, name: str, layout: IslandLayout,
                    program: tuple[Instruction, ...], collective: bool, inputs: Iterable[tuple[int, Any]],
@@ -299,6 +314,7 @@ class Island(IslandExecutor):
             self._lane_started = time.monotonic()
             if inline and self._pending == 1:
                 self._inline = True
+                self._inline_run = run_id
             else:
                 run.queued = True
                 run.checks = debug_checks()      # the caller's: the executor launches it

@@ -227,6 +227,7 @@ class IslandExecutor:
     def _end_inline(self) -> None:
         """The caller's inline work is over: the executor may take its turn. Under the lock."""
         self._inline = False
+        self._inline_run = None
         self._pending -= 1
         if self._turn_waits:
             self._turn.notify_all()
@@ -624,4 +625,6 @@ def _reraise_interrupt(error: BaseException) -> None:
     work the caller's thread executes (`Island.run_inline`, a fast lane's run) fails its run with it, and the
     caller gets it too, as plain JAX's would. Any other error fails the run alone."""
     if isinstance(error, KeyboardInterrupt):
-        raise error
+        # A copy: `error` is kept as the failed run's cause, and raised it would take a traceback whose frames (the
+        # caller's handles and arrays) the kept error would then hold for the island's `FAILED_HISTORY` runs.
+        raise KeyboardInterrupt(*error.args) from None

@@ -237,6 +237,22 @@ class Runtime:
         self.fail_run(run, error)
         return True
 
+    def abandon(self, run: Run, error: BaseException) -> None:
+        """Gives up a run whose start raised `error` (an interrupt, Ctrl-C) once the scheduler had taken it,
+        before its caller held its handles: no handle would ever release its results. Queued, it leaves its
+        queue; else it fails on each of its islands, where the inline turn the interrupted thread took for it
+        ends (`Island.interrupted`), and its results are released (their bytes go back if it was over). Nothing
+        for a run the scheduler never took. Called by the thread that started the run."""
+        error = RunCancelled(f"run {run.id} of {run.plan.program} was given up: its start raised "
+                             f"{type(error).__name__} before its caller held its handles")
+        if self.scheduler.cancel(run, error) or not run.admitted:
+            return
+        if self.islands.in_process:
+            for island in run.islands:
+                self.islands[island].interrupted(run.id, error)
+        self.fail_run(run, error)
+        self.release_results(run)
+
     def set_deadline(self, run: Run, timeout: float) -> None:
         """Cancels `run` if it is not over within `timeout` seconds (its handles then raise `RunCancelled`)."""
         run.deadline = time.monotonic() + timeout       # what the `deadline` policy orders by
@@ -270,12 +286,16 @@ class Runtime:
                     island.wedge(wedge_timeout)
 
     def release_results(self, run: Run) -> None:
-        """Releases every result of a run (no handle will be made for them)."""
+        """Releases every result of a run (no handle will be made for them), as `Client.release` does a handle's:
+        a cond's result its host kept on an island's devices too (`keep_on_devices`)."""
         for buffer in run.plan.distinct_outputs:
             island = run.island_of(buffer)
             if island is not None:
                 self.islands[island].release(run.id, buffer)
             self.scheduler.release_result(run, buffer)
+            kept = run.on_devices.get(buffer) if run.on_devices and island is None else None
+            if kept is not None:
+                self.islands[kept[0]].drop_host_value(run.id, buffer)
 
     def keep_on_devices(self, run: Run, buffer: int, value) -> None:
         """`value` is the array of a `pw.cond`'s result that `run` returns as it is (a host buffer, its cond's
