@@ -45,6 +45,7 @@ import base64
 import collections
 import itertools
 import numbers
+import os
 import queue
 import socket
 import threading
@@ -83,6 +84,8 @@ RETRIES = 3          # times a request is asked again after runs it followed wer
 RELEASE_DELAY = 0.02  # seconds a dropped handle's release waits for a request to carry it
 WANTED = 8192        # values announced for reading (`copy_to_host_async`) and not brought back yet, at most
 AHEAD_BYTES = 64 << 20   # bytes of values held, or asked for, ahead of their read by a client, at most
+FORKED = ("a connection to the service belongs to the process that made it, not to a child of os.fork(): connect "
+          "again in the child (pw.connect), or start worker processes with the 'spawn' or 'forkserver' method")
 
 
 class RemoteError(RuntimeError):
@@ -375,10 +378,12 @@ class RemoteClient:
         self._prefetched: dict[int, np.ndarray] = {}
         self._choosing = threading.Lock()
         self.closed = False
+        self._forked = False                     # this process is a child of os.fork() of the one that connected
         self.closed_here = False                 # closed by `close()` (not lost): its handles' results were released
         self.resources = ServiceTopology(self)
         self._keepalive = threading.Thread(target=self._keep_alive, name="pw-remote-keepalive", daemon=True)
         self._keepalive.start()
+        _CONNECTIONS.add(self)
         if weight != 1.0:
             try:
                 self._call({"op": "weight", "weight": weight})
@@ -535,7 +540,12 @@ class RemoteClient:
         return _status(self._call({"op": "status", "full": full})[0]["status"])
 
     def close(self) -> None:
-        """Disconnects; the cluster releases everything this client owns. Stops being the default runtime."""
+        """Disconnects; the cluster releases everything this client owns. Stops being the default runtime. In a
+        child of os.fork() (`_after_fork_in_child`) it only stops being usable there: the socket is the parent's
+        too, and a `close` sent on it ended the parent's connection (a data loader's worker exiting did)."""
+        if self._forked:
+            self.closed = True
+            return
         release_default(self)
         self._stop.set()
         self._wakeups.put(None)
@@ -646,13 +656,15 @@ class RemoteClient:
         self._prefetched.pop(key, None)
 
     def _wake(self) -> None:
-        """Wakes `_keep_alive` to send what was dropped, unless a wakeup is on its way already."""
-        if not self._release_pending:
+        """Wakes `_keep_alive` to send what was dropped, unless a wakeup is on its way already (or this is a child
+        of os.fork(), which has no `_keep_alive`)."""
+        if not self._release_pending and not self._forked:
             self._release_pending = True
             self._wakeups.put(None)
 
     def _release_now(self, key: int) -> None:
         """Releases one handle now (`delete`), not waiting for the reply."""
+        self._refuse_forked()
         with self._lock:
             self._check_open()
             self._send_release([key])
@@ -690,7 +702,8 @@ class RemoteClient:
         """Lowers the runs the service refused for a topology change again (each run's `refresh`, which asks
         the service for its topology and loads the new plan) and sends them again, with the same keys, in the
         order they were first sent; a run that cannot be lowered again has its handles raise why. Holds no
-        lock while it lowers."""
+        lock while it lowers. (Every request goes through here first: in a child of os.fork() it raises.)"""
+        self._refuse_forked()
         with self._lock:
             rerun, self._rerun = self._rerun, []
         for sent in rerun:
@@ -704,6 +717,12 @@ class RemoteClient:
             with self._lock:
                 self._check_open()
                 self._send_unanswered(request, sent.arrays, SentRun(request, sent.arrays, sent.refresh))
+
+    def _refuse_forked(self) -> None:
+        """Raises RuntimeError in one line in a child of os.fork() of the process that connected (before any lock:
+        one a thread of the parent held at the fork is held for good here)."""
+        if self._forked:
+            raise RuntimeError(FORKED)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -824,6 +843,21 @@ class RemoteClient:
         self._stop.set()
         self._wakeups.put(None)
         self._socket.close()
+
+
+_CONNECTIONS: "weakref.WeakSet[RemoteClient]" = weakref.WeakSet()    # this process's connections
+
+
+def _after_fork_in_child() -> None:
+    """Marks every connection of the parent as not this child's (`RemoteClient._refuse_forked`, `close`): its
+    requests raise in one line, where they went on the parent's socket, interleaved with the parent's, and its
+    close at the child's exit (the default runtime's) ended the parent's connection."""
+    for client in list(_CONNECTIONS):
+        client._forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _connect(address, timeout: float | None) -> socket.socket:

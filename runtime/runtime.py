@@ -513,13 +513,17 @@ def _after_fork_in_child() -> None:
     contexts that share that pool, whose workers start with the first module of several functions (the plans'
     launches are such modules); the child has none of the parent's workers, and the pool's destructor, which the
     interpreter's exit runs, waits for them forever (it hung at `sys.exit` in `pthread_cond_destroy`, under
-    `~StdThreadPool`; plain JAX's child crashed there with SIGSEGV)."""
+    `~StdThreadPool`; plain JAX's child crashed there with SIGSEGV). JAX's backend clients are kept alive too:
+    their thread pools' destructors, which the exit's last collection runs, waited for the parent's threads
+    forever as well (`~PjRtClient`, in a child of a process connected to `pw-serve`)."""
     global _forked
     _forked = _runtime_made
     jax_mlir = sys.modules.get("jax._src.interpreters.mlir")
     pool = getattr(jax_mlir, "global_thread_pool", None)
-    if pool is not None:
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(pool))   # a reference never dropped: never destroyed
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    for kept in (pool, *getattr(bridge, "_backends", {}).values()):
+        if kept is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))   # a reference never dropped: never destroyed
 
 
 if hasattr(os, "register_at_fork"):

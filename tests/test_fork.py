@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.runtime import FORKED, Runtime
+from test_service import procs, service  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="this platform has no os.fork")
 
@@ -137,3 +138,58 @@ def test_a_forked_child_that_never_uses_pw_exits():
                             text=True, timeout=4 * WAIT, env=environ)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == {"exit code": 0, "sums": [3.0, 4.0]}, result.stderr
+
+
+# A fresh interpreter connected to a `pw-serve` (the default runtime, `pw.connect`): a child calls a placed function
+# and exits with sys.exit. The child's call went on the parent's socket, and its exit closed the parent's
+# connection (the default runtime's close sent `close` on it): the parent's next read was a ServiceError.
+_CONNECTED = """
+import json, os, signal, sys, time
+import numpy as np
+import pathways_mlir as pw
+from jax.sharding import PartitionSpec as P
+
+pw.connect({service_file!r}, timeout={wait})
+f = pw.jit(lambda x: x * 3 + 1, slice=pw.virtual_slice(2, axes="data"), in_specs=P("data"), out_specs=P("data"))
+x = np.ones((8, 16), np.float32)
+handle = f(x)
+np.asarray(handle)
+read_end, write_end = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(read_end)
+    try:
+        np.asarray(f(x))
+        said = "no error"
+    except Exception as error:
+        said = f"{{type(error).__name__}}: {{error}}"
+    os.write(write_end, said.encode())
+    sys.exit(0)
+os.close(write_end)
+code = None
+try:
+    deadline = time.monotonic() + {wait}
+    while code is None and time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        code = os.waitstatus_to_exitcode(status) if done else None
+        time.sleep(0.05)
+finally:
+    if code is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+said = os.read(read_end, 65536).decode()
+print(json.dumps({{"exit code": code, "child": said, "old": float(np.asarray(handle).sum()),
+                  "new": float(np.asarray(f(x)).sum())}}))
+"""
+
+
+def test_a_forked_child_of_a_connected_process_refuses_and_leaves_the_parents_connection(service):
+    from pathways_mlir.runtime.remote_client import FORKED
+
+    _, service_file, _ = service
+    environ = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PW_CLUSTER")}
+    result = subprocess.run([sys.executable, "-c", _CONNECTED.format(service_file=str(service_file), wait=WAIT)],
+                            capture_output=True, text=True, timeout=8 * WAIT, env=environ)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == {"exit code": 0, "child": f"RuntimeError: {FORKED}",
+                                                          "old": 512.0, "new": 512.0}, result.stderr[-3000:]
