@@ -60,7 +60,9 @@ class DeviceTimeEstimates:
             plan_latest = self._latest[plan_key] = Latest()
         latest = None
         if client_id is not None:
-            by_client = self._latest_by_client.setdefault(plan_key, {})
+            by_client = self._latest_by_client.get(plan_key)
+            if by_client is None:
+                by_client = self._latest_by_client[plan_key] = {}
             latest = by_client.get(client_id)
             if latest is None:
                 latest = by_client[client_id] = Latest()
@@ -72,7 +74,9 @@ class DeviceTimeEstimates:
             seconds = min(seconds, bound)
         self._measured[plan_key] = _folded(self._measured.get(plan_key), seconds)
         if client_id is not None:
-            by_client = self._by_client.setdefault(plan_key, {})
+            by_client = self._by_client.get(plan_key)
+            if by_client is None:
+                by_client = self._by_client[plan_key] = {}
             by_client[client_id] = _folded(by_client.get(client_id), seconds)
         if estimate:
             self._calibration = _folded(self._calibration, seconds / estimate)
