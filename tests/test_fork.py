@@ -18,7 +18,8 @@ from jax.sharding import PartitionSpec as P
 import pathways_mlir as pw
 from pathways_mlir.runtime.client import Client
 from pathways_mlir.runtime.runtime import FORKED, Runtime
-from test_service import procs, service  # noqa: F401  (fixtures)
+from test_service import procs  # noqa: F401  (a fixture)
+from test_service import service  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="this platform has no os.fork")
 
@@ -97,6 +98,22 @@ def test_a_forked_child_refuses_every_pw_call_in_one_line(device_map):
         rt.close()
 
 
+# The parent's wait for its child `pid` in the scripts below: its exit code in `code` (None: still running after
+# WAIT seconds, and killed).
+_WAIT_FOR_CHILD = """code = None
+try:
+    deadline = time.monotonic() + {wait}
+    while code is None and time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        code = os.waitstatus_to_exitcode(status) if done else None
+        time.sleep(0.05)
+finally:
+    if code is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+""".format(wait=WAIT)
+
+
 # A fresh interpreter, whose exit runs the destructors (pytest's child must not exit through pytest): after a
 # `jax.jit` function and a placed function ran, a child that never uses pw does NumPy work and exits with
 # sys.exit (it hung there; without the `jax.jit` call it crashed there with SIGSEGV), another (a multiprocessing
@@ -115,18 +132,7 @@ pid = os.fork()
 if pid == 0:
     np.ones(3).sum()
     sys.exit(0)
-code = None
-try:
-    deadline = time.monotonic() + {wait}
-    while code is None and time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        code = os.waitstatus_to_exitcode(status) if done else None
-        time.sleep(0.05)
-finally:
-    if code is None:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-with multiprocessing.get_context("fork").Pool(2) as pool:
+{wait_for_child}with multiprocessing.get_context("fork").Pool(2) as pool:
     sums = pool.map_async(np.sum, [np.ones(3), np.ones(4)]).get(timeout={wait})
 print(json.dumps({{"exit code": code, "sums": [float(s) for s in sums]}}))
 """
@@ -134,8 +140,9 @@ print(json.dumps({{"exit code": code, "sums": [float(s) for s in sums]}}))
 
 def test_a_forked_child_that_never_uses_pw_exits():
     environ = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PW_CLUSTER")}
-    result = subprocess.run([sys.executable, "-c", _NEVER_USES_PW.format(wait=WAIT)], capture_output=True,
-                            text=True, timeout=4 * WAIT, env=environ)
+    script = _NEVER_USES_PW.format(wait=WAIT, wait_for_child=_WAIT_FOR_CHILD)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=4 * WAIT,
+                            env=environ)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == {"exit code": 0, "sums": [3.0, 4.0]}, result.stderr
 
@@ -166,18 +173,7 @@ if pid == 0:
     os.write(write_end, said.encode())
     sys.exit(0)
 os.close(write_end)
-code = None
-try:
-    deadline = time.monotonic() + {wait}
-    while code is None and time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        code = os.waitstatus_to_exitcode(status) if done else None
-        time.sleep(0.05)
-finally:
-    if code is None:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-said = os.read(read_end, 65536).decode()
+{wait_for_child}said = os.read(read_end, 65536).decode()
 print(json.dumps({{"exit code": code, "child": said, "old": float(np.asarray(handle).sum()),
                   "new": float(np.asarray(f(x)).sum())}}))
 """
@@ -188,8 +184,9 @@ def test_a_forked_child_of_a_connected_process_refuses_and_leaves_the_parents_co
 
     _, service_file, _ = service
     environ = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PW_CLUSTER")}
-    result = subprocess.run([sys.executable, "-c", _CONNECTED.format(service_file=str(service_file), wait=WAIT)],
-                            capture_output=True, text=True, timeout=8 * WAIT, env=environ)
+    script = _CONNECTED.format(service_file=str(service_file), wait=WAIT, wait_for_child=_WAIT_FOR_CHILD)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=8 * WAIT,
+                            env=environ)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.splitlines()[-1]) == {"exit code": 0, "child": f"RuntimeError: {FORKED}",
                                                           "old": 512.0, "new": 512.0}, result.stderr[-3000:]
