@@ -110,8 +110,8 @@ class Client:
             check_timeout(timeout)
         lane = self.runtime.lane(plan) if timeout is None and dispatch is DispatchMode.PARALLEL else None
         run = None
-        if lane is not None:
-            try:
+        try:
+            if lane is not None:
                 with self._lock:
                     if self.closed:
                         raise RuntimeError(f"client {self.id} is closed")
@@ -119,29 +119,25 @@ class Client:
                     if run is not None:
                         self._remember(run)
                         return run
-            except BaseException as error:  # noqa: BLE001  (raised again: an interrupt, Ctrl-C)
-                if run is not None:
-                    self.runtime.abandon(run, error)     # its caller never gets it
-                raise
-        if not self.runtime.islands.in_process:          # (no lane there)
-            refuse_debug_checks("this runtime's islands are Ray actors")
-        shared = {i: a for i, a in enumerate(args) if isinstance(a, SharedRef)}
-        for ref in shared.values():
-            if ref._runtime is not self.runtime:
-                raise ValueError(f"{ref!r} belongs to another runtime than client {self.id}'s")
-        donated = [(i, a) for i, (b, a) in enumerate(zip(plan.inputs, args))
-                   if b in plan.donated and isinstance(a, Handle)] if plan.donated else ()
-        passed_at = positions_by_identity(args, Handle) if donated else {}
-        for i, handle in donated:
-            if (handle._run.id, handle._buffer) in self._shared:
-                raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
-                                 f"it is shared (client.share): other clients read it, so it cannot be donated")
-            again = next((j for j in passed_at[id(handle)] if j != i), None)
-            if again is not None:
-                raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, but "
-                                 f"it is passed again as argument {again}: donate a copy, or neither")
-        args = self._arguments(plan, args)
-        try:
+            if not self.runtime.islands.in_process:          # (no lane there)
+                refuse_debug_checks("this runtime's islands are Ray actors")
+            shared = {i: a for i, a in enumerate(args) if isinstance(a, SharedRef)}
+            for ref in shared.values():
+                if ref._runtime is not self.runtime:
+                    raise ValueError(f"{ref!r} belongs to another runtime than client {self.id}'s")
+            donated = [(i, a) for i, (b, a) in enumerate(zip(plan.inputs, args))
+                       if b in plan.donated and isinstance(a, Handle)] if plan.donated else ()
+            passed_at = positions_by_identity(args, Handle) if donated else {}
+            for i, handle in donated:
+                if (handle._run.id, handle._buffer) in self._shared:
+                    raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, "
+                                     f"but it is shared (client.share): other clients read it, so it cannot be "
+                                     f"donated")
+                again = next((j for j in passed_at[id(handle)] if j != i), None)
+                if again is not None:
+                    raise ValueError(f"the handle passed as argument {i} of program @{plan.program} is donated, "
+                                     f"but it is passed again as argument {again}: donate a copy, or neither")
+            args = self._arguments(plan, args)
             with self._lock:      # close() cannot slip between the check and the run's registration
                 if self.closed:
                     raise RuntimeError(f"client {self.id} is closed")
@@ -153,7 +149,7 @@ class Client:
                 return run
         except BaseException as error:  # noqa: BLE001  (raised again: an interrupt, Ctrl-C)
             if run is not None:
-                self.runtime.abandon(run, error)         # its caller never gets it
+                self.runtime.abandon(run, error)     # started, but its caller never gets it
             raise
 
     def _remember(self, run: Run) -> None:

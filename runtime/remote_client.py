@@ -524,9 +524,7 @@ class RemoteClient:
             # Reading the run's results raises now, so none may be read from what was brought back ahead. Which
             # handles are the run's is not known here: every value announced, held or on its way goes
             # (`_arrived_ahead` holds only those still announced and asked for); a read asks the service again.
-            self._wanted.clear()
-            self._asked.clear()
-            self._prefetched.clear()
+            self._forget_all_ahead()
         return cancelled
 
     def object_count(self) -> int:
@@ -553,8 +551,7 @@ class RemoteClient:
             if self.closed:
                 return
             self.closed = self.closed_here = True
-            self._prefetched.clear()         # (its handles raise from now on)
-            self._wanted.clear()
+            self._forget_all_ahead()         # (its handles raise from now on)
             try:
                 send_message(self._socket, {"op": "close"}, (), self.limits)
                 for _ in range(len(self._unanswered) + 1):
@@ -654,6 +651,12 @@ class RemoteClient:
         self._wanted.pop(key, None)
         self._asked.pop(key, None)
         self._prefetched.pop(key, None)
+
+    def _forget_all_ahead(self) -> None:
+        """Forgets every value noted, asked for or held ahead of its read."""
+        self._wanted.clear()
+        self._asked.clear()
+        self._prefetched.clear()
 
     def _wake(self) -> None:
         """Wakes `_keep_alive` to send what was dropped, unless a wakeup is on its way already (or this is a child
