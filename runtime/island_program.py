@@ -29,7 +29,7 @@ from pathways_mlir.dialect.memory_plan import donated_at
 from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_steps import Copy, Free, Launch, Recv, Send, Step
 
-from .executables import named_sharding, numpy_dtype
+from .executables import direct_call, named_sharding, numpy_dtype
 from .transfers import copy_to, in_place_assembly, shards_in_place, through_host
 
 if TYPE_CHECKING:
@@ -256,6 +256,8 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     donated = donated_at(plan, island.name)
     # Arrays only this run holds: launch results that are not program results. A copy may share their
     # shards (in place); a program input or result is the caller's, who may donate it later.
+    # No code but the run's instructions can reach them (a copy may return its source, a caller's array): a launch
+    # reading only such arrays calls XLA's executable directly (`direct_call`).
     owned = {b for s in steps if isinstance(s, Launch) for b in s.outputs} - set(plan.outputs)
     for step in steps:
         if isinstance(step, Launch):
@@ -263,10 +265,13 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
             donate = tuple(i for i, b in enumerate(step.inputs) if b in donated.get(step.id, ()))
             call = island.cache.get(step.executable, plan, island.mesh(plan, step.slice), step.inputs,
                                     step.outputs, donate)
+            collective = island.cache.collective(call)
+            if step.inputs and owned.issuperset(step.inputs):
+                call = direct_call(call, [layout.shardings[b] for b in step.inputs])
             instructions.append(LaunchInstruction(call, tuple(slot[b] for b in step.inputs),
                                                   tuple(slot[b] for b in step.outputs),
                                                   step.label or step.executable, placement.device_ids(),
-                                                  _computed_result(plan, step), island.cache.collective(call)))
+                                                  _computed_result(plan, step), collective))
             last_on_slice[step.slice] = instructions[-1]
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]

@@ -227,3 +227,37 @@ def test_a_jax_array_already_on_its_inputs_one_device_is_used_as_it_is(client, r
     out = eaten.run(jax.device_put(X, home), client=client)
     np.testing.assert_allclose(np.asarray(out), X * 2.0, rtol=1e-6)
     assert len(placed) == 1                                  # donated: the run's own copy
+
+
+def test_a_launch_calling_xla_directly_does_what_jaxs_call_does_with_any_argument():
+    """`direct_call` hands a run's own intermediates to XLA's executable itself; anything else goes through
+    JAX's call. XLA crashed the process on a deleted array (found trying it), so each argument below must end
+    as JAX's call ends: the same value, or the same error."""
+    from jax.sharding import Mesh, NamedSharding
+
+    from pathways_mlir.runtime.executables import direct_call
+
+    devices = jax.devices()[:2]
+    home = NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))
+    compiled = jax.jit(lambda x: (x * 2.0 + 1.0,), in_shardings=(home,), out_shardings=(home,)).lower(
+        jax.ShapeDtypeStruct((4,), np.float32, sharding=home)).compile()
+    direct = direct_call(compiled, [home])
+    assert direct is not compiled                # this executable is one it calls directly
+    data = np.arange(4, dtype=np.float32)
+
+    def arguments():
+        deleted = jax.device_put(data, home)
+        deleted.delete()
+        reversed_devices = NamedSharding(Mesh(np.array(devices[::-1]), ("x",)), P("x"))
+        return [jax.device_put(data, home), compiled(jax.device_put(data, home))[0] * 0 + data, deleted, data,
+                jax.device_put(data, devices[0]), jax.device_put(data, reversed_devices)]
+
+    def outcome(call, argument):
+        try:
+            return np.asarray(call(argument)[0]).tolist()
+        except Exception as error:  # noqa: BLE001  (the error is the outcome compared)
+            return type(error), str(error)
+
+    theirs = [outcome(compiled, a) for a in arguments()]
+    assert [outcome(direct, a) for a in arguments()] == theirs
+    assert theirs[0] == [1.0, 3.0, 5.0, 7.0] and theirs[2][0] is RuntimeError

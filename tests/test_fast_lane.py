@@ -287,20 +287,24 @@ def below_ten_log(x):
 
 
 @pytest.mark.parametrize("path", ["fast lane", "general path"])
-def test_a_run_its_islands_executor_launches_checks_for_nans_as_its_call_said(runtime, plan_builder, path):
+@pytest.mark.parametrize("read", ["an input", "an intermediate"])
+def test_a_run_its_islands_executor_launches_checks_for_nans_as_its_call_said(runtime, plan_builder, path, read):
     """`with jax.debug_nans(True)` turns the check on for the calling thread alone, and JAX checks a launch's
     results under the flags of the thread that launches it: a run queued behind its island's work, launched by
     the island's executor, returned its NaN silently where `jax.jit` raises (a test of the inline case failed
     now and then in the full suite). A run now takes the flags of its call, on both paths; a run called
-    without them is not checked."""
+    without them is not checked. The launch that makes the NaN reads an input of the island, or an
+    intermediate of its own run (which it hands to XLA's executable directly, `direct_call`)."""
     p = plan_builder(runtime.resources.topology, program="log")
     v0 = p.slice("v0", (1,), ("x",), "island0", (0, 1))
     if path == "fast lane":
-        plan = p.build([p.launch(below_ten_log, [p.input((8, 16), v0)], v0, [(), ()])])
+        read_here, v = p.input((8, 16), v0), v0
     else:                              # two islands: never the lane
-        v1 = p.slice("v1", (1,), ("x",), "island1", (0, 1))
-        made = p.launch(tanh2, [p.input((8, 16), v0)], v0, [(), ()])
-        plan = p.build([p.launch(below_ten_log, [p.dcn(made, v1, [(), ()])], v1, [(), ()])])
+        v = p.slice("v1", (1,), ("x",), "island1", (0, 1))
+        read_here = p.dcn(p.launch(tanh2, [p.input((8, 16), v0)], v0, [(), ()]), v, [(), ()])
+    if read == "an intermediate":
+        read_here = p.launch(tanh2, [read_here], v, [(), ()])
+    plan = p.build([p.launch(below_ten_log, [read_here], v, [(), ()])])
     island = runtime.islands["island0" if path == "fast lane" else "island1"]
     with Client(runtime) as client:
         np.asarray(client.run(plan, [X])[0].result(60))                  # compiled; NaN, not checked
