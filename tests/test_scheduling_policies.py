@@ -544,6 +544,18 @@ def assert_computed(handle, x):
     np.testing.assert_array_equal(np.asarray(handle.result(timeout=60)), np.asarray(jax.jit(tanh2)(x)))
 
 
+def assert_big_then_tiny(rt, result, a_big, b_tiny) -> None:
+    """Both waiting runs are admitted, client `a`'s `big` delivered before client `b`'s `tiny`, and every result,
+    the held run's `result` included, is right."""
+    (a, big), (b, tiny) = a_big, b_tiny
+    assert rt.scheduler.wait_admitted(big, timeout=60), rt.status()["scheduler"]
+    assert rt.scheduler.wait_admitted(tiny, timeout=60), rt.status()["scheduler"]
+    assert_computed(result, X)
+    assert_computed(a.handles(big)[0], XB)
+    assert_computed(b.handles(tiny)[0], XT)
+    assert delivered_clients(rt, 2) == [a.id, b.id]
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_runs_overtaken_together_leave_the_reservation_to_the_oldest(device_map, plan_builder, policy):
     """`big` fits once the run on the devices is over; `tiny`, younger, fits now but would leave `big` never
@@ -569,12 +581,7 @@ def test_runs_overtaken_together_leave_the_reservation_to_the_oldest(device_map,
                 for _ in range(OVERTAKES):
                     run_and_drop(stream, on1, XT)
                 assert rt.scheduler._waiting.reserved.run is big, rt.status()["scheduler"]
-            assert rt.scheduler.wait_admitted(big, timeout=60), rt.status()["scheduler"]
-            assert rt.scheduler.wait_admitted(tiny, timeout=60), rt.status()["scheduler"]
-            assert_computed(result, X)
-            assert_computed(a.handles(big)[0], XB)
-            assert_computed(b.handles(tiny)[0], XT)
-            assert delivered_clients(rt, 2) == [a.id, b.id]
+            assert_big_then_tiny(rt, result, (a, big), (b, tiny))
     finally:
         rt.close()
 
@@ -603,12 +610,7 @@ def test_a_reserved_run_gives_its_reservation_to_an_older_run_it_would_leave_nev
                 assert rt.scheduler.cancel(cancelled, RuntimeError("cancelled by the test"))
                 for _ in range(OVERTAKES - OVERTAKES // 2):      # `tiny` gets to OVERTAKES, `big` does not
                     run_and_drop(stream, on1, XT)
-            assert rt.scheduler.wait_admitted(big, timeout=60), rt.status()["scheduler"]
-            assert rt.scheduler.wait_admitted(tiny, timeout=60), rt.status()["scheduler"]
-            assert_computed(result, X)
-            assert_computed(a.handles(big)[0], XB)
-            assert_computed(b.handles(tiny)[0], XT)
-            assert delivered_clients(rt, 2) == [a.id, b.id]
+            assert_big_then_tiny(rt, result, (a, big), (b, tiny))
     finally:
         rt.close()
 
