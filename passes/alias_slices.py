@@ -10,10 +10,12 @@ pw-insert-transfers then uses the same buffer where the layouts agree, and
 still reshards (over ICI, inside the one slice) where they differ. Slices on
 the same devices with different mesh shapes keep their copies.
 
-Requires: placed slices (pw-place), and nothing but computations naming a
-slice it aliases: a data movement op, a `pw.home` of an argument or a
-`pw.cond` result, or a plan naming one is an error at it (pw-insert-transfers
-and pw-emit-plans write those, so the pass runs before them).
+Requires: IR that passes pw-verify (the driver runs its checks first); it
+aliases placed slices (pw-place) and leaves unplaced ones alone. Nothing but
+computations may name a slice it aliases: a data movement op, or a `pw.home`
+of an argument or a `pw.cond` result, naming one is an error at it, and a
+module that holds plans is an error at the module (pw-insert-transfers and
+pw-emit-plans write those, so the pass runs before them).
 
     // before: @a and @c both placed on devices [0, 2) of island0
     "pw.virtual_slice"() {axes = ["data"], ..., pw.placement = {devices = array<i64: 0, 2>, island = "island0"}, sym_name = "a"}

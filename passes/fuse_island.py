@@ -65,6 +65,11 @@ pw-schedule, which costs and orders what it makes.
     %4 = "pw.compute"(%3) {callee = @h, slice = @c, label = "h#0", ...}
     return %4
     // after (%x, used only here, is now put on @b: its pw.home is {slice = @b, sharding = [["m"]]})
+    %0 = "pw.compute"(%x) {callee = @island_f_0, slice = @b, in_shardings = [[["m"]]], out_shardings = [[["m"]]],
+                           label = "f#0+g#0+h#0", pw.subgraph = 0, ...}
+    %1 = "pw.gather"(%0) {dst = @c, dst_sharding = [["d"]], link = "ici", pieces = 1, src = @b, src_sharding = [["m"]]}
+    return %1
+    // appended to the module
     module @island_f_0 attributes {pw.executable, pw.fused = {calls = [
         {callee = @f, in_shardings = [[["m"]]], operands = array<i64: 0>, results = 1},
         {callee = @g, in_shardings = [[["d", "m"]]], operands = array<i64: 1>, results = 1},
@@ -72,10 +77,6 @@ pw-schedule, which costs and orders what it makes.
         results = array<i64: 3>, scratch_bytes = 48}} {
       func.func private @main(tensor<8xf32>) -> tensor<8xf32>
     }
-    %0 = "pw.compute"(%x) {callee = @island_f_0, slice = @b, in_shardings = [[["m"]]], out_shardings = [[["m"]]],
-                           label = "f#0+g#0+h#0", pw.subgraph = 0, ...}
-    %1 = "pw.gather"(%0) {dst = @c, dst_sharding = [["d"]], link = "ici", pieces = 1, src = @b, src_sharding = [["m"]]}
-    return %1
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ and XLA optimises across the old boundaries. Values only the group uses
 stay inside it; values used after it (or returned) become its results.
 Its `@main` is a declaration with the group's signature, which is what
 the verifier and the cost model read; its cost is the sum of its parts.
+The new compute's label joins the group's labels with `+` (`first..last`
+for a group of more than four).
 
 Ops in a non-static subgraph are left alone: their resources are not known
 up front. Requires: the partitioned phase (after pw-insert-transfers, an
@@ -20,13 +22,14 @@ group; after pw-mark-static-subgraphs, the subgraphs); runs before pw-schedule.
     %1 = "pw.compute"(%0) {callee = @g, slice = @a, label = "g#0", pw.subgraph = 0, ...}
     return %1
     // after
+    %0 = "pw.compute"(%x) {callee = @fused_f_0, slice = @a, label = "f#0+g#0", pw.subgraph = 0, ...}
+    return %0
+    // appended to the module
     module @fused_f_0 attributes {pw.executable, pw.fused = {calls = [
         {callee = @f, operands = array<i64: 0>, results = 1},
         {callee = @g, operands = array<i64: 1>, results = 1}], results = array<i64: 2>}} {
       func.func private @main(tensor<8xf32>) -> tensor<8xf32>
     }
-    %0 = "pw.compute"(%x) {callee = @fused_f_0, slice = @a, label = "f#0+g#0", pw.subgraph = 0, ...}
-    return %0
 """
 
 from __future__ import annotations

@@ -60,12 +60,15 @@ def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: 
                    fuse: bool = True) -> list[Pass]:
     """Lowers device-agnostic programs to per-island plans, through the
     phases of `dialect/phases.py` (input, placed, lowered, partitioned,
-    scheduled, planned), each ended by `pw-verify` and `pw-verify-phase` so that a bug is
-    caught at the pass that made it. The comment before each pass says why it
-    sits where it does; `fuse=false` leaves out pw-fuse-island and
-    pw-fuse-launches.
+    scheduled, planned), each ended by `pw-verify-phase` (and `pw-verify`
+    after placing, moving values and planning) so that a bug is caught at the
+    pass that made it. The comment before each pass says why it sits where it
+    does; `fuse=false` leaves out pw-fuse-island and pw-fuse-launches (whose
+    `step_us` keeps its default here).
 
-    Options are pw-place's. Requires a device-agnostic module.
+    Options are pw-place's, and `fuse`. Requires a device-agnostic module:
+    one that passes pw-verify and the input phase, without plans or moved
+    values (pw-place's requirements).
 
         // before: slices, compiled functions and programs
         // after: placements, transfers, pw.subgraph / pw.order / pw.cost marks,

@@ -17,7 +17,10 @@ to sequential dispatch. The program records them as
 `pw.subgraphs = [{id, static}, ...]`. Branch programs are programs too and
 are marked on their own.
 
-Requires: pw-insert-transfers (so that data movement is grouped too).
+Requires: IR that passes pw-verify (the driver runs its checks first). It
+marks whatever ops the programs hold, so pw-lower runs it after
+pw-insert-transfers, whose data movement must be grouped too (not checked
+here: pw-verify-phase{phase=partitioned} finds an op left unmarked).
 
     // before
     %p = "pw.compute"(%x) {...}

@@ -84,7 +84,10 @@ or `<islands>x<devices>`) or else from the module's `pw.topology`; the one
 used is written to the module's `pw.topology`. Existing placements are
 replaced.
 
-Requires: a module whose slices pass pw-verify.
+Requires: IR that passes pw-verify (the driver runs its checks first), whose
+values are not moved yet (a `pw.home` or `pw.result_homes` mark, or plans,
+is an error at the module: place the module as it was before lowering), and
+a topology (option `topology`, else the module's `pw.topology`).
 
     // before (topology=2x4, strategy=spread)
     "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}}

@@ -17,7 +17,8 @@ client). A result that its launch writes into a donated input's buffer
 (`pw.donated` arguments, `memory_plan.reuses`) adds nothing. Free step ids
 continue after the largest step id of the module.
 
-Requires: the planned phase (pw-emit-plans).
+Requires: the planned phase (pw-emit-plans), with no `pw.free` yet (running
+it twice is an error at the module).
 
     // before
     module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {

@@ -28,9 +28,11 @@ pass checks meaning, reporting each problem at the op at fault:
 
 Requires nothing; changes nothing.
 
-    // error: pw.compute splits a dimension of size 6 four ways
+    // pw.compute splits a dimension of size 6 four ways
     "pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 4>, axes = ["x"], constraints = {}} : () -> ()
     %0 = "pw.compute"(%a) {callee = @f, slice = @v0, in_shardings = [[["x"]]], ...} : (tensor<6xf32>) -> ...
+    // error: 'pw.compute' op operand #0 on slice @v0: dimension 0 of size 6 is split 4 ways by [["x"]], which
+    //   does not divide it
 """
 
 from __future__ import annotations

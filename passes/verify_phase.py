@@ -11,6 +11,7 @@ nothing.
 
     // pw-verify-phase{phase=placed}
     "pw.virtual_slice"() {sym_name = "a", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()
+    // error: the module has no pw.topology, which the placed phase requires (pw-place adds it)
     // error: 'pw.virtual_slice' op has no pw.placement, which the placed phase requires (pw-place adds it)
 """
 

@@ -27,12 +27,14 @@ and every send its recv; frees wait for every reader and spare the
 results; each island lists a step after the steps of its island it
 depends on, and the island orders with the dependencies have no cycle.
 
-Requires: pw-emit-plans (and the module's `pw.topology`); changes nothing.
+Requires: the module's `pw.topology` (an error without it); it checks the
+plans pw-emit-plans writes, and a module without plans has none to check and
+passes. Changes nothing.
 
-    // error: plan of @main: step 1 (launch) names buffer 7, which is not declared
     module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
       "pw.launch"() {step = 1, inputs = array<i64: 7>, ...} : () -> ()
     }
+    // error: 'pw.launch' op plan of @main: step 1 (launch) names buffer 7, which is not declared
 """
 
 from __future__ import annotations

@@ -17,9 +17,11 @@ schedule is sound when:
 
 Requires: the scheduled phase (every op ordered: pw-schedule); changes nothing.
 
-    // error: f#0 is enqueued after f#1 on island0 but f#1 waits for it
+    // f#0 is enqueued after f#1 on @a's island, but f#1 waits for it
     %0 = "pw.compute"(%x) {label = "f#0", slice = @a, pw.order = 1 : i64, ...}
     %1 = "pw.compute"(%0) {label = "f#1", slice = @a, pw.order = 0 : i64, ...}
+    // error: 'pw.compute' op is ordered 0 but uses a value of 'f#0', ordered 1: the schedule deadlocks in the
+    //   cycle 'f#0' -> 'f#1' -> 'f#0'
 """
 
 from __future__ import annotations
