@@ -113,6 +113,11 @@ def parse_options(owner: str, options: tuple[Option, ...], given: dict[str, str]
         if name not in known:
             choices = ", ".join(known) or "none"
             raise OptionError(f"'{owner}' has no option '{name}' (options: {choices})")
+    for name, text in given.items():   # `a=1,b=2`: `a` would be `1,b=2` (pin's `x=island0,y=island1` is a list)
+        joined = None if "=" in text.split(",", 1)[0] else next((o for o in known if f",{o}=" in text), None)
+        if joined is not None:
+            raise OptionError(known[name]._message(owner, f"is given '{text}', which holds ',{joined}=': options "
+                                                          f"are separated by spaces ({name}=... {joined}=...)"))
     return {o.name: o.parse(owner, given[o.name]) if o.name in given else o.default for o in options}
 
 

@@ -317,6 +317,10 @@ def test_pw_plan_memory_before_the_plans_exist_says_which_pass_writes_them(tmp_p
                                                  "integer holds (the IR's i64) (in 'pw-lower')"),
     ("pw-lower{fuse=maybe}", "option 'fuse' of 'pw-lower' takes true or false, not 'maybe'"),
     ("pw-lower{bogus=1}", "'pw-lower' has no option 'bogus' (options: topology, strategy, pin, explain, fuse)"),
+    # Options joined by a comma: the topology `2x4,strategy=spread` was a file that could not be read.
+    ("pw-lower{topology=2x4,strategy=spread}", "option 'topology' of 'pw-place' is given '2x4,strategy=spread', "
+                                               "which holds ',strategy=': options are separated by spaces "
+                                               "(topology=... strategy=...) (in 'pw-lower')"),
 ])
 def test_a_bad_option_names_the_pass_and_the_option(pipeline, message, capsys):
     """A bad topology named neither the pass nor the option (`invalid pass pipeline: 3: cannot read
