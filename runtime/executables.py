@@ -233,9 +233,9 @@ class ExecutableCache:
         return compiled, collective
 
 
-def direct_call(compiled: Callable, shardings: Sequence) -> Callable:
-    """Returns a function that runs `compiled` (a function `ExecutableCache.get` returned) on arguments that
-    lie on `shardings`, its inputs' shardings, by XLA's executable itself: the arrays go to its execution and
+def direct_call(compiled: Callable) -> Callable:
+    """Returns a function that runs `compiled` (a function `ExecutableCache.get` returned) by XLA's executable
+    itself on arguments that lie on the shardings it was compiled for: the arrays go to its execution and
     its results come back through their handlers, as JAX's own call does once it has checked its arguments
     (about 0.7 us a call less than `Compiled`'s C++ call on one device, a quarter of it). It requires arguments
     no other code can reach, a run's own intermediates (`compile_steps`): XLA crashes the process on an array
@@ -249,11 +249,15 @@ def direct_call(compiled: Callable, shardings: Sequence) -> Callable:
     if type(executable) is not jax_pxla.ExecuteReplicated or params is None or params.const_args or \
             params.is_high or executable.ordered_effects or executable.has_unordered_effects or \
             executable.has_host_callbacks or executable.mut is not None or executable.pgle_profiler is not None \
-            or executable.kept_var_idx != set(range(len(shardings))) or \
+            or executable.kept_var_idx != set(range(params.in_tree.num_leaves)) or \
             params.out_tree != jax.tree.structure((0,) * len(executable.out_handler.handlers)):
         return compiled          # (the last: results that are not one flat tuple, as the launches' are)
     execute, handlers = executable.xla_executable.execute_sharded, executable.out_handler.handlers
     debug_nans, debug_infs = jax_config.debug_nans, jax_config.debug_infs
+    # The executable's own input shardings, not the homes of the buffers a plan passes: a launch may read a
+    # buffer of another slice of its island, which JAX's call refuses, and XLA, handed it, crashed the process
+    # (other devices) or read its shards as laid out otherwise (the same devices in another mesh order).
+    shardings = tuple(executable.in_handler.in_shardings)
     # Per input, the sharding object its arrays were last found on, equal to its own: results of one
     # executable share one, and an identity check costs half an equality's.
     found = list(shardings)

@@ -20,6 +20,7 @@ One instruction class per kind of plan step:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -30,7 +31,7 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from pathways_mlir.dialect.plan_steps import Copy, Free, Launch, Recv, Send, Step
 
 from .executables import direct_call, named_sharding, numpy_dtype
-from .transfers import copy_to, in_place_assembly, shards_in_place, through_host
+from .transfers import copy_to, fresh_copy, in_place_assembly, shards_in_place, through_host
 
 if TYPE_CHECKING:
     from .island import Island, IslandRun
@@ -87,16 +88,18 @@ class CopyInstruction:
     """Moves (and reshards) a slot's array to another slice of the island (ICI), then clears the slots of the
     frees folded into it. `in_place`: the source is the run's own and every destination device holds its
     shard already, so the array is assembled from them by this function (`in_place_assembly`; no copy).
+    `fresh`: the destination is a program result whose source a later step reads, so it is copied into
+    buffers of its own (`fresh_copy`).
     `to_host`: JAX's move would go through the host (`through_host`) and the destination's one reader is a
     launch that places a host array itself (`ProgramPlan.launch_placed`), so the array is fetched to the host and
     handed to that launch as it is."""
 
-    __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears", "in_place", "to_host")
+    __slots__ = ("src", "dst", "sharding", "label", "devices", "track", "clears", "in_place", "to_host", "fresh")
 
     def __init__(self, src: int, dst: int, sharding, label: str, devices, in_place: Callable | None = None,
-                 to_host: bool = False):
+                 to_host: bool = False, fresh: bool = False):
         self.src, self.dst, self.sharding, self.label, self.devices = src, dst, sharding, label, devices
-        self.in_place, self.to_host = in_place, to_host
+        self.in_place, self.to_host, self.fresh = in_place, to_host, fresh
         self.track = False
         self.clears: tuple[int, ...] = ()
 
@@ -106,6 +109,8 @@ class CopyInstruction:
             moved = self.in_place(array)
         elif self.to_host:
             moved = np.asarray(array)        # waits for it, as JAX's move through the host does
+        elif self.fresh:
+            moved = fresh_copy(array, self.sharding)
         else:
             moved = copy_to(array, self.sharding)
         run.slots[self.dst] = moved
@@ -259,6 +264,13 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     # No code but the run's instructions can reach them (a copy may return its source, a caller's array): a launch
     # reading only such arrays calls XLA's executable directly (`direct_call`).
     owned = {b for s in steps if isinstance(s, Launch) for b in s.outputs} - set(plan.outputs)
+    # A program result is the caller's as soon as it is made (a handle reads it while its run still executes
+    # here, parked on a recv say), and the caller may delete or donate it. Copied to a result, an array another
+    # step still reads goes to new buffers: assembled in place, or moved by JAX (which returns an array already
+    # on the sharding as it is, and reuses a shard already on its device), the result shared them, the caller's
+    # deletion reached that step's argument, and XLA crashed the process on an array some of whose shards
+    # were deleted.
+    readers = Counter(b for s in (*plan.islands.get(island.name, ()), *plan.host_steps) for b in s.reads())
     for step in steps:
         if isinstance(step, Launch):
             placement = plan.slices[step.slice]
@@ -267,7 +279,7 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
                                     step.outputs, donate)
             collective = island.cache.collective(call)
             if step.inputs and owned.issuperset(step.inputs):
-                call = direct_call(call, [layout.shardings[b] for b in step.inputs])
+                call = direct_call(call)
             instructions.append(LaunchInstruction(call, tuple(slot[b] for b in step.inputs),
                                                   tuple(slot[b] for b in step.outputs),
                                                   step.label or step.executable, placement.device_ids(),
@@ -276,13 +288,15 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]
             src_sharding, dst_sharding = layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer]
+            fresh = step.dst_buffer in plan.outputs and readers[step.src_buffer] > 1
             in_place = in_place_assembly(src_sharding, dst_sharding, dst.shape, numpy_dtype(dst.dtype)) if (
-                step.src_buffer in owned and shards_in_place(src_sharding, dst_sharding, dst.shape)) else None
+                step.src_buffer in owned and not fresh and shards_in_place(src_sharding, dst_sharding, dst.shape)
+            ) else None
             to_host = in_place is None and step.dst_buffer in layout.launched and through_host(
                 src_sharding, dst_sharding, dst.shape)
             instructions.append(CopyInstruction(slot[step.src_buffer], slot[step.dst_buffer], dst_sharding,
                                                 step.label or "copy", plan.slices[dst.slice].device_ids(),
-                                                in_place, to_host))
+                                                in_place, to_host, fresh))
             last_on_slice[dst.slice] = instructions[-1]
         elif isinstance(step, Send):
             # The cluster's own link (--emulate-dcn sleeps for its time), not the figures a plan file declares.

@@ -31,6 +31,15 @@ def copy_to(array, sharding):
     return jax.device_put(array, sharding)
 
 
+def fresh_copy(array, sharding):
+    """Returns `array` on the devices and in the layout of `sharding` in buffers of its own: `copy_to` returns
+    an array already there as it is, and JAX 0.10's move reuses a shard already on its device even when told
+    not to alias (`may_alias=False`), which it honours for a copy onto an array's own sharding."""
+    import jax
+
+    return jax.device_put(copy_to(array, sharding), sharding, may_alias=False)
+
+
 def shards_in_place(src, dst, shape) -> bool:
     """Whether every device of sharding `dst` already holds, under sharding `src`, the shard `dst` puts there:
     a move from `src` to `dst` then copies nothing (`assemble_in_place`)."""

@@ -241,7 +241,7 @@ def test_a_launch_calling_xla_directly_does_what_jaxs_call_does_with_any_argumen
     home = NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))
     compiled = jax.jit(lambda x: (x * 2.0 + 1.0,), in_shardings=(home,), out_shardings=(home,)).lower(
         jax.ShapeDtypeStruct((4,), np.float32, sharding=home)).compile()
-    direct = direct_call(compiled, [home])
+    direct = direct_call(compiled)
     assert direct is not compiled                # this executable is one it calls directly
     data = np.arange(4, dtype=np.float32)
 
@@ -261,3 +261,54 @@ def test_a_launch_calling_xla_directly_does_what_jaxs_call_does_with_any_argumen
     theirs = [outcome(compiled, a) for a in arguments()]
     assert [outcome(direct, a) for a in arguments()] == theirs
     assert theirs[0] == [1.0, 3.0, 5.0, 7.0] and theirs[2][0] is RuntimeError
+
+
+def test_a_launch_reading_an_intermediate_laid_out_for_another_mesh_fails_as_jaxs_call_does(runtime, plan_builder):
+    """A plan is untrusted input, and its checks let a launch read a buffer of another slice of its island. An
+    intermediate of its own run the launch hands to XLA itself (`direct_call`) must lie on the sharding its
+    executable was compiled for, not merely on its buffer's home: the same devices in another mesh order
+    read its shards as laid out otherwise (wrong numbers), and other devices crashed the process."""
+    from pathways_mlir.runtime.island_work import RunFailed
+
+    p = plan_builder(runtime.resources.topology, program="another_mesh")
+    v0 = p.slice("v0", (2, 2), ("x", "y"), "island0", (0, 4))
+    v1 = p.slice("v1", (2, 2), ("y", "x"), "island0", (0, 4))      # v0's devices, its axes the other way
+    made = p.launch(lambda x: x * 2.0, [p.input((8,), v0, [("x",)])], v0, [("x",)], name="double")
+    plan = p.build([p.launch(lambda x: x + 1.0, [made], v1, [("x",)], name="plus_one")])
+    with Client(runtime) as client:
+        with pytest.raises(RunFailed, match="input shardings that disagree"):
+            np.asarray(client.run(plan, [np.arange(8, dtype=np.float32)])[0].result(60))
+
+
+def test_a_caller_deleting_a_result_while_its_run_waits_leaves_the_run_its_own_arrays(runtime, plan_builder):
+    """A handle gives its array once it is made, while its run may still wait (here for island1, held by a
+    callback until the caller has deleted its result). The result is a copy of an intermediate that a later
+    launch reads, on the same devices: JAX's move returned the intermediate itself, so the caller deleted the
+    launch's argument (and XLA crashed the process on one whose shards the result shared, in place)."""
+    import threading
+
+    from pathways_mlir.runtime.executables import InProcessFunction, keep_in_process
+
+    deleted = threading.Event()
+
+    def held(x):                                   # island1's launch: waits until the caller deleted its result
+        waited = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return (jax.pure_callback(lambda value: (deleted.wait(60), value)[1], waited, x),)
+
+    p = plan_builder(runtime.resources.topology, program="waits")
+    v0 = p.slice("v0", (2,), ("x",), "island0", (0, 2))
+    also_v0 = p.slice("also_v0", (2,), ("x",), "island0", (0, 2))
+    v1 = p.slice("v1", (1,), ("x",), "island1", (0, 1))
+    made = p.launch(lambda x: x * 2.0, [p.input((8,), v0)], v0, [()], name="double")
+    result = p.copy(made, also_v0, [()])
+    aval = jax.ShapeDtypeStruct((8,), jnp.float32)
+    p.executables["held"] = keep_in_process(InProcessFunction(held, (aval,), (aval,)))   # (launch keeps it)
+    waited = p.launch(lambda x: x, [p.input((8,), v1)], v1, [()], name="held")
+    total = p.launch(lambda a, b: a + b, [made, p.dcn(waited, v0, [()])], v0, [()], name="add")
+    plan = p.build([result, total])
+    x = np.arange(8, dtype=np.float32)
+    with Client(runtime) as client:
+        handles = client.run(plan, [x, x], inline=False)           # (inline, this thread would run the callback)
+        handles[0].result(60).delete()
+        deleted.set()
+        np.testing.assert_array_equal(np.asarray(handles[1].result(60)), x * 3.0)

@@ -203,6 +203,37 @@ def test_a_copy_shares_shards_only_of_the_runs_own_launch_results(runtime):
     assert [c.in_place is not None for c in copies(returned)] == [False]
 
 
+def test_a_result_shares_no_shard_with_an_intermediate_another_step_still_reads(runtime, plan_builder):
+    """A handle reads a result while its run still executes (parked on a recv, say), and its caller may delete
+    it: a result assembled in place of an intermediate that a later launch reads deleted some of that
+    launch's shards, and XLA crashed the process. Such a result is copied into buffers of its own; one of an
+    intermediate the copy alone reads still shares its shards."""
+    from jax.sharding import Mesh, NamedSharding
+
+    from pathways_mlir.runtime.island_program import CopyInstruction, IslandLayout, compile_steps
+    from pathways_mlir.runtime.transfers import fresh_copy
+
+    def in_place_copies(read_again: bool) -> list[tuple[bool, bool]]:
+        p = plan_builder(runtime.resources.topology, program="shares")
+        both = p.slice("both", (2,), ("x",), "island0", (0, 2))
+        second = p.slice("second", (1,), ("x",), "island0", (1, 2))
+        made = p.launch(lambda x: x * 2.0, [p.input((8,), both)], both, [()], name="double")
+        result = p.copy(made, second, [()])                 # device 1's shard of `made`: in place
+        later = [p.launch(lambda x: x + 1.0, [made], both, [()], name="plus_one")] if read_again else []
+        plan = p.build([result, *later])
+        island = runtime.islands["island0"]
+        program = compile_steps(island, plan, IslandLayout.build(island, plan), plan.islands["island0"])
+        return [(i.in_place is not None, i.fresh) for i in program if isinstance(i, CopyInstruction)]
+
+    assert in_place_copies(read_again=False) == [(True, False)]
+    assert in_place_copies(read_again=True) == [(False, True)]
+    # JAX's move to one device of a replicated array takes that device's shard, even told not to alias.
+    devices = jax.devices()[:2]
+    everywhere = jax.device_put(X, NamedSharding(Mesh(np.array(devices), ("x",)), P()))
+    fresh_copy(everywhere, NamedSharding(Mesh(np.array(devices[1:]), ("x",)), P())).delete()
+    assert not any(shard.data.is_deleted() for shard in everywhere.addressable_shards)
+
+
 def test_a_host_argument_read_by_one_launch_is_placed_by_that_launch(runtime, monkeypatch):
     import dataclasses
 
