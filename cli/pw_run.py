@@ -24,7 +24,7 @@ import traceback
 import click
 
 from pathways_mlir.dialect.input_files import MAX_INPUT_BYTES, parse_json, read_bounded, read_text
-from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, prepare_host_devices
+from pathways_mlir.runtime.cluster import CLUSTER_ENV, ClusterError, parse_shape, prepare_host_devices
 from pathways_mlir.runtime.dispatch_mode import DispatchMode
 
 from .entry import error_line, run_command, write_output
@@ -211,6 +211,8 @@ def cli(target, program, dispatch, repeat, trace_path, cluster, emulate_dcn, bac
     """Run TARGET (a .py script, pw IR .mlir, or plan .json) on the cluster: embedded in this process, or
     each island in a Ray actor with --backend ray."""
     if cluster:
+        # Checked here, so that an error names the option the user wrote, not the variable it sets.
+        parse_shape(cluster, f"--cluster {cluster}")
         os.environ[CLUSTER_ENV] = cluster
     prepare_host_devices()
     if not target.exists():

@@ -42,13 +42,19 @@ def requested_shape() -> tuple[int, int]:
     text = os.environ.get(CLUSTER_ENV, "")
     if not text:
         return DEFAULT_SHAPE
+    return parse_shape(text, f"{CLUSTER_ENV}={text!r}")
+
+
+def parse_shape(text: str, source: str) -> tuple[int, int]:
+    """Returns (islands, devices per island) from `text`, "ISLANDSxDEVICES"; raises ClusterError naming
+    `source`, where the text came from (`PW_CLUSTER='2x'`, or a command line's option)."""
     match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise ClusterError(f"{CLUSTER_ENV}={text!r}: expected ISLANDSxDEVICES, e.g. 2x4")
+        raise ClusterError(f"{source}: expected ISLANDSxDEVICES, e.g. 2x4")
     islands, per_island = int(match.group(1)), int(match.group(2))
     if islands * per_island > MAX_HOST_DEVICES:
-        raise ClusterError(f"{CLUSTER_ENV}={text!r}: {islands * per_island} CPU devices; an embedded cluster has at "
-                           f"most {MAX_HOST_DEVICES}")
+        raise ClusterError(f"{source}: {islands * per_island} CPU devices; an embedded cluster has at most "
+                           f"{MAX_HOST_DEVICES}")
     return islands, per_island
 
 

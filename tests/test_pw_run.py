@@ -96,9 +96,12 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
                            "pw-run: error: Invalid value for '--seed': -5 is not in the range x>=0."),
                           ((tmp_path / "plan.json", "--trace", str(tmp_path / "missing" / "t.json")),
                            f"pw-run: error: cannot write {tmp_path / 'missing' / 't.json'}: its folder does not exist"),
+                          # The option as written, not the PW_CLUSTER it sets (which named a variable never set).
                           ((tmp_path / "plan.json", "--cluster", "99999x99999"),
-                           "pw-run: error: PW_CLUSTER='99999x99999': 9999800001 CPU devices; an embedded cluster has "
-                           "at most 4096")]:
+                           "pw-run: error: --cluster 99999x99999: 9999800001 CPU devices; an embedded cluster has "
+                           "at most 4096"),
+                          ((tmp_path / "plan.json", "--cluster", "2x"),
+                           "pw-run: error: --cluster 2x: expected ISLANDSxDEVICES, e.g. 2x4")]:
         result = pw_run(*args)
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
