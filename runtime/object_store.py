@@ -16,15 +16,18 @@ ObjectKey = tuple[int, int]   # (run id, buffer id)
 
 
 class ObjectStore:
-    """Arrays by key, and the keys of each owner. Not thread-safe: the island locks around it.
+    """Arrays by key, and each one's owner. Not thread-safe: the island locks around it.
 
     An array and its owner are kept in two dicts by the same key, not as a pair: a pair is one more object
-    per result for Python's garbage collector, and a step over a pytree keeps hundreds of results."""
+    per result for Python's garbage collector, and a step over a pytree keeps hundreds of results. No index
+    of each owner's keys is kept: a step over a pytree adds and releases hundreds of results a call, and
+    keeping the index was about a sixth of a result's bookkeeping on each side, where an owner's keys are
+    looked for only when it closes or is asked about (`release_owner`, `owned_by`), which look at every
+    object here, as `Island.status` and the scheduler's release of a closed client's bytes do."""
 
     def __init__(self):
         self._objects: dict[ObjectKey, Any] = {}
         self._owners: dict[ObjectKey, Hashable] = {}
-        self._by_owner: dict[Hashable, set[ObjectKey]] = {}
         self.get = self._objects.get
         """get(key) returns the array under `key`, or None if there is none (released, or not produced)."""
 
@@ -32,18 +35,12 @@ class ObjectStore:
         """Keeps `array` under `key` for `owner`."""
         self._objects[key] = array
         self._owners[key] = owner
-        keys = self._by_owner.get(owner)         # (no `setdefault(owner, set())`: a set made per result)
-        if keys is None:
-            keys = self._by_owner[owner] = set()
-        keys.add(key)
 
     def release(self, key: ObjectKey) -> bool:
         """Drops an object; returns whether there was one."""
-        owner = self._owners.pop(key, None)
-        if owner is None:
+        if self._owners.pop(key, None) is None:
             return False
         del self._objects[key]
-        self._by_owner[owner].discard(key)
         return True
 
     def release_run(self, run_id: int) -> int:
@@ -55,15 +52,15 @@ class ObjectStore:
 
     def release_owner(self, owner: Hashable) -> int:
         """Releases every object of `owner`; returns how many there were."""
-        keys = self._by_owner.pop(owner, set())
+        keys = [key for key, held_by in self._owners.items() if held_by == owner]
         for key in keys:
-            self._objects.pop(key, None)
-            self._owners.pop(key, None)
+            del self._objects[key]
+            del self._owners[key]
         return len(keys)
 
     def owned_by(self, owner: Hashable) -> list[ObjectKey]:
         """Returns the keys of the objects `owner` holds."""
-        return sorted(self._by_owner.get(owner, ()))
+        return sorted(key for key, held_by in self._owners.items() if held_by == owner)
 
     def keys(self) -> list[ObjectKey]:
         """Returns the key of every object."""
