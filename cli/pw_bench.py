@@ -4,6 +4,7 @@
     pw-bench dispatch --quick                  # one benchmark: table, headline, record in results-quick/
     pw-bench dispatch --json dispatch.json     # ... its JSON record elsewhere
     pw-bench all --quick                       # every benchmark, records in benchmarks/results-quick/
+    pw-bench all --quick --jobs 2              # ... two at a time: that they all run (figures disturbed)
     pw-bench report                            # records -> benchmarks/RESULTS.md + plots/*.png
 
 The default folders are the package's own `benchmarks/` (wherever `pw-bench`
@@ -11,10 +12,12 @@ is run from); `--json-dir`, `--results` and `--out` name others.
 
 Every benchmark process asks XLA for `harness.HOST_DEVICES` CPU devices before
 JAX starts; `all` runs each benchmark in its own process, so one's threads,
-caches and Ray instance never touch the next one's figures. Errors are one
-line each; no Python traceback. SIGTERM stops `pw-bench` as an exception would,
-so that its cleanup runs: a benchmark shuts its Ray instance down, and `all`
-stops the benchmark process it waits for.
+caches and Ray instance never touch the next one's figures (`--jobs N` runs N
+of those processes at once, which the tests use to check that every benchmark
+runs: their figures then disturb each other). Errors are one line each; no
+Python traceback. SIGTERM stops `pw-bench` as an exception would, so that its
+cleanup runs: a benchmark shuts its Ray instance down, and `all` stops the
+benchmark processes it waits for.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ RESULTS = BENCHMARKS_DIR / "results"
 QUICK_RESULTS = BENCHMARKS_DIR / "results-quick"
 REPORT = BENCHMARKS_DIR / "RESULTS.md"
 CHILD_STOP_TIMEOUT = 60.0   # seconds a benchmark process of `all` has to stop on SIGTERM before it is killed
+CHILD_POLL_INTERVAL = 0.1   # seconds between `all`'s looks at whether one of its benchmark processes is over
 
 
 class BenchError(Exception):
@@ -151,43 +155,67 @@ for _name in BENCHMARKS:
               default=None,
               help=f"Where to write one JSON record per benchmark (default: {RESULTS}, or "
                    f"{QUICK_RESULTS} with --quick, so a quick run never replaces a full run's records).")
-def run_all(quick: bool, json_dir: pathlib.Path | None) -> None:
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Benchmarks to run at once, each in its own process. Above 1 they share the machine's cores, "
+                   "so their figures disturb each other (a check that every benchmark runs, not a measurement; "
+                   "their records say so), and their output interleaves.")
+def run_all(quick: bool, json_dir: pathlib.Path | None, jobs: int) -> None:
     """Run every benchmark, each in its own process."""
     json_dir = json_dir or (QUICK_RESULTS if quick else RESULTS)
     for name in BENCHMARKS:
         _check_writable(json_dir / f"{name}.json")
-    failed = []
     start = time.perf_counter()
-    env = {**os.environ, harness.RUN_ID_VARIABLE: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    for name in BENCHMARKS:
-        click.echo(f"== {name}", err=True)
-        began = time.perf_counter()
-        command = [sys.executable, "-m", "pathways_mlir.cli.pw_bench", name, "--json",
-                   str(json_path := json_dir / f"{name}.json")] + (["--quick"] if quick else [])
-        if _run_child(command, env) != 0:
-            failed.append(name)
-        else:
-            click.echo(f"   {json_path} ({time.perf_counter() - began:.0f} s)", err=True)
+    run_id = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if jobs > 1:          # the report shows a record's run: figures measured side by side say so there
+        run_id += f", {jobs} benchmarks at a time"
+    env = {**os.environ, harness.RUN_ID_VARIABLE: run_id}
+    failed = _run_children({name: json_dir / f"{name}.json" for name in BENCHMARKS}, quick, env, jobs)
     click.echo(f"all benchmarks: {time.perf_counter() - start:.0f} s", err=True)
     if failed:
         raise BenchError(f"failed: {', '.join(failed)}")
 
 
-def _run_child(command: list[str], env: dict[str, str]) -> int:
-    """Runs a benchmark's process and returns its exit status. If `pw-bench` is stopped meanwhile (SIGTERM,
-    Ctrl-C), the child is terminated so that its own cleanup runs, and killed if it has not stopped within
-    CHILD_STOP_TIMEOUT."""
-    child = subprocess.Popen(command, env=env)
+def _run_children(json_paths: dict[str, pathlib.Path], quick: bool, env: dict[str, str], jobs: int) -> list[str]:
+    """Runs each benchmark of `json_paths` in a process of its own writing its record there, at most `jobs` at
+    once, starting them in order; returns the names of those that failed, in that order. If `pw-bench` is
+    stopped meanwhile (SIGTERM, Ctrl-C), the running ones are terminated so that their own cleanup runs, and
+    killed if they have not stopped within CHILD_STOP_TIMEOUT."""
+    waiting, running, failed = list(json_paths), {}, set()
     try:
-        return child.wait()
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                name = waiting.pop(0)
+                click.echo(f"== {name}", err=True)
+                command = [sys.executable, "-m", "pathways_mlir.cli.pw_bench", name, "--json",
+                           str(json_paths[name])] + (["--quick"] if quick else [])
+                running[name] = (subprocess.Popen(command, env=env), time.perf_counter())
+            time.sleep(CHILD_POLL_INTERVAL)       # Popen has no wait for the first of several processes
+            for name, (child, began) in list(running.items()):
+                if child.poll() is None:
+                    continue
+                del running[name]
+                if child.returncode != 0:
+                    failed.add(name)
+                else:
+                    click.echo(f"   {json_paths[name]} ({time.perf_counter() - began:.0f} s)", err=True)
     finally:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=CHILD_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait(timeout=CHILD_STOP_TIMEOUT)
+        _stop_children([child for child, _ in running.values()])
+    return [name for name in json_paths if name in failed]
+
+
+def _stop_children(children: list[subprocess.Popen]) -> None:
+    """Terminates the benchmark processes still running, all at once so that their cleanups overlap, and kills
+    any that has not stopped within CHILD_STOP_TIMEOUT."""
+    children = [child for child in children if child.poll() is None]
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + CHILD_STOP_TIMEOUT
+    for child in children:
+        try:
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(timeout=CHILD_STOP_TIMEOUT)
 
 
 @cli.command("list")

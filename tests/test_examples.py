@@ -45,17 +45,28 @@ def test_moe_layer_equals_dense_jax_for_kept_tokens_and_moves_only_buckets(two_i
     assert {plan.slices[f"expert{e}"].island for e in range(moe.EXPERTS)} == {"island0", "island1"}
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"])
-def test_transformer_pipeline_trains_like_plain_jax_in_each_schedule(two_islands, schedule):
+TRANSFORMER_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def transformer_in_plain_jax():
+    """The transformer example's parameters and losses after TRANSFORMER_STEPS steps of plain JAX: what every
+    schedule must compute (worked out once, not once per schedule: its compile takes seconds)."""
     lm = example("transformer_pipeline")
-    steps = 3
-    params, losses = lm.train(steps, schedule, client=two_islands)
-    reference = lm.reference_step(steps)
-    expected, opt_state, expected_losses = lm.init(), lm.optimizer(steps).init(lm.init()), []
+    reference = lm.reference_step(TRANSFORMER_STEPS)
+    expected, opt_state, expected_losses = lm.init(), lm.optimizer(TRANSFORMER_STEPS).init(lm.init()), []
     data = lm.batches(lm.corpus())
-    for _ in range(steps):
+    for _ in range(TRANSFORMER_STEPS):
         expected, opt_state, loss = reference(expected, opt_state, *next(data))
         expected_losses.append(float(loss))
+    return expected, expected_losses
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"])
+def test_transformer_pipeline_trains_like_plain_jax_in_each_schedule(two_islands, transformer_in_plain_jax, schedule):
+    lm = example("transformer_pipeline")
+    params, losses = lm.train(TRANSFORMER_STEPS, schedule, client=two_islands)
+    expected, expected_losses = transformer_in_plain_jax
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-4)
     for ours, theirs in zip(jax.tree.leaves(fetch(params)), jax.tree.leaves(expected)):
         np.testing.assert_allclose(ours, np.asarray(theirs), rtol=1e-3, atol=1e-5)

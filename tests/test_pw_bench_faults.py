@@ -1,6 +1,8 @@
 """pw-bench: a failed run leaves no output folder behind; a benchmark whose sessions yield no sample says so."""
 
 import json
+import shutil
+import sys
 import types
 
 import pytest
@@ -21,7 +23,7 @@ def test_a_failed_run_leaves_no_folder_it_made(tmp_path, capsys, monkeypatch):
         raise RuntimeError("boom")
     _fake_load(monkeypatch, fails)
     assert pw_bench.main(["moe", "--quick", "--json", str(tmp_path / "new" / "deeper" / "moe.json")]) == 1
-    monkeypatch.setattr(pw_bench, "_run_child", lambda command, env: 1)     # every benchmark process fails
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))      # every benchmark process fails
     assert pw_bench.main(["all", "--quick", "--out", str(tmp_path / "out" / "records")]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == "pw-bench: error: failed: " + ", ".join(pw_bench.BENCHMARKS)
     assert list(tmp_path.iterdir()) == []

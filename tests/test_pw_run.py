@@ -1,5 +1,6 @@
 """pw-run: scripts, pw IR and plans on the embedded cluster; one-line errors."""
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -12,6 +13,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def pw_run(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_run", *map(str, args)],
                           capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+def pw_run_each(argument_lists: list[tuple]) -> list[subprocess.CompletedProcess]:
+    """Runs pw-run once per argument list, four at a time, and returns their results in order (each process
+    spends most of its time importing JAX, on one core)."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda args: pw_run(*args), argument_lists))
 
 
 def test_runs_the_example_script_and_matches_jax():
@@ -73,13 +81,6 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
     (tmp_path / "empty.mlir").write_text("")
     (tmp_path / "nested.json").write_text("[" * 100000 + "]" * 100000)
     (tmp_path / "dir").mkdir()
-    for path, message in cases.items():
-        result = pw_run(path)
-        assert result.returncode == 1, (path, result.stderr)
-        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
-        assert path.name in ("bad.mlir", "hostile.mlir") or len(result.stderr.strip().splitlines()) == 1, \
-            result.stderr          # IR gets one line per diagnostic
-
     # A plan placed for 2 islands of 4 on a cluster of one island; a negative --repeat.
     from pathways_mlir.dialect.topology import Topology
     from pathways_mlir.passes import lower, program_plans
@@ -87,30 +88,36 @@ def test_bad_inputs_fail_in_one_line(tmp_path):
     plan = program_plans(lower((ROOT / "examples" / "three_blocks.mlir").read_text(), Topology.uniform(2, 4),
                                strategy="spread"))["three_blocks"]
     (tmp_path / "plan.json").write_text(plan.to_json())
-    for args, message in [((tmp_path / "plan.json", "--cluster", "1x4"),
-                           "@three_blocks is placed for island0: 4 devices, island1: 4 devices, but the cluster "
-                           "has island0: 4 devices (--cluster ISLANDSxDEVICES chooses it)"),
-                          ((tmp_path / "plan.json", "--repeat", "-3"),
-                           "pw-run: error: Invalid value for '--repeat': -3 is not in the range x>=0."),
-                          ((tmp_path / "plan.json", "--seed", "-5"),
-                           "pw-run: error: Invalid value for '--seed': -5 is not in the range x>=0."),
-                          ((tmp_path / "plan.json", "--trace", str(tmp_path / "missing" / "t.json")),
-                           f"pw-run: error: cannot write {tmp_path / 'missing' / 't.json'}: its folder does not exist"),
-                          # The option as written, not the PW_CLUSTER it sets (which named a variable never set).
-                          ((tmp_path / "plan.json", "--cluster", "99999x99999"),
-                           "pw-run: error: --cluster 99999x99999: 9999800001 CPU devices; an embedded cluster has "
-                           "at most 4096"),
-                          ((tmp_path / "plan.json", "--cluster", "2x"),
-                           "pw-run: error: --cluster 2x: expected ISLANDSxDEVICES, e.g. 2x4")]:
-        result = pw_run(*args)
+    plan_cases = [((tmp_path / "plan.json", "--cluster", "1x4"),
+                   "@three_blocks is placed for island0: 4 devices, island1: 4 devices, but the cluster "
+                   "has island0: 4 devices (--cluster ISLANDSxDEVICES chooses it)"),
+                  ((tmp_path / "plan.json", "--repeat", "-3"),
+                   "pw-run: error: Invalid value for '--repeat': -3 is not in the range x>=0."),
+                  ((tmp_path / "plan.json", "--seed", "-5"),
+                   "pw-run: error: Invalid value for '--seed': -5 is not in the range x>=0."),
+                  ((tmp_path / "plan.json", "--trace", str(tmp_path / "missing" / "t.json")),
+                   f"pw-run: error: cannot write {tmp_path / 'missing' / 't.json'}: its folder does not exist"),
+                  # The option as written, not the PW_CLUSTER it sets (which named a variable never set).
+                  ((tmp_path / "plan.json", "--cluster", "99999x99999"),
+                   "pw-run: error: --cluster 99999x99999: 9999800001 CPU devices; an embedded cluster has "
+                   "at most 4096"),
+                  ((tmp_path / "plan.json", "--cluster", "2x"),
+                   "pw-run: error: --cluster 2x: expected ISLANDSxDEVICES, e.g. 2x4")]
+    results = pw_run_each([(path,) for path in cases] + [args for args, _ in plan_cases])
+    for (path, message), result in zip(cases.items(), results):
+        assert result.returncode == 1, (path, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert path.name in ("bad.mlir", "hostile.mlir") or len(result.stderr.strip().splitlines()) == 1, \
+            result.stderr          # IR gets one line per diagnostic
+    for (args, message), result in zip(plan_cases, results[len(cases):]):
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_a_script_is_refused_the_options_of_ir_and_plan_files_instead_of_ignoring_them():
     script = ROOT / "examples" / "three_blocks.py"
-    for option in (["--dispatch", "sequential"], ["--repeat", "3"], ["--seed", "1"], ["--program", "three_blocks"]):
-        result = pw_run(script, *option)
+    options = (["--dispatch", "sequential"], ["--repeat", "3"], ["--seed", "1"], ["--program", "three_blocks"])
+    for option, result in zip(options, pw_run_each([(script, *option) for option in options])):
         assert result.returncode == 1, (option, result.stdout)
         assert result.stderr.strip() == (f"pw-run: error: {script}: {option[0]} applies to IR and plan files, not "
                                          f"to a script, which chooses its own programs, dispatch "

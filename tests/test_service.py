@@ -8,6 +8,7 @@ shows the baseline again. Every wait has a timeout; every process
 started here is stopped.
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -235,8 +236,10 @@ def test_service_errors_are_one_line(service, tmp_path):
         (["--idle-timeout", "nan"], "endpoint limit idle_timeout must be a positive number, not nan"),
         (["--idle-timeout", "inf"], "endpoint limit idle_timeout must be at most 1e+09 seconds, not inf"),
     ]
-    for args, error in cases:
-        result = subprocess.run([*SERVE, *args], capture_output=True, text=True, timeout=TIMEOUT)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:      # most of each process is importing JAX, on one core
+        results = list(pool.map(lambda case: subprocess.run([*SERVE, *case[0]], capture_output=True, text=True,
+                                                             timeout=TIMEOUT), cases))
+    for (args, error), result in zip(cases, results):
         assert (result.returncode, result.stdout, result.stderr) == (1, "", f"pw-serve: error: {error}\n"), args
     assert list(other.iterdir()) == [other / "bad.json"] and list(public.iterdir()) == []
 

@@ -12,6 +12,7 @@ its deadline, and one whose service died gets a ServiceError too. A hostile plan
 service, which goes on serving. Every wait is bounded; every process started here is stopped.
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -130,6 +131,15 @@ def peak_rss(pid: int) -> int:
     return int(line.split()[1]) * 1024
 
 
+def stop_keepalives(client: RemoteClient) -> None:
+    """Stops `client`'s keepalive thread, as its close does, leaving its connection open: it sends no pings and
+    no releases from then on."""
+    client._stop.set()
+    client._wakeups.put(None)            # else the thread sleeps up to a quarter of the idle timeout first
+    client._keepalive.join(TIMEOUT)
+    assert not client._keepalive.is_alive()
+
+
 def test_a_handshake_flood_does_not_lock_out_a_good_client(runtime, procs):  # noqa: F811
     with Endpoint(runtime) as endpoint:
         flood = start(procs, endpoint.address, code=FLOOD)
@@ -145,8 +155,7 @@ def test_idle_connections_are_dropped_and_keepalives_keep_clients(runtime):
     with Endpoint(runtime, limits=Limits(idle_timeout=1.0)) as endpoint:
         kept = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
         silent = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
-        silent._stop.set()                                       # its keepalive stops: it goes silent
-        silent._keepalive.join(10)
+        stop_keepalives(silent)                                  # its keepalive stops: it goes silent
         [held] = kept.run(step.compiled(X, runtime=kept).plan, [X])
         silent._socket.settimeout(30)
         with pytest.raises(EOFError):                            # dropped by the endpoint, after 1 s idle
@@ -164,8 +173,7 @@ def test_a_frame_sent_a_byte_at_a_time_must_arrive_within_the_idle_timeout(runti
     frame = struct.pack(">I", len(header)) + header
     with Endpoint(runtime, limits=Limits(idle_timeout=1.5)) as endpoint:
         drip = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
-        drip._stop.set()                                         # no keepalives: only the frame's bytes
-        drip._keepalive.join(10)
+        stop_keepalives(drip)                                    # no keepalives: only the frame's bytes
         dropped = False
         for i in range(len(frame)):                              # 0.1 s apart: about 12 s for the frame
             try:
@@ -190,8 +198,7 @@ def test_a_large_header_that_stalls_holds_up_only_its_own_connection(runtime):
     frame = struct.pack(">I", len(header)) + header
     with Endpoint(runtime, limits=Limits(idle_timeout=TIMEOUT)) as endpoint:
         stalled = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
-        stalled._stop.set()
-        stalled._keepalive.join(10)
+        stop_keepalives(stalled)
         stalled._socket.sendall(frame[:len(frame) // 2])         # and nothing more
         with RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT / 4) as other:
             with other._lock:
@@ -420,24 +427,39 @@ def test_a_foreign_or_writable_service_file_is_refused(tmp_path, procs):  # noqa
     assert proc.wait(TIMEOUT) == 0
 
 
+def sigterm_under_load(cycle, proc, directory, service_file, procs):  # noqa: F811
+    """One cycle of `test_sigterm_under_load_stops_in_order_every_time`: pw-serve `proc` gets SIGTERM (SIGINT
+    in cycle 9) while a client has runs in flight; it stops in order, its folder left empty."""
+    load = start(procs, service_file, TIMEOUT, "load")
+    assert read_line(load).split() == ["ready", "0"]
+    assert read_line(load).strip() == "running"              # runs in flight from here on
+    time.sleep(0.1 * (cycle % 3))                            # SIGTERM at different points of the runs
+    signal_ = signal.SIGINT if cycle == 9 else signal.SIGTERM
+    proc.send_signal(signal_)
+    assert proc.wait(TIMEOUT) == 0, proc.stderr.read()[-3000:]
+    assert proc.stdout.read().strip() == f"pw-serve: {signal_.name}: stopping"
+    assert list(directory.iterdir()) == []                   # service file, socket and key removed
+    line = read_line(load)
+    assert line.startswith("error "), line + load.stderr.read()[-3000:]
+    assert load.wait(TIMEOUT) == 0
+    stop(load)
+    stop(proc)
+
+
 def test_sigterm_under_load_stops_in_order_every_time(tmp_path, procs):  # noqa: F811
-    directory, service_file = service_dir(tmp_path)
-    for cycle in range(10):
-        proc = serve(procs, "--service-file", str(service_file))
-        load = start(procs, service_file, TIMEOUT, "load")
-        assert read_line(load).split() == ["ready", "0"]
-        assert read_line(load).strip() == "running"              # runs in flight from here on
-        time.sleep(0.1 * (cycle % 3))                            # SIGTERM at different points of the runs
-        signal_ = signal.SIGINT if cycle == 9 else signal.SIGTERM
-        proc.send_signal(signal_)
-        assert proc.wait(TIMEOUT) == 0, proc.stderr.read()[-3000:]
-        assert proc.stdout.read().strip() == f"pw-serve: {signal_.name}: stopping"
-        assert list(directory.iterdir()) == []                   # service file, socket and key removed
-        line = read_line(load)
-        assert line.startswith("error "), line + load.stderr.read()[-3000:]
-        assert load.wait(TIMEOUT) == 0
-        stop(load)
-        stop(proc)
+    # Two service folders, taken in turn: the next cycle's pw-serve starts in the other one while a cycle runs
+    # (a pw-serve's start, mostly importing JAX, was about a third of each cycle's time).
+    (tmp_path / "even").mkdir()
+    (tmp_path / "odd").mkdir()
+    folders = [service_dir(tmp_path / "even"), service_dir(tmp_path / "odd")]
+    with concurrent.futures.ThreadPoolExecutor(1) as starter:
+        starting = starter.submit(serve, procs, "--service-file", str(folders[0][1]))
+        for cycle in range(10):
+            directory, service_file = folders[cycle % 2]
+            proc = starting.result()
+            if cycle < 9:
+                starting = starter.submit(serve, procs, "--service-file", str(folders[(cycle + 1) % 2][1]))
+            sigterm_under_load(cycle, proc, directory, service_file, procs)
 
 
 def test_a_stopped_or_dead_service_is_an_error_naming_it(tmp_path, procs):  # noqa: F811
