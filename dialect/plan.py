@@ -210,17 +210,22 @@ class ProgramPlan:
             held[sid] = frozenset().union(*((held[d] | ({d} & conds)) for d in self.dependencies[sid]))
         return held
 
+    def readers(self, island: str) -> dict[int, list[Step]]:
+        """Returns, for each buffer that a step of `island` or of the host reads, those steps in plan order (a
+        step that reads it twice listed twice)."""
+        readers: dict[int, list[Step]] = {}
+        for step in (*self.islands.get(island, ()), *self.host_steps):
+            for b in step.reads():
+                readers.setdefault(b, []).append(step)
+        return readers
+
     def launch_placed(self, island: str) -> frozenset[int]:
         """Returns the buffers of `island` whose one reader is a launch on their own slice that reads them once,
         neither program results nor donated. A host (NumPy) array in such a buffer is placed by that launch
         itself: its executable is compiled with the buffer's home sharding, so JAX's call of it puts the
         array there in C++, in one transfer (runtime/island_program.py; the simulator charges it `launch_input_us`)."""
-        readers: dict[int, list[Step]] = {}
-        for step in (*self.islands.get(island, ()), *self.host_steps):
-            for b in step.reads():
-                readers.setdefault(b, []).append(step)
         return frozenset(
-            b for b, steps in readers.items()
+            b for b, steps in self.readers(island).items()
             if len(steps) == 1 and isinstance(launch := steps[0], Launch) and launch.inputs.count(b) == 1
             and launch.slice == self.buffers[b].slice and b not in self.outputs and b not in self.donated)
 

@@ -20,7 +20,6 @@ One instruction class per kind of plan step:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -259,10 +258,10 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     # A donated input goes to XLA at its last reader, as `jax.jit` gives it its donated arguments: XLA writes a
     # result into it where one fits (not only the one laid out as it, `reuses`), and JAX deletes the array then.
     donated = donated_at(plan, island.name)
-    # Arrays only this run holds: launch results that are not program results. A copy may share their
-    # shards (in place); a program input or result is the caller's, who may donate it later.
-    # No code but the run's instructions can reach them (a copy may return its source, a caller's array): a launch
-    # reading only such arrays calls XLA's executable directly (`direct_call`).
+    # Arrays only this run holds, which no code but its instructions can reach: launch results that are not
+    # program results (a program input or result is the caller's, who may donate it later, and a copy may
+    # return its source). A copy may share their shards (in place), and a launch reading only such arrays
+    # calls XLA's executable directly (`direct_call`).
     owned = {b for s in steps if isinstance(s, Launch) for b in s.outputs} - set(plan.outputs)
     # A program result is the caller's as soon as it is made (a handle reads it while its run still executes
     # here, parked on a recv say), and the caller may delete or donate it. Copied to a result, an array another
@@ -270,7 +269,7 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     # on the sharding as it is, and reuses a shard already on its device), the result shared them, the caller's
     # deletion reached that step's argument, and XLA crashed the process on an array some of whose shards
     # were deleted.
-    readers = Counter(b for s in (*plan.islands.get(island.name, ()), *plan.host_steps) for b in s.reads())
+    readers = plan.readers(island.name)
     for step in steps:
         if isinstance(step, Launch):
             placement = plan.slices[step.slice]
@@ -288,7 +287,7 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]
             src_sharding, dst_sharding = layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer]
-            fresh = step.dst_buffer in plan.outputs and readers[step.src_buffer] > 1
+            fresh = step.dst_buffer in plan.outputs and len(readers.get(step.src_buffer, ())) > 1
             in_place = in_place_assembly(src_sharding, dst_sharding, dst.shape, numpy_dtype(dst.dtype)) if (
                 step.src_buffer in owned and not fresh and shards_in_place(src_sharding, dst_sharding, dst.shape)
             ) else None
