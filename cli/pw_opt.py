@@ -146,8 +146,11 @@ class _Command(click.Command):
 
     def format_epilog(self, ctx: click.Context, formatter) -> None:
         with formatter.section("Passes (also usable as --NAME or --NAME='opt=value ...')"):
+            # A pipeline's purpose only: its summary's list of pass names, wrapped here at their hyphens, is for
+            # --list-passes and --pass-help.
             formatter.write_dl([(n, PASSES[n].summary) for n in sorted(PASSES)]
-                               + [(n, PIPELINES[n].summary) for n in sorted(PIPELINES)])
+                               + [(n, f"{PIPELINES[n].purpose} (--pass-help={n} lists its passes)")
+                                  for n in sorted(PIPELINES)])
 
 
 @click.command(cls=_Command, context_settings={"help_option_names": ["-h", "--help"]})

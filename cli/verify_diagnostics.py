@@ -8,8 +8,10 @@ the parser wraps around the input, which has no line of its own.
 `expected-warning`, `expected-remark` and `expected-note` work alike. A
 diagnostic located in another file (`loc("model.py":10:1)`) meets no
 expectation. Every diagnostic must be expected and every expectation met.
-Notes are checked only where the input expects at least one note. An
-`expected-*` that does not parse in full (`expected-error @+1`, an
+Notes are checked only where the input expects at least one note. Spaces
+may stand before `@` and before `{{` (`expected-error @+1 {{text}}`), as
+mlir-opt reads them. An `expected-*` that does not parse in full
+(`expected-error @+1` with no `{{text}}`, `expected-error@+x`, an
 unterminated `{{`) is an error, not an annotation silently skipped; so is
 `expected-error-re`, whose regular expressions are not supported here.
 """
@@ -21,9 +23,11 @@ from dataclasses import dataclass
 
 from pathways_mlir.dialect.diagnostics import Diagnostic, SourceLocation
 
+# Spaces may stand before `@` and before `{{`, as in mlir-opt's pattern
+# (`expected-(error|...)(-re)? *(@([+-][0-9]+|above|below|unknown))? *{{(.*)}}$`).
 _ANNOTATION = re.compile(
     r"expected-(?P<severity>error|warning|remark|note)"
-    r"(?:@(?P<offset>above|below|unknown|[+-]\d+))?"
+    r"(?:\s*@(?P<offset>above|below|unknown|[+-]\d+))?"
     r"\s*\{\{(?P<text>.*?)\}\}")
 # Where an annotation starts: each must parse as `_ANNOTATION` from there.
 _ANNOTATION_START = re.compile(r"(?<![\w-])(?P<kind>expected-(?:error|warning|remark|note))(?P<regex>-re)?")

@@ -52,10 +52,14 @@ class TopologyNeeded(ValueError):
     """`load_plans` was given pw IR without plans, and no topology to lower it onto."""
 
 
-@register_pipeline("pw-lower", "Place, insert transfers, mark static subgraphs, fuse launches, schedule and emit "
-                   "per-island plans", options=PlacePass.options + (
-                       Option("fuse", bool, True, "fuse an island's launches across its slices (pw-fuse-island) "
-                                                  "and consecutive launches on one slice (pw-fuse-launches)"),))
+_FUSE = Option("fuse", bool, True, "fuse an island's launches across its slices (pw-fuse-island) and consecutive "
+                                     "launches on one slice (pw-fuse-launches)")
+# `lower`'s own option, checked as a pass option is (`Option.check`): `verify_each="false"` is false.
+_VERIFY_EACH = Option("verify_each", bool, False, "check the IR between passes, not only the input and the output")
+
+
+@register_pipeline("pw-lower", "Lower device-agnostic programs to per-island plans",
+                   options=PlacePass.options + (_FUSE,))
 def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: str = "", explain: bool = False,
                    fuse: bool = True) -> list[Pass]:
     """Lowers device-agnostic programs to per-island plans, through the
@@ -75,6 +79,9 @@ def lower_pipeline(topology: str = "", strategy: Strategy = Strategy.AUTO, pin: 
         //   module @<program>_<island> {pw.island_plan} per island used, and
         //   module @<program>_host {pw.host_plan} per program
     """
+    # A call from Python passes `fuse` as given (a pipeline string's text was parsed already): it is checked as
+    # PlacePass checks the options passed on to it, so that `fuse="false"` is false and `fuse=0` a TypeError.
+    fuse = _FUSE.check("pw-lower", fuse)
     return [
         # The passes below assume well-formed pw IR with no plan ops yet.
         VerifyPass(), VerifyPhasePass(phase=Phase.INPUT),
@@ -124,8 +131,11 @@ def lower(module: ir.Module | str, topology: Topology, strategy: Strategy | str 
     verifies the module it lowered once, and as a release compiler runs
     without MLIR's verify-each. `pw-opt` runs them by default.
     A topology with no island (a runtime whose every island is lost) places
-    nothing: `LoweringError` says so.
+    nothing: `LoweringError` says so. Options are checked as pass options
+    are (`Option.check`): a string is read as in a pipeline string
+    (`fuse="false"` is false), another value must have the option's type.
     """
+    verify_each = _VERIFY_EACH.check("lower", verify_each)
     if not topology.islands:
         diagnostics = DiagnosticEngine()
         diagnostics.error(None, "cannot place any slice: the topology has no island (every island was lost)")

@@ -178,9 +178,18 @@ class Pipeline:
     """A named sequence of passes whose options come from the pipeline's own."""
 
     name: str
-    summary: str
+    purpose: str
     options: tuple[Option, ...]
     expand: Callable[..., list[Pass]]
+
+    @property
+    def summary(self) -> str:
+        """The pipeline's purpose and the passes it runs with its default options, read from its pass list so
+        that the summary names every pass the pipeline has."""
+        passes = self.expand(**{o.name: o.default for o in self.options})
+        runs = ", ".join(dict.fromkeys(p.name for p in passes if p.changes_ir))
+        checks = ", ".join(dict.fromkeys(p.name for p in passes if not p.changes_ir))
+        return f"{self.purpose}: {runs}" + (f"; checked by {checks}" if checks else "")
 
     def from_text(self, given: dict[str, str]) -> list[Pass]:
         """Returns the pass instances for the pipeline's option texts."""
@@ -191,7 +200,7 @@ class Pipeline:
             raise OptionError(str(e) if ": error: " in str(e) else f"{e} (in '{self.name}')") from None
 
     def description(self) -> str:
-        return inspect.cleandoc(self.expand.__doc__ or self.summary)
+        return inspect.cleandoc(self.expand.__doc__ or self.purpose)
 
 
 PASSES: dict[str, type[Pass]] = {}
@@ -209,11 +218,12 @@ def register(cls: type[Pass]) -> type[Pass]:
     return cls
 
 
-def register_pipeline(name: str, summary: str, options: tuple[Option, ...] = ()):
-    """Function decorator: adds a named pipeline built by the function."""
+def register_pipeline(name: str, purpose: str, options: tuple[Option, ...] = ()):
+    """Function decorator: adds a named pipeline built by the function; its summary is `purpose` followed by the
+    passes the function returns (`Pipeline.summary`)."""
     def wrap(expand: Callable[..., list[Pass]]) -> Callable[..., list[Pass]]:
         if name in PASSES or name in PIPELINES:
             raise ValueError(f"a pass or pipeline named {name!r} is already registered")
-        PIPELINES[name] = Pipeline(name, summary, options, expand)
+        PIPELINES[name] = Pipeline(name, purpose, options, expand)
         return expand
     return wrap

@@ -27,9 +27,12 @@ and every send its recv; frees wait for every reader and spare the
 results; each island lists a step after the steps of its island it
 depends on, and the island orders with the dependencies have no cycle.
 
-Requires: the module's `pw.topology` (an error without it); it checks the
-plans pw-emit-plans writes, and a module without plans has none to check and
-passes. Changes nothing.
+Requires: IR that passes pw-verify (the driver runs its checks first: the
+plans are read against the slices, placements and topology it checks, and a
+slice whose mesh does not match its axes would otherwise be reported as "not
+a placed slice" at every buffer on it) and the module's `pw.topology` (an
+error without it); it checks the plans pw-emit-plans writes, and a module
+without plans has none to check and passes. Changes nothing.
 
     module @main_island0 attributes {pw.island_plan = {island = "island0", program = @main}} {
       "pw.launch"() {step = 1, inputs = array<i64: 7>, ...} : () -> ()
@@ -317,6 +320,7 @@ class VerifyPlansPass(Pass):
     name = "pw-verify-plans"
     summary = "Check the emitted plans: buffers, steps, sizes, devices, dataflow and a deadlock-free order"
     changes_ir = False
+    needs_verified_input = True
 
     def run(self, module: ir.Operation, diagnostics: DiagnosticEngine) -> None:
         topology = ops.required_topology(

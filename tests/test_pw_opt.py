@@ -15,7 +15,9 @@ from pathways_mlir.dialect.diagnostics import Diagnostic, SourceLocation
 from pathways_mlir.passes.pipeline import PipelineError, parse_pipeline
 from pathways_mlir.passes.fuse_island import FuseIslandPass
 from pathways_mlir.passes.place import PlacePass, Strategy
-from pathways_mlir.passes.registry import PASSES
+from pathways_mlir.dialect.topology import Topology
+from pathways_mlir.passes.lower import lower, lower_pipeline, lower_to_plans
+from pathways_mlir.passes.registry import PASSES, PIPELINES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLICE = '"pw.virtual_slice"() {sym_name = "v0", shape = array<i64: 2>, axes = ["x"], constraints = {}} : () -> ()\n'
@@ -201,7 +203,7 @@ def test_expected_at_unknown_meets_a_diagnostic_with_no_line(tmp_path, capsys):
     ("// expected-error-re@+1 {{{{.*never produced.*}}}}",
      "'expected-error-re' is not supported (no regular expressions): write expected-error"),
     ("// expected-error@+1 {{never produced", "cannot read annotation 'expected-error@+1 {{never produced'"),
-    ("// expected-error @+1 {{never produced}}", "cannot read annotation 'expected-error @+1"),
+    ("// expected-error @+1 never produced", "cannot read annotation 'expected-error @+1 never produced'"),
     ("// expected-note@@ {{never produced}}", "cannot read annotation 'expected-note@@"),
 ])
 def test_an_annotation_that_does_not_parse_is_an_error(tmp_path, capsys, annotation, message):
@@ -213,6 +215,15 @@ def test_an_annotation_that_does_not_parse_is_an_error(tmp_path, capsys, annotat
     # The text of an annotation may name another kind of annotation.
     [e] = parse_expectations("x // expected-error {{an expected-note@ is not a note}}")
     assert e.text == "an expected-note@ is not a note"
+
+
+def test_an_annotation_may_have_spaces_before_its_offset(tmp_path, capsys):
+    """`expected-error @+1 {{...}}`, which mlir-opt reads (its pattern allows spaces before `@`), was refused as
+    an annotation that does not parse."""
+    spaced = "// expected-error @below {{has 2 mesh dimensions}}\n" + BAD_SLICE
+    assert run(tmp_path, spaced, "--verify-diagnostics", "--pw-verify")[0] == 0, capsys.readouterr().err
+    found = [(e.severity, e.line, e.text) for e in parse_expectations("// expected-note  @+1   {{x}}\ny")]
+    assert found == [("note", 2, "x")]
 
 
 def test_a_failed_run_leaves_the_output_file_as_it_was(tmp_path, capsys):
@@ -346,6 +357,34 @@ def test_options_given_from_python_are_checked_as_pipeline_texts_are():
         PlacePass(explain=1)
     with pytest.raises(TypeError, match="^option 'topology' of 'pw-place' takes a string, not 3 of type int$"):
         PlacePass(topology=3)
+
+
+def test_lowering_options_given_from_python_are_checked_as_pipeline_texts_are():
+    """lower_pipeline(fuse="false") kept the string, which is true: the fusion passes ran; lower(verify_each="false")
+    checked between passes, and values of any type were taken for true or false (pw-place's `explain` was checked
+    already, by PlacePass)."""
+    names = [p.name for p in lower_pipeline(fuse="false")]
+    assert "pw-fuse-island" not in names and "pw-fuse-launches" not in names
+    with pytest.raises(ValueError, match="^option 'fuse' of 'pw-lower' takes true or false, not 'no'$"):
+        lower_pipeline(fuse="no")
+    three_blocks = (ROOT / "examples" / "three_blocks.mlir").read_text()
+    topology = Topology.uniform(2, 4)
+    with pytest.raises(TypeError, match="^option 'fuse' of 'pw-lower' takes true or false, not 0 of type int$"):
+        lower(three_blocks, topology, fuse=0)
+    with pytest.raises(ValueError, match="^option 'verify_each' of 'lower' takes true or false, not 'maybe'$"):
+        lower_to_plans(three_blocks, topology, verify_each="maybe")
+    with pytest.raises(TypeError, match="^option 'verify_each' of 'lower' takes true or false, not 1 of type int$"):
+        lower(three_blocks, topology, verify_each=1)
+
+
+def test_a_pipeline_summary_names_every_pass_it_runs(capsys):
+    """pw-lower's summary, a string written beside its pass list, left out pw-alias-slices and pw-plan-memory."""
+    assert pw_opt.main(["--list-passes"]) == 0
+    out = capsys.readouterr().out
+    for name, pipeline in PIPELINES.items():
+        assert f"{name}  -  {pipeline.summary}" in out
+        for instance in pipeline.expand(**{o.name: o.default for o in pipeline.options}):
+            assert instance.name in pipeline.summary
 
 
 def test_pw_sim_bounds_its_topology_counts_as_pw_opt_does(capsys):
