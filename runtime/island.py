@@ -79,7 +79,7 @@ from .island_work import (ORDER_HISTORY, IslandLost, IslandRun, IslandWedged, Is
 from .object_store import ObjectStore
 from .status import first_listed, unreachable
 from .tracing import Tracer
-from .transfers import DcnTransport, copy_to
+from .transfers import DcnTransport, copy_to, fresh_copy
 
 
 class Island(IslandExecutor):
@@ -240,10 +240,10 @@ class Island(IslandExecutor):
         array = self.store.get(key)
         producer = self._runs.get(key[0])
         if array is None and producer is not None and key[1] in producer.layout.slot:
-            array = producer.slots[producer.layout.slot[key[1]]]
-            if array is None:
+            if producer.slots[producer.layout.slot[key[1]]] is None:
                 self._awaited_results.setdefault(key, []).append(waiter)
                 return None
+            array = _handed_out(producer, key[1])
         if array is None:
             raise ValueError(f"buffer {key[1]} of run {key[0]} is not kept on {self.name}: it was released")
         return array
@@ -378,7 +378,7 @@ class Island(IslandExecutor):
                 # run's own host steps may read it still (a later cond's input), as its steps here do.
                 run = self._runs.get(run_id)
                 if run is not None and buffer in run.layout.slot and run.slots[run.layout.slot[buffer]] is not None:
-                    return run.slots[run.layout.slot[buffer]]
+                    return _handed_out(run, buffer)
                 early = self._early.get(run_id, {}).get(buffer)
                 if early is not None:
                     return early
@@ -605,3 +605,14 @@ class Island(IslandExecutor):
         """Records a step in the trace being taken (see `Runtime.start_tracing`)."""
         if self.tracer is not None:
             self.tracer.record(name, kind, self.name, devices, arrays, flow)
+
+
+def _handed_out(run: IslandRun, buffer: int):
+    """The array a reader takes of result `buffer` of `run`, still under way here: the run's own, or, for one the
+    run still holds for a later step or as the caller's argument (`IslandLayout.shared_results`), a copy in
+    buffers of its own: the caller may delete or donate what it reads, and a later launch of the run then took a
+    deleted argument (XLA crashed the process on one of several devices)."""
+    array = run.slots[run.layout.slot[buffer]]
+    if buffer in run.layout.shared_results:
+        return fresh_copy(array, run.layout.shardings[buffer])
+    return array

@@ -87,8 +87,8 @@ class CopyInstruction:
     """Moves (and reshards) a slot's array to another slice of the island (ICI), then clears the slots of the
     frees folded into it. `in_place`: the source is the run's own and every destination device holds its
     shard already, so the array is assembled from them by this function (`in_place_assembly`; no copy).
-    `fresh`: the destination is a program result whose source a later step reads, so it is copied into
-    buffers of its own (`fresh_copy`).
+    `fresh`: the destination is a program result whose source a later step reads or the caller holds (a program
+    argument or result), so it is copied into buffers of its own (`fresh_copy`).
     `to_host`: JAX's move would go through the host (`through_host`) and the destination's one reader is a
     launch that places a host array itself (`ProgramPlan.launch_placed`), so the array is fetched to the host and
     handed to that launch as it is."""
@@ -190,6 +190,10 @@ class IslandLayout:
     # (buffer, slot) of the results that are program inputs, not donated, returned as they are: the caller's
     # array (or a placed copy of it), which the island copies, as `jax.jit` returns a new array (`_finish`).
     passed_through: tuple[tuple[int, int], ...]
+    # Results the run itself still holds for a later step here or as the caller's argument: what a reader takes
+    # of one while the run is under way here is a copy (`Island.fetch`, `Island._kept`), as `jax.jit` leaves
+    # its later computations their own values, else deleting or donating it took a later launch's argument.
+    shared_results: frozenset[int]
     # Such an input -> the latest sharding object of an argument found on that device (see `on_home`).
     found_home: dict[int, object] = field(default_factory=dict, compare=False)
 
@@ -218,8 +222,10 @@ class IslandLayout:
                       if b in slot and b not in plan.donated and len(shardings[b].device_set) == 1}
         outputs = tuple((b, slot[b]) for b in plan.distinct_outputs if b in slot)
         passed_through = tuple((b, i) for b, i in outputs if b in plan.inputs and b not in plan.donated)
+        readers = plan.readers(island.name)
+        shared_results = frozenset(b for b, _ in outputs if b in readers or b in plan.inputs)
         return IslandLayout(slot, shardings, outputs, len(covered), plan.launch_placed(island.name), one_device,
-                            passed_through)
+                            passed_through, shared_results)
 
 
 def _awaited(plan: ProgramPlan, recv: Recv) -> str:
@@ -268,8 +274,10 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
     # step still reads goes to new buffers: assembled in place, or moved by JAX (which returns an array already
     # on the sharding as it is, and reuses a shard already on its device), the result shared them, the caller's
     # deletion reached that step's argument, and XLA crashed the process on an array some of whose shards
-    # were deleted.
+    # were deleted. A result copied from the caller's argument or another result goes to new buffers too: moved
+    # onto an equal sharding it was that same array, and deleting or donating one took the other.
     readers = plan.readers(island.name)
+    callers = set(plan.inputs) | set(plan.outputs)
     for step in steps:
         if isinstance(step, Launch):
             placement = plan.slices[step.slice]
@@ -287,7 +295,8 @@ def compile_steps(island: "Island", plan: ProgramPlan, layout: IslandLayout,
         elif isinstance(step, Copy):
             dst = plan.buffers[step.dst_buffer]
             src_sharding, dst_sharding = layout.shardings[step.src_buffer], layout.shardings[step.dst_buffer]
-            fresh = step.dst_buffer in plan.outputs and len(readers.get(step.src_buffer, ())) > 1
+            fresh = step.dst_buffer in plan.outputs and (
+                step.src_buffer in callers or len(readers.get(step.src_buffer, ())) > 1)
             in_place = in_place_assembly(src_sharding, dst_sharding, dst.shape, numpy_dtype(dst.dtype)) if (
                 step.src_buffer in owned and not fresh and shards_in_place(src_sharding, dst_sharding, dst.shape)
             ) else None

@@ -312,3 +312,74 @@ def test_a_caller_deleting_a_result_while_its_run_waits_leaves_the_run_its_own_a
         handles[0].result(60).delete()
         deleted.set()
         np.testing.assert_array_equal(np.asarray(handles[1].result(60)), x * 3.0)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("how", ["deleted", "donated"])
+def test_a_result_a_later_launch_reads_is_the_runs_own_while_the_caller_deletes_or_donates_it(runtime, devices, how):
+    """`y, z = p(x)` with `z = g(y, ...)`: y is readable while the run waits before g (here for island1, held by a
+    callback until the caller acted). What the caller read of y was the very array g was to take: deleting it,
+    or donating y to a later run, failed the run with 'Array has been deleted' (or crashed the process, on
+    several devices), where `jax.jit` gives z whatever the caller does with y."""
+    import threading
+
+    from pathways_mlir.passes import lower_to_plans
+
+    acted = threading.Event()
+
+    def held(v):                                 # island1's computation: waits until the caller acted
+        return jax.pure_callback(lambda a: (acted.wait(60), a)[1], jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+
+    near = pw.virtual_slice(devices, axes="d", island="island0")
+    far = pw.virtual_slice(1, axes="d", island="island1")
+    double = pw.jit(lambda v: v * 2.0, slice=near, in_specs=P("d"), out_specs=P("d"))
+    wait = pw.jit(held, slice=far)
+    add = pw.jit(lambda a, b: a + b, slice=near, in_specs=(P("d"), P("d")), out_specs=P("d"))
+    eat = pw.jit(lambda a: a * 10.0, slice=near, in_specs=P("d"), out_specs=P("d"), donate_argnums=0)
+
+    @pw.program
+    def step(x):
+        y = double(x)
+        return y, add(y, wait(x))
+    lowered = step.lower(jax.ShapeDtypeStruct((8,), np.float32))
+    plan = lower_to_plans(lowered.module, runtime.resources.snapshot()[1], fuse=False)[lowered.program]
+    x = np.arange(8, dtype=np.float32)
+    with Client(runtime) as client:
+        y, z = client.run(plan, [x], inline=False)     # (inline, this thread would run the callback)
+        try:
+            np.testing.assert_array_equal(np.asarray(y.result(60)), x * 2.0)     # read while the run waits
+            if how == "deleted":
+                y.result(60).delete()
+            else:
+                np.testing.assert_array_equal(np.asarray(eat.run(y, client=client)), x * 20.0)
+        finally:
+            acted.set()
+        np.testing.assert_array_equal(np.asarray(z.result(60)), x * 3.0)
+
+
+def test_a_result_copied_from_the_callers_argument_onto_its_own_sharding_is_an_array_of_its_own(runtime,
+                                                                                                plan_builder):
+    """A plan's copy of a program argument to a result on an equal sharding (a slice on the same devices, as a
+    plan file may have it) moved nothing: the result was the caller's own array, so deleting the argument took
+    the result, and a later run donating the result deleted the caller's argument."""
+    from jax.sharding import NamedSharding
+
+    p = plan_builder(runtime.resources.topology, program="moved")
+    v0 = p.slice("v0", (2,), ("x",), "island0", (0, 2))
+    also_v0 = p.slice("also_v0", (2,), ("x",), "island0", (0, 2))
+    plan = p.build([p.copy(p.input((8,), v0, [("x",)]), also_v0, [("x",)])])
+    home = NamedSharding(runtime.islands["island0"].mesh(plan, "v0"), P("x"))
+    eat = pw.jit(lambda a: a * 10.0, slice=pw.virtual_slice(2, axes="x", island="island0"), in_specs=P("x"),
+                 out_specs=P("x"), donate_argnums=0)
+    data = np.arange(8, dtype=np.float32)
+    with Client(runtime) as client:
+        x = jax.device_put(data, home)
+        [deleted_under] = client.run(plan, [x])
+        assert deleted_under.result(60) is not x
+        x.delete()
+        np.testing.assert_array_equal(np.asarray(deleted_under), data)
+        x = jax.device_put(data, home)
+        [donated] = client.run(plan, [x])
+        np.testing.assert_array_equal(np.asarray(eat.run(donated, client=client)), data * 10.0)
+        assert not x.is_deleted()
+        np.testing.assert_array_equal(np.asarray(x), data)
