@@ -40,6 +40,7 @@ from pathways_mlir.runtime.resource_manager import TopologyChanged
 from pathways_mlir.runtime.runtime import get_runtime, refuse_forked
 
 from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array, signature_of, trace_state_clean
+from .errors import require_bool
 from .lowered import Lowered
 from .provenance import Site
 from .signature import BindsAsMethod, Call, Signature, argument_name
@@ -227,6 +228,7 @@ class Compiled:
         one plan per island (lowered again from the traced module for the topology of this plan)."""
         from pathways_mlir.passes import lower
 
+        require_bool("Compiled.as_text", "debug_info", debug_info)
         return lower(self.lowered.module, self.plan.topology).operation.get_asm(enable_debug_info=debug_info)
 
     def memory_analysis(self) -> MemoryAnalysis:

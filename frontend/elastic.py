@@ -38,6 +38,7 @@ from pathways_mlir.runtime.limits import MAX_SECONDS
 from pathways_mlir.runtime.runtime import Runtime, get_runtime
 
 from .avals import is_extended, wrap_keys
+from .errors import require_bool
 from .slices import Slice
 
 from .checkpoints import Checkpoints, read_checkpoint, shape_dtype
@@ -182,6 +183,7 @@ class ElasticTrainer:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < MAX_SECONDS:
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r:.40}")
+        require_bool("pw.ElasticTrainer", "strict_checkpoints", strict_checkpoints)
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be a function on_step(step, metrics), not {type(on_step).__name__}")
         if client is not None and not hasattr(client, "runtime"):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 from mlir import ir
 
-from .errors import PlacementError
+from .errors import PlacementError, require_bool
 
 if TYPE_CHECKING:
     from pathways_mlir.dialect.plan import ProgramPlan
@@ -72,6 +72,7 @@ class Lowered:
     def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> str:
         """Returns the pw IR as text; `debug_info` adds the Python locations of ops. `dialect` may only be
         "pw" (the default)."""
+        require_bool("Lowered.as_text", "debug_info", debug_info)
         return self.compiler_ir(dialect).operation.get_asm(enable_debug_info=debug_info)
 
     def compiler_ir(self, dialect: str | None = None) -> ir.Module:
@@ -97,6 +98,7 @@ class Lowered:
 
     def save(self, path: str | os.PathLike, *, debug_info: bool = False) -> None:
         """Writes the pw IR to `path`, for `pw-opt` to read."""
+        require_bool("Lowered.save", "debug_info", debug_info)    # before the file is opened, and emptied
         with open(path, "w") as f:
             f.write(self.as_text(debug_info=debug_info))
 

@@ -58,6 +58,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from . import schedule_choice, schedule_picture
+from .errors import require_bool
 from .placed import jit
 from .provenance import name_of
 from .slices import Slice
@@ -611,6 +612,7 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[Slice], *, loss: Calla
     """
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, numbers.Integral) or micro_batches < 1:
         raise ValueError(f"micro_batches must be a positive integer, not {micro_batches!r:.40}")
+    require_bool("pw.pipeline", "stateful", stateful)
     if isinstance(stages, str) or not isinstance(stages, abc.Sequence):
         raise TypeError(f"stages must be a list of functions, one per stage, not a {type(stages).__name__}")
     for s, stage in enumerate(stages):

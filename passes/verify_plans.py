@@ -18,6 +18,8 @@ otherwise). What only the IR form says is checked here, op by op:
   module; a branch's programs have plans;
 - sizes and devices: a launch runs on its slice's devices, within the
   island; `bytes` and `output_bytes` equal their buffers' bytes per device;
+- types: a launch's input and output buffers have the types of its
+  executable's entry function;
 - dataflow: every step names in `after` the writer of each buffer it reads.
 
 `ProgramPlan.validate` checks the rest: buffers' sizes against their shape,
@@ -296,12 +298,27 @@ class _Checker:
             if list(a["output_bytes"]) != sizes:
                 self.error(op, f"step {step.id} has output_bytes {list(a['output_bytes'])}, but its outputs "
                                f"have {sizes} bytes per device")
+            self.check_launch_type(program, op, step)
         if isinstance(step, Move) and step.bytes != plan.buffers[step.dst_buffer].bytes_per_device:
             self.error(op, f"step {step.id} moves {step.bytes} bytes, but buffer {step.dst_buffer} has "
                            f"{plan.buffers[step.dst_buffer].bytes_per_device} per device")
         for key in ("then_program", "else_program") if isinstance(step, Branch) else ():
             if a[key] not in self.programs or self.programs[a[key]].host is None:
                 self.error(op, f"step {step.id} runs @{a[key]} ('{key}'), which has no plans")
+
+    def check_launch_type(self, program: _Program, op: ir.Operation, step: Launch) -> None:
+        """Reports a launch whose buffers' types are not its executable's signature. The runtime finds an
+        argument of another type only when it runs the plan, and an extra one not at all (a fused executable
+        reads the arguments its calls name)."""
+        entry = ops.executable_entry(self.executables[step.executable])
+        if entry is None:
+            return                             # reported by pw-verify
+        inputs, outputs = ([ops.attr(program.buffer_ops[b], "type") for b in buffers]
+                           for buffers in (step.inputs, step.outputs))
+        actual, expected = ir.FunctionType.get(inputs, outputs), ops.function_type(entry)
+        if actual != expected:
+            self.error(op, f"step {step.id} launches @{step.executable} on buffers of type {actual}, but its "
+                           f"entry has type {expected}")
 
     def check_devices(self, op: ir.Operation, step: Step, island: str, ranges: tuple[int, ...]) -> None:
         """Reports device ranges outside the island, and a launch's devices other than its slice's."""

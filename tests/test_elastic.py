@@ -539,6 +539,8 @@ def test_bad_arguments_are_one_line_errors(rt):
         pw.ElasticTrainer(sgd_step, batch, snapshot_every=3)
     with pytest.raises(ValueError, match="^snapshot_every must be a positive integer, not 0$"):
         pw.ElasticTrainer(train_step, batch, snapshot_every=0)
+    with pytest.raises(TypeError, match="^pw.ElasticTrainer: strict_checkpoints must be True or False, not 'no'$"):
+        pw.ElasticTrainer(train_step, batch, snapshot_every=3, strict_checkpoints="no")
     with Client(rt) as client:
         trainer = pw.ElasticTrainer(loss_first, batch, snapshot_every=3, client=client)
         with pytest.raises(TypeError, match="^step returned a state of structure"):

@@ -1816,6 +1816,28 @@ def test_stages_answer_what_jax_jits_stages_answer():
         rt.close()
 
 
+def test_stages_refuse_a_debug_info_that_is_not_true_or_false(tmp_path):
+    """`debug_info="false"` reached nanobind, whose error of several lines does not name the parameter; by then
+    `Lowered.save` had emptied the file."""
+    from pathways_mlir.runtime.cluster import embedded_device_map
+    from pathways_mlir.runtime.runtime import Runtime
+
+    double = pw.jit(lambda v: v * 2.0, slice=pw.virtual_slice(2, axes="data"))
+    lowered = pw.program(lambda v: double(v)).lower(np.ones(4, np.float32))
+    with pytest.raises(TypeError, match=r"^Lowered.as_text: debug_info must be True or False, not 'false'$"):
+        lowered.as_text(debug_info="false")
+    path = tmp_path / "kept.mlir"
+    path.write_text("kept")
+    with pytest.raises(TypeError, match=r"^Lowered.save: debug_info must be True or False, not 'false'$"):
+        lowered.save(path, debug_info="false")
+    assert path.read_text() == "kept"
+    rt = Runtime(embedded_device_map(2, 4))
+    try:
+        with pytest.raises(TypeError, match=r"^Compiled.as_text: debug_info must be True or False, not 1$"):
+            lowered.compile(runtime=rt).as_text(debug_info=1)
+    finally:
+        rt.close()
+
 def test_a_placed_function_of_no_arrays_traces_inside_a_jax_trace():
     """A placed function called with no array argument inside a JAX trace (`jax.eval_shape`, a `jax.jit`
     trace) ran on the cluster at trace time, its value baked in as a constant, there being no tracer among its

@@ -80,6 +80,10 @@ def test_unknown_schedules_and_mismatched_slices_are_errors():
         with pytest.raises(ValueError, match="micro_batches must be a positive integer"):
             pw.pipeline([jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=count)
     pw.pipeline([jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=np.int64(2))
+    for stateful in ("false", 0, None):     # each read as False before, "false" as True
+        with pytest.raises(TypeError, match=rf"^pw.pipeline: stateful must be True or False, not {stateful!r}$"):
+            pw.pipeline([jnp.tanh], [pw.virtual_slice(1, axes="x")], loss=jnp.mean, micro_batches=2,
+                        stateful=stateful)
     a, b = pw.virtual_slice(1, axes="x"), pw.virtual_slice(1, axes="x")
     with pytest.raises(ValueError, match="stage s on slice s % D"):
         pw.pipeline([jnp.tanh] * 4, [a, a, b, b], loss=jnp.mean, schedule="interleaved-1f1b", micro_batches=2)
