@@ -247,11 +247,11 @@ class Dispatcher:
         learn of the failure by messages of their own, which Ray may run after this fetch, once the run ended
         there, so the island could still hand out the value. A fetch that was waiting when the run failed here
         raises that error too (say `OutOfDeviceMemory` in the queue), not the `RunFailed` an island wraps
-        it in."""
+        it in; one whose `reader` was released meanwhile raises as the reader does."""
         if run.error is not None:
             raise raised(run.error)
         if run.deadline is not None:
-            self._await_over(run, timeout)
+            self._await_over(run, timeout, reader)
         return self._value(run, buffer, timeout, reader)
 
     def _value(self, run: Run, buffer: int, timeout: float | None = None, reader: Readable | None = None):
@@ -273,11 +273,15 @@ class Dispatcher:
                 raise raised(run.error) from None
             raise
 
-    def _await_over(self, run: Run, timeout: float | None) -> None:
-        """Waits until a run's work is over or it failed (raising its error); TimeoutError after `timeout` s."""
+    def _await_over(self, run: Run, timeout: float | None, reader: Readable | None = None) -> None:
+        """Waits until a run's work is over or it failed (raising its error); TimeoutError after `timeout` s.
+        Raises as `reader._check()` does once the result it reads was released: a release does not end the run,
+        so a read of a deleted handle (or of a closed client's) waited for the whole run, then raised so."""
         limit = None if timeout is None else time.monotonic() + timeout
         pause = _PAUSE_MIN
         while run.error is None and not self.runtime.run_done(run):
+            if reader is not None:
+                reader._check()
             if limit is not None and time.monotonic() > limit:
                 raise TimeoutError(f"run {run.id} of {run.plan.program} was not over within {timeout} s")
             time.sleep(pause)

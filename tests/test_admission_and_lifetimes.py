@@ -179,6 +179,56 @@ def test_a_read_waiting_for_a_queued_run_raises_once_its_handle_is_deleted(runti
             runtime.scheduler.release()
 
 
+@pytest.mark.parametrize("release", ["delete", "close"])
+@pytest.mark.parametrize("read", ["block_until_ready", "client.fetch"])
+def test_a_read_of_a_run_with_a_deadline_raises_once_its_result_is_released(runtime, plan_builder, release, read):
+    """A read of a result of a run started with `timeout=` waits until the run is over before it asks the island
+    (`Dispatcher.fetch`); a release (the handle deleted, or its client closed, by another thread) did not end
+    that wait, so the read raised only once the whole run was over. It now raises as soon as it looks again.
+    Here the run's launch waits (a callback) until the read is over."""
+    from pathways_mlir.runtime.executables import InProcessFunction, keep_in_process
+
+    read_over = threading.Event()
+
+    def held(x):                                   # the launch: under way until the read is over (past the join below)
+        waited = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return (jax.pure_callback(lambda value: (read_over.wait(300), value)[1], waited, x),)
+
+    p = plan_builder(runtime.resources.topology, program="waits")
+    v = p.slice("v", (1,), ("x",), "island0", (0, 1))
+    aval = jax.ShapeDtypeStruct((8,), jnp.float32)
+    p.executables["held"] = keep_in_process(InProcessFunction(held, (aval,), (aval,)))   # (launch keeps it)
+    plan = p.build([p.launch(lambda x: x, [p.input((8,), v)], v, [()], name="held")])
+    client = Client(runtime)
+    closing = threading.Thread(target=client.close, daemon=True)
+    try:
+        [h] = client.run(plan, [np.arange(8, dtype=np.float32)], timeout=600, inline=False)
+        run, buffer = h._run, h._buffer
+        reads = {"block_until_ready": h.block_until_ready, "client.fetch": lambda: client.fetch(run, buffer)}
+        outcome = []
+
+        def reader():
+            try:
+                reads[read]()
+            except BaseException as error:  # noqa: BLE001  (the test looks at it)
+                outcome.append(error)
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        h.delete() if release == "delete" else closing.start()     # (close waits for the run under way)
+        thread.join(60)
+        assert not thread.is_alive(), "the read went on waiting for the run after its result was released"
+        what = "handle to buffer" if read != "client.fetch" else "buffer"
+        why = "was released" if release == "delete" else f"belongs to closed client {client.id}: its result was " \
+                                                          f"released"
+        error = outcome[0]
+        assert isinstance(error, ValueError) and str(error) == f"{what} {buffer} of run {run.id} {why}", repr(error)
+    finally:
+        read_over.set()
+        if closing.is_alive():
+            closing.join(60)
+        client.close()
+
+
 @pytest.mark.parametrize("capacity", [ONE_RUN, ONE_RUN + ONE_RUN // 2, 4 * ONE_RUN])
 def test_runs_complete_or_fail_clearly_under_any_capacity(device_map, capacity, plan_builder):
     """Room for one run, for one and a half, or for several: back-to-back runs all complete, each
