@@ -666,11 +666,18 @@ class RemoteClient:
             self._wakeups.put(None)
 
     def _release_now(self, key: int) -> None:
-        """Releases one handle now (`delete`), not waiting for the reply."""
+        """Releases one handle now (`delete`), not waiting for the reply; while another thread's request holds the
+        connection (a read polls for up to `POLL` s), as a drop (`_drop`: with the next request, or once the
+        connection is free), so that `delete` never waits for that request."""
         self._refuse_forked()
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            self._drop(key)
+            return
+        try:
             self._check_open()
             self._send_release([key])
+        finally:
+            self._lock.release()
 
     def _polled(self, request: dict, deadline: float | None, late: str) -> tuple[dict, list[np.ndarray]]:
         """Sends `request` (one that waits for a result) in polls the endpoint answers within `POLL` s (or half

@@ -7,6 +7,7 @@ the service (2 islands of 2 CPU devices each, both). Every wait has a timeout; t
 import math
 import re
 import threading
+import time
 import warnings
 
 import jax
@@ -445,6 +446,28 @@ def test_a_result_released_by_another_thread_while_it_is_read_says_so(computing)
             box[0]
     finally:
         connection.close()
+
+
+def test_a_delete_while_another_threads_request_holds_the_connection_does_not_wait_for_it(sides):
+    """`delete()` waited for the connection's lock, which a read polling for a result holds for up to 5 s a poll
+    (here the test holds it): it now leaves the release to go once the connection is free."""
+    client = sides["service"][0]
+    before = client.object_count()
+    handle = inc.run(X, client=client)
+    handle.block_until_ready()
+    deleting = threading.Thread(target=handle.delete, daemon=True)
+    client._lock.acquire()
+    try:
+        deleting.start()
+        deleting.join(TIMEOUT)
+        assert not deleting.is_alive(), "delete() waited for the request that held the connection"
+        assert handle.is_deleted()
+    finally:
+        client._lock.release()
+    deadline = time.monotonic() + TIMEOUT
+    while client.object_count() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.object_count() == before
 
 
 def test_a_value_read_ahead_of_a_run_cancelled_since_raises_as_reading_it_does(computing):
