@@ -26,9 +26,9 @@ from pathways_mlir.runtime.executables import native_dtype
 from pathways_mlir.runtime.remote_client import RemoteSharedRef
 
 _DTYPE_NAMES = NUMPY_NAMES | {"pred": "bool"}
-# An element type (or typed PRNG keys' `key<fry>`) and dimensions of ASCII digits, none empty (`f32[4,,5]` and
-# `f32[٣]` are no shapes).
-_AVAL_TEXT = re.compile(r"^\s*(\w+|key<\w+>)\s*\[\s*((?:\d+\s*(?:,\s*\d+\s*)*)?)\]\s*$", re.ASCII)
+# An element type (`complex<f32>` too, as MLIR and `format_aval` spell it, or typed PRNG keys' `key<fry>`) and
+# dimensions of ASCII digits, none empty (`f32[4,,5]` and `f32[٣]` are no shapes).
+_AVAL_TEXT = re.compile(r"^\s*(\w+|complex<\w+>|key<\w+>)\s*\[\s*((?:\d+\s*(?:,\s*\d+\s*)*)?)\]\s*$", re.ASCII)
 # What is taken as an array besides scalars: NumPy and JAX arrays (a handle is one, a JAX tracer too), abstract
 # values and a service's shared object (duck typing took any object with a shape and a dtype, whose run failed).
 ARRAYS = (np.ndarray, jax.Array, jax.ShapeDtypeStruct, jax.core.ShapedArray, RemoteSharedRef)
@@ -90,8 +90,8 @@ def signature_of(aval: jax.ShapeDtypeStruct) -> tuple:
 
 
 def parse_aval(text: str) -> jax.ShapeDtypeStruct:
-    """Parses `f32[8,16]`, `bf16[4]`, `i1[]` or `float32[2,2]` into an abstract value, and typed PRNG keys as
-    `format_aval` writes them, `key<fry>[4]` (or by implementation, `key<threefry2x32>[]`)."""
+    """Parses `f32[8,16]`, `bf16[4]`, `i1[]`, `complex<f32>[2]` or `float32[2,2]` into an abstract value, and
+    typed PRNG keys as `format_aval` writes them, `key<fry>[4]` (or by implementation, `key<threefry2x32>[]`)."""
     match = _AVAL_TEXT.match(text)
     if not match:
         raise ValueError(f"'{text}' is not a shape such as f32[8,16]")

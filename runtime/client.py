@@ -29,6 +29,7 @@ from .plan_check import refuse_debug_checks
 from .run import Run
 from .runtime import RunCancelled, Runtime, get_runtime, in_forked_child, refuse_forked
 from .shared import SharedRef
+from .wire import too_many_dims
 
 _client_ids = itertools.count(1)
 # A weight's bounds: under `share` a client's virtual time grows by its runs' device time over its weight, and
@@ -45,10 +46,12 @@ def check_weight(weight) -> None:
 
 
 class RefusedArgument(ValueError):
-    """A handle of another client passed to a client's run. Other clients read a client's result only through
-    `owner.share(handle)`, read-only: taken as it is, a run of theirs could donate (delete) it, and its bytes
-    would move to their account. The message is `argument` (how the error names it: `argument 2 of program
-    @f`; the front end names it by its key path) and `why`; `position` is its index in the run's arguments."""
+    """An argument a client's run refuses before anything runs: a handle of another client (other clients read a
+    client's result only through `owner.share(handle)`, read-only: taken as it is, a run of theirs could donate
+    (delete) it, and its bytes would move to their account), or an array of a rank no frame carries
+    (`wire.too_many_dims`) for an island out of this process. The message is `argument` (how the error names
+    it: `argument 2 of program @f`; the front end names it by its key path) and `why`; `position` is its index
+    in the run's arguments."""
 
     def __init__(self, argument: str, position: int, why: str):
         super().__init__(f"{argument}{why}")
@@ -204,6 +207,10 @@ class Client:
             return arg.result()
         if isinstance(arg, Reference) and arg.is_deleted():
             arg.result()         # raises its one-line error now, not on the island (a service's closed handle)
+        if not self.runtime.islands.in_process and buffer is not None and plan.island_of(buffer) is not None:
+            why = too_many_dims(arg)          # (its island's actor takes it in a frame: refused before anything)
+            if why is not None:
+                raise RefusedArgument(f"argument {position} of program @{plan.program}", position, why)
         return arg
 
     def run(self, plan: ProgramPlan, args: Sequence, dispatch: DispatchMode | str = DispatchMode.PARALLEL,

@@ -74,7 +74,7 @@ from .status import Status
 from .limits import Limits
 from .plan_check import refuse_debug_checks, refuse_kept_functions
 from .resource_manager import TopologyChanged
-from .wire import DTYPES, ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, send_message
+from .wire import DTYPES, ERROR_KINDS, MIN_PROGRESS, FrameReader, ProtocolError, send_message, too_many_dims
 
 DEADLINE = 120.0     # seconds a client waits for any one reply by default
 POLL = 5.0           # the longest a request waiting for a result asks the endpoint to hold on
@@ -472,6 +472,10 @@ class RemoteClient:
             elif type(arg) is ARRAY_TYPE and arg.is_deleted():       # (one a run here donated), as in-process
                 raise RuntimeError(f"argument {position} of program @{plan.program} is a deleted jax.Array (deleted, "
                                    f"or donated to another computation, before the call)")
+            elif too_many_dims(arg) is not None:
+                # Named here, and refused before the request takes the queued releases (a frame refused then
+                # would lose them).
+                raise RefusedArgument(f"argument {position} of program @{plan.program}", position, too_many_dims(arg))
             else:
                 spec.append(["array", len(arrays)])
                 arrays.append(self._narrowed(plan, position, arg))

@@ -96,7 +96,8 @@ from pathways_mlir.dialect.plan import ProgramPlan
 from .client import Client
 from .handles import Handle
 from .resource_manager import TopologyChanged
-from .wire import MIN_PROGRESS, FrameReader, ProtocolError, Reported, reported, send_message
+from .wire import (MIN_PROGRESS, FrameReader, ProtocolError, Reported, check_dims, reported, send_message,
+                   too_many_dims)
 
 if TYPE_CHECKING:
     from .endpoint import Endpoint
@@ -375,6 +376,7 @@ class Session:
                 raise EOFError("the client left while waiting for a result")
         if not send:
             return {}, []
+        check_dims(value, "the result")          # (an error reply, not a frame its client drops)
         if not also:
             return {}, [np.asarray(value)]
         value = np.asarray(value)
@@ -537,15 +539,15 @@ def _send_reply(connection: socket.socket, reply: dict, arrays, limits) -> None:
 
 def _also(handles: dict[int, Handle], room: int) -> tuple[list[int], list[np.ndarray]]:
     """The keys and values of those `handles` whose values are computed already, within `room` bytes in all; the
-    others are left out (each is fetched on its own when read: one not ready, or of a failed run, waits or raises
-    there)."""
+    others are left out (each is fetched on its own when read: one not ready, of a failed run, or of a rank no
+    frame carries, waits or raises there)."""
     keys, values = [], []
     for key, handle in handles.items():
         try:
             value = handle.result(0)
         except Exception:  # noqa: BLE001  (not produced yet, failed, released: read on its own)
             continue
-        if value.nbytes <= room and _computed(value, 0.0):
+        if value.nbytes <= room and too_many_dims(value) is None and _computed(value, 0.0):
             keys.append(key)
             values.append(np.asarray(value))
             room -= value.nbytes

@@ -40,7 +40,7 @@ from .island_work import FAILURE_KINDS
 from .limits import Limits
 from .resource_manager import TopologyChanged
 
-MAX_DIMS = 32
+MAX_DIMS = 64                    # an array's dimensions at most: NumPy's own limit (JAX and XLA take more)
 LARGE_HEADER = 64 << 10          # headers past this are parsed one at a time (`recv_message`'s `large`)
 DTYPES = {name: jnp.dtype(name) for name in ELEMENT_TYPES}     # pw's element types (ml_dtypes' narrow ones too)
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}   # (`dtype.name` takes microseconds)
@@ -99,6 +99,8 @@ def frame_parts(header: dict, arrays=(), limits: Limits = Limits()) -> list:
     """The bytes of one frame (`send_message`), in the pieces to send: the header's, then each array's as a
     view of its bytes, or all of them joined when the arrays are small (one call: a small frame's parts are not
     sent, and woken for, apart). Raises ValueError, before anything is sent, if the frame is over `limits`."""
+    for position, array in enumerate(arrays):     # (the receiver drops a frame over it, as a hostile peer's)
+        check_dims(array, f"array {position} of the frame")
     arrays = [wire_array(a) for a in arrays]
     if len(arrays) > limits.max_arrays:
         raise ValueError(f"{len(arrays)} arrays are over the endpoint's limit of {limits.max_arrays} per frame")
@@ -266,6 +268,21 @@ class FrameReader:
             self._end += _recv_some(self.sock, buffer[self._end:], deadline)
         view[:] = buffer[:len(view)]
         self._start = len(view)
+
+
+def too_many_dims(value) -> str | None:
+    """Why no frame carries array `value` (NumPy's or JAX's, whose rank may pass NumPy's): " has N dimensions,
+    over ...", to follow its name; None if a frame carries its rank."""
+    ndim = np.ndim(value)
+    return f" has {ndim} dimensions, over the limit of {MAX_DIMS} of an array sent (NumPy's)" if ndim > MAX_DIMS \
+        else None
+
+
+def check_dims(value, what: str) -> None:
+    """Raises ValueError, naming the array as `what`, if no frame carries its rank (`too_many_dims`)."""
+    why = too_many_dims(value)
+    if why is not None:
+        raise ValueError(f"{what}{why}")
 
 
 def wire_array(value) -> np.ndarray:

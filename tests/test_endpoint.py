@@ -177,7 +177,7 @@ def test_frames_carry_numeric_arrays_only():
             b'{"arrays": [["O", [1]]]}': "dtype 'O' is not allowed",
             b'{"arrays": [["float32", [-1]]]}': "non-negative integers",
             b'{"arrays": [["float32", [true]]]}': "non-negative integers",
-            b'{"arrays": [["float32", [' + b",".join([b"1"] * 33) + b"]]]}": "non-negative integers",
+            b'{"arrays": [["float32", [' + b",".join([b"1"] * 65) + b"]]]}": "non-negative integers",
             b'{"arrays": [["float32"]]}': r"\[dtype, shape\]",
             b'{"arrays": 3}': "must be a list",
             b"[1, 2]": "not a JSON object",
@@ -195,6 +195,24 @@ def test_frames_carry_numeric_arrays_only():
         a.sendall(struct.pack(">I", 1 << 31))
         with pytest.raises(ProtocolError, match="header of 2147483648 bytes"):
             recv_message(b)
+
+
+def test_frames_carry_arrays_of_up_to_numpys_64_dimensions_and_a_sender_refuses_more():
+    """The wire took at most 32 dimensions, and only its receiver checked: a sender wrote a frame of an array of
+    more (NumPy takes 64), which dropped its connection (found by a fault finder). It takes NumPy's 64 now, and
+    a JAX array of more (JAX takes them) is refused before a byte is sent, naming it and the limit."""
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(10), b.settimeout(10)
+        deep = np.arange(2, dtype=np.int32).reshape((1,) * 63 + (2,))
+        send_message(a, {"op": "x"}, [np.ones(3), deep])
+        header, [_, got] = recv_message(b)
+        assert header == {"op": "x"} and got.shape == deep.shape
+        np.testing.assert_array_equal(got, deep)
+        with pytest.raises(ValueError, match=r"^array 1 of the frame has 65 dimensions, over the limit of 64 of an "
+                                             r"array sent"):
+            send_message(a, {"op": "x"}, [np.ones(3), jnp.ones((1,) * 65)])
+        assert select.select([b], [], [], 0)[0] == []                  # nothing was sent
 
 
 def test_a_reader_that_reads_ahead_keeps_each_frame_whole():

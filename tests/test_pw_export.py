@@ -121,6 +121,20 @@ def test_typed_prng_key_arguments(tmp_path, capsys):
     assert "has a dimension of more than a 64-bit integer holds" in capsys.readouterr().err
 
 
+def test_complex_arguments_as_pw_spells_them(tmp_path, capsys):
+    """`complex<f32>[2]`, as `format_aval` and pw's messages write a complex shape, was 'not a shape such as
+    f32[8,16]' (found by a fault finder)."""
+    (tmp_path / "twice.py").write_text("import pathways_mlir as pw\n"
+                                       "twice = pw.jit(lambda x: x * 2, slice=pw.virtual_slice((1,), axes=('d',)))\n")
+    # (complex<f64> is canonicalised as JAX does: complex<f32> unless x64 is enabled)
+    for shape, tensor in (("complex<f32>[2]", "2xcomplex<f32>"), (" complex<f64> [ 3,1 ] ", "3x1xcomplex<f32>"),
+                          ("complex64[2]", "2xcomplex<f32>")):
+        assert pw_export.main([f"{tmp_path / 'twice.py'}:twice", "--arg", shape]) == 0
+        assert f"(%arg0: tensor<{tensor}>)" in capsys.readouterr().out
+    assert pw_export.main([f"{tmp_path / 'twice.py'}:twice", "--arg", "complex<f16>[2]"]) == 1
+    assert "unknown element type 'complex<f16>'" in capsys.readouterr().err
+
+
 def test_a_module_in_the_current_directory(tmp_path, monkeypatch, capsys):
     """`mymod:fn` run where mymod.py is was a ModuleNotFoundError: the current directory is on the path as
     `python -m` puts it, first, once."""

@@ -156,6 +156,29 @@ def test_arrays_of_zero_size_cross_between_island_actors(ray_runtime):
         assert np.asarray(on_right.run(kept, client=client).result(60)).shape == (4, 0)
 
 
+def test_arrays_of_up_to_64_dimensions_reach_the_actors_and_more_fail_only_their_call(ray_runtime):
+    """An argument or result of rank over 32 (the wire's old limit; NumPy takes 64) broke the driver's connection
+    to its actor: the island was lost, and every later run with it (found by a fault finder). The wire takes
+    NumPy's 64 now. A JAX array may have more, which no frame carries: such an argument or result fails its own
+    call in one line naming it, and the island goes on."""
+    island1 = pw.virtual_slice(2, axes="x", island="island1")
+    inc = pw.jit(lambda a: a + 1.0, slice=island1)
+    deepen = pw.jit(lambda a: (a.reshape((1,) * 64 + a.shape), a * 2.0), slice=island1)
+    with Client(ray_runtime) as client:
+        assert np.asarray(inc.run(np.ones((1,) * 64, np.float32), client=client).result(60)).shape == (1,) * 64
+        with pytest.raises(ValueError, match=r"^argument leaf 0 of program @lambda \(argument\[0\]\) has 65 "
+                                             r"dimensions, over the limit of 64 of an array sent"):
+            inc.run(jnp.ones((1,) * 65, np.float32), client=client)
+        deep, doubled = deepen.run(np.ones(2, np.float32), client=client)
+        deep.copy_to_host_async()        # asked for with its sibling's value, which leaves it out
+        assert np.asarray(doubled).tolist() == [2.0, 2.0]
+        with pytest.raises(ValueError, match=r"^result buffer \d+ of run \d+ has 65 dimensions, over the limit "
+                                             r"of 64 of an array sent"):
+            np.asarray(deep)
+        assert np.asarray(inc.run(np.ones(2, np.float32), client=client).result(60)).tolist() == [2.0, 2.0]
+    assert set(ray_runtime.islands) == {"island0", "island1"}
+
+
 def test_many_runs_in_flight_keep_their_order_and_values(ray_runtime):
     with Client(ray_runtime) as client:
         outs = [across.run(X * k, client=client) for k in range(6)]

@@ -162,6 +162,26 @@ def test_misuses_raise_the_embedded_runtimes_classes_through_the_service(sides):
         assert "Traceback" not in str(got) and "Error('" not in str(got), (name, got)
 
 
+def test_arrays_of_up_to_64_dimensions_cross_the_service_and_more_fail_only_their_call(sides):
+    """An argument or result of rank over 32 (the wire's old limit; NumPy takes 64) made the service drop the
+    connection, and every later call on it failed (found by a fault finder). The wire takes NumPy's 64 now. A
+    JAX array may have more, which no frame carries: such an argument is refused at the call, such a result's
+    read fails, each in one line naming it, and the connection goes on."""
+    connection, _ = sides["service"]
+    add_one = pw.jit(lambda a: a + 1.0, slice=island0)
+    deepen = pw.jit(lambda a: (a.reshape((1,) * 64 + a.shape), a * 2.0), slice=island0)
+    assert np.asarray(add_one.run(np.ones((1,) * 64, np.float32), client=connection)).shape == (1,) * 64
+    with pytest.raises(ValueError, match=r"^argument leaf 0 of program @lambda \(argument\[0\]\) has 65 "
+                                         r"dimensions, over the limit of 64 of an array sent"):
+        add_one.run(jnp.ones((1,) * 65, np.float32), client=connection)
+    deep, doubled = deepen.run(np.ones(2, np.float32), client=connection)
+    deep.copy_to_host_async()        # asked for with its sibling's value, which leaves it out
+    assert np.asarray(doubled).tolist() == [2.0, 2.0]
+    with pytest.raises(RemoteError, match=r"^the result has 65 dimensions, over the limit of 64 of an array sent"):
+        np.asarray(deep)
+    assert np.asarray(add_one.run(np.ones(2, np.float32), client=connection)).tolist() == [2.0, 2.0]
+
+
 def test_a_token_the_service_never_gave_is_a_permission_error(sides):
     """A guessed token is refused as a PermissionError (and a RemoteError), in one line, when checked and when
     passed to a run."""

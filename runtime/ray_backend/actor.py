@@ -24,7 +24,7 @@ from pathways_mlir.dialect.topology import Topology
 
 from ..authentication import ServerHandshake
 from ..island_work import IslandWork, PeerRef, failure, failure_kind
-from ..wire import FrameReader, ProtocolError, send_message
+from ..wire import FrameReader, ProtocolError, check_dims, send_message, too_many_dims
 from .connection import CONNECT_TIMEOUT, LIMITS, Request, decode_request, decode_start, error_reply
 from .data_plane import Pulled
 
@@ -272,15 +272,17 @@ class IslandActor:
     def fetch(self, run_id: int, buffer: int, timeout: float | None, siblings):
         """Returns a buffer's value, and those of the `siblings` ((run, buffer) pairs the driver chose) already
         computed: {(run, buffer): array}. A sibling still computing is left out (its reader waits for it alone,
-        not this value's)."""
-        value = np.asarray(self._island.fetch(run_id, buffer, timeout))
+        not this value's), and one of a rank no frame carries (its own fetch says so)."""
+        value = self._island.fetch(run_id, buffer, timeout)
+        check_dims(value, f"result buffer {buffer} of run {run_id}")     # (an error reply, not a lost island)
+        value = np.asarray(value)
         ready = {}
         for sibling in siblings:
             try:
                 array = self._island.fetch(*sibling, timeout=0)
             except Exception:  # noqa: BLE001  (not produced yet, released or failed: fetched on its own)
                 continue
-            if not hasattr(array, "is_ready") or array.is_ready():
+            if too_many_dims(array) is None and (not hasattr(array, "is_ready") or array.is_ready()):
                 ready[sibling] = np.asarray(array)
         return value, ready
 
