@@ -32,6 +32,7 @@ import jax
 import numpy as np
 from jax._src.config import trace_context   # what jax.jit keys its cache on besides arguments
 
+from pathways_mlir.runtime.array_reference import Reference
 from pathways_mlir.runtime.client import Client, RefusedArgument, default_client, positions_by_identity
 from pathways_mlir.runtime.dispatch import check_dtype
 from pathways_mlir.runtime.executables import ARRAY_TYPE
@@ -303,7 +304,8 @@ def _refuse_bad_donations(lowered: Lowered, leaves: list) -> None:
     for position, (x, donated) in enumerate(zip(leaves, lowered.donated)):
         if not donated:
             continue
-        if isinstance(x, (SharedRef, RemoteSharedRef)):
+        held = x.owned() if isinstance(x, Reference) else x     # (what a shared key's or weak value's wrapper holds)
+        if isinstance(held, (SharedRef, RemoteSharedRef)):
             raise ValueError(f"argument leaf {position} of program @{lowered.program} is a shared object, which is "
                              f"read-only: it cannot be donated (leave it out of donate_argnums/donate_argnames)")
         if type(x) is ARRAY_TYPE:

@@ -39,10 +39,17 @@ class _OfHandle:
 
     __slots__ = ()      # each subclass holds `data` (in its own layout: a weakly typed one's is JAX's array's)
     _from_elsewhere = property(lambda self: self.data._from_elsewhere)
+    # A service's shared object's token (`RemoteSharedRef.token`), which its owner hands to readers.
+    token = property(lambda self: self.data.token)
 
     def owned(self):
         """The runtime's handle this reference wraps."""
         return self.data
+
+    def wrapping(self, other):
+        """`other`, another runtime reference to this value (its shared reference), wrapped as this reference
+        wraps its handle: a shared key reads as keys, a shared weakly typed value weakly typed."""
+        return from_wire(other, self.aval)
 
     def block_until_ready(self):
         """Waits until the value has been computed."""
@@ -181,3 +188,26 @@ def from_wire(handle: Any, aval: jax.ShapeDtypeStruct) -> Any:
     if is_extended(aval.dtype):
         return KeyHandle(handle, aval)
     return WeakHandle(handle) if aval.weak_type else handle
+
+
+def value_type(ref: Reference) -> dict:
+    """What a service's shared object's token carries to readers of `ref`, besides its data's shape and dtype, for
+    them to read it as `ref` reads it (`shared_as`): `prng_impl`, the name of its typed PRNG keys' implementation
+    (None for an array), and `weak_type`."""
+    return {"prng_impl": ref.dtype._impl.name if is_extended(ref.dtype) else None, "weak_type": ref.weak_type}
+
+
+def shared_as(ref: Reference, prng_impl: str | None, weak_type: bool) -> Any:
+    """A service's shared object `ref` (a `RemoteSharedRef` of its data) read as its owner's reference reads it,
+    which `value_type` described: typed PRNG keys of implementation `prng_impl` (a `KeyHandle`), a weakly typed
+    value (a `WeakHandle`), or `ref` itself. Raises ValueError in one line for keys this process cannot read."""
+    if prng_impl is None:
+        return from_wire(ref, jax.ShapeDtypeStruct(ref.shape, ref.dtype, weak_type=weak_type))
+    data = jax.ShapeDtypeStruct(ref.shape, ref.dtype)
+    try:
+        keys = jax.eval_shape(lambda d: jax.random.wrap_key_data(d, impl=prng_impl), data)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"a shared object of {data.dtype}{list(data.shape)} is typed PRNG keys of "
+                         f"implementation {prng_impl!r:.60}, which this process cannot read: "
+                         f"{str(error).splitlines()[0]:.200}") from None
+    return from_wire(ref, keys)

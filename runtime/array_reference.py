@@ -158,6 +158,12 @@ class Reference:
         that a front end's wrapper holds (a typed key's or a weakly typed value's, `frontend/wire.py`)."""
         return self
 
+    def wrapping(self, other: "Reference") -> "Reference":
+        """`other`, another runtime reference to this value (its shared reference, `Client.share`), read as this
+        reference reads it: `other` itself here; a front end's wrapper wraps it as it wraps the handle it holds,
+        so that a shared typed key or weakly typed value reads as the owner's does."""
+        return other
+
     def __copy__(self) -> "Reference":
         """The reference itself: its value is immutable, and a copy would be a second owner of one result (each
         would release it). `copy.deepcopy` of a pytree of references shares them the same way; for a value

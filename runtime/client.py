@@ -288,15 +288,17 @@ class Client:
     def share(self, handle: Handle, timeout: float | None = None) -> SharedRef:
         """Returns a read-only reference to one of this client's results, which other clients may pass to
         their programs while this client keeps the handle (see `runtime/shared.py`). Waits (at most
-        `timeout` seconds) until the result's run is over; raises ValueError for a result it cannot share."""
-        handle = handle.owned() if isinstance(handle, Reference) else handle
-        if not isinstance(handle, Handle) or handle._client is not self:
-            raise ValueError(f"client {self.id} can share only its own handles, not {handle!r}")
-        handle._value(timeout)             # raises if released, donated or failed (its value as fetched)
-        self.runtime.wait(handle._run, timeout)
-        self.runtime.scheduler.share(handle._run, handle._buffer, timeout)
-        self._shared.add((handle._run.id, handle._buffer))
-        return SharedRef(self.runtime, handle)
+        `timeout` seconds) until the result's run is over; raises ValueError for a result it cannot share.
+        The reference reads as `handle` does: the `SharedRef` of a front end's typed keys or weakly typed
+        value is wrapped as its handle is (`Reference.wrapping`)."""
+        owned = handle.owned() if isinstance(handle, Reference) else handle
+        if not isinstance(owned, Handle) or owned._client is not self:
+            raise ValueError(f"client {self.id} can share only its own handles, not {owned!r}")
+        owned._value(timeout)              # raises if released, donated or failed (its value as fetched)
+        self.runtime.wait(owned._run, timeout)
+        self.runtime.scheduler.share(owned._run, owned._buffer, timeout)
+        self._shared.add((owned._run.id, owned._buffer))
+        return handle.wrapping(SharedRef(self.runtime, owned))
 
     def objects(self) -> list:
         """Returns the keys of the objects this client owns."""

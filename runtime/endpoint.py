@@ -110,7 +110,8 @@ class Endpoint:
         # keeps it (weakly here: then the runtime forgets it too, `Runtime._forget_unused`).
         self._plans: weakref.WeakValueDictionary[str, ProgramPlan] = weakref.WeakValueDictionary()
         self._clients: set[int] = set()               # the client ids of the connections being served
-        self._shared: dict[str, SharedRef] = {}       # shared objects by their tokens, for every connection
+        # Shared objects by their tokens, for every connection, each with how its owner reads it (`share`).
+        self._shared: dict[str, tuple[SharedRef, dict]] = {}
         self._thread = threading.Thread(target=self._accept, name="pw-endpoint", daemon=True)
         self._thread.start()
 
@@ -157,25 +158,31 @@ class Endpoint:
                 found = self._plans.setdefault(name, parsed)
         return name, found, len(text)
 
-    def share(self, ref: SharedRef) -> str:
-        """Returns a new unguessable token naming the shared object `ref` for every connection."""
+    def share(self, ref: SharedRef, value_type: dict) -> str:
+        """Returns a new unguessable token naming the shared object `ref` for every connection, which reads it
+        as `value_type` says its owner's front end does (`prng_impl`, `weak_type`: `frontend/wire.value_type`;
+        the runtime holds its plain data)."""
         token = secrets.token_urlsafe(32)
         with self._lock:
-            self._shared[token] = ref
+            self._shared[token] = ref, value_type
         return token
 
     def shared(self, token) -> SharedRef:
         """Returns the shared object a token names; raises ValueError in one line if it names none (never
         made, or its owner released it or left)."""
+        return self.typed_shared(token)[0]
+
+    def typed_shared(self, token) -> tuple[SharedRef, dict]:
+        """Returns the shared object a token names and its value type (see `share`); raises as `shared` does."""
         with self._lock:
-            ref = self._shared.get(token) if isinstance(token, str) else None
-            if ref is not None and ref.released:
+            found = self._shared.get(token) if isinstance(token, str) else None
+            if found is not None and found[0].released:
                 del self._shared[token]
-                ref = None
-        if ref is None:
+                found = None
+        if found is None:
             raise PermissionError(f"no shared object has the reference {str(token)[:6]!r}...: a reference is "
                                   f"given by its owner (share) and lives while the owner keeps the object")
-        return ref
+        return found
 
     def forget(self, tokens) -> None:
         """Forgets the tokens a connection made (it left: its objects are released)."""

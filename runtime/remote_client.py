@@ -494,26 +494,33 @@ class RemoteClient:
         """Shares one of this client's results, waiting (at most `timeout` seconds, None: as long as it takes)
         until its run is over, in requests the endpoint answers within `POLL` s, as `RemoteHandle.result`
         waits; returns its reference, whose `token` other clients pass to `shared` (see `runtime/shared.py`
-        and `Client.share`)."""
-        handle = handle.owned() if isinstance(handle, Reference) else handle
-        if not isinstance(handle, RemoteHandle):
-            raise ValueError(f"a connection can share only its own remote handles, not {handle!r:.80}")
-        if handle._client is not self:
+        and `Client.share`). The reference reads as `handle` does, and so does a reader's: the service keeps
+        how the front end reads typed keys and weakly typed values (`frontend/wire.value_type`)."""
+        from pathways_mlir.frontend.wire import value_type     # (here: the front end imports this module)
+
+        owned = handle.owned() if isinstance(handle, Reference) else handle
+        if not isinstance(owned, RemoteHandle):
+            raise ValueError(f"a connection can share only its own remote handles, not {owned!r:.80}")
+        if owned._client is not self:
             raise ValueError("a remote handle of another connection cannot be shared here")
         timeout = wait_limit(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        handle._fetch(timeout, False)
-        reply, _ = self._polled({"op": "share", "handle": handle._key}, deadline,
+        owned._fetch(timeout, False)
+        reply, _ = self._polled({"op": "share", "handle": owned._key, **value_type(handle)}, deadline,
                                 f"the result's run was not over within {timeout} s")
-        return RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"], self)
+        return handle.wrapping(RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"], self))
 
     def shared(self, token: str) -> RemoteSharedRef:
         """Returns the shared object a token names, checked by the service (a token it never gave, or whose
-        object its owner released, is refused)."""
+        object its owner released, is refused), read as its owner's reference reads it (typed keys, weakly
+        typed: `frontend/wire.shared_as`)."""
+        from pathways_mlir.frontend.wire import shared_as     # (here: the front end imports this module)
+
         if not isinstance(token, str):
             raise ValueError(f"a shared object's token is a string, not {type(token).__name__}")
         reply, _ = self._call({"op": "shared", "token": token})
-        return RemoteSharedRef(token, reply["shape"], reply["dtype"], self)
+        return shared_as(RemoteSharedRef(token, reply["shape"], reply["dtype"], self), reply["prng_impl"],
+                         reply["weak_type"])
 
     def cancel(self, handle: RemoteHandle) -> bool:
         """Cancels the run of `handle` on the service (see `Client.cancel`); False if it was over."""

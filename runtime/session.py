@@ -31,11 +31,15 @@ why it will not serve). Requests, one frame each:
   most `timeout` seconds, null: as long as it takes) and sends it unless
   `value` is false; with `token` instead of `handle`, a shared object's
   (any connection given its token may read it);
-- `share` {handle, timeout}: shares one of this connection's results once
-  its run is over (waiting at most `timeout` seconds, default 60)
-  (`runtime/shared.py`); the reply's `token` (256 random bits) is the only
-  way to name it, for any connection the owner gives it to. `shared`
-  {token}: checks a token, replying with the object's shape and dtype. An
+- `share` {handle, timeout, prng_impl, weak_type}: shares one of this
+  connection's results once its run is over (waiting at most `timeout`
+  seconds, default 60) (`runtime/shared.py`); the reply's `token` (256
+  random bits) is the only way to name it, for any connection the owner
+  gives it to. `prng_impl` (a typed PRNG key implementation's name, or
+  null) and `weak_type` say how the owner's front end reads the result (its
+  key data as keys; weakly typed), for readers to read it so. `shared`
+  {token}: checks a token, replying with the object's shape and dtype,
+  `prng_impl` and `weak_type` (as `share` does besides its token). An
   unknown token, or one whose object the owner released, is refused; a
   reader cannot release the object (only its own handles), and a token is
   forgotten when the owner releases its handle, or with its connection;
@@ -106,8 +110,8 @@ if TYPE_CHECKING:
 FIELDS = {"load": {"plan", "executables"},
           "run": {"name", "version", "dispatch", "args", "timeout", "keys", "progress"},
           "fetch": {"handle", "token", "timeout", "value", "also"}, "release": set(), "cancel": {"handle"},
-          "share": {"handle", "timeout"}, "shared": {"token"}, "objects": set(), "topology": set(),
-          "status": {"full"}, "ping": set(), "weight": {"weight"}}
+          "share": {"handle", "timeout", "prng_impl", "weak_type"}, "shared": {"token"}, "objects": set(),
+          "topology": set(), "status": {"full"}, "ping": set(), "weight": {"weight"}}
 _WITH_ARRAYS = {"load", "run"}      # the only requests that read a frame's arrays
 # The only requests a connection past the endpoint's limit may send (`serve_status`), exactly these.
 STATUS_ONLY = ({"op": "status", "full": True}, {"op": "ping"}, {"op": "close"})
@@ -115,6 +119,7 @@ STATUS_ONLY = ({"op": "status", "full": True}, {"op": "ping"}, {"op": "close"})
 _SHARE_WAIT = 60.0                  # seconds `share` waits for the result's run to be over
 _PEER_CHECK = 0.5                   # seconds between checks that a client waiting for a result is still there
 _READY_PAUSE = 1e-4                 # seconds of the first pause between looks at a result still being computed
+_MAX_IMPL_NAME = 100                # characters of a PRNG implementation's name a `share` request may give
 REFUSED = 4096                      # keys of refused runs a connection remembers (the oldest are forgotten)
 MAX_KEY = 2 ** 53                   # client-chosen keys are below this (JSON numbers every client reads exactly)
 
@@ -318,22 +323,27 @@ class Session:
     def share(self, request: dict, arrays) -> tuple[dict, list]:
         """Shares one of this connection's results once its run is over, waiting at most `timeout` seconds
         (default and null: `_SHARE_WAIT`; TimeoutError past it, and the client asks again); replies with its
-        token (see `Endpoint.share`), made once per result (each kept till the result is released)."""
+        token (see `Endpoint.share`), made once per result (each kept till the result is released), and what
+        `shared` replies. Readers read it as `prng_impl` and `weak_type` say (as the first share gave them)."""
         key = _field(request, "handle", int)
         timeout = _seconds(request, "timeout")
+        value_type = _value_type(request)
         handle = self._handle(key)
         token = self.tokens.get(key)
         if token is None:
             ref = self.client.share(handle, timeout=_SHARE_WAIT if timeout is None else timeout)
-            token = self.tokens[key] = self.endpoint.share(ref)
-        else:
-            ref = self.endpoint.shared(token)
-        return {"token": token, "shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
+            token = self.tokens[key] = self.endpoint.share(ref, value_type)
+        return {"token": token, **self._described(token)}, []
 
     def shared(self, request: dict, arrays) -> tuple[dict, list]:
-        """Checks a shared object's token; replies with its shape and dtype."""
-        ref = self.endpoint.shared(_field(request, "token", str))
-        return {"shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name}, []
+        """Checks a shared object's token; replies with its data's shape and dtype, and how its owner reads
+        them (`prng_impl`, `weak_type`)."""
+        return self._described(_field(request, "token", str)), []
+
+    def _described(self, token: str) -> dict:
+        """The shape, dtype and value type of the shared object `token` names (see `Endpoint.typed_shared`)."""
+        ref, value_type = self.endpoint.typed_shared(token)
+        return {"shape": list(ref.shape), "dtype": np.dtype(ref.dtype).name, **value_type}
 
     def cancel(self, request: dict, arrays) -> tuple[dict, list]:
         """Cancels the run of one of this connection's handles (see `Client.cancel`)."""
@@ -574,6 +584,19 @@ def _seconds(request: dict, name: str, least: float = 0.0) -> float | None:
         raise ValueError(f"request {str(request.get('op'))[:40]!r} needs {name!r} as {bound} or null, not "
                          f"{value!r:.40}")
     return value
+
+
+def _value_type(request: dict) -> dict:
+    """How a `share` request's owner reads its result: `prng_impl`, the name of a typed PRNG key implementation
+    (of at most `_MAX_IMPL_NAME` characters) or null (also when absent), and `weak_type`, a bool (false when
+    absent); ValueError in one line for anything else."""
+    impl, weak = request.get("prng_impl"), request.get("weak_type", False)
+    if impl is not None and not (isinstance(impl, str) and 0 < len(impl) <= _MAX_IMPL_NAME):
+        raise ValueError(f"request 'share' needs 'prng_impl' as a name of at most {_MAX_IMPL_NAME} characters or "
+                         f"null, not {impl!r:.40}")
+    if not isinstance(weak, bool):
+        raise ValueError(f"request 'share' needs 'weak_type' as a bool, not {weak!r:.40}")
+    return {"prng_impl": impl, "weak_type": weak}
 
 
 def _field(request: dict, name: str, kind: type):

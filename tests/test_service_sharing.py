@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_service import TIMEOUT, procs, read_json, serve, wait_status  # noqa: F401  (procs: a fixture)
@@ -144,3 +146,37 @@ def test_a_reader_fetches_a_shared_objects_value_by_its_token_until_its_owner_re
         assert not kept.is_deleted()
         endpoint.close()                 # the service goes: a reference read through it is gone, no error
         assert kept.is_deleted() and kept.is_deleted()     # (it raised ServiceError, found by a review)
+
+
+def test_a_reader_reads_a_shared_typed_key_or_weakly_typed_value_as_its_owner_does():
+    """Through a service too, a shared reference reads as the owner's handle does, the owner's and the one a
+    reader makes of its token: typed PRNG keys as keys of their implementation, a weakly typed value weakly
+    typed. The token carried only its data's shape and dtype: a reader's `split` of a shared key computed on its
+    uint32 key data, and `bf16 * lr` of a shared weakly typed `lr` was float32. A value type that is not one is
+    refused in one line."""
+    s = pw.virtual_slice(1, axes="d", island="island0")
+    make = pw.jit(lambda seed: jax.random.key(seed, impl="rbg"), slice=s)
+    split = pw.jit(jax.random.split, slice=s)
+    half = pw.jit(lambda lr: lr * 0.5, slice=s)
+    scale = pw.jit(lambda x, lr: x * lr, slice=s)
+    x = jnp.ones(2, jnp.bfloat16)
+    seed = np.int32(0)
+    with owner_and_reader() as (endpoint, owner, reader):
+        key = make.compiled(seed, runtime=owner)(seed)
+        ref = owner.share(key)
+        for client, shared in ((owner, ref), (reader, reader.shared(ref.token))):
+            assert (shared.shape, shared.dtype) == (key.shape, key.dtype)
+            got = split.compiled(shared, runtime=client)(shared)
+            assert (got.shape, got.dtype) == ((2,), key.dtype)
+            np.testing.assert_array_equal(jax.random.key_data(got.result(TIMEOUT)),
+                                          jax.random.key_data(jax.random.split(key.result(TIMEOUT))))
+        lr = half.compiled(0.1, runtime=owner)(0.1)
+        ref = owner.share(lr)
+        want = jax.jit(lambda x, lr: x * lr)(x, lr.result(TIMEOUT))
+        for client, shared in ((owner, ref), (reader, reader.shared(ref.token))):
+            assert shared.weak_type and shared.result(TIMEOUT).weak_type
+            got = scale.compiled(x, shared, runtime=client)(x, shared)
+            assert got.dtype == want.dtype == jnp.bfloat16
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        with pytest.raises(RemoteError, match="^request 'share' needs 'weak_type' as a bool, not 1$"):
+            owner._call({"op": "share", "handle": lr.owned()._key, "weak_type": 1})

@@ -302,6 +302,45 @@ def test_only_a_result_the_client_owns_and_holds_can_be_shared(runtime, plan_bui
             elsewhere.close()
 
 
+def test_a_shared_typed_key_or_weakly_typed_value_reads_as_its_owners_handle(runtime):
+    """A shared reference reads as the owner's handle does: typed PRNG keys as keys of their implementation, a
+    weakly typed value weakly typed. The `SharedRef` of a key was its raw uint32 key data, on which a reader's
+    `split` computed something else (uint32[2, 2]) or, for rbg keys, JAX raised; that of a weakly typed `lr`
+    made `bf16 * lr` float32 (found by a fault finder)."""
+    s = pw.virtual_slice(1, axes="x", island="island0")
+    make = pw.jit(lambda seed: jax.random.key(seed), slice=s)
+    make_rbg = pw.jit(lambda seed: jax.random.key(seed, impl="rbg"), slice=s)
+    split = pw.jit(jax.random.split, slice=s)
+    half = pw.jit(lambda lr: lr * 0.5, slice=s)
+    scale = pw.jit(lambda x, lr: x * lr, slice=s)
+
+    def fold(key):
+        return jax.random.fold_in(key, 1)
+
+    donating = pw.jit(fold, slice=s, donate_argnums=0)
+    x = jnp.ones(2, jnp.bfloat16)
+    with Client(runtime) as owner, Client(runtime) as reader:
+        keys = [make.run(np.int32(0), client=owner), make_rbg.run(np.int32(0), client=owner)]
+        for key in keys:
+            ref = owner.share(key, timeout=TIMEOUT)
+            assert (ref.shape, ref.dtype, ref.weak_type) == (key.shape, key.dtype, False)
+            assert isinstance(ref.owned(), SharedRef)
+            got = split.run(ref, client=reader)
+            assert (got.shape, got.dtype) == ((2,), key.dtype)
+            np.testing.assert_array_equal(jax.random.key_data(got.result(TIMEOUT)),
+                                          jax.random.key_data(jax.random.split(key.result(TIMEOUT))))
+            with pytest.raises(ValueError, match=r"^argument leaf 0 of program @fold is a shared object, which "
+                                                 r"is read-only"):
+                donating.run(ref, client=reader)
+        lr = half.run(0.1, client=owner)
+        ref = owner.share(lr, timeout=TIMEOUT)
+        assert ref.weak_type and ref.result(TIMEOUT).weak_type and isinstance(ref.owned(), SharedRef)
+        want = jax.jit(lambda x, lr: x * lr)(x, lr.result(TIMEOUT))
+        got = scale.run(x, ref, client=reader)
+        assert got.dtype == want.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_a_shared_object_released_while_it_is_read_raises_instead_of_waiting_for_ever(runtime, plan_builder):
     """A reader of a shared object past its check, whose owner then released the object, waited for ever: the
     island cannot tell a result released from one whose run has not started there. The island now has the
