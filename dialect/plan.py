@@ -92,9 +92,11 @@ class FusedCall:
 
 @dataclass(frozen=True)
 class FusedExecutable:
-    """An executable made of several in order (`pw-fuse-launches`, `pw-fuse-island`); `results` picks its
-    outputs; `scratch_bytes` is what its values used only inside hold on each device of the launch."""
+    """An executable made of several in order (`pw-fuse-launches`, `pw-fuse-island`) on its `arguments`
+    values (its entry function's; its calls' results are numbered from there); `results` picks its outputs;
+    `scratch_bytes` is what its values used only inside hold on each device of the launch."""
 
+    arguments: int
     calls: tuple[FusedCall, ...]
     results: tuple[int, ...]
     scratch_bytes: int = 0
@@ -289,7 +291,8 @@ class ProgramPlan:
                                     for d, axes in enumerate(cr.sub(sharding, f"in_shardings[{k}]", list).value))
                               for k, sharding in enumerate(cr.get("in_shardings", list, []))))
                           for cr in (fr.sub(c, f"calls[{j}]", dict) for j, c in enumerate(fr.get("calls", list))))
-            fused[name] = FusedExecutable(calls, fr.ints("results"), fr.get("scratch_bytes", int, 0))
+            fused[name] = FusedExecutable(fr.int("arguments"), calls, fr.ints("results"),
+                                          fr.get("scratch_bytes", int, 0))
 
         def read_plan(value: Any, at: str) -> ProgramPlan:
             return ProgramPlan.from_python(value, at, depth + 1)

@@ -83,7 +83,9 @@ def program_plans(module: ir.Module | ir.Operation) -> dict[str, ProgramPlan]:
             if calls is None:
                 executables[launch.executable] = exports[launch.executable]
                 continue
+            entry = ops.executable_entry(module_executables[launch.executable])
             fused[launch.executable] = FusedExecutable(
+                len(ops.function_type(entry).inputs),
                 tuple(FusedCall(c["callee"], c["operands"], c["results"],
                                 tuple(tuple(map(tuple, s)) for s in c.get("in_shardings", ())))
                       for c in calls["calls"]),

@@ -19,7 +19,8 @@ crash or corrupt the process that runs it. `check_plan` refuses, with one
   reads and writes for its operand's shape (`_LAPACK`; the modes that change
   a result's shape, `gesdd`'s and `trsm`'s, are read from the call);
 - executables whose exported argument or result avals (shape, dtype) differ
-  from the buffers the plan's launches give and take, or that were exported
+  from the buffers the plan's launches give and take (a fused one given
+  another number of arguments than it declares), or that were exported
   for another number of devices than one (unsharded semantics) or their
   launch's slice has (a function of JAX's explicit sharding mode, whose
   argument types name its slice's axes);
@@ -192,6 +193,11 @@ def _check_launch(plan: ProgramPlan, step: Launch, exported: dict, where: str) -
     given = _avals(plan, step.inputs)
     if fused is None:
         calls, results = [(step.executable, tuple(range(len(given))), ())], (len(given),)
+    elif fused.arguments != len(given):
+        # Its calls' results are numbered after its arguments: given another number, each call would read
+        # other values than those it was fused with, of the same avals as often as not, and run unnoticed.
+        raise PlanError(f"{where}: step {step.id}: fused executable @{step.executable} has {fused.arguments} "
+                        f"arguments, but the plan gives {len(given)}")
     else:
         calls, results = [(c.callee, c.operands, c.in_shardings) for c in fused.calls], fused.results
     placement = plan.slices[step.slice]

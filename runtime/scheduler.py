@@ -532,14 +532,28 @@ class GangScheduler:
         return reclaimed
 
     def _admit(self, run: Run, works: Works, inline: bool = False) -> list:
+        """Reserves `run`'s peak, puts it in flight and delivers its work; returns the work its caller runs
+        `inline` (`submit`). Under the lock."""
         self._results.hand_over(run)
-        self.ledger.take(run.need)
-        self._in_flight[run.id] = run
-        self.policy.admitted(run, self.device_seconds, self._waiting.clients())
-        jobs = self._deliver(run, works, inline)
-        run.admitted = True
-        self._admissions.notify_all()
-        return jobs
+        reserved_before = {island: self.ledger.used[island][:] for island in run.need}
+        try:
+            self.ledger.take(run.need)
+            self._in_flight[run.id] = run
+        except BaseException:
+            # An interrupt (Ctrl-C) before the run was in flight: no retirement would give its peak back. The
+            # reservations as they were are exact wherever in `take` it landed.
+            if run.id not in self._in_flight:
+                self.ledger.used.update(reserved_before)
+            raise
+        try:
+            self.policy.admitted(run, self.device_seconds, self._waiting.clients())
+            return self._deliver(run, works, inline)
+        finally:
+            # Admitted once in flight, even if an interrupt (Ctrl-C) came first, so that `Runtime.abandon` gives
+            # it up: it ends the inline turn its islands may have given this thread, and releases its results
+            # (else it stayed under way for good, or was retired as a success, its results held for no handle).
+            run.admitted = True
+            self._admissions.notify_all()
 
     def _deliver(self, run: Run, works: Works, inline: bool = False) -> list:
         ticket = next(self._tickets)

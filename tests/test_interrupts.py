@@ -224,3 +224,29 @@ def test_ctrl_c_while_a_fast_lane_run_computes_keeps_none_of_the_callers_handles
     del argument
     assert_consistent(client)
     np.testing.assert_allclose(np.asarray(_affine.run(X, client=client).result(timeout=TIMEOUT)), _affine_reference(X))
+
+
+@pytest.mark.parametrize("where", ["reserved", "in flight", "delivered"])
+def test_ctrl_c_while_the_scheduler_admits_a_run_gives_its_reservation_and_islands_turns_back(client, monkeypatch,
+                                                                                              where):
+    # The interrupt landed in `GangScheduler._admit` before it marked the run admitted, so `Runtime.abandon` gave
+    # nothing up: "reserved" (the ledger took the run's peak, the run was not in flight yet) kept its peak reserved
+    # for good; "in flight" (before its islands had its work) kept its results' bytes held once it was retired;
+    # "delivered" (its idle islands registered it and gave the caller their turn) kept each island's turn taken,
+    # and every later run on them waited for good.
+    rt = client.runtime
+    scheduler = rt.scheduler
+    np.testing.assert_allclose(np.asarray(_across.run(X, client=client, timeout=TIMEOUT)), _across_reference(X))
+    settle(rt)
+    baseline = scheduler.usage()
+    if where == "reserved":
+        monkeypatch.setattr(scheduler.ledger, "take", interrupting(scheduler.ledger.take, after=True))
+    elif where == "in flight":
+        monkeypatch.setattr(scheduler.policy, "admitted", interrupting(scheduler.policy.admitted))
+    else:
+        monkeypatch.setattr(scheduler.islands, "start", interrupting(scheduler.islands.start, after=True))
+    with pytest.raises(KeyboardInterrupt):
+        _across.run(X, client=client, timeout=TIMEOUT)
+    assert_consistent(client)
+    assert scheduler.usage() == baseline, "the interrupted run's bytes stay reserved"
+    np.testing.assert_allclose(np.asarray(_across.run(X, client=client).result(timeout=TIMEOUT)), _across_reference(X))

@@ -277,3 +277,50 @@ def test_a_peak_below_what_the_steps_hold_is_refused():
     with pytest.raises(PlanError, match=f"declares no peak_bytes for '{island}', whose steps hold {nbytes} bytes on "
                                         f"device {begin}: a plan's peaks come from pw-plan-memory"):
         pw.get_runtime().load(dataclasses.replace(plan, peak_bytes={}))
+
+
+def _fused_plan():
+    """The plan of a program of two functions on one slice, fused into one launch of one argument, with a
+    JSON round trip (as `pw-run` reads a plan file)."""
+    one = pw.virtual_slice(1, axes="d", island="island0")
+    scale = pw.jit(lambda x: x * 3.0, slice=one, in_specs=P(), out_specs=P())
+    shift = pw.jit(lambda y: y - 1.0, slice=one, in_specs=P(), out_specs=P())
+
+    @pw.program
+    def scaled_and_shifted(x):
+        return shift(scale(x))
+
+    lowered = scaled_and_shifted.lower(np.ones((8, 4), np.float32))
+    plan = program_plans(lower(lowered.module, pw.get_runtime().resources.topology))[lowered.program]
+    (name, fused), = plan.fused.items()
+    assert fused.arguments == 1 and len(fused.calls) == 2
+    return type(plan).from_json(plan.to_json())
+
+
+def _with_launch_inputs(plan, inputs):
+    """`plan` with its one launch given `inputs` (buffer ids) instead of its own."""
+    (island, steps), = plan.islands.items()
+    steps = tuple(dataclasses.replace(s, inputs=inputs(s.inputs)) if s.kind == "launch" else s for s in steps)
+    return dataclasses.replace(plan, islands={island: steps})
+
+
+@pytest.mark.parametrize("inputs, given", [(lambda ins: ins * 2, 2), (lambda ins: (), 0)], ids=["extra", "none"])
+def test_a_fused_launch_of_another_number_of_inputs_is_refused(tmp_path, inputs, given):
+    # A fused executable numbers its calls' results after its arguments: a launch that gave it one input more
+    # ran, each call reading other values of the same avals than it was fused with (a wrong result, unnoticed).
+    plan = _fused_plan()
+    check_plan(plan)
+    hostile = _with_launch_inputs(plan, inputs)
+    (name,) = plan.fused
+    message = f"executable @{name} has 1 arguments, but the plan gives {given}"
+    with pytest.raises(PlanError) as error:
+        pw.get_runtime().load(hostile)
+    text = str(error.value)
+    assert message in text and "step " in text and "\n" not in text, text
+    path = tmp_path / "plan.json"
+    path.write_text(hostile.to_json())
+    result = subprocess.run([sys.executable, "-m", "pathways_mlir.cli.pw_run", str(path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"pw-run: error: {path}: plan: step ") and message in lines[0], lines
