@@ -144,6 +144,16 @@ class MemoryLedger:
             for begin, end, nbytes in ranges:
                 used[begin:end] = [u + nbytes for u in used[begin:end]]
 
+    def rows(self, need: Need) -> dict[str, list[int]]:
+        """Returns a copy of what is reserved on the islands of `need`, which `restore` puts back: a caller
+        interrupted (Ctrl-C) between `take` and recording what it took undoes it exactly, wherever in `take` the
+        interrupt landed."""
+        return {island: self.used[island][:] for island in need}
+
+    def restore(self, rows: dict[str, list[int]]) -> None:
+        """Puts back the reservations `rows` copied."""
+        self.used.update(rows)
+
     def give(self, need: Need) -> None:
         """Gives `need` back."""
         for island, ranges in need.items():

@@ -285,12 +285,13 @@ class Client:
         if kept is not None:             # a cond's result its host kept on an island's devices
             runtime.islands[kept[0]].drop_host_value(run.id, buffer)
 
-    def share(self, handle: Handle, timeout: float | None = None) -> SharedRef:
-        """Returns a read-only reference to one of this client's results, which other clients may pass to
-        their programs while this client keeps the handle (see `runtime/shared.py`). Waits (at most
-        `timeout` seconds) until the result's run is over; raises ValueError for a result it cannot share.
-        The reference reads as `handle` does: the `SharedRef` of a front end's typed keys or weakly typed
-        value is wrapped as its handle is (`Reference.wrapping`)."""
+    def share(self, handle: Reference, timeout: float | None = None) -> Reference:
+        """Returns a read-only reference to one of this client's results (`handle`: its handle, or a front end's
+        wrapper of one, `Reference.owned`), which other clients may pass to their programs while this client
+        keeps the handle (see `runtime/shared.py`). Waits (at most `timeout` seconds) until the result's run is
+        over; raises ValueError for a result it cannot share. The reference reads as `handle` does: a `SharedRef`,
+        or, for a front end's typed keys or weakly typed value, the `SharedRef` wrapped as its handle is
+        (`Reference.wrapping`)."""
         owned = handle.owned() if isinstance(handle, Reference) else handle
         if not isinstance(owned, Handle) or owned._client is not self:
             raise ValueError(f"client {self.id} can share only its own handles, not {owned!r}")

@@ -168,7 +168,7 @@ class Endpoint:
         return token
 
     def shared(self, token) -> SharedRef:
-        """Returns the shared object a token names; raises ValueError in one line if it names none (never
+        """Returns the shared object a token names; raises PermissionError in one line if it names none (never
         made, or its owner released it or left)."""
         return self.typed_shared(token)[0]
 

@@ -180,9 +180,18 @@ class FastLane:
             scheduler._poll(len(scheduler._in_flight))
             if self.free:
                 return True
-        if scheduler.ledger.fits(self.loaded.need):
-            scheduler.ledger.take(self.loaded.need)
-            self.free += 1
+        ledger, need = scheduler.ledger, self.loaded.need
+        if ledger.fits(need):
+            reserved_before = ledger.rows(need)       # (once per credit, not per run)
+            try:
+                ledger.take(need)
+                self.free += 1
+            except BaseException:
+                # An interrupt (Ctrl-C) before the lane counted the credit: nothing would give its peak back. The
+                # reservations as they were are exact wherever in `take` it landed.
+                if not self.free:
+                    ledger.restore(reserved_before)
+                raise
             return True
         if self.in_use and not polled:
             scheduler._poll(len(scheduler._in_flight))

@@ -473,8 +473,7 @@ class RemoteClient:
                 raise RuntimeError(f"argument {position} of program @{plan.program} is a deleted jax.Array (deleted, "
                                    f"or donated to another computation, before the call)")
             elif too_many_dims(arg) is not None:
-                # Named here, and refused before the request takes the queued releases (a frame refused then
-                # would lose them).
+                # Named here: the frame's refusal would name it by its place among the frame's arrays.
                 raise RefusedArgument(f"argument {position} of program @{plan.program}", position, too_many_dims(arg))
             else:
                 spec.append(["array", len(arrays)])
@@ -490,12 +489,14 @@ class RemoteClient:
         expected = numpy_dtype(plan.buffers[plan.inputs[position]].dtype)
         return narrowed(arg, expected) if taken_as(arg.dtype, expected) else arg
 
-    def share(self, handle: RemoteHandle, timeout: float | None = None) -> RemoteSharedRef:
-        """Shares one of this client's results, waiting (at most `timeout` seconds, None: as long as it takes)
-        until its run is over, in requests the endpoint answers within `POLL` s, as `RemoteHandle.result`
-        waits; returns its reference, whose `token` other clients pass to `shared` (see `runtime/shared.py`
-        and `Client.share`). The reference reads as `handle` does, and so does a reader's: the service keeps
-        how the front end reads typed keys and weakly typed values (`frontend/wire.value_type`)."""
+    def share(self, handle: Reference, timeout: float | None = None) -> Reference:
+        """Shares one of this client's results (`handle`: its remote handle, or a front end's wrapper of one,
+        `Reference.owned`), waiting (at most `timeout` seconds, None: as long as it takes) until its run is over,
+        in requests the endpoint answers within `POLL` s, as `RemoteHandle.result` waits; returns its reference,
+        whose `token` other clients pass to `shared` (see `runtime/shared.py` and `Client.share`). The reference
+        reads as `handle` does (a `RemoteSharedRef`, or one wrapped as a front end's typed keys or weakly typed
+        value are), and so does a reader's: the service keeps how the front end reads them
+        (`frontend/wire.value_type`)."""
         from pathways_mlir.frontend.wire import value_type     # (here: the front end imports this module)
 
         owned = handle.owned() if isinstance(handle, Reference) else handle
@@ -510,10 +511,10 @@ class RemoteClient:
                                 f"the result's run was not over within {timeout} s")
         return handle.wrapping(RemoteSharedRef(reply["token"], reply["shape"], reply["dtype"], self))
 
-    def shared(self, token: str) -> RemoteSharedRef:
+    def shared(self, token: str) -> Reference:
         """Returns the shared object a token names, checked by the service (a token it never gave, or whose
-        object its owner released, is refused), read as its owner's reference reads it (typed keys, weakly
-        typed: `frontend/wire.shared_as`)."""
+        object its owner released, is refused: PermissionError), read as its owner's reference reads it (a
+        `RemoteSharedRef`, or one wrapped as typed keys or a weakly typed value: `frontend/wire.shared_as`)."""
         from pathways_mlir.frontend.wire import shared_as     # (here: the front end imports this module)
 
         if not isinstance(token, str):
@@ -762,7 +763,7 @@ class RemoteClient:
         self._read_unanswered(arrived=True)
         if len(self._unanswered) >= UNANSWERED or self._unanswered_bytes + nbytes > UNANSWERED_BYTES:
             self._read_unanswered()
-        self._send(self._carrying_drops(request, release), arrays)
+        self._send(request, arrays, release)
         self._unanswered.append(sent)
         if sent is not None:
             sent.nbytes = nbytes
@@ -772,23 +773,37 @@ class RemoteClient:
         """Sends one request and reads its reply (holding the lock), after the replies of releases sent
         before it. A connection that breaks or stays silent past the deadline is closed, and that is a
         ServiceError naming the service."""
-        self._send(self._carrying_drops(request, release), arrays)
+        self._send(request, arrays, release)
         self._read_unanswered()
         reply, values = self._receive()
         if reply.get("ok") is not True:
             raise _raised(reply)
         return reply, values
 
-    def _carrying_drops(self, request: dict, release=()) -> dict:
-        """Returns `request` carrying the releases of the dropped handles and `release`, and the names of the
-        plans gone (`forget`)."""
-        release = [*_take_all(self._dropped), *release]
-        forget = _take_all(self._forgotten)
-        if release:
-            request = {**request, "release": release}
-        if forget:
-            request = {**request, "forget": forget}
-        return request
+    def _take_drops(self, release=()) -> tuple[list[int], list[str]]:
+        """Takes what one request carries besides (holding the lock): the releases of `release` and of the
+        dropped handles, and the names of the plans gone (`forget`), as many as take at most half the endpoint's
+        header limit (a frame over it is refused); those left wait for the next request, or `_keep_alive`."""
+        room = self.limits.max_header_bytes // 2 - sum(len(str(key)) + 1 for key in release)
+        release = list(release)
+        while self._dropped and len(str(self._dropped[0])) + 1 <= room:    # (finalizers only append meanwhile)
+            room -= len(str(self._dropped[0])) + 1
+            release.append(self._dropped.popleft())
+        forget = []
+        while self._forgotten and len(self._forgotten[0]) + 3 <= room:
+            room -= len(self._forgotten[0]) + 3
+            forget.append(self._forgotten.popleft())
+        if self._dropped or self._forgotten:
+            self._wake()
+        return release, forget
+
+    def _put_back(self, release: list[int], forget: list[str]) -> None:
+        """Puts back what `_take_drops` took for a request that was not sent, for the next request, or
+        `_keep_alive`, to carry."""
+        self._dropped.extend(release)
+        self._forgotten.extend(forget)
+        if release or forget:
+            self._wake()
 
     def _read_unanswered(self, arrived: bool = False) -> None:
         """Reads the replies of the requests sent without waiting (with `arrived`, those that came whole, waiting
@@ -830,13 +845,33 @@ class RemoteClient:
         for key in sent.request["keys"]:
             self._refused[key] = (type(error), str(error))
 
-    def _send(self, request: dict, arrays) -> None:
-        self._last = time.monotonic()
-        self.requests[str(request.get("op"))] += 1
+    def _send(self, request: dict, arrays, release=()) -> None:
+        """Sends `request` (holding the lock), carrying the releases of the dropped handles and `release`, and
+        the names of the plans gone (`_take_drops`). Those never make it fail, and are never lost: a frame over
+        the endpoint's limits with them, refused before anything was sent, is sent without them, and they are
+        put back for the next request, or `_keep_alive` (the service kept their objects until the connection
+        closed); without them too, it raises why (ValueError)."""
+        release, forget = self._take_drops(release)
+        if not (release or forget):
+            self._send_frame(request, arrays)
+            return
+        carrying = {**request, "release": release} if release else request
         try:
-            send_message(self._socket, request, arrays, self.limits, patient=True)
+            self._send_frame({**carrying, "forget": forget} if forget else carrying, arrays)
+            return
+        except ValueError:
+            self._put_back(release, forget)
+        self._send_frame(request, arrays)     # (not while the first error is handled: it would chain to it)
+
+    def _send_frame(self, header: dict, arrays) -> None:
+        """Sends one frame; raises ValueError, having sent nothing, if it is over the endpoint's limits
+        (`frame_parts`). A connection that breaks is closed, and that is a ServiceError naming the service."""
+        self._last = time.monotonic()
+        try:
+            send_message(self._socket, header, arrays, self.limits, patient=True)
         except (OSError, ProtocolError) as error:
             raise self._lost(error) from None
+        self.requests[str(header.get("op"))] += 1
 
     def _receive(self) -> tuple[dict, list[np.ndarray]]:
         """Reads the next reply, past the frames saying a run's plan still compiles (each awaited `timeout` s)."""
@@ -940,11 +975,3 @@ def _raised(reply: dict) -> BaseException:
 def _status(data: dict) -> Status:
     """A `Status` from its JSON form (client ids come back as numbers)."""
     return Status(data, clients={int(c): v for c, v in data["clients"].items()})
-
-
-def _take_all(items: collections.deque) -> list:
-    """Takes everything out of `items`, which finalizers on other threads may append to meanwhile."""
-    taken = []
-    while items:
-        taken.append(items.popleft())
-    return taken

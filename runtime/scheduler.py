@@ -535,7 +535,7 @@ class GangScheduler:
         """Reserves `run`'s peak, puts it in flight and delivers its work; returns the work its caller runs
         `inline` (`submit`). Under the lock."""
         self._results.hand_over(run)
-        reserved_before = {island: self.ledger.used[island][:] for island in run.need}
+        reserved_before = self.ledger.rows(run.need)
         try:
             self.ledger.take(run.need)
             self._in_flight[run.id] = run
@@ -543,7 +543,7 @@ class GangScheduler:
             # An interrupt (Ctrl-C) before the run was in flight: no retirement would give its peak back. The
             # reservations as they were are exact wherever in `take` it landed.
             if run.id not in self._in_flight:
-                self.ledger.used.update(reserved_before)
+                self.ledger.restore(reserved_before)
             raise
         try:
             self.policy.admitted(run, self.device_seconds, self._waiting.clients())

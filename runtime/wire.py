@@ -88,7 +88,8 @@ def send_message(sock: socket.socket, header: dict, arrays=(), limits: Limits = 
     """Sends one frame: `header` as JSON, then the raw bytes of `arrays` (numeric dtypes only). `patient`: a
     send that waited the socket's timeout for the peer to read goes on waiting while bytes from the peer keep
     arriving unread: a service compiling a plan reads nothing, but says it still compiles (a client's timeout
-    bounded the whole send of a large run sent meanwhile)."""
+    bounded the whole send of a large run sent meanwhile). Raises ValueError, before anything is sent, if the
+    frame is over `limits` (`frame_parts`)."""
     parts = frame_parts(header, arrays, limits)
     heard = _arrivals(sock) if patient else None
     for part in parts:

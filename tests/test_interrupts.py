@@ -211,6 +211,25 @@ def test_ctrl_c_while_a_sequential_dispatch_delivers_its_steps_reaches_the_calle
                                _across_reference(X))
 
 
+def test_ctrl_c_while_a_fast_lane_reserves_a_credit_gives_it_back(client, monkeypatch):
+    # A lane with no credit free reserves one more run's peak (`FastLane._credit`): an interrupt once the ledger
+    # took it, before the lane counted it, kept the peak reserved for good (no run and no reclaim gives it back).
+    rt = client.runtime
+    scheduler = rt.scheduler
+    np.testing.assert_allclose(np.asarray(_affine.run(X, client=client)), _affine_reference(X))   # the lane's
+    [lane] = scheduler._lanes
+    settle(rt)
+    baseline = scheduler.usage()                 # (takes the lane's unused credits back: the next run reserves one)
+    assert lane.free == 0
+    monkeypatch.setattr(scheduler.ledger, "take", interrupting(scheduler.ledger.take, after=True))
+    with pytest.raises(KeyboardInterrupt):
+        _affine.run(X, client=client)
+    assert_consistent(client)
+    assert scheduler.usage() == baseline, "the interrupted credit's bytes stay reserved"
+    np.testing.assert_allclose(np.asarray(_affine.run(X, client=client).result(timeout=TIMEOUT)), _affine_reference(X))
+    assert lane.runs == 2
+
+
 def test_ctrl_c_while_a_fast_lane_run_computes_keeps_none_of_the_callers_handles(client, monkeypatch):
     # The run fails with the interrupt, which its island keeps as the failure's cause: raised again as it was, it
     # took the traceback of the caller's frames, which kept the caller's handles (and their results) alive for

@@ -278,6 +278,51 @@ def test_a_frame_of_more_arrays_than_the_limit_is_refused_in_one_line(runtime):
             assert later.object_count() == 0
 
 
+def test_a_request_refused_over_the_limits_keeps_the_releases_it_took(runtime):
+    """A request carries the releases of the handles dropped since the last one; a frame refused before anything
+    was sent (its arguments over the endpoint's limit) lost them, and the service kept their results until the
+    connection closed. They are put back, once, and the next request carries them."""
+    with Endpoint(runtime, limits=Limits(max_array_bytes=1 << 20)) as endpoint:
+        client = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        stop_keepalives(client)                          # only requests carry releases from now on
+        plan = step.compiled(X, runtime=client).plan
+        [dropped] = client.run(plan, [X])
+        [kept] = client.run(plan, [X])
+        assert client.object_count() == 2
+        key = dropped._key
+        del dropped
+        with pytest.raises(ValueError, match=r"^arrays of 2097152 bytes are over the endpoint's limit of 1048576$"):
+            client.run(plan, [np.zeros(1 << 19, np.float32)])
+        assert list(client._dropped) == [key]            # put back once
+        assert client.object_count() == 1                # this request carried it
+        assert not client._dropped
+        np.testing.assert_allclose(np.asarray(kept), WANT, rtol=1e-6)
+        client.close()
+
+
+def test_releases_never_make_a_request_over_the_header_limit(runtime):
+    """The releases of a tree of handles dropped at once made the next request's header over the endpoint's
+    limit, which refused it (ValueError, in a call that had nothing to do with them), and lost them. A request
+    carries as many as take half the limit, and one whose header is over it with them goes without them; the
+    next requests carry the rest."""
+    with Endpoint(runtime, limits=Limits(max_header_bytes=16 << 10)) as endpoint:
+        client = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+        stop_keepalives(client)
+        plan = step.compiled(X, runtime=client).plan
+        [dropped] = client.run(plan, [X])
+        client._dropped.extend(range(10**6, 10**6 + 8000))  # keys never made (ignored there): 64 KB of releases
+        del dropped                                      # its release goes last
+        with pytest.raises(PermissionError, match="no shared object has the reference 'AAAAAA'"):
+            client.shared("A" * (10 << 10))              # answered by the service: the frame went
+        for _ in range(20):
+            if not client._dropped:
+                break
+            client.object_count()
+        assert not client._dropped
+        assert client.object_count() == 0
+        client.close()
+
+
 def test_past_the_connection_cap_a_client_is_told(runtime):
     """Past the cap a client is refused in one line. A connection's place is free once the endpoint has released
     its objects, after it answered `close` (a client closing with a computation under way does not wait for
