@@ -63,6 +63,9 @@ class Executable:
     # last op on it constrains it to (`with_sharding_constraint(r, P("data"))`), or None: where it lands unless
     # out_specs says otherwise.
     out_constraints: tuple[jax.sharding.PartitionSpec | None, ...]
+    # The function kept in this process that its export names, if it calls back to the host: held by the
+    # `Lowered` of the trace (the process keeps it only while something holds it, `keep_in_process`).
+    kept: InProcessFunction | None = None
 
 
 def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef,
@@ -120,7 +123,11 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
         stablehlo = _calls_inlined_in_manual_computations(
             trace.lower(**platforms).compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True))
         devices = mesh.size if in_types else 1
-        export = _export(fn, jitted, wire, devices, lambda: _kept(jitted, mesh, wire, traced[0][1]))
+        export = _export(fn, jitted, wire, devices)
+        kept = None
+        if export is None:        # it calls back to the host: kept in this process, its export naming it
+            kept = _kept(jitted, mesh, wire, traced[0][1])
+            export = keep_in_process(kept)
 
     parsed = ir.Module.parse(stablehlo)
     op = ir.Operation.create("builtin.module", regions=1, loc=Site.of_definition(fn).location(), ip=False)
@@ -143,7 +150,7 @@ def compile_function(symbol: str, fn: Callable, in_tree: jax.tree_util.PyTreeDef
     out_tree, out_avals, out_types = traced[0]
     constrained = _constrained(trace.jaxpr.jaxpr, mesh)
     return Executable(symbol, op, out_tree, out_avals, tuple(entry.results),
-                      tuple(t if t is not None and any(t) else c for t, c in zip(out_types, constrained)))
+                      tuple(t if t is not None and any(t) else c for t, c in zip(out_types, constrained)), kept)
 
 
 def _calls_inlined_in_manual_computations(stablehlo: str) -> str:
@@ -212,12 +219,12 @@ def _constrained(jaxpr, mesh: jax.sharding.AbstractMesh | None) -> tuple[jax.sha
     return tuple(specs)
 
 
-def _export(fn: Callable, jitted, wire: list, devices: int, keep: Callable[[], str]) -> str:
+def _export(fn: Callable, jitted, wire: list, devices: int) -> str | None:
     """Returns the `pw.export` of `jitted` (`fn`'s) for `wire`: base64 of its `jax.export` serialisation (for
-    `devices` devices: 1, or its slice's when its arguments' types are sharded), or, if it calls back to the
-    host (`jax.debug.print`, `jax.debug.callback`, `pure_callback`, `io_callback`), which `jax.export` cannot
-    serialise, what `keep()` returns: the token of the function kept in this process (not for sharded types:
-    its island would call it on values of its own mesh, whose `Auto` axes its types do not name)."""
+    `devices` devices: 1, or its slice's when its arguments' types are sharded), or None if it calls back to
+    the host (`jax.debug.print`, `jax.debug.callback`, `pure_callback`, `io_callback`), which `jax.export`
+    cannot serialise: the caller keeps it in this process (not for sharded types: its island would call it on
+    values of its own mesh, whose `Auto` axes its types do not name)."""
     try:
         exported = jax.export.export(jitted)(*wire)
     except NotImplementedError as error:
@@ -228,7 +235,7 @@ def _export(fn: Callable, jitted, wire: list, devices: int, keep: Callable[[], s
                                       f"jax.debug.callback, pure_callback or io_callback) on a slice with Explicit "
                                       f"axes, which is not supported: give that function a slice of Auto axes, or "
                                       f"return the values and print them from the handles") from None
-        return keep()
+        return None
     if exported.nr_devices != devices:
         raise PlacementError(f"{Site.of_definition(fn)} places values on {exported.nr_devices} devices of its own "
                              f"(a NamedSharding of a concrete Mesh in with_sharding_constraint, or a device_put): "
@@ -237,13 +244,13 @@ def _export(fn: Callable, jitted, wire: list, devices: int, keep: Callable[[], s
     return base64.b64encode(exported.serialize()).decode("ascii")
 
 
-def _kept(jitted, mesh: jax.sharding.AbstractMesh | None, wire: list, out_avals: tuple) -> str:
-    """Keeps `jitted` (traced on `wire`, its results `out_avals`) in this process, to be called where an
-    embedded island compiles it, under the slice's axes as it was traced; returns its token."""
+def _kept(jitted, mesh: jax.sharding.AbstractMesh | None, wire: list, out_avals: tuple) -> InProcessFunction:
+    """The function to keep in this process for `jitted` (traced on `wire`, its results `out_avals`), called
+    where an embedded island compiles it, under the slice's axes as it was traced."""
     def call(*leaves):
         with _under(mesh):
             return jitted(*leaves)
-    return keep_in_process(InProcessFunction(call, tuple(wire), tuple(map(wire_aval, out_avals))))
+    return InProcessFunction(call, tuple(wire), tuple(map(wire_aval, out_avals)))
 
 
 def warn_of_lost_changes(fn: Callable, leaves: list, arguments: tuple, result_leaves: list) -> None:

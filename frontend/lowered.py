@@ -44,6 +44,9 @@ class Lowered:
     out_tree: jax.tree_util.PyTreeDef
     out_avals_flat: tuple[jax.ShapeDtypeStruct, ...]
     donated: tuple[bool, ...] = ()
+    # The functions kept in this process that its compiled functions name (`keep_in_process`): held here, so that
+    # each plan lowered from it runs them, and gone with it once no loaded plan holds them either.
+    kept: tuple = ()
 
     @property
     def in_avals(self) -> Any:

@@ -168,6 +168,11 @@ class ModuleBuilder:
                                                       in_types)
         return self._executables[key]
 
+    def kept(self) -> tuple:
+        """The functions kept in this process that the module's compiled functions name (those that call back
+        to the host): its `Lowered` holds them."""
+        return tuple(e.kept for e in self._executables.values() if e.kept is not None)
+
     def finish(self) -> None:
         """Puts the slices and compiled functions before the programs, and verifies the module. An elastic
         slice is declared at the largest shape of its range that divides every value sharded over it."""
@@ -286,7 +291,7 @@ def lower(site: Site, fn: Callable, example: Any, donated: tuple[bool, ...] = ()
         out_tree, out_avals = program.trace(fn, in_tree)
         module.finish()
     return Lowered(module.module, program.name, in_tree, tuple(in_avals), out_tree, tuple(out_avals),
-                   donated if any(donated) else ())
+                   donated if any(donated) else (), module.kept())
 
 
 class Program(StagedFunction):

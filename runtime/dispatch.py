@@ -40,7 +40,7 @@ from pathways_mlir.dialect.plan_steps import Branch
 
 from .admission import Need, run_need
 from .dispatch_mode import DispatchMode
-from .executables import ARRAY_TYPE, native_dtype, numpy_dtype
+from .executables import ARRAY_TYPE, kept_by, native_dtype, numpy_dtype
 from .island_work import REFERENCES, Readable, RunFailed, debug_checks, raised
 from .limits import MAX_SECONDS
 from .run import Run, Stored
@@ -102,6 +102,9 @@ class LoadedPlan:
     first: dict[str, tuple[int, ...]]          # island -> steps that no host step holds back
     held: dict[int, frozenset[int]]            # step -> the host conds it waits for (plan.conds_before)
     cost: float                                # estimated device-seconds of a run (dialect/device_time.py)
+    # The functions kept in this process that it names (`kept_by`): while it is loaded, an island restored can
+    # compile them again, whatever else still holds them.
+    kept: tuple = field(default=(), repr=False, compare=False)
     _needs: dict = field(default_factory=dict, repr=False, compare=False)   # stored inputs -> need (cache)
 
     @property
@@ -132,7 +135,7 @@ class LoadedPlan:
             tuple((b, plan.island_of(b), plan.buffers[b].shape, numpy_dtype(plan.buffers[b].dtype))
                   for b in plan.inputs),
             {i: tuple(s.id for s in plan.islands.get(i, ()) if not held[s.id]) for i in sorted(islands)},
-            held, device_seconds(plan))
+            held, device_seconds(plan), kept_by(plan))
 
 
 class Dispatcher:

@@ -93,11 +93,14 @@ class InProcessFunction:
     out_avals: tuple
 
 
-_KEPT: dict[str, InProcessFunction] = {}     # every such function traced in this process (a few per program)
+# Every such function traced in this process that something still holds: the `Lowered` traced with it and the
+# runtime's record of each loaded plan naming it (`kept_by`), so that it goes, with its jitted function and all
+# JAX caches on it, once the program and its plans do (about 4 MB each, kept till exit before).
+_KEPT: weakref.WeakValueDictionary[str, InProcessFunction] = weakref.WeakValueDictionary()
 
 
 def keep_in_process(function: InProcessFunction) -> str:
-    """Keeps `function` in this process until it exits; returns the `pw.export` naming it."""
+    """Keeps `function` in this process for as long as the caller holds it; returns the `pw.export` naming it."""
     token = IN_PROCESS + uuid.uuid4().hex
     _KEPT[token] = function
     return token
@@ -111,6 +114,14 @@ def kept_in_process(blob: str) -> InProcessFunction | None:
 def is_in_process(blob: str) -> bool:
     """Whether a `pw.export` names a function kept in its tracing process rather than serialising one."""
     return blob.startswith(IN_PROCESS)
+
+
+def kept_by(plan: ProgramPlan) -> tuple[InProcessFunction, ...]:
+    """The functions kept in this process that `plan` and its branch plans name (those this process still
+    keeps): whoever holds them keeps the plan runnable, its executables compiled again on an island restored."""
+    kept = [kept_in_process(blob) for blob in plan.executables.values() if is_in_process(blob)]
+    branches = [f for step in plan.host_steps for branch in (step.then_plan, step.else_plan) for f in kept_by(branch)]
+    return tuple(f for f in kept if f is not None) + tuple(branches)
 
 
 @functools.cache                  # a handle's dtype is asked for at every call it is passed to

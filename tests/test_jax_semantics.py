@@ -876,6 +876,37 @@ def test_a_plan_with_a_host_callback_runs_only_where_it_was_traced():
         runtime.load(elsewhere)
 
 
+def test_a_function_calling_back_to_the_host_is_kept_while_a_program_or_loaded_plan_names_it():
+    """The process kept every traced function that calls back to the host till it exited (`_KEPT`), with its
+    jitted function and JAX's caches on it (about 4 MB each): a notebook cell defining one, run again, leaked.
+    Now its `Lowered` holds it, and the runtime's record of each plan loaded that names it: a plan still held
+    runs it after its program is gone, and once the plan goes too, so does the function."""
+    import gc
+    import weakref
+
+    from pathways_mlir.runtime.executables import kept_in_process
+
+    seen = []
+    x = np.ones(2, np.float32)
+    lowered = pw.jit(lambda v: (jax.debug.callback(seen.append, v), v + 1)[1],
+                     slice=pw.virtual_slice(1, axes="d")).lower(x)
+    compiled = lowered.compile()
+    plan = compiled.plan
+    (token,) = (blob for blob in plan.executables.values() if blob.startswith("in-process:"))
+    kept = weakref.ref(kept_in_process(token))
+    del lowered, compiled
+    gc.collect()
+    assert kept_in_process(token) is kept()
+    with pw.Client() as client:
+        np.testing.assert_array_equal(np.asarray(client.run(plan, [x])[0]), x + 1)
+    assert len(seen) == 1
+    del plan
+    gc.collect()
+    np.asarray(pw.jit(lambda v: v * 3, slice=pw.virtual_slice(1, axes="d"))(x))    # (a load forgets unused plans)
+    gc.collect()
+    assert kept() is None and kept_in_process(token) is None
+
+
 class Scaler:
     """Placed functions and a program in a class body: methods, as jax.jit functions are."""
 

@@ -220,6 +220,26 @@ def test_objects_are_reclaimed_on_the_actors_when_the_client_closes(ray_runtime)
     assert sum(ray_runtime.usage().values()) == 0 and ray_runtime.object_count() == 0
 
 
+def test_the_driver_forgets_a_plans_results_and_reads_with_the_plan(ray_runtime):
+    """The driver kept, per plan ever run, its results' sizes (`RayCluster._results`) and the results read of
+    its runs on each island (`RayIsland._read`) after the runtime forgot the plan: one entry each per program
+    traced (a notebook's re-run cells, new shapes), for the driver's life. They go with the plan now."""
+    compiled = pw.jit(lambda x: x * 3.0, slice=pw.virtual_slice(1, axes="d")).lower(X).compile(ray_runtime)
+    key = ray_runtime.load(compiled.plan).key
+    with Client(ray_runtime) as client:
+        np.testing.assert_array_equal(np.asarray(compiled(X, client=client)), X * 3.0)
+    assert key in ray_runtime.islands._results
+    assert any(key in island._read for island in ray_runtime.islands.values())
+    del compiled
+    gc.collect()
+
+    def forgotten():          # (the runs over retire, then the watchdog forgets the plan nothing holds)
+        ray_runtime.usage()
+        return key not in ray_runtime.islands._results and \
+            not any(key in island._read for island in ray_runtime.islands.values())
+    until(forgotten, "the driver forgets the plan's results and reads", 60)
+
+
 def test_the_scheduler_charges_the_device_time_the_actors_measured(ray_runtime):
     plan = across.compiled(X, runtime=ray_runtime).plan
     key = ray_runtime.load(plan).key

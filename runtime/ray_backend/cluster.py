@@ -121,6 +121,11 @@ class RayIslands(Islands):
         """The results a plan's runs leave on `island` (known once one of its runs started): buffer -> bytes."""
         return self._results.get(key, {}).get(island, {})
 
+    def forget_results(self, key: int) -> None:
+        """Forgets what `results` knows of a plan the runtime forgot (unloaded from its islands): no run of it
+        comes after, and plan keys are never reused."""
+        self._results.pop(key, None)
+
     def start(self, run, works: dict[str, IslandWork], inline: bool = False) -> list:
         """Sends one run's work to its islands as one start message each, with the releases queued; the run
         fails at once on an island whose actor is dead, and everywhere (unsent) if it takes a kept result whose

@@ -176,6 +176,9 @@ class RayIsland:
 
     def unload(self, key: int) -> None:
         self._plans.pop(key, None)
+        with self._lock:
+            self._read.pop(key, None)
+        self._group.forget_results(key)       # (each of the plan's islands asks: the first forgets)
         if self._dead is None and not self._closed:
             self._call("unload", key)          # not waited for: nothing of the plan runs any more
 
