@@ -15,7 +15,8 @@ when the runtime's topology has changed since (a device removed or added),
 so programs follow the cluster; on a service (`pw.connect`), when the
 service refuses a run as lowered for an older topology. Calling a program or placed function
 directly uses `StageCache`: one `Compiled` per runtime and call
-signature, kept on the function itself, so a repeated call never traces,
+signature, kept on the function itself (the `STAGE_CACHE_SIZE` most recently
+used per runtime, until the runtime closes), so a repeated call never traces,
 lowers or parses a plan again.
 """
 
@@ -25,6 +26,7 @@ import math
 import operator
 import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -38,7 +40,7 @@ from pathways_mlir.runtime.dispatch import check_dtype
 from pathways_mlir.runtime.executables import ARRAY_TYPE
 from pathways_mlir.runtime.handles import Handle
 from pathways_mlir.runtime.resource_manager import TopologyChanged
-from pathways_mlir.runtime.runtime import get_runtime, refuse_forked
+from pathways_mlir.runtime.runtime import get_runtime, on_close, refuse_forked
 
 from .avals import ARRAYS, aval_of, has_tracers, is_extended, not_an_array, signature_of, trace_state_clean
 from .errors import require_bool
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from pathways_mlir.runtime.interface import ClusterRuntime
 
 _IDENTICAL = 64                      # signatures a stage cache keeps by identity (then it starts again)
+STAGE_CACHE_SIZE = 4096              # stages a stage cache keeps per runtime, least recently used evicted (as jax.jit)
 
 
 TOPOLOGY_TRIES = 8      # lowerings of a call whose cluster keeps changing under it before TopologyChanged is raised
@@ -400,20 +403,33 @@ class StageCache:
     context: `jax_enable_x64`, with which a float64 NumPy array or a Python
     int traces as another type, `jax.threefry_partitionable`,
     `jax.numpy_rank_promotion`, `jax.disable_jit`, ...).
+
+    It keeps at most `STAGE_CACHE_SIZE` stages per runtime and evicts the least recently used one, as `jax.jit`'s
+    caches do: an evicted stage's plan is forgotten on the runtime once nothing else holds it. A runtime's stages
+    go when it closes (`forget`): each holds its runtime, which stayed alive for good.
     """
 
     def __init__(self, lower: Callable[[Call], Lowered], signature: Signature):
         self._lower = lower
         self._signature = signature
         self._unsplit = not signature.static_nums and not signature.static_names   # positional args are the call's
-        self._by_runtime: "weakref.WeakKeyDictionary[Any, dict[tuple, Compiled]]" = weakref.WeakKeyDictionary()
+        # runtime -> signature -> (its stage, the signature as kept here), the least recently used first
+        self._by_runtime: dict[Any, OrderedDict[tuple, tuple[Compiled, tuple]]] = {}
         self._lock = threading.Lock()
-        self._last: tuple = (None, {})      # the runtime of the latest call and its stages: a fast lookup
-        self._identical: dict[tuple[int, ...], tuple] = {}   # ids -> (runtime, objects, stage, x64); see `run`
+        self._last: tuple = (None, _NO_STAGES)   # the runtime of the latest call and its stages: a fast lookup
+        # ids -> (runtime, objects, stage, trace context, the runtime's stages, the stage's signature); see `run`
+        self._identical: dict[tuple[int, ...], tuple] = {}
+        with _stage_caches_lock:
+            _stage_caches.add(self)
 
     def get(self, call: Call, runtime=None) -> Compiled:
         """Returns the stage for `call` on `runtime` (default: the process's), tracing and lowering
         only the first time."""
+        return self._stage(call, runtime)[0]
+
+    def _stage(self, call: Call, runtime) -> tuple[Compiled, OrderedDict, tuple]:
+        """`get`'s stage, the runtime's stages that keep it and its signature as they keep it (touched by `run`'s
+        identity lookups: an equal signature of another call was compared element by element, 0.45 us a call)."""
         refuse_forked()          # (before JAX lowers: in a forked child its lowering can wait forever)
         if runtime is None:
             runtime = get_runtime()
@@ -425,17 +441,32 @@ class StageCache:
             position = next(i for i, x in enumerate(leaves) if not _has_signature(x))
             path = jax.tree_util.tree_flatten_with_path(call.tree)[0][position][0]
             raise type(error)(f"{Site.of_definition(self._signature.fn)}: {argument_name(path)}: {error}") from None
-        per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, {})
-        found = per_runtime.get(key)
-        if found is not None:
+        per_runtime = self._last[1] if self._last[0] is runtime else self._by_runtime.get(runtime, _NO_STAGES)
+        try:
+            per_runtime.move_to_end(key)        # (the most recently used last)
+            found, key = per_runtime[key]
+        except KeyError:                        # not cached, or evicted meanwhile by another thread's call
+            pass
+        else:
             self._last = (runtime, per_runtime)
-            return found
+            return found, per_runtime, key
         with self._lock:
-            per_runtime = self._by_runtime.setdefault(runtime, {})
+            per_runtime = self._by_runtime.setdefault(runtime, OrderedDict())
             if key not in per_runtime:
                 avals = jax.tree_util.tree_unflatten(tree, map(aval_of, leaves))
-                per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime)
-            return per_runtime[key]
+                per_runtime[key] = Compiled(self._lower(Call(*avals, call.static)), runtime), key
+                if len(per_runtime) > STAGE_CACHE_SIZE:
+                    per_runtime.popitem(last=False)
+                    self._identical = {}        # (it may hold the evicted stage, whose plan stayed loaded then)
+            found, key = per_runtime[key]
+            return found, per_runtime, key
+
+    def forget(self, runtime) -> None:
+        """Drops the stages of `runtime`, which closed, and the fast lookups that may hold them."""
+        with self._lock:
+            if self._by_runtime.pop(runtime, None) is not None:
+                self._last = (None, _NO_STAGES)
+                self._identical = {}
 
     def run(self, args: tuple, kwargs: dict, dispatch: str, client=None, timeout: float | None = None,
             traced: Callable | None = None) -> Any:
@@ -471,17 +502,37 @@ class StageCache:
             context = trace_context()
             if found is not None and found[0] is runtime and found[3] == context and \
                     all(map(operator.is_, found[1], identity[1])) and trace_state_clean():
+                try:
+                    found[4].move_to_end(found[5])      # (the most recently used last, as `get` keeps them)
+                except KeyError:                        # evicted meanwhile by another thread's call
+                    pass
                 return found[2].call_plain(args, leaves, client)
         if traced is not None and (jax.config.jax_disable_jit or has_tracers((args, kwargs))):
             return traced(*args, **kwargs)
         call = self._signature.split(args, kwargs)
-        compiled = self.get(call, runtime)
+        compiled, stages, key = self._stage(call, runtime)
         if identity is not None and compiled.plain:
             if len(self._identical) >= _IDENTICAL:
                 self._identical.clear()
-            self._identical[identity[0]] = (runtime, identity[1], compiled, context)
+            self._identical[identity[0]] = (runtime, identity[1], compiled, context, stages, key)
             return compiled.call_plain(args, leaves, client)
         return compiled._run(call.args, call.kwargs, client, dispatch, timeout, matched=True)
+
+
+_NO_STAGES: OrderedDict = OrderedDict()      # a runtime's stages before its first (never added to)
+_stage_caches: "weakref.WeakSet[StageCache]" = weakref.WeakSet()     # every stage cache (`_forget_runtime`)
+_stage_caches_lock = threading.Lock()
+
+
+def _forget_runtime(runtime) -> None:
+    """Drops every stage cache's stages of `runtime`, which closed (`on_close`)."""
+    with _stage_caches_lock:
+        caches = list(_stage_caches)
+    for cache in caches:
+        cache.forget(runtime)
+
+
+on_close(_forget_runtime)
 
 
 RUN_OPTIONS = ("dispatch", "client", "timeout")     # `StagedFunction.run`'s keywords

@@ -27,7 +27,7 @@ from .handles import Handle, nothing_dropped, release_dropped, release_when_safe
 from .island_work import Readable, RunFailed, StoreRef, client_owner
 from .plan_check import refuse_debug_checks
 from .run import Run
-from .runtime import RunCancelled, Runtime, get_runtime, in_forked_child, refuse_forked
+from .runtime import RunCancelled, Runtime, get_runtime, in_forked_child, on_close, refuse_forked
 from .shared import SharedRef
 from .wire import too_many_dims
 
@@ -384,7 +384,9 @@ def cancel(handle) -> bool:
     return owner._client.cancel(owner)
 
 
-_default_clients: "weakref.WeakKeyDictionary[Runtime, Client]" = weakref.WeakKeyDictionary()
+# Each runtime's default client, until the runtime closes (`_forget_default_client`): the client holds its runtime,
+# so a weak key never died and every closed runtime stayed.
+_default_clients: dict[Runtime, Client] = {}
 _default_lock = threading.Lock()
 
 
@@ -399,8 +401,19 @@ def default_client(runtime: Runtime | None = None) -> Client:
         with _default_lock:
             client = _default_clients.get(runtime)
             if client is None:
-                client = _default_clients[runtime] = Client(runtime)
+                client = Client(runtime)
+                if not runtime.closed:      # (a closed runtime's would be kept for good: it was forgotten)
+                    _default_clients[runtime] = client
     return client
+
+
+def _forget_default_client(runtime) -> None:
+    """Drops the default client of `runtime`, which closed (`on_close`)."""
+    with _default_lock:
+        _default_clients.pop(runtime, None)
+
+
+on_close(_forget_default_client)
 
 
 def _refuse_other_clients(handle: Handle, client: Client, argument: str, position: int) -> None:

@@ -69,7 +69,7 @@ from .dispatch_mode import DispatchMode
 from .executables import ARRAY_TYPE, numpy_dtype
 from .fair_lock import FairLock
 from .island_work import RunFailed
-from .runtime import release_default
+from .runtime import forget_runtime, release_default
 from .status import Status
 from .limits import Limits
 from .plan_check import refuse_debug_checks, refuse_kept_functions
@@ -572,6 +572,7 @@ class RemoteClient:
                 pass   # the endpoint is gone (a ServiceError), and with it everything this client owned
             finally:
                 self._socket.close()
+        forget_runtime(self)
         if self._keepalive is not threading.current_thread():
             self._keepalive.join(10)
 

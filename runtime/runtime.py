@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any, Callable
 
 from pathways_mlir.dialect.plan import ProgramPlan
 
@@ -485,6 +486,7 @@ class Runtime:
         deadline = time.monotonic() + COND_JOIN
         for thread in list(self.cond_threads):
             thread.join(max(0.0, deadline - time.monotonic()))
+        forget_runtime(self)
 
 
 FORKED = ("the pathways-mlir runtime does not survive os.fork(): start worker processes with the 'spawn' or "
@@ -610,6 +612,34 @@ def command_line_options(tracer: Tracer | None = None, **options):
         _command_line_options, _command_line_tracer = {}, None
 
 
+_runtime_forgetters: list[Callable[[Any], None]] = []    # see `on_close`
+
+
+def on_close(forget: Callable[[Any], None]) -> None:
+    """Has `forget(runtime)` called whenever a runtime or a service's connection closes (`forget_runtime`): what
+    keeps state per runtime (default clients, stage caches) holds the runtime in it, so only dropping it at the
+    close lets a closed runtime, its islands and its plans go (each `pw.configure` or `pw.connect` kept one)."""
+    _runtime_forgetters.append(forget)
+
+
+def forget_runtime(runtime) -> None:
+    """Drops what this process keeps for `runtime`, which closed (see `on_close`)."""
+    for forget in _runtime_forgetters:
+        forget(runtime)
+
+
+_closes_at_exit = False     # whether `_close_default` is registered with atexit (`_close_default_at_exit`)
+
+
+def _close_default_at_exit() -> None:
+    """Registers `_close_default` with atexit, once (each default runtime registered it again, for good; with JAX
+    imported before, it runs before JAX's own handlers). Called under `_default_lock`."""
+    global _closes_at_exit
+    if not _closes_at_exit:
+        atexit.register(_close_default)
+        _closes_at_exit = True
+
+
 def connect_default(runtime) -> None:
     """Makes `runtime` (a service's connection, see `runtime/service.py`) the process's default runtime,
     closing the one there."""
@@ -619,7 +649,7 @@ def connect_default(runtime) -> None:
         if _default is not None:
             _default.close()
         _default = runtime
-        atexit.register(_close_default)
+        _close_default_at_exit()
 
 
 def release_default(runtime) -> None:
@@ -637,7 +667,7 @@ def get_runtime() -> Runtime:
     with _default_lock:
         if _default is None:
             _default = Runtime(**_default_options)
-            atexit.register(_close_default)
+            _close_default_at_exit()
             if _command_line_tracer is not None:
                 _default.start_tracing(_command_line_tracer)
         return _default

@@ -588,6 +588,62 @@ def test_a_program_nothing_holds_any_more_is_forgotten_with_its_executables(runt
     assert len(runtime._loaded) == 1 and island.cache.compilations == 21
 
 
+def test_a_placed_function_keeps_its_most_recently_used_stages_and_its_runtime_forgets_the_others(runtime,
+                                                                                                   monkeypatch):
+    """A placed function kept one stage per call signature for good, each with its plan loaded and executables
+    compiled (about 0.5 MB a shape; through pw-serve a connection reached `max_plans`). It keeps the
+    `STAGE_CACHE_SIZE` most recently used ones per runtime, as jax.jit's caches do (one called again by identity,
+    without a new signature, counts as used): the runtime forgets the plans of those it evicts."""
+    import gc
+
+    import pathways_mlir as pw
+    from pathways_mlir.frontend import compiled
+    from fetching import until
+
+    monkeypatch.setattr(compiled, "STAGE_CACHE_SIZE", 3)
+    double = pw.jit(lambda x: x * 2, slice=pw.virtual_slice(2, axes="x", island="island0"))
+    hot = np.ones((2, 4), np.float32)
+    with Client(runtime) as client:
+        np.testing.assert_array_equal(np.asarray(double.run(hot, client=client)), hot * 2)
+        first = double.compiled(hot, runtime=runtime)
+        for rows in range(4, 20, 2):
+            x = np.ones((rows, 4), np.float32)
+            np.testing.assert_array_equal(np.asarray(double.run(x, client=client)), x * 2)
+            np.testing.assert_array_equal(np.asarray(double.run(hot, client=client)), hot * 2)
+        assert len(double._stages._by_runtime[runtime]) == 3
+        assert double.compiled(hot, runtime=runtime) is first      # the most recently used: never evicted
+
+    def forgotten():
+        runtime.usage()              # retires the runs that are over (a run holds its plan)
+        gc.collect()
+        return len(runtime._loaded) == 3
+    until(forgotten, "the evicted stages' plans forgotten", 60)
+
+
+def test_a_runtime_pw_configure_replaced_is_freed_and_the_exit_handler_registered_once():
+    """Each pw.configure (a notebook running its setup cell again) kept the runtime it closed, with its islands,
+    plans and executables (+0.67 MB a cycle): the stages of a placed function called on it and its default
+    client held it, and each new default runtime registered one more atexit handler."""
+    import atexit
+    import gc
+    import weakref
+
+    import pathways_mlir as pw
+    from pathways_mlir.runtime.runtime import get_runtime
+
+    double = pw.jit(lambda x: x * 2, slice=pw.virtual_slice(2, axes="data"))
+    handlers = None
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(double(X)), X * 2)       # on the default runtime and client
+        replaced = weakref.ref(get_runtime())
+        if handlers is None:
+            handlers = atexit._ncallbacks()
+        pw.configure()
+        gc.collect()
+        assert replaced() is None, "the runtime pw.configure closed is still alive"
+    assert atexit._ncallbacks() == handlers
+
+
 def test_programs_called_once_and_dropped_are_forgotten_without_anyone_asking(runtime):
     """A fast lane retires its runs only when it needs their credits back (32 in use), so a program called once
     and dropped kept its run in flight, and the run its plan: 150 such programs kept 150 plans loaded (0.23 MB
