@@ -36,6 +36,7 @@ from pathways_mlir.runtime.ray_backend.start_channel import PENDING  # noqa: E40
 
 from across_islands import across, bend, expected, grow, left  # noqa: E402
 from fetching import stop_process, until  # noqa: E402
+from wire_ranks import check_ranks_cross  # noqa: E402
 
 X = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
 
@@ -161,21 +162,9 @@ def test_arrays_of_up_to_64_dimensions_reach_the_actors_and_more_fail_only_their
     to its actor: the island was lost, and every later run with it (found by a fault finder). The wire takes
     NumPy's 64 now. A JAX array may have more, which no frame carries: such an argument or result fails its own
     call in one line naming it, and the island goes on."""
-    island1 = pw.virtual_slice(2, axes="x", island="island1")
-    inc = pw.jit(lambda a: a + 1.0, slice=island1)
-    deepen = pw.jit(lambda a: (a.reshape((1,) * 64 + a.shape), a * 2.0), slice=island1)
     with Client(ray_runtime) as client:
-        assert np.asarray(inc.run(np.ones((1,) * 64, np.float32), client=client).result(60)).shape == (1,) * 64
-        with pytest.raises(ValueError, match=r"^argument leaf 0 of program @lambda \(argument\[0\]\) has 65 "
-                                             r"dimensions, over the limit of 64 of an array sent"):
-            inc.run(jnp.ones((1,) * 65, np.float32), client=client)
-        deep, doubled = deepen.run(np.ones(2, np.float32), client=client)
-        deep.copy_to_host_async()        # asked for with its sibling's value, which leaves it out
-        assert np.asarray(doubled).tolist() == [2.0, 2.0]
-        with pytest.raises(ValueError, match=r"^result buffer \d+ of run \d+ has 65 dimensions, over the limit "
-                                             r"of 64 of an array sent"):
-            np.asarray(deep)
-        assert np.asarray(inc.run(np.ones(2, np.float32), client=client).result(60)).tolist() == [2.0, 2.0]
+        check_ranks_cross(pw.virtual_slice(2, axes="x", island="island1"), client, ValueError,
+                          r"^result buffer \d+ of run \d+ has 65 dimensions, over the limit of 64 of an array sent")
     assert set(ray_runtime.islands) == {"island0", "island1"}
 
 
