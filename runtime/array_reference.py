@@ -7,8 +7,9 @@ as JAX's own array types are), so `isinstance(ref, jax.Array)` holds where a
 library checks for an array (Orbax's checkpointers, optax, flax), and every
 method, operator and property that JAX's array declares is its value's:
 
-- NumPy: `np.asarray(ref)`, `ref.item()`, `ref.tolist()`;
-- Python: `float(ref)`, `int(ref)`, `bool(ref)`, `print(ref)` and `str(ref)` (the value, as
+- NumPy: `np.asarray(ref)` (the value itself, read-only), `np.array(ref)` (a copy of its own), `ref.item()`,
+  `ref.tolist()`;
+- Python: `bytes(ref)`, `float(ref)`, `int(ref)`, `bool(ref)`, `print(ref)` and `str(ref)` (the value, as
   the JAX array prints it; `repr` names the reference), `f"{ref:.3f}"`, `len(ref)`,
   `for row in ref`;
 - operators and indexing, as a JAX array's: `ref + 1`, `-ref`, `ref @ w`,
@@ -61,7 +62,7 @@ which loads as a NumPy array.
 `Handle`, `SharedRef` and `RemoteHandle` are such references; the first two
 name a result by its run and buffer (`RunResult`). A reference to typed PRNG
 keys (`frontend/wire.KeyHandle`) shares their base, `Reference`: JAX, indexing,
-iteration, copies and the refusal to change in place, but no NumPy protocol or
+iteration, printing, copies and the refusal to change in place, but no NumPy protocol or
 operators (a key array has neither); it is a `jax.Array` too.
 """
 
@@ -148,6 +149,14 @@ class Reference:
             raise TypeError(f"iteration over a 0-d {self._kind} reference")
         return iter(self.result())
 
+    def __str__(self) -> str:
+        """The value as the JAX array prints it (`print(loss)`, a key array's `Array((2,), dtype=key<fry>)
+        overlaying: ...`), waiting for it; `repr` names the reference."""
+        return str(self.result())
+
+    def __format__(self, spec: str) -> str:
+        return format(self.result(), spec)
+
     def copy_to_host_async(self) -> None:
         """Does nothing here: JAX's hint to start copying the value to the host (`jax.device_get` gives it before
         it reads each value); a reference's value is copied when it is read, waiting for it if need be (a
@@ -187,8 +196,16 @@ class ArrayReference(Reference, jax.Array):
         return np.asarray(self.result(timeout))
 
     def __array__(self, dtype=None, copy=None):
-        value = self._host_value()
-        return value.astype(dtype) if dtype is not None else value
+        """The value as NumPy takes it, as a JAX array's `__array__` gives it: `copy=True` (`np.array(ref)`) a
+        new array the caller may write; `copy=False` the value itself, or ValueError if `dtype` needs a copy;
+        `copy=None` (`np.asarray(ref)`) the value itself where its dtype is `dtype` (read-only, as a JAX
+        array's value is), else a converted copy."""
+        return np.asarray(self._host_value(), dtype=dtype, copy=copy)
+
+    def __bytes__(self) -> bytes:
+        """`bytes(ref)`: the value's raw bytes, as `bytes` of a JAX array gives them through its buffer protocol
+        (waiting for it); of an integer scalar, as of a JAX or NumPy one, that many zero bytes (`__index__`)."""
+        return bytes(self._host_value())
 
     def __jax_array__(self):
         return self.result()
@@ -225,13 +242,6 @@ class ArrayReference(Reference, jax.Array):
 
     def __bool__(self) -> bool:
         return bool(self.result())
-
-    def __str__(self) -> str:
-        """The value as the JAX array prints it (`print(loss)`), waiting for it; `repr` names the reference."""
-        return str(self.result())
-
-    def __format__(self, spec: str) -> str:
-        return format(self.result(), spec)
 
     def __reduce__(self):
         """Pickles the value (waiting for it), which unpickles as a NumPy array: the reference names a result

@@ -30,8 +30,9 @@ fits, an argument that is neither a JAX or NumPy array of its input's shape
 and dtype nor a handle of the run's client whose result the lane's island
 already keeps (read from its store, with no fetch and no wait; a result of a
 run with a timeout is not; another client's handle is refused by the general
-path). A NumPy array is placed as the general path places it
-(`IslandExecutor._place`). Plans
+path), or a deleted array (a caller's, or a handle's kept one deleted outside
+the runtime: the general path refuses both). A NumPy array is placed as the
+general path places it (`IslandExecutor._place`). Plans
 on several islands, with host conds, host inputs or donated inputs never
 get a lane, nor do runtimes under another policy than `fifo` or on Ray;
 calls with a timeout, sequential dispatch or shared objects never take it.
@@ -114,12 +115,14 @@ class FastLane:
                 value = kept((run.id, value._buffer))
                 if value is None:
                     return None          # not produced yet, released or failed, or on another island
-            elif kind is ARRAY_TYPE:
-                if value.is_deleted():
-                    return None          # the general path refuses it
-            elif kind is not np.ndarray:
+            elif kind is not ARRAY_TYPE and kind is not np.ndarray:
                 return None
             if type(value) is ARRAY_TYPE:
+                # The general path refuses a deleted array in one line, where the executable would fail on it: a
+                # caller's, or a handle's kept array, which a `jax.jit` it was donated to, or `result().delete()`,
+                # deleted behind the handle (`Handle._value`).
+                if value.is_deleted():
+                    return None
                 aval = value.aval            # (what its `shape` and `dtype` properties read: no call)
                 if aval.shape != shape or aval.dtype != dtype:
                     return None

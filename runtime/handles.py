@@ -8,6 +8,11 @@ functions accept it. Dropping the last reference to a handle, or calling
 is then dropped when it is); one the cyclic garbage collector finalizes is
 released at the next call of a client or of the runtime. A released handle, or one of a closed client,
 raises instead of returning data.
+
+`h.result()` is the object store's own array, not a copy: a `jax.jit` it is donated to, or its `delete()`,
+deletes it behind the handle. The handle then says `is_deleted()`, and reading it or passing it to a run
+raises one line at the call; the store keeps the deleted array, and the scheduler's ledger its bytes, until
+the handle is released, which drops both once, as for any other result.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from typing import TYPE_CHECKING, Callable
 
 from .admission import OutOfDeviceMemory
 from .array_reference import RunResult, wait_limit
+from .executables import ARRAY_TYPE
 from .island_work import RunFailed, StoreRef
-from .run import Run
+from .run import Run, Stored
 
 if TYPE_CHECKING:
     from .client import Client
@@ -99,8 +105,13 @@ class Handle(RunResult):
 
     def _value(self, timeout: float | None):
         timeout = wait_limit(timeout)
-        self._check()
-        return self._client.fetch(self._run, self._buffer, timeout, self)   # (checked again before a wait)
+        self._check_released()
+        value = self._client.fetch(self._run, self._buffer, timeout, self)   # (checked again before a wait)
+        # The array itself says whether it was deleted outside pathways-mlir: cheaper than `_check`'s look in the
+        # store, on every read.
+        if type(value) is ARRAY_TYPE and value.is_deleted():
+            raise ValueError(self._deleted_outside())
+        return value
 
     def copy_to_host_async(self) -> None:
         """Announces that the value will be read soon (`jax.device_get` gives this to every leaf of a pytree
@@ -114,6 +125,14 @@ class Handle(RunResult):
             self._islands[island].want(self._run.id, self._buffer, self.nbytes)
 
     def _check(self) -> None:
+        """Raises ValueError in one line if the result was released (deleted, donated, or its client closed), or
+        its array was deleted outside pathways-mlir (`_array_deleted`)."""
+        self._check_released()
+        if self._array_deleted():
+            raise ValueError(self._deleted_outside())
+
+    def _check_released(self) -> None:
+        """Raises ValueError in one line if the result was released: deleted, donated, or its client closed."""
         if self._donated_to is not None:
             raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} was donated to "
                              f"{self._donated_to}: a donated handle cannot be used again")
@@ -122,6 +141,33 @@ class Handle(RunResult):
         if self._client.closed:
             raise ValueError(f"handle to buffer {self._buffer} of run {self._run.id} belongs to closed "
                              f"client {self._client.id}: its result was released")
+
+    def _deleted_outside(self) -> str:
+        """The error's line for a result whose array was deleted outside pathways-mlir."""
+        return (f"handle to buffer {self._buffer} of run {self._run.id}: its array was deleted outside pathways-mlir "
+                f"(donated to a jax.jit, or deleted through result())")
+
+    def _array_deleted(self) -> bool:
+        """Whether the array this process keeps for the result was deleted outside pathways-mlir: `result()` is
+        the object store's own array (no copy), which a `jax.jit` it is donated to, or its `delete()`, deletes
+        behind the handle. A look without waiting or fetching: a result not produced yet, or kept in another
+        process (a Ray actor's, read here as a copy), is not. Its store keeps the deleted array, and the ledger
+        its bytes, until the handle is released, as for any other result."""
+        run, buffer = self._run, self._buffer
+        island = run.island_of(buffer)
+        if island is None:                  # a host buffer: its settled value, or the store that kept it since
+            future = run.host.get(buffer)
+            if future is None or not future.done() or future.cancelled() or future.exception() is not None:
+                return False
+            value = future.result()
+            if type(value) is not Stored:
+                return type(value) is ARRAY_TYPE and value.is_deleted()
+            island = value.island
+        islands = self._islands
+        if not islands.in_process or island not in islands:    # (an island lost since keeps nothing here)
+            return False
+        array = islands[island].store.get((run.id, buffer))
+        return type(array) is ARRAY_TYPE and array.is_deleted()
 
     def block_until_ready(self) -> "Handle":
         """Waits until the buffer's value has been computed."""
@@ -146,8 +192,9 @@ class Handle(RunResult):
         return value.is_ready() if hasattr(value, "is_ready") else True   # (NumPy, from another process: ready)
 
     def is_deleted(self) -> bool:
-        """Whether the result was released: deleted, donated, or its client closed."""
-        return self._deleted or self._client.closed
+        """Whether the result was released (deleted, donated, or its client closed), or its array was deleted
+        outside pathways-mlir (`_array_deleted`), as a `jax.Array` donated to a `jax.jit` says it is."""
+        return self._deleted or self._client.closed or self._array_deleted()
 
     def delete(self) -> None:
         """Releases the result now."""

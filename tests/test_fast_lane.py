@@ -455,6 +455,37 @@ def test_a_handle_the_lane_cannot_read_at_once_sends_the_run_the_general_way(run
     assert_nothing_left(runtime)
 
 
+@pytest.mark.parametrize("how", ["donated to a jax.jit", "deleted through result()"])
+def test_a_handle_whose_array_was_deleted_outside_the_runtime_is_refused_at_the_call_on_either_path(
+        runtime, plan_builder, how):
+    """`result()` is the store's own array: a `jax.jit` it was donated to, or its `delete()`, deleted it behind
+    the handle, which still said `is_deleted()` False; the lane read the deleted array from the store and its run
+    failed on the island (RunFailed: 'Array has been deleted'; found by a fault finder). Now the handle says it is
+    deleted, and reading it or passing it raises one line at the call, through the lane's plan (which leaves the
+    run to the general path) or the general path (a call with a timeout). Its bytes stay counted until the handle
+    is released, once."""
+    plan = small(plan_builder, runtime.resources.topology)
+    lane = runtime.lane(plan)
+    with Client(runtime) as client:
+        [y] = client.run(plan, [jnp.asarray(X)])
+        client.wait(y._run, timeout=60)                              # kept on the lane's island: read in place
+        assert lane.runs == 1 and not y.is_deleted()
+        if how == "donated to a jax.jit":
+            jax.jit(lambda v: v + 1.0, donate_argnums=0)(y).block_until_ready()
+        else:
+            y.result().delete()
+        assert y.is_deleted()
+        line = (rf"^handle to buffer {y._buffer} of run {y._run.id}: its array was deleted outside pathways-mlir "
+                r"\(donated to a jax.jit, or deleted through result\(\)\)$")
+        for call in (lambda: np.asarray(y), lambda: y.is_ready(), lambda: client.run(plan, [y]),
+                     lambda: client.run(plan, [y], timeout=60)):
+            with pytest.raises(ValueError, match=line):
+                call()
+        assert lane.runs == 1
+        y.delete()
+    assert_nothing_left(runtime)
+
+
 def test_another_clients_handle_takes_the_general_path_which_refuses_it(runtime, plan_builder):
     """The lane read a handle of any client from its island's store: another client's run took the owner's result
     as it is (found by a fault finder; other clients read it through `owner.share`). Now the general path takes

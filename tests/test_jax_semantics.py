@@ -71,6 +71,17 @@ def test_typed_keys_go_in_and_out_of_placed_functions_as_in_jax():
             np.asarray(keys)
 
 
+def test_a_key_handle_prints_as_its_key_array():
+    """`str`, `print` and `format` of a key handle gave its repr (`KeyHandle(shape=..., ...)`), where a key array
+    prints its value (`Array((2,), dtype=key<fry>) overlaying: ...`), as an array handle prints its array's."""
+    s = pw.virtual_slice(1, axes="data")
+    keys = pw.jit(jax.random.split, slice=s)(jax.random.key(0))
+    want = jax.jit(jax.random.split)(jax.random.key(0))
+    assert str(keys) == str(want) and f"{keys}" == f"{want}" and format(keys, "") == format(want, "")
+    assert str(keys).startswith("Array((2,), dtype=key<fry>) overlaying:")
+    assert repr(keys).startswith("KeyHandle(shape=(2,), dtype=key<fry>")
+
+
 def test_typed_keys_in_programs_and_cond_branches():
     s = pw.virtual_slice(2, axes="data")
     draw = pw.jit(noisy, slice=s)

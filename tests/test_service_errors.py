@@ -335,6 +335,39 @@ def test_a_released_handle_or_one_of_a_closed_connection_reads_as_in_process(sid
                                 r"released", str(error)), error
 
 
+def test_numpy_copies_a_handle_as_it_copies_a_jax_array_as_in_process(sides):
+    """`np.array(h)` (NumPy 2's `copy=True`) gave a read-only view of the handle's own value, where a JAX array's
+    is a new array the caller may write, and `np.asarray(h, dtype=int32, copy=False)` made a copy where NumPy
+    raises for a JAX array ('Unable to avoid copy'): both in process and through the service. `np.asarray(h)`
+    stays the handle's value itself, with no copy."""
+    want = jnp.asarray(X) + 1.0
+    for side in ("embedded", "service"):
+        handle = inc.run(X, client=sides[side][0])
+        for ref in (want, handle):
+            copied = np.array(ref)
+            assert copied.flags.writeable and not np.shares_memory(copied, np.asarray(ref)), side
+            copied[0] = 0.0
+            np.testing.assert_array_equal(np.array(ref, copy=True), X + 1.0)
+            assert np.asarray(ref, copy=False).dtype == np.float32
+            with pytest.raises(ValueError, match="Unable to avoid copy"):
+                np.asarray(ref, dtype=np.int32, copy=False)
+            assert np.asarray(ref, dtype=np.int32).tolist() == (X + 1.0).astype(np.int32).tolist()
+    handle = inc.run(X, client=sides["embedded"][0])
+    assert np.shares_memory(np.asarray(handle), np.asarray(handle.result()))     # the store's value, not a copy
+
+
+def test_bytes_of_a_handle_are_its_values_as_a_jax_arrays_as_in_process(sides):
+    """`bytes(h)` of an array handle raised 'Only integer scalar arrays can be converted to a scalar index' (a
+    handle has no buffer protocol, and Python took its `__index__`), where a JAX array gives its raw bytes; of an
+    integer scalar, both give that many zero bytes."""
+    one = pw.virtual_slice(1, axes="d", island="island0")
+    plus_two = pw.jit(lambda v: v + 2, slice=one, in_specs=None, out_specs=None)
+    for side in ("embedded", "service"):
+        client = sides[side][0]
+        assert bytes(inc.run(X, client=client)) == bytes(jnp.asarray(X) + 1.0) == (X + 1.0).tobytes(), side
+        assert bytes(plus_two.run(np.int32(1), client=client)) == bytes(jnp.int32(3)) == bytes(3), side
+
+
 @pytest.mark.parametrize("pin, where", [("island0:6", "places slice '.*' on devices \\[6, 8\\) of 'island0'"),
                                         ("island2", "has steps on 'island2'")])
 def test_a_plan_for_devices_the_cluster_lacks_is_refused_in_one_line(sides, pin, where):
