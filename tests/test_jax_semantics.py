@@ -897,25 +897,34 @@ def test_a_function_calling_back_to_the_host_is_kept_while_a_program_or_loaded_p
 
     from pathways_mlir.runtime.executables import kept_in_process
 
+    from pathways_mlir.runtime.client import Client
+    from pathways_mlir.runtime.cluster import embedded_device_map
+    from pathways_mlir.runtime.runtime import Runtime
+
     seen = []
     x = np.ones(2, np.float32)
-    lowered = pw.jit(lambda v: (jax.debug.callback(seen.append, v), v + 1)[1],
-                     slice=pw.virtual_slice(1, axes="d")).lower(x)
-    compiled = lowered.compile()
-    plan = compiled.plan
-    (token,) = (blob for blob in plan.executables.values() if blob.startswith("in-process:"))
-    kept = weakref.ref(kept_in_process(token))
-    del lowered, compiled
-    gc.collect()
-    assert kept_in_process(token) is kept()
-    with pw.Client() as client:
-        np.testing.assert_array_equal(np.asarray(client.run(plan, [x])[0]), x + 1)
-    assert len(seen) == 1
-    del plan
-    gc.collect()
-    np.asarray(pw.jit(lambda v: v * 3, slice=pw.virtual_slice(1, axes="d"))(x))    # (a load forgets unused plans)
-    gc.collect()
-    assert kept() is None and kept_in_process(token) is None
+    rt = Runtime(embedded_device_map(1, 2))       # (its own: what runs of the default runtime hold is not ours)
+    try:
+        lowered = pw.jit(lambda v: (jax.debug.callback(seen.append, v), v + 1)[1],
+                         slice=pw.virtual_slice(1, axes="d")).lower(x)
+        compiled = lowered.compile(rt)
+        plan = compiled.plan
+        (token,) = (blob for blob in plan.executables.values() if blob.startswith("in-process:"))
+        kept = weakref.ref(kept_in_process(token))
+        del lowered, compiled
+        gc.collect()
+        assert kept_in_process(token) is kept()
+        with Client(rt) as client:
+            np.testing.assert_array_equal(np.asarray(client.run(plan, [x])[0]), x + 1)
+        assert len(seen) == 1
+        del plan
+        gc.collect()
+        with Client(rt) as client:          # (a load forgets unused plans)
+            np.asarray(pw.jit(lambda v: v * 3, slice=pw.virtual_slice(1, axes="d")).run(x, client=client))
+        gc.collect()
+        assert kept() is None and kept_in_process(token) is None
+    finally:
+        rt.close()
 
 
 class Scaler:

@@ -12,6 +12,7 @@ installed.
 """
 
 import os
+import re
 import signal
 
 import jax
@@ -142,7 +143,10 @@ def test_an_island_actor_killed_is_lost_then_restored(rt, kill):
             value(kept)
         status = rt.status()
         assert status["islands"][victim]["unreachable"].startswith(f"IslandLost: island {victim} was lost")
-        assert f"{victim}: unreachable: IslandLost: island {victim} was lost (ActorDiedError" in str(status)
+        # Its cause is what saw the loss first: Ray's report of the dead actor, or the driver's connection to it
+        # breaking (a killed process closes it at once, often before Ray reports).
+        assert re.search(f"{victim}: unreachable: IslandLost: island {victim} was lost "
+                         r"\((ActorDiedError|ConnectionBroken)", str(status)), status
         # The next call lowers again, onto the survivor.
         np.testing.assert_allclose(value(anywhere.run(X, client=client)), X * 2)
         assert anywhere.compiled(X, runtime=rt).plan.slices["ray_free"].island == survivor

@@ -280,11 +280,12 @@ def test_cond_programs_that_each_fit_without_their_branch_do_not_wait_for_each_o
     x = np.arange(4096, dtype=np.float32)
     rt = Runtime(embedded_device_map(1, 2))
     try:
-        route = rt.load(_route.compiled(x, runtime=rt).plan)
-        branch = rt.load(route.plan.host_steps[0].then_plan)
+        plan = _route.compiled(x, runtime=rt).plan    # (held: a closed runtime's stages and their plans go)
+        route = rt.load(plan)
+        branch = rt.load(plan.host_steps[0].then_plan)
     finally:
         rt.close()
-    own, with_branch = max(n for _, _, n in route.plan.peak("island0")), max(n for _, _, n in route.need["island0"])
+    own, with_branch = max(n for _, _, n in plan.peak("island0")), max(n for _, _, n in route.need["island0"])
     assert with_branch == own + max(n for _, _, n in branch.need["island0"])
     held = x.nbytes // 2                                   # per device: a program's result, which its handle holds
     capacity = with_branch + held                          # one program beside the other's result
