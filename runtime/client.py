@@ -23,7 +23,7 @@ from .array_reference import Reference
 from .dispatch import Dispatcher, check_dtype, check_timeout
 from .dispatch_mode import DispatchMode
 from .executables import numpy_dtype
-from .handles import Handle, nothing_dropped, release_dropped, release_when_safe
+from .handles import Handle, nothing_dropped, release_dropped
 from .island_work import Readable, RunFailed, StoreRef, client_owner
 from .plan_check import refuse_debug_checks
 from .run import Run
@@ -75,11 +75,6 @@ class Client:
         self._active: collections.deque[weakref.ref[Run]] = collections.deque()    # (`_remember`)
         self._shared: set[tuple[int, int]] = set()   # the results this client shared (never donated)
         self._lock = threading.Lock()
-        # Dropped without `close` (so with no handle left: each holds its client), it is forgotten as `close` would
-        # (its estimates and policy share stayed for as long as the plans it ran did); its runs go on.
-        self._dropped = weakref.finalize(self, release_when_safe,
-                                         functools.partial(_release_dropped_client, self.runtime, self.id))
-        self._dropped.atexit = False           # (at exit the runtime closes, which releases everything)
 
     def set_weight(self, weight: float) -> None:
         """Sets the client's weight (from 1e-6 to 1e6) for its runs started from now on: its share under the
@@ -330,20 +325,12 @@ class Client:
             except Exception:  # noqa: BLE001  (a failed run owns nothing more)
                 pass
         self.runtime.release_client(self.id)
-        self._dropped.detach()
 
     def __enter__(self) -> "Client":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _release_dropped_client(runtime: Runtime, client_id: int) -> None:
-    """Releases what a client dropped without `close` leaves in `runtime` (its objects, scheduler and policy
-    state), as `close` does; its runs queued or under way go on, their results released as their handles were."""
-    if not runtime.closed and not in_forked_child():
-        runtime.release_client(client_id)
 
 
 class ResultRead(NamedTuple):

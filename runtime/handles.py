@@ -21,7 +21,7 @@ import _thread
 import functools
 import gc
 import queue
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .admission import OutOfDeviceMemory
 from .array_reference import RunResult, wait_limit
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 # The cyclic garbage collector runs finalizers wherever an allocation starts it, maybe on a thread that holds
-# an island's or the scheduler's lock: a handle (or a client) it finalizes must not take those locks then (a
+# an island's or the scheduler's lock: a handle it finalizes must not take those locks then (a
 # deadlock), so its release waits in `_DROPPED` for the next client or runtime call (`release_dropped`).
 _COLLECTING = [False]
 _DROPPED: queue.SimpleQueue = queue.SimpleQueue()      # releases to make (calls); safe to put from a finalizer
@@ -53,7 +53,7 @@ nothing_dropped = _DROPPED.empty
 
 
 def release_dropped() -> None:
-    """Makes the releases of the handles and clients the garbage collector finalized since the last call."""
+    """Makes the releases of the handles the garbage collector finalized since the last call."""
     while not _DROPPED.empty():      # (a look first: most calls find none, and an exception costs more)
         try:
             release = _DROPPED.get_nowait()
@@ -64,15 +64,6 @@ def release_dropped() -> None:
         except KeyboardInterrupt:
             _DROPPED.put(release)      # Ctrl-C stopped it halfway: made again at the next call
             raise
-
-
-def release_when_safe(release: Callable[[], None]) -> None:
-    """Calls `release` (a finalizer's, which takes the scheduler's or an island's lock) now, or at the next
-    client or runtime call if the garbage collector runs it (`release_dropped`)."""
-    if _COLLECTING[0]:
-        _DROPPED.put(release)
-    else:
-        release()
 
 
 class Handle(RunResult):

@@ -560,18 +560,17 @@ class RemoteClient:
         self._stop.set()
         self._wakeups.put(None)
         with self._lock:
-            if self.closed:
-                return
-            self.closed = self.closed_here = True
-            self._forget_all_ahead()         # (its handles raise from now on)
-            try:
-                send_message(self._socket, {"op": "close"}, (), self.limits)
-                for _ in range(len(self._unanswered) + 1):
-                    self._receive()          # past the frames saying a run's plan still compiles
-            except (OSError, ProtocolError):
-                pass   # the endpoint is gone (a ServiceError), and with it everything this client owned
-            finally:
-                self._socket.close()
+            if not self.closed:              # (closed already, by `_broken` say: what it kept still goes, below)
+                self.closed = self.closed_here = True
+                self._forget_all_ahead()     # (its handles raise from now on)
+                try:
+                    send_message(self._socket, {"op": "close"}, (), self.limits)
+                    for _ in range(len(self._unanswered) + 1):
+                        self._receive()      # past the frames saying a run's plan still compiles
+                except (OSError, ProtocolError):
+                    pass   # the endpoint is gone (a ServiceError), and with it everything this client owned
+                finally:
+                    self._socket.close()
         forget_runtime(self)
         if self._keepalive is not threading.current_thread():
             self._keepalive.join(10)
@@ -848,10 +847,10 @@ class RemoteClient:
 
     def _send(self, request: dict, arrays, release=()) -> None:
         """Sends `request` (holding the lock), carrying the releases of the dropped handles and `release`, and
-        the names of the plans gone (`_take_drops`). Those never make it fail, and are never lost: a frame over
-        the endpoint's limits with them, refused before anything was sent, is sent without them, and they are
-        put back for the next request, or `_keep_alive` (the service kept their objects until the connection
-        closed); without them too, it raises why (ValueError)."""
+        the names of the plans gone (`_take_drops`). Those never make it fail: a frame over the endpoint's limits
+        with them, refused before anything was sent, is sent without them, and they are put back for the next
+        request, or `_keep_alive` (the service kept their objects until the connection closed); without them too,
+        it raises why (ValueError). (An interrupt, Ctrl-C, before the frame is sent still loses them.)"""
         release, forget = self._take_drops(release)
         if not (release or forget):
             self._send_frame(request, arrays)

@@ -1015,6 +1015,26 @@ def test_a_connection_pw_connect_made_is_freed_once_closed(runtime, tmp_path):
         service.close()
 
 
+def test_a_connection_that_broke_is_freed_once_closed(runtime):
+    """A connection whose service went away was marked closed as it broke, and its `close()` then returned before
+    dropping what the process kept for it: the stages of a placed function called through it held it for good."""
+    import gc
+    import weakref
+
+    double = pw.jit(lambda x: x * 2, slice=pw.virtual_slice(2, axes="d"))
+    endpoint = Endpoint(runtime)
+    remote = RemoteClient(endpoint.address, key_path=endpoint.key_path, timeout=TIMEOUT)
+    np.testing.assert_allclose(np.asarray(double(X, client=remote)), X * 2, rtol=1e-6)
+    endpoint.close()
+    with pytest.raises(ServiceError):
+        np.asarray(double(X, client=remote))       # it breaks
+    remote.close()
+    closed = weakref.ref(remote)
+    del remote
+    gc.collect()
+    assert closed() is None, "the connection that broke is still alive"
+
+
 def test_a_connection_holds_at_most_max_plans(runtime, plan_builder):
     """A connection could load plans without bound, each kept by the endpoint until it closed."""
     with Endpoint(runtime, limits=Limits(max_plans=3)) as endpoint, \

@@ -722,36 +722,3 @@ def test_runs_over_and_closed_clients_are_not_kept_for_good(runtime):
             step.run(X, client=client).block_until_ready()
     runtime.usage()
     assert not runtime.scheduler._results.gone
-
-
-def test_a_client_dropped_without_close_leaves_no_state_in_the_scheduler(device_map):
-    """A client dropped without `close()` (its handles gone: each holds it) left its device-time estimates
-    (two entries per plan it ran) and its virtual time under `share` for as long as the runtime lived: a server
-    making a client per request grew without bound. It is now forgotten as `close` forgets it, also when the
-    garbage collector drops it (in a cycle), then at the next call, outside the collection."""
-    import gc
-    import weakref
-
-    import pathways_mlir as pw
-
-    runtime = Runtime(device_map, policy="share")
-    try:
-        step = pw.jit(lambda x: x + 1.0, slice=pw.virtual_slice(1, axes="x"))
-        ids, clients = [], []
-        for cycle in (False, True):
-            client = Client(runtime)
-            if cycle:
-                client.itself = client          # only the cyclic collector drops it
-            np.testing.assert_allclose(np.asarray(step(X, client=client)), X + 1)
-            ids.append(client.id)
-            clients.append(weakref.ref(client))
-            del client
-        gc.collect()
-        runtime.usage()                         # retires the runs over (and makes the releases left by the collector)
-        assert [client() for client in clients] == [None, None]
-        estimates = runtime.scheduler.estimates
-        per_client = [c for d in (estimates._by_client, estimates._latest_by_client) for by in d.values() for c in by]
-        assert not set(ids) & set(per_client)
-        assert not set(ids) & set(runtime.scheduler.policy.virtual)
-    finally:
-        runtime.close()
