@@ -18,7 +18,6 @@ the handle is released, which drops both once, as for any other result.
 from __future__ import annotations
 
 import _thread
-import functools
 import gc
 import queue
 from typing import TYPE_CHECKING
@@ -34,10 +33,10 @@ if TYPE_CHECKING:
 
 
 # The cyclic garbage collector runs finalizers wherever an allocation starts it, maybe on a thread that holds
-# an island's or the scheduler's lock: a handle it finalizes must not take those locks then (a
-# deadlock), so its release waits in `_DROPPED` for the next client or runtime call (`release_dropped`).
+# an island's or the scheduler's lock: a handle it finalizes must not take those locks then (a deadlock),
+# so its release waits in `_DROPPED` for the next client or runtime call (`release_dropped`).
 _COLLECTING = [False]
-_DROPPED: queue.SimpleQueue = queue.SimpleQueue()      # releases to make (calls); safe to put from a finalizer
+_DROPPED: queue.SimpleQueue = queue.SimpleQueue()      # (client, run, buffer); safe to put from a finalizer
 
 
 def _note_collection(phase: str, info: dict) -> None:
@@ -53,16 +52,16 @@ nothing_dropped = _DROPPED.empty
 
 
 def release_dropped() -> None:
-    """Makes the releases of the handles the garbage collector finalized since the last call."""
+    """Releases the results of the handles the garbage collector finalized since the last call."""
     while not _DROPPED.empty():      # (a look first: most calls find none, and an exception costs more)
         try:
-            release = _DROPPED.get_nowait()
+            client, run, buffer = _DROPPED.get_nowait()
         except queue.Empty:
             return
         try:
-            release()
+            client.release(run, buffer)
         except KeyboardInterrupt:
-            _DROPPED.put(release)      # Ctrl-C stopped it halfway: made again at the next call
+            _DROPPED.put((client, run, buffer))      # Ctrl-C stopped it halfway: released again at the next call
             raise
 
 
@@ -206,14 +205,14 @@ class Handle(RunResult):
                 return
             self._deleted = True
             if _COLLECTING[0]:              # inside a collection: released later, lock-free now
-                _DROPPED.put(functools.partial(self._client.release, self._run, self._buffer))
+                _DROPPED.put((self._client, self._run, self._buffer))
                 return
             self._client.release(self._run, self._buffer)
         except KeyboardInterrupt:
             # Ctrl-C stopped the release halfway, and Python drops an exception a finalizer raises: the release is
             # made again at the next call, and the interrupt goes to the main thread again, from another thread
             # (from this one it would be raised here, before this returns, and dropped again).
-            _DROPPED.put(functools.partial(self._client.release, self._run, self._buffer))
+            _DROPPED.put((self._client, self._run, self._buffer))
             _thread.start_new_thread(_thread.interrupt_main, ())
         except Exception:  # noqa: BLE001  (interpreter shutdown: this module's globals may be gone already)
             pass
